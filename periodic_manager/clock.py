@@ -1,0 +1,140 @@
+"""Clocks: the only place that reads the time.
+
+Everything else takes ``now`` from an injected :class:`Clock`. :class:`SystemClock` is the real
+one; :class:`VirtualClock` is a deterministic clock for tests and demos whose ``sleep`` waits for
+virtual time, which a driver moves forward with :meth:`VirtualClock.advance_to` (or which
+advances by itself when :meth:`VirtualClock.run_auto` runs: "sleep advances time").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Source of time for the scheduler and the manager."""
+
+    def now(self) -> datetime:
+        """The current instant, an aware UTC datetime."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Return after ``seconds`` of this clock's time have passed (cancellable)."""
+        ...
+
+
+class SystemClock:
+    """The wall clock. ``sleep`` is ``asyncio.sleep``."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+def _as_utc(instant: datetime) -> datetime:
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise ValueError("a naive datetime is not an instant; give it a tzinfo")
+    return instant.astimezone(UTC)
+
+
+class VirtualClock:
+    """A clock that moves only when told to.
+
+    ``sleep(d)`` parks the caller until virtual time reaches ``now + d``. A test drives time with
+    :meth:`advance` / :meth:`advance_to`, which wake sleepers in deadline order and let the event
+    loop settle after each step; :meth:`set` steps the clock without waking anybody (to simulate a
+    wall clock jumping back or forward).
+    """
+
+    def __init__(self, start: datetime, *, settle_rounds: int = 20) -> None:
+        self._now = _as_utc(start)
+        self._waiters: list[tuple[datetime, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._settle_rounds = settle_rounds
+
+    def now(self) -> datetime:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        deadline = self._now + timedelta(seconds=seconds)
+        heapq.heappush(self._waiters, (deadline, next(self._seq), fut))
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    def set(self, instant: datetime) -> None:
+        """Step the clock to ``instant`` (earlier or later) without waking sleepers."""
+        self._now = _as_utc(instant)
+
+    def next_deadline(self) -> datetime | None:
+        """The earliest deadline of a live sleeper, if any."""
+        self._drop_cancelled()
+        return self._waiters[0][0] if self._waiters else None
+
+    async def settle(self) -> None:
+        """Let ready tasks run (a fixed number of loop iterations; no wall-clock wait)."""
+        for _ in range(self._settle_rounds):
+            await asyncio.sleep(0)
+
+    async def advance(
+        self, seconds: float, settle: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        await self.advance_to(self._now + timedelta(seconds=seconds), settle)
+
+    async def advance_to(
+        self, target: datetime, settle: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        """Move time forward to ``target``, waking sleepers in deadline order.
+
+        After each step the loop settles, then ``settle()`` is awaited when given (for example a
+        scheduler's ``wait_processed``), so work that involves real I/O completes before time moves on.
+        """
+        target = _as_utc(target)
+        await self._step_done(settle)
+        while True:
+            deadline = self.next_deadline()
+            if deadline is None or deadline > target:
+                break
+            self._now = max(self._now, deadline)
+            while self._waiters and self._waiters[0][0] <= self._now:
+                _, _, fut = heapq.heappop(self._waiters)
+                if not fut.done():
+                    fut.set_result(None)
+            await self._step_done(settle)
+        self._now = max(self._now, target)
+        await self._step_done(settle)
+
+    async def run_auto(self, idle_rounds: int = 50) -> None:
+        """Advance to the next deadline whenever the loop has settled: sleep advances time.
+
+        Runs until cancelled; for demos and simulations without a driver.
+        """
+        while True:
+            for _ in range(idle_rounds):
+                await asyncio.sleep(0)
+            deadline = self.next_deadline()
+            if deadline is not None:
+                await self.advance_to(deadline)
+
+    async def _step_done(self, settle: Callable[[], Awaitable[object]] | None) -> None:
+        await self.settle()
+        if settle is not None:
+            await settle()
+            await self.settle()
+
+    def _drop_cancelled(self) -> None:
+        while self._waiters and self._waiters[0][2].done():
+            heapq.heappop(self._waiters)

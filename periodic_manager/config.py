@@ -1,0 +1,210 @@
+"""A schedule as the manager sees it: :class:`PeriodicTaskConfig`, its validation and its hash.
+
+Rows are untrusted input, so :func:`validate_config` checks every field and raises
+:class:`~periodic_manager.errors.ConfigError` naming the field and the reason. The content hash
+covers exactly what decides slots and messages: spec, timezone, anchor, task type, canonical JSON
+of payload and of options. Name and row id are identity, not content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from periodic_manager import cron
+from periodic_manager.errors import ConfigError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
+QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
+TASK_TYPE_MAX = 200
+DEFAULT_QUEUE = "default"
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON text: sorted keys, no blanks, NaN/Infinity rejected."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _check_queue(v: Any) -> None:
+    if not isinstance(v, str) or not QUEUE_RE.match(v):
+        raise ValueError("must be 1-100 characters of letters, digits, '_', '.', ':' or '-'")
+
+
+def _check_count(v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError("must be an integer >= 0")
+
+
+def _check_seconds(v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise ValueError("must be a number of seconds > 0")
+
+
+def _check_extra(v: Any) -> None:
+    if not isinstance(v, dict):
+        raise ValueError("must be a JSON object")
+
+
+# Known option keys and their checks. Targets read what they need; anything else is rejected so a
+# typo ("queu") is an error rather than a silently ignored setting.
+OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "queue": _check_queue,
+    "max_retry": _check_count,
+    "timeout": _check_seconds,
+    "unique_ttl": _check_seconds,
+    "extra": _check_extra,
+}
+
+
+def validate_options(options: Any) -> dict[str, Any]:
+    """Return ``options`` as a dict, or raise ConfigError naming ``options.<key>``."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ConfigError("options", "must be a JSON object")
+    for key, value in options.items():
+        check = OPTION_CHECKS.get(key)
+        if check is None:
+            known = ", ".join(sorted(OPTION_CHECKS))
+            raise ConfigError(f"options.{key}", f"unknown option (known: {known})")
+        try:
+            check(value)
+        except ValueError as exc:
+            raise ConfigError(f"options.{key}", str(exc)) from None
+    try:
+        canonical_json(options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("options", f"not representable as JSON: {exc}") from None
+    return dict(options)
+
+
+def validate_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ConfigError(
+            "name",
+            "must be 1-200 characters: a letter or digit, then letters, digits, '_', '.', ':', '/', '@' or '-'",
+        )
+    return name
+
+
+def validate_task_type(task_type: Any) -> str:
+    if not isinstance(task_type, str) or not task_type.strip():
+        raise ConfigError("task_type", "must be a non-empty string")
+    if len(task_type) > TASK_TYPE_MAX or not task_type.isprintable():
+        raise ConfigError("task_type", f"must be at most {TASK_TYPE_MAX} printable characters")
+    return task_type
+
+
+def validate_payload(payload: Any) -> Any:
+    try:
+        canonical_json(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("payload", f"must be a JSON value: {exc}") from None
+    return payload
+
+
+def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron.Schedule:
+    """Parse (spec, timezone, anchor); ConfigError names ``spec``, ``timezone`` or ``anchor``."""
+    if not isinstance(spec, str):
+        raise ConfigError("spec", "must be a string")
+    if not isinstance(timezone, str) or not timezone:
+        raise ConfigError("timezone", "must be an IANA zone name such as 'UTC' or 'Europe/Berlin'")
+    if anchor is not None and (anchor.tzinfo is None or anchor.utcoffset() is None):
+        raise ConfigError("anchor", "must be an instant with a UTC offset")
+    try:
+        return cron.parse(spec, tz=timezone, anchor=anchor)
+    except cron.CronError as exc:
+        if exc.field in ("timezone", "anchor"):
+            raise ConfigError(exc.field, exc.reason) from None
+        raise ConfigError("spec", str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicTaskConfig:
+    """One schedule: what to enqueue (task type, payload, options) and when (spec, zone, anchor).
+
+    ``schedule_id`` is the row id (None for schedules made in code); ``name`` is the human key
+    used in idempotency keys. Build through :meth:`create` to validate.
+    """
+
+    name: str
+    spec: str
+    task_type: str
+    payload: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    timezone: str = "UTC"
+    anchor: datetime | None = None
+    schedule_id: int | str | None = None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        name: str,
+        spec: str,
+        task_type: str,
+        payload: Any = None,
+        options: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        anchor: datetime | None = None,
+        schedule_id: int | str | None = None,
+    ) -> PeriodicTaskConfig:
+        """Validate every field and return the config; raises ConfigError."""
+        validate_name(name)
+        validate_task_type(task_type)
+        validate_payload(payload)
+        opts = validate_options(dict(options) if options is not None else None)
+        validate_schedule(spec, timezone, anchor)
+        return cls(
+            name=name,
+            spec=spec,
+            task_type=task_type,
+            payload=payload,
+            options=opts,
+            timezone=timezone,
+            anchor=anchor,
+            schedule_id=schedule_id,
+        )
+
+    @property
+    def queue(self) -> str:
+        return str(self.options.get("queue", DEFAULT_QUEUE))
+
+    @property
+    def schedule(self) -> cron.Schedule:
+        """The parsed schedule (shared between identical (spec, zone, anchor) triples)."""
+        return cron.parse(self.spec, tz=self.timezone, anchor=self.anchor)
+
+    @property
+    def content_hash(self) -> str:
+        return content_hash(self)
+
+    @property
+    def key(self) -> str:
+        """Identity of the entry's source: the row id, or the name for code-made schedules."""
+        return str(self.schedule_id) if self.schedule_id is not None else f"name:{self.name}"
+
+
+def content_hash(cfg: PeriodicTaskConfig) -> str:
+    """sha256 over spec, timezone, anchor, task type, canonical payload and canonical options."""
+    anchor = cfg.anchor.astimezone(cron.UTC).isoformat() if cfg.anchor is not None else None
+    doc = [cfg.spec, cfg.timezone, anchor, cfg.task_type, canonical_json(cfg.payload), canonical_json(dict(cfg.options))]
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+
+
+def entry_id(cfg: PeriodicTaskConfig, digest: str | None = None) -> str:
+    """Stable entry id derived from the row and the content hash (the same across restarts)."""
+    return f"{cfg.key}-{(digest or content_hash(cfg))[:12]}"
+
+
+def idempotency_key(name: str, slot: datetime) -> str:
+    """``<name>:<slot as UTC ISO instant>``, e.g. ``reports.daily:2024-03-31T01:30:00Z``."""
+    utc = slot.astimezone(cron.UTC)
+    text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
+    return f"{name}:{text.replace('+00:00', 'Z')}"

@@ -1,0 +1,1 @@
+"""Database models and engine setup (the schema is owned by migrations/)."""

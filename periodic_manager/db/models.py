@@ -1,0 +1,177 @@
+"""SQLAlchemy models. The schema itself is owned by ``migrations/`` (Alembic); product code never
+calls ``create_all``. Works on PostgreSQL (asyncpg) and SQLite (aiosqlite).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    false,
+    func,
+    true,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# BIGINT on PostgreSQL; INTEGER on SQLite, where only "INTEGER PRIMARY KEY" is the rowid alias.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+JsonValue = JSON(none_as_null=False).with_variant(JSONB(none_as_null=False), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An instant: aware datetimes in, aware UTC datetimes out, on every backend.
+
+    SQLite has no zone-aware type; values are stored as UTC and read back tagged as UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("naive datetime given for a timestamp column; pass an aware instant")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+Instant = UTCDateTime()
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class PeriodicJob(Base):
+    """A schedule row. Anyone with database access may write it; the manager validates it."""
+
+    __tablename__ = "periodic_jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True, nullable=False)
+    spec: Mapped[str] = mapped_column(String(200), nullable=False)
+    timezone: Mapped[str] = mapped_column(String(64), nullable=False, server_default="UTC")
+    anchor: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    task_type: Mapped[str] = mapped_column(String(200), nullable=False)
+    payload: Mapped[Any] = mapped_column(JsonValue, nullable=True)
+    options: Mapped[Any] = mapped_column(JsonValue, nullable=False, server_default="{}")
+    enabled: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=true())
+    description: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(Instant, nullable=False, server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        Instant, nullable=False, server_default=func.now(), onupdate=func.now()
+    )
+
+
+class Manager(Base):
+    """A running manager process; a heartbeat updates one row (O(1) writes)."""
+
+    __tablename__ = "pm_managers"
+
+    manager_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255), nullable=False)
+    pid: Mapped[int] = mapped_column(Integer, nullable=False)
+    version: Mapped[str] = mapped_column(String(32), nullable=False)
+    started_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    heartbeat_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    is_leader: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    last_sync_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    last_sync_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    entry_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+
+
+class Entry(Base):
+    """What a manager registered: one row per entry, written only when the entry changes.
+
+    ``status`` is ``active`` for a registered entry and ``error`` for a row the manager rejected
+    (then ``last_error`` says why and ``content_hash`` is the hash of the raw row).
+    """
+
+    __tablename__ = "pm_entries"
+
+    manager_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("pm_managers.manager_id", ondelete="CASCADE"), primary_key=True
+    )
+    entry_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    schedule_key: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    spec: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    timezone: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    anchor: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    task_type: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    queue: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    registered_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+
+
+class ScheduleState(Base):
+    """Runtime state per schedule, written in batches in the same step as the enqueue."""
+
+    __tablename__ = "pm_schedule_state"
+
+    schedule_key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    last_slot_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    last_enqueued_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    last_message_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    last_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    enqueued_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    duplicate_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    skipped_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    failed_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+
+
+class OutboxMessage(Base):
+    """A task enqueued to the database outbox; unique on the idempotency key.
+
+    Consumers claim rows with ``FOR UPDATE SKIP LOCKED`` (PostgreSQL) and set ``processed_at``.
+    """
+
+    __tablename__ = "pm_outbox"
+    __table_args__ = (Index("ix_pm_outbox_pending", "queue", "processed_at", "seq"),)
+
+    seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    idempotency_key: Mapped[str] = mapped_column(String(300), nullable=False, unique=True)
+    queue: Mapped[str] = mapped_column(String(100), nullable=False)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    task_type: Mapped[str] = mapped_column(String(200), nullable=False)
+    payload: Mapped[str] = mapped_column(Text, nullable=False)  # JSON text, as in the Redis stream
+    options: Mapped[str] = mapped_column(Text, nullable=False)  # JSON text
+    scheduled_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    enqueued_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    processed_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)

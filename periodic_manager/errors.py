@@ -1,0 +1,45 @@
+"""Exceptions raised by periodic_manager.
+
+Tree::
+
+    PeriodicManagerError
+    ├── ConfigError (also ValueError)      a schedule or setting is invalid: .field, .reason
+    │   └── CronError                      (periodic_manager.cron) a cron expression/zone is invalid
+    ├── ProviderError                      the config provider could not read the schedules
+    ├── TargetError                        a target could not enqueue a batch
+    └── NotFoundError (also LookupError)   a schedule or entry does not exist: .key
+
+Adapters translate driver errors at their edge (``raise TargetError(...) from exc``); the core
+never raises HTTP errors; the API maps these classes to status codes in one place.
+"""
+
+from __future__ import annotations
+
+
+class PeriodicManagerError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConfigError(PeriodicManagerError, ValueError):
+    """Invalid input. ``field`` names what is wrong (``spec``, ``options.queue``) and ``reason`` why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class ProviderError(PeriodicManagerError):
+    """The provider could not return the schedules (database down, timeout, ...)."""
+
+
+class TargetError(PeriodicManagerError):
+    """A target failed to enqueue a batch; nothing of that batch may be assumed enqueued."""
+
+
+class NotFoundError(PeriodicManagerError, LookupError):
+    """A schedule or entry that does not exist."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__(f"not found: {key!r}")
+        self.key = key

@@ -1,0 +1,52 @@
+"""The ConfigProvider protocol and the static provider."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from periodic_manager.config import PeriodicTaskConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """A row the provider could not turn into a config (bad spec, zone, payload, options...)."""
+
+    schedule_id: int | str
+    name: str | None
+    content_hash: str  # hash of the raw row content, so an error is logged once per (row, content)
+    field: str
+    reason: str
+
+    @property
+    def message(self) -> str:
+        return f"{self.field}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSnapshot:
+    """Everything a sync needs: the usable enabled configs and the rows that were rejected."""
+
+    configs: Sequence[PeriodicTaskConfig]
+    errors: Sequence[RowError] = ()
+
+
+class ConfigProvider(Protocol):
+    """Source of schedules. One method: return every enabled, valid schedule right now.
+
+    Raises ProviderError when the source cannot be read (the manager then keeps its entries).
+    """
+
+    async def get_configs(self) -> ProviderSnapshot: ...
+
+
+class StaticProvider:
+    """A fixed (but replaceable) list of configs, for code and tests."""
+
+    def __init__(self, configs: Iterable[PeriodicTaskConfig] = ()) -> None:
+        self.configs: list[PeriodicTaskConfig] = list(configs)
+        self.errors: list[RowError] = []
+
+    async def get_configs(self) -> ProviderSnapshot:
+        return ProviderSnapshot(configs=list(self.configs), errors=list(self.errors))

@@ -1,0 +1,169 @@
+"""What the running managers hold, shared with the API: the RuntimeStore protocol.
+
+A manager records itself (heartbeat: one row, O(1) writes), its entries (written only when they
+change) and the outcome of every slot (batched, in the same step as the enqueue). The API reads
+the same store, so ``GET /entries`` shows managers in other processes too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
+
+RunStatus = Literal["enqueued", "duplicate", "skipped", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerInfo:
+    manager_id: str
+    hostname: str
+    pid: int
+    version: str
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerStatus:
+    """A heartbeat's content."""
+
+    heartbeat_at: datetime
+    is_leader: bool
+    last_sync_at: datetime | None
+    last_sync_error: str | None
+    entry_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRecord:
+    """An entry as published: ``status`` ``active`` (registered) or ``error`` (row rejected)."""
+
+    entry_id: str
+    schedule_key: str
+    name: str | None
+    content_hash: str
+    status: Literal["active", "error"]
+    registered_at: datetime
+    spec: str | None = None
+    timezone: str | None = None
+    anchor: datetime | None = None
+    task_type: str | None = None
+    queue: str | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The outcome of one slot."""
+
+    schedule_key: str
+    name: str
+    slot: datetime
+    status: RunStatus
+    at: datetime
+    message_id: str | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class StateRecord:
+    """Per-schedule runtime state as stored (see ``pm_schedule_state``)."""
+
+    schedule_key: str
+    name: str
+    last_slot_at: datetime | None = None
+    last_enqueued_at: datetime | None = None
+    last_message_id: str | None = None
+    last_status: str | None = None
+    last_error: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class RuntimeStore(Protocol):
+    """Where managers publish what they hold. Every method may raise on I/O errors; the manager
+    logs and retries, it never stops scheduling because the store is unreachable."""
+
+    async def register_manager(self, info: ManagerInfo, status: ManagerStatus) -> None:
+        """Create or replace the manager's row and drop any entries it had published before."""
+        ...
+
+    async def heartbeat(self, manager_id: str, status: ManagerStatus) -> None:
+        """Update the manager's row (one write)."""
+        ...
+
+    async def apply_entries(
+        self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
+    ) -> None:
+        """Insert or replace ``upserts`` and delete the entry ids in ``removed``."""
+        ...
+
+    async def record_runs(self, runs: Sequence[RunRecord]) -> None:
+        """Fold a batch of slot outcomes into per-schedule state (one round trip per batch)."""
+        ...
+
+    async def unregister_manager(self, manager_id: str) -> None:
+        """Remove the manager and its entries (clean shutdown)."""
+        ...
+
+    async def reap(self, older_than: datetime) -> int:
+        """Remove managers whose heartbeat is older than ``older_than`` (and their entries)."""
+        ...
+
+
+class MemoryRuntimeStore:
+    """In-process RuntimeStore for code and tests."""
+
+    def __init__(self) -> None:
+        self.managers: dict[str, tuple[ManagerInfo, ManagerStatus]] = {}
+        self.entries: dict[str, dict[str, EntryRecord]] = {}
+        self.state: dict[str, StateRecord] = {}
+        self.runs: list[RunRecord] = []
+
+    async def register_manager(self, info: ManagerInfo, status: ManagerStatus) -> None:
+        self.managers[info.manager_id] = (info, status)
+        self.entries[info.manager_id] = {}
+
+    async def heartbeat(self, manager_id: str, status: ManagerStatus) -> None:
+        info, _ = self.managers[manager_id]
+        self.managers[manager_id] = (info, status)
+
+    async def apply_entries(
+        self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
+    ) -> None:
+        table = self.entries.setdefault(manager_id, {})
+        for entry_id in removed:
+            table.pop(entry_id, None)
+        for rec in upserts:
+            table[rec.entry_id] = rec
+
+    async def record_runs(self, runs: Sequence[RunRecord]) -> None:
+        self.runs.extend(runs)
+        for run in runs:
+            fold_run(self.state.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name)), run)
+
+    async def unregister_manager(self, manager_id: str) -> None:
+        self.managers.pop(manager_id, None)
+        self.entries.pop(manager_id, None)
+
+    async def reap(self, older_than: datetime) -> int:
+        dead = [m for m, (_, st) in self.managers.items() if st.heartbeat_at < older_than]
+        for manager_id in dead:
+            await self.unregister_manager(manager_id)
+        return len(dead)
+
+
+def fold_run(state: StateRecord, run: RunRecord) -> StateRecord:
+    """Apply one run to a state record (shared by every store so they agree)."""
+    state.name = run.name
+    state.counts[run.status] = state.counts.get(run.status, 0) + 1
+    state.last_status = run.status
+    if run.status in ("enqueued", "duplicate"):
+        if state.last_slot_at is None or run.slot >= state.last_slot_at:
+            state.last_slot_at = run.slot
+            state.last_enqueued_at = run.at
+            state.last_message_id = run.message_id
+        state.last_error = None
+    elif run.status == "failed":
+        state.last_error = run.error
+    return state

@@ -1,0 +1,67 @@
+"""The Target protocol: where due slots are enqueued for workers.
+
+A target receives one batch per instant (every slot due at that instant) and must enqueue each
+task at most once per ``idempotency_key``, atomically with the claim of that key, so that two
+managers, a restart or a retry never enqueue a slot twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+TASK_ID_NAMESPACE = uuid.UUID("6f1c1a52-5d0e-4d43-9b8e-2f1d8c0b7a11")
+
+
+def task_id_for(idempotency_key: str) -> str:
+    """Deterministic task id (uuid5 of the idempotency key): every replica derives the same id."""
+    return str(uuid.uuid5(TASK_ID_NAMESPACE, idempotency_key))
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One enqueue: a slot of a schedule, ready for a worker."""
+
+    id: str
+    name: str
+    task_type: str
+    payload: Any
+    queue: str
+    options: Mapping[str, Any]
+    idempotency_key: str
+    scheduled_at: datetime
+    # After this instant no manager may still enqueue the slot (scheduled_at + grace, or the
+    # catch-up window); targets keep their claim of the key at least until then.
+    expires_at: datetime
+    schedule_id: int | str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What happened to one task of a batch."""
+
+    task: Task
+    status: Literal["enqueued", "duplicate"]
+    message_id: str | None = None  # stream entry id, outbox row id, ...
+
+
+class Target(Protocol):
+    """Enqueues batches of tasks; each idempotency key at most once."""
+
+    name: str
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        """Enqueue ``tasks`` (``now`` is the enqueue instant) and report each one's fate.
+
+        Either the whole batch is processed (results in input order) or TargetError is raised and
+        no claim of the batch is left behind without its message.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
