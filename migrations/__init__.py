@@ -1,0 +1,1 @@
+"""Alembic migrations of periodic_manager (shipped inside the distribution)."""

@@ -1,0 +1,47 @@
+"""Settings from ``PM_*`` environment variables (and CLI flags, which override them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
+
+
+class Settings(BaseSettings):
+    """Every setting of the service. Defaults run embedded: SQLite file, outbox, 127.0.0.1:8000."""
+
+    model_config = SettingsConfigDict(env_prefix="PM_", extra="ignore")
+
+    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL of the schedule database")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for the redis target")
+    target: Literal["redis", "outbox"] = Field("outbox", description="where due slots are enqueued")
+    sync_interval: float = Field(30.0, gt=0, description="seconds between syncs of periodic_jobs")
+    grace: float = Field(30.0, ge=0, description="seconds a slot may be late and still be enqueued")
+    heartbeat_interval: float = Field(5.0, gt=0, description="seconds between manager heartbeats")
+    host: str = Field("127.0.0.1", description="API bind address")
+    port: int = Field(8000, ge=0, le=65535, description="API port")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO")
+    redis_maxlen: int | None = Field(None, gt=0, description="approximate MAXLEN per stream")
+    stream_prefix: str = Field("pm", description="prefix of Redis keys")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, v: object) -> object:
+        return v.upper() if isinstance(v, str) else v
+
+    @field_validator("database_url")
+    @classmethod
+    def _db_url(cls, v: str) -> str:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            backend = make_url(v).get_backend_name()
+        except ArgumentError:
+            raise ValueError("not a database URL (e.g. postgresql://user@host/db or sqlite:///file.db)") from None
+        if backend not in ("postgresql", "sqlite"):
+            raise ValueError(f"unsupported database {backend!r}: use postgresql or sqlite")
+        return v
