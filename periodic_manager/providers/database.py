@@ -1,0 +1,176 @@
+"""The database provider: every enabled row of ``periodic_jobs``, validated one by one.
+
+Rows are untrusted input (anyone with SQL access can write them), so the provider never lets the
+driver interpret a column that could hold garbage:
+
+- ``payload`` and ``options`` are read as raw text and parsed here, because SQLite's JSON column
+  may hold text that is not JSON at all, and a JSON decode failure inside the driver would break
+  the whole query rather than one row.
+- On SQLite every other column is read as raw bytes and decoded here: a column of any declared
+  type may hold a blob with invalid UTF-8 or a timestamp string SQLAlchemy cannot parse, and either
+  would raise while fetching, again for the whole result. PostgreSQL enforces its types and
+  encoding, so there the typed columns are read as they are.
+
+A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so the
+manager can log it once per (row, content); every other row is returned. Any failure to read
+the table is raised as :class:`~periodic_manager.errors.ProviderError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import LargeBinary, Select, Text, cast, select, true
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.db.models import PeriodicJob
+from periodic_manager.errors import ConfigError, ProviderError
+from periodic_manager.providers.base import ProviderSnapshot, RowError
+
+# The raw columns of a row, in the order they are selected and hashed.
+_FIELDS = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options")
+
+
+class DatabaseProvider:
+    """A :class:`~periodic_manager.providers.base.ConfigProvider` reading ``periodic_jobs``.
+
+    One SELECT per call; the engine's pool supplies the connection and gets it back before the
+    rows are validated, so validation time never holds a connection.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._sqlite = engine.dialect.name == "sqlite"
+        self._query = _build_query(self._sqlite)
+
+    async def get_configs(self) -> ProviderSnapshot:
+        """Every enabled, valid row as a config, and a RowError for each enabled, invalid row.
+
+        Raises ProviderError if the table cannot be read (connection refused, timeout, missing
+        table or database, ...).
+        """
+        try:
+            async with self.engine.connect() as conn:
+                rows = (await conn.execute(self._query)).all()
+        except Exception as exc:
+            # Drivers raise a spread of types here (SQLAlchemy's wrappers, but also OSError,
+            # TimeoutError and driver-native errors raised while connecting). Whatever stops the
+            # read is a provider failure: the manager keeps its entries and retries.
+            raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
+        configs: list[PeriodicTaskConfig] = []
+        errors: list[RowError] = []
+        for row in rows:
+            result = self._convert(row[0], tuple(row[1:]))
+            (configs if isinstance(result, PeriodicTaskConfig) else errors).append(result)
+        return ProviderSnapshot(configs=configs, errors=errors)
+
+    def _convert(self, row_id: int, raw: tuple[Any, ...]) -> PeriodicTaskConfig | RowError:
+        """Build one config, or the RowError that explains why this row cannot be used."""
+        digest = raw_content_hash(row_id, raw)
+        values = dict(zip(_FIELDS, raw, strict=True))
+        name = values["name"]
+        if isinstance(name, bytes):  # SQLite: name the row in the error if its name is text
+            name = name.decode("utf-8", errors="replace")
+        try:
+            if self._sqlite:
+                values = {k: _decode(k, v) for k, v in values.items()}
+                values["anchor"] = _parse_sqlite_instant("anchor", values["anchor"])
+            return PeriodicTaskConfig.create(
+                name=values["name"],
+                spec=values["spec"],
+                task_type=values["task_type"],
+                payload=_parse_json("payload", values["payload"]),
+                options=_parse_options(values["options"]),
+                timezone=values["timezone"],
+                anchor=values["anchor"],
+                schedule_id=row_id,
+            )
+        except ConfigError as exc:
+            field, reason = exc.field, exc.reason
+        except Exception as exc:
+            # A row must never stop the others, even if it trips something unforeseen in the
+            # validators (an overflow deep in the cron engine, say): report it like any bad row.
+            field, reason = "row", f"unexpected {type(exc).__name__}: {exc}"
+        return RowError(
+            schedule_id=row_id,
+            name=name if isinstance(name, str) else None,
+            content_hash=digest,
+            field=field,
+            reason=reason,
+        )
+
+
+def _build_query(sqlite: bool) -> Select[Any]:
+    t = PeriodicJob.__table__.c
+    if sqlite:
+        # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
+        # decoding by the driver; NULL stays NULL.
+        cols = [cast(t[name], LargeBinary).label(name) for name in _FIELDS]
+    else:
+        cols = [t.name, t.spec, t.timezone, t.anchor, t.task_type]
+        cols += [cast(t.payload, Text).label("payload"), cast(t.options, Text).label("options")]
+    return select(t.id, *cols).where(t.enabled.is_(true())).order_by(t.id)
+
+
+def raw_content_hash(row_id: int, raw: Sequence[Any]) -> str:
+    """sha256 of a row's raw content: changes whenever any column the provider reads changes."""
+    doc = [row_id, *(_raw_repr(v) for v in raw)]
+    return hashlib.sha256(json.dumps(doc, ensure_ascii=True).encode()).hexdigest()
+
+
+def _raw_repr(value: Any) -> Any:
+    if value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return repr(value)
+
+
+def _decode(field: str, value: Any) -> Any:
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(field, "not valid UTF-8 text") from None
+
+
+def _parse_json(field: str, text: str | None) -> Any:
+    """Parse a JSON column read as text; SQL NULL means JSON null."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and integers beyond Python's digit limit.
+        raise ConfigError(field, f"not valid JSON: {exc}") from None
+
+
+def _parse_options(text: str | None) -> dict[str, Any] | None:
+    options = _parse_json("options", text)
+    # Checked here because PeriodicTaskConfig.create calls dict() on options before validating
+    # them, so a JSON array or string would surface as a TypeError instead of a ConfigError.
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError("options", "must be a JSON object")
+    return options
+
+
+def _parse_sqlite_instant(field: str, text: str | None) -> datetime | None:
+    """A timestamp as SQLite stores it. SQLAlchemy writes naive UTC text there (see
+    ``UTCDateTime``), so a value without an offset is UTC; one with an offset is honoured."""
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ConfigError(field, f"not an ISO 8601 timestamp: {text[:50]!r}") from None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)

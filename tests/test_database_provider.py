@@ -1,0 +1,241 @@
+"""DatabaseProvider against real PostgreSQL and SQLite: rows written with plain SQL, as anyone
+with database access would write them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.db.engine import create_engine
+from periodic_manager.errors import ProviderError
+from periodic_manager.providers import ConfigProvider, ProviderSnapshot
+from periodic_manager.providers.database import DatabaseProvider
+from tests.conftest import PG_DSN
+
+
+@pytest.fixture
+def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
+    # Overrides conftest's async version, which cannot resolve the async ``pg_url`` fixture
+    # from inside a running event loop (pytest-asyncio 1.x); a sync fixture can.
+    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_engine(db_url)
+    try:
+        yield eng
+        assert eng.pool.checkedout() == 0
+    finally:
+        await eng.dispose()
+
+
+def _lit(value: Any) -> str:
+    """A SQL literal, so rows go in exactly as typed (no driver-side typing or JSON encoding)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return str(value)  # raw SQL such as X'FF'
+
+
+class Raw(str):
+    """A SQL expression inserted verbatim (e.g. a blob literal)."""
+
+
+async def insert_row(engine: AsyncEngine, name: Any, **cols: Any) -> int:
+    values: dict[str, Any] = {"name": name, "spec": "0 0 * * *", "task_type": "t", **cols}
+    names = ", ".join(values)
+    lits = ", ".join(v if isinstance(v, Raw) else _lit(v) for v in values.values())
+    async with engine.begin() as conn:
+        await conn.execute(text(f"INSERT INTO periodic_jobs ({names}) VALUES ({lits})"))
+        return int((await conn.execute(text("SELECT max(id) FROM periodic_jobs"))).scalar_one())
+
+
+async def update_row(engine: AsyncEngine, row_id: int, **cols: Any) -> None:
+    sets = ", ".join(f"{k} = {_lit(v)}" for k, v in cols.items())
+    async with engine.begin() as conn:
+        await conn.execute(text(f"UPDATE periodic_jobs SET {sets} WHERE id = {row_id}"))
+
+
+def test_provider_satisfies_protocol() -> None:
+    def accepts(_p: ConfigProvider) -> None: ...
+
+    accepts(DatabaseProvider.__new__(DatabaseProvider))
+
+
+async def test_valid_rows_become_configs(engine: AsyncEngine) -> None:
+    daily = await insert_row(
+        engine,
+        "reports.daily",
+        spec="0 6 * * *",
+        timezone="Europe/Berlin",
+        task_type="reports.build",
+        payload='{"b": [1, 2.5, null], "a": "ü"}',
+        options='{"queue": "reports", "max_retry": 3, "timeout": 1.5, "extra": {"k": "v"}}',
+        description="built every morning",
+    )
+    every = await insert_row(
+        engine, "ticks", spec="@every 90s", anchor="2024-01-01T02:00:00+02:00", payload="7"
+    )
+    bare = await insert_row(engine, "bare")  # payload NULL, options by server default
+    await insert_row(engine, "paused", enabled=False)
+
+    snap = await DatabaseProvider(engine).get_configs()
+
+    assert isinstance(snap, ProviderSnapshot)
+    assert snap.errors == []
+    assert snap.configs == [
+        PeriodicTaskConfig.create(
+            name="reports.daily",
+            spec="0 6 * * *",
+            timezone="Europe/Berlin",
+            task_type="reports.build",
+            payload={"a": "ü", "b": [1, 2.5, None]},
+            options={"queue": "reports", "max_retry": 3, "timeout": 1.5, "extra": {"k": "v"}},
+            schedule_id=daily,
+        ),
+        PeriodicTaskConfig.create(
+            name="ticks",
+            spec="@every 90s",
+            task_type="t",
+            payload=7,
+            anchor=datetime(2024, 1, 1, tzinfo=UTC),
+            schedule_id=every,
+        ),
+        PeriodicTaskConfig.create(name="bare", spec="0 0 * * *", task_type="t", schedule_id=bare),
+    ]
+    ticks = snap.configs[1]
+    assert ticks.anchor is not None and ticks.anchor.tzinfo is UTC
+    assert snap.configs[0].queue == "reports"
+    assert snap.configs[2].options == {} and snap.configs[2].queue == "default"
+
+
+# (name, columns, field named by the RowError); every backend can store these.
+BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
+    ("bad.spec", {"spec": "not a cron"}, "spec"),
+    ("bad.zone", {"timezone": "Mars/Olympus"}, "timezone"),
+    ("bad.options.array", {"options": "[1, 2]"}, "options"),
+    ("bad.options.key", {"options": '{"queu": "x"}'}, "options.queu"),
+    ("bad.options.value", {"options": '{"max_retry": -1}'}, "options.max_retry"),
+    ("bad name!", {}, "name"),
+    ("bad.type", {"task_type": ""}, "task_type"),
+    # Valid JSON to the database, but beyond what Python's json will read (digit limit).
+    ("bad.payload.huge", {"payload": "1" + "0" * 5000}, "payload"),
+]
+# Only SQLite lets a row hold these: its columns accept any value of any type.
+SQLITE_BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
+    ("bad.payload.text", {"payload": "not json {"}, "payload"),
+    ("bad.options.text", {"options": "queue=x"}, "options"),
+    ("bad.anchor.text", {"anchor": "yesterday"}, "anchor"),
+    ("bad.anchor.number", {"anchor": Raw("1700000000")}, "anchor"),
+    ("bad.spec.blob", {"spec": Raw("X'FFFE'")}, "spec"),
+    ("bad.zone.number", {"timezone": Raw("42")}, "timezone"),
+]
+
+
+async def test_each_bad_row_is_reported_and_the_others_are_returned(
+    engine: AsyncEngine, backend: str
+) -> None:
+    cases = BAD_ROWS + (SQLITE_BAD_ROWS if backend == "sqlite" else [])
+    good_before = await insert_row(engine, "good.before")
+    ids = {name: await insert_row(engine, name, **cols) for name, cols, _ in cases}
+    good_after = await insert_row(engine, "good.after", spec="@every 30s")
+    await insert_row(engine, "bad.but.paused", spec="nonsense", enabled=False)
+    if backend == "sqlite":
+        # A name that is not UTF-8 text: the row is still reported, its name shown lossily.
+        blob_id = await insert_row(engine, Raw("X'FF00'"))
+
+    snap = await DatabaseProvider(engine).get_configs()
+
+    assert [(c.name, c.schedule_id) for c in snap.configs] == [
+        ("good.before", good_before),
+        ("good.after", good_after),
+    ]
+    by_id = {e.schedule_id: e for e in snap.errors}
+    for name, _, field in cases:
+        err = by_id.pop(ids[name])
+        assert (err.name, err.field) == (name, field), err
+        assert err.reason and len(err.content_hash) == 64
+    if backend == "sqlite":
+        err = by_id.pop(blob_id)
+        assert (err.name, err.field) == ("\ufffd\x00", "name")
+    assert by_id == {}, "unexpected errors (a paused row must not be reported)"
+    assert len({e.content_hash for e in snap.errors}) == len(snap.errors)
+
+
+async def test_raw_content_hash_follows_the_bad_row(engine: AsyncEngine) -> None:
+    provider = DatabaseProvider(engine)
+    row = await insert_row(engine, "broken", spec="bad one")
+
+    async def error_hash() -> str:
+        snap = await provider.get_configs()
+        [err] = snap.errors
+        assert err.schedule_id == row
+        return err.content_hash
+
+    first = await error_hash()
+    assert await error_hash() == first  # same content: same hash, so it is logged once
+    await update_row(engine, row, description="a note the provider does not read")
+    assert await error_hash() == first
+    await update_row(engine, row, spec="bad two")
+    second = await error_hash()
+    assert second != first
+    await update_row(engine, row, options='{"queue": "q"}')
+    assert await error_hash() not in (first, second)
+    await update_row(engine, row, spec="0 * * * *")
+    snap = await provider.get_configs()
+    assert snap.errors == [] and [c.schedule_id for c in snap.configs] == [row]
+
+
+async def _assert_provider_error(url: str) -> None:
+    eng = create_engine(url, command_timeout=5)
+    try:
+        with pytest.raises(ProviderError) as info:
+            await DatabaseProvider(eng).get_configs()
+        assert info.value.__cause__ is not None
+        assert eng.pool.checkedout() == 0
+    finally:
+        await eng.dispose()
+
+
+async def test_unreachable_server_raises_provider_error() -> None:
+    await _assert_provider_error("postgresql+asyncpg://postgres@127.0.0.1:1/nowhere")
+
+
+async def test_missing_database_raises_provider_error() -> None:
+    await _assert_provider_error(f"{PG_DSN}/pm_missing_{uuid.uuid4().hex[:12]}")
+
+
+async def test_missing_table_raises_provider_error(empty_db_url: str) -> None:
+    await _assert_provider_error(empty_db_url)
+
+
+async def test_dropped_database_raises_provider_error(pg_url: str) -> None:
+    import asyncpg
+
+    eng = create_engine(pg_url)
+    try:
+        provider = DatabaseProvider(eng)
+        with pytest.raises(ProviderError):
+            await provider.get_configs()  # reachable, but not migrated
+        name = pg_url.rsplit("/", 1)[1]
+        admin = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        with pytest.raises(ProviderError):
+            await provider.get_configs()  # the pooled connection is dead, reconnecting fails
+        assert eng.pool.checkedout() == 0
+    finally:
+        await eng.dispose()
