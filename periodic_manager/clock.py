@@ -103,19 +103,22 @@ class VirtualClock:
         scheduler's ``wait_processed``), so work that involves real I/O completes before time moves on.
         """
         target = _as_utc(target)
-        await self._step_done(settle)
         while True:
-            deadline = self.next_deadline()
-            if deadline is None or deadline > target:
-                break
-            self._now = max(self._now, deadline)
-            while self._waiters and self._waiters[0][0] <= self._now:
-                _, _, fut = heapq.heappop(self._waiters)
-                if not fut.done():
-                    fut.set_result(None)
+            self._wake_due()
             await self._step_done(settle)
+            deadline = self.next_deadline()
+            if deadline is None or deadline > target or deadline <= self._now:
+                break
+            self._now = deadline
         self._now = max(self._now, target)
+        self._wake_due()
         await self._step_done(settle)
+
+    def _wake_due(self) -> None:
+        while self._waiters and self._waiters[0][0] <= self._now:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
 
     async def run_auto(self, idle_rounds: int = 50) -> None:
         """Advance to the next deadline whenever the loop has settled: sleep advances time.

@@ -1,0 +1,365 @@
+"""PeriodicTaskManager: a provider, a scheduler, a sync loop and a heartbeat.
+
+The first sync runs before the scheduler starts, so the database's schedule is live at once; then
+a sync every ``sync_interval`` and whenever :meth:`request_sync` is called (the API does so after
+each edit when it runs in the same process). A sync diffs the provider's configs against the
+registered entries by content hash: unchanged keeps the entry and its timing, changed replaces it,
+gone or disabled removes it. A provider failure keeps every entry and is retried at the next sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from periodic_manager import __version__
+from periodic_manager.clock import Clock, SystemClock
+from periodic_manager.config import PeriodicTaskConfig, content_hash
+from periodic_manager.errors import NotFoundError
+from periodic_manager.providers.base import ConfigProvider, RowError, StaticProvider
+from periodic_manager.registry import (
+    EntryRecord,
+    ManagerInfo,
+    ManagerStatus,
+    MemoryRuntimeStore,
+    RunRecord,
+    RuntimeStore,
+)
+from periodic_manager.scheduler import (
+    ErrorHook,
+    PostEnqueueHook,
+    PreEnqueueHook,
+    ScheduledEntry,
+    Scheduler,
+)
+from periodic_manager.targets.base import Target
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """What one sync did."""
+
+    ok: bool
+    added: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    errors: list[RowError] = field(default_factory=list)
+    error: str | None = None
+
+
+def _entry_record(entry: ScheduledEntry) -> EntryRecord:
+    cfg = entry.config
+    return EntryRecord(
+        entry_id=entry.entry_id,
+        schedule_key=cfg.key,
+        name=cfg.name,
+        content_hash=entry.content_hash,
+        status="active",
+        registered_at=entry.registered_at,
+        spec=cfg.spec,
+        timezone=cfg.timezone,
+        anchor=cfg.anchor,
+        task_type=cfg.task_type,
+        queue=cfg.queue,
+    )
+
+
+def _error_record(err: RowError, now: datetime) -> EntryRecord:
+    return EntryRecord(
+        entry_id=f"{err.schedule_id}-error-{err.content_hash[:12]}",
+        schedule_key=str(err.schedule_id),
+        name=err.name,
+        content_hash=err.content_hash,
+        status="error",
+        registered_at=now,
+        last_error=err.message,
+    )
+
+
+class PeriodicTaskManager:
+    """Keeps one scheduler entry per schedule of ``provider`` and enqueues due slots to ``target``."""
+
+    def __init__(
+        self,
+        provider: ConfigProvider | None,
+        target: Target,
+        *,
+        clock: Clock | None = None,
+        sync_interval: float = 30.0,
+        grace: float = 30.0,
+        store: RuntimeStore | None = None,
+        heartbeat_interval: float = 5.0,
+        manager_id: str | None = None,
+        pre_enqueue: PreEnqueueHook | None = None,
+        post_enqueue: PostEnqueueHook | None = None,
+        on_error: ErrorHook | None = None,
+    ) -> None:
+        self.provider: ConfigProvider = provider or StaticProvider()
+        self.target = target
+        self.clock: Clock = clock or SystemClock()
+        self.sync_interval = sync_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.store: RuntimeStore = store or MemoryRuntimeStore()
+        self.manager_id = manager_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.scheduler = Scheduler(
+            target,
+            clock=self.clock,
+            grace=grace,
+            pre_enqueue=pre_enqueue,
+            post_enqueue=post_enqueue,
+            on_error=on_error,
+            on_runs=self._record_runs,
+        )
+        self._synced: dict[str, str] = {}  # schedule key -> entry id, for entries owned by sync
+        self._code: dict[str, str] = {}  # schedule key -> entry id, registered from code
+        self._row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
+        self._logged: set[tuple[str, str]] = set()  # (schedule key, content hash) already logged
+        self._sync_requested = asyncio.Event()
+        self._sync_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started_at: datetime | None = None
+        self.last_sync_at: datetime | None = None
+        self.last_sync_error: str | None = None
+        self.failed: BaseException | None = None
+        self._registered = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Publish this manager, run the first sync, then start the loops."""
+        self.started_at = self.clock.now()
+        info = ManagerInfo(self.manager_id, socket.gethostname(), os.getpid(), __version__, self.started_at)
+        try:
+            await self.store.register_manager(info, self._status())
+            self._registered = True
+        except Exception as exc:
+            log.warning("could not publish manager %s (will retry): %s", self.manager_id, exc)
+        await self.sync()
+        self._spawn(self.scheduler.run(), "scheduler")
+        self._spawn(self._sync_loop(), "sync-loop")
+        self._spawn(self._heartbeat_loop(info), "heartbeat")
+        log.info("manager %s started with %d entries", self.manager_id, len(self.scheduler))
+
+    async def stop(self) -> None:
+        """Stop the loops (an enqueue under way finishes first) and unpublish this manager."""
+        self.scheduler.stop()
+        for task in self._tasks:
+            if task.get_name().endswith("scheduler"):
+                continue
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        try:
+            await self.store.unregister_manager(self.manager_id)
+        except Exception:
+            log.exception("could not unpublish manager %s", self.manager_id)
+        log.info("manager %s stopped", self.manager_id)
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        task.set_name(f"periodic-manager-{name}")
+        task.add_done_callback(self._on_task_done)
+        self._tasks.append(task)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            # A supervised loop must never die quietly: say so loudly and remember it.
+            self.failed = exc
+            log.critical("%s died: %r", task.get_name(), exc, exc_info=exc)
+
+    # -- code API ----------------------------------------------------------------------------
+
+    def register(self, config: PeriodicTaskConfig) -> ScheduledEntry:
+        """Register a schedule from code (kept across syncs until :meth:`unregister`)."""
+        old = self._code.get(config.key)
+        if old is not None:
+            self.scheduler.unregister(old)
+        entry = self.scheduler.register(config)
+        self._code[config.key] = entry.entry_id
+        self._publish([_entry_record(entry)], [old] if old and old != entry.entry_id else [])
+        return entry
+
+    def unregister(self, name_or_key: str) -> None:
+        """Remove a schedule registered from code, by name or key."""
+        key = name_or_key if name_or_key in self._code else f"name:{name_or_key}"
+        eid = self._code.pop(key, None)
+        if eid is None:
+            raise NotFoundError(name_or_key)
+        self.scheduler.unregister(eid)
+        self._publish([], [eid])
+
+    def entries(self) -> list[ScheduledEntry]:
+        return self.scheduler.entries()
+
+    def request_sync(self) -> None:
+        """Ask for a sync as soon as possible (non-blocking; bursts coalesce into one sync)."""
+        self._sync_requested.set()
+
+    # -- sync --------------------------------------------------------------------------------
+
+    async def sync(self) -> SyncReport:
+        """Read the provider once and reconcile the entries with it."""
+        async with self._sync_lock:
+            return await self._sync()
+
+    async def _sync(self) -> SyncReport:
+        now = self.clock.now()
+        try:
+            snapshot = await self.provider.get_configs()
+        except Exception as exc:
+            msg = f"{type(exc).__name__}: {exc}"
+            if msg != self.last_sync_error:
+                log.error("sync failed, keeping %d entries: %s", len(self.scheduler), msg)
+            self.last_sync_error = msg
+            return SyncReport(ok=False, error=msg)
+        if self.last_sync_error is not None:
+            log.info("sync recovered")
+        self.last_sync_error = None
+        self.last_sync_at = now
+        report = SyncReport(ok=True, errors=list(snapshot.errors))
+        upserts: list[EntryRecord] = []
+        removed: list[str] = []
+        desired: dict[str, PeriodicTaskConfig] = {c.key: c for c in snapshot.configs}
+        for key in list(self._synced):
+            if key not in desired:
+                eid = self._synced.pop(key)
+                self.scheduler.unregister(eid)
+                removed.append(eid)
+                report.removed.append(eid)
+        for key, cfg in desired.items():
+            digest = content_hash(cfg)
+            current = self._synced.get(key)
+            entry = self.scheduler.get(current) if current else None
+            if entry is not None and entry.content_hash == digest:
+                report.unchanged += 1
+                continue
+            if current is not None:
+                self.scheduler.unregister(current)
+                removed.append(current)
+            new = self.scheduler.register(cfg, digest=digest)
+            self._synced[key] = new.entry_id
+            upserts.append(_entry_record(new))
+            (report.replaced if current else report.added).append(new.entry_id)
+        self._sync_row_errors(snapshot.errors, desired, now, upserts, removed)
+        upserted = {u.entry_id for u in upserts}
+        await self._apply(upserts, [r for r in removed if r not in upserted])
+        if report.added or report.replaced or report.removed:
+            log.info(
+                "sync: %d added, %d replaced, %d removed, %d unchanged, %d bad rows",
+                len(report.added), len(report.replaced), len(report.removed), report.unchanged,
+                len(report.errors),
+            )
+        return report
+
+    def _sync_row_errors(
+        self,
+        errors: Sequence[RowError],
+        desired: dict[str, PeriodicTaskConfig],
+        now: datetime,
+        upserts: list[EntryRecord],
+        removed: list[str],
+    ) -> None:
+        """Log each bad row once per content and publish it; drop reports of rows now fixed."""
+        current: dict[str, RowError] = {str(e.schedule_id): e for e in errors}
+        for key, err in current.items():
+            if (key, err.content_hash) not in self._logged:
+                self._logged.add((key, err.content_hash))
+                log.error(
+                    "schedule row %s (%s) rejected: %s", key, err.name, err.message,
+                    extra={"schedule": err.name, "schedule_id": key, "field": err.field},
+                )
+            rec = _error_record(err, now)
+            old = self._row_errors.get(key)
+            if old is None or old.entry_id != rec.entry_id:
+                if old is not None:
+                    removed.append(old.entry_id)
+                self._row_errors[key] = rec
+                upserts.append(rec)
+        for key in list(self._row_errors):
+            if key not in current:
+                removed.append(self._row_errors.pop(key).entry_id)
+        self._logged = {(k, h) for (k, h) in self._logged if k in current or k in desired}
+
+    async def _apply(self, upserts: list[EntryRecord], removed: list[str]) -> None:
+        if upserts or removed:
+            await self._store_call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
+
+    def _publish(self, upserts: list[EntryRecord], removed: list[str]) -> None:
+        # From synchronous code paths: publish in the background, supervised like the rest.
+        if upserts or removed:
+            task = asyncio.ensure_future(self._apply(upserts, removed))
+            self._tasks.append(task)
+
+    async def _store_call(self, coro: object, what: str) -> None:
+        try:
+            await coro  # type: ignore[misc]
+        except Exception as exc:  # the store is for visibility; scheduling goes on without it
+            log.warning("%s failed (republished at the next heartbeat): %s", what, exc)
+            self._registered = False
+
+    async def _record_runs(self, runs: Sequence[RunRecord]) -> None:
+        await self.store.record_runs(runs)
+
+    # -- loops -------------------------------------------------------------------------------
+
+    async def _sync_loop(self) -> None:
+        while True:
+            sleeper = asyncio.ensure_future(self.clock.sleep(self.sync_interval))
+            waker = asyncio.ensure_future(self._sync_requested.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
+                await asyncio.gather(sleeper, waker, return_exceptions=True)
+            self._sync_requested.clear()
+            await self.sync()
+
+    def _status(self) -> ManagerStatus:
+        return ManagerStatus(
+            heartbeat_at=self.clock.now(),
+            is_leader=True,
+            last_sync_at=self.last_sync_at,
+            last_sync_error=self.last_sync_error,
+            entry_count=len(self.scheduler),
+        )
+
+    async def _heartbeat_loop(self, info: ManagerInfo) -> None:
+        while True:
+            await self.clock.sleep(self.heartbeat_interval)
+            try:
+                if not self._registered:
+                    # The store was unreachable: publish this manager and all its entries again.
+                    await self.store.register_manager(info, self._status())
+                    await self.store.apply_entries(self.manager_id, self._all_records(), [])
+                    self._registered = True
+                await self.store.heartbeat(self.manager_id, self._status())
+                await self.store.reap(self.clock.now() - timedelta(seconds=3 * self.heartbeat_interval))
+            except Exception as exc:
+                if self._registered:
+                    log.warning("heartbeat failed (will retry): %s", exc)
+                self._registered = False
+
+    def _all_records(self) -> list[EntryRecord]:
+        return [_entry_record(e) for e in self.scheduler.entries()] + list(self._row_errors.values())
+
+    async def wait_settled(self, instant: datetime) -> None:
+        """Wait until slots due by ``instant`` are handled and no sync is running (for tests)."""
+        await self.scheduler.wait_processed(instant)
+        async with self._sync_lock:
+            pass

@@ -1,0 +1,320 @@
+"""The scheduler: entries in a time-ordered heap, one timing loop, one batch per instant.
+
+Slot semantics (design.md):
+
+* an entry's first slot is the first one strictly after it was registered (nothing fires at start);
+* a due slot is enqueued when it is at most ``grace`` late; older slots are skipped (logged and
+  counted) and never replayed: after a skip the entry jumps to the first slot after ``now - grace``,
+  so a clock jumping forward never causes a storm;
+* fire decisions use the clock's ``now``, re-read after every wake; a slot is never enqueued twice by
+  one scheduler, even when the clock steps back or an entry is replaced (the last fired slot is kept
+  per schedule key and new entries start after it);
+* all slots due at one instant go to the target as one batch.
+
+The heap holds ``(next_slot, version, entry_id)``; replaced or removed entries are dropped
+lazily when they surface, so register/unregister are O(log n) and a wake never scans all entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from periodic_manager.clock import Clock, SystemClock
+from periodic_manager.config import PeriodicTaskConfig, content_hash, entry_id, idempotency_key
+from periodic_manager.cron import Schedule
+from periodic_manager.registry import RunRecord
+from periodic_manager.targets.base import EnqueueResult, Target, Task, task_id_for
+
+log = logging.getLogger(__name__)
+
+PreEnqueueHook = Callable[[Sequence[Task]], Awaitable[None] | None]
+PostEnqueueHook = Callable[[Sequence[EnqueueResult]], Awaitable[None] | None]
+ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
+RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
+
+IDLE_SLEEP_S = 3600.0  # with no entries, sleep long; register() wakes the loop anyway
+
+
+@dataclass(slots=True)
+class ScheduledEntry:
+    """One registered schedule: its config, parsed schedule and timing."""
+
+    entry_id: str
+    config: PeriodicTaskConfig
+    schedule: Schedule
+    content_hash: str
+    registered_at: datetime
+    next_slot: datetime
+    prev_slot: datetime | None = None
+    last_error: str | None = None
+    version: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.config.key
+
+
+async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
+    if hook is None:
+        return
+    result = hook(*args)
+    if asyncio.iscoroutine(result):
+        await result
+
+
+class Scheduler:
+    """Keeps entries ordered by next slot and sends due slots to a Target."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        clock: Clock | None = None,
+        grace: float = 30.0,
+        pre_enqueue: PreEnqueueHook | None = None,
+        post_enqueue: PostEnqueueHook | None = None,
+        on_error: ErrorHook | None = None,
+        on_runs: RunsHook | None = None,
+    ) -> None:
+        self.target = target
+        self.clock: Clock = clock or SystemClock()
+        self.grace = timedelta(seconds=grace)
+        self.pre_enqueue = pre_enqueue
+        self.post_enqueue = post_enqueue
+        self.on_error = on_error
+        self.on_runs = on_runs
+        self._entries: dict[str, ScheduledEntry] = {}
+        self._heap: list[tuple[datetime, int, str]] = []
+        self._seq = itertools.count()
+        self._last_fired: dict[str, datetime] = {}  # schedule key -> latest slot handled
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._state = asyncio.Condition()
+        self._processed_until: datetime | None = None
+        self._sleeping_until: datetime | None = None
+        self.counts: dict[str, int] = {"enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0}
+
+    # -- entries -----------------------------------------------------------------------------
+
+    def register(self, config: PeriodicTaskConfig, *, digest: str | None = None) -> ScheduledEntry:
+        """Add (or replace, same entry id) an entry; its first slot is strictly after now."""
+        digest = digest or content_hash(config)
+        eid = entry_id(config, digest)
+        now = self.clock.now()
+        schedule = config.schedule
+        start = max(now, self._last_fired.get(config.key, now))
+        entry = ScheduledEntry(
+            entry_id=eid,
+            config=config,
+            schedule=schedule,
+            content_hash=digest,
+            registered_at=now,
+            next_slot=schedule.next_after(start),
+            prev_slot=self._last_fired.get(config.key),
+            # Versions are globally unique so a stale heap item can never match a re-created entry.
+            version=next(self._seq),
+        )
+        self._entries[eid] = entry
+        heapq.heappush(self._heap, (entry.next_slot, entry.version, eid))
+        self._wake.set()
+        return entry
+
+    def unregister(self, eid: str) -> bool:
+        """Remove an entry; its heap item is dropped lazily. Returns whether it existed."""
+        removed = self._entries.pop(eid, None) is not None
+        if removed:
+            self._wake.set()
+        return removed
+
+    def get(self, eid: str) -> ScheduledEntry | None:
+        return self._entries.get(eid)
+
+    def entries(self) -> list[ScheduledEntry]:
+        return list(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- loop --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The timing loop; returns after :meth:`stop`."""
+        self._stopping = False
+        while not self._stopping:
+            now = self.clock.now()
+            await self._dispatch_due(now)
+            await self._mark_processed(now)
+            await self._sleep_until_next()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def wait_processed(self, instant: datetime) -> None:
+        """Wait until every slot due at or before ``instant`` has been handled (for tests)."""
+
+        def done() -> bool:
+            if self._processed_until is not None and self._processed_until >= instant:
+                return True
+            return self._sleeping_until is not None and self._sleeping_until > instant
+
+        async with self._state:
+            await self._state.wait_for(done)
+
+    async def _mark_processed(self, now: datetime) -> None:
+        async with self._state:
+            self._processed_until = now
+            self._state.notify_all()
+
+    async def _sleep_until_next(self) -> None:
+        self._drop_stale()
+        next_slot = self._heap[0][0] if self._heap else None
+        if self._wake.is_set():
+            self._wake.clear()
+            return
+        now = self.clock.now()
+        delay = (next_slot - now).total_seconds() if next_slot else IDLE_SLEEP_S
+        if delay <= 0:
+            return
+        async with self._state:
+            self._sleeping_until = next_slot or now + timedelta(seconds=delay)
+            self._state.notify_all()
+        sleeper = asyncio.ensure_future(self.clock.sleep(delay))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (sleeper, waker):
+                fut.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(sleeper, waker, return_exceptions=True)
+            self._wake.clear()
+            self._sleeping_until = None
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap:
+            _, version, eid = heap[0]
+            entry = self._entries.get(eid)
+            if entry is not None and entry.version == version:
+                return
+            heapq.heappop(heap)
+
+    def _pop_due(self, now: datetime) -> list[ScheduledEntry]:
+        """Pop every live entry whose next slot is <= now, earliest first."""
+        due: list[ScheduledEntry] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, version, eid = heapq.heappop(heap)
+            entry = self._entries.get(eid)
+            if entry is not None and entry.version == version:
+                due.append(entry)
+        return due
+
+    async def _dispatch_due(self, now: datetime) -> None:
+        due = self._pop_due(now)
+        if not due:
+            return
+        batches: dict[datetime, list[ScheduledEntry]] = {}
+        skipped: list[RunRecord] = []
+        for entry in due:
+            slot = entry.next_slot
+            last = self._last_fired.get(entry.key)
+            if last is not None and slot <= last:
+                # Already handled (clock stepped back, or an entry replaced at the same instant).
+                self._advance(entry, last)
+            elif now - slot > self.grace:
+                skipped.append(self._skip(entry, slot, now))
+            else:
+                batches.setdefault(slot, []).append(entry)
+        if skipped:
+            await self._report(skipped)
+        for slot in sorted(batches):
+            await self._enqueue_batch(slot, batches[slot], now)
+
+    def _advance(self, entry: ScheduledEntry, after: datetime) -> None:
+        entry.next_slot = entry.schedule.next_after(after)
+        entry.version = next(self._seq)
+        heapq.heappush(self._heap, (entry.next_slot, entry.version, entry.entry_id))
+
+    def _skip(self, entry: ScheduledEntry, slot: datetime, now: datetime) -> RunRecord:
+        late = (now - slot).total_seconds()
+        log.warning(
+            "skipping slot %s of %s: %.3f s late (grace %.3f s)",
+            slot.isoformat(), entry.config.name, late, self.grace.total_seconds(),
+            extra={"schedule": entry.config.name, "slot": slot.isoformat(), "lateness_s": late},
+        )
+        self.counts["skipped"] += 1
+        entry.counts["skipped"] = entry.counts.get("skipped", 0) + 1
+        # Jump past every slot that is already too late: no replay, no storm after a clock jump.
+        self._advance(entry, max(slot, now - self.grace))
+        return RunRecord(entry.key, entry.config.name, slot, "skipped", now, error=f"{late:.3f} s late")
+
+    def _task(self, entry: ScheduledEntry, slot: datetime) -> Task:
+        cfg = entry.config
+        key = idempotency_key(cfg.name, slot)
+        return Task(
+            id=task_id_for(key),
+            name=cfg.name,
+            task_type=cfg.task_type,
+            payload=cfg.payload,
+            queue=cfg.queue,
+            options=cfg.options,
+            idempotency_key=key,
+            scheduled_at=slot,
+            expires_at=slot + self.grace,
+            schedule_id=cfg.schedule_id,
+        )
+
+    async def _enqueue_batch(self, slot: datetime, entries: list[ScheduledEntry], now: datetime) -> None:
+        tasks = [self._task(e, slot) for e in entries]
+        for entry in entries:
+            self._last_fired[entry.key] = max(slot, self._last_fired.get(entry.key, slot))
+            entry.prev_slot = slot
+            self._advance(entry, slot)
+        runs: list[RunRecord]
+        try:
+            await _call(self.pre_enqueue, tasks)
+            results = await self.target.enqueue(tasks, now)
+        except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
+            log.error(
+                "enqueue of %d task(s) due %s failed: %s", len(tasks), slot.isoformat(), exc,
+                extra={"slot": slot.isoformat(), "batch": len(tasks)},
+            )
+            for entry in entries:
+                entry.last_error = str(exc)
+            self.counts["failed"] += len(tasks)
+            await self._safe_hook(self.on_error, exc, tasks)
+            runs = [RunRecord(e.key, e.config.name, slot, "failed", now, error=str(exc)) for e in entries]
+        else:
+            runs = []
+            for entry, res in zip(entries, results, strict=True):
+                entry.last_error = None
+                entry.counts[res.status] = entry.counts.get(res.status, 0) + 1
+                self.counts[res.status] += 1
+                runs.append(RunRecord(entry.key, entry.config.name, slot, res.status, now, res.message_id))
+            log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
+            await self._safe_hook(self.post_enqueue, results)
+        await self._report(runs)
+
+    async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
+        try:
+            await _call(hook, *args)
+        except Exception:  # a user hook must not stop the schedule
+            log.exception("hook %r failed", hook)
+
+    async def _report(self, runs: Sequence[RunRecord]) -> None:
+        if self.on_runs is not None and runs:
+            try:
+                await self.on_runs(runs)
+            except Exception:  # the store being down must not stop the schedule
+                log.exception("recording %d run(s) failed", len(runs))

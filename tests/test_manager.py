@@ -1,0 +1,154 @@
+"""Manager sync semantics with a static provider, a memory store and target, on a virtual clock."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from periodic_manager.clock import VirtualClock
+from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.errors import NotFoundError, ProviderError
+from periodic_manager.manager import PeriodicTaskManager
+from periodic_manager.providers.base import ProviderSnapshot, RowError, StaticProvider
+from periodic_manager.registry import MemoryRuntimeStore
+from periodic_manager.targets.memory import MemoryTarget
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def row(i: int, name: str, spec: str = "@every 10s", **kw: object) -> PeriodicTaskConfig:
+    return PeriodicTaskConfig.create(name=name, spec=spec, task_type="t", schedule_id=i, **kw)  # type: ignore[arg-type]
+
+
+class FlakyProvider(StaticProvider):
+    down = False
+
+    async def get_configs(self) -> ProviderSnapshot:
+        if self.down:
+            raise ProviderError("connection refused")
+        return await super().get_configs()
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[tuple[PeriodicTaskManager, FlakyProvider, VirtualClock, MemoryTarget, MemoryRuntimeStore]]:
+    clock = VirtualClock(T0)
+    provider = FlakyProvider([row(1, "a")])
+    target = MemoryTarget()
+    store = MemoryRuntimeStore()
+    mgr = PeriodicTaskManager(provider, target, clock=clock, store=store, sync_interval=30, grace=30)
+    await mgr.start()
+    yield mgr, provider, clock, target, store
+    await mgr.stop()
+
+
+async def advance(mgr: PeriodicTaskManager, clock: VirtualClock, seconds: float) -> None:
+    await clock.advance(seconds, settle=lambda: mgr.wait_settled(clock.now()))
+
+
+async def test_first_sync_runs_before_the_scheduler_starts(rig) -> None:
+    mgr, _, clock, target, store = rig
+    assert [e.config.name for e in mgr.entries()] == ["a"]
+    assert list(store.entries[mgr.manager_id].values())[0].name == "a"
+    await advance(mgr, clock, 10)
+    assert target.slots("a") == [T0 + timedelta(seconds=10)]
+
+
+async def test_added_changed_removed_rows_are_picked_up_at_the_next_sync(rig) -> None:
+    mgr, provider, clock, target, store = rig
+    provider.configs = [row(1, "a", "@every 5s"), row(2, "b")]
+    await advance(mgr, clock, 10)  # not yet synced: old timing
+    assert target.slots("a") == [T0 + timedelta(seconds=10)] and target.slots("b") == []
+    await advance(mgr, clock, 20)  # sync at T0+30 (the sync interval)
+    await advance(mgr, clock, 10)
+    assert target.slots("a")[-2:] == [T0 + timedelta(seconds=35), T0 + timedelta(seconds=40)]
+    assert target.slots("b") == [T0 + timedelta(seconds=40)]
+    provider.configs = [row(2, "b")]
+    await advance(mgr, clock, 20)  # sync at T0+60
+    n = len(target.slots("a"))
+    await advance(mgr, clock, 30)
+    assert len(target.slots("a")) == n
+    assert {e.name for e in store.entries[mgr.manager_id].values()} == {"b"}
+
+
+async def test_unchanged_hash_keeps_the_entry_and_its_timing(rig) -> None:
+    mgr, provider, clock, _, _ = rig
+    before = mgr.entries()[0]
+    provider.configs = [row(1, "a")]  # equal content, new object
+    report = await mgr.sync()
+    assert report.unchanged == 1 and not report.added and not report.replaced
+    assert mgr.entries()[0] is before
+
+
+async def test_changed_hash_replaces_and_entry_ids_are_stable(rig) -> None:
+    mgr, provider, clock, _, _ = rig
+    first_id = mgr.entries()[0].entry_id
+    provider.configs = [row(1, "a", payload={"v": 2})]
+    report = await mgr.sync()
+    assert report.replaced and mgr.entries()[0].entry_id != first_id
+    other = PeriodicTaskManager(provider, MemoryTarget(), clock=clock)
+    await other.sync()
+    assert other.entries()[0].entry_id == mgr.entries()[0].entry_id  # same row + hash -> same id
+
+
+async def test_provider_failure_keeps_every_entry(rig, caplog: pytest.LogCaptureFixture) -> None:
+    mgr, provider, clock, target, _ = rig
+    provider.down = True
+    caplog.set_level(logging.ERROR)
+    for _ in range(3):
+        report = await mgr.sync()
+        assert not report.ok
+    assert len([r for r in caplog.records if "sync failed" in r.getMessage()]) == 1  # once per outage
+    await advance(mgr, clock, 20)
+    assert len(target.slots("a")) == 2
+    assert mgr.last_sync_error and "connection refused" in mgr.last_sync_error
+    provider.down = False
+    assert (await mgr.sync()).ok and mgr.last_sync_error is None
+
+
+async def test_bad_row_is_logged_once_per_content_and_published(rig, caplog: pytest.LogCaptureFixture) -> None:
+    mgr, provider, clock, target, store = rig
+    caplog.set_level(logging.ERROR)
+    provider.errors = [RowError(7, "bad", "h1", "spec", "minute: out-of-range")]
+    await mgr.sync()
+    await mgr.sync()
+    provider.errors = [RowError(7, "bad", "h2", "timezone", "unknown zone")]
+    await mgr.sync()
+    logged = [r for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(logged) == 2
+    published = [e for e in store.entries[mgr.manager_id].values() if e.status == "error"]
+    assert [(e.schedule_key, e.last_error) for e in published] == [("7", "timezone: unknown zone")]
+    provider.errors = []
+    await mgr.sync()
+    assert all(e.status == "active" for e in store.entries[mgr.manager_id].values())
+    await advance(mgr, clock, 10)
+    assert target.slots("a") == [T0 + timedelta(seconds=10)]  # the good row kept firing
+
+
+async def test_register_from_code_survives_syncs(rig) -> None:
+    mgr, provider, clock, target, _ = rig
+    mgr.register(PeriodicTaskConfig.create(name="code", spec="@every 10s", task_type="t"))
+    await mgr.sync()
+    await advance(mgr, clock, 10)
+    assert target.slots("code") == [T0 + timedelta(seconds=10)]
+    mgr.unregister("code")
+    with pytest.raises(NotFoundError):
+        mgr.unregister("code")
+
+
+async def test_request_sync_wakes_the_sync_loop(rig) -> None:
+    mgr, provider, clock, target, _ = rig
+    provider.configs = [row(1, "a"), row(2, "b")]
+    mgr.request_sync()
+    await advance(mgr, clock, 10)
+    assert target.slots("b") == [T0 + timedelta(seconds=10)]
+
+
+async def test_stop_unpublishes_the_manager(rig) -> None:
+    mgr, _, _, _, store = rig
+    assert mgr.manager_id in store.managers
+    await mgr.stop()
+    assert mgr.manager_id not in store.managers
+    await mgr.start()  # the fixture stops it again

@@ -1,0 +1,157 @@
+"""Scheduler timing on a virtual clock with an in-memory target (no I/O, no wall-clock waits)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from periodic_manager.clock import VirtualClock
+from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.scheduler import Scheduler
+from periodic_manager.targets.memory import MemoryTarget
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def cfg(name: str, spec: str, **kw: object) -> PeriodicTaskConfig:
+    return PeriodicTaskConfig.create(name=name, spec=spec, task_type="demo.task", **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[tuple[Scheduler, VirtualClock, MemoryTarget]]:
+    clock = VirtualClock(T0)
+    target = MemoryTarget()
+    runs: list[object] = []
+
+    async def on_runs(batch: object) -> None:
+        runs.extend(batch)  # type: ignore[arg-type]
+
+    sched = Scheduler(target, clock=clock, grace=30, on_runs=on_runs)
+    sched.runs = runs  # type: ignore[attr-defined]
+    task = asyncio.create_task(sched.run())
+    await clock.settle()
+    yield sched, clock, target
+    sched.stop()
+    await asyncio.wait_for(task, 5)
+
+
+async def advance(sched: Scheduler, clock: VirtualClock, seconds: float) -> None:
+    await clock.advance(seconds, settle=lambda: sched.wait_processed(clock.now()))
+
+
+async def test_first_slot_is_strictly_after_registration(rig) -> None:
+    sched, clock, target = rig
+    clock.set(T0 + timedelta(seconds=10))  # exactly on an @every 10s slot
+    entry = sched.register(cfg("a", "@every 10s"))
+    assert entry.next_slot == T0 + timedelta(seconds=20)
+    await advance(sched, clock, 0)
+    assert target.messages == []
+
+
+async def test_slots_become_tasks_with_keys_and_one_batch_per_instant(rig) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("a", "@every 10s", payload={"n": 1}, options={"queue": "q1"}))
+    sched.register(cfg("b", "@every 10s"))
+    await advance(sched, clock, 25)
+    assert target.slots("a") == [T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)]
+    assert [len(b) for b in target.batches] == [2, 2]
+    task, enqueued_at = target.messages[0]
+    assert task.idempotency_key == "a:2024-05-01T12:00:10Z"
+    assert task.scheduled_at == T0 + timedelta(seconds=10)
+    assert enqueued_at == T0 + timedelta(seconds=10)
+    assert task.payload == {"n": 1} and task.queue == "q1" and task.task_type == "demo.task"
+    assert task.expires_at == task.scheduled_at + timedelta(seconds=30)
+
+
+async def test_register_wakes_a_sleeping_scheduler(rig) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("hourly", "@every 1h"))
+    await advance(sched, clock, 1)  # the loop now sleeps until 13:00
+    sched.register(cfg("fast", "@every 5s"))
+    await advance(sched, clock, 5)
+    assert target.slots("fast") == [T0 + timedelta(seconds=5)]
+
+
+async def test_unregister_stops_slots(rig) -> None:
+    sched, clock, target = rig
+    e = sched.register(cfg("a", "@every 10s"))
+    await advance(sched, clock, 10)
+    assert sched.unregister(e.entry_id)
+    await advance(sched, clock, 60)
+    assert target.slots("a") == [T0 + timedelta(seconds=10)]
+
+
+async def test_late_slot_beyond_grace_is_skipped_without_a_storm(rig) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("a", "@every 10s"))
+    await advance(sched, clock, 10)
+    clock.set(T0 + timedelta(days=1, seconds=5))  # wall clock jumps a day forward
+    await advance(sched, clock, 0)
+    # Only the slots within grace (30 s) of now were enqueued; one skip for the rest.
+    assert target.slots("a") == [T0 + timedelta(seconds=10)] + [
+        T0 + timedelta(days=1, seconds=s) for s in (-20, -10, 0)
+    ]
+    skipped = [r for r in sched.runs if r.status == "skipped"]  # type: ignore[attr-defined]
+    assert len(skipped) == 1 and skipped[0].slot == T0 + timedelta(seconds=20)
+
+
+async def test_clock_stepping_back_never_enqueues_a_slot_twice(rig) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("a", "@every 10s"))
+    await advance(sched, clock, 30)
+    clock.set(T0 + timedelta(seconds=5))  # back 25 s
+    await advance(sched, clock, 40)
+    slots = target.slots("a")
+    assert len(slots) == len(set(slots))
+    assert slots == [T0 + timedelta(seconds=s) for s in (10, 20, 30, 40)]
+
+
+async def test_replaced_entry_starts_after_the_last_fired_slot(rig) -> None:
+    sched, clock, target = rig
+    old = sched.register(cfg("a", "@every 10s"))
+    await advance(sched, clock, 10)
+    clock.set(T0 + timedelta(seconds=2))  # clock back, then the schedule changes
+    sched.unregister(old.entry_id)
+    new = sched.register(cfg("a", "@every 5s"))
+    assert new.next_slot == T0 + timedelta(seconds=15)
+    await advance(sched, clock, 20)
+    assert target.slots("a") == [T0 + timedelta(seconds=s) for s in (10, 15, 20)]
+
+
+async def test_target_failure_is_reported_and_the_schedule_goes_on(rig) -> None:
+    sched, clock, target = rig
+    errors: list[BaseException] = []
+    sched.on_error = lambda exc, tasks: errors.append(exc)
+    sched.register(cfg("a", "@every 10s"))
+    target.fail_with = "redis down"
+    await advance(sched, clock, 10)
+    target.fail_with = None
+    await advance(sched, clock, 10)
+    assert len(errors) == 1 and "redis down" in str(errors[0])
+    assert target.slots("a") == [T0 + timedelta(seconds=20)]
+    statuses = [(r.slot, r.status) for r in sched.runs]  # type: ignore[attr-defined]
+    assert statuses == [(T0 + timedelta(seconds=10), "failed"), (T0 + timedelta(seconds=20), "enqueued")]
+
+
+async def test_hooks_see_the_batch_before_and_the_results_after(rig) -> None:
+    sched, clock, target = rig
+    seen: list[str] = []
+    sched.pre_enqueue = lambda tasks: seen.append(f"pre:{len(tasks)}")
+
+    async def post(results: object) -> None:
+        seen.append(f"post:{[r.status for r in results]}")  # type: ignore[attr-defined]
+
+    sched.post_enqueue = post
+    sched.register(cfg("a", "@every 10s"))
+    await advance(sched, clock, 10)
+    assert seen == ["pre:1", "post:['enqueued']"]
+
+
+async def test_two_identical_configs_with_different_rows_are_two_entries(rig) -> None:
+    sched, clock, target = rig
+    a = sched.register(cfg("same", "@every 10s", schedule_id=1))
+    b = sched.register(cfg("same", "@every 10s", schedule_id=2))
+    assert a.entry_id != b.entry_id and len(sched) == 2
