@@ -103,6 +103,7 @@ class PeriodicTaskManager:
         pre_enqueue: PreEnqueueHook | None = None,
         post_enqueue: PostEnqueueHook | None = None,
         on_error: ErrorHook | None = None,
+        close_target: bool = False,
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
@@ -132,6 +133,7 @@ class PeriodicTaskManager:
         self.last_sync_error: str | None = None
         self.failed: BaseException | None = None
         self._registered = False
+        self._close_target = close_target
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -163,8 +165,10 @@ class PeriodicTaskManager:
         self._tasks.clear()
         try:
             await self.store.unregister_manager(self.manager_id)
-        except Exception:
-            log.exception("could not unpublish manager %s", self.manager_id)
+        except Exception as exc:
+            log.warning("could not unpublish manager %s: %s", self.manager_id, exc)
+        if self._close_target:
+            await self.target.close()
         log.info("manager %s stopped", self.manager_id)
 
     def _spawn(self, coro: object, name: str) -> None:

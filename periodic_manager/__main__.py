@@ -1,0 +1,5 @@
+import sys
+
+from periodic_manager.cli import main
+
+sys.exit(main())
