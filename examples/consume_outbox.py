@@ -1,0 +1,145 @@
+"""Consume periodic_manager tasks from the database outbox table ``pm_outbox``.
+
+Copy this into a worker and replace ``handle``. It needs only SQLAlchemy and the async driver
+(asyncpg or aiosqlite).
+
+    python examples/consume_outbox.py --database-url postgresql://... --queue default
+
+Each round takes up to ``--batch`` unprocessed rows of the queue in one transaction, handles them
+(here: prints one JSON line per message), sets ``processed_at`` and commits. A worker that dies
+mid-batch rolls back, so its rows are taken again: at-least-once.
+
+PostgreSQL: rows are taken with ``SELECT ... FOR UPDATE SKIP LOCKED``, so any number of
+consumers can run side by side; each row goes to one of them.
+
+SQLite has no row locks and no SKIP LOCKED: run ONE consumer at a time per database there (two
+would read the same rows before either commits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, Text, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+
+# The columns this consumer reads and writes (the table itself is created by the migrations).
+outbox = Table(
+    "pm_outbox",
+    MetaData(),
+    Column("seq", Integer, primary_key=True),
+    Column("task_id", String(36)),
+    Column("idempotency_key", String(300)),
+    Column("queue", String(100)),
+    Column("name", String(200)),
+    Column("task_type", String(200)),
+    Column("payload", Text),  # JSON text
+    Column("options", Text),  # JSON text
+    Column("scheduled_at", DateTime(timezone=True)),
+    Column("enqueued_at", DateTime(timezone=True)),
+    Column("processed_at", DateTime(timezone=True)),
+)
+
+
+def async_url(url: str) -> str:
+    """Accept plain ``postgresql://`` / ``sqlite:///`` URLs and pick the async drivers."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+asyncpg")
+    elif u.drivername == "sqlite":
+        u = u.set(drivername="sqlite+aiosqlite")
+    return u.render_as_string(hide_password=False)
+
+
+def utc_iso(value: datetime) -> str:
+    """SQLite returns naive datetimes: the outbox stores UTC there."""
+    utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+async def claim_batch(conn: AsyncConnection, queue: str, limit: int) -> list[dict[str, Any]]:
+    """Lock up to ``limit`` unprocessed rows of ``queue``, oldest first (call inside a transaction).
+
+    The rows are messages with the same fields as on Redis Streams, plus ``seq``.
+    """
+    query = (
+        select(outbox)
+        .where(outbox.c.queue == queue, outbox.c.processed_at.is_(None))
+        .order_by(outbox.c.seq)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    rows = (await conn.execute(query)).mappings().all()
+    return [
+        {
+            "seq": row["seq"],
+            "id": row["task_id"],
+            "type": row["task_type"],
+            "payload": row["payload"],
+            "queue": row["queue"],
+            "name": row["name"],
+            "idempotency_key": row["idempotency_key"],
+            "scheduled_at": utc_iso(row["scheduled_at"]),
+            "enqueued_at": utc_iso(row["enqueued_at"]),
+            "options": row["options"],
+        }
+        for row in rows
+    ]
+
+
+async def mark_processed(conn: AsyncConnection, seqs: list[int]) -> None:
+    now = datetime.now(UTC)
+    if conn.dialect.name == "sqlite":
+        now = now.replace(tzinfo=None)  # stored as naive UTC, like the manager writes it
+    await conn.execute(update(outbox).where(outbox.c.seq.in_(seqs)).values(processed_at=now))
+
+
+def handle(message: dict[str, Any]) -> None:
+    """Do the work. Here: print the message; ``payload`` and ``options`` are JSON text."""
+    print(json.dumps(message, ensure_ascii=False, sort_keys=True), flush=True)
+
+
+async def consume(args: argparse.Namespace) -> int:
+    engine = create_async_engine(async_url(args.database_url))
+    done = 0
+    try:
+        while args.count is None or done < args.count:
+            limit = args.batch if args.count is None else min(args.batch, args.count - done)
+            async with engine.begin() as conn:
+                messages = await claim_batch(conn, args.queue, limit)
+                for message in messages:
+                    handle(message)
+                if messages:
+                    await mark_processed(conn, [m["seq"] for m in messages])
+            done += len(messages)
+            if not messages:
+                await asyncio.sleep(args.poll_interval)
+    finally:
+        await engine.dispose()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--queue", default="default")
+    parser.add_argument("--count", type=int, default=None, help="stop after N messages")
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds when idle")
+    parser.add_argument("--batch", type=int, default=100, help="rows per transaction")
+    args = parser.parse_args(argv)
+    try:
+        return asyncio.run(consume(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

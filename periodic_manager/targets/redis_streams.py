@@ -1,0 +1,226 @@
+"""Redis Streams target: one stream per queue, claim and XADD in one atomic Lua step.
+
+Keys are hash-tagged by queue, so the stream of a queue and every claim of that queue live in one
+Redis Cluster slot and one script can touch them together::
+
+    {<prefix>:<queue>}:stream                    the queue's stream (consumers use XREADGROUP)
+    {<prefix>:<queue>}:claim:<idempotency_key>   the claim of a slot; value: its stream entry id
+
+Message fields (all strings): ``id``, ``type``, ``payload`` (canonical JSON text), ``queue``,
+``name``, ``idempotency_key``, ``scheduled_at``, ``enqueued_at`` (UTC ISO-8601 with ``Z``,
+microseconds only when non-zero) and ``options`` (canonical JSON text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from periodic_manager.config import canonical_json
+from periodic_manager.errors import TargetError
+from periodic_manager.targets.base import EnqueueResult, Task
+
+# KEYS[1] = stream, KEYS[2..n+1] = claims; ARGV[1] = MAXLEN (0: no trimming), then 10 values per
+# task: the claim TTL in ms and the nine message fields (id, type, payload, queue, name,
+# idempotency_key, scheduled_at, enqueued_at, options).
+# Returns a flat array: per task 1 + the new entry id, or 0 + the entry id already claimed.
+#
+# A script is atomic but not transactional: if a command fails half-way, earlier effects stay.
+# So the stream's type is checked before anything is claimed, and a claim whose XADD fails is
+# deleted again: a claim never exists without its message (what the Target contract asks).
+_CLAIM_AND_ADD = """
+local stream = KEYS[1]
+local kind = redis.call('TYPE', stream)['ok']
+if kind ~= 'stream' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. stream .. ' is a ' .. kind .. ', not a stream')
+end
+local maxlen = tonumber(ARGV[1])
+local out = {}
+local n = #KEYS - 1
+for i = 1, n do
+  local claim = KEYS[i + 1]
+  local a = 1 + (i - 1) * 10
+  local ttl = ARGV[a + 1]
+  if redis.call('SET', claim, ARGV[a + 2], 'NX', 'PX', ttl) then
+    local fields = {
+      'id', ARGV[a + 2], 'type', ARGV[a + 3], 'payload', ARGV[a + 4], 'queue', ARGV[a + 5],
+      'name', ARGV[a + 6], 'idempotency_key', ARGV[a + 7], 'scheduled_at', ARGV[a + 8],
+      'enqueued_at', ARGV[a + 9], 'options', ARGV[a + 10]
+    }
+    local res
+    if maxlen > 0 then
+      res = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+    else
+      res = redis.pcall('XADD', stream, '*', unpack(fields))
+    end
+    if type(res) == 'table' and res.err then
+      redis.call('DEL', claim)
+      return res
+    end
+    redis.call('SET', claim, res, 'PX', ttl)
+    out[#out + 1] = 1
+    out[#out + 1] = res
+  else
+    out[#out + 1] = 0
+    out[#out + 1] = redis.call('GET', claim)
+  end
+end
+return out
+"""
+
+_ARGS_PER_TASK = 10
+
+
+def utc_iso(instant: datetime) -> str:
+    """``2024-03-31T01:30:00Z``; microseconds only when non-zero. Naive datetimes are refused."""
+    if instant.tzinfo is None or instant.utcoffset() is None:
+        raise ValueError(f"naive datetime {instant!r}; pass an aware instant")
+    utc = instant.astimezone(UTC)
+    text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisStreamsTarget:
+    """Enqueues each task to the stream of its queue, once per idempotency key.
+
+    A claim lives ``(task.expires_at - now) + claim_margin`` seconds (at least 1 s): past
+    ``expires_at`` no manager may enqueue the slot any more, so the claim is no longer needed.
+    Memory stays bounded: the claims alive at any moment are about the number of slots enqueued
+    in the last ``grace + claim_margin`` seconds (each a small string key), whatever the uptime.
+
+    ``maxlen`` (or ``maxlen_by_queue[queue]``) trims a stream approximately (``MAXLEN ~``).
+    Every call is bounded by ``timeout`` seconds; any Redis failure is raised as TargetError.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "pm",
+        maxlen: int | None = None,
+        maxlen_by_queue: Mapping[str, int] | None = None,
+        claim_margin: float = 60.0,
+        timeout: float = 5.0,
+    ) -> None:
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError("prefix must be non-empty and contain no '{' or '}' (hash tags)")
+        for value in [maxlen, *(maxlen_by_queue or {}).values()]:
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ValueError(f"maxlen must be an integer >= 1, got {value!r}")
+        if claim_margin < 0 or timeout <= 0:
+            raise ValueError("claim_margin must be >= 0 and timeout > 0")
+        self._client = client
+        self._owns_client = False
+        self.prefix = prefix
+        self.maxlen = maxlen
+        self.maxlen_by_queue = dict(maxlen_by_queue or {})
+        self.claim_margin = claim_margin
+        self.timeout = timeout
+        self._script = client.register_script(_CLAIM_AND_ADD)
+
+    @classmethod
+    def from_url(cls, url: str, *, max_connections: int = 10, **kwargs: Any) -> RedisStreamsTarget:
+        """A target with its own client (closed by :meth:`close`).
+
+        The client waits for a free connection (blocking pool) instead of failing with "Too many
+        connections", and its socket timeouts match the target's ``timeout``.
+        """
+        timeout = float(kwargs.get("timeout", 5.0))
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
+        target = cls(aioredis.Redis.from_pool(pool), **kwargs)
+        target._owns_client = True
+        return target
+
+    def stream_key(self, queue: str) -> str:
+        return f"{{{self.prefix}:{queue}}}:stream"
+
+    def claim_key(self, queue: str, idempotency_key: str) -> str:
+        return f"{{{self.prefix}:{queue}}}:claim:{idempotency_key}"
+
+    def claim_ttl_ms(self, task: Task, now: datetime) -> int:
+        """How long the claim of ``task`` lives: until it expires, plus the margin (>= 1 s)."""
+        seconds = (task.expires_at - now).total_seconds() + self.claim_margin
+        return max(1000, math.ceil(seconds * 1000))
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        """Claim and add every task; one script call per queue, all in one pipeline."""
+        if not tasks:
+            return []
+        groups: dict[str, list[int]] = {}
+        for index, task in enumerate(tasks):
+            if "{" in task.queue or "}" in task.queue:
+                raise TargetError(f"queue {task.queue!r} contains '{{' or '}}'")
+            groups.setdefault(task.queue, []).append(index)
+        try:
+            enqueued_at = utc_iso(now)
+            calls = [
+                (indices, self._script_call(queue, [tasks[i] for i in indices], now, enqueued_at))
+                for queue, indices in groups.items()
+            ]
+        except (TypeError, ValueError) as exc:
+            raise TargetError(f"cannot encode the batch: {exc}") from exc
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for _, (keys, args) in calls:
+                        await self._script(keys=keys, args=args, client=pipe)
+                    replies = await pipe.execute()
+        except TimeoutError as exc:
+            raise TargetError(f"redis: no answer within {self.timeout} s") from exc
+        except (RedisError, OSError) as exc:
+            raise TargetError(f"redis: {type(exc).__name__}: {exc}") from exc
+        results: list[EnqueueResult | None] = [None] * len(tasks)
+        for (indices, _), reply in zip(calls, replies, strict=True):
+            for pos, index in enumerate(indices):
+                flag, message_id = reply[2 * pos], reply[2 * pos + 1]
+                text = None if message_id is None else _text(message_id)
+                if int(flag) == 1:
+                    results[index] = EnqueueResult(tasks[index], "enqueued", text)
+                else:
+                    results[index] = EnqueueResult(tasks[index], "duplicate", text)
+        return [r for r in results if r is not None]
+
+    def _script_call(
+        self, queue: str, tasks: list[Task], now: datetime, enqueued_at: str
+    ) -> tuple[list[str], list[str | int]]:
+        keys = [self.stream_key(queue)]
+        args: list[str | int] = [self.maxlen_by_queue.get(queue, self.maxlen) or 0]
+        for task in tasks:
+            keys.append(self.claim_key(queue, task.idempotency_key))
+            args += [
+                self.claim_ttl_ms(task, now),
+                task.id,
+                task.task_type,
+                canonical_json(task.payload),
+                task.queue,
+                task.name,
+                task.idempotency_key,
+                utc_iso(task.scheduled_at),
+                enqueued_at,
+                canonical_json(dict(task.options)),
+            ]
+        assert len(args) == 1 + len(tasks) * _ARGS_PER_TASK
+        return keys, args
+
+    async def close(self) -> None:
+        """Close the client if this target created it (:meth:`from_url`)."""
+        if self._owns_client:
+            await self._client.aclose()
