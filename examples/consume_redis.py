@@ -1,0 +1,88 @@
+"""Consume periodic_manager tasks from a Redis stream with a consumer group.
+
+Copy this into a worker and replace ``handle``. It needs only the ``redis`` package.
+
+    python examples/consume_redis.py --queue default --group workers --consumer w1
+
+The stream of queue Q is ``{<prefix>:Q}:stream`` (prefix ``pm`` by default). The group is
+created (with MKSTREAM) at the start of the stream if it does not exist, so tasks enqueued before
+the first worker started are delivered too. Each message is printed as one JSON line, then
+acknowledged (XACK) - at-least-once: a worker that dies before XACK leaves the message pending,
+and this script first re-reads its own pending messages when it starts again. (Messages pending
+on a consumer that never comes back can be taken over with XAUTOCLAIM; not shown here.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+
+def stream_key(prefix: str, queue: str) -> str:
+    return f"{{{prefix}:{queue}}}:stream"
+
+
+def handle(stream: str, entry_id: str, fields: dict[str, str]) -> None:
+    """Do the work. Here: print the message; ``payload`` and ``options`` are JSON text."""
+    message: dict[str, Any] = {"stream": stream, "entry_id": entry_id, **fields}
+    print(json.dumps(message, ensure_ascii=False, sort_keys=True), flush=True)
+
+
+async def ensure_group(client: aioredis.Redis, stream: str, group: str) -> None:
+    try:
+        await client.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):  # the group exists already: fine
+            raise
+
+
+async def consume(args: argparse.Namespace) -> int:
+    stream = stream_key(args.prefix, args.queue)
+    client = aioredis.from_url(args.redis_url, decode_responses=True)
+    done = 0
+    try:
+        await ensure_group(client, stream, args.group)
+        cursor = "0"  # first our own pending (delivered, not acked) messages, then new ones: ">"
+        while args.count is None or done < args.count:
+            want = 100 if args.count is None else min(100, args.count - done)
+            block = None if cursor == "0" else args.block_ms
+            reply = await client.xreadgroup(
+                args.group, args.consumer, {stream: cursor}, count=want, block=block
+            )
+            entries = reply[0][1] if reply else []
+            if cursor == "0" and not entries:
+                cursor = ">"
+                continue
+            for entry_id, fields in entries:
+                handle(stream, entry_id, fields)
+                await client.xack(stream, args.group, entry_id)
+                done += 1
+    finally:
+        await client.aclose()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--queue", default="default")
+    parser.add_argument("--group", default="workers")
+    parser.add_argument("--consumer", default="worker-1")
+    parser.add_argument("--prefix", default="pm")
+    parser.add_argument("--count", type=int, default=None, help="stop after N messages")
+    parser.add_argument("--block-ms", type=int, default=5000, help="XREADGROUP BLOCK time")
+    args = parser.parse_args(argv)
+    try:
+        return asyncio.run(consume(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
