@@ -1,0 +1,352 @@
+"""The RuntimeStore on PostgreSQL and SQLite: ``pm_managers``, ``pm_entries``, ``pm_schedule_state``.
+
+Writes are shaped for a manager holding many schedules: a heartbeat updates one row, entries are
+written only when they change, and a batch of slot outcomes is folded in Python per schedule and
+written with one ``INSERT .. ON CONFLICT DO UPDATE`` (executemany), so the cost of a batch does
+not grow with round trips per run.
+
+Errors: SQLAlchemy (and driver) exceptions propagate unchanged. The manager wraps every store
+call in ``except Exception``, logs and carries on scheduling; the API's read helpers let them
+reach its error handler. The one domain error is :class:`~periodic_manager.errors.NotFoundError`
+from :meth:`DatabaseRuntimeStore.heartbeat` when the manager's row is gone (it was reaped), so the
+manager knows to register again.
+
+Entries go with their manager through ``ON DELETE CASCADE``; on SQLite that needs
+``PRAGMA foreign_keys=ON``, which :func:`periodic_manager.db.engine.create_engine` sets on every
+connection. Use that function to build the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, case, delete, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.db.models import Entry, Manager, ScheduleState
+from periodic_manager.errors import NotFoundError
+from periodic_manager.registry import (
+    EntryRecord,
+    ManagerInfo,
+    ManagerStatus,
+    RunRecord,
+    StateRecord,
+    fold_run,
+)
+
+# Stored counters, one column per run status.
+COUNT_COLUMNS = {
+    "enqueued": "enqueued_count",
+    "duplicate": "duplicate_count",
+    "skipped": "skipped_count",
+    "failed": "failed_count",
+}
+# Labelled columns, so one joined row names both tables' columns without clashes.
+_MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
+_ENTRY_COLS = [c.label(f"e_{c.name}") for c in Entry.__table__.c]
+# Keeps IN (...) lists well under every driver's bind-parameter limit.
+_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerRecord:
+    """A manager as stored: who it is and its last heartbeat."""
+
+    info: ManagerInfo
+    status: ManagerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEntry:
+    """An entry together with the manager that holds it (for ``GET /entries``)."""
+
+    manager: ManagerRecord
+    entry: EntryRecord
+
+
+class DatabaseRuntimeStore:
+    """:class:`~periodic_manager.registry.RuntimeStore` backed by the schedule database."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        dialect = engine.dialect.name
+        if dialect == "postgresql":
+            self._insert = postgresql.insert
+        elif dialect == "sqlite":
+            self._insert = sqlite.insert
+        else:
+            raise ValueError(f"unsupported database {dialect!r}: use postgresql or sqlite")
+
+    # -- writes (the manager) ------------------------------------------------------------------
+
+    async def register_manager(self, info: ManagerInfo, status: ManagerStatus) -> None:
+        """Create or replace the manager's row and drop any entries it had published before."""
+        values = {
+            "manager_id": info.manager_id,
+            "hostname": info.hostname,
+            "pid": info.pid,
+            "version": info.version,
+            "started_at": info.started_at,
+            **_status_values(status),
+        }
+        stmt = self._insert(Manager).values(values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[Manager.manager_id],
+            set_={k: stmt.excluded[k] for k in values if k != "manager_id"},
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(stmt)
+            await conn.execute(delete(Entry).where(Entry.manager_id == info.manager_id))
+
+    async def heartbeat(self, manager_id: str, status: ManagerStatus) -> None:
+        """Update the manager's row (one UPDATE). NotFoundError if the row is gone (reaped)."""
+        stmt = (
+            update(Manager).where(Manager.manager_id == manager_id).values(_status_values(status))
+        )
+        async with self.engine.begin() as conn:
+            result = await conn.execute(stmt)
+        if result.rowcount == 0:
+            raise NotFoundError(manager_id)
+
+    async def apply_entries(
+        self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
+    ) -> None:
+        """Delete ``removed`` entry ids and insert or replace ``upserts``, in one transaction.
+
+        The manager's row must exist (foreign key); an id both removed and upserted ends up
+        present, as in the memory store.
+        """
+        if not upserts and not removed:
+            return
+        async with self.engine.begin() as conn:
+            for chunk in _chunks(removed):
+                await conn.execute(
+                    delete(Entry).where(Entry.manager_id == manager_id, Entry.entry_id.in_(chunk))
+                )
+            if upserts:
+                rows = [_entry_values(manager_id, rec) for rec in upserts]
+                stmt = self._insert(Entry)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=[Entry.manager_id, Entry.entry_id],
+                    set_={
+                        k: stmt.excluded[k] for k in rows[0] if k not in ("manager_id", "entry_id")
+                    },
+                )
+                await conn.execute(stmt, rows)
+
+    async def record_runs(self, runs: Sequence[RunRecord]) -> None:
+        """Fold a batch of runs into ``pm_schedule_state``: one statement per batch.
+
+        Each schedule's runs are first folded in Python with :func:`registry.fold_run` into a
+        fresh record (the batch's delta); the upsert then merges that delta into the stored row
+        with the same rules, so the result equals folding every run one by one.
+        """
+        if not runs:
+            return
+        deltas: dict[str, StateRecord] = {}
+        updated_at: dict[str, datetime] = {}
+        for run in runs:
+            delta = deltas.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name))
+            fold_run(delta, run)
+            updated_at[run.schedule_key] = max(run.at, updated_at.get(run.schedule_key, run.at))
+        # Sorted so that concurrent writers lock rows in the same order (no deadlock).
+        rows = [_state_values(deltas[k], updated_at[k]) for k in sorted(deltas)]
+        async with self.engine.begin() as conn:
+            await conn.execute(self._state_upsert(), rows)
+
+    def _state_upsert(self) -> Any:
+        t = ScheduleState.__table__.c
+        stmt = self._insert(ScheduleState)
+        new = stmt.excluded
+        # The batch moved the last slot iff it had an enqueued/duplicate run (then the delta's
+        # last_slot_at is set); like fold_run, an equal slot replaces (the later run wins).
+        moves = and_(
+            new.last_slot_at.is_not(None),
+            or_(t.last_slot_at.is_(None), new.last_slot_at >= t.last_slot_at),
+        )
+        # The batch decided last_error iff it had an enqueued, duplicate or failed run: the
+        # delta then holds the outcome of the last one (None clears); skipped runs leave it.
+        decides_error = (new.enqueued_count + new.duplicate_count + new.failed_count) > 0
+        set_: dict[str, Any] = {
+            "name": new.name,
+            "last_status": new.last_status,
+            "updated_at": new.updated_at,
+            "last_slot_at": case((moves, new.last_slot_at), else_=t.last_slot_at),
+            "last_enqueued_at": case((moves, new.last_enqueued_at), else_=t.last_enqueued_at),
+            "last_message_id": case((moves, new.last_message_id), else_=t.last_message_id),
+            "last_error": case((decides_error, new.last_error), else_=t.last_error),
+        }
+        for col in COUNT_COLUMNS.values():
+            set_[col] = t[col] + new[col]
+        return stmt.on_conflict_do_update(index_elements=[t.schedule_key], set_=set_)
+
+    async def unregister_manager(self, manager_id: str) -> None:
+        """Remove the manager; its entries go with it (ON DELETE CASCADE)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(Manager).where(Manager.manager_id == manager_id))
+
+    async def reap(self, older_than: datetime) -> int:
+        """Remove managers whose heartbeat is older than ``older_than`` (entries cascade)."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(delete(Manager).where(Manager.heartbeat_at < older_than))
+        return int(result.rowcount)
+
+    # -- reads (the API) -----------------------------------------------------------------------
+
+    async def list_managers(self, alive_after: datetime | None = None) -> list[ManagerRecord]:
+        """Managers ordered by id; only those with ``heartbeat_at >= alive_after`` if given."""
+        stmt = select(*_MANAGER_COLS).order_by(Manager.manager_id)
+        if alive_after is not None:
+            stmt = stmt.where(Manager.heartbeat_at >= alive_after)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [_manager_record(r._mapping) for r in rows]
+
+    async def list_entries(self, alive_after: datetime) -> list[LiveEntry]:
+        """Entries of managers whose ``heartbeat_at >= alive_after``, each with its manager.
+
+        One query; ordered by manager, schedule key and entry id, so listings are stable.
+        """
+        stmt = (
+            select(*_MANAGER_COLS, *_ENTRY_COLS)
+            .join_from(Manager, Entry, Entry.manager_id == Manager.manager_id)
+            .where(Manager.heartbeat_at >= alive_after)
+            .order_by(Manager.manager_id, Entry.schedule_key, Entry.entry_id)
+        )
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        managers: dict[str, ManagerRecord] = {}
+        out: list[LiveEntry] = []
+        for row in rows:
+            m = row._mapping
+            manager = managers.get(m["m_manager_id"])
+            if manager is None:
+                manager = managers[m["m_manager_id"]] = _manager_record(m)
+            out.append(LiveEntry(manager=manager, entry=_entry_record(m)))
+        return out
+
+    async def get_state(self, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
+        """Stored state of the given schedules (absent keys are simply missing).
+
+        ``counts`` holds only the statuses seen, as the memory store's does.
+        """
+        keys = list(dict.fromkeys(schedule_keys))
+        out: dict[str, StateRecord] = {}
+        async with self.engine.connect() as conn:
+            for chunk in _chunks(keys):
+                stmt = select(ScheduleState.__table__).where(ScheduleState.schedule_key.in_(chunk))
+                for row in (await conn.execute(stmt)).all():
+                    out[row.schedule_key] = _state_record(row._mapping)
+        return out
+
+    async def delete_state(self, schedule_key: str) -> bool:
+        """Forget a schedule's runtime state (its row was deleted); True if there was any."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                delete(ScheduleState).where(ScheduleState.schedule_key == schedule_key)
+            )
+        return bool(result.rowcount)
+
+
+# -- row <-> record ------------------------------------------------------------------------------
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
+
+
+def _manager_record(m: Mapping[str, Any]) -> ManagerRecord:
+    info = ManagerInfo(
+        manager_id=m["m_manager_id"],
+        hostname=m["m_hostname"],
+        pid=m["m_pid"],
+        version=m["m_version"],
+        started_at=m["m_started_at"],
+    )
+    status = ManagerStatus(
+        heartbeat_at=m["m_heartbeat_at"],
+        is_leader=bool(m["m_is_leader"]),
+        last_sync_at=m["m_last_sync_at"],
+        last_sync_error=m["m_last_sync_error"],
+        entry_count=m["m_entry_count"],
+    )
+    return ManagerRecord(info=info, status=status)
+
+
+def _entry_record(m: Mapping[str, Any]) -> EntryRecord:
+    return EntryRecord(
+        entry_id=m["e_entry_id"],
+        schedule_key=m["e_schedule_key"],
+        name=m["e_name"],
+        content_hash=m["e_content_hash"],
+        status=m["e_status"],
+        registered_at=m["e_registered_at"],
+        spec=m["e_spec"],
+        timezone=m["e_timezone"],
+        anchor=m["e_anchor"],
+        task_type=m["e_task_type"],
+        queue=m["e_queue"],
+        last_error=m["e_last_error"],
+    )
+
+
+def _state_record(m: Mapping[str, Any]) -> StateRecord:
+    return StateRecord(
+        schedule_key=m["schedule_key"],
+        name=m["name"],
+        last_slot_at=m["last_slot_at"],
+        last_enqueued_at=m["last_enqueued_at"],
+        last_message_id=m["last_message_id"],
+        last_status=m["last_status"],
+        last_error=m["last_error"],
+        counts={s: int(m[col]) for s, col in COUNT_COLUMNS.items() if m[col]},
+    )
+
+
+def _status_values(status: ManagerStatus) -> dict[str, Any]:
+    return {
+        "heartbeat_at": status.heartbeat_at,
+        "is_leader": status.is_leader,
+        "last_sync_at": status.last_sync_at,
+        "last_sync_error": status.last_sync_error,
+        "entry_count": status.entry_count,
+    }
+
+
+def _entry_values(manager_id: str, rec: EntryRecord) -> dict[str, Any]:
+    return {
+        "manager_id": manager_id,
+        "entry_id": rec.entry_id,
+        "schedule_key": rec.schedule_key,
+        "name": rec.name,
+        "content_hash": rec.content_hash,
+        "status": rec.status,
+        "spec": rec.spec,
+        "timezone": rec.timezone,
+        "anchor": rec.anchor,
+        "task_type": rec.task_type,
+        "queue": rec.queue,
+        "last_error": rec.last_error,
+        "registered_at": rec.registered_at,
+    }
+
+
+def _state_values(delta: StateRecord, updated_at: datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "schedule_key": delta.schedule_key,
+        "name": delta.name,
+        "last_slot_at": delta.last_slot_at,
+        "last_enqueued_at": delta.last_enqueued_at,
+        "last_message_id": delta.last_message_id,
+        "last_status": delta.last_status,
+        "last_error": delta.last_error,
+        "updated_at": updated_at,
+    }
+    for status, col in COUNT_COLUMNS.items():
+        values[col] = delta.counts.get(status, 0)
+    return values

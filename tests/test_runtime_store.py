@@ -1,0 +1,388 @@
+"""One RuntimeStore contract, run against MemoryRuntimeStore and DatabaseRuntimeStore on
+PostgreSQL and SQLite; then the database store's read helpers and its round trips."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.store import DatabaseRuntimeStore, LiveEntry
+from periodic_manager.registry import (
+    EntryRecord,
+    ManagerInfo,
+    ManagerStatus,
+    MemoryRuntimeStore,
+    RunRecord,
+    RuntimeStore,
+    StateRecord,
+    fold_run,
+)
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+EVER = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def info(manager_id: str) -> ManagerInfo:
+    return ManagerInfo(manager_id, hostname="host-a", pid=4242, version="0.1.0", started_at=at(0))
+
+
+def status(heartbeat_s: float, **kw: Any) -> ManagerStatus:
+    fields: dict[str, Any] = {
+        "is_leader": True,
+        "last_sync_at": None,
+        "last_sync_error": None,
+        "entry_count": 0,
+    }
+    fields.update(kw)
+    return ManagerStatus(heartbeat_at=at(heartbeat_s), **fields)
+
+
+def entry(entry_id: str, key: str = "1", **kw: Any) -> EntryRecord:
+    fields: dict[str, Any] = {
+        "name": f"job.{key}",
+        "content_hash": "a" * 64,
+        "status": "active",
+        "registered_at": at(1),
+        "spec": "*/5 * * * *",
+        "timezone": "Europe/Berlin",
+        "anchor": None,
+        "task_type": "reports.build",
+        "queue": "default",
+        "last_error": None,
+    }
+    fields.update(kw)
+    return EntryRecord(entry_id=entry_id, schedule_key=key, **fields)
+
+
+def run(key: str, slot_s: float, status: Any, **kw: Any) -> RunRecord:
+    fields: dict[str, Any] = {"name": f"job.{key}", "at": at(slot_s + 0.25)}
+    fields.update(kw)
+    return RunRecord(schedule_key=key, slot=at(slot_s), status=status, **fields)
+
+
+@dataclass
+class Harness:
+    """A store plus a way to look inside it, the same for every implementation."""
+
+    store: RuntimeStore
+    engine: AsyncEngine | None = None
+
+    async def managers(self) -> dict[str, tuple[ManagerInfo, ManagerStatus]]:
+        if isinstance(self.store, MemoryRuntimeStore):
+            return dict(self.store.managers)
+        assert isinstance(self.store, DatabaseRuntimeStore)
+        return {m.info.manager_id: (m.info, m.status) for m in await self.store.list_managers()}
+
+    async def entries(self) -> dict[str, dict[str, EntryRecord]]:
+        """Entries per manager; managers without entries are left out."""
+        if isinstance(self.store, MemoryRuntimeStore):
+            return {m: dict(es) for m, es in self.store.entries.items() if es}
+        assert isinstance(self.store, DatabaseRuntimeStore)
+        out: dict[str, dict[str, EntryRecord]] = {}
+        for live in await self.store.list_entries(alive_after=EVER):
+            out.setdefault(live.manager.info.manager_id, {})[live.entry.entry_id] = live.entry
+        return out
+
+    async def entry_rows(self) -> int:
+        """Every stored entry, orphans included (to see that entries go with their manager)."""
+        if isinstance(self.store, MemoryRuntimeStore):
+            return sum(len(es) for es in self.store.entries.values())
+        assert self.engine is not None
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(text("SELECT count(*) FROM pm_entries"))).scalar_one())
+
+    async def states(self, keys: list[str]) -> dict[str, StateRecord]:
+        if isinstance(self.store, MemoryRuntimeStore):
+            return {k: self.store.state[k] for k in keys if k in self.store.state}
+        assert isinstance(self.store, DatabaseRuntimeStore)
+        return await self.store.get_state(keys)
+
+    async def state(self, key: str) -> StateRecord | None:
+        return (await self.states([key])).get(key)
+
+
+@asynccontextmanager
+async def open_harness(url: str | None) -> AsyncIterator[Harness]:
+    if url is None:
+        yield Harness(MemoryRuntimeStore())
+        return
+    await upgrade(url)
+    engine = create_engine(url)
+    try:
+        yield Harness(DatabaseRuntimeStore(engine), engine)
+        assert engine.pool.checkedout() == 0, "a store method left a connection checked out"
+    finally:
+        await engine.dispose()
+
+
+def _url_of(request: pytest.FixtureRequest, backend: str) -> str | None:
+    # Called from sync fixtures on purpose: an async fixture cannot resolve the async
+    # ``pg_url`` fixture on demand (pytest-asyncio 1.x runs it on a loop already running).
+    if backend == "memory":
+        return None
+    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+
+
+@pytest.fixture(params=["memory", "postgresql", "sqlite"])
+def any_store_url(request: pytest.FixtureRequest) -> str | None:
+    return _url_of(request, str(request.param))
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def db_store_url(request: pytest.FixtureRequest) -> str | None:
+    return _url_of(request, str(request.param))
+
+
+@pytest.fixture
+async def harness(any_store_url: str | None) -> AsyncIterator[Harness]:
+    """Every RuntimeStore implementation."""
+    async with open_harness(any_store_url) as h:
+        yield h
+
+
+@pytest.fixture
+async def db_harness(db_store_url: str) -> AsyncIterator[Harness]:
+    """The database store on each backend."""
+    async with open_harness(db_store_url) as h:
+        yield h
+
+
+# -- the contract --------------------------------------------------------------------------------
+
+
+async def test_register_heartbeat_and_reregister(harness: Harness) -> None:
+    store = harness.store
+    await store.register_manager(info("m1"), status(0))
+    assert await harness.managers() == {"m1": (info("m1"), status(0))}
+
+    beat = status(5, is_leader=False, last_sync_at=at(4), last_sync_error="db down", entry_count=2)
+    await store.heartbeat("m1", beat)
+    assert await harness.managers() == {"m1": (info("m1"), beat)}
+
+    with pytest.raises(LookupError):
+        await store.heartbeat("never-registered", status(6))
+
+    # Registering again (a restart with the same id) replaces the row and forgets old entries.
+    await store.apply_entries("m1", [entry("e1")], [])
+    restarted = replace(info("m1"), pid=99, started_at=at(10))
+    await store.register_manager(restarted, status(10))
+    assert await harness.managers() == {"m1": (restarted, status(10))}
+    assert await harness.entries() == {}
+
+
+async def test_apply_entries_adds_replaces_and_removes(harness: Harness) -> None:
+    store = harness.store
+    await store.register_manager(info("m1"), status(0))
+    await store.register_manager(info("m2"), status(0))
+    e1, e2 = entry("1-aaa", "1"), entry("2-bbb", "2", anchor=at(-3600), queue="q2")
+    failed = entry("3-ccc", "3", status="error", name=None, spec=None, timezone=None,
+                   task_type=None, queue=None, last_error="spec: syntax")  # fmt: skip
+    await store.apply_entries("m1", [e1, e2, failed], [])
+    await store.apply_entries("m2", [e1], [])
+    assert await harness.entries() == {
+        "m1": {"1-aaa": e1, "2-bbb": e2, "3-ccc": failed},
+        "m2": {"1-aaa": e1},
+    }
+
+    changed = replace(e1, content_hash="b" * 64, spec="0 * * * *", registered_at=at(60))
+    await store.apply_entries("m1", [changed], ["2-bbb", "no-such-entry"])
+    await store.apply_entries("m1", [], [])
+    # m2's entry with the same id is another manager's: untouched.
+    assert await harness.entries() == {
+        "m1": {"1-aaa": changed, "3-ccc": failed},
+        "m2": {"1-aaa": e1},
+    }
+
+    await store.apply_entries("m1", [], ["1-aaa", "3-ccc"])
+    assert await harness.entries() == {"m2": {"1-aaa": e1}}
+
+
+async def test_record_runs_folds_counts_slots_and_errors(harness: Harness) -> None:
+    store = harness.store
+    await store.record_runs([])
+    await store.record_runs([run("1", 60, "enqueued", message_id="m-60"), run("1", 120, "skipped")])
+    s = await harness.state("1")
+    assert s is not None
+    assert s.counts == {"enqueued": 1, "skipped": 1}
+    assert (s.last_slot_at, s.last_enqueued_at, s.last_message_id) == (at(60), at(60.25), "m-60")
+    assert (s.last_status, s.last_error, s.name) == ("skipped", None, "job.1")
+
+    await store.record_runs([run("1", 180, "failed", error="redis down")])
+    s = await harness.state("1")
+    assert s is not None and (s.last_status, s.last_error) == ("failed", "redis down")
+    assert s.last_slot_at == at(60), "a failed run does not move the last slot"
+
+    await store.record_runs([run("1", 30, "duplicate", message_id="m-30")])
+    s = await harness.state("1")
+    assert s is not None
+    assert (s.last_slot_at, s.last_message_id) == (at(60), "m-60"), "slots only move forward"
+    assert (s.last_status, s.last_error) == ("duplicate", None), "a success clears the error"
+
+    # One batch across schedules, a skipped run after a failure keeps the failure's error.
+    await store.record_runs(
+        [
+            run("1", 240, "duplicate", message_id="m-240"),
+            run("2", 240, "failed", error="boom"),
+            run("1", 300, "failed", error="timeout"),
+            run("1", 360, "skipped"),
+            run("2", 300, "enqueued", message_id="m2-300", name="job.2.renamed"),
+        ]
+    )
+    s1, s2 = await harness.state("1"), await harness.state("2")
+    assert s1 is not None and s2 is not None
+    assert s1.counts == {"enqueued": 1, "skipped": 2, "failed": 2, "duplicate": 2}
+    assert (s1.last_slot_at, s1.last_message_id) == (at(240), "m-240")
+    assert (s1.last_status, s1.last_error) == ("skipped", "timeout")
+    assert s2.counts == {"failed": 1, "enqueued": 1}
+    assert (s2.name, s2.last_slot_at, s2.last_error) == ("job.2.renamed", at(300), None)
+
+    # The same slot again (a retried batch) replaces the details, as fold_run does.
+    await store.record_runs([run("1", 240, "enqueued", message_id="m-240b", at=at(250))])
+    s = await harness.state("1")
+    assert s is not None
+    assert (s.last_slot_at, s.last_enqueued_at, s.last_message_id) == (at(240), at(250), "m-240b")
+    assert await harness.state("never-ran") is None
+
+
+async def test_record_runs_equals_folding_one_by_one(harness: Harness) -> None:
+    """Random runs in random batches: after every batch the stored state is where folding
+    every run so far, one by one, ends."""
+    rng = random.Random(20301)
+    statuses = ["enqueued", "duplicate", "skipped", "failed"]
+    runs = [
+        run(
+            str(rng.randint(1, 3)),
+            rng.randint(0, 6) * 60,  # few distinct slots: ties and older slots are common
+            rng.choice(statuses),
+            message_id=rng.choice([None, f"msg-{i}"]),
+            error=f"err-{i}",
+            at=at(i),
+        )
+        for i in range(150)
+    ]
+    expected: dict[str, StateRecord] = {}
+    i = 0
+    while i < len(runs):
+        batch = runs[i : i + rng.randint(1, 6)]
+        i += len(batch)
+        await harness.store.record_runs(batch)
+        for r in batch:
+            fold_run(expected.setdefault(r.schedule_key, StateRecord(r.schedule_key, r.name)), r)
+        assert await harness.states(list(expected)) == expected, f"after run {i}"
+
+
+async def test_reap_removes_dead_managers_and_their_entries(harness: Harness) -> None:
+    store = harness.store
+    await store.register_manager(info("dead"), status(0))
+    await store.register_manager(info("alive"), status(0))
+    await store.apply_entries("dead", [entry("1-a", "1"), entry("2-b", "2")], [])
+    await store.apply_entries("alive", [entry("1-a", "1")], [])
+    await store.heartbeat("alive", status(60))
+
+    assert await store.reap(older_than=at(60)) == 1  # heartbeat exactly at the limit survives
+    assert set(await harness.managers()) == {"alive"}
+    assert await harness.entry_rows() == 1
+    assert set(await harness.entries()) == {"alive"}
+    assert await store.reap(older_than=at(60)) == 0
+
+
+async def test_unregister_removes_manager_and_entries(harness: Harness) -> None:
+    store = harness.store
+    await store.register_manager(info("m1"), status(0))
+    await store.register_manager(info("m2"), status(0))
+    await store.apply_entries("m1", [entry("1-a", "1")], [])
+    await store.apply_entries("m2", [entry("2-b", "2")], [])
+    await store.unregister_manager("m1")
+    await store.unregister_manager("m1")  # twice, or never registered: nothing to do
+    assert set(await harness.managers()) == {"m2"}
+    assert await harness.entry_rows() == 1
+    assert set(await harness.entries()) == {"m2"}
+
+
+# -- the database store's read helpers and costs -------------------------------------------------
+
+
+@pytest.fixture
+def db_store(db_harness: Harness) -> DatabaseRuntimeStore:
+    assert isinstance(db_harness.store, DatabaseRuntimeStore)
+    return db_harness.store
+
+
+async def test_list_entries_only_of_live_managers(db_store: DatabaseRuntimeStore) -> None:
+    await db_store.register_manager(info("old"), status(0))
+    await db_store.register_manager(info("new"), status(100, entry_count=2))
+    await db_store.register_manager(info("empty"), status(100))
+    e2, e1 = entry("2-b", "2"), entry("1-a", "1")
+    await db_store.apply_entries("old", [e1], [])
+    await db_store.apply_entries("new", [e2, e1], [])
+
+    live = await db_store.list_entries(alive_after=at(50))
+    assert [(x.manager.info.manager_id, x.entry) for x in live] == [("new", e1), ("new", e2)]
+    assert all(isinstance(x, LiveEntry) for x in live)
+    assert live[0].manager.status == status(100, entry_count=2)
+    assert live[0].manager.info == info("new")
+    assert [m.info.manager_id for m in await db_store.list_managers(alive_after=at(50))] == [
+        "empty",
+        "new",
+    ]
+    assert len(await db_store.list_entries(alive_after=at(0))) == 3
+
+
+async def test_get_and_delete_state(db_store: DatabaseRuntimeStore) -> None:
+    await db_store.record_runs([run("1", 60, "enqueued"), run("2", 60, "skipped")])
+    states = await db_store.get_state(["1", "2", "3", "1"])
+    assert set(states) == {"1", "2"}
+    assert states["2"].counts == {"skipped": 1}
+    assert await db_store.get_state([]) == {}
+    assert await db_store.delete_state("1") is True
+    assert await db_store.delete_state("1") is False
+    assert set(await db_store.get_state(["1", "2"])) == {"2"}
+
+
+async def test_heartbeat_and_run_batches_are_one_statement(
+    db_store: DatabaseRuntimeStore,
+) -> None:
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    await db_store.register_manager(info("m1"), status(0))
+    event.listen(db_store.engine.sync_engine, "before_cursor_execute", count)
+    try:
+        await db_store.heartbeat("m1", status(5))
+        assert len(statements) == 1 and statements[0].lstrip().upper().startswith("UPDATE")
+        statements.clear()
+        await db_store.record_runs(
+            [run(str(k), s * 60, "enqueued") for s in range(10) for k in range(50)]
+        )
+        assert len(statements) == 1 and "ON CONFLICT" in statements[0].upper()
+    finally:
+        event.remove(db_store.engine.sync_engine, "before_cursor_execute", count)
+    s = (await db_store.get_state(["49"]))["49"]
+    assert s.counts == {"enqueued": 10} and s.last_slot_at == at(540)
+
+
+async def test_sqlite_engine_enforces_foreign_keys(sqlite_url: str) -> None:
+    # Entry cleanup relies on ON DELETE CASCADE, which SQLite honours only with this pragma,
+    # set by create_engine on every connection.
+    engine = create_engine(sqlite_url)
+    try:
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("PRAGMA foreign_keys"))).scalar_one() == 1
+    finally:
+        await engine.dispose()
