@@ -1,61 +1,113 @@
-"""TEMPORARY SHIM — replaced by the real engine (issue 2). Interface only; do not rely on semantics."""
+"""The cron engine: parse expressions, bind them to IANA zones, find fire instants.
+
+Pure: no I/O of its own (zone data comes through ``zoneinfo``), never reads the clock.
+Semantics: ``/work/shared/cron-semantics.md`` (five fields, names, macros, ``@every``,
+the Vixie day rule, DST by the hour field, no search horizon).
+
+Usage::
+
+    from periodic_manager.cron import next_fires, parse
+    next_fires("30 2 * * *", after, n=3, tz="Europe/Berlin")   # list of aware UTC datetimes
+    sched = parse("*/5 * * * *", tz="Europe/Berlin")            # cached, shared
+    slot = sched.next_after(last_slot)
+
+Caching: the expression text is parsed once (zone-independent), and each
+``(expression, zone, anchor)`` triple yields one shared :class:`Schedule`.
+"""
 
 from __future__ import annotations
 
-import functools
-import re
-from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import UTC, datetime
+from functools import lru_cache
 
-from cronsim import CronSim, CronSimError
+from periodic_manager.cron.days import DayTable
+from periodic_manager.cron.errors import CronError
+from periodic_manager.cron.parser import CronSpec, EverySpec, parse_spec
+from periodic_manager.cron.schedule import CronSchedule, EverySchedule, Schedule
+from periodic_manager.cron.zones import Zone
 
-from periodic_manager.errors import ConfigError
+__all__ = [
+    "UTC",
+    "CronError",
+    "CronSchedule",
+    "EverySchedule",
+    "Schedule",
+    "clear_caches",
+    "next_fires",
+    "parse",
+    "validate",
+]
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class CronError(ConfigError):
-    def __init__(self, field: str, code: str, detail: str = "") -> None:
-        super().__init__(field, f"{code}: {detail}" if detail else code)
-        self.code = code
-
-
-class Schedule:
-    def __init__(self, expr: str, tz: str, anchor: datetime | None) -> None:
-        self.expr, self.tz = expr, tz
-        try:
-            self.zone = ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise CronError("timezone", "unknown-zone", tz) from None
-        m = re.fullmatch(r"@every\s+(\d+)([smh])", expr.strip(), re.I)
-        self.period = None
-        if m:
-            self.period = timedelta(seconds=int(m[1]) * {"s": 1, "m": 60, "h": 3600}[m[2].lower()])
-            self.anchor = anchor or EPOCH
-        else:
-            try:
-                CronSim(expr, datetime(2000, 1, 1))
-            except CronSimError as exc:
-                raise CronError("expression", "syntax", str(exc)) from None
-
-    def next_after(self, after: datetime) -> datetime:
-        if self.period is not None:
-            k = (after - self.anchor) // self.period + 1
-            return (self.anchor + k * self.period).astimezone(UTC)
-        return next(iter(CronSim(self.expr, after.astimezone(self.zone)))).astimezone(UTC)
-
-    def next_fires(self, after: datetime, n: int = 1) -> list[datetime]:
-        out = []
-        for _ in range(n):
-            after = self.next_after(after)
-            out.append(after)
-        return out
+_SCHEDULES_MAX = 100_000
 
 
-@functools.lru_cache(maxsize=65536)
+@lru_cache(maxsize=_SCHEDULES_MAX)
+def _compile(expr: str) -> tuple[CronSpec, DayTable] | EverySpec:
+    """Zone-independent part, shared by every zone: the spec and its day table."""
+    spec = parse_spec(expr)
+    if isinstance(spec, EverySpec):
+        return spec
+    return spec, DayTable(spec)
+
+
+@lru_cache(maxsize=1024)
+def _zone(name: str) -> Zone:
+    return Zone(name)
+
+
+@lru_cache(maxsize=_SCHEDULES_MAX)
+def _schedule(expr: str, tz: str, anchor: datetime | None) -> Schedule:
+    compiled = _compile(expr)
+    zone = _zone(tz)  # an unknown zone is an error even for @every
+    if isinstance(compiled, EverySpec):
+        return EverySchedule(compiled, tz, anchor)
+    spec, table = compiled
+    return CronSchedule(spec, table, zone)
+
+
+def _check_types(expr: object, tz: object, anchor: object) -> None:
+    # Checked before the caches, which need hashable keys and must not keep junk.
+    if not isinstance(expr, str):
+        raise CronError("expression", "syntax", f"must be a string, not {type(expr).__name__}")
+    if not isinstance(tz, str):
+        raise CronError("timezone", "unknown-zone", f"must be a zone name, not {type(tz).__name__}")
+    if anchor is not None:
+        if not isinstance(anchor, datetime):
+            raise TypeError(f"anchor must be a datetime, not {type(anchor).__name__}")
+        if anchor.tzinfo is None or anchor.utcoffset() is None:
+            raise CronError("anchor", "naive-datetime", "must be timezone-aware (an instant)")
+
+
 def parse(expr: str, tz: str = "UTC", anchor: datetime | None = None) -> Schedule:
-    return Schedule(expr, tz, anchor)
+    """The schedule of ``expr`` in zone ``tz``; identical arguments return the same object.
+
+    ``anchor`` (an aware instant) sets the phase of ``@every`` (default: the Unix epoch);
+    cron expressions ignore it. Raises :class:`CronError` for an invalid expression,
+    an unknown zone or a naive anchor.
+    """
+    _check_types(expr, tz, anchor)
+    return _schedule(expr, tz, anchor)
 
 
-def next_fires(expr: str, after: datetime, n: int = 1, tz: str = "UTC", anchor: datetime | None = None) -> list[datetime]:
+def validate(expr: str) -> None:
+    """Raise :class:`CronError` if ``expr`` is not a valid expression (zone-independent)."""
+    _check_types(expr, "UTC", None)
+    _compile(expr)
+
+
+def next_fires(
+    expr: str, after: datetime, n: int = 1, tz: str = "UTC", anchor: datetime | None = None
+) -> list[datetime]:
+    """The ``n`` first fire instants strictly after the aware ``after``, as aware UTC datetimes.
+
+    Raises :class:`CronError` (a ``ValueError``) for an invalid expression, an unknown
+    zone, or a naive ``after``/``anchor``.
+    """
     return parse(expr, tz, anchor).next_fires(after, n)
+
+
+def clear_caches() -> None:
+    """Forget parsed expressions, schedules and zone tables (benchmarks and tests)."""
+    _schedule.cache_clear()
+    _compile.cache_clear()
+    _zone.cache_clear()

@@ -1,0 +1,188 @@
+"""Schedules: a parsed expression bound to a zone (or an ``@every`` grid), evaluated on instants.
+
+The fire set of a cron schedule (cron-semantics.md §8.2) is assembled span by span,
+where a span is a stretch of UTC time with one offset ``off`` that began at a transition
+``lo`` from offset ``prev``:
+
+* **A-runs**: nominal local times ``t`` shown in the span fire at ``t - off`` — except,
+  for a fixed-hour schedule after a fold (``prev > off``), the local times
+  ``[lo + off, lo + prev)`` that the first pass already showed;
+* **B-runs** (fixed-hour only, after a gap, ``off > prev``): nominal times in the gap
+  ``[lo + prev, lo + off)`` fire shifted by the gap size, at ``t - prev`` (PEP 495 fold=0).
+
+Every fire instant in a span is ``>= lo``, so the first span holding a candidate
+decides; a gap's B-runs may come after A-runs with a later nominal time, hence the
+minimum over both. Away from transitions this is one ``next_local`` call: the fast path.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from bisect import bisect_right
+from datetime import UTC, datetime, timedelta
+
+from periodic_manager.cron.days import DAY_S, DayTable
+from periodic_manager.cron.errors import CronError
+from periodic_manager.cron.parser import CronSpec, EverySpec
+from periodic_manager.cron.zones import Zone
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+_NEVER = 10**18
+
+
+def _naive(field: str) -> CronError:
+    return CronError(
+        field, "naive-datetime", "must be timezone-aware (an instant), got a naive datetime"
+    )
+
+
+def _seconds(after: datetime) -> int:
+    """Whole seconds since the epoch, floored. Fire instants are whole seconds, so
+    ``u > after`` iff ``u > floor(after)``."""
+    tzinfo = after.tzinfo
+    if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
+        raise _naive("after")
+    d = after - EPOCH
+    return d.days * 86_400 + d.seconds
+
+
+def _instant(u: int) -> datetime:
+    try:
+        return EPOCH + timedelta(0, u)
+    except OverflowError:
+        raise OverflowError("no fire time before year 10000") from None
+
+
+class Schedule(ABC):
+    """A schedule: ``expr`` in zone ``tz``; answers "the next fire instants after"."""
+
+    __slots__ = ("expr", "tz")
+
+    def __init__(self, expr: str, tz: str) -> None:
+        self.expr = expr
+        self.tz = tz
+
+    @abstractmethod
+    def next_after(self, after: datetime) -> datetime:
+        """The first fire instant strictly after the aware ``after``, as an aware UTC datetime."""
+
+    def next_fires(self, after: datetime, n: int = 1) -> list[datetime]:
+        """The ``n`` first fire instants strictly after ``after`` (aware UTC datetimes)."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        out = []
+        for _ in range(n):
+            after = self.next_after(after)
+            out.append(after)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.expr!r}, tz={self.tz!r})"
+
+
+class CronSchedule(Schedule):
+    """A five-field expression (or macro) in an IANA zone."""
+
+    __slots__ = ("spec", "zone", "_table", "_fixed", "_times", "_n", "_fast")
+
+    def __init__(self, spec: CronSpec, table: DayTable, zone: Zone) -> None:
+        super().__init__(spec.text, zone.name)
+        self.spec = spec
+        self.zone = zone
+        self._table = table
+        self._fixed = spec.fixed_hour
+        self._times = table.times
+        self._n = len(table.times)
+        # Fast-path memo (clean, hi, off, day0): for an instant s >= clean whose local
+        # time s + off falls on the matching local day starting at day0, the answer is
+        # the next time of that day, provided it is before hi. Set by next_second.
+        self._fast = (_NEVER, 0, 0, 0)
+
+    def next_after(self, after: datetime) -> datetime:
+        # The hot path of the scheduler: _seconds() inlined, then the memo of the last day.
+        tzinfo = after.tzinfo
+        if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
+            raise _naive("after")
+        d = after - EPOCH
+        s = d.days * 86_400 + d.seconds
+        clean, hi, off, day0 = self._fast
+        if s >= clean:
+            sod = s + off - day0
+            if 0 <= sod < DAY_S:
+                i = bisect_right(self._times, sod)
+                if i < self._n:
+                    u = day0 + self._times[i] - off
+                    if u < hi:
+                        return EPOCH + timedelta(0, u)
+        return _instant(self.next_second(s))
+
+    def next_fires(self, after: datetime, n: int = 1) -> list[datetime]:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        s = _seconds(after)
+        out = []
+        for _ in range(n):
+            s = self.next_second(s)
+            out.append(_instant(s))
+        return out
+
+    def next_second(self, s: int) -> int:
+        """The smallest fire instant ``u > s`` (integer seconds since the epoch)."""
+        span = self.zone.span
+        next_local = self._table.next_local
+        fixed = self._fixed
+        pending: int | None = None  # a B-run found beyond its span's verified end
+        # Memo of the last lookup: no match in (memo_from, memo_t), so any start in
+        # [memo_from, memo_t) gives memo_t. Long searches cross many spans with one lookup.
+        memo_from = memo_t = 0
+        while True:
+            lo, hi, off, prev, clean = span(s + 1)
+            start = s + off
+            if fixed and prev > off and start < lo + prev - 1:
+                # Fold at lo: [lo+off, lo+prev) is the second pass, already fired.
+                start = lo + prev - 1
+            best = pending
+            if memo_from <= start < memo_t:
+                t = memo_t
+            else:
+                t = memo_t = next_local(start)
+                memo_from = start
+            if t - off < hi and (best is None or t - off < best):
+                best = t - off
+                self._fast = (clean, hi, off, t - t % DAY_S)
+            if fixed and off > prev and s + prev < lo + off - 1:
+                # Gap at lo: nominal times in [lo+prev, lo+off) fire read with the old offset.
+                t = next_local(max(s + prev, lo + prev - 1))
+                if t < lo + off and (best is None or t - prev < best):
+                    best = t - prev
+            if best is not None and best < hi:
+                return best
+            pending = best
+            s = hi - 1
+
+
+class EverySchedule(Schedule):
+    """``@every <duration>``: instants ``anchor + k * period`` (§10); zone-independent."""
+
+    __slots__ = ("spec", "anchor", "_anchor_us", "_period_us")
+
+    def __init__(self, spec: EverySpec, tz: str, anchor: datetime | None) -> None:
+        super().__init__(spec.text, tz)
+        if anchor is not None and (anchor.tzinfo is None or anchor.utcoffset() is None):
+            raise _naive("anchor")
+        self.spec = spec
+        self.anchor = anchor.astimezone(UTC) if anchor is not None else EPOCH
+        self._anchor_us = (self.anchor - EPOCH) // _US
+        self._period_us = spec.period_us
+
+    def next_after(self, after: datetime) -> datetime:
+        tzinfo = after.tzinfo
+        if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
+            raise _naive("after")
+        a = (after - EPOCH) // _US
+        k = (a - self._anchor_us) // self._period_us + 1
+        try:
+            return EPOCH + timedelta(microseconds=self._anchor_us + k * self._period_us)
+        except OverflowError:
+            raise OverflowError("no fire time before year 10000") from None
