@@ -9,7 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -266,6 +266,16 @@ async def test_claim_ttl_lasts_until_expiry_plus_margin(
         0 < await redis_client.pttl(redis_target.claim_key("alpha", stale.idempotency_key)) <= 1000
     )
     assert await redis_client.get(live_claim) == results[0].message_id  # claim -> its entry
+
+
+async def test_claim_ttl_counts_elapsed_time_across_a_dst_jump(
+    redis_target: RedisStreamsTarget,
+) -> None:
+    berlin = ZoneInfo("Europe/Berlin")
+    now = datetime(2024, 3, 31, 1, 59, 59, tzinfo=berlin)  # 00:59:59Z, clocks jump at 01:00Z
+    task = make_task("job", "alpha", SLOT)
+    task = replace(task, expires_at=datetime(2024, 3, 31, 3, 0, 30, tzinfo=berlin))  # 01:00:30Z
+    assert redis_target.claim_ttl_ms(task, now) == (31 + 60) * 1000  # not an hour more
 
 
 async def test_stream_and_claims_of_a_queue_share_a_cluster_slot(redis_prefix: str) -> None:

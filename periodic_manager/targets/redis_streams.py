@@ -157,7 +157,9 @@ class RedisStreamsTarget:
 
     def claim_ttl_ms(self, task: Task, now: datetime) -> int:
         """How long the claim of ``task`` lives: until it expires, plus the margin (>= 1 s)."""
-        seconds = (task.expires_at - now).total_seconds() + self.claim_margin
+        # In UTC: two datetimes of one zone subtract as wall-clock times, wrong across DST.
+        left = task.expires_at.astimezone(UTC) - now.astimezone(UTC)
+        seconds = left.total_seconds() + self.claim_margin
         return max(1000, math.ceil(seconds * 1000))
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
