@@ -7,13 +7,16 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ProviderError
 from periodic_manager.providers import ConfigProvider, ProviderSnapshot
 from periodic_manager.providers.database import DatabaseProvider
@@ -237,5 +240,36 @@ async def test_dropped_database_raises_provider_error(pg_url: str) -> None:
         with pytest.raises(ProviderError):
             await provider.get_configs()  # the pooled connection is dead, reconnecting fails
         assert eng.pool.checkedout() == 0
+    finally:
+        await eng.dispose()
+
+
+async def test_sqlite_anchor_as_written_by_sqlalchemy_or_by_hand(sqlite_url: str) -> None:
+    """SQLite has no zone-aware type: SQLAlchemy stores naive UTC text, so text without an
+    offset is UTC, and text with an offset (typed by hand) is converted."""
+    await upgrade(sqlite_url)
+    eng = create_engine(sqlite_url)
+    try:
+        async with eng.begin() as conn:
+            await conn.execute(
+                insert(PeriodicJob).values(
+                    name="orm",
+                    spec="@every 60s",
+                    task_type="t",
+                    anchor=datetime(
+                        2024, 5, 1, 12, 30, 15, 250000, tzinfo=ZoneInfo("Europe/Berlin")
+                    ),
+                )
+            )
+        await insert_row(eng, "naive", spec="@every 60s", anchor="2024-05-01 10:30:15")
+        await insert_row(eng, "offset", spec="@every 60s", anchor="2024-05-01T12:30:15+02:00")
+        snap = await DatabaseProvider(eng).get_configs()
+        assert snap.errors == []
+        assert {c.name: c.anchor for c in snap.configs} == {
+            "orm": datetime(2024, 5, 1, 10, 30, 15, 250000, tzinfo=UTC),
+            "naive": datetime(2024, 5, 1, 10, 30, 15, tzinfo=UTC),
+            "offset": datetime(2024, 5, 1, 10, 30, 15, tzinfo=UTC),
+        }
+        assert all(c.anchor is not None and c.anchor.tzinfo is UTC for c in snap.configs)
     finally:
         await eng.dispose()

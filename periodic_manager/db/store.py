@@ -18,12 +18,12 @@ connection. Use that function to build the engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, delete, or_, select, update
+from sqlalchemy import RowMapping, and_, case, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -74,6 +74,8 @@ class DatabaseRuntimeStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         dialect = engine.dialect.name
+        # The two dialects' Insert share the on_conflict_do_update API but no base class.
+        self._insert: Callable[[Any], Any]
         if dialect == "postgresql":
             self._insert = postgresql.insert
         elif dialect == "sqlite":
@@ -260,7 +262,7 @@ def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
         yield items[i : i + _CHUNK]
 
 
-def _manager_record(m: Mapping[str, Any]) -> ManagerRecord:
+def _manager_record(m: RowMapping) -> ManagerRecord:
     info = ManagerInfo(
         manager_id=m["m_manager_id"],
         hostname=m["m_hostname"],
@@ -278,7 +280,7 @@ def _manager_record(m: Mapping[str, Any]) -> ManagerRecord:
     return ManagerRecord(info=info, status=status)
 
 
-def _entry_record(m: Mapping[str, Any]) -> EntryRecord:
+def _entry_record(m: RowMapping) -> EntryRecord:
     return EntryRecord(
         entry_id=m["e_entry_id"],
         schedule_key=m["e_schedule_key"],
@@ -295,7 +297,7 @@ def _entry_record(m: Mapping[str, Any]) -> EntryRecord:
     )
 
 
-def _state_record(m: Mapping[str, Any]) -> StateRecord:
+def _state_record(m: RowMapping) -> StateRecord:
     return StateRecord(
         schedule_key=m["schedule_key"],
         name=m["name"],

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import LargeBinary, Select, Text, cast, select, true
+from sqlalchemy import ColumnElement, LargeBinary, Select, Text, cast, select, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.config import PeriodicTaskConfig
@@ -66,7 +66,10 @@ class DatabaseProvider:
         errors: list[RowError] = []
         for row in rows:
             result = self._convert(row[0], tuple(row[1:]))
-            (configs if isinstance(result, PeriodicTaskConfig) else errors).append(result)
+            if isinstance(result, RowError):
+                errors.append(result)
+            else:
+                configs.append(result)
         return ProviderSnapshot(configs=configs, errors=errors)
 
     def _convert(self, row_id: int, raw: tuple[Any, ...]) -> PeriodicTaskConfig | RowError:
@@ -107,6 +110,7 @@ class DatabaseProvider:
 
 def _build_query(sqlite: bool) -> Select[Any]:
     t = PeriodicJob.__table__.c
+    cols: list[ColumnElement[Any]]
     if sqlite:
         # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
         # decoding by the driver; NULL stays NULL.
