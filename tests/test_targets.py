@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
@@ -310,6 +311,23 @@ async def test_script_is_loaded_when_the_server_lacks_it(
     # without flushing the script cache of a Redis that other tests share.
     fresh = redis_client.register_script(f"{_CLAIM_AND_ADD}\n-- {redis_prefix}")
     assert await redis_client.script_exists(fresh.sha) == [False]
+    redis_target._script = fresh
+    results = await redis_target.enqueue(batch(), NOW)
+    assert [r.status for r in results] == ["enqueued"] * 4
+
+
+async def test_script_is_loaded_when_the_pipeline_does_not_preload_it(
+    redis_target: RedisStreamsTarget,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As with a cluster pipeline, or a SCRIPT FLUSH between SCRIPT EXISTS and EVALSHA.
+    async def no_preload(self: Pipeline) -> None:
+        return None
+
+    monkeypatch.setattr(Pipeline, "load_scripts", no_preload)
+    fresh = redis_client.register_script(f"{_CLAIM_AND_ADD}\n-- {redis_prefix} no preload")
     redis_target._script = fresh
     results = await redis_target.enqueue(batch(), NOW)
     assert [r.status for r in results] == ["enqueued"] * 4

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from periodic_manager.config import canonical_json
 from periodic_manager.errors import TargetError
@@ -181,10 +181,15 @@ class RedisStreamsTarget:
             raise TargetError(f"cannot encode the batch: {exc}") from exc
         try:
             async with asyncio.timeout(self.timeout):
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for _, (keys, args) in calls:
-                        await self._script(keys=keys, args=args, client=pipe)
-                    replies = await pipe.execute()
+                try:
+                    replies = await self._run(calls)
+                except NoScriptError:
+                    # The pipeline loads a missing script before sending (SCRIPT EXISTS), but a
+                    # flush in between, or a cluster pipeline (which does not preload), still
+                    # ends here. Load it (on every primary, for a cluster) and run again: the
+                    # claims make a second run safe, a group already done reports duplicates.
+                    await self._client.script_load(self._script.script)
+                    replies = await self._run(calls)
         except TimeoutError as exc:
             raise TargetError(f"redis: no answer within {self.timeout} s") from exc
         except (RedisError, OSError) as exc:
@@ -199,6 +204,12 @@ class RedisStreamsTarget:
                 else:
                     results[index] = EnqueueResult(tasks[index], "duplicate", text)
         return [r for r in results if r is not None]
+
+    async def _run(self, calls: list[tuple[list[int], tuple[list[str], list[str | int]]]]) -> Any:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for _, (keys, args) in calls:
+                await self._script(keys=keys, args=args, client=pipe)
+            return await pipe.execute()
 
     def _script_call(
         self, queue: str, tasks: list[Task], now: datetime, enqueued_at: str
