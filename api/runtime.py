@@ -1,0 +1,65 @@
+"""Read what running managers published: pm_managers, pm_entries, pm_schedule_state."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import Select, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.schemas import ScheduleRowError
+from api.schemas import ScheduleState as ScheduleStateOut
+from periodic_manager.db.models import Entry, Manager, ScheduleState
+
+# A manager that missed this many heartbeats is treated as dead.
+LIVE_HEARTBEATS = 3
+
+
+def live_cutoff(now: datetime, heartbeat_interval_s: float) -> datetime:
+    return now - timedelta(seconds=LIVE_HEARTBEATS * heartbeat_interval_s)
+
+
+def live_entries(cutoff: datetime) -> Select[Entry, Manager, ScheduleState]:
+    """Entries of live managers with their manager and (maybe absent) schedule state."""
+    return (
+        select(Entry, Manager, ScheduleState)
+        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .outerjoin(ScheduleState, ScheduleState.schedule_key == Entry.schedule_key)
+        .where(Manager.heartbeat_at >= cutoff)
+    )
+
+
+async def schedule_state(session: AsyncSession, schedule_key: str) -> ScheduleStateOut | None:
+    st = await session.get(ScheduleState, schedule_key)
+    if st is None:
+        return None
+    return ScheduleStateOut(
+        last_slot_at=st.last_slot_at,
+        last_enqueued_at=st.last_enqueued_at,
+        last_message_id=st.last_message_id,
+        last_status=st.last_status,
+        last_error=st.last_error,
+        counts={
+            "enqueued": st.enqueued_count,
+            "duplicate": st.duplicate_count,
+            "skipped": st.skipped_count,
+            "failed": st.failed_count,
+        },
+    )
+
+
+async def schedule_errors(
+    session: AsyncSession, schedule_key: str, cutoff: datetime
+) -> list[ScheduleRowError]:
+    stmt = (
+        select(Entry.manager_id, Entry.last_error)
+        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .where(
+            Entry.schedule_key == schedule_key,
+            Entry.status == "error",
+            Manager.heartbeat_at >= cutoff,
+        )
+        .order_by(Entry.manager_id, Entry.entry_id)
+    )
+    rows = (await session.execute(stmt)).all()
+    return [ScheduleRowError(manager_id=m, message=msg or "rejected") for m, msg in rows]

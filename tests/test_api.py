@@ -1,0 +1,564 @@
+"""The REST API against real PostgreSQL and SQLite, with a virtual clock so slots are exact."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import api.routes.schedules as schedule_routes
+from api import create_app
+from periodic_manager.clock import VirtualClock
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.models import Entry, Manager, PeriodicJob, ScheduleState
+from periodic_manager.settings import Settings
+
+T0 = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
+HEARTBEAT_S = 5.0
+JOB = {"name": "reports.daily", "spec": "*/15 * * * *", "task_type": "reports.build"}
+
+
+def iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@pytest.fixture
+def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
+    # Overrides conftest's async version, which cannot resolve the async ``pg_url`` fixture
+    # from inside a running loop (pytest-asyncio 1.x).
+    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(T0)
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_engine(db_url)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+def settings_for(db_url: str) -> Settings:
+    return Settings(database_url=db_url, heartbeat_interval=HEARTBEAT_S)
+
+
+@pytest.fixture
+async def client(
+    db_url: str, engine: AsyncEngine, clock: VirtualClock
+) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings_for(db_url), clock=clock, engine=engine)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            yield c
+
+
+async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
+    r = await client.post("/schedules", json={**JOB, **fields})
+    assert r.status_code == 201, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def assert_error(r: httpx.Response, status: int, loc: list[Any], type_: str | None = None) -> None:
+    assert r.status_code == status, r.text
+    detail = r.json()["detail"]
+    assert len(detail) >= 1 and all(set(item) == {"loc", "msg", "type"} for item in detail)
+    assert detail[0]["loc"] == loc, detail
+    assert detail[0]["msg"]
+    if type_ is not None:
+        assert detail[0]["type"] == type_, detail
+
+
+# --- create / read ---------------------------------------------------------------------------
+
+
+async def test_post_returns_201_location_and_exact_next_runs(client: httpx.AsyncClient) -> None:
+    r = await client.post(
+        "/schedules",
+        json={**JOB, "payload": {"n": [1, 2]}, "options": {"queue": "reports"}, "description": "d"},
+    )
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert r.headers["location"] == f"/schedules/{body['id']}"
+    assert body["next_runs"] == [
+        "2026-03-01T12:15:00Z",
+        "2026-03-01T12:30:00Z",
+        "2026-03-01T12:45:00Z",
+    ]
+    assert body["created_at"] == body["updated_at"] == iso(T0)
+    assert body["payload"] == {"n": [1, 2]} and body["options"] == {"queue": "reports"}
+    assert body["timezone"] == "UTC" and body["enabled"] is True and body["anchor"] is None
+
+
+async def test_next_runs_follow_zone_and_anchor(client: httpx.AsyncClient) -> None:
+    berlin = await create(client, name="berlin", spec="0 9 * * *", timezone="Europe/Berlin")
+    assert berlin["next_runs"] == [
+        "2026-03-02T08:00:00Z",
+        "2026-03-03T08:00:00Z",
+        "2026-03-04T08:00:00Z",
+    ]
+    every = await create(
+        client, name="every", spec="@every 90s", anchor="2026-03-01T13:00:00+01:00"
+    )
+    assert every["anchor"] == "2026-03-01T12:00:00Z"
+    assert every["next_runs"] == [
+        "2026-03-01T12:01:30Z",
+        "2026-03-01T12:03:00Z",
+        "2026-03-01T12:04:30Z",
+    ]
+    paused = await create(client, name="paused", enabled=False)
+    assert paused["next_runs"] == []
+
+
+async def test_get_one_and_paginated_list(client: httpx.AsyncClient, clock: VirtualClock) -> None:
+    created = [await create(client, name=f"job.{i}") for i in range(5)]
+    clock.set(T0 + timedelta(minutes=20))
+
+    one = (await client.get(f"/schedules/{created[0]['id']}")).json()
+    assert one["name"] == "job.0" and one["state"] is None and one["errors"] == []
+    assert one["next_runs"] == [
+        "2026-03-01T12:30:00Z",
+        "2026-03-01T12:45:00Z",
+        "2026-03-01T13:00:00Z",
+    ]
+
+    page = (await client.get("/schedules", params={"limit": 2, "offset": 1})).json()
+    assert page["total"] == 5 and page["limit"] == 2 and page["offset"] == 1
+    assert [s["name"] for s in page["items"]] == ["job.1", "job.2"]
+    default = (await client.get("/schedules")).json()
+    assert [s["id"] for s in default["items"]] == sorted(s["id"] for s in created)
+    assert default["limit"] == 50 and default["offset"] == 0
+    assert (await client.get("/schedules", params={"offset": 5})).json()["items"] == []
+
+    assert_error(await client.get("/schedules", params={"limit": 0}), 422, ["query", "limit"])
+    assert_error(await client.get("/schedules", params={"limit": 501}), 422, ["query", "limit"])
+    assert_error(await client.get("/schedules", params={"offset": -1}), 422, ["query", "offset"])
+    assert_error(await client.get("/schedules", params={"limit": "x"}), 422, ["query", "limit"])
+
+
+# --- update / delete -------------------------------------------------------------------------
+
+
+async def test_patch_changes_spec_and_next_runs(
+    client: httpx.AsyncClient, clock: VirtualClock
+) -> None:
+    job = await create(client, payload={"keep": True})
+    clock.set(T0 + timedelta(hours=1))
+    r = await client.patch(f"/schedules/{job['id']}", json={"spec": "0 * * * *"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["spec"] == "0 * * * *" and body["payload"] == {"keep": True}
+    assert body["next_runs"] == [
+        "2026-03-01T14:00:00Z",
+        "2026-03-01T15:00:00Z",
+        "2026-03-01T16:00:00Z",
+    ]
+    assert body["created_at"] == iso(T0)
+    assert body["updated_at"] == iso(T0 + timedelta(hours=1))
+    again = (await client.get(f"/schedules/{job['id']}")).json()
+    assert again["spec"] == "0 * * * *" and again["next_runs"] == body["next_runs"]
+
+    cleared = await client.patch(
+        f"/schedules/{job['id']}", json={"payload": None, "enabled": False}
+    )
+    assert cleared.status_code == 200, cleared.text
+    assert cleared.json()["payload"] is None and cleared.json()["next_runs"] == []
+
+
+async def test_invalid_patch_is_422_and_leaves_row_unchanged(client: httpx.AsyncClient) -> None:
+    job = await create(client)
+    await create(client, name="other")
+    before = (await client.get(f"/schedules/{job['id']}")).json()
+    cases: list[tuple[dict[str, Any], list[Any]]] = [
+        ({"spec": "61 * * * *"}, ["body", "spec"]),
+        ({"timezone": "Mars/Olympus_Mons"}, ["body", "timezone"]),
+        ({"options": {"queu": "x"}}, ["body", "options", "queu"]),
+        ({"options": {"timeout": 0}}, ["body", "options", "timeout"]),
+        ({"name": None}, ["body", "name"]),
+        ({"name": "has space"}, ["body", "name"]),
+        ({"anchor": "2026-01-01T00:00:00"}, ["body", "anchor"]),
+        ({"colour": "red"}, ["body", "colour"]),
+    ]
+    for patch, loc in cases:
+        assert_error(await client.patch(f"/schedules/{job['id']}", json=patch), 422, loc)
+    assert_error(
+        await client.patch(f"/schedules/{job['id']}", json={"name": "other"}), 409, ["body", "name"]
+    )
+    assert (await client.get(f"/schedules/{job['id']}")).json() == before
+    r = await client.patch("/schedules/999", json={"spec": "* * * * *"})
+    assert r.status_code == 404 and r.json() == {"detail": "schedule 999 not found"}
+
+
+async def test_delete_then_404_and_state_removed(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    job = await create(client)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(ScheduleState).values(
+                schedule_key=str(job["id"]), name=job["name"], updated_at=T0
+            )
+        )
+    r = await client.delete(f"/schedules/{job['id']}")
+    assert r.status_code == 204 and r.content == b""
+    r = await client.get(f"/schedules/{job['id']}")
+    assert r.status_code == 404 and r.json() == {"detail": f"schedule {job['id']} not found"}
+    assert (await client.delete(f"/schedules/{job['id']}")).status_code == 404
+    async with engine.connect() as conn:
+        assert (
+            await conn.execute(select(func.count()).select_from(ScheduleState))
+        ).scalar_one() == 0
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+BAD_BODIES: list[tuple[dict[str, Any], list[Any]]] = [
+    ({"spec": "61 * * * *"}, ["body", "spec"]),
+    ({"spec": "x" * 201}, ["body", "spec"]),
+    ({"spec": 5}, ["body", "spec"]),
+    ({"timezone": "Mars/Olympus_Mons"}, ["body", "timezone"]),
+    ({"options": {"queu": "reports"}}, ["body", "options", "queu"]),
+    ({"options": {"max_retry": -1}}, ["body", "options", "max_retry"]),
+    ({"options": {"max_retry": "3"}}, ["body", "options", "max_retry"]),
+    ({"options": {"queue": "no spaces"}}, ["body", "options", "queue"]),
+    ({"options": [1, 2]}, ["body", "options"]),
+    ({"anchor": "2026-03-01T12:00:00"}, ["body", "anchor"]),
+    ({"anchor": 1700000000}, ["body", "anchor"]),
+    ({"anchor": "0001-01-01T00:00:00+14:00"}, ["body", "anchor"]),
+    ({"name": "bad name!"}, ["body", "name"]),
+    ({"name": ""}, ["body", "name"]),
+    ({"name": 42}, ["body", "name"]),
+    ({"task_type": ""}, ["body", "task_type"]),
+    ({"enabled": "yes"}, ["body", "enabled"]),
+    ({"payload": {"text": "nul\u0000byte"}}, ["body", "payload"]),
+    ({"description": "nul\u0000byte"}, ["body", "description"]),
+    ({"colour": "red"}, ["body", "colour"]),
+]
+
+
+async def test_bad_bodies_are_422_naming_the_field(client: httpx.AsyncClient) -> None:
+    failures = []
+    for override, loc in BAD_BODIES:
+        r = await client.post("/schedules", json={**JOB, **override})
+        try:
+            assert_error(r, 422, loc)
+        except AssertionError as exc:
+            failures.append(f"{override!r}: {exc}")
+    r = await client.post("/schedules", json={"spec": "* * * * *", "task_type": "t"})
+    assert_error(r, 422, ["body", "name"], "missing")
+    assert not failures, "\n".join(failures)
+    assert (await client.get("/schedules")).json()["total"] == 0
+
+
+async def test_cron_error_carries_its_code(client: httpx.AsyncClient) -> None:
+    r = await client.post("/schedules", json={**JOB, "spec": "0 0 31 2 *"})
+    assert_error(r, 422, ["body", "spec"], "never-fires")
+
+
+RAW_BODIES: list[tuple[bytes, str]] = [
+    (b'{"name": "x", ', "json_invalid"),  # truncated
+    (b"\xff\xfe{}", "json_invalid"),  # not UTF-8
+    (b"[" * 100_000, "json_invalid"),  # nesting beyond the recursion limit
+    (
+        b'{"name":"x","spec":"* * * * *","task_type":"t","payload":' + b"9" * 5000 + b"}",
+        "json_invalid",
+    ),
+    (b"[1, 2]", "model_attributes_type"),
+]
+
+
+async def test_raw_bodies_that_are_not_usable_json_are_422(client: httpx.AsyncClient) -> None:
+    for raw, type_ in RAW_BODIES:
+        r = await client.post(
+            "/schedules", content=raw, headers={"content-type": "application/json"}
+        )
+        assert_error(r, 422, r.json()["detail"][0]["loc"], type_)
+        assert r.json()["detail"][0]["loc"][0] == "body"
+    head = b'{"name":"x","spec":"* * * * *","task_type":"t",'
+    for raw, loc in [
+        (head + b'"payload": NaN}', ["body", "payload"]),
+        (head + b'"options": {"timeout": 1e999}}', ["body", "options", "timeout"]),
+        (head + b'"payload": ' + b"[" * 150 + b"]" * 150 + b"}", ["body", "payload"]),
+    ]:
+        r = await client.post(
+            "/schedules", content=raw, headers={"content-type": "application/json"}
+        )
+        assert_error(r, 422, loc)
+    r = await client.post("/schedules", content=b"name=x", headers={"content-type": "text/plain"})
+    assert_error(r, 422, ["body"])
+
+
+async def test_huge_numbers_are_stored_not_500(client: httpx.AsyncClient) -> None:
+    big = 10**40
+    job = await create(client, payload={"n": big}, options={"max_retry": big, "timeout": 1e300})
+    got = (await client.get(f"/schedules/{job['id']}")).json()
+    assert got["payload"] == {"n": big} and got["options"]["max_retry"] == big
+
+
+async def test_bad_path_and_query_ids_are_422(client: httpx.AsyncClient) -> None:
+    for path in (
+        "/schedules/abc",
+        "/schedules/0",
+        "/schedules/99999999999999999999",
+        "/schedules/1.5",
+    ):
+        assert_error(await client.get(path), 422, ["path", "schedule_id"])
+    assert_error(await client.delete("/schedules/abc"), 422, ["path", "schedule_id"])
+    assert_error(await client.patch("/schedules/abc", json={}), 422, ["path", "schedule_id"])
+    assert_error(
+        await client.get("/entries", params={"schedule_id": "x"}), 422, ["query", "schedule_id"]
+    )
+
+
+# --- conflicts -------------------------------------------------------------------------------
+
+
+async def test_duplicate_name_is_409(client: httpx.AsyncClient) -> None:
+    await create(client)
+    r = await client.post("/schedules", json=JOB)
+    assert r.status_code == 409
+    assert r.json() == {
+        "detail": [
+            {
+                "loc": ["body", "name"],
+                "msg": "a schedule named 'reports.daily' already exists",
+                "type": "conflict",
+            }
+        ]
+    }
+
+
+async def test_unique_violation_from_the_database_is_409(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pre-check can lose a race; the database's unique constraint decides."""
+    a, b = await asyncio.gather(*(client.post("/schedules", json=JOB) for _ in range(2)))
+    assert sorted([a.status_code, b.status_code]) == [201, 409]
+
+    async def never_taken(*_: object, **__: object) -> bool:
+        return False
+
+    monkeypatch.setattr(schedule_routes, "_name_taken", never_taken)
+    assert_error(await client.post("/schedules", json=JOB), 409, ["body", "name"], "conflict")
+    other = await create(client, name="other")
+    r = await client.patch(f"/schedules/{other['id']}", json={"name": JOB["name"]})
+    assert_error(r, 409, ["body", "name"], "conflict")
+    assert (await client.get(f"/schedules/{other['id']}")).json()["name"] == "other"
+
+
+# --- runtime view ----------------------------------------------------------------------------
+
+
+def manager_row(manager_id: str, heartbeat_at: datetime, *, leader: bool) -> dict[str, Any]:
+    return {
+        "manager_id": manager_id,
+        "hostname": "host",
+        "pid": 1,
+        "version": "0.1.0",
+        "started_at": T0 - timedelta(hours=1),
+        "heartbeat_at": heartbeat_at,
+        "is_leader": leader,
+    }
+
+
+def entry_row(manager_id: str, key: str, status: str = "active", **extra: Any) -> dict[str, Any]:
+    optional = dict.fromkeys(("spec", "timezone", "anchor", "task_type", "queue", "last_error"))
+    return {
+        **optional,
+        "manager_id": manager_id,
+        "entry_id": f"{key}-{manager_id}",
+        "schedule_key": key,
+        "name": f"job.{key}",
+        "content_hash": "ab" * 32,
+        "status": status,
+        "registered_at": T0 - timedelta(minutes=30),
+        **extra,
+    }
+
+
+async def test_entries_show_live_managers_only(
+    client: httpx.AsyncClient, engine: AsyncEngine, clock: VirtualClock
+) -> None:
+    good = await create(client)
+    # A row written with SQL that no manager can use: the API must still show it, and why.
+    async with engine.begin() as conn:
+        bad_id = (
+            await conn.execute(
+                insert(PeriodicJob)
+                .values(
+                    name="bad.sql",
+                    spec="not cron",
+                    task_type="t",
+                    options=[1],
+                    created_at=T0,
+                    updated_at=T0,
+                )
+                .returning(PeriodicJob.id)
+            )
+        ).scalar_one()
+        await conn.execute(
+            insert(Manager),
+            [
+                manager_row("live", T0 - timedelta(seconds=3 * HEARTBEAT_S), leader=True),
+                manager_row("dead", T0 - timedelta(seconds=3 * HEARTBEAT_S + 1), leader=False),
+            ],
+        )
+        gk, bk = str(good["id"]), str(bad_id)
+        await conn.execute(
+            insert(Entry),
+            [
+                entry_row(
+                    "live",
+                    gk,
+                    spec="*/15 * * * *",
+                    timezone="UTC",
+                    task_type="reports.build",
+                    queue="default",
+                ),
+                entry_row("live", bk, "error", name="bad.sql", last_error="spec: syntax: not cron"),
+                entry_row(
+                    "live", "name:code.job", name="code.job", spec="@every 1h", timezone="UTC"
+                ),
+                entry_row("dead", gk, spec="*/15 * * * *", timezone="UTC"),
+                entry_row("dead", bk, "error", last_error="from a dead manager"),
+            ],
+        )
+        await conn.execute(
+            insert(ScheduleState).values(
+                schedule_key=gk,
+                name=good["name"],
+                last_slot_at=T0 - timedelta(seconds=30),
+                last_enqueued_at=T0 - timedelta(seconds=29),
+                last_message_id="m-1",
+                last_status="enqueued",
+                enqueued_count=7,
+                failed_count=1,
+                updated_at=T0,
+            )
+        )
+
+    items = (await client.get("/entries")).json()["items"]
+    assert {(i["manager_id"], i["schedule_key"]) for i in items} == {
+        ("live", gk),
+        ("live", bk),
+        ("live", "name:code.job"),
+    }
+    by_key = {i["schedule_key"]: i for i in items}
+    active = by_key[gk]
+    assert active["schedule_id"] == good["id"] and active["status"] == "active"
+    assert active["next_slot"] == "2026-03-01T12:15:00Z"
+    assert active["previous_slot"] == "2026-03-01T12:00:00Z"
+    assert active["hash"] == "ab" * 32 and active["queue"] == "default"
+    assert active["manager_is_leader"] is True and active["last_error"] is None
+    assert active["registered_at"] == "2026-03-01T11:30:30Z"
+    assert by_key[bk]["status"] == "error" and by_key[bk]["next_slot"] is None
+    assert by_key[bk]["last_error"] == "spec: syntax: not cron"
+    assert by_key["name:code.job"]["schedule_id"] is None
+    assert by_key["name:code.job"]["next_slot"] == "2026-03-01T13:00:00Z"
+
+    only = (await client.get("/entries", params={"schedule_id": good["id"]})).json()["items"]
+    assert [(i["manager_id"], i["entry_id"]) for i in only] == [("live", f"{gk}-live")]
+
+    detail = (await client.get(f"/schedules/{good['id']}")).json()
+    assert detail["state"] == {
+        "last_slot_at": "2026-03-01T12:00:00Z",
+        "last_enqueued_at": "2026-03-01T12:00:01Z",
+        "last_message_id": "m-1",
+        "last_status": "enqueued",
+        "last_error": None,
+        "counts": {"enqueued": 7, "duplicate": 0, "skipped": 0, "failed": 1},
+    }
+    bad = await client.get(f"/schedules/{bad_id}")
+    assert bad.status_code == 200, bad.text
+    assert bad.json()["next_runs"] == [] and bad.json()["options"] == [1]
+    assert bad.json()["errors"] == [{"manager_id": "live", "message": "spec: syntax: not cron"}]
+
+    # One second later the live manager has also missed three heartbeats.
+    clock.set(T0 + timedelta(seconds=1))
+    assert (await client.get("/entries")).json()["items"] == []
+    assert (await client.get(f"/schedules/{bad_id}")).json()["errors"] == []
+
+
+# --- app wiring ------------------------------------------------------------------------------
+
+
+class FakeManager:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.calls: list[str] = []
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+    def request_sync(self) -> None:
+        self.calls.append("request_sync")
+
+
+async def test_lifespan_owns_manager_and_writes_request_sync(
+    db_url: str, clock: VirtualClock
+) -> None:
+    made: list[FakeManager] = []
+
+    def factory(engine: AsyncEngine) -> FakeManager:
+        made.append(FakeManager(engine))
+        return made[-1]
+
+    app = create_app(settings_for(db_url), clock=clock, manager_factory=factory)
+    assert made == []
+    async with app.router.lifespan_context(app):
+        (manager,) = made
+        assert manager.engine is app.state.engine and app.state.manager is manager
+        assert app.state.clock is clock
+        assert manager.calls == ["start"]
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            job = (await c.post("/schedules", json=JOB)).json()
+            assert manager.calls == ["start", "request_sync"]
+            await c.post("/schedules", json=JOB)  # 409
+            await c.post("/schedules", json={**JOB, "name": "x", "spec": "bad"})  # 422
+            await c.get(f"/schedules/{job['id']}")
+            await c.get("/entries")
+            assert manager.calls == ["start", "request_sync"]
+            await c.patch(f"/schedules/{job['id']}", json={"spec": "@hourly"})
+            await c.patch(f"/schedules/{job['id']}", json={"spec": "@never"})  # 422
+            assert (await c.delete(f"/schedules/{job['id']}")).status_code == 204
+            await c.delete(f"/schedules/{job['id']}")  # 404
+            assert manager.calls == ["start", "request_sync", "request_sync", "request_sync"]
+    assert manager.calls[-1] == "stop"
+
+
+async def test_given_engine_is_not_disposed(db_url: str, engine: AsyncEngine) -> None:
+    app = create_app(settings_for(db_url), engine=engine)
+    async with app.router.lifespan_context(app):
+        assert app.state.engine is engine
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            assert (await c.get("/healthz")).json() == {"status": "ok"}
+            await create(c)  # SystemClock by default
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(func.count()).select_from(PeriodicJob))).scalar_one() == 1
+
+
+async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    post = spec["paths"]["/schedules"]["post"]
+    assert post["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/ScheduleWithRuns"
+    )
+    assert "409" in post["responses"] and "422" in post["responses"]
+    assert set(spec["paths"]) == {"/schedules", "/schedules/{schedule_id}", "/entries", "/healthz"}
