@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import asyncpg
 import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -20,7 +21,6 @@ from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ProviderError
 from periodic_manager.providers import ConfigProvider, ProviderSnapshot
 from periodic_manager.providers.database import DatabaseProvider
-from tests.conftest import PG_DSN
 
 
 @pytest.fixture
@@ -215,8 +215,9 @@ async def test_unreachable_server_raises_provider_error() -> None:
     await _assert_provider_error("postgresql+asyncpg://postgres@127.0.0.1:1/nowhere")
 
 
-async def test_missing_database_raises_provider_error() -> None:
-    await _assert_provider_error(f"{PG_DSN}/pm_missing_{uuid.uuid4().hex[:12]}")
+async def test_missing_database_raises_provider_error(pg_url: str) -> None:
+    server = pg_url.rsplit("/", 1)[0]
+    await _assert_provider_error(f"{server}/pm_missing_{uuid.uuid4().hex[:12]}")
 
 
 async def test_missing_table_raises_provider_error(empty_db_url: str) -> None:
@@ -224,15 +225,14 @@ async def test_missing_table_raises_provider_error(empty_db_url: str) -> None:
 
 
 async def test_dropped_database_raises_provider_error(pg_url: str) -> None:
-    import asyncpg
 
     eng = create_engine(pg_url)
     try:
         provider = DatabaseProvider(eng)
         with pytest.raises(ProviderError):
             await provider.get_configs()  # reachable, but not migrated
-        name = pg_url.rsplit("/", 1)[1]
-        admin = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
+        server, name = pg_url.replace("+asyncpg", "").rsplit("/", 1)
+        admin = await asyncpg.connect(f"{server}/postgres", timeout=5)
         try:
             await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         finally:
