@@ -66,8 +66,9 @@ def validate_options(options: Any) -> dict[str, Any]:
     """Return ``options`` as a dict, or raise ConfigError naming ``options.<key>``."""
     if options is None:
         return {}
-    if not isinstance(options, dict):
+    if not isinstance(options, Mapping):
         raise ConfigError("options", "must be a JSON object")
+    options = dict(options)
     for key, value in options.items():
         check = OPTION_CHECKS.get(key)
         if check is None:
@@ -159,7 +160,7 @@ class PeriodicTaskConfig:
         validate_name(name)
         validate_task_type(task_type)
         validate_payload(payload)
-        opts = validate_options(dict(options) if options is not None else None)
+        opts = validate_options(options)
         validate_schedule(spec, timezone, anchor)
         return cls(
             name=name,

@@ -55,7 +55,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
+def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     """An empty database on each backend (the test is run once per backend)."""
     fixture = "pg_url" if backend == "postgresql" else "sqlite_url"
     return str(request.getfixturevalue(fixture))
