@@ -29,13 +29,6 @@ def iso(dt: datetime) -> str:
 
 
 @pytest.fixture
-def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
-    # Overrides conftest's async version, which cannot resolve the async ``pg_url`` fixture
-    # from inside a running loop (pytest-asyncio 1.x).
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
-
-
-@pytest.fixture
 def clock() -> VirtualClock:
     return VirtualClock(T0)
 
