@@ -127,6 +127,7 @@ class PeriodicTaskManager:
         self._logged: set[tuple[str, str]] = set()  # (schedule key, content hash) already logged
         self._sync_requested = asyncio.Event()
         self._sync_lock = asyncio.Lock()
+        self._beat_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at: datetime | None = None
         self.last_sync_at: datetime | None = None
@@ -346,18 +347,24 @@ class PeriodicTaskManager:
     async def _heartbeat_loop(self, info: ManagerInfo) -> None:
         while True:
             await self.clock.sleep(self.heartbeat_interval)
-            try:
-                if not self._registered:
-                    # The store was unreachable: publish this manager and all its entries again.
-                    await self.store.register_manager(info, self._status())
-                    await self.store.apply_entries(self.manager_id, self._all_records(), [])
-                    self._registered = True
-                await self.store.heartbeat(self.manager_id, self._status())
-                await self.store.reap(self.clock.now() - timedelta(seconds=3 * self.heartbeat_interval))
-            except Exception as exc:
-                if self._registered:
-                    log.warning("heartbeat failed (will retry): %s", exc)
-                self._registered = False
+            async with self._beat_lock:
+                await self._beat(info)
+
+    async def _beat(self, info: ManagerInfo) -> None:
+        try:
+            if not self._registered:
+                # The store was unreachable: publish this manager and all its entries again.
+                await self.store.register_manager(info, self._status())
+                await self.store.apply_entries(self.manager_id, self._all_records(), [])
+                self._registered = True
+            status = self._status()
+            await self.store.heartbeat(self.manager_id, status)
+            # Reap relative to the instant just written, so this manager never reaps itself.
+            await self.store.reap(status.heartbeat_at - timedelta(seconds=3 * self.heartbeat_interval))
+        except Exception as exc:
+            if self._registered:
+                log.warning("heartbeat failed (will retry): %s", exc)
+            self._registered = False
 
     def _all_records(self) -> list[EntryRecord]:
         return [_entry_record(e) for e in self.scheduler.entries()] + list(self._row_errors.values())
@@ -365,5 +372,5 @@ class PeriodicTaskManager:
     async def wait_settled(self, instant: datetime) -> None:
         """Wait until slots due by ``instant`` are handled and no sync is running (for tests)."""
         await self.scheduler.wait_processed(instant)
-        async with self._sync_lock:
+        async with self._sync_lock, self._beat_lock:
             pass
