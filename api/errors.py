@@ -15,7 +15,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from periodic_manager import cron
 from periodic_manager.errors import ConfigError, NotFoundError, PeriodicManagerError
 
 
@@ -43,12 +42,8 @@ def _json_safe_loc(loc: Any) -> list[str | int]:
 
 
 def config_error_item(exc: ConfigError) -> dict[str, Any]:
-    # config.validate_schedule re-raises cron errors as plain ConfigError ``from None``; the
-    # original CronError (with its machine-readable ``code``) is still its __context__.
-    cron_exc = exc if isinstance(exc, cron.CronError) else exc.__context__
-    code = getattr(cron_exc, "code", None) if isinstance(cron_exc, cron.CronError) else None
     loc: list[str | int] = ["body", *exc.field.split(".")]
-    return error_item(loc, exc.reason, str(code) if code else "value_error")
+    return error_item(loc, exc.reason, exc.code)
 
 
 async def _on_config_error(_: Request, exc: Exception) -> JSONResponse:

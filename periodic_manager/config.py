@@ -23,6 +23,7 @@ from periodic_manager.errors import ConfigError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 TASK_TYPE_MAX = 200
+SPEC_MAX = 200  # the periodic_jobs.spec column
 DEFAULT_QUEUE = "default"
 
 
@@ -114,6 +115,8 @@ def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron
     """Parse (spec, timezone, anchor); ConfigError names ``spec``, ``timezone`` or ``anchor``."""
     if not isinstance(spec, str):
         raise ConfigError("spec", "must be a string")
+    if len(spec) > SPEC_MAX:
+        raise ConfigError("spec", f"must be at most {SPEC_MAX} characters")
     if not isinstance(timezone, str) or not timezone:
         raise ConfigError("timezone", "must be an IANA zone name such as 'UTC' or 'Europe/Berlin'")
     if anchor is not None and (anchor.tzinfo is None or anchor.utcoffset() is None):
@@ -122,8 +125,8 @@ def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron
         return cron.parse(spec, tz=timezone, anchor=anchor)
     except cron.CronError as exc:
         if exc.field in ("timezone", "anchor"):
-            raise ConfigError(exc.field, exc.reason) from None
-        raise ConfigError("spec", str(exc)) from None
+            raise ConfigError(exc.field, exc.reason, code=exc.code) from None
+        raise ConfigError("spec", str(exc), code=exc.code) from None
 
 
 @dataclass(frozen=True, slots=True)

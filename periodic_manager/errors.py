@@ -21,12 +21,14 @@ class PeriodicManagerError(Exception):
 
 
 class ConfigError(PeriodicManagerError, ValueError):
-    """Invalid input. ``field`` names what is wrong (``spec``, ``options.queue``) and ``reason`` why."""
+    """Invalid input. ``field`` names what is wrong (``spec``, ``options.queue``), ``reason`` why,
+    and ``code`` is a machine-readable kind (``never-fires``, ``unknown-zone``, ``value_error``)."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str, *, code: str = "value_error") -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+        self.code = code
 
 
 class ProviderError(PeriodicManagerError):

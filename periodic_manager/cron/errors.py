@@ -43,6 +43,6 @@ class CronError(ConfigError):
     def __init__(self, field: str, code: str, detail: str = "") -> None:
         if code not in CODES:  # a programming error, not bad input
             raise AssertionError(f"unknown CronError code {code!r}")
-        super().__init__(field, f"{code}: {detail}" if detail else code)
+        super().__init__(field, f"{code}: {detail}" if detail else code, code=code)
         self.code = code
         self.detail = detail
