@@ -69,6 +69,8 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    if level != "DEBUG":
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per revision is noise
 
 
 def _migrate(settings: Settings) -> None:
