@@ -42,9 +42,15 @@ _SCHEDULES_MAX = 100_000
 
 
 @lru_cache(maxsize=_SCHEDULES_MAX)
+def _spec(expr: str) -> CronSpec | EverySpec:
+    """The parsed expression, shared by :func:`validate` and every zone."""
+    return parse_spec(expr)
+
+
+@lru_cache(maxsize=_SCHEDULES_MAX)
 def _compile(expr: str) -> tuple[CronSpec, DayTable] | EverySpec:
     """Zone-independent part, shared by every zone: the spec and its day table."""
-    spec = parse_spec(expr)
+    spec = _spec(expr)
     if isinstance(spec, EverySpec):
         return spec
     return spec, DayTable(spec)
@@ -57,6 +63,7 @@ def _zone(name: str) -> Zone:
 
 @lru_cache(maxsize=_SCHEDULES_MAX)
 def _schedule(expr: str, tz: str, anchor: datetime | None) -> Schedule:
+    _check_types(expr, tz, anchor)  # only on a miss: hits were valid when cached
     compiled = _compile(expr)
     zone = _zone(tz)  # an unknown zone is an error even for @every
     if isinstance(compiled, EverySpec):
@@ -85,14 +92,17 @@ def parse(expr: str, tz: str = "UTC", anchor: datetime | None = None) -> Schedul
     cron expressions ignore it. Raises :class:`CronError` for an invalid expression,
     an unknown zone or a naive anchor.
     """
-    _check_types(expr, tz, anchor)
-    return _schedule(expr, tz, anchor)
+    try:
+        return _schedule(expr, tz, anchor)
+    except TypeError:  # unhashable arguments: say what is wrong with them
+        _check_types(expr, tz, anchor)
+        raise
 
 
 def validate(expr: str) -> None:
     """Raise :class:`CronError` if ``expr`` is not a valid expression (zone-independent)."""
     _check_types(expr, "UTC", None)
-    _compile(expr)
+    _spec(expr)
 
 
 def next_fires(
@@ -110,4 +120,5 @@ def clear_caches() -> None:
     """Forget parsed expressions, schedules and zone tables (benchmarks and tests)."""
     _schedule.cache_clear()
     _compile.cache_clear()
+    _spec.cache_clear()
     _zone.cache_clear()

@@ -54,7 +54,18 @@ def month_length(y: int, m: int) -> int:
 class DayTable:
     """Precomputed matching tables of one expression; shared by all zones using it."""
 
-    __slots__ = ("times", "first", "_n", "_dom", "_dow", "_and", "_month_ok", "_slot", "_months")
+    __slots__ = (
+        "times",
+        "first",
+        "_n",
+        "_dom",
+        "_dow",
+        "_and",
+        "_month_ok",
+        "_succ",
+        "_slot",
+        "_months",
+    )
 
     def __init__(self, spec: CronSpec) -> None:
         self.times = sorted(h * 3600 + m * 60 for h in spec.hours for m in spec.minutes)
@@ -62,13 +73,21 @@ class DayTable:
         self._n = len(self.times)
         # Bit d-1 stands for day d of a month.
         self._dom = sum(1 << (d - 1) for d in spec.doms)
-        # _dow[w]: the days of a 31-day month whose day 1 falls on weekday w (0 = Sunday).
-        self._dow = [
-            sum(1 << (d - 1) for d in range(1, 32) if (w + d - 1) % 7 in spec.dows)
-            for w in range(7)
-        ]
+        # _dow[w]: the days of a 31-day month whose day 1 falls on weekday w (0 = Sunday):
+        # one week's pattern repeated five times.
+        dows = set(spec.dows)
+        self._dow = []
+        for w in range(7):
+            week = sum(1 << i for i in range(7) if (w + i) % 7 in dows)
+            self._dow.append((week * 0b1_0000001_0000001_0000001_0000001) & 0x7FFF_FFFF)
         self._and = spec.day_and
         self._month_ok = [m in spec.months for m in range(13)]
+        # _succ[m]: the next selected month after m, and 1 if that is in the next year.
+        months = spec.months
+        self._succ = [(0, 0)] * 13
+        for m in range(1, 13):
+            later = [k for k in months if k > m]
+            self._succ[m] = (later[0], 0) if later else (months[0], 1)
         # The month of the last answer: (first day, first day of next month, mask, y, m).
         # Successive calls of one schedule nearly always land in it.
         self._slot = (0, 0, 0, 1970, 1)
@@ -118,15 +137,12 @@ class DayTable:
 
     def _next_month(self, y: int, m: int) -> int:
         """First fire time of the first matching day in a month after (y, m)."""
+        succ = self._succ
         while True:
-            m += 1
-            if m > 12:
-                m = 1
-                y += 1
-                if y > _LAST_YEAR:
-                    raise OverflowError("no fire time before year 10000")
-            if not self._month_ok[m]:
-                continue
+            m, carry = succ[m]
+            y += carry
+            if y > _LAST_YEAR:
+                raise OverflowError("no fire time before year 10000")
             first, mask = self.month_mask(y, m)
             if mask:
                 self._slot = (first, first + month_length(y, m), mask, y, m)

@@ -29,6 +29,13 @@ from periodic_manager.cron.zones import Zone
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 _NEVER = 10**18
+# Skipping spans in a long search. No local time in (s0 + off0, first_t) matches, where
+# first_t is the first lookup. An instant x >= s0 + _SETTLE_S shows a local time above
+# s0 + off0, and an instant x < first_t - off - _SKIP_S shows one below first_t (and so do
+# the gaps and folds of transitions there), because offsets differ by less than 48 h. So
+# such instants fire nothing and the search may jump over them.
+_SETTLE_S = 2 * DAY_S
+_SKIP_S = 3 * DAY_S
 
 
 def _naive(field: str) -> CronError:
@@ -84,7 +91,7 @@ class Schedule(ABC):
 class CronSchedule(Schedule):
     """A five-field expression (or macro) in an IANA zone."""
 
-    __slots__ = ("spec", "zone", "_table", "_fixed", "_times", "_n", "_fast")
+    __slots__ = ("spec", "zone", "_table", "_fixed", "_times", "_n", "_fast", "_last")
 
     def __init__(self, spec: CronSpec, table: DayTable, zone: Zone) -> None:
         super().__init__(spec.text, zone.name)
@@ -98,6 +105,9 @@ class CronSchedule(Schedule):
         # time s + off falls on the matching local day starting at day0, the answer is
         # the next time of that day, provided it is before hi. Set by next_second.
         self._fast = (_NEVER, 0, 0, 0)
+        # The last slow-path answer: at startup every entry sharing this schedule asks
+        # for the slot after the same "now".
+        self._last: tuple[int, datetime | None] = (_NEVER, None)
 
     def next_after(self, after: datetime) -> datetime:
         # The hot path of the scheduler: _seconds() inlined, then the memo of the last day.
@@ -115,7 +125,12 @@ class CronSchedule(Schedule):
                     u = day0 + self._times[i] - off
                     if u < hi:
                         return EPOCH + timedelta(0, u)
-        return _instant(self.next_second(s))
+        last = self._last
+        if last[0] == s:
+            return last[1]
+        result = _instant(self.next_second(s))
+        self._last = (s, result)
+        return result
 
     def next_fires(self, after: datetime, n: int = 1) -> list[datetime]:
         if n < 0:
@@ -136,30 +151,40 @@ class CronSchedule(Schedule):
         # Memo of the last lookup: no match in (memo_from, memo_t), so any start in
         # [memo_from, memo_t) gives memo_t. Long searches cross many spans with one lookup.
         memo_from = memo_t = 0
+        # Skipping ahead (see _skip_to) needs the first lookup, made from s + off unadjusted.
+        first_t: int | None = None
+        s0 = s
         while True:
-            lo, hi, off, prev, clean = span(s + 1)
+            _, lo, hi, off, prev, clean = span(s + 1)
             start = s + off
-            if fixed and prev > off and start < lo + prev - 1:
+            adjusted = fixed and prev > off and start < lo + prev - 1
+            if adjusted:
                 # Fold at lo: [lo+off, lo+prev) is the second pass, already fired.
                 start = lo + prev - 1
             best = pending
-            if memo_from <= start < memo_t:
-                t = memo_t
-            else:
-                t = memo_t = next_local(start)
+            if not memo_from <= start < memo_t:
+                memo_t = next_local(start)
                 memo_from = start
+            t = memo_t
+            if s == s0 and not adjusted:
+                first_t = t
             if t - off < hi and (best is None or t - off < best):
                 best = t - off
                 self._fast = (clean, hi, off, t - t % DAY_S)
             if fixed and off > prev and s + prev < lo + off - 1:
                 # Gap at lo: nominal times in [lo+prev, lo+off) fire read with the old offset.
-                t = next_local(max(s + prev, lo + prev - 1))
-                if t < lo + off and (best is None or t - prev < best):
-                    best = t - prev
+                start = max(s + prev, lo + prev - 1)
+                if not memo_from <= start < memo_t:
+                    memo_t = next_local(start)
+                    memo_from = start
+                if memo_t < lo + off and (best is None or memo_t - prev < best):
+                    best = memo_t - prev
             if best is not None and best < hi:
                 return best
             pending = best
             s = hi - 1
+            if pending is None and first_t is not None and s >= s0 + _SETTLE_S:
+                s = max(s, first_t - off - _SKIP_S)
 
 
 class EverySchedule(Schedule):

@@ -45,7 +45,7 @@ _FIXED = re.compile(
 class Zone:
     """One IANA zone: ``span(s)`` gives the constant-offset stretch around instant ``s``."""
 
-    __slots__ = ("name", "info", "_fixed", "_chunks", "_memo")
+    __slots__ = ("name", "info", "_fixed", "_chunks", "_starts", "_memo", "_memo2")
 
     def __init__(self, name: str) -> None:
         try:
@@ -61,6 +61,8 @@ class Zone:
         off = self.offset_at(0)
         # The last span as (valid from, lo, hi, off, prev, clean), valid on [from, hi).
         self._memo = (-_FAR, -_FAR, _FAR, off, off, -_FAR) if self._fixed else (0, 0, 0, 0, 0, 0)
+        self._memo2 = self._memo
+        self._starts: dict[int, tuple[int, int, int, int, int, int]] = {}
 
     def offset_at(self, s: int) -> int:
         """UTC offset in seconds at instant ``s`` (clamped to datetime's range)."""
@@ -69,8 +71,8 @@ class Zone:
         assert off is not None
         return off.days * 86_400 + off.seconds
 
-    def span(self, s: int) -> tuple[int, int, int, int, int]:
-        """``(lo, hi, off, prev, clean)`` for instant ``s``.
+    def span(self, s: int) -> tuple[int, int, int, int, int, int]:
+        """``(valid_from, lo, hi, off, prev, clean)`` for instant ``s``.
 
         The offset is ``off`` on ``[lo, hi)`` and ``s`` is in it. If ``prev != off``,
         ``lo`` is a real transition from offset ``prev``. If ``prev == off``, no
@@ -78,10 +80,29 @@ class Zone:
         next transition or an instant up to which the offset is known to stay ``off``.
         From ``clean`` on, no earlier transition has any effect (no shifted runs, no
         second pass): plain wall-clock arithmetic with ``off`` is exact until ``hi``.
+        The same answer holds for every instant in ``[valid_from, hi)``.
         """
         memo = self._memo
         if memo[0] <= s < memo[2]:
-            return memo[1], memo[2], memo[3], memo[4], memo[5]
+            return memo
+        # Queries alternate between two neighbouring spans around a transition ("now"
+        # just before it, the answer just after), so keep the previous one too.
+        other = self._memo2
+        if other[0] <= s < other[2]:
+            self._memo, self._memo2 = other, memo
+            return other
+        got = self._starts.get(s)
+        if got is None:
+            got = self._compute(s)
+            if s == got[1] or s % CHUNK_S == 0:
+                # Span starts are where a long search enters the next span: worth keeping.
+                if len(self._starts) >= _CHUNKS_MAX:
+                    self._starts.clear()
+                self._starts[s] = got
+        self._memo, self._memo2 = got, memo
+        return got
+
+    def _compute(self, s: int) -> tuple[int, int, int, int, int, int]:
         c = s // CHUNK_S
         base, trans, offs = self._chunk(c - 1)
         _, t1, o1 = self._chunk(c)
@@ -93,14 +114,9 @@ class Zone:
         if i:
             lo, off = trans[i - 1], offs[i - 1]
             prev = offs[i - 2] if i >= 2 else base
-            valid_from = lo
-            clean = lo + abs(off - prev)
-        else:
-            lo = (c - 1) * CHUNK_S
-            off = prev = base
-            valid_from = clean = lo + LOOKBACK_S
-        self._memo = (valid_from, lo, hi, off, prev, clean)
-        return lo, hi, off, prev, clean
+            return (lo, lo, hi, off, prev, lo + abs(off - prev))
+        lo = (c - 1) * CHUNK_S
+        return (lo + LOOKBACK_S, lo, hi, base, base, lo + LOOKBACK_S)
 
     def _next_transition(self, c: int) -> int:
         """The first transition at or after chunk ``c``'s start, or a bound ~1 year on.

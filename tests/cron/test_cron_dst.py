@@ -338,3 +338,12 @@ def test_negative_dst_encoding_behaves_like_positive() -> None:
         z("2024-10-27 00:30"),  # 01:30+01, first pass only
         z("2024-10-28 01:30"),
     ]
+
+
+def test_second_pass_of_a_rare_wildcard_hour_slot_is_found_before_a_long_search() -> None:
+    # Hours {0, 23} on Feb 16 only: after the first-pass 23:30-02, the second pass 23:30-03
+    # still fires (wildcard hour) although the next nominal match is a year away.
+    assert fires("30 */23 16 2 *", "2019-02-17T01:30+00:00", 2, "America/Sao_Paulo") == [
+        z("2019-02-17 02:30"),  # 23:30-03, second pass
+        z("2020-02-16 03:30"),  # 00:30-03 a year later
+    ]

@@ -213,8 +213,21 @@ def test_next_fires_is_the_suffix_of_one_set(
 
 @settings(max_examples=max(10, EXAMPLES // 4), deadline=None)
 @given(
-    st.sampled_from(["0 0 29 2 */7", "0 12 29 2 mon", "30 1 29 2 */7", "0 0 1 1 *", "0 2 * 3 0"]),
-    st.sampled_from(["UTC", "Europe/Berlin", "Pacific/Chatham", "America/Sao_Paulo"]),
+    st.sampled_from(
+        [
+            "0 0 29 2 */7",
+            "0 12 29 2 mon",
+            "30 1 29 2 */7",
+            "0 0 1 1 *",
+            "0 2 * 3 0",
+            "30 */23 16 2 *",
+            "*/20 */2 29 2 */7",
+            "45 2 31 3 *",
+        ]
+    ),
+    st.sampled_from(
+        ["UTC", "Europe/Berlin", "Pacific/Chatham", "America/Sao_Paulo", "Australia/Lord_Howe"]
+    ),
     st.integers(1971, 9800),
 )
 def test_far_future_matches_a_day_by_day_oracle(expr: str, zone: str, year: int) -> None:
