@@ -48,6 +48,8 @@ class Zone:
     __slots__ = ("name", "info", "_fixed", "_chunks", "_starts", "_memo", "_memo2")
 
     def __init__(self, name: str) -> None:
+        if name == "localtime":  # the host's zone file, not an IANA name: never the host's zone
+            raise CronError("timezone", "unknown-zone", "'localtime' is not an IANA zone name")
         try:
             info = ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):

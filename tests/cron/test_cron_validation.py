@@ -205,7 +205,7 @@ def test_never_fires(expr: str) -> None:
 
 
 def test_unknown_zone_is_a_schedule_error() -> None:
-    for tz in ("Mars/Olympus", "", "../etc/passwd", "Europe/berlin_"):
+    for tz in ("Mars/Olympus", "", "../etc/passwd", "/etc/passwd", "Europe/", "UTC ", "localtime"):
         with pytest.raises(CronError) as info:
             parse("0 0 * * *", tz=tz)
         assert (info.value.code, info.value.field) == ("unknown-zone", "timezone")
