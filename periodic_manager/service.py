@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import Clock
@@ -36,6 +38,10 @@ def build_manager(
         sync_interval=settings.sync_interval,
         grace=settings.grace,
         heartbeat_interval=settings.heartbeat_interval,
-        store=DatabaseRuntimeStore(engine),
+        store=DatabaseRuntimeStore(
+            engine,
+            runs_retention=timedelta(days=settings.runs_retention),
+            runs_per_schedule=settings.runs_max_per_schedule,
+        ),
         close_target=target is None,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
@@ -26,6 +26,18 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO")
     redis_maxlen: int | None = Field(None, gt=0, description="approximate MAXLEN per stream")
     stream_prefix: str = Field("pm", description="prefix of Redis keys")
+    # -- API, history, operations
+    api_token: SecretStr | None = Field(None, description="bearer token required by the API")
+    api_read_token: SecretStr | None = Field(None, description="bearer token allowing GET only")
+    runs_retention: float = Field(7.0, gt=0, description="days of run history kept")
+    runs_max_per_schedule: int = Field(100, ge=0, description="newest runs kept per schedule (0: none)")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus port of `manager`")
+    log_format: Literal["text", "json"] = Field("text", description="log lines as text or JSON")
+
+    @field_validator("api_token", "api_read_token", mode="before")
+    @classmethod
+    def _blank_token(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -26,7 +26,14 @@ def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
 
 
-APP_TABLES = {"periodic_jobs", "pm_managers", "pm_entries", "pm_schedule_state", "pm_outbox"}
+APP_TABLES = {
+    "periodic_jobs",
+    "pm_managers",
+    "pm_entries",
+    "pm_schedule_state",
+    "pm_outbox",
+    "pm_runs",
+}
 
 
 def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:

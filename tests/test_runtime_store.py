@@ -370,7 +370,9 @@ async def test_heartbeat_and_run_batches_are_one_statement(
         await db_store.record_runs(
             [run(str(k), s * 60, "enqueued") for s in range(10) for k in range(50)]
         )
-        assert len(statements) == 1 and "ON CONFLICT" in statements[0].upper()
+        # The state upsert, then the history rows (one executemany into pm_runs).
+        assert len(statements) == 2 and "ON CONFLICT" in statements[0].upper()
+        assert statements[1].upper().startswith("INSERT INTO PM_RUNS")
     finally:
         event.remove(db_store.engine.sync_engine, "before_cursor_execute", count)
     s = (await db_store.get_state(["49"]))["49"]

@@ -175,3 +175,28 @@ class OutboxMessage(Base):
     scheduled_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
     enqueued_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
     processed_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+
+
+class Run(Base):
+    """History: one row per slot outcome (enqueued, duplicate, skipped, failed) or manual trigger.
+
+    Written in the same transaction as ``pm_schedule_state`` by the manager's store; bounded by
+    age and by a count per schedule (see ``DatabaseRuntimeStore.prune_runs``) and deleted with its
+    schedule. ``lateness_ms`` is ``at - slot_at``.
+    """
+
+    __tablename__ = "pm_runs"
+    __table_args__ = (
+        Index("ix_pm_runs_schedule_key_slot_at", "schedule_key", "slot_at"),
+        Index("ix_pm_runs_at", "at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    schedule_key: Mapped[str] = mapped_column(String(128), nullable=False)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    slot_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    lateness_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    message_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

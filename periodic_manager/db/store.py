@@ -1,4 +1,5 @@
-"""The RuntimeStore on PostgreSQL and SQLite: ``pm_managers``, ``pm_entries``, ``pm_schedule_state``.
+"""The RuntimeStore on PostgreSQL and SQLite: ``pm_managers``, ``pm_entries``, ``pm_schedule_state``
+and the run history ``pm_runs``.
 
 Writes are shaped for a manager holding many schedules: a heartbeat updates one row, entries are
 written only when they change, and a batch of slot outcomes is folded in Python per schedule and
@@ -14,20 +15,28 @@ manager knows to register again.
 Entries go with their manager through ``ON DELETE CASCADE``; on SQLite that needs
 ``PRAGMA foreign_keys=ON``, which :func:`periodic_manager.db.engine.create_engine` sets on every
 connection. Use that function to build the engine.
+
+History (``pm_runs``): every batch of runs is also inserted there, in the same transaction as the
+state upsert (one executemany per chunk of rows). It is bounded two ways by :meth:`prune_runs`:
+rows older than ``runs_retention`` go, and each schedule written since the last prune keeps only
+its newest ``runs_per_schedule`` rows. Every DELETE is bounded (by rows or by schedule keys). The
+manager's heartbeat runs the prune, at most once per ``prune_interval`` and off the enqueue path;
+a failing prune is logged and never fails the heartbeat.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, case, delete, or_, select, update
+from sqlalchemy import RowMapping, and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.db.models import Entry, Manager, ScheduleState
+from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
 from periodic_manager.errors import NotFoundError
 from periodic_manager.registry import (
     EntryRecord,
@@ -50,6 +59,14 @@ _MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
 _ENTRY_COLS = [c.label(f"e_{c.name}") for c in Entry.__table__.c]
 # Keeps IN (...) lists well under every driver's bind-parameter limit.
 _CHUNK = 500
+# pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
+_RUNS_INSERT_CHUNK = 5000
+_PRUNE_BATCH = 5000
+_PRUNE_ROUNDS = 20
+_ERROR_MAX = 2000  # characters of an error kept in history
+_MS = timedelta(milliseconds=1)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +88,24 @@ class LiveEntry:
 class DatabaseRuntimeStore:
     """:class:`~periodic_manager.registry.RuntimeStore` backed by the schedule database."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        runs_retention: timedelta | None = timedelta(days=7),
+        runs_per_schedule: int = 100,
+        prune_interval: timedelta = timedelta(minutes=1),
+    ) -> None:
+        """``runs_retention``: history rows older than this are pruned (None: no age limit);
+        ``runs_per_schedule``: newest rows kept per schedule (0: no history is written)."""
+        if runs_per_schedule < 0:
+            raise ValueError("runs_per_schedule must be >= 0")
         self.engine = engine
+        self.runs_retention = runs_retention
+        self.runs_per_schedule = runs_per_schedule
+        self.prune_interval = prune_interval
+        self._touched: set[str] = set()  # schedule keys with history written since the last prune
+        self._next_prune_at: datetime | None = None
         dialect = engine.dialect.name
         # The two dialects' Insert share the on_conflict_do_update API but no base class.
         self._insert: Callable[[Any], Any]
@@ -113,6 +146,23 @@ class DatabaseRuntimeStore:
             result = await conn.execute(stmt)
         if result.rowcount == 0:
             raise NotFoundError(manager_id)
+        await self._maybe_prune(status.heartbeat_at)
+
+    async def _maybe_prune(self, now: datetime) -> None:
+        # The first heartbeat only sets the timer: a prune never delays a manager's start.
+        if self._next_prune_at is None:
+            self._next_prune_at = now + self.prune_interval
+            return
+        if now < self._next_prune_at:
+            return
+        self._next_prune_at = now + self.prune_interval
+        try:
+            removed = await self.prune_runs(now)
+        except Exception as exc:  # history is housekeeping: never fail the heartbeat for it
+            log.warning("pruning run history failed (retried later): %s", exc)
+            return
+        if removed:
+            log.debug("pruned %d history row(s)", removed)
 
     async def apply_entries(
         self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
@@ -157,8 +207,57 @@ class DatabaseRuntimeStore:
             updated_at[run.schedule_key] = max(run.at, updated_at.get(run.schedule_key, run.at))
         # Sorted so that concurrent writers lock rows in the same order (no deadlock).
         rows = [_state_values(deltas[k], updated_at[k]) for k in sorted(deltas)]
+        history = [_run_values(run) for run in runs] if self.runs_per_schedule else []
         async with self.engine.begin() as conn:
             await conn.execute(self._state_upsert(), rows)
+            for i in range(0, len(history), _RUNS_INSERT_CHUNK):
+                await conn.execute(insert(Run), history[i : i + _RUNS_INSERT_CHUNK])
+        if history:
+            self._touched.update(deltas)
+
+    async def prune_runs(self, now: datetime, keys: Iterable[str] | None = None) -> int:
+        """Apply the history bounds; returns the number of rows deleted.
+
+        Rows with ``at`` older than ``now - runs_retention`` are deleted in bounded batches (at
+        most ``_PRUNE_ROUNDS`` per call; the rest goes at the next call). Then every schedule in
+        ``keys`` (default: those written since the last prune) keeps its newest
+        ``runs_per_schedule`` rows, ``_CHUNK`` schedules per statement.
+        """
+        removed = 0
+        if self.runs_retention is not None:
+            cutoff = now - self.runs_retention
+            for _ in range(_PRUNE_ROUNDS):
+                old = select(Run.id).where(Run.at < cutoff).order_by(Run.at).limit(_PRUNE_BATCH)
+                async with self.engine.begin() as conn:
+                    result = await conn.execute(
+                        delete(Run).where(Run.id.in_(old.scalar_subquery()))
+                    )
+                removed += int(result.rowcount)
+                if result.rowcount < _PRUNE_BATCH:
+                    break
+        if keys is None:
+            keys, self._touched = self._touched, set()
+        for chunk in _chunks(sorted(set(keys))):
+            removed += await self._cap_runs(chunk)
+        return removed
+
+    async def _cap_runs(self, keys: Sequence[str]) -> int:
+        rank = (
+            func.row_number()
+            .over(partition_by=Run.schedule_key, order_by=(Run.slot_at.desc(), Run.id.desc()))
+            .label("rn")
+        )
+        ranked = select(Run.id, rank).where(Run.schedule_key.in_(keys)).subquery()
+        excess = select(ranked.c.id).where(ranked.c.rn > self.runs_per_schedule)
+        async with self.engine.begin() as conn:
+            result = await conn.execute(delete(Run).where(Run.id.in_(excess.scalar_subquery())))
+        return int(result.rowcount)
+
+    async def delete_runs(self, schedule_key: str) -> int:
+        """Forget a schedule's history (its row was deleted); returns the rows deleted."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(delete(Run).where(Run.schedule_key == schedule_key))
+        return int(result.rowcount)
 
     def _state_upsert(self) -> Any:
         t = ScheduleState.__table__.c
@@ -352,3 +451,23 @@ def _state_values(delta: StateRecord, updated_at: datetime) -> dict[str, Any]:
     for status, col in COUNT_COLUMNS.items():
         values[col] = delta.counts.get(status, 0)
     return values
+
+
+def _run_values(run: RunRecord) -> dict[str, Any]:
+    slot, at = run.slot, run.at
+    # Elapsed time in UTC: aware datetimes sharing one non-UTC zone subtract as wall-clock times.
+    if slot.tzinfo is not UTC:
+        slot = slot.astimezone(UTC)
+    if at.tzinfo is not UTC:
+        at = at.astimezone(UTC)
+    error = run.error[:_ERROR_MAX] if run.error is not None else None
+    return {
+        "schedule_key": run.schedule_key,
+        "name": run.name,
+        "slot_at": slot,
+        "status": run.status,
+        "at": at,
+        "lateness_ms": round((at - slot) / _MS),
+        "message_id": run.message_id[:128] if run.message_id is not None else None,
+        "error": error,
+    }

@@ -1,0 +1,151 @@
+"""Run history (pm_runs) in the database store: rows with lateness, bounds, cleanup, on both
+databases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.models import Run
+from periodic_manager.db.store import DatabaseRuntimeStore
+from periodic_manager.registry import ManagerInfo, ManagerStatus, RunRecord
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def run(
+    key: str, slot_s: float, status: Any = "enqueued", late_s: float = 0.25, **kw: Any
+) -> RunRecord:
+    return RunRecord(key, f"job.{key}", at(slot_s), status, at(slot_s + late_s), **kw)
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_engine(db_url)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+async def rows(engine: AsyncEngine, key: str | None = None) -> list[Any]:
+    stmt = select(Run).order_by(Run.schedule_key, Run.slot_at, Run.id)
+    if key is not None:
+        stmt = stmt.where(Run.schedule_key == key)
+    async with engine.connect() as conn:
+        return list((await conn.execute(stmt)).all())
+
+
+async def count(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(Run))).scalar_one())
+
+
+async def test_every_run_is_a_row_with_its_lateness(engine: AsyncEngine) -> None:
+    store = DatabaseRuntimeStore(engine)
+    await store.record_runs(
+        [
+            run("1", 60, message_id="m-1"),
+            run("1", 120, "skipped", late_s=45, error="45.000 s late"),
+            run("2", 60, "failed", late_s=0.0015, error="redis down"),
+            run("2", 120, "duplicate", message_id="m-0"),
+        ]
+    )
+    got = [
+        (r.schedule_key, r.slot_at, r.status, r.lateness_ms, r.message_id, r.error)
+        for r in await rows(engine)
+    ]
+    assert got == [
+        ("1", at(60), "enqueued", 250, "m-1", None),
+        ("1", at(120), "skipped", 45000, None, "45.000 s late"),
+        ("2", at(60), "failed", 2, None, "redis down"),
+        ("2", at(120), "duplicate", 250, "m-0", None),
+    ]
+    assert (await rows(engine))[0].at == at(60.25) and (await rows(engine))[0].name == "job.1"
+
+
+async def test_lateness_is_elapsed_time_across_a_dst_change(engine: AsyncEngine) -> None:
+    from zoneinfo import ZoneInfo
+
+    berlin = ZoneInfo("Europe/Berlin")
+    slot = datetime(2030, 3, 31, 1, 59, tzinfo=berlin)  # one minute before the clocks jump
+    done = (slot.astimezone(UTC) + timedelta(minutes=2)).astimezone(berlin)  # 04:01 local
+    await DatabaseRuntimeStore(engine).record_runs([RunRecord("1", "j", slot, "enqueued", done)])
+    assert [r.lateness_ms for r in await rows(engine)] == [120_000]
+
+
+async def test_history_off_writes_no_rows(engine: AsyncEngine) -> None:
+    await DatabaseRuntimeStore(engine, runs_per_schedule=0).record_runs([run("1", 60)])
+    assert await count(engine) == 0
+
+
+async def test_prune_keeps_the_newest_per_schedule_and_drops_old_rows(engine: AsyncEngine) -> None:
+    store = DatabaseRuntimeStore(engine, runs_retention=timedelta(days=1), runs_per_schedule=3)
+    await store.record_runs([run("a", s * 60) for s in range(10)] + [run("b", 60)])
+    await store.record_runs([run("c", -2 * 86400)])  # two days old
+    removed = await store.prune_runs(at(600))
+    assert removed == 7 + 1
+    assert [r.slot_at for r in await rows(engine, "a")] == [at(420), at(480), at(540)]
+    assert len(await rows(engine, "b")) == 1 and await rows(engine, "c") == []
+    # Nothing written since: the cap has no schedules to look at; the age bound still applies.
+    assert await store.prune_runs(at(600)) == 0
+    assert await store.prune_runs(at(86400 + 500)) == 3  # a's 420, 480 and b's 60 are past a day
+    assert [r.slot_at for r in await rows(engine)] == [at(540)]
+
+
+async def test_age_prune_is_bounded_per_call(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import periodic_manager.db.store as store_mod
+
+    monkeypatch.setattr(store_mod, "_PRUNE_BATCH", 10)
+    monkeypatch.setattr(store_mod, "_PRUNE_ROUNDS", 2)
+    store = DatabaseRuntimeStore(
+        engine, runs_retention=timedelta(seconds=1), runs_per_schedule=1000
+    )
+    await store.record_runs([run(str(k), 0) for k in range(45)])
+    assert await store.prune_runs(at(100), keys=[]) == 20
+    assert await store.prune_runs(at(100), keys=[]) == 20
+    assert await store.prune_runs(at(100), keys=[]) == 5
+    assert await count(engine) == 0
+
+
+async def test_heartbeat_prunes_at_most_once_per_interval(engine: AsyncEngine) -> None:
+    store = DatabaseRuntimeStore(
+        engine, runs_retention=timedelta(seconds=30), prune_interval=timedelta(seconds=60)
+    )
+    info = ManagerInfo("m1", "h", 1, "0", at(0))
+
+    def beat(s: float) -> ManagerStatus:
+        return ManagerStatus(at(s), True, None, None, 0)
+
+    await store.register_manager(info, beat(0))
+    await store.record_runs([run("1", 0)])
+    await store.heartbeat("m1", beat(5))  # the first heartbeat only starts the timer
+    await store.heartbeat("m1", beat(50))
+    assert await count(engine) == 1
+    await store.heartbeat("m1", beat(65))  # due: the row is 65 s old, retention 30 s
+    assert await count(engine) == 0
+
+
+async def test_delete_runs_of_one_schedule(engine: AsyncEngine) -> None:
+    store = DatabaseRuntimeStore(engine)
+    await store.record_runs([run("1", 60), run("1", 120), run("2", 60)])
+    assert await store.delete_runs("1") == 2
+    assert [r.schedule_key for r in await rows(engine)] == ["2"]
+
+
+async def test_a_burst_is_written_in_chunks(engine: AsyncEngine) -> None:
+    store = DatabaseRuntimeStore(engine, runs_per_schedule=5)
+    await store.record_runs([run(str(k), 60) for k in range(12_000)])
+    assert await count(engine) == 12_000
