@@ -23,6 +23,7 @@ from periodic_manager import __version__
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.errors import NotFoundError
+from periodic_manager.metrics import ManagerMetrics
 from periodic_manager.providers.base import ConfigProvider, RowError, StaticProvider
 from periodic_manager.registry import (
     EntryRecord,
@@ -135,6 +136,7 @@ class PeriodicTaskManager:
         self.failed: BaseException | None = None
         self._registered = False
         self._close_target = close_target
+        self.metrics = ManagerMetrics(self)  # its own registry: served by /metrics or a port
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -220,7 +222,8 @@ class PeriodicTaskManager:
     async def sync(self) -> SyncReport:
         """Read the provider once and reconcile the entries with it."""
         async with self._sync_lock:
-            return await self._sync()
+            with self.metrics.time_sync():
+                return await self._sync()
 
     async def _sync(self) -> SyncReport:
         now = self.clock.now()
@@ -318,6 +321,7 @@ class PeriodicTaskManager:
             self._registered = False
 
     async def _record_runs(self, runs: Sequence[RunRecord]) -> None:
+        self.metrics.observe_runs(runs)
         await self.store.record_runs(runs)
 
     # -- loops -------------------------------------------------------------------------------
