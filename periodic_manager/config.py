@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,6 +25,12 @@ QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
 TASK_TYPE_MAX = 200
 SPEC_MAX = 200  # the periodic_jobs.spec column
 DEFAULT_QUEUE = "default"
+# Every target a schedule may name in ``options.target``; which of them a deployment runs is its
+# settings' business (see validate_target).
+TARGET_NAMES = ("redis", "outbox", "celery", "arq")
+# skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
+# latest missed slot within the catch-up window is enqueued once.
+MISFIRE_POLICIES = ("skip", "fire_once")
 
 
 def canonical_json(value: Any) -> str:
@@ -47,9 +53,19 @@ def _check_seconds(v: Any) -> None:
         raise ValueError("must be a number of seconds > 0")
 
 
+def _check_misfire(v: Any) -> None:
+    if v not in MISFIRE_POLICIES:
+        raise ValueError(f"must be one of {', '.join(MISFIRE_POLICIES)}")
+
+
 def _check_extra(v: Any) -> None:
     if not isinstance(v, dict):
         raise ValueError("must be a JSON object")
+
+
+def _check_target(v: Any) -> None:
+    if not isinstance(v, str) or v not in TARGET_NAMES:
+        raise ValueError(f"must be one of {', '.join(TARGET_NAMES)}")
 
 
 # Known option keys and their checks. Targets read what they need; anything else is rejected so a
@@ -59,7 +75,10 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "max_retry": _check_count,
     "timeout": _check_seconds,
     "unique_ttl": _check_seconds,
+    "misfire": _check_misfire,
+    "catchup_window": _check_seconds,
     "extra": _check_extra,
+    "target": _check_target,
 }
 
 
@@ -84,6 +103,23 @@ def validate_options(options: Any) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise ConfigError("options", f"not representable as JSON: {exc}") from None
     return dict(options)
+
+
+def validate_target(options: Mapping[str, Any], configured: Collection[str] | None) -> None:
+    """Refuse a schedule whose ``options.target`` is not among the ``configured`` targets.
+
+    ``configured=None`` skips the check (code that builds configs without a deployment). The API
+    (a 422 at write time) and the manager (a row error at sync time) both use this one check.
+    """
+    name = options.get("target")
+    if configured is None or name is None or name in configured:
+        return
+    raise ConfigError(
+        "options.target",
+        f"target {name!r} is not configured here (configured: {', '.join(configured)}; "
+        "see PM_TARGET and PM_TARGETS)",
+        code="unconfigured-target",
+    )
 
 
 def validate_name(name: Any) -> str:
@@ -158,12 +194,18 @@ class PeriodicTaskConfig:
         timezone: str = "UTC",
         anchor: datetime | None = None,
         schedule_id: int | str | None = None,
+        allowed_targets: Collection[str] | None = None,
     ) -> PeriodicTaskConfig:
-        """Validate every field and return the config; raises ConfigError."""
+        """Validate every field and return the config; raises ConfigError.
+
+        ``allowed_targets``: the targets this deployment runs; ``options.target`` must name one
+        of them (None: any known target is accepted).
+        """
         validate_name(name)
         validate_task_type(task_type)
         validate_payload(payload)
         opts = validate_options(options)
+        validate_target(opts, allowed_targets)
         validate_schedule(spec, timezone, anchor)
         return cls(
             name=name,

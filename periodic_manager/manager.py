@@ -23,6 +23,7 @@ from periodic_manager import __version__
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.errors import NotFoundError
+from periodic_manager.leadership import AlwaysLeader, Leadership
 from periodic_manager.metrics import ManagerMetrics
 from periodic_manager.providers.base import ConfigProvider, RowError, StaticProvider
 from periodic_manager.registry import (
@@ -105,6 +106,8 @@ class PeriodicTaskManager:
         post_enqueue: PostEnqueueHook | None = None,
         on_error: ErrorHook | None = None,
         close_target: bool = False,
+        leadership: Leadership | None = None,
+        catchup_window: float = 3600.0,
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
@@ -121,7 +124,14 @@ class PeriodicTaskManager:
             post_enqueue=post_enqueue,
             on_error=on_error,
             on_runs=self._record_runs,
+            catchup_window=catchup_window,
         )
+        # Nothing is sent until leadership is decided (at once for AlwaysLeader).
+        self.scheduler.set_active(False)
+        self.leadership: Leadership = leadership or AlwaysLeader()
+        self.leadership.on_change = self._on_leadership
+        self._running = False
+        self._beat_now = asyncio.Event()
         self._synced: dict[str, str] = {}  # schedule key -> entry id, for entries owned by sync
         self._code: dict[str, str] = {}  # schedule key -> entry id, registered from code
         self._row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
@@ -150,14 +160,20 @@ class PeriodicTaskManager:
         except Exception as exc:
             log.warning("could not publish manager %s (will retry): %s", self.manager_id, exc)
         await self.sync()
+        await self.leadership.start()
+        self._running = True
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self._sync_loop(), "sync-loop")
         self._spawn(self._heartbeat_loop(info), "heartbeat")
-        log.info("manager %s started with %d entries", self.manager_id, len(self.scheduler))
+        log.info(
+            "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),
+            "leader" if self.is_leader else "standby",
+        )
 
     async def stop(self) -> None:
         """Stop the loops (an enqueue under way finishes first) and unpublish this manager."""
         self.scheduler.stop()
+        self._running = False
         for task in self._tasks:
             if task.get_name().endswith("scheduler"):
                 continue
@@ -166,6 +182,7 @@ class PeriodicTaskManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self.leadership.stop()
         try:
             await self.store.unregister_manager(self.manager_id)
         except Exception as exc:
@@ -188,6 +205,51 @@ class PeriodicTaskManager:
             # A supervised loop must never die quietly: say so loudly and remember it.
             self.failed = exc
             log.critical("%s died: %r", task.get_name(), exc, exc_info=exc)
+
+    # -- leadership --------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership.is_leader
+
+    def _on_leadership(self, is_leader: bool) -> None:
+        now = self.clock.now()
+        if is_leader:
+            # A standby taking over resumes within grace (the old leader may have missed those
+            # slots; the target's claim drops any it did send). A fresh start fires nothing old.
+            takeover = self._running
+            self.scheduler.set_active(True, resume_after=now - self.scheduler.grace if takeover else None)
+            log.info("manager %s leads (%s)", self.manager_id, "takeover" if takeover else "start")
+            self._spawn(self._catch_up(now, takeover=takeover), "catch-up")
+        else:
+            self.scheduler.set_active(False)
+            log.info("manager %s is standby", self.manager_id)
+        self._beat_now.set()
+
+    async def _catch_up(self, now: datetime, *, takeover: bool) -> None:
+        """misfire=fire_once: send the latest missed slot within the catch-up window, once."""
+        candidates: list[tuple[ScheduledEntry, datetime]] = []
+        for entry in self.scheduler.entries():
+            if entry.config.options.get("misfire") != "fire_once":
+                continue
+            slot = latest_slot(entry, now, self.scheduler.window(entry))
+            if slot is None or (takeover and slot > now - self.scheduler.grace):
+                continue  # nothing missed, or the normal path sends it
+            candidates.append((entry, slot))
+        if not candidates:
+            return
+        try:
+            state = await self.store.get_state([e.key for e, _ in candidates])
+        except Exception as exc:
+            # Without the state we cannot know what was sent beyond the claims' life: skip.
+            log.error("catch-up skipped, runtime state unreadable: %s", exc)
+            return
+        todo = [
+            (e, s) for e, s in candidates
+            if (st := state.get(e.key)) is None or st.last_slot_at is None or st.last_slot_at < s
+        ]
+        if todo and self.is_leader:
+            await self.scheduler.catch_up(todo)
 
     # -- code API ----------------------------------------------------------------------------
 
@@ -342,7 +404,7 @@ class PeriodicTaskManager:
     def _status(self) -> ManagerStatus:
         return ManagerStatus(
             heartbeat_at=self.clock.now(),
-            is_leader=True,
+            is_leader=self.is_leader,
             last_sync_at=self.last_sync_at,
             last_sync_error=self.last_sync_error,
             entry_count=len(self.scheduler),
@@ -350,7 +412,15 @@ class PeriodicTaskManager:
 
     async def _heartbeat_loop(self, info: ManagerInfo) -> None:
         while True:
-            await self.clock.sleep(self.heartbeat_interval)
+            sleeper = asyncio.ensure_future(self.clock.sleep(self.heartbeat_interval))
+            waker = asyncio.ensure_future(self._beat_now.wait())  # leadership changed
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
+                await asyncio.gather(sleeper, waker, return_exceptions=True)
+            self._beat_now.clear()
             async with self._beat_lock:
                 await self._beat(info)
 
@@ -378,3 +448,13 @@ class PeriodicTaskManager:
         await self.scheduler.wait_processed(instant)
         async with self._sync_lock, self._beat_lock:
             pass
+
+
+def latest_slot(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
+    """The latest slot of ``entry`` in ``[now - window, now]``, if any."""
+    found = None
+    slot = entry.schedule.next_after(now - window - timedelta(microseconds=1))
+    while slot <= now:
+        found = slot
+        slot = entry.schedule.next_after(slot)
+    return found

@@ -7,7 +7,7 @@ the same store, so ``GET /entries`` shows managers in other processes too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
@@ -106,6 +106,10 @@ class RuntimeStore(Protocol):
         """Remove the manager and its entries (clean shutdown)."""
         ...
 
+    async def get_state(self, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
+        """Stored runtime state of the given schedules (absent keys are missing)."""
+        ...
+
     async def reap(self, older_than: datetime) -> int:
         """Remove managers whose heartbeat is older than ``older_than`` (and their entries)."""
         ...
@@ -145,6 +149,9 @@ class MemoryRuntimeStore:
     async def unregister_manager(self, manager_id: str) -> None:
         self.managers.pop(manager_id, None)
         self.entries.pop(manager_id, None)
+
+    async def get_state(self, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
+        return {k: self.state[k] for k in schedule_keys if k in self.state}
 
     async def reap(self, older_than: datetime) -> int:
         dead = [m for m, (_, st) in self.managers.items() if st.heartbeat_at < older_than]

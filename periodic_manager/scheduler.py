@@ -84,6 +84,9 @@ class Scheduler:
         post_enqueue: PostEnqueueHook | None = None,
         on_error: ErrorHook | None = None,
         on_runs: RunsHook | None = None,
+        catchup_window: float = 3600.0,
+        retry_base: float = 0.2,
+        retry_max: float = 5.0,
     ) -> None:
         self.target = target
         self.clock: Clock = clock or SystemClock()
@@ -102,6 +105,12 @@ class Scheduler:
         self._processed_until: datetime | None = None
         self._sleeping_until: datetime | None = None
         self.counts: dict[str, int] = {"enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0}
+        self.catchup_window = timedelta(seconds=catchup_window)
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+        self._active = True
+        self._stop_event = asyncio.Event()
+        self._failing = 0  # consecutive failed enqueue attempts (one log line per outage)
 
     # -- entries -----------------------------------------------------------------------------
 
@@ -149,15 +158,44 @@ class Scheduler:
     async def run(self) -> None:
         """The timing loop; returns after :meth:`stop`."""
         self._stopping = False
+        self._stop_event.clear()
         while not self._stopping:
             now = self.clock.now()
-            await self._dispatch_due(now)
+            if self._active:
+                await self._dispatch_due(now)
             await self._mark_processed(now)
             await self._sleep_until_next()
 
     def stop(self) -> None:
         self._stopping = True
+        self._stop_event.set()
         self._wake.set()
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def set_active(self, active: bool, *, resume_after: datetime | None = None) -> None:
+        """Start or stop dispatching (leadership). A standby keeps its entries but sends nothing.
+
+        ``resume_after``: on a takeover, every entry restarts at its first slot after that instant
+        (typically ``now - grace``) that it has not sent itself, so slots the old leader may have
+        missed within grace are still sent (the target's claim drops those it did send).
+        """
+        if active and not self._active and resume_after is not None:
+            self._rebase(resume_after)
+        self._active = active
+        self._wake.set()
+
+    def _rebase(self, after: datetime) -> None:
+        self._heap.clear()
+        for entry in self._entries.values():
+            last = self._last_fired.get(entry.key)
+            start = max(after, last) if last is not None else after
+            entry.next_slot = entry.schedule.next_after(start)
+            entry.version = next(self._seq)
+            self._heap.append((entry.next_slot, entry.version, entry.entry_id))
+        heapq.heapify(self._heap)
 
     async def wait_processed(self, instant: datetime) -> None:
         """Wait until every slot due at or before ``instant`` has been handled (for tests)."""
@@ -177,7 +215,7 @@ class Scheduler:
 
     async def _sleep_until_next(self) -> None:
         self._drop_stale()
-        next_slot = self._heap[0][0] if self._heap else None
+        next_slot = self._heap[0][0] if self._heap and self._active else None
         if self._wake.is_set():
             self._wake.clear()
             return
@@ -259,6 +297,14 @@ class Scheduler:
         self._advance(entry, max(slot, now - self.grace))
         return RunRecord(entry.key, entry.config.name, slot, "skipped", now, error=f"{late:.3f} s late")
 
+    def window(self, entry: ScheduledEntry) -> timedelta:
+        """How long after its slot a task may still be sent: grace, or the catch-up window of a
+        ``fire_once`` schedule (targets keep their claim of the key that long)."""
+        opts = entry.config.options
+        if opts.get("misfire") == "fire_once":
+            return max(self.grace, timedelta(seconds=opts.get("catchup_window", self.catchup_window.total_seconds())))
+        return self.grace
+
     def _task(self, entry: ScheduledEntry, slot: datetime) -> Task:
         cfg = entry.config
         key = idempotency_key(cfg.name, slot)
@@ -271,40 +317,103 @@ class Scheduler:
             options=cfg.options,
             idempotency_key=key,
             scheduled_at=slot,
-            expires_at=slot + self.grace,
+            expires_at=slot + self.window(entry),
             schedule_id=cfg.schedule_id,
         )
 
-    async def _enqueue_batch(self, slot: datetime, entries: list[ScheduledEntry], now: datetime) -> None:
+    async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
+        """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""
+        by_slot: dict[datetime, list[ScheduledEntry]] = {}
+        for entry, slot in items:
+            by_slot.setdefault(slot, []).append(entry)
+        for slot in sorted(by_slot):
+            entries = by_slot[slot]
+            log.info(
+                "catching up %d missed slot(s) due %s", len(entries), slot.isoformat(),
+                extra={"slot": slot.isoformat(), "batch": len(entries)},
+            )
+            await self._enqueue_batch(slot, entries, self.clock.now(), advance=False)
+
+    async def _enqueue_batch(
+        self, slot: datetime, entries: list[ScheduledEntry], now: datetime, *, advance: bool = True
+    ) -> None:
         tasks = [self._task(e, slot) for e in entries]
         for entry in entries:
             self._last_fired[entry.key] = max(slot, self._last_fired.get(entry.key, slot))
-            entry.prev_slot = slot
-            self._advance(entry, slot)
-        runs: list[RunRecord]
+            if advance:
+                entry.prev_slot = slot
+                self._advance(entry, slot)
         try:
             await _call(self.pre_enqueue, tasks)
-            results = await self.target.enqueue(tasks, now)
+            results = await self._send(tasks, slot)
         except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
-            log.error(
-                "enqueue of %d task(s) due %s failed: %s", len(tasks), slot.isoformat(), exc,
-                extra={"slot": slot.isoformat(), "batch": len(tasks)},
-            )
+            at = self.clock.now()
             for entry in entries:
                 entry.last_error = str(exc)
             self.counts["failed"] += len(tasks)
+            log.error(
+                "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,
+                extra={"slot": slot.isoformat(), "batch": len(tasks)},
+            )
             await self._safe_hook(self.on_error, exc, tasks)
-            runs = [RunRecord(e.key, e.config.name, slot, "failed", now, error=str(exc)) for e in entries]
-        else:
-            runs = []
-            for entry, res in zip(entries, results, strict=True):
-                entry.last_error = None
-                entry.counts[res.status] = entry.counts.get(res.status, 0) + 1
-                self.counts[res.status] += 1
-                runs.append(RunRecord(entry.key, entry.config.name, slot, res.status, now, res.message_id))
-            log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
-            await self._safe_hook(self.post_enqueue, results)
+            await self._report([RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries])
+            return
+        runs: list[RunRecord] = []
+        at = self.clock.now()
+        for entry, res in zip(entries, results, strict=True):
+            if advance:
+                entry.prev_slot = slot
+            entry.last_error = None
+            entry.counts[res.status] = entry.counts.get(res.status, 0) + 1
+            self.counts[res.status] += 1
+            runs.append(RunRecord(entry.key, entry.config.name, slot, res.status, at, res.message_id))
+        log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
+        await self._safe_hook(self.post_enqueue, results)
         await self._report(runs)
+
+    async def _send(self, tasks: list[Task], slot: datetime) -> list[EnqueueResult]:
+        """Enqueue, retrying with capped exponential backoff while the batch may still be sent.
+
+        Gives up (re-raising) once the next attempt would fall after the batch's deadline, on
+        shutdown, or when leadership is lost. Logs once per outage, not once per attempt.
+        """
+        deadline = min(t.expires_at for t in tasks)
+        attempt = 0
+        while True:
+            try:
+                results = await self.target.enqueue(tasks, self.clock.now())
+            except Exception as exc:
+                attempt += 1
+                self._failing += 1
+                if self._failing == 1:
+                    log.error(
+                        "enqueue failed, retrying while slots are within grace: %s", exc,
+                        extra={"slot": slot.isoformat(), "batch": len(tasks)},
+                    )
+                delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
+                if self._stopping or not self._active or self.clock.now() + timedelta(seconds=delay) > deadline:
+                    raise
+                await self._backoff(delay)
+                continue
+            if self._failing:
+                log.warning("target recovered after %d failed attempt(s)", self._failing)
+                self._failing = 0
+            return results
+
+    async def _backoff(self, delay: float) -> None:
+        """Sleep ``delay`` on the clock, cut short by :meth:`stop`."""
+        async with self._state:
+            self._sleeping_until = self.clock.now() + timedelta(seconds=delay)
+            self._state.notify_all()
+        sleeper = asyncio.ensure_future(self.clock.sleep(delay))
+        stopper = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (sleeper, stopper):
+                fut.cancel()
+            await asyncio.gather(sleeper, stopper, return_exceptions=True)
+            self._sleeping_until = None
 
     async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
         try:

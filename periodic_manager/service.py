@@ -7,7 +7,9 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import Clock
+from periodic_manager.db.engine import is_sqlite, normalize_url
 from periodic_manager.db.store import DatabaseRuntimeStore
+from periodic_manager.leadership import AlwaysLeader, Leadership, PostgresLeadership
 from periodic_manager.manager import PeriodicTaskManager
 from periodic_manager.providers.database import DatabaseProvider
 from periodic_manager.settings import Settings
@@ -44,4 +46,23 @@ def build_manager(
             runs_per_schedule=settings.runs_max_per_schedule,
         ),
         close_target=target is None,
+        leadership=build_leadership(settings, clock),
+        catchup_window=settings.catchup_window,
+    )
+
+
+def build_leadership(settings: Settings, clock: Clock | None = None) -> Leadership:
+    """Advisory-lock leader election on PostgreSQL (unless disabled); always leader otherwise."""
+    election = settings.leader_election
+    if election is None:
+        election = not is_sqlite(settings.database_url)
+    if not election:
+        return AlwaysLeader()
+    if is_sqlite(settings.database_url):
+        raise ValueError("leader election needs PostgreSQL; run one manager on SQLite")
+    return PostgresLeadership(
+        normalize_url(settings.database_url),
+        clock=clock,
+        poll_interval=settings.leader_poll_interval,
+        timeout=settings.leader_timeout,
     )

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import importlib.util
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
+TargetName = Literal["redis", "outbox", "celery", "arq"]
+# Targets that need an optional extra: target -> (module to import, extra to install).
+TARGET_EXTRAS = {"celery": ("celery", "celery"), "arq": ("arq", "arq")}
 
 
 class Settings(BaseSettings):
@@ -17,10 +21,25 @@ class Settings(BaseSettings):
 
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL of the schedule database")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for the redis target")
-    target: Literal["redis", "outbox"] = Field("outbox", description="where due slots are enqueued")
+    target: TargetName = Field("outbox", description="default target: where due slots are enqueued")
+    targets: Annotated[tuple[TargetName, ...], NoDecode] = Field(
+        (), description="more targets to run beside the default (comma-separated in PM_TARGETS)"
+    )
+    celery_broker_url: str | None = Field(None, description="Celery broker URL (default: redis_url)")
+    arq_redis_url: str | None = Field(None, description="Redis URL of the arq queues (default: redis_url)")
     sync_interval: float = Field(30.0, gt=0, description="seconds between syncs of periodic_jobs")
     grace: float = Field(30.0, ge=0, description="seconds a slot may be late and still be enqueued")
     heartbeat_interval: float = Field(5.0, gt=0, description="seconds between manager heartbeats")
+    leader_election: bool | None = Field(
+        None, description="one leader among managers (default: on for PostgreSQL, off for SQLite)"
+    )
+    leader_poll_interval: float = Field(1.0, gt=0, description="seconds between leadership tries/checks")
+    leader_timeout: float = Field(
+        3.0, gt=0, description="a silent leader's session ends after this; takeover <= timeout + poll"
+    )
+    catchup_window: float = Field(
+        3600.0, gt=0, description="default window of misfire=fire_once catch-up, seconds"
+    )
     host: str = Field("127.0.0.1", description="API bind address")
     port: int = Field(8000, ge=0, le=65535, description="API port")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO")
@@ -57,3 +76,30 @@ class Settings(BaseSettings):
         if backend not in ("postgresql", "sqlite"):
             raise ValueError(f"unsupported database {backend!r}: use postgresql or sqlite")
         return v
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _split_targets(cls, v: object) -> object:
+        if isinstance(v, str):
+            return tuple(name.strip().lower() for name in v.split(",") if name.strip())
+        return v
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _lower_target(cls, v: object) -> object:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("target", "targets")
+    @classmethod
+    def _extras_installed(cls, v: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        for name in (v,) if isinstance(v, str) else v:
+            module, extra = TARGET_EXTRAS.get(name, (None, None))
+            if module is not None and importlib.util.find_spec(module) is None:
+                raise ValueError(
+                    f"the {name} target needs {module}: pip install 'periodic-manager[{extra}]'"
+                )
+        return v
+
+    def configured_targets(self) -> tuple[str, ...]:
+        """The targets this deployment runs: the default first, then ``targets`` (no repeats)."""
+        return tuple(dict.fromkeys((self.target, *self.targets)))

@@ -15,6 +15,7 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.frozen = False  # blackhole: connections stay open, bytes are dropped (half-open peer)
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
@@ -36,6 +37,13 @@ class TcpProxy:
     async def restore(self) -> None:
         await self.start()
 
+    def freeze(self) -> None:
+        """Keep every connection open but forward nothing: a peer that accepts and never answers."""
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.frozen = False
+
     async def close(self) -> None:
         await self.cut()
 
@@ -46,8 +54,8 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers.update((writer, up_writer))
-        a = asyncio.ensure_future(self._pipe(reader, up_writer))
-        b = asyncio.ensure_future(self._pipe(up_reader, writer))
+        a = asyncio.ensure_future(self._pipe(reader, up_writer, self))
+        b = asyncio.ensure_future(self._pipe(up_reader, writer, self))
         self._pipes.update((a, b))
         try:
             await asyncio.gather(a, b, return_exceptions=True)
@@ -58,10 +66,15 @@ class TcpProxy:
                 w.transport.abort()
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, proxy: TcpProxy) -> None:
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             while data := await reader.read(65536):
+                if proxy.frozen:
+                    continue
                 writer.write(data)
                 await writer.drain()
+            # A frozen link does not pass a close on either: the far end keeps a half-open socket.
+            while proxy.frozen:
+                await asyncio.sleep(0.05)
         with contextlib.suppress(Exception):
             writer.transport.abort()

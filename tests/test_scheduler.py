@@ -121,19 +121,51 @@ async def test_replaced_entry_starts_after_the_last_fired_slot(rig) -> None:
     assert target.slots("a") == [T0 + timedelta(seconds=s) for s in (10, 15, 20)]
 
 
-async def test_target_failure_is_reported_and_the_schedule_goes_on(rig) -> None:
+async def test_target_outage_within_grace_is_retried_and_logged_once(rig, caplog: pytest.LogCaptureFixture) -> None:
     sched, clock, target = rig
     errors: list[BaseException] = []
     sched.on_error = lambda exc, tasks: errors.append(exc)
     sched.register(cfg("a", "@every 10s"))
     target.fail_with = "redis down"
-    await advance(sched, clock, 10)
+    await advance(sched, clock, 20)  # slot 10 retried with backoff; slot 20 waits behind it
     target.fail_with = None
-    await advance(sched, clock, 10)
+    await advance(sched, clock, 5)  # the next attempt comes within the capped backoff (5 s)
+    assert target.slots("a") == [T0 + timedelta(seconds=10), T0 + timedelta(seconds=20)]
+    assert errors == []  # nothing was given up
+    assert len([r for r in caplog.records if "enqueue failed" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "recovered" in r.getMessage()]) == 1
+    assert len(target.batches) == 2  # failed attempts never reached the target's state
+
+
+async def test_target_outage_beyond_grace_fails_the_slot_and_the_schedule_goes_on(rig) -> None:
+    sched, clock, target = rig
+    errors: list[BaseException] = []
+    sched.on_error = lambda exc, tasks: errors.append(exc)
+    sched.register(cfg("a", "@every 60s"))
+    target.fail_with = "redis down"
+    await advance(sched, clock, 100)  # slot 60 retried until 90 (grace 30), then failed
+    target.fail_with = None
+    await advance(sched, clock, 30)
     assert len(errors) == 1 and "redis down" in str(errors[0])
-    assert target.slots("a") == [T0 + timedelta(seconds=20)]
+    assert target.slots("a") == [T0 + timedelta(seconds=120)]
     statuses = [(r.slot, r.status) for r in sched.runs]  # type: ignore[attr-defined]
-    assert statuses == [(T0 + timedelta(seconds=10), "failed"), (T0 + timedelta(seconds=20), "enqueued")]
+    assert statuses == [(T0 + timedelta(seconds=60), "failed"), (T0 + timedelta(seconds=120), "enqueued")]
+    # Backoff is capped and bounded: no busy loop while the target was down.
+    assert sched.retry_max == 5.0
+
+
+async def test_inactive_scheduler_sends_nothing_and_a_takeover_resumes_within_grace(rig) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("a", "@every 10s"))
+    sched.set_active(False)  # standby
+    await advance(sched, clock, 45)
+    assert target.slots("a") == []
+    sched.set_active(True, resume_after=clock.now() - timedelta(seconds=30))
+    await advance(sched, clock, 0)
+    # Slots within grace of the takeover (20, 30, 40) are sent; 10 is older than grace.
+    assert target.slots("a") == [T0 + timedelta(seconds=s) for s in (20, 30, 40)]
+    await advance(sched, clock, 10)
+    assert target.slots("a")[-1] == T0 + timedelta(seconds=50)
 
 
 async def test_hooks_see_the_batch_before_and_the_results_after(rig) -> None:

@@ -1,0 +1,169 @@
+"""Leadership: at most one manager schedules at a time; the others wait as hot standbys.
+
+:class:`PostgresLeadership` holds a session-level advisory lock on a dedicated connection (never a
+pooled one: the lock belongs to the session). Standbys try to take the lock every
+``poll_interval``; the leader proves it still holds it with a round trip every ``poll_interval``.
+
+Bounds (defaults: poll 1 s, timeout 3 s):
+
+* the leader process dies: the server ends its session at once, the lock is free, a standby
+  takes it at its next try: takeover <= ``poll_interval`` (+ connect time);
+* the leader is cut off (network, half-open connection): the server ends the silent session after
+  ``timeout`` (``idle_session_timeout``, plus TCP keepalives) and a standby takes over
+  <= ``timeout + poll_interval`` later. The cut-off leader stops enqueueing as soon as a check fails
+  or takes longer than ``timeout - poll_interval`` — before the server can free the lock, since its
+  last successful check was at most ``poll_interval`` earlier. It never enqueues on a lock it may
+  have lost; the per-slot claim of the target is the second line of defence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from periodic_manager.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+ChangeCallback = Callable[[bool], Awaitable[None] | None]
+
+
+def lock_key(name: str) -> int:
+    """A signed 64-bit advisory-lock key derived from ``name``."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+class Leadership(Protocol):
+    """Decides whether this manager may enqueue. ``on_change(is_leader)`` is called on every change."""
+
+    is_leader: bool
+    on_change: ChangeCallback | None
+
+    async def start(self) -> None:
+        """Begin campaigning (returns at once; the first attempt has been made)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop campaigning and release leadership."""
+        ...
+
+
+class AlwaysLeader:
+    """Single-manager deployments (SQLite, tests): always the leader."""
+
+    def __init__(self) -> None:
+        self.is_leader = False
+        self.on_change: ChangeCallback | None = None
+
+    async def start(self) -> None:
+        await self._set(True)
+
+    async def stop(self) -> None:
+        await self._set(False)
+
+    async def _set(self, value: bool) -> None:
+        self.is_leader = value
+        if self.on_change is not None:
+            result = self.on_change(value)
+            if asyncio.iscoroutine(result):
+                await result
+
+
+class PostgresLeadership(AlwaysLeader):
+    """Leader election with ``pg_try_advisory_lock`` on a dedicated asyncpg connection."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str = "periodic_manager:leader",
+        clock: Clock | None = None,
+        poll_interval: float = 1.0,
+        timeout: float = 3.0,
+    ) -> None:
+        super().__init__()
+        if timeout <= poll_interval:
+            raise ValueError("leader timeout must be longer than the poll interval")
+        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
+        self.key = lock_key(name)
+        self.clock: Clock = clock or SystemClock()
+        self.poll_interval = poll_interval
+        self.timeout = timeout
+        self._conn: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_error: str | None = None
+
+    async def start(self) -> None:
+        await self._attempt()
+        self._task = asyncio.ensure_future(self._loop())
+        self._task.set_name("periodic-manager-leadership")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                # Closing the session releases the lock; a standby takes over at its next try.
+                await asyncio.wait_for(self._conn.close(), self.poll_interval)
+            self._drop_connection()
+        await self._set(False)
+
+    async def _loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.poll_interval)
+            await self._attempt()
+
+    async def _attempt(self) -> None:
+        # A check must answer well before the server could free the lock of a silent session.
+        budget = self.timeout - self.poll_interval
+        try:
+            await asyncio.wait_for(self._check_or_acquire(), budget)
+        except Exception as exc:  # noqa: BLE001 - any failure means: leadership not proven
+            msg = f"{type(exc).__name__}: {exc}"
+            if msg != self._last_error:
+                log.warning("leadership check failed: %s", msg)
+            self._last_error = msg
+            self._drop_connection()
+            if self.is_leader:
+                log.error("lost leadership (cannot prove it): enqueueing stops")
+                await self._set(False)
+            return
+        self._last_error = None
+
+    async def _check_or_acquire(self) -> None:
+        import asyncpg
+
+        if self._conn is None:
+            ms = int(self.timeout * 1000)
+            self._conn = await asyncpg.connect(
+                self.dsn,
+                timeout=self.timeout,
+                server_settings={
+                    "application_name": "periodic_manager leader",
+                    # The server ends our session (and frees the lock) when we go silent.
+                    "idle_session_timeout": str(ms),
+                    "tcp_keepalives_idle": str(max(1, int(self.timeout / 3))),
+                    "tcp_keepalives_interval": "1",
+                    "tcp_keepalives_count": "2",
+                },
+            )
+        if self.is_leader:
+            # A session-level lock lasts as long as the session: a round trip proves both.
+            await self._conn.fetchval("SELECT 1")
+            return
+        if await self._conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", self.key):
+            log.info("became leader")
+            await self._set(True)
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.terminate()
+            self._conn = None
