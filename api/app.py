@@ -3,19 +3,30 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import periodic_manager
+from api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
 from api.deps import ManagerLike
-from api.errors import install_error_handlers
-from api.routes import entries, health, schedules
+from api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
+from api.routes import cron, entries, health, managers, runs, schedules
+from api.schemas import Problem
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings
+
+DESCRIPTION = (
+    "Edit periodic schedules (rows of `periodic_jobs`) and inspect what running managers "
+    "registered. Errors are RFC 9457 problem details (`application/problem+json`)."
+)
 
 
 def create_app(
@@ -35,6 +46,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warn_if_exposed(settings)
         async with AsyncExitStack() as stack:
             eng = engine
             if eng is None:
@@ -43,6 +55,9 @@ def create_app(
             app.state.engine = eng
             app.state.sessionmaker = sessionmaker(eng)
             app.state.manager = None
+            app.state.trigger_target = None
+            app.state.target_lock = asyncio.Lock()
+            stack.push_async_callback(_close_trigger_target, app)
             if manager_factory is not None:
                 manager = manager_factory(eng)
                 await manager.start()
@@ -53,13 +68,58 @@ def create_app(
     app = FastAPI(
         title="periodic_manager",
         version=periodic_manager.__version__,
-        description="Edit periodic schedules (rows of `periodic_jobs`) and inspect what running managers registered.",
+        description=DESCRIPTION,
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.clock = clock if clock is not None else SystemClock()
     install_error_handlers(app)
-    app.include_router(schedules.router)
-    app.include_router(entries.router)
-    app.include_router(health.router)
+    app.add_middleware(BearerAuth, settings=settings)
+    for module in (schedules, runs, entries, managers, cron, health):
+        app.include_router(module.router)
+    app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
+
+
+async def _close_trigger_target(app: FastAPI) -> None:
+    target = getattr(app.state, "trigger_target", None)
+    if target is not None:
+        app.state.trigger_target = None
+        await target.close()
+
+
+def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """FastAPI's document, with every 4xx/5xx declared as a problem (and 401/403 everywhere a
+    token may be asked for)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(problem.pop("$defs", {}))
+    schemas["Problem"] = problem
+    content = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    auth = settings.api_token is not None or settings.api_read_token is not None
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            if path not in OPEN_PATHS:
+                responses.setdefault("401", {"description": "Missing or invalid bearer token"})
+                responses.setdefault("403", {"description": "The read-only token cannot write"})
+            for code, response in responses.items():
+                if code[0] in "45":
+                    response["content"] = content
+                    response.setdefault("description", HTTPStatus(int(code)).phrase)
+                    if code == "422":
+                        response["description"] = "Invalid input; `errors` names each field"
+            if auth and path not in OPEN_PATHS:
+                operation["security"] = [{"bearer": []}]
+    if auth:
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    app.openapi_schema = schema
+    return schema

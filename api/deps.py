@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.clock import Clock
 from periodic_manager.settings import Settings
+from periodic_manager.targets.base import Target
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,9 @@ class ManagerLike(Protocol):
     def request_sync(self) -> None:
         """Ask for a sync soon, without waiting for it (called after every successful write)."""
         ...
+
+    # Optional, read with getattr: ``target`` (used by manual triggers), ``metrics`` (served by
+    # /metrics), ``is_leader`` and ``failed`` (reported by /readyz).
 
 
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
@@ -65,3 +69,20 @@ def notify_manager(request: Request) -> None:
         manager.request_sync()
     except Exception:
         log.exception("request_sync failed; the change is picked up by the next periodic sync")
+
+
+async def get_target(request: Request) -> Target:
+    """Where manual triggers go: the in-process manager's target, else one built from the
+    settings on first use (closed at shutdown)."""
+    state = request.app.state
+    manager = getattr(state, "manager", None)
+    target: Target | None = getattr(manager, "target", None)
+    if target is not None:
+        return target
+    async with state.target_lock:
+        if state.trigger_target is None:
+            from periodic_manager.service import build_target
+
+            state.trigger_target = build_target(state.settings, state.engine)
+        built: Target = state.trigger_target
+        return built

@@ -1,25 +1,40 @@
-"""Every error the API returns, mapped in one place.
+"""Every error the API returns, mapped in one place, as RFC 9457 problem details.
 
-422 bodies share one shape whether FastAPI's own validation or the domain's ConfigError found
-the problem: ``{"detail": [{"loc": ["body", ...], "msg": str, "type": str}]}``.
+Every 4xx/5xx body is ``application/problem+json``::
+
+    {"type": "urn:periodic-manager:problem:validation-error", "title": "Unprocessable Content",
+     "status": 422, "detail": "1 invalid field",
+     "errors": [{"location": "body", "field": "spec", "reason": "...", "code": "never-fires"}]}
+
+``errors`` (validation errors and name conflicts only) names each field: ``location`` is where it
+was (body, query, path, header), ``field`` the dotted path inside it (``options.queue``; null when
+the whole location is at fault, e.g. a body that is not JSON), ``reason`` why, ``code`` a
+machine-readable kind. ``type`` is a URN per kind of problem, or ``about:blank`` when the HTTP
+status says it all (RFC 9457 section 4.2.1).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from periodic_manager.errors import ConfigError, NotFoundError, PeriodicManagerError
 
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+URN = "urn:periodic-manager:problem:"
+
 
 class ScheduleNotFound(NotFoundError):
-    """No schedule row with this id."""
+    """No schedule row with this id (or name)."""
 
     def __str__(self) -> str:
         return f"schedule {self.key} not found"
@@ -33,44 +48,112 @@ class NameConflict(PeriodicManagerError):
         self.name = name
 
 
-def error_item(loc: list[str | int], msg: str, type_: str) -> dict[str, Any]:
-    return {"loc": loc, "msg": msg, "type": type_}
+class ApiProblem(PeriodicManagerError):
+    """An error with its HTTP status and problem type, raised by routes and middleware."""
+
+    def __init__(
+        self,
+        status: int,
+        slug: str | None,
+        detail: str | None = None,
+        *,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail or HTTPStatus(status).phrase)
+        self.status = status
+        self.slug = slug
+        self.detail = detail
+        self.errors = errors
+        self.headers = headers
+        self.extra = extra or {}
 
 
-def _json_safe_loc(loc: Any) -> list[str | int]:
-    return [p if isinstance(p, str | int) else str(p) for p in loc]
+def error_item(location: str, field: str | None, reason: str, code: str) -> dict[str, Any]:
+    return {"location": location, "field": field, "reason": reason, "code": code}
 
 
-def config_error_item(exc: ConfigError) -> dict[str, Any]:
-    loc: list[str | int] = ["body", *exc.field.split(".")]
-    return error_item(loc, exc.reason, exc.code)
+def problem_body(
+    status: int,
+    slug: str | None,
+    detail: str | None = None,
+    errors: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": URN + slug if slug else "about:blank",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+    }
+    if detail is not None:
+        body["detail"] = detail
+    if errors is not None:
+        body["errors"] = errors
+    body.update(extra)
+    return body
+
+
+def problem_response(
+    status: int,
+    slug: str | None,
+    detail: str | None = None,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    return JSONResponse(
+        problem_body(status, slug, detail, errors, **extra),
+        status_code=status,
+        headers=headers,
+        media_type=PROBLEM_MEDIA_TYPE,
+    )
+
+
+def validation_response(errors: list[dict[str, Any]]) -> JSONResponse:
+    n = len(errors)
+    detail = f"{n} invalid field" + ("s" if n != 1 else "")
+    return problem_response(422, "validation-error", detail, errors)
+
+
+def config_error_item(exc: ConfigError, location: str = "body") -> dict[str, Any]:
+    return error_item(location, exc.field, exc.reason, exc.code)
+
+
+def _item_from_pydantic(err: Any) -> dict[str, Any]:
+    loc = [p if isinstance(p, str | int) else str(p) for p in err.get("loc", ())]
+    location = str(loc[0]) if loc else "body"
+    field = ".".join(str(p) for p in loc[1:]) or None
+    # Only loc/msg/type: pydantic's "input"/"ctx" may echo values that are not JSON-safe.
+    return error_item(location, field, str(err.get("msg", "")), str(err.get("type", "")))
 
 
 async def _on_config_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ConfigError)
-    return JSONResponse({"detail": [config_error_item(exc)]}, status_code=422)
+    return validation_response([config_error_item(exc)])
 
 
 async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    # Only loc/msg/type: FastAPI's "input"/"ctx" may echo values that are not JSON-safe.
-    items = [
-        error_item(_json_safe_loc(e.get("loc", ())), str(e.get("msg", "")), str(e.get("type", "")))
-        for e in exc.errors()
-    ]
-    return JSONResponse({"detail": items}, status_code=422)
+    return validation_response([_item_from_pydantic(e) for e in exc.errors()])
 
 
 async def _on_not_found(_: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=404)
+    return problem_response(404, "not-found", str(exc))
 
 
 async def _on_conflict(_: Request, exc: Exception) -> JSONResponse:
-    item = error_item(["body", "name"], str(exc), "conflict")
-    return JSONResponse({"detail": [item]}, status_code=409)
+    assert isinstance(exc, NameConflict)
+    item = error_item("body", "name", str(exc), "conflict")
+    return problem_response(409, "name-conflict", str(exc), [item])
 
 
-async def _on_http_error(request: Request, exc: Exception) -> Any:
+async def _on_api_problem(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiProblem)
+    return problem_response(exc.status, exc.slug, exc.detail, exc.errors, exc.headers, **exc.extra)
+
+
+async def _on_http_error(_: Request, exc: Exception) -> Any:
     assert isinstance(exc, StarletteHTTPException)
     # FastAPI turns body-decoding failures other than JSONDecodeError (invalid UTF-8, integers
     # beyond Python's digit limit, nesting beyond the recursion limit) into a bare 400. They are
@@ -79,10 +162,16 @@ async def _on_http_error(request: Request, exc: Exception) -> Any:
         reason = "JSON decode error"
         if not isinstance(exc.__cause__, json.JSONDecodeError):
             reason = f"JSON decode error: {type(exc.__cause__).__name__}"
-        return JSONResponse(
-            {"detail": [error_item(["body"], reason, "json_invalid")]}, status_code=422
-        )
-    return await http_exception_handler(request, exc)
+        return validation_response([error_item("body", None, reason, "json_invalid")])
+    detail = exc.detail if isinstance(exc.detail, str) else None
+    if detail == HTTPStatus(exc.status_code).phrase:
+        detail = None
+    return problem_response(exc.status_code, None, detail, headers=exc.headers)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return problem_response(500, None, "unexpected error; see the server log")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -90,4 +179,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ConfigError, _on_config_error)
     app.add_exception_handler(NotFoundError, _on_not_found)
     app.add_exception_handler(NameConflict, _on_conflict)
+    app.add_exception_handler(ApiProblem, _on_api_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -160,15 +160,91 @@ class Health(BaseModel):
     status: str = "ok"
 
 
-class NotFoundBody(BaseModel):
-    detail: str = Field(examples=["schedule 12 not found"])
+class ProblemError(BaseModel):
+    location: str = Field(description="body, query, path or header", examples=["body"])
+    field: str | None = Field(
+        description="dotted path inside the location; null when all of it is at fault",
+        examples=["options.queue"],
+    )
+    reason: str = Field(examples=["unknown option (known: extra, max_retry, queue, ...)"])
+    code: str = Field(description="machine-readable kind", examples=["value_error", "never-fires"])
 
 
-class ErrorItem(BaseModel):
-    loc: list[str | int]
-    msg: str
-    type: str
+class Problem(BaseModel):
+    """RFC 9457 problem details; every 4xx/5xx body has this shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(examples=["urn:periodic-manager:problem:validation-error", "about:blank"])
+    title: str = Field(examples=["Unprocessable Content"])
+    status: int = Field(examples=[422])
+    detail: str | None = Field(None, examples=["1 invalid field"])
+    errors: list[ProblemError] | None = Field(
+        None, description="each invalid field (validation errors and name conflicts)"
+    )
+    checks: dict[str, str] | None = Field(None, description="readiness checks (GET /readyz)")
 
 
-class ErrorBody(BaseModel):
-    detail: list[ErrorItem]
+class RunOut(BaseModel):
+    id: int
+    slot_at: datetime = Field(description="the slot (for a manual trigger: when it was asked)")
+    status: str = Field(examples=["enqueued", "duplicate", "skipped", "failed", "triggered"])
+    at: datetime = Field(description="when the manager (or the API) handled it")
+    lateness_ms: int = Field(description="at - slot_at, in milliseconds")
+    message_id: str | None
+    error: str | None
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class TriggerResult(BaseModel):
+    task_id: str
+    idempotency_key: str = Field(
+        examples=["reports.daily:trigger:2026-03-01T12:00:30Z:4f1c2a9be0d1"]
+    )
+    message_id: str | None
+    status: str = Field(examples=["enqueued"])
+    queue: str
+    enqueued_at: datetime
+
+
+class ManagerOut(BaseModel):
+    manager_id: str
+    hostname: str
+    pid: int
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float = Field(description="seconds since the last heartbeat")
+    is_leader: bool
+    last_sync_at: datetime | None
+    last_sync_error: str | None
+    entry_count: int
+
+
+class ManagerList(BaseModel):
+    items: list[ManagerOut]
+
+
+class Slot(BaseModel):
+    at: datetime = Field(description="UTC")
+    local: str = Field(description="the same instant in the zone, ISO 8601 with its offset")
+
+
+class CronPreview(BaseModel):
+    spec: str
+    timezone: str
+    description: str | None = Field(
+        description="in English; null where the describing library would misstate our dialect"
+    )
+    next: list[Slot]
+
+
+class Readiness(BaseModel):
+    status: str = Field(examples=["ready"])
+    checks: dict[str, str] = Field(examples=[{"database": "ok", "manager": "leader"}])

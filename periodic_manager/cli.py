@@ -1,4 +1,5 @@
-"""The ``periodic-manager`` command: run (API + manager), manager, api, migrate.
+"""The ``periodic-manager`` command: run (API + manager), manager, api, migrate, next, import,
+export.
 
 Settings come from ``PM_*`` environment variables; flags override them. A bad setting prints one
 readable line and exits with status 2.
@@ -12,6 +13,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -30,6 +32,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--host": ("host", "API bind address (PM_HOST)"),
     "--port": ("port", "API port (PM_PORT)"),
     "--log-level": ("log_level", "DEBUG, INFO, WARNING, ERROR (PM_LOG_LEVEL)"),
+    "--log-format": ("log_format", "text or json (PM_LOG_FORMAT)"),
 }
 
 
@@ -50,6 +53,19 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("manager", parents=[common], help="the manager alone")
     sub.add_parser("api", parents=[common], help="the API alone")
     sub.add_parser("migrate", parents=[common], help="upgrade the database schema to head")
+    nxt = sub.add_parser("next", help="print the next slots of a spec (UTC and local)")
+    nxt.add_argument("spec", help='cron expression, macro or "@every 90s"')
+    nxt.add_argument("--tz", default="UTC", help="IANA zone (default UTC)")
+    nxt.add_argument("-n", type=int, default=5, help="how many slots (default 5)")
+    nxt.add_argument("--anchor", default=None, help="phase of @every (ISO 8601 with offset)")
+    nxt.add_argument("--describe", action="store_true", help="first print a description")
+    imp = sub.add_parser("import", parents=[common], help="upsert schedules from a file by name")
+    imp.add_argument("file", help="JSON, YAML or TOML list of schedules ('-' reads stdin)")
+    imp.add_argument("--format", choices=("json", "yaml", "toml"), default=None)
+    imp.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    imp.add_argument("--prune", action="store_true", help="delete schedules not in the file")
+    exp = sub.add_parser("export", parents=[common], help="print every schedule as a file")
+    exp.add_argument("--format", choices=("json", "yaml", "toml"), default="json")
     return parser
 
 
@@ -65,12 +81,10 @@ def load_settings(args: argparse.Namespace) -> Settings:
         raise UsageError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    if level != "DEBUG":
-        logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per revision is noise
+def _configure_logging(level: str, fmt: str = "text") -> None:
+    from periodic_manager.logs import configure
+
+    configure(level, fmt)
 
 
 def _migrate(settings: Settings) -> None:
@@ -87,7 +101,11 @@ def _serve(settings: Settings, *, with_manager: bool) -> None:
 
     factory = (lambda engine: build_manager(settings, engine)) if with_manager else None
     app = create_app(settings, manager_factory=factory)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    # JSON logs: uvicorn's loggers propagate to the root handler instead of using its own format.
+    extra: dict[str, Any] = {"log_config": None} if settings.log_format == "json" else {}
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), **extra
+    )
     uvicorn.Server(config).run()
 
 
@@ -97,6 +115,13 @@ async def _run_manager(settings: Settings) -> int:
 
     engine = create_engine(settings.database_url)
     manager = build_manager(settings, engine)
+    metrics_server = None
+    if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        metrics_server, _ = start_http_server(
+            settings.metrics_port, addr=settings.host, registry=manager.metrics.registry
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -111,19 +136,29 @@ async def _run_manager(settings: Settings) -> int:
     finally:
         await manager.stop()
         await engine.dispose()
+        if metrics_server is not None:
+            metrics_server.shutdown()
     return 1 if manager.failed is not None else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    command: str = args.command
     try:
+        if command == "next":  # needs no settings and no database
+            from periodic_manager.cli_files import print_next
+
+            return print_next(args)
         settings = load_settings(args)
     except UsageError as exc:
         print(f"periodic-manager: error: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(settings.log_level)
-    command: str = args.command
+    _configure_logging(settings.log_level, settings.log_format)
     try:
+        if command in ("import", "export"):
+            from periodic_manager.cli_files import run_file_command
+
+            return run_file_command(command, args, settings)
         if command == "migrate":
             _migrate(settings)
             log.info("database at head")

@@ -64,14 +64,26 @@ async def create(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
     return body
 
 
-def assert_error(r: httpx.Response, status: int, loc: list[Any], type_: str | None = None) -> None:
+def assert_problem(r: httpx.Response, status: int) -> dict[str, Any]:
+    """An RFC 9457 problem: media type and the members every problem has."""
     assert r.status_code == status, r.text
-    detail = r.json()["detail"]
-    assert len(detail) >= 1 and all(set(item) == {"loc", "msg", "type"} for item in detail)
-    assert detail[0]["loc"] == loc, detail
-    assert detail[0]["msg"]
+    assert r.headers["content-type"] == "application/problem+json", r.headers
+    body: dict[str, Any] = r.json()
+    assert body["status"] == status and body["title"] and body["type"], body
+    return body
+
+
+def assert_error(r: httpx.Response, status: int, loc: list[Any], type_: str | None = None) -> None:
+    """A problem whose first ``errors`` item names ``loc`` (location, then the field's path)."""
+    errors = assert_problem(r, status)["errors"]
+    assert len(errors) >= 1 and all(
+        set(item) == {"location", "field", "reason", "code"} for item in errors
+    )
+    field = ".".join(str(p) for p in loc[1:]) or None
+    assert (errors[0]["location"], errors[0]["field"]) == (loc[0], field), errors
+    assert errors[0]["reason"]
     if type_ is not None:
-        assert detail[0]["type"] == type_, detail
+        assert errors[0]["code"] == type_, errors
 
 
 # --- create / read ---------------------------------------------------------------------------
@@ -191,7 +203,7 @@ async def test_invalid_patch_is_422_and_leaves_row_unchanged(client: httpx.Async
     )
     assert (await client.get(f"/schedules/{job['id']}")).json() == before
     r = await client.patch("/schedules/999", json={"spec": "* * * * *"})
-    assert r.status_code == 404 and r.json() == {"detail": "schedule 999 not found"}
+    assert assert_problem(r, 404)["detail"] == "schedule 999 not found"
 
 
 async def test_delete_then_404_and_state_removed(
@@ -207,7 +219,7 @@ async def test_delete_then_404_and_state_removed(
     r = await client.delete(f"/schedules/{job['id']}")
     assert r.status_code == 204 and r.content == b""
     r = await client.get(f"/schedules/{job['id']}")
-    assert r.status_code == 404 and r.json() == {"detail": f"schedule {job['id']} not found"}
+    assert assert_problem(r, 404)["detail"] == f"schedule {job['id']} not found"
     assert (await client.delete(f"/schedules/{job['id']}")).status_code == 404
     async with engine.connect() as conn:
         assert (
@@ -277,8 +289,14 @@ async def test_raw_bodies_that_are_not_usable_json_are_422(client: httpx.AsyncCl
         r = await client.post(
             "/schedules", content=raw, headers={"content-type": "application/json"}
         )
-        assert_error(r, 422, r.json()["detail"][0]["loc"], type_)
-        assert r.json()["detail"][0]["loc"][0] == "body"
+        first = r.json()["errors"][0]
+        assert_error(
+            r,
+            422,
+            ["body", *(first["field"] or "").split(".")] if first["field"] else ["body"],
+            type_,
+        )
+        assert first["location"] == "body"
     head = b'{"name":"x","spec":"* * * * *","task_type":"t",'
     for raw, loc in [
         (head + b'"payload": NaN}', ["body", "payload"]),
@@ -321,15 +339,19 @@ async def test_bad_path_and_query_ids_are_422(client: httpx.AsyncClient) -> None
 async def test_duplicate_name_is_409(client: httpx.AsyncClient) -> None:
     await create(client)
     r = await client.post("/schedules", json=JOB)
-    assert r.status_code == 409
-    assert r.json() == {
-        "detail": [
+    assert assert_problem(r, 409) == {
+        "type": "urn:periodic-manager:problem:name-conflict",
+        "title": "Conflict",
+        "status": 409,
+        "detail": "a schedule named 'reports.daily' already exists",
+        "errors": [
             {
-                "loc": ["body", "name"],
-                "msg": "a schedule named 'reports.daily' already exists",
-                "type": "conflict",
+                "location": "body",
+                "field": "name",
+                "reason": "a schedule named 'reports.daily' already exists",
+                "code": "conflict",
             }
-        ]
+        ],
     }
 
 
@@ -554,4 +576,22 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
         "/ScheduleWithRuns"
     )
     assert "409" in post["responses"] and "422" in post["responses"]
-    assert set(spec["paths"]) == {"/schedules", "/schedules/{schedule_id}", "/entries", "/healthz"}
+    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    assert post["responses"]["422"]["content"] == problem
+    assert post["responses"]["409"]["content"] == problem
+    assert set(spec["paths"]) == {
+        "/schedules",
+        "/schedules/by-name/{name}",
+        "/schedules/{schedule_id}",
+        "/schedules/{schedule_id}/pause",
+        "/schedules/{schedule_id}/resume",
+        "/schedules/{schedule_id}/trigger",
+        "/schedules/{schedule_id}/runs",
+        "/entries",
+        "/managers",
+        "/cron/next",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    }
+    assert "HTTPValidationError" not in spec["components"]["schemas"]

@@ -1,0 +1,103 @@
+"""Bearer-token authentication for every path but ``/healthz``.
+
+With neither ``PM_API_TOKEN`` nor ``PM_API_READ_TOKEN`` set the API is open (and bound to
+127.0.0.1 by default). With a token set, a request needs ``Authorization: Bearer <token>``: the
+write token allows everything, the read token only GET and HEAD (403 otherwise). Tokens are
+compared in constant time and never logged. Done as ASGI middleware so that it covers the OpenAPI
+document, unknown paths (401 before 404: nothing is revealed) and ``/metrics`` alike.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.errors import problem_response
+from periodic_manager.settings import Settings
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz"})
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def _secret(value: Any) -> bytes | None:
+    return value.get_secret_value().encode() if value is not None else None
+
+
+def _matches(given: bytes, expected: bytes | None) -> bool:
+    return expected is not None and hmac.compare_digest(given, expected)
+
+
+def bearer_token(scope: Scope) -> bytes | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return token.strip()
+            return None
+    return None
+
+
+class BearerAuth:
+    """ASGI middleware enforcing the API tokens of ``settings``."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.write = _secret(settings.api_token)
+        self.read = _secret(settings.api_read_token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or (self.write is None and self.read is None)
+            or scope["path"] in OPEN_PATHS
+        ):
+            await self.app(scope, receive, send)
+            return
+        token = bearer_token(scope)
+        if token is not None:
+            # Both comparisons always run, so timing does not tell which token came close.
+            is_write = _matches(token, self.write)
+            is_read = _matches(token, self.read)
+            if is_write or (is_read and scope["method"] in READ_METHODS):
+                await self.app(scope, receive, send)
+                return
+            if is_read:
+                response = problem_response(
+                    403, "forbidden", "the read-only token allows GET requests only"
+                )
+                await response(scope, receive, send)
+                return
+        log.debug("rejected %s %s: missing or invalid bearer token", scope["method"], scope["path"])
+        response = problem_response(
+            401,
+            "unauthorized",
+            "a valid 'Authorization: Bearer <token>' header is required",
+            headers={"WWW-Authenticate": 'Bearer realm="periodic_manager"'},
+        )
+        await response(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_exposed(settings: Settings) -> bool:
+    """Log a warning when the API binds beyond loopback without a token; True if it did."""
+    if settings.api_token is None and not is_loopback(settings.host):
+        log.warning(
+            "the API binds to %s without PM_API_TOKEN: anyone who reaches it can edit schedules",
+            settings.host,
+        )
+        return True
+    return False

@@ -1,0 +1,53 @@
+"""Preview a spec before saving it: the next slots and a description."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+from zoneinfo import ZoneInfo
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import AwareDatetime
+
+from api.deps import get_now
+from api.errors import ApiProblem, config_error_item
+from api.rows import SLOT_ERRORS
+from api.schemas import CronPreview, Slot
+from periodic_manager.config import validate_schedule
+from periodic_manager.cron import UTC
+from periodic_manager.describe import describe
+from periodic_manager.errors import ConfigError
+
+router = APIRouter(prefix="/cron", tags=["cron"])
+# Query parameter of each field validate_schedule may name.
+PARAMS = {"spec": "spec", "timezone": "tz", "anchor": "anchor"}
+
+
+@router.get(
+    "/next", response_model=CronPreview, summary="The next slots of a spec (no schedule needed)"
+)
+async def next_slots(
+    now: Annotated[datetime, Depends(get_now)],
+    spec: Annotated[str, Query(max_length=200, description="cron expression, macro or `@every`")],
+    tz: Annotated[str, Query(max_length=64, description="IANA zone")] = "UTC",
+    n: Annotated[int, Query(ge=1, le=100, description="how many slots")] = 5,
+    anchor: Annotated[
+        AwareDatetime | None, Query(description="phase of an `@every` interval")
+    ] = None,
+) -> CronPreview:
+    try:
+        schedule = validate_schedule(spec, tz, anchor)
+    except ConfigError as exc:
+        item = config_error_item(exc, "query")
+        item["field"] = PARAMS.get(exc.field, exc.field)
+        raise ApiProblem(422, "validation-error", "1 invalid field", errors=[item]) from None
+    zone = ZoneInfo(tz)
+    slots: list[Slot] = []
+    after = now
+    for _ in range(n):
+        try:
+            after = schedule.next_after(after)
+        except SLOT_ERRORS:  # e.g. no slot before year 10000: the list is shorter
+            break
+        slots.append(Slot(at=after.astimezone(UTC), local=after.astimezone(zone).isoformat()))
+    return CronPreview(spec=spec, timezone=tz, description=describe(spec), next=slots)

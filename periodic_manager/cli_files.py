@@ -1,0 +1,127 @@
+"""CLI commands that need no server: ``next`` (preview a spec), ``import`` and ``export``.
+
+Each failure is one line on stderr: status 2 for bad input (a spec, a file, an entry), 1 when the
+database cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from periodic_manager.clock import SystemClock
+from periodic_manager.config import validate_schedule
+from periodic_manager.cron import UTC
+from periodic_manager.errors import ConfigError
+from periodic_manager.settings import Settings
+
+PROG = "periodic-manager"
+
+
+def _fail(message: str, status: int = 2) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _iso_z(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def print_next(args: argparse.Namespace) -> int:
+    """``next SPEC [--tz ZONE] [-n N]``: one line per slot, ``<UTC>  <local with offset> <abbr>``."""
+    from periodic_manager.describe import describe
+
+    if not 1 <= args.n <= 10_000:
+        return _fail(f"-n: must be between 1 and 10000 (got {args.n})")
+    anchor = None
+    if args.anchor is not None:
+        try:
+            anchor = datetime.fromisoformat(args.anchor.replace("Z", "+00:00"))
+        except ValueError:
+            return _fail(f"--anchor: not an ISO 8601 instant: {args.anchor!r}")
+    try:
+        schedule = validate_schedule(args.spec, args.tz, anchor)
+    except ConfigError as exc:
+        where = {"timezone": "--tz", "anchor": "--anchor"}.get(exc.field, exc.field)
+        return _fail(f"{where}: {exc.reason}")
+    zone = ZoneInfo(args.tz)
+    if args.describe:
+        print(f"# {describe(args.spec) or '(no description for this expression)'}")
+    after = SystemClock().now()
+    for _ in range(args.n):
+        try:
+            after = schedule.next_after(after)
+        except (OverflowError, ValueError):
+            break
+        local = after.astimezone(zone)
+        print(f"{_iso_z(after)}  {local.isoformat()} {local.tzname()}")
+    return 0
+
+
+def run_file_command(command: str, args: argparse.Namespace, settings: Settings) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from periodic_manager import schedules_io as sio
+    from periodic_manager.schedules_io import FileError
+
+    try:
+        if command == "import":
+            source = "stdin" if args.file == "-" else args.file
+            fmt = (
+                sio.format_of(args.file, args.format)
+                if args.file != "-"
+                else (args.format or "json")
+            )
+            try:
+                if args.file == "-":
+                    text = sys.stdin.read()
+                else:
+                    with open(args.file, encoding="utf-8") as fh:
+                        text = fh.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise FileError(f"{source}: {exc}") from None
+            desired = sio.validate(sio.parse(text, fmt, source), source)
+            return asyncio.run(_import(desired, args, settings))
+        return asyncio.run(_export(args, settings))
+    except FileError as exc:
+        return _fail(str(exc))
+    except (SQLAlchemyError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _fail(f"database: {first}", 1)
+
+
+async def _import(
+    desired: list[dict[str, Any]], args: argparse.Namespace, settings: Settings
+) -> int:
+    from periodic_manager import schedules_io as sio
+    from periodic_manager.db.engine import create_engine
+
+    engine = create_engine(settings.database_url)
+    try:
+        plan = await sio.plan(engine, desired, args.prune)
+        for line in sio.render(plan):
+            print(line)
+        if args.dry_run:
+            print("dry run: nothing written")
+        elif not plan.empty:
+            await sio.apply(engine, plan, SystemClock().now())
+    finally:
+        await engine.dispose()
+    return 0
+
+
+async def _export(args: argparse.Namespace, settings: Settings) -> int:
+    from periodic_manager import schedules_io as sio
+    from periodic_manager.db.engine import create_engine
+
+    engine = create_engine(settings.database_url)
+    try:
+        entries = await sio.export_entries(engine)
+    finally:
+        await engine.dispose()
+    sys.stdout.write(sio.dump(entries, args.format))
+    return 0
