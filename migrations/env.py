@@ -10,7 +10,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from periodic_manager.db.engine import create_engine
-from periodic_manager.db.models import Base, UTCDateTime
+from periodic_manager.db.models import Base, UTCDateTime, include_object
 from periodic_manager.settings import DEFAULT_DATABASE_URL
 
 config = context.config
@@ -38,6 +38,7 @@ def _configure(connection: Connection) -> None:
         connection=connection,
         target_metadata=target_metadata,
         render_item=_render_item,
+        include_object=include_object,
         compare_type=True,
         render_as_batch=connection.dialect.name == "sqlite",
     )

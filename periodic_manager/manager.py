@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from periodic_manager import __version__
 from periodic_manager.clock import Clock, SystemClock
@@ -25,7 +26,13 @@ from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.errors import NotFoundError
 from periodic_manager.leadership import AlwaysLeader, Leadership
 from periodic_manager.metrics import ManagerMetrics
-from periodic_manager.providers.base import ConfigProvider, RowError, StaticProvider
+from periodic_manager.providers.base import (
+    ChangeSet,
+    ConfigProvider,
+    ProviderSnapshot,
+    RowError,
+    StaticProvider,
+)
 from periodic_manager.registry import (
     EntryRecord,
     ManagerInfo,
@@ -44,6 +51,18 @@ from periodic_manager.scheduler import (
 from periodic_manager.targets.base import Target
 
 log = logging.getLogger(__name__)
+
+# Tombstones of deleted rows are kept this long; a full reconcile (at least every
+# full_sync_interval, and after any failed sync) covers whatever is pruned.
+TOMBSTONE_RETENTION = timedelta(days=1)
+
+
+class ChangeSignal(Protocol):
+    """Something that calls ``manager.request_sync()`` when schedules change (e.g. LISTEN)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -108,6 +127,8 @@ class PeriodicTaskManager:
         close_target: bool = False,
         leadership: Leadership | None = None,
         catchup_window: float = 3600.0,
+        full_sync_interval: float = 300.0,
+        signals: Sequence[ChangeSignal] = (),
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
@@ -132,6 +153,10 @@ class PeriodicTaskManager:
         self.leadership.on_change = self._on_leadership
         self._running = False
         self._beat_now = asyncio.Event()
+        self.full_sync_interval = timedelta(seconds=full_sync_interval)
+        self.signals: list[ChangeSignal] = list(signals)
+        self._revision: int | None = None
+        self._last_full: datetime | None = None
         self._synced: dict[str, str] = {}  # schedule key -> entry id, for entries owned by sync
         self._code: dict[str, str] = {}  # schedule key -> entry id, registered from code
         self._row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
@@ -161,6 +186,8 @@ class PeriodicTaskManager:
             log.warning("could not publish manager %s (will retry): %s", self.manager_id, exc)
         await self.sync()
         await self.leadership.start()
+        for signal in self.signals:
+            await signal.start()
         self._running = True
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self._sync_loop(), "sync-loop")
@@ -174,6 +201,8 @@ class PeriodicTaskManager:
         """Stop the loops (an enqueue under way finishes first) and unpublish this manager."""
         self.scheduler.stop()
         self._running = False
+        for signal in self.signals:
+            await signal.stop()
         for task in self._tasks:
             if task.get_name().endswith("scheduler"):
                 continue
@@ -281,54 +310,52 @@ class PeriodicTaskManager:
 
     # -- sync --------------------------------------------------------------------------------
 
-    async def sync(self) -> SyncReport:
-        """Read the provider once and reconcile the entries with it."""
+    async def sync(self, *, full: bool = False) -> SyncReport:
+        """Reconcile the entries with the provider: only what changed when the provider can tell
+        (and a full read at least every ``full_sync_interval``), or everything with ``full``."""
         async with self._sync_lock:
             with self.metrics.time_sync():
-                return await self._sync()
+                return await self._sync(full=full)
 
-    async def _sync(self) -> SyncReport:
+    async def _sync(self, *, full: bool = False) -> SyncReport:
         now = self.clock.now()
+        get_changes = getattr(self.provider, "get_changes", None)
+        incremental = (
+            not full
+            and get_changes is not None
+            and self._revision is not None
+            and self._last_full is not None
+            and now - self._last_full < self.full_sync_interval
+        )
         try:
+            if incremental:
+                changes = await get_changes(self._revision)
+                if changes is not None and not changes.full:
+                    return self._finish(await self._apply_changes(changes, now), now)
+                if changes is None:
+                    return self._finish(SyncReport(ok=True), now)
             snapshot = await self.provider.get_configs()
         except Exception as exc:
             msg = f"{type(exc).__name__}: {exc}"
             if msg != self.last_sync_error:
                 log.error("sync failed, keeping %d entries: %s", len(self.scheduler), msg)
             self.last_sync_error = msg
+            self._last_full = None  # after an outage, reconcile everything once
             return SyncReport(ok=False, error=msg)
+        report = await self._apply_snapshot(snapshot, now)
+        self._revision = snapshot.revision
+        self._last_full = now
+        prune = getattr(self.provider, "prune_tombstones", None)
+        if prune is not None:
+            await self._store_call(prune(now - TOMBSTONE_RETENTION), "pruning tombstones")
+        return self._finish(report, now)
+
+    def _finish(self, report: SyncReport, now: datetime) -> SyncReport:
         if self.last_sync_error is not None:
             log.info("sync recovered")
         self.last_sync_error = None
         self.last_sync_at = now
-        report = SyncReport(ok=True, errors=list(snapshot.errors))
-        upserts: list[EntryRecord] = []
-        removed: list[str] = []
-        desired: dict[str, PeriodicTaskConfig] = {c.key: c for c in snapshot.configs}
-        for key in list(self._synced):
-            if key not in desired:
-                eid = self._synced.pop(key)
-                self.scheduler.unregister(eid)
-                removed.append(eid)
-                report.removed.append(eid)
-        for key, cfg in desired.items():
-            digest = content_hash(cfg)
-            current = self._synced.get(key)
-            entry = self.scheduler.get(current) if current else None
-            if entry is not None and entry.content_hash == digest:
-                report.unchanged += 1
-                continue
-            if current is not None:
-                self.scheduler.unregister(current)
-                removed.append(current)
-            new = self.scheduler.register(cfg, digest=digest)
-            self._synced[key] = new.entry_id
-            upserts.append(_entry_record(new))
-            (report.replaced if current else report.added).append(new.entry_id)
-        self._sync_row_errors(snapshot.errors, desired, now, upserts, removed)
-        upserted = {u.entry_id for u in upserts}
-        await self._apply(upserts, [r for r in removed if r not in upserted])
-        if report.added or report.replaced or report.removed:
+        if report.added or report.replaced or report.removed or report.errors:
             log.info(
                 "sync: %d added, %d replaced, %d removed, %d unchanged, %d bad rows",
                 len(report.added), len(report.replaced), len(report.removed), report.unchanged,
@@ -336,21 +363,98 @@ class PeriodicTaskManager:
             )
         return report
 
+    async def _apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
+        """Full reconcile: the snapshot is the whole truth."""
+        report = SyncReport(ok=True, errors=list(snapshot.errors))
+        upserts: list[EntryRecord] = []
+        removed: list[str] = []
+        desired: dict[str, PeriodicTaskConfig] = {c.key: c for c in snapshot.configs}
+        bad = {str(e.schedule_id) for e in snapshot.errors}
+        for key in list(self._synced):
+            # A row that turned bad keeps its last good entry running (nothing is lost).
+            if key not in desired and key not in bad:
+                self._remove(key, removed, report)
+        for cfg in desired.values():
+            self._upsert(cfg, upserts, removed, report)
+        self._sync_row_errors(snapshot.errors, set(self._synced) | set(desired), now, upserts, removed)
+        await self._publish_diff(upserts, removed)
+        return report
+
+    async def _apply_changes(self, changes: ChangeSet, now: datetime) -> SyncReport:
+        """Incremental: only what changed since the last revision read."""
+        report = SyncReport(ok=True, errors=list(changes.errors))
+        upserts: list[EntryRecord] = []
+        removed: list[str] = []
+        for key in changes.removed:
+            self._remove(key, removed, report)
+            rec = self._row_errors.pop(key, None)
+            if rec is not None:
+                removed.append(rec.entry_id)
+        for cfg in changes.configs:
+            self._upsert(cfg, upserts, removed, report)
+            rec = self._row_errors.pop(cfg.key, None)
+            if rec is not None:
+                removed.append(rec.entry_id)
+        self._publish_row_errors(changes.errors, now, upserts, removed)
+        self._revision = changes.revision
+        await self._publish_diff(upserts, removed)
+        return report
+
+    def _remove(self, key: str, removed: list[str], report: SyncReport) -> None:
+        eid = self._synced.pop(key, None)
+        if eid is not None:
+            self.scheduler.unregister(eid)
+            removed.append(eid)
+            report.removed.append(eid)
+
+    def _upsert(
+        self, cfg: PeriodicTaskConfig, upserts: list[EntryRecord], removed: list[str], report: SyncReport
+    ) -> None:
+        digest = content_hash(cfg)
+        current = self._synced.get(cfg.key)
+        entry = self.scheduler.get(current) if current else None
+        if entry is not None and entry.content_hash == digest:
+            report.unchanged += 1
+            return
+        if current is not None:
+            self.scheduler.unregister(current)
+            removed.append(current)
+        new = self.scheduler.register(cfg, digest=digest)
+        self._synced[cfg.key] = new.entry_id
+        upserts.append(_entry_record(new))
+        (report.replaced if current else report.added).append(new.entry_id)
+
+    async def _publish_diff(self, upserts: list[EntryRecord], removed: list[str]) -> None:
+        upserted = {u.entry_id for u in upserts}
+        await self._apply(upserts, [r for r in removed if r not in upserted])
+
     def _sync_row_errors(
         self,
         errors: Sequence[RowError],
-        desired: dict[str, PeriodicTaskConfig],
+        known: set[str],
         now: datetime,
         upserts: list[EntryRecord],
         removed: list[str],
     ) -> None:
-        """Log each bad row once per content and publish it; drop reports of rows now fixed."""
-        current: dict[str, RowError] = {str(e.schedule_id): e for e in errors}
-        for key, err in current.items():
+        """Full sync: publish current bad rows and drop reports of rows now fixed or gone."""
+        current = {str(e.schedule_id) for e in errors}
+        self._publish_row_errors(errors, now, upserts, removed)
+        for key in list(self._row_errors):
+            if key not in current:
+                removed.append(self._row_errors.pop(key).entry_id)
+        self._logged = {(k, h) for (k, h) in self._logged if k in current or k in known}
+
+    def _publish_row_errors(
+        self, errors: Sequence[RowError], now: datetime, upserts: list[EntryRecord], removed: list[str]
+    ) -> None:
+        """Log each bad row once per content and publish it (visible through the API)."""
+        for err in errors:
+            key = str(err.schedule_id)
             if (key, err.content_hash) not in self._logged:
                 self._logged.add((key, err.content_hash))
+                kept = " (its previous version keeps running)" if key in self._synced else ""
                 log.error(
-                    "schedule row %s (%s) rejected: %s", key, err.name, err.message,
+                    "schedule row %s (%s) rejected: %s%s", key, err.name, err.message, kept,
                     extra={"schedule": err.name, "schedule_id": key, "field": err.field},
                 )
             rec = _error_record(err, now)
@@ -360,10 +464,6 @@ class PeriodicTaskManager:
                     removed.append(old.entry_id)
                 self._row_errors[key] = rec
                 upserts.append(rec)
-        for key in list(self._row_errors):
-            if key not in current:
-                removed.append(self._row_errors.pop(key).entry_id)
-        self._logged = {(k, h) for (k, h) in self._logged if k in current or k in desired}
 
     async def _apply(self, upserts: list[EntryRecord], removed: list[str]) -> None:
         if upserts or removed:

@@ -2,39 +2,70 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import Clock
+from periodic_manager.config import PeriodicTaskConfig, validate_target
 from periodic_manager.db.engine import is_sqlite, normalize_url
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.leadership import AlwaysLeader, Leadership, PostgresLeadership
 from periodic_manager.manager import PeriodicTaskManager
+from periodic_manager.notify import PostgresChangeListener
 from periodic_manager.providers.database import DatabaseProvider
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import Target
+from periodic_manager.targets.routing import RoutingTarget
 
 
 def build_target(settings: Settings, engine: AsyncEngine) -> Target:
-    """The target ``settings.target`` names."""
-    if settings.target == "redis":
+    """The target ``settings.target`` names; a RoutingTarget when ``settings.targets`` adds more."""
+    names = settings.configured_targets()
+    # Building opens no connection, so targets built before one that fails need no cleanup.
+    built = {name: _build_one(name, settings, engine) for name in names}
+    if len(built) == 1:
+        return built[settings.target]
+    return RoutingTarget(built, default=settings.target)
+
+
+def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
+    if name == "redis":
         from periodic_manager.targets.redis_streams import RedisStreamsTarget
 
         return RedisStreamsTarget.from_url(
             settings.redis_url, prefix=settings.stream_prefix, maxlen=settings.redis_maxlen
         )
-    from periodic_manager.targets.outbox import OutboxTarget
+    if name == "celery":
+        from periodic_manager.targets.celery import CeleryTarget
 
-    return OutboxTarget(engine)
+        broker = settings.celery_broker_url or settings.redis_url
+        # Claims beside the messages when the broker is Redis; otherwise in PM_REDIS_URL.
+        redis_broker = broker.startswith(("redis://", "rediss://", "unix://"))
+        claims = None if redis_broker else settings.redis_url
+        return CeleryTarget.from_url(broker, claims_url=claims, prefix=settings.stream_prefix)
+    if name == "arq":
+        from periodic_manager.targets.arq import ArqTarget
+
+        url = settings.arq_redis_url or settings.redis_url
+        return ArqTarget.from_url(url, prefix=settings.stream_prefix)
+    if name == "outbox":
+        from periodic_manager.targets.outbox import OutboxTarget
+
+        return OutboxTarget(engine)
+    raise ValueError(f"unknown target {name!r}")
 
 
 def build_manager(
     settings: Settings, engine: AsyncEngine, *, clock: Clock | None = None, target: Target | None = None
 ) -> PeriodicTaskManager:
-    """A manager reading ``periodic_jobs`` through ``engine``; it closes the target it built on stop."""
-    return PeriodicTaskManager(
-        DatabaseProvider(engine),
+    """A manager reading ``periodic_jobs`` through ``engine``; it closes the target it built on stop.
+
+    On PostgreSQL it also LISTENs for the change trigger's notifications (unless ``listen`` is off).
+    """
+    manager = PeriodicTaskManager(
+        DatabaseProvider(engine, check=target_check(settings)),
         target or build_target(settings, engine),
         clock=clock,
         sync_interval=settings.sync_interval,
@@ -48,7 +79,21 @@ def build_manager(
         close_target=target is None,
         leadership=build_leadership(settings, clock),
         catchup_window=settings.catchup_window,
+        full_sync_interval=settings.full_sync_interval,
     )
+    if settings.listen is not False and not is_sqlite(settings.database_url):
+        manager.signals.append(PostgresChangeListener(normalize_url(settings.database_url), manager.request_sync))
+    return manager
+
+
+def target_check(settings: Settings) -> Callable[[PeriodicTaskConfig], None]:
+    """Rejects a schedule whose ``options.target`` is not configured in this deployment."""
+    configured = tuple(settings.configured_targets())
+
+    def check(config: PeriodicTaskConfig) -> None:
+        validate_target(config.options, configured)
+
+    return check
 
 
 def build_leadership(settings: Settings, clock: Clock | None = None) -> Leadership:

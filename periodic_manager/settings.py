@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     catchup_window: float = Field(
         3600.0, gt=0, description="default window of misfire=fire_once catch-up, seconds"
     )
+    full_sync_interval: float = Field(
+        300.0, gt=0, description="seconds between full reconciles (syncs read only changes between)"
+    )
+    listen: bool | None = Field(
+        None, description="LISTEN for the change trigger (default: on for PostgreSQL)"
+    )
     host: str = Field("127.0.0.1", description="API bind address")
     port: int = Field(8000, ge=0, le=65535, description="API port")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO")

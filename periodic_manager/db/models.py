@@ -91,6 +91,31 @@ class PeriodicJob(Base):
     updated_at: Mapped[datetime] = mapped_column(
         Instant, nullable=False, server_default=func.now(), onupdate=func.now()
     )
+    # Set by a trigger on every INSERT/UPDATE from one counter shared with the tombstones below, in
+    # commit order (writers of this table are serialized), so "rows with revision > watermark" is
+    # exactly what changed since a sync. Never written by hand.
+    revision: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0", index=True)
+
+
+class DeletedJob(Base):
+    """Tombstone of a deleted ``periodic_jobs`` row (a trigger writes it), so a sync that reads only
+    what changed also sees deletions. ``id`` 0 marks a TRUNCATE: everything must be re-read."""
+
+    __tablename__ = "periodic_jobs_deleted"
+
+    revision: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    deleted_at: Mapped[datetime] = mapped_column(Instant, nullable=False, server_default=func.now())
+
+
+# Tables that migrations create but the models do not describe (ignored by autogenerate):
+# SQLite's revision counter (PostgreSQL uses the sequence periodic_jobs_revision_seq instead).
+UNMANAGED_TABLES = frozenset({"pm_revision"})
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Alembic autogenerate filter: skip :data:`UNMANAGED_TABLES`."""
+    return not (type_ == "table" and name in UNMANAGED_TABLES)
 
 
 class Manager(Base):

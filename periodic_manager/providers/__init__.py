@@ -1,5 +1,12 @@
 """Config providers."""
 
-from periodic_manager.providers.base import ConfigProvider, ProviderSnapshot, RowError, StaticProvider
+from periodic_manager.providers.base import (
+    ChangeSet,
+    ConfigProvider,
+    IncrementalProvider,
+    ProviderSnapshot,
+    RowError,
+    StaticProvider,
+)
 
-__all__ = ["ConfigProvider", "ProviderSnapshot", "RowError", "StaticProvider"]
+__all__ = ["ChangeSet", "ConfigProvider", "IncrementalProvider", "ProviderSnapshot", "RowError", "StaticProvider"]

@@ -30,6 +30,19 @@ class ProviderSnapshot:
 
     configs: Sequence[PeriodicTaskConfig]
     errors: Sequence[RowError] = ()
+    revision: int | None = None  # the source's change counter when read (incremental providers)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSet:
+    """What changed since a revision: rows written (enabled and valid, or rejected) and the keys of
+    rows deleted or disabled. ``full`` asks for a full read instead (e.g. after a TRUNCATE)."""
+
+    revision: int
+    configs: Sequence[PeriodicTaskConfig] = ()
+    errors: Sequence[RowError] = ()
+    removed: Sequence[str] = ()
+    full: bool = False
 
 
 class ConfigProvider(Protocol):
@@ -39,6 +52,14 @@ class ConfigProvider(Protocol):
     """
 
     async def get_configs(self) -> ProviderSnapshot: ...
+
+
+class IncrementalProvider(ConfigProvider, Protocol):
+    """A provider that can also say what changed since the revision of an earlier read."""
+
+    async def get_changes(self, since: int) -> ChangeSet | None:
+        """None when nothing changed since ``since`` (one cheap query); else the changes."""
+        ...
 
 
 class StaticProvider:

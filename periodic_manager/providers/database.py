@@ -20,17 +20,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, LargeBinary, Select, Text, cast, select, true
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import (
+    ColumnElement,
+    LargeBinary,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    select,
+    true,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.config import PeriodicTaskConfig
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ConfigError, ProviderError
-from periodic_manager.providers.base import ProviderSnapshot, RowError
+from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
 
 # The raw columns of a row, in the order they are selected and hashed.
 _FIELDS = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options")
@@ -43,19 +54,28 @@ class DatabaseProvider:
     rows are validated, so validation time never holds a connection.
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, check: Callable[[PeriodicTaskConfig], None] | None = None
+    ) -> None:
+        """``check`` may reject a valid config for deployment reasons (e.g. an unconfigured
+        target) by raising ConfigError; the row is then reported like any bad row."""
         self.engine = engine
+        self.check = check
         self._sqlite = engine.dialect.name == "sqlite"
         self._query = _build_query(self._sqlite)
+        self._changed_query = _build_query(self._sqlite, changed=True)
 
     async def get_configs(self) -> ProviderSnapshot:
         """Every enabled, valid row as a config, and a RowError for each enabled, invalid row.
 
+        ``revision`` is the change counter read before the rows: any write committed after it has
+        a larger revision (writers are serialized), so changes since are exactly ``> revision``.
         Raises ProviderError if the table cannot be read (connection refused, timeout, missing
         table or database, ...).
         """
         try:
             async with self.engine.connect() as conn:
+                revision = await _current_revision(conn)
                 rows = (await conn.execute(self._query)).all()
         except Exception as exc:
             # Drivers raise a spread of types here (SQLAlchemy's wrappers, but also OSError,
@@ -70,7 +90,47 @@ class DatabaseProvider:
                 errors.append(result)
             else:
                 configs.append(result)
-        return ProviderSnapshot(configs=configs, errors=errors)
+        return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
+
+    async def get_changes(self, since: int) -> ChangeSet | None:
+        """What changed after revision ``since``: None (one indexed query) when nothing did."""
+        try:
+            async with self.engine.connect() as conn:
+                revision = await _current_revision(conn)
+                if revision <= since:
+                    return None
+                rows = (await conn.execute(self._changed_query, {"since": since})).all()
+                deleted = (
+                    (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since)))
+                    .scalars()
+                    .all()
+                )
+        except Exception as exc:
+            raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
+        if 0 in deleted:  # TRUNCATE: no tombstone per row, read everything
+            return ChangeSet(revision=revision, full=True)
+        configs: list[PeriodicTaskConfig] = []
+        errors: list[RowError] = []
+        removed = [str(i) for i in deleted]
+        for row in rows:
+            enabled = row[1]
+            if not _truthy(enabled):
+                removed.append(str(row[0]))
+                continue
+            result = self._convert(row[0], tuple(row[2:]))
+            (errors if isinstance(result, RowError) else configs).append(result)  # type: ignore[arg-type]
+        present = {c.key for c in configs} | {str(e.schedule_id) for e in errors}
+        # A deleted id that was written again after its deletion is present, not removed.
+        removed = [k for k in dict.fromkeys(removed) if k not in present]
+        return ChangeSet(revision=revision, configs=configs, errors=errors, removed=removed)
+
+    async def prune_tombstones(self, older_than: datetime) -> int:
+        """Delete tombstones older than ``older_than`` (a full read makes up for any pruned)."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                delete(DeletedJob).where(DeletedJob.deleted_at < older_than)
+            )
+        return int(result.rowcount or 0)
 
     def _convert(self, row_id: int, raw: tuple[Any, ...]) -> PeriodicTaskConfig | RowError:
         """Build one config, or the RowError that explains why this row cannot be used."""
@@ -83,7 +143,7 @@ class DatabaseProvider:
             if self._sqlite:
                 values = {k: _decode(k, v) for k, v in values.items()}
                 values["anchor"] = _parse_sqlite_instant("anchor", values["anchor"])
-            return PeriodicTaskConfig.create(
+            config = PeriodicTaskConfig.create(
                 name=values["name"],
                 spec=values["spec"],
                 task_type=values["task_type"],
@@ -93,6 +153,9 @@ class DatabaseProvider:
                 anchor=values["anchor"],
                 schedule_id=row_id,
             )
+            if self.check is not None:
+                self.check(config)
+            return config
         except ConfigError as exc:
             field, reason = exc.field, exc.reason
         except Exception as exc:
@@ -108,7 +171,9 @@ class DatabaseProvider:
         )
 
 
-def _build_query(sqlite: bool) -> Select[Any]:
+def _build_query(sqlite: bool, *, changed: bool = False) -> Select[Any]:
+    """Full read: enabled rows. Changed read: every row with ``revision > :since``, with
+    ``enabled`` second so disabled rows can be removed."""
     t = PeriodicJob.__table__.c
     cols: list[ColumnElement[Any]]
     if sqlite:
@@ -118,7 +183,30 @@ def _build_query(sqlite: bool) -> Select[Any]:
     else:
         cols = [t.name, t.spec, t.timezone, t.anchor, t.task_type]
         cols += [cast(t.payload, Text).label("payload"), cast(t.options, Text).label("options")]
+    if changed:
+        enabled = cast(t.enabled, LargeBinary) if sqlite else t.enabled
+        return (
+            select(t.id, enabled.label("enabled"), *cols)
+            .where(t.revision > bindparam("since"))
+            .order_by(t.id)
+        )
     return select(t.id, *cols).where(t.enabled.is_(true())).order_by(t.id)
+
+
+async def _current_revision(conn: AsyncConnection) -> int:
+    """The largest revision of a row or a tombstone: two index lookups."""
+    rows = select(func.coalesce(func.max(PeriodicJob.revision), 0)).scalar_subquery()
+    tombs = select(func.coalesce(func.max(DeletedJob.revision), 0)).scalar_subquery()
+    latest_row, latest_tombstone = (await conn.execute(select(rows, tombs))).one()
+    return int(max(latest_row, latest_tombstone))
+
+
+def _truthy(value: Any) -> bool:
+    """``enabled`` as stored: a bool (PostgreSQL) or, read raw on SQLite, what ``enabled IS 1``
+    (the full read's filter) accepts, so both reads agree on odd values."""
+    if isinstance(value, bytes):
+        return value == b"1"
+    return bool(value)
 
 
 def raw_content_hash(row_id: int, raw: Sequence[Any]) -> str:

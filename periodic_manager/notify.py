@@ -1,0 +1,134 @@
+"""Change signals: PostgreSQL LISTEN on a dedicated connection, turned into sync requests.
+
+A trigger on ``periodic_jobs`` NOTIFYs channel ``periodic_jobs`` once per statement (migration
+0003), so API edits, raw SQL and bulk UPDATEs all wake the manager. Notifications carry no
+payload; the manager's sync reads what changed, and bursts coalesce into one sync because a
+request only sets an event.
+
+LISTEN needs a long-lived connection of its own (not one borrowed from a pool). When it drops,
+the listener reconnects with capped backoff and asks for a sync at once, since notifications sent
+while it was away are lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from periodic_manager.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "periodic_jobs"
+
+
+class PostgresChangeListener:
+    """Calls ``on_change()`` for every notification on ``channel`` and after every reconnect."""
+
+    def __init__(
+        self,
+        dsn: str,
+        on_change: Callable[[], None],
+        *,
+        channel: str = CHANNEL,
+        clock: Clock | None = None,
+        check_interval: float = 5.0,
+        timeout: float = 5.0,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
+        self.on_change = on_change
+        self.channel = channel
+        # Reconnect backoff and health checks use real time even under a virtual scheduler clock:
+        # they wait for a server, not for a slot.
+        self.clock: Clock = clock or SystemClock()
+        self.check_interval = check_interval
+        self.timeout = timeout
+        self.max_backoff = max_backoff
+        self.connected = asyncio.Event()
+        self.notifications = 0
+        self.reconnects = 0
+        self._conn: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+
+    async def start(self) -> None:
+        """Start listening in the background (returns at once)."""
+        self._task = asyncio.ensure_future(self._run())
+        self._task.set_name("periodic-manager-listener")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._close()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        first = True
+        while True:
+            try:
+                await self._connect()
+            except Exception as exc:  # noqa: BLE001 - keep trying; the sync loop is the backstop
+                log.warning("LISTEN %s: cannot connect (retrying in %.1f s): %s", self.channel, backoff, exc)
+                await self.clock.sleep(backoff)
+                backoff = min(self.max_backoff, backoff * 2)
+                continue
+            backoff = 0.2
+            if not first:
+                self.reconnects += 1
+                log.info("LISTEN %s: reconnected", self.channel)
+            first = False
+            # Anything may have changed while no connection was listening.
+            self.on_change()
+            await self._watch()
+            await self._close()
+
+    async def _connect(self) -> None:
+        import asyncpg
+
+        self._lost.clear()
+        conn = await asyncpg.connect(
+            self.dsn, timeout=self.timeout, server_settings={"application_name": "periodic_manager listener"}
+        )
+        conn.add_termination_listener(lambda _c: self._lost.set())
+        await conn.add_listener(self.channel, self._notified)
+        self._conn = conn
+        self.connected.set()
+
+    def _notified(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+        self.notifications += 1
+        self.on_change()
+
+    async def _watch(self) -> None:
+        """Return when the connection is lost (termination callback, or a failed health check:
+        a half-open socket gives no termination event, so probe it now and then)."""
+        while not self._lost.is_set():
+            waiter = asyncio.ensure_future(self._lost.wait())
+            sleeper = asyncio.ensure_future(self.clock.sleep(self.check_interval))
+            try:
+                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                sleeper.cancel()
+                await asyncio.gather(waiter, sleeper, return_exceptions=True)
+            if self._lost.is_set():
+                break
+            try:
+                await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.timeout)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("LISTEN %s: connection lost: %s", self.channel, exc)
+                break
+        self.connected.clear()
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        self.connected.clear()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.terminate()
