@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,9 +45,15 @@ def _check_text(text: str, field: str) -> None:
         raise ConfigError(field, "must be valid Unicode (unpaired surrogate)") from None
 
 
-def validate_row(fields: dict[str, Any], now: datetime) -> PeriodicTaskConfig:
+def validate_row(
+    fields: dict[str, Any], now: datetime, *, targets: Collection[str] | None = None
+) -> PeriodicTaskConfig:
     """Validate a complete row (a new one or the merge of a PATCH) exactly as the manager would,
-    and check that it fires at least once after ``now``. Raises ConfigError naming the field."""
+    and check that it fires at least once after ``now``. Raises ConfigError naming the field.
+
+    ``targets``: the targets the deployment runs (``Settings.configured_targets()``); a row whose
+    ``options.target`` names another is refused, as the manager would refuse it at sync time.
+    """
     for name in ("name", "spec", "timezone", "task_type", "description"):
         if isinstance(fields.get(name), str):
             _check_text(fields[name], name)
@@ -66,6 +73,7 @@ def validate_row(fields: dict[str, Any], now: datetime) -> PeriodicTaskConfig:
         options=fields.get("options"),
         timezone=fields["timezone"],
         anchor=anchor,
+        allowed_targets=targets,
     )
     if not next_runs(cfg.spec, cfg.timezone, cfg.anchor, now, 1):
         raise ConfigError("spec", "has no fire time after now")

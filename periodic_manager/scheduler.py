@@ -363,10 +363,15 @@ class Scheduler:
         for entry, res in zip(entries, results, strict=True):
             if advance:
                 entry.prev_slot = slot
-            entry.last_error = None
+            entry.last_error = res.error  # set when the target failed this task alone
+            if res.status == "failed":
+                log.error(
+                    "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
+                    extra={"schedule": entry.config.name, "slot": slot.isoformat()},
+                )
             entry.counts[res.status] = entry.counts.get(res.status, 0) + 1
             self.counts[res.status] += 1
-            runs.append(RunRecord(entry.key, entry.config.name, slot, res.status, at, res.message_id))
+            runs.append(RunRecord(entry.key, entry.config.name, slot, res.status, at, res.message_id, res.error))
         log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
         await self._safe_hook(self.post_enqueue, results)
         await self._report(runs)

@@ -42,11 +42,17 @@ class Task:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    """What happened to one task of a batch."""
+    """What happened to one task of a batch.
+
+    ``failed``: this task was not enqueued and holds no claim, while the rest of the batch was
+    processed (a task the target cannot encode, or the group of a failed target behind a
+    :class:`~periodic_manager.targets.routing.RoutingTarget`); ``error`` says why.
+    """
 
     task: Task
-    status: Literal["enqueued", "duplicate"]
+    status: Literal["enqueued", "duplicate", "failed"]
     message_id: str | None = None  # stream entry id, outbox row id, ...
+    error: str | None = None
 
 
 class Target(Protocol):
@@ -58,7 +64,8 @@ class Target(Protocol):
         """Enqueue ``tasks`` (``now`` is the enqueue instant) and report each one's fate.
 
         Either the whole batch is processed (results in input order) or TargetError is raised and
-        no claim of the batch is left behind without its message.
+        no claim of the batch is left behind without its message. A processed batch may report
+        single tasks as ``failed`` (not enqueued, no claim left), the others being unaffected.
         """
         ...
 

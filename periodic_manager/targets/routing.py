@@ -1,0 +1,90 @@
+"""Several targets behind one: each task goes to the target its schedule names.
+
+A schedule picks a target with ``options.target`` (``redis``, ``outbox``, ``celery``, ``arq``);
+without it the default target gets it. Which targets exist is the deployment's choice
+(``PM_TARGET`` and ``PM_TARGETS``): a schedule naming another one is refused by the API (422) and
+reported as a row error by the manager (``service.target_check``), never silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from periodic_manager.errors import TargetError
+from periodic_manager.targets.base import EnqueueResult, Target, Task
+
+
+class RoutingTarget:
+    """Sends each task to ``targets[task.options.get("target", default)]``.
+
+    A batch is split by target and every target gets its part as one call, all concurrently.
+    Results come back in input order. When some targets fail and others do not, the tasks of the
+    failed ones are reported ``failed`` (with the error) and the others keep their real outcome;
+    when every target involved fails, TargetError is raised (the scheduler then retries the
+    batch within grace, and the claims make that safe). A task naming a target that is not
+    configured is reported ``failed``.
+    """
+
+    name = "routing"
+
+    def __init__(self, targets: Mapping[str, Target], default: str) -> None:
+        if default not in targets:
+            raise ValueError(f"the default target {default!r} is not among {sorted(targets)}")
+        self.targets = dict(targets)
+        self.default = default
+
+    def target_name(self, task: Task) -> str:
+        return str(task.options.get("target") or self.default)
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        if not tasks:
+            return []
+        results: list[EnqueueResult | None] = [None] * len(tasks)
+        groups: dict[str, list[int]] = {}
+        for index, task in enumerate(tasks):
+            name = self.target_name(task)
+            if name in self.targets:
+                groups.setdefault(name, []).append(index)
+            else:
+                results[index] = EnqueueResult(
+                    task, "failed", error=f"target {name!r} is not configured"
+                )
+        outcomes = await asyncio.gather(
+            *(
+                self.targets[name].enqueue([tasks[i] for i in indices], now)
+                for name, indices in groups.items()
+            ),
+            return_exceptions=True,
+        )
+        failures: list[tuple[str, Exception]] = []
+        for (name, indices), outcome in zip(groups.items(), outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome  # cancellation and friends are not a target's failure
+                failures.append((name, outcome))
+                for index in indices:
+                    results[index] = EnqueueResult(
+                        tasks[index], "failed", error=f"{name}: {outcome}"
+                    )
+                continue
+            if len(outcome) != len(indices):
+                raise TargetError(
+                    f"target {name!r} returned {len(outcome)} results for {len(indices)} tasks"
+                )
+            for index, result in zip(indices, outcome, strict=True):
+                results[index] = result
+        if failures and len(failures) == len(groups):
+            message = "; ".join(f"{name}: {exc}" for name, exc in failures)
+            raise TargetError(message) from failures[0][1]
+        return [r for r in results if r is not None]
+
+    async def close(self) -> None:
+        """Close every target (all of them, even if one fails; the first error is raised)."""
+        outcomes = await asyncio.gather(
+            *(t.close() for t in self.targets.values()), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
