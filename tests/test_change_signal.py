@@ -1,0 +1,209 @@
+"""Change signal: revisions and tombstones by trigger, NOTIFY, incremental reads, LISTEN."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.clock import VirtualClock
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.manager import PeriodicTaskManager
+from periodic_manager.notify import PostgresChangeListener
+from periodic_manager.providers.database import DatabaseProvider
+from periodic_manager.registry import MemoryRuntimeStore
+from periodic_manager.targets.memory import MemoryTarget
+
+INSERT = (
+    "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled)"
+    " VALUES (:name, :spec, 'UTC', 't', 'null', '{}', true)"
+)
+
+
+def dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_engine(db_url)
+    yield eng
+    await eng.dispose()
+
+
+async def sql(engine: AsyncEngine, stmt: str, **params: object) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(text(stmt), params)
+
+
+async def revisions(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return dict((await conn.execute(text("SELECT name, revision FROM periodic_jobs"))).all())
+
+
+async def until(check: object, seconds: float = 5.0) -> None:
+    """Bounded wait for another connection's work (a notification, a reconnect)."""
+    for _ in range(int(seconds / 0.02)):
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_every_write_gets_a_new_revision_and_deletes_leave_tombstones(engine: AsyncEngine) -> None:
+    await sql(engine, INSERT, name="a", spec="* * * * *")
+    await sql(engine, INSERT, name="b", spec="* * * * *")
+    first = await revisions(engine)
+    assert 0 < first["a"] < first["b"]
+    await sql(engine, "UPDATE periodic_jobs SET spec = '*/5 * * * *' WHERE name = 'a'")
+    second = await revisions(engine)
+    assert second["a"] > first["b"] and second["b"] == first["b"]
+    await sql(engine, "DELETE FROM periodic_jobs WHERE name = 'b'")
+    async with engine.connect() as conn:
+        [(rev, _)] = (await conn.execute(text("SELECT revision, id FROM periodic_jobs_deleted"))).all()
+    assert rev > second["a"]
+
+
+async def test_provider_reads_only_what_changed(engine: AsyncEngine) -> None:
+    provider = DatabaseProvider(engine)
+    await sql(engine, INSERT, name="a", spec="* * * * *")
+    await sql(engine, INSERT, name="b", spec="* * * * *")
+    snap = await provider.get_configs()
+    assert snap.revision is not None and len(snap.configs) == 2
+    assert await provider.get_changes(snap.revision) is None  # nothing changed: one cheap query
+
+    await sql(engine, "UPDATE periodic_jobs SET spec = '0 * * * *' WHERE name = 'a'")
+    await sql(engine, "UPDATE periodic_jobs SET enabled = false WHERE name = 'b'")
+    await sql(engine, INSERT, name="c", spec="61 * * * *")
+    changes = await provider.get_changes(snap.revision)
+    assert changes is not None and not changes.full
+    assert [c.name for c in changes.configs] == ["a"] and changes.configs[0].spec == "0 * * * *"
+    assert [e.name for e in changes.errors] == ["c"]
+    ids = {c.name: c.key for c in snap.configs}
+    assert list(changes.removed) == [ids["b"]]
+
+    await sql(engine, "DELETE FROM periodic_jobs WHERE name = 'a'")
+    later = await provider.get_changes(changes.revision)
+    assert later is not None and list(later.removed) == [ids["a"]] and not later.configs
+
+
+async def test_truncate_asks_for_a_full_read(pg_url: str) -> None:
+    await upgrade(pg_url)
+    eng = create_engine(pg_url)
+    try:
+        await sql(eng, INSERT, name="a", spec="* * * * *")
+        provider = DatabaseProvider(eng)
+        snap = await provider.get_configs()
+        await sql(eng, "TRUNCATE periodic_jobs")
+        changes = await provider.get_changes(snap.revision or 0)
+        assert changes is not None and changes.full
+    finally:
+        await eng.dispose()
+
+
+async def test_writers_are_serialized_so_revisions_appear_in_commit_order(pg_url: str) -> None:
+    await upgrade(pg_url)
+    first = await asyncpg.connect(dsn(pg_url))
+    second = await asyncpg.connect(dsn(pg_url))
+    try:
+        tx = first.transaction()
+        await tx.start()
+        await first.execute(
+            "INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ('slow', '* * * * *', 't', '{}')"
+        )
+        other = asyncio.ensure_future(
+            second.execute(
+                "INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ('fast', '* * * * *', 't', '{}')"
+            )
+        )
+        await asyncio.sleep(0.2)
+        assert not other.done()  # waits for the first writer's commit
+        await tx.commit()
+        await asyncio.wait_for(other, 5)
+        revs = dict(await first.fetch("SELECT name, revision FROM periodic_jobs"))
+        assert revs["slow"] < revs["fast"]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_bulk_update_is_one_notification(pg_url: str) -> None:
+    await upgrade(pg_url)
+    listener = await asyncpg.connect(dsn(pg_url))
+    writer = await asyncpg.connect(dsn(pg_url))
+    got: list[str] = []
+    try:
+        await listener.add_listener("periodic_jobs", lambda *args: got.append(args[3]))
+        await writer.execute(
+            "INSERT INTO periodic_jobs (name, spec, task_type, options)"
+            " SELECT 'bulk' || g, '* * * * *', 't', '{}' FROM generate_series(1, 2000) g"
+        )
+        await writer.execute("UPDATE periodic_jobs SET spec = '*/2 * * * *'")
+        await until(lambda: len(got) >= 2)
+        await asyncio.sleep(0.2)
+        assert got == ["", ""]  # one per statement, empty payload
+    finally:
+        await listener.close()
+        await writer.close()
+
+
+async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval(pg_url: str) -> None:
+    await upgrade(pg_url)
+    eng = create_engine(pg_url)
+    clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
+    mgr = PeriodicTaskManager(
+        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), sync_interval=3600
+    )
+    listener = PostgresChangeListener(dsn(pg_url), mgr.request_sync, check_interval=0.2)
+    mgr.signals.append(listener)
+    await mgr.start()
+    try:
+        await until(listener.connected.is_set)
+
+        def names() -> list[str]:
+            return sorted(e.config.name for e in mgr.entries())
+
+        await sql(eng, INSERT, name="raw.sql", spec="* * * * *")
+        await until(lambda: names() == ["raw.sql"])
+        await sql(eng, "UPDATE periodic_jobs SET spec = '*/2 * * * *'")
+        await until(lambda: [e.config.spec for e in mgr.entries()] == ["*/2 * * * *"])
+        await sql(eng, "DELETE FROM periodic_jobs")
+        await until(lambda: names() == [])
+
+        # The listener's connection is killed: it reconnects and asks for a sync at once.
+        admin = await asyncpg.connect(dsn(pg_url))
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'periodic_manager listener'"
+        )
+        await admin.close()
+        await until(lambda: listener.reconnects == 1, 10)
+        await sql(eng, INSERT, name="after.reconnect", spec="* * * * *")
+        await until(lambda: names() == ["after.reconnect"])
+    finally:
+        await mgr.stop()
+        await eng.dispose()
+
+
+async def test_a_row_turned_bad_keeps_its_last_good_schedule(engine: AsyncEngine) -> None:
+    clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
+    mgr = PeriodicTaskManager(DatabaseProvider(engine), MemoryTarget(), clock=clock, store=MemoryRuntimeStore())
+    await sql(engine, INSERT, name="keep", spec="*/5 * * * *")
+    await mgr.start()
+    try:
+        await sql(engine, "UPDATE periodic_jobs SET spec = '61 * * * *' WHERE name = 'keep'")
+        for full in (False, True):
+            report = await mgr.sync(full=full)
+            assert [e.name for e in report.errors] == ["keep"]
+            assert [e.config.spec for e in mgr.entries()] == ["*/5 * * * *"]
+        await sql(engine, "DELETE FROM periodic_jobs WHERE name = 'keep'")
+        await mgr.sync()
+        assert mgr.entries() == []
+    finally:
+        await mgr.stop()
