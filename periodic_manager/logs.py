@@ -39,6 +39,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str, ensure_ascii=False)
 
 
+_HANDLER = "periodic-manager-cli"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -46,9 +47,10 @@ def configure(level: str, fmt: str = "text") -> None:
     """Root handler on stderr, as text or JSON lines."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.set_name(_HANDLER)
     root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER]:
+        root.removeHandler(old)  # only ours: configuring twice must not duplicate lines
     root.addHandler(handler)
     root.setLevel(level)
     if level != "DEBUG":

@@ -1,0 +1,238 @@
+"""``periodic-manager import / export / next`` on a real database (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from periodic_manager.cli import main
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade_sync
+from periodic_manager.db.models import PeriodicJob
+
+YAML = """\
+schedules:
+  - name: reports.daily
+    spec: "0 6 * * *"
+    timezone: Europe/Moscow
+    task_type: reports.build
+    payload: {format: pdf, pages: [1, 2]}
+    options: {queue: reports, max_retry: 3}
+    description: morning report
+  - name: cleanup
+    spec: "@every 90s"
+    task_type: db.cleanup
+    anchor: "2026-01-01T00:00:00Z"
+    enabled: false
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        u = f"sqlite+aiosqlite:///{tmp_path}/pm.db"
+    else:
+        u = str(request.getfixturevalue("pg_url"))
+    upgrade_sync(u)
+    return u
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows(url: str) -> dict[str, Any]:
+    async def read() -> dict[str, Any]:
+        engine = create_engine(url)
+        try:
+            async with engine.connect() as conn:
+                result = await conn.execute(select(PeriodicJob))
+                return {r.name: r for r in result.all()}
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
+
+
+def test_import_dry_run_then_write_then_unchanged(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(YAML)
+    code, out, _ = cli(capsys, "import", str(f), "--database-url", url, "--dry-run")
+    assert code == 0
+    assert out.splitlines() == [
+        "+ create reports.daily",
+        "+ create cleanup",
+        "2 to create, 0 to update, 0 to delete, 0 unchanged",
+        "dry run: nothing written",
+    ]
+    assert rows(url) == {}
+    assert cli(capsys, "import", str(f), "--database-url", url)[0] == 0
+    got = rows(url)
+    assert got["reports.daily"].payload == {"format": "pdf", "pages": [1, 2]}
+    assert got["reports.daily"].options == {"queue": "reports", "max_retry": 3}
+    assert got["cleanup"].enabled is False and got["cleanup"].timezone == "UTC"
+    stamp = got["cleanup"].updated_at
+    code, out, _ = cli(capsys, "import", str(f), "--database-url", url)
+    assert code == 0 and out.splitlines() == ["0 to create, 0 to update, 0 to delete, 2 unchanged"]
+    assert rows(url)["cleanup"].updated_at == stamp  # unchanged rows are not touched
+
+
+def test_update_and_prune(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(YAML)
+    cli(capsys, "import", str(f), "--database-url", url)
+    g = tmp_path / "one.json"
+    g.write_text(json.dumps([{"name": "cleanup", "spec": "@every 2m", "task_type": "db.cleanup"}]))
+    code, out, _ = cli(capsys, "import", str(g), "--database-url", url)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("~ update cleanup: spec '@every 90s' -> '@every 2m'; ")
+    assert (
+        "enabled False -> True" in lines[0]
+        and "anchor '2026-01-01T00:00:00+00:00' -> None" in lines[0]
+    )
+    assert (
+        lines[1]
+        == "0 to create, 1 to update, 0 to delete, 0 unchanged, 1 not in the file kept (--prune deletes them)"
+    )
+    code, out, _ = cli(capsys, "import", str(g), "--database-url", url, "--prune")
+    assert code == 0 and out.splitlines()[0] == "- delete reports.daily"
+    assert set(rows(url)) == {"cleanup"} and rows(url)["cleanup"].spec == "@every 2m"
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml", "toml"])
+def test_export_round_trips(
+    fmt: str, url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(YAML)
+    cli(capsys, "import", str(f), "--database-url", url)
+    code, out, _ = cli(capsys, "export", "--format", fmt, "--database-url", url)
+    assert code == 0
+    exported = tmp_path / f"out.{fmt}"
+    exported.write_text(out)
+    if fmt == "json":
+        doc = json.loads(out)
+        assert [e["name"] for e in doc] == ["cleanup", "reports.daily"]  # by name
+        assert doc[0] == {
+            "name": "cleanup",
+            "spec": "@every 90s",
+            "task_type": "db.cleanup",
+            "enabled": False,
+            "anchor": "2026-01-01T00:00:00+00:00",
+        }
+    code, out, _ = cli(capsys, "import", str(exported), "--database-url", url, "--prune")
+    assert code == 0 and out.splitlines() == ["0 to create, 0 to update, 0 to delete, 2 unchanged"]
+
+
+def test_toml_cannot_express_null(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "n.json"
+    f.write_text(
+        json.dumps([{"name": "n", "spec": "@daily", "task_type": "t", "payload": {"a": None}}])
+    )
+    assert cli(capsys, "import", str(f), "--database-url", url)[0] == 0
+    code, out, err = cli(capsys, "export", "--format", "toml", "--database-url", url)
+    assert code == 2 and out == "" and "TOML" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "message"),
+    [
+        (
+            '[{"name": "ok", "spec": "@daily", "task_type": "t"}, {"name": "bad", "spec": "61 * * * *", "task_type": "t"}]',
+            "json",
+            "entry 2 ('bad'): spec:",
+        ),
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t", "colour": "red"}]',
+            "json",
+            "entry 1 ('x'): colour: unknown field",
+        ),
+        ('[{"name": "x", "spec": "@daily"}]', "json", "entry 1 ('x'): task_type: is required"),
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t", "options": {"queu": 1}}]',
+            "json",
+            "options.queu: unknown option",
+        ),
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t", "anchor": "2026-01-01T00:00:00"}]',
+            "json",
+            "anchor:",
+        ),
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t"}, {"name": "x", "spec": "@daily", "task_type": "t"}]',
+            "json",
+            "entry 2 ('x'): name: appears twice",
+        ),
+        (
+            "[[schedules]]\nname = 'x'\nspec = '@daily'\ntask_type = 't'\nenabled = 'yes'\n",
+            "toml",
+            "enabled: must be true or false",
+        ),
+        ("{", "json", "not valid JSON"),
+        ("- [unclosed", "yaml", "not valid YAML"),
+        ('{"name": "x"}', "json", "expected a list of schedules"),
+    ],
+)
+def test_a_bad_file_is_one_line_exit_2_and_nothing_written(
+    content: str,
+    suffix: str,
+    message: str,
+    url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    f = tmp_path / f"bad.{suffix}"
+    f.write_text(content)
+    code, out, err = cli(capsys, "import", str(f), "--database-url", url)
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"periodic-manager: error: {f}: ") and message in line, line
+    assert rows(url) == {}
+
+
+def test_unknown_extension_needs_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "s.txt"
+    f.write_text("[]")
+    code, _, err = cli(capsys, "import", str(f), "--database-url", f"sqlite:///{tmp_path}/x.db")
+    assert code == 2 and "--format" in err
+
+
+def test_next_prints_utc_and_local(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "next", "0 6 * * *", "--tz", "Europe/Moscow", "-n", "5")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 5
+    for line in lines:
+        utc, local, abbr = line.split()
+        assert utc.endswith("T03:00:00Z") and local.endswith("T06:00:00+03:00") and abbr == "MSK"
+    code, out, _ = cli(capsys, "next", "@every 90s", "-n", "1", "--describe")
+    assert code == 0 and out.splitlines()[0] == "# Every 90 seconds" and len(out.splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["61 * * * *"], "spec: "),
+        (["@daily", "--tz", "Mars/Olympus"], "--tz: "),
+        (["@daily", "-n", "0"], "-n: "),
+        (["@every 1m", "--anchor", "yesterday"], "--anchor: "),
+    ],
+)
+def test_next_rejects_bad_input_in_one_line(
+    args: list[str], names: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(capsys, "next", *args)
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("periodic-manager: error: " + names), line
