@@ -249,8 +249,13 @@ def entry_id(cfg: PeriodicTaskConfig, digest: str | None = None) -> str:
     return f"{cfg.key}-{(digest or content_hash(cfg))[:12]}"
 
 
-def idempotency_key(name: str, slot: datetime) -> str:
-    """``<name>:<slot as UTC ISO instant>``, e.g. ``reports.daily:2024-03-31T01:30:00Z``."""
+def slot_text(slot: datetime) -> str:
+    """A slot as a UTC ISO instant with ``Z``: ``2024-03-31T01:30:00Z`` (microseconds if any)."""
     utc = slot.astimezone(cron.UTC)
     text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
-    return f"{name}:{text.replace('+00:00', 'Z')}"
+    return text.replace("+00:00", "Z")
+
+
+def idempotency_key(name: str, slot: datetime) -> str:
+    """``<name>:<slot as UTC ISO instant>``, e.g. ``reports.daily:2024-03-31T01:30:00Z``."""
+    return f"{name}:{slot_text(slot)}"

@@ -53,7 +53,7 @@ class EntryRecord:
     last_error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
 class RunRecord:
     """The outcome of one slot."""
 

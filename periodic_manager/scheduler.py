@@ -28,7 +28,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, content_hash, entry_id, idempotency_key
+from periodic_manager.config import (
+    PeriodicTaskConfig,
+    canonical_json,
+    content_hash,
+    entry_id,
+    slot_text,
+)
 from periodic_manager.cron import Schedule
 from periodic_manager.registry import RunRecord
 from periodic_manager.targets.base import EnqueueResult, Target, Task, task_id_for
@@ -40,7 +46,8 @@ PostEnqueueHook = Callable[[Sequence[EnqueueResult]], Awaitable[None] | None]
 ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
 RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
 
-IDLE_SLEEP_S = 3600.0  # with no entries, sleep long; register() wakes the loop anyway
+IDLE_SLEEP_S = 3600.0
+RECORD_ON_STOP_TIMEOUT_S = 30.0  # with no entries, sleep long; register() wakes the loop anyway
 
 
 @dataclass(slots=True)
@@ -57,10 +64,10 @@ class ScheduledEntry:
     last_error: str | None = None
     version: int = 0
     counts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        return self.config.key
+    key: str = ""  # the config's key, cached: read several times per slot
+    window: timedelta = timedelta(0)  # how long after a slot it may still be sent
+    payload_json: str = "null"  # canonical JSON, computed once per entry, not once per slot
+    options_json: str = "{}"
 
 
 async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
@@ -111,6 +118,9 @@ class Scheduler:
         self._active = True
         self._stop_event = asyncio.Event()
         self._failing = 0  # consecutive failed enqueue attempts (one log line per outage)
+        self._pending_runs: list[RunRecord] = []
+        self._runs_ready = asyncio.Event()
+        self._writing = False
 
     # -- entries -----------------------------------------------------------------------------
 
@@ -131,7 +141,11 @@ class Scheduler:
             prev_slot=self._last_fired.get(config.key),
             # Versions are globally unique so a stale heap item can never match a re-created entry.
             version=next(self._seq),
+            key=config.key,
+            payload_json=canonical_json(config.payload),
+            options_json=canonical_json(dict(config.options)),
         )
+        entry.window = self._window(config)
         self._entries[eid] = entry
         heapq.heappush(self._heap, (entry.next_slot, entry.version, eid))
         self._wake.set()
@@ -159,12 +173,22 @@ class Scheduler:
         """The timing loop; returns after :meth:`stop`."""
         self._stopping = False
         self._stop_event.clear()
-        while not self._stopping:
-            now = self.clock.now()
-            if self._active:
-                await self._dispatch_due(now)
-            await self._mark_processed(now)
-            await self._sleep_until_next()
+        writer = asyncio.ensure_future(self._write_runs())
+        try:
+            while not self._stopping:
+                now = self.clock.now()
+                if self._active:
+                    await self._dispatch_due(now)
+                await self._mark_processed(now)
+                await self._sleep_until_next()
+        finally:
+            # What was sent is recorded before the loop returns (a write under way finishes).
+            self._stopping = True
+            self._runs_ready.set()
+            try:
+                await asyncio.wait_for(writer, RECORD_ON_STOP_TIMEOUT_S)
+            except (TimeoutError, asyncio.CancelledError):
+                log.warning("stopped before %d run(s) could be recorded", len(self._pending_runs))
 
     def stop(self) -> None:
         self._stopping = True
@@ -201,6 +225,8 @@ class Scheduler:
         """Wait until every slot due at or before ``instant`` has been handled (for tests)."""
 
         def done() -> bool:
+            if self._pending_runs or self._writing:
+                return False
             if self._processed_until is not None and self._processed_until >= instant:
                 return True
             return self._sleeping_until is not None and self._sleeping_until > instant
@@ -298,16 +324,19 @@ class Scheduler:
         return RunRecord(entry.key, entry.config.name, slot, "skipped", now, error=f"{late:.3f} s late")
 
     def window(self, entry: ScheduledEntry) -> timedelta:
+        return entry.window
+
+    def _window(self, config: PeriodicTaskConfig) -> timedelta:
         """How long after its slot a task may still be sent: grace, or the catch-up window of a
         ``fire_once`` schedule (targets keep their claim of the key that long)."""
-        opts = entry.config.options
+        opts = config.options
         if opts.get("misfire") == "fire_once":
             return max(self.grace, timedelta(seconds=opts.get("catchup_window", self.catchup_window.total_seconds())))
         return self.grace
 
-    def _task(self, entry: ScheduledEntry, slot: datetime) -> Task:
+    def _task(self, entry: ScheduledEntry, slot: datetime, text: str) -> Task:
         cfg = entry.config
-        key = idempotency_key(cfg.name, slot)
+        key = f"{cfg.name}:{text}"
         return Task(
             id=task_id_for(key),
             name=cfg.name,
@@ -317,8 +346,10 @@ class Scheduler:
             options=cfg.options,
             idempotency_key=key,
             scheduled_at=slot,
-            expires_at=slot + self.window(entry),
+            expires_at=slot + entry.window,
             schedule_id=cfg.schedule_id,
+            payload_json=entry.payload_json,
+            options_json=entry.options_json,
         )
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
@@ -337,7 +368,8 @@ class Scheduler:
     async def _enqueue_batch(
         self, slot: datetime, entries: list[ScheduledEntry], now: datetime, *, advance: bool = True
     ) -> None:
-        tasks = [self._task(e, slot) for e in entries]
+        text = slot_text(slot)  # shared by the whole batch
+        tasks = [self._task(e, slot, text) for e in entries]
         for entry in entries:
             self._last_fired[entry.key] = max(slot, self._last_fired.get(entry.key, slot))
             if advance:
@@ -427,8 +459,30 @@ class Scheduler:
             log.exception("hook %r failed", hook)
 
     async def _report(self, runs: Sequence[RunRecord]) -> None:
+        """Hand runs to the writer: recording never delays the next dispatch."""
         if self.on_runs is not None and runs:
-            try:
-                await self.on_runs(runs)
-            except Exception:  # the store being down must not stop the schedule
-                log.exception("recording %d run(s) failed", len(runs))
+            self._pending_runs.extend(runs)
+            self._runs_ready.set()
+
+    async def _write_runs(self) -> None:
+        """Record pending runs as they come, coalescing batches that arrive while writing."""
+        while True:
+            await self._runs_ready.wait()
+            self._runs_ready.clear()
+            await self._flush_runs()
+            if self._stopping and not self._pending_runs:
+                return
+
+    async def _flush_runs(self) -> None:
+        if not self._pending_runs or self.on_runs is None:
+            return
+        runs, self._pending_runs = self._pending_runs, []
+        self._writing = True
+        try:
+            await self.on_runs(runs)
+        except Exception:  # the store being down must not stop the schedule
+            log.exception("recording %d run(s) failed", len(runs))
+        finally:
+            self._writing = False
+            async with self._state:
+                self._state.notify_all()

@@ -368,8 +368,10 @@ async def test_redis_down_raises_target_error_quickly(
     finally:
         await client.aclose()
     assert time.monotonic() - started < 1.0
-    cause = RedisConnectionError if retries == 0 else TimeoutError
-    assert isinstance(info.value.__cause__, cause)
+    # Without retries the refusal itself surfaces; with redis-py's jittered retries either the
+    # target's timeout or the last refusal does, depending on the draw.
+    causes = RedisConnectionError if retries == 0 else (TimeoutError, RedisConnectionError)
+    assert isinstance(info.value.__cause__, causes)
 
 
 async def test_redis_that_never_answers_raises_target_error_after_timeout() -> None:

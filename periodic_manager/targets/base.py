@@ -7,21 +7,35 @@ managers, a restart or a retry never enqueue a slot twice.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from periodic_manager.config import canonical_json
+
 TASK_ID_NAMESPACE = uuid.UUID("6f1c1a52-5d0e-4d43-9b8e-2f1d8c0b7a11")
 
 
+_NAMESPACE_BYTES = TASK_ID_NAMESPACE.bytes
+
+
 def task_id_for(idempotency_key: str) -> str:
-    """Deterministic task id (uuid5 of the idempotency key): every replica derives the same id."""
-    return str(uuid.uuid5(TASK_ID_NAMESPACE, idempotency_key))
+    """Deterministic task id: the uuid5 of the idempotency key (every replica derives the same id).
+
+    Equal to ``str(uuid.uuid5(TASK_ID_NAMESPACE, key))``, built without UUID objects because it
+    runs once per enqueued slot.
+    """
+    raw = bytearray(hashlib.sha1(_NAMESPACE_BYTES + idempotency_key.encode()).digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
 class Task:
     """One enqueue: a slot of a schedule, ready for a worker."""
 
@@ -38,9 +52,21 @@ class Task:
     expires_at: datetime
     schedule_id: int | str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Canonical JSON of payload and options, when the caller has it already (the scheduler keeps
+    # it per entry, so a burst does not serialize the same payload once per slot).
+    payload_json: str | None = None
+    options_json: str | None = None
+
+    def payload_text(self) -> str:
+        """The payload as canonical JSON text."""
+        return self.payload_json if self.payload_json is not None else canonical_json(self.payload)
+
+    def options_text(self) -> str:
+        """The options as canonical JSON text."""
+        return self.options_json if self.options_json is not None else canonical_json(dict(self.options))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
 class EnqueueResult:
     """What happened to one task of a batch.
 

@@ -14,6 +14,7 @@ microseconds only when non-zero) and ``options`` (canonical JSON text).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -22,13 +23,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from periodic_manager.config import canonical_json
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import EnqueueResult, Task
 
 # KEYS[1] = stream, KEYS[2..n+1] = claims; ARGV[1] = MAXLEN (0: no trimming), then 10 values per
-# task: the claim TTL in ms and the nine message fields (id, type, payload, queue, name,
-# idempotency_key, scheduled_at, enqueued_at, options).
+# The tasks of one queue travel as ONE argument, a JSON array decoded by the script (cjson):
+# redis-py encodes every argument separately, which at ten arguments a task cost more than
+# Redis's own work. Claim keys are built inside the script from the queue's hash-tagged prefix,
+# so they always share the stream's cluster slot.
 # Returns a flat array: per task 1 + the new entry id, or 0 + the entry id already claimed.
 #
 # A script is atomic but not transactional: if a command fails half-way, earlier effects stay.
@@ -41,17 +43,18 @@ if kind ~= 'stream' and kind ~= 'none' then
   return redis.error_reply('WRONGTYPE ' .. stream .. ' is a ' .. kind .. ', not a stream')
 end
 local maxlen = tonumber(ARGV[1])
+local claim_prefix = ARGV[2]
+local enqueued_at = ARGV[3]
+local tasks = cjson.decode(ARGV[4])
 local out = {}
-local n = #KEYS - 1
-for i = 1, n do
-  local claim = KEYS[i + 1]
-  local a = 1 + (i - 1) * 10
-  local ttl = ARGV[a + 1]
-  if redis.call('SET', claim, ARGV[a + 2], 'NX', 'PX', ttl) then
+for i = 1, #tasks do
+  local t = tasks[i]
+  -- t: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options
+  local claim = claim_prefix .. t[7]
+  if redis.call('SET', claim, t[2], 'NX', 'PX', t[1]) then
     local fields = {
-      'id', ARGV[a + 2], 'type', ARGV[a + 3], 'payload', ARGV[a + 4], 'queue', ARGV[a + 5],
-      'name', ARGV[a + 6], 'idempotency_key', ARGV[a + 7], 'scheduled_at', ARGV[a + 8],
-      'enqueued_at', ARGV[a + 9], 'options', ARGV[a + 10]
+      'id', t[2], 'type', t[3], 'payload', t[4], 'queue', t[5], 'name', t[6],
+      'idempotency_key', t[7], 'scheduled_at', t[8], 'enqueued_at', enqueued_at, 'options', t[9]
     }
     local res
     if maxlen > 0 then
@@ -63,7 +66,7 @@ for i = 1, n do
       redis.call('DEL', claim)
       return res
     end
-    redis.call('SET', claim, res, 'PX', ttl)
+    redis.call('SET', claim, res, 'PX', t[1])
     out[#out + 1] = 1
     out[#out + 1] = res
   else
@@ -74,7 +77,8 @@ end
 return out
 """
 
-_ARGS_PER_TASK = 10
+CHUNK = 1000  # tasks per script call: Redis stays responsive between calls
+PARALLEL = 4  # pipelines in flight at once (connections of the pool)
 
 
 def utc_iso(instant: datetime) -> str:
@@ -163,7 +167,8 @@ class RedisStreamsTarget:
         return max(1000, math.ceil(seconds * 1000))
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim and add every task; one script call per queue, all in one pipeline."""
+        """Claim and add every task: script calls of at most ``CHUNK`` tasks of one queue, sent
+        over up to ``PARALLEL`` pipelines at once so encoding overlaps Redis's work."""
         if not tasks:
             return []
         groups: dict[str, list[int]] = {}
@@ -171,67 +176,82 @@ class RedisStreamsTarget:
             if "{" in task.queue or "}" in task.queue:
                 raise TargetError(f"queue {task.queue!r} contains '{{' or '}}'")
             groups.setdefault(task.queue, []).append(index)
+        chunks = [
+            (queue, indices[i : i + CHUNK]) for queue, indices in groups.items() for i in range(0, len(indices), CHUNK)
+        ]
+        parts = [chunks[i :: PARALLEL] for i in range(min(PARALLEL, len(chunks)))]
+        enqueued_at = utc_iso(now)
+        memo: dict[tuple[datetime, datetime], tuple[str, int]] = {}
         try:
-            enqueued_at = utc_iso(now)
-            calls = [
-                (indices, self._script_call(queue, [tasks[i] for i in indices], now, enqueued_at))
-                for queue, indices in groups.items()
-            ]
-        except (TypeError, ValueError) as exc:
-            raise TargetError(f"cannot encode the batch: {exc}") from exc
-        try:
-            async with asyncio.timeout(self.timeout):
-                try:
-                    replies = await self._run(calls)
-                except NoScriptError:
-                    # The pipeline loads a missing script before sending (SCRIPT EXISTS), but a
-                    # flush in between, or a cluster pipeline (which does not preload), still
-                    # ends here. Load it (on every primary, for a cluster) and run again: the
-                    # claims make a second run safe, a group already done reports duplicates.
-                    await self._client.script_load(self._script.script)
-                    replies = await self._run(calls)
+            replies = await asyncio.gather(*(self._run_part(part, tasks, now, enqueued_at, memo) for part in parts))
         except TimeoutError as exc:
             raise TargetError(f"redis: no answer within {self.timeout} s") from exc
         except (RedisError, OSError) as exc:
             raise TargetError(f"redis: {type(exc).__name__}: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise TargetError(f"cannot encode the batch: {exc}") from exc
         results: list[EnqueueResult | None] = [None] * len(tasks)
-        for (indices, _), reply in zip(calls, replies, strict=True):
-            for pos, index in enumerate(indices):
-                flag, message_id = reply[2 * pos], reply[2 * pos + 1]
-                text = None if message_id is None else _text(message_id)
-                if int(flag) == 1:
-                    results[index] = EnqueueResult(tasks[index], "enqueued", text)
-                else:
-                    results[index] = EnqueueResult(tasks[index], "duplicate", text)
+        for part, part_replies in zip(parts, replies, strict=True):
+            for (_, indices), reply in zip(part, part_replies, strict=True):
+                for pos, index in enumerate(indices):
+                    flag, message_id = reply[2 * pos], reply[2 * pos + 1]
+                    text = None if message_id is None else _text(message_id)
+                    status = "enqueued" if int(flag) == 1 else "duplicate"
+                    results[index] = EnqueueResult(tasks[index], status, text)
         return [r for r in results if r is not None]
 
-    async def _run(self, calls: list[tuple[list[int], tuple[list[str], list[str | int]]]]) -> Any:
+    async def _run_part(
+        self,
+        part: list[tuple[str, list[int]]],
+        tasks: Sequence[Task],
+        now: datetime,
+        enqueued_at: str,
+        memo: dict[tuple[datetime, datetime], tuple[str, int]],
+    ) -> list[Any]:
+        """One pipeline of script calls; each round trip is bounded by ``timeout``."""
+        calls = [self._script_call(queue, [tasks[i] for i in indices], now, enqueued_at, memo) for queue, indices in part]
+        async with asyncio.timeout(self.timeout):
+            try:
+                return await self._run(calls)
+            except NoScriptError:
+                # The pipeline loads a missing script before sending (SCRIPT EXISTS), but a
+                # flush in between, or a cluster pipeline (which does not preload), still ends
+                # here. Load it and run again: the claims make a second run safe (a call already
+                # done reports duplicates).
+                await self._client.script_load(self._script.script)
+                return await self._run(calls)
+
+    async def _run(self, calls: list[tuple[list[str], list[str | int]]]) -> Any:
         async with self._client.pipeline(transaction=False) as pipe:
-            for _, (keys, args) in calls:
+            for keys, args in calls:
                 await self._script(keys=keys, args=args, client=pipe)
             return await pipe.execute()
 
     def _script_call(
-        self, queue: str, tasks: list[Task], now: datetime, enqueued_at: str
+        self,
+        queue: str,
+        tasks: list[Task],
+        now: datetime,
+        enqueued_at: str,
+        memo: dict[tuple[datetime, datetime], tuple[str, int]] | None = None,
     ) -> tuple[list[str], list[str | int]]:
-        keys = [self.stream_key(queue)]
-        args: list[str | int] = [self.maxlen_by_queue.get(queue, self.maxlen) or 0]
+        memo = {} if memo is None else memo
+        items = []
         for task in tasks:
-            keys.append(self.claim_key(queue, task.idempotency_key))
-            args += [
-                self.claim_ttl_ms(task, now),
-                task.id,
-                task.task_type,
-                canonical_json(task.payload),
-                task.queue,
-                task.name,
-                task.idempotency_key,
-                utc_iso(task.scheduled_at),
-                enqueued_at,
-                canonical_json(dict(task.options)),
-            ]
-        assert len(args) == 1 + len(tasks) * _ARGS_PER_TASK
-        return keys, args
+            # A burst shares one slot: format its instant and claim TTL once.
+            cached = memo.get((task.scheduled_at, task.expires_at))
+            if cached is None:
+                cached = (utc_iso(task.scheduled_at), self.claim_ttl_ms(task, now))
+                memo[(task.scheduled_at, task.expires_at)] = cached
+            items.append(
+                (
+                    cached[1], task.id, task.task_type, task.payload_text(), task.queue, task.name,
+                    task.idempotency_key, cached[0], task.options_text(),
+                )
+            )
+        maxlen = self.maxlen_by_queue.get(queue, self.maxlen) or 0
+        blob = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
+        return [self.stream_key(queue)], [maxlen, self.claim_key(queue, ""), enqueued_at, blob]
 
     async def close(self) -> None:
         """Close the client if this target created it (:meth:`from_url`)."""
