@@ -7,7 +7,9 @@ carries its prefix (kombu's ``global_keyprefix``), so tests never share a queue 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +22,7 @@ from periodic_manager.errors import TargetError
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import Task, task_id_for
 from periodic_manager.targets.celery import CeleryTarget
+from periodic_manager.targets.claims import RedisClaims
 from tests.celery_arq_rig import (
     Rig,
     WorkerProcess,
@@ -199,3 +202,35 @@ async def test_failed_publish_releases_the_claim_and_a_retry_publishes(
     assert headers["idempotency_key"] == task.idempotency_key
     assert headers["scheduled_at"] == "2024-05-01T12:01:00Z"
     assert headers["periodic_name"] == task.name
+
+
+class SlowApp:
+    """Stands in for a Celery app whose broker takes ``delay`` seconds per publish."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.sent: list[str] = []
+
+    def producer_or_acquire(self) -> Any:
+        return contextlib.nullcontext(object())
+
+    def send_task(self, name: str, task_id: str, **_: Any) -> None:
+        time.sleep(self.delay)
+        self.sent.append(task_id)
+
+
+async def test_a_slow_broker_stops_the_batch_at_the_timeout_and_releases_unsent_claims(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+    tasks = [_task(redis_prefix, slot, name=f"{redis_prefix}.slow{i}") for i in range(3)]
+    app = SlowApp(delay=0.3)
+    target = CeleryTarget(app, RedisClaims(redis_client, prefix=redis_prefix), timeout=0.2)
+    try:
+        with pytest.raises(TargetError, match="published 1 of 3"):
+            await target.enqueue(tasks, slot)
+    finally:
+        await target.close()
+    assert app.sent == [tasks[0].id]  # the publish under way finished, no other one started
+    claims = [await redis_client.exists(f"{redis_prefix}:claim:{t.idempotency_key}") for t in tasks]
+    assert claims == [1, 0, 0]

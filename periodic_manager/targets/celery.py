@@ -267,7 +267,9 @@ class CeleryTarget:
     async def close(self) -> None:
         """Stop the publishing thread; close the app and clients this target created."""
         if self._owns_app:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self.app.close)
+            closing = asyncio.get_running_loop().run_in_executor(self._executor, self.app.close)
+            # Behind a publish that never returned this would wait forever: bounded.
+            await asyncio.wait({closing}, timeout=self.timeout)
         self._executor.shutdown(wait=False)
         for client in self._owned_clients:
             await client.aclose()
