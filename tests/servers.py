@@ -1,0 +1,168 @@
+"""Throwaway servers for fault-injection tests and benchmarks: loopback only, always stopped.
+
+:class:`RedisServer` runs a private ``redis-server`` on a free 127.0.0.1 port with an append-only
+file fsynced on every write, so a SIGKILL followed by :meth:`RedisServer.start` on the same port
+keeps the streams and the claims (what a restarted production Redis with AOF would keep).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepting(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A ``redis-server`` process the caller kills, freezes and restarts at will.
+
+    Use as a context manager (or call :meth:`close`): the process is stopped and its directory
+    removed whatever happened.
+    """
+
+    def __init__(self, port: int | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not on PATH")
+        self.binary = binary
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="pm-redis-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start (or restart, same port and data directory) and wait until it answers PING."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("already running")
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.dir),
+                "--protected-mode",
+                "yes",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+            if _accepting(self.port):
+                return
+            time.sleep(0.02)
+        self.close()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes; clients see their connections reset."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def freeze(self) -> None:
+        """SIGSTOP: the kernel still accepts connections and buffers requests; nothing answers."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        self.kill()  # SIGKILL ends a stopped (frozen) process too
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ManagerProcess:
+    """A ``python -m periodic_manager manager`` subprocess; its log goes to a file (no pipe fills)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PM_")} | env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "periodic_manager", "manager"],
+                env=self.env,
+                stdout=log,
+                stderr=log,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye; the database ends its sessions."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit within ``timeout``; the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
