@@ -24,6 +24,7 @@ from periodic_manager.logs import JsonFormatter
 from periodic_manager.manager import PeriodicTaskManager
 from periodic_manager.registry import RunRecord
 from periodic_manager.settings import Settings
+from periodic_manager.targets.base import EnqueueResult
 from periodic_manager.targets.memory import MemoryTarget
 from tests.test_api import HEARTBEAT_S, JOB, T0, assert_error, assert_problem, create, manager_row
 
@@ -228,18 +229,24 @@ async def test_trigger_of_an_unusable_row_is_409(
 class BrokenTarget:
     name = "broken"
 
+    def __init__(self, alone: bool = False) -> None:
+        self.alone = alone  # refuse the task in its result instead of raising
+
     async def enqueue(self, tasks: Any, now: Any) -> Any:
+        if self.alone:
+            return [EnqueueResult(t, "failed", error="broker down") for t in tasks]
         raise RuntimeError("broker down")
 
     async def close(self) -> None:
         pass
 
 
+@pytest.mark.parametrize("alone", [False, True])
 async def test_trigger_when_the_target_fails_is_503_and_recorded(
-    db_url: str, engine: AsyncEngine, clock: VirtualClock
+    alone: bool, db_url: str, engine: AsyncEngine, clock: VirtualClock
 ) -> None:
     class Fake:
-        target = BrokenTarget()
+        target = BrokenTarget(alone)
 
         async def start(self) -> None: ...
 

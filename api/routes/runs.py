@@ -136,10 +136,16 @@ async def trigger(
     extra = {"schedule": cfg.name, "idempotency_key": key}
     try:
         [result] = await target.enqueue([task], now)
+        # A target may refuse one task alone (e.g. one target of a router is down).
+        failure = (result.error or "failed") if result.status == "failed" else None
     except Exception as exc:
-        log.error("manual trigger of %s failed: %s", cfg.name, exc, extra=extra)
-        await _record(session, settings, row.id, cfg.name, now, "failed", None, f"trigger: {exc}")
-        raise ApiProblem(503, "target-unavailable", f"the task was not enqueued: {exc}") from None
+        failure = str(exc)
+    if failure is not None:
+        log.error("manual trigger of %s failed: %s", cfg.name, failure, extra=extra)
+        await _record(
+            session, settings, row.id, cfg.name, now, "failed", None, f"trigger: {failure}"
+        )
+        raise ApiProblem(503, "target-unavailable", f"the task was not enqueued: {failure}")
     log.info("manual trigger of %s enqueued as %s", cfg.name, key, extra=extra)
     await _record(session, settings, row.id, cfg.name, now, "triggered", result.message_id, None)
     return TriggerResult(
