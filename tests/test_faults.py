@@ -179,7 +179,11 @@ async def test_two_managers_over_an_hour_enqueue_every_slot_exactly_once(
     dupes = [m.scheduler.counts["duplicate"] for m in managers]
     assert sum(sent) == len(expected)
     if election == "postgres-leadership":
-        changes = [r.getMessage() for r in caplog.records if "lead" in r.getMessage() or "standby" in r.getMessage()]
+        changes = [
+            r.getMessage()
+            for r in caplog.records
+            if "lead" in r.getMessage() or "standby" in r.getMessage()
+        ]
         # Only the leader sends.
         assert sorted(sent) == [0, len(expected)] and dupes == [0, 0], (sent, dupes, changes)
     else:
