@@ -139,12 +139,12 @@ def validate_task_type(task_type: Any) -> str:
     return task_type
 
 
-def validate_payload(payload: Any) -> Any:
+def validate_payload(payload: Any) -> str:
+    """Return the payload's canonical JSON, or raise ConfigError naming ``payload``."""
     try:
-        canonical_json(payload)
+        return canonical_json(payload)
     except (TypeError, ValueError) as exc:
         raise ConfigError("payload", f"must be a JSON value: {exc}") from None
-    return payload
 
 
 def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron.Schedule:
@@ -181,6 +181,9 @@ class PeriodicTaskConfig:
     timezone: str = "UTC"
     anchor: datetime | None = None
     schedule_id: int | str | None = None
+    # Derived once, on first use (a sync compares hashes of every row; a burst sends the same
+    # payload JSON once per slot). Not part of equality or of the constructor.
+    _cache: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def create(
@@ -203,11 +206,11 @@ class PeriodicTaskConfig:
         """
         validate_name(name)
         validate_task_type(task_type)
-        validate_payload(payload)
+        payload_json = validate_payload(payload)
         opts = validate_options(options)
         validate_target(opts, allowed_targets)
         validate_schedule(spec, timezone, anchor)
-        return cls(
+        config = cls(
             name=name,
             spec=spec,
             task_type=task_type,
@@ -217,6 +220,24 @@ class PeriodicTaskConfig:
             anchor=anchor,
             schedule_id=schedule_id,
         )
+        config._cache["payload"] = payload_json
+        return config
+
+    @property
+    def payload_json(self) -> str:
+        """Canonical JSON of the payload (computed once)."""
+        text = self._cache.get("payload")
+        if text is None:
+            text = self._cache["payload"] = canonical_json(self.payload)
+        return text
+
+    @property
+    def options_json(self) -> str:
+        """Canonical JSON of the options (computed once)."""
+        text = self._cache.get("options")
+        if text is None:
+            text = self._cache["options"] = canonical_json(dict(self.options))
+        return text
 
     @property
     def queue(self) -> str:
@@ -239,9 +260,12 @@ class PeriodicTaskConfig:
 
 def content_hash(cfg: PeriodicTaskConfig) -> str:
     """sha256 over spec, timezone, anchor, task type, canonical payload and canonical options."""
-    anchor = cfg.anchor.astimezone(cron.UTC).isoformat() if cfg.anchor is not None else None
-    doc = [cfg.spec, cfg.timezone, anchor, cfg.task_type, canonical_json(cfg.payload), canonical_json(dict(cfg.options))]
-    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+    digest = cfg._cache.get("hash")
+    if digest is None:
+        anchor = cfg.anchor.astimezone(cron.UTC).isoformat() if cfg.anchor is not None else None
+        doc = [cfg.spec, cfg.timezone, anchor, cfg.task_type, cfg.payload_json, cfg.options_json]
+        digest = cfg._cache["hash"] = hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+    return digest
 
 
 def entry_id(cfg: PeriodicTaskConfig, digest: str | None = None) -> str:

@@ -30,7 +30,6 @@ from typing import Any
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import (
     PeriodicTaskConfig,
-    canonical_json,
     content_hash,
     entry_id,
     slot_text,
@@ -142,8 +141,8 @@ class Scheduler:
             # Versions are globally unique so a stale heap item can never match a re-created entry.
             version=next(self._seq),
             key=config.key,
-            payload_json=canonical_json(config.payload),
-            options_json=canonical_json(dict(config.options)),
+            payload_json=config.payload_json,
+            options_json=config.options_json,
         )
         entry.window = self._window(config)
         self._entries[eid] = entry

@@ -61,6 +61,9 @@ class DatabaseProvider:
         target) by raising ConfigError; the row is then reported like any bad row."""
         self.engine = engine
         self.check = check
+        # row id -> (raw row, its config or RowError): an unchanged row is not validated again,
+        # and comes back as the same object (the manager then skips hashing it).
+        self._cache: dict[int, tuple[tuple[Any, ...], PeriodicTaskConfig | RowError]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
         self._query = _build_query(self._sqlite)
         self._changed_query = _build_query(self._sqlite, changed=True)
@@ -84,13 +87,25 @@ class DatabaseProvider:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
         configs: list[PeriodicTaskConfig] = []
         errors: list[RowError] = []
+        previous, self._cache = self._cache, {}
         for row in rows:
-            result = self._convert(row[0], tuple(row[1:]))
+            result = self._cached_convert(row[0], tuple(row[1:]), previous)
             if isinstance(result, RowError):
                 errors.append(result)
             else:
                 configs.append(result)
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
+
+    def _cached_convert(
+        self,
+        row_id: int,
+        raw: tuple[Any, ...],
+        previous: dict[int, tuple[tuple[Any, ...], PeriodicTaskConfig | RowError]],
+    ) -> PeriodicTaskConfig | RowError:
+        hit = previous.get(row_id)
+        result = hit[1] if hit is not None and hit[0] == raw else self._convert(row_id, raw)
+        self._cache[row_id] = (raw, result)
+        return result
 
     async def get_changes(self, since: int) -> ChangeSet | None:
         """What changed after revision ``since``: None (one indexed query) when nothing did."""
@@ -112,12 +127,15 @@ class DatabaseProvider:
         configs: list[PeriodicTaskConfig] = []
         errors: list[RowError] = []
         removed = [str(i) for i in deleted]
+        for row_id in deleted:
+            self._cache.pop(row_id, None)
         for row in rows:
             enabled = row[1]
             if not _truthy(enabled):
                 removed.append(str(row[0]))
+                self._cache.pop(row[0], None)
                 continue
-            result = self._convert(row[0], tuple(row[2:]))
+            result = self._cached_convert(row[0], tuple(row[2:]), self._cache)
             (errors if isinstance(result, RowError) else configs).append(result)  # type: ignore[arg-type]
         present = {c.key for c in configs} | {str(e.schedule_id) for e in errors}
         # A deleted id that was written again after its deletion is present, not removed.
@@ -134,7 +152,6 @@ class DatabaseProvider:
 
     def _convert(self, row_id: int, raw: tuple[Any, ...]) -> PeriodicTaskConfig | RowError:
         """Build one config, or the RowError that explains why this row cannot be used."""
-        digest = raw_content_hash(row_id, raw)
         values = dict(zip(_FIELDS, raw, strict=True))
         name = values["name"]
         if isinstance(name, bytes):  # SQLite: name the row in the error if its name is text
@@ -165,7 +182,7 @@ class DatabaseProvider:
         return RowError(
             schedule_id=row_id,
             name=name if isinstance(name, str) else None,
-            content_hash=digest,
+            content_hash=raw_content_hash(row_id, raw),
             field=field,
             reason=reason,
         )
