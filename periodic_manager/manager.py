@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 # Tombstones of deleted rows are kept this long; a full reconcile (at least every
 # full_sync_interval, and after any failed sync) covers whatever is pruned.
 TOMBSTONE_RETENTION = timedelta(days=1)
+# Long CPU-bound loops (a sync of 100,000 rows) yield to the event loop this often, so a
+# leadership check is never starved past its deadline.
+YIELD_EVERY = 2000
 
 
 class ChangeSignal(Protocol):
@@ -157,6 +160,9 @@ class PeriodicTaskManager:
         self.signals: list[ChangeSignal] = list(signals)
         self._revision: int | None = None
         self._last_full: datetime | None = None
+        self._unpublished: dict[str, EntryRecord | None] = {}  # entry id -> record (None: removed)
+        self._publish_ready = asyncio.Event()
+        self._publish_lock = asyncio.Lock()
         self._synced: dict[str, str] = {}  # schedule key -> entry id, for entries owned by sync
         self._code: dict[str, str] = {}  # schedule key -> entry id, registered from code
         self._row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
@@ -184,6 +190,7 @@ class PeriodicTaskManager:
             self._registered = True
         except Exception as exc:
             log.warning("could not publish manager %s (will retry): %s", self.manager_id, exc)
+        self._spawn(self._publisher(), "publisher")
         await self.sync()
         await self.leadership.start()
         for signal in self.signals:
@@ -211,6 +218,7 @@ class PeriodicTaskManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self._flush_entries()
         await self.leadership.stop()
         try:
             await self.store.unregister_manager(self.manager_id)
@@ -374,8 +382,10 @@ class PeriodicTaskManager:
             # A row that turned bad keeps its last good entry running (nothing is lost).
             if key not in desired and key not in bad:
                 self._remove(key, removed, report)
-        for cfg in desired.values():
+        for i, cfg in enumerate(desired.values()):
             self._upsert(cfg, upserts, removed, report)
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let leadership checks and dispatch run
         self._sync_row_errors(snapshot.errors, set(self._synced) | set(desired), now, upserts, removed)
         await self._publish_diff(upserts, removed)
         return report
@@ -470,14 +480,33 @@ class PeriodicTaskManager:
                 upserts.append(rec)
 
     async def _apply(self, upserts: list[EntryRecord], removed: list[str]) -> None:
-        if upserts or removed:
-            await self._store_call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
+        self._publish(upserts, removed)
 
     def _publish(self, upserts: list[EntryRecord], removed: list[str]) -> None:
-        # From synchronous code paths: publish in the background, supervised like the rest.
-        if upserts or removed:
-            task = asyncio.ensure_future(self._apply(upserts, removed))
-            self._tasks.append(task)
+        """Queue entry changes for the store. Publishing is for visibility: a sync (or a cold
+        start of 100,000 entries) never waits for it, and changes queued meanwhile coalesce."""
+        if not upserts and not removed:
+            return
+        for entry_id in removed:
+            self._unpublished[entry_id] = None
+        for rec in upserts:
+            self._unpublished[rec.entry_id] = rec
+        self._publish_ready.set()
+
+    async def _publisher(self) -> None:
+        while True:
+            await self._publish_ready.wait()
+            self._publish_ready.clear()
+            await self._flush_entries()
+
+    async def _flush_entries(self) -> None:
+        if not self._unpublished:
+            return
+        pending, self._unpublished = self._unpublished, {}
+        upserts = [rec for rec in pending.values() if rec is not None]
+        removed = [eid for eid, rec in pending.items() if rec is None]
+        async with self._publish_lock:
+            await self._store_call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
 
     async def _store_call(self, coro: object, what: str) -> None:
         try:
@@ -551,6 +580,13 @@ class PeriodicTaskManager:
         """Wait until slots due by ``instant`` are handled and no sync is running (for tests)."""
         await self.scheduler.wait_processed(instant)
         async with self._sync_lock, self._beat_lock:
+            pass
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Wait until every entry change so far is published to the store."""
+        await self._flush_entries()
+        async with self._publish_lock:
             pass
 
 

@@ -46,6 +46,7 @@ ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
 RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
 
 IDLE_SLEEP_S = 3600.0
+YIELD_EVERY = 5000
 RECORD_ON_STOP_TIMEOUT_S = 30.0  # with no entries, sleep long; register() wakes the loop anyway
 
 
@@ -368,12 +369,15 @@ class Scheduler:
         self, slot: datetime, entries: list[ScheduledEntry], now: datetime, *, advance: bool = True
     ) -> None:
         text = slot_text(slot)  # shared by the whole batch
-        tasks = [self._task(e, slot, text) for e in entries]
-        for entry in entries:
+        tasks = []
+        for i, entry in enumerate(entries):
+            tasks.append(self._task(entry, slot, text))
             self._last_fired[entry.key] = max(slot, self._last_fired.get(entry.key, slot))
             if advance:
                 entry.prev_slot = slot
                 self._advance(entry, slot)
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # a 100,000-slot burst must not starve leadership checks
         try:
             await _call(self.pre_enqueue, tasks)
             results = await self._send(tasks, slot)
@@ -410,31 +414,50 @@ class Scheduler:
     async def _send(self, tasks: list[Task], slot: datetime) -> list[EnqueueResult]:
         """Enqueue, retrying with capped exponential backoff while the batch may still be sent.
 
-        Gives up (re-raising) once the next attempt would fall after the batch's deadline, on
-        shutdown, or when leadership is lost. Logs once per outage, not once per attempt.
+        A failed call is retried whole; tasks a target reports ``failed`` one by one (e.g. one
+        target of a routing target down) are retried alone. Gives up once the next attempt would
+        fall after the deadline, on shutdown, or when leadership is lost: re-raising if nothing
+        was sent, else reporting the rest as failed. Logs once per outage, not once per attempt.
         """
         deadline = min(t.expires_at for t in tasks)
+        final: list[EnqueueResult | None] = [None] * len(tasks)
+        todo = list(range(len(tasks)))
         attempt = 0
         while True:
+            error: Exception | None = None
             try:
-                results = await self.target.enqueue(tasks, self.clock.now())
+                results = await self.target.enqueue([tasks[i] for i in todo], self.clock.now())
             except Exception as exc:
-                attempt += 1
-                self._failing += 1
-                if self._failing == 1:
-                    log.error(
-                        "enqueue failed, retrying while slots are within grace: %s", exc,
-                        extra={"slot": slot.isoformat(), "batch": len(tasks)},
-                    )
-                delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
-                if self._stopping or not self._active or self.clock.now() + timedelta(seconds=delay) > deadline:
-                    raise
-                await self._backoff(delay)
-                continue
-            if self._failing:
-                log.warning("target recovered after %d failed attempt(s)", self._failing)
-                self._failing = 0
-            return results
+                error = exc
+            else:
+                retry = []
+                for i, res in zip(todo, results, strict=True):
+                    final[i] = res
+                    if res.status == "failed":
+                        retry.append(i)
+                if not retry:
+                    if self._failing:
+                        log.warning("target recovered after %d failed attempt(s)", self._failing)
+                        self._failing = 0
+                    return [r for r in final if r is not None]
+                todo = retry
+            attempt += 1
+            self._failing += 1
+            if self._failing == 1:
+                log.error(
+                    "enqueue failed, retrying while slots are within grace: %s",
+                    error if error is not None else final[todo[0]].error,  # type: ignore[union-attr]
+                    extra={"slot": slot.isoformat(), "batch": len(todo)},
+                )
+            delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
+            if self._stopping or not self._active or self.clock.now() + timedelta(seconds=delay) > deadline:
+                if error is not None and all(r is None for r in final):
+                    raise error
+                for i in todo:
+                    if error is not None:
+                        final[i] = EnqueueResult(tasks[i], "failed", None, error=str(error))
+                return [r for r in final if r is not None]
+            await self._backoff(delay)
 
     async def _backoff(self, delay: float) -> None:
         """Sleep ``delay`` on the clock, cut short by :meth:`stop`."""

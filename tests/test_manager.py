@@ -51,6 +51,7 @@ async def advance(mgr: PeriodicTaskManager, clock: VirtualClock, seconds: float)
 async def test_first_sync_runs_before_the_scheduler_starts(rig) -> None:
     mgr, _, clock, target, store = rig
     assert [e.config.name for e in mgr.entries()] == ["a"]
+    await mgr.flush()
     assert list(store.entries[mgr.manager_id].values())[0].name == "a"
     await advance(mgr, clock, 10)
     assert target.slots("a") == [T0 + timedelta(seconds=10)]
@@ -116,12 +117,14 @@ async def test_bad_row_is_logged_once_per_content_and_published(rig, caplog: pyt
     await mgr.sync()
     provider.errors = [RowError(7, "bad", "h2", "timezone", "unknown zone")]
     await mgr.sync()
+    await mgr.flush()  # publishing to the store runs beside the sync
     logged = [r for r in caplog.records if "rejected" in r.getMessage()]
     assert len(logged) == 2
     published = [e for e in store.entries[mgr.manager_id].values() if e.status == "error"]
     assert [(e.schedule_key, e.last_error) for e in published] == [("7", "timezone: unknown zone")]
     provider.errors = []
     await mgr.sync()
+    await mgr.flush()
     assert all(e.status == "active" for e in store.entries[mgr.manager_id].values())
     await advance(mgr, clock, 10)
     assert target.slots("a") == [T0 + timedelta(seconds=10)]  # the good row kept firing

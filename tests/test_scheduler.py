@@ -187,3 +187,27 @@ async def test_two_identical_configs_with_different_rows_are_two_entries(rig) ->
     a = sched.register(cfg("same", "@every 10s", schedule_id=1))
     b = sched.register(cfg("same", "@every 10s", schedule_id=2))
     assert a.entry_id != b.entry_id and len(sched) == 2
+
+
+async def test_tasks_failed_one_by_one_are_retried_alone_within_grace(rig) -> None:
+    sched, clock, target = rig
+    from periodic_manager.targets.base import EnqueueResult
+
+    real = target.enqueue
+    calls: list[list[str]] = []
+
+    async def flaky(tasks, now):  # "b" fails twice, as one target of a routing target would
+        calls.append([t.name for t in tasks])
+        if len(calls) <= 2:
+            ok = await real([t for t in tasks if t.name != "b"], now)
+            return [EnqueueResult(t, "failed", None, error="celery down") if t.name == "b" else ok.pop(0) for t in tasks]
+        return await real(tasks, now)
+
+    target.enqueue = flaky  # type: ignore[method-assign]
+    sched.register(cfg("a", "@every 10s"))
+    sched.register(cfg("b", "@every 10s"))
+    await advance(sched, clock, 11)
+    assert calls == [["a", "b"], ["b"], ["b"]]  # only the failed task was sent again
+    assert target.slots("a") == target.slots("b") == [T0 + timedelta(seconds=10)]
+    statuses = sorted((r.name, r.status) for r in sched.runs)  # type: ignore[attr-defined]
+    assert statuses == [("a", "enqueued"), ("b", "enqueued")]

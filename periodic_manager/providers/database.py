@@ -18,6 +18,7 @@ the table is raised as :class:`~periodic_manager.errors.ProviderError`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -42,6 +43,8 @@ from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ConfigError, ProviderError
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
+
+YIELD_EVERY = 2000
 
 # The raw columns of a row, in the order they are selected and hashed.
 _FIELDS = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options")
@@ -88,7 +91,9 @@ class DatabaseProvider:
         configs: list[PeriodicTaskConfig] = []
         errors: list[RowError] = []
         previous, self._cache = self._cache, {}
-        for row in rows:
+        for i, row in enumerate(rows):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # validating 100,000 rows must not starve the event loop
             result = self._cached_convert(row[0], tuple(row[1:]), previous)
             if isinstance(result, RowError):
                 errors.append(result)
