@@ -46,7 +46,7 @@ ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
 RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
 
 IDLE_SLEEP_S = 3600.0
-YIELD_EVERY = 5000
+SEND_CHUNK = 2000  # slots per sub-batch of a large instant (pipelined: sent while the next builds)
 RECORD_ON_STOP_TIMEOUT_S = 30.0  # with no entries, sleep long; register() wakes the loop anyway
 
 
@@ -368,16 +368,35 @@ class Scheduler:
     async def _enqueue_batch(
         self, slot: datetime, entries: list[ScheduledEntry], now: datetime, *, advance: bool = True
     ) -> None:
+        """Send one instant's slots. A large batch goes out as pipelined sub-batches of
+        ``SEND_CHUNK``: each is sent as soon as it is built, so the target works on one while the
+        next is being built (hooks see each sub-batch)."""
         text = slot_text(slot)  # shared by the whole batch
-        tasks = []
-        for i, entry in enumerate(entries):
-            tasks.append(self._task(entry, slot, text))
+        sends: list[asyncio.Future[None]] = []
+        chunk_tasks: list[Task] = []
+        chunk_entries: list[ScheduledEntry] = []
+        for entry in entries:
+            chunk_tasks.append(self._task(entry, slot, text))
+            chunk_entries.append(entry)
             self._last_fired[entry.key] = max(slot, self._last_fired.get(entry.key, slot))
             if advance:
                 entry.prev_slot = slot
                 self._advance(entry, slot)
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # a 100,000-slot burst must not starve leadership checks
+            if len(chunk_tasks) >= SEND_CHUNK:
+                sends.append(asyncio.ensure_future(self._send_chunk(slot, chunk_entries, chunk_tasks)))
+                chunk_tasks, chunk_entries = [], []
+                # Let the sub-batch go out (and leadership checks run) before building the next.
+                await asyncio.sleep(0)
+        if chunk_tasks:
+            sends.append(asyncio.ensure_future(self._send_chunk(slot, chunk_entries, chunk_tasks)))
+        try:
+            await asyncio.gather(*sends)
+        except asyncio.CancelledError:
+            for fut in sends:
+                fut.cancel()
+            raise
+
+    async def _send_chunk(self, slot: datetime, entries: list[ScheduledEntry], tasks: list[Task]) -> None:
         try:
             await _call(self.pre_enqueue, tasks)
             results = await self._send(tasks, slot)
@@ -395,18 +414,18 @@ class Scheduler:
             return
         runs: list[RunRecord] = []
         at = self.clock.now()
+        counts = self.counts
         for entry, res in zip(entries, results, strict=True):
-            if advance:
-                entry.prev_slot = slot
+            status = res.status
             entry.last_error = res.error  # set when the target failed this task alone
-            if res.status == "failed":
+            if status == "failed":
                 log.error(
                     "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
                     extra={"schedule": entry.config.name, "slot": slot.isoformat()},
                 )
-            entry.counts[res.status] = entry.counts.get(res.status, 0) + 1
-            self.counts[res.status] += 1
-            runs.append(RunRecord(entry.key, entry.config.name, slot, res.status, at, res.message_id, res.error))
+            entry.counts[status] = entry.counts.get(status, 0) + 1
+            counts[status] += 1
+            runs.append(RunRecord(entry.key, entry.config.name, slot, status, at, res.message_id, res.error))
         log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
         await self._safe_hook(self.post_enqueue, results)
         await self._report(runs)

@@ -74,7 +74,7 @@ class TcpProxy:
                 writer.write(data)
                 await writer.drain()
             # A frozen link does not pass a close on either: the far end keeps a half-open socket.
-            while proxy.frozen:
+            while proxy.frozen:  # noqa: ASYNC110 - a test helper, polls its own flag
                 await asyncio.sleep(0.05)
         with contextlib.suppress(Exception):
             writer.transport.abort()

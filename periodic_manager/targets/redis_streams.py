@@ -26,16 +26,16 @@ from redis.exceptions import NoScriptError, RedisError
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import EnqueueResult, Task
 
-# KEYS[1] = stream, KEYS[2..n+1] = claims; ARGV[1] = MAXLEN (0: no trimming), then 10 values per
-# The tasks of one queue travel as ONE argument, a JSON array decoded by the script (cjson):
-# redis-py encodes every argument separately, which at ten arguments a task cost more than
-# Redis's own work. Claim keys are built inside the script from the queue's hash-tagged prefix,
-# so they always share the stream's cluster slot.
+# KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
+# enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded by the script
+# (cjson). redis-py encodes every argument separately, which at ten arguments a task cost more
+# than Redis's own work. Claim keys are built inside the script from the queue's hash-tagged
+# prefix, so they always share the stream's cluster slot.
 # Returns a flat array: per task 1 + the new entry id, or 0 + the entry id already claimed.
 #
 # A script is atomic but not transactional: if a command fails half-way, earlier effects stay.
-# So the stream's type is checked before anything is claimed, and a claim whose XADD fails is
-# deleted again: a claim never exists without its message (what the Target contract asks).
+# So the stream's type is checked first, and a task's claim is written only after its XADD
+# succeeded: a claim never exists without its message (what the Target contract asks).
 _CLAIM_AND_ADD = """
 local stream = KEYS[1]
 local kind = redis.call('TYPE', stream)['ok']
@@ -51,7 +51,8 @@ for i = 1, #tasks do
   local t = tasks[i]
   -- t: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options
   local claim = claim_prefix .. t[7]
-  if redis.call('SET', claim, t[2], 'NX', 'PX', t[1]) then
+  -- The script is atomic: check, add, then claim (one write of the claim, with the entry id).
+  if redis.call('EXISTS', claim) == 0 then
     local fields = {
       'id', t[2], 'type', t[3], 'payload', t[4], 'queue', t[5], 'name', t[6],
       'idempotency_key', t[7], 'scheduled_at', t[8], 'enqueued_at', enqueued_at, 'options', t[9]
@@ -63,7 +64,6 @@ for i = 1, #tasks do
       res = redis.pcall('XADD', stream, '*', unpack(fields))
     end
     if type(res) == 'table' and res.err then
-      redis.call('DEL', claim)
       return res
     end
     redis.call('SET', claim, res, 'PX', t[1])
