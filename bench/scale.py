@@ -119,33 +119,30 @@ async def burst_one(n: int, target_name: str) -> dict[str, Any]:
             target: Any = RedisStreamsTarget.from_url(REDIS, prefix=b.prefix)
         else:
             target = OutboxTarget(b.engine)
-        done: list[tuple[float, int]] = []
-        first_at: list[float] = []
+        # Per slot (epoch seconds): [first sub-batch built at, tasks sent, last sent at].
+        slots: dict[float, list[float]] = {}
 
         async def pre(tasks: list[Task]) -> None:
-            first_at.append(time.time())
+            slots.setdefault(tasks[0].scheduled_at.timestamp(), [time.time(), 0, 0.0])
 
         async def post(results: list[EnqueueResult]) -> None:
-            done.append((time.time(), len(results)))
+            rec = slots[results[0].task.scheduled_at.timestamp()]
+            rec[1] += len(results)
+            rec[2] = time.time()
 
         mgr = b.manager(target, pre_enqueue=pre, post_enqueue=post, grace=60)
         await mgr.start()
         try:
-            # The slot all N share: the next 10 s boundary at least 2 s away.
-            now = time.time()
-            slot = (int(now) // 10 + 1) * 10
-            if slot - now < 2:
-                slot += 10
-            while sum(c for _, c in done) < n and time.time() < slot + 60:  # noqa: ASYNC110 - a bench polls
+            # Measure the first slot after the start completed (all N due at that instant).
+            slot = float((int(time.time()) // 10 + 1) * 10)
+            while time.time() < slot + 90 and (slot not in slots or slots[slot][1] < n):  # noqa: ASYNC110 - a bench polls
                 await asyncio.sleep(0.05)
         finally:
             await mgr.stop()
             await target.close()
-        sent = sum(c for _, c in done)
-        last = max(t for t, _ in done) - slot
-        rate = sent / max(1e-9, max(t for t, _ in done) - slot)
-        return {"n": n, "target": target_name, "sent": sent, "rate": rate, "last_late": last,
-                "first_late": min(first_at) - slot}
+        first, sent, last = slots.get(slot, [slot, 0, slot])
+        return {"n": n, "target": target_name, "sent": int(sent), "rate": sent / max(1e-9, last - slot),
+                "last_late": last - slot, "first_late": first - slot}
 
 
 async def burst(quick: bool) -> str:

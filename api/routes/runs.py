@@ -22,7 +22,7 @@ from api.deps import get_now, get_session, get_settings, get_target
 from api.errors import ApiProblem, config_error_item
 from api.routes.schedules import NOT_FOUND, ScheduleId, load_row
 from api.schemas import RunOut, RunPage, TriggerResult
-from periodic_manager.config import PeriodicTaskConfig, idempotency_key
+from periodic_manager.config import PeriodicTaskConfig, slot_text
 from periodic_manager.db.models import Run
 from periodic_manager.errors import ConfigError
 from periodic_manager.settings import Settings
@@ -118,8 +118,7 @@ async def trigger(
             errors=[config_error_item(exc)],
         ) from None
     # The slot part of the key, followed by a random part: two triggers never share a key.
-    instant = idempotency_key(cfg.name, now)[len(cfg.name) + 1 :]
-    key = f"{cfg.name}:trigger:{instant}:{uuid.uuid4().hex[:12]}"
+    key = f"{cfg.name}:trigger:{slot_text(now)}:{uuid.uuid4().hex[:12]}"
     task = Task(
         id=task_id_for(key),
         name=cfg.name,

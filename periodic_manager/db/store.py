@@ -188,7 +188,10 @@ class DatabaseRuntimeStore:
                         k: stmt.excluded[k] for k in rows[0] if k not in ("manager_id", "entry_id")
                     },
                 )
-                await conn.execute(stmt, rows)
+                # In slices: each statement stays well inside the driver's command timeout even
+                # when a cold start publishes 100,000 entries.
+                for i in range(0, len(rows), _RUNS_INSERT_CHUNK):
+                    await conn.execute(stmt, rows[i : i + _RUNS_INSERT_CHUNK])
 
     async def record_runs(self, runs: Sequence[RunRecord]) -> None:
         """Fold a batch of runs into ``pm_schedule_state``: one statement per batch.
@@ -209,7 +212,9 @@ class DatabaseRuntimeStore:
         rows = [_state_values(deltas[k], updated_at[k]) for k in sorted(deltas)]
         history = [_run_values(run) for run in runs] if self.runs_per_schedule else []
         async with self.engine.begin() as conn:
-            await conn.execute(self._state_upsert(), rows)
+            upsert = self._state_upsert()
+            for i in range(0, len(rows), _RUNS_INSERT_CHUNK):  # slices: within the command timeout
+                await conn.execute(upsert, rows[i : i + _RUNS_INSERT_CHUNK])
             for i in range(0, len(history), _RUNS_INSERT_CHUNK):
                 await conn.execute(insert(Run), history[i : i + _RUNS_INSERT_CHUNK])
         if history:
