@@ -47,6 +47,7 @@ RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
 
 IDLE_SLEEP_S = 3600.0
 SEND_CHUNK = 2000  # slots per sub-batch of a large instant (pipelined: sent while the next builds)
+MAX_IN_FLIGHT = 3  # sub-batches awaiting the target at once
 RECORD_ON_STOP_TIMEOUT_S = 30.0  # with no entries, sleep long; register() wakes the loop anyway
 
 
@@ -118,6 +119,7 @@ class Scheduler:
         self._active = True
         self._stop_event = asyncio.Event()
         self._failing = 0  # consecutive failed enqueue attempts (one log line per outage)
+        self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._pending_runs: list[RunRecord] = []
         self._runs_ready = asyncio.Event()
         self._writing = False
@@ -398,8 +400,11 @@ class Scheduler:
 
     async def _send_chunk(self, slot: datetime, entries: list[ScheduledEntry], tasks: list[Task]) -> None:
         try:
-            await _call(self.pre_enqueue, tasks)
-            results = await self._send(tasks, slot)
+            # A few sub-batches in flight keep the target busy; more would only queue for its
+            # connections inside their own timeouts.
+            async with self._inflight:
+                await _call(self.pre_enqueue, tasks)
+                results = await self._send(tasks, slot)
         except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
             at = self.clock.now()
             for entry in entries:
