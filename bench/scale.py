@@ -346,25 +346,24 @@ PARTS: dict[str, Callable[[bool], Awaitable[str]]] = {
 }
 
 
-async def main() -> None:
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("part", nargs="?", default="all", choices=[*PARTS, "all"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--part-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.part_only:
+        print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n", flush=True)
     if args.part == "all":
         # Each part in a fresh interpreter: memory figures are not skewed by earlier parts.
-        print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n", flush=True)
         for name in PARTS:
             cmd = [sys.executable, __file__, name, "--part-only"] + (["--quick"] if args.quick else [])
             subprocess.run(cmd, check=False)
         return
-    if not args.part_only:
-        print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n", flush=True)
     print(f"## {args.part}\n", flush=True)
-    await PARTS[args.part](args.quick)
+    asyncio.run(PARTS[args.part](args.quick))
     print(flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
