@@ -148,6 +148,7 @@ async def burst_one(n: int, target_name: str) -> dict[str, Any]:
 async def burst(quick: bool) -> str:
     rows = ["| N | target | sent | enqueues/s | first batch starts after slot | last enqueue after slot | target | verdict |",
             "|---|---|---|---|---|---|---|---|"]
+    print("\n".join(rows), flush=True)
     sizes = [10_000] if quick else [10_000, 100_000]
     for n in sizes:
         for tname in ("redis", "outbox (PostgreSQL)"):
@@ -224,6 +225,7 @@ async def propagation(quick: bool) -> str:
                 finally:
                     await conn.close()
         await mgr.stop()
+    print("\n".join(rows), flush=True)
     for edit, vals in results.items():
         single = edit != "bulk UPDATE of 10,000 rows"
         goal = "p99 < 250 ms" if single else "(no target)"

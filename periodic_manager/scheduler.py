@@ -47,7 +47,7 @@ RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
 
 IDLE_SLEEP_S = 3600.0
 SEND_CHUNK = 2000  # slots per sub-batch of a large instant (pipelined: sent while the next builds)
-MAX_IN_FLIGHT = 3  # sub-batches awaiting the target at once
+MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
 RECORD_ON_STOP_TIMEOUT_S = 30.0  # with no entries, sleep long; register() wakes the loop anyway
 
 
@@ -120,6 +120,8 @@ class Scheduler:
         self._stop_event = asyncio.Event()
         self._failing = 0  # consecutive failed enqueue attempts (one log line per outage)
         self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._idle = asyncio.Event()  # set while no dispatch is under way
+        self._idle.set()
         self._pending_runs: list[RunRecord] = []
         self._runs_ready = asyncio.Event()
         self._writing = False
@@ -290,6 +292,13 @@ class Scheduler:
         due = self._pop_due(now)
         if not due:
             return
+        self._idle.clear()
+        try:
+            await self._dispatch(due, now)
+        finally:
+            self._idle.set()
+
+    async def _dispatch(self, due: list[ScheduledEntry], now: datetime) -> None:
         batches: dict[datetime, list[ScheduledEntry]] = {}
         skipped: list[RunRecord] = []
         for entry in due:
@@ -514,6 +523,8 @@ class Scheduler:
         """Record pending runs as they come, coalescing batches that arrive while writing."""
         while True:
             await self._runs_ready.wait()
+            # Dispatch first: a burst's CPU goes to sending; its records follow right after.
+            await self._idle.wait()
             self._runs_ready.clear()
             await self._flush_runs()
             if self._stopping and not self._pending_runs:
