@@ -10,7 +10,6 @@ gone or disabled removes it. A provider failure keeps every entry and is retried
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -58,6 +57,15 @@ TOMBSTONE_RETENTION = timedelta(days=1)
 # Long CPU-bound loops (a sync of 100,000 rows) yield to the event loop this often, so a
 # leadership check is never starved past its deadline.
 YIELD_EVERY = 2000
+STOP_TIMEOUT_S = 30.0
+
+
+def _reraise_if_cancelled(exc: BaseException) -> None:
+    """Drivers may turn a cancellation into their own error (asyncpg, SQLAlchemy): a loop that
+    catches Exception must not swallow it, or ``stop()`` would wait for it forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError() from exc
 
 
 class ChangeSignal(Protocol):
@@ -214,9 +222,12 @@ class PeriodicTaskManager:
             if task.get_name().endswith("scheduler"):
                 continue
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Bounded: a task that does not end (a driver that swallowed its cancellation, say)
+            # is reported by name instead of hanging the shutdown.
+            _, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
+            for task in pending:
+                log.error("%s did not stop within %.0f s; abandoned", task.get_name(), STOP_TIMEOUT_S)
         self._tasks.clear()
         await self._flush_entries()
         await self.leadership.stop()
@@ -344,6 +355,7 @@ class PeriodicTaskManager:
                     return self._finish(SyncReport(ok=True), now)
             snapshot = await self.provider.get_configs()
         except Exception as exc:
+            _reraise_if_cancelled(exc)
             msg = f"{type(exc).__name__}: {exc}"
             if msg != self.last_sync_error:
                 log.error("sync failed, keeping %d entries: %s", len(self.scheduler), msg)
@@ -512,7 +524,8 @@ class PeriodicTaskManager:
         try:
             await coro  # type: ignore[misc]
         except Exception as exc:  # the store is for visibility; scheduling goes on without it
-            log.warning("%s failed (republished at the next heartbeat): %s", what, exc)
+            _reraise_if_cancelled(exc)
+            log.warning("%s failed (republished at the next heartbeat): %r", what, exc)
             self._registered = False
 
     async def _record_runs(self, runs: Sequence[RunRecord]) -> None:
@@ -569,8 +582,9 @@ class PeriodicTaskManager:
             # Reap relative to the instant just written, so this manager never reaps itself.
             await self.store.reap(status.heartbeat_at - timedelta(seconds=3 * self.heartbeat_interval))
         except Exception as exc:
+            _reraise_if_cancelled(exc)
             if self._registered:
-                log.warning("heartbeat failed (will retry): %s", exc)
+                log.warning("heartbeat failed (will retry): %r", exc)
             self._registered = False
 
     def _all_records(self) -> list[EntryRecord]:

@@ -75,6 +75,9 @@ class PostgresChangeListener:
             try:
                 await self._connect()
             except Exception as exc:  # noqa: BLE001 - keep trying; the sync loop is the backstop
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError() from exc
                 log.warning("LISTEN %s: cannot connect (retrying in %.1f s): %s", self.channel, backoff, exc)
                 await self.clock.sleep(backoff)
                 backoff = min(self.max_backoff, backoff * 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -155,3 +156,22 @@ async def test_stop_unpublishes_the_manager(rig) -> None:
     await mgr.stop()
     assert mgr.manager_id not in store.managers
     await mgr.start()  # the fixture stops it again
+
+
+async def test_stop_returns_when_a_driver_turns_cancellation_into_an_error() -> None:
+    """asyncpg/SQLAlchemy may raise their own error when a query is cancelled; the publisher
+    loop must still end, or stop() would wait forever (seen with 100,000 entries)."""
+
+    class SwallowingStore(MemoryRuntimeStore):
+        async def apply_entries(self, *args: object) -> None:
+            try:
+                await asyncio.Event().wait()  # a write that never finishes by itself
+            except asyncio.CancelledError:
+                raise RuntimeError("driver error raised on cancel") from None
+
+    clock = VirtualClock(T0)
+    mgr = PeriodicTaskManager(StaticProvider([row(1, "a")]), MemoryTarget(), clock=clock, store=SwallowingStore())
+    await mgr.start()
+    await clock.settle()
+    await asyncio.wait_for(mgr.stop(), 10)
+    assert mgr.scheduler.entries()  # it stopped; nothing else to wait for
