@@ -66,6 +66,8 @@ class AlwaysLeader:
         await self._set(False)
 
     async def _set(self, value: bool) -> None:
+        if value == self.is_leader:
+            return  # report changes only
         self.is_leader = value
         if self.on_change is not None:
             result = self.on_change(value)
@@ -103,17 +105,18 @@ class PostgresLeadership(AlwaysLeader):
         self._task.set_name("periodic-manager-leadership")
 
     async def stop(self) -> None:
+        # Step down first (enqueueing stops), then release the lock: never two leaders at once.
+        await self._set(False)
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, self.timeout + self.poll_interval)
             self._task = None
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 # Closing the session releases the lock; a standby takes over at its next try.
                 await asyncio.wait_for(self._conn.close(), self.poll_interval)
             self._drop_connection()
-        await self._set(False)
 
     async def _loop(self) -> None:
         while True:
@@ -126,6 +129,12 @@ class PostgresLeadership(AlwaysLeader):
         try:
             await asyncio.wait_for(self._check_or_acquire(), budget)
         except Exception as exc:  # noqa: BLE001 - any failure means: leadership not proven
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # asyncpg may turn a cancellation into its own error: never swallow it, or
+                # stop() would wait for this loop forever.
+                self._drop_connection()
+                raise asyncio.CancelledError() from exc
             msg = f"{type(exc).__name__}: {exc}"
             if msg != self._last_error:
                 log.warning("leadership check failed: %s", msg)

@@ -63,8 +63,8 @@ class PostgresChangeListener:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, self.timeout)
             self._task = None
         await self._close()
 
@@ -125,6 +125,9 @@ class PostgresChangeListener:
             try:
                 await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.timeout)
             except Exception as exc:  # noqa: BLE001
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError() from exc
                 log.warning("LISTEN %s: connection lost: %s", self.channel, exc)
                 break
         self.connected.clear()
