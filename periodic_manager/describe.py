@@ -20,15 +20,8 @@ from __future__ import annotations
 
 import re
 
-MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
+from periodic_manager.cron.parser import MACROS  # one table of macros for the whole package
+
 # Length of each field's cycle, for "does this step tile the field"; None: never (days of month).
 CYCLES: tuple[int | None, ...] = (60, 24, None, 12, 7)
 UNITS = {"d": "day", "h": "hour", "m": "minute", "s": "second"}

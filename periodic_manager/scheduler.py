@@ -36,7 +36,7 @@ from periodic_manager.config import (
 )
 from periodic_manager.cron import Schedule
 from periodic_manager.registry import RunRecord
-from periodic_manager.targets.base import EnqueueResult, Target, Task, task_id_for
+from periodic_manager.targets.base import EnqueueResult, Target, Task, task_for
 
 log = logging.getLogger(__name__)
 
@@ -346,22 +346,7 @@ class Scheduler:
         return self.grace
 
     def _task(self, entry: ScheduledEntry, slot: datetime, text: str) -> Task:
-        cfg = entry.config
-        key = f"{cfg.name}:{text}"
-        return Task(
-            id=task_id_for(key),
-            name=cfg.name,
-            task_type=cfg.task_type,
-            payload=cfg.payload,
-            queue=cfg.queue,
-            options=cfg.options,
-            idempotency_key=key,
-            scheduled_at=slot,
-            expires_at=slot + entry.window,
-            schedule_id=cfg.schedule_id,
-            payload_json=entry.payload_json,
-            options_json=entry.options_json,
-        )
+        return task_for(entry.config, f"{entry.config.name}:{text}", slot, slot + entry.window)
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
         """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""

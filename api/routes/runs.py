@@ -26,7 +26,7 @@ from periodic_manager.config import PeriodicTaskConfig, slot_text
 from periodic_manager.db.models import Run
 from periodic_manager.errors import ConfigError
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import Target, Task, task_id_for
+from periodic_manager.targets.base import Target, task_for
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/schedules", tags=["history"])
@@ -119,18 +119,7 @@ async def trigger(
         ) from None
     # The slot part of the key, followed by a random part: two triggers never share a key.
     key = f"{cfg.name}:trigger:{slot_text(now)}:{uuid.uuid4().hex[:12]}"
-    task = Task(
-        id=task_id_for(key),
-        name=cfg.name,
-        task_type=cfg.task_type,
-        payload=cfg.payload,
-        queue=cfg.queue,
-        options=cfg.options,
-        idempotency_key=key,
-        scheduled_at=now,
-        expires_at=now + timedelta(seconds=settings.grace),
-        schedule_id=cfg.schedule_id,
-    )
+    task = task_for(cfg, key, now, now + timedelta(seconds=settings.grace))
     target: Target = await get_target(request)
     extra = {"schedule": cfg.name, "idempotency_key": key}
     try:

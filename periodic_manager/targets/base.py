@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from periodic_manager.config import canonical_json
+from periodic_manager.config import PeriodicTaskConfig, canonical_json
 
 TASK_ID_NAMESPACE = uuid.UUID("6f1c1a52-5d0e-4d43-9b8e-2f1d8c0b7a11")
 
@@ -64,6 +64,24 @@ class Task:
     def options_text(self) -> str:
         """The options as canonical JSON text."""
         return self.options_json if self.options_json is not None else canonical_json(dict(self.options))
+
+
+def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expires_at: datetime) -> Task:
+    """The task a schedule sends under idempotency key ``key`` (a slot, or a manual trigger)."""
+    return Task(
+        id=task_id_for(key),
+        name=config.name,
+        task_type=config.task_type,
+        payload=config.payload,
+        queue=config.queue,
+        options=config.options,
+        idempotency_key=key,
+        scheduled_at=scheduled_at,
+        expires_at=expires_at,
+        schedule_id=config.schedule_id,
+        payload_json=config.payload_json,
+        options_json=config.options_json,
+    )
 
 
 @dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
