@@ -399,7 +399,7 @@ class PeriodicTaskManager:
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let leadership checks and dispatch run
         self._sync_row_errors(snapshot.errors, set(self._synced) | set(desired), now, upserts, removed)
-        await self._publish_diff(upserts, removed)
+        self._publish_diff(upserts, removed)
         return report
 
     async def _apply_changes(self, changes: ChangeSet, now: datetime) -> SyncReport:
@@ -419,7 +419,7 @@ class PeriodicTaskManager:
                 removed.append(rec.entry_id)
         self._publish_row_errors(changes.errors, now, upserts, removed)
         self._revision = changes.revision
-        await self._publish_diff(upserts, removed)
+        self._publish_diff(upserts, removed)
         return report
 
     def _remove(self, key: str, removed: list[str], report: SyncReport) -> None:
@@ -450,9 +450,9 @@ class PeriodicTaskManager:
         upserts.append(_entry_record(new))
         (report.replaced if current else report.added).append(new.entry_id)
 
-    async def _publish_diff(self, upserts: list[EntryRecord], removed: list[str]) -> None:
+    def _publish_diff(self, upserts: list[EntryRecord], removed: list[str]) -> None:
         upserted = {u.entry_id for u in upserts}
-        await self._apply(upserts, [r for r in removed if r not in upserted])
+        self._publish(upserts, [r for r in removed if r not in upserted])
 
     def _sync_row_errors(
         self,
@@ -490,9 +490,6 @@ class PeriodicTaskManager:
                     removed.append(old.entry_id)
                 self._row_errors[key] = rec
                 upserts.append(rec)
-
-    async def _apply(self, upserts: list[EntryRecord], removed: list[str]) -> None:
-        self._publish(upserts, removed)
 
     def _publish(self, upserts: list[EntryRecord], removed: list[str]) -> None:
         """Queue entry changes for the store. Publishing is for visibility: a sync (or a cold
