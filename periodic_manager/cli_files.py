@@ -14,8 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from periodic_manager.clock import SystemClock
-from periodic_manager.config import validate_schedule
-from periodic_manager.cron import UTC
+from periodic_manager.config import slot_text, validate_schedule
 from periodic_manager.errors import ConfigError
 from periodic_manager.settings import Settings
 
@@ -26,9 +25,6 @@ def _fail(message: str, status: int = 2) -> int:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return status
 
-
-def _iso_z(dt: datetime) -> str:
-    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def print_next(args: argparse.Namespace) -> int:
@@ -58,7 +54,7 @@ def print_next(args: argparse.Namespace) -> int:
         except (OverflowError, ValueError):
             break
         local = after.astimezone(zone)
-        print(f"{_iso_z(after)}  {local.isoformat()} {local.tzname()}")
+        print(f"{slot_text(after)}  {local.isoformat()} {local.tzname()}")
     return 0
 
 

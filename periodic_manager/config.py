@@ -276,7 +276,12 @@ def entry_id(cfg: PeriodicTaskConfig, digest: str | None = None) -> str:
 
 
 def slot_text(slot: datetime) -> str:
-    """A slot as a UTC ISO instant with ``Z``: ``2024-03-31T01:30:00Z`` (microseconds if any)."""
+    """An instant as UTC ISO text with ``Z``: ``2024-03-31T01:30:00Z`` (microseconds if any).
+
+    The one format of every instant in keys and messages. A naive datetime is refused.
+    """
+    if slot.tzinfo is None or slot.utcoffset() is None:
+        raise ValueError(f"naive datetime {slot!r}; pass an aware instant")
     utc = slot.astimezone(cron.UTC)
     text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
     return text.replace("+00:00", "Z")

@@ -33,10 +33,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import EnqueueResult, Task
 from periodic_manager.targets.claims import RedisClaims, split_payload
-from periodic_manager.targets.redis_streams import utc_iso
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def celery_message(task: Task, now: datetime) -> dict[str, Any]:
         "task_id": task.id,
         "headers": {
             "idempotency_key": task.idempotency_key,
-            "scheduled_at": utc_iso(task.scheduled_at),
+            "scheduled_at": slot_text(task.scheduled_at),
             "periodic_name": task.name,
         },
         "add_to_parent": False,

@@ -23,6 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import EnqueueResult, Task
 
@@ -79,15 +80,6 @@ return out
 
 CHUNK = 1000  # tasks per script call: Redis stays responsive between calls
 PARALLEL = 4  # pipelines in flight at once (connections of the pool)
-
-
-def utc_iso(instant: datetime) -> str:
-    """``2024-03-31T01:30:00Z``; microseconds only when non-zero. Naive datetimes are refused."""
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise ValueError(f"naive datetime {instant!r}; pass an aware instant")
-    utc = instant.astimezone(UTC)
-    text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
-    return text.replace("+00:00", "Z")
 
 
 def _text(value: Any) -> str:
@@ -180,7 +172,7 @@ class RedisStreamsTarget:
             (queue, indices[i : i + CHUNK]) for queue, indices in groups.items() for i in range(0, len(indices), CHUNK)
         ]
         parts = [chunks[i :: PARALLEL] for i in range(min(PARALLEL, len(chunks)))]
-        enqueued_at = utc_iso(now)
+        enqueued_at = slot_text(now)
         memo: dict[tuple[datetime, datetime], tuple[str, int]] = {}
         try:
             replies = await asyncio.gather(*(self._run_part(part, tasks, now, enqueued_at, memo) for part in parts))
@@ -241,7 +233,7 @@ class RedisStreamsTarget:
             # A burst shares one slot: format its instant and claim TTL once.
             cached = memo.get((task.scheduled_at, task.expires_at))
             if cached is None:
-                cached = (utc_iso(task.scheduled_at), self.claim_ttl_ms(task, now))
+                cached = (slot_text(task.scheduled_at), self.claim_ttl_ms(task, now))
                 memo[(task.scheduled_at, task.expires_at)] = cached
             items.append(
                 (
