@@ -97,7 +97,7 @@ def _check_types(expr: object, tz: object, anchor: object) -> None:
             raise CronError(
                 "anchor",
                 "out-of-range",
-                f"must be between {ANCHOR_MIN:%Y-%m-%d} and {ANCHOR_MAX:%Y-%m-%d} UTC",
+                f"must be between {ANCHOR_MIN.date()} and {ANCHOR_MAX.date()} UTC",
             )
 
 
