@@ -174,10 +174,13 @@ def same_value(name: str, old: Any, new: Any) -> bool:
 
 
 def merge_base(v: dbrows.RowView) -> dict[str, Any]:
-    """The stored row as the starting point of a PATCH: unreadable columns as :class:`Unreadable`
-    (options that are no JSON object too, although they are shown as {})."""
+    """The stored row as the starting point of a PATCH: unreadable columns the manager judges as
+    :class:`Unreadable` (options that are no JSON object too, although they are shown as {}).
+    An unreadable ``description`` is left as it is (None here): only people read it."""
     return {
-        name: Unreadable(v.unreadable[name]) if name in v.unreadable else v.values[name]
+        name: Unreadable(v.unreadable[name])
+        if name in v.unreadable and name != "description"
+        else v.values[name]
         for name in COLUMNS
     }
 

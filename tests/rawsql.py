@@ -42,7 +42,10 @@ BOTH = [
     ),
     Case(
         "catchup-window-1e12-every-1s",
-        {"spec": "'@every 1s'", "options": """'{"misfire": "fire_once", "catchup_window": 1e12}'"""},
+        {
+            "spec": "'@every 1s'",
+            "options": """'{"misfire": "fire_once", "catchup_window": 1e12}'""",
+        },
         "options.catchup_window",
         {"options": {"misfire": "fire_once"}},
     ),
