@@ -308,9 +308,7 @@ async def update_schedule(
     # stored) keeps the version (same ETag and updated_at); a column the PATCH leaves alone is
     # never rewritten, even one that cannot be read (a description that is not UTF-8, say).
     changes = {
-        k: v
-        for k, v in asked.items()
-        if k in row.unreadable or not same_value(k, stored[k], v)
+        k: v for k, v in asked.items() if k in row.unreadable or not same_value(k, stored[k], v)
     }
     if changes:
         if merged["name"] != row.values["name"] and await _name_taken(
