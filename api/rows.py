@@ -8,7 +8,7 @@ manager's own verdict on it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,7 +54,7 @@ COLUMNS = (
 def rules(request: Request, session: AsyncSession) -> dbrows.Rules:
     """How this deployment judges rows: backend, size limit, configured targets."""
     settings: Settings = request.app.state.settings
-    return rules_for(settings, _is_sqlite(session))
+    return rules_for(settings, is_sqlite(session))
 
 
 def rules_for(settings: Settings, sqlite: bool) -> dbrows.Rules:
@@ -66,7 +66,7 @@ def rules_for(settings: Settings, sqlite: bool) -> dbrows.Rules:
     return dbrows.Rules(sqlite, settings.max_payload_bytes, check)
 
 
-def _is_sqlite(session: AsyncSession) -> bool:
+def is_sqlite(session: AsyncSession) -> bool:
     return session.bind is not None and session.bind.dialect.name == "sqlite"
 
 
@@ -81,7 +81,7 @@ async def read_rows(
     """Raw rows (every column, see ``dbrows.FIELDS``) ordered by id: only what is asked for is
     read, so a page never judges rows beyond it."""
     t = PeriodicJob.__table__.c
-    stmt = select(*dbrows.columns(_is_sqlite(session), display=True)).order_by(t.id)
+    stmt = select(*dbrows.columns(is_sqlite(session), display=True)).order_by(t.id)
     if where is not None:
         stmt = stmt.where(where)
     if limit is not None:
@@ -228,6 +228,3 @@ def to_schedule_with_runs(v: dbrows.RowView, now: datetime) -> ScheduleWithRuns:
     runs = next_runs(v.config, now) if v.enabled is True and v.config is not None else []
     return ScheduleWithRuns(**schedule_body(v), next_runs=runs)
 
-
-def views(rules: dbrows.Rules, raws: Sequence[tuple[Any, ...]]) -> list[dbrows.RowView]:
-    return [dbrows.view(rules, raw) for raw in raws]

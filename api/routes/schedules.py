@@ -21,6 +21,7 @@ from api.deps import get_now, get_session, get_settings, notify_manager
 from api.errors import ApiProblem, NameConflict, ScheduleNotFound
 from api.rows import (
     api_errors,
+    is_sqlite,
     merge_base,
     read_rows,
     rules,
@@ -126,14 +127,10 @@ async def _write(session: AsyncSession, stmt: Any, name: str) -> Any:
         raise
 
 
-def _is_sqlite(session: AsyncSession) -> bool:
-    return session.bind is not None and session.bind.dialect.name == "sqlite"
-
-
 def _queue_filter(session: AsyncSession, queue: str) -> ColumnElement[bool]:
     """Rows whose ``options.queue`` is ``queue`` (absent means the default queue)."""
     value = func.coalesce(PeriodicJob.options["queue"].as_string(), DEFAULT_QUEUE)
-    if _is_sqlite(session):
+    if is_sqlite(session):
         # Rows written with SQL may hold text that is not JSON, which json_extract refuses.
         value = case((func.json_valid(PeriodicJob.options) == 1, value), else_=None)
     return value == queue
@@ -220,7 +217,7 @@ async def list_schedules(
 ) -> SchedulePage:
     conds: list[ColumnElement[bool]] = []
     if enabled is not None:
-        conds.append(dbrows.enabled_is(_is_sqlite(session), enabled))
+        conds.append(dbrows.enabled_is(is_sqlite(session), enabled))
     if task_type is not None:
         conds.append(T.task_type == task_type)
     if queue is not None:
