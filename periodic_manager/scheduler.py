@@ -9,6 +9,11 @@ Slot semantics (design.md):
 * fire decisions use the clock's ``now``, re-read after every wake; a slot is never enqueued twice by
   one scheduler, even when the clock steps back or an entry is replaced (the last fired slot is kept
   per schedule key and new entries start after it);
+* an edit never drops a slot: a replacement that keeps the timing and the name keeps the pending
+  slot, and one that changes them still sends a slot of the old version that was already due;
+* looking back (a takeover re-sending the last ``grace``) never reaches a slot at or before the
+  schedule's ``effective_at`` (its creation, its last timing change or resume);
+* an entry whose next slot cannot be computed (past year 9999) stops alone, with its error;
 * all slots due at one instant go to the target as one batch.
 
 The heap holds ``(next_slot, version, entry_id)``; replaced or removed entries are dropped
@@ -24,7 +29,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from periodic_manager.clock import Clock, SystemClock
@@ -46,6 +51,12 @@ ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
 RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
 
 IDLE_SLEEP_S = 3600.0
+# Runs kept in memory while the store cannot record them (the oldest go first beyond this).
+MAX_PENDING_RUNS = 100_000
+RUNS_RETRY_MAX_S = 30.0
+# How far a task's expiry may reach past its slot, whatever a (checked) option says.
+MAX_WINDOW = timedelta(days=366)
+_LATEST = datetime.max.replace(tzinfo=UTC)
 SEND_CHUNK = 2000  # slots per sub-batch of a large instant (pipelined: sent while the next builds)
 MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
 RECORD_ON_STOP_TIMEOUT_S = 30.0  # with no entries, sleep long; register() wakes the loop anyway
@@ -60,7 +71,7 @@ class ScheduledEntry:
     schedule: Schedule
     content_hash: str
     registered_at: datetime
-    next_slot: datetime
+    next_slot: datetime | None  # None: no slot left (past year 9999)
     prev_slot: datetime | None = None
     last_error: str | None = None
     version: int = 0
@@ -69,6 +80,9 @@ class ScheduledEntry:
     window: timedelta = timedelta(0)  # how long after a slot it may still be sent
     payload_json: str = "null"  # canonical JSON, computed once per entry, not once per slot
     options_json: str = "{}"
+    # Slots of this entry are strictly after this instant, except a slot of the version it replaced
+    # that was already due (carried over so an edit never drops it).
+    after: datetime | None = None
 
 
 async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
@@ -92,6 +106,7 @@ class Scheduler:
         post_enqueue: PostEnqueueHook | None = None,
         on_error: ErrorHook | None = None,
         on_runs: RunsHook | None = None,
+        observe: Callable[[Sequence[RunRecord]], None] | None = None,
         catchup_window: float = 3600.0,
         retry_base: float = 0.2,
         retry_max: float = 5.0,
@@ -103,6 +118,7 @@ class Scheduler:
         self.post_enqueue = post_enqueue
         self.on_error = on_error
         self.on_runs = on_runs
+        self.observe = observe  # sees every run once, when it happens (metrics)
         self._entries: dict[str, ScheduledEntry] = {}
         self._heap: list[tuple[datetime, int, str]] = []
         self._seq = itertools.count()
@@ -125,35 +141,75 @@ class Scheduler:
         self._pending_runs: list[RunRecord] = []
         self._runs_ready = asyncio.Event()
         self._writing = False
+        self._runs_failing: str | None = None  # the store's error while history cannot be written
+        self._runs_dropped = 0  # runs dropped in this outage (the buffer was full)
+        self._runs_late = 0  # runs written late after this outage
+        self._busy_since: datetime | None = None  # a dispatch under way since (clock time)
+        self._progress_at: datetime | None = None  # its last sign of life (an attempt began/ended)
 
     # -- entries -----------------------------------------------------------------------------
 
-    def register(self, config: PeriodicTaskConfig, *, digest: str | None = None) -> ScheduledEntry:
-        """Add (or replace, same entry id) an entry; its first slot is strictly after now."""
+    def register(
+        self, config: PeriodicTaskConfig, *, digest: str | None = None, replaces: str | None = None
+    ) -> ScheduledEntry:
+        """Add an entry, or replace entry ``replaces`` (or one with the same entry id).
+
+        A new schedule's first slot is strictly after now (and after the last slot this scheduler
+        sent for its key). A replacement with the same timing and name keeps the pending slot,
+        due or not; one that changes them starts strictly after now, but a slot of the old version
+        that was already due and not yet sent is still sent: an edit never drops a slot.
+        """
         digest = digest or content_hash(config)
         eid = entry_id(config, digest)
         now = self.clock.now()
-        schedule = config.schedule
-        start = max(now, self._last_fired.get(config.key, now))
+        old = self._entries.get(replaces or eid)
         entry = ScheduledEntry(
             entry_id=eid,
             config=config,
-            schedule=schedule,
+            schedule=config.schedule,
             content_hash=digest,
             registered_at=now,
-            next_slot=schedule.next_after(start),
+            next_slot=None,
             prev_slot=self._last_fired.get(config.key),
             # Versions are globally unique so a stale heap item can never match a re-created entry.
             version=next(self._seq),
             key=config.key,
             payload_json=config.payload_json,
             options_json=config.options_json,
+            window=self._window(config),
+            after=now,
         )
-        entry.window = self._window(config)
+        if old is not None and _same_slots(old.config, config):
+            entry.next_slot, entry.after = old.next_slot, old.after
+            entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
+        else:
+            last = self._last_fired.get(config.key)
+            entry.next_slot = self._next(entry, max(now, last) if last is not None else now)
+            pending = old.next_slot if old is not None else None
+            if pending is not None and pending <= now and (last is None or pending > last):
+                entry.next_slot = pending  # due under the old version: carried, not dropped
+        if old is not None:
+            self._entries.pop(old.entry_id, None)
         self._entries[eid] = entry
-        heapq.heappush(self._heap, (entry.next_slot, entry.version, eid))
+        if entry.next_slot is not None:
+            heapq.heappush(self._heap, (entry.next_slot, entry.version, eid))
         self._wake.set()
         return entry
+
+    def _next(self, entry: ScheduledEntry, after: datetime) -> datetime | None:
+        """The entry's first slot strictly after ``after`` (and after ``entry.after``), or None
+        when there is none before year 10000: that entry stops, the others go on."""
+        if entry.after is not None and entry.after > after:
+            after = entry.after
+        try:
+            return entry.schedule.next_after(after)
+        except (OverflowError, ValueError) as exc:
+            entry.last_error = f"no slot after {after.isoformat()}: {exc}"
+            log.error(
+                "schedule %s has no slot after %s and stops: %s", entry.config.name,
+                after.isoformat(), exc, extra={"schedule": entry.config.name},
+            )
+            return None
 
     def unregister(self, eid: str) -> bool:
         """Remove an entry; its heap item is dropped lazily. Returns whether it existed."""
@@ -216,20 +272,29 @@ class Scheduler:
         self._wake.set()
 
     def _rebase(self, after: datetime) -> None:
+        now = self.clock.now()
         self._heap.clear()
         for entry in self._entries.values():
+            start = after
             last = self._last_fired.get(entry.key)
-            start = max(after, last) if last is not None else after
-            entry.next_slot = entry.schedule.next_after(start)
+            if last is not None and last > start:
+                start = last
+            floor = lookback_floor(entry.config, now)
+            if floor is not None and floor > start:
+                start = floor  # never a slot from before the schedule (or its timing) existed
+            entry.after = start
+            entry.next_slot = self._next(entry, start)
             entry.version = next(self._seq)
-            self._heap.append((entry.next_slot, entry.version, entry.entry_id))
+            if entry.next_slot is not None:
+                self._heap.append((entry.next_slot, entry.version, entry.entry_id))
         heapq.heapify(self._heap)
 
     async def wait_processed(self, instant: datetime) -> None:
         """Wait until every slot due at or before ``instant`` has been handled (for tests)."""
 
         def done() -> bool:
-            if self._pending_runs or self._writing:
+            # Runs waiting for a store that is down do not hold anyone up.
+            if self._writing or (self._pending_runs and self._runs_failing is None):
                 return False
             if self._processed_until is not None and self._processed_until >= instant:
                 return True
@@ -239,6 +304,9 @@ class Scheduler:
             await self._state.wait_for(done)
 
     async def _mark_processed(self, now: datetime) -> None:
+        self._drop_stale()
+        if self._active and self._heap and self._heap[0][0] <= now:
+            return  # a backlog (after a takeover or a stall) takes one round per slot: not yet
         async with self._state:
             self._processed_until = now
             self._state.notify_all()
@@ -254,7 +322,7 @@ class Scheduler:
         if delay <= 0:
             return
         async with self._state:
-            self._sleeping_until = next_slot or now + timedelta(seconds=delay)
+            self._sleeping_until = next_slot or _later(now, delay)
             self._state.notify_all()
         sleeper = asyncio.ensure_future(self.clock.sleep(delay))
         waker = asyncio.ensure_future(self._wake.wait())
@@ -293,16 +361,29 @@ class Scheduler:
         if not due:
             return
         self._idle.clear()
+        self._busy_since = self._progress_at = now
         try:
             await self._dispatch(due, now)
         finally:
+            self._busy_since = self._progress_at = None
             self._idle.set()
+
+    def hung_for(self, now: datetime) -> float:
+        """Seconds a dispatch under way has shown no sign of life (0 when idle or progressing).
+
+        Every target call is bounded by its timeout and retries back off within grace, so a
+        dispatch that stays silent for minutes is stuck (a publish that never returns)."""
+        progress = self._progress_at
+        if progress is None:
+            return 0.0
+        return max(0.0, (now - progress).total_seconds())
 
     async def _dispatch(self, due: list[ScheduledEntry], now: datetime) -> None:
         batches: dict[datetime, list[ScheduledEntry]] = {}
         skipped: list[RunRecord] = []
         for entry in due:
             slot = entry.next_slot
+            assert slot is not None  # only entries with a slot are in the heap
             last = self._last_fired.get(entry.key)
             if last is not None and slot <= last:
                 # Already handled (clock stepped back, or an entry replaced at the same instant).
@@ -317,9 +398,10 @@ class Scheduler:
             await self._enqueue_batch(slot, batches[slot], now)
 
     def _advance(self, entry: ScheduledEntry, after: datetime) -> None:
-        entry.next_slot = entry.schedule.next_after(after)
+        entry.next_slot = self._next(entry, after)
         entry.version = next(self._seq)
-        heapq.heappush(self._heap, (entry.next_slot, entry.version, entry.entry_id))
+        if entry.next_slot is not None:
+            heapq.heappush(self._heap, (entry.next_slot, entry.version, entry.entry_id))
 
     def _skip(self, entry: ScheduledEntry, slot: datetime, now: datetime) -> RunRecord:
         late = (now - slot).total_seconds()
@@ -341,12 +423,16 @@ class Scheduler:
         """How long after its slot a task may still be sent: grace, or the catch-up window of a
         ``fire_once`` schedule (targets keep their claim of the key that long)."""
         opts = config.options
+        window = self.grace
         if opts.get("misfire") == "fire_once":
-            return max(self.grace, timedelta(seconds=opts.get("catchup_window", self.catchup_window.total_seconds())))
-        return self.grace
+            seconds = opts.get("catchup_window", self.catchup_window.total_seconds())
+            window = max(window, timedelta(seconds=seconds))
+        return min(window, MAX_WINDOW)
 
     def _task(self, entry: ScheduledEntry, slot: datetime, text: str) -> Task:
-        return task_for(entry.config, f"{entry.config.name}:{text}", slot, slot + entry.window)
+        # Near year 9999 the expiry saturates rather than overflows.
+        expires = slot + entry.window if _LATEST - slot > entry.window else _LATEST
+        return task_for(entry.config, f"{entry.config.name}:{text}", slot, expires)
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
         """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""
@@ -416,7 +502,8 @@ class Scheduler:
         counts = self.counts
         for entry, res in zip(entries, results, strict=True):
             status = res.status
-            entry.last_error = res.error  # set when the target failed this task alone
+            if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
+                entry.last_error = res.error  # set when the target failed this task alone
             if status == "failed":
                 log.error(
                     "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
@@ -443,11 +530,14 @@ class Scheduler:
         attempt = 0
         while True:
             error: Exception | None = None
+            self._progress_at = self.clock.now()
             try:
                 results = await self.target.enqueue([tasks[i] for i in todo], self.clock.now())
             except Exception as exc:
                 error = exc
+                self._progress_at = self.clock.now()
             else:
+                self._progress_at = self.clock.now()
                 retry = []
                 for i, res in zip(todo, results, strict=True):
                     final[i] = res
@@ -468,7 +558,7 @@ class Scheduler:
                     extra={"slot": slot.isoformat(), "batch": len(todo)},
                 )
             delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
-            if self._stopping or not self._active or self.clock.now() + timedelta(seconds=delay) > deadline:
+            if self._stopping or not self._active or _later(self.clock.now(), delay) > deadline:
                 if error is not None and all(r is None for r in final):
                     raise error
                 for i in todo:
@@ -477,11 +567,13 @@ class Scheduler:
                 return [r for r in final if r is not None]
             await self._backoff(delay)
 
-    async def _backoff(self, delay: float) -> None:
-        """Sleep ``delay`` on the clock, cut short by :meth:`stop`."""
-        async with self._state:
-            self._sleeping_until = self.clock.now() + timedelta(seconds=delay)
-            self._state.notify_all()
+    async def _backoff(self, delay: float, *, announce: bool = True) -> None:
+        """Sleep ``delay`` on the clock, cut short by :meth:`stop`. ``announce``: the timing loop
+        itself is waiting (:meth:`wait_processed` may consider everything until then handled)."""
+        if announce:
+            async with self._state:
+                self._sleeping_until = _later(self.clock.now(), delay)
+                self._state.notify_all()
         sleeper = asyncio.ensure_future(self.clock.sleep(delay))
         stopper = asyncio.ensure_future(self._stop_event.wait())
         try:
@@ -490,7 +582,8 @@ class Scheduler:
             for fut in (sleeper, stopper):
                 fut.cancel()
             await asyncio.gather(sleeper, stopper, return_exceptions=True)
-            self._sleeping_until = None
+            if announce:
+                self._sleeping_until = None
 
     async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
         try:
@@ -500,31 +593,104 @@ class Scheduler:
 
     async def _report(self, runs: Sequence[RunRecord]) -> None:
         """Hand runs to the writer: recording never delays the next dispatch."""
-        if self.on_runs is not None and runs:
+        if not runs:
+            return
+        if self.observe is not None:
+            try:
+                self.observe(runs)
+            except Exception:  # metrics must not stop the schedule
+                log.exception("observing %d run(s) failed", len(runs))
+        if self.on_runs is not None:
             self._pending_runs.extend(runs)
+            self._trim_runs()
             self._runs_ready.set()
 
+    def _trim_runs(self) -> None:
+        excess = len(self._pending_runs) - MAX_PENDING_RUNS
+        if excess > 0:  # the store has been down for long: the oldest history goes first
+            del self._pending_runs[:excess]
+            self._runs_dropped += excess
+
     async def _write_runs(self) -> None:
-        """Record pending runs as they come, coalescing batches that arrive while writing."""
+        """Record pending runs as they come, coalescing batches that arrive while writing.
+
+        While the store fails, runs wait in memory (at most ``MAX_PENDING_RUNS``, the oldest
+        dropped beyond) and are retried with backoff; one line when the outage starts, one when
+        it ends saying how many runs were written late and how many were dropped."""
+        delay = self.retry_base
         while True:
             await self._runs_ready.wait()
             # Dispatch first: a burst's CPU goes to sending; its records follow right after.
             await self._idle.wait()
             self._runs_ready.clear()
-            await self._flush_runs()
-            if self._stopping and not self._pending_runs:
+            ok = await self._flush_runs()
+            if self._stopping and (ok or not self._pending_runs):
                 return
+            if ok:
+                delay = self.retry_base
+                continue
+            if self._stopping:
+                log.warning(
+                    "stopping with %d run(s) of history not recorded (store: %s)",
+                    len(self._pending_runs), self._runs_failing,
+                )
+                return
+            await self._backoff(delay, announce=False)
+            delay = min(RUNS_RETRY_MAX_S, delay * 2)
+            self._runs_ready.set()
 
-    async def _flush_runs(self) -> None:
+    async def _flush_runs(self) -> bool:
         if not self._pending_runs or self.on_runs is None:
-            return
+            return True
         runs, self._pending_runs = self._pending_runs, []
         self._writing = True
         try:
             await self.on_runs(runs)
-        except Exception:  # the store being down must not stop the schedule
-            log.exception("recording %d run(s) failed", len(runs))
+        except Exception as exc:  # the store being down must not stop the schedule
+            # Back in front of anything newer, so history is written in order once it can be.
+            self._pending_runs[:0] = runs
+            self._trim_runs()
+            if self._runs_failing is None:
+                log.error(
+                    "recording run history failed; keeping up to %d run(s) in memory and retrying: %s",
+                    MAX_PENDING_RUNS, exc,
+                )
+            self._runs_failing = f"{type(exc).__name__}: {exc}"
+            return False
+        else:
+            if self._runs_failing is not None:
+                self._runs_late += len(runs)
+                log.warning(
+                    "run history recorded again: %d run(s) written late, %d dropped while the "
+                    "store was unreachable", self._runs_late, self._runs_dropped,
+                )
+                self._runs_failing = None
+                self._runs_late = self._runs_dropped = 0
+            return True
         finally:
             self._writing = False
             async with self._state:
                 self._state.notify_all()
+
+
+def _same_slots(a: PeriodicTaskConfig, b: PeriodicTaskConfig) -> bool:
+    """Whether two versions of a schedule have the same slots and the same idempotency keys."""
+    return (a.spec, a.timezone, a.anchor, a.name) == (b.spec, b.timezone, b.anchor, b.name)
+
+
+def lookback_floor(config: PeriodicTaskConfig, now: datetime) -> datetime | None:
+    """The instant a look back (takeover, catch-up) must stay strictly after, or None for none.
+
+    The schedule's ``effective_at``, capped at ``now``: a value in the future (another clock, or a
+    hand-written row) only means nothing in the past may be sent.
+    """
+    floor = config.effective_at
+    if floor is None:
+        return None
+    return floor if floor < now else now
+
+
+def _later(instant: datetime, seconds: float) -> datetime:
+    """``instant + seconds``, saturating at the last representable instant."""
+    step = timedelta(seconds=seconds)
+    return instant + step if _LATEST - instant > step else _LATEST
