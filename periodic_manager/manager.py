@@ -10,18 +10,16 @@ gone or disabled removes it. A provider failure keeps every entry and is retried
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from periodic_manager import __version__
+from periodic_manager import __version__, gcpolicy
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.errors import NotFoundError
@@ -67,32 +65,6 @@ FREEZE_AFTER = 10_000
 HUNG_AFTER_S = 120.0
 # Tasks that end by themselves once their work is done (any other ending is a failure).
 ONE_SHOT_TASKS = ("catch-up",)
-
-
-class _GcPause:
-    freeze = False
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[_GcPause]:
-    """No cyclic garbage collection while a sync builds entries, and the survivors of a large
-    one moved out of the collector's sight afterwards.
-
-    A sync of 100,000 rows allocates millions of long-lived objects; each full collection it
-    triggers walks all of them and held the event loop for 0.3-0.5 s, long enough to delay
-    other schedules and threaten the leader's proof of leadership. (Collecting the young
-    generation before the freeze would walk those same objects once more: a big sync's rare
-    cyclic garbage is frozen with them instead; freed by reference counting, most is not.)"""
-    pause = _GcPause()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield pause
-    finally:
-        if pause.freeze:
-            gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 def _reraise_if_cancelled(exc: BaseException) -> None:
@@ -412,9 +384,10 @@ class PeriodicTaskManager:
         """Reconcile the entries with the provider: only what changed when the provider can tell
         (and a full read at least every ``full_sync_interval``), or everything with ``full``."""
         async with self._sync_lock:
-            with self.metrics.time_sync(), _gc_paused() as paused:
+            with self.metrics.time_sync(), gcpolicy.paused():
                 report = await self._sync(full=full)
-                paused.freeze = len(report.added) + len(report.replaced) >= FREEZE_AFTER
+                if len(report.added) + len(report.replaced) >= FREEZE_AFTER:
+                    gcpolicy.freeze()  # see gcpolicy: the survivors are never walked again
                 return report
 
     async def _sync(self, *, full: bool = False) -> SyncReport:

@@ -355,7 +355,7 @@ async def test_history_of_an_outage_is_recorded_in_order_when_the_store_returns(
 async def test_history_buffer_is_bounded_and_says_what_it_dropped(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("periodic_manager.scheduler.MAX_PENDING_RUNS", 10)
+    monkeypatch.setattr("periodic_manager.history.MAX_PENDING_RUNS", 10)
     clock, target, store = VirtualClock(T0), MemoryTarget(), FlakyStore()
     mgr = await manager(StaticProvider([row(1, "a")]), clock, target, store)
     caplog.set_level(logging.WARNING, "periodic_manager")
@@ -379,7 +379,11 @@ async def test_history_buffer_is_bounded_and_says_what_it_dropped(
 def test_runs_are_counted_once_even_when_their_recording_is_retried() -> None:
     """Metrics observe a run when it happens, not when the store finally takes it."""
     seen: list[RunRecord] = []
-    sched = Scheduler(MemoryTarget(), observe=seen.extend, on_runs=None)
+
+    async def scenario() -> None:
+        sched = Scheduler(MemoryTarget(), observe=seen.extend, on_runs=None)
+        sched.writer.report([run])
+
     run = RunRecord("1", "a", T0, "enqueued", T0)
-    asyncio.run(sched._report([run]))
+    asyncio.run(scenario())
     assert seen == [run]
