@@ -160,6 +160,21 @@ def validate_write(request: Request, fields: dict[str, Any], now: datetime) -> P
         ) from None
 
 
+# Columns whose change gives a schedule new slots or keys: writing one (or resuming) moves the
+# row's ``effective_at`` to the API's now, so no look back of a manager reaches before the edit.
+TIMING = frozenset({"name", "spec", "timezone", "anchor"})
+
+
+def stamps(changes: dict[str, Any], was_enabled: bool | None, now: datetime) -> dict[str, Any]:
+    """``updated_at`` (and ``effective_at`` when the timing changes or the row resumes) of a write
+    of ``changes``, by the API's clock (the triggers of migration 0004 keep values a statement
+    sets)."""
+    out: dict[str, Any] = {"updated_at": now}
+    if TIMING & changes.keys() or (changes.get("enabled") is True and was_enabled is not True):
+        out["effective_at"] = now
+    return out
+
+
 def same_value(name: str, old: Any, new: Any) -> bool:
     """Whether a PATCH leaves column ``name`` as stored (JSON compared as canonical text, so
     ``1``, ``1.0`` and ``true`` differ; instants compared as instants)."""
@@ -215,7 +230,7 @@ def api_errors(v: dbrows.RowView) -> list[ScheduleError]:
 
 
 def schedule_body(v: dbrows.RowView) -> dict[str, Any]:
-    body = {"id": v.id, **{k: v.values[k] for k in dbrows.FIELDS[1:]}}
+    body = {"id": v.id, **{k: v.values[k] for k in dbrows.FIELDS[1:] if k != "effective_at"}}
     body["errors"] = api_errors(v)
     return body
 

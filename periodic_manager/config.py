@@ -46,6 +46,10 @@ MAX_JSON_DEPTH = 100
 DEFAULT_MAX_PAYLOAD_BYTES = 65_536
 TOO_LARGE = "too-large"  # ConfigError.code of a payload or options over the size limit
 
+# ``effective_at`` of a row whose value is missing or unreadable: the start is unknown, so nothing
+# in the past may be sent (a look back stops at now).
+UNKNOWN_START = datetime.max.replace(tzinfo=cron.UTC)
+
 
 def canonical_json(value: Any) -> str:
     """Deterministic JSON text: sorted keys, no blanks, NaN/Infinity rejected."""
@@ -291,6 +295,9 @@ class PeriodicTaskConfig:
     timezone: str = "UTC"
     anchor: datetime | None = None
     schedule_id: int | str | None = None
+    # No slot at or before this instant is sent (the row's ``effective_at``); None: no such bound
+    # (a schedule made in code). Not content: it bounds how far back a manager may look.
+    effective_at: datetime | None = field(default=None, compare=False)
     # Derived once, on first use (a sync compares hashes of every row; a burst sends the same
     # payload JSON once per slot). Not part of equality or of the constructor.
     _cache: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -309,6 +316,7 @@ class PeriodicTaskConfig:
         schedule_id: int | str | None = None,
         allowed_targets: Collection[str] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        effective_at: datetime | None = None,
     ) -> PeriodicTaskConfig:
         """Validate every field and return the config; raises ConfigError.
 
@@ -331,6 +339,7 @@ class PeriodicTaskConfig:
             timezone=timezone,
             anchor=anchor,
             schedule_id=schedule_id,
+            effective_at=effective_at,
         )
         # Both texts were needed for the checks; keep them (hash and messages use them).
         config._cache["payload"] = payload_json

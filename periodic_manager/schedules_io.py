@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "anchor": None,
 }
 FIELDS = (*REQUIRED, *DEFAULTS)
+TIMING = frozenset({"name", "spec", "timezone", "anchor"})  # see migration 0004
 
 
 class FileError(PeriodicManagerError):
@@ -285,12 +286,15 @@ async def apply(engine: AsyncEngine, p: Plan, now: datetime) -> None:
     async with engine.begin() as conn:
         for entry in p.create:
             values = {k: entry[k] for k in FIELDS}
-            await conn.execute(insert(PeriodicJob).values(**values, created_at=now, updated_at=now))
+            stamps = {"created_at": now, "updated_at": now, "effective_at": now}
+            await conn.execute(insert(PeriodicJob).values(**values, **stamps))
         for entry, changes in p.update:
             values = {k: entry[k] for k in changes}
-            await conn.execute(
-                update(PeriodicJob).where(t.name == entry["name"]).values(**values, updated_at=now)
-            )
+            values["updated_at"] = now
+            # New slots or keys, or a resume: nothing before now may be looked back at.
+            if TIMING & changes.keys() or (entry["enabled"] and "enabled" in changes):
+                values["effective_at"] = now
+            await conn.execute(update(PeriodicJob).where(t.name == entry["name"]).values(**values))
         if p.delete_ids:
             keys = [str(i) for i in p.delete_ids]
             await conn.execute(delete(PeriodicJob).where(t.id.in_(p.delete_ids)))

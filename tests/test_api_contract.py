@@ -9,10 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api import create_app
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db.rows import Rules, columns, judge_content
 from periodic_manager.providers.database import DatabaseProvider
 from periodic_manager.settings import Settings
 from tests import rawsql
@@ -210,3 +212,41 @@ async def test_the_manager_and_the_api_use_the_same_target_check(
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
             got = (await c.get(f"/schedules/{row}")).json()
     assert got["errors"][0]["field"] == "options.target" and got["next_runs"] == []
+
+
+async def test_the_api_stamps_effective_at_with_its_clock_on_creation_timing_edits_and_resume(
+    client: httpx.AsyncClient, engine: AsyncEngine, clock: VirtualClock
+) -> None:
+    async def effective_at(row_id: int) -> Any:
+        sqlite = engine.dialect.name == "sqlite"
+        async with engine.connect() as conn:
+            [raw] = (
+                await conn.execute(select(*columns(sqlite)).where(columns(sqlite)[0] == row_id))
+            ).all()
+        config = judge_content(Rules(sqlite), tuple(raw))  # paused rows too
+        assert not hasattr(config, "field"), config
+        return config.effective_at  # type: ignore[union-attr]
+
+    job = await create(client)
+    born = clock.now()
+    assert await effective_at(job["id"]) == born
+    for body, moves in [
+        ({"payload": {"n": 1}, "task_type": "other", "description": "d"}, False),
+        ({"spec": "*/5 * * * *"}, True),
+        ({"options": {"queue": "q"}}, False),
+        ({"name": "renamed"}, True),
+        ({"timezone": "Europe/Berlin"}, True),
+        ({"anchor": "2024-01-01T00:00:00Z"}, True),
+    ]:
+        before = await effective_at(job["id"])
+        clock.set(clock.now() + timedelta(minutes=1))
+        r = await client.patch(f"/schedules/{job['id']}", json=body)
+        assert r.status_code == 200, r.text
+        assert await effective_at(job["id"]) == (clock.now() if moves else before), body
+    clock.set(clock.now() + timedelta(minutes=1))
+    await client.post(f"/schedules/{job['id']}/pause")
+    paused_at = await effective_at(job["id"])
+    assert paused_at != clock.now()  # pausing starts nothing
+    clock.set(clock.now() + timedelta(minutes=1))
+    await client.post(f"/schedules/{job['id']}/resume")
+    assert await effective_at(job["id"]) == clock.now()

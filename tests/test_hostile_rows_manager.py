@@ -6,11 +6,13 @@ and starts again with the good rows after a restart. Time is a VirtualClock."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.config import UNKNOWN_START
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.providers.database import DatabaseProvider
@@ -129,3 +131,28 @@ async def test_a_row_over_the_size_limit_is_a_row_error_with_its_code(
     assert (err.schedule_id, err.field, err.code) == (small, "payload", "too-large")
     assert "902 bytes" in err.reason and "512" in err.reason
     assert [c.name for c in (await DatabaseProvider(engine).get_configs()).configs] == ["small"]
+
+
+async def test_effective_at_is_read_as_an_instant_or_unknown_never_a_row_error(
+    url: str, engine: AsyncEngine
+) -> None:
+    await upgrade(url)
+    values = {
+        "given": "'2024-05-01 10:00:00.250000+00'"
+        if backend_of(url) == "postgresql"
+        else "'2024-05-01 10:00:00.250000'"
+    }
+    if backend_of(url) == "postgresql":
+        values |= {"infinity": "'infinity'", "year10000": "'10000-01-01 00:00:00+00'"}
+    else:
+        values |= {"junk": "'soon'", "blob": "X'FF'", "plus14": "'0001-01-01T00:00:00+14:00'"}
+    for label, sql in values.items():
+        await rawsql.insert(url, label, effective_at=sql)
+    nulled = await rawsql.insert(url, "nulled")
+    await rawsql.execute(url, f"UPDATE periodic_jobs SET effective_at = NULL WHERE id = {nulled}")
+    snap = await DatabaseProvider(engine).get_configs()
+    assert snap.errors == []
+    got = {c.name: c.effective_at for c in snap.configs}
+    assert got.pop("given") == datetime(2024, 5, 1, 10, 0, 0, 250000, tzinfo=UTC)
+    assert got == {label: UNKNOWN_START for label in got}
+    assert set(got) == set(values) - {"given"} | {"nulled"}

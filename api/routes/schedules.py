@@ -26,6 +26,7 @@ from api.rows import (
     read_rows,
     rules,
     same_value,
+    stamps,
     to_schedule,
     to_schedule_with_runs,
     validate_write,
@@ -186,7 +187,8 @@ async def create_schedule(
     validate_write(request, fields, now)
     if await _name_taken(session, body.name):
         raise NameConflict(body.name)
-    stmt = insert(PeriodicJob).values(**fields, created_at=now, updated_at=now).returning(T.id)
+    born = {"created_at": now, "updated_at": now, "effective_at": now}
+    stmt = insert(PeriodicJob).values(**fields, **born).returning(T.id)
     schedule_id = (await _write(session, stmt, body.name)).scalar_one()
     notify_manager(request)
     row = await _reread(request, session, schedule_id)
@@ -312,7 +314,8 @@ async def update_schedule(
             session, merged["name"], schedule_id
         ):
             raise NameConflict(merged["name"])
-        stmt = update(PeriodicJob).where(T.id == schedule_id).values(**changes, updated_at=now)
+        written = {**changes, **stamps(changes, row.enabled, now)}
+        stmt = update(PeriodicJob).where(T.id == schedule_id).values(**written)
         await _write(session, stmt, merged["name"])
         notify_manager(request)
         row = await _reread(request, session, schedule_id)
@@ -337,9 +340,8 @@ async def _set_enabled(
         if enabled:
             # Resuming must not bring back a row that no manager could use.
             validate_write(request, {**merge_base(row), "enabled": True}, now)
-        await session.execute(
-            update(PeriodicJob).where(T.id == schedule_id).values(enabled=enabled, updated_at=now)
-        )
+        written = {"enabled": enabled, **stamps({"enabled": enabled}, row.enabled, now)}
+        await session.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
         await session.commit()
         notify_manager(request)
         row = await _reread(request, session, schedule_id)

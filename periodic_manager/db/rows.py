@@ -31,19 +31,26 @@ from typing import Any
 from sqlalchemy import ColumnElement, LargeBinary, Text, cast, extract, literal
 from sqlalchemy.sql.elements import ColumnClause
 
-from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig, check_json
+from periodic_manager.config import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    UNKNOWN_START,
+    PeriodicTaskConfig,
+    check_json,
+)
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
 from periodic_manager.providers.base import RowError
 
 # The columns of a raw row, in this order: the id, then ``enabled``, then the content the
-# manager judges (and hashes), then the columns only people read.
+# manager judges, then ``effective_at`` (bookkeeping the manager reads, never a row error), then
+# the columns only people read. The manager's cache and its RowError hash cover all but DISPLAY.
 CONTENT = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options")
 DISPLAY = ("description", "created_at", "updated_at")
-FIELDS = ("id", "enabled", *CONTENT, *DISPLAY)
-N_JUDGED = 2 + len(CONTENT)  # id, enabled, content
-_INSTANTS = frozenset({"anchor", "created_at", "updated_at"})
+FIELDS = ("id", "enabled", *CONTENT, "effective_at", *DISPLAY)
+N_JUDGED = 3 + len(CONTENT)  # id, enabled, content, effective_at
+_EFFECTIVE = N_JUDGED - 1
+_INSTANTS = frozenset({"anchor", "effective_at", "created_at", "updated_at"})
 _JSON = frozenset({"payload", "options"})
 
 Check = Callable[[PeriodicTaskConfig], None]
@@ -60,7 +67,7 @@ _RANGE = f"out-of-range: must be between {ANCHOR_MIN.date()} and {ANCHOR_MAX.dat
 def columns(sqlite: bool, *, display: bool = False) -> list[ColumnElement[Any]]:
     """The raw columns of a row (:data:`FIELDS` order; without DISPLAY unless asked)."""
     t = PeriodicJob.__table__.c
-    names = ("enabled", *CONTENT, *(DISPLAY if display else ()))
+    names = ("enabled", *CONTENT, "effective_at", *(DISPLAY if display else ()))
     if sqlite:
         # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
         # decoding by the driver; NULL stays NULL.
@@ -195,9 +202,10 @@ def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowE
     """
     row_id = raw[0]
     try:
-        values = [decode(rules.sqlite, n, v) for n, v in zip(CONTENT, raw[2:N_JUDGED], strict=True)]
+        values = [decode(rules.sqlite, n, v) for n, v in zip(CONTENT, raw[2:_EFFECTIVE], strict=True)]
         name, spec, timezone, anchor, task_type, payload, options = values
         config = PeriodicTaskConfig.create(
+            effective_at=effective_at(rules.sqlite, raw[_EFFECTIVE]),
             name=name,
             spec=spec,
             task_type=task_type,
@@ -229,6 +237,16 @@ def judge(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | N
     except ConfigError as exc:
         return _row_error(raw, exc.field, exc.reason, exc.code)
     return judge_content(rules, raw)
+
+
+def effective_at(sqlite: bool, value: Any) -> datetime:
+    """The row's ``effective_at``: no slot at or before it is sent. NULL or unreadable means
+    unknown (UNKNOWN_START: nothing in the past may be sent), never a row error."""
+    try:
+        instant = decode(sqlite, "effective_at", value)
+    except ConfigError:
+        return UNKNOWN_START
+    return UNKNOWN_START if instant is None else instant
 
 
 def _row_error(raw: Sequence[Any], field: str, reason: str, code: str) -> RowError:
@@ -307,7 +325,8 @@ def view(rules: Rules, raw: Sequence[Any]) -> RowView:
             values[name] = decode(rules.sqlite, name, value)
         except ConfigError as exc:
             values[name] = None
-            unreadable[name] = exc.reason
+            if name != "effective_at":  # unknown, not an error (see effective_at())
+                unreadable[name] = exc.reason
     verdict = judge_content(rules, raw)
     config = verdict if isinstance(verdict, PeriodicTaskConfig) else None
     if config is not None:

@@ -24,7 +24,11 @@ from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ProviderError
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
 
-YIELD_EVERY = 2000
+YIELD_EVERY = 500
+# Rows are read through a cursor in partitions of this many: one result of 100,000 rows read at
+# once blocks the event loop for half a second (decoding and row building), which a leader
+# proving its leadership every second cannot afford.
+FETCH_PARTITION = 1000
 Verdict = PeriodicTaskConfig | RowError | None
 
 
@@ -67,7 +71,7 @@ class DatabaseProvider:
         try:
             async with self.engine.connect() as conn:
                 revision = await _current_revision(conn)
-                rows = (await conn.execute(self._query)).all()
+                rows = await _fetch(conn, self._query)
         except Exception as exc:
             # Drivers raise a spread of types here (SQLAlchemy's wrappers, but also OSError,
             # TimeoutError and driver-native errors raised while connecting). Whatever stops the
@@ -102,7 +106,7 @@ class DatabaseProvider:
                 revision = await _current_revision(conn)
                 if revision <= since:
                     return None
-                rows = (await conn.execute(self._changed_query, {"since": since})).all()
+                rows = await _fetch(conn, self._changed_query, {"since": since})
                 deleted = (
                     (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since)))
                     .scalars()
@@ -117,7 +121,9 @@ class DatabaseProvider:
         removed = [str(i) for i in deleted]
         for row_id in deleted:
             self._cache.pop(row_id, None)
-        for row in rows:
+        for i, row in enumerate(rows):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # a bulk INSERT of 100,000 rows must not starve the loop
             result = self._cached_judge(tuple(row), self._cache)
             if result is None:  # disabled
                 removed.append(str(row[0]))
@@ -148,6 +154,17 @@ def _build_query(sqlite: bool, *, changed: bool = False) -> Select[Any]:
     if changed:
         return query.where(t.revision > bindparam("since"))
     return query.where(dbrows.not_disabled(sqlite))
+
+
+async def _fetch(
+    conn: AsyncConnection, query: Select[Any], params: dict[str, Any] | None = None
+) -> list[Any]:
+    """Every row of ``query``, read through a cursor in partitions of FETCH_PARTITION."""
+    rows: list[Any] = []
+    result = await conn.stream(query.execution_options(yield_per=FETCH_PARTITION), params)
+    async for part in result.partitions():
+        rows.extend(part)
+    return rows
 
 
 async def _current_revision(conn: AsyncConnection) -> int:
