@@ -93,6 +93,7 @@ SQLITE = [
     Case("spec-not-utf8", {"spec": "X'FF'"}, "spec", {"spec": "* * * * *"}),
     Case("name-not-utf8", {"name": "X'FF00'"}, "name", {"name": "renamed"}),
     Case("payload-not-utf8", {"payload": "X'FFFE'"}, "payload", {"payload": {"a": 1}}),
+    Case("options-not-utf8", {"options": "X'FF'"}, "options", {"options": {}}),
     Case("enabled-yes", {"enabled": "'yes'"}, "enabled", {"enabled": True}),
 ]
 
