@@ -206,6 +206,8 @@ def check_text(field: str, text: str) -> None:
     """Refuse what no backend stores as text: NUL characters and unpaired surrogates."""
     if "\x00" in text:
         raise ConfigError(field, "must not contain NUL characters")
+    if text.isascii():  # no surrogate; the common case, without encoding
+        return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

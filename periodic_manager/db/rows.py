@@ -113,20 +113,35 @@ def decode(sqlite: bool, name: str, value: Any) -> Any:
         return None
     if name == "enabled":
         return judge_enabled(sqlite, value)
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(name, "not valid UTF-8 text") from None
+    value = _utf8(name, value)
     if name in _JSON:
-        try:
-            return json.loads(value)
-        except (ValueError, RecursionError) as exc:
-            # ValueError covers JSONDecodeError and integers beyond Python's 4,300 digits.
-            raise ConfigError(name, f"not valid JSON: {_short(str(exc))}") from None
+        return _json(name, value)
     if name in _INSTANTS:
         return _sqlite_instant(name, value) if sqlite else _epoch_instant(name, value)
     return value
+
+
+def _utf8(name: str, value: Any) -> Any:
+    if type(value) is not bytes:
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(name, "not valid UTF-8 text") from None
+
+
+def _json(name: str, text: str | bytes | None) -> Any:
+    """A JSON column read as text (bytes on SQLite); SQL NULL is JSON null."""
+    if text is None:
+        return None
+    # Decoded here, not by json.loads, which would also take UTF-16 and UTF-32 bytes.
+    text = _utf8(name, text)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and integers beyond Python's 4,300 digits;
+        # RecursionError nesting beyond the interpreter's limit.
+        raise ConfigError(name, f"not valid JSON: {_short(str(exc))}") from None
 
 
 def judge_enabled(sqlite: bool, value: Any) -> bool:
@@ -201,9 +216,17 @@ def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowE
     Never raises: whatever a row holds, the others go on.
     """
     row_id = raw[0]
+    name, spec, timezone, anchor, task_type, payload, options = raw[2:_EFFECTIVE]
     try:
-        values = [decode(rules.sqlite, n, v) for n, v in zip(CONTENT, raw[2:_EFFECTIVE], strict=True)]
-        name, spec, timezone, anchor, task_type, payload, options = values
+        # decode() column by column, unrolled: this runs for every row of a full read.
+        if rules.sqlite:
+            name, spec = _utf8("name", name), _utf8("spec", spec)
+            timezone, task_type = _utf8("timezone", timezone), _utf8("task_type", task_type)
+            if anchor is not None:
+                anchor = _sqlite_instant("anchor", _utf8("anchor", anchor))
+        elif anchor is not None:
+            anchor = _epoch_instant("anchor", anchor)
+        payload, options = _json("payload", payload), _json("options", options)
         config = PeriodicTaskConfig.create(
             effective_at=effective_at(rules.sqlite, raw[_EFFECTIVE]),
             name=name,
@@ -242,11 +265,13 @@ def judge(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | N
 def effective_at(sqlite: bool, value: Any) -> datetime:
     """The row's ``effective_at``: no slot at or before it is sent. NULL or unreadable means
     unknown (UNKNOWN_START: nothing in the past may be sent), never a row error."""
+    if value is None:
+        return UNKNOWN_START
     try:
-        instant = decode(sqlite, "effective_at", value)
+        instant: datetime = decode(sqlite, "effective_at", value)
     except ConfigError:
         return UNKNOWN_START
-    return UNKNOWN_START if instant is None else instant
+    return instant
 
 
 def _row_error(raw: Sequence[Any], field: str, reason: str, code: str) -> RowError:
