@@ -242,4 +242,3 @@ def to_schedule(v: dbrows.RowView) -> Schedule:
 def to_schedule_with_runs(v: dbrows.RowView, now: datetime) -> ScheduleWithRuns:
     runs = next_runs(v.config, now) if v.enabled is True and v.config is not None else []
     return ScheduleWithRuns(**schedule_body(v), next_runs=runs)
-
