@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from periodic_manager import gcpolicy
 from periodic_manager.calendar import Calendar
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, content_hash, entry_id
+from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.cron import Schedule
 from periodic_manager.dispatch import (
     Chunk,
@@ -76,9 +76,8 @@ YIELD_EVERY = 2000  # loops over a batch let other tasks (sync, leadership) run 
 
 @dataclass(slots=True)
 class ScheduledEntry:
-    """One registered schedule: its config, parsed schedule and timing."""
+    """One registered schedule: its config, parsed schedule and timing. One per schedule key."""
 
-    entry_id: str
     config: PeriodicTaskConfig
     schedule: Schedule
     content_hash: str
@@ -94,6 +93,12 @@ class ScheduledEntry:
     after: datetime | None = None
     dead: bool = False  # unregistered or replaced: stale wherever the calendar still holds it
     mark: int = 0  # the calendar's per-take mark (an entry filed twice is taken once)
+    synced: bool = False  # owned by the sync (a row), not registered from code
+
+    @property
+    def entry_id(self) -> str:
+        """Stable id of this version: the schedule key and its content hash."""
+        return f"{self.key}-{self.content_hash[:12]}"
 
 
 @dataclass(slots=True)
@@ -127,7 +132,7 @@ class Scheduler:
         self.clock: Clock = clock or SystemClock()
         self.grace = timedelta(seconds=grace)
         self.catchup_window = timedelta(seconds=catchup_window)
-        self._entries: dict[str, ScheduledEntry] = {}
+        self._entries: dict[str, ScheduledEntry] = {}  # schedule key -> its entry
         self._calendar = Calendar()
         self._last_fired: dict[str, datetime] = {}  # schedule key -> latest slot handled
         self._wake = asyncio.Event()
@@ -189,9 +194,9 @@ class Scheduler:
     # -- entries -----------------------------------------------------------------------------
 
     def register(
-        self, config: PeriodicTaskConfig, *, digest: str | None = None, replaces: str | None = None
+        self, config: PeriodicTaskConfig, *, digest: str | None = None, synced: bool = False
     ) -> ScheduledEntry:
-        """Add an entry, or replace entry ``replaces`` (or one with the same entry id).
+        """Add the entry of ``config``, replacing the one of the same key if any.
 
         A new schedule's first slot is strictly after now (and after the last slot this scheduler
         sent for its key). A replacement with the same timing and name keeps the pending slot,
@@ -199,11 +204,9 @@ class Scheduler:
         that was already due and not yet sent is still sent: an edit never drops a slot.
         """
         digest = digest or content_hash(config)
-        eid = entry_id(config, digest)
         now = self.clock.now()
-        old = self._entries.get(replaces or eid)
+        old = self._entries.get(config.key)
         entry = ScheduledEntry(
-            entry_id=eid,
             config=config,
             schedule=config.schedule,
             content_hash=digest,
@@ -213,6 +216,7 @@ class Scheduler:
             key=config.key,
             window=self._window(config),
             after=now,
+            synced=synced,
         )
         if old is not None and _same_slots(old.config, config):
             entry.next_slot, entry.after = old.next_slot, old.after
@@ -225,24 +229,23 @@ class Scheduler:
                 entry.next_slot = pending  # due under the old version: carried, not dropped
         if old is not None:
             old.dead = True
-            self._entries.pop(old.entry_id, None)
-        self._entries[eid] = entry
+        self._entries[entry.key] = entry
         if entry.next_slot is not None:
             self._calendar.add(entry, entry.next_slot)
         self._wake.set()
         return entry
 
-    def unregister(self, eid: str) -> bool:
-        """Remove an entry (the calendar forgets it lazily). Returns whether it existed."""
-        entry = self._entries.pop(eid, None)
-        if entry is None:
-            return False
-        entry.dead = True
-        self._wake.set()
-        return True
+    def unregister(self, key: str) -> ScheduledEntry | None:
+        """Remove the entry of schedule ``key`` (the calendar forgets it lazily); it, or None."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            entry.dead = True
+            self._wake.set()
+        return entry
 
-    def get(self, eid: str) -> ScheduledEntry | None:
-        return self._entries.get(eid)
+    def get(self, key: str) -> ScheduledEntry | None:
+        """The entry of schedule ``key``."""
+        return self._entries.get(key)
 
     def entries(self) -> list[ScheduledEntry]:
         return list(self._entries.values())
