@@ -72,6 +72,7 @@ LEAD_MIN_S = 0.02
 LEAD_MAX_S = 10.0
 STAGE_COST_S = 40e-6  # first guess of staging time per task; then measured
 YIELD_EVERY = 2000  # loops over a batch let other tasks (sync, leadership) run this often
+_UNKNOWN = object()
 
 
 @dataclass(slots=True)
@@ -147,6 +148,8 @@ class Scheduler:
         self._staged: Staged | None = None
         self._gc_hold: contextlib.ExitStack | None = None
         self._stage_cost = STAGE_COST_S
+        self._memo: dict[Schedule, datetime | str] = {}  # see _next
+        self._memo_after: datetime | None = None
         self.writer = RunWriter(on_runs, observe=observe, retry_base=retry_base, changed=self._notify)
         self.dispatcher = Dispatcher(
             staged(target),
@@ -194,7 +197,12 @@ class Scheduler:
     # -- entries -----------------------------------------------------------------------------
 
     def register(
-        self, config: PeriodicTaskConfig, *, digest: str | None = None, synced: bool = False
+        self,
+        config: PeriodicTaskConfig,
+        *,
+        digest: str | None = None,
+        synced: bool = False,
+        now: datetime | None = None,
     ) -> ScheduledEntry:
         """Add the entry of ``config``, replacing the one of the same key if any.
 
@@ -204,7 +212,8 @@ class Scheduler:
         that was already due and not yet sent is still sent: an edit never drops a slot.
         """
         digest = digest or content_hash(config)
-        now = self.clock.now()
+        if now is None:  # a sync registering many passes one instant (their next slots memoised)
+            now = self.clock.now()
         old = self._entries.get(config.key)
         entry = ScheduledEntry(
             config=config,
@@ -255,18 +264,31 @@ class Scheduler:
 
     def _next(self, entry: ScheduledEntry, after: datetime) -> datetime | None:
         """The entry's first slot strictly after ``after`` (and after ``entry.after``), or None
-        when there is none before year 10000: that entry stops, the others go on."""
+        when there is none before year 10000: that entry stops, the others go on.
+
+        Memoised per schedule for one ``after`` at a time: a burst advances its entries from one
+        slot and a sync registers its rows at one instant, and schedules are shared by every
+        row with the same (spec, zone, anchor)."""
         if entry.after is not None and entry.after > after:
             after = entry.after
-        try:
-            return entry.schedule.next_after(after)
-        except (OverflowError, ValueError) as exc:
-            entry.last_error = f"no slot after {after.isoformat()}: {exc}"
-            log.error(
-                "schedule %s has no slot after %s and stops: %s", entry.config.name,
-                after.isoformat(), exc, extra={"schedule": entry.config.name},
-            )
-            return None
+        if after != self._memo_after:
+            self._memo.clear()
+            self._memo_after = after
+        schedule = entry.schedule
+        slot = self._memo.get(schedule, _UNKNOWN)
+        if slot is _UNKNOWN:
+            try:
+                slot = schedule.next_after(after)
+            except (OverflowError, ValueError) as exc:
+                slot = f"no slot after {after.isoformat()}: {exc}"
+            self._memo[schedule] = slot
+        if isinstance(slot, datetime):
+            return slot
+        entry.last_error = slot
+        log.error(
+            "schedule %s stops: %s", entry.config.name, slot, extra={"schedule": entry.config.name}
+        )
+        return None
 
     def _advance(self, entry: ScheduledEntry, after: datetime) -> None:
         entry.next_slot = self._next(entry, after)

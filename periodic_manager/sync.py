@@ -65,10 +65,12 @@ class Reconciler:
             # A row that turned bad keeps its last good entry running (nothing is lost).
             if entry.synced and entry.key not in desired and entry.key not in bad:
                 self._remove(entry.key, report)
+        now_ = self.scheduler.clock.now()
         for i, cfg in enumerate(desired.values()):
-            self._upsert(cfg, report)
+            self._upsert(cfg, report, now_)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let leadership checks and dispatch run
+                now_ = self.scheduler.clock.now()
         current = {str(e.schedule_id) for e in report.errors}
         self._publish_row_errors(report.errors, now)
         for key in list(self.row_errors):
@@ -83,13 +85,15 @@ class Reconciler:
         for key in changes.removed:
             self._remove(key, report)
             self._clear_row_error(key)
+        now_ = self.scheduler.clock.now()
         for i, cfg in enumerate(changes.configs):
-            if self._upsert(cfg, report):
+            if self._upsert(cfg, report, now_):
                 self._clear_row_error(cfg.key)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the
                 # leadership proof must not wait for all of it.
                 await asyncio.sleep(0)
+                now_ = self.scheduler.clock.now()
         self._publish_row_errors(report.errors, now)
         return report
 
@@ -100,7 +104,7 @@ class Reconciler:
             self.publisher.remove(entry.entry_id)
             report.removed.append(entry.entry_id)
 
-    def _upsert(self, cfg: PeriodicTaskConfig, report: SyncReport) -> bool:
+    def _upsert(self, cfg: PeriodicTaskConfig, report: SyncReport, now: datetime) -> bool:
         """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
         (then a row error is added to the report and any previous entry keeps running)."""
         entry = self.scheduler.get(cfg.key)
@@ -115,7 +119,7 @@ class Reconciler:
             report.unchanged += 1
             return True
         try:
-            new = self.scheduler.register(cfg, digest=digest, synced=True)
+            new = self.scheduler.register(cfg, digest=digest, synced=True, now=now)
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             self._checked(exc)
             report.errors.append(_unusable(cfg, exc))
