@@ -10,7 +10,6 @@ document, unknown paths (401 before 404: nothing is revealed) and ``/metrics`` a
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from typing import Any
 
@@ -18,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import problem_response
 from periodic_manager.settings import Settings
+from periodic_manager.startup import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +81,6 @@ class BearerAuth:
             headers={"WWW-Authenticate": 'Bearer realm="periodic_manager"'},
         )
         await response(scope, receive, send)
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def warn_if_exposed(settings: Settings) -> bool:
