@@ -17,7 +17,7 @@ import periodic_manager
 from api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
 from api.deps import ManagerLike
 from api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
-from api.guard import BrowserGuard, warn_if_unreachable_by_name
+from api.guard import ANY_HOST_PATHS, SAFE_METHODS, BrowserGuard, warn_if_unreachable_by_name
 from api.limits import BodyLimit, HeadAsGet
 from api.routes import cron, docs, entries, health, managers, runs, schedules
 from api.schemas import Problem
@@ -139,11 +139,19 @@ def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     content = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
     auth = settings.api_token is not None or settings.api_read_token is not None
     for path, operations in schema.get("paths", {}).items():
-        for operation in operations.values():
+        for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             if path not in OPEN_PATHS:
                 responses.setdefault("401", {"description": "Missing or invalid bearer token"})
                 responses.setdefault("403", {"description": "The read-only token cannot write"})
+            if path not in ANY_HOST_PATHS:
+                responses.setdefault("421", {"description": "The Host is not an allowed host"})
+            if method.upper() not in SAFE_METHODS:
+                responses["403"] = {
+                    "description": "A cross-site browser request, or the read-only token"
+                }
+                responses.setdefault("413", {"description": "The body is larger than the cap"})
+                responses.setdefault("415", {"description": "The body is not declared JSON"})
             for code, response in responses.items():
                 if code[0] in "45":
                     response["content"] = content

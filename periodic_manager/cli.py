@@ -321,11 +321,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _serve(settings: Settings, *, role: str) -> int:
-    import uvicorn
-
-    from api.app import create_app
     from periodic_manager.db.engine import is_sqlite
-    from periodic_manager.service import build_manager
     from periodic_manager.startup import check_database
 
     if role == "run":
@@ -341,6 +337,11 @@ def _serve(settings: Settings, *, role: str) -> int:
         if role == "run" and is_sqlite(settings.database_url):
             _migrate(settings)  # the embedded default needs no separate step
         revision = asyncio.run(check_database(settings.database_url))
+        import uvicorn  # after the checks: a failing start stays quick
+
+        from api.app import create_app
+        from periodic_manager.service import build_manager
+
         port = sock.getsockname()[1]
         _log_start(role, settings, revision, f", API on http://{settings.host}:{port}")
         with_manager = role == "run"
