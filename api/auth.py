@@ -1,4 +1,4 @@
-"""Bearer-token authentication for every path but ``/healthz``.
+"""Bearer-token authentication for every path but the probes ``/healthz`` and ``/readyz``.
 
 With neither ``PM_API_TOKEN`` nor ``PM_API_READ_TOKEN`` set the API is open (and bound to
 127.0.0.1 by default). With a token set, a request needs ``Authorization: Bearer <token>``: the
@@ -21,7 +21,9 @@ from periodic_manager.startup import is_loopback
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz"})
+# Probes: Kubernetes cannot send a secret header. /readyz tells which dependency is down, which
+# an operator needs and an attacker gains little from.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 

@@ -1,6 +1,6 @@
 """The scheduler: entries in a time-ordered heap, one timing loop, one batch per instant.
 
-Slot semantics (design.md):
+Slot semantics (docs/architecture.md, "What is guaranteed"):
 
 * an entry's first slot is the first one strictly after it was registered (nothing fires at start);
 * a due slot is enqueued when it is at most ``grace`` late; older slots are skipped (logged and

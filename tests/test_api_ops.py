@@ -514,7 +514,8 @@ async def test_auth_on(
     read = {"Authorization": f"bearer {READ_TOKEN}"}
     async for c in app_client(settings, clock, engine):
         assert (await c.get("/healthz")).status_code == 200
-        for path in ("/schedules", "/openapi.json", "/metrics", "/readyz", "/managers", "/nowhere"):
+        assert (await c.get("/readyz")).status_code == 200  # probes need no token
+        for path in ("/schedules", "/openapi.json", "/metrics", "/managers", "/nowhere", "/docs"):
             r = await c.get(path)
             assert_problem(r, 401)
             assert r.headers["www-authenticate"].startswith("Bearer")
