@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import problem_response
 from periodic_manager.settings import Settings
+from periodic_manager.startup import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -166,16 +167,8 @@ class BrowserGuard:
 
 def warn_if_unreachable_by_name(settings: Settings) -> bool:
     """Log a warning when the API binds beyond loopback but answers loopback names only."""
-    bind = settings.host.strip("[]").lower()
-    if settings.allowed_hosts or bind in LOOPBACK_NAMES:
+    if settings.allowed_hosts or is_loopback(settings.host):
         return False
-    try:
-        import ipaddress
-
-        if ipaddress.ip_address(bind).is_loopback:
-            return False
-    except ValueError:
-        pass
     log.warning(
         "the API binds to %s but answers only Host %s: set PM_ALLOWED_HOSTS to the names "
         "clients use (or * when a proxy or the token protects it)",

@@ -212,8 +212,9 @@ async def _run_manager(settings: Settings) -> int:
     from periodic_manager.db.engine import create_engine
     from periodic_manager.probe import ProbeWriter, manager_health
     from periodic_manager.service import build_manager
-    from periodic_manager.startup import StartupError, check_database
+    from periodic_manager.startup import StartupError, check_database, check_probe_dir
 
+    check_probe_dir(settings)
     revision = await check_database(settings.database_url)
     engine = create_engine(settings.database_url)
     try:
@@ -326,8 +327,9 @@ def _serve(settings: Settings, *, role: str) -> int:
 
     if role == "run":
         from periodic_manager.service import build_leadership
-        from periodic_manager.startup import StartupError
+        from periodic_manager.startup import StartupError, check_probe_dir
 
+        check_probe_dir(settings)
         try:
             build_leadership(settings)  # a setting the manager cannot use fails before the bind
         except ValueError as exc:

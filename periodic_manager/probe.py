@@ -53,6 +53,15 @@ def manager_health(manager: Any) -> HealthCheck:
     return check
 
 
+def ensure_writable(directory: str | os.PathLike[str]) -> None:
+    """Create ``directory`` if needed and prove a file can be written there (raises OSError)."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    test = path / f".write-test.{os.getpid()}"
+    test.write_text("")
+    test.unlink()
+
+
 def probe_path(directory: str | os.PathLike[str], role: str) -> Path:
     return Path(directory) / f"{role}.json"
 

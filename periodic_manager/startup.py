@@ -115,6 +115,20 @@ async def check_database(url: str, *, must_exist: bool = True) -> str | None:
     return revision
 
 
+def check_probe_dir(settings: Settings) -> None:
+    """With ``PM_PROBE_DIR`` set, the directory must be writable before any work starts."""
+    if settings.probe_dir is None:
+        return
+    from periodic_manager.probe import ensure_writable
+
+    try:
+        ensure_writable(settings.probe_dir)
+    except OSError as exc:
+        raise StartupError(
+            f"PM_PROBE_DIR: cannot write to {settings.probe_dir}: {exc.strerror or exc}"
+        ) from None
+
+
 def describe_targets(settings: Settings) -> str:
     """The configured targets with where each sends (passwords hidden), for the start-up log."""
     parts = []

@@ -235,3 +235,19 @@ async def test_healthz_fails_when_the_in_process_manager_died(db_url: str, tmp_p
             r = await c.get("/healthz")
             assert r.status_code == 503 and "scheduler died" in r.json()["detail"]
     assert not (tmp_path / "run.json").exists()
+
+
+def test_an_unwritable_probe_directory_stops_the_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from periodic_manager.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("PM_PROBE_DIR", str(blocker / "probe"))  # a directory under a file
+    for command in (["manager"], ["run", "--port", "0"]):
+        code = main([*command, "--database-url", f"sqlite:///{tmp_path}/pm.db"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1, err
+        assert err[0].startswith(f"periodic-manager: error: PM_PROBE_DIR: cannot write to {blocker / 'probe'}")
+    assert not (tmp_path / "pm.db").exists()  # checked before anything else

@@ -31,12 +31,14 @@ def _assets_dir() -> Path:
 
 @router.get("/docs")
 async def swagger_ui(request: Request) -> HTMLResponse:
+    root = str(request.scope.get("root_path", "")).rstrip("/")  # behind a path-prefix proxy
+    assets = root + ASSETS_PATH
     return get_swagger_ui_html(
-        openapi_url=request.app.openapi_url,
+        openapi_url=root + request.app.openapi_url,
         title=f"{request.app.title} API",
-        swagger_js_url=f"{ASSETS_PATH}/swagger-ui-bundle.js",
-        swagger_css_url=f"{ASSETS_PATH}/swagger-ui.css",
-        swagger_favicon_url=f"{ASSETS_PATH}/favicon-32x32.png",
+        swagger_js_url=f"{assets}/swagger-ui-bundle.js",
+        swagger_css_url=f"{assets}/swagger-ui.css",
+        swagger_favicon_url=f"{assets}/favicon-32x32.png",
         # Swagger UI would otherwise ask validator.swagger.io to badge the document.
         swagger_ui_parameters={"validatorUrl": None},
     )
