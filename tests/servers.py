@@ -202,7 +202,10 @@ class PostgresServer:
         return f"postgresql://postgres:{secret}@127.0.0.1:{self.port}/{database}"
 
     def _run(self, *args: str) -> None:
-        subprocess.run([*self._as_user, *args], check=True, capture_output=True, timeout=60)
+        done = subprocess.run([*self._as_user, *args], capture_output=True, timeout=60, cwd=self.dir)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode(errors="replace").strip()[-2000:]
+            raise RuntimeError(f"{Path(args[0]).name} exited with {done.returncode}: {output}")
 
     def start(self) -> None:
         pwfile = self.dir / "pw"

@@ -24,6 +24,7 @@ from periodic_manager.db.migrate import head_revision, pending, upgrade
 from periodic_manager.probe import ProbeWriter, check_probe, manager_health
 from periodic_manager.service import build_manager
 from periodic_manager.settings import Settings
+from tests.conftest import _unavailable
 from tests.servers import ManagerProcess, RedisServer, free_port
 
 CLI = [sys.executable, "-m", "periodic_manager"]
@@ -158,7 +159,7 @@ async def redis_server() -> AsyncIterator[RedisServer]:
     try:
         server = RedisServer()
     except RuntimeError as exc:
-        pytest.skip(str(exc))
+        _unavailable("redis-server", exc)
     with server:
         yield server
 

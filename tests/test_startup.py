@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from periodic_manager.db.migrate import head_revision, pending, upgrade
-from tests.conftest import PG_DSN
+from tests.conftest import PG_DSN, _unavailable
 from tests.servers import PostgresServer, free_port
 
 CLI = [sys.executable, "-m", "periodic_manager"]
@@ -70,7 +71,7 @@ async def admin() -> AsyncIterator[asyncpg.Connection]:
     try:
         conn = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
     except (OSError, asyncpg.PostgresError) as exc:
-        pytest.skip(f"PostgreSQL unreachable: {exc!r}")
+        _unavailable("PostgreSQL", exc)
     try:
         yield conn
     finally:
@@ -103,7 +104,13 @@ async def test_unusable_database_is_one_line_and_exit_1_for_every_command() -> N
     one line naming the database with its password hidden, for migrate, manager, run and api
     (every command with the wrong password; two commands each for the other causes, to keep
     the number of processes down)."""
-    with PostgresServer(password="right-password") as server:
+    server = PostgresServer(password="right-password")
+    try:
+        server.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        server.close()
+        _unavailable("a private PostgreSQL (initdb, pg_ctl)", exc)
+    try:
         cases = [
             ('password authentication failed for user "postgres"',
              server.url(password="hidden-secret"), EVERY_COMMAND),
@@ -117,6 +124,8 @@ async def test_unusable_database_is_one_line_and_exit_1_for_every_command() -> N
             for command in commands
         ]
         results = await asyncio.gather(*(run for *_, run in runs))
+    finally:
+        server.close()
     for (cause, url, command, _), (rc, _, err) in zip(runs, results, strict=True):
         line = assert_one_line_failure(rc, err, cause)
         assert "hidden-secret" not in err, (command, line)
