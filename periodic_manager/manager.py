@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
-from periodic_manager import __version__
+from periodic_manager import __version__, gcpolicy
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.errors import NotFoundError
@@ -46,6 +46,7 @@ from periodic_manager.scheduler import (
     PreEnqueueHook,
     ScheduledEntry,
     Scheduler,
+    lookback_floor,
 )
 from periodic_manager.targets.base import Target
 
@@ -56,8 +57,14 @@ log = logging.getLogger(__name__)
 TOMBSTONE_RETENTION = timedelta(days=1)
 # Long CPU-bound loops (a sync of 100,000 rows) yield to the event loop this often, so a
 # leadership check is never starved past its deadline.
-YIELD_EVERY = 2000
+YIELD_EVERY = 500
 STOP_TIMEOUT_S = 30.0
+# A sync that registers this many entries freezes the survivors out of the garbage collector.
+FREEZE_AFTER = 10_000
+# A dispatch silent for this long is stuck: every target call is bounded far below it.
+HUNG_AFTER_S = 120.0
+# Tasks that end by themselves once their work is done (any other ending is a failure).
+ONE_SHOT_TASKS = ("catch-up",)
 
 
 def _reraise_if_cancelled(exc: BaseException) -> None:
@@ -103,6 +110,17 @@ def _entry_record(entry: ScheduledEntry) -> EntryRecord:
         anchor=cfg.anchor,
         task_type=cfg.task_type,
         queue=cfg.queue,
+    )
+
+
+def _unusable(cfg: PeriodicTaskConfig, exc: BaseException) -> RowError:
+    """A config the provider accepted but the scheduler could not register, as a row error."""
+    return RowError(
+        schedule_id=cfg.schedule_id if cfg.schedule_id is not None else cfg.key,
+        name=cfg.name,
+        content_hash=content_hash(cfg),
+        field="row",
+        reason=f"cannot be scheduled: {type(exc).__name__}: {exc}",
     )
 
 
@@ -155,7 +173,8 @@ class PeriodicTaskManager:
             pre_enqueue=pre_enqueue,
             post_enqueue=post_enqueue,
             on_error=on_error,
-            on_runs=self._record_runs,
+            on_runs=self.store_runs,
+            observe=self._observe_runs,
             catchup_window=catchup_window,
         )
         # Nothing is sent until leadership is decided (at once for AlwaysLeader).
@@ -183,6 +202,7 @@ class PeriodicTaskManager:
         self.last_sync_at: datetime | None = None
         self.last_sync_error: str | None = None
         self.failed: BaseException | None = None
+        self.failed_task: str | None = None
         self._registered = False
         self._close_target = close_target
         self.metrics = ManagerMetrics(self)  # its own registry: served by /metrics or a port
@@ -201,8 +221,10 @@ class PeriodicTaskManager:
         self._spawn(self._publisher(), "publisher")
         await self.sync()
         await self.leadership.start()
+        self._supervise(getattr(self.leadership, "task", None))
         for signal in self.signals:
             await signal.start()
+            self._supervise(getattr(signal, "task", None))
         self._running = True
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self._sync_loop(), "sync-loop")
@@ -214,8 +236,8 @@ class PeriodicTaskManager:
 
     async def stop(self) -> None:
         """Stop the loops (an enqueue under way finishes first) and unpublish this manager."""
-        self.scheduler.stop()
         self._running = False
+        self.scheduler.stop()
         for signal in self.signals:
             await signal.stop()
         for task in self._tasks:
@@ -245,14 +267,36 @@ class PeriodicTaskManager:
         task.add_done_callback(self._on_task_done)
         self._tasks.append(task)
 
-    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+    def _supervise(self, task: asyncio.Task[Any] | None) -> None:
+        """Watch a long-lived task of a collaborator (leadership, change listener) like our own."""
+        if task is not None:
+            task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None:
-            # A supervised loop must never die quietly: say so loudly and remember it.
+        name = task.get_name()
+        if exc is None:
+            if not self._running or name.endswith(ONE_SHOT_TASKS):
+                return
+            exc = RuntimeError("ended unexpectedly")
+        # A supervised loop must never die quietly: the process stops being healthy (the CLI
+        # exits non-zero, /healthz fails) and says why in one line; the traceback is at DEBUG.
+        if self.failed is None:
             self.failed = exc
-            log.critical("%s died: %r", task.get_name(), exc, exc_info=exc)
+            self.failed_task = name
+        log.critical("%s died: %s: %s", name, type(exc).__name__, exc)
+        log.debug("%s traceback", name, exc_info=exc)
+
+    def health(self) -> str | None:
+        """None while every loop runs; otherwise why this manager is not healthy (one line)."""
+        if self.failed is not None:
+            return f"{self.failed_task} died: {type(self.failed).__name__}: {self.failed}"
+        hung = self.scheduler.hung_for(self.clock.now())
+        if hung > HUNG_AFTER_S:
+            return f"dispatch has shown no progress for {hung:.0f} s (a target call that never returns)"
+        return None
 
     # -- leadership --------------------------------------------------------------------------
 
@@ -280,7 +324,16 @@ class PeriodicTaskManager:
         for entry in self.scheduler.entries():
             if entry.config.options.get("misfire") != "fire_once":
                 continue
-            slot = latest_slot(entry, now, self.scheduler.window(entry))
+            # A slot exactly one window late still counts; one at effective_at does not.
+            earliest = now - self.scheduler.window(entry) - timedelta(microseconds=1)
+            floor = lookback_floor(entry.config, now)
+            if floor is not None and floor > earliest:
+                earliest = floor  # never a slot from before the schedule (or its timing) existed
+            try:
+                slot = latest_slot(entry, now, earliest)
+            except (OverflowError, ValueError) as exc:
+                log.error("catch-up of %s skipped: %s", entry.config.name, exc)
+                continue
             if slot is None or (takeover and slot > now - self.scheduler.grace):
                 continue  # nothing missed, or the normal path sends it
             candidates.append((entry, slot))
@@ -304,9 +357,7 @@ class PeriodicTaskManager:
     def register(self, config: PeriodicTaskConfig) -> ScheduledEntry:
         """Register a schedule from code (kept across syncs until :meth:`unregister`)."""
         old = self._code.get(config.key)
-        if old is not None:
-            self.scheduler.unregister(old)
-        entry = self.scheduler.register(config)
+        entry = self.scheduler.register(config, replaces=old)
         self._code[config.key] = entry.entry_id
         self._publish([_entry_record(entry)], [old] if old and old != entry.entry_id else [])
         return entry
@@ -333,8 +384,11 @@ class PeriodicTaskManager:
         """Reconcile the entries with the provider: only what changed when the provider can tell
         (and a full read at least every ``full_sync_interval``), or everything with ``full``."""
         async with self._sync_lock:
-            with self.metrics.time_sync():
-                return await self._sync(full=full)
+            with self.metrics.time_sync(), gcpolicy.paused():
+                report = await self._sync(full=full)
+                if len(report.added) + len(report.replaced) >= FREEZE_AFTER:
+                    gcpolicy.freeze()  # see gcpolicy: the survivors are never walked again
+                return report
 
     async def _sync(self, *, full: bool = False) -> SyncReport:
         now = self.clock.now()
@@ -398,7 +452,7 @@ class PeriodicTaskManager:
             self._upsert(cfg, upserts, removed, report)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let leadership checks and dispatch run
-        self._sync_row_errors(snapshot.errors, set(self._synced) | set(desired), now, upserts, removed)
+        self._sync_row_errors(report.errors, set(self._synced) | set(desired), now, upserts, removed)
         self._publish_diff(upserts, removed)
         return report
 
@@ -412,12 +466,16 @@ class PeriodicTaskManager:
             rec = self._row_errors.pop(key, None)
             if rec is not None:
                 removed.append(rec.entry_id)
-        for cfg in changes.configs:
-            self._upsert(cfg, upserts, removed, report)
-            rec = self._row_errors.pop(cfg.key, None)
-            if rec is not None:
-                removed.append(rec.entry_id)
-        self._publish_row_errors(changes.errors, now, upserts, removed)
+        for i, cfg in enumerate(changes.configs):
+            if self._upsert(cfg, upserts, removed, report):
+                rec = self._row_errors.pop(cfg.key, None)
+                if rec is not None:
+                    removed.append(rec.entry_id)
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the
+                # leadership proof must not wait for all of it.
+                await asyncio.sleep(0)
+        self._publish_row_errors(report.errors, now, upserts, removed)
         self._revision = changes.revision
         self._publish_diff(upserts, removed)
         return report
@@ -431,24 +489,33 @@ class PeriodicTaskManager:
 
     def _upsert(
         self, cfg: PeriodicTaskConfig, upserts: list[EntryRecord], removed: list[str], report: SyncReport
-    ) -> None:
+    ) -> bool:
+        """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
+        (then a row error is added to the report and any previous entry keeps running)."""
         current = self._synced.get(cfg.key)
         entry = self.scheduler.get(current) if current else None
         # The provider hands back the same object for an unchanged row: no hashing needed.
         if entry is not None and entry.config is cfg:
             report.unchanged += 1
-            return
+            return True
         digest = content_hash(cfg)
-        if entry is not None and entry.content_hash == digest:
+        if entry is not None and entry.content_hash == digest and entry.config.name == cfg.name:
+            # Same content and keys; only bookkeeping (effective_at) may have moved.
+            entry.config = cfg
             report.unchanged += 1
-            return
+            return True
+        try:
+            new = self.scheduler.register(cfg, digest=digest, replaces=current)
+        except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
+            _reraise_if_cancelled(exc)
+            report.errors.append(_unusable(cfg, exc))
+            return False
         if current is not None:
-            self.scheduler.unregister(current)
             removed.append(current)
-        new = self.scheduler.register(cfg, digest=digest)
         self._synced[cfg.key] = new.entry_id
         upserts.append(_entry_record(new))
         (report.replaced if current else report.added).append(new.entry_id)
+        return True
 
     def _publish_diff(self, upserts: list[EntryRecord], removed: list[str]) -> None:
         upserted = {u.entry_id for u in upserts}
@@ -525,8 +592,10 @@ class PeriodicTaskManager:
             log.warning("%s failed (republished at the next heartbeat): %r", what, exc)
             self._registered = False
 
-    async def _record_runs(self, runs: Sequence[RunRecord]) -> None:
+    def _observe_runs(self, runs: Sequence[RunRecord]) -> None:
         self.metrics.observe_runs(runs)
+
+    async def store_runs(self, runs: Sequence[RunRecord]) -> None:
         await self.store.record_runs(runs)
 
     # -- loops -------------------------------------------------------------------------------
@@ -601,15 +670,14 @@ class PeriodicTaskManager:
             pass
 
 
-def latest_slot(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
-    """The latest slot of ``entry`` in ``[now - window, now]``, if any.
+def latest_slot(entry: ScheduledEntry, now: datetime, earliest: datetime) -> datetime | None:
+    """The latest slot of ``entry`` in ``(earliest, now]``, if any.
 
     Searches back from ``now`` in doubling spans, so the cost follows the gap before the latest
     slot, not the number of slots in the window: walking an hour of ``@every 1s`` took 35 ms per
     schedule, and a takeover with a hundred of them blocked the event loop (and with it the
     leadership checks) for seconds.
     """
-    earliest = now - window - timedelta(microseconds=1)
     span = timedelta(seconds=1)
     while True:
         start = max(earliest, now - span)

@@ -180,18 +180,21 @@ class DatabaseRuntimeStore:
                     delete(Entry).where(Entry.manager_id == manager_id, Entry.entry_id.in_(chunk))
                 )
             if upserts:
-                rows = [_entry_values(manager_id, rec) for rec in upserts]
                 stmt = self._insert(Entry)
                 stmt = stmt.on_conflict_do_update(
                     index_elements=[Entry.manager_id, Entry.entry_id],
                     set_={
-                        k: stmt.excluded[k] for k in rows[0] if k not in ("manager_id", "entry_id")
+                        c.name: stmt.excluded[c.name]
+                        for c in Entry.__table__.c
+                        if c.name not in ("manager_id", "entry_id")
                     },
                 )
-                # In slices: each statement stays well inside the driver's command timeout even
+                # In slices, each built just before it is sent: every statement stays well inside
+                # the driver's command timeout, and the event loop is never held for long, even
                 # when a cold start publishes 100,000 entries.
-                for i in range(0, len(rows), _RUNS_INSERT_CHUNK):
-                    await conn.execute(stmt, rows[i : i + _RUNS_INSERT_CHUNK])
+                for i in range(0, len(upserts), _RUNS_INSERT_CHUNK):
+                    rows = [_entry_values(manager_id, r) for r in upserts[i : i + _RUNS_INSERT_CHUNK]]
+                    await conn.execute(stmt, rows)
 
     async def record_runs(self, runs: Sequence[RunRecord]) -> None:
         """Fold a batch of runs into ``pm_schedule_state``: one statement per batch.
