@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import uvicorn
@@ -24,6 +25,11 @@ from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
 
 EVIL = "https://evil.example"
+
+# anyio imports its file helpers lazily, on the first FileResponse. Under pytest that import is
+# rewritten (anyio is a pytest plugin) with ast.parse, which on Python 3.11 can fail with
+# "AST constructor recursion depth mismatch" when it runs in the server's thread. Import it here.
+assert anyio.open_file is not None
 
 
 @contextmanager
