@@ -17,8 +17,9 @@ import periodic_manager
 from api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
 from api.deps import ManagerLike
 from api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
-from api.routes import cron, entries, health, managers, runs, schedules
+from api.routes import cron, entries, health, managers, runs, schedules, views
 from api.schemas import Problem
+from api.ui.shell import ui_router
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings
@@ -75,8 +76,9 @@ def create_app(
     app.state.clock = clock if clock is not None else SystemClock()
     install_error_handlers(app)
     app.add_middleware(BearerAuth, settings=settings)
-    for module in (schedules, runs, entries, managers, cron, health):
+    for module in (schedules, runs, entries, managers, cron, health, views):
         app.include_router(module.router)
+    app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
 

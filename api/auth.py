@@ -22,6 +22,10 @@ from periodic_manager.settings import Settings
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz"})
+# The dashboard's shell and static files hold no data (its script reads the API with the token),
+# and "/" only redirects to it. Every path under /ui/ is answered by the dashboard's router.
+UI_PATHS = frozenset({"/", "/ui"})
+UI_PREFIX = "/ui/"
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -56,6 +60,8 @@ class BearerAuth:
             scope["type"] != "http"
             or (self.write is None and self.read is None)
             or scope["path"] in OPEN_PATHS
+            or scope["path"] in UI_PATHS
+            or scope["path"].startswith(UI_PREFIX)
         ):
             await self.app(scope, receive, send)
             return

@@ -1,0 +1,93 @@
+// The dashboard's entry point: find out who we are (asking for the token if the API wants one),
+// then render the page the URL names. Every page is a real URL; links are plain links.
+
+import { api, askToken, forgetToken, token, ApiError, statusText, problemText } from "./api.js";
+import { h, mount, setTitle, takeFlash } from "./dom.js";
+import { overviewPage } from "./page-overview.js";
+import { schedulesPage } from "./page-schedules.js";
+import { schedulePage } from "./page-schedule.js";
+import { formPage } from "./page-form.js";
+import { managersPage } from "./page-managers.js";
+
+const ROUTES = [
+  [/^\/ui\/?$/, "overview", () => overviewPage()],
+  [/^\/ui\/schedules\/?$/, "schedules", () => schedulesPage()],
+  [/^\/ui\/schedules\/new$/, "new", () => formPage(null)],
+  [/^\/ui\/schedules\/(\d+)$/, "schedules", (m) => schedulePage(Number(m[1]))],
+  [/^\/ui\/schedules\/(\d+)\/edit$/, "schedules", (m) => formPage(Number(m[1]))],
+  [/^\/ui\/managers$/, "managers", () => managersPage()],
+];
+
+// Who the caller is: {auth, can_write}. Asks for the token while the API answers 401.
+async function whoami() {
+  for (;;) {
+    const answer = await api("GET", "/views/whoami");
+    if (answer.status !== 401) {
+      if (!answer.ok) throw new ApiError("GET /views/whoami", answer);
+      return answer.data;
+    }
+    await askToken(
+      token()
+        ? "That token was refused. Enter a valid token."
+        : "This API asks for a bearer token. It is kept in this browser tab only.",
+    );
+  }
+}
+
+function showWho(who) {
+  document.body.dataset.canWrite = who.can_write ? "true" : "false";
+  const line = document.getElementById("who");
+  if (!who.auth) {
+    line.replaceChildren();
+    return;
+  }
+  const forget = h("button", {
+    type: "button",
+    class: "link",
+    onclick: () => {
+      forgetToken();
+      location.reload();
+    },
+  }, "Forget token");
+  line.replaceChildren(who.can_write ? "Token: read and write " : "Token: read-only ", forget);
+}
+
+function markNav(name) {
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    if (link.dataset.nav === name) link.setAttribute("aria-current", "page");
+  }
+}
+
+function showError(error) {
+  setTitle("Error");
+  const answer = error instanceof ApiError ? error.answer : null;
+  mount(
+    h("h1", {}, answer && answer.status === 404 ? "Not found" : "Something went wrong"),
+    h("p", { class: "error", role: "alert" },
+      answer ? `${statusText(answer.status)}: ${problemText(answer.data)}` : String(error.message || error)),
+    h("p", {}, h("a", { href: "/ui" }, "Back to the overview")),
+  );
+}
+
+async function main() {
+  const path = location.pathname;
+  const route = ROUTES.map(([re, nav, render]) => [re.exec(path), nav, render]).find(([m]) => m);
+  try {
+    const who = await whoami();
+    showWho(who);
+    takeFlash();
+    if (!route) {
+      setTitle("Not found");
+      mount(h("h1", {}, "Not found"), h("p", {}, "No page here. ", h("a", { href: "/ui" }, "Go to the overview")));
+    } else {
+      markNav(route[1]);
+      await route[2](route[0]);
+    }
+  } catch (error) {
+    showError(error);
+  }
+  document.body.dataset.ready = "1";
+  performance.mark("pm-rendered");
+}
+
+main();
