@@ -60,6 +60,7 @@ export function local(iso, abbreviation) {
   const m = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})(?:\.\d+)?(Z|[+-]\d{2}:\d{2})?/.exec(iso);
   if (!m) return iso;
   const offset = m[3] === "Z" || !m[3] ? "+00:00" : m[3];
+  if (offset === "+00:00" && abbreviation === "UTC") return `${m[1]} ${m[2]} UTC`;
   const abbr = abbreviation && !/^[+-]\d/.test(abbreviation) ? `${abbreviation} ` : "";
   return `${m[1]} ${m[2]} ${abbr}(UTC${offset})`;
 }

@@ -153,7 +153,9 @@ function previewer(form, box) {
         const offset = slot.local.slice(-6);
         const changed = previous !== null && offset !== previous;
         previous = offset;
-        return h("li", {}, local(slot.local), h("span", { class: "sub" }, ` · ${utc(slot.at)}`),
+        return h("li", {}, local(slot.local, data.timezone === "UTC" ? "UTC" : null),
+          data.timezone === "UTC" ? "" : ` ${data.timezone}`,
+          h("span", { class: "sub" }, ` · ${utc(slot.at)}`),
           changed ? h("span", { class: "badge dst" }, "DST: offset change") : null);
       })),
     );
