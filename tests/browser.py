@@ -145,44 +145,49 @@ class Server:
         self.stop()
 
 
-def seed_sqlite(path: Path, count: int, *, prefix: str = "bulk") -> None:
-    """``count`` schedules written straight into a migrated SQLite file (as an import would).
+SPECS = (
+    ("*/5 * * * *", "UTC"),
+    ("0 * * * *", "UTC"),
+    ("{minute} 2 * * *", "Europe/Berlin"),
+    ("15 9 * * 1-5", "America/New_York"),
+    ("@every 90s", "UTC"),
+    ("0 6 1 * *", "Asia/Kolkata"),
+)
 
-    Row ``i``: spec and zone cycle through a few kinds, task type ``task.<i % 4>``, queue
+
+def schedule_rows(
+    count: int, prefix: str = "bulk"
+) -> list[tuple[str, str, str, str, str, str, bool]]:
+    """``count`` schedules as (name, spec, zone, task type, payload, options, enabled).
+
+    Row ``i``: spec and zone cycle through :data:`SPECS`, task type ``task.<i % 4>``, queue
     ``q<i % 3>``, and every 10th row is paused.
     """
-    import sqlite3
-
-    specs = [
-        ("*/5 * * * *", "UTC"),
-        ("0 * * * *", "UTC"),
-        ("30 2 * * *", "Europe/Berlin"),
-        ("15 9 * * 1-5", "America/New_York"),
-        ("@every 90s", "UTC"),
-        ("0 6 1 * *", "Asia/Kolkata"),
-    ]
     rows = []
     for i in range(count):
-        spec, zone = specs[i % len(specs)]
-        minute = i % 60
-        if spec.startswith("30 2"):
-            spec = f"{minute} 2 * * *"
+        spec, zone = SPECS[i % len(SPECS)]
         rows.append(
             (
                 f"{prefix}.{i:05d}",
-                spec,
+                spec.format(minute=i % 60),
                 zone,
                 f"task.{i % 4}",
                 json.dumps({"n": i}),
                 json.dumps({"queue": f"q{i % 3}"}),
-                0 if i % 10 == 9 else 1,
-                "2026-01-01 00:00:00.000000",
-                "2026-01-01 00:00:00.000000",
+                i % 10 != 9,
             )
         )
+    return rows
+
+
+def seed_sqlite(path: Path, count: int, *, prefix: str = "bulk") -> None:
+    """:func:`schedule_rows` written straight into a migrated SQLite file (as an import would)."""
+    import sqlite3
+
+    created = "2026-01-01 00:00:00.000000"
     with sqlite3.connect(path) as conn:
         conn.executemany(
             "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled,"
             " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
+            [(*row, created, created) for row in schedule_rows(count, prefix)],
         )

@@ -51,11 +51,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[browser.Server]
 
 
 def wait(d: Any, condition: Callable[[Any], Any], what: str) -> Any:
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # Pages redraw after every answer: an element found just before may be gone; look again.
+    ignored = (StaleElementReferenceException,)
     try:
-        return WebDriverWait(d, WAIT_S, poll_frequency=0.05).until(condition)
+        return WebDriverWait(d, WAIT_S, 0.05, ignored_exceptions=ignored).until(condition)
     except TimeoutException:
         body = d.find_element("tag name", "body").text[-1500:]
         raise AssertionError(f"timed out waiting for {what}; the page shows:\n{body}") from None
@@ -82,7 +84,14 @@ def wait_text(d: Any, css: str, needle: str) -> str:
 
 
 def displayed(d: Any, css: str) -> bool:
-    return any(el.is_displayed() for el in d.find_elements("css selector", css))
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(10):  # bounded: a redraw replaced the element between find and check
+        try:
+            return any(el.is_displayed() for el in d.find_elements("css selector", css))
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} kept being replaced")
 
 
 def type_into(d: Any, css: str, text: str) -> None:

@@ -327,6 +327,26 @@ async def test_overview_counts_series_and_exact_percentiles(
     assert body["managers"] == {"live": 1, "leader": "m1"}
 
 
+async def test_lateness_percentiles_are_over_the_newest_slots_only(
+    client: httpx.AsyncClient, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api.ui import stats
+
+    monkeypatch.setattr(stats, "LATENESS_SAMPLE", 50)
+    minute = T0.replace(second=0)
+    # Lateness i ms at minute + i ms: the 50 newest are 51..100 ms.
+    await add_runs(engine, [run("1", minute, "enqueued", i) for i in range(1, 101)])
+    body = (await client.get("/views/overview")).json()
+    assert body["lateness"] == {
+        "count": 50,
+        "p50_ms": 75,
+        "p90_ms": 95,
+        "p99_ms": 100,
+        "max_ms": 100,
+    }
+    assert body["series"][-1]["enqueued"] == 100  # the counts are not sampled
+
+
 async def test_overview_of_an_empty_database(client: httpx.AsyncClient) -> None:
     body = (await client.get("/views/overview")).json()
     assert body["counts"] == {"schedules": 0, "enabled": 0, "paused": 0, "in_error": 0}
@@ -386,17 +406,28 @@ async def test_every_page_url_serves_the_shell_and_root_redirects(
         assert r.status_code == 200, path
         assert r.headers["content-type"].startswith("text/html")
         assert "default-src 'none'" in r.headers["content-security-policy"]
-        assert '<script type="module" src="/ui/static/app.js">' in r.text
+        assert re.search(r'<script type="module" src="/ui/static/[0-9a-f]{12}/app.js">', r.text)
     assert (await client.get("/ui/elsewhere")).status_code == 404
-    assert (await client.get("/ui/static/nothing.js")).status_code == 404
+    assert (await client.get("/ui/static/0/nothing.js")).status_code == 404
     assert "/ui" not in str((await client.get("/openapi.json")).json()["paths"])
 
 
-async def test_assets_are_revalidated_by_etag(client: httpx.AsyncClient) -> None:
-    r = await client.get("/ui/static/app.js")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
-    again = await client.get("/ui/static/app.js", headers={"if-none-match": r.headers["etag"]})
+async def test_assets_are_kept_by_version_and_the_shell_revalidated(
+    client: httpx.AsyncClient,
+) -> None:
+    shell = await client.get("/ui")
+    assert shell.headers["cache-control"] == "no-cache"
+    again = await client.get("/ui/schedules", headers={"if-none-match": shell.headers["etag"]})
     assert again.status_code == 304 and again.content == b""
+    found = re.search(r"/ui/static/([0-9a-f]{12})/app.js", shell.text)
+    assert found is not None
+    r = await client.get(found.group(0))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript")
+    assert r.headers["cache-control"] == "public, max-age=31536000, immutable"
+    assert 'from "./api.js"' in r.text  # modules import by relative URL: the same version
+    old = await client.get("/ui/static/000000000000/app.js")
+    assert old.status_code == 200 and old.headers["cache-control"] == "no-cache"
+    assert old.content == r.content
 
 
 def test_the_dashboard_loads_nothing_from_another_host() -> None:
@@ -423,7 +454,7 @@ async def test_with_tokens_the_shell_is_open_and_the_data_is_not(
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
             assert (await c.get("/")).status_code == 307
             assert (await c.get("/ui/schedules/3")).status_code == 200
-            assert (await c.get("/ui/static/app.js")).status_code == 200
+            assert (await c.get("/ui/static/0/app.js")).status_code == 200
             assert (await c.post("/ui/schedules")).status_code == 405  # nothing to write there
             for path in ("/views/whoami", "/views/schedules", "/views/overview"):
                 assert (await c.get(path)).status_code == 401, path

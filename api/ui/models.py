@@ -88,7 +88,7 @@ class SeriesPoint(BaseModel):
 
 
 class Lateness(BaseModel):
-    count: int = Field(description="enqueued slots in the window")
+    count: int = Field(description="enqueued slots measured: the window's newest, at most 10,000")
     p50_ms: int | None
     p90_ms: int | None
     p99_ms: int | None
@@ -105,7 +105,9 @@ class Overview(BaseModel):
     counts: Counts
     window_start_at: datetime
     series: list[SeriesPoint] = Field(description="60 one-minute buckets, oldest first")
-    lateness: Lateness = Field(description="nearest-rank percentiles over the last hour")
+    lateness: Lateness = Field(
+        description="nearest-rank percentiles of the last hour's newest 10,000 enqueued slots"
+    )
     managers: ManagerSummary
 
 

@@ -9,13 +9,15 @@ import { schedulePage } from "./page-schedule.js";
 import { formPage } from "./page-form.js";
 import { managersPage } from "./page-managers.js";
 
+// Each page gets `ready`, a promise of the caller's identity: pages fetch their data while the
+// token is checked and wait for it only before drawing (write buttons depend on it).
 const ROUTES = [
-  [/^\/ui\/?$/, "overview", () => overviewPage()],
-  [/^\/ui\/schedules\/?$/, "schedules", () => schedulesPage()],
-  [/^\/ui\/schedules\/new$/, "new", () => formPage(null)],
-  [/^\/ui\/schedules\/(\d+)$/, "schedules", (m) => schedulePage(Number(m[1]))],
-  [/^\/ui\/schedules\/(\d+)\/edit$/, "schedules", (m) => formPage(Number(m[1]))],
-  [/^\/ui\/managers$/, "managers", () => managersPage()],
+  [/^\/ui\/?$/, "overview", (m, ready) => overviewPage(ready)],
+  [/^\/ui\/schedules\/?$/, "schedules", (m, ready) => schedulesPage(ready)],
+  [/^\/ui\/schedules\/new$/, "new", (m, ready) => formPage(null, ready)],
+  [/^\/ui\/schedules\/(\d+)$/, "schedules", (m, ready) => schedulePage(Number(m[1]), ready)],
+  [/^\/ui\/schedules\/(\d+)\/edit$/, "schedules", (m, ready) => formPage(Number(m[1]), ready)],
+  [/^\/ui\/managers$/, "managers", (m, ready) => managersPage(ready)],
 ];
 
 // Who the caller is: {auth, can_write}. Asks for the token while the API answers 401.
@@ -39,7 +41,7 @@ function showWho(who) {
   const line = document.getElementById("who");
   if (!who.auth) {
     line.replaceChildren();
-    return;
+    return who;
   }
   const forget = h("button", {
     type: "button",
@@ -50,6 +52,7 @@ function showWho(who) {
     },
   }, "Forget token");
   line.replaceChildren(who.can_write ? "Token: read and write " : "Token: read-only ", forget);
+  return who;
 }
 
 function markNav(name) {
@@ -72,16 +75,16 @@ function showError(error) {
 async function main() {
   const path = location.pathname;
   const route = ROUTES.map(([re, nav, render]) => [re.exec(path), nav, render]).find(([m]) => m);
+  const ready = whoami().then(showWho);
+  takeFlash();
   try {
-    const who = await whoami();
-    showWho(who);
-    takeFlash();
     if (!route) {
+      await ready;
       setTitle("Not found");
       mount(h("h1", {}, "Not found"), h("p", {}, "No page here. ", h("a", { href: "/ui" }, "Go to the overview")));
     } else {
       markNav(route[1]);
-      await route[2](route[0]);
+      await Promise.all([ready, route[2](route[0], ready)]);
     }
   } catch (error) {
     showError(error);

@@ -237,9 +237,13 @@ function merged(base, current, edited) {
 
 // -- the page -----------------------------------------------------------------------------------
 
-export async function formPage(id) {
+export async function formPage(id, ready) {
   const editing = id !== null;
   setTitle(editing ? "Edit schedule" : "New schedule");
+  const loading = editing ? getJson(`/schedules/${id}`) : null;
+  const zoneList = getJson("/views/zones").then((a) => a.data).catch(() => []);
+  if (loading) loading.catch(() => {});  // observed below, unless the token is read-only
+  await ready;
   if (!canWrite()) {
     mount(h("h1", {}, editing ? "Edit schedule" : "New schedule"),
       h("p", { class: "error", role: "alert", id: "read-only" }, "This token is read-only: schedules cannot be created or changed."));
@@ -248,12 +252,11 @@ export async function formPage(id) {
   let base = null;
   let etag = null;
   if (editing) {
-    const answer = await getJson(`/schedules/${id}`);
+    const answer = await loading;
     base = answer.data;
     etag = answer.headers.get("etag");
   }
-  const zones = await getJson("/views/zones").then((a) => a.data).catch(() => []);
-  render(id, base, etag, zones, null);
+  render(id, base, etag, await zoneList, null);
 }
 
 function render(id, base, etag, zones, carried) {

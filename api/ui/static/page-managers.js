@@ -31,7 +31,7 @@ function entryRows(items) {
   ]);
 }
 
-export async function managersPage() {
+export async function managersPage(ready) {
   setTitle("Managers");
   const params = new URLSearchParams(location.search);
   const status = ["active", "error"].includes(params.get("status")) ? params.get("status") : "";
@@ -39,6 +39,7 @@ export async function managersPage() {
   const query = new URLSearchParams({ limit: LIMIT, offset: (page - 1) * LIMIT });
   if (status) query.set("status", status);
   const [managers, entries] = await Promise.all([getJson("/views/managers"), getJson(`/views/entries?${query}`)]);
+  await ready;
   const items = managers.data.items;
   const leader = items.find((m) => m.is_leader);
   mount(

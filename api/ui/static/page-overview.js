@@ -60,9 +60,10 @@ function chart(data) {
           { empty: "Nothing happened in the last hour." }))));
 }
 
-export async function overviewPage() {
+export async function overviewPage(ready) {
   setTitle("Overview");
   const { data } = await getJson("/views/overview");
+  await ready;
   const c = data.counts;
   const l = data.lateness;
   const m = data.managers;

@@ -159,7 +159,7 @@ function actions(s, etag, reload) {
     toggle, trigger, remove, answerLine);
 }
 
-export async function schedulePage(id, keep = null) {
+export async function schedulePage(id, ready = null, keep = null) {
   const params = new URLSearchParams(location.search);
   const runsPage = pageParam("runs_page");
   const statusFilter = RUN_STATUSES.includes(params.get("runs_status")) ? params.get("runs_status") : "";
@@ -171,9 +171,10 @@ export async function schedulePage(id, keep = null) {
     getJson(`/entries?schedule_id=${id}`),
     getJson(`/schedules/${id}/runs?${runsQuery}`),
   ]);
+  await ready;
   const s = detail.data;
   setTitle(s.name);
-  const reload = (answerLine) => schedulePage(id, answerLine);
+  const reload = (answerLine) => schedulePage(id, null, answerLine);
   const bar = actions(s, detail.headers.get("etag"), reload);
   if (keep) {
     // Keep the last answer visible after the page is drawn again with fresh data.

@@ -57,7 +57,7 @@ function row(item, now) {
   ];
 }
 
-export async function schedulesPage() {
+export async function schedulesPage(ready) {
   setTitle("Schedules");
   const params = new URLSearchParams(location.search);
   const query = new URLSearchParams();
@@ -69,6 +69,7 @@ export async function schedulesPage() {
   query.set("limit", String(LIMIT));
   query.set("offset", String((page - 1) * LIMIT));
   const { data } = await getJson(`/views/schedules?${query}`);
+  await ready;
   const errors = data.items.filter((i) => i.error);
   mount(
     h("div", { class: "heading" },
