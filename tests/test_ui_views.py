@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import delete, insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from api import create_app
@@ -221,6 +221,41 @@ async def test_next_slot_cache_follows_the_clock(
     assert (await client.get("/views/schedules")).json()["items"][0]["next"]["at"] == (
         "2026-03-01T11:05:00Z"
     )
+
+
+async def test_the_order_follows_edits_deletes_sql_writes_and_time(
+    client: httpx.AsyncClient, engine: AsyncEngine, clock: VirtualClock
+) -> None:
+    async def names() -> list[str]:
+        r = await client.get("/views/schedules")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["total"] == len(body["items"])  # nothing counted that is not there
+        return [i["name"] for i in body["items"]]
+
+    a = await create(client, "a", "0 13 * * *")
+    await create(client, "b", "30 12 * * *")
+    assert await names() == ["b", "a"]
+    assert (await client.patch(f"/schedules/{a}", json={"spec": "* * * * *"})).status_code == 200
+    assert await names() == ["a", "b"]
+    assert (await client.post(f"/schedules/{a}/pause")).status_code == 200
+    assert await names() == ["b", "a"]
+    assert (await client.delete(f"/schedules/{a}")).status_code == 204
+    assert await names() == ["b"]
+    async with engine.begin() as conn:  # plain SQL, seen through the revision like any write
+        await conn.execute(
+            insert(PeriodicJob).values(
+                name="c", spec="*/2 * * * *", task_type="t", created_at=T0, updated_at=T0
+            )
+        )
+    assert await names() == ["c", "b"]
+    async with engine.begin() as conn:
+        await conn.execute(delete(PeriodicJob).where(PeriodicJob.name == "c"))
+    assert await names() == ["b"]
+    await create(client, "d", "0 13 * * *")
+    assert await names() == ["b", "d"]
+    await clock.advance(30 * 60)  # 12:30:30: b's slot passed, its next one is tomorrow
+    assert await names() == ["d", "b"]
 
 
 # -- slots with daylight-saving marks ----------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from sqlalchemy import case, func, select
+from sqlalchemy import and_, case, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.auth import bearer_token
@@ -36,6 +36,7 @@ from api.ui.models import (
     SlotView,
     WhoAmI,
 )
+from api.ui.order import NextSlotOrder
 from api.ui.slots import marked_slots
 from periodic_manager.db.models import Entry, Manager, PeriodicJob
 from periodic_manager.settings import Settings
@@ -58,6 +59,14 @@ def _next_slots(request: Request) -> listing.NextSlots:
     if cache is None:
         cache = request.app.state.ui_next_slots = listing.NextSlots()
     return cache
+
+
+def _order(request: Request) -> NextSlotOrder:
+    """The app's schedules in next-slot order (made on first use)."""
+    order: NextSlotOrder | None = getattr(request.app.state, "ui_order", None)
+    if order is None:
+        order = request.app.state.ui_order = NextSlotOrder(_next_slots(request))
+    return order
 
 
 @router.get("/whoami", response_model=WhoAmI, summary="Whether this caller may write")
@@ -95,7 +104,7 @@ async def schedule_rows(
     in_error: Annotated[bool | None, Query(description="rejected by a live manager")] = None,
 ) -> ScheduleRowPage:
     cutoff = live_cutoff(now, settings.heartbeat_interval)
-    where = listing.filters(
+    conds = listing.conditions(
         session,
         cutoff=cutoff,
         name_prefix=name_prefix,
@@ -105,8 +114,13 @@ async def schedule_rows(
         in_error=in_error,
     )
     slots = _next_slots(request)
+    where = and_(true(), *conds)
     if sort == "next":
-        ordered = await listing.ids_by_next_slot(session, where, now, slots)
+        keys = await _order(request).snapshot(session, now)
+        ordered = [key[3] for key in keys]
+        if conds:
+            wanted = set((await session.execute(select(PeriodicJob.id).where(where))).scalars())
+            ordered = [row_id for row_id in ordered if row_id in wanted]
         total, ids = len(ordered), ordered[offset : offset + limit]
     else:
         total = (

@@ -1,12 +1,11 @@
 """The dashboard's schedule list: filtered in SQL, sorted by next slot in Python.
 
 Sorting by next slot cannot be done by the database (the slot is a function of spec, zone and
-anchor), so the default order reads five columns of every filtered row and asks the cron engine
-for each enabled row's next slot. The engine shares one parsed schedule per (spec, zone, anchor)
-and answers in microseconds; :class:`NextSlots` also remembers each triple's answer until that
-slot passes, so a reload of the list costs a dictionary lookup per row
-(``bench/ui_bench.py`` measures both). The page's own rows are then read in full with their last
-run and the errors live managers reported.
+anchor): :mod:`api.ui.order` keeps every row's place in that order and brings it up to date by
+what changed; a filter is a SQL query for the matching ids, applied to that order. The cron engine
+shares one parsed schedule per (spec, zone, anchor) and answers in microseconds; :class:`NextSlots`
+also remembers each triple's answer until that slot passes. The page's own rows are then read in
+full with their last run and the errors live managers reported (``bench/ui_bench.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import ColumnElement, String, and_, case, cast, func, select, true
+from sqlalchemy import ColumnElement, String, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.ui.models import LastRun, LocalTime, ScheduleRowView
@@ -99,7 +98,7 @@ def error_entries(cutoff: datetime) -> Any:
     )
 
 
-def filters(
+def conditions(
     session: AsyncSession,
     *,
     cutoff: datetime,
@@ -108,7 +107,8 @@ def filters(
     queue: str | None,
     enabled: bool | None,
     in_error: bool | None,
-) -> ColumnElement[bool]:
+) -> list[ColumnElement[bool]]:
+    """The SQL conditions of the list's filters (none when no filter is set)."""
     conds: list[ColumnElement[bool]] = []
     if enabled is not None:
         conds.append(PeriodicJob.enabled == enabled)
@@ -128,33 +128,7 @@ def filters(
             error_entries(cutoff).with_only_columns(Entry.schedule_key)
         )
         conds.append(rejected if in_error else ~rejected)
-    return and_(true(), *conds)
-
-
-async def ids_by_next_slot(
-    session: AsyncSession, where: ColumnElement[bool], now: datetime, slots: NextSlots
-) -> list[int]:
-    """Every matching id: enabled rows by next slot (then name), unusable ones, paused ones."""
-    stmt = select(
-        PeriodicJob.id,
-        PeriodicJob.name,
-        PeriodicJob.spec,
-        PeriodicJob.timezone,
-        PeriodicJob.anchor,
-        PeriodicJob.enabled,
-    ).where(where)
-    keyed: list[tuple[int, datetime, str, int]] = []
-    for row_id, name, spec, tz, anchor, enabled in await session.execute(stmt):
-        if not enabled:
-            keyed.append((2, _NEVER, name, row_id))
-            continue
-        slot = slots.get(spec, tz, anchor, now)
-        if isinstance(slot, str):
-            keyed.append((1, _NEVER, name, row_id))
-        else:
-            keyed.append((0, slot, name, row_id))
-    keyed.sort()
-    return [k[3] for k in keyed]
+    return conds
 
 
 async def page_rows(
