@@ -105,7 +105,7 @@ export function json(value) {
 }
 
 // A table whose cells carry their column's label (phones show rows as cards).
-export function table(caption, columns, rows, { empty = "Nothing here.", id = null } = {}) {
+export function table(caption, columns, rows, { empty = "Nothing here.", id = null, cards = true } = {}) {
   const head = h("thead", {}, h("tr", {}, columns.map((c) => h("th", { scope: "col" }, c))));
   const body = h(
     "tbody",
@@ -119,7 +119,7 @@ export function table(caption, columns, rows, { empty = "Nothing here.", id = nu
   return h(
     "div",
     { class: "table-wrap" },
-    h("table", { class: "cards", id }, h("caption", {}, caption), head, body),
+    h("table", { class: cards ? "cards" : "compact", id }, h("caption", {}, caption), head, body),
   );
 }
 

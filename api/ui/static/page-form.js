@@ -155,7 +155,7 @@ function previewer(form, box) {
         previous = offset;
         return h("li", {}, local(slot.local, data.timezone === "UTC" ? "UTC" : null),
           data.timezone === "UTC" ? "" : ` ${data.timezone}`,
-          h("span", { class: "sub" }, ` · ${utc(slot.at)}`),
+          data.timezone === "UTC" ? null : h("span", { class: "sub" }, ` · ${utc(slot.at)}`),
           changed ? h("span", { class: "badge dst" }, "DST: offset change") : null);
       })),
     );

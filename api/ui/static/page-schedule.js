@@ -55,17 +55,19 @@ function slotsSection(slots) {
   }
   const rows = slots.slots.map((slot, i) => [
     String(i + 1),
-    local(slot.local, slot.abbreviation),
+    h("div", {}, local(slot.local, slot.abbreviation),
+      slot.marks.length
+        ? h("div", { class: "dst-notes" }, slot.marks.map((m) => badge(`DST: ${m}`, "dst")),
+            h("div", { class: "sub" }, slot.notes.join("; ")))
+        : null),
     utc(slot.at),
-    slot.marks.length
-      ? h("div", {}, slot.marks.map((m) => badge(`DST: ${m}`, "dst")), h("div", { class: "sub" }, slot.notes.join("; ")))
-      : "",
   ]);
   return h("section", { "aria-labelledby": "slots-title" },
     heading,
     slots.description ? h("p", {}, slots.description, ` (${slots.timezone})`) : null,
     slots.enabled ? null : h("p", { class: "sub" }, "Paused: these slots fire only once it is resumed."),
-    table(`Next slots in ${slots.timezone}`, ["#", `Local (${slots.timezone})`, "UTC", "Daylight saving"], rows, { id: "slots" }));
+    table(`Next slots in ${slots.timezone}; daylight-saving changes marked`, ["#", `Local (${slots.timezone})`, "UTC"], rows,
+      { id: "slots", cards: false }));
 }
 
 function entriesSection(entries) {

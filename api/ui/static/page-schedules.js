@@ -41,7 +41,8 @@ function row(item, now) {
   const next = item.next
     ? h("div", {},
         h("div", {}, local(item.next.local, item.next.abbreviation)),
-        h("div", { class: "sub" }, `${utc(item.next.at)} · ${relative(item.next.at, now)}`))
+        h("div", { class: "sub" }, item.timezone === "UTC"
+          ? relative(item.next.at, now) : `${utc(item.next.at)} · ${relative(item.next.at, now)}`))
     : h("span", { class: "sub" }, item.enabled ? "—" : "paused");
   const last = item.last_run
     ? h("div", {}, statusBadge(item.last_run.status), " ", h("span", { class: "sub" }, `late ${ms(item.last_run.lateness_ms)}`))
