@@ -12,7 +12,7 @@ function managerRows(items) {
     `${m.hostname} (pid ${m.pid})`,
     m.version,
     utc(m.started_at),
-    `${duration(m.heartbeat_age_s)} ago`,
+    m.heartbeat_age_s < 1 ? "just now" : `${duration(m.heartbeat_age_s)} ago`,
     h("div", {}, utc(m.last_sync_at), m.last_sync_error ? h("div", { class: "error" }, m.last_sync_error) : null),
     h("span", {}, `${count(m.entries_active)} active`, m.entries_error ? [", ", badge(`${m.entries_error} rejected`, "bad")] : ""),
   ]);
