@@ -257,7 +257,8 @@ def report(results: dict[str, tuple[list, list]], repeat: int, loads: int) -> st
         "one live manager with 10,000 entries (100 rejected); a `periodic-manager api` process.",
         f"machine: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}; "
         f"Python {platform.python_version()}; commit {commit()}",
-        f"budget: every page under {BUDGET_MS} ms",
+        f"budget: every page under {BUDGET_MS} ms; load average at the end "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} (the machine is shared)",
         "",
         f"Server: HTTP round trip on loopback, ms (median / p95 / max of {repeat}, after 2 warm-ups)",
     ]

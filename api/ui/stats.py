@@ -16,7 +16,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, case, cast, func, select
+from sqlalchemy import String, case, cast, func, literal, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.ui.listing import error_entries
@@ -54,36 +54,37 @@ async def counts(session: AsyncSession, cutoff: datetime) -> Counts:
     )
 
 
-def _minute(session: AsyncSession, column: Any) -> Any:
-    """The minute an instant falls in: text ``YYYY-MM-DD HH:MM`` on SQLite (instants are stored
-    there as UTC text, and slicing it is much cheaper than date functions), a timestamp on
-    PostgreSQL."""
-    if session.bind is not None and session.bind.dialect.name == "sqlite":
-        return func.substr(column, 1, 16)
-    return func.date_trunc("minute", column)
+def _per_minute_sqlite(start: datetime, sums: list[Any]) -> Any:
+    """One index range per minute (UNION ALL): SQLite then reads the runs in index order and sorts
+    nothing (grouping by a computed minute made it sort every run of the hour: 1.4x slower)."""
+    return union_all(
+        *(
+            select(literal(i), *sums).where(
+                Run.at >= start + timedelta(minutes=i), Run.at < start + timedelta(minutes=i + 1)
+            )
+            for i in range(WINDOW_MINUTES)
+        )
+    )
 
 
-def _bucket(minute: Any, start: datetime) -> int | None:
-    try:
-        if isinstance(minute, str):
-            minute = datetime.fromisoformat(minute).replace(tzinfo=UTC)
-        return int((minute - start).total_seconds() // 60)
-    except (TypeError, ValueError):  # a row written with SQL in another format
-        return None
+def _per_minute_postgres(start: datetime, sums: list[Any]) -> Any:
+    """Grouped by minute (PostgreSQL aggregates by hash; 60 range scans were 1.4x slower)."""
+    minute = func.date_trunc("minute", Run.at)
+    end = start + timedelta(minutes=WINDOW_MINUTES)
+    return select(minute, *sums).where(Run.at >= start, Run.at < end).group_by(minute)
 
 
 async def series(session: AsyncSession, start: datetime) -> list[SeriesPoint]:
-    """Runs per minute and status: one grouping key, a conditional sum per status."""
-    end = start + timedelta(minutes=WINDOW_MINUTES)
-    minute = _minute(session, Run.at).label("minute")
-    sums = [func.sum(case((Run.status == status, 1), else_=0)) for status in STATUSES]
-    stmt = select(minute, *sums).where(Run.at >= start, Run.at < end).group_by(minute)
+    """Runs per minute and status (a conditional sum per status), 60 rows at most."""
+    sums = [func.coalesce(func.sum(case((Run.status == st, 1), else_=0)), 0) for st in STATUSES]
+    sqlite = session.bind is not None and session.bind.dialect.name == "sqlite"
+    stmt = _per_minute_sqlite(start, sums) if sqlite else _per_minute_postgres(start, sums)
     grid: list[dict[str, int]] = [dict.fromkeys(STATUSES, 0) for _ in range(WINDOW_MINUTES)]
     for row in await session.execute(stmt):
-        i = _bucket(row[0], start)
-        if i is not None and 0 <= i < WINDOW_MINUTES:
-            for status, n in zip(STATUSES, row[1:], strict=True):
-                grid[i][status] += int(n or 0)
+        first = row[0]  # the bucket's index (SQLite) or the minute (PostgreSQL)
+        i = first if isinstance(first, int) else int((first - start).total_seconds() // 60)
+        if 0 <= i < WINDOW_MINUTES:
+            grid[i] = {status: int(n or 0) for status, n in zip(STATUSES, row[1:], strict=True)}
     return [
         SeriesPoint(start_at=start + timedelta(minutes=i), **cells) for i, cells in enumerate(grid)
     ]
