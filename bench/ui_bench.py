@@ -7,8 +7,10 @@ one live leader holding 10,000 entries of which 100 are rejected rows. The serve
 ``periodic-manager api`` process (heartbeat interval 1 h, so the seeded manager stays live).
 
 * **server**: HTTP round trip on loopback (server time plus well under a millisecond), after two
-  warm-up calls: median, p95 and max of ``--repeat`` calls; the first call after start is given
-  apart for the list sorted by next slot (the cron engine parses each spec once per process).
+  warm-up calls: median, p95 and max of ``--repeat`` calls, and the server process's CPU time per
+  call (from /proc: it does not grow when other processes load the machine, wall time does); the
+  first call after start is given apart for the list sorted by next slot (it reads every row and
+  the cron engine parses each spec once per process).
 * **browser**: from navigation start to the page drawn (the script's ``pm-rendered`` mark: shell,
   modules, token check, data, DOM), median and max of ``--loads`` loads in headless Chromium.
 
@@ -209,6 +211,7 @@ def time_endpoints(
                 cold_ms,
                 cold_ms,
                 cold_ms,
+                float("nan"),
             )
         )
         for label, path in ENDPOINTS:
@@ -278,7 +281,7 @@ def report(
         "warm-ups), and the server process's CPU ms per call (load-independent; 10 ms ticks)",
     ]
     names = list(results)
-    header = f"{'endpoint':40}" + "".join(f"{n:>31}" for n in names)
+    header = f"{'endpoint':44}" + "".join(f"{n:>31}" for n in names)
     lines += [header, "-" * len(header)]
     for i, (label, *_) in enumerate(results[names[0]][0]):
         cells = []
@@ -286,13 +289,13 @@ def report(
             _, _, med, p95, worst, cpu = results[n][0][i]
             cpu_text = "" if cpu != cpu else f"{cpu:5.1f}"
             cells.append(f"{med:6.1f} /{p95:6.1f} /{worst:6.1f} | {cpu_text:>5}")
-        lines.append(f"{label[:40]:40}" + "".join(f"{c:>31}" for c in cells))
+        lines.append(f"{label[:44]:44}" + "".join(f"{c:>31}" for c in cells))
     lines += ["", f"Browser: navigation start to page drawn, ms (median / max of {loads} loads)"]
-    header = f"{'page':40}" + "".join(f"{n:>31}" for n in names)
+    header = f"{'page':44}" + "".join(f"{n:>31}" for n in names)
     lines += [header, "-" * len(header)]
     for i, (label, path, *_) in enumerate(results[names[0]][1]):
         cells = [f"{results[n][1][i][2]:7.1f} /{results[n][1][i][3]:7.1f}" for n in names]
-        lines.append(f"{(label + ' ' + path)[:40]:40}" + "".join(f"{c:>31}" for c in cells))
+        lines.append(f"{(label + ' ' + path)[:44]:44}" + "".join(f"{c:>31}" for c in cells))
     worst_page = max(p[3] for n in names for p in results[n][1])
     worst_api = max(e[4] for n in names for e in results[n][0][1:])
     worst_cpu = max(e[5] for n in names for e in results[n][0][1:])
