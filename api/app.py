@@ -19,8 +19,9 @@ from api.deps import ManagerLike
 from api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from api.guard import ANY_HOST_PATHS, SAFE_METHODS, BrowserGuard, warn_if_unreachable_by_name
 from api.limits import BodyLimit, HeadAsGet
-from api.routes import cron, docs, entries, health, managers, runs, schedules
+from api.routes import cron, docs, entries, health, managers, runs, schedules, views
 from api.schemas import Problem
+from api.ui.shell import ui_router
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings
@@ -88,8 +89,9 @@ def create_app(
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuard, settings=settings)
-    for module in (schedules, runs, entries, managers, cron, health, docs):
+    for module in (schedules, runs, entries, managers, cron, health, docs, views):
         app.include_router(module.router)
+    app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
 

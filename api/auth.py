@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 # Probes: Kubernetes cannot send a secret header. /readyz tells which dependency is down, which
 # an operator needs and an attacker gains little from.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The dashboard's shell and static files hold no data (its script reads the API with the token),
+# and "/" only redirects to it. Every path under /ui/ is answered by the dashboard's router.
+UI_PATHS = frozenset({"/", "/ui"})
+UI_PREFIX = "/ui/"
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -58,6 +62,8 @@ class BearerAuth:
             scope["type"] != "http"
             or (self.write is None and self.read is None)
             or scope["path"] in OPEN_PATHS
+            or scope["path"] in UI_PATHS
+            or scope["path"].startswith(UI_PREFIX)
         ):
             await self.app(scope, receive, send)
             return
