@@ -274,6 +274,7 @@ async def _supervise(manager: Any, probe: Any) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     probe_task = None
+    reason: str | None = None
     try:
         await manager.start()
         if probe is not None:
@@ -282,7 +283,7 @@ async def _supervise(manager: Any, probe: Any) -> int:
             except OSError as exc:
                 raise StartupError(f"PM_PROBE_DIR: cannot write {probe.path}: {exc}") from None
             probe_task = asyncio.create_task(probe.run(), name="periodic-manager-probe")
-        while not stop.is_set() and manager.failed is None:
+        while not stop.is_set() and (reason := manager.health()) is None:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
             except TimeoutError:
@@ -294,7 +295,12 @@ async def _supervise(manager: Any, probe: Any) -> int:
         if probe is not None:
             probe.remove()
         await manager.stop()
-    return 1 if manager.failed is not None else 0
+    if reason is not None:
+        # A loop died or dispatch hangs: say why in one line, last, and exit non-zero, so a
+        # supervisor restarts us instead of trusting a process that no longer schedules.
+        print(f"periodic-manager: error: {reason}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
