@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from periodic_manager import gcpolicy
 from periodic_manager.calendar import Calendar
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, content_hash, entry_id
+from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.cron import Schedule
 from periodic_manager.dispatch import (
     Chunk,
@@ -72,13 +72,13 @@ LEAD_MIN_S = 0.02
 LEAD_MAX_S = 10.0
 STAGE_COST_S = 40e-6  # first guess of staging time per task; then measured
 YIELD_EVERY = 2000  # loops over a batch let other tasks (sync, leadership) run this often
+_UNKNOWN = object()
 
 
 @dataclass(slots=True)
 class ScheduledEntry:
-    """One registered schedule: its config, parsed schedule and timing."""
+    """One registered schedule: its config, parsed schedule and timing. One per schedule key."""
 
-    entry_id: str
     config: PeriodicTaskConfig
     schedule: Schedule
     content_hash: str
@@ -94,6 +94,12 @@ class ScheduledEntry:
     after: datetime | None = None
     dead: bool = False  # unregistered or replaced: stale wherever the calendar still holds it
     mark: int = 0  # the calendar's per-take mark (an entry filed twice is taken once)
+    synced: bool = False  # owned by the sync (a row), not registered from code
+
+    @property
+    def entry_id(self) -> str:
+        """Stable id of this version: the schedule key and its content hash."""
+        return f"{self.key}-{self.content_hash[:12]}"
 
 
 @dataclass(slots=True)
@@ -127,7 +133,7 @@ class Scheduler:
         self.clock: Clock = clock or SystemClock()
         self.grace = timedelta(seconds=grace)
         self.catchup_window = timedelta(seconds=catchup_window)
-        self._entries: dict[str, ScheduledEntry] = {}
+        self._entries: dict[str, ScheduledEntry] = {}  # schedule key -> its entry
         self._calendar = Calendar()
         self._last_fired: dict[str, datetime] = {}  # schedule key -> latest slot handled
         self._wake = asyncio.Event()
@@ -142,6 +148,8 @@ class Scheduler:
         self._staged: Staged | None = None
         self._gc_hold: contextlib.ExitStack | None = None
         self._stage_cost = STAGE_COST_S
+        self._memo: dict[Schedule, datetime | str] = {}  # see _next
+        self._memo_after: datetime | None = None
         self.writer = RunWriter(on_runs, observe=observe, retry_base=retry_base, changed=self._notify)
         self.dispatcher = Dispatcher(
             staged(target),
@@ -189,9 +197,14 @@ class Scheduler:
     # -- entries -----------------------------------------------------------------------------
 
     def register(
-        self, config: PeriodicTaskConfig, *, digest: str | None = None, replaces: str | None = None
+        self,
+        config: PeriodicTaskConfig,
+        *,
+        digest: str | None = None,
+        synced: bool = False,
+        now: datetime | None = None,
     ) -> ScheduledEntry:
-        """Add an entry, or replace entry ``replaces`` (or one with the same entry id).
+        """Add the entry of ``config``, replacing the one of the same key if any.
 
         A new schedule's first slot is strictly after now (and after the last slot this scheduler
         sent for its key). A replacement with the same timing and name keeps the pending slot,
@@ -199,11 +212,10 @@ class Scheduler:
         that was already due and not yet sent is still sent: an edit never drops a slot.
         """
         digest = digest or content_hash(config)
-        eid = entry_id(config, digest)
-        now = self.clock.now()
-        old = self._entries.get(replaces or eid)
+        if now is None:  # a sync registering many passes one instant (their next slots memoised)
+            now = self.clock.now()
+        old = self._entries.get(config.key)
         entry = ScheduledEntry(
-            entry_id=eid,
             config=config,
             schedule=config.schedule,
             content_hash=digest,
@@ -213,6 +225,7 @@ class Scheduler:
             key=config.key,
             window=self._window(config),
             after=now,
+            synced=synced,
         )
         if old is not None and _same_slots(old.config, config):
             entry.next_slot, entry.after = old.next_slot, old.after
@@ -225,24 +238,23 @@ class Scheduler:
                 entry.next_slot = pending  # due under the old version: carried, not dropped
         if old is not None:
             old.dead = True
-            self._entries.pop(old.entry_id, None)
-        self._entries[eid] = entry
+        self._entries[entry.key] = entry
         if entry.next_slot is not None:
             self._calendar.add(entry, entry.next_slot)
         self._wake.set()
         return entry
 
-    def unregister(self, eid: str) -> bool:
-        """Remove an entry (the calendar forgets it lazily). Returns whether it existed."""
-        entry = self._entries.pop(eid, None)
-        if entry is None:
-            return False
-        entry.dead = True
-        self._wake.set()
-        return True
+    def unregister(self, key: str) -> ScheduledEntry | None:
+        """Remove the entry of schedule ``key`` (the calendar forgets it lazily); it, or None."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            entry.dead = True
+            self._wake.set()
+        return entry
 
-    def get(self, eid: str) -> ScheduledEntry | None:
-        return self._entries.get(eid)
+    def get(self, key: str) -> ScheduledEntry | None:
+        """The entry of schedule ``key``."""
+        return self._entries.get(key)
 
     def entries(self) -> list[ScheduledEntry]:
         return list(self._entries.values())
@@ -252,18 +264,31 @@ class Scheduler:
 
     def _next(self, entry: ScheduledEntry, after: datetime) -> datetime | None:
         """The entry's first slot strictly after ``after`` (and after ``entry.after``), or None
-        when there is none before year 10000: that entry stops, the others go on."""
+        when there is none before year 10000: that entry stops, the others go on.
+
+        Memoised per schedule for one ``after`` at a time: a burst advances its entries from one
+        slot and a sync registers its rows at one instant, and schedules are shared by every
+        row with the same (spec, zone, anchor)."""
         if entry.after is not None and entry.after > after:
             after = entry.after
-        try:
-            return entry.schedule.next_after(after)
-        except (OverflowError, ValueError) as exc:
-            entry.last_error = f"no slot after {after.isoformat()}: {exc}"
-            log.error(
-                "schedule %s has no slot after %s and stops: %s", entry.config.name,
-                after.isoformat(), exc, extra={"schedule": entry.config.name},
-            )
-            return None
+        if after != self._memo_after:
+            self._memo.clear()
+            self._memo_after = after
+        schedule = entry.schedule
+        slot = self._memo.get(schedule, _UNKNOWN)
+        if slot is _UNKNOWN:
+            try:
+                slot = schedule.next_after(after)
+            except (OverflowError, ValueError) as exc:
+                slot = f"no slot after {after.isoformat()}: {exc}"
+            self._memo[schedule] = slot
+        if isinstance(slot, datetime):
+            return slot
+        entry.last_error = slot
+        log.error(
+            "schedule %s stops: %s", entry.config.name, slot, extra={"schedule": entry.config.name}
+        )
+        return None
 
     def _advance(self, entry: ScheduledEntry, after: datetime) -> None:
         entry.next_slot = self._next(entry, after)

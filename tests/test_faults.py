@@ -739,7 +739,7 @@ async def test_clock_jump_back_never_sends_a_slot_twice(big_scheduler) -> None:
 def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
     """The fire_once catch-up at a takeover searches back from now (it used to walk every slot of
     the window: an hour of ``@every 1s`` per schedule, which blocked the event loop for seconds)."""
-    from periodic_manager.manager import latest_slot
+    from periodic_manager.catchup import latest_slot
     from periodic_manager.scheduler import ScheduledEntry
 
     def walk(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
@@ -761,7 +761,7 @@ def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
         cfg = PeriodicTaskConfig.create(
             name="x", spec=spec, task_type="t", timezone="Europe/Berlin"
         )
-        entry = ScheduledEntry("e", cfg, cfg.schedule, "h", base, base)
+        entry = ScheduledEntry(cfg, cfg.schedule, "h", base, base)
         for hours in range(0, 24 * 40, 13):
             now = base + timedelta(hours=hours, seconds=hours % 61)
             for window in (timedelta(0), timedelta(seconds=30), timedelta(seconds=widest)):

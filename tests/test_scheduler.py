@@ -79,7 +79,7 @@ async def test_unregister_stops_slots(rig) -> None:
     sched, clock, target = rig
     e = sched.register(cfg("a", "@every 10s"))
     await advance(sched, clock, 10)
-    assert sched.unregister(e.entry_id)
+    assert sched.unregister(e.key)
     await advance(sched, clock, 60)
     assert target.slots("a") == [T0 + timedelta(seconds=10)]
 
@@ -114,7 +114,7 @@ async def test_replaced_entry_starts_after_the_last_fired_slot(rig) -> None:
     old = sched.register(cfg("a", "@every 10s"))
     await advance(sched, clock, 10)
     clock.set(T0 + timedelta(seconds=2))  # clock back, then the schedule changes
-    sched.unregister(old.entry_id)
+    sched.unregister(old.key)
     new = sched.register(cfg("a", "@every 5s"))
     assert new.next_slot == T0 + timedelta(seconds=15)
     await advance(sched, clock, 20)

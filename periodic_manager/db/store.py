@@ -65,6 +65,7 @@ _PRUNE_BATCH = 5000
 _PRUNE_ROUNDS = 20
 _ERROR_MAX = 2000  # characters of an error kept in history
 _MS = timedelta(milliseconds=1)
+_RUN_COLUMNS = ("schedule_key", "name", "slot_at", "status", "at", "lateness_ms", "message_id", "error")
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class DatabaseRuntimeStore:
         dialect = engine.dialect.name
         # The two dialects' Insert share the on_conflict_do_update API but no base class.
         self._insert: Callable[[Any], Any]
+        self._copy = dialect == "postgresql" and engine.dialect.driver == "asyncpg"
         if dialect == "postgresql":
             self._insert = postgresql.insert
         elif dialect == "sqlite":
@@ -218,8 +220,17 @@ class DatabaseRuntimeStore:
             upsert = self._state_upsert()
             for i in range(0, len(rows), _RUNS_INSERT_CHUNK):  # slices: within the command timeout
                 await conn.execute(upsert, rows[i : i + _RUNS_INSERT_CHUNK])
-            for i in range(0, len(history), _RUNS_INSERT_CHUNK):
-                await conn.execute(insert(Run), history[i : i + _RUNS_INSERT_CHUNK])
+            if history and self._copy:
+                # COPY: a burst's 100,000 history rows in one stream, not 20 executemany rounds.
+                raw = await conn.get_raw_connection()
+                await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
+                    Run.__tablename__,
+                    records=[tuple(h[c] for c in _RUN_COLUMNS) for h in history],
+                    columns=_RUN_COLUMNS,
+                )
+            else:
+                for i in range(0, len(history), _RUNS_INSERT_CHUNK):
+                    await conn.execute(insert(Run), history[i : i + _RUNS_INSERT_CHUNK])
         if history:
             self._touched.update(deltas)
 

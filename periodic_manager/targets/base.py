@@ -113,7 +113,11 @@ class Prepared:
 
 
 class Target(Protocol):
-    """Enqueues batches of tasks; each idempotency key at most once."""
+    """Enqueues batches of tasks; each idempotency key at most once.
+
+    Optional: ``async def ping(self) -> None`` raises unless the broker answers; ``/readyz``
+    calls it (a target without it counts as reachable).
+    """
 
     name: str
 

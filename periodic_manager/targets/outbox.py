@@ -129,6 +129,11 @@ class OutboxTarget:
         lite = sqlite.insert(OutboxMessage).values(rows)
         return lite.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(*returned)
 
+    async def ping(self) -> None:
+        """Raise unless the outbox's database answers (a readiness check)."""
+        async with self._engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
     async def close(self) -> None:
         """Dispose of the engine if this target created it (:meth:`from_url`)."""
         if self._owns_engine:

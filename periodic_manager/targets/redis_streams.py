@@ -265,6 +265,11 @@ class RedisStreamsTarget:
         blob = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
         return [self.stream_key(queue)], [maxlen, self.claim_key(queue, ""), blob]
 
+    async def ping(self) -> None:
+        """Raise unless Redis answers within ``timeout`` (a readiness check)."""
+        async with asyncio.timeout(self.timeout):
+            await self._client.ping()
+
     async def close(self) -> None:
         """Close the client if this target created it (:meth:`from_url`)."""
         if self._owns_client:

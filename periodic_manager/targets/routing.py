@@ -106,6 +106,24 @@ class RoutingTarget:
             raise TargetError(message) from failures[0][1]
         return [r for r in results if r is not None]
 
+    async def ping(self) -> None:
+        """Raise unless every target answers; the error names each one that does not. A target
+        without ``ping`` counts as reachable."""
+        names = list(self.targets)
+        pings = [getattr(self.targets[n], "ping", None) for n in names]
+        outcomes = await asyncio.gather(
+            *(p() for p in pings if p is not None), return_exceptions=True
+        )
+        checked = [n for n, p in zip(names, pings, strict=True) if p is not None]
+        failures = []
+        for name, outcome in zip(checked, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                failures.append(f"{name}: {type(outcome).__name__}: {outcome}")
+        if failures:
+            raise TargetError("; ".join(failures))
+
     async def close(self) -> None:
         """Close every target (all of them, even if one fails; the first error is raised)."""
         outcomes = await asyncio.gather(
