@@ -97,7 +97,7 @@ async def test_the_limit_is_a_setting_counted_in_utf8_bytes(
     )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             # 49 two-byte characters: 51 characters of JSON but 100 bytes; one more is over.
             assert (
                 await c.post("/schedules", json={**JOB, "payload": "é" * 49})
@@ -209,7 +209,7 @@ async def test_the_manager_and_the_api_use_the_same_target_check(
     app = create_app(Settings(database_url=db_url, target="outbox"), clock=clock, engine=engine)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             got = (await c.get(f"/schedules/{row}")).json()
     assert got["errors"][0]["field"] == "options.target" and got["next_runs"] == []
 

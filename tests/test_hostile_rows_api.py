@@ -40,7 +40,7 @@ async def api(hostile: tuple[str, Case]) -> AsyncIterator[tuple[httpx.AsyncClien
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 yield client, url, case
     finally:
         await engine.dispose()
