@@ -40,7 +40,9 @@ async def api(hostile: tuple[str, Case]) -> AsyncIterator[tuple[httpx.AsyncClien
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://localhost"
+            ) as client:
                 yield client, url, case
     finally:
         await engine.dispose()
@@ -77,6 +79,14 @@ async def test_every_route_answers_on_a_hostile_row_which_patch_repairs_and_dele
     assert isinstance(row["options"], dict)  # always an object
     for other in ("enabled=true", "enabled=false", "task_type=t", "queue=default", "name_prefix=h"):
         ok(await client.get(f"/schedules?{other}"), 200)
+
+    # The dashboard's views read rows the same way: listed in every order, with the error.
+    for sort in ("next", "name", "id"):
+        view = ok(await client.get(f"/views/schedules?sort={sort}"), 200)
+        [mine] = [item for item in view["items"] if item["id"] == bad]  # type: ignore[union-attr]
+        assert mine["error"].startswith(f"{case.field}: ") and mine["next"] is None, mine
+    slots = ok(await client.get(f"/views/schedules/{bad}/slots"), 200)
+    assert slots["slots"] == [] and slots["error"].startswith(f"{case.field}: "), slots
 
     # Detail, by name, runs: shown with the same judgement.
     detail = ok(await client.get(f"/schedules/{bad}"), 200)

@@ -66,22 +66,24 @@ _RANGE = f"out-of-range: must be between {ANCHOR_MIN.date()} and {ANCHOR_MAX.dat
 
 def columns(sqlite: bool, *, display: bool = False) -> list[ColumnElement[Any]]:
     """The raw columns of a row (:data:`FIELDS` order; without DISPLAY unless asked)."""
-    t = PeriodicJob.__table__.c
     names = ("enabled", *CONTENT, "effective_at", *(DISPLAY if display else ()))
+    return [PeriodicJob.__table__.c.id, *(column(sqlite, n) for n in names)]
+
+
+def column(sqlite: bool, name: str) -> ColumnElement[Any]:
+    """One column of ``periodic_jobs`` in its raw form (decode it with :func:`decode`)."""
+    col = PeriodicJob.__table__.c[name]
+    if name == "id":
+        return col
     if sqlite:
         # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
         # decoding by the driver; NULL stays NULL.
-        return [t.id, *(cast(t[n], LargeBinary).label(n) for n in names)]
-    out: list[ColumnElement[Any]] = [t.id]
-    for n in names:
-        col = t[n]
-        if n in _INSTANTS:
-            out.append(cast(extract("epoch", col), Text).label(n))
-        elif n in _JSON:
-            out.append(cast(col, Text).label(n))
-        else:
-            out.append(col)
-    return out
+        return cast(col, LargeBinary).label(name)
+    if name in _INSTANTS:
+        return cast(extract("epoch", col), Text).label(name)
+    if name in _JSON:
+        return cast(col, Text).label(name)
+    return col
 
 
 def enabled_is(sqlite: bool, value: bool) -> ColumnElement[bool]:
