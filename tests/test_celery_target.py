@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -240,6 +241,19 @@ class SlowApp:
         self.sent.append(task_id)
 
 
+class GatedApp(SlowApp):
+    """A broker that takes the first publish and holds the second until ``gate`` opens."""
+
+    def __init__(self) -> None:
+        super().__init__(delay=0)
+        self.gate = threading.Event()
+
+    def send_task(self, name: str, task_id: str, **kw: Any) -> None:
+        if self.sent:
+            self.gate.wait(10)
+        super().send_task(name, task_id, **kw)
+
+
 async def test_a_slow_broker_stops_the_batch_at_the_timeout_and_releases_unsent_claims(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
@@ -368,3 +382,27 @@ async def test_publish_signal_receivers_make_the_target_publish_through_kombu(
         await target.close()
     assert seen == [task.id]
     assert await redis_client.llen(f"{redis_prefix}:{redis_prefix}.q") == 1
+
+
+async def test_a_stopping_manager_frees_the_claims_of_tasks_it_never_started_publishing(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+    tasks = [_task(redis_prefix, slot, name=f"{redis_prefix}.stop{i}") for i in range(4)]
+    app = GatedApp()
+    target = CeleryTarget(app, RedisClaims(redis_client, prefix=redis_prefix), timeout=5)
+    sending = asyncio.ensure_future(target.enqueue(tasks, slot))
+    try:
+        async def one_sent() -> bool:
+            return len(app.sent) == 1
+
+        await wait_for(one_sent, "the first publish")
+        sending.cancel()  # as the scheduler's stop does
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+    finally:
+        app.gate.set()
+        await target.close()
+    # Published, in flight (its outcome unknown): kept. Never started: free for a standby.
+    claims = [await redis_client.exists(f"{redis_prefix}:claim:{t.idempotency_key}") for t in tasks]
+    assert claims == [1, 1, 0, 0]

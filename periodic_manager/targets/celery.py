@@ -43,7 +43,7 @@ from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import EnqueueResult, Task
 from periodic_manager.targets.celery_app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery_kombu import KombuPublisher
-from periodic_manager.targets.celery_redis import RedisWriter, ScriptCall
+from periodic_manager.targets.celery_redis import CHUNK, RedisWriter, ScriptCall
 from periodic_manager.targets.celery_wire import (
     Delivery,
     Layout,
@@ -291,8 +291,30 @@ class CeleryTarget:
         return target
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim every task, send the claimed ones, report each in input order."""
-        return await self.send(self.prepare(tasks, now))
+        """Claim every task, send the claimed ones, report each in input order.
+
+        A large batch is prepared and sent chunk by chunk: each chunk goes out as soon as it is
+        built, so the broker works on it while the next one is built."""
+        if self.writer is None or len(tasks) <= CHUNK:
+            return await self.send(self.prepare(tasks, now))
+        sends: list[asyncio.Future[list[EnqueueResult]]] = []
+        try:
+            for start in range(0, len(tasks), CHUNK):
+                sends.append(
+                    asyncio.ensure_future(
+                        self.send(self.prepare(tasks[start : start + CHUNK], now))
+                    )
+                )
+                await asyncio.sleep(0)  # let this chunk's script call go out
+            outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        except asyncio.CancelledError:
+            for fut in sends:
+                fut.cancel()
+            raise
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [r for part in outcomes for r in part]  # type: ignore[union-attr]
 
     def prepare(self, tasks: Sequence[Task], now: datetime) -> CeleryBatch:
         """Everything of a batch that needs no broker: messages, routes, the Redis writer's script
@@ -389,23 +411,35 @@ class CeleryTarget:
                 publish.append((index, msg))
             else:
                 batch.results[index] = EnqueueResult(task, "duplicate", task.id)
-        done, error = await self._kombu.publish([msg for _, msg in publish])
+        if not publish:
+            return
+        job = self._kombu.start([msg for _, msg in publish])
+        try:
+            done, error = await self._kombu.wait(job)
+        except asyncio.CancelledError:
+            # The manager is stopping: publish nothing more, and free the slots not started so
+            # that a standby or a restart may send them.
+            started = self._kombu.stop(job)
+            await asyncio.shield(self._release([batch.tasks[i] for i, _ in publish[started:]]))
+            raise
         for index, _ in publish[:done]:
             batch.results[index] = EnqueueResult(
                 batch.tasks[index], "enqueued", batch.tasks[index].id
             )
         if error is None:
             return
-        unpublished = [batch.tasks[index] for index, _ in publish[done:]]
+        await self._release([batch.tasks[index] for index, _ in publish[done:]])
+        raise TargetError(f"celery: published {done} of {len(publish)} task(s): {error}") from error
+
+    async def _release(self, unpublished: list[Task]) -> None:
         try:
             await self.claims.release(unpublished)
         except TargetError as exc:
             log.error(
-                "could not release %d claim(s) after a failed publish (they expire by themselves): %s",
+                "could not release %d claim(s) of unpublished task(s) (they expire by themselves): %s",
                 len(unpublished),
                 exc,
             )
-        raise TargetError(f"celery: published {done} of {len(publish)} task(s): {error}") from error
 
     async def close(self) -> None:
         """Stop the publishing thread; close the app and clients this target created."""

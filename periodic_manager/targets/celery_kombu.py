@@ -28,8 +28,11 @@ _RECHECK_S = 0.25
 
 
 @dataclass
-class _Job:
+class Job:
+    """One batch handed to the publishing thread (state shared under the publisher's lock)."""
+
     messages: Sequence[dict[str, Any]]
+    future: asyncio.Future[None] | None = None
     stop: bool = False  # set by the waiter: start no further publish
     in_flight: bool = False  # a publish of this job has started and not returned
     done: int = 0  # publishes that returned successfully
@@ -50,35 +53,37 @@ class KombuPublisher:
             max_workers=1, thread_name_prefix="pm-celery-publish"
         )
 
-    async def publish(self, messages: Sequence[dict[str, Any]]) -> tuple[int, BaseException | None]:
-        """Publish ``messages`` in order: (how many were published, the error that stopped it).
+    def start(self, messages: Sequence[dict[str, Any]]) -> Job:
+        """Queue ``messages`` for the publishing thread (in order, after earlier jobs)."""
+        job = Job(messages)
+        job.future = asyncio.get_running_loop().run_in_executor(self._executor, self._run, job)
+        return job
+
+    async def wait(self, job: Job) -> tuple[int, BaseException | None]:
+        """(How many of the job's messages were published, the error that stopped it).
 
         On a broker that does not answer, the count includes a publish still in flight after
         a second ``timeout`` (its outcome is unknown: the caller keeps its claim).
         """
-        if not messages:
-            return 0, None
-        job = _Job(messages)
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._run, job)
-        try:
-            while not future.done():
-                if self._overdue() is not None:
-                    return await self._give_up(job, future)
-                await asyncio.wait({future}, timeout=self._wait_s())
-        except asyncio.CancelledError:
-            with self._lock:
-                job.stop = True  # the manager is stopping: publish nothing more of this batch
-            raise
-        return future.result()
+        assert job.future is not None
+        while not job.future.done():
+            if self._overdue():
+                return await self._give_up(job)
+            await asyncio.wait({job.future}, timeout=self._wait_s())
+        return job.done, job.error
 
-    def _overdue(self) -> float | None:
-        """Seconds the operation in flight has run, if more than ``timeout``."""
+    def stop(self, job: Job) -> int:
+        """Start no further publish of ``job``; how many may have reached the broker (those
+        done and the one in flight)."""
+        with self._lock:
+            job.stop = True
+            return job.done + (1 if job.in_flight else 0)
+
+    def _overdue(self) -> bool:
+        """Whether the broker operation in flight (of any job) has run longer than ``timeout``."""
         with self._lock:
             since = self._busy_since
-        if since is None:
-            return None
-        elapsed = time.monotonic() - since
-        return elapsed if elapsed > self.timeout else None
+        return since is not None and time.monotonic() - since > self.timeout
 
     def _wait_s(self) -> float:
         with self._lock:
@@ -87,23 +92,24 @@ class KombuPublisher:
             return _RECHECK_S
         return max(0.0, self.timeout - (time.monotonic() - since)) + 0.01
 
-    async def _give_up(
-        self, job: _Job, future: asyncio.Future[tuple[int, BaseException | None]]
-    ) -> tuple[int, BaseException | None]:
+    async def _give_up(self, job: Job) -> tuple[int, BaseException | None]:
+        assert job.future is not None
         with self._lock:
             job.stop = True
             in_flight = job.in_flight
-        error = TimeoutError(f"the broker did not answer a publish within {self.timeout:g} s")
         if in_flight:
             # Our own publish is stuck: give it one more timeout to finish, so its outcome is known.
-            await asyncio.wait({future}, timeout=self.timeout)
+            await asyncio.wait({job.future}, timeout=self.timeout)
         with self._lock:
-            done, still = job.done, job.in_flight
+            done, still, error = job.done, job.in_flight, job.error
+        if done == len(job.messages):
+            return done, None  # it all went out after all
         # A publish still in flight may yet reach the broker: counted as published (the caller
-        # keeps its claim: at most once), the ones after it were never started.
-        return done + (1 if still else 0), error
+        # keeps its claim: at most once from us), the ones after it were never started.
+        stuck = TimeoutError(f"the broker did not answer a publish within {self.timeout:g} s")
+        return done + (1 if still else 0), error or stuck
 
-    def _begin(self, job: _Job) -> bool:
+    def _begin(self, job: Job) -> bool:
         with self._lock:
             if job.stop:
                 return False
@@ -111,22 +117,22 @@ class KombuPublisher:
             self._busy_since = time.monotonic()
             return True
 
-    def _end(self, job: _Job, ok: bool) -> None:
+    def _end(self, job: Job, ok: bool) -> None:
         with self._lock:
             job.in_flight = False
             self._busy_since = None
             if ok:
                 job.done += 1
 
-    def _run(self, job: _Job) -> tuple[int, BaseException | None]:
+    def _run(self, job: Job) -> None:
         try:
             if not self._begin(job):  # acquiring the producer may connect: timed as well
-                return job.done, job.error
+                return
             with self.app.producer_or_acquire() as producer:
                 self._end(job, ok=False)
                 for msg in job.messages:
                     if not self._begin(job):
-                        break
+                        return
                     self.app.send_task(producer=producer, **msg)
                     self._end(job, ok=True)
         except Exception as exc:  # kombu and the transports raise a wide spread of types
@@ -134,7 +140,8 @@ class KombuPublisher:
         finally:
             if job.in_flight:
                 self._end(job, ok=False)
-        return job.done, job.error
+            if job.stop and job.error is None and job.done < len(job.messages):
+                job.error = RuntimeError("stopped before every message was published")
 
     def close_app(self) -> concurrent.futures.Future[None]:
         """Close the app's connections in the publishing thread (after any publish under way)."""

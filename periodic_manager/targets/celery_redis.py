@@ -1,8 +1,8 @@
 """Celery messages straight into a Redis broker: claim and LPUSH in one Lua script per chunk.
 
-The same batching as the Redis Streams target: chunks of ``CHUNK`` tasks, each one script call
-whose tasks travel as a single JSON argument (and their messages as one concatenated argument),
-over up to ``PARALLEL`` pipelines at once, every call bounded by ``timeout``.
+Chunks of ``CHUNK`` tasks, each one script call whose tasks travel as a single JSON argument (and
+their messages as one concatenated argument), all chunks in flight at once (each on a connection
+of the pool), every call bounded by ``timeout``.
 
 Work is split in two so the manager can do the first part before a slot is due:
 
@@ -24,7 +24,6 @@ from itertools import count
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
 from periodic_manager.targets.base import Task
 from periodic_manager.targets.celery_wire import Delivery, Layout, WireFormat
@@ -120,7 +119,6 @@ return out
 """
 
 CHUNK = 1000  # tasks per script call (also the most values of one LPUSH: far below Lua's limit)
-PARALLEL = 4  # pipelines in flight at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,33 +198,15 @@ class RedisWriter:
         ]  # fmt: skip
 
     async def send(self, calls: Sequence[ScriptCall]) -> list[int]:
-        """Run ``calls``: one flag per task, in order (1 enqueued, 0 duplicate, 2 unroutable).
+        """Run ``calls``, all at once: one flag per task, in order (1 enqueued, 0 duplicate,
+        2 unroutable). Raises TimeoutError (a call took longer than ``timeout``) or the client's
+        errors; the calls that went through keep their effects (each is atomic)."""
+        replies = await asyncio.gather(*(self._call(call) for call in calls))
+        return [int(flag) for reply in replies for flag in reply]
 
-        Raises TimeoutError (a call took longer than ``timeout``) or the client's errors.
-        """
-        parts = [list(range(i, len(calls), PARALLEL)) for i in range(min(PARALLEL, len(calls)))]
-        replies = await asyncio.gather(
-            *(self._run_part([calls[i] for i in part]) for part in parts)
-        )
-        flags: list[list[int]] = [[] for _ in calls]
-        for part, part_replies in zip(parts, replies, strict=True):
-            for index, reply in zip(part, part_replies, strict=True):
-                flags[index] = [int(flag) for flag in reply]
-        return [flag for chunk in flags for flag in chunk]
-
-    async def _run_part(self, calls: list[ScriptCall]) -> list[Any]:
+    async def _call(self, call: ScriptCall) -> Any:
+        # One EVALSHA per chunk on its own connection: Redis runs them one after the other while
+        # the next chunk is being built. The script object loads itself after a NoScriptError
+        # (a restarted or flushed server); the claims make a second run harmless.
         async with asyncio.timeout(self.timeout):
-            try:
-                return await self._run(calls)
-            except NoScriptError:
-                # The pipeline loads a missing script before sending, but a SCRIPT FLUSH in
-                # between still ends here. Load and run again: the claims make a second run
-                # safe (a call already done reports duplicates).
-                await self.client.script_load(self._script.script)
-                return await self._run(calls)
-
-    async def _run(self, calls: list[ScriptCall]) -> Any:
-        async with self.client.pipeline(transaction=False) as pipe:
-            for call in calls:
-                await self._script(keys=[], args=list(call.args), client=pipe)
-            return await pipe.execute()
+            return await self._script(keys=[], args=list(call.args))
