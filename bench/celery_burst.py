@@ -1,4 +1,4 @@
-"""A burst of Celery tasks due at one instant: written to Redis by the manager vs published with kombu.
+"""A burst of Celery tasks due at one instant: written to Redis by the manager, or sent with kombu.
 
     .venv/bin/python bench/celery_burst.py [--n 10000] [--runs 5] [--no-worker]
 
@@ -96,7 +96,9 @@ def machine() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    rs = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    rs = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True
+    ).stdout.split()[2]
     import celery
     import kombu
 
@@ -117,7 +119,10 @@ def make_target(prefix: str, *, direct: bool) -> CeleryTarget:
 def configs(n: int, queue: str) -> list[PeriodicTaskConfig]:
     return [
         PeriodicTaskConfig.create(
-            name=f"job{i}", spec="@every 10s", task_type="pmtest.record", payload={"n": i},
+            name=f"job{i}",
+            spec="@every 10s",
+            task_type="pmtest.record",
+            payload={"n": i},
             options={"queue": queue},
         )  # fmt: skip
         for i in range(n)
@@ -125,7 +130,9 @@ def configs(n: int, queue: str) -> list[PeriodicTaskConfig]:
 
 
 def burst(cfgs: list[PeriodicTaskConfig], slot: datetime) -> list[Task]:
-    return [task_for(c, idempotency_key(c.name, slot), slot, slot + timedelta(seconds=60)) for c in cfgs]
+    return [
+        task_for(c, idempotency_key(c.name, slot), slot, slot + timedelta(seconds=60)) for c in cfgs
+    ]
 
 
 async def sleep_until(epoch: float) -> None:
@@ -146,7 +153,9 @@ async def target_run(n: int, mode: str) -> dict[str, Any]:
     queue = "bench"
     target = make_target(prefix, direct=mode != "kombu")
     # Connections and the script are warm before the slot, as in a running manager.
-    await target.enqueue(burst(configs(1, "warm"), datetime(2024, 1, 1, tzinfo=UTC)), SystemClock().now())
+    await target.enqueue(
+        burst(configs(1, "warm"), datetime(2024, 1, 1, tzinfo=UTC)), SystemClock().now()
+    )
     slot_epoch = float(int(time.time()) + 2)
     slot = datetime.fromtimestamp(slot_epoch, UTC)
     tasks = burst(configs(n, queue), slot)
@@ -186,8 +195,8 @@ async def manager_run(n: int, direct: bool) -> dict[str, Any]:
     queue = "bench"
     target = make_target(prefix, direct=direct)
     manager = PeriodicTaskManager(
-        StaticProvider(configs(n, queue)), target, clock=SystemClock(), sync_interval=3600, grace=60,
-        close_target=True,
+        StaticProvider(configs(n, queue)), target, clock=SystemClock(), sync_interval=3600,
+        grace=60, close_target=True,
     )  # fmt: skip
     await manager.start()
     try:
@@ -217,7 +226,8 @@ async def worker_drain(n: int) -> str:
         await target.close()
     assert all(r.status == "enqueued" for r in results)
     env = {
-        **os.environ, "PM_TEST_BROKER": REDIS, "PM_TEST_OUT": f"{prefix}:out", "PM_TEST_KEYPREFIX": f"{prefix}:",
+        **os.environ, "PM_TEST_BROKER": REDIS, "PM_TEST_OUT": f"{prefix}:out",
+        "PM_TEST_KEYPREFIX": f"{prefix}:",
     }  # fmt: skip
     argv = [
         sys.executable, "-m", "celery", "-A", "tests.celery_worker_app", "worker", "--pool=prefork",
@@ -230,7 +240,8 @@ async def worker_drain(n: int) -> str:
         argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        while await client.llen(f"{prefix}:out") < n and time.time() - started < 600:  # noqa: ASYNC110
+        out = f"{prefix}:out"
+        while await client.llen(out) < n and time.time() - started < 600:  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         took = time.time() - started
         await asyncio.sleep(1.0)  # anything run twice would show up now
@@ -242,10 +253,10 @@ async def worker_drain(n: int) -> str:
         await cleanup(prefix)
     ids = [r["id"] for r in runs]
     expected = {t.id for t in tasks}
-    once = len(ids) == n and set(ids) == expected
+    verdict = "every task exactly once" if len(ids) == n and set(ids) == expected else "NOT once"
     return (
         f"| {n:,} written tasks, one real worker (prefork, 2 processes) | {len(ids):,} runs, "
-        f"{len(set(ids)):,} distinct task ids, {'every task exactly once' if once else 'NOT exactly once'} "
+        f"{len(set(ids)):,} distinct task ids, {verdict} "
         f"| {took:.1f} s from the worker's start ({n / took:,.0f} tasks/s) |"
     )
 
@@ -254,7 +265,9 @@ def fmt(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} s [{min(values):.3f}-{max(values):.3f}]"
 
 
-async def row(label: str, runs: int, run: Callable[[], Awaitable[dict[str, Any]]]) -> tuple[str, float]:
+async def row(
+    label: str, runs: int, run: Callable[[], Awaitable[dict[str, Any]]]
+) -> tuple[str, float]:
     got = []
     for _ in range(runs):
         got.append(await run())
@@ -276,23 +289,36 @@ async def main() -> None:
     n, runs = args.n, args.runs
     print(f"# Celery burst: {n:,} tasks due at one instant into one queue\n")
     print(f"{machine()}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
-    print("| path | runs | first message after the slot, median [min-max] | last message after the slot | ")
+    print("| path | runs | first message after the slot, median [min-max] | last message |")
     print("|---|---|---|---|")
     _, staged = await row("target, written to Redis, staged", runs, lambda: target_run(n, "staged"))
-    _, at_slot = await row("target, written to Redis, at the slot", runs, lambda: target_run(n, "at-slot"))
+    _, at_slot = await row(
+        "target, written to Redis, at the slot", runs, lambda: target_run(n, "at-slot")
+    )
     _, kombu = await row(
         f"target, kombu send_task, {SUB_BATCHES} sub-batches in flight", max(1, runs // 2),
         lambda: target_run(n, "kombu"),
     )  # fmt: skip
-    _, mgr_direct = await row("manager + target written to Redis", runs, lambda: manager_run(n, True))
-    _, mgr_kombu = await row("manager + target through kombu", max(1, runs // 2), lambda: manager_run(n, False))
+    _, mgr_direct = await row(
+        "manager + target written to Redis", runs, lambda: manager_run(n, True)
+    )
+    _, mgr_kombu = await row(
+        "manager + target through kombu", max(1, runs // 2), lambda: manager_run(n, False)
+    )
     print()
     goal = 0.5
     print("| measure | value | goal | verdict |")
     print("|---|---|---|---|")
-    for label, value in (("staged target", staged), ("target at the slot", at_slot), ("manager", mgr_direct)):
-        print(f"| written, {label}: last message after the slot (median) | {value:.3f} s | <= {goal} s | "
-              f"{'PASS' if value <= goal else 'MISS'} |")  # fmt: skip
+    for label, value in (
+        ("staged target", staged),
+        ("target at the slot", at_slot),
+        ("manager", mgr_direct),
+    ):
+        verdict = "PASS" if value <= goal else "MISS"
+        print(
+            f"| written, {label}: last message after the slot (median) | {value:.3f} s "
+            f"| <= {goal} s | {verdict} |"
+        )
     print(f"| kombu / written, target at the slot | {kombu / at_slot:.1f}x | | |")
     print(f"| kombu / written, manager | {mgr_kombu / mgr_direct:.1f}x | | |")
     if not args.no_worker:

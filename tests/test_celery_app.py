@@ -29,9 +29,9 @@ SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 def task(name: str, task_type: str, queue: str | None = None) -> Task:
     key = f"{name}:2024-05-01T12:01:00Z"
     return Task(
-        id=task_id_for(key), name=name, task_type=task_type, payload={"n": name}, queue=queue or "default",
-        options={} if queue is None else {"queue": queue}, idempotency_key=key, scheduled_at=SLOT,
-        expires_at=SLOT + timedelta(seconds=30),
+        id=task_id_for(key), name=name, task_type=task_type, payload={"n": name},
+        queue=queue or "default", options={} if queue is None else {"queue": queue},
+        idempotency_key=key, scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
     )  # fmt: skip
 
 
@@ -60,7 +60,11 @@ def app_worker(redis_prefix: str, redis_url: str, tmp_path: Path) -> Iterator[Wo
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["direct", "kombu"])
 async def test_options_queue_the_apps_default_queue_and_its_routes_reach_their_worker_queues(
-    app_worker: WorkerProcess, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, fast_path: bool
+    app_worker: WorkerProcess,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    fast_path: bool,
 ) -> None:
     p = redis_prefix
     target = CeleryTarget.from_app(user_app(redis_url, p), prefix=p, fast_path=fast_path)

@@ -31,9 +31,15 @@ def tasks(prefix: str, name: str, n: int) -> list[Task]:
         key = f"{prefix}.{name}{i}:2024-05-01T12:01:00Z"
         out.append(
             Task(
-                id=task_id_for(key), name=f"{prefix}.{name}{i}", task_type="pmtest.record",
-                payload={"i": i}, queue="q", options={"queue": "q"}, idempotency_key=key,
-                scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
+                id=task_id_for(key),
+                name=f"{prefix}.{name}{i}",
+                task_type="pmtest.record",
+                payload={"i": i},
+                queue="q",
+                options={"queue": "q"},
+                idempotency_key=key,
+                scheduled_at=SLOT,
+                expires_at=SLOT + timedelta(seconds=30),
             )  # fmt: skip
         )
     return out
@@ -64,7 +70,9 @@ async def test_a_stuck_broker_fails_the_batch_in_flight_and_the_one_queued_behin
 ) -> None:
     # Through kombu (claims in the test Redis): the publish in flight when the broker froze may
     # still land, so its claim is kept (at most once); no claim is left for anything not started.
-    target = CeleryTarget.from_url(broker.url, claims_url=redis_url, prefix=redis_prefix, timeout=TIMEOUT)
+    target = CeleryTarget.from_url(
+        broker.url, claims_url=redis_url, prefix=redis_prefix, timeout=TIMEOUT
+    )
     assert target.writer is None  # claims elsewhere than the broker: kombu's path
     first, behind = tasks(redis_prefix, "a", 3), tasks(redis_prefix, "b", 2)
     warm = tasks(redis_prefix, "warm", 1)
@@ -75,7 +83,9 @@ async def test_a_stuck_broker_fails_the_batch_in_flight_and_the_one_queued_behin
             target.enqueue(first, SLOT), target.enqueue(behind, SLOT), return_exceptions=True
         )
         assert isinstance(outcomes[0], TargetError) and isinstance(outcomes[1], TargetError)
-        assert "published 1 of 3" in str(outcomes[0]) and "did not answer a publish within 0.5 s" in str(outcomes[0])
+        assert "published 1 of 3" in str(
+            outcomes[0]
+        ) and "did not answer a publish within 0.5 s" in str(outcomes[0])
         assert "published 0 of 2" in str(outcomes[1])
         assert await claimed(redis_client, redis_prefix, first) == [1, 0, 0]
         assert await claimed(redis_client, redis_prefix, behind) == [0, 0]
@@ -122,23 +132,34 @@ async def test_a_broker_that_stops_answering_fails_a_written_batch_and_no_claim_
         await target.close()
         await client.aclose()
     assert len(claims) == len(batch) == len(messages)
-    assert sorted(m.split(b'"id": "', 1)[1][:36].decode() for m in messages) == sorted(t.id for t in batch)
+    assert sorted(m.split(b'"id": "', 1)[1][:36].decode() for m in messages) == sorted(
+        t.id for t in batch
+    )
 
 
 async def test_a_healthy_broker_takes_a_10k_burst_through_kombu_without_a_timeout(
-    redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, caplog: pytest.LogCaptureFixture
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The scheduler hands a 10,000-slot instant over as 4 sub-batches in flight at once; they
     # queue for the one publishing thread for seconds, far longer than the timeout, while no
     # single publish comes near it.
     config = {"broker_transport_options": {"global_keyprefix": f"{redis_prefix}:"}}
-    target = CeleryTarget.from_url(redis_url, prefix=redis_prefix, config=config, timeout=2.0, fast_path=False)
+    target = CeleryTarget.from_url(
+        redis_url, prefix=redis_prefix, config=config, timeout=2.0, fast_path=False
+    )
     burst = tasks(redis_prefix, "k", 10_000)
     caplog.set_level(logging.WARNING)
     try:
-        outcomes = await asyncio.gather(*(target.enqueue(burst[i : i + 2500], SLOT) for i in range(0, 10_000, 2500)))
+        outcomes = await asyncio.gather(
+            *(target.enqueue(burst[i : i + 2500], SLOT) for i in range(0, 10_000, 2500))
+        )
     finally:
         await target.close()
     assert [r.status for results in outcomes for r in results] == ["enqueued"] * 10_000
     assert await redis_client.llen(f"{redis_prefix}:q") == 10_000
-    assert not [r for r in caplog.records if "answer" in r.getMessage() or "longer than" in r.getMessage()]
+    assert not [
+        r for r in caplog.records if "answer" in r.getMessage() or "longer than" in r.getMessage()
+    ]

@@ -278,7 +278,8 @@ async def test_batches_waiting_for_the_publishing_thread_are_not_timed(
     # six times the timeout, but no single publish comes near it.
     slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
     batches = [
-        [_task(redis_prefix, slot, name=f"{redis_prefix}.b{b}t{i}") for i in range(6)] for b in range(4)
+        [_task(redis_prefix, slot, name=f"{redis_prefix}.b{b}t{i}") for i in range(6)]
+        for b in range(4)
     ]
     app = SlowApp(delay=0.05)
     target = CeleryTarget(app, RedisClaims(redis_client, prefix=redis_prefix), timeout=0.2)
@@ -291,20 +292,32 @@ async def test_batches_waiting_for_the_publishing_thread_are_not_timed(
 
 
 async def test_a_burst_runs_every_task_exactly_once_with_its_arguments_headers_and_id(
-    worker: WorkerProcess, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, queue: str
+    worker: WorkerProcess,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    queue: str,
 ) -> None:
     # Two writing targets and one publishing through kombu race for the same 2,400 slots (the
     # writers in chunks of 1,000 over parallel pipelines): every slot reaches the worker once.
     p = redis_prefix
     slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
     tasks = [
-        _task(p, slot, name=f"{p}.burst{i}", payload={"i": i, "s": f"é{i}"}, options={"queue": queue})
+        _task(
+            p, slot, name=f"{p}.burst{i}", payload={"i": i, "s": f"é{i}"}, options={"queue": queue}
+        )
         for i in range(2400)
     ]
-    targets = [make_target(redis_url, p), make_target(redis_url, p), make_target(redis_url, p, fast_path=False)]
+    targets = [
+        make_target(redis_url, p),
+        make_target(redis_url, p),
+        make_target(redis_url, p, fast_path=False),
+    ]
     try:
         outcomes = await asyncio.gather(
-            targets[0].enqueue(tasks, slot), targets[1].enqueue(tasks[::-1], slot), targets[2].enqueue(tasks[:300], slot)
+            targets[0].enqueue(tasks, slot),
+            targets[1].enqueue(tasks[::-1], slot),
+            targets[2].enqueue(tasks[:300], slot),
         )
     finally:
         for target in targets:
@@ -335,13 +348,22 @@ async def test_a_burst_runs_every_task_exactly_once_with_its_arguments_headers_a
 
 
 async def test_an_expired_slot_is_discarded_by_the_worker_and_a_live_one_carries_its_expiry(
-    worker: WorkerProcess, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, queue: str
+    worker: WorkerProcess,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    queue: str,
 ) -> None:
     # `expires` is an absolute instant the worker compares with its own clock: this test runs on
     # the system clock (no slot is waited for).
     now = SystemClock().now()
     p = redis_prefix
-    late = _task(p, now - timedelta(seconds=20), name=f"{p}.late", options={"queue": queue, "extra": {"expires": 5}})
+    late = _task(
+        p,
+        now - timedelta(seconds=20),
+        name=f"{p}.late",
+        options={"queue": queue, "extra": {"expires": 5}},
+    )
     live = _task(p, now, name=f"{p}.live", options={"queue": queue, "extra": {"expires": 600}})
     target = make_target(redis_url, p)
     try:
@@ -393,6 +415,7 @@ async def test_a_stopping_manager_frees_the_claims_of_tasks_it_never_started_pub
     target = CeleryTarget(app, RedisClaims(redis_client, prefix=redis_prefix), timeout=5)
     sending = asyncio.ensure_future(target.enqueue(tasks, slot))
     try:
+
         async def one_sent() -> bool:
             return len(app.sent) == 1
 

@@ -196,9 +196,8 @@ class CeleryTarget:
             return
         self.routes = Routes(self.app, layout)
         self.writer = RedisWriter(
-            client, wire, layout=layout, claim_prefix=self.claims.key(""),
-            claim_margin=self.claims.margin, timeout=self.timeout,
-        )  # fmt: skip
+            client, wire, layout=layout, claims=self.claims, timeout=self.timeout
+        )
         self.fast_path_off = None
 
     @classmethod
@@ -284,7 +283,8 @@ class CeleryTarget:
         target._owns_app = True
         if target.fast_path_off is None:
             log.info(
-                "celery target: messages to direct exchanges are written to the Redis broker directly"
+                "celery target: messages to direct exchanges are written to the Redis broker "
+                "directly"
             )
         else:
             log.info("celery target: publishing through kombu: %s", target.fast_path_off)
@@ -331,7 +331,7 @@ class CeleryTarget:
                     text = slots[task.scheduled_at] = slot_text(task.scheduled_at)
                 msg = celery_message(task, now, text)
                 delivery = self._route(msg, task, direct)
-            except Exception as exc:  # noqa: BLE001 - bad options or a router's error: this task only
+            except Exception as exc:  # noqa: BLE001 - bad options, a router's error: this task only
                 batch.results[index] = EnqueueResult(
                     task, "failed", error=f"celery: {type(exc).__name__}: {exc}"
                 )
@@ -352,7 +352,8 @@ class CeleryTarget:
         if not self._warned_signals:
             self._warned_signals = True
             log.warning(
-                "celery target: publish signal receivers are connected: publishing through kombu so they run"
+                "celery target: publish signal receivers are connected: publishing through kombu "
+                "so they run"
             )
         return False
 
@@ -436,7 +437,8 @@ class CeleryTarget:
             await self.claims.release(unpublished)
         except TargetError as exc:
             log.error(
-                "could not release %d claim(s) of unpublished task(s) (they expire by themselves): %s",
+                "could not release %d claim(s) of unpublished task(s) (they expire by "
+                "themselves): %s",
                 len(unpublished),
                 exc,
             )

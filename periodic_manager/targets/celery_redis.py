@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from itertools import count
 from typing import Any
 
@@ -27,6 +26,7 @@ import redis.asyncio as aioredis
 
 from periodic_manager.targets.base import Task
 from periodic_manager.targets.celery_wire import Delivery, Layout, WireFormat
+from periodic_manager.targets.claims import RedisClaims
 
 # ARGV[1] = the claim-key prefix; ARGV[2] = JSON {"d": destinations, "t": tasks} (cjson: one
 # argument instead of five per task); ARGV[3] = the tasks' messages, concatenated.
@@ -138,28 +138,21 @@ class RedisWriter:
         wire: WireFormat,
         *,
         layout: Layout,
-        claim_prefix: str,
-        claim_margin: float,
+        claims: RedisClaims,
         timeout: float,
     ) -> None:
         self.client = client
         self.wire = wire
-        self.claim_prefix = claim_prefix
-        self.claim_margin = claim_margin
+        self.claims = claims  # their keys and TTLs: a slot has one claim whichever way it went
         self.timeout = timeout
         self._keyprefix = layout.keyprefix
         self._sep = layout.sep
         self._script = client.register_script(_CLAIM_AND_PUSH)
         # kombu tags every message with a fresh uuid4 (its key among unacknowledged messages).
-        # A random 80-bit prefix per writer plus a counter is as unique, at a fraction of the cost.
+        # A random 72-bit prefix per writer plus a counter is as unique, at a fraction of the cost.
         head = uuid.uuid4().hex
         self._tag_head = f"{head[:8]}-{head[8:12]}-4{head[13:16]}-a{head[17:20]}-"
         self._tags = count()
-
-    def claim_ttl_ms(self, task: Task, now: datetime) -> int:
-        """The claim lives until the slot expires plus the margin (>= 1 s), like every claim."""
-        left = task.expires_at.astimezone(UTC) - now.astimezone(UTC)
-        return max(1000, math.ceil((left.total_seconds() + self.claim_margin) * 1000))
 
     def prepare(
         self, items: Sequence[tuple[Task, Mapping[str, Any], Delivery]], now: datetime
@@ -179,7 +172,7 @@ class RedisWriter:
                     index = destinations[delivery] = len(destinations) + 1
                 ttl = ttl_memo.get(task.expires_at)
                 if ttl is None:
-                    ttl = ttl_memo[task.expires_at] = self.claim_ttl_ms(task, now)
+                    ttl = ttl_memo[task.expires_at] = self.claims.ttl_ms(task, now)
                 tag = f"{self._tag_head}{next(self._tags) & 0xFFFFFFFFFFFF:012x}"
                 message = self.wire.envelope(msg, delivery, now, tag)
                 messages.append(message)
@@ -187,7 +180,7 @@ class RedisWriter:
                 rows.append((task.idempotency_key, task.id, ttl, index, len(message)))
             meta = {"d": [self._destination(d) for d in destinations], "t": rows}
             text = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
-            calls.append(ScriptCall((self.claim_prefix, text, "".join(messages)), len(chunk)))
+            calls.append(ScriptCall((self.claims.key(""), text, "".join(messages)), len(chunk)))
         return calls
 
     def _destination(self, d: Delivery) -> list[str]:

@@ -287,7 +287,8 @@ class WireFormat:
             '"headers": {' + ", ".join(parts) + '}, "properties": {"correlation_id": %(id)s, '
             '"reply_to": ' + reply_to + ', "delivery_mode": %(delivery_mode)d%(expiration)s, '
             '"delivery_info": {"exchange": %(exchange)s, "routing_key": %(routing_key)s}, '
-            '"priority": %(priority)d, "body_encoding": "base64", "delivery_tag": "%(delivery_tag)s"}}'
+            '"priority": %(priority)d, "body_encoding": "base64", '
+            '"delivery_tag": "%(delivery_tag)s"}}'
         )
         self._embed = probe.body[2]
         self._timezone = app.timezone
@@ -302,7 +303,7 @@ class WireFormat:
         now: datetime,
         delivery_tag: str,
     ) -> str:
-        """The message of the send_task call ``msg`` (see :func:`celery_message`), sent at ``now``."""
+        """The message of the send_task call ``msg`` (see ``celery_message``), sent at ``now``."""
         args: Sequence[Any] = msg["args"] or ()  # send_task's `args or ()`: no arguments are ()
         kwargs = msg["kwargs"]
         body = self._encode([args, kwargs, self._embed]).encode()
