@@ -163,3 +163,26 @@ async def test_a_healthy_broker_takes_a_10k_burst_through_kombu_without_a_timeou
     assert not [
         r for r in caplog.records if "answer" in r.getMessage() or "longer than" in r.getMessage()
     ]
+
+
+async def test_a_flushed_script_cache_is_reloaded_and_a_restarted_broker_is_written_again(
+    broker: RedisServer, redis_prefix: str
+) -> None:
+    # A throwaway server: SCRIPT FLUSH on the shared test Redis would disturb other tests.
+    target = CeleryTarget.from_url(broker.url, prefix=redis_prefix, timeout=TIMEOUT)
+    client = aioredis.from_url(broker.url)
+    first, second, third = (tasks(redis_prefix, name, 1500) for name in ("f", "s", "t"))
+    try:
+        assert {r.status for r in await target.enqueue(first, SLOT)} == {"enqueued"}
+        await client.script_flush()
+        assert {r.status for r in await target.enqueue(second, SLOT)} == {"enqueued"}
+        broker.kill()
+        with pytest.raises(TargetError, match="celery: redis"):
+            await target.enqueue(third, SLOT)
+        broker.start()  # same port and data (append-only file)
+        again = await until_sent(target, first + third)
+        assert [r.status for r in again] == ["duplicate"] * 1500 + ["enqueued"] * 1500
+        assert await client.llen("q") == 4500
+    finally:
+        await target.close()
+        await client.aclose()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -208,10 +208,9 @@ def test_routes_leave_non_direct_exchanges_and_broadcasts_to_kombu() -> None:
         task_routes={"t.topic": {"queue": "topical"}, "t.routed": {"queue": "elsewhere"}},
     )
     routes = Routes(app, Layout.of(app))
-    probe = task("p", datetime(2024, 5, 1, tzinfo=UTC), "x")
 
     def route(name: str, **msg: Any) -> Any:
-        return routes.resolve({"name": name, "args": [], "kwargs": {}, **msg}, probe)
+        return routes.resolve({"name": name, "args": [], "kwargs": {}, **msg})
 
     assert route("t.plain").queue_list == "dflt"  # the app's default queue
     assert route("t.routed").queue_list == "elsewhere"  # task_routes, a queue created on demand

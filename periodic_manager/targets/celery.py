@@ -330,7 +330,7 @@ class CeleryTarget:
                 if text is None:
                     text = slots[task.scheduled_at] = slot_text(task.scheduled_at)
                 msg = celery_message(task, now, text)
-                delivery = self._route(msg, task, direct)
+                delivery = self._route(msg, direct)
             except Exception as exc:  # noqa: BLE001 - bad options, a router's error: this task only
                 batch.results[index] = EnqueueResult(
                     task, "failed", error=f"celery: {type(exc).__name__}: {exc}"
@@ -357,10 +357,10 @@ class CeleryTarget:
             )
         return False
 
-    def _route(self, msg: dict[str, Any], task: Task, direct: bool) -> Delivery | None:
+    def _route(self, msg: dict[str, Any], direct: bool) -> Delivery | None:
         if direct:
             assert self.routes is not None
-            return self.routes.resolve(msg, task)
+            return self.routes.resolve(msg)
         # kombu's path routes again when it publishes; resolving here refuses an unroutable task
         # alone instead of stopping the publishing of the batch at it.
         opts = {k: msg[k] for k in ("queue", "exchange", "routing_key", "priority") if k in msg}

@@ -28,8 +28,6 @@ from datetime import datetime, timedelta
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
-from periodic_manager.targets.base import Task
-
 # Headers filled per task; every other header of the probe message is a constant.
 _PER_TASK = ("task", "id", "root_id", "expires", "timelimit", "argsrepr", "kwargsrepr")
 # The manager's own headers, after Celery's (send_task's ``headers=`` are merged last).
@@ -159,7 +157,8 @@ class Routes:
     ``resolve`` returns None when the message would leave the direct-exchange case (a topic or
     fanout exchange, a broadcast queue, extra bindings, route options other than queue, exchange,
     routing key, exchange type, priority and delivery mode): kombu publishes those. Results are
-    cached per (task, options) when every router is a plain mapping (they ignore the arguments).
+    cached per (task name, options) when every router is a plain mapping (they ignore the
+    arguments); a router function is asked for every task, as send_task asks it.
     """
 
     def __init__(self, app: Any, layout: Layout) -> None:
@@ -181,23 +180,20 @@ class Routes:
         }
         self._cache: dict[tuple[Any, ...], Delivery | None] = {}
 
-    def resolve(self, msg: Mapping[str, Any], task: Task) -> Delivery | None:
-        """The delivery of the send_task call ``msg`` for ``task`` (see ``celery_message``);
+    def resolve(self, msg: Mapping[str, Any]) -> Delivery | None:
+        """The delivery of the send_task call ``msg`` (see ``celery_message``);
         raises what Celery's router raises (QueueNotFound when missing queues are not created)."""
         get = msg.get
-        key: tuple[Any, ...] = (
-            msg["name"], get("queue"), get("exchange"), get("routing_key"), get("priority"),
-        )  # fmt: skip
-        if not self._by_name_only:
-            key = (*key, task.payload_text())
-        try:
-            return self._cache[key]
-        except KeyError:
-            pass
+        key = (msg["name"], get("queue"), get("exchange"), get("routing_key"), get("priority"))
+        if self._by_name_only:
+            try:
+                return self._cache[key]
+            except KeyError:
+                pass
         opts = {k: msg[k] for k in ("queue", "exchange", "routing_key", "priority") if k in msg}
         routed = self._router.route(dict(opts), msg["name"], msg["args"], msg["kwargs"])
         delivery = self._delivery(dict(routed))
-        if len(self._cache) < 10_000:  # bounded: per-argument routers make one key per payload
+        if self._by_name_only and len(self._cache) < 10_000:  # task types x options: bounded
             self._cache[key] = delivery
         return delivery
 
