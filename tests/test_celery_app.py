@@ -183,3 +183,13 @@ def test_a_celery_app_without_a_broker_url_is_refused(redis_prefix: str) -> None
     app = Celery("nobroker", set_as_current=False)
     with pytest.raises(ValueError, match="no broker_url"):
         CeleryTarget.from_app(app, prefix=redis_prefix)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_publish_timeout_is_refused_at_start(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PM_CELERY_PUBLISH_TIMEOUT", value)
+    with pytest.raises(ValidationError) as err:
+        Settings()
+    assert err.value.errors()[0]["loc"] == ("celery_publish_timeout",)
