@@ -13,7 +13,7 @@ so the figures are when the messages were visible to a worker. Rows:
 - target, kombu: ``send_task`` for every task, as 4 sub-batches in flight at once (the
   scheduler's sub-batches of 2,500 for N = 10,000).
 - manager + target: a real PeriodicTaskManager (SystemClock, schedules from a StaticProvider, the
-  in-memory run store) with N ``@every 10s`` schedules: the scheduler's own per-slot work included.
+  in-memory run store) with N schedules due at one instant: the scheduler's per-slot work included.
 
 Then (unless --no-worker) a real Celery worker (prefork, 2 processes) drains one written burst:
 every task must run exactly once, with its task id. Creates and deletes its own Redis keys.
@@ -116,14 +116,16 @@ def make_target(prefix: str, *, direct: bool) -> CeleryTarget:
     return target
 
 
-def configs(n: int, queue: str) -> list[PeriodicTaskConfig]:
+def configs(n: int, queue: str, anchor: datetime | None = None) -> list[PeriodicTaskConfig]:
+    """N schedules firing together: every hour from ``anchor`` (its first slot is ``anchor``)."""
     return [
         PeriodicTaskConfig.create(
             name=f"job{i}",
-            spec="@every 10s",
+            spec="@every 1h",
             task_type="pmtest.record",
             payload={"n": i},
             options={"queue": queue},
+            anchor=anchor,
         )  # fmt: skip
         for i in range(n)
     ]
@@ -194,15 +196,17 @@ async def manager_run(n: int, direct: bool) -> dict[str, Any]:
     prefix = f"pmbench{uuid.uuid4().hex[:8]}"
     queue = "bench"
     target = make_target(prefix, direct=direct)
+    # The slot: far enough ahead for the manager to register N entries before it.
+    slot_epoch = float(int(time.time()) + 8)
+    anchor = datetime.fromtimestamp(slot_epoch, UTC)
     manager = PeriodicTaskManager(
-        StaticProvider(configs(n, queue)), target, clock=SystemClock(), sync_interval=3600,
-        grace=60, close_target=True,
+        StaticProvider(configs(n, queue, anchor)), target, clock=SystemClock(),
+        sync_interval=3600, grace=60, close_target=True,
     )  # fmt: skip
     await manager.start()
     try:
-        slot_epoch = float((int(time.time()) // 10 + 1) * 10)
-        if slot_epoch - time.time() < 1.0:
-            slot_epoch += 10  # leave the poller time to start
+        if time.time() > slot_epoch - 1:
+            raise RuntimeError("the manager took too long to start for this slot")
         poller = await asyncio.to_thread(Poller, f"{prefix}:{queue}", n, slot_epoch + 120)
         seen = await poller.result()
     finally:

@@ -97,6 +97,15 @@ def celery_message(task: Task, now: datetime, scheduled_text: str | None = None)
     }
     if "queue" in options:
         msg["queue"] = task.queue
+    if options.get("timeout") is not None:
+        msg["time_limit"] = float(options["timeout"])
+    if extra:
+        _extra(msg, extra, task, now)
+    return msg
+
+
+def _extra(msg: dict[str, Any], extra: Mapping[str, Any], task: Task, now: datetime) -> None:
+    """``options.extra`` into the send_task arguments ``msg``."""
     for key in ("routing_key", "exchange"):
         value = _text(extra, key)
         if value is not None:
@@ -106,8 +115,6 @@ def celery_message(task: Task, now: datetime, scheduled_text: str | None = None)
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255:
             raise ValueError("options.extra.priority must be an integer from 0 to 255")
         msg["priority"] = priority
-    if options.get("timeout") is not None:
-        msg["time_limit"] = float(options["timeout"])
     soft = _seconds(extra, "soft_time_limit")
     if soft is not None:
         msg["soft_time_limit"] = soft
@@ -117,7 +124,6 @@ def celery_message(task: Task, now: datetime, scheduled_text: str | None = None)
         # an absolute instant when it builds the message.
         end = task.scheduled_at.astimezone(UTC) + timedelta(seconds=expires)
         msg["expires"] = max(0.0, (end - now.astimezone(UTC)).total_seconds())
-    return msg
 
 
 def _publish_receivers() -> bool:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import base64
 import json
+import operator
+import re
 from bisect import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +39,13 @@ _ROUTE_KEYS = frozenset(
     {"queue", "exchange", "routing_key", "exchange_type", "priority", "delivery_mode"}
 )
 _DELIVERY_MODES = {"transient": 1, "persistent": 2}
+# Every field of the message template, in the order WireFormat.envelope supplies them.
+_FIELDS = (
+    "body", "task", "id", "root_id", "expires", "timelimit", "argsrepr", "kwargsrepr",
+    "idempotency_key", "scheduled_at", "periodic_name", "delivery_mode", "expiration", "exchange",
+    "routing_key", "priority", "delivery_tag",
+)  # fmt: skip
+_PLACEHOLDER = re.compile(r"(?<!%)%\((\w+)\)([sd])")  # not after an escaped "%%"
 
 
 class UnsupportedApp(Exception):
@@ -98,7 +107,8 @@ def fast_saferepr(value: Any, maxlen: int) -> str:
     return str(saferepr(value, maxlen))
 
 
-@dataclass(frozen=True, slots=True)
+# Compared and hashed by identity: a cached route is one object, hashed once per task cheaply.
+@dataclass(frozen=True, slots=True, eq=False)
 class Delivery:
     """Where send_task puts a message, for direct exchanges (the only ones written here).
 
@@ -278,7 +288,7 @@ class WireFormat:
             parts.append(f"{_j(key)}: {placeholder}")
         parts.extend(f"{_j(key)}: %({key})s" for key in _OURS)
         reply_to = _j(app.thread_oid).replace("%", "%%")
-        self._template = (
+        named = (
             '{"body": "%(body)s", "content-encoding": "utf-8", "content-type": "application/json", '
             '"headers": {' + ", ".join(parts) + '}, "properties": {"correlation_id": %(id)s, '
             '"reply_to": ' + reply_to + ', "delivery_mode": %(delivery_mode)d%(expiration)s, '
@@ -286,6 +296,11 @@ class WireFormat:
             '"priority": %(priority)d, "body_encoding": "base64", '
             '"delivery_tag": "%(delivery_tag)s"}}'
         )
+        # Positional formatting of a tuple is twice as fast as named formatting of a dict: the
+        # template's fields, in the order Celery's headers put them, picked from _FIELDS order.
+        order = [_FIELDS.index(m.group(1)) for m in _PLACEHOLDER.finditer(named)]
+        self._template = _PLACEHOLDER.sub(r"%\2", named)
+        self._pick = operator.itemgetter(*order)
         self._embed = probe.body[2]
         self._timezone = app.timezone
         self._repr_max = (app.amqp.argsrepr_maxsize, app.amqp.kwargsrepr_maxsize)
@@ -316,22 +331,24 @@ class WireFormat:
         scheduled_at = headers["scheduled_at"]
         if scheduled_at != self._last_slot[0]:  # a burst shares its slot: escaped once
             self._last_slot = (scheduled_at, encode_basestring_ascii(scheduled_at))
-        return self._template % {
-            "body": base64.b64encode(body).decode(),
-            "task": encode_basestring_ascii(msg["name"]),
-            "id": task_id,
-            "root_id": task_id,
-            "expires": expires_text,
-            "timelimit": "[null, null]" if limits == (None, None) else self._encode(list(limits)),
-            "argsrepr": encode_basestring_ascii(fast_saferepr(args, self._repr_max[0])),
-            "kwargsrepr": encode_basestring_ascii(fast_saferepr(kwargs, self._repr_max[1])),
-            "idempotency_key": encode_basestring_ascii(headers["idempotency_key"]),
-            "scheduled_at": self._last_slot[1],
-            "periodic_name": encode_basestring_ascii(headers["periodic_name"]),
-            "delivery_mode": delivery.delivery_mode,
-            "expiration": expiration,
-            "exchange": encode_basestring_ascii(delivery.exchange),
-            "routing_key": encode_basestring_ascii(delivery.routing_key),
-            "priority": delivery.priority,
-            "delivery_tag": delivery_tag,
-        }
+        return self._template % self._pick(
+            (
+                base64.b64encode(body).decode(),
+                encode_basestring_ascii(msg["name"]),
+                task_id,
+                task_id,  # root_id
+                expires_text,
+                "[null, null]" if limits == (None, None) else self._encode(list(limits)),
+                encode_basestring_ascii(fast_saferepr(args, self._repr_max[0])),
+                encode_basestring_ascii(fast_saferepr(kwargs, self._repr_max[1])),
+                encode_basestring_ascii(headers["idempotency_key"]),
+                self._last_slot[1],
+                encode_basestring_ascii(headers["periodic_name"]),
+                delivery.delivery_mode,
+                expiration,
+                encode_basestring_ascii(delivery.exchange),
+                encode_basestring_ascii(delivery.routing_key),
+                delivery.priority,
+                delivery_tag,
+            )
+        )
