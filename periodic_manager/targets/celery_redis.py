@@ -190,12 +190,25 @@ class RedisWriter:
             declare_member, self._keyprefix, d.priority_suffix, self._sep,
         ]  # fmt: skip
 
-    async def send(self, calls: Sequence[ScriptCall]) -> list[int]:
-        """Run ``calls``, all at once: one flag per task, in order (1 enqueued, 0 duplicate,
-        2 unroutable). Raises TimeoutError (a call took longer than ``timeout``) or the client's
-        errors; the calls that went through keep their effects (each is atomic)."""
-        replies = await asyncio.gather(*(self._call(call) for call in calls))
+    def start(self, calls: Sequence[ScriptCall]) -> list[asyncio.Future[Any]]:
+        """Start ``calls``, all at once (each a task of its own: its request goes out at the next
+        turn of the event loop, whatever the caller does next)."""
+        return [asyncio.ensure_future(self._call(call)) for call in calls]
+
+    async def results(self, started: Sequence[asyncio.Future[Any]]) -> list[int]:
+        """The flags of started calls, one per task, in order (1 enqueued, 0 duplicate,
+        2 unroutable). Raises the first failure, a TimeoutError (a call took longer than
+        ``timeout``) or the client's errors, once every call has ended; the calls that went
+        through keep their effects (each is atomic)."""
+        replies = await asyncio.gather(*started, return_exceptions=True)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
         return [int(flag) for reply in replies for flag in reply]
+
+    async def send(self, calls: Sequence[ScriptCall]) -> list[int]:
+        """Run ``calls`` (see :meth:`start` and :meth:`results`)."""
+        return await self.results(self.start(calls))
 
     async def _call(self, call: ScriptCall) -> Any:
         # One EVALSHA per chunk on its own connection: Redis runs them one after the other while
