@@ -4,8 +4,8 @@
 
 Every row sends N tasks due at one instant into one Celery queue on the local Redis
 (PM_BENCH_REDIS_URL) and measures, from Redis itself, the time from the slot to the first and to
-the last message in the queue's list: a separate process polls LLEN every 0.5 ms (no MONITOR),
-so the figures are when the messages were visible to a worker. Rows:
+the last message in the queue's list: a separate process polls LLEN every 1 ms (no MONITOR),
+so the figures are when the messages were visible to a worker (to within ~1 ms). Rows:
 
 - target, written, staged: ``prepare`` (messages, routes, script arguments) before the slot,
   only ``send`` (the script calls) at the slot: what the manager does once staging lands.
@@ -66,7 +66,7 @@ while time.time() < until:
     if size >= n:
         last = seen
         break
-    time.sleep(0.0005)
+    time.sleep(0.001)
 print(json.dumps({"first": first, "last": last, "size": client.llen(key)}), flush=True)
 """
 
