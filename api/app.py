@@ -17,8 +17,11 @@ import periodic_manager
 from api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
 from api.deps import ManagerLike
 from api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
-from api.routes import cron, entries, health, managers, runs, schedules
+from api.guard import ANY_HOST_PATHS, SAFE_METHODS, BrowserGuard, warn_if_unreachable_by_name
+from api.limits import BodyLimit, HeadAsGet
+from api.routes import cron, docs, entries, health, managers, runs, schedules, views
 from api.schemas import Problem
+from api.ui.shell import ui_router
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings
@@ -47,6 +50,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warn_if_exposed(settings)
+        warn_if_unreachable_by_name(settings)
         async with AsyncExitStack() as stack:
             eng = engine
             if eng is None:
@@ -63,6 +67,8 @@ def create_app(
                 await manager.start()
                 stack.push_async_callback(manager.stop)
                 app.state.manager = manager
+                if settings.probe_dir is not None:
+                    await _start_probe(stack, settings, manager)
             yield
 
     app = FastAPI(
@@ -70,15 +76,44 @@ def create_app(
         version=periodic_manager.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # served by api.docs from the package's own assets (works offline)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.clock = clock if clock is not None else SystemClock()
     install_error_handlers(app)
+    # Outermost last: BrowserGuard (Host, cross-site, JSON bodies) -> BodyLimit -> HeadAsGet ->
+    # BearerAuth -> routes. The browser checks come before auth: a rebinding page must not even
+    # learn whether a token is needed.
     app.add_middleware(BearerAuth, settings=settings)
-    for module in (schedules, runs, entries, managers, cron, health):
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BrowserGuard, settings=settings)
+    for module in (schedules, runs, entries, managers, cron, health, docs, views):
         app.include_router(module.router)
+    app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
+
+
+async def _start_probe(stack: AsyncExitStack, settings: Settings, manager: ManagerLike) -> None:
+    """``run`` with PM_PROBE_DIR: keep ``<dir>/run.json`` fresh from this event loop."""
+    from periodic_manager.probe import ProbeWriter, manager_health
+
+    assert settings.probe_dir is not None
+    probe = ProbeWriter(
+        settings.probe_dir, "run", manager_health(manager),
+        clock=SystemClock(), interval_s=settings.probe_interval,
+    )
+    probe.write()  # a directory that cannot be written fails the start, loudly
+    task = asyncio.create_task(probe.run(), name="periodic-manager-probe")
+
+    async def stop() -> None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        probe.remove()
+
+    stack.push_async_callback(stop)
 
 
 async def _close_trigger_target(app: FastAPI) -> None:
@@ -106,11 +141,19 @@ def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     content = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}
     auth = settings.api_token is not None or settings.api_read_token is not None
     for path, operations in schema.get("paths", {}).items():
-        for operation in operations.values():
+        for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
             if path not in OPEN_PATHS:
                 responses.setdefault("401", {"description": "Missing or invalid bearer token"})
                 responses.setdefault("403", {"description": "The read-only token cannot write"})
+            if path not in ANY_HOST_PATHS:
+                responses.setdefault("421", {"description": "The Host is not an allowed host"})
+            if method.upper() not in SAFE_METHODS:
+                responses["403"] = {
+                    "description": "A cross-site browser request, or the read-only token"
+                }
+                responses.setdefault("413", {"description": "The body is larger than the cap"})
+                responses.setdefault("415", {"description": "The body is not declared JSON"})
             for code, response in responses.items():
                 if code[0] in "45":
                     response["content"] = content

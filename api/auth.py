@@ -1,4 +1,4 @@
-"""Bearer-token authentication for every path but ``/healthz``.
+"""Bearer-token authentication for every path but the probes ``/healthz`` and ``/readyz``.
 
 With neither ``PM_API_TOKEN`` nor ``PM_API_READ_TOKEN`` set the API is open (and bound to
 127.0.0.1 by default). With a token set, a request needs ``Authorization: Bearer <token>``: the
@@ -10,7 +10,6 @@ document, unknown paths (401 before 404: nothing is revealed) and ``/metrics`` a
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from typing import Any
 
@@ -18,10 +17,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import problem_response
 from periodic_manager.settings import Settings
+from periodic_manager.startup import is_loopback
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz"})
+# Probes: Kubernetes cannot send a secret header. /readyz tells which dependency is down, which
+# an operator needs and an attacker gains little from.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The dashboard's shell and static files hold no data (its script reads the API with the token),
+# and "/" only redirects to it. Every path under /ui/ is answered by the dashboard's router.
+UI_PATHS = frozenset({"/", "/ui"})
+UI_PREFIX = "/ui/"
 READ_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -56,6 +62,8 @@ class BearerAuth:
             scope["type"] != "http"
             or (self.write is None and self.read is None)
             or scope["path"] in OPEN_PATHS
+            or scope["path"] in UI_PATHS
+            or scope["path"].startswith(UI_PREFIX)
         ):
             await self.app(scope, receive, send)
             return
@@ -81,15 +89,6 @@ class BearerAuth:
             headers={"WWW-Authenticate": 'Bearer realm="periodic_manager"'},
         )
         await response(scope, receive, send)
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def warn_if_exposed(settings: Settings) -> bool:

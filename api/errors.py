@@ -24,12 +24,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from periodic_manager.errors import ConfigError, NotFoundError, PeriodicManagerError
 
 log = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 URN = "urn:periodic-manager:problem:"
 
 
@@ -123,6 +125,13 @@ def config_error_item(exc: ConfigError, location: str = "body") -> dict[str, Any
 def _item_from_pydantic(err: Any) -> dict[str, Any]:
     loc = [p if isinstance(p, str | int) else str(p) for p in err.get("loc", ())]
     location = str(loc[0]) if loc else "body"
+    if err.get("type") == "json_invalid":
+        # FastAPI puts the character offset where a field name belongs; the whole body is at
+        # fault, so no field, and the offset goes into the reason.
+        ctx = err.get("ctx") or {}
+        at = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        reason = f"not valid JSON: {ctx.get('error') or 'decode error'}{at}"
+        return error_item(location, None, reason, "json_invalid")
     field = ".".join(str(p) for p in loc[1:]) or None
     # Only loc/msg/type: pydantic's "input"/"ctx" may echo values that are not JSON-safe.
     return error_item(location, field, str(err.get("msg", "")), str(err.get("type", "")))
@@ -153,7 +162,7 @@ async def _on_api_problem(_: Request, exc: Exception) -> JSONResponse:
     return problem_response(exc.status, exc.slug, exc.detail, exc.errors, exc.headers, **exc.extra)
 
 
-async def _on_http_error(_: Request, exc: Exception) -> Any:
+async def _on_http_error(request: Request, exc: Exception) -> Any:
     assert isinstance(exc, StarletteHTTPException)
     # FastAPI turns body-decoding failures other than JSONDecodeError (invalid UTF-8, integers
     # beyond Python's digit limit, nesting beyond the recursion limit) into a bare 400. They are
@@ -166,7 +175,29 @@ async def _on_http_error(_: Request, exc: Exception) -> Any:
     detail = exc.detail if isinstance(exc.detail, str) else None
     if detail == HTTPStatus(exc.status_code).phrase:
         detail = None
-    return problem_response(exc.status_code, None, detail, headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:
+        # Starlette names only the methods of the first route that matched the path; the
+        # other routes of that path (GET/PATCH/DELETE of one schedule are three) count too.
+        headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+    slug = {413: "payload-too-large"}.get(exc.status_code)
+    return problem_response(exc.status_code, slug, detail, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (HEAD wherever GET is), found by
+    asking the routes to match the path under each method (routers may nest routes)."""
+    methods = [
+        method
+        for method in HTTP_METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.append("HEAD")
+    return sorted(methods)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -7,7 +7,7 @@
    2024-01-01 (each walk stays within about a century), after one untimed warm-up walk;
    iterator construction is not timed; best of 3 trials. Targets: >= 5x cronsim and
    >= 10x croniter per call. The libraries differ in DST semantics (see
-   cron-semantics.md §12); only speed is compared here.
+   docs/cron.md §12); only speed is compared here.
 2. Parse + first slot for 100,000 schedules drawn from 1,000 distinct expressions in
    10 zones, from cold caches. Target: under 1 s.
 

@@ -196,7 +196,7 @@ async def propagation(quick: bool) -> str:
         names = lambda: {e.config.name for e in mgr.entries()}  # noqa: E731
         results: dict[str, list[float]] = {"API POST": [], "raw SQL INSERT": [], "bulk UPDATE of 10,000 rows": []}
         async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as client:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
                 for i in range(edits):
                     t0 = time.perf_counter()
                     r = await client.post("/schedules", json={"name": f"api{i}", "spec": "0 6 * * *", "task_type": "t"})

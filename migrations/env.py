@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from periodic_manager.db.engine import create_engine
@@ -33,7 +34,21 @@ def _render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
     return False
 
 
+def _record_applied(ctx: Any, step: Any, heads: Any, run_args: Any) -> None:
+    # Tells the caller (periodic_manager.db.migrate.upgrade_sync) what this run really applied.
+    applied = config.attributes.get("applied")
+    if applied is None or not step.is_upgrade:
+        return
+    from periodic_manager.db.migrate import AppliedMigration
+
+    for script in step.up_revisions:
+        title = (script.doc or "").strip().splitlines()[0] if script.doc else ""
+        applied.append(AppliedMigration(script.revision, title.rstrip(".")))
+
+
 def _configure(connection: Connection) -> None:
+    from periodic_manager.db.migrate import MIGRATION_LOCK_KEY
+
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -41,8 +56,14 @@ def _configure(connection: Connection) -> None:
         include_object=include_object,
         compare_type=True,
         render_as_batch=connection.dialect.name == "sqlite",
+        on_version_apply=_record_applied,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Serialise concurrent upgrades (two `migrate` at once, several pods starting): the
+            # lock is taken before Alembic reads the current revision and released at commit,
+            # so the second upgrade sees the first one's result and applies nothing.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         context.run_migrations()
 
 

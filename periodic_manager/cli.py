@@ -1,8 +1,9 @@
-"""The ``periodic-manager`` command: run (API + manager), manager, api, migrate, next, import,
-export.
+"""The ``periodic-manager`` command.
 
-Settings come from ``PM_*`` environment variables; flags override them. A bad setting prints one
-readable line and exits with status 2.
+Settings come from ``PM_*`` environment variables; flags override them, and each subcommand
+accepts only the flags it uses. A bad setting prints one line and exits with status 2. A database
+that cannot be used (unreachable, wrong password, missing, schema not at head), a port that cannot
+be bound or a probe directory that cannot be written prints one line and exits with status 1.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +24,7 @@ from periodic_manager import __version__
 from periodic_manager.settings import Settings
 
 log = logging.getLogger("periodic_manager.cli")
+PROG = "periodic-manager"
 
 FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
@@ -34,6 +38,27 @@ FLAGS: dict[str, tuple[str, str]] = {
     "--log-level": ("log_level", "DEBUG, INFO, WARNING, ERROR (PM_LOG_LEVEL)"),
     "--log-format": ("log_format", "text or json (PM_LOG_FORMAT)"),
 }
+_DB = ("--database-url",)
+_LOG = ("--log-level", "--log-format")
+_TARGET = ("--redis-url", "--target")
+# subcommand -> (one-line description, the flags it uses)
+COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "run": (
+        "serve the API and run a manager in one process (on SQLite it migrates by itself)",
+        (*_DB, *_TARGET, "--sync-interval", "--grace", "--host", "--port", *_LOG),
+    ),
+    "manager": (
+        "run a manager alone: read the schedules and enqueue every due slot",
+        (*_DB, *_TARGET, "--sync-interval", "--grace", *_LOG),
+    ),
+    "api": (
+        "serve the API alone (edits schedules; shows what running managers hold)",
+        (*_DB, *_TARGET, "--grace", "--host", "--port", *_LOG),
+    ),
+    "migrate": ("upgrade the database schema to this version's head", (*_DB, *_LOG)),
+    "import": ("upsert schedules from a JSON, YAML or TOML file by name", (*_DB, *_LOG)),
+    "export": ("print every schedule as a JSON, YAML or TOML file", (*_DB, *_LOG)),
+}
 
 
 class UsageError(Exception):
@@ -41,36 +66,51 @@ class UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    for flag, (_, help_text) in FLAGS.items():
-        common.add_argument(flag, dest=FLAGS[flag][0], default=None, help=help_text)
     parser = argparse.ArgumentParser(
-        prog="periodic-manager", description="Dynamic periodic-task manager backed by a database."
+        prog=PROG, description="Dynamic periodic-task manager: schedules are rows of a database."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", parents=[common], help="API and manager in one process (embedded defaults)")
-    sub.add_parser("manager", parents=[common], help="the manager alone")
-    sub.add_parser("api", parents=[common], help="the API alone")
-    sub.add_parser("migrate", parents=[common], help="upgrade the database schema to head")
-    nxt = sub.add_parser("next", help="print the next slots of a spec (UTC and local)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subs: dict[str, argparse.ArgumentParser] = {}
+    for name, (description, flags) in COMMANDS.items():
+        subs[name] = sub.add_parser(name, help=description, description=description)
+        for flag in flags:
+            field, help_text = FLAGS[flag]
+            subs[name].add_argument(flag, dest=field, default=None, help=help_text)
+    nxt = sub.add_parser(
+        "next", help="print the next slots of a spec (no database needed)",
+        description="print the next slots of a spec, in UTC and local time (no database needed)",
+    )
     nxt.add_argument("spec", help='cron expression, macro or "@every 90s"')
     nxt.add_argument("--tz", default="UTC", help="IANA zone (default UTC)")
     nxt.add_argument("-n", type=int, default=5, help="how many slots (default 5)")
     nxt.add_argument("--anchor", default=None, help="phase of @every (ISO 8601 with offset)")
     nxt.add_argument("--describe", action="store_true", help="first print a description")
-    imp = sub.add_parser("import", parents=[common], help="upsert schedules from a file by name")
+    imp = subs["import"]
     imp.add_argument("file", help="JSON, YAML or TOML list of schedules ('-' reads stdin)")
     imp.add_argument("--format", choices=("json", "yaml", "toml"), default=None)
     imp.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
     imp.add_argument("--prune", action="store_true", help="delete schedules not in the file")
-    exp = sub.add_parser("export", parents=[common], help="print every schedule as a file")
-    exp.add_argument("--format", choices=("json", "yaml", "toml"), default="json")
+    subs["export"].add_argument("--format", choices=("json", "yaml", "toml"), default="json")
+    health = sub.add_parser(
+        "health", help="liveness of a manager: exit 1 if its probe file is stale or missing",
+        description="read <PM_PROBE_DIR>/<role>.json; exit 0 if fresh and healthy, 1 otherwise",
+    )
+    health.add_argument("--role", choices=("manager", "run"), default="manager")
+    health.add_argument("--probe-dir", default=None, help="directory of the probe file (PM_PROBE_DIR)")
+    health.add_argument(
+        "--max-age", type=float, default=None, metavar="S",
+        help="seconds after which the probe is stale (default: 3 write intervals, at least 30)",
+    )
     return parser
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
-    overrides = {field: getattr(args, field) for field, _ in FLAGS.values() if getattr(args, field, None) is not None}
+    overrides = {
+        field: getattr(args, field)
+        for field, _ in FLAGS.values()
+        if getattr(args, field, None) is not None
+    }
     try:
         return Settings(**overrides)
     except ValidationError as exc:
@@ -81,101 +121,249 @@ def load_settings(args: argparse.Namespace) -> Settings:
         raise UsageError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-def _configure_logging(level: str, fmt: str = "text") -> None:
+def _fail(message: str, status: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command: str | None = args.command
+    if command is None:
+        parser.print_help()
+        return 2
+    if command == "next":  # needs no settings and no database
+        from periodic_manager.cli_files import print_next
+
+        return print_next(args)
+    if command == "health":
+        return _health(args)
+    try:
+        settings = load_settings(args)
+    except UsageError as exc:
+        return _fail(str(exc), 2)
     from periodic_manager.logs import configure
+    from periodic_manager.startup import StartupError
 
-    configure(level, fmt)
+    configure(settings.log_level, settings.log_format)
+    try:
+        if command == "migrate":
+            return _migrate(settings)
+        if command in ("import", "export"):
+            from periodic_manager.cli_files import run_file_command
+
+            return run_file_command(command, args, settings)  # checks the database itself
+        if command == "manager":
+            return asyncio.run(_run_manager(settings))
+        return _serve(settings, role=command)
+    except StartupError as exc:
+        return _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        return 130
 
 
-def _migrate(settings: Settings) -> None:
-    from periodic_manager.db.migrate import upgrade_sync
+def _health(args: argparse.Namespace) -> int:
+    from periodic_manager.clock import SystemClock
+    from periodic_manager.probe import check_probe
 
-    upgrade_sync(settings.database_url)
+    directory = args.probe_dir or os.environ.get("PM_PROBE_DIR", "").strip()
+    if not directory:
+        return _fail("--probe-dir / PM_PROBE_DIR: not set (the directory the manager writes to)", 2)
+    if args.max_age is not None and not args.max_age > 0:
+        return _fail(f"--max-age: must be a positive number of seconds (got {args.max_age})", 2)
+    verdict = check_probe(directory, args.role, SystemClock().now(), args.max_age)
+    print(verdict.line, file=sys.stdout if verdict.ok else sys.stderr)
+    return 0 if verdict.ok else 1
 
 
-def _serve(settings: Settings, *, with_manager: bool) -> None:
-    import uvicorn
+def _migrate(settings: Settings) -> int:
+    from periodic_manager.db.migrate import head_revision, upgrade_sync
+    from periodic_manager.startup import StartupError, check_database, explain, redact_url
 
-    from api.app import create_app
-    from periodic_manager.service import build_manager
+    where = f"database {redact_url(settings.database_url)}"
+    asyncio.run(check_database(settings.database_url, must_exist=False))  # reachable at all?
+    try:
+        applied = upgrade_sync(settings.database_url)
+    except Exception as exc:
+        log.debug("migration failed", exc_info=exc)
+        raise StartupError(f"{where}: migration failed: {explain(exc)}") from exc
+    for step in applied:
+        log.info("applied %s", step)
+    if applied:
+        log.info("%s: schema at head %s (%d applied)", where, head_revision(), len(applied))
+    else:
+        log.info("%s: schema already at head %s, nothing to apply", where, head_revision())
+    return 0
 
-    factory = (lambda engine: build_manager(settings, engine)) if with_manager else None
-    app = create_app(settings, manager_factory=factory)
-    # JSON logs: uvicorn's loggers propagate to the root handler instead of using its own format.
-    extra: dict[str, Any] = {"log_config": None} if settings.log_format == "json" else {}
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), **extra
+
+def _log_start(role: str, settings: Settings, revision: str | None, extra: str = "") -> None:
+    from periodic_manager.startup import describe_targets, redact_url
+
+    targets = describe_targets(settings)
+    log.info(
+        "periodic-manager %s %s: database %s (schema %s), target %s%s",
+        __version__, role, redact_url(settings.database_url), revision, targets, extra,
     )
-    uvicorn.Server(config).run()
 
 
 async def _run_manager(settings: Settings) -> int:
+    from periodic_manager.clock import SystemClock
     from periodic_manager.db.engine import create_engine
+    from periodic_manager.probe import ProbeWriter, manager_health
     from periodic_manager.service import build_manager
+    from periodic_manager.startup import StartupError, check_database, check_probe_dir
 
+    check_probe_dir(settings)
+    revision = await check_database(settings.database_url)
     engine = create_engine(settings.database_url)
-    manager = build_manager(settings, engine)
+    try:
+        manager = build_manager(settings, engine)
+    except ValueError as exc:
+        await engine.dispose()
+        raise StartupError(str(exc)) from None
     metrics_server = None
-    if settings.metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        metrics_server, _ = start_http_server(
-            settings.metrics_port, addr=settings.host, registry=manager.metrics.registry
+    try:
+        metrics_server = _start_metrics(settings, manager)
+        metrics = (
+            f", metrics on http://{settings.metrics_host}:{settings.metrics_port}/metrics"
+            if metrics_server is not None else ""
         )
+        _log_start("manager", settings, revision, metrics)
+        probe = None
+        if settings.probe_dir is not None:
+            probe = ProbeWriter(
+                settings.probe_dir, "manager", manager_health(manager),
+                clock=SystemClock(), interval_s=settings.probe_interval,
+            )
+        return await _supervise(manager, probe)
+    finally:
+        await engine.dispose()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+
+
+def _start_metrics(settings: Settings, manager: Any) -> Any:
+    if settings.metrics_port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    from periodic_manager.startup import StartupError, is_loopback
+
+    try:
+        server, _ = start_http_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=manager.metrics.registry
+        )
+    except OSError as exc:
+        where = f"{settings.metrics_host}:{settings.metrics_port}"
+        raise StartupError(f"PM_METRICS_PORT: cannot listen on {where}: {exc.strerror or exc}") from None
+    if not is_loopback(settings.metrics_host):
+        log.warning(
+            "metrics on %s:%s have no authentication: anyone who reaches the port reads them",
+            settings.metrics_host, settings.metrics_port,
+        )
+    return server
+
+
+async def _supervise(manager: Any, probe: Any) -> int:
+    """Start ``manager``, keep its probe file fresh, stop on SIGINT/SIGTERM or when a loop died."""
+    from periodic_manager.startup import StartupError
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    probe_task = None
+    reason: str | None = None
     try:
         await manager.start()
-        while not stop.is_set() and manager.failed is None:
+        if probe is not None:
+            try:
+                probe.write()  # a directory that cannot be written is a start-up error
+            except OSError as exc:
+                raise StartupError(f"PM_PROBE_DIR: cannot write {probe.path}: {exc}") from None
+            probe_task = asyncio.create_task(probe.run(), name="periodic-manager-probe")
+        while not stop.is_set() and (reason := manager.health()) is None:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
             except TimeoutError:
                 pass
     finally:
+        if probe_task is not None:
+            probe_task.cancel()
+            await asyncio.gather(probe_task, return_exceptions=True)
+        if probe is not None:
+            probe.remove()
         await manager.stop()
-        await engine.dispose()
-        if metrics_server is not None:
-            metrics_server.shutdown()
-    return 1 if manager.failed is not None else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    command: str = args.command
-    try:
-        if command == "next":  # needs no settings and no database
-            from periodic_manager.cli_files import print_next
-
-            return print_next(args)
-        settings = load_settings(args)
-    except UsageError as exc:
-        print(f"periodic-manager: error: {exc}", file=sys.stderr)
-        return 2
-    _configure_logging(settings.log_level, settings.log_format)
-    try:
-        if command in ("import", "export"):
-            from periodic_manager.cli_files import run_file_command
-
-            return run_file_command(command, args, settings)
-        if command == "migrate":
-            _migrate(settings)
-            log.info("database at head")
-            return 0
-        from periodic_manager.db.engine import is_sqlite
-
-        if command == "run" and is_sqlite(settings.database_url):
-            _migrate(settings)  # the embedded default needs no separate step
-        if command == "manager":
-            return asyncio.run(_run_manager(settings))
-        _serve(settings, with_manager=command == "run")
-        return 0
-    except KeyboardInterrupt:
-        return 130
-    except OSError as exc:
-        print(f"periodic-manager: error: {exc}", file=sys.stderr)
+    if reason is not None:
+        # A loop died or dispatch hangs: say why in one line, last, and exit non-zero, so a
+        # supervisor restarts us instead of trusting a process that no longer schedules.
+        print(f"periodic-manager: error: {reason}", file=sys.stderr, flush=True)
         return 1
+    return 0
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, bound before anything else starts, so a port in
+    use ends the command before a manager leads or a migration runs."""
+    from periodic_manager.startup import StartupError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise StartupError(f"--host / PM_HOST: cannot resolve {host!r}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As uvicorn does: a restart may reuse the port while old connections are in TIME_WAIT
+        # (on Linux this never lets two servers listen on one port).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _serve(settings: Settings, *, role: str) -> int:
+    from periodic_manager.db.engine import is_sqlite
+    from periodic_manager.startup import check_database
+
+    if role == "run":
+        from periodic_manager.service import build_leadership
+        from periodic_manager.startup import StartupError, check_probe_dir
+
+        check_probe_dir(settings)
+        try:
+            build_leadership(settings)  # a setting the manager cannot use fails before the bind
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+    sock = bind_socket(settings.host, settings.port)
+    try:
+        if role == "run" and is_sqlite(settings.database_url):
+            _migrate(settings)  # the embedded default needs no separate step
+        revision = asyncio.run(check_database(settings.database_url))
+        import uvicorn  # after the checks: a failing start stays quick
+
+        from api.app import create_app
+        from periodic_manager.service import build_manager
+
+        port = sock.getsockname()[1]
+        _log_start(role, settings, revision, f", API on http://{settings.host}:{port}")
+        with_manager = role == "run"
+        factory = (lambda engine: build_manager(settings, engine)) if with_manager else None
+        app = create_app(settings, manager_factory=factory)
+        # JSON logs: uvicorn's loggers propagate to the root handler instead of using its own format.
+        extra: dict[str, Any] = {"log_config": None} if settings.log_format == "json" else {}
+        config = uvicorn.Config(
+            app, host=settings.host, port=port, log_level=settings.log_level.lower(), **extra
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
 
     from periodic_manager import schedules_io as sio
     from periodic_manager.schedules_io import FileError
+    from periodic_manager.startup import StartupError, check_database
 
     try:
         if command == "import":
@@ -81,10 +82,15 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
             except (OSError, UnicodeDecodeError) as exc:
                 raise FileError(f"{source}: {exc}") from None
             desired = sio.validate(sio.parse(text, fmt, source), source)
+            # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
+            asyncio.run(check_database(settings.database_url))
             return asyncio.run(_import(desired, args, settings))
+        asyncio.run(check_database(settings.database_url))
         return asyncio.run(_export(args, settings))
     except FileError as exc:
         return _fail(str(exc))
+    except StartupError as exc:
+        return _fail(str(exc), 1)
     except (SQLAlchemyError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _fail(f"database: {first}", 1)

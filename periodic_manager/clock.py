@@ -27,6 +27,12 @@ class Clock(Protocol):
         """Return after ``seconds`` of this clock's time have passed (cancellable)."""
         ...
 
+    async def sleep_until(self, instant: datetime) -> None:
+        """Return once this clock reaches ``instant`` (cancellable). The remaining time is
+        measured when the timer is armed, so work queued before the sleeper first runs does not
+        make it late."""
+        ...
+
 
 class SystemClock:
     """The wall clock. ``sleep`` is ``asyncio.sleep``."""
@@ -36,6 +42,10 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+    async def sleep_until(self, instant: datetime) -> None:
+        # now() is read here, in the same step that arms the timer.
+        await asyncio.sleep(max(0.0, (instant - datetime.now(UTC)).total_seconds()))
 
 
 def _as_utc(instant: datetime) -> datetime:
@@ -69,6 +79,19 @@ class VirtualClock:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         deadline = self._now + timedelta(seconds=seconds)
         heapq.heappush(self._waiters, (deadline, next(self._seq), fut))
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    async def sleep_until(self, instant: datetime) -> None:
+        instant = _as_utc(instant)
+        if instant <= self._now:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (instant, next(self._seq), fut))
         try:
             await fut
         finally:

@@ -33,6 +33,11 @@ TARGET_NAMES = ("redis", "outbox", "celery", "arq")
 MISFIRE_POLICIES = ("skip", "fire_once")
 
 
+# ``effective_at`` of a row whose value is missing or unreadable: the start is unknown, so nothing
+# in the past may be sent (a look back stops at now).
+UNKNOWN_START = datetime.max.replace(tzinfo=cron.UTC)
+
+
 def canonical_json(value: Any) -> str:
     """Deterministic JSON text: sorted keys, no blanks, NaN/Infinity rejected."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -181,6 +186,9 @@ class PeriodicTaskConfig:
     timezone: str = "UTC"
     anchor: datetime | None = None
     schedule_id: int | str | None = None
+    # No slot at or before this instant is sent (the row's ``effective_at``); None: no such bound
+    # (a schedule made in code). Not content: it bounds how far back a manager may look.
+    effective_at: datetime | None = field(default=None, compare=False)
     # Derived once, on first use (a sync compares hashes of every row; a burst sends the same
     # payload JSON once per slot). Not part of equality or of the constructor.
     _cache: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -198,6 +206,7 @@ class PeriodicTaskConfig:
         anchor: datetime | None = None,
         schedule_id: int | str | None = None,
         allowed_targets: Collection[str] | None = None,
+        effective_at: datetime | None = None,
     ) -> PeriodicTaskConfig:
         """Validate every field and return the config; raises ConfigError.
 
@@ -219,6 +228,7 @@ class PeriodicTaskConfig:
             timezone=timezone,
             anchor=anchor,
             schedule_id=schedule_id,
+            effective_at=effective_at,
         )
         config._cache["payload"] = payload_json
         return config

@@ -3,7 +3,7 @@
 Cron expressions are described by ``cron-descriptor``; macros are described as their expansion
 and ``@every`` here. That library reads day-of-month/day-of-week with the plain OR rule and
 phrases steps as regular intervals, which is not always what our dialect does
-(``/work/shared/cron-semantics.md``), so :func:`describe` returns None rather than a misleading
+(``docs/cron.md``), so :func:`describe` returns None rather than a misleading
 sentence when:
 
 * one day field starts with ``*`` but is a step (``*/2``) and the other is restricted: Vixie

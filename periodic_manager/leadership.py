@@ -99,6 +99,11 @@ class PostgresLeadership(AlwaysLeader):
         self._task: asyncio.Task[None] | None = None
         self._last_error: str | None = None
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The background loop (the manager supervises it: its death is the manager's failure)."""
+        return self._task
+
     async def start(self) -> None:
         await self._attempt()
         self._task = asyncio.ensure_future(self._loop())

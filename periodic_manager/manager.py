@@ -15,23 +15,17 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
-from periodic_manager import __version__
+from periodic_manager import __version__, catchup, gcpolicy
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, content_hash
+from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.errors import NotFoundError
 from periodic_manager.leadership import AlwaysLeader, Leadership
 from periodic_manager.metrics import ManagerMetrics
-from periodic_manager.providers.base import (
-    ChangeSet,
-    ConfigProvider,
-    ProviderSnapshot,
-    RowError,
-    StaticProvider,
-)
+from periodic_manager.providers.base import ConfigProvider, StaticProvider
+from periodic_manager.publishing import EntryPublisher, entry_record
 from periodic_manager.registry import (
     EntryRecord,
     ManagerInfo,
@@ -47,17 +41,23 @@ from periodic_manager.scheduler import (
     ScheduledEntry,
     Scheduler,
 )
+from periodic_manager.sync import Reconciler, SyncReport
 from periodic_manager.targets.base import Target
 
 log = logging.getLogger(__name__)
 
+__all__ = ["ChangeSignal", "PeriodicTaskManager", "SyncReport"]
+
 # Tombstones of deleted rows are kept this long; a full reconcile (at least every
 # full_sync_interval, and after any failed sync) covers whatever is pruned.
 TOMBSTONE_RETENTION = timedelta(days=1)
-# Long CPU-bound loops (a sync of 100,000 rows) yield to the event loop this often, so a
-# leadership check is never starved past its deadline.
-YIELD_EVERY = 2000
 STOP_TIMEOUT_S = 30.0
+# A sync that registers this many entries freezes the survivors out of the garbage collector.
+FREEZE_AFTER = 10_000
+# A dispatch silent for this long is stuck: every target call is bounded far below it.
+HUNG_AFTER_S = 120.0
+# Tasks that end by themselves once their work is done (any other ending is a failure).
+ONE_SHOT_TASKS = ("catch-up",)
 
 
 def _reraise_if_cancelled(exc: BaseException) -> None:
@@ -74,48 +74,6 @@ class ChangeSignal(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-@dataclass(slots=True)
-class SyncReport:
-    """What one sync did."""
-
-    ok: bool
-    added: list[str] = field(default_factory=list)
-    replaced: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    unchanged: int = 0
-    errors: list[RowError] = field(default_factory=list)
-    error: str | None = None
-
-
-def _entry_record(entry: ScheduledEntry) -> EntryRecord:
-    cfg = entry.config
-    return EntryRecord(
-        entry_id=entry.entry_id,
-        schedule_key=cfg.key,
-        name=cfg.name,
-        content_hash=entry.content_hash,
-        status="active",
-        registered_at=entry.registered_at,
-        spec=cfg.spec,
-        timezone=cfg.timezone,
-        anchor=cfg.anchor,
-        task_type=cfg.task_type,
-        queue=cfg.queue,
-    )
-
-
-def _error_record(err: RowError, now: datetime) -> EntryRecord:
-    return EntryRecord(
-        entry_id=f"{err.schedule_id}-error-{err.content_hash[:12]}",
-        schedule_key=str(err.schedule_id),
-        name=err.name,
-        content_hash=err.content_hash,
-        status="error",
-        registered_at=now,
-        last_error=err.message,
-    )
 
 
 class PeriodicTaskManager:
@@ -155,7 +113,8 @@ class PeriodicTaskManager:
             pre_enqueue=pre_enqueue,
             post_enqueue=post_enqueue,
             on_error=on_error,
-            on_runs=self._record_runs,
+            on_runs=self.store_runs,
+            observe=self._observe_runs,
             catchup_window=catchup_window,
         )
         # Nothing is sent until leadership is decided (at once for AlwaysLeader).
@@ -168,13 +127,10 @@ class PeriodicTaskManager:
         self.signals: list[ChangeSignal] = list(signals)
         self._revision: int | None = None
         self._last_full: datetime | None = None
-        self._unpublished: dict[str, EntryRecord | None] = {}  # entry id -> record (None: removed)
-        self._publish_ready = asyncio.Event()
-        self._publish_lock = asyncio.Lock()
-        self._synced: dict[str, str] = {}  # schedule key -> entry id, for entries owned by sync
-        self._code: dict[str, str] = {}  # schedule key -> entry id, registered from code
-        self._row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
-        self._logged: set[tuple[str, str]] = set()  # (schedule key, content hash) already logged
+        self.publisher = EntryPublisher(
+            self.store, self.manager_id, on_failure=self._store_failed, checked=_reraise_if_cancelled
+        )
+        self.reconciler = Reconciler(self.scheduler, self.publisher, checked=_reraise_if_cancelled)
         self._sync_requested = asyncio.Event()
         self._sync_lock = asyncio.Lock()
         self._beat_lock = asyncio.Lock()
@@ -183,6 +139,7 @@ class PeriodicTaskManager:
         self.last_sync_at: datetime | None = None
         self.last_sync_error: str | None = None
         self.failed: BaseException | None = None
+        self.failed_task: str | None = None
         self._registered = False
         self._close_target = close_target
         self.metrics = ManagerMetrics(self)  # its own registry: served by /metrics or a port
@@ -198,11 +155,13 @@ class PeriodicTaskManager:
             self._registered = True
         except Exception as exc:
             log.warning("could not publish manager %s (will retry): %s", self.manager_id, exc)
-        self._spawn(self._publisher(), "publisher")
+        self._spawn(self.publisher.run(), "publisher")
         await self.sync()
         await self.leadership.start()
+        self._supervise(getattr(self.leadership, "task", None))
         for signal in self.signals:
             await signal.start()
+            self._supervise(getattr(signal, "task", None))
         self._running = True
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self._sync_loop(), "sync-loop")
@@ -214,8 +173,8 @@ class PeriodicTaskManager:
 
     async def stop(self) -> None:
         """Stop the loops (an enqueue under way finishes first) and unpublish this manager."""
-        self.scheduler.stop()
         self._running = False
+        self.scheduler.stop()
         for signal in self.signals:
             await signal.stop()
         for task in self._tasks:
@@ -229,7 +188,7 @@ class PeriodicTaskManager:
             for task in pending:
                 log.error("%s did not stop within %.0f s; abandoned", task.get_name(), STOP_TIMEOUT_S)
         self._tasks.clear()
-        await self._flush_entries()
+        await self.publisher.flush()
         await self.leadership.stop()
         try:
             await self.store.unregister_manager(self.manager_id)
@@ -245,14 +204,36 @@ class PeriodicTaskManager:
         task.add_done_callback(self._on_task_done)
         self._tasks.append(task)
 
-    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+    def _supervise(self, task: asyncio.Task[Any] | None) -> None:
+        """Watch a long-lived task of a collaborator (leadership, change listener) like our own."""
+        if task is not None:
+            task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None:
-            # A supervised loop must never die quietly: say so loudly and remember it.
+        name = task.get_name()
+        if exc is None:
+            if not self._running or name.endswith(ONE_SHOT_TASKS):
+                return
+            exc = RuntimeError("ended unexpectedly")
+        # A supervised loop must never die quietly: the process stops being healthy (the CLI
+        # exits non-zero, /healthz fails) and says why in one line; the traceback is at DEBUG.
+        if self.failed is None:
             self.failed = exc
-            log.critical("%s died: %r", task.get_name(), exc, exc_info=exc)
+            self.failed_task = name
+        log.critical("%s died: %s: %s", name, type(exc).__name__, exc)
+        log.debug("%s traceback", name, exc_info=exc)
+
+    def health(self) -> str | None:
+        """None while every loop runs; otherwise why this manager is not healthy (one line)."""
+        if self.failed is not None:
+            return f"{self.failed_task} died: {type(self.failed).__name__}: {self.failed}"
+        hung = self.scheduler.hung_for(self.clock.now())
+        if hung > HUNG_AFTER_S:
+            return f"dispatch has shown no progress for {hung:.0f} s (a target call that never returns)"
+        return None
 
     # -- leadership --------------------------------------------------------------------------
 
@@ -276,49 +257,30 @@ class PeriodicTaskManager:
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:
         """misfire=fire_once: send the latest missed slot within the catch-up window, once."""
-        candidates: list[tuple[ScheduledEntry, datetime]] = []
-        for entry in self.scheduler.entries():
-            if entry.config.options.get("misfire") != "fire_once":
-                continue
-            slot = latest_slot(entry, now, self.scheduler.window(entry))
-            if slot is None or (takeover and slot > now - self.scheduler.grace):
-                continue  # nothing missed, or the normal path sends it
-            candidates.append((entry, slot))
-        if not candidates:
-            return
-        try:
-            state = await self.store.get_state([e.key for e, _ in candidates])
-        except Exception as exc:
-            # Without the state we cannot know what was sent beyond the claims' life: skip.
-            log.error("catch-up skipped, runtime state unreadable: %s", exc)
-            return
-        todo = [
-            (e, s) for e, s in candidates
-            if (st := state.get(e.key)) is None or st.last_slot_at is None or st.last_slot_at < s
-        ]
-        if todo and self.is_leader:
-            await self.scheduler.catch_up(todo)
+        await catchup.catch_up(
+            self.scheduler, self.store, now, takeover=takeover, still_leading=lambda: self.is_leader
+        )
 
     # -- code API ----------------------------------------------------------------------------
 
     def register(self, config: PeriodicTaskConfig) -> ScheduledEntry:
         """Register a schedule from code (kept across syncs until :meth:`unregister`)."""
-        old = self._code.get(config.key)
-        if old is not None:
-            self.scheduler.unregister(old)
+        old = self.scheduler.get(config.key)
         entry = self.scheduler.register(config)
-        self._code[config.key] = entry.entry_id
-        self._publish([_entry_record(entry)], [old] if old and old != entry.entry_id else [])
+        if old is not None and old.entry_id != entry.entry_id:
+            self.publisher.remove(old.entry_id)
+        self.publisher.upsert(entry)
         return entry
 
     def unregister(self, name_or_key: str) -> None:
         """Remove a schedule registered from code, by name or key."""
-        key = name_or_key if name_or_key in self._code else f"name:{name_or_key}"
-        eid = self._code.pop(key, None)
-        if eid is None:
-            raise NotFoundError(name_or_key)
-        self.scheduler.unregister(eid)
-        self._publish([], [eid])
+        for key in (name_or_key, f"name:{name_or_key}"):
+            entry = self.scheduler.get(key)
+            if entry is not None and not entry.synced:
+                self.scheduler.unregister(key)
+                self.publisher.remove(entry.entry_id)
+                return
+        raise NotFoundError(name_or_key)
 
     def entries(self) -> list[ScheduledEntry]:
         return self.scheduler.entries()
@@ -333,8 +295,11 @@ class PeriodicTaskManager:
         """Reconcile the entries with the provider: only what changed when the provider can tell
         (and a full read at least every ``full_sync_interval``), or everything with ``full``."""
         async with self._sync_lock:
-            with self.metrics.time_sync():
-                return await self._sync(full=full)
+            with self.metrics.time_sync(), gcpolicy.paused():
+                report = await self._sync(full=full)
+                if len(report.added) + len(report.replaced) >= FREEZE_AFTER:
+                    gcpolicy.freeze()  # see gcpolicy: the survivors are never walked again
+                return report
 
     async def _sync(self, *, full: bool = False) -> SyncReport:
         now = self.clock.now()
@@ -350,7 +315,9 @@ class PeriodicTaskManager:
             if incremental:
                 changes = await get_changes(self._revision)
                 if changes is not None and not changes.full:
-                    return self._finish(await self._apply_changes(changes, now), now)
+                    report = await self.reconciler.apply_changes(changes, now)
+                    self._revision = changes.revision
+                    return self._finish(report, now)
                 if changes is None:
                     return self._finish(SyncReport(ok=True), now)
             snapshot = await self.provider.get_configs()
@@ -362,12 +329,12 @@ class PeriodicTaskManager:
             self.last_sync_error = msg
             self._last_full = None  # after an outage, reconcile everything once
             return SyncReport(ok=False, error=msg)
-        report = await self._apply_snapshot(snapshot, now)
+        report = await self.reconciler.apply_snapshot(snapshot, now)
         self._revision = snapshot.revision
         self._last_full = now
         prune = getattr(self.provider, "prune_tombstones", None)
         if prune is not None:
-            await self._store_call(prune(now - TOMBSTONE_RETENTION), "pruning tombstones")
+            await self.publisher.call(prune(now - TOMBSTONE_RETENTION), "pruning tombstones")
         return self._finish(report, now)
 
     def _finish(self, report: SyncReport, now: datetime) -> SyncReport:
@@ -383,150 +350,13 @@ class PeriodicTaskManager:
             )
         return report
 
-    async def _apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
-        """Full reconcile: the snapshot is the whole truth."""
-        report = SyncReport(ok=True, errors=list(snapshot.errors))
-        upserts: list[EntryRecord] = []
-        removed: list[str] = []
-        desired: dict[str, PeriodicTaskConfig] = {c.key: c for c in snapshot.configs}
-        bad = {str(e.schedule_id) for e in snapshot.errors}
-        for key in list(self._synced):
-            # A row that turned bad keeps its last good entry running (nothing is lost).
-            if key not in desired and key not in bad:
-                self._remove(key, removed, report)
-        for i, cfg in enumerate(desired.values()):
-            self._upsert(cfg, upserts, removed, report)
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # let leadership checks and dispatch run
-        self._sync_row_errors(snapshot.errors, set(self._synced) | set(desired), now, upserts, removed)
-        self._publish_diff(upserts, removed)
-        return report
+    def _store_failed(self, exc: BaseException) -> None:
+        self._registered = False  # republish this manager and its entries at the next heartbeat
 
-    async def _apply_changes(self, changes: ChangeSet, now: datetime) -> SyncReport:
-        """Incremental: only what changed since the last revision read."""
-        report = SyncReport(ok=True, errors=list(changes.errors))
-        upserts: list[EntryRecord] = []
-        removed: list[str] = []
-        for key in changes.removed:
-            self._remove(key, removed, report)
-            rec = self._row_errors.pop(key, None)
-            if rec is not None:
-                removed.append(rec.entry_id)
-        for cfg in changes.configs:
-            self._upsert(cfg, upserts, removed, report)
-            rec = self._row_errors.pop(cfg.key, None)
-            if rec is not None:
-                removed.append(rec.entry_id)
-        self._publish_row_errors(changes.errors, now, upserts, removed)
-        self._revision = changes.revision
-        self._publish_diff(upserts, removed)
-        return report
-
-    def _remove(self, key: str, removed: list[str], report: SyncReport) -> None:
-        eid = self._synced.pop(key, None)
-        if eid is not None:
-            self.scheduler.unregister(eid)
-            removed.append(eid)
-            report.removed.append(eid)
-
-    def _upsert(
-        self, cfg: PeriodicTaskConfig, upserts: list[EntryRecord], removed: list[str], report: SyncReport
-    ) -> None:
-        current = self._synced.get(cfg.key)
-        entry = self.scheduler.get(current) if current else None
-        # The provider hands back the same object for an unchanged row: no hashing needed.
-        if entry is not None and entry.config is cfg:
-            report.unchanged += 1
-            return
-        digest = content_hash(cfg)
-        if entry is not None and entry.content_hash == digest:
-            report.unchanged += 1
-            return
-        if current is not None:
-            self.scheduler.unregister(current)
-            removed.append(current)
-        new = self.scheduler.register(cfg, digest=digest)
-        self._synced[cfg.key] = new.entry_id
-        upserts.append(_entry_record(new))
-        (report.replaced if current else report.added).append(new.entry_id)
-
-    def _publish_diff(self, upserts: list[EntryRecord], removed: list[str]) -> None:
-        upserted = {u.entry_id for u in upserts}
-        self._publish(upserts, [r for r in removed if r not in upserted])
-
-    def _sync_row_errors(
-        self,
-        errors: Sequence[RowError],
-        known: set[str],
-        now: datetime,
-        upserts: list[EntryRecord],
-        removed: list[str],
-    ) -> None:
-        """Full sync: publish current bad rows and drop reports of rows now fixed or gone."""
-        current = {str(e.schedule_id) for e in errors}
-        self._publish_row_errors(errors, now, upserts, removed)
-        for key in list(self._row_errors):
-            if key not in current:
-                removed.append(self._row_errors.pop(key).entry_id)
-        self._logged = {(k, h) for (k, h) in self._logged if k in current or k in known}
-
-    def _publish_row_errors(
-        self, errors: Sequence[RowError], now: datetime, upserts: list[EntryRecord], removed: list[str]
-    ) -> None:
-        """Log each bad row once per content and publish it (visible through the API)."""
-        for err in errors:
-            key = str(err.schedule_id)
-            if (key, err.content_hash) not in self._logged:
-                self._logged.add((key, err.content_hash))
-                kept = " (its previous version keeps running)" if key in self._synced else ""
-                log.error(
-                    "schedule row %s (%s) rejected: %s%s", key, err.name, err.message, kept,
-                    extra={"schedule": err.name, "schedule_id": key, "field": err.field},
-                )
-            rec = _error_record(err, now)
-            old = self._row_errors.get(key)
-            if old is None or old.entry_id != rec.entry_id:
-                if old is not None:
-                    removed.append(old.entry_id)
-                self._row_errors[key] = rec
-                upserts.append(rec)
-
-    def _publish(self, upserts: list[EntryRecord], removed: list[str]) -> None:
-        """Queue entry changes for the store. Publishing is for visibility: a sync (or a cold
-        start of 100,000 entries) never waits for it, and changes queued meanwhile coalesce."""
-        if not upserts and not removed:
-            return
-        for entry_id in removed:
-            self._unpublished[entry_id] = None
-        for rec in upserts:
-            self._unpublished[rec.entry_id] = rec
-        self._publish_ready.set()
-
-    async def _publisher(self) -> None:
-        while True:
-            await self._publish_ready.wait()
-            self._publish_ready.clear()
-            await self._flush_entries()
-
-    async def _flush_entries(self) -> None:
-        if not self._unpublished:
-            return
-        pending, self._unpublished = self._unpublished, {}
-        upserts = [rec for rec in pending.values() if rec is not None]
-        removed = [eid for eid, rec in pending.items() if rec is None]
-        async with self._publish_lock:
-            await self._store_call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
-
-    async def _store_call(self, coro: object, what: str) -> None:
-        try:
-            await coro  # type: ignore[misc]
-        except Exception as exc:  # the store is for visibility; scheduling goes on without it
-            _reraise_if_cancelled(exc)
-            log.warning("%s failed (republished at the next heartbeat): %r", what, exc)
-            self._registered = False
-
-    async def _record_runs(self, runs: Sequence[RunRecord]) -> None:
+    def _observe_runs(self, runs: Sequence[RunRecord]) -> None:
         self.metrics.observe_runs(runs)
+
+    async def store_runs(self, runs: Sequence[RunRecord]) -> None:
         await self.store.record_runs(runs)
 
     # -- loops -------------------------------------------------------------------------------
@@ -585,7 +415,8 @@ class PeriodicTaskManager:
             self._registered = False
 
     def _all_records(self) -> list[EntryRecord]:
-        return [_entry_record(e) for e in self.scheduler.entries()] + list(self._row_errors.values())
+        records = [entry_record(e) for e in self.scheduler.entries()]
+        return records + list(self.reconciler.row_errors.values())
 
     async def wait_settled(self, instant: datetime) -> None:
         """Wait until slots due by ``instant`` are handled and no sync is running (for tests)."""
@@ -596,29 +427,4 @@ class PeriodicTaskManager:
 
     async def flush(self) -> None:
         """Wait until every entry change so far is published to the store."""
-        await self._flush_entries()
-        async with self._publish_lock:
-            pass
-
-
-def latest_slot(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
-    """The latest slot of ``entry`` in ``[now - window, now]``, if any.
-
-    Searches back from ``now`` in doubling spans, so the cost follows the gap before the latest
-    slot, not the number of slots in the window: walking an hour of ``@every 1s`` took 35 ms per
-    schedule, and a takeover with a hundred of them blocked the event loop (and with it the
-    leadership checks) for seconds.
-    """
-    earliest = now - window - timedelta(microseconds=1)
-    span = timedelta(seconds=1)
-    while True:
-        start = max(earliest, now - span)
-        slot = entry.schedule.next_after(start)
-        if slot <= now:
-            found = slot
-            while (slot := entry.schedule.next_after(slot)) <= now:
-                found = slot
-            return found
-        if start == earliest:
-            return None
-        span *= 2
+        await self.publisher.flush()

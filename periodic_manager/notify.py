@@ -55,6 +55,11 @@ class PostgresChangeListener:
         self._task: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The background loop (the manager supervises it: its death is the manager's failure)."""
+        return self._task
+
     async def start(self) -> None:
         """Start listening in the background (returns at once)."""
         self._task = asyncio.ensure_future(self._run())

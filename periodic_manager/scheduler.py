@@ -1,6 +1,6 @@
-"""The scheduler: entries in a time-ordered heap, one timing loop, one batch per instant.
+"""The scheduler: entries on a calendar of instants, one timing loop, one batch per instant.
 
-Slot semantics (design.md):
+Slot semantics:
 
 * an entry's first slot is the first one strictly after it was registered (nothing fires at start);
 * a due slot is enqueued when it is at most ``grace`` late; older slots are skipped (logged and
@@ -9,78 +9,110 @@ Slot semantics (design.md):
 * fire decisions use the clock's ``now``, re-read after every wake; a slot is never enqueued twice by
   one scheduler, even when the clock steps back or an entry is replaced (the last fired slot is kept
   per schedule key and new entries start after it);
+* an edit never drops a slot: a replacement that keeps the timing and the name keeps the pending
+  slot, and one that changes them still sends a slot of the old version that was already due;
+* looking back (a takeover re-sending the last ``grace``) never reaches a slot at or before the
+  schedule's ``effective_at`` (its creation, its last timing change or resume);
+* an entry whose next slot cannot be computed (past year 9999) stops alone, with its error;
 * all slots due at one instant go to the target as one batch.
 
-The heap holds ``(next_slot, version, entry_id)``; replaced or removed entries are dropped
-lazily when they surface, so register/unregister are O(log n) and a wake never scans all entries.
+Staging: the work of the next instant is done before it. ``lead`` seconds before an instant (in
+proportion to its size) the loop takes its entries off the calendar, builds their tasks and lets
+the target prepare them (:mod:`periodic_manager.dispatch`); at the instant only the sending is
+left. An entry replaced or removed meanwhile is dropped from the staged batch (its replacement,
+if due then, is sent from the calendar); cyclic garbage collection waits until the batch is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
+from periodic_manager import gcpolicy
+from periodic_manager.calendar import Calendar
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import (
-    PeriodicTaskConfig,
-    content_hash,
-    entry_id,
-    slot_text,
-)
+from periodic_manager.config import PeriodicTaskConfig, content_hash
 from periodic_manager.cron import Schedule
+from periodic_manager.dispatch import (
+    Chunk,
+    Dispatcher,
+    ErrorHook,
+    PostEnqueueHook,
+    PreEnqueueHook,
+    later,
+    prepare,
+)
+from periodic_manager.history import Observer, RunsHook, RunWriter
 from periodic_manager.registry import RunRecord
-from periodic_manager.targets.base import EnqueueResult, Target, Task, task_for
+from periodic_manager.targets.base import Target, staged
 
 log = logging.getLogger(__name__)
 
-PreEnqueueHook = Callable[[Sequence[Task]], Awaitable[None] | None]
-PostEnqueueHook = Callable[[Sequence[EnqueueResult]], Awaitable[None] | None]
-ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
-RunsHook = Callable[[Sequence[RunRecord]], Awaitable[None]]
+__all__ = [
+    "ErrorHook",
+    "PostEnqueueHook",
+    "PreEnqueueHook",
+    "ScheduledEntry",
+    "Scheduler",
+    "lookback_floor",
+]
 
-IDLE_SLEEP_S = 3600.0
-SEND_CHUNK = 2000  # slots per sub-batch of a large instant (pipelined: sent while the next builds)
-MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
-RECORD_ON_STOP_TIMEOUT_S = 30.0  # with no entries, sleep long; register() wakes the loop anyway
+IDLE_SLEEP_S = 3600.0  # with no entries, sleep long; register() wakes the loop anyway
+RECORD_ON_STOP_TIMEOUT_S = 30.0
+# How far a task's expiry may reach past its slot, whatever a (checked) option says.
+MAX_WINDOW = timedelta(days=366)
+# Staging starts LEAD_MIN_S + 1.5 x (tasks x measured cost per task) before an instant, at most
+# LEAD_MAX_S: early enough for its size, late enough that few entries change in between.
+LEAD_MIN_S = 0.02
+LEAD_MAX_S = 10.0
+STAGE_COST_S = 40e-6  # first guess of staging time per task; then measured
+YIELD_EVERY = 2000  # loops over a batch let other tasks (sync, leadership) run this often
+_UNKNOWN = object()
 
 
 @dataclass(slots=True)
 class ScheduledEntry:
-    """One registered schedule: its config, parsed schedule and timing."""
+    """One registered schedule: its config, parsed schedule and timing. One per schedule key."""
 
-    entry_id: str
     config: PeriodicTaskConfig
     schedule: Schedule
     content_hash: str
     registered_at: datetime
-    next_slot: datetime
+    next_slot: datetime | None  # None: no slot left (past year 9999)
     prev_slot: datetime | None = None
     last_error: str | None = None
-    version: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
+    last_status: str | None = None
     key: str = ""  # the config's key, cached: read several times per slot
     window: timedelta = timedelta(0)  # how long after a slot it may still be sent
-    payload_json: str = "null"  # canonical JSON, computed once per entry, not once per slot
-    options_json: str = "{}"
+    # Slots of this entry are strictly after this instant, except a slot of the version it replaced
+    # that was already due (carried over so an edit never drops it).
+    after: datetime | None = None
+    dead: bool = False  # unregistered or replaced: stale wherever the calendar still holds it
+    mark: int = 0  # the calendar's per-take mark (an entry filed twice is taken once)
+    synced: bool = False  # owned by the sync (a row), not registered from code
+
+    @property
+    def entry_id(self) -> str:
+        """Stable id of this version: the schedule key and its content hash."""
+        return f"{self.key}-{self.content_hash[:12]}"
 
 
-async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
-    if hook is None:
-        return
-    result = hook(*args)
-    if asyncio.iscoroutine(result):
-        await result
+@dataclass(slots=True)
+class Staged:
+    """An instant's batch, made ready before the instant."""
+
+    slot: datetime
+    entries: list[ScheduledEntry]
+    chunks: list[Chunk]
 
 
 class Scheduler:
-    """Keeps entries ordered by next slot and sends due slots to a Target."""
+    """Keeps entries on a calendar by next slot and sends due slots to a Target."""
 
     def __init__(
         self,
@@ -92,6 +124,7 @@ class Scheduler:
         post_enqueue: PostEnqueueHook | None = None,
         on_error: ErrorHook | None = None,
         on_runs: RunsHook | None = None,
+        observe: Observer | None = None,
         catchup_window: float = 3600.0,
         retry_base: float = 0.2,
         retry_max: float = 5.0,
@@ -99,71 +132,129 @@ class Scheduler:
         self.target = target
         self.clock: Clock = clock or SystemClock()
         self.grace = timedelta(seconds=grace)
-        self.pre_enqueue = pre_enqueue
-        self.post_enqueue = post_enqueue
-        self.on_error = on_error
-        self.on_runs = on_runs
-        self._entries: dict[str, ScheduledEntry] = {}
-        self._heap: list[tuple[datetime, int, str]] = []
-        self._seq = itertools.count()
+        self.catchup_window = timedelta(seconds=catchup_window)
+        self._entries: dict[str, ScheduledEntry] = {}  # schedule key -> its entry
+        self._calendar = Calendar()
         self._last_fired: dict[str, datetime] = {}  # schedule key -> latest slot handled
         self._wake = asyncio.Event()
         self._stopping = False
+        self._stop_event = asyncio.Event()
         self._state = asyncio.Condition()
         self._processed_until: datetime | None = None
         self._sleeping_until: datetime | None = None
-        self.counts: dict[str, int] = {"enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0}
-        self.catchup_window = timedelta(seconds=catchup_window)
-        self.retry_base = retry_base
-        self.retry_max = retry_max
         self._active = True
-        self._stop_event = asyncio.Event()
-        self._failing = 0  # consecutive failed enqueue attempts (one log line per outage)
-        self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._idle = asyncio.Event()  # set while no dispatch is under way
         self._idle.set()
-        self._pending_runs: list[RunRecord] = []
-        self._runs_ready = asyncio.Event()
-        self._writing = False
+        self._staged: Staged | None = None
+        self._gc_hold: contextlib.ExitStack | None = None
+        self._stage_cost = STAGE_COST_S
+        self._memo: dict[Schedule, datetime | str] = {}  # see _next
+        self._memo_after: datetime | None = None
+        self.writer = RunWriter(on_runs, observe=observe, retry_base=retry_base, changed=self._notify)
+        self.dispatcher = Dispatcher(
+            staged(target),
+            clock=self.clock,
+            writer=self.writer,
+            backoff=self._backoff,
+            may_send=lambda: not self._stopping and self._active,
+            pre_enqueue=pre_enqueue,
+            post_enqueue=post_enqueue,
+            on_error=on_error,
+            retry_base=retry_base,
+            retry_max=retry_max,
+        )
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Slots handled so far, by outcome."""
+        return self.dispatcher.counts
+
+    # The hooks live on the dispatcher; they may be set after construction.
+    @property
+    def pre_enqueue(self) -> PreEnqueueHook | None:
+        return self.dispatcher.pre_enqueue
+
+    @pre_enqueue.setter
+    def pre_enqueue(self, hook: PreEnqueueHook | None) -> None:
+        self.dispatcher.pre_enqueue = hook
+
+    @property
+    def post_enqueue(self) -> PostEnqueueHook | None:
+        return self.dispatcher.post_enqueue
+
+    @post_enqueue.setter
+    def post_enqueue(self, hook: PostEnqueueHook | None) -> None:
+        self.dispatcher.post_enqueue = hook
+
+    @property
+    def on_error(self) -> ErrorHook | None:
+        return self.dispatcher.on_error
+
+    @on_error.setter
+    def on_error(self, hook: ErrorHook | None) -> None:
+        self.dispatcher.on_error = hook
 
     # -- entries -----------------------------------------------------------------------------
 
-    def register(self, config: PeriodicTaskConfig, *, digest: str | None = None) -> ScheduledEntry:
-        """Add (or replace, same entry id) an entry; its first slot is strictly after now."""
+    def register(
+        self,
+        config: PeriodicTaskConfig,
+        *,
+        digest: str | None = None,
+        synced: bool = False,
+        now: datetime | None = None,
+    ) -> ScheduledEntry:
+        """Add the entry of ``config``, replacing the one of the same key if any.
+
+        A new schedule's first slot is strictly after now (and after the last slot this scheduler
+        sent for its key). A replacement with the same timing and name keeps the pending slot,
+        due or not; one that changes them starts strictly after now, but a slot of the old version
+        that was already due and not yet sent is still sent: an edit never drops a slot.
+        """
         digest = digest or content_hash(config)
-        eid = entry_id(config, digest)
-        now = self.clock.now()
-        schedule = config.schedule
-        start = max(now, self._last_fired.get(config.key, now))
+        if now is None:  # a sync registering many passes one instant (their next slots memoised)
+            now = self.clock.now()
+        old = self._entries.get(config.key)
         entry = ScheduledEntry(
-            entry_id=eid,
             config=config,
-            schedule=schedule,
+            schedule=config.schedule,
             content_hash=digest,
             registered_at=now,
-            next_slot=schedule.next_after(start),
+            next_slot=None,
             prev_slot=self._last_fired.get(config.key),
-            # Versions are globally unique so a stale heap item can never match a re-created entry.
-            version=next(self._seq),
             key=config.key,
-            payload_json=config.payload_json,
-            options_json=config.options_json,
+            window=self._window(config),
+            after=now,
+            synced=synced,
         )
-        entry.window = self._window(config)
-        self._entries[eid] = entry
-        heapq.heappush(self._heap, (entry.next_slot, entry.version, eid))
+        if old is not None and _same_slots(old.config, config):
+            entry.next_slot, entry.after = old.next_slot, old.after
+            entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
+        else:
+            last = self._last_fired.get(config.key)
+            entry.next_slot = self._next(entry, max(now, last) if last is not None else now)
+            pending = old.next_slot if old is not None else None
+            if pending is not None and pending <= now and (last is None or pending > last):
+                entry.next_slot = pending  # due under the old version: carried, not dropped
+        if old is not None:
+            old.dead = True
+        self._entries[entry.key] = entry
+        if entry.next_slot is not None:
+            self._calendar.add(entry, entry.next_slot)
         self._wake.set()
         return entry
 
-    def unregister(self, eid: str) -> bool:
-        """Remove an entry; its heap item is dropped lazily. Returns whether it existed."""
-        removed = self._entries.pop(eid, None) is not None
-        if removed:
+    def unregister(self, key: str) -> ScheduledEntry | None:
+        """Remove the entry of schedule ``key`` (the calendar forgets it lazily); it, or None."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            entry.dead = True
             self._wake.set()
-        return removed
+        return entry
 
-    def get(self, eid: str) -> ScheduledEntry | None:
-        return self._entries.get(eid)
+    def get(self, key: str) -> ScheduledEntry | None:
+        """The entry of schedule ``key``."""
+        return self._entries.get(key)
 
     def entries(self) -> list[ScheduledEntry]:
         return list(self._entries.values())
@@ -171,28 +262,76 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self._entries)
 
-    # -- loop --------------------------------------------------------------------------------
+    def _next(self, entry: ScheduledEntry, after: datetime) -> datetime | None:
+        """The entry's first slot strictly after ``after`` (and after ``entry.after``), or None
+        when there is none before year 10000: that entry stops, the others go on.
+
+        Memoised per schedule for one ``after`` at a time: a burst advances its entries from one
+        slot and a sync registers its rows at one instant, and schedules are shared by every
+        row with the same (spec, zone, anchor)."""
+        if entry.after is not None and entry.after > after:
+            after = entry.after
+        if after != self._memo_after:
+            self._memo.clear()
+            self._memo_after = after
+        schedule = entry.schedule
+        slot = self._memo.get(schedule, _UNKNOWN)
+        if slot is _UNKNOWN:
+            try:
+                slot = schedule.next_after(after)
+            except (OverflowError, ValueError) as exc:
+                slot = f"no slot after {after.isoformat()}: {exc}"
+            self._memo[schedule] = slot
+        if isinstance(slot, datetime):
+            return slot
+        entry.last_error = slot
+        log.error(
+            "schedule %s stops: %s", entry.config.name, slot, extra={"schedule": entry.config.name}
+        )
+        return None
+
+    def _advance(self, entry: ScheduledEntry, after: datetime) -> None:
+        entry.next_slot = self._next(entry, after)
+        if entry.next_slot is not None and not entry.dead:
+            self._calendar.add(entry, entry.next_slot)
+
+    def window(self, entry: ScheduledEntry) -> timedelta:
+        return entry.window
+
+    def _window(self, config: PeriodicTaskConfig) -> timedelta:
+        """How long after its slot a task may still be sent: grace, or the catch-up window of a
+        ``fire_once`` schedule (targets keep their claim of the key that long)."""
+        opts = config.options
+        window = self.grace
+        if opts.get("misfire") == "fire_once":
+            seconds = opts.get("catchup_window", self.catchup_window.total_seconds())
+            window = max(window, timedelta(seconds=seconds))
+        return min(window, MAX_WINDOW)
+
+    # -- lifecycle and leadership ------------------------------------------------------------
 
     async def run(self) -> None:
-        """The timing loop; returns after :meth:`stop`."""
-        self._stopping = False
-        self._stop_event.clear()
-        writer = asyncio.ensure_future(self._write_runs())
+        """The timing loop; returns after :meth:`stop` (which may come before it even starts)."""
+        writer = asyncio.ensure_future(
+            self.writer.run(self._idle, lambda: self._stopping, self._quiet_backoff)
+        )
         try:
             while not self._stopping:
                 now = self.clock.now()
                 if self._active:
                     await self._dispatch_due(now)
+                    await self._maybe_stage(self.clock.now())
                 await self._mark_processed(now)
                 await self._sleep_until_next()
         finally:
             # What was sent is recorded before the loop returns (a write under way finishes).
             self._stopping = True
-            self._runs_ready.set()
+            self._unstage()
+            self.writer.ready.set()
             try:
                 await asyncio.wait_for(writer, RECORD_ON_STOP_TIMEOUT_S)
             except (TimeoutError, asyncio.CancelledError):
-                log.warning("stopped before %d run(s) could be recorded", len(self._pending_runs))
+                log.warning("stopped before %d run(s) could be recorded", len(self.writer.pending))
 
     def stop(self) -> None:
         self._stopping = True
@@ -210,26 +349,44 @@ class Scheduler:
         (typically ``now - grace``) that it has not sent itself, so slots the old leader may have
         missed within grace are still sent (the target's claim drops those it did send).
         """
+        if not active:
+            self._unstage()
         if active and not self._active and resume_after is not None:
             self._rebase(resume_after)
         self._active = active
         self._wake.set()
 
     def _rebase(self, after: datetime) -> None:
-        self._heap.clear()
+        now = self.clock.now()
+        self._unstage()
+        self._calendar.clear()
         for entry in self._entries.values():
+            start = after
             last = self._last_fired.get(entry.key)
-            start = max(after, last) if last is not None else after
-            entry.next_slot = entry.schedule.next_after(start)
-            entry.version = next(self._seq)
-            self._heap.append((entry.next_slot, entry.version, entry.entry_id))
-        heapq.heapify(self._heap)
+            if last is not None and last > start:
+                start = last
+            floor = lookback_floor(entry.config, now)
+            if floor is not None and floor > start:
+                start = floor  # never a slot from before the schedule (or its timing) existed
+            entry.after = start
+            entry.next_slot = self._next(entry, start)
+            if entry.next_slot is not None:
+                self._calendar.add(entry, entry.next_slot)
+
+    def hung_for(self, now: datetime) -> float:
+        """Seconds a send under way has shown no sign of life (0 when idle or progressing).
+
+        Every target call is bounded by its timeout and retries back off within grace, so a
+        send that stays silent for minutes is stuck (a publish that never returns)."""
+        return self.dispatcher.hung_for(now)
+
+    # -- waiting ------------------------------------------------------------------------------
 
     async def wait_processed(self, instant: datetime) -> None:
         """Wait until every slot due at or before ``instant`` has been handled (for tests)."""
 
         def done() -> bool:
-            if self._pending_runs or self._writing:
+            if not self.writer.settled:
                 return False
             if self._processed_until is not None and self._processed_until >= instant:
                 return True
@@ -238,25 +395,48 @@ class Scheduler:
         async with self._state:
             await self._state.wait_for(done)
 
+    async def _notify(self) -> None:
+        async with self._state:
+            self._state.notify_all()
+
     async def _mark_processed(self, now: datetime) -> None:
+        at = self._calendar.next_instant() if self._active else None
+        if at is not None and at <= now:
+            return  # a backlog (after a takeover or a stall) takes one round per slot: not yet
         async with self._state:
             self._processed_until = now
             self._state.notify_all()
 
+    def _wake_at(self) -> datetime | None:
+        """When the loop must next run: the staged instant, or the next instant (or the time to
+        stage it, if nothing is staged)."""
+        if not self._active:
+            return None
+        at = self._calendar.next_instant()
+        staged_at = self._staged.slot if self._staged is not None else None
+        if at is not None and self._staged is None:
+            at -= timedelta(seconds=self._lead(self._calendar.size(at)))
+        if staged_at is not None and (at is None or staged_at < at):
+            return staged_at
+        return at
+
     async def _sleep_until_next(self) -> None:
-        self._drop_stale()
-        next_slot = self._heap[0][0] if self._heap and self._active else None
+        wake_at = self._wake_at()
         if self._wake.is_set():
             self._wake.clear()
             return
         now = self.clock.now()
-        delay = (next_slot - now).total_seconds() if next_slot else IDLE_SLEEP_S
-        if delay <= 0:
+        if wake_at is not None and wake_at <= now:
             return
         async with self._state:
-            self._sleeping_until = next_slot or now + timedelta(seconds=delay)
+            self._sleeping_until = wake_at or later(now, IDLE_SLEEP_S)
             self._state.notify_all()
-        sleeper = asyncio.ensure_future(self.clock.sleep(delay))
+        # The sleeper measures the time left itself, when its timer is armed: whatever runs
+        # before it first does (say the run-history writer preparing a burst's rows) cannot make
+        # the wake late.
+        sleeper = asyncio.ensure_future(
+            self.clock.sleep_until(wake_at) if wake_at is not None else self.clock.sleep(IDLE_SLEEP_S)
+        )
         waker = asyncio.ensure_future(self._wake.wait())
         try:
             await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
@@ -268,58 +448,137 @@ class Scheduler:
             self._wake.clear()
             self._sleeping_until = None
 
-    def _drop_stale(self) -> None:
-        heap = self._heap
-        while heap:
-            _, version, eid = heap[0]
-            entry = self._entries.get(eid)
-            if entry is not None and entry.version == version:
-                return
-            heapq.heappop(heap)
+    async def _backoff(self, delay: float) -> None:
+        """Sleep ``delay`` on the clock, cut short by :meth:`stop` (the loop itself waits)."""
+        async with self._state:
+            self._sleeping_until = later(self.clock.now(), delay)
+            self._state.notify_all()
+        try:
+            await self._quiet_backoff(delay)
+        finally:
+            self._sleeping_until = None
 
-    def _pop_due(self, now: datetime) -> list[ScheduledEntry]:
-        """Pop every live entry whose next slot is <= now, earliest first."""
-        due: list[ScheduledEntry] = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, version, eid = heapq.heappop(heap)
-            entry = self._entries.get(eid)
-            if entry is not None and entry.version == version:
-                due.append(entry)
-        return due
+    async def _quiet_backoff(self, delay: float) -> None:
+        sleeper = asyncio.ensure_future(self.clock.sleep(delay))
+        stopper = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (sleeper, stopper):
+                fut.cancel()
+            await asyncio.gather(sleeper, stopper, return_exceptions=True)
+
+    # -- staging -------------------------------------------------------------------------------
+
+    def _lead(self, size: int) -> float:
+        return min(LEAD_MAX_S, LEAD_MIN_S + 1.5 * size * self._stage_cost)
+
+    async def _maybe_stage(self, now: datetime) -> None:
+        """Stage the next instant if its time to be staged has come."""
+        if self._staged is not None:
+            return
+        at = self._calendar.next_instant()
+        if at is None or now < at - timedelta(seconds=self._lead(self._calendar.size(at))):
+            return
+        entries: list[ScheduledEntry] = self._calendar.take(at)  # type: ignore[assignment]
+        if not entries:
+            return
+        hold = contextlib.ExitStack()
+        hold.enter_context(gcpolicy.paused())  # until the batch is sent
+        started = time.process_time()  # a cost estimate for the lead, not a scheduling decision
+        chunks = await prepare(self.dispatcher.target, at, entries)
+        took = time.process_time() - started
+        self._stage_cost = 0.7 * self._stage_cost + 0.3 * took / len(entries)
+        self._staged, self._gc_hold = Staged(at, entries, chunks), hold
+
+    def _unstage(self) -> None:
+        """Put a staged batch's entries back on the calendar (leadership lost, rebase, stop)."""
+        staged_batch, self._staged = self._staged, None
+        if staged_batch is not None:
+            for entry in staged_batch.entries:
+                if not entry.dead and entry.next_slot == staged_batch.slot:
+                    self._calendar.add(entry, staged_batch.slot)
+        self._release_gc()
+
+    def _release_gc(self) -> None:
+        hold, self._gc_hold = self._gc_hold, None
+        if hold is not None:
+            hold.close()
+
+    # -- dispatch ------------------------------------------------------------------------------
 
     async def _dispatch_due(self, now: datetime) -> None:
-        due = self._pop_due(now)
-        if not due:
-            return
-        self._idle.clear()
-        try:
-            await self._dispatch(due, now)
-        finally:
-            self._idle.set()
+        """Send every instant due by ``now``, earliest first (a staged one included)."""
+        while True:
+            at = self._calendar.next_instant()
+            batch = self._staged
+            if batch is not None and batch.slot <= now and (at is None or batch.slot <= at):
+                slot = batch.slot
+                self._staged = None
+            elif at is not None and at <= now:
+                slot, batch = at, None
+            else:
+                return
+            residual: list[ScheduledEntry] = self._calendar.take(slot)  # type: ignore[assignment]
+            self._idle.clear()
+            try:
+                await self._dispatch(slot, batch, residual, now)
+            finally:
+                if batch is not None:
+                    self._release_gc()
+                self._idle.set()
 
-    async def _dispatch(self, due: list[ScheduledEntry], now: datetime) -> None:
-        batches: dict[datetime, list[ScheduledEntry]] = {}
+    async def _dispatch(
+        self, slot: datetime, batch: Staged | None, residual: list[ScheduledEntry], now: datetime
+    ) -> None:
+        candidates = residual
+        if batch is not None:
+            # Entries replaced or removed since staging are dropped (a replacement due now is in
+            # the residual, taken from the calendar).
+            candidates = [e for e in batch.entries if not e.dead and e.next_slot == slot] + residual
+        send: list[ScheduledEntry] = []
         skipped: list[RunRecord] = []
-        for entry in due:
-            slot = entry.next_slot
-            last = self._last_fired.get(entry.key)
+        last_fired = self._last_fired
+        late = now - slot > self.grace
+        for entry in candidates:
+            last = last_fired.get(entry.key)
             if last is not None and slot <= last:
                 # Already handled (clock stepped back, or an entry replaced at the same instant).
                 self._advance(entry, last)
-            elif now - slot > self.grace:
+            elif late:
                 skipped.append(self._skip(entry, slot, now))
             else:
-                batches.setdefault(slot, []).append(entry)
-        if skipped:
-            await self._report(skipped)
-        for slot in sorted(batches):
-            await self._enqueue_batch(slot, batches[slot], now)
+                send.append(entry)
+        self.writer.report(skipped)
+        if not send:
+            return
+        if batch is not None and len(send) == len(batch.entries) and not residual:
+            chunks = batch.chunks  # the common case: nothing changed since staging
+        else:
+            chunks = await prepare(self.dispatcher.target, slot, send)
+        await self._send(slot, send, chunks, advance=True)
 
-    def _advance(self, entry: ScheduledEntry, after: datetime) -> None:
-        entry.next_slot = entry.schedule.next_after(after)
-        entry.version = next(self._seq)
-        heapq.heappush(self._heap, (entry.next_slot, entry.version, entry.entry_id))
+    async def _send(
+        self, slot: datetime, entries: list[ScheduledEntry], chunks: list[Chunk], *, advance: bool
+    ) -> None:
+        last_fired = self._last_fired
+        for entry in entries:
+            if (last := last_fired.get(entry.key)) is None or slot > last:
+                last_fired[entry.key] = slot
+        sends = self.dispatcher.start(slot, chunks)
+        try:
+            await asyncio.sleep(0)  # the requests go out first; the rest overlaps the target's work
+            if advance:
+                for i, entry in enumerate(entries):
+                    entry.prev_slot = slot
+                    self._advance(entry, slot)
+                    if i % YIELD_EVERY == YIELD_EVERY - 1:
+                        await asyncio.sleep(0)
+            await asyncio.gather(*sends)
+        except asyncio.CancelledError:
+            for fut in sends:
+                fut.cancel()
+            raise
 
     def _skip(self, entry: ScheduledEntry, slot: datetime, now: datetime) -> RunRecord:
         late = (now - slot).total_seconds()
@@ -329,24 +588,10 @@ class Scheduler:
             extra={"schedule": entry.config.name, "slot": slot.isoformat(), "lateness_s": late},
         )
         self.counts["skipped"] += 1
-        entry.counts["skipped"] = entry.counts.get("skipped", 0) + 1
+        entry.last_status = "skipped"
         # Jump past every slot that is already too late: no replay, no storm after a clock jump.
         self._advance(entry, max(slot, now - self.grace))
         return RunRecord(entry.key, entry.config.name, slot, "skipped", now, error=f"{late:.3f} s late")
-
-    def window(self, entry: ScheduledEntry) -> timedelta:
-        return entry.window
-
-    def _window(self, config: PeriodicTaskConfig) -> timedelta:
-        """How long after its slot a task may still be sent: grace, or the catch-up window of a
-        ``fire_once`` schedule (targets keep their claim of the key that long)."""
-        opts = config.options
-        if opts.get("misfire") == "fire_once":
-            return max(self.grace, timedelta(seconds=opts.get("catchup_window", self.catchup_window.total_seconds())))
-        return self.grace
-
-    def _task(self, entry: ScheduledEntry, slot: datetime, text: str) -> Task:
-        return task_for(entry.config, f"{entry.config.name}:{text}", slot, slot + entry.window)
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
         """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""
@@ -359,172 +604,22 @@ class Scheduler:
                 "catching up %d missed slot(s) due %s", len(entries), slot.isoformat(),
                 extra={"slot": slot.isoformat(), "batch": len(entries)},
             )
-            await self._enqueue_batch(slot, entries, self.clock.now(), advance=False)
+            chunks = await prepare(self.dispatcher.target, slot, entries)
+            await self._send(slot, entries, chunks, advance=False)
 
-    async def _enqueue_batch(
-        self, slot: datetime, entries: list[ScheduledEntry], now: datetime, *, advance: bool = True
-    ) -> None:
-        """Send one instant's slots. A large batch goes out as pipelined sub-batches of
-        ``SEND_CHUNK``: each is sent as soon as it is built, so the target works on one while the
-        next is being built (hooks see each sub-batch)."""
-        text = slot_text(slot)  # shared by the whole batch
-        sends: list[asyncio.Future[None]] = []
-        chunk_tasks: list[Task] = []
-        chunk_entries: list[ScheduledEntry] = []
-        for entry in entries:
-            chunk_tasks.append(self._task(entry, slot, text))
-            chunk_entries.append(entry)
-            self._last_fired[entry.key] = max(slot, self._last_fired.get(entry.key, slot))
-            if advance:
-                entry.prev_slot = slot
-                self._advance(entry, slot)
-            if len(chunk_tasks) >= SEND_CHUNK:
-                sends.append(asyncio.ensure_future(self._send_chunk(slot, chunk_entries, chunk_tasks)))
-                chunk_tasks, chunk_entries = [], []
-                # Let the sub-batch go out (and leadership checks run) before building the next.
-                await asyncio.sleep(0)
-        if chunk_tasks:
-            sends.append(asyncio.ensure_future(self._send_chunk(slot, chunk_entries, chunk_tasks)))
-        try:
-            await asyncio.gather(*sends)
-        except asyncio.CancelledError:
-            for fut in sends:
-                fut.cancel()
-            raise
 
-    async def _send_chunk(self, slot: datetime, entries: list[ScheduledEntry], tasks: list[Task]) -> None:
-        try:
-            # A few sub-batches in flight keep the target busy; more would only queue for its
-            # connections inside their own timeouts.
-            async with self._inflight:
-                await _call(self.pre_enqueue, tasks)
-                results = await self._send(tasks, slot)
-        except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
-            at = self.clock.now()
-            for entry in entries:
-                entry.last_error = str(exc)
-            self.counts["failed"] += len(tasks)
-            log.error(
-                "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,
-                extra={"slot": slot.isoformat(), "batch": len(tasks)},
-            )
-            await self._safe_hook(self.on_error, exc, tasks)
-            await self._report([RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries])
-            return
-        runs: list[RunRecord] = []
-        at = self.clock.now()
-        counts = self.counts
-        for entry, res in zip(entries, results, strict=True):
-            status = res.status
-            entry.last_error = res.error  # set when the target failed this task alone
-            if status == "failed":
-                log.error(
-                    "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
-                    extra={"schedule": entry.config.name, "slot": slot.isoformat()},
-                )
-            entry.counts[status] = entry.counts.get(status, 0) + 1
-            counts[status] += 1
-            runs.append(RunRecord(entry.key, entry.config.name, slot, status, at, res.message_id, res.error))
-        log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
-        await self._safe_hook(self.post_enqueue, results)
-        await self._report(runs)
+def _same_slots(a: PeriodicTaskConfig, b: PeriodicTaskConfig) -> bool:
+    """Whether two versions of a schedule have the same slots and the same idempotency keys."""
+    return (a.spec, a.timezone, a.anchor, a.name) == (b.spec, b.timezone, b.anchor, b.name)
 
-    async def _send(self, tasks: list[Task], slot: datetime) -> list[EnqueueResult]:
-        """Enqueue, retrying with capped exponential backoff while the batch may still be sent.
 
-        A failed call is retried whole; tasks a target reports ``failed`` one by one (e.g. one
-        target of a routing target down) are retried alone. Gives up once the next attempt would
-        fall after the deadline, on shutdown, or when leadership is lost: re-raising if nothing
-        was sent, else reporting the rest as failed. Logs once per outage, not once per attempt.
-        """
-        deadline = min(t.expires_at for t in tasks)
-        final: list[EnqueueResult | None] = [None] * len(tasks)
-        todo = list(range(len(tasks)))
-        attempt = 0
-        while True:
-            error: Exception | None = None
-            try:
-                results = await self.target.enqueue([tasks[i] for i in todo], self.clock.now())
-            except Exception as exc:
-                error = exc
-            else:
-                retry = []
-                for i, res in zip(todo, results, strict=True):
-                    final[i] = res
-                    if res.status == "failed":
-                        retry.append(i)
-                if not retry:
-                    if self._failing:
-                        log.warning("target recovered after %d failed attempt(s)", self._failing)
-                        self._failing = 0
-                    return [r for r in final if r is not None]
-                todo = retry
-            attempt += 1
-            self._failing += 1
-            if self._failing == 1:
-                log.error(
-                    "enqueue failed, retrying while slots are within grace: %s",
-                    error if error is not None else final[todo[0]].error,  # type: ignore[union-attr]
-                    extra={"slot": slot.isoformat(), "batch": len(todo)},
-                )
-            delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
-            if self._stopping or not self._active or self.clock.now() + timedelta(seconds=delay) > deadline:
-                if error is not None and all(r is None for r in final):
-                    raise error
-                for i in todo:
-                    if error is not None:
-                        final[i] = EnqueueResult(tasks[i], "failed", None, error=str(error))
-                return [r for r in final if r is not None]
-            await self._backoff(delay)
+def lookback_floor(config: PeriodicTaskConfig, now: datetime) -> datetime | None:
+    """The instant a look back (takeover, catch-up) must stay strictly after, or None for none.
 
-    async def _backoff(self, delay: float) -> None:
-        """Sleep ``delay`` on the clock, cut short by :meth:`stop`."""
-        async with self._state:
-            self._sleeping_until = self.clock.now() + timedelta(seconds=delay)
-            self._state.notify_all()
-        sleeper = asyncio.ensure_future(self.clock.sleep(delay))
-        stopper = asyncio.ensure_future(self._stop_event.wait())
-        try:
-            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for fut in (sleeper, stopper):
-                fut.cancel()
-            await asyncio.gather(sleeper, stopper, return_exceptions=True)
-            self._sleeping_until = None
-
-    async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
-        try:
-            await _call(hook, *args)
-        except Exception:  # a user hook must not stop the schedule
-            log.exception("hook %r failed", hook)
-
-    async def _report(self, runs: Sequence[RunRecord]) -> None:
-        """Hand runs to the writer: recording never delays the next dispatch."""
-        if self.on_runs is not None and runs:
-            self._pending_runs.extend(runs)
-            self._runs_ready.set()
-
-    async def _write_runs(self) -> None:
-        """Record pending runs as they come, coalescing batches that arrive while writing."""
-        while True:
-            await self._runs_ready.wait()
-            # Dispatch first: a burst's CPU goes to sending; its records follow right after.
-            await self._idle.wait()
-            self._runs_ready.clear()
-            await self._flush_runs()
-            if self._stopping and not self._pending_runs:
-                return
-
-    async def _flush_runs(self) -> None:
-        if not self._pending_runs or self.on_runs is None:
-            return
-        runs, self._pending_runs = self._pending_runs, []
-        self._writing = True
-        try:
-            await self.on_runs(runs)
-        except Exception:  # the store being down must not stop the schedule
-            log.exception("recording %d run(s) failed", len(runs))
-        finally:
-            self._writing = False
-            async with self._state:
-                self._state.notify_all()
+    The schedule's ``effective_at``, capped at ``now``: a value in the future (another clock, or a
+    hand-written row) only means nothing in the past may be sent.
+    """
+    floor = config.effective_at
+    if floor is None:
+        return None
+    return floor if floor < now else now

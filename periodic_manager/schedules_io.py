@@ -63,9 +63,9 @@ def parse(text: str, fmt: str, source: str = "input") -> list[Any]:
         if fmt == "json":
             doc: Any = json.loads(text)
         elif fmt == "yaml":
-            import yaml
+            from periodic_manager.yaml_load import load as load_yaml  # refuses alias bombs
 
-            doc = yaml.safe_load(text)
+            doc = load_yaml(text)
         else:
             doc = tomllib.loads(text)
     except Exception as exc:  # every parser's error becomes one line naming the file

@@ -69,6 +69,22 @@ class Settings(BaseSettings):
     runs_max_per_schedule: int = Field(100, ge=0, description="newest runs kept per schedule (0: none)")
     metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus port of `manager`")
     log_format: Literal["text", "json"] = Field("text", description="log lines as text or JSON")
+    # -- operations: probes, exposure, limits
+    metrics_host: str = Field(
+        "127.0.0.1", description="address of the `manager` metrics port (no auth: loopback default)"
+    )
+    probe_dir: str | None = Field(
+        None, description="directory of the liveness probe file `<role>.json` (manager and run)"
+    )
+    probe_interval: float = Field(5.0, gt=0, le=3600, description="seconds between probe writes")
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Host names the API answers (comma-separated; `*` for any); default: loopback "
+        "names and the bind address",
+    )
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, description="largest request body the API reads (413 beyond)"
+    )
 
     @field_validator("api_token", "api_read_token", mode="before")
     @classmethod
@@ -105,6 +121,18 @@ class Settings(BaseSettings):
         if backend not in ("postgresql", "sqlite"):
             raise ValueError(f"unsupported database {backend!r}: use postgresql or sqlite")
         return v
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, v: object) -> object:
+        if isinstance(v, str):
+            return tuple(h.strip().lower() for h in v.split(",") if h.strip())
+        return v
+
+    @field_validator("probe_dir", mode="before")
+    @classmethod
+    def _blank_dir(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -103,7 +103,7 @@ async def api_rig(
         async with app.router.lifespan_context(app):
             managers.append(app.state.manager)
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://pm.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 rig = Rig(client, clock, settings, managers, make_manager)
                 try:
                     yield rig

@@ -166,3 +166,78 @@ class ManagerProcess:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.proc.returncode
+
+
+def _postgres_binary(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+        if not versions:
+            raise RuntimeError(f"{name} is not on PATH nor under /usr/lib/postgresql")
+        found = str(versions[-1])
+    return found
+
+
+class PostgresServer:
+    """A private PostgreSQL cluster (initdb + pg_ctl) on a free 127.0.0.1 port that requires a
+    password (scram-sha-256) even on loopback, unlike the shared test server (trust).
+
+    As root the cluster runs as the ``postgres`` user (PostgreSQL refuses to run as root). Use as
+    a context manager: the server is stopped and its directory removed whatever happened.
+    """
+
+    def __init__(self, password: str = "right-password") -> None:
+        self.password = password
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="pm-pg-"))
+        self.data = self.dir / "data"
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+        self.started = False
+
+    def url(self, password: str | None = None, database: str = "postgres") -> str:
+        secret = self.password if password is None else password
+        return f"postgresql://postgres:{secret}@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *args: str) -> None:
+        done = subprocess.run([*self._as_user, *args], capture_output=True, timeout=60, cwd=self.dir)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).decode(errors="replace").strip()[-2000:]
+            raise RuntimeError(f"{Path(args[0]).name} exited with {done.returncode}: {output}")
+
+    def start(self) -> None:
+        pwfile = self.dir / "pw"
+        pwfile.write_text(self.password + "\n")
+        if self._as_user:
+            shutil.chown(pwfile, "postgres")
+        self._run(
+            _postgres_binary("initdb"), "-D", str(self.data), "-U", "postgres", "-E", "UTF8",
+            "--auth=scram-sha-256", f"--pwfile={pwfile}", "--no-sync",
+        )
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            _postgres_binary("pg_ctl"), "-D", str(self.data), "-o", options, "-w",
+            "-l", str(self.dir / "log"), "start",
+        )
+        self.started = True
+
+    def close(self) -> None:
+        if self.started:
+            try:
+                self._run(_postgres_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+            finally:
+                self.started = False
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> PostgresServer:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

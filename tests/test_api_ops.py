@@ -40,7 +40,7 @@ async def app_client(
     app = create_app(settings, clock=clock, engine=engine, **kw)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             c.app = app  # type: ignore[attr-defined]
             yield c
 
@@ -430,15 +430,19 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         r = await c.get("/readyz")
         assert r.status_code == 200 and r.json() == {
             "status": "ready",
-            "checks": {"database": "ok", "manager": "standby"},
+            # A manager without a target attribute: nothing to ping.
+            "checks": {"database": "ok", "schema": "ok", "target": "absent", "manager": "standby"},
         }
         fake.is_leader = True
         assert (await c.get("/readyz")).json()["checks"]["manager"] == "leader"
         fake.failed = RuntimeError("scheduler died")
         body = assert_problem(await c.get("/readyz"), 503)
-        assert body["checks"] == {"database": "ok", "manager": "failed"}
+        assert body["checks"]["manager"] == "failed: a manager loop died: RuntimeError('scheduler died')"
+        assert body["checks"]["database"] == "ok" and body["detail"] == "not ready: manager"
     async for c in app_client(Settings(database_url=db_url), clock, engine):
-        assert (await c.get("/readyz")).json()["checks"] == {"database": "ok", "manager": "absent"}
+        assert (await c.get("/readyz")).json()["checks"] == {
+            "database": "ok", "schema": "ok", "target": "absent", "manager": "absent"
+        }
 
 
 async def test_metrics_of_the_in_process_manager_and_the_api(
@@ -510,7 +514,8 @@ async def test_auth_on(
     read = {"Authorization": f"bearer {READ_TOKEN}"}
     async for c in app_client(settings, clock, engine):
         assert (await c.get("/healthz")).status_code == 200
-        for path in ("/schedules", "/openapi.json", "/metrics", "/readyz", "/managers", "/nowhere"):
+        assert (await c.get("/readyz")).status_code == 200  # probes need no token
+        for path in ("/schedules", "/openapi.json", "/metrics", "/managers", "/nowhere", "/docs"):
             r = await c.get(path)
             assert_problem(r, 401)
             assert r.headers["www-authenticate"].startswith("Bearer")

@@ -122,7 +122,7 @@ async def api_client(pg_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, str]
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://pm.test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             yield client, pg_url
 
 

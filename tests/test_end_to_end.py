@@ -100,7 +100,7 @@ async def _rig(db_url: str, target: str, redis_prefix: str, redis_url: str, **ov
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://pm.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 yield Rig(client, app.state.manager, clock, engine, settings, redis)
     finally:
         if redis is not None:

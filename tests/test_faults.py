@@ -46,14 +46,23 @@ def iso(dt: datetime) -> str:
     return idempotency_key("", dt)[1:]
 
 
-async def insert_schedules(url: str, rows: Iterable[tuple[str, str, dict[str, Any]]]) -> None:
-    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``."""
+async def insert_schedules(
+    url: str,
+    rows: Iterable[tuple[str, str, dict[str, Any]]],
+    effective_at: datetime | None = T0 - timedelta(days=1),
+) -> None:
+    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``.
+
+    ``effective_at``: when the schedules began. By default a day before the tests' virtual start
+    (they existed long before); None lets the database stamp its own time, as for any SQL insert.
+    """
     conn = await asyncpg.connect(dsn(url))
     try:
         await conn.executemany(
-            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled)"
-            " VALUES ($1, $2, 'UTC', 'fault.task', 'null', $3, true)",
-            [(name, spec, json.dumps(opts)) for name, spec, opts in rows],
+            "INSERT INTO periodic_jobs"
+            " (name, spec, timezone, task_type, payload, options, enabled, effective_at)"
+            " VALUES ($1, $2, 'UTC', 'fault.task', 'null', $3, true, $4)",
+            [(name, spec, json.dumps(opts), effective_at) for name, spec, opts in rows],
         )
     finally:
         await conn.close()
@@ -246,11 +255,24 @@ FAST = [
 ]
 
 
-async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twice_or_lost(
+async def effective_ats(url: str) -> dict[str, datetime]:
+    conn = await asyncpg.connect(dsn(url))
+    try:
+        rows = await conn.fetch("SELECT name, effective_at FROM periodic_jobs")
+    finally:
+        await conn.close()
+    return {r["name"]: r["effective_at"] for r in rows}
+
+
+async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twice_lost_or_from_before_its_schedule(
     pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, tmp_path: Any
 ) -> None:
+    """Also the issue's phantom slots: the schedules are created (stamped by the database)
+    seconds before the kill, well within the 30 s the standby looks back; before, it re-sent
+    slots from before they existed."""
     await upgrade(pg_url)
-    await insert_schedules(pg_url, FAST)
+    await insert_schedules(pg_url, FAST, effective_at=None)
+    created = await effective_ats(pg_url)
     env = {
         "PM_DATABASE_URL": pg_url,
         "PM_TARGET": "redis",
@@ -310,11 +332,21 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
         k
         for name, spec, _ in FAST
         for k in expected_slots(
-            name, spec, killed_at - timedelta(seconds=5), killed_at + timedelta(seconds=5)
+            name,
+            spec,
+            max(killed_at - timedelta(seconds=5), created[name]),
+            killed_at + timedelta(seconds=5),
         )
     ]
     # Grace 30 s and a takeover of about a second: the guarantee table allows no loss at all.
     assert_exactly_once(counts, window)
+    phantoms = [
+        key
+        for key in counts
+        if datetime.fromisoformat(key.split(":", 1)[1]) <= created[key.split(":", 1)[0]]
+    ]
+    assert phantoms == [], f"{len(phantoms)} slot(s) from before their schedule existed"
+    assert min(created.values()) > killed_at - timedelta(seconds=30)  # within the look back
     assert "takeover" in b.log()
     print(
         f"takeover {takeover_s:.2f} s, slots after the kill flowing again after {resumed_s:.2f} s"
@@ -707,7 +739,7 @@ async def test_clock_jump_back_never_sends_a_slot_twice(big_scheduler) -> None:
 def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
     """The fire_once catch-up at a takeover searches back from now (it used to walk every slot of
     the window: an hour of ``@every 1s`` per schedule, which blocked the event loop for seconds)."""
-    from periodic_manager.manager import latest_slot
+    from periodic_manager.catchup import latest_slot
     from periodic_manager.scheduler import ScheduledEntry
 
     def walk(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
@@ -729,14 +761,15 @@ def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
         cfg = PeriodicTaskConfig.create(
             name="x", spec=spec, task_type="t", timezone="Europe/Berlin"
         )
-        entry = ScheduledEntry("e", cfg, cfg.schedule, "h", base, base)
+        entry = ScheduledEntry(cfg, cfg.schedule, "h", base, base)
         for hours in range(0, 24 * 40, 13):
             now = base + timedelta(hours=hours, seconds=hours % 61)
             for window in (timedelta(0), timedelta(seconds=30), timedelta(seconds=widest)):
-                assert latest_slot(entry, now, window) == walk(entry, now, window), (
+                earliest = now - window - timedelta(microseconds=1)
+                assert latest_slot(entry, now, earliest) == walk(entry, now, window), (
                     spec,
                     now,
                     window,
                 )
                 on_slot = entry.schedule.next_after(now)
-                assert latest_slot(entry, on_slot, window) == on_slot
+                assert latest_slot(entry, on_slot, on_slot - window - timedelta(microseconds=1)) == on_slot

@@ -250,6 +250,6 @@ async def test_a_task_failed_alone_is_counted_and_reported_on_its_entry() -> Non
         await manager.stop()
     entries = {e.config.name: e for e in manager.entries()}
     assert outbox.slots("fine") == [at(12, 1)]
-    assert entries["fine"].last_error is None and entries["fine"].counts == {"enqueued": 1}
+    assert entries["fine"].last_error is None and entries["fine"].last_status == "enqueued"
     assert entries["down"].last_error == "redis: redis is down"
-    assert entries["down"].counts == {"failed": 1}
+    assert entries["down"].last_status == "failed"

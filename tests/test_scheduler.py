@@ -79,7 +79,7 @@ async def test_unregister_stops_slots(rig) -> None:
     sched, clock, target = rig
     e = sched.register(cfg("a", "@every 10s"))
     await advance(sched, clock, 10)
-    assert sched.unregister(e.entry_id)
+    assert sched.unregister(e.key)
     await advance(sched, clock, 60)
     assert target.slots("a") == [T0 + timedelta(seconds=10)]
 
@@ -114,7 +114,7 @@ async def test_replaced_entry_starts_after_the_last_fired_slot(rig) -> None:
     old = sched.register(cfg("a", "@every 10s"))
     await advance(sched, clock, 10)
     clock.set(T0 + timedelta(seconds=2))  # clock back, then the schedule changes
-    sched.unregister(old.entry_id)
+    sched.unregister(old.key)
     new = sched.register(cfg("a", "@every 5s"))
     assert new.next_slot == T0 + timedelta(seconds=15)
     await advance(sched, clock, 20)
@@ -151,7 +151,7 @@ async def test_target_outage_beyond_grace_fails_the_slot_and_the_schedule_goes_o
     statuses = [(r.slot, r.status) for r in sched.runs]  # type: ignore[attr-defined]
     assert statuses == [(T0 + timedelta(seconds=60), "failed"), (T0 + timedelta(seconds=120), "enqueued")]
     # Backoff is capped and bounded: no busy loop while the target was down.
-    assert sched.retry_max == 5.0
+    assert sched.dispatcher.retry_max == 5.0
 
 
 async def test_inactive_scheduler_sends_nothing_and_a_takeover_resumes_within_grace(rig) -> None:
@@ -211,3 +211,22 @@ async def test_tasks_failed_one_by_one_are_retried_alone_within_grace(rig) -> No
     assert target.slots("a") == target.slots("b") == [T0 + timedelta(seconds=10)]
     statuses = sorted((r.name, r.status) for r in sched.runs)  # type: ignore[attr-defined]
     assert statuses == [("a", "enqueued"), ("b", "enqueued")]
+
+
+async def test_stop_before_the_loop_first_runs_is_not_forgotten() -> None:
+    """stop() right after the loop was spawned (before its first step) used to be reset by the
+    loop's start, and a manager stopping right after start() hung ~30 s."""
+    sched = Scheduler(MemoryTarget(), clock=VirtualClock(T0))
+    task = asyncio.create_task(sched.run())
+    sched.stop()
+    await asyncio.wait_for(task, 1)  # returns at once (virtual clock: no sleep would ever end)
+
+
+async def test_a_manager_stopped_right_after_start_stops_at_once() -> None:
+    from periodic_manager.manager import PeriodicTaskManager
+    from periodic_manager.providers.base import StaticProvider
+
+    clock = VirtualClock(T0)
+    mgr = PeriodicTaskManager(StaticProvider([cfg("a", "@every 10s")]), MemoryTarget(), clock=clock)
+    await mgr.start()
+    await asyncio.wait_for(mgr.stop(), 1)

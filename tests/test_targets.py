@@ -4,6 +4,7 @@ then what is specific to each target (claims and faults on Redis, locking on Pos
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import socket
 import time
@@ -18,7 +19,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
@@ -304,33 +304,29 @@ async def test_maxlen_trims_approximately(redis_client: aioredis.Redis, redis_pr
     assert await redis_client.xlen(target.stream_key("beta")) == 500  # below its maxlen
 
 
-async def test_script_is_loaded_when_the_server_lacks_it(
+async def test_script_is_loaded_when_the_server_lacks_it_and_only_then(
     redis_target: RedisStreamsTarget, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     # A script text no server has seen (as after SCRIPT FLUSH or a failover to a fresh node),
     # without flushing the script cache of a Redis that other tests share.
-    fresh = redis_client.register_script(f"{_CLAIM_AND_ADD}\n-- {redis_prefix}")
-    assert await redis_client.script_exists(fresh.sha) == [False]
-    redis_target._script = fresh
+    text = f"{_CLAIM_AND_ADD}\n-- {redis_prefix}"
+    redis_target._script_text = text
+    redis_target._sha = hashlib.sha1(text.encode()).hexdigest()
+    assert await redis_client.script_exists(redis_target._sha) == [False]
     results = await redis_target.enqueue(batch(), NOW)
     assert [r.status for r in results] == ["enqueued"] * 4
+    assert await redis_client.script_exists(redis_target._sha) == [True]
+    # Loaded now: the next burst is EVALSHA straight away (no SCRIPT EXISTS, no reload).
+    loads = []
+    original = redis_client.script_load
 
+    async def counting_load(script: str) -> str:
+        loads.append(script)
+        return await original(script)
 
-async def test_script_is_loaded_when_the_pipeline_does_not_preload_it(
-    redis_target: RedisStreamsTarget,
-    redis_client: aioredis.Redis,
-    redis_prefix: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # As with a cluster pipeline, or a SCRIPT FLUSH between SCRIPT EXISTS and EVALSHA.
-    async def no_preload(self: Pipeline) -> None:
-        return None
-
-    monkeypatch.setattr(Pipeline, "load_scripts", no_preload)
-    fresh = redis_client.register_script(f"{_CLAIM_AND_ADD}\n-- {redis_prefix} no preload")
-    redis_target._script = fresh
-    results = await redis_target.enqueue(batch(), NOW)
-    assert [r.status for r in results] == ["enqueued"] * 4
+    redis_client.script_load = counting_load  # type: ignore[method-assign]
+    results = await redis_target.enqueue([make_task("again", "alpha")], NOW)
+    assert [r.status for r in results] == ["enqueued"] and loads == []
 
 
 async def test_failed_xadd_leaves_no_claim_behind(

@@ -8,23 +8,35 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
-from sqlalchemy import case, func, select, text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import case, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from api.deps import get_now, get_session, get_settings
 from api.errors import problem_response
 from api.runtime import live_cutoff
 from api.schemas import Health, Readiness
+from periodic_manager.db.migrate import database_revision, schema_problem
 from periodic_manager.db.models import Manager, PeriodicJob
+from periodic_manager.probe import manager_health, ping_target
 from periodic_manager.settings import Settings
+from periodic_manager.startup import explain
 
 router = APIRouter(tags=["operations"])
-DB_CHECK_TIMEOUT_S = 2.0
+CHECK_TIMEOUT_S = 2.0
 
 
-@router.get("/healthz", response_model=Health)
-async def healthz() -> Health:
-    """Liveness: the process serves requests (does not touch the database; never needs a token)."""
+@router.get(
+    "/healthz",
+    response_model=Health,
+    responses={503: {"description": "The in-process manager reports itself unhealthy"}},
+)
+async def healthz(request: Request) -> Any:
+    """Liveness: the process serves requests and its in-process manager (if any) is healthy.
+    Never touches the database; never needs a token."""
+    manager = getattr(request.app.state, "manager", None)
+    reason = manager_health(manager)() if manager is not None else None
+    if reason is not None:
+        return problem_response(503, "not-alive", reason)
     return Health(status="ok")
 
 
@@ -34,28 +46,58 @@ async def healthz() -> Health:
     responses={503: {"description": "Not ready; `checks` says what failed"}},
 )
 async def readyz(request: Request) -> Any:
-    """Readiness: the database answers and the in-process manager (if any) runs, as leader or
-    standby (``manager: absent`` when this process serves the API alone)."""
-    checks: dict[str, str] = {}
-    ready = True
-    try:
-        async with request.app.state.engine.connect() as conn:
-            await asyncio.wait_for(conn.execute(text("SELECT 1")), DB_CHECK_TIMEOUT_S)
-        checks["database"] = "ok"
-    except Exception as exc:
-        checks["database"] = f"error: {type(exc).__name__}"
-        ready = False
+    """Readiness, one entry per dependency in ``checks``: ``database`` answers, ``schema`` is at
+    this version's head, the in-process manager's ``target`` answers, and the ``manager`` runs
+    (``leader`` or ``standby``). A process serving the API alone reports ``target`` and
+    ``manager`` as ``absent``. Each check is bounded by 2 s; any failure is a 503."""
     manager = getattr(request.app.state, "manager", None)
+    (database, schema), target = await asyncio.gather(
+        _check_database(request.app.state.engine), _check_target(manager)
+    )
+    checks = {"database": database, "schema": schema, "target": target}
     if manager is None:
         checks["manager"] = "absent"
-    elif getattr(manager, "failed", None) is not None:
-        checks["manager"] = "failed"
-        ready = False
     else:
-        checks["manager"] = "leader" if getattr(manager, "is_leader", True) else "standby"
-    if not ready:
-        return problem_response(503, "not-ready", "a readiness check failed", checks=checks)
+        reason = manager_health(manager)()
+        if reason is not None:
+            checks["manager"] = f"failed: {reason}"
+        else:
+            checks["manager"] = "leader" if getattr(manager, "is_leader", True) else "standby"
+    failed = [name for name, value in checks.items() if value not in READY_VALUES]
+    if failed:
+        detail = "not ready: " + ", ".join(failed)
+        return problem_response(503, "not-ready", detail, checks=checks)
     return JSONResponse(Readiness(status="ready", checks=checks).model_dump())
+
+
+READY_VALUES = frozenset({"ok", "absent", "leader", "standby"})
+
+
+def _error(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"error: no answer within {CHECK_TIMEOUT_S:g} s"
+    return f"error: {type(exc).__name__}: {explain(exc)}"
+
+
+async def _check_database(engine: AsyncEngine) -> tuple[str, str]:
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_S), engine.connect() as conn:
+            revision = await database_revision(conn)
+    except Exception as exc:
+        return _error(exc), "unknown"
+    problem = schema_problem(revision)
+    return "ok", "ok" if problem is None else problem
+
+
+async def _check_target(manager: Any) -> str:
+    target = getattr(manager, "target", None)
+    if target is None:
+        return "absent"
+    try:
+        await ping_target(target, CHECK_TIMEOUT_S)
+    except Exception as exc:
+        return _error(exc)
+    return "ok"
 
 
 @router.get(

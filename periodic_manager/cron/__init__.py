@@ -1,7 +1,7 @@
 """The cron engine: parse expressions, bind them to IANA zones, find fire instants.
 
 Pure: no I/O of its own (zone data comes through ``zoneinfo``), never reads the clock.
-Semantics: ``/work/shared/cron-semantics.md`` (five fields, names, macros, ``@every``,
+Semantics: ``docs/cron.md`` (five fields, names, macros, ``@every``,
 the Vixie day rule, DST by the hour field, no search horizon).
 
 Usage::

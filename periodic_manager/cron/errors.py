@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from periodic_manager.errors import ConfigError
 
-#: Reason codes of cron-semantics.md §7, plus the schedule-level ones.
+#: Reason codes of docs/cron.md §7, plus the schedule-level ones.
 CODES = frozenset(
     {
         "syntax",

@@ -1,6 +1,6 @@
 """Cron expression grammar: text -> :class:`CronSpec` or :class:`EverySpec`.
 
-Implements cron-semantics.md §2-§7 and §10. Every rejected form raises
+Implements docs/cron.md §2-§7 and §10. Every rejected form raises
 :class:`~periodic_manager.cron.errors.CronError` with the field and a reason code.
 Parsing is zone-independent; binding to a zone happens in ``schedule.py``.
 """

@@ -1,6 +1,6 @@
 """Schedules: a parsed expression bound to a zone (or an ``@every`` grid), evaluated on instants.
 
-The fire set of a cron schedule (cron-semantics.md §8.2) is assembled span by span,
+The fire set of a cron schedule (docs/cron.md §8.2) is assembled span by span,
 where a span is a stretch of UTC time with one offset ``off`` that began at a transition
 ``lo`` from offset ``prev``:
 

@@ -91,6 +91,11 @@ class PeriodicJob(Base):
     updated_at: Mapped[datetime] = mapped_column(
         Instant, nullable=False, server_default=func.now(), onupdate=func.now()
     )
+    # No slot at or before this instant is ever sent (a takeover's look back over grace, a
+    # fire_once catch-up). Set at insert and by every change of name, spec, timezone or anchor and
+    # every resume: by the API with its clock, else by a trigger (migration 0004). Untrusted like
+    # every column: a NULL or unreadable value means "unknown", and then nothing is looked back at.
+    effective_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     # Set by a trigger on every INSERT/UPDATE from one counter shared with the tombstones below, in
     # commit order (writers of this table are serialized), so "rows with revision > watermark" is
     # exactly what changed since a sync. Never written by hand.

@@ -39,15 +39,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.config import UNKNOWN_START, PeriodicTaskConfig
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ConfigError, ProviderError
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
 
-YIELD_EVERY = 2000
+YIELD_EVERY = 500
 
 # The raw columns of a row, in the order they are selected and hashed.
-_FIELDS = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options")
+_FIELDS = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options", "effective_at")
 
 
 class DatabaseProvider:
@@ -82,7 +82,7 @@ class DatabaseProvider:
         try:
             async with self.engine.connect() as conn:
                 revision = await _current_revision(conn)
-                rows = (await conn.execute(self._query)).all()
+                rows = await _fetch(conn, self._query)
         except Exception as exc:
             # Drivers raise a spread of types here (SQLAlchemy's wrappers, but also OSError,
             # TimeoutError and driver-native errors raised while connecting). Whatever stops the
@@ -119,7 +119,7 @@ class DatabaseProvider:
                 revision = await _current_revision(conn)
                 if revision <= since:
                     return None
-                rows = (await conn.execute(self._changed_query, {"since": since})).all()
+                rows = await _fetch(conn, self._changed_query, {"since": since})
                 deleted = (
                     (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since)))
                     .scalars()
@@ -134,7 +134,9 @@ class DatabaseProvider:
         removed = [str(i) for i in deleted]
         for row_id in deleted:
             self._cache.pop(row_id, None)
-        for row in rows:
+        for i, row in enumerate(rows):
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # a bulk INSERT of 100,000 rows must not starve the loop
             enabled = row[1]
             if not _truthy(enabled):
                 removed.append(str(row[0]))
@@ -163,9 +165,10 @@ class DatabaseProvider:
             name = name.decode("utf-8", errors="replace")
         try:
             if self._sqlite:
-                values = {k: _decode(k, v) for k, v in values.items()}
+                values = {k: v if k == "effective_at" else _decode(k, v) for k, v in values.items()}
                 values["anchor"] = _parse_sqlite_instant("anchor", values["anchor"])
             config = PeriodicTaskConfig.create(
+                effective_at=_effective_at(values["effective_at"]),
                 name=values["name"],
                 spec=values["spec"],
                 task_type=values["task_type"],
@@ -205,6 +208,7 @@ def _build_query(sqlite: bool, *, changed: bool = False) -> Select[Any]:
     else:
         cols = [t.name, t.spec, t.timezone, t.anchor, t.task_type]
         cols += [cast(t.payload, Text).label("payload"), cast(t.options, Text).label("options")]
+        cols += [cast(t.effective_at, Text).label("effective_at")]
     if changed:
         enabled = cast(t.enabled, LargeBinary) if sqlite else t.enabled
         return (
@@ -213,6 +217,20 @@ def _build_query(sqlite: bool, *, changed: bool = False) -> Select[Any]:
             .order_by(t.id)
         )
     return select(t.id, *cols).where(t.enabled.is_(true())).order_by(t.id)
+
+
+FETCH_PARTITION = 1000
+
+
+async def _fetch(conn: AsyncConnection, query: Select[Any], params: dict[str, Any] | None = None) -> list[Any]:
+    """Every row of ``query``, read through a cursor in partitions: one result of 100,000 rows
+    read at once blocks the event loop for half a second (decoding and row building), which a
+    leader proving its leadership every second cannot afford."""
+    rows: list[Any] = []
+    result = await conn.stream(query.execution_options(yield_per=FETCH_PARTITION), params)
+    async for part in result.partitions():
+        rows.extend(part)
+    return rows
 
 
 async def _current_revision(conn: AsyncConnection) -> int:
@@ -288,3 +306,22 @@ def _parse_sqlite_instant(field: str, text: str | None) -> datetime | None:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
+
+
+def _effective_at(text: Any) -> datetime:
+    """The row's ``effective_at`` as read (text on both backends); unknown when missing or not an
+    instant we can use (NULL, 'infinity', BC, year 10000...): then nothing before now is sent."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        return UNKNOWN_START
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return UNKNOWN_START
+    if value.tzinfo is None:  # SQLite keeps naive UTC text
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # year 1 with a positive offset
+        return UNKNOWN_START

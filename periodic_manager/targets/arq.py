@@ -190,6 +190,11 @@ class ArqTarget:
 
         return list(await asyncio.gather(*(one(a, k) for a, k in calls)))
 
+    async def ping(self) -> None:
+        """Raise unless arq's Redis answers within ``timeout`` (a readiness check)."""
+        async with asyncio.timeout(self.timeout):
+            await self.claims.ping()
+
     async def close(self) -> None:
         """Close the pool if this target created it (:meth:`from_url`)."""
         if self._owns_pool:

@@ -3,6 +3,11 @@
 A target receives one batch per instant (every slot due at that instant) and must enqueue each
 task at most once per ``idempotency_key``, atomically with the claim of that key, so that two
 managers, a restart or a retry never enqueue a slot twice.
+
+Staging: the scheduler builds the next instant's tasks before the instant and hands them to
+``prepare`` (pure work: encoding, script arguments); at the instant it only calls ``send``. A
+target without its own ``prepare``/``send`` gets the default (:class:`TargetBase`, or
+:func:`staged` for any object with ``enqueue``): prepare keeps the tasks, send enqueues them.
 """
 
 from __future__ import annotations
@@ -99,8 +104,20 @@ class EnqueueResult:
     error: str | None = None
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A batch made ready before its instant: the tasks, and what the target built from them."""
+
+    tasks: list[Task]
+    data: Any = None  # None: nothing was prepared (the tasks are enqueued as they are)
+
+
 class Target(Protocol):
-    """Enqueues batches of tasks; each idempotency key at most once."""
+    """Enqueues batches of tasks; each idempotency key at most once.
+
+    Optional: ``async def ping(self) -> None`` raises unless the broker answers; ``/readyz``
+    calls it (a target without it counts as reachable).
+    """
 
     name: str
 
@@ -116,3 +133,66 @@ class Target(Protocol):
     async def close(self) -> None:
         """Release connections."""
         ...
+
+
+class StagedTarget(Target, Protocol):
+    """A target that can do its per-task work before the instant."""
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        """Encode ``tasks`` for sending (no I/O, no clock: called before their instant). Raises
+        TargetError when the batch cannot be encoded (the scheduler then falls back to
+        ``enqueue`` at the instant, which reports the failure)."""
+        ...
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        """Enqueue a prepared batch at ``now``: the same contract as ``enqueue``. A prepared
+        batch may be sent again (a retry); the claims make that safe."""
+        ...
+
+
+class TargetBase:
+    """Default staging for a target that only knows ``enqueue``: nothing is built ahead."""
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        raise NotImplementedError
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        return Prepared(list(tasks))
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        return await self.enqueue(prepared.tasks, now)
+
+
+class _Staged:
+    """Adapts an object with ``enqueue`` (and maybe ``prepare``/``send``) to StagedTarget."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.name = target.name
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        return await self.target.enqueue(tasks, now)
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        return Prepared(list(tasks))
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        return await self.target.enqueue(prepared.tasks, now)
+
+    async def close(self) -> None:
+        await self.target.close()
+
+
+async def send_prepared(target: Target, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+    """Send ``prepared`` through ``target``; a batch that was not prepared (``data`` None: the
+    default, or a ``prepare`` that failed) is enqueued as it is."""
+    if prepared.data is None:
+        return await target.enqueue(prepared.tasks, now)
+    return await staged(target).send(prepared, now)
+
+
+def staged(target: Target) -> StagedTarget:
+    """``target`` itself when it stages, else an adapter doing both steps at the instant."""
+    if callable(getattr(target, "prepare", None)) and callable(getattr(target, "send", None)):
+        return target  # type: ignore[return-value]
+    return _Staged(target)

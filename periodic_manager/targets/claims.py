@@ -35,6 +35,10 @@ class RedisClaims:
         self.prefix = prefix
         self.margin = margin
 
+    async def ping(self) -> None:
+        """Raise unless the claims' Redis answers (a readiness check)."""
+        await self.client.ping()
+
     def key(self, idempotency_key: str) -> str:
         return f"{self.prefix}:claim:{idempotency_key}"
 

@@ -25,7 +25,7 @@ from sqlalchemy.sql.dml import ReturningInsert
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import OutboxMessage
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Task
+from periodic_manager.targets.base import EnqueueResult, Prepared, Task
 
 # Rows per INSERT: 10 bind parameters a row stays far below the limits of asyncpg (32767) and
 # SQLite (32766), so a burst of 10,000 slots is a few statements in one transaction.
@@ -66,17 +66,27 @@ class OutboxTarget:
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         """Insert the batch in one transaction; report each task in input order."""
+        return await self.send(self.prepare(tasks), now)
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        """The rows, sorted by key: two managers inserting overlapping batches then wait on each
+        other's unique-index entries in one order and cannot deadlock. On PostgreSQL, also the
+        column arrays of the one INSERT (the enqueue instant is added when sent)."""
+        try:
+            rows = sorted((_row(task) for task in tasks), key=lambda r: r["idempotency_key"])
+        except (TypeError, ValueError) as exc:
+            raise TargetError(f"cannot encode the batch: {exc}") from exc
+        if self._dialect == "postgresql":
+            return Prepared(list(tasks), {col: [r[col] for r in rows] for col in _COLUMNS})
+        return Prepared(list(tasks), rows)
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        tasks = prepared.tasks
         if not tasks:
             return []
         try:
-            # Sorted by key: two managers inserting overlapping batches then wait on each
-            # other's unique-index entries in one order and cannot deadlock.
-            rows = sorted((_row(task, now) for task in tasks), key=lambda r: r["idempotency_key"])
-        except (TypeError, ValueError) as exc:
-            raise TargetError(f"cannot encode the batch: {exc}") from exc
-        try:
             async with self._engine.begin() as conn:
-                inserted = await self._insert_rows(conn, rows)
+                inserted = await self._insert_rows(conn, prepared.data, now)
                 missing = {t.idempotency_key for t in tasks} - inserted.keys()
                 existing = await _lookup(conn, missing)
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
@@ -95,16 +105,14 @@ class OutboxTarget:
                 results.append(EnqueueResult(task, "duplicate", message_id))
         return results
 
-    async def _insert_rows(
-        self, conn: AsyncConnection, rows: list[dict[str, Any]]
-    ) -> dict[str, int]:
+    async def _insert_rows(self, conn: AsyncConnection, data: Any, now: datetime) -> dict[str, int]:
         inserted: dict[str, int] = {}
         if self._dialect == "postgresql":
-            # One statement whatever the batch size: the columns travel as nine arrays.
-            params = {col: [r[col] for r in rows] for col in _COLUMNS}
-            for seq, key in (await conn.execute(_PG_UNNEST_INSERT, params)).all():
+            # One statement whatever the batch size: the columns travel as arrays.
+            for seq, key in (await conn.execute(_PG_UNNEST_INSERT, {**data, "enqueued_at": now})).all():
                 inserted[key] = seq
             return inserted
+        rows: list[dict[str, Any]] = [{**r, "enqueued_at": now} for r in data]
         for start in range(0, len(rows), CHUNK_ROWS):
             stmt = self._insert_statement(rows[start : start + CHUNK_ROWS])
             for seq, key in (await conn.execute(stmt)).all():
@@ -121,6 +129,11 @@ class OutboxTarget:
         lite = sqlite.insert(OutboxMessage).values(rows)
         return lite.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(*returned)
 
+    async def ping(self) -> None:
+        """Raise unless the outbox's database answers (a readiness check)."""
+        async with self._engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
     async def close(self) -> None:
         """Dispose of the engine if this target created it (:meth:`from_url`)."""
         if self._owns_engine:
@@ -128,17 +141,18 @@ class OutboxTarget:
 
 
 _COLUMNS = (
-    "task_id", "idempotency_key", "queue", "name", "task_type", "payload", "options", "scheduled_at", "enqueued_at",
+    "task_id", "idempotency_key", "queue", "name", "task_type", "payload", "options", "scheduled_at",
 )
-_PG_TYPES = ("text",) * 7 + ("timestamptz", "timestamptz")
+_PG_TYPES = ("text",) * 7 + ("timestamptz",)
 _PG_UNNEST_INSERT = text(
-    f"INSERT INTO pm_outbox ({', '.join(_COLUMNS)}) "
-    f"SELECT * FROM unnest({', '.join(f'CAST(:{c} AS {t}[])' for c, t in zip(_COLUMNS, _PG_TYPES, strict=True))}) "
+    f"INSERT INTO pm_outbox ({', '.join(_COLUMNS)}, enqueued_at) "
+    f"SELECT *, CAST(:enqueued_at AS timestamptz) FROM unnest("
+    f"{', '.join(f'CAST(:{c} AS {t}[])' for c, t in zip(_COLUMNS, _PG_TYPES, strict=True))}) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING seq, idempotency_key"
 )
 
 
-def _row(task: Task, now: datetime) -> dict[str, Any]:
+def _row(task: Task) -> dict[str, Any]:
     return {
         "task_id": task.id,
         "idempotency_key": task.idempotency_key,
@@ -148,7 +162,6 @@ def _row(task: Task, now: datetime) -> dict[str, Any]:
         "payload": task.payload_text(),
         "options": task.options_text(),
         "scheduled_at": task.scheduled_at,
-        "enqueued_at": now,
     }
 
 

@@ -14,6 +14,7 @@ microseconds only when non-zero) and ``options`` (canonical JSON text).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Task
+from periodic_manager.targets.base import EnqueueResult, Prepared, Task
 
 # KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
 # enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded by the script
@@ -124,7 +125,8 @@ class RedisStreamsTarget:
         self.maxlen_by_queue = dict(maxlen_by_queue or {})
         self.claim_margin = claim_margin
         self.timeout = timeout
-        self._script = client.register_script(_CLAIM_AND_ADD)
+        self._script_text = _CLAIM_AND_ADD
+        self._sha = hashlib.sha1(_CLAIM_AND_ADD.encode()).hexdigest()
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 10, **kwargs: Any) -> RedisStreamsTarget:
@@ -159,32 +161,54 @@ class RedisStreamsTarget:
         return max(1000, math.ceil(seconds * 1000))
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim and add every task: script calls of at most ``CHUNK`` tasks of one queue, sent
-        over up to ``PARALLEL`` pipelines at once so encoding overlaps Redis's work."""
-        if not tasks:
-            return []
+        """Claim and add every task (prepared now, claims living from ``now``)."""
+        return await self.send(self._prepare(tasks, now), now)
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        """Build the script arguments: per queue, chunks of at most ``CHUNK`` tasks as one JSON
+        argument each, spread over ``PARALLEL`` pipelines. Claim TTLs count from each task's slot
+        (a staged batch is sent at its slot; sent later, a claim lives that much longer)."""
+        return self._prepare(tasks, None)
+
+    def _prepare(self, tasks: Sequence[Task], now: datetime | None) -> Prepared:
         groups: dict[str, list[int]] = {}
         for index, task in enumerate(tasks):
             if "{" in task.queue or "}" in task.queue:
                 raise TargetError(f"queue {task.queue!r} contains '{{' or '}}'")
             groups.setdefault(task.queue, []).append(index)
         chunks = [
-            (queue, indices[i : i + CHUNK]) for queue, indices in groups.items() for i in range(0, len(indices), CHUNK)
+            (queue, indices[i : i + CHUNK])
+            for queue, indices in groups.items()
+            for i in range(0, len(indices), CHUNK)
         ]
-        parts = [chunks[i :: PARALLEL] for i in range(min(PARALLEL, len(chunks)))]
-        enqueued_at = slot_text(now)
         memo: dict[tuple[datetime, datetime], tuple[str, int]] = {}
         try:
-            replies = await asyncio.gather(*(self._run_part(part, tasks, now, enqueued_at, memo) for part in parts))
+            calls = [
+                (indices, self._script_call(queue, [tasks[i] for i in indices], now, memo))
+                for queue, indices in chunks
+            ]
+        except (TypeError, ValueError) as exc:
+            raise TargetError(f"cannot encode the batch: {exc}") from exc
+        parts = [calls[i::PARALLEL] for i in range(min(PARALLEL, len(calls)))]
+        return Prepared(list(tasks), parts)
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        """Run the prepared script calls, ``PARALLEL`` pipelines at once; each round trip is
+        bounded by ``timeout``; any Redis failure is raised as TargetError."""
+        tasks = prepared.tasks
+        if not tasks:
+            return []
+        parts: list[list[tuple[list[int], tuple[list[str], list[Any]]]]] = prepared.data
+        enqueued_at = slot_text(now)
+        try:
+            replies = await asyncio.gather(*(self._run_part(part, enqueued_at) for part in parts))
         except TimeoutError as exc:
             raise TargetError(f"redis: no answer within {self.timeout} s") from exc
         except (RedisError, OSError) as exc:
             raise TargetError(f"redis: {type(exc).__name__}: {exc}") from exc
-        except (TypeError, ValueError) as exc:
-            raise TargetError(f"cannot encode the batch: {exc}") from exc
         results: list[EnqueueResult | None] = [None] * len(tasks)
         for part, part_replies in zip(parts, replies, strict=True):
-            for (_, indices), reply in zip(part, part_replies, strict=True):
+            for (indices, _), reply in zip(part, part_replies, strict=True):
                 for pos, index in enumerate(indices):
                     flag, message_id = reply[2 * pos], reply[2 * pos + 1]
                     text = None if message_id is None else _text(message_id)
@@ -193,47 +217,42 @@ class RedisStreamsTarget:
         return [r for r in results if r is not None]
 
     async def _run_part(
-        self,
-        part: list[tuple[str, list[int]]],
-        tasks: Sequence[Task],
-        now: datetime,
-        enqueued_at: str,
-        memo: dict[tuple[datetime, datetime], tuple[str, int]],
+        self, part: list[tuple[list[int], tuple[list[str], list[Any]]]], enqueued_at: str
     ) -> list[Any]:
         """One pipeline of script calls; each round trip is bounded by ``timeout``."""
-        calls = [self._script_call(queue, [tasks[i] for i in indices], now, enqueued_at, memo) for queue, indices in part]
+        calls = [(keys, [args[0], args[1], enqueued_at, args[2]]) for _, (keys, args) in part]
         async with asyncio.timeout(self.timeout):
             try:
                 return await self._run(calls)
             except NoScriptError:
-                # The pipeline loads a missing script before sending (SCRIPT EXISTS), but a
-                # flush in between, or a cluster pipeline (which does not preload), still ends
-                # here. Load it and run again: the claims make a second run safe (a call already
-                # done reports duplicates).
-                await self._client.script_load(self._script.script)
+                # First use, or a SCRIPT FLUSH / restart since: load it and run again (the claims
+                # make a second run safe: a call already done reports duplicates).
+                await self._client.script_load(self._script_text)
                 return await self._run(calls)
 
-    async def _run(self, calls: list[tuple[list[str], list[str | int]]]) -> Any:
+    async def _run(self, calls: list[tuple[list[str], list[Any]]]) -> Any:
+        # EVALSHA straight away: redis-py's Script objects ask SCRIPT EXISTS before every
+        # pipeline, one more round trip in front of every burst.
         async with self._client.pipeline(transaction=False) as pipe:
             for keys, args in calls:
-                await self._script(keys=keys, args=args, client=pipe)
+                pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
             return await pipe.execute()
 
     def _script_call(
         self,
         queue: str,
         tasks: list[Task],
-        now: datetime,
-        enqueued_at: str,
+        now: datetime | None,
         memo: dict[tuple[datetime, datetime], tuple[str, int]] | None = None,
-    ) -> tuple[list[str], list[str | int]]:
+    ) -> tuple[list[str], list[Any]]:
         memo = {} if memo is None else memo
         items = []
         for task in tasks:
             # A burst shares one slot: format its instant and claim TTL once.
             cached = memo.get((task.scheduled_at, task.expires_at))
             if cached is None:
-                cached = (slot_text(task.scheduled_at), self.claim_ttl_ms(task, now))
+                ttl = self.claim_ttl_ms(task, now if now is not None else task.scheduled_at)
+                cached = (slot_text(task.scheduled_at), ttl)
                 memo[(task.scheduled_at, task.expires_at)] = cached
             items.append(
                 (
@@ -242,8 +261,14 @@ class RedisStreamsTarget:
                 )
             )
         maxlen = self.maxlen_by_queue.get(queue, self.maxlen) or 0
-        blob = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
-        return [self.stream_key(queue)], [maxlen, self.claim_key(queue, ""), enqueued_at, blob]
+        # Encoded once here: redis-py passes bytes through untouched.
+        blob = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
+        return [self.stream_key(queue)], [maxlen, self.claim_key(queue, ""), blob]
+
+    async def ping(self) -> None:
+        """Raise unless Redis answers within ``timeout`` (a readiness check)."""
+        async with asyncio.timeout(self.timeout):
+            await self._client.ping()
 
     async def close(self) -> None:
         """Close the client if this target created it (:meth:`from_url`)."""

@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Target, Task
+from periodic_manager.targets.base import (
+    EnqueueResult,
+    Prepared,
+    Target,
+    Task,
+    send_prepared,
+    staged,
+)
 
 
 class RoutingTarget:
@@ -39,27 +46,46 @@ class RoutingTarget:
         return str(task.options.get("target") or self.default)
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        return await self.send(self.prepare(tasks), now)
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        """Split by target and let each target prepare its part."""
+        groups: dict[str, list[int]] = {}
+        for index, task in enumerate(tasks):
+            groups.setdefault(self.target_name(task), []).append(index)
+        parts = []
+        for name, indices in groups.items():
+            target = self.targets.get(name)
+            part = [tasks[i] for i in indices]
+            prepared = Prepared(part)
+            if target is not None:
+                try:
+                    prepared = staged(target).prepare(part)
+                except Exception:  # noqa: BLE001 - encoded (and its failure reported) when sent
+                    pass
+            parts.append((name, indices, prepared))
+        return Prepared(list(tasks), parts)
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        tasks = prepared.tasks
         if not tasks:
             return []
         results: list[EnqueueResult | None] = [None] * len(tasks)
-        groups: dict[str, list[int]] = {}
-        for index, task in enumerate(tasks):
-            name = self.target_name(task)
+        parts: list[tuple[str, list[int], Prepared]] = []
+        for name, indices, part in prepared.data:
             if name in self.targets:
-                groups.setdefault(name, []).append(index)
-            else:
+                parts.append((name, indices, part))
+                continue
+            for index in indices:
                 results[index] = EnqueueResult(
-                    task, "failed", error=f"target {name!r} is not configured"
+                    tasks[index], "failed", error=f"target {name!r} is not configured"
                 )
         outcomes = await asyncio.gather(
-            *(
-                self.targets[name].enqueue([tasks[i] for i in indices], now)
-                for name, indices in groups.items()
-            ),
+            *(send_prepared(self.targets[name], part, now) for name, _, part in parts),
             return_exceptions=True,
         )
         failures: list[tuple[str, Exception]] = []
-        for (name, indices), outcome in zip(groups.items(), outcomes, strict=True):
+        for (name, indices, _), outcome in zip(parts, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception):
                     raise outcome  # cancellation and friends are not a target's failure
@@ -75,10 +101,28 @@ class RoutingTarget:
                 )
             for index, result in zip(indices, outcome, strict=True):
                 results[index] = result
-        if failures and len(failures) == len(groups):
+        if failures and len(failures) == len(parts):
             message = "; ".join(f"{name}: {exc}" for name, exc in failures)
             raise TargetError(message) from failures[0][1]
         return [r for r in results if r is not None]
+
+    async def ping(self) -> None:
+        """Raise unless every target answers; the error names each one that does not. A target
+        without ``ping`` counts as reachable."""
+        names = list(self.targets)
+        pings = [getattr(self.targets[n], "ping", None) for n in names]
+        outcomes = await asyncio.gather(
+            *(p() for p in pings if p is not None), return_exceptions=True
+        )
+        checked = [n for n, p in zip(names, pings, strict=True) if p is not None]
+        failures = []
+        for name, outcome in zip(checked, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                failures.append(f"{name}: {type(outcome).__name__}: {outcome}")
+        if failures:
+            raise TargetError("; ".join(failures))
 
     async def close(self) -> None:
         """Close every target (all of them, even if one fails; the first error is raised)."""

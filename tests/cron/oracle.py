@@ -1,8 +1,8 @@
-"""Brute-force reference of cron-semantics.md §6 and §8.2, independent of the engine.
+"""Brute-force reference of docs/cron.md §6 and §8.2, independent of the engine.
 
 It walks local calendar days, keeps the matching ones (day rule), expands every
 hh:mm of hours x minutes, and maps each nominal local time to its instants with
-zoneinfo and PEP 495 exactly as the spec's hint says:
+zoneinfo and PEP 495:
 
 * fixed-hour: ``t.replace(tzinfo=zone, fold=0)`` (first pass in a fold, shifted by the
   gap size in a gap);

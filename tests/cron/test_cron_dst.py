@@ -1,5 +1,6 @@
-"""DST and odd-offset behaviour: every worked example of cron-semantics.md §8.3, one test each,
-named after what it proves. Expected values are copied from the spec (UTC, local in comments)."""
+"""DST and odd-offset behaviour (docs/cron.md §8): one test per transition case, named after
+what it proves; expected values in UTC, local in comments. The page's own worked examples are
+checked by tests/test_docs.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Element semantics, macros, the Vixie day rule, the DST class, the search horizon and
-``@every`` (cron-semantics.md §4, §5, §6, §8.1, §9, §10): the spec's examples, one test each."""
+``@every`` (docs/cron.md §4, §5, §6, §8.1, §9, §10): examples of each rule, one test each."""
 
 from __future__ import annotations
 

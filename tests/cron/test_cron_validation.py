@@ -1,5 +1,5 @@
-"""Validation (cron-semantics.md §2, §7, §10): one test per rejection reason, every example
-of the spec's table, the field each error names, and the accepted edge forms."""
+"""Validation (docs/cron.md §2, §7, §10): one test per rejection reason, many examples of
+each, the field each error names, and the accepted edge forms."""
 
 from __future__ import annotations
 

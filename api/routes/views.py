@@ -1,0 +1,307 @@
+"""``/views``: read-only JSON shaped for the dashboard (``/ui``), documented like the rest.
+
+The public endpoints stay the way to read and write schedules; these add what a page needs in
+one request and the public API does not offer: the schedule list sorted by next slot with last
+run and error badge, the next slots with daylight-saving changes marked, the overview's counts,
+last-hour series and lateness percentiles, managers with their entry counts, and whether the
+caller's token may write.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from datetime import datetime
+from functools import lru_cache
+from typing import Annotated, Any, Literal
+from zoneinfo import available_timezones
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from sqlalchemy import and_, case, func, select, true
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.auth import bearer_token
+from api.deps import get_now, get_session, get_settings
+from api.errors import ScheduleNotFound
+from api.runtime import live_cutoff
+from api.ui import listing, stats
+from api.ui.models import (
+    EntryView,
+    EntryViewPage,
+    ManagerView,
+    ManagerViewList,
+    Overview,
+    ScheduleRowPage,
+    SlotList,
+    SlotView,
+    WhoAmI,
+)
+from api.ui.order import NextSlotOrder
+from api.ui.slots import marked_slots
+from periodic_manager.db.models import Entry, Manager, PeriodicJob
+from periodic_manager.settings import Settings
+
+router = APIRouter(prefix="/views", tags=["views"])
+
+Session = Annotated[AsyncSession, Depends(get_session)]
+Now = Annotated[datetime, Depends(get_now)]
+AppSettings = Annotated[Settings, Depends(get_settings)]
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0, le=2**63 - 1)]
+Text = Annotated[str | None, Query(max_length=200)]
+DIGITS = re.compile(r"[0-9]{1,18}")  # a schedule key that is a row id (str.isdigit takes more)
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such schedule"}}
+
+
+def _next_slots(request: Request) -> listing.NextSlots:
+    """One cache of next slots per app (made on first use: nothing is built at import)."""
+    cache: listing.NextSlots | None = getattr(request.app.state, "ui_next_slots", None)
+    if cache is None:
+        cache = request.app.state.ui_next_slots = listing.NextSlots()
+    return cache
+
+
+def _order(request: Request) -> NextSlotOrder:
+    """The app's schedules in next-slot order (made on first use)."""
+    order: NextSlotOrder | None = getattr(request.app.state, "ui_order", None)
+    if order is None:
+        order = request.app.state.ui_order = NextSlotOrder(_next_slots(request))
+    return order
+
+
+@router.get("/whoami", response_model=WhoAmI, summary="Whether this caller may write")
+async def whoami(request: Request, settings: AppSettings) -> WhoAmI:
+    write = settings.api_token
+    read = settings.api_read_token
+    if write is None and read is None:
+        return WhoAmI(auth=False, can_write=True)
+    # The auth middleware already let this request through; only the kind of token is asked.
+    token = bearer_token(request.scope) or b""
+    can_write = write is not None and hmac.compare_digest(token, write.get_secret_value().encode())
+    return WhoAmI(auth=True, can_write=can_write)
+
+
+@router.get(
+    "/schedules",
+    response_model=ScheduleRowPage,
+    summary="Schedules with next slot, last run and error (by default sorted by next slot)",
+)
+async def schedule_rows(
+    request: Request,
+    session: Session,
+    now: Now,
+    settings: AppSettings,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    sort: Annotated[
+        Literal["next", "name", "id"],
+        Query(description="`next`: next slot first, then unusable rows, then paused ones"),
+    ] = "next",
+    name_prefix: Text = None,
+    task_type: Text = None,
+    queue: Annotated[str | None, Query(max_length=100)] = None,
+    enabled: bool | None = None,
+    in_error: Annotated[bool | None, Query(description="rejected by a live manager")] = None,
+) -> ScheduleRowPage:
+    cutoff = live_cutoff(now, settings.heartbeat_interval)
+    conds = listing.conditions(
+        session,
+        cutoff=cutoff,
+        name_prefix=name_prefix,
+        task_type=task_type,
+        queue=queue,
+        enabled=enabled,
+        in_error=in_error,
+    )
+    slots = _next_slots(request)
+    where = and_(true(), *conds)
+    if sort == "next":
+        keys = await _order(request).snapshot(session, now)
+        ordered = [key[3] for key in keys]
+        if conds:
+            wanted = set((await session.execute(select(PeriodicJob.id).where(where))).scalars())
+            ordered = [row_id for row_id in ordered if row_id in wanted]
+        total, ids = len(ordered), ordered[offset : offset + limit]
+    else:
+        total = (
+            await session.execute(select(func.count()).select_from(PeriodicJob).where(where))
+        ).scalar_one()
+        column = PeriodicJob.name if sort == "name" else PeriodicJob.id
+        stmt = select(PeriodicJob.id).where(where).order_by(column).limit(limit).offset(offset)
+        ids = list((await session.execute(stmt)).scalars())
+    items = await listing.page_rows(session, ids, now, cutoff, slots)
+    return ScheduleRowPage(items=items, total=total, limit=limit, offset=offset, sort=sort, now=now)
+
+
+@router.get(
+    "/schedules/{schedule_id}/slots",
+    response_model=SlotList,
+    responses=NOT_FOUND,
+    summary="The next slots of a schedule in its zone, daylight-saving changes marked",
+)
+async def schedule_slots(
+    schedule_id: Annotated[int, Path(ge=1, le=2**63 - 1, description="the row id")],
+    session: Session,
+    now: Now,
+    n: Annotated[int, Query(ge=1, le=100)] = 10,
+) -> SlotList:
+    row = await session.get(PeriodicJob, schedule_id)
+    if row is None:
+        raise ScheduleNotFound(schedule_id)
+    error: str | None = None
+    views: list[SlotView] = []
+    try:
+        for slot in marked_slots(row.spec, row.timezone, row.anchor, now, n):
+            views.append(
+                SlotView(
+                    at=slot.at,
+                    local=slot.local.isoformat(),
+                    abbreviation=slot.local.tzname(),
+                    marks=slot.marks,
+                    notes=slot.notes,
+                )
+            )
+    except listing.SLOT_ERRORS as exc:
+        error = str(exc) or type(exc).__name__
+    return SlotList(
+        schedule_id=row.id,
+        spec=str(row.spec),
+        timezone=str(row.timezone),
+        description=listing.describe_spec(row.spec) if isinstance(row.spec, str) else None,
+        enabled=bool(row.enabled),
+        slots=views,
+        error=error,
+    )
+
+
+@router.get("/overview", response_model=Overview, summary="Counts, last hour of runs, lateness")
+async def overview(session: Session, now: Now, settings: AppSettings) -> Overview:
+    cutoff = live_cutoff(now, settings.heartbeat_interval)
+    start = stats.window_start(now)
+    return Overview(
+        now=now,
+        counts=await stats.counts(session, cutoff),
+        window_start_at=start,
+        series=await stats.series(session, start),
+        lateness=await stats.lateness(session, start),
+        managers=await stats.managers(session, cutoff),
+    )
+
+
+@router.get(
+    "/managers",
+    response_model=ManagerViewList,
+    summary="Live managers (leader first) with their entries by status",
+)
+async def managers(session: Session, now: Now, settings: AppSettings) -> ManagerViewList:
+    cutoff = live_cutoff(now, settings.heartbeat_interval)
+    rows = (
+        (
+            await session.execute(
+                select(Manager)
+                .where(Manager.heartbeat_at >= cutoff)
+                .order_by(Manager.is_leader.desc(), Manager.manager_id)
+            )
+        )
+        .scalars()
+        .all()
+    )
+    by_status = (
+        select(
+            Entry.manager_id,
+            func.sum(case((Entry.status == "error", 0), else_=1)),
+            func.sum(case((Entry.status == "error", 1), else_=0)),
+        )
+        .where(Entry.manager_id.in_([m.manager_id for m in rows]))
+        .group_by(Entry.manager_id)
+    )
+    tally = {m: (int(a), int(e)) for m, a, e in await session.execute(by_status)}
+    items = [
+        ManagerView(
+            manager_id=m.manager_id,
+            hostname=m.hostname,
+            pid=m.pid,
+            version=m.version,
+            started_at=m.started_at,
+            heartbeat_at=m.heartbeat_at,
+            heartbeat_age_s=max(0.0, (now - m.heartbeat_at).total_seconds()),
+            is_leader=m.is_leader,
+            last_sync_at=m.last_sync_at,
+            last_sync_error=m.last_sync_error,
+            entry_count=m.entry_count,
+            entries_active=tally.get(m.manager_id, (0, 0))[0],
+            entries_error=tally.get(m.manager_id, (0, 0))[1],
+        )
+        for m in rows
+    ]
+    return ManagerViewList(now=now, items=items)
+
+
+@router.get(
+    "/entries",
+    response_model=EntryViewPage,
+    summary="Entries of live managers, rejected rows first, paginated",
+)
+async def entries(
+    session: Session,
+    now: Now,
+    settings: AppSettings,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    manager_id: Annotated[str | None, Query(max_length=64)] = None,
+    status: Annotated[Literal["active", "error"] | None, Query()] = None,
+) -> EntryViewPage:
+    cutoff = live_cutoff(now, settings.heartbeat_interval)
+    conds = [Manager.heartbeat_at >= cutoff]
+    if manager_id is not None:
+        conds.append(Entry.manager_id == manager_id)
+    if status is not None:
+        conds.append(Entry.status == status)
+    joined = select(Entry, Manager.is_leader).join(Manager, Manager.manager_id == Entry.manager_id)
+    total = (
+        await session.execute(
+            select(func.count())
+            .select_from(Entry)
+            .join(Manager, Manager.manager_id == Entry.manager_id)
+            .where(*conds)
+        )
+    ).scalar_one()
+    stmt = (
+        joined.where(*conds)
+        .order_by(
+            case((Entry.status == "error", 0), else_=1),
+            Entry.name,
+            Entry.manager_id,
+            Entry.entry_id,
+        )
+        .limit(limit)
+        .offset(offset)
+    )
+    items = [
+        EntryView(
+            manager_id=e.manager_id,
+            manager_is_leader=leader,
+            schedule_id=int(e.schedule_key) if DIGITS.fullmatch(e.schedule_key) else None,
+            schedule_key=e.schedule_key,
+            name=e.name,
+            status=e.status,
+            hash=e.content_hash,
+            spec=e.spec,
+            timezone=e.timezone,
+            queue=e.queue,
+            registered_at=e.registered_at,
+            last_error=e.last_error,
+        )
+        for e, leader in await session.execute(stmt)
+    ]
+    return EntryViewPage(items=items, total=total, limit=limit, offset=offset)
+
+
+@lru_cache(maxsize=1)
+def _zones() -> list[str]:
+    return sorted(z for z in available_timezones() if "/" in z or z == "UTC")
+
+
+@router.get("/zones", response_model=list[str], summary="IANA zone names (for the form's hints)")
+async def zones() -> list[str]:
+    return _zones()

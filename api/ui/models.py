@@ -1,0 +1,154 @@
+"""Response bodies of ``/views``: what the dashboard needs that the public API does not offer in
+one request (times are UTC ISO-8601; local times carry their offset and zone abbreviation)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+
+class WhoAmI(BaseModel):
+    auth: bool = Field(description="whether the API asks for a bearer token")
+    can_write: bool = Field(description="false with the read-only token")
+
+
+class LastRun(BaseModel):
+    status: str = Field(examples=["enqueued", "skipped", "failed", "triggered"])
+    slot_at: datetime
+    at: datetime
+    lateness_ms: int
+
+
+class LocalTime(BaseModel):
+    at: datetime = Field(description="UTC")
+    local: str = Field(description="the same instant in the schedule's zone, with its offset")
+    abbreviation: str | None = Field(description="the zone's abbreviation then, e.g. CEST")
+
+
+class ScheduleRowView(BaseModel):
+    id: int
+    name: str
+    spec: str
+    description: str | None = Field(description="the spec in English (null when not faithful)")
+    timezone: str
+    task_type: str
+    queue: str | None = Field(description="`options.queue` (null when the options are unusable)")
+    enabled: bool
+    next: LocalTime | None = Field(description="the next slot; null when paused or unusable")
+    last_run: LastRun | None
+    error: str | None = Field(
+        description="why a live manager rejected the row, or why its slots cannot be computed"
+    )
+
+
+class ScheduleRowPage(BaseModel):
+    items: list[ScheduleRowView]
+    total: int
+    limit: int
+    offset: int
+    sort: str
+    now: datetime
+
+
+class SlotView(BaseModel):
+    at: datetime = Field(description="UTC")
+    local: str = Field(description="local time with its offset")
+    abbreviation: str | None
+    marks: list[str] = Field(
+        description="`offset-change`, `shifted` (spring-forward gap), `repeated-hour` (fold)"
+    )
+    notes: list[str] = Field(description="each mark in words")
+
+
+class SlotList(BaseModel):
+    schedule_id: int
+    spec: str
+    timezone: str
+    description: str | None
+    enabled: bool
+    slots: list[SlotView]
+    error: str | None = Field(description="why no slots can be computed (unusable stored row)")
+
+
+class Counts(BaseModel):
+    schedules: int
+    enabled: int
+    paused: int
+    in_error: int = Field(description="schedules a live manager rejected")
+
+
+class SeriesPoint(BaseModel):
+    start_at: datetime = Field(description="start of the one-minute bucket")
+    enqueued: int
+    skipped: int
+    failed: int
+    duplicate: int
+    triggered: int
+
+
+class Lateness(BaseModel):
+    count: int = Field(description="enqueued slots measured: the window's newest, at most 10,000")
+    p50_ms: int | None
+    p90_ms: int | None
+    p99_ms: int | None
+    max_ms: int | None
+
+
+class ManagerSummary(BaseModel):
+    live: int
+    leader: str | None = Field(description="manager_id of the leader, if one leads")
+
+
+class Overview(BaseModel):
+    now: datetime
+    counts: Counts
+    window_start_at: datetime
+    series: list[SeriesPoint] = Field(description="60 one-minute buckets, oldest first")
+    lateness: Lateness = Field(
+        description="nearest-rank percentiles of the last hour's newest 10,000 enqueued slots"
+    )
+    managers: ManagerSummary
+
+
+class ManagerView(BaseModel):
+    manager_id: str
+    hostname: str
+    pid: int
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+    is_leader: bool
+    last_sync_at: datetime | None
+    last_sync_error: str | None
+    entry_count: int = Field(description="as the manager reported it with its heartbeat")
+    entries_active: int
+    entries_error: int
+
+
+class ManagerViewList(BaseModel):
+    now: datetime
+    items: list[ManagerView]
+
+
+class EntryView(BaseModel):
+    manager_id: str
+    manager_is_leader: bool
+    schedule_id: int | None
+    schedule_key: str
+    name: str | None
+    status: str
+    hash: str
+    spec: str | None
+    timezone: str | None
+    queue: str | None
+    registered_at: datetime
+    last_error: str | None
+
+
+class EntryViewPage(BaseModel):
+    items: list[EntryView]
+    total: int
+    limit: int
+    offset: int

@@ -1,0 +1,64 @@
+// Managers: the live ones (leader first) with heartbeat age, last sync and its error, and the
+// entries they hold (rejected rows first), paginated.
+
+import { getJson } from "./api.js";
+import { badge, count, duration, h, mount, pageParam, pager, setTitle, table, utc } from "./dom.js";
+
+const LIMIT = 50;
+
+function managerRows(items) {
+  return items.map((m) => [
+    h("span", {}, h("code", {}, m.manager_id), m.is_leader ? [" ", badge("leader", "info")] : ""),
+    `${m.hostname} (pid ${m.pid})`,
+    m.version,
+    utc(m.started_at),
+    m.heartbeat_age_s < 1 ? "just now" : `${duration(m.heartbeat_age_s)} ago`,
+    h("div", {}, utc(m.last_sync_at), m.last_sync_error ? h("div", { class: "error" }, m.last_sync_error) : null),
+    h("span", {}, `${count(m.entries_active)} active`, m.entries_error ? [", ", badge(`${m.entries_error} rejected`, "bad")] : ""),
+  ]);
+}
+
+function entryRows(items) {
+  return items.map((e) => [
+    e.schedule_id ? h("a", { href: `/ui/schedules/${e.schedule_id}` }, e.name || e.schedule_key) : e.name || e.schedule_key,
+    e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
+    e.spec ? h("code", {}, e.spec) : "—",
+    e.timezone || "—",
+    h("code", { title: e.hash }, e.hash.slice(0, 12)),
+    h("code", {}, e.manager_id),
+    utc(e.registered_at),
+    e.last_error || "",
+  ]);
+}
+
+export async function managersPage(ready) {
+  setTitle("Managers");
+  const params = new URLSearchParams(location.search);
+  const status = ["active", "error"].includes(params.get("status")) ? params.get("status") : "";
+  const page = pageParam();
+  const query = new URLSearchParams({ limit: LIMIT, offset: (page - 1) * LIMIT });
+  if (status) query.set("status", status);
+  const [managers, entries] = await Promise.all([getJson("/views/managers"), getJson(`/views/entries?${query}`)]);
+  await ready;
+  const items = managers.data.items;
+  const leader = items.find((m) => m.is_leader);
+  mount(
+    h("h1", {}, "Managers"),
+    h("p", {}, items.length
+      ? [`${items.length} live manager${items.length === 1 ? "" : "s"}; `, leader ? ["leader ", h("code", {}, leader.manager_id)] : "none leads right now", "."]
+      : "No live manager: schedules are not being enqueued."),
+    table("Live managers, leader first", ["Manager", "Host", "Version", "Started", "Heartbeat", "Last sync", "Entries"],
+      managerRows(items), { empty: "No live manager.", id: "managers" }),
+    h("section", { "aria-labelledby": "entries-title" },
+      h("h2", { id: "entries-title" }, "Entries"),
+      h("form", { method: "get", class: "inline", "aria-label": "Filter the entries" },
+        h("label", { for: "status" }, "Status "),
+        h("select", { id: "status", name: "status" },
+          [["", "any"], ["active", "active"], ["error", "rejected"]].map(([v, t]) => h("option", { value: v, selected: v === status }, t))),
+        " ", h("button", { type: "submit" }, "Show")),
+      table(`Entries of live managers, rejected first (${count(entries.data.total)})`,
+        ["Schedule", "Status", "Spec", "Zone", "Registered hash", "Manager", "Registered", "Error"],
+        entryRows(entries.data.items), { empty: "No entry.", id: "entry-table" }),
+      pager("Entry pages", entries.data)),
+  );
+}

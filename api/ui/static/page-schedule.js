@@ -1,0 +1,200 @@
+// One schedule: its config, the next 10 slots (daylight-saving changes marked), what the managers
+// hold for it, its run history, and the write buttons, each showing the API's answer.
+
+import { api, getJson, problemText, statusText } from "./api.js";
+import {
+  badge, canWrite, confirmDialog, flashNext, h, json, local, mount, ms, pageParam, pager, setTitle,
+  statusBadge, table, utc,
+} from "./dom.js";
+
+const RUNS_LIMIT = 20;
+const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "failed", "duplicate"];
+
+function config(s) {
+  const rows = [
+    ["Name", s.name],
+    ["Spec", h("code", {}, s.spec)],
+    ["Zone", s.timezone],
+    ["Anchor", s.anchor ? utc(s.anchor) : "—"],
+    ["Task type", s.task_type],
+    ["Queue", s.options && typeof s.options === "object" && !Array.isArray(s.options) ? s.options.queue || "default" : "—"],
+    ["Payload", json(s.payload)],
+    ["Options", json(s.options)],
+    ["State", s.enabled ? badge("enabled", "ok") : badge("paused", "muted")],
+    ["Description", s.description || "—"],
+    ["Created", utc(s.created_at)],
+    ["Updated", utc(s.updated_at)],
+  ];
+  return h("section", { "aria-labelledby": "config-title" },
+    h("h2", { id: "config-title" }, "Configuration"),
+    h("dl", { class: "config" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
+}
+
+function rowErrors(s) {
+  const items = s.errors || [];
+  if (!items.length) return null;
+  return h("div", { class: "alert", role: "alert" },
+    h("h2", {}, "Rejected by the manager"),
+    h("ul", {}, items.map((e) => h("li", {}, e.field ? `${e.field}: ${e.reason}` : e.message || e.reason || JSON.stringify(e)))),
+    h("p", {}, "The last good version keeps running until the row is fixed."));
+}
+
+function state(s) {
+  const st = s.state;
+  if (!st) return null;
+  const c = st.counts || {};
+  return h("p", { class: "sub" },
+    `Last slot ${utc(st.last_slot_at)}, last status ${st.last_status || "—"}; `
+    + `enqueued ${c.enqueued ?? 0}, skipped ${c.skipped ?? 0}, failed ${c.failed ?? 0}, duplicate ${c.duplicate ?? 0}.`);
+}
+
+function slotsSection(slots) {
+  const heading = h("h2", { id: "slots-title" }, `Next ${slots.slots.length} slots`);
+  if (slots.error) {
+    return h("section", { "aria-labelledby": "slots-title" }, heading, h("p", { class: "error" }, slots.error));
+  }
+  const rows = slots.slots.map((slot, i) => [
+    String(i + 1),
+    h("div", {}, local(slot.local, slot.abbreviation),
+      slot.marks.length
+        ? h("div", { class: "dst-notes" }, slot.marks.map((m) => badge(`DST: ${m}`, "dst")),
+            h("div", { class: "sub" }, slot.notes.join("; ")))
+        : null),
+    utc(slot.at),
+  ]);
+  return h("section", { "aria-labelledby": "slots-title" },
+    heading,
+    slots.description ? h("p", {}, slots.description, ` (${slots.timezone})`) : null,
+    slots.enabled ? null : h("p", { class: "sub" }, "Paused: these slots fire only once it is resumed."),
+    table(`Next slots in ${slots.timezone}; daylight-saving changes marked`, ["#", `Local (${slots.timezone})`, "UTC"], rows,
+      { id: "slots", cards: false }));
+}
+
+function entriesSection(entries) {
+  const rows = entries.map((e) => [
+    h("span", {}, e.manager_id, e.manager_is_leader ? [" ", badge("leader", "info")] : ""),
+    e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
+    h("code", { title: e.hash }, e.hash.slice(0, 12)),
+    utc(e.previous_slot),
+    utc(e.next_slot),
+    utc(e.registered_at),
+    e.last_error || "",
+  ]);
+  return h("section", { "aria-labelledby": "entries-title" },
+    h("h2", { id: "entries-title" }, "What the managers hold"),
+    table("Entries of live managers", ["Holder", "Status", "Registered hash", "Previous slot", "Next slot", "Registered", "Error"], rows,
+      { empty: "No live manager holds an entry for it (paused, or no manager running).", id: "entries" }));
+}
+
+function runsSection(id, runs, statusFilter) {
+  const rows = runs.items.map((r) => [
+    utc(r.slot_at),
+    statusBadge(r.status),
+    utc(r.at),
+    ms(r.lateness_ms),
+    r.message_id ? h("code", {}, r.message_id) : "—",
+    r.error || "",
+  ]);
+  const filter = h("form", { method: "get", class: "inline", "aria-label": "Filter the history" },
+    h("label", { for: "runs_status" }, "Outcome "),
+    h("select", { id: "runs_status", name: "runs_status" },
+      RUN_STATUSES.map((v) => h("option", { value: v, selected: v === statusFilter }, v || "any"))),
+    " ",
+    h("button", { type: "submit" }, "Show"));
+  return h("section", { "aria-labelledby": "runs-title" },
+    h("h2", { id: "runs-title" }, "Run history"),
+    filter,
+    table(`Runs, newest slot first (${runs.total})`, ["Slot", "Outcome", "Handled", "Lateness", "Message id", "Error"], rows,
+      { empty: "No run recorded yet.", id: "runs" }),
+    pager("History pages", runs, "runs_page"));
+}
+
+// The action buttons; each shows the API's answer in the status line.
+function actions(s, etag, reload) {
+  const answerLine = h("p", { id: "answer", class: "answer", role: "status", "aria-live": "polite" });
+  const show = (what, answer, detail) => {
+    const ok = answer.ok;
+    answerLine.className = `answer ${ok ? "ok" : "bad"}`;
+    answerLine.textContent = `${what} → ${statusText(answer.status)}${detail ? `: ${detail}` : ""}`;
+  };
+  const run = async (what, method, path, options, describe) => {
+    let answer;
+    try {
+      answer = await api(method, path, options);
+    } catch (error) {
+      answerLine.className = "answer bad";
+      answerLine.textContent = `${what} → the API could not be reached (${error.message})`;
+      return null;
+    }
+    show(what, answer, answer.ok ? describe(answer) : problemText(answer.data));
+    return answer;
+  };
+  const toggle = s.enabled
+    ? h("button", { type: "button", id: "pause", onclick: async () => {
+        const a = await run(`POST /schedules/${s.id}/pause`, "POST", `/schedules/${s.id}/pause`, {}, (x) => `enabled = ${x.data.enabled}`);
+        if (a && a.ok) await reload(answerLine);
+      } }, "Pause")
+    : h("button", { type: "button", id: "resume", onclick: async () => {
+        const a = await run(`POST /schedules/${s.id}/resume`, "POST", `/schedules/${s.id}/resume`, {}, (x) => `enabled = ${x.data.enabled}`);
+        if (a && a.ok) await reload(answerLine);
+      } }, "Resume");
+  const trigger = h("button", { type: "button", id: "trigger", onclick: async () => {
+    const a = await run(`POST /schedules/${s.id}/trigger`, "POST", `/schedules/${s.id}/trigger`, {},
+      (x) => `${x.data.status} to queue ${x.data.queue}, key ${x.data.idempotency_key}, message ${x.data.message_id ?? "—"}`);
+    if (a) await reload(answerLine);
+  } }, "Trigger now");
+  const remove = h("button", { type: "button", id: "delete", class: "danger", onclick: async () => {
+    const sure = await confirmDialog(`Delete ${s.name}?`, "The schedule, its runtime state and its run history are deleted. This cannot be undone.");
+    if (!sure) return;
+    const a = await run(`DELETE /schedules/${s.id}`, "DELETE", `/schedules/${s.id}`, { headers: { "if-match": etag } }, () => "deleted");
+    if (a && a.ok) {
+      flashNext(`Deleted ${s.name} (DELETE /schedules/${s.id} → ${statusText(a.status)}).`);
+      location.assign("/ui/schedules");
+    } else if (a && a.status === 412) {
+      answerLine.textContent += " — it changed since this page was loaded; look again before deleting.";
+      await reload(answerLine);
+    }
+  } }, "Delete…");
+  if (!canWrite()) return h("div", { class: "actions" }, h("p", { class: "sub" }, "Read-only token: no changes can be made."));
+  return h("div", { class: "actions write", role: "group", "aria-label": "Actions" },
+    h("a", { class: "button", href: `/ui/schedules/${s.id}/edit`, id: "edit" }, "Edit"),
+    toggle, trigger, remove, answerLine);
+}
+
+export async function schedulePage(id, ready = null, keep = null) {
+  const params = new URLSearchParams(location.search);
+  const runsPage = pageParam("runs_page");
+  const statusFilter = RUN_STATUSES.includes(params.get("runs_status")) ? params.get("runs_status") : "";
+  const runsQuery = new URLSearchParams({ limit: RUNS_LIMIT, offset: (runsPage - 1) * RUNS_LIMIT });
+  if (statusFilter) runsQuery.set("status", statusFilter);
+  const [detail, slots, entries, runs] = await Promise.all([
+    getJson(`/schedules/${id}`),
+    getJson(`/views/schedules/${id}/slots?n=10`),
+    getJson(`/entries?schedule_id=${id}`),
+    getJson(`/schedules/${id}/runs?${runsQuery}`),
+  ]);
+  await ready;
+  const s = detail.data;
+  setTitle(s.name);
+  const reload = (answerLine) => schedulePage(id, null, answerLine);
+  const bar = actions(s, detail.headers.get("etag"), reload);
+  if (keep) {
+    // Keep the last answer visible after the page is drawn again with fresh data.
+    const line = bar.querySelector("#answer");
+    if (line) {
+      line.className = keep.className;
+      line.textContent = keep.textContent;
+    }
+  }
+  mount(
+    h("p", { class: "crumbs" }, h("a", { href: "/ui/schedules" }, "Schedules"), " / ", s.name),
+    h("div", { class: "heading" }, h("h1", {}, s.name), s.enabled ? badge("enabled", "ok") : badge("paused", "muted"),
+      (s.errors || []).length ? badge("error", "bad") : null),
+    bar,
+    rowErrors(s),
+    h("div", { class: "columns" }, config(s), slotsSection(slots.data)),
+    state(s),
+    entriesSection(entries.data.items),
+    runsSection(id, runs.data, statusFilter),
+  );
+}

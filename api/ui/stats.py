@@ -1,0 +1,133 @@
+"""The overview's numbers: schedule counts, the last hour of run history per minute, lateness.
+
+Everything is aggregated by the database (``pm_runs`` is indexed on ``at``), so the cost grows with
+the number of runs in the hour, not with the table: 60 rows of counts come back, and the lateness
+distribution of the newest 10,000 enqueued slots as (value, count) pairs. Percentiles are
+nearest-rank (the value at rank ceil(p * n)), exact over those slots on both databases (SQLite
+has no percentile function).
+
+The numbers are those of the run history: a schedule firing more often than
+``PM_RUNS_MAX_PER_SCHEDULE`` times an hour keeps only its newest rows, so fewer of its slots show.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import String, case, cast, func, literal, select, union_all
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.ui.listing import error_entries
+from api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
+from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
+
+WINDOW_MINUTES = 60
+STATUSES = ("enqueued", "skipped", "failed", "duplicate", "triggered")
+PERCENTILES = (0.5, 0.9, 0.99)
+LATENESS_SAMPLE = 10_000
+
+
+def window_start(now: datetime) -> datetime:
+    """The start of the oldest of 60 one-minute buckets; the newest holds ``now``."""
+    minute = now.astimezone(UTC).replace(second=0, microsecond=0)
+    return minute - timedelta(minutes=WINDOW_MINUTES - 1)
+
+
+async def counts(session: AsyncSession, cutoff: datetime) -> Counts:
+    total, enabled = (
+        await session.execute(
+            select(
+                func.count(), func.coalesce(func.sum(case((PeriodicJob.enabled, 1), else_=0)), 0)
+            )
+        )
+    ).one()
+    rejected = error_entries(cutoff).with_only_columns(Entry.schedule_key)
+    in_error = (
+        await session.execute(
+            select(func.count()).where(cast(PeriodicJob.id, String).in_(rejected))
+        )
+    ).scalar_one()
+    return Counts(
+        schedules=total, enabled=int(enabled), paused=total - int(enabled), in_error=in_error
+    )
+
+
+def _per_minute_sqlite(start: datetime, sums: list[Any]) -> Any:
+    """One index range per minute (UNION ALL): SQLite then reads the runs in index order and sorts
+    nothing (grouping by a computed minute made it sort every run of the hour: 1.4x slower)."""
+    return union_all(
+        *(
+            select(literal(i), *sums).where(
+                Run.at >= start + timedelta(minutes=i), Run.at < start + timedelta(minutes=i + 1)
+            )
+            for i in range(WINDOW_MINUTES)
+        )
+    )
+
+
+def _per_minute_postgres(start: datetime, sums: list[Any]) -> Any:
+    """Grouped by minute (PostgreSQL aggregates by hash; 60 range scans were 1.4x slower)."""
+    minute = func.date_trunc("minute", Run.at)
+    end = start + timedelta(minutes=WINDOW_MINUTES)
+    return select(minute, *sums).where(Run.at >= start, Run.at < end).group_by(minute)
+
+
+async def series(session: AsyncSession, start: datetime) -> list[SeriesPoint]:
+    """Runs per minute and status (a conditional sum per status), 60 rows at most."""
+    sums = [func.coalesce(func.sum(case((Run.status == st, 1), else_=0)), 0) for st in STATUSES]
+    sqlite = session.bind is not None and session.bind.dialect.name == "sqlite"
+    stmt = _per_minute_sqlite(start, sums) if sqlite else _per_minute_postgres(start, sums)
+    grid: list[dict[str, int]] = [dict.fromkeys(STATUSES, 0) for _ in range(WINDOW_MINUTES)]
+    for row in await session.execute(stmt):
+        first = row[0]  # the bucket's index (SQLite) or the minute (PostgreSQL)
+        i = first if isinstance(first, int) else int((first - start).total_seconds() // 60)
+        if 0 <= i < WINDOW_MINUTES:
+            grid[i] = {status: int(n or 0) for status, n in zip(STATUSES, row[1:], strict=True)}
+    return [
+        SeriesPoint(start_at=start + timedelta(minutes=i), **cells) for i, cells in enumerate(grid)
+    ]
+
+
+async def lateness(session: AsyncSession, start: datetime) -> Lateness:
+    """Nearest-rank percentiles of the newest :data:`LATENESS_SAMPLE` enqueued slots since
+    ``start``, exact over them: their distinct lateness values (whole milliseconds) are counted
+    by the database. The bound keeps the cost flat however busy the hour was."""
+    newest = (
+        select(Run.lateness_ms)
+        .where(Run.status == "enqueued", Run.at >= start)
+        .order_by(Run.at.desc())
+        .limit(LATENESS_SAMPLE)
+        .subquery()
+    )
+    stmt = (
+        select(newest.c.lateness_ms, func.count())
+        .group_by(newest.c.lateness_ms)
+        .order_by(newest.c.lateness_ms)
+    )
+    values = [(int(v), int(n)) for v, n in await session.execute(stmt)]
+    total = sum(n for _, n in values)
+    if not total:
+        return Lateness(count=0, p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
+    found: list[int] = []
+    ranks = iter(max(1, math.ceil(p * total)) for p in PERCENTILES)
+    rank = next(ranks)
+    seen = 0
+    for value, n in values:
+        seen += n
+        while rank is not None and seen >= rank:
+            found.append(value)
+            rank = next(ranks, None)
+    p50, p90, p99 = found
+    return Lateness(count=total, p50_ms=p50, p90_ms=p90, p99_ms=p99, max_ms=values[-1][0])
+
+
+async def managers(session: AsyncSession, cutoff: datetime) -> ManagerSummary:
+    rows = (
+        await session.execute(
+            select(Manager.manager_id, Manager.is_leader).where(Manager.heartbeat_at >= cutoff)
+        )
+    ).all()
+    leader = next((m for m, is_leader in sorted(rows) if is_leader), None)
+    return ManagerSummary(live=len(rows), leader=leader)

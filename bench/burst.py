@@ -1,0 +1,139 @@
+"""Burst latency measured by Redis itself, next to the Redis-only floor of the same run.
+
+    .venv/bin/python bench/burst.py [--sizes 10000,100000] [--slots 3]
+
+For each N: N rows of ``periodic_jobs`` (PostgreSQL) due at the same instant every 10 s, a real
+manager (database provider and runtime store, Redis Streams target) running on the wall clock.
+For several consecutive slots the stream entry ids of the slot's messages give, in Redis's own
+clock (the same machine's), when the first and the last task landed, minus the slot instant.
+
+The floor: the same N tasks, prepared exactly as the manager prepares them (one script argument
+per 1,000 tasks, 4 pipelines), sent to Redis by a bare loop at a known instant: the time Redis
+alone needs to claim and add them. Medians over the slots; the floor is measured between slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.scale import REDIS, Bench, machine  # noqa: E402
+from periodic_manager.config import PeriodicTaskConfig, idempotency_key  # noqa: E402
+from periodic_manager.targets.base import task_for  # noqa: E402
+from periodic_manager.targets.redis_streams import RedisStreamsTarget  # noqa: E402
+
+PERIOD_S = 10
+
+
+async def landed(client: aioredis.Redis, stream: str, after_ms: int) -> list[int]:
+    """Millisecond part of every entry id in the stream from ``after_ms`` on."""
+    out: list[int] = []
+    start = f"{after_ms}-0"
+    while True:
+        batch = await client.xrange(stream, min=start, count=20_000)
+        out += [int(entry_id.split(b"-")[0]) for entry_id, _ in batch]
+        if len(batch) < 20_000:
+            return out
+        start = "(" + batch[-1][0].decode()
+
+
+async def floor(n: int, prefix: str) -> float:
+    """Seconds Redis needs to take N prepared tasks (first call to last entry id)."""
+    target = RedisStreamsTarget.from_url(REDIS, prefix=prefix)
+    client = aioredis.from_url(REDIS)
+    try:
+        slot = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+        cfg = PeriodicTaskConfig.create(name="floor", spec="@every 10s", task_type="bench.task", payload={"n": 1})
+        tasks = [
+            task_for(cfg, idempotency_key(f"floor{i}.{slot.timestamp()}", slot), slot, slot + timedelta(seconds=30))
+            for i in range(n)
+        ]
+        prepared = target.prepare(tasks)
+        await target.send(target.prepare(tasks[:1]), datetime.now(UTC))  # script loaded, pool warm
+        start_ms = int(time.time() * 1000)
+        await target.send(prepared, datetime.now(UTC))
+        ids = await landed(client, target.stream_key("default"), start_ms)
+        return (max(ids) - start_ms) / 1000
+    finally:
+        await target.close()
+        await client.aclose()
+
+
+async def one_size(n: int, slots: int) -> dict[str, Any]:
+    async with Bench() as b:
+        await b.insert(n, f"@every {PERIOD_S}s")
+        target = RedisStreamsTarget.from_url(REDIS, prefix=b.prefix)
+        client = aioredis.from_url(REDIS)
+        stream = target.stream_key("default")
+        mgr = b.manager(target, grace=60)
+        firsts, lasts, rates, floors = [], [], [], []
+        await mgr.start()
+        try:
+            # The first slot at least one period after the start completed (caches warm).
+            slot_s = (int(time.time()) // PERIOD_S + 2) * PERIOD_S
+            for _ in range(slots):
+                while time.time() < slot_s + 2 + n / 50_000:  # the burst has surely landed
+                    await asyncio.sleep(0.2)
+                ids = [i for i in await landed(client, stream, slot_s * 1000) if i < (slot_s + PERIOD_S) * 1000]
+                assert len(ids) == n, f"{len(ids)} of {n} tasks in the stream for slot {slot_s}"
+                firsts.append((min(ids) - slot_s * 1000) / 1000)
+                lasts.append((max(ids) - slot_s * 1000) / 1000)
+                rates.append(n / max(1e-3, (max(ids) - slot_s * 1000) / 1000))
+                # Between slots: the floor, with the same Redis and stream sizes.
+                floors.append(await floor(n, b.prefix + "f"))
+                slot_s += PERIOD_S
+        finally:
+            await mgr.stop()
+            await target.close()
+            await client.aclose()
+        return {
+            "n": n,
+            "first": statistics.median(firsts),
+            "last": statistics.median(lasts),
+            "rate": statistics.median(rates),
+            "floor": statistics.median(floors),
+            "lasts": lasts,
+        }
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+async def main(sizes: list[int], slots: int) -> None:
+    print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n")
+    print("| N | first task after slot | last task after slot | tasks/s | Redis-only floor | last / floor | goal | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in sizes:
+        r = await one_size(n, slots)
+        ratio = r["last"] / r["floor"] if r["floor"] > 0 else float("inf")
+        if n <= 10_000:
+            goal = "first <= 20 ms, last <= 150 ms and <= 2x floor"
+            ok = r["first"] <= 0.02 and r["last"] <= 0.15 and ratio <= 2
+        else:
+            goal = ">= 75,000 tasks/s"
+            ok = r["rate"] >= 75_000
+        lasts = ", ".join(f"{x * 1000:.0f}" for x in r["lasts"])
+        print(
+            f"| {n:,} | {r['first'] * 1000:.0f} ms | {r['last'] * 1000:.0f} ms ({lasts}) | {r['rate']:,.0f} | "
+            f"{r['floor'] * 1000:.0f} ms | {ratio:.2f} | {goal} | {verdict(ok)} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--slots", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(main([int(x) for x in args.sizes.split(",")], args.slots))

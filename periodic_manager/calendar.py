@@ -1,0 +1,104 @@
+"""The calendar: entries grouped by the instant of their next slot.
+
+A heap holds each *distinct* instant once and a bucket per instant lists the entries due then,
+so a million daily schedules due at 03:00 cost one heap item, not a million; finding the next
+instant is O(log d) for d distinct instants and taking an instant's entries is O(its size).
+
+Entries are never searched for and removed: one that moves (advanced, replaced, unregistered) is
+simply no longer valid in its old bucket, and is skipped when that bucket is taken (an entry is
+valid in a bucket while it is alive and its ``next_slot`` is that instant). Each bucket also
+keeps its instant object, which its entries share (one datetime per instant, not per entry).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Protocol
+
+
+class Timed(Protocol):
+    """What the calendar needs of an entry."""
+
+    next_slot: datetime | None
+    dead: bool
+    mark: int
+
+
+class Bucket:
+    __slots__ = ("at", "entries")
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+        self.entries: list[Timed] = []
+
+
+class Calendar:
+    """Buckets of entries by instant, and the heap of those instants."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[datetime, Bucket] = {}
+        self._instants: list[datetime] = []
+        self._marks = itertools.count(1)
+
+    def add(self, entry: Timed, instant: datetime) -> None:
+        """File ``entry`` under ``instant`` (and set its ``next_slot`` to the shared instant)."""
+        bucket = self._buckets.get(instant)
+        if bucket is None:
+            bucket = self._buckets[instant] = Bucket(instant)
+            heapq.heappush(self._instants, instant)
+        entry.next_slot = bucket.at
+        bucket.entries.append(entry)
+
+    def next_instant(self) -> datetime | None:
+        """The earliest instant that still has a valid entry (empty buckets are dropped)."""
+        while self._instants:
+            at = self._instants[0]
+            bucket = self._buckets[at]
+            if any(_valid(e, at) for e in bucket.entries):
+                return at
+            heapq.heappop(self._instants)
+            del self._buckets[at]
+        return None
+
+    def size(self, instant: datetime) -> int:
+        """How many entries are filed under ``instant`` (an upper bound: some may be stale)."""
+        bucket = self._buckets.get(instant)
+        return len(bucket.entries) if bucket is not None else 0
+
+    def take(self, instant: datetime) -> list[Timed]:
+        """Remove the bucket of ``instant`` and return its valid entries, each once."""
+        bucket = self._buckets.pop(instant, None)
+        if bucket is None:
+            return []
+        if self._instants and self._instants[0] == instant:
+            heapq.heappop(self._instants)
+        else:  # not the earliest (rare): rebuild without it
+            self._instants = [i for i in self._instants if i != instant]
+            heapq.heapify(self._instants)
+        mark = next(self._marks)
+        out = []
+        for entry in bucket.entries:
+            if _valid(entry, instant) and entry.mark != mark:
+                entry.mark = mark  # an entry filed twice under one instant is taken once
+                out.append(entry)
+        return out
+
+    def due(self, now: datetime) -> Iterator[datetime]:
+        """Instants at or before ``now`` that still have valid entries, earliest first."""
+        while (at := self.next_instant()) is not None and at <= now:
+            yield at
+
+    def clear(self) -> None:
+        self._buckets.clear()
+        self._instants.clear()
+
+    def __len__(self) -> int:
+        """Distinct instants filed (including ones whose entries all moved)."""
+        return len(self._instants)
+
+
+def _valid(entry: Timed, instant: datetime) -> bool:
+    return not entry.dead and entry.next_slot == instant

@@ -1,0 +1,244 @@
+"""Sending one instant's slots: tasks, sub-batches, retries within grace, outcomes.
+
+A batch goes out as sub-batches of ``SEND_CHUNK`` tasks, a few in flight at once so the target
+works on one while the next is handed over. A failed call is retried whole with capped
+exponential backoff while its slots may still be sent (until their expiry: grace, or the
+catch-up window); tasks a target failed one by one are retried alone. Every outcome becomes a
+run (enqueued, duplicate, failed) for the history and the metrics, and the hooks see each
+sub-batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from periodic_manager.clock import Clock
+from periodic_manager.config import slot_text
+from periodic_manager.history import RunWriter
+from periodic_manager.registry import RunRecord
+from periodic_manager.targets.base import (
+    EnqueueResult,
+    Prepared,
+    StagedTarget,
+    Task,
+    send_prepared,
+    task_for,
+)
+
+if TYPE_CHECKING:
+    from periodic_manager.scheduler import ScheduledEntry
+
+log = logging.getLogger(__name__)
+
+PreEnqueueHook = Callable[[Sequence[Task]], Awaitable[None] | None]
+PostEnqueueHook = Callable[[Sequence[EnqueueResult]], Awaitable[None] | None]
+ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
+
+SEND_CHUNK = 5000  # slots per sub-batch of a large instant
+MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
+_LATEST = datetime.max.replace(tzinfo=UTC)
+
+# A sub-batch: the entries and their prepared tasks, in the same order.
+Chunk = tuple[list["ScheduledEntry"], Prepared]
+
+
+def later(instant: datetime, seconds: float | timedelta) -> datetime:
+    """``instant`` + ``seconds``, saturating at the last representable instant."""
+    step = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+    return instant + step if _LATEST - instant > step else _LATEST
+
+
+def build_task(entry: ScheduledEntry, slot: datetime, text: str) -> Task:
+    """The task of ``entry``'s slot (``text`` is the slot's UTC text, shared by a batch)."""
+    return task_for(entry.config, f"{entry.config.name}:{text}", slot, later(slot, entry.window))
+
+
+async def prepare(target: StagedTarget, slot: datetime, entries: list[ScheduledEntry]) -> list[Chunk]:
+    """Tasks of ``entries`` for ``slot``, cut into sub-batches and prepared by the target (other
+    tasks run between sub-batches: staging 100,000 tasks must not hold the event loop)."""
+    text = slot_text(slot)
+    chunks: list[Chunk] = []
+    for i in range(0, len(entries), SEND_CHUNK):
+        if i:
+            await asyncio.sleep(0)
+        part = entries[i : i + SEND_CHUNK]
+        chunks.append((part, prepare_tasks(target, [build_task(e, slot, text) for e in part])))
+    return chunks
+
+
+def prepare_tasks(target: StagedTarget, tasks: list[Task]) -> Prepared:
+    try:
+        return target.prepare(tasks)
+    except Exception as exc:  # noqa: BLE001 - the send path reports it (enqueue re-encodes)
+        log.debug("prepare failed, the batch is encoded when sent: %s", exc)
+        return Prepared(tasks)
+
+
+async def _call(hook: Callable[..., Any] | None, *args: Any) -> None:
+    if hook is None:
+        return
+    result = hook(*args)
+    if asyncio.iscoroutine(result):
+        await result
+
+
+class Dispatcher:
+    """Sends prepared sub-batches to the target and turns the outcomes into runs."""
+
+    def __init__(
+        self,
+        target: StagedTarget,
+        *,
+        clock: Clock,
+        writer: RunWriter,
+        backoff: Callable[[float], Awaitable[None]],
+        may_send: Callable[[], bool],
+        pre_enqueue: PreEnqueueHook | None = None,
+        post_enqueue: PostEnqueueHook | None = None,
+        on_error: ErrorHook | None = None,
+        retry_base: float = 0.2,
+        retry_max: float = 5.0,
+    ) -> None:
+        self.target = target
+        self.clock = clock
+        self.writer = writer
+        self.backoff = backoff
+        self.may_send = may_send  # False when stopping or no longer leading: no more retries
+        self.pre_enqueue = pre_enqueue
+        self.post_enqueue = post_enqueue
+        self.on_error = on_error
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+        self.counts: dict[str, int] = {"enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0}
+        self.progress_at: datetime | None = None  # last sign of life of a send under way
+        self._failing = 0  # consecutive failed attempts (one log line per outage)
+        self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._sending = 0  # sub-batches under way
+
+    def start(self, slot: datetime, chunks: list[Chunk]) -> list[asyncio.Future[None]]:
+        """Start sending every sub-batch (at most ``MAX_IN_FLIGHT`` awaiting the target)."""
+        return [asyncio.ensure_future(self._send_chunk(slot, part, prep)) for part, prep in chunks]
+
+    async def _send_chunk(self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared) -> None:
+        self._sending += 1
+        try:
+            await self._send_chunk_once(slot, entries, prepared)
+        finally:
+            self._sending -= 1
+            if not self._sending:
+                self.progress_at = None
+
+    async def _send_chunk_once(
+        self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared
+    ) -> None:
+        tasks = prepared.tasks
+        try:
+            async with self._inflight:
+                await _call(self.pre_enqueue, tasks)
+                results = await self._send(prepared, slot)
+        except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
+            self._gave_up(slot, entries, tasks, exc)
+            await self._safe_hook(self.on_error, exc, tasks)
+            return
+        runs: list[RunRecord] = []
+        at = self.clock.now()
+        counts = self.counts
+        for entry, res in zip(entries, results, strict=True):
+            status = res.status
+            if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
+                entry.last_error = res.error  # set when the target failed this task alone
+            entry.last_status = status
+            if status == "failed":
+                log.error(
+                    "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
+                    extra={"schedule": entry.config.name, "slot": slot.isoformat()},
+                )
+            counts[status] += 1
+            runs.append(RunRecord(entry.key, entry.config.name, slot, status, at, res.message_id, res.error))
+        log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
+        await self._safe_hook(self.post_enqueue, results)
+        self.writer.report(runs)
+
+    def _gave_up(self, slot: datetime, entries: list[ScheduledEntry], tasks: list[Task], exc: Exception) -> None:
+        at = self.clock.now()
+        for entry in entries:
+            entry.last_error = str(exc)
+            entry.last_status = "failed"
+        self.counts["failed"] += len(tasks)
+        log.error(
+            "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,
+            extra={"slot": slot.isoformat(), "batch": len(tasks)},
+        )
+        self.writer.report([RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries])
+
+    async def _send(self, prepared: Prepared, slot: datetime) -> list[EnqueueResult]:
+        """Send, retrying with capped exponential backoff while the batch may still be sent.
+
+        The first attempt sends the prepared batch; a failed call is retried whole, and tasks a
+        target reports ``failed`` one by one are retried alone. Gives up once the next attempt
+        would fall after the deadline, on shutdown, or when leadership is lost: re-raising if
+        nothing was sent, else reporting the rest as failed. Logs once per outage.
+        """
+        tasks = prepared.tasks
+        deadline = min(t.expires_at for t in tasks)
+        final: list[EnqueueResult | None] = [None] * len(tasks)
+        todo = list(range(len(tasks)))
+        attempt = 0
+        while True:
+            error: Exception | None = None
+            self.progress_at = self.clock.now()
+            try:
+                if attempt == 0 or len(todo) == len(tasks):
+                    results = await send_prepared(self.target, prepared, self.clock.now())
+                else:
+                    results = await self.target.enqueue([tasks[i] for i in todo], self.clock.now())
+            except Exception as exc:
+                error = exc
+                self.progress_at = self.clock.now()
+            else:
+                self.progress_at = self.clock.now()
+                retry = []
+                for i, res in zip(todo, results, strict=True):
+                    final[i] = res
+                    if res.status == "failed":
+                        retry.append(i)
+                if not retry:
+                    if self._failing:
+                        log.warning("target recovered after %d failed attempt(s)", self._failing)
+                        self._failing = 0
+                    return [r for r in final if r is not None]
+                todo = retry
+            attempt += 1
+            self._failing += 1
+            if self._failing == 1:
+                log.error(
+                    "enqueue failed, retrying while slots are within grace: %s",
+                    error if error is not None else final[todo[0]].error,  # type: ignore[union-attr]
+                    extra={"slot": slot.isoformat(), "batch": len(todo)},
+                )
+            delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
+            if not self.may_send() or later(self.clock.now(), delay) > deadline:
+                if error is not None and all(r is None for r in final):
+                    raise error
+                for i in todo:
+                    if error is not None:
+                        final[i] = EnqueueResult(tasks[i], "failed", None, error=str(error))
+                return [r for r in final if r is not None]
+            await self.backoff(delay)
+
+    async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
+        try:
+            await _call(hook, *args)
+        except Exception:  # a user hook must not stop the schedule
+            log.exception("hook %r failed", hook)
+
+    def hung_for(self, now: datetime) -> float:
+        """Seconds a send under way has shown no sign of life (0 when none is under way)."""
+        progress = self.progress_at
+        if progress is None:
+            return 0.0
+        return max(0.0, (now - progress).total_seconds())

@@ -1,0 +1,182 @@
+"""Liveness and readiness signals of a running process.
+
+**Probe file.** A process that schedules (``manager``, ``run``) and has ``PM_PROBE_DIR`` set
+writes ``<PM_PROBE_DIR>/<role>.json`` every ``PM_PROBE_INTERVAL`` seconds from a task on its own
+event loop::
+
+    {"role": "manager", "pid": 4242, "at": "2026-12-01T10:00:00.5Z", "interval_s": 5.0,
+     "status": "ok", "reason": null}
+
+A blocked or dead event loop stops the writes, so the file goes stale; a manager that reports
+itself unhealthy (a supervised loop died, ...) writes ``"status": "unhealthy"`` with the reason.
+``periodic-manager health`` (:func:`check_probe`) reads the file and exits non-zero when it is
+missing, stale or unhealthy: an ``exec`` liveness probe for a process that serves no HTTP.
+
+**Target check.** :func:`ping_target` asks a target whether its broker answers (used by
+``/readyz``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from periodic_manager.clock import Clock
+
+log = logging.getLogger(__name__)
+
+# None when healthy, else why not (one line).
+HealthCheck = Callable[[], str | None]
+ROLES = ("manager", "run")
+DEFAULT_MAX_AGE_S = 30.0
+
+
+def manager_health(manager: Any) -> HealthCheck:
+    """The health check of a manager: its own ``health()`` when it has one, else whether one of
+    its supervised loops died (``failed``)."""
+
+    def check() -> str | None:
+        own = getattr(manager, "health", None)
+        if callable(own):
+            result = own()
+            return None if result is None else str(result)
+        failed = getattr(manager, "failed", None)
+        return None if failed is None else f"a manager loop died: {failed!r}"
+
+    return check
+
+
+def ensure_writable(directory: str | os.PathLike[str]) -> None:
+    """Create ``directory`` if needed and prove a file can be written there (raises OSError)."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    test = path / f".write-test.{os.getpid()}"
+    test.write_text("")
+    test.unlink()
+
+
+def probe_path(directory: str | os.PathLike[str], role: str) -> Path:
+    return Path(directory) / f"{role}.json"
+
+
+def _instant_text(at: datetime) -> str:
+    return at.isoformat().replace("+00:00", "Z")
+
+
+class ProbeWriter:
+    """Writes the probe file of ``role`` every ``interval_s`` while the loop it runs on is alive."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        role: str,
+        health: HealthCheck,
+        *,
+        clock: Clock,
+        interval_s: float = 5.0,
+    ) -> None:
+        self.path = probe_path(directory, role)
+        self.role = role
+        self.health = health
+        self.clock = clock
+        self.interval_s = interval_s
+        self._last_error: str | None = None
+
+    def write(self) -> None:
+        """Write the file once (atomically: readers never see half a file). Raises OSError."""
+        try:
+            reason = self.health()
+        except Exception as exc:  # a broken check is itself a reason not to look alive
+            reason = f"health check failed: {exc!r}"
+        doc = {
+            "role": self.role,
+            "pid": os.getpid(),
+            "at": _instant_text(self.clock.now()),
+            "interval_s": self.interval_s,
+            "status": "ok" if reason is None else "unhealthy",
+            "reason": reason,
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    async def run(self) -> None:
+        """Write every ``interval_s`` until cancelled. A failed write is logged (once per kind of
+        error) and retried at the next tick: the file going stale is the signal."""
+        while True:
+            try:
+                self.write()
+                if self._last_error is not None:
+                    log.info("probe file %s written again", self.path)
+                    self._last_error = None
+            except OSError as exc:
+                text = f"{type(exc).__name__}: {exc}"
+                if text != self._last_error:
+                    log.error("cannot write the probe file %s: %s", self.path, text)
+                self._last_error = text
+            await self.clock.sleep(self.interval_s)
+
+    def remove(self) -> None:
+        """Remove the file (a clean stop): a stopped process is not "alive but stale"."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove the probe file %s: %s", self.path, exc)
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    ok: bool
+    line: str
+
+
+def check_probe(
+    directory: str | os.PathLike[str], role: str, now: datetime, max_age_s: float | None = None
+) -> ProbeVerdict:
+    """Judge the probe file of ``role`` at ``now``. ``max_age_s`` None: three write intervals as
+    the file states them, at least :data:`DEFAULT_MAX_AGE_S`."""
+    path = probe_path(directory, role)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        at = datetime.fromisoformat(str(doc["at"]).replace("Z", "+00:00"))
+        interval = float(doc.get("interval_s") or 0)
+        status = str(doc.get("status"))
+    except FileNotFoundError:
+        return ProbeVerdict(False, f"missing: no probe file {path} (is PM_PROBE_DIR set for the {role}?)")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return ProbeVerdict(False, f"unreadable: probe file {path}: {exc}")
+    if at.tzinfo is None:
+        return ProbeVerdict(False, f"unreadable: probe file {path}: 'at' has no offset")
+    limit = max_age_s if max_age_s is not None else max(DEFAULT_MAX_AGE_S, 3 * interval)
+    age = (now - at).total_seconds()
+    pid = doc.get("pid")
+    if age > limit:
+        return ProbeVerdict(
+            False, f"stale: {role} (pid {pid}) last wrote its probe {age:.1f} s ago (max {limit:g} s)"
+        )
+    if status != "ok":
+        return ProbeVerdict(False, f"unhealthy: {role} (pid {pid}): {doc.get('reason')}")
+    return ProbeVerdict(True, f"ok: {role} (pid {pid}) wrote its probe {max(age, 0):.1f} s ago")
+
+
+async def ping_target(target: Any, timeout_s: float) -> None:
+    """Raise unless ``target``'s broker answers within ``timeout_s``. A target without a
+    ``ping()`` nor Redis claims (an in-memory one, a custom one) counts as reachable."""
+    ping = getattr(target, "ping", None)
+    if ping is None:
+        # A target that claims in Redis (Celery) is at least as reachable as its claims' Redis.
+        ping = getattr(getattr(target, "claims", None), "ping", None)
+    if ping is None:
+        return
+    async with asyncio.timeout(timeout_s):
+        await ping()

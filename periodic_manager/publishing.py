@@ -1,0 +1,116 @@
+"""Entry publishing: what this manager holds, written to the runtime store for the API.
+
+Publishing is for visibility only. A sync (or a cold start of a million entries) never waits for
+it: changes are queued by entry id and a background task writes them, coalescing what was queued
+meanwhile; records are built when written, so a cold start does not allocate a record per entry
+on its way. When the store fails, the manager republishes everything at its next heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from periodic_manager.registry import EntryRecord, RuntimeStore
+
+if TYPE_CHECKING:
+    from periodic_manager.scheduler import ScheduledEntry
+
+log = logging.getLogger(__name__)
+
+
+def entry_record(entry: ScheduledEntry) -> EntryRecord:
+    cfg = entry.config
+    return EntryRecord(
+        entry_id=entry.entry_id,
+        schedule_key=entry.key,
+        name=cfg.name,
+        content_hash=entry.content_hash,
+        status="active",
+        registered_at=entry.registered_at,
+        spec=cfg.spec,
+        timezone=cfg.timezone,
+        anchor=cfg.anchor,
+        task_type=cfg.task_type,
+        queue=cfg.queue,
+    )
+
+
+class EntryPublisher:
+    """Queues entry changes (by entry id) and writes them to ``store`` in the background."""
+
+    def __init__(
+        self,
+        store: RuntimeStore,
+        manager_id: str,
+        *,
+        on_failure: Callable[[BaseException], None],
+        checked: Callable[[BaseException], None] = lambda exc: None,
+    ) -> None:
+        self.store = store
+        self.manager_id = manager_id
+        self._on_failure = on_failure  # the store failed: republish at the next heartbeat
+        self._checked = checked  # re-raises a cancellation a driver disguised as its own error
+        self._pending: dict[str, ScheduledEntry | EntryRecord | None] = {}  # None: removed
+        self._ready = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    def upsert(self, item: ScheduledEntry | EntryRecord) -> None:
+        """Publish an entry (its record is built when written) or an error record."""
+        self._pending[item.entry_id] = item
+        self._ready.set()
+
+    def remove(self, entry_id: str) -> None:
+        self._pending[entry_id] = None
+        self._ready.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write what is queued now (and wait for a write under way)."""
+        if not self._pending:
+            async with self._lock:
+                return
+        pending, self._pending = self._pending, {}
+        upserts: list[EntryRecord] = []
+        removed: list[str] = []
+        for i, (entry_id, item) in enumerate(pending.items()):
+            if i % 5000 == 4999:
+                await asyncio.sleep(0)  # building 100,000 records must not hold the event loop
+            if item is None:
+                removed.append(entry_id)
+            elif isinstance(item, EntryRecord):
+                upserts.append(item)
+            elif not item.dead:
+                upserts.append(entry_record(item))
+        async with self._lock:
+            await self.call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
+
+    async def call(self, op: Awaitable[object], what: str) -> None:
+        """Await a store call; a failure is logged and marks everything for republishing."""
+        try:
+            await op
+        except Exception as exc:  # the store is for visibility; scheduling goes on without it
+            self._checked(exc)
+            log.warning("%s failed (republished at the next heartbeat): %r", what, exc)
+            self._on_failure(exc)
+
+
+def error_record(schedule_id: object, name: str | None, content_hash: str, message: str, now: datetime) -> EntryRecord:
+    """A rejected row as published: ``status`` error, why in ``last_error``."""
+    return EntryRecord(
+        entry_id=f"{schedule_id}-error-{content_hash[:12]}",
+        schedule_key=str(schedule_id),
+        name=name,
+        content_hash=content_hash,
+        status="error",
+        registered_at=now,
+        last_error=message,
+    )

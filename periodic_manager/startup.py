@@ -1,0 +1,145 @@
+"""What a process checks before it starts work, and how it says what went wrong in one line.
+
+Every long-running command (``run``, ``api``, ``manager``) and every command that touches the
+database (``migrate``, ``import``, ``export``) first connects once: a wrong password, a missing
+database, an unreachable server or a schema that is not at this version's head ends the command
+with one line naming the database (password hidden) and the cause, and a non-zero exit, instead
+of a traceback or a loop of retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from periodic_manager.db.engine import create_engine, is_sqlite
+from periodic_manager.db.migrate import database_revision, schema_problem
+from periodic_manager.errors import PeriodicManagerError
+from periodic_manager.settings import Settings
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class StartupError(PeriodicManagerError):
+    """A dependency is unusable at start; the message is one line for an operator."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (any scheme: database, Redis, AMQP)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        pass
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The most specific error behind SQLAlchemy's and the drivers' wrappers."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "orig", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
+
+
+def explain(exc: BaseException) -> str:
+    """One line saying why a connection or statement failed, without the driver's noise."""
+    cause = _root_cause(exc)
+    if isinstance(cause, TimeoutError):
+        return f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve the host ({cause.strerror or cause})"
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused (is the server running, on this host and port?)"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror[0].lower() + cause.strerror[1:]
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else type(cause).__name__
+    return first
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    # SQLite would create a missing file on connect: better to say what is wrong.
+    if not is_sqlite(url):
+        return False
+    path = make_url(url).database
+    return bool(path) and path != ":memory:" and not Path(path).exists()
+
+
+async def check_database(url: str, *, must_exist: bool = True) -> str | None:
+    """Connect once and read the schema revision; raise :class:`StartupError` unless the schema
+    is at this version's head. ``must_exist=False`` (``migrate``) only checks the connection and
+    returns the revision found (None: never migrated)."""
+    where = f"database {redact_url(url)}"
+    if must_exist and _missing_sqlite_file(url):
+        raise StartupError(
+            f"{where}: the file does not exist: run `periodic-manager migrate` "
+            "(`periodic-manager run` creates it on SQLite)"
+        )
+    engine = create_engine(url, command_timeout=CONNECT_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S + 1), engine.connect() as conn:
+            revision = await database_revision(conn)
+    except Exception as exc:
+        raise StartupError(f"{where}: {explain(exc)}") from exc
+    finally:
+        await engine.dispose()
+    if must_exist:
+        problem = schema_problem(revision)
+        if problem is not None:
+            raise StartupError(f"{where}: {problem}")
+    return revision
+
+
+def check_probe_dir(settings: Settings) -> None:
+    """With ``PM_PROBE_DIR`` set, the directory must be writable before any work starts."""
+    if settings.probe_dir is None:
+        return
+    from periodic_manager.probe import ensure_writable
+
+    try:
+        ensure_writable(settings.probe_dir)
+    except OSError as exc:
+        raise StartupError(
+            f"PM_PROBE_DIR: cannot write to {settings.probe_dir}: {exc.strerror or exc}"
+        ) from None
+
+
+def describe_targets(settings: Settings) -> str:
+    """The configured targets with where each sends (passwords hidden), for the start-up log."""
+    parts = []
+    for name in settings.configured_targets():
+        if name == "redis":
+            where = redact_url(settings.redis_url)
+        elif name == "celery":
+            where = redact_url(settings.celery_broker_url or settings.redis_url)
+        elif name == "arq":
+            where = redact_url(settings.arq_redis_url or settings.redis_url)
+        else:
+            where = "table pm_outbox"
+        parts.append(f"{name} ({where})")
+    return ", ".join(parts)

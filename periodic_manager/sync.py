@@ -1,0 +1,166 @@
+"""Applying what the provider read to the scheduler: a full snapshot or the changes since.
+
+A schedule whose content hash and name are unchanged keeps its entry and its timing; a changed
+one is replaced (:meth:`Scheduler.register` keeps or carries its pending slot); a row deleted or
+disabled loses its entry. A row the provider rejected is logged once per (row, content) and
+published as an error record; if it had a good version before, that version keeps running
+(nothing is lost). Long loops yield to the event loop, so a bulk change of 100,000 rows never
+holds dispatch or the leadership proof.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from periodic_manager.config import PeriodicTaskConfig, content_hash
+from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
+from periodic_manager.publishing import EntryPublisher, error_record
+from periodic_manager.registry import EntryRecord
+from periodic_manager.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+YIELD_EVERY = 500  # rows between yields to the event loop
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """What one sync did."""
+
+    ok: bool
+    added: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    errors: list[RowError] = field(default_factory=list)
+    error: str | None = None
+
+
+class Reconciler:
+    """Keeps the scheduler's sync-owned entries equal to the provider's rows."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        publisher: EntryPublisher,
+        *,
+        checked: Callable[[BaseException], None] = lambda exc: None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.publisher = publisher
+        self._checked = checked  # re-raises a cancellation a driver disguised as its own error
+        self.row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
+        self._logged: set[tuple[str, str]] = set()  # (schedule key, content hash) already logged
+
+    async def apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
+        """Full reconcile: the snapshot is the whole truth."""
+        report = SyncReport(ok=True, errors=list(snapshot.errors))
+        desired: dict[str, PeriodicTaskConfig] = {c.key: c for c in snapshot.configs}
+        bad = {str(e.schedule_id) for e in snapshot.errors}
+        for entry in self.scheduler.entries():
+            # A row that turned bad keeps its last good entry running (nothing is lost).
+            if entry.synced and entry.key not in desired and entry.key not in bad:
+                self._remove(entry.key, report)
+        now_ = self.scheduler.clock.now()
+        for i, cfg in enumerate(desired.values()):
+            self._upsert(cfg, report, now_)
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let leadership checks and dispatch run
+                now_ = self.scheduler.clock.now()
+        current = {str(e.schedule_id) for e in report.errors}
+        self._publish_row_errors(report.errors, now)
+        for key in list(self.row_errors):
+            if key not in current:
+                self.publisher.remove(self.row_errors.pop(key).entry_id)
+        self._logged = {(k, h) for (k, h) in self._logged if k in current}
+        return report
+
+    async def apply_changes(self, changes: ChangeSet, now: datetime) -> SyncReport:
+        """Incremental: only what changed since the last revision read."""
+        report = SyncReport(ok=True, errors=list(changes.errors))
+        for key in changes.removed:
+            self._remove(key, report)
+            self._clear_row_error(key)
+        now_ = self.scheduler.clock.now()
+        for i, cfg in enumerate(changes.configs):
+            if self._upsert(cfg, report, now_):
+                self._clear_row_error(cfg.key)
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the
+                # leadership proof must not wait for all of it.
+                await asyncio.sleep(0)
+                now_ = self.scheduler.clock.now()
+        self._publish_row_errors(report.errors, now)
+        return report
+
+    def _remove(self, key: str, report: SyncReport) -> None:
+        entry = self.scheduler.get(key)
+        if entry is not None and entry.synced:
+            self.scheduler.unregister(key)
+            self.publisher.remove(entry.entry_id)
+            report.removed.append(entry.entry_id)
+
+    def _upsert(self, cfg: PeriodicTaskConfig, report: SyncReport, now: datetime) -> bool:
+        """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
+        (then a row error is added to the report and any previous entry keeps running)."""
+        entry = self.scheduler.get(cfg.key)
+        # The provider hands back the same object for an unchanged row: no hashing needed.
+        if entry is not None and entry.config is cfg:
+            report.unchanged += 1
+            return True
+        digest = content_hash(cfg)
+        if entry is not None and entry.content_hash == digest and entry.config.name == cfg.name:
+            # Same content and keys; only bookkeeping (effective_at) may have moved.
+            entry.config = cfg
+            report.unchanged += 1
+            return True
+        try:
+            new = self.scheduler.register(cfg, digest=digest, synced=True, now=now)
+        except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
+            self._checked(exc)
+            report.errors.append(_unusable(cfg, exc))
+            return False
+        if entry is not None and entry.entry_id != new.entry_id:
+            self.publisher.remove(entry.entry_id)
+        self.publisher.upsert(new)
+        (report.replaced if entry is not None else report.added).append(new.entry_id)
+        return True
+
+    def _clear_row_error(self, key: str) -> None:
+        rec = self.row_errors.pop(key, None)
+        if rec is not None:
+            self.publisher.remove(rec.entry_id)
+
+    def _publish_row_errors(self, errors: Sequence[RowError], now: datetime) -> None:
+        """Log each bad row once per content and publish it (visible through the API)."""
+        for err in errors:
+            key = str(err.schedule_id)
+            if (key, err.content_hash) not in self._logged:
+                self._logged.add((key, err.content_hash))
+                kept = " (its previous version keeps running)" if self.scheduler.get(key) else ""
+                log.error(
+                    "schedule row %s (%s) rejected: %s%s", key, err.name, err.message, kept,
+                    extra={"schedule": err.name, "schedule_id": key, "field": err.field},
+                )
+            rec = error_record(err.schedule_id, err.name, err.content_hash, err.message, now)
+            old = self.row_errors.get(key)
+            if old is None or old.entry_id != rec.entry_id:
+                if old is not None:
+                    self.publisher.remove(old.entry_id)
+                self.row_errors[key] = rec
+                self.publisher.upsert(rec)
+
+
+def _unusable(cfg: PeriodicTaskConfig, exc: BaseException) -> RowError:
+    """A config the provider accepted but the scheduler could not register, as a row error."""
+    return RowError(
+        schedule_id=cfg.schedule_id if cfg.schedule_id is not None else cfg.key,
+        name=cfg.name,
+        content_hash=content_hash(cfg),
+        field="row",
+        reason=f"cannot be scheduled: {type(exc).__name__}: {exc}",
+    )
