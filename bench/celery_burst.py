@@ -164,10 +164,10 @@ async def target_run(n: int, mode: str) -> dict[str, Any]:
     poller = await asyncio.to_thread(Poller, f"{prefix}:{queue}", n, slot_epoch + 120)
     try:
         if mode == "staged":
-            batch = target.prepare(tasks, slot)
+            batch = target.prepare(tasks)
             prepare_done = time.time()
             await sleep_until(slot_epoch)
-            results = await target.send(batch)
+            results = await target.send(batch, slot)
         elif mode == "at-slot":
             prepare_done = None
             await sleep_until(slot_epoch)

@@ -253,3 +253,37 @@ def test_argsrepr_and_kwargsrepr_are_celerys_saferepr(
     for value in (kwargs, args, args or ()):
         for maxlen in (1024, 40):
             assert fast_saferepr(value, maxlen) == saferepr(value, maxlen)
+
+
+async def test_a_batch_prepared_ahead_writes_the_same_messages_and_a_resend_adds_nothing(
+    pair: Any, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    # Staged: built before the slot (no clock), sent at it; the scheduler may send it again.
+    direct, _ = pair(None)
+    now = SystemClock().now()
+    slot = now.replace(microsecond=0) + timedelta(seconds=5)
+    tasks = cases(redis_prefix, slot)
+    prepared = direct.prepare(tasks)
+    first = await direct.send(prepared, slot)
+    assert [r.status for r in first] == ["enqueued"] * len(tasks)
+    again = await direct.send(prepared, slot + timedelta(seconds=1))
+    assert [r.status for r in again] == ["duplicate"] * len(tasks)
+    staged = await dump(redis_client, f"{redis_prefix}w:")
+    assert sum(len(v) for k, v in staged.items() if not k.startswith("_kombu")) == len(tasks)
+    # The same tasks enqueued at the slot by another writer: the very same bytes.
+    other = CeleryTarget.from_url(
+        direct.app.conf.broker_url, prefix=f"{redis_prefix}o",
+        config={"broker_transport_options": {"global_keyprefix": f"{redis_prefix}o:"}},
+    )  # fmt: skip
+    try:
+        assert {r.status for r in await other.enqueue(tasks, slot)} == {"enqueued"}
+    finally:
+        await other.close()
+    at_slot = await dump(redis_client, f"{redis_prefix}o:")
+    assert staged.keys() == at_slot.keys()
+    for key in staged:
+        if not key.startswith("_kombu"):
+            assert [normalised(m) for m in staged[key]] == [normalised(m) for m in at_slot[key]]
+    # Claims live from the slot: (expires_at - slot) + 60 s.
+    claim = f"{redis_prefix}w:claim:{tasks[0].idempotency_key}"
+    assert 60_000 < await redis_client.pttl(claim) <= 90_000

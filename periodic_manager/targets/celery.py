@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 
 from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Task
+from periodic_manager.targets.base import EnqueueResult, Prepared, Task
 from periodic_manager.targets.celery_app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery_kombu import KombuPublisher
 from periodic_manager.targets.celery_redis import RedisWriter, ScriptCall
@@ -142,16 +142,13 @@ def _publish_receivers() -> bool:
 
 
 @dataclass
-class CeleryBatch:
-    """A batch made ready by :meth:`CeleryTarget.prepare`, for one :meth:`CeleryTarget.send`."""
+class CeleryPrepared:
+    """What :meth:`CeleryTarget.prepare` builds for a batch (``Prepared.data``); may be sent again."""
 
-    tasks: Sequence[Task]
-    now: datetime
-    results: list[EnqueueResult | None]  # filled in by send (tasks refused up front already are)
-    calls: list[ScriptCall] = field(default_factory=list)  # the Redis writer's part
-    started: list[asyncio.Future[Any]] | None = None  # its calls, once under way
-    fast: list[tuple[int, Delivery]] = field(default_factory=list)  # its tasks, in call order
-    kombu: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # kombu's part
+    refused: dict[int, str] = field(default_factory=dict)  # task index -> why Celery can't take it
+    calls: list[ScriptCall] = field(default_factory=list)  # the Redis writer's script calls
+    written: list[tuple[int, Delivery]] = field(default_factory=list)  # their tasks, in call order
+    kombu: list[int] = field(default_factory=list)  # tasks published through kombu at send
 
 
 class CeleryTarget:
@@ -304,18 +301,19 @@ class CeleryTarget:
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         """Claim every task, send the claimed ones, report each in input order.
 
-        A large batch is prepared and sent in parts of ``STREAM``: each part's script call starts
+        A large batch is prepared and sent in parts of ``STREAM``: each part's script calls start
         as soon as the part is built, and the event loop gets a turn between parts, so Redis
         works on one part while the next is built (a batch prepared whole would reach Redis only
         after all of it was built)."""
         if self.writer is None or len(tasks) <= STREAM:
-            return await self.send(self.prepare(tasks, now))
+            return await self._send(tasks, self._prepare(tasks, now), now)
         sends: list[asyncio.Future[list[EnqueueResult]]] = []
         try:
             for start in range(0, len(tasks), STREAM):
-                batch = self.prepare(tasks[start : start + STREAM], now)
-                self._start_written(batch)
-                sends.append(asyncio.ensure_future(self.send(batch)))
+                part = tasks[start : start + STREAM]
+                data = self._prepare(part, now)
+                started = self.writer.start(data.calls)
+                sends.append(asyncio.ensure_future(self._send(part, data, now, started)))
                 await asyncio.sleep(0)
             outcomes = await asyncio.gather(*sends, return_exceptions=True)
         except asyncio.CancelledError:
@@ -327,11 +325,25 @@ class CeleryTarget:
                 raise outcome
         return [r for part in outcomes for r in part]  # type: ignore[union-attr]
 
-    def prepare(self, tasks: Sequence[Task], now: datetime) -> CeleryBatch:
-        """Everything of a batch that needs no broker: messages, routes, the Redis writer's script
-        arguments. ``now`` is when the batch will be sent (claim TTLs and relative expiries count
-        from it). A task whose options Celery cannot take is reported ``failed`` here."""
-        batch = CeleryBatch(tasks, now, [None] * len(tasks))
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        """Everything of a batch that needs no broker, done before its instant: messages, routes
+        and the Redis writer's script arguments. No I/O, no clock: claim TTLs and relative
+        expiries count from each task's slot (a batch sent later keeps its claims that much
+        longer). Tasks published through kombu are only sorted out here; their messages are
+        built when sent."""
+        return Prepared(list(tasks), self._prepare(tasks, None))
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        """Send a prepared batch at ``now`` (again, on a retry: the claims make that safe).
+        Raises TargetError if a broker failed; the tasks sent before it keep their claims, the
+        others hold none."""
+        if not isinstance(prepared.data, CeleryPrepared):
+            return await self.enqueue(prepared.tasks, now)
+        return await self._send(prepared.tasks, prepared.data, now)
+
+    def _prepare(self, tasks: Sequence[Task], now: datetime | None) -> CeleryPrepared:
+        """``now``: when the batch is sent; None: at each task's slot (staged ahead)."""
+        data = CeleryPrepared()
         direct = self.writer is not None and self._direct_allowed()
         written: list[tuple[Task, dict[str, Any], Delivery]] = []
         slots: dict[datetime, str] = {}  # a burst shares one slot: formatted once
@@ -340,22 +352,20 @@ class CeleryTarget:
                 text = slots.get(task.scheduled_at)
                 if text is None:
                     text = slots[task.scheduled_at] = slot_text(task.scheduled_at)
-                msg = celery_message(task, now, text)
+                msg = celery_message(task, task.scheduled_at if now is None else now, text)
                 delivery = self._route(msg, direct)
             except Exception as exc:  # noqa: BLE001 - bad options, a router's error: this task only
-                batch.results[index] = EnqueueResult(
-                    task, "failed", error=f"celery: {type(exc).__name__}: {exc}"
-                )
+                data.refused[index] = f"celery: {type(exc).__name__}: {exc}"
                 continue
             if delivery is None:
-                batch.kombu.append((index, msg))
+                data.kombu.append(index)
             else:
-                batch.fast.append((index, delivery))
+                data.written.append((index, delivery))
                 written.append((task, msg, delivery))
         if written:
             assert self.writer is not None
-            batch.calls = self.writer.prepare(written, now)
-        return batch
+            data.calls = self.writer.prepare(written, now)
+        return data
 
     def _direct_allowed(self) -> bool:
         if not _publish_receivers():
@@ -378,76 +388,86 @@ class CeleryTarget:
         self.app.amqp.router.route(opts, msg["name"], msg["args"], msg["kwargs"])
         return None
 
-    async def send(self, batch: CeleryBatch) -> list[EnqueueResult]:
-        """Send a prepared batch (once). Raises TargetError if a broker failed; the tasks sent
-        before it keep their claims, the others hold none."""
+    async def _send(
+        self,
+        tasks: Sequence[Task],
+        data: CeleryPrepared,
+        now: datetime,
+        started: list[asyncio.Future[Any]] | None = None,
+    ) -> list[EnqueueResult]:
+        results: list[EnqueueResult | None] = [None] * len(tasks)
+        for index, error in data.refused.items():
+            results[index] = EnqueueResult(tasks[index], "failed", error=error)
         parts = []
-        if batch.calls:
-            parts.append(self._send_written(batch))
-        if batch.kombu:
-            parts.append(self._send_kombu(batch))
+        if data.calls:
+            parts.append(self._send_written(tasks, data, results, started))
+        if data.kombu:
+            parts.append(self._send_kombu(tasks, data.kombu, results, now))
         outcomes = await asyncio.gather(*parts, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-        return [r for r in batch.results if r is not None]
+        return [r for r in results if r is not None]
 
-    def _start_written(self, batch: CeleryBatch) -> None:
-        if batch.calls and batch.started is None:
-            assert self.writer is not None
-            batch.started = self.writer.start(batch.calls)
-
-    async def _send_written(self, batch: CeleryBatch) -> None:
+    async def _send_written(
+        self,
+        tasks: Sequence[Task],
+        data: CeleryPrepared,
+        results: list[EnqueueResult | None],
+        started: list[asyncio.Future[Any]] | None,
+    ) -> None:
         assert self.writer is not None
-        self._start_written(batch)
-        assert batch.started is not None
         try:
-            flags = await self.writer.results(batch.started)
+            flags = await self.writer.results(started or self.writer.start(data.calls))
         except TimeoutError as exc:
             raise TargetError(f"celery: redis: no answer within {self.timeout:g} s") from exc
         except (RedisError, OSError) as exc:
             raise TargetError(f"celery: redis: {type(exc).__name__}: {exc}") from exc
-        for (index, delivery), flag in zip(batch.fast, flags, strict=True):
-            task = batch.tasks[index]
+        for (index, delivery), flag in zip(data.written, flags, strict=True):
+            task = tasks[index]
             if flag == 1:
-                batch.results[index] = EnqueueResult(task, "enqueued", task.id)
+                results[index] = EnqueueResult(task, "enqueued", task.id)
             elif flag == 0:
-                batch.results[index] = EnqueueResult(task, "duplicate", task.id)
+                results[index] = EnqueueResult(task, "duplicate", task.id)
             else:
                 error = (
                     f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
                     f"{delivery.routing_key!r}"
                 )
-                batch.results[index] = EnqueueResult(task, "failed", error=error)
+                results[index] = EnqueueResult(task, "failed", error=error)
 
-    async def _send_kombu(self, batch: CeleryBatch) -> None:
-        tasks = [batch.tasks[index] for index, _ in batch.kombu]
-        won = await self.claims.claim(tasks, batch.now)
+    async def _send_kombu(
+        self,
+        tasks: Sequence[Task],
+        indices: list[int],
+        results: list[EnqueueResult | None],
+        now: datetime,
+    ) -> None:
+        # Built at the instant: send_task counts a relative expiry from its own clock.
+        messages = {index: celery_message(tasks[index], now) for index in indices}
+        won = await self.claims.claim([tasks[index] for index in indices], now)
         publish = []
-        for (index, msg), ok in zip(batch.kombu, won, strict=True):
-            task = batch.tasks[index]
+        for index, ok in zip(indices, won, strict=True):
             if ok:
-                publish.append((index, msg))
+                publish.append(index)
             else:
-                batch.results[index] = EnqueueResult(task, "duplicate", task.id)
+                results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
         if not publish:
             return
-        job = self._kombu.start([msg for _, msg in publish])
+        job = self._kombu.start([messages[index] for index in publish])
         try:
             done, error = await self._kombu.wait(job)
         except asyncio.CancelledError:
             # The manager is stopping: publish nothing more, and free the slots not started so
             # that a standby or a restart may send them.
             started = self._kombu.stop(job)
-            await asyncio.shield(self._release([batch.tasks[i] for i, _ in publish[started:]]))
+            await asyncio.shield(self._release([tasks[i] for i in publish[started:]]))
             raise
-        for index, _ in publish[:done]:
-            batch.results[index] = EnqueueResult(
-                batch.tasks[index], "enqueued", batch.tasks[index].id
-            )
+        for index in publish[:done]:
+            results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)
         if error is None:
             return
-        await self._release([batch.tasks[index] for index, _ in publish[done:]])
+        await self._release([tasks[index] for index in publish[done:]])
         raise TargetError(f"celery: published {done} of {len(publish)} task(s): {error}") from error
 
     async def _release(self, unpublished: list[Task]) -> None:
@@ -460,6 +480,12 @@ class CeleryTarget:
                 len(unpublished),
                 exc,
             )
+
+    async def ping(self) -> None:
+        """Raise unless the claims' Redis (the broker itself when it is Redis) answers within
+        ``timeout`` (a readiness check)."""
+        async with asyncio.timeout(self.timeout):
+            await self.claims.ping()
 
     async def close(self) -> None:
         """Stop the publishing thread; close the app and clients this target created."""

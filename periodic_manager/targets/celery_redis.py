@@ -125,7 +125,7 @@ CHUNK = 1000  # tasks per script call (also the most values of one LPUSH: far be
 class ScriptCall:
     """The arguments of one script call (a chunk of a batch); ``size`` tasks."""
 
-    args: tuple[str, str, str]
+    args: tuple[bytes, bytes, bytes]
     size: int
 
 
@@ -155,12 +155,14 @@ class RedisWriter:
         self._tags = count()
 
     def prepare(
-        self, items: Sequence[tuple[Task, Mapping[str, Any], Delivery]], now: datetime
+        self, items: Sequence[tuple[Task, Mapping[str, Any], Delivery]], now: datetime | None
     ) -> list[ScriptCall]:
-        """The script calls for ``items`` (task, send_task arguments, delivery), to be sent at
-        ``now`` (claim TTLs and relative expiries count from it). No I/O."""
+        """The script calls for ``items`` (task, send_task arguments, delivery). No I/O.
+
+        ``now``: when they will be sent; None: each at its task's slot (staged ahead). Claim TTLs
+        and relative expiries count from that instant."""
         calls = []
-        ttl_memo: dict[datetime, int] = {}  # a burst shares one slot: one TTL
+        ttl_memo: dict[tuple[datetime, datetime], int] = {}  # a burst shares one slot: one TTL
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
             destinations: dict[Delivery, int] = {}
@@ -170,17 +172,20 @@ class RedisWriter:
                 index = destinations.get(delivery)
                 if index is None:
                     index = destinations[delivery] = len(destinations) + 1
-                ttl = ttl_memo.get(task.expires_at)
+                at = task.scheduled_at if now is None else now
+                ttl = ttl_memo.get((task.expires_at, at))
                 if ttl is None:
-                    ttl = ttl_memo[task.expires_at] = self.claims.ttl_ms(task, now)
+                    ttl = ttl_memo[(task.expires_at, at)] = self.claims.ttl_ms(task, at)
                 tag = f"{self._tag_head}{next(self._tags) & 0xFFFFFFFFFFFF:012x}"
-                message = self.wire.envelope(msg, delivery, now, tag)
+                message = self.wire.envelope(msg, delivery, at, tag)
                 messages.append(message)
                 # Messages are ASCII (JSON with ensure_ascii): characters are bytes.
                 rows.append((task.idempotency_key, task.id, ttl, index, len(message)))
             meta = {"d": [self._destination(d) for d in destinations], "t": rows}
             text = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
-            calls.append(ScriptCall((self.claims.key(""), text, "".join(messages)), len(chunk)))
+            # Encoded once here: redis-py passes bytes through untouched (a resend re-encodes nothing).
+            args = (self.claims.key("").encode(), text.encode(), "".join(messages).encode("ascii"))
+            calls.append(ScriptCall(args, len(chunk)))
         return calls
 
     def _destination(self, d: Delivery) -> list[str]:
