@@ -8,12 +8,14 @@ the last message in the queue's list: a separate process polls LLEN every 1 ms (
 so the figures are when the messages were visible to a worker (to within ~1 ms). Rows:
 
 - target, written, staged: ``prepare`` (messages, routes, script arguments) before the slot,
-  only ``send`` (the script calls) at the slot: what the manager does once staging lands.
-- target, written, at the slot: ``enqueue`` (prepare + send) called at the slot.
+  only ``send`` (the script calls) at the slot: what the scheduler does.
+- target, written, at the slot: ``enqueue`` (prepare + send) called at the slot (a retry, or a
+  batch that could not be staged).
 - target, kombu: ``send_task`` for every task, as 4 sub-batches in flight at once (the
   scheduler's sub-batches of 2,500 for N = 10,000).
 - manager + target: a real PeriodicTaskManager (SystemClock, schedules from a StaticProvider, the
-  in-memory run store) with N schedules due at one instant: the scheduler's per-slot work included.
+  in-memory run store) with N schedules due at one instant; its scheduler stages the instant's
+  sub-batches (``prepare``) before the slot and sends them at it.
 
 Then (unless --no-worker) a real Celery worker (prefork, 2 processes) drains one written burst:
 every task must run exactly once, with its task id. Creates and deletes its own Redis keys.
