@@ -38,7 +38,7 @@ PreEnqueueHook = Callable[[Sequence[Task]], Awaitable[None] | None]
 PostEnqueueHook = Callable[[Sequence[EnqueueResult]], Awaitable[None] | None]
 ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
 
-SEND_CHUNK = 5000  # slots per sub-batch of a large instant
+SEND_CHUNK = 10000  # slots per sub-batch of a large instant
 MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
 _LATEST = datetime.max.replace(tzinfo=UTC)
 
@@ -184,7 +184,7 @@ class Dispatcher:
         nothing was sent, else reporting the rest as failed. Logs once per outage.
         """
         tasks = prepared.tasks
-        deadline = min(t.expires_at for t in tasks)
+        deadline: datetime | None = None  # computed on the first failure (never on a burst's path)
         final: list[EnqueueResult | None] = [None] * len(tasks)
         todo = list(range(len(tasks)))
         attempt = 0
@@ -221,6 +221,8 @@ class Dispatcher:
                     extra={"slot": slot.isoformat(), "batch": len(todo)},
                 )
             delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
+            if deadline is None:
+                deadline = min(t.expires_at for t in tasks)
             if not self.may_send() or later(self.clock.now(), delay) > deadline:
                 if error is not None and all(r is None for r in final):
                     raise error

@@ -109,6 +109,7 @@ class Staged:
     slot: datetime
     entries: list[ScheduledEntry]
     chunks: list[Chunk]
+    changes: int  # the scheduler's change counter when staged (-1: check every entry at the slot)
 
 
 class Scheduler:
@@ -148,6 +149,7 @@ class Scheduler:
         self._staged: Staged | None = None
         self._gc_hold: contextlib.ExitStack | None = None
         self._stage_cost = STAGE_COST_S
+        self._changes = 0  # counts registrations, removals and rebases (see Staged.changes)
         self._memo: dict[Schedule, datetime | str] = {}  # see _next
         self._memo_after: datetime | None = None
         self.writer = RunWriter(on_runs, observe=observe, retry_base=retry_base, changed=self._notify)
@@ -238,6 +240,7 @@ class Scheduler:
                 entry.next_slot = pending  # due under the old version: carried, not dropped
         if old is not None:
             old.dead = True
+        self._changes += 1
         self._entries[entry.key] = entry
         if entry.next_slot is not None:
             self._calendar.add(entry, entry.next_slot)
@@ -249,6 +252,7 @@ class Scheduler:
         entry = self._entries.pop(key, None)
         if entry is not None:
             entry.dead = True
+            self._changes += 1
             self._wake.set()
         return entry
 
@@ -358,6 +362,7 @@ class Scheduler:
 
     def _rebase(self, after: datetime) -> None:
         now = self.clock.now()
+        self._changes += 1
         self._unstage()
         self._calendar.clear()
         for entry in self._entries.values():
@@ -483,13 +488,19 @@ class Scheduler:
         entries: list[ScheduledEntry] = self._calendar.take(at)  # type: ignore[assignment]
         if not entries:
             return
+        changes = self._changes
+        last_fired = self._last_fired
+        if any((last := last_fired.get(e.key)) is not None and at <= last for e in entries):
+            changes = -1  # some already sent (the clock stepped back): sort them out at the slot
         hold = contextlib.ExitStack()
         hold.enter_context(gcpolicy.paused())  # until the batch is sent
         started = time.process_time()  # a cost estimate for the lead, not a scheduling decision
         chunks = await prepare(self.dispatcher.target, at, entries)
         took = time.process_time() - started
         self._stage_cost = 0.7 * self._stage_cost + 0.3 * took / len(entries)
-        self._staged, self._gc_hold = Staged(at, entries, chunks), hold
+        if self._changes != changes:
+            changes = -1  # entries changed while staging (it yields)
+        self._staged, self._gc_hold = Staged(at, entries, chunks, changes), hold
 
     def _unstage(self) -> None:
         """Put a staged batch's entries back on the calendar (leadership lost, rebase, stop)."""
@@ -531,6 +542,16 @@ class Scheduler:
     async def _dispatch(
         self, slot: datetime, batch: Staged | None, residual: list[ScheduledEntry], now: datetime
     ) -> None:
+        if (
+            batch is not None
+            and not residual
+            and batch.changes == self._changes
+            and now - slot <= self.grace
+        ):
+            # Nothing registered, replaced or removed since staging, which also found every
+            # entry unsent: only the sending is left.
+            await self._send(slot, batch.entries, batch.chunks, advance=True)
+            return
         candidates = residual
         if batch is not None:
             # Entries replaced or removed since staging are dropped (a replacement due now is in
@@ -561,13 +582,16 @@ class Scheduler:
     async def _send(
         self, slot: datetime, entries: list[ScheduledEntry], chunks: list[Chunk], *, advance: bool
     ) -> None:
-        last_fired = self._last_fired
-        for entry in entries:
-            if (last := last_fired.get(entry.key)) is None or slot > last:
-                last_fired[entry.key] = slot
         sends = self.dispatcher.start(slot, chunks)
         try:
-            await asyncio.sleep(0)  # the requests go out first; the rest overlaps the target's work
+            # The requests go out first; the bookkeeping overlaps the target's work. (An entry
+            # replaced meanwhile may carry this slot over: it meets last_fired, set below, when
+            # its turn comes after this instant, and is not sent twice.)
+            await asyncio.sleep(0)
+            last_fired = self._last_fired
+            for entry in entries:
+                if (last := last_fired.get(entry.key)) is None or slot > last:
+                    last_fired[entry.key] = slot
             if advance:
                 for i, entry in enumerate(entries):
                     entry.prev_slot = slot

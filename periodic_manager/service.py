@@ -38,13 +38,7 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
             settings.redis_url, prefix=settings.stream_prefix, maxlen=settings.redis_maxlen
         )
     if name == "celery":
-        from periodic_manager.targets.celery import CeleryTarget
-
-        broker = settings.celery_broker_url or settings.redis_url
-        # Claims beside the messages when the broker is Redis; otherwise in PM_REDIS_URL.
-        redis_broker = broker.startswith(("redis://", "rediss://", "unix://"))
-        claims = None if redis_broker else settings.redis_url
-        return CeleryTarget.from_url(broker, claims_url=claims, prefix=settings.stream_prefix)
+        return _build_celery(settings)
     if name == "arq":
         from periodic_manager.targets.arq import ArqTarget
 
@@ -55,6 +49,30 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
 
         return OutboxTarget(engine)
     raise ValueError(f"unknown target {name!r}")
+
+
+def _build_celery(settings: Settings) -> Target:
+    """The celery target: the app of ``celery_app`` (its settings honoured) or a bare app on
+    ``celery_broker_url`` / ``redis_url``; claims beside the messages on a Redis broker, otherwise
+    in ``redis_url``."""
+    from periodic_manager.targets.celery import CeleryTarget
+    from periodic_manager.targets.celery_app import REDIS_SCHEMES, load_app
+
+    common = {
+        "prefix": settings.stream_prefix,
+        "timeout": settings.celery_publish_timeout,
+        "fast_path": settings.celery_fast_path,
+    }
+    app = load_app(settings.celery_app) if settings.celery_app else None
+    if app is not None:
+        broker = settings.celery_broker_url or app.conf.broker_url
+    else:
+        broker = settings.celery_broker_url or settings.redis_url
+    redis_broker = isinstance(broker, str) and broker.startswith(REDIS_SCHEMES)
+    claims = None if redis_broker else settings.redis_url
+    if app is not None:
+        return CeleryTarget.from_app(app, broker_url=settings.celery_broker_url, claims_url=claims, **common)
+    return CeleryTarget.from_url(broker, claims_url=claims, **common)
 
 
 def build_manager(

@@ -27,7 +27,18 @@ class Settings(BaseSettings):
     targets: Annotated[tuple[TargetName, ...], NoDecode] = Field(
         (), description="more targets to run beside the default (comma-separated in PM_TARGETS)"
     )
-    celery_broker_url: str | None = Field(None, description="Celery broker URL (default: redis_url)")
+    celery_broker_url: str | None = Field(
+        None, description="Celery broker URL (default: the app's broker_url, else redis_url)"
+    )
+    celery_app: str | None = Field(
+        None, description="your Celery app, 'package.module:app': its broker, queues and routes are honoured"
+    )
+    celery_publish_timeout: float = Field(
+        5.0, gt=0, description="seconds one publish to the Celery broker may take"
+    )
+    celery_fast_path: bool = Field(
+        True, description="write Celery messages to a Redis broker directly (false: always kombu)"
+    )
     arq_redis_url: str | None = Field(None, description="Redis URL of the arq queues (default: redis_url)")
     sync_interval: float = Field(30.0, gt=0, description="seconds between syncs of periodic_jobs")
     grace: float = Field(30.0, ge=0, description="seconds a slot may be late and still be enqueued")
@@ -89,6 +100,18 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_token(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("celery_app", mode="before")
+    @classmethod
+    def _celery_app(cls, v: object) -> object:
+        if isinstance(v, str) and not v.strip():
+            return None
+        if isinstance(v, str):
+            from periodic_manager.targets.celery_app import load_app
+
+            load_app(v.strip())  # fail at start, naming the setting, not at the first slot
+            return v.strip()
+        return v
 
     @field_validator("log_level", mode="before")
     @classmethod

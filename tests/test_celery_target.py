@@ -7,8 +7,11 @@ carries its prefix (kombu's ``global_keyprefix``), so tests never share a queue 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,7 +20,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from celery import Celery, signals
 
+from periodic_manager.clock import SystemClock
 from periodic_manager.errors import TargetError
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import Task, task_id_for
@@ -59,15 +64,29 @@ def worker(
         proc.stop()
 
 
+@pytest.fixture(params=["direct", "kombu"])
+def path(request: pytest.FixtureRequest) -> str:
+    """How the managers' targets send: written to Redis directly, through kombu, or (``mixed``)
+    the first manager one way and the next the other."""
+    return str(request.param)
+
+
 @pytest.fixture
 async def rig(
-    worker: WorkerProcess, sqlite_url: str, redis_url: str, redis_prefix: str
+    worker: WorkerProcess, sqlite_url: str, redis_url: str, redis_prefix: str, path: str
 ) -> AsyncIterator[Rig]:
     settings = Settings(
         database_url=sqlite_url, target="celery", redis_url=redis_url, stream_prefix=redis_prefix,
         sync_interval=30, grace=30, heartbeat_interval=5,
     )  # fmt: skip
-    async with api_rig(sqlite_url, settings, lambda: make_target(redis_url, redis_prefix)) as r:
+    ways = itertools.cycle([True, False] if path == "mixed" else [path == "direct"])
+
+    def target() -> CeleryTarget:
+        made = make_target(redis_url, redis_prefix, fast_path=next(ways))
+        assert (made.fast_path_off is None) == (made.writer is not None)
+        return made
+
+    async with api_rig(sqlite_url, settings, target) as r:
         yield r
 
 
@@ -128,6 +147,7 @@ async def test_worker_runs_every_slot_with_the_payload_mapped_to_arguments(
     assert none_run["routing_key"] == "celery"
 
 
+@pytest.mark.parametrize("path", ["direct", "kombu", "mixed"])
 async def test_two_managers_run_each_slot_once(
     rig: Rig, worker: WorkerProcess, redis_client: aioredis.Redis, redis_prefix: str, queue: str
 ) -> None:
@@ -205,11 +225,13 @@ async def test_failed_publish_releases_the_claim_and_a_retry_publishes(
 
 
 class SlowApp:
-    """Stands in for a Celery app whose broker takes ``delay`` seconds per publish."""
+    """Stands in for a Celery app whose broker takes ``delay`` seconds per publish (routing is a
+    real app's)."""
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
         self.sent: list[str] = []
+        self.amqp = Celery("slow", set_as_current=False).amqp
 
     def producer_or_acquire(self) -> Any:
         return contextlib.nullcontext(object())
@@ -217,6 +239,19 @@ class SlowApp:
     def send_task(self, name: str, task_id: str, **_: Any) -> None:
         time.sleep(self.delay)
         self.sent.append(task_id)
+
+
+class GatedApp(SlowApp):
+    """A broker that takes the first publish and holds the second until ``gate`` opens."""
+
+    def __init__(self) -> None:
+        super().__init__(delay=0)
+        self.gate = threading.Event()
+
+    def send_task(self, name: str, task_id: str, **kw: Any) -> None:
+        if self.sent:
+            self.gate.wait(10)
+        super().send_task(name, task_id, **kw)
 
 
 async def test_a_slow_broker_stops_the_batch_at_the_timeout_and_releases_unsent_claims(
@@ -234,3 +269,163 @@ async def test_a_slow_broker_stops_the_batch_at_the_timeout_and_releases_unsent_
     assert app.sent == [tasks[0].id]  # the publish under way finished, no other one started
     claims = [await redis_client.exists(f"{redis_prefix}:claim:{t.idempotency_key}") for t in tasks]
     assert claims == [1, 0, 0]
+
+
+async def test_batches_waiting_for_the_publishing_thread_are_not_timed(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    # Four sub-batches of one instant share one publishing thread: together they take 1.2 s,
+    # six times the timeout, but no single publish comes near it.
+    slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+    batches = [
+        [_task(redis_prefix, slot, name=f"{redis_prefix}.b{b}t{i}") for i in range(6)]
+        for b in range(4)
+    ]
+    app = SlowApp(delay=0.05)
+    target = CeleryTarget(app, RedisClaims(redis_client, prefix=redis_prefix), timeout=0.2)
+    try:
+        outcomes = await asyncio.gather(*(target.enqueue(b, slot) for b in batches))
+    finally:
+        await target.close()
+    assert [[r.status for r in results] for results in outcomes] == [["enqueued"] * 6] * 4
+    assert sorted(app.sent) == sorted(t.id for b in batches for t in b)
+
+
+async def test_a_burst_runs_every_task_exactly_once_with_its_arguments_headers_and_id(
+    worker: WorkerProcess,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    queue: str,
+) -> None:
+    # Two writing targets and one publishing through kombu race for the same 2,400 slots (the
+    # writers in chunks of 1,000 over parallel pipelines): every slot reaches the worker once.
+    p = redis_prefix
+    slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+    tasks = [
+        _task(
+            p, slot, name=f"{p}.burst{i}", payload={"i": i, "s": f"é{i}"}, options={"queue": queue}
+        )
+        for i in range(2400)
+    ]
+    targets = [
+        make_target(redis_url, p),
+        make_target(redis_url, p),
+        make_target(redis_url, p, fast_path=False),
+    ]
+    try:
+        outcomes = await asyncio.gather(
+            targets[0].enqueue(tasks, slot),
+            targets[1].enqueue(tasks[::-1], slot),
+            targets[2].enqueue(tasks[:300], slot),
+        )
+    finally:
+        for target in targets:
+            await target.close()
+    winners: dict[str, int] = {}
+    for number, results in enumerate(outcomes):
+        for res in results:
+            assert res.status in ("enqueued", "duplicate") and res.message_id == res.task.id
+            if res.status == "enqueued":
+                assert res.task.id not in winners
+                winners[res.task.id] = number
+    assert len(winners) == len(tasks)
+
+    async def all_ran() -> bool:
+        return await redis_client.llen(f"{p}:out") >= len(tasks)
+
+    await wait_for(all_ran, f"{len(tasks)} task runs", worker)
+    await wait_for(lambda: drained(redis_client, p, [queue]), "a drained queue", worker)
+    got = await records(redis_client, p)
+    assert len(got) == len(tasks)
+    by_id = {r["id"]: r for r in got}
+    assert len(by_id) == len(tasks)  # nothing ran twice
+    for t in tasks:
+        run = by_id[t.id]
+        assert (run["args"], run["kwargs"]) == ([], t.payload)
+        assert (run["idempotency_key"], run["periodic_name"]) == (t.idempotency_key, t.name)
+        assert run["scheduled_at"] == "2024-05-01T12:01:00Z" and run["routing_key"] == queue
+
+
+async def test_an_expired_slot_is_discarded_by_the_worker_and_a_live_one_carries_its_expiry(
+    worker: WorkerProcess,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    queue: str,
+) -> None:
+    # `expires` is an absolute instant the worker compares with its own clock: this test runs on
+    # the system clock (no slot is waited for).
+    now = SystemClock().now()
+    p = redis_prefix
+    late = _task(
+        p,
+        now - timedelta(seconds=20),
+        name=f"{p}.late",
+        options={"queue": queue, "extra": {"expires": 5}},
+    )
+    live = _task(p, now, name=f"{p}.live", options={"queue": queue, "extra": {"expires": 600}})
+    target = make_target(redis_url, p)
+    try:
+        results = await target.enqueue([late, live], now)  # one list: the worker takes `late` first
+    finally:
+        await target.close()
+    assert [r.status for r in results] == ["enqueued", "enqueued"]
+
+    async def live_ran() -> bool:
+        return any(r["id"] == live.id for r in await records(redis_client, p))
+
+    await wait_for(live_ran, "the live task", worker)
+    await wait_for(lambda: drained(redis_client, p, [queue]), "a drained queue", worker)
+    got = await records(redis_client, p)
+    assert [r["id"] for r in got] == [live.id]  # the expired one was discarded, not run
+    expiry = datetime.fromisoformat(got[0]["expires"])
+    assert expiry == now + timedelta(seconds=600)
+
+
+async def test_publish_signal_receivers_make_the_target_publish_through_kombu(
+    redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    # before_task_publish receivers (tracing, custom headers) run only when kombu publishes.
+    seen: list[str] = []
+
+    def receiver(headers: dict[str, Any], **_: Any) -> None:
+        seen.append(headers["id"])
+
+    slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+    task = _task(redis_prefix, slot)
+    target = make_target(redis_url, redis_prefix)
+    signals.before_task_publish.connect(receiver, weak=False)
+    try:
+        assert target.fast_path_off is None
+        assert [r.status for r in await target.enqueue([task], slot)] == ["enqueued"]
+    finally:
+        signals.before_task_publish.disconnect(receiver)
+        await target.close()
+    assert seen == [task.id]
+    assert await redis_client.llen(f"{redis_prefix}:{redis_prefix}.q") == 1
+
+
+async def test_a_stopping_manager_frees_the_claims_of_tasks_it_never_started_publishing(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+    tasks = [_task(redis_prefix, slot, name=f"{redis_prefix}.stop{i}") for i in range(4)]
+    app = GatedApp()
+    target = CeleryTarget(app, RedisClaims(redis_client, prefix=redis_prefix), timeout=5)
+    sending = asyncio.ensure_future(target.enqueue(tasks, slot))
+    try:
+
+        async def one_sent() -> bool:
+            return len(app.sent) == 1
+
+        await wait_for(one_sent, "the first publish")
+        sending.cancel()  # as the scheduler's stop does
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+    finally:
+        app.gate.set()
+        await target.close()
+    # Published, in flight (its outcome unknown): kept. Never started: free for a standby.
+    claims = [await redis_client.exists(f"{redis_prefix}:claim:{t.idempotency_key}") for t in tasks]
+    assert claims == [1, 1, 0, 0]

@@ -1,4 +1,4 @@
-"""Celery target: each slot becomes a Celery task message, published by name with Celery's producer.
+"""Celery target: each slot becomes a Celery task message, the one ``app.send_task`` would send.
 
 Needs the ``celery`` extra (``pip install 'periodic-manager[celery]'``); Celery is imported only
 when a target is built, so the core runs without it.
@@ -10,47 +10,54 @@ The message is what ``app.send_task`` makes for the task ``task_type``:
 - ``task_id`` = the task id (uuid5 of the idempotency key: the same on every manager);
 - headers ``idempotency_key``, ``scheduled_at`` (UTC ISO-8601 with ``Z``) and ``periodic_name``
   (the schedule's name); a Celery task reads them as ``self.request.idempotency_key`` etc.;
-- ``options.queue`` -> ``queue`` (without it Celery routes as usual: ``task_routes``, then the
-  app's default queue, ``celery``); ``options.timeout`` -> ``time_limit``; ``options.extra``:
+- ``options.queue`` -> ``queue`` (without it the app routes as usual: its ``task_routes``, then
+  its ``task_default_queue``); ``options.timeout`` -> ``time_limit``; ``options.extra``:
   ``routing_key``, ``exchange``, ``priority`` (0-255), ``soft_time_limit`` (seconds) and
   ``expires`` (seconds after the slot; the worker discards the task after that).
   ``max_retry`` and ``unique_ttl`` have no per-message equivalent in Celery and are not sent.
 
-Exactly once per slot: the slot is claimed in Redis (:class:`RedisClaims`) before it is published;
-a publish that fails releases its claim, so the scheduler's retry publishes it then.
+Two ways out. On a Redis broker, messages to direct exchanges are written by the manager itself
+(:mod:`celery_redis`): claim and LPUSH of each task in one Lua script, chunks of a batch in
+parallel pipelines, so a burst moves at Redis speed. Anything else (another broker, a topic or
+fanout exchange, publish signal receivers, ...) is published with kombu (:mod:`celery_kombu`),
+after the slot was claimed in Redis (:class:`RedisClaims`); a publish that fails releases its
+claim, so the scheduler's retry publishes it then. Both ways use the same claim keys, so managers
+on either path never send a slot twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import math
-import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Task
+from periodic_manager.targets.base import EnqueueResult, Prepared, Task
+from periodic_manager.targets.celery_app import REDIS_SCHEMES, app_settings, publishing_app
+from periodic_manager.targets.celery_kombu import KombuPublisher
+from periodic_manager.targets.celery_redis import RedisWriter, ScriptCall
+from periodic_manager.targets.celery_wire import (
+    Delivery,
+    Layout,
+    Routes,
+    UnsupportedApp,
+    WireFormat,
+)
 from periodic_manager.targets.claims import RedisClaims, split_payload
 
 log = logging.getLogger(__name__)
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def _import_celery() -> Any:
-    try:
-        import celery
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise TargetError(
-            "the celery target needs Celery: pip install 'periodic-manager[celery]'"
-        ) from exc
-    return celery
+# Tasks per part of a large batch in enqueue: ~5 ms of building on a slow core, so the event loop
+# sends and reads the script calls under way while the rest is built.
+STREAM = 250
 
 
 def _seconds(extra: Mapping[str, Any], key: str) -> float | None:
@@ -71,8 +78,10 @@ def _text(extra: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
-def celery_message(task: Task, now: datetime) -> dict[str, Any]:
-    """The keyword arguments of ``app.send_task`` for ``task`` (ValueError if options are bad)."""
+def celery_message(task: Task, now: datetime, scheduled_text: str | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``app.send_task`` for ``task`` (ValueError if options are bad).
+
+    ``scheduled_text``: ``slot_text(task.scheduled_at)`` when the caller has it already."""
     options = task.options
     extra = options.get("extra") or {}
     if not isinstance(extra, Mapping):
@@ -85,13 +94,22 @@ def celery_message(task: Task, now: datetime) -> dict[str, Any]:
         "task_id": task.id,
         "headers": {
             "idempotency_key": task.idempotency_key,
-            "scheduled_at": slot_text(task.scheduled_at),
+            "scheduled_at": scheduled_text or slot_text(task.scheduled_at),
             "periodic_name": task.name,
         },
         "add_to_parent": False,
     }
     if "queue" in options:
         msg["queue"] = task.queue
+    if options.get("timeout") is not None:
+        msg["time_limit"] = float(options["timeout"])
+    if extra:
+        _extra(msg, extra, task, now)
+    return msg
+
+
+def _extra(msg: dict[str, Any], extra: Mapping[str, Any], task: Task, now: datetime) -> None:
+    """``options.extra`` into the send_task arguments ``msg``."""
     for key in ("routing_key", "exchange"):
         value = _text(extra, key)
         if value is not None:
@@ -101,8 +119,6 @@ def celery_message(task: Task, now: datetime) -> dict[str, Any]:
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255:
             raise ValueError("options.extra.priority must be an integer from 0 to 255")
         msg["priority"] = priority
-    if options.get("timeout") is not None:
-        msg["time_limit"] = float(options["timeout"])
     soft = _seconds(extra, "soft_time_limit")
     if soft is not None:
         msg["soft_time_limit"] = soft
@@ -112,34 +128,85 @@ def celery_message(task: Task, now: datetime) -> dict[str, Any]:
         # an absolute instant when it builds the message.
         end = task.scheduled_at.astimezone(UTC) + timedelta(seconds=expires)
         msg["expires"] = max(0.0, (end - now.astimezone(UTC)).total_seconds())
-    return msg
+
+
+def _publish_receivers() -> bool:
+    """Whether anything listens to Celery's publish signals (they run only on kombu's path)."""
+    from celery import signals
+
+    return bool(
+        signals.before_task_publish.receivers
+        or signals.after_task_publish.receivers
+        or signals.task_sent.receivers
+    )
+
+
+@dataclass
+class CeleryPrepared:
+    """What :meth:`CeleryTarget.prepare` builds for a batch (``Prepared.data``); may be sent again."""
+
+    refused: dict[int, str] = field(default_factory=dict)  # task index -> why Celery can't take it
+    calls: list[ScriptCall] = field(default_factory=list)  # the Redis writer's script calls
+    written: list[tuple[int, Delivery]] = field(default_factory=list)  # their tasks, in call order
+    kombu: list[int] = field(default_factory=list)  # tasks published through kombu at send
 
 
 class CeleryTarget:
-    """Publishes tasks to Celery workers, once per idempotency key.
+    """Sends tasks to Celery workers, once per idempotency key.
 
-    ``app``: a Celery app configured for the broker (its result backend is not used: give it an
-    app without one, as :meth:`from_url` does). ``claims``: where slots are claimed. Publishing is
-    synchronous in kombu, so a batch is published in one worker thread of this target; tasks not
-    yet started ``timeout`` seconds after the batch began are not published (their claims are
-    released and TargetError is raised, so the scheduler retries them within grace).
+    ``app``: the Celery app to publish with (its result backend is not used: give it an app without
+    one, as :meth:`from_url` and :meth:`from_app` do). ``claims``: where slots are claimed.
+    ``broker_client``: a client of the app's Redis broker, also the claims' client; with it, tasks
+    routed to direct exchanges are written to Redis directly (see the module docstring).
+    ``timeout`` bounds every broker operation: one kombu publish from its start (a batch waiting
+    for the publishing thread is not timed), one script call of the Redis writer.
     """
 
     name = "celery"
 
-    def __init__(self, app: Any, claims: RedisClaims, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        claims: RedisClaims,
+        *,
+        timeout: float = 5.0,
+        broker_client: aioredis.Redis | None = None,
+    ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
         self.app = app
         self.claims = claims
         self.timeout = timeout
-        # One thread (started on the first publish): kombu connections are not thread-safe, and
-        # batches are sequential anyway.
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="pm-celery-publish"
-        )
+        self._kombu = KombuPublisher(app, timeout)
         self._owned_clients: list[aioredis.Redis] = []
         self._owns_app = False
+        self._warned_signals = False
+        self.routes: Routes | None = None
+        self.writer: RedisWriter | None = None
+        # Why every message goes through kombu (None: the Redis writer takes what it can).
+        self.fast_path_off: str | None = "no Redis broker client"
+        if broker_client is not None:
+            if broker_client is not claims.client:
+                raise ValueError(
+                    "broker_client must be the claims' client (claims live beside the messages)"
+                )
+            self._enable_writer(broker_client)
+
+    def _enable_writer(self, client: aioredis.Redis) -> None:
+        if self.app.conf.task_send_sent_event:
+            self.fast_path_off = "task_send_sent_event is on (kombu sends the task-sent events)"
+            return
+        try:
+            layout = Layout.of(self.app)
+            wire = WireFormat(self.app)
+        except UnsupportedApp as exc:
+            self.fast_path_off = str(exc)
+            return
+        self.routes = Routes(self.app, layout)
+        self.writer = RedisWriter(
+            client, wire, layout=layout, claims=self.claims, timeout=self.timeout
+        )
+        self.fast_path_off = None
 
     @classmethod
     def from_url(
@@ -151,125 +218,281 @@ class CeleryTarget:
         claim_margin: float = 60.0,
         timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
+        fast_path: bool = True,
     ) -> CeleryTarget:
-        """A target with its own Celery app on ``broker_url`` and its own claims client.
+        """A target with its own Celery app on ``broker_url`` (``config``: more Celery settings,
+        e.g. ``task_routes`` or ``broker_transport_options``) and its own claims client.
 
         Claims live in ``claims_url``; by default in the broker itself when it is Redis.
-        ``config`` is applied to the app (``app.conf.update``), e.g. ``task_routes``; its
-        ``broker_transport_options`` are merged into the socket timeouts set here.
         """
-        if claims_url is None:
-            if not broker_url.startswith(_REDIS_SCHEMES):
-                raise ValueError("a non-Redis broker needs claims_url (a Redis URL for the claims)")
-            claims_url = broker_url
-        celery = _import_celery()
-        app = celery.Celery("periodic_manager", broker=broker_url, set_as_current=False)
-        config = dict(config or {})
-        transport: dict[str, Any] = {}
-        if broker_url.startswith(_REDIS_SCHEMES):
-            transport = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-        transport.update(config.pop("broker_transport_options", None) or {})
-        app.conf.update(
-            {
-                "broker_connection_timeout": timeout,
-                "broker_transport_options": transport,
-                "task_serializer": "json",
-                "accept_content": ["json"],
-                **config,
-            }
+        settings = {**(config or {}), "broker_url": broker_url}
+        return cls._build(
+            "periodic_manager", settings, claims_url=claims_url, prefix=prefix,
+            claim_margin=claim_margin, timeout=timeout, fast_path=fast_path,
+        )  # fmt: skip
+
+    @classmethod
+    def from_app(
+        cls,
+        app: Any,
+        *,
+        broker_url: str | None = None,
+        claims_url: str | None = None,
+        prefix: str = "pm",
+        claim_margin: float = 60.0,
+        timeout: float = 5.0,
+        fast_path: bool = True,
+    ) -> CeleryTarget:
+        """A target honouring the settings of the user's Celery ``app`` (broker, queues, routes,
+        default queue/exchange/routing key, transport options), published with an app of its own
+        (see :mod:`celery_app`). ``broker_url`` overrides the app's."""
+        settings = app_settings(app)
+        if broker_url is not None:
+            settings["broker_url"] = broker_url
+        return cls._build(
+            app.main or "periodic_manager", settings, claims_url=claims_url, prefix=prefix,
+            claim_margin=claim_margin, timeout=timeout, fast_path=fast_path,
+        )  # fmt: skip
+
+    @classmethod
+    def _build(
+        cls,
+        main: str,
+        settings: Mapping[str, Any],
+        *,
+        claims_url: str | None,
+        prefix: str,
+        claim_margin: float,
+        timeout: float,
+        fast_path: bool,
+    ) -> CeleryTarget:
+        app = publishing_app(main, settings, broker_url=None, timeout=timeout)
+        broker = app.conf.broker_url
+        redis_broker = (
+            isinstance(broker, str) and broker.startswith(REDIS_SCHEMES) and ";" not in broker
         )
+        if claims_url is None:
+            if not redis_broker:
+                raise ValueError("a non-Redis broker needs claims_url (a Redis URL for the claims)")
+            claims_url = broker
+        ssl = app.conf.broker_use_ssl if claims_url == broker else None
         client = aioredis.Redis.from_pool(
             aioredis.BlockingConnectionPool.from_url(
-                claims_url,
-                max_connections=4,
-                timeout=timeout,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
+                claims_url, max_connections=10, timeout=timeout, socket_timeout=timeout,
+                socket_connect_timeout=timeout, **(ssl if isinstance(ssl, Mapping) else {}),
             )
-        )
-        target = cls(app, RedisClaims(client, prefix=prefix, margin=claim_margin), timeout=timeout)
+        )  # fmt: skip
+        direct = fast_path and redis_broker and claims_url == broker
+        claims = RedisClaims(client, prefix=prefix, margin=claim_margin)
+        target = cls(app, claims, timeout=timeout, broker_client=client if direct else None)
+        if not fast_path:
+            target.fast_path_off = "switched off (PM_CELERY_FAST_PATH=false)"
         target._owned_clients.append(client)
         target._owns_app = True
+        if target.fast_path_off is None:
+            log.info(
+                "celery target: messages to direct exchanges are written to the Redis broker "
+                "directly"
+            )
+        else:
+            log.info("celery target: publishing through kombu: %s", target.fast_path_off)
         return target
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim every task, publish the claimed ones, report each in input order."""
-        if not tasks:
-            return []
-        results: list[EnqueueResult | None] = [None] * len(tasks)
-        messages: dict[int, dict[str, Any]] = {}
+        """Claim every task, send the claimed ones, report each in input order.
+
+        A large batch is prepared and sent in parts of ``STREAM``: each part's script calls start
+        as soon as the part is built, and the event loop gets a turn between parts, so Redis
+        works on one part while the next is built (a batch prepared whole would reach Redis only
+        after all of it was built)."""
+        if self.writer is None or len(tasks) <= STREAM:
+            return await self._send(tasks, self._prepare(tasks, now), now)
+        sends: list[asyncio.Future[list[EnqueueResult]]] = []
+        try:
+            for start in range(0, len(tasks), STREAM):
+                part = tasks[start : start + STREAM]
+                data = self._prepare(part, now)
+                started = self.writer.start(data.calls)
+                sends.append(asyncio.ensure_future(self._send(part, data, now, started)))
+                await asyncio.sleep(0)
+            outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        except asyncio.CancelledError:
+            for fut in sends:
+                fut.cancel()
+            raise
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [r for part in outcomes for r in part]  # type: ignore[union-attr]
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        """Everything of a batch that needs no broker, done before its instant: messages, routes
+        and the Redis writer's script arguments. No I/O, no clock: claim TTLs and relative
+        expiries count from each task's slot (a batch sent later keeps its claims that much
+        longer). Tasks published through kombu are only sorted out here; their messages are
+        built when sent."""
+        return Prepared(list(tasks), self._prepare(tasks, None))
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        """Send a prepared batch at ``now`` (again, on a retry: the claims make that safe).
+        Raises TargetError if a broker failed; the tasks sent before it keep their claims, the
+        others hold none."""
+        if not isinstance(prepared.data, CeleryPrepared):
+            return await self.enqueue(prepared.tasks, now)
+        return await self._send(prepared.tasks, prepared.data, now)
+
+    def _prepare(self, tasks: Sequence[Task], now: datetime | None) -> CeleryPrepared:
+        """``now``: when the batch is sent; None: at each task's slot (staged ahead)."""
+        data = CeleryPrepared()
+        direct = self.writer is not None and self._direct_allowed()
+        written: list[tuple[Task, dict[str, Any], Delivery]] = []
+        slots: dict[datetime, str] = {}  # a burst shares one slot: formatted once
         for index, task in enumerate(tasks):
             try:
-                messages[index] = celery_message(task, now)
-            except (TypeError, ValueError) as exc:
-                results[index] = EnqueueResult(task, "failed", error=f"celery: {exc}")
-        order = list(messages)
-        won = await self.claims.claim([tasks[i] for i in order], now)
-        publish = [i for i, ok in zip(order, won, strict=True) if ok]
-        for index, ok in zip(order, won, strict=True):
-            if not ok:
-                results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
-        done, error = await self._publish([messages[i] for i in publish])
-        for index in publish[:done]:
-            results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)
-        if error is not None:
-            unpublished = [tasks[i] for i in publish[done:]]
-            try:
-                await self.claims.release(unpublished)
-            except TargetError as exc:
-                log.error(
-                    "could not release %d claim(s) after a failed publish (they expire by "
-                    "themselves): %s",
-                    len(unpublished),
-                    exc,
-                )
-            raise TargetError(
-                f"celery: published {done} of {len(publish)} task(s): {error}"
-            ) from error
+                text = slots.get(task.scheduled_at)
+                if text is None:
+                    text = slots[task.scheduled_at] = slot_text(task.scheduled_at)
+                msg = celery_message(task, task.scheduled_at if now is None else now, text)
+                delivery = self._route(msg, direct)
+            except Exception as exc:  # noqa: BLE001 - bad options, a router's error: this task only
+                data.refused[index] = f"celery: {type(exc).__name__}: {exc}"
+                continue
+            if delivery is None:
+                data.kombu.append(index)
+            else:
+                data.written.append((index, delivery))
+                written.append((task, msg, delivery))
+        if written:
+            assert self.writer is not None
+            data.calls = self.writer.prepare(written, now)
+        return data
+
+    def _direct_allowed(self) -> bool:
+        if not _publish_receivers():
+            return True
+        if not self._warned_signals:
+            self._warned_signals = True
+            log.warning(
+                "celery target: publish signal receivers are connected: publishing through kombu "
+                "so they run"
+            )
+        return False
+
+    def _route(self, msg: dict[str, Any], direct: bool) -> Delivery | None:
+        if direct:
+            assert self.routes is not None
+            return self.routes.resolve(msg)
+        # kombu's path routes again when it publishes; resolving here refuses an unroutable task
+        # alone instead of stopping the publishing of the batch at it.
+        opts = {k: msg[k] for k in ("queue", "exchange", "routing_key", "priority") if k in msg}
+        self.app.amqp.router.route(opts, msg["name"], msg["args"], msg["kwargs"])
+        return None
+
+    async def _send(
+        self,
+        tasks: Sequence[Task],
+        data: CeleryPrepared,
+        now: datetime,
+        started: list[asyncio.Future[Any]] | None = None,
+    ) -> list[EnqueueResult]:
+        results: list[EnqueueResult | None] = [None] * len(tasks)
+        for index, error in data.refused.items():
+            results[index] = EnqueueResult(tasks[index], "failed", error=error)
+        parts = []
+        if data.calls:
+            parts.append(self._send_written(tasks, data, results, started))
+        if data.kombu:
+            parts.append(self._send_kombu(tasks, data.kombu, results, now))
+        outcomes = await asyncio.gather(*parts, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return [r for r in results if r is not None]
 
-    async def _publish(self, messages: list[dict[str, Any]]) -> tuple[int, BaseException | None]:
-        """Publish in this target's thread; (how many were published, the error that stopped it)."""
-        if not messages:
-            return 0, None
-        stop = threading.Event()
-        progress = [0]
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._publish_sync, messages, stop, progress)
-        finished, _ = await asyncio.wait({future}, timeout=self.timeout)
-        if not finished:
-            stop.set()  # the message in flight finishes; no further one starts
-            finished, _ = await asyncio.wait({future}, timeout=self.timeout)
-            if not finished:
-                # Still stuck in one publish: its outcome is unknown, so its claim is kept
-                # (at most once for that slot); the ones after it were never started.
-                return progress[0] + 1, TimeoutError(
-                    f"a publish did not return within {2 * self.timeout:g} s"
-                )
-        return future.result()
-
-    def _publish_sync(
-        self, messages: list[dict[str, Any]], stop: threading.Event, progress: list[int]
-    ) -> tuple[int, BaseException | None]:
+    async def _send_written(
+        self,
+        tasks: Sequence[Task],
+        data: CeleryPrepared,
+        results: list[EnqueueResult | None],
+        started: list[asyncio.Future[Any]] | None,
+    ) -> None:
+        assert self.writer is not None
         try:
-            with self.app.producer_or_acquire() as producer:
-                for msg in messages:
-                    if stop.is_set():
-                        return progress[0], TimeoutError(
-                            f"publishing took longer than {self.timeout:g} s"
-                        )
-                    self.app.send_task(producer=producer, **msg)
-                    progress[0] += 1
-        except Exception as exc:  # kombu and the transports raise a wide spread of types
-            return progress[0], exc
-        return progress[0], None
+            flags = await self.writer.results(started or self.writer.start(data.calls))
+        except TimeoutError as exc:
+            raise TargetError(f"celery: redis: no answer within {self.timeout:g} s") from exc
+        except (RedisError, OSError) as exc:
+            raise TargetError(f"celery: redis: {type(exc).__name__}: {exc}") from exc
+        for (index, delivery), flag in zip(data.written, flags, strict=True):
+            task = tasks[index]
+            if flag == 1:
+                results[index] = EnqueueResult(task, "enqueued", task.id)
+            elif flag == 0:
+                results[index] = EnqueueResult(task, "duplicate", task.id)
+            else:
+                error = (
+                    f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
+                    f"{delivery.routing_key!r}"
+                )
+                results[index] = EnqueueResult(task, "failed", error=error)
+
+    async def _send_kombu(
+        self,
+        tasks: Sequence[Task],
+        indices: list[int],
+        results: list[EnqueueResult | None],
+        now: datetime,
+    ) -> None:
+        # Built at the instant: send_task counts a relative expiry from its own clock.
+        messages = {index: celery_message(tasks[index], now) for index in indices}
+        won = await self.claims.claim([tasks[index] for index in indices], now)
+        publish = []
+        for index, ok in zip(indices, won, strict=True):
+            if ok:
+                publish.append(index)
+            else:
+                results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
+        if not publish:
+            return
+        job = self._kombu.start([messages[index] for index in publish])
+        try:
+            done, error = await self._kombu.wait(job)
+        except asyncio.CancelledError:
+            # The manager is stopping: publish nothing more, and free the slots not started so
+            # that a standby or a restart may send them.
+            started = self._kombu.stop(job)
+            await asyncio.shield(self._release([tasks[i] for i in publish[started:]]))
+            raise
+        for index in publish[:done]:
+            results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)
+        if error is None:
+            return
+        await self._release([tasks[index] for index in publish[done:]])
+        raise TargetError(f"celery: published {done} of {len(publish)} task(s): {error}") from error
+
+    async def _release(self, unpublished: list[Task]) -> None:
+        try:
+            await self.claims.release(unpublished)
+        except TargetError as exc:
+            log.error(
+                "could not release %d claim(s) of unpublished task(s) (they expire by "
+                "themselves): %s",
+                len(unpublished),
+                exc,
+            )
+
+    async def ping(self) -> None:
+        """Raise unless the claims' Redis (the broker itself when it is Redis) answers within
+        ``timeout`` (a readiness check)."""
+        async with asyncio.timeout(self.timeout):
+            await self.claims.ping()
 
     async def close(self) -> None:
         """Stop the publishing thread; close the app and clients this target created."""
         if self._owns_app:
-            closing = asyncio.get_running_loop().run_in_executor(self._executor, self.app.close)
+            closing = asyncio.wrap_future(self._kombu.close_app())
             # Behind a publish that never returned this would wait forever: bounded.
             await asyncio.wait({closing}, timeout=self.timeout)
-        self._executor.shutdown(wait=False)
+        self._kombu.shutdown()
         for client in self._owned_clients:
             await client.aclose()

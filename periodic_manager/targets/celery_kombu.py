@@ -1,0 +1,151 @@
+"""Publishing through kombu (``app.send_task``), for brokers and routes the Redis writer does not
+handle: one thread, a timeout that measures the broker.
+
+kombu is synchronous and its connections are not thread-safe, so every publish runs in one thread
+of the publisher, one batch after the other. Each broker operation (acquiring the producer, each
+``send_task``) is timed from the moment it starts; a batch waiting for the thread is not timed,
+so sub-batches queued behind a healthy broker never time out. When an operation in flight has
+run longer than ``timeout``, the broker is declared stuck: every waiting batch stops (none of its
+messages after the one in flight is started) and reports how far it got.
+
+Durations are read with ``time.monotonic`` (a duration of I/O, not an instant of the schedule:
+no clock involved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# How often a waiting batch re-checks the operation in flight when the thread is idle or just
+# started a new operation (the check is cheap; this only bounds how late a stall is noticed).
+_RECHECK_S = 0.25
+
+
+@dataclass
+class Job:
+    """One batch handed to the publishing thread (state shared under the publisher's lock)."""
+
+    messages: Sequence[dict[str, Any]]
+    future: asyncio.Future[None] | None = None
+    stop: bool = False  # set by the waiter: start no further publish
+    in_flight: bool = False  # a publish of this job has started and not returned
+    done: int = 0  # publishes that returned successfully
+    error: BaseException | None = None
+
+
+class KombuPublisher:
+    """Publishes ``send_task`` keyword-argument dicts with ``app`` in one thread."""
+
+    def __init__(self, app: Any, timeout: float) -> None:
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.app = app
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._busy_since: float | None = None  # start of the broker operation in flight
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="pm-celery-publish"
+        )
+
+    def start(self, messages: Sequence[dict[str, Any]]) -> Job:
+        """Queue ``messages`` for the publishing thread (in order, after earlier jobs)."""
+        job = Job(messages)
+        job.future = asyncio.get_running_loop().run_in_executor(self._executor, self._run, job)
+        return job
+
+    async def wait(self, job: Job) -> tuple[int, BaseException | None]:
+        """(How many of the job's messages were published, the error that stopped it).
+
+        On a broker that does not answer, the count includes a publish still in flight after
+        a second ``timeout`` (its outcome is unknown: the caller keeps its claim).
+        """
+        assert job.future is not None
+        while not job.future.done():
+            if self._overdue():
+                return await self._give_up(job)
+            await asyncio.wait({job.future}, timeout=self._wait_s())
+        return job.done, job.error
+
+    def stop(self, job: Job) -> int:
+        """Start no further publish of ``job``; how many may have reached the broker (those
+        done and the one in flight)."""
+        with self._lock:
+            job.stop = True
+            return job.done + (1 if job.in_flight else 0)
+
+    def _overdue(self) -> bool:
+        """Whether the broker operation in flight (of any job) has run longer than ``timeout``."""
+        with self._lock:
+            since = self._busy_since
+        return since is not None and time.monotonic() - since > self.timeout
+
+    def _wait_s(self) -> float:
+        with self._lock:
+            since = self._busy_since
+        if since is None:
+            return _RECHECK_S
+        return max(0.0, self.timeout - (time.monotonic() - since)) + 0.01
+
+    async def _give_up(self, job: Job) -> tuple[int, BaseException | None]:
+        assert job.future is not None
+        with self._lock:
+            job.stop = True
+            in_flight = job.in_flight
+        if in_flight:
+            # Our own publish is stuck: give it one more timeout to finish, so its outcome is known.
+            await asyncio.wait({job.future}, timeout=self.timeout)
+        with self._lock:
+            done, still, error = job.done, job.in_flight, job.error
+        if done == len(job.messages):
+            return done, None  # it all went out after all
+        # A publish still in flight may yet reach the broker: counted as published (the caller
+        # keeps its claim: at most once from us), the ones after it were never started.
+        stuck = TimeoutError(f"the broker did not answer a publish within {self.timeout:g} s")
+        return done + (1 if still else 0), error or stuck
+
+    def _begin(self, job: Job) -> bool:
+        with self._lock:
+            if job.stop:
+                return False
+            job.in_flight = True
+            self._busy_since = time.monotonic()
+            return True
+
+    def _end(self, job: Job, ok: bool) -> None:
+        with self._lock:
+            job.in_flight = False
+            self._busy_since = None
+            if ok:
+                job.done += 1
+
+    def _run(self, job: Job) -> None:
+        try:
+            if not self._begin(job):  # acquiring the producer may connect: timed as well
+                return
+            with self.app.producer_or_acquire() as producer:
+                self._end(job, ok=False)
+                for msg in job.messages:
+                    if not self._begin(job):
+                        return
+                    self.app.send_task(producer=producer, **msg)
+                    self._end(job, ok=True)
+        except Exception as exc:  # kombu and the transports raise a wide spread of types
+            job.error = exc
+        finally:
+            if job.in_flight:
+                self._end(job, ok=False)
+            if job.stop and job.error is None and job.done < len(job.messages):
+                job.error = RuntimeError("stopped before every message was published")
+
+    def close_app(self) -> concurrent.futures.Future[None]:
+        """Close the app's connections in the publishing thread (after any publish under way)."""
+        return self._executor.submit(self.app.close)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False)
