@@ -102,7 +102,7 @@ def _check_extra(v: Any) -> None:
     if not isinstance(v, dict):
         raise ValueError("must be a JSON object")
     for key, check in EXTRA_CHECKS.items():
-        if key in v:
+        if v.get(key) is not None:  # null: not set, as the targets read it
             try:
                 check(v[key])
             except ValueError as exc:

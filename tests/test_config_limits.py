@@ -147,3 +147,8 @@ def test_size_limit_counts_utf8_bytes_of_canonical_json() -> None:
 def test_canonical_texts_are_computed_once() -> None:
     cfg = make(payload={"b": 1, "a": 2}, options={"queue": "q"})
     assert cfg._cache["payload"] == '{"a":2,"b":1}' and cfg._cache["options"] == '{"queue":"q"}'
+
+
+def test_a_null_extra_key_means_not_set_as_the_targets_read_it() -> None:
+    extra = {"priority": None, "expires": None, "soft_time_limit": None, "routing_key": None}
+    assert make(options={"extra": extra}).options["extra"] == extra
