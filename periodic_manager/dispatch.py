@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from periodic_manager.clock import Clock
-from periodic_manager.config import slot_text
+from periodic_manager.config import PeriodicTaskConfig, slot_text
 from periodic_manager.history import RunWriter
 from periodic_manager.registry import RunRecord
 from periodic_manager.targets.base import (
@@ -52,21 +52,26 @@ def later(instant: datetime, seconds: float | timedelta) -> datetime:
     return instant + step if _LATEST - instant > step else _LATEST
 
 
-def build_task(entry: ScheduledEntry, slot: datetime, text: str) -> Task:
-    """The task of ``entry``'s slot (``text`` is the slot's UTC text, shared by a batch)."""
-    return task_for(entry.config, f"{entry.config.name}:{text}", slot, later(slot, entry.window))
-
-
-async def prepare(target: StagedTarget, slot: datetime, entries: list[ScheduledEntry]) -> list[Chunk]:
+async def prepare(
+    target: StagedTarget,
+    slot: datetime,
+    entries: list[ScheduledEntry],
+    window: Callable[[PeriodicTaskConfig], timedelta],
+) -> list[Chunk]:
     """Tasks of ``entries`` for ``slot``, cut into sub-batches and prepared by the target (other
-    tasks run between sub-batches: staging 100,000 tasks must not hold the event loop)."""
+    tasks run between sub-batches: staging 100,000 tasks must not hold the event loop).
+    ``window(config)``: how long after the slot each task may still be sent."""
     text = slot_text(slot)
     chunks: list[Chunk] = []
     for i in range(0, len(entries), SEND_CHUNK):
         if i:
             await asyncio.sleep(0)
         part = entries[i : i + SEND_CHUNK]
-        chunks.append((part, prepare_tasks(target, [build_task(e, slot, text) for e in part])))
+        tasks = []
+        for entry in part:
+            cfg = entry.config
+            tasks.append(task_for(cfg, f"{cfg.name}:{text}", slot, later(slot, window(cfg))))
+        chunks.append((part, prepare_tasks(target, tasks)))
     return chunks
 
 
@@ -151,7 +156,6 @@ class Dispatcher:
             status = res.status
             if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
                 entry.last_error = res.error  # set when the target failed this task alone
-            entry.last_status = status
             if status == "failed":
                 log.error(
                     "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
@@ -167,7 +171,6 @@ class Dispatcher:
         at = self.clock.now()
         for entry in entries:
             entry.last_error = str(exc)
-            entry.last_status = "failed"
         self.counts["failed"] += len(tasks)
         log.error(
             "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,

@@ -52,6 +52,9 @@ __all__ = ["ChangeSignal", "PeriodicTaskManager", "SyncReport"]
 # full_sync_interval, and after any failed sync) covers whatever is pruned.
 TOMBSTONE_RETENTION = timedelta(days=1)
 STOP_TIMEOUT_S = 30.0
+# How long the scheduler remembers the last slot of a schedule that was paused or deleted (a
+# schedule back within this never resends it, even after the clock stepped back).
+RETIRED_MEMORY = timedelta(days=1)
 # A sync that registers this many entries freezes the survivors out of the garbage collector.
 FREEZE_AFTER = 10_000
 # A dispatch silent for this long is stuck: every target call is bounded far below it.
@@ -301,7 +304,7 @@ class PeriodicTaskManager:
         async with self._sync_lock:
             with self.metrics.time_sync(), gcpolicy.paused():
                 report = await self._sync(full=full)
-                if len(report.added) + len(report.replaced) >= FREEZE_AFTER:
+                if report.added + report.replaced >= FREEZE_AFTER:
                     gcpolicy.freeze()  # see gcpolicy: the survivors are never walked again
                 return report
 
@@ -336,6 +339,7 @@ class PeriodicTaskManager:
         report = await self.reconciler.apply_snapshot(snapshot, now)
         self._revision = snapshot.revision
         self._last_full = now
+        self.scheduler.forget_retired(now - RETIRED_MEMORY)
         if hasattr(self.provider, "known") and self.provider.known is None:
             # From now on the provider re-reads only rows whose revision differs from the
             # config an entry holds (the first read, with nothing held, reads everything).
@@ -353,7 +357,7 @@ class PeriodicTaskManager:
         if report.added or report.replaced or report.removed or report.errors:
             log.info(
                 "sync: %d added, %d replaced, %d removed, %d unchanged, %d bad rows",
-                len(report.added), len(report.replaced), len(report.removed), report.unchanged,
+                report.added, report.replaced, report.removed, report.unchanged,
                 len(report.errors),
             )
         return report
@@ -365,7 +369,7 @@ class PeriodicTaskManager:
 
     def _known_config(self, row_id: int) -> PeriodicTaskConfig | None:
         entry = self.scheduler.get(row_id)
-        return entry.config if entry is not None and entry.synced else None
+        return entry if entry is not None and entry.synced else None
 
     def _store_failed(self, exc: BaseException) -> None:
         self._registered = False  # republish this manager and its entries at the next heartbeat

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SLICE = 5000  # entries per write
+
 
 def entry_record(entry: ScheduledEntry) -> EntryRecord:
     cfg = entry.config
@@ -86,23 +88,30 @@ class EntryPublisher:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write what is queued now (and wait for a write under way)."""
+        """Write what is queued now (and wait for a write under way).
+
+        Entries go out in slices of SLICE, each built just before it is written: publishing a
+        cold start's million entries never holds a million records (nor the event loop)."""
         if not self._entries and not self._records:
             async with self._lock:
                 return
         entries, self._entries = self._entries, {}
         records, self._records = self._records, {}
-        upserts = [rec for rec in records.values() if rec is not None]
-        for i, entry in enumerate(entries.values()):
-            if i % 5000 == 4999:
-                await asyncio.sleep(0)  # building 100,000 records must not hold the event loop
-            if not entry.dead:  # replaced or removed since: its successor or removal follows
-                upserts.append(entry_record(entry))
-        written = {rec.entry_id for rec in upserts}
-        # An id removed and then written again (the same version re-registered) stays.
-        removed = [eid for eid, rec in records.items() if rec is None and eid not in written]
+        live = [entry for entry in entries.values() if not entry.dead]  # the dead: superseded
+        del entries
+        written = {rec.entry_id for rec in records.values() if rec is not None}
         async with self._lock:
-            await self.call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
+            for i in range(0, len(live), SLICE):
+                part = [entry_record(entry) for entry in live[i : i + SLICE]]
+                written.update(rec.entry_id for rec in part)
+                await self.call(self.store.apply_entries(self.manager_id, part, []), "publishing entries")
+            # Error records, then removals (an id removed and then written again stays).
+            upserts = [rec for rec in records.values() if rec is not None]
+            removed = [eid for eid, rec in records.items() if rec is None and eid not in written]
+            if upserts or removed:
+                await self.call(
+                    self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries"
+                )
 
     async def call(self, op: Awaitable[object], what: str) -> None:
         """Await a store call; a failure is logged and marks everything for republishing."""

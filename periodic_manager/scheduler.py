@@ -75,45 +75,82 @@ YIELD_EVERY = 2000  # loops over a batch let other tasks (sync, leadership) run 
 _UNKNOWN = object()
 
 
-@dataclass(slots=True)
-class ScheduledEntry:
-    """One registered schedule: its config, parsed schedule and timing. One per schedule key.
+class ScheduledEntry(PeriodicTaskConfig):
+    """One registered schedule: its config and its timing, in one object. One per schedule key.
 
-    Lean on purpose (a manager holds a million): the instants are shared (one object per
-    calendar instant and per sync chunk), key, content hash and entry id are derived on demand.
+    Lean on purpose (a manager holds a million): the entry *is* its config (``config`` is the
+    entry itself, a copy of the provider's), instants are shared (one object per calendar
+    instant and per sync chunk), and the parsed schedule, window, key, content hash and entry id
+    are derived when needed.
     """
 
-    config: PeriodicTaskConfig
-    schedule: Schedule
+    __slots__ = (
+        "registered_at",
+        "next_slot",  # None: no slot left (past year 9999)
+        "prev_slot",
+        "last_error",
+        # Slots of this entry are strictly after this instant, except a slot of the version it
+        # replaced that was already due (carried over so an edit never drops it).
+        "after",
+        "fired",  # the latest slot this scheduler handled for the schedule
+        "dead",  # unregistered or replaced: stale wherever the calendar still holds it
+        "mark",  # the calendar's per-take mark (an entry filed twice is taken once)
+        "synced",  # owned by the sync (a row), not registered from code
+    )
+
     registered_at: datetime
-    next_slot: datetime | None  # None: no slot left (past year 9999)
-    prev_slot: datetime | None = None
-    last_error: str | None = None
-    last_status: str | None = None
-    window: timedelta = timedelta(0)  # how long after a slot it may still be sent
-    # Slots of this entry are strictly after this instant, except a slot of the version it replaced
-    # that was already due (carried over so an edit never drops it).
-    after: datetime | None = None
-    dead: bool = False  # unregistered or replaced: stale wherever the calendar still holds it
-    mark: int = 0  # the calendar's per-take mark (an entry filed twice is taken once)
-    synced: bool = False  # owned by the sync (a row), not registered from code
+    next_slot: datetime | None
+    prev_slot: datetime | None
+    last_error: str | None
+    after: datetime | None
+    fired: datetime | None
+    dead: bool
+    mark: int
+    synced: bool
+
+    @classmethod
+    def of(
+        cls,
+        config: PeriodicTaskConfig,
+        registered_at: datetime,
+        next_slot: datetime | None = None,
+        *,
+        prev_slot: datetime | None = None,
+        after: datetime | None = None,
+        fired: datetime | None = None,
+        synced: bool = False,
+    ) -> ScheduledEntry:
+        """The entry of ``config`` (its fields copied: the provider's object can go)."""
+        entry = cls.__new__(cls)
+        for name in _CONFIG_SLOTS:
+            setattr(entry, name, getattr(config, name))
+        entry.registered_at = registered_at
+        entry.next_slot = next_slot
+        entry.prev_slot = prev_slot
+        entry.last_error = None
+        entry.after = after
+        entry.fired = fired
+        entry.dead = False
+        entry.mark = 0
+        entry.synced = synced
+        return entry
 
     @property
-    def key(self) -> str:
-        return self.config.key
+    def config(self) -> PeriodicTaskConfig:
+        return self
 
-    @property
-    def ident(self) -> int | str:
-        return self.config.ident
-
-    @property
-    def content_hash(self) -> str:
-        return content_hash(self.config)
+    def refresh(self, config: PeriodicTaskConfig) -> None:
+        """Take the bookkeeping of a newer read of the same content (revision, effective_at)."""
+        self.revision = config.revision
+        self.effective_at = config.effective_at
 
     @property
     def entry_id(self) -> str:
         """Stable id of this version: the schedule key and its content hash."""
-        return f"{self.key}-{self.content_hash[:12]}"
+        return f"{self.key}-{content_hash(self)[:12]}"
+
+
+_CONFIG_SLOTS = PeriodicTaskConfig.__slots__
 
 
 @dataclass(slots=True)
@@ -150,7 +187,9 @@ class Scheduler:
         self.catchup_window = timedelta(seconds=catchup_window)
         self._entries: dict[int | str, ScheduledEntry] = {}  # config.ident -> its entry
         self._calendar = Calendar()
-        self._last_fired: dict[int | str, datetime] = {}  # config.ident -> latest slot handled
+        # The latest slot handled for schedules no longer registered (a pause, a delete): a
+        # schedule that comes back soon never resends it. Entries keep their own (``fired``).
+        self._retired: dict[int | str, datetime] = {}
         self._wake = asyncio.Event()
         self._stopping = False
         self._stop_event = asyncio.Event()
@@ -230,18 +269,10 @@ class Scheduler:
             now = self.clock.now()
         ident = config.ident
         old = self._entries.get(ident)
-        last = self._last_fired.get(ident)
-        entry = ScheduledEntry(
-            config=config,
-            schedule=config.schedule,
-            registered_at=now,
-            next_slot=None,
-            prev_slot=last,
-            window=self._window(config),
-            after=now,
-            synced=synced,
-        )
-        if old is not None and _same_slots(old.config, config):
+        last = old.fired if old is not None else self._retired.pop(ident, None)
+        config.schedule  # noqa: B018 - parsed here, where a failure concerns this schedule only
+        entry = ScheduledEntry.of(config, now, prev_slot=last, after=now, fired=last, synced=synced)
+        if old is not None and _same_slots(old, config):
             entry.next_slot, entry.after = old.next_slot, old.after
             entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
         else:
@@ -260,9 +291,12 @@ class Scheduler:
 
     def unregister(self, key: int | str) -> ScheduledEntry | None:
         """Remove the entry of schedule ``key`` (the calendar forgets it lazily); it, or None."""
-        entry = self._entries.pop(_ident(key), None)
+        ident = _ident(key)
+        entry = self._entries.pop(ident, None)
         if entry is not None:
             entry.dead = True
+            if entry.fired is not None:
+                self._retired[ident] = entry.fired
             self._changes += 1
             self._wake.set()
         return entry
@@ -314,15 +348,20 @@ class Scheduler:
         if entry.next_slot is not None and not entry.dead:
             self._calendar.add(entry, entry.next_slot)
 
+    def forget_retired(self, before: datetime) -> None:
+        """Forget what was sent for schedules unregistered long ago (their last slot before
+        ``before``): the map stays as small as the recent pauses and deletes."""
+        self._retired = {k: v for k, v in self._retired.items() if v >= before}
+
     def window(self, entry: ScheduledEntry) -> timedelta:
-        return entry.window
+        return self._window(entry.config)
 
     def _window(self, config: PeriodicTaskConfig) -> timedelta:
         """How long after its slot a task may still be sent: grace, or the catch-up window of a
         ``fire_once`` schedule (targets keep their claim of the key that long)."""
         opts = config.options
         window = self.grace
-        if opts.get("misfire") == "fire_once":
+        if opts and opts.get("misfire") == "fire_once":
             seconds = opts.get("catchup_window", self.catchup_window.total_seconds())
             window = max(window, timedelta(seconds=seconds))
         return min(window, MAX_WINDOW)
@@ -382,7 +421,7 @@ class Scheduler:
         self._calendar.clear()
         for entry in self._entries.values():
             start = after
-            last = self._last_fired.get(entry.ident)
+            last = entry.fired
             if last is not None and last > start:
                 start = last
             floor = lookback_floor(entry.config, now)
@@ -504,13 +543,12 @@ class Scheduler:
         if not entries:
             return
         changes = self._changes
-        last_fired = self._last_fired
-        if any((last := last_fired.get(e.ident)) is not None and at <= last for e in entries):
+        if any(e.fired is not None and at <= e.fired for e in entries):
             changes = -1  # some already sent (the clock stepped back): sort them out at the slot
         hold = contextlib.ExitStack()
         hold.enter_context(gcpolicy.paused())  # until the batch is sent
         started = time.process_time()  # a cost estimate for the lead, not a scheduling decision
-        chunks = await prepare(self.dispatcher.target, at, entries)
+        chunks = await prepare(self.dispatcher.target, at, entries, self._window)
         took = time.process_time() - started
         self._stage_cost = 0.7 * self._stage_cost + 0.3 * took / len(entries)
         if self._changes != changes:
@@ -574,10 +612,9 @@ class Scheduler:
             candidates = [e for e in batch.entries if not e.dead and e.next_slot == slot] + residual
         send: list[ScheduledEntry] = []
         skipped: list[RunRecord] = []
-        last_fired = self._last_fired
         late = now - slot > self.grace
         for entry in candidates:
-            last = last_fired.get(entry.ident)
+            last = entry.fired
             if last is not None and slot <= last:
                 # Already handled (clock stepped back, or an entry replaced at the same instant).
                 self._advance(entry, last)
@@ -591,7 +628,7 @@ class Scheduler:
         if batch is not None and len(send) == len(batch.entries) and not residual:
             chunks = batch.chunks  # the common case: nothing changed since staging
         else:
-            chunks = await prepare(self.dispatcher.target, slot, send)
+            chunks = await prepare(self.dispatcher.target, slot, send, self._window)
         await self._send(slot, send, chunks, advance=True)
 
     async def _send(
@@ -603,11 +640,9 @@ class Scheduler:
             # replaced meanwhile may carry this slot over: it meets last_fired, set below, when
             # its turn comes after this instant, and is not sent twice.)
             await asyncio.sleep(0)
-            last_fired = self._last_fired
             for entry in entries:
-                ident = entry.ident
-                if (last := last_fired.get(ident)) is None or slot > last:
-                    last_fired[ident] = slot
+                if entry.fired is None or slot > entry.fired:
+                    entry.fired = slot
             if advance:
                 for i, entry in enumerate(entries):
                     entry.prev_slot = slot
@@ -628,7 +663,6 @@ class Scheduler:
             extra={"schedule": entry.config.name, "slot": slot.isoformat(), "lateness_s": late},
         )
         self.counts["skipped"] += 1
-        entry.last_status = "skipped"
         # Jump past every slot that is already too late: no replay, no storm after a clock jump.
         self._advance(entry, max(slot, now - self.grace))
         return RunRecord(entry.key, entry.config.name, slot, "skipped", now, error=f"{late:.3f} s late")
@@ -644,7 +678,7 @@ class Scheduler:
                 "catching up %d missed slot(s) due %s", len(entries), slot.isoformat(),
                 extra={"slot": slot.isoformat(), "batch": len(entries)},
             )
-            chunks = await prepare(self.dispatcher.target, slot, entries)
+            chunks = await prepare(self.dispatcher.target, slot, entries, self._window)
             await self._send(slot, entries, chunks, advance=False)
 
 

@@ -32,9 +32,9 @@ class SyncReport:
     """What one sync did (schedules by key)."""
 
     ok: bool
-    added: list[str] = field(default_factory=list)
-    replaced: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
+    added: int = 0
+    replaced: int = 0
+    removed: int = 0
     unchanged: int = 0
     errors: list[RowError] = field(default_factory=list)
     error: str | None = None
@@ -70,7 +70,7 @@ class Reconciler:
         unchanged = 0
         for i, (ident, cfg) in enumerate(desired.items()):
             entry = held.get(ident)
-            if entry is not None and entry.config is cfg:
+            if entry is cfg:
                 unchanged += 1  # the provider reused the config: the row did not change
             else:
                 self._upsert(cfg, report, now_)
@@ -109,23 +109,23 @@ class Reconciler:
         if entry is not None and entry.synced:
             self.scheduler.unregister(key)
             self.publisher.remove(entry.entry_id)
-            report.removed.append(entry.key)
+            report.removed += 1
 
     def _upsert(self, cfg: PeriodicTaskConfig, report: SyncReport, now: datetime) -> bool:
         """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
         (then a row error is added to the report and any previous entry keeps running)."""
         entry = self.scheduler.get(cfg.ident)
         # The provider hands back the same object for an unchanged row: no hashing needed.
-        if entry is not None and entry.config is cfg:
+        if entry is cfg:  # the provider reused what the entry holds
             report.unchanged += 1
             return True
         if (
             entry is not None
-            and entry.config.name == cfg.name
-            and content_hash(entry.config) == content_hash(cfg)
+            and entry.name == cfg.name
+            and content_hash(entry) == content_hash(cfg)
         ):
             # Same content and keys; only bookkeeping (effective_at, revision) may have moved.
-            entry.config = cfg
+            entry.refresh(cfg)
             report.unchanged += 1
             return True
         old_id = entry.entry_id if entry is not None else None
@@ -138,7 +138,10 @@ class Reconciler:
         if old_id is not None and old_id != new.entry_id:
             self.publisher.remove(old_id)
         self.publisher.upsert(new)
-        (report.replaced if entry is not None else report.added).append(cfg.key)
+        if entry is not None:
+            report.replaced += 1
+        else:
+            report.added += 1
         return True
 
     def _clear_row_error(self, key: str) -> None:

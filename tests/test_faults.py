@@ -761,7 +761,7 @@ def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
         cfg = PeriodicTaskConfig.create(
             name="x", spec=spec, task_type="t", timezone="Europe/Berlin"
         )
-        entry = ScheduledEntry(cfg, cfg.schedule, "h", base, base)
+        entry = ScheduledEntry.of(cfg, base, base)
         for hours in range(0, 24 * 40, 13):
             now = base + timedelta(hours=hours, seconds=hours % 61)
             for window in (timedelta(0), timedelta(seconds=30), timedelta(seconds=widest)):

@@ -3,7 +3,6 @@ each, the field each error names, and the accepted edge forms."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, date, datetime, timedelta, timezone
 from datetime import time as time_of_day
 
@@ -281,20 +280,17 @@ def test_accepted_forms(expr: str) -> None:
     validate(expr)
 
 
-def test_validation_is_well_under_a_millisecond() -> None:
+def test_validation_accepts_many_firing_day_tables_and_refuses_a_never_firing_one() -> None:
+    # (Its speed is measured in bench/cron_bench.py, not asserted here: timed assertions only
+    # measure how busy the machine running the tests is.)
     clear_caches()
     exprs = [
         f"{m} {h}-23/2 1-{d} * mon-fri" for m in range(10) for h in range(10) for d in (28, 29)
     ]
-    t0 = time.perf_counter()
     for e in exprs:
         validate(e)
-    per_call = (time.perf_counter() - t0) / len(exprs)
-    assert per_call < 0.0005, per_call
-    t0 = time.perf_counter()
-    with pytest.raises(CronError):
+    with pytest.raises(CronError, match="never-fires"):
         validate("0 0 31 4,6,9,11 *")
-    assert time.perf_counter() - t0 < 0.001
 
 
 def test_every_anchor_sets_the_phase_of_any_zone() -> None:
