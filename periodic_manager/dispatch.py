@@ -30,6 +30,7 @@ from periodic_manager.targets.base import (
 )
 
 if TYPE_CHECKING:
+    from periodic_manager.overlap import OverlapGuard
     from periodic_manager.scheduler import ScheduledEntry
 
 log = logging.getLogger(__name__)
@@ -102,8 +103,10 @@ class Dispatcher:
         on_error: ErrorHook | None = None,
         retry_base: float = 0.2,
         retry_max: float = 5.0,
+        overlap: OverlapGuard | None = None,
     ) -> None:
         self.target = target
+        self.overlap = overlap  # options.overlap: busy answers, held slots
         self.clock = clock
         self.writer = writer
         self.backoff = backoff
@@ -113,7 +116,9 @@ class Dispatcher:
         self.on_error = on_error
         self.retry_base = retry_base
         self.retry_max = retry_max
-        self.counts: dict[str, int] = {"enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0}
+        self.counts: dict[str, int] = {
+            "enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0, "held": 0,
+        }  # fmt: skip
         self.progress_at: datetime | None = None  # last sign of life of a send under way
         self._failing = 0  # consecutive failed attempts (one log line per outage)
         self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -147,16 +152,22 @@ class Dispatcher:
         runs: list[RunRecord] = []
         at = self.clock.now()
         counts = self.counts
+        overlap = self.overlap
         for entry, res in zip(entries, results, strict=True):
             status = res.status
             if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
                 entry.last_error = res.error  # set when the target failed this task alone
-            entry.last_status = status
             if status == "failed":
                 log.error(
                     "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
                     extra={"schedule": entry.config.name, "slot": slot.isoformat()},
                 )
+            if overlap is not None and overlap.involves(entry, res):
+                for run in overlap.outcome(entry, slot, res, at):  # busy: skipped or held
+                    counts[run.status] += 1
+                    runs.append(run)
+                continue
+            entry.last_status = status
             counts[status] += 1
             runs.append(RunRecord(entry.key, entry.config.name, slot, status, at, res.message_id, res.error))
         log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
@@ -169,6 +180,8 @@ class Dispatcher:
             entry.last_error = str(exc)
             entry.last_status = "failed"
         self.counts["failed"] += len(tasks)
+        if self.overlap is not None:
+            self.overlap.drop(entries, slot)
         log.error(
             "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,
             extra={"slot": slot.isoformat(), "batch": len(tasks)},

@@ -130,6 +130,9 @@ class PeriodicTaskManager:
         self.publisher = EntryPublisher(
             self.store, self.manager_id, on_failure=self._store_failed, checked=_reraise_if_cancelled
         )
+        # options.overlap: held slots and previous tasks are published with their entries.
+        self.publisher.views = self.scheduler.overlap.view
+        self.scheduler.overlap.changed = self.publisher.upsert
         self.reconciler = Reconciler(self.scheduler, self.publisher, checked=_reraise_if_cancelled)
         self._sync_requested = asyncio.Event()
         self._sync_lock = asyncio.Lock()
@@ -415,7 +418,8 @@ class PeriodicTaskManager:
             self._registered = False
 
     def _all_records(self) -> list[EntryRecord]:
-        records = [entry_record(e) for e in self.scheduler.entries()]
+        view = self.scheduler.overlap.view
+        records = [entry_record(e, view(e.key)) for e in self.scheduler.entries()]
         return records + list(self.reconciler.row_errors.values())
 
     async def wait_settled(self, instant: datetime) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from periodic_manager.registry import EntryRecord, RuntimeStore
 
@@ -22,8 +22,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def entry_record(entry: ScheduledEntry) -> EntryRecord:
+def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
+    """The published record of ``entry``; ``view``: its :class:`~periodic_manager.overlap.View`
+    (options.overlap skip and hold), if any."""
     cfg = entry.config
+    if view is not None:
+        return EntryRecord(
+            entry_id=entry.entry_id, schedule_key=entry.key, name=cfg.name,
+            content_hash=entry.content_hash, status="active", registered_at=entry.registered_at,
+            spec=cfg.spec, timezone=cfg.timezone, anchor=cfg.anchor, task_type=cfg.task_type,
+            queue=cfg.queue, held_slot=view.held_slot, previous_task_id=view.previous_task_id,
+            previous_task_state=view.previous_task_state,
+        )  # fmt: skip
     return EntryRecord(
         entry_id=entry.entry_id,
         schedule_key=entry.key,
@@ -57,6 +67,8 @@ class EntryPublisher:
         self._pending: dict[str, ScheduledEntry | EntryRecord | None] = {}  # None: removed
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()
+        # schedule key -> its overlap view (set by the manager: the scheduler's OverlapGuard).
+        self.views: Callable[[str], Any] = lambda key: None
 
     def upsert(self, item: ScheduledEntry | EntryRecord) -> None:
         """Publish an entry (its record is built when written) or an error record."""
@@ -89,7 +101,7 @@ class EntryPublisher:
             elif isinstance(item, EntryRecord):
                 upserts.append(item)
             elif not item.dead:
-                upserts.append(entry_record(item))
+                upserts.append(entry_record(item, self.views(item.key)))
         async with self._lock:
             await self.call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
 

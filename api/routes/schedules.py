@@ -22,7 +22,7 @@ from sqlalchemy.orm.attributes import flag_modified
 from api.deps import get_now, get_session, get_settings, notify_manager
 from api.errors import ApiProblem, NameConflict, ScheduleNotFound
 from api.rows import schedule_body, to_schedule, to_schedule_with_runs, validate_row
-from api.runtime import live_cutoff, schedule_errors, schedule_state
+from api.runtime import live_cutoff, schedule_errors, schedule_overlap, schedule_state
 from api.schemas import (
     ScheduleCreate,
     ScheduleDetail,
@@ -152,6 +152,7 @@ async def detail(
         **to_schedule_with_runs(row, now).model_dump(),
         state=await schedule_state(session, key),
         errors=await schedule_errors(session, key, cutoff),
+        overlap=await schedule_overlap(session, key, cutoff),
     )
 
 

@@ -89,6 +89,24 @@ def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expir
     )
 
 
+# States of a schedule's previous task, as a target with a completion signal sees them.
+QUEUED = "queued"  # enqueued, not taken by a worker yet
+RUNNING = "running"  # taken by a worker, not finished
+UNFINISHED = "unfinished"  # queued or running (the target cannot tell which)
+FINISHED = "finished"  # done (or gone: nothing of it is left to wait for)
+
+
+@dataclass(slots=True)
+class Previous:
+    """The previous task of a schedule with ``options.overlap`` skip or hold, as the target saw
+    it when it decided (``task_id`` None: the schedule had none). ``timed_out``: it was not
+    finished but older than ``options.overlap_timeout``, so it counted as finished."""
+
+    task_id: str | None
+    state: str
+    timed_out: bool = False
+
+
 @dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
 class EnqueueResult:
     """What happened to one task of a batch.
@@ -96,12 +114,38 @@ class EnqueueResult:
     ``failed``: this task was not enqueued and holds no claim, while the rest of the batch was
     processed (a task the target cannot encode, or the group of a failed target behind a
     :class:`~periodic_manager.targets.routing.RoutingTarget`); ``error`` says why.
+
+    ``busy``: the task's schedule asks for ``options.overlap`` skip or hold and its previous task
+    is not finished, so nothing was enqueued and nothing claimed. ``previous`` (set only for such
+    schedules) is what the target saw of that previous task.
     """
 
     task: Task
-    status: Literal["enqueued", "duplicate", "failed"]
+    status: Literal["enqueued", "duplicate", "failed", "busy"]
     message_id: str | None = None  # stream entry id, outbox row id, ...
     error: str | None = None
+    previous: Previous | None = None
+
+
+def overlap_of(task: Task) -> str:
+    """The task's ``options.overlap`` (``allow`` when absent)."""
+    return str(task.options.get("overlap", "allow"))
+
+
+def overlap_timeout_ms(task: Task) -> int:
+    """``options.overlap_timeout`` in milliseconds (0: none)."""
+    seconds = task.options.get("overlap_timeout")
+    return 0 if seconds is None else max(1, round(float(seconds) * 1000))
+
+
+def no_completion(target: object, task: Task) -> str | None:
+    """Why ``target`` cannot honour the task's ``options.overlap`` (None: it can, or the task
+    does not ask). A target declares it can with ``completion = True``; one that cannot says why
+    in ``completion_off``."""
+    if overlap_of(task) == "allow" or getattr(target, "completion", False):
+        return None
+    why = getattr(target, "completion_off", None) or "it has no completion signal"
+    return f"options.overlap {overlap_of(task)!r}: the {getattr(target, 'name', 'target')} target cannot tell when a task finished ({why})"
 
 
 @dataclass(slots=True)
