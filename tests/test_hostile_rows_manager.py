@@ -156,3 +156,22 @@ async def test_effective_at_is_read_as_an_instant_or_unknown_never_a_row_error(
     assert got.pop("given") == datetime(2024, 5, 1, 10, 0, 0, 250000, tzinfo=UTC)
     assert got == {label: UNKNOWN_START for label in got}
     assert set(got) == set(values) - {"given"} | {"nulled"}
+
+
+async def test_the_manager_built_from_settings_honours_pm_max_payload_bytes(
+    url: str, engine: AsyncEngine
+) -> None:
+    from periodic_manager.service import build_manager
+    from periodic_manager.settings import Settings
+    from periodic_manager.targets.memory import MemoryTarget
+
+    await upgrade(url)
+    big = await rawsql.insert(url, "big", payload="'\"" + "x" * 900 + "\"'")
+    manager = build_manager(
+        Settings(database_url=url, max_payload_bytes=512, leader_election=False, listen=False),
+        engine,
+        target=MemoryTarget(),
+    )
+    report = await manager.sync()
+    assert [(e.schedule_id, e.field, e.code) for e in report.errors] == [(big, "payload", "too-large")]
+    assert manager.entries() == []
