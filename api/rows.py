@@ -1,4 +1,10 @@
-"""Schedule rows <-> API bodies: validation of a (merged) row and its upcoming slots."""
+"""Schedule rows <-> API bodies: reading rows through the shared judge, validating a (merged)
+row before it is written, and its upcoming slots.
+
+Every route that reads a row reads it raw (``periodic_manager.db.rows``) and judges it as the
+manager does, so no stored value can fail a request, and ``errors`` of a schedule is the
+manager's own verdict on it.
+"""
 
 from __future__ import annotations
 
@@ -6,65 +12,119 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from api.schemas import Schedule, ScheduleWithRuns
+from fastapi import Request
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from api.errors import ApiProblem, config_error_item
+from api.schemas import Schedule, ScheduleError, ScheduleWithRuns
 from periodic_manager import cron
-from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.config import (
+    TOO_LARGE,
+    PeriodicTaskConfig,
+    canonical_json,
+    check_text,
+    validate_target,
+)
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
+from periodic_manager.settings import Settings
 
 NEXT_RUNS = 3
-MAX_JSON_DEPTH = 100
 # Errors a stored row (possibly written with SQL) can raise while its slots are computed.
 SLOT_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError, StopIteration)
+# Fields of a row as the API writes them (the id and timestamps aside).
+COLUMNS = (
+    "name",
+    "spec",
+    "timezone",
+    "task_type",
+    "payload",
+    "options",
+    "enabled",
+    "description",
+    "anchor",
+)
 
 
-def _check_json_text(value: Any, field: str) -> None:
-    """Reject what no backend can store: NUL characters (PostgreSQL text and JSONB), unpaired
-    surrogates (not UTF-8) and nesting deep enough to hit recursion limits when serialised."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise ConfigError(field, f"nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(item, str):
-            _check_text(item, field)
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                _check_text(str(key), field)
-                stack.append((sub, depth + 1))
-        elif isinstance(item, list | tuple):
-            stack.extend((sub, depth + 1) for sub in item)
+# -- reading -------------------------------------------------------------------------------------
 
 
-def _check_text(text: str, field: str) -> None:
-    if "\x00" in text:
-        raise ConfigError(field, "must not contain NUL characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(field, "must be valid Unicode (unpaired surrogate)") from None
+def rules(request: Request, session: AsyncSession) -> dbrows.Rules:
+    """How this deployment judges rows: backend, size limit, configured targets."""
+    settings: Settings = request.app.state.settings
+    return rules_for(settings, is_sqlite(session))
+
+
+def rules_for(settings: Settings, sqlite: bool) -> dbrows.Rules:
+    configured = settings.configured_targets()
+
+    def check(config: PeriodicTaskConfig) -> None:
+        validate_target(config.options, configured)
+
+    return dbrows.Rules(sqlite, settings.max_payload_bytes, check)
+
+
+def is_sqlite(session: AsyncSession) -> bool:
+    return session.bind is not None and session.bind.dialect.name == "sqlite"
+
+
+async def read_rows(
+    session: AsyncSession,
+    where: ColumnElement[bool] | None = None,
+    *,
+    limit: int | None = None,
+    offset: int = 0,
+    for_update: bool = False,
+) -> list[tuple[Any, ...]]:
+    """Raw rows (every column, see ``dbrows.FIELDS``) ordered by id: only what is asked for is
+    read, so a page never judges rows beyond it."""
+    t = PeriodicJob.__table__.c
+    stmt = select(*dbrows.columns(is_sqlite(session), display=True)).order_by(t.id)
+    if where is not None:
+        stmt = stmt.where(where)
+    if limit is not None:
+        stmt = stmt.limit(limit).offset(offset)
+    if for_update:
+        stmt = stmt.with_for_update()  # PostgreSQL: check-merge-write is atomic; SQLite ignores
+    return [tuple(r) for r in (await session.execute(stmt)).all()]
+
+
+# -- validating a write ------------------------------------------------------------------------
+
+
+class Unreadable:
+    """A stored column that cannot be read, standing in for its value in a PATCH merge: the
+    merged row is refused naming that field unless the PATCH replaces it."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 def validate_row(
-    fields: dict[str, Any], now: datetime, *, targets: Collection[str] | None = None
+    fields: dict[str, Any],
+    now: datetime,
+    *,
+    targets: Collection[str] | None = None,
+    max_payload_bytes: int | None = None,
 ) -> PeriodicTaskConfig:
     """Validate a complete row (a new one or the merge of a PATCH) exactly as the manager would,
-    and check that it fires at least once after ``now``. Raises ConfigError naming the field.
+    and check that it fires at least once after ``now``. Raises ConfigError naming the field
+    (code ``too-large`` for a payload or options over ``max_payload_bytes``).
 
     ``targets``: the targets the deployment runs (``Settings.configured_targets()``); a row whose
     ``options.target`` names another is refused, as the manager would refuse it at sync time.
     """
+    for name, value in fields.items():
+        if isinstance(value, Unreadable):
+            raise ConfigError(name, f"the stored value cannot be used ({value.reason}); send one")
     for name in ("name", "spec", "timezone", "task_type", "description"):
         if isinstance(fields.get(name), str):
-            _check_text(fields[name], name)
-    _check_json_text(fields.get("payload"), "payload")
-    _check_json_text(fields.get("options"), "options")
-    anchor = fields.get("anchor")
-    if anchor is not None:
-        try:
-            anchor.astimezone(UTC)
-        except OverflowError:
-            raise ConfigError("anchor", "out of the representable range of instants") from None
+            check_text(name, fields[name])
+    limit = {} if max_payload_bytes is None else {"max_payload_bytes": max_payload_bytes}
     cfg = PeriodicTaskConfig.create(
         name=fields["name"],
         spec=fields["spec"],
@@ -72,23 +132,81 @@ def validate_row(
         payload=fields.get("payload"),
         options=fields.get("options"),
         timezone=fields["timezone"],
-        anchor=anchor,
+        anchor=fields.get("anchor"),
         allowed_targets=targets,
+        **limit,
     )
-    if not next_runs(cfg.spec, cfg.timezone, cfg.anchor, now, 1):
+    if not next_runs(cfg, now, 1):
         raise ConfigError("spec", "has no fire time after now")
     return cfg
 
 
-def next_runs(
-    spec: str, timezone: str, anchor: datetime | None, now: datetime, n: int = NEXT_RUNS
-) -> list[datetime]:
+def validate_write(request: Request, fields: dict[str, Any], now: datetime) -> PeriodicTaskConfig:
+    """:func:`validate_row` with this deployment's settings; a payload or options over the size
+    limit is a 413 problem, any other invalid field a 422."""
+    settings: Settings = request.app.state.settings
+    try:
+        return validate_row(
+            fields,
+            now,
+            targets=settings.configured_targets(),
+            max_payload_bytes=settings.max_payload_bytes,
+        )
+    except ConfigError as exc:
+        if exc.code != TOO_LARGE:
+            raise
+        raise ApiProblem(
+            413, "payload-too-large", f"{exc.field}: {exc.reason}", errors=[config_error_item(exc)]
+        ) from None
+
+
+# Columns whose change gives a schedule new slots or keys: writing one (or resuming) moves the
+# row's ``effective_at`` to the API's now, so no look back of a manager reaches before the edit.
+TIMING = frozenset({"name", "spec", "timezone", "anchor"})
+
+
+def stamps(changes: dict[str, Any], was_enabled: bool | None, now: datetime) -> dict[str, Any]:
+    """``updated_at`` (and ``effective_at`` when the timing changes or the row resumes) of a write
+    of ``changes``, by the API's clock (the triggers of migration 0004 keep values a statement
+    sets)."""
+    out: dict[str, Any] = {"updated_at": now}
+    if TIMING & changes.keys() or (changes.get("enabled") is True and was_enabled is not True):
+        out["effective_at"] = now
+    return out
+
+
+def same_value(name: str, old: Any, new: Any) -> bool:
+    """Whether a PATCH leaves column ``name`` as stored (JSON compared as canonical text, so
+    ``1``, ``1.0`` and ``true`` differ; instants compared as instants)."""
+    if isinstance(old, Unreadable):
+        return False
+    if name in ("payload", "options"):
+        try:
+            return canonical_json(old) == canonical_json(new)
+        except (TypeError, ValueError):
+            return False
+    return type(old) is type(new) and bool(old == new)
+
+
+def merge_base(v: dbrows.RowView) -> dict[str, Any]:
+    """The stored row as the starting point of a PATCH: unreadable columns the manager judges as
+    :class:`Unreadable` (options that are no JSON object too, although they are shown as {}).
+    An unreadable ``description`` is left as it is (None here): only people read it."""
+    return {
+        name: Unreadable(v.unreadable[name])
+        if name in v.unreadable and name != "description"
+        else v.values[name]
+        for name in COLUMNS
+    }
+
+
+# -- slots and bodies ------------------------------------------------------------------------------
+
+
+def next_runs(config: PeriodicTaskConfig, now: datetime, n: int = NEXT_RUNS) -> list[datetime]:
     """The next ``n`` slots after ``now`` in UTC, or ``[]`` if they cannot be computed."""
     try:
-        return [
-            t.astimezone(UTC)
-            for t in cron.parse(spec, tz=timezone, anchor=anchor).next_fires(now, n)
-        ]
+        return [t.astimezone(UTC) for t in config.schedule.next_fires(now, n)]
     except SLOT_ERRORS:
         return []
 
@@ -104,31 +222,23 @@ def next_slot(
         return None
 
 
-def _utc(dt: datetime | None) -> datetime | None:
-    return dt.astimezone(UTC) if dt is not None else None
+def api_errors(v: dbrows.RowView) -> list[ScheduleError]:
+    return [
+        ScheduleError(source="api", field=f, reason=r, message=f"{f}: {r}", manager_id=None)
+        for f, r in v.errors
+    ]
 
 
-def schedule_body(row: PeriodicJob) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        "spec": row.spec,
-        "timezone": row.timezone,
-        "anchor": _utc(row.anchor),
-        "task_type": row.task_type,
-        "payload": row.payload,
-        "options": row.options,
-        "enabled": row.enabled,
-        "description": row.description,
-        "created_at": _utc(row.created_at),
-        "updated_at": _utc(row.updated_at),
-    }
+def schedule_body(v: dbrows.RowView) -> dict[str, Any]:
+    body = {"id": v.id, **{k: v.values[k] for k in dbrows.FIELDS[1:] if k != "effective_at"}}
+    body["errors"] = api_errors(v)
+    return body
 
 
-def to_schedule(row: PeriodicJob) -> Schedule:
-    return Schedule(**schedule_body(row))
+def to_schedule(v: dbrows.RowView) -> Schedule:
+    return Schedule(**schedule_body(v))
 
 
-def to_schedule_with_runs(row: PeriodicJob, now: datetime) -> ScheduleWithRuns:
-    runs = next_runs(row.spec, row.timezone, row.anchor, now) if row.enabled else []
-    return ScheduleWithRuns(**schedule_body(row), next_runs=runs)
+def to_schedule_with_runs(v: dbrows.RowView, now: datetime) -> ScheduleWithRuns:
+    runs = next_runs(v.config, now) if v.enabled is True and v.config is not None else []
+    return ScheduleWithRuns(**schedule_body(v), next_runs=runs)

@@ -4,16 +4,16 @@ database would refuse is a 422 here, never a driver error."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
-    field_validator,
 )
 
 
@@ -24,6 +24,14 @@ def _iso_text(value: Any) -> Any:
     return value
 
 
+def _no_nul(value: Any) -> Any:
+    # PostgreSQL text cannot hold NUL; a query with one would fail in the driver.
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+NoNul = AfterValidator(_no_nul)
 Name = Annotated[str, Field(max_length=200, examples=["reports.daily"])]
 Spec = Annotated[
     str,
@@ -60,43 +68,70 @@ class ScheduleCreate(BaseModel):
     anchor: Anchor | None = None
 
 
+def _absent_means_unchanged(schema: dict[str, Any]) -> None:
+    # A field left out of a PATCH keeps its value; its default is no value a client may send.
+    schema.pop("default", None)
+
+
+def _unchanged(**kwargs: Any) -> Any:
+    return Field(None, json_schema_extra=_absent_means_unchanged, **kwargs)
+
+
 class ScheduleUpdate(BaseModel):
-    """Any subset of the create fields; the merged row is validated like a new one."""
+    """Any subset of the create fields; the merged row is validated like a new one. Only
+    ``payload``, ``description`` and ``anchor`` may be null (JSON null, no text, no anchor);
+    the others may be left out but not cleared."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Name | None = None
-    spec: Spec | None = None
-    timezone: Zone | None = None
-    task_type: TaskType | None = None
-    payload: Any = Field(None, description=PAYLOAD_DOC)
-    options: dict[str, Any] | None = Field(None, description=OPTIONS_DOC)
-    enabled: StrictBool | None = None
-    description: Description | None = None
-    anchor: Anchor | None = None
+    name: Name = _unchanged()
+    spec: Spec = _unchanged()
+    timezone: Zone = _unchanged()
+    task_type: TaskType = _unchanged()
+    payload: Any = _unchanged(description=PAYLOAD_DOC)
+    options: dict[str, Any] = _unchanged(description=OPTIONS_DOC)
+    enabled: StrictBool = _unchanged()
+    description: Description | None = _unchanged()
+    anchor: Anchor | None = _unchanged()
 
-    @field_validator("name", "spec", "timezone", "task_type", "options", "enabled", mode="before")
-    @classmethod
-    def _not_null(cls, value: Any) -> Any:
-        # Runs only for fields present in the body: an explicit null cannot clear these columns.
-        if value is None:
-            raise ValueError("may not be null")
-        return value
+
+class ScheduleError(BaseModel):
+    """Why a schedule cannot be used (or a column cannot be read)."""
+
+    source: Literal["api", "manager"] = Field(
+        description="`api`: the API's own reading of the stored row (the same judgement a "
+        "manager makes); `manager`: reported by the live manager `manager_id`"
+    )
+    field: str | None = Field(examples=["spec", "options.queue"])
+    reason: str
+    message: str = Field(description="`<field>: <reason>`", examples=["spec: minute: ..."])
+    manager_id: str | None = Field(description="the reporting manager (source `manager`)")
+
+
+ERRORS_DOC = (
+    "why the stored row cannot be used, as a manager judges it (first item: what a manager "
+    "reports for it when enabled; further items: other columns that cannot be read, shown as "
+    "null); empty when the row is fine"
+)
 
 
 class Schedule(BaseModel):
+    """A stored row. A column that cannot be read (written with SQL: not UTF-8, not JSON, an
+    instant out of range, ...) is null (``options``: {}), and ``errors`` says why."""
+
     id: int
-    name: str
-    spec: str
-    timezone: str
+    name: str | None
+    spec: str | None
+    timezone: str | None
     anchor: datetime | None
-    task_type: str
+    task_type: str | None
     payload: Any = Field(description=PAYLOAD_DOC)
-    options: Any = Field(description="JSON object (" + OPTIONS_DOC + ")")
-    enabled: bool
+    options: dict[str, Any] = Field(description="JSON object (" + OPTIONS_DOC + ")")
+    enabled: bool | None = Field(description="null when the stored value is neither true nor false")
     description: str | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: datetime | None
+    updated_at: datetime | None
+    errors: list[ScheduleError] = Field(description=ERRORS_DOC)
 
 
 class ScheduleWithRuns(Schedule):
@@ -140,8 +175,9 @@ class OverlapState(BaseModel):
 
 class ScheduleDetail(ScheduleWithRuns):
     state: ScheduleState | None = Field(description="runtime state written by the managers")
-    errors: list[ScheduleRowError] = Field(
-        description="why live managers rejected this row (e.g. after an edit made with SQL)"
+    errors: list[ScheduleError] = Field(
+        description="the API's judgement of the stored row (`source: api`, as in the list), then "
+        "what live managers report about it (`source: manager`, e.g. a rejection they logged)"
     )
     overlap: OverlapState | None = Field(
         None,

@@ -81,7 +81,9 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
                         text = fh.read()
             except (OSError, UnicodeDecodeError) as exc:
                 raise FileError(f"{source}: {exc}") from None
-            desired = sio.validate(sio.parse(text, fmt, source), source)
+            desired = sio.validate(
+                sio.parse(text, fmt, source), source, settings.max_payload_bytes
+            )
             # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
             asyncio.run(check_database(settings.database_url))
             return asyncio.run(_import(desired, args, settings))
@@ -104,7 +106,7 @@ async def _import(
 
     engine = create_engine(settings.database_url)
     try:
-        plan = await sio.plan(engine, desired, args.prune)
+        plan = await sio.plan(engine, desired, args.prune, settings.max_payload_bytes)
         for line in sio.render(plan):
             print(line)
         if args.dry_run:
@@ -122,8 +124,13 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
 
     engine = create_engine(settings.database_url)
     try:
-        entries = await sio.export_entries(engine)
+        export = await sio.export_entries(engine, settings.max_payload_bytes)
     finally:
         await engine.dispose()
-    sys.stdout.write(sio.dump(entries, args.format))
+    sys.stdout.write(sio.dump(export.entries, args.format))
+    for line in export.skipped:
+        print(f"{PROG}: warning: not exported: {line}", file=sys.stderr)
+    if export.skipped:
+        # The output is incomplete: say so in the status too (1, as for a database problem).
+        return _fail(f"{len(export.skipped)} schedule(s) could not be read and were left out", 1)
     return 0

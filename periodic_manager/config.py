@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +35,20 @@ MISFIRE_POLICIES = ("skip", "fire_once")
 # finished, within grace). skip and hold need a target that can tell "finished".
 OVERLAP_POLICIES = ("allow", "skip", "hold")
 
+# Bounds of every number a schedule holds. A duration is added to instants (slot + catch-up
+# window, slot + expires, claim TTLs), so it must stay far inside datetime's range whatever the
+# slot; a count is handed to workers. Checked by comparison, which is exact for ints of any size
+# and false for NaN, so no value reaches float() or timedelta() unchecked.
+MAX_DURATION_S = 366 * 86_400  # timeout, unique_ttl, catchup_window, extra.expires, ...
+MAX_RETRY = 1_000
+MAX_PRIORITY = 255  # AMQP priorities (Celery's extra.priority)
+MAX_EVERY_DAYS = 36_500  # @every at most ~100 years: its next slot is at most that far ahead
+MAX_EVERY_US = MAX_EVERY_DAYS * 86_400 * 1_000_000
+# JSON documents: nesting depth (the API refuses deeper bodies; serializers recurse) and the
+# default size of payload and of options, counted as UTF-8 bytes of their canonical JSON.
+MAX_JSON_DEPTH = 100
+DEFAULT_MAX_PAYLOAD_BYTES = 65_536
+TOO_LARGE = "too-large"  # ConfigError.code of a payload or options over the size limit
 
 # ``effective_at`` of a row whose value is missing or unreadable: the start is unknown, so nothing
 # in the past may be sent (a look back stops at now).
@@ -52,14 +65,19 @@ def _check_queue(v: Any) -> None:
         raise ValueError("must be 1-100 characters of letters, digits, '_', '.', ':' or '-'")
 
 
+def _check_int(v: Any, high: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= high:
+        raise ValueError(f"must be an integer from 0 to {high}")
+
+
 def _check_count(v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError("must be an integer >= 0")
+    _check_int(v, MAX_RETRY)
 
 
 def _check_seconds(v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-        raise ValueError("must be a number of seconds > 0")
+    # ``0 < v <= MAX`` is false for NaN and infinities, and never converts a huge int.
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= MAX_DURATION_S:
+        raise ValueError(f"must be a number of seconds > 0 and at most {MAX_DURATION_S} (366 days)")
 
 
 def _check_misfire(v: Any) -> None:
@@ -72,9 +90,32 @@ def _check_overlap(v: Any) -> None:
         raise ValueError(f"must be one of {', '.join(OVERLAP_POLICIES)}")
 
 
+def _check_word(v: Any) -> None:
+    if not isinstance(v, str) or not 0 < len(v) <= 255:
+        raise ValueError("must be a string of 1-255 characters")
+
+
+# Keys of ``options.extra`` that targets read (targets/celery.py, targets/arq.py), checked like
+# options so a bad value is refused when written instead of failing every enqueue. Other keys
+# pass through unchecked.
+EXTRA_CHECKS: dict[str, Callable[[Any], None]] = {
+    "priority": lambda v: _check_int(v, MAX_PRIORITY),
+    "expires": _check_seconds,
+    "soft_time_limit": _check_seconds,
+    "routing_key": _check_word,
+    "exchange": _check_word,
+}
+
+
 def _check_extra(v: Any) -> None:
     if not isinstance(v, dict):
         raise ValueError("must be a JSON object")
+    for key, check in EXTRA_CHECKS.items():
+        if v.get(key) is not None:  # null: not set, as the targets read it
+            try:
+                check(v[key])
+            except ValueError as exc:
+                raise ConfigError(f"options.extra.{key}", str(exc)) from None
 
 
 def _check_target(v: Any) -> None:
@@ -100,8 +141,13 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
 
 def validate_options(options: Any) -> dict[str, Any]:
     """Return ``options`` as a dict, or raise ConfigError naming ``options.<key>``."""
+    return _options(options, DEFAULT_MAX_PAYLOAD_BYTES)[0]
+
+
+def _options(options: Any, max_bytes: int) -> tuple[dict[str, Any], str]:
+    """The options as a dict and their canonical JSON; ConfigError names the field."""
     if options is None:
-        return {}
+        return {}, "{}"
     if not isinstance(options, Mapping):
         raise ConfigError("options", "must be a JSON object")
     options = dict(options)
@@ -112,17 +158,75 @@ def validate_options(options: Any) -> dict[str, Any]:
             raise ConfigError(f"options.{key}", f"unknown option (known: {known})")
         try:
             check(value)
+        except ConfigError:
+            raise
         except ValueError as exc:
             raise ConfigError(f"options.{key}", str(exc)) from None
     if "overlap_timeout" in options and overlap_policy(options) == "allow":
         raise ConfigError(
             "options.overlap_timeout", "only applies with options.overlap 'skip' or 'hold'"
         )
+    text = check_json("options", options, max_bytes)
+    return options, text
+
+
+def check_json(field: str, value: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+    """Canonical JSON of ``value`` after the checks every JSON column gets, whoever wrote it:
+    representable (no NaN, no non-JSON types), valid Unicode, no NUL characters (PostgreSQL
+    cannot store them), nested at most MAX_JSON_DEPTH deep, at most ``max_bytes`` of UTF-8."""
     try:
-        canonical_json(options)
+        text = canonical_json(value)
+    except RecursionError:
+        raise ConfigError(field, f"nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError("options", f"not representable as JSON: {exc}") from None
-    return dict(options)
+        raise ConfigError(field, f"must be a JSON value: {exc}") from None
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:  # ensure_ascii=False leaves lone surrogates as they are
+            raise ConfigError(field, "must be valid Unicode (unpaired surrogate)") from None
+    if size > max_bytes:
+        raise ConfigError(
+            field,
+            f"{size} bytes of JSON, more than the limit of {max_bytes} (PM_MAX_PAYLOAD_BYTES)",
+            code=TOO_LARGE,
+        )
+    # Cheap tests on the text first (they hold for nearly every document): fewer containers
+    # than the depth limit cannot nest deeper; no escape sequence, no NUL and no surrogate.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or "\\u" in text:
+        _walk_json(field, value)
+    return text
+
+
+def _walk_json(field: str, value: Any) -> None:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            check_text(field, item)
+        elif isinstance(item, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ConfigError(field, f"nested deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(item, dict):
+                for key, sub in item.items():
+                    check_text(field, str(key))
+                    stack.append((sub, depth + 1))
+            else:
+                stack.extend((sub, depth + 1) for sub in item)
+
+
+def check_text(field: str, text: str) -> None:
+    """Refuse what no backend stores as text: NUL characters and unpaired surrogates."""
+    if "\x00" in text:
+        raise ConfigError(field, "must not contain NUL characters")
+    if text.isascii():  # no surrogate; the common case, without encoding
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(field, "must be valid Unicode (unpaired surrogate)") from None
 
 
 def overlap_policy(options: Mapping[str, Any]) -> str:
@@ -193,12 +297,9 @@ def validate_task_type(task_type: Any) -> str:
     return task_type
 
 
-def validate_payload(payload: Any) -> str:
+def validate_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """Return the payload's canonical JSON, or raise ConfigError naming ``payload``."""
-    try:
-        return canonical_json(payload)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError("payload", f"must be a JSON value: {exc}") from None
+    return check_json("payload", payload, max_bytes)
 
 
 def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron.Schedule:
@@ -209,14 +310,24 @@ def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron
         raise ConfigError("spec", f"must be at most {SPEC_MAX} characters")
     if not isinstance(timezone, str) or not timezone:
         raise ConfigError("timezone", "must be an IANA zone name such as 'UTC' or 'Europe/Berlin'")
-    if anchor is not None and (anchor.tzinfo is None or anchor.utcoffset() is None):
+    check_text("timezone", timezone)  # a zone name becomes a file path
+    if anchor is not None and (
+        not isinstance(anchor, datetime) or anchor.tzinfo is None or anchor.utcoffset() is None
+    ):
         raise ConfigError("anchor", "must be an instant with a UTC offset")
     try:
-        return cron.parse(spec, tz=timezone, anchor=anchor)
+        schedule = cron.parse(spec, tz=timezone, anchor=anchor)
     except cron.CronError as exc:
         if exc.field in ("timezone", "anchor"):
             raise ConfigError(exc.field, exc.reason, code=exc.code) from None
         raise ConfigError("spec", str(exc), code=exc.code) from None
+    if isinstance(schedule, cron.EverySchedule) and schedule.spec.period_us > MAX_EVERY_US:
+        raise ConfigError(
+            "spec",
+            f"every-duration: an @every interval may be at most {MAX_EVERY_DAYS}d",
+            code="every-duration",
+        )
+    return schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,17 +366,19 @@ class PeriodicTaskConfig:
         anchor: datetime | None = None,
         schedule_id: int | str | None = None,
         allowed_targets: Collection[str] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         effective_at: datetime | None = None,
     ) -> PeriodicTaskConfig:
         """Validate every field and return the config; raises ConfigError.
 
         ``allowed_targets``: the targets this deployment runs; ``options.target`` must name one
-        of them (None: any known target is accepted).
+        of them (None: any known target is accepted). ``max_payload_bytes`` bounds the canonical
+        JSON of payload and of options each (ConfigError code ``too-large`` beyond it).
         """
         validate_name(name)
         validate_task_type(task_type)
-        payload_json = validate_payload(payload)
-        opts = validate_options(options)
+        payload_json = validate_payload(payload, max_payload_bytes)
+        opts, options_json = _options(options, max_payload_bytes)
         validate_target(opts, allowed_targets)
         validate_schedule(spec, timezone, anchor)
         config = cls(
@@ -279,7 +392,9 @@ class PeriodicTaskConfig:
             schedule_id=schedule_id,
             effective_at=effective_at,
         )
+        # Both texts were needed for the checks; keep them (hash and messages use them).
         config._cache["payload"] = payload_json
+        config._cache["options"] = options_json
         return config
 
     @property

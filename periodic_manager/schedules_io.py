@@ -20,11 +20,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.config import PeriodicTaskConfig, canonical_json
-from periodic_manager.db.engine import sessionmaker
+from periodic_manager.config import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PeriodicTaskConfig,
+    canonical_json,
+    check_text,
+)
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob, Run, ScheduleState
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 
@@ -39,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "anchor": None,
 }
 FIELDS = (*REQUIRED, *DEFAULTS)
+TIMING = frozenset({"name", "spec", "timezone", "anchor"})  # see migration 0004
 
 
 class FileError(PeriodicManagerError):
@@ -80,15 +86,21 @@ def parse(text: str, fmt: str, source: str = "input") -> list[Any]:
     return doc
 
 
-def validate(entries: Sequence[Any], source: str = "input") -> list[dict[str, Any]]:
-    """Every entry complete with defaults and validated; FileError names the entry and field."""
+def validate(
+    entries: Sequence[Any],
+    source: str = "input",
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> list[dict[str, Any]]:
+    """Every entry complete with defaults and validated as the manager validates a row (payload
+    and options at most ``max_payload_bytes`` of canonical JSON each); FileError names the entry
+    and field."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i, raw in enumerate(entries, start=1):
         name = raw.get("name") if isinstance(raw, dict) else None
         where = f"{source}: entry {i}" + (f" ({name!r})" if isinstance(name, str) else "")
         try:
-            entry = _validate_entry(raw)
+            entry = _validate_entry(raw, max_payload_bytes)
         except ConfigError as exc:
             raise FileError(f"{where}: {exc.field}: {exc.reason}") from None
         if entry["name"] in seen:
@@ -98,7 +110,7 @@ def validate(entries: Sequence[Any], source: str = "input") -> list[dict[str, An
     return out
 
 
-def _validate_entry(raw: Any) -> dict[str, Any]:
+def _validate_entry(raw: Any, max_payload_bytes: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("entry", "must be a table/object of schedule fields")
     unknown = sorted(set(raw) - set(FIELDS))
@@ -114,12 +126,8 @@ def _validate_entry(raw: Any) -> dict[str, Any]:
         raise ConfigError("description", "must be a string")
     entry["anchor"] = _anchor(entry["anchor"])
     for key in ("name", "spec", "timezone", "task_type", "description"):
-        if isinstance(entry[key], str) and "\x00" in entry[key]:
-            raise ConfigError(key, "must not contain NUL characters")
-    if "\x00" in canonical_json_or(entry["payload"]) or "\x00" in canonical_json_or(
-        entry["options"]
-    ):
-        raise ConfigError("payload", "must not contain NUL characters")
+        if isinstance(entry[key], str):
+            check_text(key, entry[key])
     cfg = PeriodicTaskConfig.create(
         name=entry["name"],
         spec=entry["spec"],
@@ -128,6 +136,7 @@ def _validate_entry(raw: Any) -> dict[str, Any]:
         options=entry["options"],
         timezone=entry["timezone"],
         anchor=entry["anchor"],
+        max_payload_bytes=max_payload_bytes,
     )
     entry["options"] = dict(cfg.options)
     return entry
@@ -160,7 +169,8 @@ def _anchor(value: Any) -> datetime | None:
 class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
     update: list[tuple[dict[str, Any], dict[str, tuple[Any, Any]]]] = field(default_factory=list)
-    delete: list[str] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)  # what render() shows of each deleted row
+    delete_ids: list[int] = field(default_factory=list)
     unchanged: int = 0
     kept: int = 0  # rows not in the file, left alone (no --prune)
 
@@ -169,39 +179,84 @@ class Plan:
         return not (self.create or self.update or self.delete)
 
 
+class _Unreadable:
+    """A stored column that cannot be read: never equal to what a file says (so it is
+    rewritten), shown in the plan with the reason."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<unreadable: {self.reason}>"
+
+
 def _same(key: str, old: Any, new: Any) -> bool:
+    if isinstance(old, _Unreadable):
+        return False
     if key in ("payload", "options"):
         return canonical_json_or(old) == canonical_json_or(new) and canonical_json_or(old) != ""
     if key == "anchor" and old is not None and new is not None:
         return bool(old == new)  # aware datetimes compare as instants
-    return bool(old == new)
+    return type(old) is type(new) and bool(old == new)
 
 
-async def plan(engine: AsyncEngine, desired: Sequence[dict[str, Any]], prune: bool) -> Plan:
-    async with sessionmaker(engine)() as session:
-        rows = {r.name: r for r in (await session.execute(select(PeriodicJob))).scalars()}
+async def _stored(
+    engine: AsyncEngine, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> list[dbrows.RowView]:
+    """Every row, read raw and judged like the manager does (whatever a row holds)."""
+    sqlite = engine.dialect.name == "sqlite"
+    query = select(*dbrows.columns(sqlite, display=True)).order_by(PeriodicJob.id)
+    async with engine.connect() as conn:
+        raws = (await conn.execute(query)).all()
+    rules = dbrows.Rules(sqlite, max_payload_bytes)
+    return [dbrows.view(rules, tuple(raw)) for raw in raws]
+
+
+def _stored_value(row: dbrows.RowView, key: str) -> Any:
+    if key in row.unreadable:
+        return _Unreadable(row.unreadable[key])
+    return row.values[key]
+
+
+async def plan(
+    engine: AsyncEngine,
+    desired: Sequence[dict[str, Any]],
+    prune: bool,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> Plan:
+    stored = await _stored(engine, max_payload_bytes)
+    by_name = {r.values["name"]: r for r in stored if r.values["name"] is not None}
     out = Plan()
     names = {e["name"] for e in desired}
     for entry in desired:
-        row = rows.get(entry["name"])
+        row = by_name.get(entry["name"])
         if row is None:
             out.create.append(entry)
             continue
         changes = {
-            k: (getattr(row, k), entry[k])
+            k: (old, entry[k])
             for k in FIELDS
-            if not _same(k, getattr(row, k), entry[k])
+            if not _same(k, old := _stored_value(row, k), entry[k])
         }
         if changes:
             out.update.append((entry, changes))
         else:
             out.unchanged += 1
-    absent = sorted(n for n in rows if n not in names)
+    absent = sorted(
+        (r for r in stored if r.values["name"] not in names),
+        key=lambda r: (r.values["name"] is None, r.values["name"] or "", r.id),
+    )
     if prune:
-        out.delete = absent
+        out.delete = [_label(r) for r in absent]
+        out.delete_ids = [r.id for r in absent]
     else:
         out.kept = len(absent)
     return out
+
+
+def _label(row: dbrows.RowView) -> str:
+    name = row.values["name"]
+    return name if name is not None else f"#{row.id} (name: {row.unreadable.get('name')})"
 
 
 def _short(value: Any) -> str:
@@ -225,50 +280,62 @@ def render(p: Plan) -> list[str]:
 
 
 async def apply(engine: AsyncEngine, p: Plan, now: datetime) -> None:
-    """Write the plan in one transaction."""
-    async with sessionmaker(engine)() as session, session.begin():
+    """Write the plan in one transaction. Updates write only the columns that change (by name;
+    no row is loaded, so no stored value can get in the way)."""
+    t = PeriodicJob.__table__.c
+    async with engine.begin() as conn:
         for entry in p.create:
-            session.add(
-                PeriodicJob(**{k: entry[k] for k in FIELDS}, created_at=now, updated_at=now)
-            )
+            values = {k: entry[k] for k in FIELDS}
+            stamps = {"created_at": now, "updated_at": now, "effective_at": now}
+            await conn.execute(insert(PeriodicJob).values(**values, **stamps))
         for entry, changes in p.update:
-            row = (
-                await session.execute(select(PeriodicJob).where(PeriodicJob.name == entry["name"]))
-            ).scalar_one()
-            for key in changes:
-                setattr(row, key, entry[key])
-            row.updated_at = now
-        if p.delete:
-            ids = (
-                (
-                    await session.execute(
-                        select(PeriodicJob.id).where(PeriodicJob.name.in_(p.delete))
-                    )
-                )
-                .scalars()
-                .all()
-            )
-            keys = [str(i) for i in ids]
-            await session.execute(delete(PeriodicJob).where(PeriodicJob.id.in_(ids)))
-            await session.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
-            await session.execute(delete(Run).where(Run.schedule_key.in_(keys)))
+            values = {k: entry[k] for k in changes}
+            values["updated_at"] = now
+            # New slots or keys, or a resume: nothing before now may be looked back at.
+            if TIMING & changes.keys() or (entry["enabled"] and "enabled" in changes):
+                values["effective_at"] = now
+            await conn.execute(update(PeriodicJob).where(t.name == entry["name"]).values(**values))
+        if p.delete_ids:
+            keys = [str(i) for i in p.delete_ids]
+            await conn.execute(delete(PeriodicJob).where(t.id.in_(p.delete_ids)))
+            await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
+            await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
 
 
 # -- export ---------------------------------------------------------------------------------------
 
 
-async def export_entries(engine: AsyncEngine) -> list[dict[str, Any]]:
-    """Every row as a file entry (ordered by name; defaults left out)."""
-    async with sessionmaker(engine)() as session:
-        rows = (await session.execute(select(PeriodicJob).order_by(PeriodicJob.name))).scalars()
-        out = []
-        for row in rows:
-            entry: dict[str, Any] = {k: getattr(row, k) for k in REQUIRED}
-            for key, default in DEFAULTS.items():
-                value = getattr(row, key)
-                if not _same(key, value, default) and not (key == "anchor" and value is None):
-                    entry[key] = value.isoformat() if isinstance(value, datetime) else value
-            out.append(entry)
+@dataclass
+class Export:
+    entries: list[dict[str, Any]]
+    # One line per row left out because a column cannot be read (the file could not be
+    # imported back as it is stored): "schedule #7 ('name'): payload: not valid JSON ...".
+    skipped: list[str] = field(default_factory=list)
+
+
+async def export_entries(
+    engine: AsyncEngine, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> Export:
+    """Every row as a file entry (ordered by name; defaults left out). A row whose columns
+    cannot be read is not exported; ``skipped`` says which and why. Rows the manager rejects
+    for other reasons (a bad spec, say) are exported as stored."""
+    out = Export([])
+    stored = await _stored(engine, max_payload_bytes)
+    for row in sorted(stored, key=lambda r: (r.values["name"] or "", r.id)):
+        unreadable = {k: r for k, r in row.unreadable.items() if k in FIELDS}
+        if unreadable:
+            key, reason = next(iter(unreadable.items()))
+            name = row.values["name"]
+            out.skipped.append(
+                f"schedule #{row.id}" + (f" ({name!r})" if name else "") + f": {key}: {reason}"
+            )
+            continue
+        entry: dict[str, Any] = {k: row.values[k] for k in REQUIRED}
+        for key, default in DEFAULTS.items():
+            value = row.values[key]
+            if not _same(key, value, default) and not (key == "anchor" and value is None):
+                entry[key] = value.isoformat() if isinstance(value, datetime) else value
+        out.entries.append(entry)
     return out
 
 

@@ -87,7 +87,9 @@ def build_manager(
     On PostgreSQL it also LISTENs for the change trigger's notifications (unless ``listen`` is off).
     """
     manager = PeriodicTaskManager(
-        DatabaseProvider(engine, check=target_check(settings)),
+        DatabaseProvider(
+            engine, check=target_check(settings), max_payload_bytes=settings.max_payload_bytes
+        ),
         target or build_target(settings, engine),
         clock=clock,
         sync_interval=settings.sync_interval,

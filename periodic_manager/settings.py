@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from periodic_manager.config import TargetSet
+from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
 TargetName = Literal["redis", "outbox", "celery", "arq"]
@@ -61,7 +61,15 @@ class Settings(BaseSettings):
         3.0, gt=0, description="a silent leader's session ends after this; takeover <= timeout + poll"
     )
     catchup_window: float = Field(
-        3600.0, gt=0, description="default window of misfire=fire_once catch-up, seconds"
+        3600.0,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="default window of misfire=fire_once catch-up, seconds (at most 366 days)",
+    )
+    max_payload_bytes: int = Field(
+        DEFAULT_MAX_PAYLOAD_BYTES,
+        ge=64,
+        description="limit of a schedule's payload and of its options, bytes of canonical JSON",
     )
     full_sync_interval: float = Field(
         300.0, gt=0, description="seconds between full reconciles (syncs read only changes between)"

@@ -312,11 +312,34 @@ async def test_raw_bodies_that_are_not_usable_json_are_422(client: httpx.AsyncCl
     assert assert_problem(r, 415)["type"].endswith(":unsupported-media-type")
 
 
-async def test_huge_numbers_are_stored_not_500(client: httpx.AsyncClient) -> None:
+async def test_huge_numbers_in_the_payload_are_stored_not_500(client: httpx.AsyncClient) -> None:
     big = 10**40
-    job = await create(client, payload={"n": big}, options={"max_retry": big, "timeout": 1e300})
+    job = await create(client, payload={"n": big, "f": 0.5})
     got = (await client.get(f"/schedules/{job['id']}")).json()
-    assert got["payload"] == {"n": big} and got["options"]["max_retry"] == big
+    assert got["payload"] == {"n": big, "f": 0.5} and got["errors"] == []
+
+
+async def test_option_numbers_beyond_their_bounds_are_422_naming_the_option(
+    client: httpx.AsyncClient,
+) -> None:
+    huge = 10**400  # math.isfinite() of it raises OverflowError: it must not get that far
+    for options, field in [
+        ({"max_retry": 10**40}, "options.max_retry"),
+        ({"timeout": 1e300}, "options.timeout"),
+        ({"timeout": huge}, "options.timeout"),
+        ({"unique_ttl": huge}, "options.unique_ttl"),
+        ({"misfire": "fire_once", "catchup_window": 1e300}, "options.catchup_window"),
+        ({"misfire": "fire_once", "catchup_window": 1e12}, "options.catchup_window"),
+        ({"catchup_window": 366 * 86400 + 1}, "options.catchup_window"),
+        ({"extra": {"expires": huge}}, "options.extra.expires"),
+        ({"extra": {"soft_time_limit": 1e12}}, "options.extra.soft_time_limit"),
+        ({"extra": {"priority": 256}}, "options.extra.priority"),
+        ({"extra": {"routing_key": ""}}, "options.extra.routing_key"),
+    ]:
+        r = await client.post("/schedules", json={**JOB, "options": options})
+        assert_error(r, 422, ["body", field])
+    at_bounds = {"timeout": 366 * 86400, "max_retry": 1000, "extra": {"priority": 255}}
+    assert (await create(client, options=at_bounds))["options"] == at_bounds
 
 
 async def test_bad_path_and_query_ids_are_422(client: httpx.AsyncClient) -> None:
@@ -498,13 +521,31 @@ async def test_entries_show_live_managers_only(
     }
     bad = await client.get(f"/schedules/{bad_id}")
     assert bad.status_code == 200, bad.text
-    assert bad.json()["next_runs"] == [] and bad.json()["options"] == [1]
-    assert bad.json()["errors"] == [{"manager_id": "live", "message": "spec: syntax: not cron"}]
+    # Options that are no object are shown as {}; the API's own judgement of the row comes
+    # first (the first bad field a manager meets: options before spec), then the live manager's
+    # report (this test's fake manager names the spec).
+    assert bad.json()["next_runs"] == [] and bad.json()["options"] == {}
+    own, from_manager = bad.json()["errors"]
+    assert own == {
+        "source": "api",
+        "field": "options",
+        "reason": "must be a JSON object",
+        "message": "options: must be a JSON object",
+        "manager_id": None,
+    }
+    assert from_manager == {
+        "source": "manager",
+        "field": "spec",
+        "reason": "syntax: not cron",
+        "message": "spec: syntax: not cron",
+        "manager_id": "live",
+    }
 
     # One second later the live manager has also missed three heartbeats.
     clock.set(T0 + timedelta(seconds=1))
     assert (await client.get("/entries")).json()["items"] == []
-    assert (await client.get(f"/schedules/{bad_id}")).json()["errors"] == []
+    errors = (await client.get(f"/schedules/{bad_id}")).json()["errors"]
+    assert [e["source"] for e in errors] == ["api"]
 
 
 # --- app wiring ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from periodic_manager.cli import main
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.db.models import PeriodicJob
+from tests import rawsql
 
 YAML = """\
 schedules:
@@ -180,6 +181,16 @@ def test_toml_cannot_express_null(
             "toml",
             "enabled: must be true or false",
         ),
+        (
+            json.dumps([{"name": "x", "spec": "@daily", "task_type": "t", "payload": "x" * 70_000}]),
+            "json",
+            "entry 1 ('x'): payload: 70002 bytes of JSON, more than the limit of 65536",
+        ),
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t", "options": {"catchup_window": 1e300}}]',
+            "json",
+            "entry 1 ('x'): options.catchup_window: must be a number of seconds > 0 and at most",
+        ),
         ("{", "json", "not valid JSON"),
         ("- [unclosed", "yaml", "not valid YAML"),
         ('{"name": "x"}', "json", "expected a list of schedules"),
@@ -236,3 +247,55 @@ def test_next_rejects_bad_input_in_one_line(
     assert code == 2 and out == ""
     [line] = err.strip().splitlines()
     assert line.startswith("periodic-manager: error: " + names), line
+
+
+# --- rows written with SQL that no manager can use ---------------------------------------------
+
+
+def test_export_leaves_out_unreadable_rows_naming_each_and_exits_1(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = {"name": "good", "spec": "@daily", "task_type": "t"}
+    asyncio.run(rawsql.insert(url, "good", spec="'@daily'"))
+    asyncio.run(rawsql.insert(url, "deep", payload=f"'{rawsql.DEEP}'"))
+    # A row the manager rejects for its content, but whose columns all read: exported as stored.
+    asyncio.run(rawsql.insert(url, "badspec", spec="'61 * * * *'"))
+    if url.startswith("sqlite"):
+        asyncio.run(rawsql.insert(url, "notjson", payload="'{oops'"))
+        asyncio.run(rawsql.insert(url, "X", name="X'FF'"))
+    code, out, err = cli(capsys, "export", "--database-url", url)
+    assert code == 1
+    assert json.loads(out) == [{**good, "name": "badspec", "spec": "61 * * * *"}, good]
+    *warnings, last = err.strip().splitlines()
+    assert last.startswith("periodic-manager: error: ") and "left out" in last
+    assert all(w.startswith("periodic-manager: warning: not exported: ") for w in warnings)
+    assert any("schedule #2 ('deep'): payload: nested deeper than 100 levels" in w for w in warnings)
+    if url.startswith("sqlite"):
+        assert len(warnings) == 3
+        assert any("('notjson'): payload: not valid JSON" in w for w in warnings)
+        assert any("schedule #5: name: not valid UTF-8 text" in w for w in warnings)
+    else:
+        assert len(warnings) == 1
+
+
+def test_import_rewrites_unreadable_columns_and_prune_deletes_unreadable_names(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asyncio.run(rawsql.insert(url, "cleanup", payload=f"'{rawsql.DIGITS}'"))
+    if url.startswith("sqlite"):
+        asyncio.run(rawsql.insert(url, "nameless", name="X'FF'"))
+    f = tmp_path / "s.yaml"
+    f.write_text(YAML)
+    code, out, err = cli(capsys, "import", str(f), "--database-url", url, "--prune")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].startswith("~ update cleanup: spec '* * * * *' -> '@every 90s';")
+    # (PostgreSQL keeps the 5000 digits; SQLite's numeric affinity stores them as infinity)
+    assert "payload <unreadable: not valid JSON: " in lines[1]
+    stored = rows(url)
+    assert sorted(stored) == ["cleanup", "reports.daily"]
+    assert stored["cleanup"].payload is None
+    if url.startswith("sqlite"):
+        assert lines[2].startswith("- delete #2 (name: not valid UTF-8 text)")
+    code, out, _ = cli(capsys, "import", str(f), "--database-url", url)
+    assert code == 0 and out.splitlines() == ["0 to create, 0 to update, 0 to delete, 2 unchanged"]

@@ -47,7 +47,9 @@ async def next_slots(
     for _ in range(n):
         try:
             after = schedule.next_after(after)
+            # An @every slot near year 9999 may have no local time east of UTC: an error too.
+            local = after.astimezone(zone).isoformat()
         except SLOT_ERRORS:  # e.g. no slot before year 10000: the list is shorter
             break
-        slots.append(Slot(at=after.astimezone(UTC), local=after.astimezone(zone).isoformat()))
+        slots.append(Slot(at=after.astimezone(UTC), local=local))
     return CronPreview(spec=spec, timezone=tz, description=describe(spec), next=slots)

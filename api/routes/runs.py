@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from api.deps import get_now, get_session, get_settings, get_target
 from api.errors import ApiProblem, config_error_item
-from api.routes.schedules import NOT_FOUND, ScheduleId, load_row
+from api.routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
 from api.schemas import RunOut, RunPage, TriggerResult
-from periodic_manager.config import PeriodicTaskConfig, slot_text
+from periodic_manager.config import slot_text
 from periodic_manager.db.models import Run
 from periodic_manager.errors import ConfigError
 from periodic_manager.settings import Settings
@@ -49,7 +49,7 @@ async def list_runs(
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     status: Annotated[RunStatus | None, Query(description="only runs with this outcome")] = None,
 ) -> RunPage:
-    await load_row(session, schedule_id)
+    await row_exists(session, schedule_id)
     where = [Run.schedule_key == str(schedule_id)]
     if status is not None:
         where.append(Run.status == status)
@@ -103,25 +103,16 @@ async def trigger(
     now: Annotated[datetime, Depends(get_now)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> TriggerResult:
-    row = await load_row(session, schedule_id)
-    try:
-        cfg = PeriodicTaskConfig.create(
-            name=row.name,
-            spec=row.spec,
-            task_type=row.task_type,
-            payload=row.payload,
-            options=row.options,
-            timezone=row.timezone,
-            anchor=row.anchor,
-            schedule_id=row.id,
-        )
-    except ConfigError as exc:
+    row = await load_row(request, session, schedule_id)
+    cfg = row.config
+    if cfg is None or not row.usable:  # the same judgement a manager makes of the row
+        field, reason = row.errors[0]
         raise ApiProblem(
             409,
             "unusable-schedule",
-            f"the stored schedule is unusable: {exc}",
-            errors=[config_error_item(exc)],
-        ) from None
+            f"the stored schedule is unusable: {field}: {reason}",
+            errors=[config_error_item(ConfigError(field, reason))],
+        )
     # The slot part of the key, followed by a random part: two triggers never share a key.
     key = f"{cfg.name}:trigger:{slot_text(now)}:{uuid.uuid4().hex[:12]}"
     task = task_for(cfg, key, now, now + timedelta(seconds=settings.grace))

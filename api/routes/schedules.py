@@ -9,28 +9,40 @@ unconditional. On PostgreSQL the row is locked from the check to the commit.
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
-from sqlalchemy import ColumnElement, and_, case, delete, func, select, true
+from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm.attributes import flag_modified
 
 from api.deps import get_now, get_session, get_settings, notify_manager
 from api.errors import ApiProblem, NameConflict, ScheduleNotFound
-from api.rows import schedule_body, to_schedule, to_schedule_with_runs, validate_row
+from api.rows import (
+    api_errors,
+    is_sqlite,
+    merge_base,
+    read_rows,
+    rules,
+    same_value,
+    stamps,
+    to_schedule,
+    to_schedule_with_runs,
+    validate_write,
+)
 from api.runtime import live_cutoff, schedule_errors, schedule_overlap, schedule_state
 from api.schemas import (
+    NoNul,
     ScheduleCreate,
     ScheduleDetail,
+    ScheduleError,
     SchedulePage,
     ScheduleUpdate,
     ScheduleWithRuns,
 )
-from periodic_manager.config import DEFAULT_QUEUE, canonical_json
+from periodic_manager.config import DEFAULT_QUEUE
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob, Run, ScheduleState
 from periodic_manager.settings import Settings
 
@@ -51,43 +63,24 @@ CONFLICT: dict[int | str, dict[str, Any]] = {409: {"description": "The name is t
 STALE: dict[int | str, dict[str, Any]] = {
     412: {"description": "If-Match does not match the current ETag"}
 }
+TOO_LARGE: dict[int | str, dict[str, Any]] = {
+    413: {"description": "payload or options larger than PM_MAX_PAYLOAD_BYTES (canonical JSON)"}
+}
 ETAG_HEADER = {
     "ETag": {"description": "strong validator of this version", "schema": {"type": "string"}}
 }
-COLUMNS = (
-    "name",
-    "spec",
-    "timezone",
-    "task_type",
-    "payload",
-    "options",
-    "enabled",
-    "description",
-    "anchor",
-)
+T = PeriodicJob.__table__.c
 
 
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def etag(row: PeriodicJob) -> str:
-    """A strong validator: sha256 of the row's representation (content, timestamps, id)."""
-    doc = {
-        k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in schedule_body(row).items()
-    }
-    try:
-        text = canonical_json(doc)
-    except (TypeError, ValueError):  # a row written with SQL may hold anything; still a version
-        text = repr(sorted(doc.items()))
-    return '"' + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32] + '"'
-
-
-def check_if_match(row: PeriodicJob, if_match: str | None) -> None:
+def check_if_match(row: dbrows.RowView, if_match: str | None) -> None:
     """RFC 9110 If-Match with the strong comparison: weak tags never match."""
     if if_match is None:
         return
     tags = [t.strip() for t in if_match.split(",")]
-    if "*" in tags or etag(row) in tags:
+    if "*" in tags or row.etag in tags:
         return
     raise ApiProblem(
         412,
@@ -98,28 +91,36 @@ def check_if_match(row: PeriodicJob, if_match: str | None) -> None:
 
 
 async def load_row(
-    session: AsyncSession, schedule_id: int, *, for_update: bool = False
-) -> PeriodicJob:
-    stmt = select(PeriodicJob).where(PeriodicJob.id == schedule_id)
-    if for_update:
-        stmt = stmt.with_for_update()  # PostgreSQL: check-merge-write is atomic; SQLite ignores
-    row = (await session.execute(stmt)).scalar_one_or_none()
-    if row is None:
+    request: Request, session: AsyncSession, schedule_id: int, *, for_update: bool = False
+) -> dbrows.RowView:
+    """The row, read raw and judged (whatever it holds); 404 if there is none."""
+    raws = await read_rows(session, T.id == schedule_id, for_update=for_update)
+    if not raws:
         raise ScheduleNotFound(schedule_id)
-    return row
+    return dbrows.view(rules(request, session), raws[0])
+
+
+async def row_exists(session: AsyncSession, schedule_id: int) -> None:
+    """404 unless the row exists (nothing of it is read)."""
+    found = await session.execute(select(T.id).where(T.id == schedule_id))
+    if found.first() is None:
+        raise ScheduleNotFound(schedule_id)
 
 
 async def _name_taken(session: AsyncSession, name: str, other_than: int | None = None) -> bool:
-    stmt = select(PeriodicJob.id).where(PeriodicJob.name == name)
+    stmt = select(T.id).where(T.name == name)
     if other_than is not None:
-        stmt = stmt.where(PeriodicJob.id != other_than)
+        stmt = stmt.where(T.id != other_than)
     return (await session.execute(stmt.limit(1))).first() is not None
 
 
-async def _commit(session: AsyncSession, name: str) -> None:
-    """Commit; a unique violation on the name (a concurrent writer won the race) is a 409."""
+async def _write(session: AsyncSession, stmt: Any, name: str) -> Any:
+    """Execute and commit; a unique violation on the name (a concurrent writer won the race) is
+    a 409."""
     try:
+        result = await session.execute(stmt)
         await session.commit()
+        return result
     except IntegrityError as exc:
         await session.rollback()
         if "name" in str(exc.orig):
@@ -127,33 +128,50 @@ async def _commit(session: AsyncSession, name: str) -> None:
         raise
 
 
-def _touch(row: PeriodicJob, now: datetime) -> None:
-    row.updated_at = now
-    # Even when ``now`` equals the stored value: an unchanged attribute would let the model's
-    # ``onupdate=func.now()`` (the database's clock, not ours) fill the column.
-    flag_modified(row, "updated_at")
-
-
 def _queue_filter(session: AsyncSession, queue: str) -> ColumnElement[bool]:
     """Rows whose ``options.queue`` is ``queue`` (absent means the default queue)."""
     value = func.coalesce(PeriodicJob.options["queue"].as_string(), DEFAULT_QUEUE)
-    if session.bind is not None and session.bind.dialect.name == "sqlite":
+    if is_sqlite(session):
         # Rows written with SQL may hold text that is not JSON, which json_extract refuses.
         value = case((func.json_valid(PeriodicJob.options) == 1, value), else_=None)
     return value == queue
 
 
+def _manager_error(manager_id: str, message: str) -> ScheduleError:
+    # Managers publish a rejection as "<field>: <reason>" (RowError.message).
+    field, sep, reason = message.partition(": ")
+    if not sep or " " in field:
+        field, reason = "", message
+    return ScheduleError(
+        source="manager",
+        field=field or None,
+        reason=reason,
+        message=message,
+        manager_id=manager_id,
+    )
+
+
 async def detail(
-    session: AsyncSession, row: PeriodicJob, now: datetime, settings: Settings
+    session: AsyncSession, row: dbrows.RowView, now: datetime, settings: Settings
 ) -> ScheduleDetail:
     key = str(row.id)
     cutoff = live_cutoff(now, settings.heartbeat_interval)
+    reported = await schedule_errors(session, key, cutoff)
+    body = to_schedule_with_runs(row, now).model_dump()
+    body["errors"] = [
+        *api_errors(row),
+        *(_manager_error(e.manager_id, e.message) for e in reported),
+    ]
     return ScheduleDetail(
-        **to_schedule_with_runs(row, now).model_dump(),
+        **body,
         state=await schedule_state(session, key),
-        errors=await schedule_errors(session, key, cutoff),
         overlap=await schedule_overlap(session, key, cutoff),
     )
+
+
+async def _reread(request: Request, session: AsyncSession, schedule_id: int) -> dbrows.RowView:
+    """The row as stored after a write: the answer and its ETag are what a GET would give."""
+    return await load_row(request, session, schedule_id)
 
 
 # -- routes ----------------------------------------------------------------------------------
@@ -163,57 +181,67 @@ async def detail(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ScheduleWithRuns,
-    responses={**CONFLICT, 201: {"headers": ETAG_HEADER, "description": "Created"}},
+    responses={**CONFLICT, **TOO_LARGE, 201: {"headers": ETAG_HEADER, "description": "Created"}},
     summary="Create a schedule",
 )
 async def create_schedule(
     body: ScheduleCreate, request: Request, response: Response, session: Session, now: Now
 ) -> ScheduleWithRuns:
     fields = body.model_dump()
-    validate_row(fields, now, targets=get_settings(request).configured_targets())
+    validate_write(request, fields, now)
     if await _name_taken(session, body.name):
         raise NameConflict(body.name)
-    row = PeriodicJob(**fields, created_at=now, updated_at=now)
-    session.add(row)
-    await _commit(session, body.name)
+    born = {"created_at": now, "updated_at": now, "effective_at": now}
+    stmt = insert(PeriodicJob).values(**fields, **born).returning(T.id)
+    schedule_id = (await _write(session, stmt, body.name)).scalar_one()
     notify_manager(request)
+    row = await _reread(request, session, schedule_id)
     response.headers["Location"] = f"/schedules/{row.id}"
-    response.headers["ETag"] = etag(row)
+    response.headers["ETag"] = row.etag
     return to_schedule_with_runs(row, now)
 
 
 @router.get("", response_model=SchedulePage, summary="List schedules (by id), with filters")
 async def list_schedules(
+    request: Request,
     session: Session,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-    enabled: Annotated[bool | None, Query(description="only enabled or paused ones")] = None,
-    task_type: Annotated[str | None, Query(max_length=200)] = None,
+    enabled: Annotated[
+        bool | None,
+        Query(description="only enabled or paused ones (a row whose `enabled` is neither: none)"),
+    ] = None,
+    task_type: Annotated[str | None, Query(max_length=200), NoNul] = None,
     queue: Annotated[
-        str | None, Query(max_length=100, description="`options.queue` (absent: `default`)")
+        str | None,
+        Query(max_length=100, description="`options.queue` (absent: `default`)"),
+        NoNul,
     ] = None,
     name_prefix: Annotated[
-        str | None, Query(max_length=200, description="case-sensitive name prefix")
+        str | None, Query(max_length=200, description="case-sensitive name prefix"), NoNul
     ] = None,
 ) -> SchedulePage:
     conds: list[ColumnElement[bool]] = []
     if enabled is not None:
-        conds.append(PeriodicJob.enabled == enabled)
+        conds.append(dbrows.enabled_is(is_sqlite(session), enabled))
     if task_type is not None:
-        conds.append(PeriodicJob.task_type == task_type)
+        conds.append(T.task_type == task_type)
     if queue is not None:
         conds.append(_queue_filter(session, queue))
     if name_prefix:
         # substr rather than LIKE: exact and case-sensitive on both databases, no escaping.
-        conds.append(func.substr(PeriodicJob.name, 1, len(name_prefix)) == name_prefix)
+        conds.append(func.substr(T.name, 1, len(name_prefix)) == name_prefix)
     where = and_(true(), *conds)
     total = (
         await session.execute(select(func.count()).select_from(PeriodicJob).where(where))
     ).scalar_one()
-    stmt = select(PeriodicJob).where(where).order_by(PeriodicJob.id).limit(limit).offset(offset)
-    rows = (await session.execute(stmt)).scalars().all()
+    raws = await read_rows(session, where, limit=limit, offset=offset)
+    judged = rules(request, session)
     return SchedulePage(
-        items=[to_schedule(r) for r in rows], total=total, limit=limit, offset=offset
+        items=[to_schedule(dbrows.view(judged, raw)) for raw in raws],
+        total=total,
+        limit=limit,
+        offset=offset,
     )
 
 
@@ -224,18 +252,18 @@ async def list_schedules(
     summary="A schedule looked up by its name",
 )
 async def get_schedule_by_name(
-    name: Annotated[str, Path(min_length=1, max_length=200)],
+    name: Annotated[str, Path(min_length=1, max_length=200), NoNul],
+    request: Request,
     response: Response,
     session: Session,
     now: Now,
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> ScheduleDetail:
-    row = (
-        await session.execute(select(PeriodicJob).where(PeriodicJob.name == name))
-    ).scalar_one_or_none()
-    if row is None:
+    raws = await read_rows(session, T.name == name)
+    if not raws:
         raise ScheduleNotFound(repr(name))
-    response.headers["ETag"] = etag(row)
+    row = dbrows.view(rules(request, session), raws[0])
+    response.headers["ETag"] = row.etag
     return await detail(session, row, now, settings)
 
 
@@ -247,20 +275,21 @@ async def get_schedule_by_name(
 )
 async def get_schedule(
     schedule_id: ScheduleId,
+    request: Request,
     response: Response,
     session: Session,
     now: Now,
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> ScheduleDetail:
-    row = await load_row(session, schedule_id)
-    response.headers["ETag"] = etag(row)
+    row = await load_row(request, session, schedule_id)
+    response.headers["ETag"] = row.etag
     return await detail(session, row, now, settings)
 
 
 @router.patch(
     "/{schedule_id}",
     response_model=ScheduleWithRuns,
-    responses={**NOT_FOUND, **CONFLICT, **STALE},
+    responses={**NOT_FOUND, **CONFLICT, **STALE, **TOO_LARGE},
     summary="Change some fields of a schedule",
 )
 async def update_schedule(
@@ -272,19 +301,31 @@ async def update_schedule(
     now: Now,
     if_match: IfMatch = None,
 ) -> ScheduleWithRuns:
-    row = await load_row(session, schedule_id, for_update=True)
+    row = await load_row(request, session, schedule_id, for_update=True)
     check_if_match(row, if_match)
-    merged: dict[str, Any] = {c: getattr(row, c) for c in COLUMNS}
-    merged.update(body.model_dump(exclude_unset=True))
-    validate_row(merged, now, targets=get_settings(request).configured_targets())
-    if merged["name"] != row.name and await _name_taken(session, merged["name"], schedule_id):
-        raise NameConflict(merged["name"])
-    for column, value in merged.items():
-        setattr(row, column, value)
-    _touch(row, now)
-    await _commit(session, merged["name"])
-    notify_manager(request)
-    response.headers["ETag"] = etag(row)
+    stored = merge_base(row)
+    asked = body.model_dump(exclude_unset=True)
+    merged = {**stored, **asked}
+    validate_write(request, merged, now)
+    # Only what differs is written: a PATCH that changes nothing (empty, or the values already
+    # stored) keeps the version (same ETag and updated_at); a column the PATCH leaves alone is
+    # never rewritten, even one that cannot be read (a description that is not UTF-8, say).
+    changes = {
+        k: v for k, v in asked.items() if k in row.unreadable or not same_value(k, stored[k], v)
+    }
+    if changes:
+        if merged["name"] != row.values["name"] and await _name_taken(
+            session, merged["name"], schedule_id
+        ):
+            raise NameConflict(merged["name"])
+        written = {**changes, **stamps(changes, row.enabled, now)}
+        stmt = update(PeriodicJob).where(T.id == schedule_id).values(**written)
+        await _write(session, stmt, merged["name"])
+        notify_manager(request)
+        row = await _reread(request, session, schedule_id)
+    else:
+        await session.rollback()  # ends the transaction (and its row lock)
+    response.headers["ETag"] = row.etag
     return to_schedule_with_runs(row, now)
 
 
@@ -297,21 +338,20 @@ async def _set_enabled(
     now: datetime,
     if_match: str | None,
 ) -> ScheduleWithRuns:
-    row = await load_row(session, schedule_id, for_update=True)
+    row = await load_row(request, session, schedule_id, for_update=True)
     check_if_match(row, if_match)
-    if row.enabled != enabled:  # idempotent: pausing a paused schedule changes nothing
+    if row.enabled is not enabled:  # idempotent: pausing a paused schedule changes nothing
         if enabled:
             # Resuming must not bring back a row that no manager could use.
-            validate_row(
-                {c: getattr(row, c) for c in COLUMNS},
-                now,
-                targets=get_settings(request).configured_targets(),
-            )
-        row.enabled = enabled
-        _touch(row, now)
+            validate_write(request, {**merge_base(row), "enabled": True}, now)
+        written = {"enabled": enabled, **stamps({"enabled": enabled}, row.enabled, now)}
+        await session.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
         await session.commit()
         notify_manager(request)
-    response.headers["ETag"] = etag(row)
+        row = await _reread(request, session, schedule_id)
+    else:
+        await session.rollback()
+    response.headers["ETag"] = row.etag
     return to_schedule_with_runs(row, now)
 
 
@@ -335,7 +375,7 @@ async def pause_schedule(
 @router.post(
     "/{schedule_id}/resume",
     response_model=ScheduleWithRuns,
-    responses={**NOT_FOUND, **STALE},
+    responses={**NOT_FOUND, **STALE, **TOO_LARGE},
     summary="Resume a paused schedule (its first slot is the first one after now)",
 )
 async def resume_schedule(
@@ -357,12 +397,15 @@ async def resume_schedule(
     summary="Delete a schedule, its runtime state and its run history",
 )
 async def delete_schedule(
-    schedule_id: ScheduleId, request: Request, session: Session, if_match: IfMatch = None
+    schedule_id: ScheduleId,
+    request: Request,
+    session: Session,
+    if_match: IfMatch = None,
 ) -> Response:
-    row = await load_row(session, schedule_id, for_update=True)
+    row = await load_row(request, session, schedule_id, for_update=True)
     check_if_match(row, if_match)
     key = str(schedule_id)
-    await session.execute(delete(PeriodicJob).where(PeriodicJob.id == schedule_id))
+    await session.execute(delete(PeriodicJob).where(T.id == schedule_id))
     await session.execute(delete(ScheduleState).where(ScheduleState.schedule_key == key))
     await session.execute(delete(Run).where(Run.schedule_key == key))
     await session.commit()

@@ -23,6 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.auth import bearer_token
 from api.deps import get_now, get_session, get_settings
 from api.errors import ScheduleNotFound
+from api.rows import read_rows
+from api.rows import rules as row_rules
 from api.runtime import live_cutoff
 from api.ui import listing, stats
 from api.ui.models import (
@@ -38,6 +40,7 @@ from api.ui.models import (
 )
 from api.ui.order import NextSlotOrder
 from api.ui.slots import marked_slots
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob
 from periodic_manager.settings import Settings
 
@@ -129,7 +132,7 @@ async def schedule_rows(
         column = PeriodicJob.name if sort == "name" else PeriodicJob.id
         stmt = select(PeriodicJob.id).where(where).order_by(column).limit(limit).offset(offset)
         ids = list((await session.execute(stmt)).scalars())
-    items = await listing.page_rows(session, ids, now, cutoff, slots)
+    items = await listing.page_rows(session, ids, now, cutoff, slots, row_rules(request, session))
     return ScheduleRowPage(items=items, total=total, limit=limit, offset=offset, sort=sort, now=now)
 
 
@@ -141,17 +144,24 @@ async def schedule_rows(
 )
 async def schedule_slots(
     schedule_id: Annotated[int, Path(ge=1, le=2**63 - 1, description="the row id")],
+    request: Request,
     session: Session,
     now: Now,
     n: Annotated[int, Query(ge=1, le=100)] = 10,
 ) -> SlotList:
-    row = await session.get(PeriodicJob, schedule_id)
-    if row is None:
+    raws = await read_rows(session, PeriodicJob.id == schedule_id)
+    if not raws:
         raise ScheduleNotFound(schedule_id)
+    # Read raw and judged as the manager judges it: a row written with SQL may hold anything.
+    row = dbrows.view(row_rules(request, session), raws[0])
+    v = row.values
     error: str | None = None
     views: list[SlotView] = []
     try:
-        for slot in marked_slots(row.spec, row.timezone, row.anchor, now, n):
+        if not row.usable:
+            field, reason = row.errors[0]
+            raise ValueError(f"{field}: {reason}")
+        for slot in marked_slots(v["spec"], v["timezone"], v["anchor"], now, n):
             views.append(
                 SlotView(
                     at=slot.at,
@@ -165,10 +175,10 @@ async def schedule_slots(
         error = str(exc) or type(exc).__name__
     return SlotList(
         schedule_id=row.id,
-        spec=str(row.spec),
-        timezone=str(row.timezone),
-        description=listing.describe_spec(row.spec) if isinstance(row.spec, str) else None,
-        enabled=bool(row.enabled),
+        spec=str(v["spec"] or ""),
+        timezone=str(v["timezone"] or ""),
+        description=listing.describe_spec(v["spec"]) if isinstance(v["spec"], str) else None,
+        enabled=row.enabled is True,
         slots=views,
         error=error,
     )

@@ -19,9 +19,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import ColumnElement, String, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from api.rows import read_rows
 from api.ui.models import LastRun, LocalTime, ScheduleRowView
 from periodic_manager import cron
 from periodic_manager.config import DEFAULT_QUEUE
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 from periodic_manager.describe import describe
 
@@ -132,17 +134,19 @@ def conditions(
 
 
 async def page_rows(
-    session: AsyncSession, ids: Sequence[int], now: datetime, cutoff: datetime, slots: NextSlots
+    session: AsyncSession,
+    ids: Sequence[int],
+    now: datetime,
+    cutoff: datetime,
+    slots: NextSlots,
+    rules: dbrows.Rules,
 ) -> list[ScheduleRowView]:
     """The rows of ``ids`` in that order, with next slot, last run and error."""
     if not ids:
         return []
-    rows = {
-        r.id: r
-        for r in (
-            await session.execute(select(PeriodicJob).where(PeriodicJob.id.in_(ids)))
-        ).scalars()
-    }
+    # Read raw and judged as the manager judges them (a row written with SQL may hold anything).
+    raws = await read_rows(session, PeriodicJob.id.in_(ids))
+    rows = {raw[0]: dbrows.view(rules, raw) for raw in raws}
     keys = [str(i) for i in ids]
     errors: dict[str, str] = {}
     for key, message in await session.execute(
@@ -156,24 +160,27 @@ async def page_rows(
         if row is None:  # deleted between the two reads
             continue
         key = str(row_id)
-        error = errors.get(key)
+        v = row.values
+        error = errors.get(key) or (
+            f"{row.errors[0][0]}: {row.errors[0][1]}" if row.errors else None
+        )
         nxt: LocalTime | None = None
-        if row.enabled:
-            slot = slots.get(row.spec, row.timezone, row.anchor, now)
+        if row.enabled and row.usable:
+            slot = slots.get(v["spec"], v["timezone"], v["anchor"], now)
             if isinstance(slot, str):
                 error = error or slot
             else:
-                nxt = local_time(slot, row.timezone)
+                nxt = local_time(slot, v["timezone"])
         out.append(
             ScheduleRowView(
                 id=row.id,
-                name=str(row.name),
-                spec=str(row.spec),
-                description=describe_spec(row.spec) if isinstance(row.spec, str) else None,
-                timezone=str(row.timezone),
-                task_type=str(row.task_type),
-                queue=queue_of(row.options),
-                enabled=bool(row.enabled),
+                name=str(v["name"] or ""),
+                spec=str(v["spec"] or ""),
+                description=describe_spec(v["spec"]) if isinstance(v["spec"], str) else None,
+                timezone=str(v["timezone"] or ""),
+                task_type=str(v["task_type"] or ""),
+                queue=queue_of(v["options"]) if row.usable else None,
+                enabled=row.enabled is True,
                 next=nxt,
                 last_run=last.get(key),
                 error=error,

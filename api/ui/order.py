@@ -24,19 +24,46 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
+from periodic_manager.errors import ConfigError
 
 NEVER = datetime.max.replace(tzinfo=UTC)
 # (group, next slot, name, id): group 0 = enabled with a next slot, 1 = unusable, 2 = paused.
 Key = tuple[int, datetime, str, int]
-COLUMNS = (
-    PeriodicJob.id,
-    PeriodicJob.name,
-    PeriodicJob.spec,
-    PeriodicJob.timezone,
-    PeriodicJob.anchor,
-    PeriodicJob.enabled,
-)
+# Read raw and decoded here (periodic_manager.db.rows): a row written with SQL may hold anything,
+# and one value the driver cannot convert would fail the whole read.
+FIELDS = ("name", "spec", "timezone", "anchor", "enabled")
+UNREADABLE = object()  # a spec or zone that cannot be read: the row sorts as unusable
+
+
+def columns(session: AsyncSession) -> list[Any]:
+    sqlite = _sqlite(session)
+    return [PeriodicJob.id, *(dbrows.column(sqlite, n) for n in FIELDS)]
+
+
+def _sqlite(session: AsyncSession) -> bool:
+    return session.bind is not None and session.bind.dialect.name == "sqlite"
+
+
+def _row(sqlite: bool, raw: Any) -> Row:
+    values: list[Any] = []
+    for name, value in zip(FIELDS, raw[1:], strict=True):
+        try:
+            values.append(dbrows.decode(sqlite, name, value))
+        except ConfigError:
+            values.append(UNREADABLE)
+    name, spec, tz, anchor, enabled = values
+    if UNREADABLE in (spec, tz, anchor, enabled):
+        spec = tz = UNREADABLE  # no slot can be computed: group 1 (or 2 when paused)
+        anchor = None
+    return Row(
+        name if isinstance(name, str) else "",
+        spec,
+        tz,
+        anchor,
+        enabled is not False,  # unreadable counts as not paused: it is shown as unusable
+    )
 
 
 @dataclass(slots=True)
@@ -101,18 +128,17 @@ class NextSlotOrder:
         # Tombstones first, then the rows as they are now (an id may come back on SQLite).
         for row_id in deleted:
             self._drop(row_id)
-        changed = await session.execute(select(*COLUMNS).where(PeriodicJob.revision > seen))
-        for row_id, name, spec, tz, anchor, enabled in changed:
-            self._drop(row_id)
-            self._put(row_id, Row(str(name), spec, tz, anchor, bool(enabled)), now)
+        sqlite = _sqlite(session)
+        stmt = select(*columns(session)).where(PeriodicJob.revision > seen)
+        for raw in await session.execute(stmt):
+            self._drop(raw[0])
+            self._put(raw[0], _row(sqlite, raw), now)
         self._watermark = mark
 
     async def _load_all(self, session: AsyncSession, now: datetime, mark: int) -> None:
-        rows = await session.execute(select(*COLUMNS))
-        self._rows = {
-            row_id: Row(str(name), spec, tz, anchor, bool(enabled))
-            for row_id, name, spec, tz, anchor, enabled in rows
-        }
+        sqlite = _sqlite(session)
+        rows = await session.execute(select(*columns(session)))
+        self._rows = {raw[0]: _row(sqlite, raw) for raw in rows}
         self._keys = {row_id: self._key(row_id, row, now) for row_id, row in self._rows.items()}
         self._order = sorted(self._keys.values())
         self._watermark = mark

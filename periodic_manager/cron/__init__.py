@@ -21,12 +21,14 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from periodic_manager.cron.days import DayTable
-from periodic_manager.cron.errors import CronError
+from periodic_manager.cron.errors import CronError, NaiveDatetimeError
 from periodic_manager.cron.parser import CronSpec, EverySpec, parse_spec
 from periodic_manager.cron.schedule import CronSchedule, EverySchedule, Schedule
 from periodic_manager.cron.zones import Zone
 
 __all__ = [
+    "ANCHOR_MAX",
+    "ANCHOR_MIN",
     "UTC",
     "CronError",
     "CronSchedule",
@@ -39,6 +41,10 @@ __all__ = [
 ]
 
 _SCHEDULES_MAX = 100_000
+#: The instants an anchor may be: a day inside datetime's range at both ends, so that the anchor
+#: in UTC or in any zone is representable.
+ANCHOR_MIN = datetime(1, 1, 2, tzinfo=UTC)
+ANCHOR_MAX = datetime(9999, 12, 30, tzinfo=UTC)
 
 
 @lru_cache(maxsize=_SCHEDULES_MAX)
@@ -82,7 +88,17 @@ def _check_types(expr: object, tz: object, anchor: object) -> None:
         if not isinstance(anchor, datetime):
             raise TypeError(f"anchor must be a datetime, not {type(anchor).__name__}")
         if anchor.tzinfo is None or anchor.utcoffset() is None:
-            raise CronError("anchor", "naive-datetime", "must be timezone-aware (an instant)")
+            raise NaiveDatetimeError(
+                "anchor", "naive-datetime", "must be timezone-aware (an instant)"
+            )
+        # Aware comparisons never overflow; converting an anchor near the ends of datetime's
+        # range to UTC (year 1 at +14:00) or to a local time would.
+        if not ANCHOR_MIN <= anchor <= ANCHOR_MAX:
+            raise CronError(
+                "anchor",
+                "out-of-range",
+                f"must be between {ANCHOR_MIN.date()} and {ANCHOR_MAX.date()} UTC",
+            )
 
 
 def parse(expr: str, tz: str = "UTC", anchor: datetime | None = None) -> Schedule:
@@ -90,7 +106,7 @@ def parse(expr: str, tz: str = "UTC", anchor: datetime | None = None) -> Schedul
 
     ``anchor`` (an aware instant) sets the phase of ``@every`` (default: the Unix epoch);
     cron expressions ignore it. Raises :class:`CronError` for an invalid expression,
-    an unknown zone or a naive anchor.
+    an unknown zone, or an anchor that is naive or outside ``ANCHOR_MIN``..``ANCHOR_MAX``.
     """
     try:
         return _schedule(expr, tz, anchor)

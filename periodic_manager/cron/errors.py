@@ -46,3 +46,11 @@ class CronError(ConfigError):
         super().__init__(field, f"{code}: {detail}" if detail else code, code=code)
         self.code = code
         self.detail = detail
+
+
+class NaiveDatetimeError(CronError, TypeError):
+    """A naive datetime where an instant is needed (``after``, ``anchor``).
+
+    Both a CronError (code ``naive-datetime``, as for any invalid input) and a TypeError, like
+    the error for an ``after`` that is no datetime at all: callers that catch either see it.
+    """

@@ -42,6 +42,10 @@ MACROS = {
 _MAX_MONTH_LEN = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 # A duration beyond timedelta's range cannot produce a representable instant.
 _MAX_PERIOD_S = 999_999_999 * 86_400
+# Numbers longer than this (after leading zeros) are beyond every bound here; converting them
+# is pointless, and beyond 4,300 digits Python's int() refuses them with a ValueError.
+_MAX_DIGITS = 18
+_HUGE = 10**_MAX_DIGITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +155,7 @@ def _parse_every(expr: str, tokens: list[str]) -> EverySpec:
             "every-duration",
             f"{tokens[1]!r} is not a duration: integers with units d, h, m, s in that order",
         )
-    d, h, mi, s = (int(g) if g is not None else 0 for g in m.groups())
+    d, h, mi, s = (_int(g) if g is not None else 0 for g in m.groups())
     total = ((d * 24 + h) * 60 + mi) * 60 + s
     if total < 1:
         raise CronError("every", "every-duration", "the duration must be at least 1s")
@@ -242,18 +246,28 @@ def _parse_element(field: _Field, element: str) -> range:
     if step is not None:
         if not _NUMBER.fullmatch(step):
             raise CronError(field.name, "syntax", f"{element!r}: the step must be a number")
-        n = int(step)
+        n = _int(step)
         if n == 0:
             raise CronError(field.name, "step-zero", f"{element!r}: the step must be at least 1")
     return range(lo, hi + 1, n)
 
 
+def _int(digits: str) -> int:
+    """An ASCII decimal number (leading zeros allowed); any number of more than ``_MAX_DIGITS``
+    significant digits is ``_HUGE``, which every bound check then refuses."""
+    significant = digits.lstrip("0")
+    if len(significant) > _MAX_DIGITS:
+        return _HUGE
+    return int(significant or "0")
+
+
 def _value(field: _Field, token: str) -> int:
     """A number or a name of ``field``; bounds are checked here, so every bound is checked."""
     if _NUMBER.fullmatch(token):
-        value = int(token)
+        value = _int(token)
         if not field.lo <= value <= field.hi:
-            raise CronError(field.name, "out-of-range", f"{value} is outside {field.lo}-{field.hi}")
+            shown = value if value < _HUGE else f"a number of {len(token.lstrip('0'))} digits"
+            raise CronError(field.name, "out-of-range", f"{shown} is outside {field.lo}-{field.hi}")
         return value
     if _EXTENSION_TOKEN.fullmatch(token):
         raise CronError(

@@ -22,7 +22,7 @@ from bisect import bisect_right
 from datetime import UTC, datetime, timedelta
 
 from periodic_manager.cron.days import DAY_S, DayTable
-from periodic_manager.cron.errors import CronError
+from periodic_manager.cron.errors import NaiveDatetimeError
 from periodic_manager.cron.parser import CronSpec, EverySpec
 from periodic_manager.cron.zones import Zone
 
@@ -38,19 +38,34 @@ _SETTLE_S = 2 * DAY_S
 _SKIP_S = 3 * DAY_S
 
 
-def _naive(field: str) -> CronError:
-    return CronError(
+def _naive(field: str) -> NaiveDatetimeError:
+    return NaiveDatetimeError(
         field, "naive-datetime", "must be timezone-aware (an instant), got a naive datetime"
     )
+
+
+def _not_instant(after: object) -> TypeError:
+    return TypeError(f"after must be an aware datetime, not {type(after).__name__}")
+
+
+def _bad_after(after: object) -> TypeError:
+    """``after`` without a usable offset: a naive datetime, or no datetime at all."""
+    return _naive("after") if isinstance(after, datetime) else _not_instant(after)
 
 
 def _seconds(after: datetime) -> int:
     """Whole seconds since the epoch, floored. Fire instants are whole seconds, so
     ``u > after`` iff ``u > floor(after)``."""
-    tzinfo = after.tzinfo
+    try:
+        tzinfo = after.tzinfo
+    except AttributeError:  # not a datetime: a date, a string, a number
+        raise _not_instant(after) from None
     if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
-        raise _naive("after")
-    d = after - EPOCH
+        raise _bad_after(after)
+    try:
+        d = after - EPOCH
+    except TypeError:  # an aware time of day
+        raise _not_instant(after) from None
     return d.days * 86_400 + d.seconds
 
 
@@ -111,10 +126,16 @@ class CronSchedule(Schedule):
 
     def next_after(self, after: datetime) -> datetime:
         # The hot path of the scheduler: _seconds() inlined, then the memo of the last day.
-        tzinfo = after.tzinfo
+        try:  # a try costs nothing until it catches
+            tzinfo = after.tzinfo
+        except AttributeError:
+            raise _not_instant(after) from None
         if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
-            raise _naive("after")
-        d = after - EPOCH
+            raise _bad_after(after)
+        try:
+            d = after - EPOCH
+        except TypeError:
+            raise _not_instant(after) from None
         s = d.days * 86_400 + d.seconds
         clean, hi, off, day0 = self._fast
         if s >= clean:
@@ -202,10 +223,16 @@ class EverySchedule(Schedule):
         self._period_us = spec.period_us
 
     def next_after(self, after: datetime) -> datetime:
-        tzinfo = after.tzinfo
+        try:
+            tzinfo = after.tzinfo
+        except AttributeError:
+            raise _not_instant(after) from None
         if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
-            raise _naive("after")
-        a = (after - EPOCH) // _US
+            raise _bad_after(after)
+        try:
+            a = (after - EPOCH) // _US
+        except TypeError:
+            raise _not_instant(after) from None
         k = (a - self._anchor_us) // self._period_us + 1
         try:
             return EPOCH + timedelta(microseconds=self._anchor_us + k * self._period_us)

@@ -18,6 +18,7 @@ class RowError:
     content_hash: str  # hash of the raw row content, so an error is logged once per (row, content)
     field: str
     reason: str
+    code: str = "value_error"  # ConfigError.code: "too-large", "out-of-range", "never-fires", ...
 
     @property
     def message(self) -> str:

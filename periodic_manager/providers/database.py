@@ -1,53 +1,35 @@
-"""The database provider: every enabled row of ``periodic_jobs``, validated one by one.
+"""The database provider: every enabled row of ``periodic_jobs``, judged one by one.
 
-Rows are untrusted input (anyone with SQL access can write them), so the provider never lets the
-driver interpret a column that could hold garbage:
-
-- ``payload`` and ``options`` are read as raw text and parsed here, because SQLite's JSON column
-  may hold text that is not JSON at all, and a JSON decode failure inside the driver would break
-  the whole query rather than one row.
-- On SQLite every other column is read as raw bytes and decoded here: a column of any declared
-  type may hold a blob with invalid UTF-8 or a timestamp string SQLAlchemy cannot parse, and either
-  would raise while fetching, again for the whole result. PostgreSQL enforces its types and
-  encoding, so there the typed columns are read as they are.
-
-A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so the
-manager can log it once per (row, content); every other row is returned. Any failure to read
+Rows are untrusted input (anyone with SQL access can write them): they are read and judged by
+:mod:`periodic_manager.db.rows`, which never lets the driver interpret a column that could hold
+garbage and decides per row "usable config, disabled, or RowError" — the same judgement the API
+shows. A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so
+the manager can log it once per (row, content); every other row is returned. Any failure to read
 the table is raised as :class:`~periodic_manager.errors.ProviderError`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    LargeBinary,
-    Select,
-    Text,
-    bindparam,
-    cast,
-    delete,
-    func,
-    select,
-    true,
-)
+from sqlalchemy import Select, bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from periodic_manager.config import UNKNOWN_START, PeriodicTaskConfig
+from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
-from periodic_manager.errors import ConfigError, ProviderError
+from periodic_manager.errors import ProviderError
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
 
 YIELD_EVERY = 500
-
-# The raw columns of a row, in the order they are selected and hashed.
-_FIELDS = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options", "effective_at")
+# Rows are read through a cursor in partitions of this many: one result of 100,000 rows read at
+# once blocks the event loop for half a second (decoding and row building), which a leader
+# proving its leadership every second cannot afford.
+FETCH_PARTITION = 1000
+Verdict = PeriodicTaskConfig | RowError | None
 
 
 class DatabaseProvider:
@@ -58,16 +40,23 @@ class DatabaseProvider:
     """
 
     def __init__(
-        self, engine: AsyncEngine, *, check: Callable[[PeriodicTaskConfig], None] | None = None
+        self,
+        engine: AsyncEngine,
+        *,
+        check: Callable[[PeriodicTaskConfig], None] | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         """``check`` may reject a valid config for deployment reasons (e.g. an unconfigured
-        target) by raising ConfigError; the row is then reported like any bad row."""
+        target) by raising ConfigError; the row is then reported like any bad row.
+        ``max_payload_bytes``: a row whose payload or options (canonical JSON) is larger is a
+        row error (``PM_MAX_PAYLOAD_BYTES``, the limit the API enforces on writes)."""
         self.engine = engine
         self.check = check
-        # row id -> (raw row, its config or RowError): an unchanged row is not validated again,
-        # and comes back as the same object (the manager then skips hashing it).
-        self._cache: dict[int, tuple[tuple[Any, ...], PeriodicTaskConfig | RowError]] = {}
         self._sqlite = engine.dialect.name == "sqlite"
+        self.rules = dbrows.Rules(self._sqlite, max_payload_bytes, check)
+        # row id -> (raw row, its verdict): an unchanged row is not judged again, and comes
+        # back as the same object (the manager then skips hashing it).
+        self._cache: dict[int, tuple[tuple[Any, ...], Verdict]] = {}
         self._query = _build_query(self._sqlite)
         self._changed_query = _build_query(self._sqlite, changed=True)
 
@@ -93,22 +82,20 @@ class DatabaseProvider:
         previous, self._cache = self._cache, {}
         for i, row in enumerate(rows):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # validating 100,000 rows must not starve the event loop
-            result = self._cached_convert(row[0], tuple(row[1:]), previous)
+                await asyncio.sleep(0)  # judging 100,000 rows must not starve the event loop
+            result = self._cached_judge(tuple(row), previous)
             if isinstance(result, RowError):
                 errors.append(result)
-            else:
+            elif result is not None:
                 configs.append(result)
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
-    def _cached_convert(
-        self,
-        row_id: int,
-        raw: tuple[Any, ...],
-        previous: dict[int, tuple[tuple[Any, ...], PeriodicTaskConfig | RowError]],
-    ) -> PeriodicTaskConfig | RowError:
+    def _cached_judge(
+        self, raw: tuple[Any, ...], previous: dict[int, tuple[tuple[Any, ...], Verdict]]
+    ) -> Verdict:
+        row_id = raw[0]
         hit = previous.get(row_id)
-        result = hit[1] if hit is not None and hit[0] == raw else self._convert(row_id, raw)
+        result = hit[1] if hit is not None and hit[0] == raw else dbrows.judge(self.rules, raw)
         self._cache[row_id] = (raw, result)
         return result
 
@@ -137,13 +124,14 @@ class DatabaseProvider:
         for i, row in enumerate(rows):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a bulk INSERT of 100,000 rows must not starve the loop
-            enabled = row[1]
-            if not _truthy(enabled):
+            result = self._cached_judge(tuple(row), self._cache)
+            if result is None:  # disabled
                 removed.append(str(row[0]))
                 self._cache.pop(row[0], None)
-                continue
-            result = self._cached_convert(row[0], tuple(row[2:]), self._cache)
-            (errors if isinstance(result, RowError) else configs).append(result)  # type: ignore[arg-type]
+            elif isinstance(result, RowError):
+                errors.append(result)
+            else:
+                configs.append(result)
         present = {c.key for c in configs} | {str(e.schedule_id) for e in errors}
         # A deleted id that was written again after its deletion is present, not removed.
         removed = [k for k in dict.fromkeys(removed) if k not in present]
@@ -157,75 +145,21 @@ class DatabaseProvider:
             )
         return int(result.rowcount or 0)
 
-    def _convert(self, row_id: int, raw: tuple[Any, ...]) -> PeriodicTaskConfig | RowError:
-        """Build one config, or the RowError that explains why this row cannot be used."""
-        values = dict(zip(_FIELDS, raw, strict=True))
-        name = values["name"]
-        if isinstance(name, bytes):  # SQLite: name the row in the error if its name is text
-            name = name.decode("utf-8", errors="replace")
-        try:
-            if self._sqlite:
-                values = {k: v if k == "effective_at" else _decode(k, v) for k, v in values.items()}
-                values["anchor"] = _parse_sqlite_instant("anchor", values["anchor"])
-            config = PeriodicTaskConfig.create(
-                effective_at=_effective_at(values["effective_at"]),
-                name=values["name"],
-                spec=values["spec"],
-                task_type=values["task_type"],
-                payload=_parse_json("payload", values["payload"]),
-                options=_parse_options(values["options"]),
-                timezone=values["timezone"],
-                anchor=values["anchor"],
-                schedule_id=row_id,
-            )
-            if self.check is not None:
-                self.check(config)
-            return config
-        except ConfigError as exc:
-            field, reason = exc.field, exc.reason
-        except Exception as exc:
-            # A row must never stop the others, even if it trips something unforeseen in the
-            # validators (an overflow deep in the cron engine, say): report it like any bad row.
-            field, reason = "row", f"unexpected {type(exc).__name__}: {exc}"
-        return RowError(
-            schedule_id=row_id,
-            name=name if isinstance(name, str) else None,
-            content_hash=raw_content_hash(row_id, raw),
-            field=field,
-            reason=reason,
-        )
-
 
 def _build_query(sqlite: bool, *, changed: bool = False) -> Select[Any]:
-    """Full read: enabled rows. Changed read: every row with ``revision > :since``, with
-    ``enabled`` second so disabled rows can be removed."""
+    """Full read: every row not surely disabled (the judge decides). Changed read: every row
+    with ``revision > :since``, so rows disabled since can be removed."""
     t = PeriodicJob.__table__.c
-    cols: list[ColumnElement[Any]]
-    if sqlite:
-        # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
-        # decoding by the driver; NULL stays NULL.
-        cols = [cast(t[name], LargeBinary).label(name) for name in _FIELDS]
-    else:
-        cols = [t.name, t.spec, t.timezone, t.anchor, t.task_type]
-        cols += [cast(t.payload, Text).label("payload"), cast(t.options, Text).label("options")]
-        cols += [cast(t.effective_at, Text).label("effective_at")]
+    query = select(*dbrows.columns(sqlite)).order_by(t.id)
     if changed:
-        enabled = cast(t.enabled, LargeBinary) if sqlite else t.enabled
-        return (
-            select(t.id, enabled.label("enabled"), *cols)
-            .where(t.revision > bindparam("since"))
-            .order_by(t.id)
-        )
-    return select(t.id, *cols).where(t.enabled.is_(true())).order_by(t.id)
+        return query.where(t.revision > bindparam("since"))
+    return query.where(dbrows.not_disabled(sqlite))
 
 
-FETCH_PARTITION = 1000
-
-
-async def _fetch(conn: AsyncConnection, query: Select[Any], params: dict[str, Any] | None = None) -> list[Any]:
-    """Every row of ``query``, read through a cursor in partitions: one result of 100,000 rows
-    read at once blocks the event loop for half a second (decoding and row building), which a
-    leader proving its leadership every second cannot afford."""
+async def _fetch(
+    conn: AsyncConnection, query: Select[Any], params: dict[str, Any] | None = None
+) -> list[Any]:
+    """Every row of ``query``, read through a cursor in partitions of FETCH_PARTITION."""
     rows: list[Any] = []
     result = await conn.stream(query.execution_options(yield_per=FETCH_PARTITION), params)
     async for part in result.partitions():
@@ -239,89 +173,3 @@ async def _current_revision(conn: AsyncConnection) -> int:
     tombs = select(func.coalesce(func.max(DeletedJob.revision), 0)).scalar_subquery()
     latest_row, latest_tombstone = (await conn.execute(select(rows, tombs))).one()
     return int(max(latest_row, latest_tombstone))
-
-
-def _truthy(value: Any) -> bool:
-    """``enabled`` as stored: a bool (PostgreSQL) or, read raw on SQLite, what ``enabled IS 1``
-    (the full read's filter) accepts, so both reads agree on odd values."""
-    if isinstance(value, bytes):
-        return value == b"1"
-    return bool(value)
-
-
-def raw_content_hash(row_id: int, raw: Sequence[Any]) -> str:
-    """sha256 of a row's raw content: changes whenever any column the provider reads changes."""
-    doc = [row_id, *(_raw_repr(v) for v in raw)]
-    return hashlib.sha256(json.dumps(doc, ensure_ascii=True).encode()).hexdigest()
-
-
-def _raw_repr(value: Any) -> Any:
-    if value is None or isinstance(value, str | int):
-        return value
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    return repr(value)
-
-
-def _decode(field: str, value: Any) -> Any:
-    if not isinstance(value, bytes):
-        return value
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(field, "not valid UTF-8 text") from None
-
-
-def _parse_json(field: str, text: str | None) -> Any:
-    """Parse a JSON column read as text; SQL NULL means JSON null."""
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        # ValueError covers JSONDecodeError and integers beyond Python's digit limit.
-        raise ConfigError(field, f"not valid JSON: {exc}") from None
-
-
-def _parse_options(text: str | None) -> dict[str, Any] | None:
-    options = _parse_json("options", text)
-    # Checked here because PeriodicTaskConfig.create calls dict() on options before validating
-    # them, so a JSON array or string would surface as a TypeError instead of a ConfigError.
-    if options is not None and not isinstance(options, dict):
-        raise ConfigError("options", "must be a JSON object")
-    return options
-
-
-def _parse_sqlite_instant(field: str, text: str | None) -> datetime | None:
-    """A timestamp as SQLite stores it. SQLAlchemy writes naive UTC text there (see
-    ``UTCDateTime``), so a value without an offset is UTC; one with an offset is honoured."""
-    if text is None:
-        return None
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ConfigError(field, f"not an ISO 8601 timestamp: {text[:50]!r}") from None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
-
-
-def _effective_at(text: Any) -> datetime:
-    """The row's ``effective_at`` as read (text on both backends); unknown when missing or not an
-    instant we can use (NULL, 'infinity', BC, year 10000...): then nothing before now is sent."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    if not isinstance(text, str):
-        return UNKNOWN_START
-    try:
-        value = datetime.fromisoformat(text.strip())
-    except ValueError:
-        return UNKNOWN_START
-    if value.tzinfo is None:  # SQLite keeps naive UTC text
-        return value.replace(tzinfo=UTC)
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:  # year 1 with a positive offset
-        return UNKNOWN_START

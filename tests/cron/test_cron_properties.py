@@ -183,8 +183,13 @@ def test_engine_matches_oracle_near_transitions(
     assert engine_fires(expr, zone, after, end) == fires_between(sets, ZoneInfo(zone), after, end)
 
 
+# "localtime" (listed where the system's zone data has that file) is the host's zone, which
+# the engine refuses on purpose (test_cron_validation).
+IANA_ZONES = sorted(zoneinfo.available_timezones() - {"localtime"})
+
+
 @SETTINGS
-@given(expressions(), starts(sorted(zoneinfo.available_timezones())))
+@given(expressions(), starts(IANA_ZONES))
 def test_engine_matches_oracle_in_any_zone(
     expr_sets: tuple[str, Sets], start: tuple[str, datetime]
 ) -> None:

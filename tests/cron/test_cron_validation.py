@@ -4,11 +4,20 @@ each, the field each error names, and the accepted edge forms."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta, timezone
+from datetime import time as time_of_day
 
 import pytest
 
-from periodic_manager.cron import CronError, clear_caches, next_fires, parse, validate
+from periodic_manager.cron import (
+    ANCHOR_MAX,
+    ANCHOR_MIN,
+    CronError,
+    clear_caches,
+    next_fires,
+    parse,
+    validate,
+)
 from periodic_manager.cron.errors import CODES
 from periodic_manager.errors import ConfigError
 
@@ -292,4 +301,88 @@ def test_every_anchor_sets_the_phase_of_any_zone() -> None:
     anchor = datetime(2024, 1, 1, 0, 10, tzinfo=UTC)
     assert next_fires("@every 90m", anchor, 1, tz="Asia/Kathmandu", anchor=anchor) == [
         datetime(2024, 1, 1, 1, 40, tzinfo=UTC)
+    ]
+
+
+# --- hostile numbers and instants (issue 10) -----------------------------------------------
+
+PLUS_14 = timezone(timedelta(hours=14))
+MINUS_14 = timezone(timedelta(hours=-14))
+
+
+@pytest.mark.parametrize(
+    ("expr", "field", "code"),
+    [
+        ("1" + "0" * 5000 + " * * * *", "minute", "out-of-range"),
+        ("* " + "9" * 4301 + " * * *", "hour", "out-of-range"),
+        ("0 0 1-" + "3" * 5000 + " * *", "day-of-month", "out-of-range"),
+        ("@every " + "1" * 5000 + "s", "every", "every-duration"),
+        ("@every " + "9" * 20 + "d", "every", "every-duration"),
+    ],
+)
+def test_numbers_of_any_length_are_a_cron_error_not_a_value_error(
+    expr: str, field: str, code: str
+) -> None:
+    check(expr, code, field)
+
+
+def test_a_step_of_any_length_selects_the_first_value() -> None:
+    # Larger than the field's range: only the range's first value (it used to reach int()).
+    after = datetime(2024, 1, 1, tzinfo=UTC)
+    assert next_fires("0 */" + "7" * 5000 + " * * *", after) == [datetime(2024, 1, 2, tzinfo=UTC)]
+
+
+def test_leading_zeros_of_any_length_are_allowed() -> None:
+    zeros = "0" * 5000
+    after = datetime(2024, 1, 1, tzinfo=UTC)
+    assert next_fires(f"{zeros}5 {zeros} * * *", after) == [datetime(2024, 1, 1, 0, 5, tzinfo=UTC)]
+    assert next_fires(f"@every {zeros}90s", after) == [datetime(2024, 1, 1, 0, 1, 30, tzinfo=UTC)]
+    check(f"{zeros}60 * * * *", "out-of-range", "minute")
+
+
+@pytest.mark.parametrize("after", ["2024-01-01T00:00:00Z", 1_700_000_000, None, date(2024, 1, 1)])
+@pytest.mark.parametrize("expr", ["*/5 * * * *", "@every 5m"])
+def test_after_that_is_no_datetime_is_a_clear_type_error(expr: str, after: object) -> None:
+    with pytest.raises(TypeError, match="after must be an aware datetime, not "):
+        parse(expr).next_after(after)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="after must be an aware datetime, not "):
+        next_fires(expr, after)  # type: ignore[arg-type]
+
+
+def test_an_aware_time_of_day_is_no_instant_either() -> None:
+    with pytest.raises(TypeError, match="after must be an aware datetime, not time"):
+        parse("0 * * * *").next_after(time_of_day(12, tzinfo=UTC))  # type: ignore[arg-type]
+
+
+def test_a_naive_after_is_both_a_cron_error_and_a_type_error() -> None:
+    with pytest.raises(TypeError) as info:
+        parse("0 * * * *").next_after(datetime(2024, 1, 1))  # noqa: DTZ001
+    assert isinstance(info.value, CronError) and info.value.code == "naive-datetime"
+
+
+@pytest.mark.parametrize(
+    "anchor",
+    [
+        datetime(1, 1, 1, tzinfo=PLUS_14),  # before year 1 in UTC: astimezone overflows
+        datetime(1, 1, 1, 12, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, tzinfo=MINUS_14),  # after 9999 in UTC
+        datetime(9999, 12, 30, 0, 0, 1, tzinfo=UTC),
+    ],
+)
+@pytest.mark.parametrize("expr", ["@every 1h", "0 0 * * *"])
+def test_anchor_at_the_ends_of_the_datetime_range_is_out_of_range(
+    expr: str, anchor: datetime
+) -> None:
+    with pytest.raises(CronError) as info:
+        parse(expr, anchor=anchor)
+    assert (info.value.field, info.value.code) == ("anchor", "out-of-range")
+
+
+def test_anchor_inside_the_range_phases_the_interval() -> None:
+    after = datetime(2024, 1, 1, 0, 0, 30, tzinfo=UTC)
+    assert next_fires("@every 1h", after, anchor=ANCHOR_MIN) == [
+        datetime(2024, 1, 1, 1, tzinfo=UTC)
+    ]
+    assert next_fires("@every 1m", after, anchor=ANCHOR_MAX) == [
+        datetime(2024, 1, 1, 0, 1, tzinfo=UTC)
     ]
