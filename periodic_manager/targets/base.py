@@ -94,6 +94,7 @@ QUEUED = "queued"  # enqueued, not taken by a worker yet
 RUNNING = "running"  # taken by a worker, not finished
 UNFINISHED = "unfinished"  # queued or running (the target cannot tell which)
 FINISHED = "finished"  # done (or gone: nothing of it is left to wait for)
+NONE = "none"  # the schedule has no previous task (none known)
 
 
 @dataclass(slots=True)

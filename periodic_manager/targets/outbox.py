@@ -35,6 +35,7 @@ from periodic_manager.db.models import OutboxMessage
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import (
     FINISHED,
+    NONE,
     UNFINISHED,
     EnqueueResult,
     Prepared,
@@ -148,7 +149,7 @@ class OutboxTarget:
         if found is not None:
             return EnqueueResult(task, "duplicate", str(found[0]))
         prev = (await conn.execute(_NEWEST, {"name": task.name})).first()
-        previous = Previous(None, "none")
+        previous = Previous(None, NONE)
         if prev is not None:
             task_id, processed_at, enqueued_at = prev
             previous = Previous(task_id, FINISHED if processed_at is not None else UNFINISHED)

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import (
     FINISHED,
+    NONE,
     QUEUED,
     UNFINISHED,
     EnqueueResult,
@@ -137,7 +138,7 @@ class PreviousTasks:
             task = tasks[i]
             previous = self._previous(parsed.get(i), states, now_ms, task)
             decided.previous[i] = previous
-            if previous.state != FINISHED and not previous.timed_out:
+            if previous.state not in (FINISHED, NONE) and not previous.timed_out:
                 decided.results[i] = EnqueueResult(task, "busy", previous=previous)
                 continue
             _, ttl = overlap_fields(task)
@@ -170,7 +171,7 @@ class PreviousTasks:
         self, parsed: tuple[str, int, str] | None, states: dict[str, str], now_ms: int, task: Task
     ) -> Previous:
         if parsed is None:
-            return Previous(None, "none")
+            return Previous(None, NONE)
         task_id, at_ms, flag = parsed
         state = states.get(task_id, UNFINISHED)
         if state == FINISHED and flag == "0" and now_ms - at_ms < self.publish_window_ms:
