@@ -207,3 +207,24 @@ async def test_a_schedule_on_allow_shows_no_overlap(rig: Rig) -> None:
     ]
     assert entry["held_slot"] is None and entry["previous_task"] is None
     assert (await rig.client.get(f"/schedules/{created['id']}")).json()["overlap"] is None
+
+
+def test_import_refuses_skip_or_hold_where_the_target_cannot_tell(
+    sqlite_url: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from periodic_manager.cli import main
+    from periodic_manager.db.migrate import upgrade_sync
+
+    upgrade_sync(sqlite_url)
+    doc = [{"name": "nightly", "spec": "@daily", "task_type": "t", "options": {"overlap": "hold"}}]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setenv("PM_TARGET", "redis")
+    assert main(["import", str(path), "--database-url", sqlite_url]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "entry 1 ('nightly'): options.overlap:" in line and "PM_REDIS_GROUP" in line
+    monkeypatch.setenv("PM_REDIS_GROUP", GROUP)
+    assert main(["import", str(path), "--database-url", sqlite_url]) == 0
