@@ -242,7 +242,9 @@ class TargetSet(tuple[str, ...]):
 
     no_completion: dict[str, str]
 
-    def __new__(cls, names: Collection[str], no_completion: Mapping[str, str] | None = None) -> TargetSet:
+    def __new__(
+        cls, names: Collection[str], no_completion: Mapping[str, str] | None = None
+    ) -> TargetSet:
         made = super().__new__(cls, names)
         made.no_completion = dict(no_completion or {})
         return made

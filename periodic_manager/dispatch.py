@@ -153,6 +153,7 @@ class Dispatcher:
         at = self.clock.now()
         counts = self.counts
         overlap = self.overlap
+        held = overlap.held if overlap is not None else {}
         for entry, res in zip(entries, results, strict=True):
             status = res.status
             if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
@@ -162,7 +163,10 @@ class Dispatcher:
                     "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
                     extra={"schedule": entry.config.name, "slot": slot.isoformat()},
                 )
-            if overlap is not None and overlap.involves(entry, res):
+            # options.overlap: a target's answer about the previous task, or a held schedule.
+            if overlap is not None and (
+                res.previous is not None or status == "busy" or (held and entry.key in held)
+            ):
                 for run in overlap.outcome(entry, slot, res, at):  # busy: skipped or held
                     counts[run.status] += 1
                     runs.append(run)

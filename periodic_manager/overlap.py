@@ -89,18 +89,12 @@ class OverlapGuard:
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def involves(self, entry: ScheduledEntry, res: EnqueueResult) -> bool:
-        """Whether ``res`` is for this guard (a target that checked, or a held schedule)."""
-        return (
-            res.previous is not None
-            or res.status == "busy"
-            or (bool(self.held) and entry.key in self.held)
-        )
-
     def outcome(
         self, entry: ScheduledEntry, slot: datetime, res: EnqueueResult, at: datetime
     ) -> list[RunRecord]:
-        """The runs of one result of an overlap schedule (none for a held slot still busy)."""
+        """The runs of one result the dispatcher hands over: one a target decided about the
+        previous task (``previous`` set, or ``busy``), or one of a schedule with a held slot.
+        No run for a held slot still busy."""
         key = entry.key
         before = self.view(key)
         runs = (
@@ -245,7 +239,8 @@ class OverlapGuard:
                         held.slot,
                         "skipped",
                         now,
-                        f"overlap: held {late:.3f} s, past its window of {entry.window.total_seconds():g} s",
+                        f"overlap: held {late:.3f} s, past its window of "
+                        f"{entry.window.total_seconds():g} s",
                         "overlap-expired",
                     )
                 )

@@ -228,3 +228,31 @@ def test_import_refuses_skip_or_hold_where_the_target_cannot_tell(
     assert "entry 1 ('nightly'): options.overlap:" in line and "PM_REDIS_GROUP" in line
     monkeypatch.setenv("PM_REDIS_GROUP", GROUP)
     assert main(["import", str(path), "--database-url", sqlite_url]) == 0
+
+
+async def test_registering_from_code_checks_the_target_too(redis_client: aioredis.Redis) -> None:
+    from periodic_manager.manager import PeriodicTaskManager
+    from periodic_manager.targets.memory import MemoryTarget
+    from periodic_manager.targets.redis_streams import RedisStreamsTarget
+    from periodic_manager.targets.routing import RoutingTarget
+
+    hold = PeriodicTaskConfig.create(
+        name="h", spec="@hourly", task_type="t", options={"overlap": "hold"}
+    )
+    manager = PeriodicTaskManager(None, MemoryTarget())
+    with pytest.raises(ConfigError, match="no completion signal") as err:
+        manager.register(hold)
+    assert err.value.field == "options.overlap"
+    routing = RoutingTarget(
+        {"redis": RedisStreamsTarget(redis_client, group=GROUP), "outbox": MemoryTarget()},
+        default="redis",
+    )
+    PeriodicTaskManager(None, routing).register(hold)  # the default, redis with a group: fine
+    with pytest.raises(ConfigError, match="no completion signal"):
+        PeriodicTaskManager(None, routing).register(
+            PeriodicTaskConfig.create(
+                name="o", spec="@hourly", task_type="t",
+                options={"overlap": "skip", "target": "outbox"},
+            )  # fmt: skip
+        )
+    manager.register(PeriodicTaskConfig.create(name="a", spec="@hourly", task_type="t"))

@@ -128,7 +128,9 @@ async def trigger(
         if result.status == "busy":
             why = _previous_text(result)
             log.info("manual trigger of %s refused: %s", cfg.name, why, extra=extra)
-            await _record(session, settings, row.id, cfg.name, now, "skipped", None, f"trigger: overlap: {why}")
+            await _record(
+                session, settings, row.id, cfg.name, now, "skipped", None, f"trigger: overlap: {why}"
+            )
             raise ApiProblem(
                 409,
                 "overlap",

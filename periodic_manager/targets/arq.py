@@ -208,7 +208,8 @@ class ArqTarget:
         try:
             async with asyncio.timeout(self.timeout):
                 await self.previous.published(decided, sent)
-                await self.previous.unpublished(decided, [i for i in failed if i in decided.written])
+                unsent = [i for i in failed if i in decided.written]
+                await self.previous.unpublished(decided, unsent)
         except (TargetError, TimeoutError) as exc:
             # Flag 0 keeps a sent job "queued" only for the publish window; a key not put back
             # names a job arq does not hold: finished. Either way nothing is blocked for long.

@@ -143,10 +143,29 @@ def no_completion(target: object, task: Task) -> str | None:
     """Why ``target`` cannot honour the task's ``options.overlap`` (None: it can, or the task
     does not ask). A target declares it can with ``completion = True``; one that cannot says why
     in ``completion_off``."""
-    if overlap_of(task) == "allow" or getattr(target, "completion", False):
+    why = completion_off(target, task.options)
+    if why is None:
         return None
-    why = getattr(target, "completion_off", None) or "it has no completion signal"
-    return f"options.overlap {overlap_of(task)!r}: the {getattr(target, 'name', 'target')} target cannot tell when a task finished ({why})"
+    name = getattr(target, "name", "target")
+    return (
+        f"options.overlap {overlap_of(task)!r}: the {name} target cannot tell when a task "
+        f"finished ({why})"
+    )
+
+
+def completion_off(target: object, options: Mapping[str, Any]) -> str | None:
+    """Why ``target`` (for a router: the one ``options`` pick) cannot tell when a task of a
+    schedule with these options finished; None when it can or the schedule uses ``allow``."""
+    if options.get("overlap", "allow") == "allow":
+        return None
+    pick = getattr(target, "target_for", None)
+    if callable(pick):
+        target = pick(options)
+        if target is None:
+            return "its target is not configured"
+    if getattr(target, "completion", False):
+        return None
+    return getattr(target, "completion_off", None) or "it has no completion signal"
 
 
 @dataclass(slots=True)

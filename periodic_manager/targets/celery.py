@@ -309,7 +309,9 @@ class CeleryTarget:
         )  # fmt: skip
         direct = fast_path and redis_broker and claims_url == broker
         claims = RedisClaims(client, prefix=prefix, margin=claim_margin)
-        results = ResultStates(result_backend, settings, timeout=timeout) if result_backend else None
+        results = None
+        if result_backend:
+            results = ResultStates(result_backend, settings, timeout=timeout)
         target = cls(
             app, claims, timeout=timeout, broker_client=client if direct else None, results=results
         )
@@ -377,7 +379,7 @@ class CeleryTarget:
         slots: dict[datetime, str] = {}  # a burst shares one slot: formatted once
         for index, task in enumerate(tasks):
             # options.overlap: kombu's way, after a compare-and-set claim (module docstring).
-            after = overlap_of(task) != "allow"
+            after = task.options.get("overlap", "allow") != "allow"
             if after and (why := no_completion(self, task)) is not None:
                 data.refused[index] = f"celery: {why}"
                 continue
@@ -503,7 +505,8 @@ class CeleryTarget:
             # The manager is stopping: publish nothing more, and free the slots not started so
             # that a standby or a restart may send them.
             started = self._kombu.stop(job)
-            await asyncio.shield(self._unpublished(tasks, publish[:started], publish[started:], decided))
+            unpublished = self._unpublished(tasks, publish[:started], publish[started:], decided)
+            await asyncio.shield(unpublished)
             raise
         for index in publish[:done]:
             results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)

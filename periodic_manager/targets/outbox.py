@@ -93,7 +93,7 @@ class OutboxTarget:
         column arrays of the one INSERT (the enqueue instant is added when sent). Tasks of
         schedules with ``options.overlap`` are kept apart, by name (their locks' order)."""
         after = sorted(
-            (i for i, task in enumerate(tasks) if overlap_of(task) != "allow"),
+            (i for i, task in enumerate(tasks) if task.options.get("overlap", "allow") != "allow"),
             key=lambda i: tasks[i].name,
         )
         plain = [task for task in tasks if overlap_of(task) == "allow"] if after else tasks
@@ -119,7 +119,9 @@ class OutboxTarget:
                 inserted = await self._insert_rows(conn, plain, now) if plain else {}
                 missing = {t.idempotency_key for t in tasks} - inserted.keys() - after_keys
                 existing = await _lookup(conn, missing)
-                decided = {i: await self._insert_after(conn, tasks[i], row, now) for i, row in after}
+                decided = {
+                    i: await self._insert_after(conn, tasks[i], row, now) for i, row in after
+                }
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
             raise TargetError(f"outbox: {type(exc).__name__}: {exc}") from exc
         results = []
@@ -158,7 +160,8 @@ class OutboxTarget:
                 if not timeout or not _older(enqueued_at, now, timeout):
                     return EnqueueResult(task, "busy", previous=previous)
                 previous.timed_out = True
-        inserted = (await conn.execute(self._insert_statement([{**row, "enqueued_at": now}]))).first()
+        insert = self._insert_statement([{**row, "enqueued_at": now}])
+        inserted = (await conn.execute(insert)).first()
         if inserted is None:  # cannot happen behind the lock; a duplicate if it ever does
             return EnqueueResult(task, "duplicate", None, previous=previous)
         return EnqueueResult(task, "enqueued", str(inserted[0]), previous=previous)

@@ -32,7 +32,6 @@ from periodic_manager.targets.base import (
     Previous,
     Task,
     no_completion,
-    overlap_of,
 )
 from periodic_manager.targets.stream_overlap import CLAIM_AND_ADD_AFTER, overlap_fields
 
@@ -210,7 +209,8 @@ class RedisStreamsTarget:
             if "{" in task.queue or "}" in task.queue:
                 raise TargetError(f"queue {task.queue!r} contains '{{' or '}}'")
             kind = PLAIN
-            if overlap_of(task) != "allow":  # options.overlap: a few schedules, their own calls
+            # options.overlap (inline: once per task of every burst): a few schedules, own calls
+            if task.options.get("overlap", "allow") != "allow":
                 why = no_completion(self, task)
                 if why is not None:
                     refused[index] = why
@@ -224,10 +224,10 @@ class RedisStreamsTarget:
         ]
         memo: dict[tuple[datetime, datetime], tuple[str, int]] = {}
         try:
-            calls: list[Call] = [
-                (indices, self._script_call(queue, [tasks[i] for i in indices], now, memo, kind), kind)
-                for queue, kind, indices in chunks
-            ]
+            calls: list[Call] = []
+            for queue, kind, indices in chunks:
+                part = [tasks[i] for i in indices]
+                calls.append((indices, self._script_call(queue, part, now, memo, kind), kind))
         except (TypeError, ValueError) as exc:
             raise TargetError(f"cannot encode the batch: {exc}") from exc
         parts = [calls[i::PARALLEL] for i in range(min(PARALLEL, len(calls)))]
