@@ -12,6 +12,11 @@ the test reads when each task started and finished *by the workers' own clocks*:
   ran (held), started right after the previous finished (within the hold tick and the worker's
   pick-up delay).
 
+A worker killed mid-task (Redis Streams consumer, arq worker, Celery worker) never finishes it:
+with ``overlap_timeout`` the schedule resumes on a fresh worker, with the warning in its history.
+(An outbox consumer that dies rolls back, and the next consumer takes the row again: there the
+schedule resumes without the timeout; the timeout itself is tested in test_overlap_targets.py.)
+
 The workers are other processes, so this takes real time: every wait is bounded, and the
 schedulers hold slots with a short tick (0.2 s) so a held slot is released well before the next
 slot is due. Scheduler logic on a virtual clock is in test_overlap_scheduler.py.
@@ -403,24 +408,31 @@ async def test_arq_worker(
 # -- Celery with a Redis result backend ---------------------------------------------------------
 
 
+def celery_slow(
+    prefix: str, redis_url: str, log: Path, work_s: float, name: str = "w"
+) -> WorkerProcess:
+    """A Celery worker (threads) storing results in Redis, whose pmtest.slow works ``work_s``."""
+    return WorkerProcess(
+        [
+            sys.executable, "-m", "celery", "-A", "tests.celery_worker_app", "worker",
+            "--pool=threads", f"--concurrency={CONSUMERS}", "-Q", f"{prefix}.q",
+            "--hostname", f"{prefix}-{name}@%h", "--without-heartbeat", "--without-mingle",
+            "--without-gossip", "-l", "INFO",
+        ],
+        {
+            "PM_TEST_BROKER": redis_url, "PM_TEST_OUT": f"{prefix}:out",
+            "PM_TEST_KEYPREFIX": f"{prefix}:", "PM_TEST_BACKEND": redis_url,
+            "PM_TEST_WORK_S": str(work_s),
+        },
+        log,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def celery_slow_worker(
     redis_prefix: str, redis_url: str, tmp_path: Path
 ) -> Iterator[WorkerProcess]:
-    proc = WorkerProcess(
-        [
-            sys.executable, "-m", "celery", "-A", "tests.celery_worker_app", "worker",
-            "--pool=threads", f"--concurrency={CONSUMERS}", "-Q", f"{redis_prefix}.q",
-            "--hostname", f"{redis_prefix}@%h", "--without-heartbeat", "--without-mingle",
-            "--without-gossip", "-l", "INFO",
-        ],
-        {
-            "PM_TEST_BROKER": redis_url, "PM_TEST_OUT": f"{redis_prefix}:out",
-            "PM_TEST_KEYPREFIX": f"{redis_prefix}:", "PM_TEST_BACKEND": redis_url,
-            "PM_TEST_WORK_S": str(WORK_S),
-        },
-        tmp_path / "celery.log",
-    )  # fmt: skip
+    proc = celery_slow(redis_prefix, redis_url, tmp_path / "celery.log", WORK_S)
     yield proc
     proc.stop()
 
@@ -462,3 +474,127 @@ async def test_celery_worker(
         if sent:
             await redis_client.delete(*(f"celery-task-meta-{i}" for i in sent))
     check(from_records(await records(redis_client, out), sent), runs)
+
+
+async def test_celery_a_killed_worker_with_overlap_timeout_lets_the_schedule_resume(
+    redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, tmp_path: Path
+) -> None:
+    stuck = celery_slow(redis_prefix, redis_url, tmp_path / "stuck.log", 60, "stuck")
+    fresh = celery_slow(redis_prefix, redis_url, tmp_path / "fresh.log", 0.1, "fresh")
+    config = {"broker_transport_options": {"global_keyprefix": f"{redis_prefix}:"}}
+    target = CeleryTarget.from_url(
+        redis_url, prefix=redis_prefix, config=config, result_backend=redis_url
+    )
+    schedule = PeriodicTaskConfig.create(
+        name=f"{redis_prefix}-skip", spec="@every 1s", task_type="pmtest.slow",
+        options={"queue": f"{redis_prefix}.q", "overlap": "skip", "overlap_timeout": 2},
+    )  # fmt: skip
+    runs: list[RunRecord] = []
+
+    async def on_runs(batch: Any) -> None:
+        runs.extend(batch)
+
+    sched = Scheduler(target, clock=SystemClock(), grace=30, on_runs=on_runs)
+    loop = asyncio.create_task(sched.run())
+    out = f"{redis_prefix}:out"
+    sent: dict[str, tuple[str, datetime]] = {}
+    try:
+        async with running([stuck]):
+
+            async def ready() -> bool:
+                return " ready." in stuck.tail()
+
+            await wait_until(ready, "the Celery worker", [stuck])
+            sched.register(schedule)
+
+            async def started() -> bool:  # task_track_started: the worker runs it
+                ids = enqueued(runs)
+                metas = [await redis_client.get(f"celery-task-meta-{i}") for i in ids]
+                return any(m is not None and "STARTED" in m for m in metas)
+
+            await wait_until(started, "the first task to start", [stuck])
+            assert stuck.proc is not None
+            os.kill(stuck.proc.pid, signal.SIGKILL)  # mid-task: never finished, never acked
+            stuck.proc.wait(timeout=10)
+            killed_at = time.time()
+            async with running([fresh]):
+
+                async def ready_again() -> bool:
+                    return " ready." in fresh.tail()
+
+                await wait_until(ready_again, "the second Celery worker", [fresh])
+
+                async def resumed() -> bool:
+                    return await redis_client.llen(out) >= 2
+
+                await wait_until(resumed, "the schedule to resume", [fresh])
+    finally:
+        sched.stop()
+        await asyncio.wait_for(loop, WAIT_S)
+        await target.close()
+        sent = enqueued(runs)
+        if sent:
+            await redis_client.delete(*(f"celery-task-meta-{i}" for i in sent))
+    timeouts = [r for r in runs if r.reason == "overlap-timeout"]
+    assert timeouts and "was still running after overlap_timeout (2 s)" in (timeouts[0].error or "")
+    assert ("skipped", "overlap") in {(r.status, r.reason) for r in runs}
+    done = from_records(await records(redis_client, out), sent)
+    assert len(done) >= 2 and all(e.started > killed_at for e in done)
+
+
+async def test_arq_a_killed_worker_with_overlap_timeout_lets_the_schedule_resume(
+    redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, tmp_path: Path
+) -> None:
+    queue = f"{redis_prefix}:arq"
+    stuck = arq_worker(redis_prefix, queue, tmp_path / "stuck.log", redis_url)
+    stuck.env["PM_TEST_WORK_S"] = "60"
+    fresh = arq_worker(redis_prefix, queue, tmp_path / "fresh.log", redis_url)
+    fresh.env["PM_TEST_WORK_S"] = "0.1"
+    target = ArqTarget.from_url(redis_url, prefix=redis_prefix)
+    schedule = PeriodicTaskConfig.create(
+        name=f"{redis_prefix}-skip", spec="@every 1s", task_type="slow",
+        options={"queue": queue, "overlap": "skip", "overlap_timeout": 2},
+    )  # fmt: skip
+    runs: list[RunRecord] = []
+
+    async def on_runs(batch: Any) -> None:
+        runs.extend(batch)
+
+    sched = Scheduler(target, clock=SystemClock(), grace=30, on_runs=on_runs)
+    loop = asyncio.create_task(sched.run())
+    out = f"{redis_prefix}:out"
+    sent: dict[str, tuple[str, datetime]] = {}
+    try:
+        async with running([stuck]):
+            sched.register(schedule)
+
+            async def started() -> bool:  # arq's in-progress key: the worker runs it
+                ids = list(enqueued(runs))
+                return bool(ids) and bool(
+                    await redis_client.exists(*(f"arq:in-progress:{i}" for i in ids))
+                )
+
+            await wait_until(started, "the first job to start", [stuck])
+            assert stuck.proc is not None
+            os.kill(stuck.proc.pid, signal.SIGKILL)  # mid-job: its keys stay behind
+            stuck.proc.wait(timeout=10)
+            killed_at = time.time()
+            async with running([fresh]):
+
+                async def resumed() -> bool:
+                    return await redis_client.llen(out) >= 2
+
+                await wait_until(resumed, "the schedule to resume", [fresh])
+    finally:
+        sched.stop()
+        await asyncio.wait_for(loop, WAIT_S)
+        await target.close()
+        sent = enqueued(runs)
+        keys = [f"arq:{k}:{i}" for i in sent for k in ("job", "in-progress", "result", "retry")]
+        if keys:
+            await redis_client.delete(*keys)
+    timeouts = [r for r in runs if r.reason == "overlap-timeout"]
+    assert timeouts and "was still running after overlap_timeout (2 s)" in (timeouts[0].error or "")
+    assert ("skipped", "overlap") in {(r.status, r.reason) for r in runs}
+    done = from_records(await records(redis_client, out), sent)
+    assert len(done) >= 2 and all(e.started > killed_at for e in done)
