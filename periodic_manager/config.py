@@ -12,8 +12,8 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from periodic_manager import cron
@@ -50,6 +50,11 @@ MAX_JSON_DEPTH = 100
 DEFAULT_MAX_PAYLOAD_BYTES = 65_536
 TOO_LARGE = "too-large"  # ConfigError.code of a payload or options over the size limit
 
+# One encoder for every canonical text (json.dumps would build a new one per call).
+_ENCODE = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+
 # ``effective_at`` of a row whose value is missing or unreadable: the start is unknown, so nothing
 # in the past may be sent (a look back stops at now).
 UNKNOWN_START = datetime.max.replace(tzinfo=cron.UTC)
@@ -57,7 +62,7 @@ UNKNOWN_START = datetime.max.replace(tzinfo=cron.UTC)
 
 def canonical_json(value: Any) -> str:
     """Deterministic JSON text: sorted keys, no blanks, NaN/Infinity rejected."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODE(value)
 
 
 def _check_queue(v: Any) -> None:
@@ -332,28 +337,78 @@ def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron
     return schedule
 
 
-@dataclass(frozen=True, slots=True)
+_EMPTY_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
+class PendingJson:
+    """A JSON document known to be valid and within every limit, not yet in canonical form."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 class PeriodicTaskConfig:
     """One schedule: what to enqueue (task type, payload, options) and when (spec, zone, anchor).
 
     ``schedule_id`` is the row id (None for schedules made in code); ``name`` is the human key
     used in idempotency keys. Build through :meth:`create` to validate.
+
+    Lean by design (a manager holds a million of these): the payload is kept only as its
+    canonical JSON text (``payload`` parses it on demand), empty options are one shared mapping,
+    and the content hash is computed when asked for, never stored. Treat instances as immutable.
     """
 
-    name: str
-    spec: str
-    task_type: str
-    payload: Any = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-    timezone: str = "UTC"
-    anchor: datetime | None = None
-    schedule_id: int | str | None = None
-    # No slot at or before this instant is sent (the row's ``effective_at``); None: no such bound
-    # (a schedule made in code). Not content: it bounds how far back a manager may look.
-    effective_at: datetime | None = field(default=None, compare=False)
-    # Derived once, on first use (a sync compares hashes of every row; a burst sends the same
-    # payload JSON once per slot). Not part of equality or of the constructor.
-    _cache: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
+    __slots__ = (
+        "name",
+        "spec",
+        "task_type",
+        "options",
+        "timezone",
+        "anchor",
+        "schedule_id",
+        "effective_at",
+        "revision",
+        "_payload",
+        "_options_json",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        spec: str,
+        task_type: str,
+        payload: Any = None,
+        options: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        anchor: datetime | None = None,
+        schedule_id: int | str | None = None,
+        effective_at: datetime | None = None,
+        *,
+        payload_json: str | PendingJson | None = None,
+        options_json: str | None = None,
+        revision: int | None = None,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self.task_type = task_type
+        # Canonical JSON of the payload, the form hashed and sent (given, or made from payload),
+        # or a PendingJson whose canonical form is made on first use (see payload_json).
+        self._payload: str | PendingJson = (
+            payload_json if payload_json is not None else canonical_json(payload)
+        )
+        self.options = options if options else _EMPTY_OPTIONS
+        self._options_json = options_json if options else "{}"
+        self.timezone = timezone
+        self.anchor = anchor
+        self.schedule_id = schedule_id
+        # No slot at or before this instant is sent (the row's ``effective_at``); None: no such
+        # bound (a schedule made in code). Not content: it bounds how far back a manager may look.
+        self.effective_at = effective_at
+        # The row's revision when read (None: not from a row): an unchanged revision means an
+        # unchanged row, so a sync reuses this config without reading the row again.
+        self.revision = revision
 
     @classmethod
     def create(
@@ -370,6 +425,7 @@ class PeriodicTaskConfig:
         allowed_targets: Collection[str] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         effective_at: datetime | None = None,
+        revision: int | None = None,
     ) -> PeriodicTaskConfig:
         """Validate every field and return the config; raises ConfigError.
 
@@ -383,36 +439,41 @@ class PeriodicTaskConfig:
         opts, options_json = _options(options, max_payload_bytes)
         validate_target(opts, allowed_targets)
         validate_schedule(spec, timezone, anchor)
-        config = cls(
-            name=name,
-            spec=spec,
-            task_type=task_type,
-            payload=payload,
+        return cls(
+            name,
+            spec,
+            task_type,
             options=opts,
             timezone=timezone,
             anchor=anchor,
             schedule_id=schedule_id,
             effective_at=effective_at,
+            payload_json=payload_json,
+            options_json=options_json,
+            revision=revision,
         )
-        # Both texts were needed for the checks; keep them (hash and messages use them).
-        config._cache["payload"] = payload_json
-        config._cache["options"] = options_json
-        return config
 
     @property
     def payload_json(self) -> str:
-        """Canonical JSON of the payload (computed once)."""
-        text = self._cache.get("payload")
-        if text is None:
-            text = self._cache["payload"] = canonical_json(self.payload)
+        """Canonical JSON of the payload."""
+        text = self._payload
+        if type(text) is not str:
+            # A document already proven valid and within every limit (PendingJson): its
+            # canonical form is made when first needed (staging, hashing), not on a cold start.
+            text = self._payload = canonical_json(json.loads(text.text))  # type: ignore[union-attr]
         return text
 
     @property
+    def payload(self) -> Any:
+        """The payload as a Python value (parsed from its JSON on each access)."""
+        return json.loads(self.payload_json)
+
+    @property
     def options_json(self) -> str:
-        """Canonical JSON of the options (computed once)."""
-        text = self._cache.get("options")
+        """Canonical JSON of the options."""
+        text = self._options_json
         if text is None:
-            text = self._cache["options"] = canonical_json(dict(self.options))
+            text = self._options_json = canonical_json(dict(self.options))
         return text
 
     @property
@@ -433,17 +494,50 @@ class PeriodicTaskConfig:
         """Identity of the entry's source: the row id, or the name for code-made schedules."""
         return str(self.schedule_id) if self.schedule_id is not None else f"name:{self.name}"
 
+    @property
+    def ident(self) -> int | str:
+        """The key as the scheduler files it: the row id as an int (no string per schedule), or
+        ``name:<name>`` for code-made schedules (see :func:`ident_of`)."""
+        sid = self.schedule_id
+        if type(sid) is int:
+            return sid
+        return ident_of(self.key)
+
+    def _content(self) -> tuple[Any, ...]:
+        return (self.name, self.spec, self.task_type, self.payload_json, self.options_json,
+                self.timezone, self.anchor, self.schedule_id)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PeriodicTaskConfig):
+            return NotImplemented
+        return self._content() == other._content()
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable in principle
+
+    def __repr__(self) -> str:
+        return (
+            f"PeriodicTaskConfig(name={self.name!r}, spec={self.spec!r}, task_type={self.task_type!r},"
+            f" payload={self.payload_json}, options={self.options_json}, timezone={self.timezone!r},"
+            f" anchor={self.anchor!r}, schedule_id={self.schedule_id!r})"
+        )
+
+
+def ident_of(key: str) -> int | str:
+    """A schedule key (``"42"``, ``"name:x"``) as the scheduler files it: decimal keys as ints."""
+    return int(key) if key.isdigit() and key.isascii() else key
+
 
 def content_hash(cfg: PeriodicTaskConfig) -> str:
-    """sha256 over spec, timezone, anchor, task type, canonical payload and canonical options."""
-    digest = cfg._cache.get("hash")
-    if digest is None:
-        anchor = cfg.anchor.astimezone(cron.UTC).isoformat() if cfg.anchor is not None else "-"
-        # Joined with a unit separator no field can hold (spec and task type are printable, the
-        # JSON texts escape control characters): unambiguous, and cheaper than encoding a list.
-        doc = "\x1f".join((cfg.spec, cfg.timezone, anchor, cfg.task_type, cfg.payload_json, cfg.options_json))
-        digest = cfg._cache["hash"] = hashlib.sha256(doc.encode()).hexdigest()
-    return digest
+    """sha256 over spec, timezone, anchor, task type, canonical payload and canonical options
+    (computed on each call: it is needed when a row changed or an entry is published, not per
+    slot, and storing it would cost every schedule 100 bytes)."""
+    anchor = cfg.anchor.astimezone(cron.UTC).isoformat() if cfg.anchor is not None else "-"
+    # Joined with a unit separator no field can hold (spec and task type are printable, the JSON
+    # texts escape control characters): unambiguous, and cheaper than encoding a list.
+    doc = "\x1f".join(
+        (cfg.spec, cfg.timezone, anchor, cfg.task_type, cfg.payload_json, cfg.options_json)
+    )
+    return hashlib.sha256(doc.encode()).hexdigest()
 
 
 def entry_id(cfg: PeriodicTaskConfig, digest: str | None = None) -> str:

@@ -165,7 +165,7 @@ class Dispatcher:
                 )
             # options.overlap: a target's answer about the previous task, or a held schedule.
             if overlap is not None and (
-                res.previous is not None or status == "busy" or (held and entry.key in held)
+                res.previous is not None or status == "busy" or (held and entry.ident in held)
             ):
                 for run in overlap.outcome(entry, slot, res, at):  # busy: skipped or held
                     counts[run.status] += 1

@@ -128,7 +128,11 @@ class PeriodicTaskManager:
         self._revision: int | None = None
         self._last_full: datetime | None = None
         self.publisher = EntryPublisher(
-            self.store, self.manager_id, on_failure=self._store_failed, checked=_reraise_if_cancelled
+            self.store,
+            self.manager_id,
+            on_failure=self._store_failed,
+            checked=_reraise_if_cancelled,
+            quiet=self._no_sync,
         )
         # options.overlap: held slots and previous tasks are published with their entries.
         self.publisher.views = self.scheduler.overlap.view
@@ -346,6 +350,10 @@ class PeriodicTaskManager:
         report = await self.reconciler.apply_snapshot(snapshot, now)
         self._revision = snapshot.revision
         self._last_full = now
+        if hasattr(self.provider, "known") and self.provider.known is None:
+            # From now on the provider re-reads only rows whose revision differs from the
+            # config an entry holds (the first read, with nothing held, reads everything).
+            self.provider.known = self._known_config
         prune = getattr(self.provider, "prune_tombstones", None)
         if prune is not None:
             await self.publisher.call(prune(now - TOMBSTONE_RETENTION), "pruning tombstones")
@@ -363,6 +371,15 @@ class PeriodicTaskManager:
                 len(report.errors),
             )
         return report
+
+    async def _no_sync(self) -> None:
+        """Return when no sync is under way."""
+        async with self._sync_lock:
+            pass
+
+    def _known_config(self, row_id: int) -> PeriodicTaskConfig | None:
+        entry = self.scheduler.get(row_id)
+        return entry.config if entry is not None and entry.synced else None
 
     def _store_failed(self, exc: BaseException) -> None:
         self._registered = False  # republish this manager and its entries at the next heartbeat
@@ -430,7 +447,7 @@ class PeriodicTaskManager:
 
     def _all_records(self) -> list[EntryRecord]:
         view = self.scheduler.overlap.view
-        records = [entry_record(e, view(e.key)) for e in self.scheduler.entries()]
+        records = [entry_record(e, view(e.ident)) for e in self.scheduler.entries()]
         return records + list(self.reconciler.row_errors.values())
 
     async def wait_settled(self, instant: datetime) -> None:

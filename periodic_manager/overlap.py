@@ -16,7 +16,8 @@ did not send because of it. Here that answer becomes:
 A previous task that timed out (older than ``options.overlap_timeout``) counted as finished: the
 slot is sent and its run carries a warning (reason ``overlap-timeout``).
 
-State lives in side dicts keyed by schedule key, only for schedules that use skip or hold:
+State lives in side dicts keyed by schedule ident (``config.ident``: the row id as an int),
+only for schedules that use skip or hold:
 ``held`` (the held slots) and ``seen`` (the schedule's last task and its state as last seen,
 which managers publish for ``/entries`` and ``GET /schedules/{id}``). Schedules on the default
 ``allow`` cost nothing here.
@@ -71,15 +72,15 @@ class OverlapGuard:
 
     def __init__(self, *, tick_s: float = HOLD_TICK_S) -> None:
         self.tick = timedelta(seconds=tick_s)
-        self.held: dict[str, Held] = {}
-        self.seen: dict[str, tuple[str | None, str | None]] = {}
+        self.held: dict[int | str, Held] = {}
+        self.seen: dict[int | str, tuple[str | None, str | None]] = {}
         self._next_tick_at: datetime | None = None
         # Called with an entry whose published view changed (the manager publishes it).
         self.changed: Callable[[ScheduledEntry], None] | None = None
 
     # -- visibility ---------------------------------------------------------------------------
 
-    def view(self, key: str) -> View | None:
+    def view(self, key: int | str) -> View | None:
         held = self.held.get(key)
         seen = self.seen.get(key)
         if held is None and seen is None:
@@ -95,7 +96,7 @@ class OverlapGuard:
         """The runs of one result the dispatcher hands over: one a target decided about the
         previous task (``previous`` set, or ``busy``), or one of a schedule with a held slot.
         No run for a held slot still busy."""
-        key = entry.key
+        key = entry.ident
         before = self.view(key)
         runs = (
             self._busy(entry, slot, res, at)
@@ -117,7 +118,7 @@ class OverlapGuard:
     def _busy(
         self, entry: ScheduledEntry, slot: datetime, res: EnqueueResult, at: datetime
     ) -> list[RunRecord]:
-        key, name = entry.key, entry.config.name
+        key, name = entry.ident, entry.config.name
         why = _describe(res)
         held = self.held.get(key)
         if overlap_policy(entry.config.options) != "hold":
@@ -167,7 +168,7 @@ class OverlapGuard:
         self, entry: ScheduledEntry, slot: datetime, res: EnqueueResult, at: datetime
     ) -> list[RunRecord]:
         """An enqueued, duplicate or failed result of a schedule that uses (or used) overlap."""
-        key = entry.key
+        key = entry.ident
         reason = None
         held = self.held.get(key)
         runs: list[RunRecord] = []
@@ -213,7 +214,7 @@ class OverlapGuard:
         return self._next_tick_at if self.held else None
 
     def take_due(
-        self, now: datetime, current: Callable[[str], ScheduledEntry | None]
+        self, now: datetime, current: Callable[[int | str], ScheduledEntry | None]
     ) -> tuple[list[RunRecord], dict[datetime, list[ScheduledEntry]]] | None:
         """At a tick: the held slots to send again by slot (each with its schedule's current
         entry), and the skipped runs of those past their window. None before the tick."""
@@ -254,11 +255,11 @@ class OverlapGuard:
     def drop(self, entries: list[ScheduledEntry], slot: datetime) -> None:
         """Forget held slots whose send was given up (recorded failed by the dispatcher)."""
         for entry in entries:
-            held = self.held.get(entry.key)
+            held = self.held.get(entry.ident)
             if held is not None and held.slot == slot:
-                del self.held[entry.key]
+                del self.held[entry.ident]
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: int | str) -> None:
         """A schedule removed, or no longer using overlap: nothing of it is kept."""
         self.held.pop(key, None)
         self.seen.pop(key, None)

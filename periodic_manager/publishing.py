@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from periodic_manager.config import content_hash
 from periodic_manager.registry import EntryRecord, RuntimeStore
 
 if TYPE_CHECKING:
@@ -26,19 +27,20 @@ def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
     """The published record of ``entry``; ``view``: its :class:`~periodic_manager.overlap.View`
     (options.overlap skip and hold), if any."""
     cfg = entry.config
+    key, digest = cfg.key, content_hash(cfg)
     if view is not None:
         return EntryRecord(
-            entry_id=entry.entry_id, schedule_key=entry.key, name=cfg.name,
-            content_hash=entry.content_hash, status="active", registered_at=entry.registered_at,
+            entry_id=f"{key}-{digest[:12]}", schedule_key=key, name=cfg.name,
+            content_hash=digest, status="active", registered_at=entry.registered_at,
             spec=cfg.spec, timezone=cfg.timezone, anchor=cfg.anchor, task_type=cfg.task_type,
             queue=cfg.queue, held_slot=view.held_slot, previous_task_id=view.previous_task_id,
             previous_task_state=view.previous_task_state,
         )  # fmt: skip
     return EntryRecord(
-        entry_id=entry.entry_id,
-        schedule_key=entry.key,
+        entry_id=f"{key}-{digest[:12]}",
+        schedule_key=key,
         name=cfg.name,
-        content_hash=entry.content_hash,
+        content_hash=digest,
         status="active",
         registered_at=entry.registered_at,
         spec=cfg.spec,
@@ -59,49 +61,58 @@ class EntryPublisher:
         *,
         on_failure: Callable[[BaseException], None],
         checked: Callable[[BaseException], None] = lambda exc: None,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.manager_id = manager_id
         self._on_failure = on_failure  # the store failed: republish at the next heartbeat
         self._checked = checked  # re-raises a cancellation a driver disguised as its own error
-        self._pending: dict[str, ScheduledEntry | EntryRecord | None] = {}  # None: removed
+        # Entries by ident (their ids and records are computed when written: a cold start
+        # hashes nothing on its way), and error records or removals by entry id.
+        self._entries: dict[int | str, ScheduledEntry] = {}
+        self._records: dict[str, EntryRecord | None] = {}  # None: removed
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()
-        # schedule key -> its overlap view (set by the manager: the scheduler's OverlapGuard).
-        self.views: Callable[[str], Any] = lambda key: None
+        # ident -> the schedule's overlap view (set by the manager: the scheduler's OverlapGuard).
+        self.views: Callable[[int | str], Any] = lambda ident: None
+        self._quiet = quiet  # awaited before each write: a sync under way goes first
 
     def upsert(self, item: ScheduledEntry | EntryRecord) -> None:
         """Publish an entry (its record is built when written) or an error record."""
-        self._pending[item.entry_id] = item
+        if isinstance(item, EntryRecord):
+            self._records[item.entry_id] = item
+        else:
+            self._entries[item.ident] = item
         self._ready.set()
 
     def remove(self, entry_id: str) -> None:
-        self._pending[entry_id] = None
+        self._records[entry_id] = None
         self._ready.set()
 
     async def run(self) -> None:
         while True:
             await self._ready.wait()
+            if self._quiet is not None:
+                await self._quiet()  # a cold start registers first, then publishes
             self._ready.clear()
             await self.flush()
 
     async def flush(self) -> None:
         """Write what is queued now (and wait for a write under way)."""
-        if not self._pending:
+        if not self._entries and not self._records:
             async with self._lock:
                 return
-        pending, self._pending = self._pending, {}
-        upserts: list[EntryRecord] = []
-        removed: list[str] = []
-        for i, (entry_id, item) in enumerate(pending.items()):
+        entries, self._entries = self._entries, {}
+        records, self._records = self._records, {}
+        upserts = [rec for rec in records.values() if rec is not None]
+        for i, entry in enumerate(entries.values()):
             if i % 5000 == 4999:
                 await asyncio.sleep(0)  # building 100,000 records must not hold the event loop
-            if item is None:
-                removed.append(entry_id)
-            elif isinstance(item, EntryRecord):
-                upserts.append(item)
-            elif not item.dead:
-                upserts.append(entry_record(item, self.views(item.key)))
+            if not entry.dead:  # replaced or removed since: its successor or removal follows
+                upserts.append(entry_record(entry, self.views(entry.ident)))
+        written = {rec.entry_id for rec in upserts}
+        # An id removed and then written again (the same version re-registered) stays.
+        removed = [eid for eid, rec in records.items() if rec is None and eid not in written]
         async with self._lock:
             await self.call(self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries")
 

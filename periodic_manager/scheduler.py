@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from periodic_manager import gcpolicy
 from periodic_manager.calendar import Calendar
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, content_hash, overlap_policy
+from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of, overlap_policy
 from periodic_manager.cron import Schedule
 from periodic_manager.dispatch import (
     Chunk,
@@ -81,17 +81,19 @@ _UNKNOWN = object()
 
 @dataclass(slots=True)
 class ScheduledEntry:
-    """One registered schedule: its config, parsed schedule and timing. One per schedule key."""
+    """One registered schedule: its config, parsed schedule and timing. One per schedule key.
+
+    Lean on purpose (a manager holds a million): the instants are shared (one object per
+    calendar instant and per sync chunk), key, content hash and entry id are derived on demand.
+    """
 
     config: PeriodicTaskConfig
     schedule: Schedule
-    content_hash: str
     registered_at: datetime
     next_slot: datetime | None  # None: no slot left (past year 9999)
     prev_slot: datetime | None = None
     last_error: str | None = None
     last_status: str | None = None
-    key: str = ""  # the config's key, cached: read several times per slot
     window: timedelta = timedelta(0)  # how long after a slot it may still be sent
     # Slots of this entry are strictly after this instant, except a slot of the version it replaced
     # that was already due (carried over so an edit never drops it).
@@ -99,6 +101,18 @@ class ScheduledEntry:
     dead: bool = False  # unregistered or replaced: stale wherever the calendar still holds it
     mark: int = 0  # the calendar's per-take mark (an entry filed twice is taken once)
     synced: bool = False  # owned by the sync (a row), not registered from code
+
+    @property
+    def key(self) -> str:
+        return self.config.key
+
+    @property
+    def ident(self) -> int | str:
+        return self.config.ident
+
+    @property
+    def content_hash(self) -> str:
+        return content_hash(self.config)
 
     @property
     def entry_id(self) -> str:
@@ -140,9 +154,9 @@ class Scheduler:
         self.overlap = OverlapGuard(tick_s=hold_tick)
         self.grace = timedelta(seconds=grace)
         self.catchup_window = timedelta(seconds=catchup_window)
-        self._entries: dict[str, ScheduledEntry] = {}  # schedule key -> its entry
+        self._entries: dict[int | str, ScheduledEntry] = {}  # config.ident -> its entry
         self._calendar = Calendar()
-        self._last_fired: dict[str, datetime] = {}  # schedule key -> latest slot handled
+        self._last_fired: dict[int | str, datetime] = {}  # config.ident -> latest slot handled
         self._wake = asyncio.Event()
         self._stopping = False
         self._stop_event = asyncio.Event()
@@ -209,7 +223,6 @@ class Scheduler:
         self,
         config: PeriodicTaskConfig,
         *,
-        digest: str | None = None,
         synced: bool = False,
         now: datetime | None = None,
     ) -> ScheduledEntry:
@@ -220,18 +233,17 @@ class Scheduler:
         due or not; one that changes them starts strictly after now, but a slot of the old version
         that was already due and not yet sent is still sent: an edit never drops a slot.
         """
-        digest = digest or content_hash(config)
         if now is None:  # a sync registering many passes one instant (their next slots memoised)
             now = self.clock.now()
-        old = self._entries.get(config.key)
+        ident = config.ident
+        old = self._entries.get(ident)
+        last = self._last_fired.get(ident)
         entry = ScheduledEntry(
             config=config,
             schedule=config.schedule,
-            content_hash=digest,
             registered_at=now,
             next_slot=None,
-            prev_slot=self._last_fired.get(config.key),
-            key=config.key,
+            prev_slot=last,
             window=self._window(config),
             after=now,
             synced=synced,
@@ -240,7 +252,6 @@ class Scheduler:
             entry.next_slot, entry.after = old.next_slot, old.after
             entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
         else:
-            last = self._last_fired.get(config.key)
             entry.next_slot = self._next(entry, max(now, last) if last is not None else now)
             pending = old.next_slot if old is not None else None
             if pending is not None and pending <= now and (last is None or pending > last):
@@ -248,30 +259,34 @@ class Scheduler:
         if old is not None:
             old.dead = True
             if overlap_policy(config.options) == "allow":
-                self.overlap.seen.pop(entry.key, None)  # nothing left to show (a held slot stays)
+                self.overlap.seen.pop(ident, None)  # nothing left to show (a held slot stays)
         self._changes += 1
-        self._entries[entry.key] = entry
+        self._entries[ident] = entry
         if entry.next_slot is not None:
             self._calendar.add(entry, entry.next_slot)
         self._wake.set()
         return entry
 
-    def unregister(self, key: str) -> ScheduledEntry | None:
+    def unregister(self, key: int | str) -> ScheduledEntry | None:
         """Remove the entry of schedule ``key`` (the calendar forgets it lazily); it, or None."""
-        entry = self._entries.pop(key, None)
-        self.overlap.forget(key)
+        entry = self._entries.pop(_ident(key), None)
+        self.overlap.forget(_ident(key))
         if entry is not None:
             entry.dead = True
             self._changes += 1
             self._wake.set()
         return entry
 
-    def get(self, key: str) -> ScheduledEntry | None:
-        """The entry of schedule ``key``."""
-        return self._entries.get(key)
+    def get(self, key: int | str) -> ScheduledEntry | None:
+        """The entry of schedule ``key`` (a key string, or an ident)."""
+        return self._entries.get(_ident(key))
 
     def entries(self) -> list[ScheduledEntry]:
         return list(self._entries.values())
+
+    def held(self) -> dict[int | str, ScheduledEntry]:
+        """The entries by ident (the scheduler's own map: read it, do not change it)."""
+        return self._entries
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -379,7 +394,7 @@ class Scheduler:
         self._calendar.clear()
         for entry in self._entries.values():
             start = after
-            last = self._last_fired.get(entry.key)
+            last = self._last_fired.get(entry.ident)
             if last is not None and last > start:
                 start = last
             floor = lookback_floor(entry.config, now)
@@ -505,7 +520,7 @@ class Scheduler:
             return
         changes = self._changes
         last_fired = self._last_fired
-        if any((last := last_fired.get(e.key)) is not None and at <= last for e in entries):
+        if any((last := last_fired.get(e.ident)) is not None and at <= last for e in entries):
             changes = -1  # some already sent (the clock stepped back): sort them out at the slot
         hold = contextlib.ExitStack()
         hold.enter_context(gcpolicy.paused())  # until the batch is sent
@@ -577,7 +592,7 @@ class Scheduler:
         last_fired = self._last_fired
         late = now - slot > self.grace
         for entry in candidates:
-            last = last_fired.get(entry.key)
+            last = last_fired.get(entry.ident)
             if last is not None and slot <= last:
                 # Already handled (clock stepped back, or an entry replaced at the same instant).
                 self._advance(entry, last)
@@ -605,8 +620,9 @@ class Scheduler:
             await asyncio.sleep(0)
             last_fired = self._last_fired
             for entry in entries:
-                if (last := last_fired.get(entry.key)) is None or slot > last:
-                    last_fired[entry.key] = slot
+                ident = entry.ident
+                if (last := last_fired.get(ident)) is None or slot > last:
+                    last_fired[ident] = slot
             if advance:
                 for i, entry in enumerate(entries):
                     entry.prev_slot = slot
@@ -682,3 +698,7 @@ def lookback_floor(config: PeriodicTaskConfig, now: datetime) -> datetime | None
     if floor is None:
         return None
     return floor if floor < now else now
+
+
+def _ident(key: int | str) -> int | str:
+    return ident_of(key) if isinstance(key, str) else key

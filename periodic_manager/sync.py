@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from periodic_manager.config import PeriodicTaskConfig, content_hash
+from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
 from periodic_manager.publishing import EntryPublisher, error_record
 from periodic_manager.registry import EntryRecord
@@ -29,7 +29,7 @@ YIELD_EVERY = 500  # rows between yields to the event loop
 
 @dataclass(slots=True)
 class SyncReport:
-    """What one sync did."""
+    """What one sync did (schedules by key)."""
 
     ok: bool
     added: list[str] = field(default_factory=list)
@@ -59,18 +59,25 @@ class Reconciler:
     async def apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
         """Full reconcile: the snapshot is the whole truth."""
         report = SyncReport(ok=True, errors=list(snapshot.errors))
-        desired: dict[str, PeriodicTaskConfig] = {c.key: c for c in snapshot.configs}
-        bad = {str(e.schedule_id) for e in snapshot.errors}
-        for entry in self.scheduler.entries():
+        desired: dict[int | str, PeriodicTaskConfig] = {c.ident: c for c in snapshot.configs}
+        bad = {ident_of(str(e.schedule_id)) for e in snapshot.errors}
+        held = self.scheduler.held()
+        for ident, entry in list(held.items()):
             # A row that turned bad keeps its last good entry running (nothing is lost).
-            if entry.synced and entry.key not in desired and entry.key not in bad:
-                self._remove(entry.key, report)
+            if entry.synced and ident not in desired and ident not in bad:
+                self._remove(ident, report)
         now_ = self.scheduler.clock.now()
-        for i, cfg in enumerate(desired.values()):
-            self._upsert(cfg, report, now_)
+        unchanged = 0
+        for i, (ident, cfg) in enumerate(desired.items()):
+            entry = held.get(ident)
+            if entry is not None and entry.config is cfg:
+                unchanged += 1  # the provider reused the config: the row did not change
+            else:
+                self._upsert(cfg, report, now_)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let leadership checks and dispatch run
                 now_ = self.scheduler.clock.now()
+        report.unchanged += unchanged
         current = {str(e.schedule_id) for e in report.errors}
         self._publish_row_errors(report.errors, now)
         for key in list(self.row_errors):
@@ -97,37 +104,41 @@ class Reconciler:
         self._publish_row_errors(report.errors, now)
         return report
 
-    def _remove(self, key: str, report: SyncReport) -> None:
+    def _remove(self, key: int | str, report: SyncReport) -> None:
         entry = self.scheduler.get(key)
         if entry is not None and entry.synced:
             self.scheduler.unregister(key)
             self.publisher.remove(entry.entry_id)
-            report.removed.append(entry.entry_id)
+            report.removed.append(entry.key)
 
     def _upsert(self, cfg: PeriodicTaskConfig, report: SyncReport, now: datetime) -> bool:
         """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
         (then a row error is added to the report and any previous entry keeps running)."""
-        entry = self.scheduler.get(cfg.key)
+        entry = self.scheduler.get(cfg.ident)
         # The provider hands back the same object for an unchanged row: no hashing needed.
         if entry is not None and entry.config is cfg:
             report.unchanged += 1
             return True
-        digest = content_hash(cfg)
-        if entry is not None and entry.content_hash == digest and entry.config.name == cfg.name:
-            # Same content and keys; only bookkeeping (effective_at) may have moved.
+        if (
+            entry is not None
+            and entry.config.name == cfg.name
+            and content_hash(entry.config) == content_hash(cfg)
+        ):
+            # Same content and keys; only bookkeeping (effective_at, revision) may have moved.
             entry.config = cfg
             report.unchanged += 1
             return True
+        old_id = entry.entry_id if entry is not None else None
         try:
-            new = self.scheduler.register(cfg, digest=digest, synced=True, now=now)
+            new = self.scheduler.register(cfg, synced=True, now=now)
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             self._checked(exc)
             report.errors.append(_unusable(cfg, exc))
             return False
-        if entry is not None and entry.entry_id != new.entry_id:
-            self.publisher.remove(entry.entry_id)
+        if old_id is not None and old_id != new.entry_id:
+            self.publisher.remove(old_id)
         self.publisher.upsert(new)
-        (report.replaced if entry is not None else report.added).append(new.entry_id)
+        (report.replaced if entry is not None else report.added).append(cfg.key)
         return True
 
     def _clear_row_error(self, key: str) -> None:

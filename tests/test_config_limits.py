@@ -144,9 +144,11 @@ def test_size_limit_counts_utf8_bytes_of_canonical_json() -> None:
     assert refused("payload", payload="x" * 65_535).code == "too-large"
 
 
-def test_canonical_texts_are_computed_once() -> None:
+def test_canonical_texts_are_computed_once_and_kept_as_the_only_payload_form() -> None:
     cfg = make(payload={"b": 1, "a": 2}, options={"queue": "q"})
-    assert cfg._cache["payload"] == '{"a":2,"b":1}' and cfg._cache["options"] == '{"queue":"q"}'
+    # Validation made both texts; they are kept (the payload only as text, parsed on demand).
+    assert cfg.payload_json == '{"a":2,"b":1}' and cfg._options_json == '{"queue":"q"}'
+    assert cfg.payload == {"a": 2, "b": 1} and not hasattr(cfg, "__dict__")
 
 
 def test_a_null_extra_key_means_not_set_as_the_targets_read_it() -> None:

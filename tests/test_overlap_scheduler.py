@@ -130,7 +130,7 @@ async def test_hold_sends_the_latest_held_slot_at_the_first_tick_after_the_previ
     await rig.advance_to(10)
     [(first, _)] = [m for m in await rig.take() if m[1]["name"] == "sync"]
     await rig.advance_to(23.5)  # slot 20 held; ticks at 21, 22, 23 find it still busy
-    assert sched.overlap.view(sched.get("name:sync").key).held_slot == at(20)  # type: ignore[union-attr]
+    assert sched.overlap.view(sched.get("name:sync").ident).held_slot == at(20)  # type: ignore[union-attr]
     await rig.advance_to(34.5)  # slot 30 held in place of slot 20
     await rig.finish(first)
     await rig.advance_to(36)
@@ -252,7 +252,7 @@ async def test_a_view_change_is_published(rig: Rig) -> None:
     published: list[tuple[str, Any]] = []
 
     def changed(entry: ScheduledEntry) -> None:
-        published.append((entry.key, sched.overlap.view(entry.key)))
+        published.append((entry.key, sched.overlap.view(entry.ident)))
 
     sched.overlap.changed = changed
     sched.register(cfg("shown", overlap="hold"))

@@ -43,21 +43,22 @@ def _distinct(cols: Sequence[str], pg: bool) -> str:
     return "(" + " OR ".join(f"NEW.{c} IS NOT OLD.{c}" for c in cols) + ")"
 
 
-# clock_timestamp(): the time of the statement, not of the transaction's start, so the instant is
-# as close as the database can tell to when the edit takes effect.
+# statement_timestamp(): the time of the statement, not of the transaction's start (as close as
+# the database can tell to when the edit takes effect), and one instant for every row a
+# statement writes (a bulk INSERT's rows share it, and a manager shares one object for them).
 PG_UP = [
     f"""CREATE FUNCTION pm_jobs_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
       IF TG_OP = 'INSERT' THEN
-        IF NEW.effective_at IS NULL THEN NEW.effective_at := clock_timestamp(); END IF;
+        IF NEW.effective_at IS NULL THEN NEW.effective_at := statement_timestamp(); END IF;
         RETURN NEW;
       END IF;
       IF NEW.effective_at IS NOT DISTINCT FROM OLD.effective_at
          AND ({_distinct(TIMING, True)} OR (NEW.enabled AND NOT OLD.enabled)) THEN
-        NEW.effective_at := clock_timestamp();
+        NEW.effective_at := statement_timestamp();
       END IF;
       IF NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at AND {_distinct(VISIBLE, True)} THEN
-        NEW.updated_at := clock_timestamp();
+        NEW.updated_at := statement_timestamp();
       END IF;
       RETURN NEW;
     END $$""",

@@ -33,9 +33,16 @@ from sqlalchemy.sql.elements import ColumnClause
 
 from periodic_manager.config import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_JSON_DEPTH,
     UNKNOWN_START,
+    PendingJson,
     PeriodicTaskConfig,
+    _options,
     check_json,
+    validate_name,
+    validate_payload,
+    validate_schedule,
+    validate_task_type,
 )
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
 from periodic_manager.db.models import PeriodicJob
@@ -262,6 +269,160 @@ def judge(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | N
     except ConfigError as exc:
         return _row_error(raw, exc.field, exc.reason, exc.code)
     return judge_content(rules, raw)
+
+
+def _plain_jsonb(text: Any, max_bytes: int) -> PendingJson | None:
+    """PostgreSQL's text of a JSONB document, when it can pass every payload check unparsed.
+
+    It is parsed (so it is valid JSON whatever the column holds), but not re-encoded: JSONB's
+    text is at least as long as our canonical form (which drops the blank after each ``,`` and
+    ``:``, and whose numbers and strings are never longer), so a text within the size limit is
+    within it canonically too, and fewer brackets than the depth limit cannot nest deeper. It
+    holds no NUL (PostgreSQL refuses them) and, once parsed, no integer Python cannot read.
+    Anything else (rare) takes the exact path: the verdict is the same either way, only its cost
+    differs; the canonical form is made later, off a cold start's path.
+    """
+    if type(text) is not str:
+        return None
+    if len(text) > max_bytes or (not text.isascii() and len(text.encode()) > max_bytes):
+        return None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or "\\u" in text:
+        return None
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return None  # the exact path names the error
+    return PendingJson(text)
+
+
+class RowJudge:
+    """:func:`judge` for a provider reading many rows: the same verdicts, field for field, but
+    what rows repeat is decoded and checked once (a spec in its zone, a task type, an options
+    text, an ``effective_at``), and the repeated strings are shared, not copied per row.
+
+    ``raw[N_JUDGED]``, when present, is the row's revision, kept on its config.
+    """
+
+    MEMO_MAX = 100_000  # distinct values remembered per kind (then forgotten and relearned)
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self._strings: dict[str, str] = {}
+        self._task_types: dict[str, ConfigError | None] = {}
+        self._schedules: dict[tuple[str, str], ConfigError | None] = {}
+        self._options: dict[Any, tuple[Any, str] | ConfigError] = {}  # raw text -> verdict
+        self._instants: dict[Any, datetime] = {}
+
+    def __call__(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | None:
+        try:
+            if not judge_enabled(self.rules.sqlite, raw[1]):
+                return None
+        except ConfigError as exc:
+            return _row_error(raw, exc.field, exc.reason, exc.code)
+        try:
+            return self._content(raw)
+        except ConfigError as exc:
+            return _row_error(raw, exc.field, exc.reason, exc.code)
+        except Exception as exc:
+            # A row must never stop the others (see judge_content).
+            return _row_error(raw, "row", f"unexpected {type(exc).__name__}: {exc}", "value_error")
+
+    def _content(self, raw: Sequence[Any]) -> PeriodicTaskConfig:
+        rules = self.rules
+        name, spec, timezone, anchor, task_type, payload_raw, options_raw = raw[2:_EFFECTIVE]
+        # Decoding, in column order (as judge_content, so the same field is named first).
+        if rules.sqlite:
+            name = _utf8("name", name)
+            spec, timezone = self._text("spec", spec), self._text("timezone", timezone)
+            if anchor is not None:
+                anchor = _sqlite_instant("anchor", _utf8("anchor", anchor))
+            task_type = self._text("task_type", task_type)
+        else:
+            spec, timezone = self._text("spec", spec), self._text("timezone", timezone)
+            if anchor is not None:
+                anchor = _epoch_instant("anchor", anchor)
+            task_type = self._text("task_type", task_type)
+        pending = None if rules.sqlite else _plain_jsonb(payload_raw, rules.max_payload_bytes)
+        if pending is None:
+            payload = _json("payload", payload_raw)
+        options = self._options.get(options_raw)
+        if options is None:
+            parsed = _json("options", options_raw)  # a decoding error is raised here, in order
+        # Checks, in PeriodicTaskConfig.create's order.
+        validate_name(name)
+        self._memo(self._task_types, task_type, validate_task_type)
+        payload_json: str | PendingJson = (
+            pending if pending is not None else validate_payload(payload, rules.max_payload_bytes)
+        )
+        if options is None:
+            try:
+                options = _options(parsed, rules.max_payload_bytes)
+            except ConfigError as exc:
+                options = exc
+            self._remember(self._options, options_raw, options)
+        if isinstance(options, ConfigError):
+            raise options
+        opts, options_json = options
+        if anchor is None:
+            self._memo(self._schedules, (spec, timezone), lambda st: validate_schedule(*st, None))
+        else:
+            validate_schedule(spec, timezone, anchor)
+        config = PeriodicTaskConfig(
+            name,
+            spec,
+            task_type,
+            options=opts,
+            timezone=timezone,
+            anchor=anchor,
+            schedule_id=raw[0],
+            effective_at=self._effective_at(raw[_EFFECTIVE]),
+            payload_json=payload_json,
+            options_json=options_json,
+            revision=raw[N_JUDGED] if len(raw) > N_JUDGED else None,
+        )
+        if rules.check is not None:
+            rules.check(config)
+        return config
+
+    def _text(self, name: str, value: Any) -> Any:
+        """A text column, decoded and shared with every row that holds the same text."""
+        if type(value) is not str:
+            value = _utf8(name, value)
+            if type(value) is not str:
+                return value  # None or another type: the checks name it
+        shared = self._strings.get(value)
+        if shared is None:
+            self._remember(self._strings, value, value)
+            return value
+        return shared
+
+    def _memo(self, memo: dict[Any, ConfigError | None], value: Any, check: Callable[[Any], Any]) -> None:
+        try:
+            verdict = memo[value]
+        except KeyError:
+            try:
+                check(value)
+                verdict = None
+            except ConfigError as exc:
+                verdict = exc
+            except TypeError:  # unhashable or odd: checked, not remembered
+                raise
+            self._remember(memo, value, verdict)
+        if verdict is not None:
+            raise verdict
+
+    def _effective_at(self, value: Any) -> datetime:
+        instant = self._instants.get(value)
+        if instant is None:
+            instant = effective_at(self.rules.sqlite, value)
+            if value is not None:
+                self._remember(self._instants, value, instant)
+        return instant
+
+    def _remember(self, memo: dict[Any, Any], key: Any, value: Any) -> None:
+        if len(memo) >= self.MEMO_MAX:
+            memo.clear()
+        memo[key] = value
 
 
 def effective_at(sqlite: bool, value: Any) -> datetime:

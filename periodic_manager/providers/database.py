@@ -6,16 +6,26 @@ garbage and decides per row "usable config, disabled, or RowError" — the same 
 shows. A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so
 the manager can log it once per (row, content); every other row is returned. Any failure to read
 the table is raised as :class:`~periodic_manager.errors.ProviderError`.
+
+Cost follows change. Every row carries a ``revision`` (a trigger bumps it on each write), and
+each config keeps the revision it was read at. A manager hands the provider ``known`` (the
+config it holds for a row id): a full read first lists ``(id, revision)`` and reads the columns
+only of rows whose revision differs from what is known, so a full reconcile of 100,000 unchanged
+rows is one narrow query. On PostgreSQL the rows are read with the driver itself, through a
+cursor in partitions that are judged as they arrive: no result of a million rows is ever held,
+and the event loop is never held for long.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, delete, func, select
+from sqlalchemy import BigInteger, Select, any_, bindparam, delete, func, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig
@@ -24,19 +34,19 @@ from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ProviderError
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
 
-YIELD_EVERY = 500
-# Rows are read through a cursor in partitions of this many: one result of 100,000 rows read at
-# once blocks the event loop for half a second (decoding and row building), which a leader
-# proving its leadership every second cannot afford.
-FETCH_PARTITION = 1000
+# Rows are read in partitions of this many, each judged before the next is read.
+FETCH_PARTITION = 2000
+# Ids per query when the columns of changed rows are read by id.
+IDS_PER_QUERY = 5000
 Verdict = PeriodicTaskConfig | RowError | None
+Known = Callable[[int], PeriodicTaskConfig | None]
 
 
 class DatabaseProvider:
     """A :class:`~periodic_manager.providers.base.ConfigProvider` reading ``periodic_jobs``.
 
-    One SELECT per call; the engine's pool supplies the connection and gets it back before the
-    rows are validated, so validation time never holds a connection.
+    ``known``: set by the manager to look up the config it holds for a row id; rows whose
+    revision matches are not read again (see the module doc).
     """
 
     def __init__(
@@ -54,11 +64,23 @@ class DatabaseProvider:
         self.check = check
         self._sqlite = engine.dialect.name == "sqlite"
         self.rules = dbrows.Rules(self._sqlite, max_payload_bytes, check)
-        # row id -> (raw row, its verdict): an unchanged row is not judged again, and comes
-        # back as the same object (the manager then skips hashing it).
-        self._cache: dict[int, tuple[tuple[Any, ...], Verdict]] = {}
-        self._query = _build_query(self._sqlite)
-        self._changed_query = _build_query(self._sqlite, changed=True)
+        self._judge = dbrows.RowJudge(self.rules)
+        self.known: Known | None = None
+        # Rejected rows by id, with the revision they were judged at: a bad row is not judged
+        # again until it changes (good rows are remembered by the manager's entries).
+        self._errors: dict[int, tuple[int, RowError]] = {}
+        t = PeriodicJob.__table__.c
+        cols = [*dbrows.columns(self._sqlite), t.revision]
+        self._full = select(*cols).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
+        self._changed = select(*cols).where(t.revision > bindparam("since")).order_by(t.id)
+        if self._sqlite:
+            by_ids = t.id.in_(bindparam("ids", expanding=True))
+        else:  # one array parameter: the statement text stays the same whatever the count
+            by_ids = t.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))
+        self._by_ids = select(*cols).where(by_ids).order_by(t.id)
+        self._revisions = (
+            select(t.id, t.revision).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
+        )
 
     async def get_configs(self) -> ProviderSnapshot:
         """Every enabled, valid row as a config, and a RowError for each enabled, invalid row.
@@ -68,73 +90,106 @@ class DatabaseProvider:
         Raises ProviderError if the table cannot be read (connection refused, timeout, missing
         table or database, ...).
         """
+        configs: list[PeriodicTaskConfig] = []
+        errors: list[RowError] = []
+        errors_before, self._errors = self._errors, {}
         try:
             async with self.engine.connect() as conn:
                 revision = await _current_revision(conn)
-                rows = await _fetch(conn, self._query)
+                if self.known is None:
+                    # Nothing held yet (a cold start): one read of every column.
+                    async for part in self._stream(conn, self._full):
+                        self._sort(part, configs, errors)
+                        await asyncio.sleep(0)
+                else:
+                    stale = await self._reuse(conn, configs, errors, errors_before)
+                    for i in range(0, len(stale), IDS_PER_QUERY):
+                        params = {"ids": stale[i : i + IDS_PER_QUERY]}
+                        async for part in self._stream(conn, self._by_ids, params):
+                            self._sort(part, configs, errors)
+                            await asyncio.sleep(0)
         except Exception as exc:
             # Drivers raise a spread of types here (SQLAlchemy's wrappers, but also OSError,
             # TimeoutError and driver-native errors raised while connecting). Whatever stops the
             # read is a provider failure: the manager keeps its entries and retries.
+            self._errors = errors_before
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
-        configs: list[PeriodicTaskConfig] = []
-        errors: list[RowError] = []
-        previous, self._cache = self._cache, {}
-        for i, row in enumerate(rows):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # judging 100,000 rows must not starve the event loop
-            result = self._cached_judge(tuple(row), previous)
-            if isinstance(result, RowError):
-                errors.append(result)
-            elif result is not None:
-                configs.append(result)
+        configs.sort(key=_row_id)
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
-    def _cached_judge(
-        self, raw: tuple[Any, ...], previous: dict[int, tuple[tuple[Any, ...], Verdict]]
-    ) -> Verdict:
-        row_id = raw[0]
-        hit = previous.get(row_id)
-        result = hit[1] if hit is not None and hit[0] == raw else dbrows.judge(self.rules, raw)
-        self._cache[row_id] = (raw, result)
-        return result
+    async def _reuse(
+        self,
+        conn: AsyncConnection,
+        configs: list[PeriodicTaskConfig],
+        errors: list[RowError],
+        errors_before: dict[int, tuple[int, RowError]],
+    ) -> list[int]:
+        """Keep what is known at its revision; return the ids whose columns must be read."""
+        known = self.known
+        assert known is not None
+        stale: list[int] = []
+        async for part in self._stream(conn, self._revisions):
+            for row_id, revision in part:
+                config = known(row_id)
+                if config is not None and config.revision == revision:
+                    configs.append(config)
+                    continue
+                bad = errors_before.get(row_id)
+                if bad is not None and bad[0] == revision:
+                    self._errors[row_id] = bad
+                    errors.append(bad[1])
+                    continue
+                stale.append(row_id)
+            await asyncio.sleep(0)
+        return stale
+
+    def _sort(self, part: Sequence[Any], configs: list[PeriodicTaskConfig], errors: list[RowError]) -> None:
+        judge = self._judge
+        for raw in part:
+            verdict = judge(raw)
+            if isinstance(verdict, PeriodicTaskConfig):
+                configs.append(verdict)
+            elif verdict is not None:
+                errors.append(verdict)
+                self._errors[raw[0]] = (raw[dbrows.N_JUDGED], verdict)
 
     async def get_changes(self, since: int) -> ChangeSet | None:
         """What changed after revision ``since``: None (one indexed query) when nothing did."""
+        configs: list[PeriodicTaskConfig] = []
+        errors: list[RowError] = []
+        removed: list[str] = []
         try:
             async with self.engine.connect() as conn:
                 revision = await _current_revision(conn)
                 if revision <= since:
                     return None
-                rows = await _fetch(conn, self._changed_query, {"since": since})
                 deleted = (
                     (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since)))
                     .scalars()
                     .all()
                 )
+                if 0 in deleted:  # TRUNCATE: no tombstone per row, read everything
+                    return ChangeSet(revision=revision, full=True)
+                async for part in self._stream(conn, self._changed, {"since": since}):
+                    for raw in part:
+                        self._errors.pop(raw[0], None)
+                        verdict = self._judge(raw)
+                        if verdict is None:  # disabled
+                            removed.append(str(raw[0]))
+                        elif isinstance(verdict, RowError):
+                            errors.append(verdict)
+                            self._errors[raw[0]] = (raw[dbrows.N_JUDGED], verdict)
+                        else:
+                            configs.append(verdict)
+                    await asyncio.sleep(0)  # a bulk INSERT of 100,000 rows must not hold the loop
         except Exception as exc:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
-        if 0 in deleted:  # TRUNCATE: no tombstone per row, read everything
-            return ChangeSet(revision=revision, full=True)
-        configs: list[PeriodicTaskConfig] = []
-        errors: list[RowError] = []
-        removed = [str(i) for i in deleted]
         for row_id in deleted:
-            self._cache.pop(row_id, None)
-        for i, row in enumerate(rows):
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # a bulk INSERT of 100,000 rows must not starve the loop
-            result = self._cached_judge(tuple(row), self._cache)
-            if result is None:  # disabled
-                removed.append(str(row[0]))
-                self._cache.pop(row[0], None)
-            elif isinstance(result, RowError):
-                errors.append(result)
-            else:
-                configs.append(result)
+            self._errors.pop(row_id, None)
         present = {c.key for c in configs} | {str(e.schedule_id) for e in errors}
         # A deleted id that was written again after its deletion is present, not removed.
-        removed = [k for k in dict.fromkeys(removed) if k not in present]
+        gone = [str(i) for i in deleted] + removed
+        removed = [k for k in dict.fromkeys(gone) if k not in present]
         return ChangeSet(revision=revision, configs=configs, errors=errors, removed=removed)
 
     async def prune_tombstones(self, older_than: datetime) -> int:
@@ -145,26 +200,35 @@ class DatabaseProvider:
             )
         return int(result.rowcount or 0)
 
+    async def _stream(
+        self, conn: AsyncConnection, query: Select[Any], params: dict[str, Any] | None = None
+    ) -> AsyncIterator[Sequence[Any]]:
+        """The rows of ``query`` in partitions of FETCH_PARTITION.
 
-def _build_query(sqlite: bool, *, changed: bool = False) -> Select[Any]:
-    """Full read: every row not surely disabled (the judge decides). Changed read: every row
-    with ``revision > :since``, so rows disabled since can be removed."""
-    t = PeriodicJob.__table__.c
-    query = select(*dbrows.columns(sqlite)).order_by(t.id)
-    if changed:
-        return query.where(t.revision > bindparam("since"))
-    return query.where(dbrows.not_disabled(sqlite))
+        PostgreSQL: the driver's own cursor (asyncpg records, no SQLAlchemy row objects: half
+        the cost per row); SQLite: SQLAlchemy's partitions."""
+        if self._sqlite:
+            result = await conn.stream(query.execution_options(yield_per=FETCH_PARTITION), params)
+            async for part in result.partitions():
+                yield part
+            return
+        compiled = query.compile(dialect=conn.dialect)
+        values = compiled.construct_params(params or {})
+        args = [values[name] for name in compiled.positiontup or ()]
+        raw = await conn.get_raw_connection()
+        driver = raw.driver_connection
+        assert driver is not None
+        # A cursor lives in a transaction; SQLAlchemy has begun one (the revision was read).
+        async with contextlib.AsyncExitStack() as stack:
+            if not driver.is_in_transaction():
+                await stack.enter_async_context(driver.transaction())
+            cursor = await driver.cursor(str(compiled), *args)
+            while part := await cursor.fetch(FETCH_PARTITION):
+                yield part
 
 
-async def _fetch(
-    conn: AsyncConnection, query: Select[Any], params: dict[str, Any] | None = None
-) -> list[Any]:
-    """Every row of ``query``, read through a cursor in partitions of FETCH_PARTITION."""
-    rows: list[Any] = []
-    result = await conn.stream(query.execution_options(yield_per=FETCH_PARTITION), params)
-    async for part in result.partitions():
-        rows.extend(part)
-    return rows
+def _row_id(config: PeriodicTaskConfig) -> Any:
+    return config.schedule_id
 
 
 async def _current_revision(conn: AsyncConnection) -> int:

@@ -13,9 +13,10 @@ target without its own ``prepare``/``send`` gets the default (:class:`TargetBase
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -40,27 +41,59 @@ def task_id_for(idempotency_key: str) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-@dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
-class Task:
-    """One enqueue: a slot of a schedule, ready for a worker."""
+_UNPARSED: Any = object()
 
-    id: str
-    name: str
-    task_type: str
-    payload: Any
-    queue: str
-    options: Mapping[str, Any]
-    idempotency_key: str
-    scheduled_at: datetime
-    # After this instant no manager may still enqueue the slot (scheduled_at + grace, or the
-    # catch-up window); targets keep their claim of the key at least until then.
-    expires_at: datetime
-    schedule_id: int | str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    # Canonical JSON of payload and options, when the caller has it already (the scheduler keeps
-    # it per entry, so a burst does not serialize the same payload once per slot).
-    payload_json: str | None = None
-    options_json: str | None = None
+
+class Task:
+    """One enqueue: a slot of a schedule, ready for a worker.
+
+    ``expires_at``: after this instant no manager may still enqueue the slot (scheduled_at +
+    grace, or the catch-up window); targets keep their claim of the key at least until then.
+    ``payload_json``/``options_json``: canonical JSON when the caller has it already (a burst
+    never serializes a payload per slot); ``payload`` is then parsed only if a target asks for it
+    (the Redis and outbox targets send the text as it is).
+    """
+
+    __slots__ = (
+        "id", "name", "task_type", "_payload", "queue", "options", "idempotency_key",
+        "scheduled_at", "expires_at", "schedule_id", "extra", "payload_json", "options_json",
+    )
+
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - the message field's name
+        name: str,
+        task_type: str,
+        payload: Any,
+        queue: str,
+        options: Mapping[str, Any],
+        idempotency_key: str,
+        scheduled_at: datetime,
+        expires_at: datetime,
+        schedule_id: int | str | None = None,
+        extra: Mapping[str, Any] | None = None,
+        payload_json: str | None = None,
+        options_json: str | None = None,
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.task_type = task_type
+        self._payload = payload
+        self.queue = queue
+        self.options = options
+        self.idempotency_key = idempotency_key
+        self.scheduled_at = scheduled_at
+        self.expires_at = expires_at
+        self.schedule_id = schedule_id
+        self.extra = extra if extra is not None else {}
+        self.payload_json = payload_json
+        self.options_json = options_json
+
+    @property
+    def payload(self) -> Any:
+        if self._payload is _UNPARSED:
+            self._payload = json.loads(self.payload_json)  # type: ignore[arg-type]
+        return self._payload
 
     def payload_text(self) -> str:
         """The payload as canonical JSON text."""
@@ -70,6 +103,21 @@ class Task:
         """The options as canonical JSON text."""
         return self.options_json if self.options_json is not None else canonical_json(dict(self.options))
 
+    def replace(self, **changes: Any) -> Task:
+        """A copy with ``changes`` applied."""
+        values = {name: getattr(self, name) for name in _TASK_FIELDS}
+        values.update(changes)
+        return Task(**values)
+
+    def __repr__(self) -> str:
+        return f"Task(name={self.name!r}, idempotency_key={self.idempotency_key!r}, queue={self.queue!r})"
+
+
+_TASK_FIELDS = (
+    "id", "name", "task_type", "payload", "queue", "options", "idempotency_key", "scheduled_at",
+    "expires_at", "schedule_id", "extra", "payload_json", "options_json",
+)
+
 
 def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expires_at: datetime) -> Task:
     """The task a schedule sends under idempotency key ``key`` (a slot, or a manual trigger)."""
@@ -77,7 +125,7 @@ def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expir
         id=task_id_for(key),
         name=config.name,
         task_type=config.task_type,
-        payload=config.payload,
+        payload=_UNPARSED,
         queue=config.queue,
         options=config.options,
         idempotency_key=key,

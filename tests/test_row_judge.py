@@ -1,0 +1,75 @@
+"""The provider's RowJudge (memos for repeated values, shared strings) gives exactly the verdict
+of rows.judge for every row, valid or not, on both backends' raw shapes, including rows that
+repeat a value another row had (a memo hit) with a different fault elsewhere."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.db import rows as dbrows
+from periodic_manager.providers.base import RowError
+
+NAMES = ["job.a", "bad name!", ""]
+SPECS = ["*/5 * * * *", "0 0 31 2 *", "@every 90s", "61 * * * *"]
+ZONES = ["UTC", "Europe/Berlin", "Mars/Olympus"]
+TYPES = ["reports.build", "", "x" * 300]
+PAYLOADS = ['{"n": 1}', "not json", "null", '"' + "x" * 80 + '"']
+OPTIONS = ["{}", '{"queue": "q"}', '{"queu": "q"}', "[1]", "nope", None, '{"timeout": 1e300}']
+EFFECTIVE = ["1764547200.5", None, "Infinity"]
+
+
+def pg_rows() -> list[tuple[Any, ...]]:
+    out = []
+    combos = itertools.product(NAMES, SPECS, ZONES, TYPES, PAYLOADS, OPTIONS, EFFECTIVE)
+    for i, (name, spec, zone, task_type, payload, options, eff) in enumerate(combos):
+        if i % 7:  # a spread sample, repeating every value many times
+            continue
+        out.append((i, True, name, spec, zone, None, task_type, payload, options, eff, i * 10))
+    return out
+
+
+def sqlite_rows() -> list[tuple[Any, ...]]:
+    def b(v: Any) -> Any:
+        return v.encode() if isinstance(v, str) else v
+
+    rows = [tuple(b(v) if 1 < k < 10 else v for k, v in enumerate(r)) for r in pg_rows()]
+    rows = [(r[0], b"1", *r[2:]) for r in rows]
+    # SQLite-only faults: bytes that are not UTF-8, an 'enabled' that is not 0/1.
+    rows.append((10**6, b"1", b"\xff\xfe", b"* * * * *", b"UTC", None, b"t", b"1", b"{}", None, 1))
+    rows.append((10**6 + 1, b"yes", b"ok", b"* * * * *", b"UTC", None, b"t", b"1", b"{}", None, 2))
+    return rows
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, PeriodicTaskConfig) and isinstance(b, PeriodicTaskConfig):
+        return a == b and a.effective_at == b.effective_at and b.revision is not None
+    if isinstance(a, RowError) and isinstance(b, RowError):
+        return (a.schedule_id, a.field, a.reason, a.code, a.content_hash) == (
+            b.schedule_id, b.field, b.reason, b.code, b.content_hash
+        )
+    return a is None and b is None
+
+
+@pytest.mark.parametrize("sqlite", [False, True], ids=["postgresql", "sqlite"])
+def test_the_memoising_judge_agrees_with_judge_on_every_row(sqlite: bool) -> None:
+    rules = dbrows.Rules(sqlite, max_payload_bytes=64)
+    fast = dbrows.RowJudge(rules)
+    rows = sqlite_rows() if sqlite else pg_rows()
+    verdicts = [(dbrows.judge(rules, r), fast(r)) for r in rows + rows]  # twice: memo hits
+    assert len(rows) > 300
+    assert sum(isinstance(a, PeriodicTaskConfig) for a, _ in verdicts) > 10
+    assert sum(isinstance(a, RowError) for a, _ in verdicts) > 100
+    mismatches = [(r[0], a, b) for r, (a, b) in zip(rows + rows, verdicts, strict=True) if not same(a, b)]
+    assert mismatches == []
+
+
+def test_repeated_texts_are_shared_between_configs() -> None:
+    fast = dbrows.RowJudge(dbrows.Rules(False))
+    a = fast((1, True, "a", "*/5 * * * *", "UTC", None, "t", "1", '{"queue": "q"}', None, 1))
+    b = fast((2, True, "b", "".join(["*/5", " * * * *"]), "UTC", None, "t", "2", '{"queue": "q"}', None, 1))
+    assert isinstance(a, PeriodicTaskConfig) and isinstance(b, PeriodicTaskConfig)
+    assert a.spec is b.spec and a.options is b.options
