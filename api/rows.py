@@ -58,7 +58,7 @@ def rules(request: Request, session: AsyncSession) -> dbrows.Rules:
 
 
 def rules_for(settings: Settings, sqlite: bool) -> dbrows.Rules:
-    configured = tuple(settings.configured_targets())
+    configured = settings.configured_targets()
 
     def check(config: PeriodicTaskConfig) -> None:
         validate_target(config.options, configured)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.schemas import ScheduleRowError
+from api.schemas import OverlapState, PreviousTask, ScheduleRowError
 from api.schemas import ScheduleState as ScheduleStateOut
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 
@@ -44,6 +44,7 @@ async def schedule_state(session: AsyncSession, schedule_key: str) -> ScheduleSt
             "duplicate": st.duplicate_count,
             "skipped": st.skipped_count,
             "failed": st.failed_count,
+            "held": st.held_count,
         },
     )
 
@@ -63,3 +64,36 @@ async def schedule_errors(
     )
     rows = (await session.execute(stmt)).all()
     return [ScheduleRowError(manager_id=m, message=msg or "rejected") for m, msg in rows]
+
+
+async def schedule_overlap(
+    session: AsyncSession, schedule_key: str, cutoff: datetime
+) -> OverlapState | None:
+    """The held slot and previous task live managers publish for a schedule (options.overlap):
+    the leader's first, else the manager that heard from its target last."""
+    stmt = (
+        select(
+            Entry.manager_id,
+            Entry.held_slot_at,
+            Entry.previous_task_id,
+            Entry.previous_task_state,
+        )
+        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .where(
+            Entry.schedule_key == schedule_key,
+            Entry.status == "active",
+            Manager.heartbeat_at >= cutoff,
+            or_(Entry.held_slot_at.is_not(None), Entry.previous_task_state.is_not(None)),
+        )
+        .order_by(Manager.is_leader.desc(), Entry.manager_id)
+        .limit(1)
+    )
+    row = (await session.execute(stmt)).first()
+    if row is None:
+        return None
+    manager_id, held_slot, task_id, state = row
+    return OverlapState(
+        manager_id=manager_id,
+        held_slot=held_slot,
+        previous_task=PreviousTask(task_id=task_id, state=state),
+    )

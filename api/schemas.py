@@ -48,7 +48,10 @@ Anchor = Annotated[
     Field(description="instant that phases an `@every` interval (needs a UTC offset)"),
 ]
 PAYLOAD_DOC = "any JSON value handed to the task"
-OPTIONS_DOC = "queue, max_retry, timeout, unique_ttl, extra"
+OPTIONS_DOC = (
+    "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
+    "(allow, skip, hold), overlap_timeout, extra"
+)
 
 
 class ScheduleCreate(BaseModel):
@@ -144,7 +147,7 @@ class ScheduleState(BaseModel):
     last_status: str | None
     last_error: str | None
     counts: dict[str, int] = Field(
-        examples=[{"enqueued": 3, "duplicate": 0, "skipped": 0, "failed": 0}]
+        examples=[{"enqueued": 3, "duplicate": 0, "skipped": 0, "failed": 0, "held": 0}]
     )
 
 
@@ -153,11 +156,33 @@ class ScheduleRowError(BaseModel):
     message: str
 
 
+class PreviousTask(BaseModel):
+    task_id: str | None = Field(description="the task id (null: none known yet)")
+    state: str | None = Field(
+        description="as the manager last saw it: queued, running, unfinished (queued or "
+        "running: the target cannot tell which) or finished",
+        examples=["running"],
+    )
+
+
+class OverlapState(BaseModel):
+    manager_id: str = Field(description="the live manager that reports it (the leader first)")
+    held_slot: datetime | None = Field(
+        description="options.overlap hold: the slot held while the previous task runs"
+    )
+    previous_task: PreviousTask
+
+
 class ScheduleDetail(ScheduleWithRuns):
     state: ScheduleState | None = Field(description="runtime state written by the managers")
     errors: list[ScheduleError] = Field(
         description="the API's judgement of the stored row (`source: api`, as in the list), then "
         "what live managers report about it (`source: manager`, e.g. a rejection they logged)"
+    )
+    overlap: OverlapState | None = Field(
+        None,
+        description="options.overlap skip or hold: the held slot and the previous task, as a "
+        "live manager reports them (null: no manager reports any)",
     )
 
 
@@ -186,6 +211,12 @@ class EntryOut(BaseModel):
     manager_is_leader: bool
     manager_heartbeat_at: datetime
     registered_at: datetime
+    held_slot: datetime | None = Field(
+        None, description="options.overlap hold: the slot held while the previous task runs"
+    )
+    previous_task: PreviousTask | None = Field(
+        None, description="options.overlap skip or hold: the schedule's last task, as last seen"
+    )
 
 
 class EntryList(BaseModel):
@@ -224,7 +255,9 @@ class Problem(BaseModel):
 class RunOut(BaseModel):
     id: int
     slot_at: datetime = Field(description="the slot (for a manual trigger: when it was asked)")
-    status: str = Field(examples=["enqueued", "duplicate", "skipped", "failed", "triggered"])
+    status: str = Field(
+        examples=["enqueued", "duplicate", "skipped", "failed", "held", "triggered"]
+    )
     at: datetime = Field(description="when the manager (or the API) handled it")
     lateness_ms: int = Field(description="at - slot_at, in milliseconds")
     message_id: str | None

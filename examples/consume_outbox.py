@@ -14,6 +14,11 @@ consumers can run side by side; each row goes to one of them.
 
 SQLite has no row locks and no SKIP LOCKED: run ONE consumer at a time per database there (two
 would read the same rows before either commits).
+
+``processed_at`` is also what tells the manager that a task has finished, for schedules with
+``options.overlap`` skip or hold (it is set when the batch commits: ``--batch 1`` for long tasks).
+``--work-s S`` stands in for real work (each message takes S seconds; the printed line then also
+says when the work started and finished).
 """
 
 from __future__ import annotations
@@ -102,8 +107,16 @@ async def mark_processed(conn: AsyncConnection, seqs: list[int]) -> None:
     await conn.execute(update(outbox).where(outbox.c.seq.in_(seqs)).values(processed_at=now))
 
 
-def handle(message: dict[str, Any]) -> None:
+def utc_now() -> str:
+    return utc_iso(datetime.now(UTC))
+
+
+async def handle(message: dict[str, Any], work_s: float) -> None:
     """Do the work. Here: print the message; ``payload`` and ``options`` are JSON text."""
+    if work_s:
+        message["work_started_at"] = utc_now()
+        await asyncio.sleep(work_s)
+        message["work_finished_at"] = utc_now()
     print(json.dumps(message, ensure_ascii=False, sort_keys=True), flush=True)
 
 
@@ -116,7 +129,7 @@ async def consume(args: argparse.Namespace) -> int:
             async with engine.begin() as conn:
                 messages = await claim_batch(conn, args.queue, limit)
                 for message in messages:
-                    handle(message)
+                    await handle(message, args.work_s)
                 if messages:
                     await mark_processed(conn, [m["seq"] for m in messages])
             done += len(messages)
@@ -134,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=None, help="stop after N messages")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds when idle")
     parser.add_argument("--batch", type=int, default=100, help="rows per transaction")
+    parser.add_argument("--work-s", type=float, default=0.0, help="seconds of work per message")
     args = parser.parse_args(argv)
     try:
         return asyncio.run(consume(args))

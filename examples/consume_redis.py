@@ -10,6 +10,11 @@ the first worker started are delivered too. Each message is printed as one JSON 
 acknowledged (XACK) - at-least-once: a worker that dies before XACK leaves the message pending,
 and this script first re-reads its own pending messages when it starts again. (Messages pending
 on a consumer that never comes back can be taken over with XAUTOCLAIM; not shown here.)
+
+Acknowledging after the work is also what tells the manager that a task has finished, for
+schedules with ``options.overlap`` skip or hold: set ``PM_REDIS_GROUP`` to this ``--group``.
+``--work-s S`` stands in for real work (each message takes S seconds; the printed line then
+also says when the work started and finished).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import asyncio
 import json
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -28,9 +34,17 @@ def stream_key(prefix: str, queue: str) -> str:
     return f"{{{prefix}:{queue}}}:stream"
 
 
-def handle(stream: str, entry_id: str, fields: dict[str, str]) -> None:
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+async def handle(stream: str, entry_id: str, fields: dict[str, str], work_s: float) -> None:
     """Do the work. Here: print the message; ``payload`` and ``options`` are JSON text."""
     message: dict[str, Any] = {"stream": stream, "entry_id": entry_id, **fields}
+    if work_s:
+        message["work_started_at"] = utc_now()
+        await asyncio.sleep(work_s)
+        message["work_finished_at"] = utc_now()
     print(json.dumps(message, ensure_ascii=False, sort_keys=True), flush=True)
 
 
@@ -60,7 +74,7 @@ async def consume(args: argparse.Namespace) -> int:
                 cursor = ">"
                 continue
             for entry_id, fields in entries:
-                handle(stream, entry_id, fields)
+                await handle(stream, entry_id, fields, args.work_s)
                 await client.xack(stream, args.group, entry_id)
                 done += 1
     finally:
@@ -77,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", default="pm")
     parser.add_argument("--count", type=int, default=None, help="stop after N messages")
     parser.add_argument("--block-ms", type=int, default=5000, help="XREADGROUP BLOCK time")
+    parser.add_argument("--work-s", type=float, default=0.0, help="seconds of work per message")
     args = parser.parse_args(argv)
     try:
         return asyncio.run(consume(args))

@@ -82,7 +82,10 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
             except (OSError, UnicodeDecodeError) as exc:
                 raise FileError(f"{source}: {exc}") from None
             desired = sio.validate(
-                sio.parse(text, fmt, source), source, settings.max_payload_bytes
+                sio.parse(text, fmt, source),
+                source,
+                settings.max_payload_bytes,
+                targets=settings.configured_targets(),
             )
             # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
             asyncio.run(check_database(settings.database_url))

@@ -30,6 +30,10 @@ TARGET_NAMES = ("redis", "outbox", "celery", "arq")
 # skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
 # latest missed slot within the catch-up window is enqueued once.
 MISFIRE_POLICIES = ("skip", "fire_once")
+# What a slot does while the previous task of its schedule is still queued or running: allow
+# (enqueue anyway, the default), skip (record it skipped) or hold (send it once that task has
+# finished, within grace). skip and hold need a target that can tell "finished".
+OVERLAP_POLICIES = ("allow", "skip", "hold")
 
 # Bounds of every number a schedule holds. A duration is added to instants (slot + catch-up
 # window, slot + expires, claim TTLs), so it must stay far inside datetime's range whatever the
@@ -86,6 +90,11 @@ def _check_misfire(v: Any) -> None:
         raise ValueError(f"must be one of {', '.join(MISFIRE_POLICIES)}")
 
 
+def _check_overlap(v: Any) -> None:
+    if v not in OVERLAP_POLICIES:
+        raise ValueError(f"must be one of {', '.join(OVERLAP_POLICIES)}")
+
+
 def _check_word(v: Any) -> None:
     if not isinstance(v, str) or not 0 < len(v) <= 255:
         raise ValueError("must be a string of 1-255 characters")
@@ -128,6 +137,8 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "unique_ttl": _check_seconds,
     "misfire": _check_misfire,
     "catchup_window": _check_seconds,
+    "overlap": _check_overlap,
+    "overlap_timeout": _check_seconds,
     "extra": _check_extra,
     "target": _check_target,
 }
@@ -156,6 +167,10 @@ def _options(options: Any, max_bytes: int) -> tuple[dict[str, Any], str]:
             raise
         except ValueError as exc:
             raise ConfigError(f"options.{key}", str(exc)) from None
+    if "overlap_timeout" in options and overlap_policy(options) == "allow":
+        raise ConfigError(
+            "options.overlap_timeout", "only applies with options.overlap 'skip' or 'hold'"
+        )
     text = check_json("options", options, max_bytes)
     return options, text
 
@@ -219,21 +234,57 @@ def check_text(field: str, text: str) -> None:
         raise ConfigError(field, "must be valid Unicode (unpaired surrogate)") from None
 
 
+def overlap_policy(options: Mapping[str, Any]) -> str:
+    """The schedule's ``options.overlap`` (``allow`` when absent)."""
+    return str(options.get("overlap", "allow"))
+
+
+class TargetSet(tuple[str, ...]):
+    """The targets a deployment runs, the default first, and for each one that cannot tell when
+    a task has finished, why (``no_completion``): ``options.overlap`` skip and hold are refused
+    there. Built by ``Settings.configured_targets()``; a plain tuple of names checks names only.
+    """
+
+    no_completion: dict[str, str]
+
+    def __new__(
+        cls, names: Collection[str], no_completion: Mapping[str, str] | None = None
+    ) -> TargetSet:
+        made = super().__new__(cls, names)
+        made.no_completion = dict(no_completion or {})
+        return made
+
+
 def validate_target(options: Mapping[str, Any], configured: Collection[str] | None) -> None:
-    """Refuse a schedule whose ``options.target`` is not among the ``configured`` targets.
+    """Refuse a schedule whose ``options.target`` is not among the ``configured`` targets, or
+    (when ``configured`` is a :class:`TargetSet`) whose ``options.overlap`` asks for skip or hold
+    on a target without a completion signal.
 
     ``configured=None`` skips the check (code that builds configs without a deployment). The API
     (a 422 at write time) and the manager (a row error at sync time) both use this one check.
     """
     name = options.get("target")
-    if configured is None or name is None or name in configured:
+    if configured is None:
         return
-    raise ConfigError(
-        "options.target",
-        f"target {name!r} is not configured here (configured: {', '.join(configured)}; "
-        "see PM_TARGET and PM_TARGETS)",
-        code="unconfigured-target",
-    )
+    if name is not None and name not in configured:
+        raise ConfigError(
+            "options.target",
+            f"target {name!r} is not configured here (configured: {', '.join(configured)}; "
+            "see PM_TARGET and PM_TARGETS)",
+            code="unconfigured-target",
+        )
+    policy = overlap_policy(options)
+    if policy == "allow" or not isinstance(configured, TargetSet) or not configured:
+        return
+    chosen = name if name is not None else next(iter(configured))
+    why = configured.no_completion.get(chosen)
+    if why is not None:
+        raise ConfigError(
+            "options.overlap",
+            f"{policy!r} needs to know when the previous task has finished, and the {chosen} "
+            f"target cannot tell here: {why}",
+            code="no-completion-signal",
+        )
 
 
 def validate_name(name: Any) -> str:

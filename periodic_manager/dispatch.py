@@ -30,6 +30,7 @@ from periodic_manager.targets.base import (
 )
 
 if TYPE_CHECKING:
+    from periodic_manager.overlap import OverlapGuard
     from periodic_manager.scheduler import ScheduledEntry
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,10 @@ class Dispatcher:
         on_error: ErrorHook | None = None,
         retry_base: float = 0.2,
         retry_max: float = 5.0,
+        overlap: OverlapGuard | None = None,
     ) -> None:
         self.target = target
+        self.overlap = overlap  # options.overlap: busy answers, held slots
         self.clock = clock
         self.writer = writer
         self.backoff = backoff
@@ -118,7 +121,9 @@ class Dispatcher:
         self.on_error = on_error
         self.retry_base = retry_base
         self.retry_max = retry_max
-        self.counts: dict[str, int] = {"enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0}
+        self.counts: dict[str, int] = {
+            "enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0, "held": 0,
+        }  # fmt: skip
         self.progress_at: datetime | None = None  # last sign of life of a send under way
         self._failing = 0  # consecutive failed attempts (one log line per outage)
         self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -152,6 +157,8 @@ class Dispatcher:
         runs: list[RunRecord] = []
         at = self.clock.now()
         counts = self.counts
+        overlap = self.overlap
+        held = overlap.held if overlap is not None else {}
         for entry, res in zip(entries, results, strict=True):
             status = res.status
             if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
@@ -161,6 +168,14 @@ class Dispatcher:
                     "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
                     extra={"schedule": entry.config.name, "slot": slot.isoformat()},
                 )
+            # options.overlap: a target's answer about the previous task, or a held schedule.
+            if overlap is not None and (
+                res.previous is not None or status == "busy" or (held and entry.ident in held)
+            ):
+                for run in overlap.outcome(entry, slot, res, at):  # busy: skipped or held
+                    counts[run.status] += 1
+                    runs.append(run)
+                continue
             counts[status] += 1
             runs.append(RunRecord(entry.key, entry.config.name, slot, status, at, res.message_id, res.error))
         log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
@@ -172,6 +187,8 @@ class Dispatcher:
         for entry in entries:
             entry.last_error = str(exc)
         self.counts["failed"] += len(tasks)
+        if self.overlap is not None:
+            self.overlap.drop(entries, slot)
         log.error(
             "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,
             extra={"slot": slot.isoformat(), "batch": len(tasks)},

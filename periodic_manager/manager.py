@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from periodic_manager import __version__, catchup, gcpolicy
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig
-from periodic_manager.errors import NotFoundError
+from periodic_manager.errors import ConfigError, NotFoundError
 from periodic_manager.leadership import AlwaysLeader, Leadership
 from periodic_manager.metrics import ManagerMetrics
 from periodic_manager.providers.base import ConfigProvider, StaticProvider
@@ -42,7 +42,7 @@ from periodic_manager.scheduler import (
     Scheduler,
 )
 from periodic_manager.sync import Reconciler, SyncReport
-from periodic_manager.targets.base import Target
+from periodic_manager.targets.base import Target, completion_off
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,9 @@ class PeriodicTaskManager:
             checked=_reraise_if_cancelled,
             quiet=self._no_sync,
         )
+        # options.overlap: held slots and previous tasks are published with their entries.
+        self.publisher.views = self.scheduler.overlap.view
+        self.scheduler.overlap.changed = self.publisher.upsert
         self.reconciler = Reconciler(self.scheduler, self.publisher, checked=_reraise_if_cancelled)
         self._sync_requested = asyncio.Event()
         self._sync_lock = asyncio.Lock()
@@ -271,7 +274,18 @@ class PeriodicTaskManager:
     # -- code API ----------------------------------------------------------------------------
 
     def register(self, config: PeriodicTaskConfig) -> ScheduledEntry:
-        """Register a schedule from code (kept across syncs until :meth:`unregister`)."""
+        """Register a schedule from code (kept across syncs until :meth:`unregister`).
+
+        Raises ConfigError (``options.overlap``) when the schedule asks for skip or hold and its
+        target cannot tell when a task finished."""
+        why = completion_off(self.target, config.options)
+        if why is not None:
+            raise ConfigError(
+                "options.overlap",
+                f"{config.options.get('overlap')!r} needs to know when the previous task has "
+                f"finished, and the target cannot tell: {why}",
+                code="no-completion-signal",
+            )
         old = self.scheduler.get(config.key)
         entry = self.scheduler.register(config)
         if old is not None and old.entry_id != entry.entry_id:
@@ -436,7 +450,8 @@ class PeriodicTaskManager:
             self._registered = False
 
     def _all_records(self) -> list[EntryRecord]:
-        records = [entry_record(e) for e in self.scheduler.entries()]
+        view = self.scheduler.overlap.view
+        records = [entry_record(e, view(e.ident)) for e in self.scheduler.entries()]
         return records + list(self.reconciler.row_errors.values())
 
     async def wait_settled(self, instant: datetime) -> None:

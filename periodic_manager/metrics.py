@@ -84,6 +84,7 @@ class ManagerMetrics(Collector):
         self._manager = manager
         self._lock = threading.Lock()  # scrapes may come from another thread (metrics port)
         self._runs: dict[tuple[str, str], int] = {}  # (queue, status) -> count
+        self._reasons: dict[tuple[str, str, str], int] = {}  # (queue, status, reason) -> count
         self._lateness: dict[str, _Histogram] = {}  # queue -> lateness of enqueued slots
         self._sync = _Histogram(SYNC_BUCKETS_S)
         self._syncs: dict[str, int] = {"ok": 0, "error": 0}
@@ -97,16 +98,22 @@ class ManagerMetrics(Collector):
     def observe_runs(self, runs: Sequence[RunRecord]) -> None:
         """Count a batch of slot outcomes by queue and status; lateness of enqueued slots."""
         counts: dict[tuple[str, str], int] = {}
+        reasons: dict[tuple[str, str, str], int] = {}
         lateness: dict[tuple[str, float], int] = {}
         for run in runs:
             queue = self._queue_of(run.schedule_key)
             counts[(queue, run.status)] = counts.get((queue, run.status), 0) + 1
+            if run.reason is not None:
+                why = (queue, run.status, run.reason)
+                reasons[why] = reasons.get(why, 0) + 1
             if run.status in ("enqueued", "duplicate"):
                 late = max(0.0, (run.at.astimezone(UTC) - run.slot.astimezone(UTC)).total_seconds())
                 lateness[(queue, late)] = lateness.get((queue, late), 0) + 1
         with self._lock:
             for key, n in counts.items():
                 self._runs[key] = self._runs.get(key, 0) + n
+            for why, n in reasons.items():
+                self._reasons[why] = self._reasons.get(why, 0) + n
             for (queue, late), n in lateness.items():
                 hist = self._lateness.get(queue)
                 if hist is None:
@@ -142,8 +149,14 @@ class ManagerMetrics(Collector):
         runs = CounterMetricFamily(
             f"{PREFIX}_slots",
             "Slots handled by this manager, by queue and outcome "
-            "(enqueued, duplicate, skipped as too late, failed)",
+            "(enqueued, duplicate, skipped, failed, held)",
             labels=["queue", "status"],
+        )
+        by_reason = CounterMetricFamily(
+            f"{PREFIX}_slots_by_reason",
+            "Slots skipped, held or sent for a reason, by queue, outcome and reason (late; "
+            "overlap, overlap-replaced, overlap-expired, overlap-released, overlap-timeout)",
+            labels=["queue", "status", "reason"],
         )
         lateness = HistogramMetricFamily(
             f"{PREFIX}_enqueue_lateness_seconds",
@@ -155,6 +168,8 @@ class ManagerMetrics(Collector):
         with self._lock:
             for (queue, status), n in sorted(self._runs.items()):
                 runs.add_metric([queue, status], float(n))
+            for (queue, status, reason), n in sorted(self._reasons.items()):
+                by_reason.add_metric([queue, status, reason], float(n))
             for queue, hist in sorted(self._lateness.items()):
                 buckets, total = hist.export()
                 lateness.add_metric([queue], buckets, total)
@@ -162,7 +177,7 @@ class ManagerMetrics(Collector):
             sync.add_metric([], buckets, total)
             for result, n in sorted(self._syncs.items()):
                 syncs.add_metric([result], float(n))
-        yield from (runs, lateness, sync, syncs)
+        yield from (runs, by_reason, lateness, sync, syncs)
         yield GaugeMetricFamily(
             f"{PREFIX}_entries", "Entries registered in the scheduler", value=_entry_count(m)
         )

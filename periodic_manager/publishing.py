@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from periodic_manager.config import content_hash
 from periodic_manager.registry import EntryRecord, RuntimeStore
@@ -25,9 +25,19 @@ log = logging.getLogger(__name__)
 SLICE = 5000  # entries per write
 
 
-def entry_record(entry: ScheduledEntry) -> EntryRecord:
+def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
+    """The published record of ``entry``; ``view``: its :class:`~periodic_manager.overlap.View`
+    (options.overlap skip and hold), if any."""
     cfg = entry.config
     key, digest = cfg.key, content_hash(cfg)
+    if view is not None:
+        return EntryRecord(
+            entry_id=f"{key}-{digest[:12]}", schedule_key=key, name=cfg.name,
+            content_hash=digest, status="active", registered_at=entry.registered_at,
+            spec=cfg.spec, timezone=cfg.timezone, anchor=cfg.anchor, task_type=cfg.task_type,
+            queue=cfg.queue, held_slot=view.held_slot, previous_task_id=view.previous_task_id,
+            previous_task_state=view.previous_task_state,
+        )  # fmt: skip
     return EntryRecord(
         entry_id=f"{key}-{digest[:12]}",
         schedule_key=key,
@@ -65,6 +75,8 @@ class EntryPublisher:
         self._records: dict[str, EntryRecord | None] = {}  # None: removed
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()
+        # ident -> the schedule's overlap view (set by the manager: the scheduler's OverlapGuard).
+        self.views: Callable[[int | str], Any] = lambda ident: None
         self._quiet = quiet  # awaited before each write: a sync under way goes first
 
     def upsert(self, item: ScheduledEntry | EntryRecord) -> None:
@@ -102,7 +114,7 @@ class EntryPublisher:
         written = {rec.entry_id for rec in records.values() if rec is not None}
         async with self._lock:
             for i in range(0, len(live), SLICE):
-                part = [entry_record(entry) for entry in live[i : i + SLICE]]
+                part = [entry_record(e, self.views(e.ident)) for e in live[i : i + SLICE]]
                 written.update(rec.entry_id for rec in part)
                 await self.call(self.store.apply_entries(self.manager_id, part, []), "publishing entries")
             # Error records, then removals (an id removed and then written again stays).

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
 
-RunStatus = Literal["enqueued", "duplicate", "skipped", "failed"]
+# held: options.overlap hold kept the slot while the schedule's previous task runs (the slot
+# then gets a second run: enqueued once that task finished, or skipped).
+RunStatus = Literal["enqueued", "duplicate", "skipped", "failed", "held"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,9 @@ class EntryRecord:
     task_type: str | None = None
     queue: str | None = None
     last_error: str | None = None
+    held_slot: datetime | None = None  # options.overlap hold: the slot held now
+    previous_task_id: str | None = None  # options.overlap: the schedule's last task...
+    previous_task_state: str | None = None  # ...as last seen (queued, running, finished, ...)
 
 
 @dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
@@ -64,6 +69,9 @@ class RunRecord:
     at: datetime
     message_id: str | None = None
     error: str | None = None
+    # Why a slot was skipped or held, for the metrics: late, overlap (skip policy), overlap
+    # (held), overlap-replaced, overlap-expired, overlap-released, overlap-timeout.
+    reason: str | None = None
 
 
 @dataclass(slots=True)

@@ -14,7 +14,10 @@ Slot semantics:
 * looking back (a takeover re-sending the last ``grace``) never reaches a slot at or before the
   schedule's ``effective_at`` (its creation, its last timing change or resume);
 * an entry whose next slot cannot be computed (past year 9999) stops alone, with its error;
-* all slots due at one instant go to the target as one batch.
+* all slots due at one instant go to the target as one batch;
+* ``options.overlap`` skip and hold (:mod:`periodic_manager.overlap`): a slot the target reports
+  ``busy`` is recorded skipped, or held and tried again every ``hold_tick`` seconds while this
+  scheduler leads (sent unstaged, through the normal send path); the entry's next slots go on.
 
 Staging: the work of the next instant is done before it. ``lead`` seconds before an instant (in
 proportion to its size) the loop takes its entries off the calendar, builds their tasks and lets
@@ -36,7 +39,7 @@ from datetime import datetime, timedelta
 from periodic_manager import gcpolicy
 from periodic_manager.calendar import Calendar
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of
+from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of, overlap_policy
 from periodic_manager.cron import Schedule
 from periodic_manager.dispatch import (
     Chunk,
@@ -48,6 +51,7 @@ from periodic_manager.dispatch import (
     prepare,
 )
 from periodic_manager.history import Observer, RunsHook, RunWriter
+from periodic_manager.overlap import HOLD_TICK_S, OverlapGuard
 from periodic_manager.registry import RunRecord
 from periodic_manager.targets.base import Target, staged
 
@@ -180,9 +184,11 @@ class Scheduler:
         catchup_window: float = 3600.0,
         retry_base: float = 0.2,
         retry_max: float = 5.0,
+        hold_tick: float = HOLD_TICK_S,
     ) -> None:
         self.target = target
         self.clock: Clock = clock or SystemClock()
+        self.overlap = OverlapGuard(tick_s=hold_tick, window=self.window)
         self.grace = timedelta(seconds=grace)
         self.catchup_window = timedelta(seconds=catchup_window)
         self._entries: dict[int | str, ScheduledEntry] = {}  # config.ident -> its entry
@@ -217,6 +223,7 @@ class Scheduler:
             on_error=on_error,
             retry_base=retry_base,
             retry_max=retry_max,
+            overlap=self.overlap,
         )
 
     @property
@@ -282,6 +289,8 @@ class Scheduler:
                 entry.next_slot = pending  # due under the old version: carried, not dropped
         if old is not None:
             old.dead = True
+            if overlap_policy(config.options) == "allow":
+                self.overlap.seen.pop(ident, None)  # nothing left to show (a held slot stays)
         self._changes += 1
         self._entries[ident] = entry
         if entry.next_slot is not None:
@@ -293,6 +302,7 @@ class Scheduler:
         """Remove the entry of schedule ``key`` (the calendar forgets it lazily); it, or None."""
         ident = _ident(key)
         entry = self._entries.pop(ident, None)
+        self.overlap.forget(ident)
         if entry is not None:
             entry.dead = True
             if entry.fired is not None:
@@ -378,6 +388,7 @@ class Scheduler:
                 now = self.clock.now()
                 if self._active:
                     await self._dispatch_due(now)
+                    await self._retry_held(self.clock.now())
                     await self._maybe_stage(self.clock.now())
                 await self._mark_processed(now)
                 await self._sleep_until_next()
@@ -409,6 +420,7 @@ class Scheduler:
         """
         if not active:
             self._unstage()
+            self.overlap.clear()
         if active and not self._active and resume_after is not None:
             self._rebase(resume_after)
         self._active = active
@@ -476,7 +488,10 @@ class Scheduler:
         if at is not None and self._staged is None:
             at -= timedelta(seconds=self._lead(self._calendar.size(at)))
         if staged_at is not None and (at is None or staged_at < at):
-            return staged_at
+            at = staged_at
+        held_at = self.overlap.wake_at()  # held slots are tried again at every tick
+        if held_at is not None and (at is None or held_at < at):
+            return held_at
         return at
 
     async def _sleep_until_next(self) -> None:
@@ -655,6 +670,24 @@ class Scheduler:
                 fut.cancel()
             raise
 
+    async def _retry_held(self, now: datetime) -> None:
+        """At a hold tick, send every held slot again (unstaged, the entries' timing untouched);
+        a held slot past its window is recorded skipped."""
+        due = self.overlap.take_due(now, self._entries.get)
+        if due is None:
+            return
+        expired, by_slot = due
+        self.writer.report(expired)
+        self.counts["skipped"] += len(expired)
+        for slot in sorted(by_slot):
+            entries = by_slot[slot]
+            self._idle.clear()
+            try:
+                chunks = await prepare(self.dispatcher.target, slot, entries, self._window)
+                await self._send(slot, entries, chunks, advance=False)
+            finally:
+                self._idle.set()
+
     def _skip(self, entry: ScheduledEntry, slot: datetime, now: datetime) -> RunRecord:
         late = (now - slot).total_seconds()
         log.warning(
@@ -665,7 +698,9 @@ class Scheduler:
         self.counts["skipped"] += 1
         # Jump past every slot that is already too late: no replay, no storm after a clock jump.
         self._advance(entry, max(slot, now - self.grace))
-        return RunRecord(entry.key, entry.config.name, slot, "skipped", now, error=f"{late:.3f} s late")
+        return RunRecord(
+            entry.key, entry.config.name, slot, "skipped", now, error=f"{late:.3f} s late", reason="late"
+        )
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
         """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""

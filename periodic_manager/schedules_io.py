@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -90,9 +90,11 @@ def validate(
     entries: Sequence[Any],
     source: str = "input",
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    targets: Collection[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Every entry complete with defaults and validated as the manager validates a row (payload
-    and options at most ``max_payload_bytes`` of canonical JSON each); FileError names the entry
+    and options at most ``max_payload_bytes`` of canonical JSON each; ``targets``: the deployment's
+    ``Settings.configured_targets()``, checked as the API checks them); FileError names the entry
     and field."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -100,7 +102,7 @@ def validate(
         name = raw.get("name") if isinstance(raw, dict) else None
         where = f"{source}: entry {i}" + (f" ({name!r})" if isinstance(name, str) else "")
         try:
-            entry = _validate_entry(raw, max_payload_bytes)
+            entry = _validate_entry(raw, max_payload_bytes, targets)
         except ConfigError as exc:
             raise FileError(f"{where}: {exc.field}: {exc.reason}") from None
         if entry["name"] in seen:
@@ -110,7 +112,9 @@ def validate(
     return out
 
 
-def _validate_entry(raw: Any, max_payload_bytes: int) -> dict[str, Any]:
+def _validate_entry(
+    raw: Any, max_payload_bytes: int, targets: Collection[str] | None = None
+) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("entry", "must be a table/object of schedule fields")
     unknown = sorted(set(raw) - set(FIELDS))
@@ -137,6 +141,7 @@ def _validate_entry(raw: Any, max_payload_bytes: int) -> dict[str, Any]:
         timezone=entry["timezone"],
         anchor=entry["anchor"],
         max_payload_bytes=max_payload_bytes,
+        allowed_targets=targets,
     )
     entry["options"] = dict(cfg.options)
     return entry

@@ -35,7 +35,10 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
         from periodic_manager.targets.redis_streams import RedisStreamsTarget
 
         return RedisStreamsTarget.from_url(
-            settings.redis_url, prefix=settings.stream_prefix, maxlen=settings.redis_maxlen
+            settings.redis_url,
+            prefix=settings.stream_prefix,
+            maxlen=settings.redis_maxlen,
+            group=settings.redis_group,
         )
     if name == "celery":
         return _build_celery(settings)
@@ -62,6 +65,7 @@ def _build_celery(settings: Settings) -> Target:
         "prefix": settings.stream_prefix,
         "timeout": settings.celery_publish_timeout,
         "fast_path": settings.celery_fast_path,
+        "result_backend": settings.celery_backend(),
     }
     app = load_app(settings.celery_app) if settings.celery_app else None
     if app is not None:
@@ -107,8 +111,9 @@ def build_manager(
 
 
 def target_check(settings: Settings) -> Callable[[PeriodicTaskConfig], None]:
-    """Rejects a schedule whose ``options.target`` is not configured in this deployment."""
-    configured = tuple(settings.configured_targets())
+    """Rejects a schedule whose ``options.target`` is not configured in this deployment, or whose
+    ``options.overlap`` needs a completion signal its target lacks here."""
+    configured = settings.configured_targets()
 
     def check(config: PeriodicTaskConfig) -> None:
         validate_target(config.options, configured)

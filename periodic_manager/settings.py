@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S
+from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
 TargetName = Literal["redis", "outbox", "celery", "arq"]
@@ -40,6 +40,16 @@ class Settings(BaseSettings):
         True, description="write Celery messages to a Redis broker directly (false: always kombu)"
     )
     arq_redis_url: str | None = Field(None, description="Redis URL of the arq queues (default: redis_url)")
+    redis_group: str | None = Field(
+        None,
+        description="consumer group your Redis Streams workers read with (consume_redis.py --group): "
+        "how the redis target tells that a task finished (options.overlap skip/hold)",
+    )
+    celery_result_backend: str | None = Field(
+        None,
+        description="result backend the celery target reads to tell that a task finished "
+        "(options.overlap skip/hold); default: your app's result_backend",
+    )
     sync_interval: float = Field(30.0, gt=0, description="seconds between syncs of periodic_jobs")
     grace: float = Field(30.0, ge=0, description="seconds a slot may be late and still be enqueued")
     heartbeat_interval: float = Field(5.0, gt=0, description="seconds between manager heartbeats")
@@ -99,6 +109,11 @@ class Settings(BaseSettings):
     @field_validator("api_token", "api_read_token", mode="before")
     @classmethod
     def _blank_token(cls, v: object) -> object:
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("redis_group", "celery_result_backend", mode="before")
+    @classmethod
+    def _blank(cls, v: object) -> object:
         return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("celery_app", mode="before")
@@ -167,6 +182,33 @@ class Settings(BaseSettings):
                 )
         return v
 
-    def configured_targets(self) -> tuple[str, ...]:
-        """The targets this deployment runs: the default first, then ``targets`` (no repeats)."""
-        return tuple(dict.fromkeys((self.target, *self.targets)))
+    def configured_targets(self) -> TargetSet:
+        """The targets this deployment runs: the default first, then ``targets`` (no repeats),
+        with why each one that cannot tell when a task finished cannot (``options.overlap``)."""
+        names = tuple(dict.fromkeys((self.target, *self.targets)))
+        missing: dict[str, str] = {}
+        if "redis" in names and self.redis_group is None:
+            missing["redis"] = (
+                "set PM_REDIS_GROUP to the consumer group your workers read with "
+                "(examples/consume_redis.py --group)"
+            )
+        if "celery" in names and self.celery_backend() is None:
+            missing["celery"] = (
+                "set PM_CELERY_RESULT_BACKEND (or result_backend in your Celery app) to the "
+                "result backend your workers write to"
+            )
+        return TargetSet(names, missing)
+
+    def celery_backend(self) -> str | None:
+        """The result backend of the celery target: ``celery_result_backend``, else the
+        ``result_backend`` of ``celery_app``; None without one."""
+        if self.celery_result_backend is not None:
+            return self.celery_result_backend
+        if self.celery_app is None:
+            return None
+        from periodic_manager.targets.celery_app import load_app
+
+        backend = load_app(self.celery_app).conf.result_backend
+        if not isinstance(backend, str) or backend in ("", "disabled"):
+            return None
+        return backend

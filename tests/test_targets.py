@@ -310,12 +310,13 @@ async def test_script_is_loaded_when_the_server_lacks_it_and_only_then(
     # A script text no server has seen (as after SCRIPT FLUSH or a failover to a fresh node),
     # without flushing the script cache of a Redis that other tests share.
     text = f"{_CLAIM_AND_ADD}\n-- {redis_prefix}"
-    redis_target._script_text = text
-    redis_target._sha = hashlib.sha1(text.encode()).hexdigest()
-    assert await redis_client.script_exists(redis_target._sha) == [False]
+    sha = hashlib.sha1(text.encode()).hexdigest()
+    redis_target._scripts = (text, *redis_target._scripts[1:])
+    redis_target._shas = (sha, *redis_target._shas[1:])
+    assert await redis_client.script_exists(sha) == [False]
     results = await redis_target.enqueue(batch(), NOW)
     assert [r.status for r in results] == ["enqueued"] * 4
-    assert await redis_client.script_exists(redis_target._sha) == [True]
+    assert await redis_client.script_exists(sha) == [True]
     # Loaded now: the next burst is EVALSHA straight away (no SCRIPT EXISTS, no reload).
     loads = []
     original = redis_client.script_load

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from api.deps import get_now, get_session, get_settings
 from api.rows import next_slot
 from api.runtime import live_cutoff, live_entries
-from api.schemas import EntryList, EntryOut
+from api.schemas import EntryList, EntryOut, PreviousTask
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 from periodic_manager.settings import Settings
 
@@ -41,7 +41,16 @@ def _entry(entry: Entry, manager: Manager, state: ScheduleState | None, now: dat
         manager_is_leader=manager.is_leader,
         manager_heartbeat_at=manager.heartbeat_at,
         registered_at=entry.registered_at,
+        held_slot=entry.held_slot_at,
+        previous_task=previous_task(entry),
     )
+
+
+def previous_task(entry: Entry) -> PreviousTask | None:
+    """What the manager published of the schedule's last task (options.overlap), if anything."""
+    if entry.previous_task_id is None and entry.previous_task_state is None:
+        return None
+    return PreviousTask(task_id=entry.previous_task_id, state=entry.previous_task_state)
 
 
 @router.get("/entries", response_model=EntryList, summary="Entries registered by live managers")

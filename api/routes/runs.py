@@ -4,7 +4,9 @@ A trigger enqueues one task now through the in-process manager's target (or one 
 settings), with an idempotency key of its own, ``<name>:trigger:<now UTC>:<random>``, so it never
 collides with a slot's key nor with another trigger in the same instant. It works on paused
 schedules too (run it now, keep it paused) and is recorded in the history as ``triggered``
-(``failed`` when the target refused it).
+(``failed`` when the target refused it). A schedule with ``options.overlap`` skip or hold is no
+exception: while its previous task is queued or running the trigger is refused with 409 (and
+recorded ``skipped``), and a triggered task is the previous task of the next slot.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from periodic_manager.config import slot_text
 from periodic_manager.db.models import Run
 from periodic_manager.errors import ConfigError
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import Target, task_for
+from periodic_manager.targets.base import EnqueueResult, Target, task_for
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/schedules", tags=["history"])
 
-RunStatus = Literal["enqueued", "duplicate", "skipped", "failed", "triggered"]
+RunStatus = Literal["enqueued", "duplicate", "skipped", "failed", "held", "triggered"]
 
 
 @router.get(
@@ -79,7 +81,10 @@ async def list_runs(
 
 TRIGGER_RESPONSES: dict[int | str, dict[str, Any]] = {
     **NOT_FOUND,
-    409: {"description": "The stored row is unusable (e.g. written with SQL); `errors` says why"},
+    409: {
+        "description": "The stored row is unusable (e.g. written with SQL; `errors` says why), "
+        "or, with options.overlap skip or hold, the previous task is still queued or running"
+    },
     503: {"description": "The target could not enqueue the task"},
 }
 
@@ -119,6 +124,18 @@ async def trigger(
         failure = (result.error or "failed") if result.status == "failed" else None
     except Exception as exc:
         failure = str(exc)
+    else:
+        if result.status == "busy":
+            why = _previous_text(result)
+            log.info("manual trigger of %s refused: %s", cfg.name, why, extra=extra)
+            await _record(
+                session, settings, row.id, cfg.name, now, "skipped", None, f"trigger: overlap: {why}"
+            )
+            raise ApiProblem(
+                409,
+                "overlap",
+                f"not enqueued: options.overlap is {cfg.options.get('overlap')!r} and {why}",
+            )
     if failure is not None:
         log.error("manual trigger of %s failed: %s", cfg.name, failure, extra=extra)
         await _record(
@@ -135,6 +152,13 @@ async def trigger(
         queue=task.queue,
         enqueued_at=now,
     )
+
+
+def _previous_text(result: EnqueueResult) -> str:
+    prev = result.previous
+    if prev is None or prev.task_id is None:
+        return "the previous task is unfinished"
+    return f"the previous task {prev.task_id} is {prev.state}"
 
 
 async def _record(

@@ -31,7 +31,7 @@ from api.rows import (
     to_schedule_with_runs,
     validate_write,
 )
-from api.runtime import live_cutoff, schedule_errors, schedule_state
+from api.runtime import live_cutoff, schedule_errors, schedule_overlap, schedule_state
 from api.schemas import (
     NoNul,
     ScheduleCreate,
@@ -162,7 +162,11 @@ async def detail(
         *api_errors(row),
         *(_manager_error(e.manager_id, e.message) for e in reported),
     ]
-    return ScheduleDetail(**body, state=await schedule_state(session, key))
+    return ScheduleDetail(
+        **body,
+        state=await schedule_state(session, key),
+        overlap=await schedule_overlap(session, key, cutoff),
+    )
 
 
 async def _reread(request: Request, session: AsyncSession, schedule_id: int) -> dbrows.RowView:

@@ -164,6 +164,11 @@ class Entry(Base):
     queue: Mapped[str | None] = mapped_column(String(100), nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     registered_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    # options.overlap skip/hold: the slot held while the previous task runs, and that task as the
+    # manager last saw it (queued, running, unfinished, finished).
+    held_slot_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    previous_task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    previous_task_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class ScheduleState(Base):
@@ -182,6 +187,7 @@ class ScheduleState(Base):
     duplicate_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     skipped_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     failed_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    held_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 
@@ -192,7 +198,10 @@ class OutboxMessage(Base):
     """
 
     __tablename__ = "pm_outbox"
-    __table_args__ = (Index("ix_pm_outbox_pending", "queue", "processed_at", "seq"),)
+    __table_args__ = (
+        Index("ix_pm_outbox_pending", "queue", "processed_at", "seq"),
+        Index("ix_pm_outbox_name_seq", "name", "seq"),  # a schedule's newest row (overlap)
+    )
 
     seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     task_id: Mapped[str] = mapped_column(String(36), nullable=False)

@@ -53,6 +53,7 @@ COUNT_COLUMNS = {
     "duplicate": "duplicate_count",
     "skipped": "skipped_count",
     "failed": "failed_count",
+    "held": "held_count",
 }
 # Labelled columns, so one joined row names both tables' columns without clashes.
 _MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
@@ -412,6 +413,9 @@ def _entry_record(m: RowMapping) -> EntryRecord:
         task_type=m["e_task_type"],
         queue=m["e_queue"],
         last_error=m["e_last_error"],
+        held_slot=m["e_held_slot_at"],
+        previous_task_id=m["e_previous_task_id"],
+        previous_task_state=m["e_previous_task_state"],
     )
 
 
@@ -453,6 +457,9 @@ def _entry_values(manager_id: str, rec: EntryRecord) -> dict[str, Any]:
         "queue": rec.queue,
         "last_error": rec.last_error,
         "registered_at": rec.registered_at,
+        "held_slot_at": rec.held_slot,
+        "previous_task_id": rec.previous_task_id[:128] if rec.previous_task_id else None,
+        "previous_task_state": rec.previous_task_state,
     }
 
 

@@ -17,6 +17,11 @@ the job runs, at most ``_expires``, by default a day) and while its result is ke
 ``keep_result``, 3600 s by default, possibly 0). That alone could let a slot through twice if a
 worker finished it and dropped the result within grace, so the slot is also claimed in Redis
 (:class:`RedisClaims`) before ``enqueue_job``, for ``(expires_at - now) + margin``.
+
+``options.overlap`` skip and hold: the previous job of a schedule is finished when arq holds
+neither its job key (queued, deferred, or waiting for a retry) nor its in-progress key (running):
+arq's own job status, read from the same Redis. The claim then compares the schedule's
+previous-job key (:mod:`previous`), so two managers never both start a job of one schedule.
 """
 
 from __future__ import annotations
@@ -31,8 +36,16 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Task
+from periodic_manager.targets.base import (
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    EnqueueResult,
+    Task,
+    overlap_of,
+)
 from periodic_manager.targets.claims import RedisClaims, split_payload
+from periodic_manager.targets.previous import Decided, PreviousTasks
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +95,7 @@ class ArqTarget:
     """
 
     name = "arq"
+    completion = True  # arq's job status (see options.overlap in the module docstring)
 
     def __init__(
         self,
@@ -96,6 +110,8 @@ class ArqTarget:
             raise ValueError("timeout must be > 0 and concurrency >= 1")
         self.pool = pool
         self.claims = RedisClaims(pool, prefix=prefix, margin=claim_margin)
+        # A job written as the previous one counts as queued this long before arq must know it.
+        self.previous = PreviousTasks(self.claims, self._states, publish_window_s=2 * timeout)
         self.timeout = timeout
         self.concurrency = concurrency
         self._owns_pool = False
@@ -135,16 +151,24 @@ class ArqTarget:
                 calls[index] = arq_call(task, now)
             except (TypeError, ValueError) as exc:
                 results[index] = EnqueueResult(task, "failed", error=f"arq: {exc}")
-        order = list(calls)
+        order = [i for i in calls if overlap_of(tasks[i]) == "allow"]
+        after = [i for i in calls if overlap_of(tasks[i]) != "allow"]
+        decided: Decided | None = None
         try:
             async with asyncio.timeout(self.timeout):
                 won = await self.claims.claim([tasks[i] for i in order], now)
+                if after:  # options.overlap: claimed only where the previous job finished
+                    decided = await self.previous.decide(tasks, after, now)
         except TimeoutError as exc:
             raise TargetError(f"arq: claims not answered within {self.timeout:g} s") from exc
         claimed = [i for i, ok in zip(order, won, strict=True) if ok]
         for index, ok in zip(order, won, strict=True):
             if not ok:
                 results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
+        if decided is not None:
+            for index, result in decided.results.items():
+                results[index] = result
+            claimed += decided.claimed
         outcomes = await self._enqueue_jobs([calls[i] for i in claimed])
         failed: list[int] = []
         errors: list[BaseException] = []
@@ -156,6 +180,10 @@ class ArqTarget:
                 results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
             else:
                 results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)
+            if decided is not None and index in decided.written:
+                results[index].previous = decided.previous[index]  # type: ignore[union-attr]
+        if decided is not None:
+            await self._settle(decided, failed)
         if failed:
             # A job whose enqueue failed ambiguously (the reply lost after EXEC) is still
             # refused by arq on the retry, as its job key exists.
@@ -173,6 +201,38 @@ class ArqTarget:
                 f"{type(first).__name__}: {first}"
             ) from first
         return [r for r in results if r is not None]
+
+    async def _settle(self, decided: Decided, failed: list[int]) -> None:
+        """Mark the previous-job keys of the jobs sent, and put back those of jobs not sent."""
+        sent = [i for i in decided.claimed if i not in set(failed)]
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.previous.published(decided, sent)
+                unsent = [i for i in failed if i in decided.written]
+                await self.previous.unpublished(decided, unsent)
+        except (TargetError, TimeoutError) as exc:
+            # Flag 0 keeps a sent job "queued" only for the publish window; a key not put back
+            # names a job arq does not hold: finished. Either way nothing is blocked for long.
+            log.warning("arq: could not update previous-job keys: %s", exc)
+
+    async def _states(self, job_ids: list[str]) -> list[str]:
+        """arq's status of each job: running (in progress), queued (its job key exists: queued,
+        deferred or waiting for a retry), else finished (done, or never enqueued)."""
+        from arq.constants import in_progress_key_prefix, job_key_prefix
+
+        try:
+            async with self.pool.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.exists(in_progress_key_prefix + job_id)
+                    pipe.exists(job_key_prefix + job_id)
+                replies = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise TargetError(f"arq: job status: {type(exc).__name__}: {exc}") from exc
+        states = []
+        for k in range(len(job_ids)):
+            running, queued = replies[2 * k], replies[2 * k + 1]
+            states.append(RUNNING if running else QUEUED if queued else FINISHED)
+        return states
 
     async def _enqueue_jobs(
         self, calls: list[tuple[list[Any], dict[str, Any]]]

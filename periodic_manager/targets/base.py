@@ -137,6 +137,25 @@ def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expir
     )
 
 
+# States of a schedule's previous task, as a target with a completion signal sees them.
+QUEUED = "queued"  # enqueued, not taken by a worker yet
+RUNNING = "running"  # taken by a worker, not finished
+UNFINISHED = "unfinished"  # queued or running (the target cannot tell which)
+FINISHED = "finished"  # done (or gone: nothing of it is left to wait for)
+NONE = "none"  # the schedule has no previous task (none known)
+
+
+@dataclass(slots=True)
+class Previous:
+    """The previous task of a schedule with ``options.overlap`` skip or hold, as the target saw
+    it when it decided (``task_id`` None: the schedule had none). ``timed_out``: it was not
+    finished but older than ``options.overlap_timeout``, so it counted as finished."""
+
+    task_id: str | None
+    state: str
+    timed_out: bool = False
+
+
 @dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
 class EnqueueResult:
     """What happened to one task of a batch.
@@ -144,12 +163,57 @@ class EnqueueResult:
     ``failed``: this task was not enqueued and holds no claim, while the rest of the batch was
     processed (a task the target cannot encode, or the group of a failed target behind a
     :class:`~periodic_manager.targets.routing.RoutingTarget`); ``error`` says why.
+
+    ``busy``: the task's schedule asks for ``options.overlap`` skip or hold and its previous task
+    is not finished, so nothing was enqueued and nothing claimed. ``previous`` (set only for such
+    schedules) is what the target saw of that previous task.
     """
 
     task: Task
-    status: Literal["enqueued", "duplicate", "failed"]
+    status: Literal["enqueued", "duplicate", "failed", "busy"]
     message_id: str | None = None  # stream entry id, outbox row id, ...
     error: str | None = None
+    previous: Previous | None = None
+
+
+def overlap_of(task: Task) -> str:
+    """The task's ``options.overlap`` (``allow`` when absent)."""
+    return str(task.options.get("overlap", "allow"))
+
+
+def overlap_timeout_ms(task: Task) -> int:
+    """``options.overlap_timeout`` in milliseconds (0: none)."""
+    seconds = task.options.get("overlap_timeout")
+    return 0 if seconds is None else max(1, round(float(seconds) * 1000))
+
+
+def no_completion(target: object, task: Task) -> str | None:
+    """Why ``target`` cannot honour the task's ``options.overlap`` (None: it can, or the task
+    does not ask). A target declares it can with ``completion = True``; one that cannot says why
+    in ``completion_off``."""
+    why = completion_off(target, task.options)
+    if why is None:
+        return None
+    name = getattr(target, "name", "target")
+    return (
+        f"options.overlap {overlap_of(task)!r}: the {name} target cannot tell when a task "
+        f"finished ({why})"
+    )
+
+
+def completion_off(target: object, options: Mapping[str, Any]) -> str | None:
+    """Why ``target`` (for a router: the one ``options`` pick) cannot tell when a task of a
+    schedule with these options finished; None when it can or the schedule uses ``allow``."""
+    if options.get("overlap", "allow") == "allow":
+        return None
+    pick = getattr(target, "target_for", None)
+    if callable(pick):
+        target = pick(options)
+        if target is None:
+            return "its target is not configured"
+    if getattr(target, "completion", False):
+        return None
+    return getattr(target, "completion_off", None) or "it has no completion signal"
 
 
 @dataclass(slots=True)

@@ -23,6 +23,13 @@ fanout exchange, publish signal receivers, ...) is published with kombu (:mod:`c
 after the slot was claimed in Redis (:class:`RedisClaims`); a publish that fails releases its
 claim, so the scheduler's retry publishes it then. Both ways use the same claim keys, so managers
 on either path never send a slot twice.
+
+``options.overlap`` skip and hold need a result backend (:mod:`celery_results`): the previous
+task of a schedule is finished once the backend holds a ready state for its task id. Such tasks
+always take kombu's way, on either path: the slot is claimed with a compare-and-set of the
+schedule's previous-task key (:mod:`previous`), published, then marked published. The direct
+Redis writer cannot take them: its one script would have to read the result backend's state,
+which lives elsewhere, in Celery's serializer.
 """
 
 from __future__ import annotations
@@ -40,10 +47,11 @@ from redis.exceptions import RedisError
 
 from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Prepared, Task
+from periodic_manager.targets.base import EnqueueResult, Prepared, Task, no_completion, overlap_of
 from periodic_manager.targets.celery_app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery_kombu import KombuPublisher
 from periodic_manager.targets.celery_redis import RedisWriter, ScriptCall
+from periodic_manager.targets.celery_results import ResultStates
 from periodic_manager.targets.celery_wire import (
     Delivery,
     Layout,
@@ -52,6 +60,7 @@ from periodic_manager.targets.celery_wire import (
     WireFormat,
 )
 from periodic_manager.targets.claims import RedisClaims, split_payload
+from periodic_manager.targets.previous import Decided, PreviousTasks
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +180,20 @@ class CeleryTarget:
         *,
         timeout: float = 5.0,
         broker_client: aioredis.Redis | None = None,
+        results: ResultStates | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
         self.app = app
         self.claims = claims
         self.timeout = timeout
+        # options.overlap: the result backend tells when a task finished.
+        self.results = results
+        self.completion = results is not None
+        self.completion_off = None if results is not None else "no result backend configured"
+        self.previous = (
+            PreviousTasks(claims, results, publish_window_s=2 * timeout) if results else None
+        )
         self._kombu = KombuPublisher(app, timeout)
         self._owned_clients: list[aioredis.Redis] = []
         self._owns_app = False
@@ -219,16 +236,19 @@ class CeleryTarget:
         timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
         fast_path: bool = True,
+        result_backend: str | None = None,
     ) -> CeleryTarget:
         """A target with its own Celery app on ``broker_url`` (``config``: more Celery settings,
         e.g. ``task_routes`` or ``broker_transport_options``) and its own claims client.
 
         Claims live in ``claims_url``; by default in the broker itself when it is Redis.
+        ``result_backend``: where the workers store results (``options.overlap`` needs it).
         """
         settings = {**(config or {}), "broker_url": broker_url}
         return cls._build(
             "periodic_manager", settings, claims_url=claims_url, prefix=prefix,
             claim_margin=claim_margin, timeout=timeout, fast_path=fast_path,
+            result_backend=result_backend,
         )  # fmt: skip
 
     @classmethod
@@ -242,16 +262,20 @@ class CeleryTarget:
         claim_margin: float = 60.0,
         timeout: float = 5.0,
         fast_path: bool = True,
+        result_backend: str | None = None,
     ) -> CeleryTarget:
         """A target honouring the settings of the user's Celery ``app`` (broker, queues, routes,
         default queue/exchange/routing key, transport options), published with an app of its own
-        (see :mod:`celery_app`). ``broker_url`` overrides the app's."""
+        (see :mod:`celery_app`). ``broker_url`` overrides the app's; ``result_backend`` (default:
+        the app's) is read to tell when a task finished (``options.overlap``)."""
         settings = app_settings(app)
         if broker_url is not None:
             settings["broker_url"] = broker_url
+        backend = result_backend or app.conf.result_backend
         return cls._build(
             app.main or "periodic_manager", settings, claims_url=claims_url, prefix=prefix,
             claim_margin=claim_margin, timeout=timeout, fast_path=fast_path,
+            result_backend=backend if isinstance(backend, str) and backend != "disabled" else None,
         )  # fmt: skip
 
     @classmethod
@@ -265,6 +289,7 @@ class CeleryTarget:
         claim_margin: float,
         timeout: float,
         fast_path: bool,
+        result_backend: str | None = None,
     ) -> CeleryTarget:
         app = publishing_app(main, settings, broker_url=None, timeout=timeout)
         broker = app.conf.broker_url
@@ -284,7 +309,12 @@ class CeleryTarget:
         )  # fmt: skip
         direct = fast_path and redis_broker and claims_url == broker
         claims = RedisClaims(client, prefix=prefix, margin=claim_margin)
-        target = cls(app, claims, timeout=timeout, broker_client=client if direct else None)
+        results = None
+        if result_backend:
+            results = ResultStates(result_backend, settings, timeout=timeout)
+        target = cls(
+            app, claims, timeout=timeout, broker_client=client if direct else None, results=results
+        )
         if not fast_path:
             target.fast_path_off = "switched off (PM_CELERY_FAST_PATH=false)"
         target._owned_clients.append(client)
@@ -348,12 +378,17 @@ class CeleryTarget:
         written: list[tuple[Task, dict[str, Any], Delivery]] = []
         slots: dict[datetime, str] = {}  # a burst shares one slot: formatted once
         for index, task in enumerate(tasks):
+            # options.overlap: kombu's way, after a compare-and-set claim (module docstring).
+            after = task.options.get("overlap", "allow") != "allow"
+            if after and (why := no_completion(self, task)) is not None:
+                data.refused[index] = f"celery: {why}"
+                continue
             try:
                 text = slots.get(task.scheduled_at)
                 if text is None:
                     text = slots[task.scheduled_at] = slot_text(task.scheduled_at)
                 msg = celery_message(task, task.scheduled_at if now is None else now, text)
-                delivery = self._route(msg, direct)
+                delivery = self._route(msg, direct and not after)
             except Exception as exc:  # noqa: BLE001 - bad options, a router's error: this task only
                 data.refused[index] = f"celery: {type(exc).__name__}: {exc}"
                 continue
@@ -445,13 +480,22 @@ class CeleryTarget:
     ) -> None:
         # Built at the instant: send_task counts a relative expiry from its own clock.
         messages = {index: celery_message(tasks[index], now) for index in indices}
-        won = await self.claims.claim([tasks[index] for index in indices], now)
+        plain = [i for i in indices if overlap_of(tasks[i]) == "allow"]
+        after = [i for i in indices if overlap_of(tasks[i]) != "allow"]
+        won = await self.claims.claim([tasks[index] for index in plain], now)
         publish = []
-        for index, ok in zip(indices, won, strict=True):
+        for index, ok in zip(plain, won, strict=True):
             if ok:
                 publish.append(index)
             else:
                 results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
+        decided: Decided | None = None
+        if after:
+            assert self.previous is not None  # refused in _prepare without a result backend
+            decided = await self.previous.decide(tasks, after, now)
+            for index, result in decided.results.items():
+                results[index] = result
+            publish += decided.claimed
         if not publish:
             return
         job = self._kombu.start([messages[index] for index in publish])
@@ -461,14 +505,34 @@ class CeleryTarget:
             # The manager is stopping: publish nothing more, and free the slots not started so
             # that a standby or a restart may send them.
             started = self._kombu.stop(job)
-            await asyncio.shield(self._release([tasks[i] for i in publish[started:]]))
+            unpublished = self._unpublished(tasks, publish[:started], publish[started:], decided)
+            await asyncio.shield(unpublished)
             raise
         for index in publish[:done]:
             results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)
+            if decided is not None and index in decided.written:
+                results[index].previous = decided.previous[index]  # type: ignore[union-attr]
+        await self._unpublished(tasks, publish[:done], publish[done:], decided)
         if error is None:
             return
-        await self._release([tasks[index] for index in publish[done:]])
         raise TargetError(f"celery: published {done} of {len(publish)} task(s): {error}") from error
+
+    async def _unpublished(
+        self, tasks: Sequence[Task], sent: list[int], unsent: list[int], decided: Decided | None
+    ) -> None:
+        """Free the claims of ``unsent``; with overlap, mark the previous-task keys of ``sent``
+        published and put back those of ``unsent``."""
+        if unsent:
+            await self._release([tasks[index] for index in unsent])
+        if decided is None or self.previous is None:
+            return
+        try:
+            await self.previous.published(decided, [i for i in sent if i in decided.written])
+            await self.previous.unpublished(decided, [i for i in unsent if i in decided.written])
+        except TargetError as exc:
+            # Flag 0 keeps a sent task "queued" only for the publish window; a key not put back
+            # names a task never sent, which Celery reports PENDING: overlap_timeout frees it.
+            log.error("celery: could not update previous-task keys: %s", exc)
 
     async def _release(self, unpublished: list[Task]) -> None:
         try:
@@ -494,5 +558,7 @@ class CeleryTarget:
             # Behind a publish that never returned this would wait forever: bounded.
             await asyncio.wait({closing}, timeout=self.timeout)
         self._kombu.shutdown()
+        if self.results is not None and self._owns_app:
+            self.results.close()
         for client in self._owned_clients:
             await client.aclose()

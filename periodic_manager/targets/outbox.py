@@ -7,13 +7,21 @@ already there (its ``seq`` is looked up in the same transaction). PostgreSQL and
 
 Consumers take rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL and set
 ``processed_at`` (see ``examples/consume_outbox.py``).
+
+``options.overlap`` skip and hold: the previous task of a schedule is its newest row (by
+``seq``, whatever its key: a manual trigger counts too); it is finished once ``processed_at`` is
+set, or when there is no row left. Such tasks are inserted one by one after the batch, each
+behind a transaction-level advisory lock on its schedule's name (PostgreSQL), so two managers
+never both find the schedule free. SQLite serialises writers: a decision read before another
+manager's write fails to commit (SQLITE_BUSY) and the batch is retried.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, text
@@ -25,7 +33,17 @@ from sqlalchemy.sql.dml import ReturningInsert
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import OutboxMessage
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Prepared, Task
+from periodic_manager.targets.base import (
+    FINISHED,
+    NONE,
+    UNFINISHED,
+    EnqueueResult,
+    Prepared,
+    Previous,
+    Task,
+    overlap_of,
+    overlap_timeout_ms,
+)
 
 # Rows per INSERT: 10 bind parameters a row stays far below the limits of asyncpg (32767) and
 # SQLite (32766), so a burst of 10,000 slots is a few statements in one transaction.
@@ -37,6 +55,7 @@ class OutboxTarget:
     """Enqueues tasks as ``pm_outbox`` rows; each idempotency key at most once."""
 
     name = "outbox"
+    completion = True  # processed_at: see options.overlap in the module docstring
 
     def __init__(self, engine: AsyncEngine) -> None:
         dialect = engine.dialect.name
@@ -71,29 +90,46 @@ class OutboxTarget:
     def prepare(self, tasks: Sequence[Task]) -> Prepared:
         """The rows, sorted by key: two managers inserting overlapping batches then wait on each
         other's unique-index entries in one order and cannot deadlock. On PostgreSQL, also the
-        column arrays of the one INSERT (the enqueue instant is added when sent)."""
+        column arrays of the one INSERT (the enqueue instant is added when sent). Tasks of
+        schedules with ``options.overlap`` are kept apart, by name (their locks' order)."""
+        after = sorted(
+            (i for i, task in enumerate(tasks) if task.options.get("overlap", "allow") != "allow"),
+            key=lambda i: tasks[i].name,
+        )
+        plain = [task for task in tasks if overlap_of(task) == "allow"] if after else tasks
         try:
-            rows = sorted((_row(task) for task in tasks), key=lambda r: r["idempotency_key"])
+            rows = sorted((_row(task) for task in plain), key=lambda r: r["idempotency_key"])
+            after_rows = [(i, _row(tasks[i])) for i in after]
         except (TypeError, ValueError) as exc:
             raise TargetError(f"cannot encode the batch: {exc}") from exc
         if self._dialect == "postgresql":
-            return Prepared(list(tasks), {col: [r[col] for r in rows] for col in _COLUMNS})
-        return Prepared(list(tasks), rows)
+            data: Any = {col: [r[col] for r in rows] for col in _COLUMNS} if rows else None
+        else:
+            data = rows
+        return Prepared(list(tasks), (data, after_rows))
 
     async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
         tasks = prepared.tasks
         if not tasks:
             return []
+        plain, after = prepared.data
+        after_keys = {row["idempotency_key"] for _, row in after}
         try:
             async with self._engine.begin() as conn:
-                inserted = await self._insert_rows(conn, prepared.data, now)
-                missing = {t.idempotency_key for t in tasks} - inserted.keys()
+                inserted = await self._insert_rows(conn, plain, now) if plain else {}
+                missing = {t.idempotency_key for t in tasks} - inserted.keys() - after_keys
                 existing = await _lookup(conn, missing)
+                decided = {
+                    i: await self._insert_after(conn, tasks[i], row, now) for i, row in after
+                }
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
             raise TargetError(f"outbox: {type(exc).__name__}: {exc}") from exc
         results = []
-        for task in tasks:
+        for index, task in enumerate(tasks):
             key = task.idempotency_key
+            if index in decided:
+                results.append(decided[index])
+                continue
             seq = inserted.pop(key, None)
             if seq is not None:
                 # A key repeated within the batch is new once, then a duplicate of that row.
@@ -104,6 +140,31 @@ class OutboxTarget:
                 message_id = str(seq) if seq is not None else None
                 results.append(EnqueueResult(task, "duplicate", message_id))
         return results
+
+    async def _insert_after(
+        self, conn: AsyncConnection, task: Task, row: dict[str, Any], now: datetime
+    ) -> EnqueueResult:
+        """Insert ``task`` unless its schedule's newest row is unprocessed (options.overlap)."""
+        if self._dialect == "postgresql":
+            await conn.execute(_LOCK, {"key": _lock_key(task.name)})
+        found = (await conn.execute(_BY_KEY, {"key": task.idempotency_key})).first()
+        if found is not None:
+            return EnqueueResult(task, "duplicate", str(found[0]))
+        prev = (await conn.execute(_NEWEST, {"name": task.name})).first()
+        previous = Previous(None, NONE)
+        if prev is not None:
+            task_id, processed_at, enqueued_at = prev
+            previous = Previous(task_id, FINISHED if processed_at is not None else UNFINISHED)
+            if processed_at is None:
+                timeout = overlap_timeout_ms(task)
+                if not timeout or not _older(enqueued_at, now, timeout):
+                    return EnqueueResult(task, "busy", previous=previous)
+                previous.timed_out = True
+        insert = self._insert_statement([{**row, "enqueued_at": now}])
+        inserted = (await conn.execute(insert)).first()
+        if inserted is None:  # cannot happen behind the lock; a duplicate if it ever does
+            return EnqueueResult(task, "duplicate", None, previous=previous)
+        return EnqueueResult(task, "enqueued", str(inserted[0]), previous=previous)
 
     async def _insert_rows(self, conn: AsyncConnection, data: Any, now: datetime) -> dict[str, int]:
         inserted: dict[str, int] = {}
@@ -150,6 +211,36 @@ _PG_UNNEST_INSERT = text(
     f"{', '.join(f'CAST(:{c} AS {t}[])' for c, t in zip(_COLUMNS, _PG_TYPES, strict=True))}) "
     "ON CONFLICT (idempotency_key) DO NOTHING RETURNING seq, idempotency_key"
 )
+
+
+_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+_BY_KEY = text("SELECT seq FROM pm_outbox WHERE idempotency_key = :key")
+# The newest row of a schedule (index ix_pm_outbox_name_seq).
+_NEWEST = text(
+    "SELECT task_id, processed_at, enqueued_at FROM pm_outbox WHERE name = :name "
+    "ORDER BY seq DESC LIMIT 1"
+)
+
+
+def _lock_key(name: str) -> int:
+    """A signed 64-bit advisory-lock key for a schedule's name (a collision only serialises)."""
+    digest = hashlib.sha256(f"periodic_manager:overlap:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _older(enqueued_at: Any, now: datetime, timeout_ms: int) -> bool:
+    """Whether a row enqueued at ``enqueued_at`` (as read: aware, or naive UTC text/datetime
+    on SQLite) is older than ``timeout_ms`` at ``now``; an unreadable value counts as old."""
+    if isinstance(enqueued_at, str):
+        try:
+            enqueued_at = datetime.fromisoformat(enqueued_at)
+        except ValueError:
+            return True
+    if not isinstance(enqueued_at, datetime):
+        return True
+    if enqueued_at.tzinfo is None:
+        enqueued_at = enqueued_at.replace(tzinfo=UTC)
+    return now.astimezone(UTC) - enqueued_at >= timedelta(milliseconds=timeout_ms)
 
 
 def _row(task: Task) -> dict[str, Any]:

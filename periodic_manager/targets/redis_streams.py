@@ -26,7 +26,14 @@ from redis.exceptions import NoScriptError, RedisError
 
 from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Prepared, Task
+from periodic_manager.targets.base import (
+    EnqueueResult,
+    Prepared,
+    Previous,
+    Task,
+    no_completion,
+)
+from periodic_manager.targets.stream_overlap import CLAIM_AND_ADD_AFTER, overlap_fields
 
 # KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
 # enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded by the script
@@ -84,6 +91,9 @@ CHUNK = 1000  # tasks per script call: Redis stays responsive between calls
 # so a burst's first task lands sooner.
 FIRST_CHUNK = 100
 PARALLEL = 4  # pipelines in flight at once (connections of the pool)
+PLAIN, AFTER = 0, 1  # the two scripts: claim and add; the same after the previous message
+# One script call: the tasks' indices in the batch, (keys, arguments), which script.
+Call = tuple[list[int], tuple[list[str], list[Any]], int]
 
 
 def _chunk_bounds(n: int) -> list[tuple[int, int]]:
@@ -107,6 +117,10 @@ class RedisStreamsTarget:
 
     ``maxlen`` (or ``maxlen_by_queue[queue]``) trims a stream approximately (``MAXLEN ~``).
     Every call is bounded by ``timeout`` seconds; any Redis failure is raised as TargetError.
+
+    ``group``: the consumer group the workers read with. With it the target knows when a message
+    is finished (acknowledged), which ``options.overlap`` skip and hold need (see
+    :mod:`stream_overlap`); without it such tasks are refused (``failed``).
     """
 
     name = "redis"
@@ -120,6 +134,7 @@ class RedisStreamsTarget:
         maxlen_by_queue: Mapping[str, int] | None = None,
         claim_margin: float = 60.0,
         timeout: float = 5.0,
+        group: str | None = None,
     ) -> None:
         if not prefix or "{" in prefix or "}" in prefix:
             raise ValueError("prefix must be non-empty and contain no '{' or '}' (hash tags)")
@@ -135,8 +150,11 @@ class RedisStreamsTarget:
         self.maxlen_by_queue = dict(maxlen_by_queue or {})
         self.claim_margin = claim_margin
         self.timeout = timeout
-        self._script_text = _CLAIM_AND_ADD
-        self._sha = hashlib.sha1(_CLAIM_AND_ADD.encode()).hexdigest()
+        self.group = group
+        self.completion = group is not None
+        self.completion_off = None if group is not None else "PM_REDIS_GROUP is not set"
+        self._scripts = (_CLAIM_AND_ADD, CLAIM_AND_ADD_AFTER)
+        self._shas = tuple(hashlib.sha1(text.encode()).hexdigest() for text in self._scripts)
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 10, **kwargs: Any) -> RedisStreamsTarget:
@@ -163,6 +181,10 @@ class RedisStreamsTarget:
     def claim_key(self, queue: str, idempotency_key: str) -> str:
         return f"{{{self.prefix}:{queue}}}:claim:{idempotency_key}"
 
+    def prev_key(self, queue: str, name: str) -> str:
+        """Where the last message of schedule ``name`` is kept (options.overlap)."""
+        return f"{{{self.prefix}:{queue}}}:prev:{name}"
+
     def claim_ttl_ms(self, task: Task, now: datetime) -> int:
         """How long the claim of ``task`` lives: until it expires, plus the margin (>= 1 s)."""
         # In UTC: two datetimes of one zone subtract as wall-clock times, wrong across DST.
@@ -181,26 +203,35 @@ class RedisStreamsTarget:
         return self._prepare(tasks, None)
 
     def _prepare(self, tasks: Sequence[Task], now: datetime | None) -> Prepared:
-        groups: dict[str, list[int]] = {}
+        groups: dict[tuple[str, int], list[int]] = {}
+        refused: dict[int, str] = {}
         for index, task in enumerate(tasks):
             if "{" in task.queue or "}" in task.queue:
                 raise TargetError(f"queue {task.queue!r} contains '{{' or '}}'")
-            groups.setdefault(task.queue, []).append(index)
+            kind = PLAIN
+            # options.overlap (inline: once per task of every burst): a few schedules, own calls
+            if task.options.get("overlap", "allow") != "allow":
+                why = no_completion(self, task)
+                if why is not None:
+                    refused[index] = why
+                    continue
+                kind = AFTER
+            groups.setdefault((task.queue, kind), []).append(index)
         chunks = [
-            (queue, indices[start:end])
-            for queue, indices in groups.items()
+            (queue, kind, indices[start:end])
+            for (queue, kind), indices in groups.items()
             for start, end in _chunk_bounds(len(indices))
         ]
         memo: dict[tuple[datetime, datetime], tuple[str, int]] = {}
         try:
-            calls = [
-                (indices, self._script_call(queue, [tasks[i] for i in indices], now, memo))
-                for queue, indices in chunks
-            ]
+            calls: list[Call] = []
+            for queue, kind, indices in chunks:
+                part = [tasks[i] for i in indices]
+                calls.append((indices, self._script_call(queue, part, now, memo, kind), kind))
         except (TypeError, ValueError) as exc:
             raise TargetError(f"cannot encode the batch: {exc}") from exc
         parts = [calls[i::PARALLEL] for i in range(min(PARALLEL, len(calls)))]
-        return Prepared(list(tasks), parts)
+        return Prepared(list(tasks), (parts, refused))
 
     async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
         """Run the prepared script calls, ``PARALLEL`` pipelines at once; each round trip is
@@ -208,17 +239,26 @@ class RedisStreamsTarget:
         tasks = prepared.tasks
         if not tasks:
             return []
-        parts: list[list[tuple[list[int], tuple[list[str], list[Any]]]]] = prepared.data
+        parts: list[list[Call]]
+        parts, refused = prepared.data
         enqueued_at = slot_text(now)
+        now_ms = round(now.timestamp() * 1000)
         try:
-            replies = await asyncio.gather(*(self._run_part(part, enqueued_at) for part in parts))
+            replies = await asyncio.gather(
+                *(self._run_part(part, enqueued_at, now_ms) for part in parts)
+            )
         except TimeoutError as exc:
             raise TargetError(f"redis: no answer within {self.timeout} s") from exc
         except (RedisError, OSError) as exc:
             raise TargetError(f"redis: {type(exc).__name__}: {exc}") from exc
         results: list[EnqueueResult | None] = [None] * len(tasks)
+        for index, why in refused.items():
+            results[index] = EnqueueResult(tasks[index], "failed", error=why)
         for part, part_replies in zip(parts, replies, strict=True):
-            for (indices, _), reply in zip(part, part_replies, strict=True):
+            for (indices, _, kind), reply in zip(part, part_replies, strict=True):
+                if kind == AFTER:
+                    _after_results(tasks, indices, reply, results)
+                    continue
                 for pos, index in enumerate(indices):
                     flag, message_id = reply[2 * pos], reply[2 * pos + 1]
                     text = None if message_id is None else _text(message_id)
@@ -226,26 +266,30 @@ class RedisStreamsTarget:
                     results[index] = EnqueueResult(tasks[index], status, text)
         return [r for r in results if r is not None]
 
-    async def _run_part(
-        self, part: list[tuple[list[int], tuple[list[str], list[Any]]]], enqueued_at: str
-    ) -> list[Any]:
+    async def _run_part(self, part: list[Call], enqueued_at: str, now_ms: int) -> list[Any]:
         """One pipeline of script calls; each round trip is bounded by ``timeout``."""
-        calls = [(keys, [args[0], args[1], enqueued_at, args[2]]) for _, (keys, args) in part]
+        calls = []
+        for _, (keys, args), kind in part:
+            full = [args[0], args[1], enqueued_at, *args[2:]]
+            if kind == AFTER:
+                full.append(now_ms)
+            calls.append((keys, full, kind))
         async with asyncio.timeout(self.timeout):
             try:
                 return await self._run(calls)
             except NoScriptError:
-                # First use, or a SCRIPT FLUSH / restart since: load it and run again (the claims
-                # make a second run safe: a call already done reports duplicates).
-                await self._client.script_load(self._script_text)
+                # First use, or a SCRIPT FLUSH / restart since: load them and run again (the
+                # claims make a second run safe: a call already done reports duplicates).
+                for text in self._scripts:
+                    await self._client.script_load(text)
                 return await self._run(calls)
 
-    async def _run(self, calls: list[tuple[list[str], list[Any]]]) -> Any:
+    async def _run(self, calls: list[tuple[list[str], list[Any], int]]) -> Any:
         # EVALSHA straight away: redis-py's Script objects ask SCRIPT EXISTS before every
         # pipeline, one more round trip in front of every burst.
         async with self._client.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *args)
+            for keys, args, kind in calls:
+                pipe.execute_command("EVALSHA", self._shas[kind], len(keys), *keys, *args)
             return await pipe.execute()
 
     def _script_call(
@@ -254,9 +298,10 @@ class RedisStreamsTarget:
         tasks: list[Task],
         now: datetime | None,
         memo: dict[tuple[datetime, datetime], tuple[str, int]] | None = None,
+        kind: int = PLAIN,
     ) -> tuple[list[str], list[Any]]:
         memo = {} if memo is None else memo
-        items = []
+        items: list[tuple[Any, ...]] = []
         for task in tasks:
             # A burst shares one slot: format its instant and claim TTL once.
             cached = memo.get((task.scheduled_at, task.expires_at))
@@ -264,16 +309,18 @@ class RedisStreamsTarget:
                 ttl = self.claim_ttl_ms(task, now if now is not None else task.scheduled_at)
                 cached = (slot_text(task.scheduled_at), ttl)
                 memo[(task.scheduled_at, task.expires_at)] = cached
-            items.append(
-                (
-                    cached[1], task.id, task.task_type, task.payload_text(), task.queue, task.name,
-                    task.idempotency_key, cached[0], task.options_text(),
-                )
-            )
+            item: tuple[Any, ...] = (
+                cached[1], task.id, task.task_type, task.payload_text(), task.queue, task.name,
+                task.idempotency_key, cached[0], task.options_text(),
+            )  # fmt: skip
+            items.append(item + overlap_fields(task) if kind == AFTER else item)
         maxlen = self.maxlen_by_queue.get(queue, self.maxlen) or 0
         # Encoded once here: redis-py passes bytes through untouched.
         blob = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
-        return [self.stream_key(queue)], [maxlen, self.claim_key(queue, ""), blob]
+        args: list[Any] = [maxlen, self.claim_key(queue, ""), blob]
+        if kind == AFTER:
+            args += [self.group, self.prev_key(queue, "")]
+        return [self.stream_key(queue)], args
 
     async def ping(self) -> None:
         """Raise unless Redis answers within ``timeout`` (a readiness check)."""
@@ -284,3 +331,27 @@ class RedisStreamsTarget:
         """Close the client if this target created it (:meth:`from_url`)."""
         if self._owns_client:
             await self._client.aclose()
+
+
+def _after_results(
+    tasks: Sequence[Task], indices: list[int], reply: list[Any], results: list[EnqueueResult | None]
+) -> None:
+    """Results of a call of the overlap script: 4 values per task (see stream_overlap)."""
+    for pos, index in enumerate(indices):
+        flag, message_id, prev_task, state = reply[4 * pos : 4 * pos + 4]
+        flag = int(flag)
+        if flag == 0:
+            text = None if message_id is None else _text(message_id)
+            results[index] = EnqueueResult(tasks[index], "duplicate", text)
+            continue
+        state = _text(state)
+        timed_out = state.startswith("timeout:")
+        previous = Previous(
+            _text(prev_task) or None, state.removeprefix("timeout:"), timed_out=timed_out
+        )
+        if flag == 2:
+            results[index] = EnqueueResult(tasks[index], "busy", previous=previous)
+        else:
+            results[index] = EnqueueResult(
+                tasks[index], "enqueued", _text(message_id), previous=previous
+            )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import (
@@ -44,6 +45,10 @@ class RoutingTarget:
 
     def target_name(self, task: Task) -> str:
         return str(task.options.get("target") or self.default)
+
+    def target_for(self, options: Mapping[str, Any]) -> Target | None:
+        """The target a schedule with ``options`` goes to (None: not configured here)."""
+        return self.targets.get(str(options.get("target") or self.default))
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         return await self.send(self.prepare(tasks), now)

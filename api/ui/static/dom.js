@@ -96,7 +96,7 @@ export function badge(text, kind = "", title = null) {
 }
 
 export function statusBadge(status) {
-  const kinds = { enqueued: "ok", triggered: "info", duplicate: "muted", skipped: "warn", failed: "bad" };
+  const kinds = { enqueued: "ok", triggered: "info", duplicate: "muted", skipped: "warn", held: "info", failed: "bad" };
   return badge(status, kinds[status] || "");
 }
 

@@ -8,7 +8,7 @@ import {
 } from "./dom.js";
 
 const RUNS_LIMIT = 20;
-const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "failed", "duplicate"];
+const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "held", "failed", "duplicate"];
 
 function config(s) {
   const rows = [
@@ -45,7 +45,8 @@ function state(s) {
   const c = st.counts || {};
   return h("p", { class: "sub" },
     `Last slot ${utc(st.last_slot_at)}, last status ${st.last_status || "—"}; `
-    + `enqueued ${c.enqueued ?? 0}, skipped ${c.skipped ?? 0}, failed ${c.failed ?? 0}, duplicate ${c.duplicate ?? 0}.`);
+    + `enqueued ${c.enqueued ?? 0}, skipped ${c.skipped ?? 0}, failed ${c.failed ?? 0}, duplicate ${c.duplicate ?? 0}`
+    + (c.held ? `, held ${c.held}.` : "."));
 }
 
 function slotsSection(slots) {
@@ -73,7 +74,10 @@ function slotsSection(slots) {
 function entriesSection(entries) {
   const rows = entries.map((e) => [
     h("span", {}, e.manager_id, e.manager_is_leader ? [" ", badge("leader", "info")] : ""),
-    e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
+    h("span", {}, e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
+      // options.overlap: a slot held while the previous task runs, and that task's state.
+      e.held_slot ? [" ", badge(`held ${utc(e.held_slot)}`, "warn")] : "",
+      e.previous_task ? [" ", badge(`previous task ${e.previous_task.state}`, "muted")] : ""),
     h("code", { title: e.hash }, e.hash.slice(0, 12)),
     utc(e.previous_slot),
     utc(e.next_slot),
