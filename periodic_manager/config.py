@@ -411,6 +411,41 @@ class PeriodicTaskConfig:
         self.revision = revision
 
     @classmethod
+    def of_row(
+        cls,
+        name: str,
+        spec: str,
+        task_type: str,
+        options: Mapping[str, Any],
+        options_json: str,
+        timezone: str,
+        anchor: datetime | None,
+        schedule_id: int | str | None,
+        effective_at: datetime | None,
+        payload: str | PendingJson,
+        revision: int | None,
+    ) -> PeriodicTaskConfig:
+        """A config from values a judge has already checked (no validation, no keywords: a
+        provider builds a million of these)."""
+        config = cls.__new__(cls)
+        config.name = name
+        config.spec = spec
+        config.task_type = task_type
+        config.options = options if options else _EMPTY_OPTIONS
+        config._options_json = options_json if options else "{}"
+        config.timezone = timezone
+        config.anchor = anchor
+        config.schedule_id = schedule_id
+        config.effective_at = effective_at
+        config._payload = payload
+        config.revision = revision
+        config._fresh()
+        return config
+
+    def _fresh(self) -> None:
+        """Hook for subclasses built by a provider (see ScheduledEntry)."""
+
+    @classmethod
     def create(
         cls,
         *,

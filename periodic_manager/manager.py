@@ -141,6 +141,9 @@ class PeriodicTaskManager:
         self.publisher.views = self.scheduler.overlap.view
         self.scheduler.overlap.changed = self.publisher.upsert
         self.reconciler = Reconciler(self.scheduler, self.publisher, checked=_reraise_if_cancelled)
+        if hasattr(self.provider, "config_class"):
+            # The provider builds rows as entries, which the scheduler adopts without a copy.
+            self.provider.config_class = ScheduledEntry
         self._sync_requested = asyncio.Event()
         self._sync_lock = asyncio.Lock()
         self._beat_lock = asyncio.Lock()
@@ -320,6 +323,7 @@ class PeriodicTaskManager:
                 report = await self._sync(full=full)
                 if report.added + report.replaced >= FREEZE_AFTER:
                     gcpolicy.freeze()  # see gcpolicy: the survivors are never walked again
+                    gcpolicy.release()
                 return report
 
     async def _sync(self, *, full: bool = False) -> SyncReport:

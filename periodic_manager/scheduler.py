@@ -35,6 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from periodic_manager import gcpolicy
 from periodic_manager.calendar import Calendar
@@ -76,7 +77,7 @@ LEAD_MIN_S = 0.02
 LEAD_MAX_S = 10.0
 STAGE_COST_S = 40e-6  # first guess of staging time per task; then measured
 YIELD_EVERY = 2000  # loops over a batch let other tasks (sync, leadership) run this often
-_UNKNOWN = object()
+MEMO_MAX = 100_000  # distinct schedules whose next slot is remembered (see _next)
 
 
 class ScheduledEntry(PeriodicTaskConfig):
@@ -112,6 +113,39 @@ class ScheduledEntry(PeriodicTaskConfig):
     mark: int
     synced: bool
 
+    def _start(
+        self,
+        registered_at: datetime,
+        next_slot: datetime | None,
+        prev_slot: datetime | None,
+        after: datetime | None,
+        fired: datetime | None,
+        synced: bool,
+    ) -> ScheduledEntry:
+        self.registered_at = registered_at
+        self.next_slot = next_slot
+        self.prev_slot = prev_slot
+        self.last_error = None
+        self.after = after
+        self.fired = fired
+        self.dead = False
+        self.mark = 0
+        self.synced = synced
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As PeriodicTaskConfig: a provider builds rows as fresh entries (see ``of``)."""
+        super().__init__(*args, **kwargs)
+        self.mark = -1  # fresh: not registered yet
+
+    def _fresh(self) -> None:
+        self.mark = -1
+
+    @property
+    def fresh(self) -> bool:
+        """Built as an entry by a provider but not registered yet (it can be adopted as is)."""
+        return self.mark == -1
+
     @classmethod
     def of(
         cls,
@@ -124,20 +158,15 @@ class ScheduledEntry(PeriodicTaskConfig):
         fired: datetime | None = None,
         synced: bool = False,
     ) -> ScheduledEntry:
-        """The entry of ``config`` (its fields copied: the provider's object can go)."""
-        entry = cls.__new__(cls)
-        for name in _CONFIG_SLOTS:
-            setattr(entry, name, getattr(config, name))
-        entry.registered_at = registered_at
-        entry.next_slot = next_slot
-        entry.prev_slot = prev_slot
-        entry.last_error = None
-        entry.after = after
-        entry.fired = fired
-        entry.dead = False
-        entry.mark = 0
-        entry.synced = synced
-        return entry
+        """The entry of ``config``: the object itself when a provider built it as a fresh entry
+        (no copy per schedule), else a copy of its fields."""
+        if type(config) is cls and config.fresh:  # type: ignore[attr-defined]
+            entry: ScheduledEntry = config  # type: ignore[assignment]
+        else:
+            entry = cls.__new__(cls)
+            for name in _CONFIG_SLOTS:
+                setattr(entry, name, getattr(config, name))
+        return entry._start(registered_at, next_slot, prev_slot, after, fired, synced)
 
     @property
     def config(self) -> PeriodicTaskConfig:
@@ -209,8 +238,7 @@ class Scheduler:
         self._gc_hold: contextlib.ExitStack | None = None
         self._stage_cost = STAGE_COST_S
         self._changes = 0  # counts registrations, removals and rebases (see Staged.changes)
-        self._memo: dict[Schedule, datetime | str] = {}  # see _next
-        self._memo_after: datetime | None = None
+        self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see _next
         self.writer = RunWriter(on_runs, observe=observe, retry_base=retry_base, changed=self._notify)
         self.dispatcher = Dispatcher(
             staged(target),
@@ -277,7 +305,6 @@ class Scheduler:
         ident = config.ident
         old = self._entries.get(ident)
         last = old.fired if old is not None else self._retired.pop(ident, None)
-        config.schedule  # noqa: B018 - parsed here, where a failure concerns this schedule only
         entry = ScheduledEntry.of(config, now, prev_slot=last, after=now, fired=last, synced=synced)
         if old is not None and _same_slots(old, config):
             entry.next_slot, entry.after = old.next_slot, old.after
@@ -329,23 +356,25 @@ class Scheduler:
         """The entry's first slot strictly after ``after`` (and after ``entry.after``), or None
         when there is none before year 10000: that entry stops, the others go on.
 
-        Memoised per schedule for one ``after`` at a time: a burst advances its entries from one
-        slot and a sync registers its rows at one instant, and schedules are shared by every
-        row with the same (spec, zone, anchor)."""
+        Memoised per schedule (shared by every row with the same spec, zone and anchor): a slot
+        found after ``t`` is also the first after any instant in ``[t, slot)``, so a burst that
+        advances its entries from one slot, or a sync registering a million rows over several
+        seconds, computes each distinct schedule's next slot about once."""
         if entry.after is not None and entry.after > after:
             after = entry.after
-        if after != self._memo_after:
-            self._memo.clear()
-            self._memo_after = after
         schedule = entry.schedule
-        slot = self._memo.get(schedule, _UNKNOWN)
-        if slot is _UNKNOWN:
+        memo = self._memo.get(schedule)
+        if memo is not None and memo[0] <= after and (type(memo[1]) is not datetime or after < memo[1]):
+            slot = memo[1]
+        else:
             try:
                 slot = schedule.next_after(after)
             except (OverflowError, ValueError) as exc:
                 slot = f"no slot after {after.isoformat()}: {exc}"
-            self._memo[schedule] = slot
-        if isinstance(slot, datetime):
+            if len(self._memo) >= MEMO_MAX:
+                self._memo.clear()
+            self._memo[schedule] = (after, slot)
+        if type(slot) is datetime:
             return slot
         entry.last_error = slot
         log.error(

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
@@ -25,6 +26,7 @@ from periodic_manager.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 YIELD_EVERY = 500  # rows between yields to the event loop
+_LOOK_UP = object()
 
 
 @dataclass(slots=True)
@@ -73,7 +75,7 @@ class Reconciler:
             if entry is cfg:
                 unchanged += 1  # the provider reused the config: the row did not change
             else:
-                self._upsert(cfg, report, now_)
+                self._upsert(cfg, report, now_, entry)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let leadership checks and dispatch run
                 now_ = self.scheduler.clock.now()
@@ -111,10 +113,14 @@ class Reconciler:
             self.publisher.remove(entry.entry_id)
             report.removed += 1
 
-    def _upsert(self, cfg: PeriodicTaskConfig, report: SyncReport, now: datetime) -> bool:
+    def _upsert(
+        self, cfg: PeriodicTaskConfig, report: SyncReport, now: datetime, entry: Any = _LOOK_UP
+    ) -> bool:
         """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
-        (then a row error is added to the report and any previous entry keeps running)."""
-        entry = self.scheduler.get(cfg.ident)
+        (then a row error is added to the report and any previous entry keeps running).
+        ``entry``: the current entry of its key, when the caller looked it up already."""
+        if entry is _LOOK_UP:
+            entry = self.scheduler.get(cfg.ident)
         # The provider hands back the same object for an unchanged row: no hashing needed.
         if entry is cfg:  # the provider reused what the entry holds
             report.unchanged += 1

@@ -17,7 +17,7 @@ NAMES = ["job.a", "bad name!", ""]
 SPECS = ["*/5 * * * *", "0 0 31 2 *", "@every 90s", "61 * * * *"]
 ZONES = ["UTC", "Europe/Berlin", "Mars/Olympus"]
 TYPES = ["reports.build", "", "x" * 300]
-PAYLOADS = ['{"n": 1}', "not json", "null", '"' + "x" * 80 + '"']
+PAYLOADS = ['{"n": 1}', "not json", "null", '"' + "x" * 80 + '"', "[[[[1]]]]", "1" * 4301, '{"a": "\\u0000"}']
 OPTIONS = ["{}", '{"queue": "q"}', '{"queu": "q"}', "[1]", "nope", None, '{"timeout": 1e300}']
 EFFECTIVE = ["1764547200.5", None, "Infinity"]
 
@@ -54,11 +54,17 @@ def same(a: Any, b: Any) -> bool:
     return a is None and b is None
 
 
-@pytest.mark.parametrize("sqlite", [False, True], ids=["postgresql", "sqlite"])
-def test_the_memoising_judge_agrees_with_judge_on_every_row(sqlite: bool) -> None:
-    rules = dbrows.Rules(sqlite, max_payload_bytes=64)
+@pytest.mark.parametrize(
+    "sqlite,jsonb", [(False, False), (False, True), (True, False)],
+    ids=["postgresql-text", "postgresql-jsonb", "sqlite"],
+)
+def test_the_memoising_judge_agrees_with_judge_on_every_row(sqlite: bool, jsonb: bool) -> None:
+    rules = dbrows.Rules(sqlite, max_payload_bytes=5000)
     fast = dbrows.RowJudge(rules)
+    fast.jsonb = jsonb
     rows = sqlite_rows() if sqlite else pg_rows()
+    if jsonb:  # a jsonb column only ever holds valid JSON
+        rows = [r for r in rows if r[7] != "not json"]
     verdicts = [(dbrows.judge(rules, r), fast(r)) for r in rows + rows]  # twice: memo hits
     assert len(rows) > 300
     assert sum(isinstance(a, PeriodicTaskConfig) for a, _ in verdicts) > 10

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,6 +36,7 @@ from sqlalchemy.sql.elements import ColumnClause
 from periodic_manager.config import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_JSON_DEPTH,
+    NAME_RE,
     UNKNOWN_START,
     PendingJson,
     PeriodicTaskConfig,
@@ -271,16 +274,18 @@ def judge(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | N
     return judge_content(rules, raw)
 
 
-def _plain_jsonb(text: Any, max_bytes: int) -> PendingJson | None:
-    """PostgreSQL's text of a JSONB document, when it can pass every payload check unparsed.
+def _plain_jsonb(text: Any, max_bytes: int, jsonb: bool) -> PendingJson | None:
+    """PostgreSQL's text of a JSON document, when it can pass every payload check without
+    being re-encoded now (the canonical form is made later, off a cold start's path).
 
-    It is parsed (so it is valid JSON whatever the column holds), but not re-encoded: JSONB's
-    text is at least as long as our canonical form (which drops the blank after each ``,`` and
-    ``:``, and whose numbers and strings are never longer), so a text within the size limit is
-    within it canonically too, and fewer brackets than the depth limit cannot nest deeper. It
-    holds no NUL (PostgreSQL refuses them) and, once parsed, no integer Python cannot read.
-    Anything else (rare) takes the exact path: the verdict is the same either way, only its cost
-    differs; the canonical form is made later, off a cold start's path.
+    JSONB's text is at least as long as our canonical form (which drops the blank after each
+    ``,`` and ``:``, and whose numbers and strings are never longer), so a text within the size
+    limit is within it canonically too; fewer brackets than the depth limit cannot nest deeper;
+    PostgreSQL refuses NUL, and a text with a ``\\u`` escape takes the exact path. When the
+    column is of type jsonb (``jsonb``: checked once per provider), the text is valid JSON by
+    construction, and only an integer longer than Python parses could still fail: a run of that
+    many digits takes the exact path too. Otherwise the text is parsed. Either way the verdict is
+    the one of the exact path; only the cost differs.
     """
     if type(text) is not str:
         return None
@@ -288,11 +293,19 @@ def _plain_jsonb(text: Any, max_bytes: int) -> PendingJson | None:
         return None
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH or "\\u" in text:
         return None
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):
-        return None  # the exact path names the error
+    if jsonb:
+        if _LONG_DIGITS.search(text):
+            return None
+    else:
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return None  # the exact path names the error
     return PendingJson(text)
+
+
+# A run of more digits than Python parses as an integer (sys.get_int_max_str_digits()).
+_LONG_DIGITS = re.compile("[0-9]{%d}" % (sys.get_int_max_str_digits() + 1))  # noqa: UP031
 
 
 class RowJudge:
@@ -307,11 +320,17 @@ class RowJudge:
 
     def __init__(self, rules: Rules) -> None:
         self.rules = rules
+        # What valid rows become: a PeriodicTaskConfig, or a subclass a manager adopts as is
+        # (its scheduler's entries: one object per schedule from the read on, never a copy).
+        self.config_class: type[PeriodicTaskConfig] = PeriodicTaskConfig
+        self.jsonb = False  # the payload column is of type jsonb (its text is valid JSON)
         self._strings: dict[str, str] = {}
         self._task_types: dict[str, ConfigError | None] = {}
         self._schedules: dict[tuple[str, str], ConfigError | None] = {}
         self._options: dict[Any, tuple[Any, str] | ConfigError] = {}  # raw text -> verdict
         self._instants: dict[Any, datetime] = {}
+        # (spec, timezone, task_type, options text) of valid rows -> their shared values
+        self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def __call__(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | None:
         try:
@@ -330,6 +349,44 @@ class RowJudge:
     def _content(self, raw: Sequence[Any]) -> PeriodicTaskConfig:
         rules = self.rules
         name, spec, timezone, anchor, task_type, payload_raw, options_raw = raw[2:_EFFECTIVE]
+        if anchor is None and not rules.sqlite:
+            # A row like one already found valid in all but its name and payload: only those
+            # two are checked (if either fails, the full path below names the error).
+            known = self._shapes.get((spec, timezone, task_type, options_raw))
+            if known is not None and type(name) is str and NAME_RE.match(name):
+                pending = _plain_jsonb(payload_raw, rules.max_payload_bytes, self.jsonb)
+                if pending is not None:
+                    spec, timezone, task_type, opts, options_json = known
+                    config = self.config_class.of_row(
+                        name, spec, task_type, opts, options_json, timezone, None, raw[0],
+                        self._effective_at(raw[_EFFECTIVE]), pending,
+                        raw[N_JUDGED] if len(raw) > N_JUDGED else None,
+                    )
+                    if rules.check is not None:
+                        rules.check(config)
+                    return config
+        config = self._full(raw, name, spec, timezone, anchor, task_type, payload_raw, options_raw)
+        if anchor is None and not rules.sqlite:
+            self._remember(
+                self._shapes,
+                (raw[3], raw[4], raw[6], options_raw),
+                (config.spec, config.timezone, config.task_type, config.options, config.options_json),
+            )
+        return config
+
+    def _full(
+        self,
+        raw: Sequence[Any],
+        name: Any,
+        spec: Any,
+        timezone: Any,
+        anchor: Any,
+        task_type: Any,
+        payload_raw: Any,
+        options_raw: Any,
+    ) -> PeriodicTaskConfig:
+        """Every column decoded and checked, in judge_content's order."""
+        rules = self.rules
         # Decoding, in column order (as judge_content, so the same field is named first).
         if rules.sqlite:
             name = _utf8("name", name)
@@ -342,7 +399,9 @@ class RowJudge:
             if anchor is not None:
                 anchor = _epoch_instant("anchor", anchor)
             task_type = self._text("task_type", task_type)
-        pending = None if rules.sqlite else _plain_jsonb(payload_raw, rules.max_payload_bytes)
+        pending = (
+            None if rules.sqlite else _plain_jsonb(payload_raw, rules.max_payload_bytes, self.jsonb)
+        )
         if pending is None:
             payload = _json("payload", payload_raw)
         options = self._options.get(options_raw)
@@ -367,7 +426,7 @@ class RowJudge:
             self._memo(self._schedules, (spec, timezone), lambda st: validate_schedule(*st, None))
         else:
             validate_schedule(spec, timezone, anchor)
-        config = PeriodicTaskConfig(
+        config = self.config_class(
             name,
             spec,
             task_type,

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Select, any_, bindparam, delete, func, select
+from sqlalchemy import BigInteger, Select, any_, bindparam, delete, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -66,6 +66,7 @@ class DatabaseProvider:
         self.rules = dbrows.Rules(self._sqlite, max_payload_bytes, check)
         self._judge = dbrows.RowJudge(self.rules)
         self.known: Known | None = None
+        self._types_checked = False
         # Rejected rows by id, with the revision they were judged at: a bad row is not judged
         # again until it changes (good rows are remembered by the manager's entries).
         self._errors: dict[int, tuple[int, RowError]] = {}
@@ -81,6 +82,15 @@ class DatabaseProvider:
         self._revisions = (
             select(t.id, t.revision).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
         )
+
+    @property
+    def config_class(self) -> type[PeriodicTaskConfig]:
+        """What valid rows become (a manager sets its entry class: no copy per schedule)."""
+        return self._judge.config_class
+
+    @config_class.setter
+    def config_class(self, cls: type[PeriodicTaskConfig]) -> None:
+        self._judge.config_class = cls
 
     async def get_configs(self) -> ProviderSnapshot:
         """Every enabled, valid row as a config, and a RowError for each enabled, invalid row.
@@ -200,6 +210,21 @@ class DatabaseProvider:
             )
         return int(result.rowcount or 0)
 
+    async def _check_types(self, conn: AsyncConnection) -> None:
+        """Once: whether ``payload`` is still of type jsonb (then its text is valid JSON)."""
+        if self._sqlite or self._types_checked:
+            return
+        kind = (
+            await conn.execute(
+                text(
+                    "SELECT data_type FROM information_schema.columns WHERE table_name ="
+                    " 'periodic_jobs' AND column_name = 'payload' AND table_schema = current_schema()"
+                )
+            )
+        ).scalar()
+        self._judge.jsonb = kind == "jsonb"
+        self._types_checked = True
+
     async def _stream(
         self, conn: AsyncConnection, query: Select[Any], params: dict[str, Any] | None = None
     ) -> AsyncIterator[Sequence[Any]]:
@@ -207,6 +232,7 @@ class DatabaseProvider:
 
         PostgreSQL: the driver's own cursor (asyncpg records, no SQLAlchemy row objects: half
         the cost per row); SQLite: SQLAlchemy's partitions."""
+        await self._check_types(conn)
         if self._sqlite:
             result = await conn.stream(query.execution_options(yield_per=FETCH_PARTITION), params)
             async for part in result.partitions():
