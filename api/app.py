@@ -11,17 +11,31 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from periodic_manager.api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
+from periodic_manager.api.deps import ManagerLike
+from periodic_manager.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
+from periodic_manager.api.guard import (
+    ANY_HOST_PATHS,
+    SAFE_METHODS,
+    BrowserGuard,
+    warn_if_unreachable_by_name,
+)
+from periodic_manager.api.limits import BodyLimit, HeadAsGet
+from periodic_manager.api.routes import (
+    cron,
+    docs,
+    entries,
+    health,
+    managers,
+    runs,
+    schedules,
+    views,
+)
+from periodic_manager.api.schemas import Problem
+from periodic_manager.api.ui.shell import ui_router
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import periodic_manager
-from api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
-from api.deps import ManagerLike
-from api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
-from api.guard import ANY_HOST_PATHS, SAFE_METHODS, BrowserGuard, warn_if_unreachable_by_name
-from api.limits import BodyLimit, HeadAsGet
-from api.routes import cron, docs, entries, health, managers, runs, schedules, views
-from api.schemas import Problem
-from api.ui.shell import ui_router
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings

@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
+from periodic_manager.api.errors import ApiProblem, config_error_item
+from periodic_manager.api.schemas import Schedule, ScheduleError, ScheduleWithRuns
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.errors import ApiProblem, config_error_item
-from api.schemas import Schedule, ScheduleError, ScheduleWithRuns
 from periodic_manager import cron
 from periodic_manager.config import (
     TOO_LARGE,

@@ -347,7 +347,7 @@ def _serve(settings: Settings, *, role: str) -> int:
         revision = asyncio.run(check_database(settings.database_url))
         import uvicorn  # after the checks: a failing start stays quick
 
-        from api.app import create_app
+        from periodic_manager.api.app import create_app
         from periodic_manager.service import build_manager
 
         port = sock.getsockname()[1]

@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from periodic_manager.api import create_app
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.rows import Rules, columns, judge_content
 from periodic_manager.providers.database import DatabaseProvider

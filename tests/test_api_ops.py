@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from periodic_manager.api import create_app
+from periodic_manager.api.auth import is_loopback, warn_if_exposed
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api import create_app
-from api.auth import is_loopback, warn_if_exposed
 from periodic_manager.clock import VirtualClock
 from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.models import Manager, OutboxMessage, PeriodicJob, Run
@@ -543,7 +543,7 @@ async def test_auth_on(
 async def test_auth_off_and_exposure_warning(caplog: pytest.LogCaptureFixture) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
-    with caplog.at_level(logging.WARNING, logger="api.auth"):
+    with caplog.at_level(logging.WARNING, logger="periodic_manager.api.auth"):
         assert warn_if_exposed(Settings(host="0.0.0.0")) is True
         assert warn_if_exposed(Settings(host="0.0.0.0", api_token=TOKEN)) is False
         assert warn_if_exposed(Settings()) is False

@@ -21,6 +21,7 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
+from periodic_manager.api import create_app
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -30,7 +31,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api import create_app
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
+from periodic_manager.api import create_app
 from sqlalchemy import delete, insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from api import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
@@ -365,7 +365,7 @@ async def test_overview_counts_series_and_exact_percentiles(
 async def test_lateness_percentiles_are_over_the_newest_slots_only(
     client: httpx.AsyncClient, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from api.ui import stats
+    from periodic_manager.api.ui import stats
 
     monkeypatch.setattr(stats, "LATENESS_SAMPLE", 50)
     minute = T0.replace(second=0)
@@ -467,7 +467,7 @@ async def test_assets_are_kept_by_version_and_the_shell_revalidated(
 
 def test_the_dashboard_loads_nothing_from_another_host() -> None:
     """Every URL in the shipped files is same-origin (offline use, CSP ``'self'``)."""
-    folder = resources.files("api.ui") / "static"
+    folder = resources.files("periodic_manager.api.ui") / "static"
     names = [item.name for item in folder.iterdir()]
     assert {"index.html", "app.js", "app.css", "api.js", "dom.js"} <= set(names)
     for item in folder.iterdir():
@@ -512,7 +512,7 @@ async def test_without_tokens_everyone_may_write(client: httpx.AsyncClient) -> N
 
 
 def marks_of(spec: str, tz: str, after: datetime, n: int) -> list[tuple[str, list[str]]]:
-    from api.ui.slots import marked_slots
+    from periodic_manager.api.ui.slots import marked_slots
 
     return [(s.local.isoformat(), s.marks) for s in marked_slots(spec, tz, None, after, n)]
 

@@ -13,13 +13,9 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
-from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, true, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
-
-from api.deps import get_now, get_session, get_settings, notify_manager
-from api.errors import ApiProblem, NameConflict, ScheduleNotFound
-from api.rows import (
+from periodic_manager.api.deps import get_now, get_session, get_settings, notify_manager
+from periodic_manager.api.errors import ApiProblem, NameConflict, ScheduleNotFound
+from periodic_manager.api.rows import (
     api_errors,
     is_sqlite,
     merge_base,
@@ -31,8 +27,13 @@ from api.rows import (
     to_schedule_with_runs,
     validate_write,
 )
-from api.runtime import live_cutoff, schedule_errors, schedule_overlap, schedule_state
-from api.schemas import (
+from periodic_manager.api.runtime import (
+    live_cutoff,
+    schedule_errors,
+    schedule_overlap,
+    schedule_state,
+)
+from periodic_manager.api.schemas import (
     NoNul,
     ScheduleCreate,
     ScheduleDetail,
@@ -41,6 +42,10 @@ from api.schemas import (
     ScheduleUpdate,
     ScheduleWithRuns,
 )
+from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, true, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from periodic_manager.config import DEFAULT_QUEUE
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob, Run, ScheduleState

@@ -17,17 +17,14 @@ from typing import Annotated, Any, Literal
 from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from sqlalchemy import and_, case, func, select, true
-from sqlalchemy.ext.asyncio import AsyncSession
-
-from api.auth import bearer_token
-from api.deps import get_now, get_session, get_settings
-from api.errors import ScheduleNotFound
-from api.rows import read_rows
-from api.rows import rules as row_rules
-from api.runtime import live_cutoff
-from api.ui import listing, stats
-from api.ui.models import (
+from periodic_manager.api.auth import bearer_token
+from periodic_manager.api.deps import get_now, get_session, get_settings
+from periodic_manager.api.errors import ScheduleNotFound
+from periodic_manager.api.rows import read_rows
+from periodic_manager.api.rows import rules as row_rules
+from periodic_manager.api.runtime import live_cutoff
+from periodic_manager.api.ui import listing, stats
+from periodic_manager.api.ui.models import (
     EntryView,
     EntryViewPage,
     ManagerView,
@@ -38,8 +35,11 @@ from api.ui.models import (
     SlotView,
     WhoAmI,
 )
-from api.ui.order import NextSlotOrder
-from api.ui.slots import marked_slots
+from periodic_manager.api.ui.order import NextSlotOrder
+from periodic_manager.api.ui.slots import marked_slots
+from sqlalchemy import and_, case, func, select, true
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob
 from periodic_manager.settings import Settings

@@ -50,7 +50,7 @@ class Asset:
 
 def _load_assets() -> dict[str, Asset]:
     assets: dict[str, Asset] = {}
-    folder = resources.files("api.ui") / "static"
+    folder = resources.files("periodic_manager.api.ui") / "static"
     for item in folder.iterdir():
         suffix = "." + item.name.rsplit(".", 1)[-1]
         if item.is_file() and suffix in MEDIA_TYPES:

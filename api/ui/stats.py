@@ -16,11 +16,11 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from periodic_manager.api.ui.listing import error_entries
+from periodic_manager.api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 from sqlalchemy import String, case, cast, func, literal, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from api.ui.listing import error_entries
-from api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 
 WINDOW_MINUTES = 60
