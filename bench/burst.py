@@ -49,7 +49,8 @@ async def landed(client: aioredis.Redis, stream: str, after_ms: int) -> list[int
 
 async def floor(n: int, prefix: str) -> float:
     """Seconds Redis needs to take N prepared tasks (first call to last entry id)."""
-    target = RedisStreamsTarget.from_url(REDIS, prefix=prefix)
+    # One send of every task: a generous timeout (the manager's own sends are smaller parts).
+    target = RedisStreamsTarget.from_url(REDIS, prefix=prefix, timeout=60)
     client = aioredis.from_url(REDIS)
     try:
         slot = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)

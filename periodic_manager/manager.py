@@ -309,6 +309,10 @@ class PeriodicTaskManager:
     def entries(self) -> list[ScheduledEntry]:
         return self.scheduler.entries()
 
+    def entry(self, key: int | str) -> ScheduledEntry | None:
+        """The entry of schedule ``key`` (a row id, or ``name:<name>`` for code), if registered."""
+        return self.scheduler.get(key)
+
     def request_sync(self) -> None:
         """Ask for a sync as soon as possible (non-blocking; bursts coalesce into one sync)."""
         self._sync_requested.set()
