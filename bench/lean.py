@@ -42,8 +42,9 @@ from periodic_manager import gcpolicy  # noqa: E402
 from periodic_manager.targets.redis_streams import RedisStreamsTarget  # noqa: E402
 
 
-async def seed(b: Bench, n: int) -> None:
-    """n daily rows spread over the day (none due during a run), and one @every 1s row."""
+async def seed(b: Bench, n: int, *, tick: bool = True) -> None:
+    """n daily rows spread over the day (none due during a run), and (``tick``) one @every 1s
+    row."""
     conn = await asyncpg.connect(f"{PG}/{b.name}")
     try:
         await conn.execute(
@@ -52,9 +53,10 @@ async def seed(b: Bench, n: int) -> None:
             " 'bench.task', jsonb_build_object('n', g) FROM generate_series(1, $1) g",
             n,
         )
-        await conn.execute(
-            "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('tick', '@every 1s', 't')"
-        )
+        if tick:
+            await conn.execute(
+                "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('tick', '@every 1s', 't')"
+            )
         await conn.execute("VACUUM ANALYZE periodic_jobs")
     finally:
         await conn.close()
@@ -131,7 +133,7 @@ async def sync_cost(n: int) -> list[str]:
 
 async def idle(n: int, seconds: float = 60) -> dict[str, Any]:
     async with Bench() as b:
-        await seed(b, n)
+        await seed(b, n, tick=False)  # nothing due at all (the tick's history would be work)
         mgr = b.manager(RedisStreamsTarget.from_url(REDIS, prefix=b.prefix), close_target=True, sync_interval=30)
         await mgr.start()
         await mgr.flush()

@@ -25,7 +25,8 @@ from periodic_manager.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-YIELD_EVERY = 500  # rows between yields to the event loop
+YIELD_EVERY = 500  # rows between yields to the event loop while registering
+SCAN_YIELD_EVERY = 20_000  # entries between yields in a pass that only looks them up
 _LOOK_UP = object()
 
 
@@ -61,13 +62,21 @@ class Reconciler:
     async def apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
         """Full reconcile: the snapshot is the whole truth."""
         report = SyncReport(ok=True, errors=list(snapshot.errors))
-        desired: dict[int | str, PeriodicTaskConfig] = {c.ident: c for c in snapshot.configs}
+        # Every pass over all rows or entries yields now and then: with a million of them one
+        # pass holds the event loop for a few hundred milliseconds.
+        desired: dict[int | str, PeriodicTaskConfig] = {}
+        for i, c in enumerate(snapshot.configs):
+            desired[c.ident] = c
+            if i % SCAN_YIELD_EVERY == SCAN_YIELD_EVERY - 1:
+                await asyncio.sleep(0)
         bad = {ident_of(str(e.schedule_id)) for e in snapshot.errors}
         held = self.scheduler.held()
-        for ident, entry in list(held.items()):
+        for i, (ident, entry) in enumerate(list(held.items())):
             # A row that turned bad keeps its last good entry running (nothing is lost).
             if entry.synced and ident not in desired and ident not in bad:
                 self._remove(ident, report)
+            if i % SCAN_YIELD_EVERY == SCAN_YIELD_EVERY - 1:
+                await asyncio.sleep(0)
         now_ = self.scheduler.clock.now()
         unchanged = 0
         for i, (ident, cfg) in enumerate(desired.items()):
