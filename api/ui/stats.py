@@ -1,8 +1,8 @@
 """The overview's numbers: schedule counts, the last hour of run history per minute, lateness.
 
 Everything is aggregated by the database (``pm_runs`` is indexed on ``at``), so the cost grows with
-the number of runs in the hour, not with the table: 60 rows of counts come back, and the lateness
-distribution of the newest 10,000 enqueued slots as (value, count) pairs. Percentiles are
+the number of runs in the hour, not with the table: a count per minute and status comes back (at
+most 60 x 5), and the lateness distribution of the newest 10,000 enqueued slots as (value, count) pairs. Percentiles are
 nearest-rank (the value at rank ceil(p * n)), exact over those slots on both databases (SQLite
 has no percentile function).
 
