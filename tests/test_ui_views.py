@@ -6,6 +6,8 @@ exactly against rows written by the test, with a virtual clock.
 
 from __future__ import annotations
 
+import math
+import random
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -388,6 +390,86 @@ async def test_overview_of_an_empty_database(client: httpx.AsyncClient) -> None:
     assert body["lateness"]["count"] == 0 and body["lateness"]["p50_ms"] is None
     assert all(p["enqueued"] == 0 for p in body["series"])
     assert body["managers"] == {"live": 0, "leader": None}
+
+
+async def test_overview_numbers_match_the_history_counted_here(
+    client: httpx.AsyncClient, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every number of the overview recomputed in Python from the rows this test writes: counts
+    per minute and status, nearest-rank percentiles of the newest enqueued slots, and "in error"
+    as exactly the schedules the list's ``in_error=true`` filter returns."""
+    from periodic_manager.api.ui import stats
+
+    monkeypatch.setattr(stats, "LATENESS_SAMPLE", 207)  # p * 207 is not whole: ranks round up
+    rng = random.Random(14)
+    ids = [await create(client, f"job.{i:02d}", "* * * * *", enabled=i % 4 != 0) for i in range(12)]
+    async with engine.begin() as conn:  # unusable for the API's judge, but rejected by no manager
+        await conn.execute(
+            insert(PeriodicJob).values(
+                name="sql.bad", spec="not cron", task_type="t", created_at=T0, updated_at=T0
+            )
+        )
+    await live_manager(engine, "m1")
+    await live_manager(engine, "m2", leader=False)
+    await live_manager(engine, "gone", leader=False, age_s=3 * HEARTBEAT_S + 1)
+    await add_entry(engine, str(ids[1]), "error", last_error="x")
+    await add_entry(engine, str(ids[1]), "error", manager_id="m2", last_error="x")  # counted once
+    await add_entry(engine, str(ids[4]), "error", manager_id="m2", last_error="x")  # a paused row
+    await add_entry(engine, str(ids[5]), "active")
+    await add_entry(engine, str(ids[6]), "error", manager_id="gone", last_error="x")  # dead
+    await add_entry(engine, f"00{ids[7]}", "error", last_error="x")  # not that row's key
+    await add_entry(engine, "987654", "error", last_error="x")  # no such row
+
+    start = T0.replace(second=0) - timedelta(minutes=59)  # 11:01:00
+    end = start + timedelta(minutes=60)
+    statuses = [*stats.STATUSES, "enqueued", "enqueued", "other"]
+    rows = []
+    for i in range(800):
+        lateness = rng.choice([7, 40, rng.randrange(10_000), rng.randrange(10_000)])
+        if i % 8 == 0:  # on a minute's edge, or a microsecond before it (never enqueued: ties)
+            at = start + timedelta(minutes=rng.randrange(-2, 62))
+            at -= timedelta(microseconds=rng.choice([0, 1]))
+            status = rng.choice([st for st in statuses if st != "enqueued"])
+        else:  # distinct instants: "the newest N enqueued" is well defined
+            at = start + timedelta(seconds=rng.uniform(-150, 3750), microseconds=i)
+            status = rng.choice(statuses)
+        rows.append({**run(str(rng.choice(ids)), at, status, lateness), "at": at})
+    rows += [{**run("1", edge, "skipped"), "at": edge} for edge in (start, end)]
+    await add_runs(engine, rows)
+
+    series = [dict.fromkeys(stats.STATUSES, 0) for _ in range(60)]
+    for r in rows:
+        if start <= r["at"] < end and r["status"] in stats.STATUSES:
+            series[int((r["at"] - start).total_seconds() // 60)][r["status"]] += 1
+    enqueued = sorted(
+        (r for r in rows if r["status"] == "enqueued" and r["at"] >= start),
+        key=lambda r: r["at"],
+        reverse=True,
+    )
+    assert len(enqueued) > 207  # the sample leaves the oldest out
+    values = sorted(r["lateness_ms"] for r in enqueued[:207])
+
+    def rank(p: float) -> int:
+        return values[max(1, math.ceil(p * len(values))) - 1]
+
+    body = (await client.get("/views/overview")).json()
+    assert [{k: point[k] for k in stats.STATUSES} for point in body["series"]] == series
+    assert series[0]["skipped"] and sum(sum(point.values()) for point in series) > 500
+    assert body["lateness"] == {
+        "count": 207,
+        "p50_ms": rank(0.5),
+        "p90_ms": rank(0.9),
+        "p99_ms": rank(0.99),
+        "max_ms": values[-1],
+    }
+    listed = (await client.get("/views/schedules", params={"in_error": "true"})).json()
+    assert sorted(item["id"] for item in listed["items"]) == [ids[1], ids[4]]
+    assert body["counts"] == {
+        "schedules": 13,
+        "enabled": 1 + sum(1 for i in range(12) if i % 4 != 0),
+        "paused": 3,
+        "in_error": listed["total"],
+    }
 
 
 # -- managers and entries ----------------------------------------------------------------------

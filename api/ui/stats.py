@@ -1,8 +1,8 @@
 """The overview's numbers: schedule counts, the last hour of run history per minute, lateness.
 
 Everything is aggregated by the database (``pm_runs`` is indexed on ``at``), so the cost grows with
-the number of runs in the hour, not with the table: 60 rows of counts come back, and the lateness
-distribution of the newest 10,000 enqueued slots as (value, count) pairs. Percentiles are
+the number of runs in the hour, not with the table: a count per minute and status comes back (at
+most 60 x 5), and the lateness distribution of the newest 10,000 enqueued slots as (value, count) pairs. Percentiles are
 nearest-rank (the value at rank ceil(p * n)), exact over those slots on both databases (SQLite
 has no percentile function).
 
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from periodic_manager.api.ui.listing import error_entries
 from periodic_manager.api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
-from sqlalchemy import String, case, cast, func, literal, select, union_all
+from sqlalchemy import String, bindparam, case, cast, func, literal_column, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
@@ -36,55 +37,70 @@ def window_start(now: datetime) -> datetime:
 
 
 async def counts(session: AsyncSession, cutoff: datetime) -> Counts:
-    total, enabled = (
-        await session.execute(
-            select(
-                func.count(), func.coalesce(func.sum(case((PeriodicJob.enabled, 1), else_=0)), 0)
-            )
-        )
-    ).one()
+    """Schedules, enabled ones and those in error, in one statement. "In error" is what the
+    list's ``in_error=true`` filter shows: rows a live manager rejected (the same condition)."""
     rejected = error_entries(cutoff).with_only_columns(Entry.schedule_key)
     in_error = (
-        await session.execute(
-            select(func.count()).where(cast(PeriodicJob.id, String).in_(rejected))
-        )
-    ).scalar_one()
-    return Counts(
-        schedules=total, enabled=int(enabled), paused=total - int(enabled), in_error=in_error
+        select(func.count())
+        .select_from(PeriodicJob)
+        .where(cast(PeriodicJob.id, String).in_(rejected))
+        .scalar_subquery()
     )
+    enabled = func.coalesce(func.sum(case((PeriodicJob.enabled, 1), else_=0)), 0)
+    total, on, bad = (
+        await session.execute(select(func.count(), enabled, in_error).select_from(PeriodicJob))
+    ).one()
+    return Counts(schedules=total, enabled=int(on), paused=total - int(on), in_error=int(bad))
 
 
-def _per_minute_sqlite(start: datetime, sums: list[Any]) -> Any:
-    """One index range per minute (UNION ALL): SQLite then reads the runs in index order and sorts
-    nothing (grouping by a computed minute made it sort every run of the hour: 1.4x slower)."""
+@lru_cache(maxsize=1)
+def _per_minute_sqlite() -> Any:
+    """One index range per minute (UNION ALL), each counted by status: SQLite then reads the runs
+    in index order and sorts nothing (grouping the hour by a computed minute made it sort every
+    run: 1.4x slower). Built once: making 60 selects cost more than running them; the bounds are
+    the parameters ``b0`` .. ``b60``."""
     return union_all(
         *(
-            select(literal(i), *sums).where(
-                Run.at >= start + timedelta(minutes=i), Run.at < start + timedelta(minutes=i + 1)
-            )
+            select(literal_column(str(i)), Run.status, func.count())
+            .where(Run.at >= bindparam(f"b{i}"), Run.at < bindparam(f"b{i + 1}"))
+            .group_by(Run.status)
             for i in range(WINDOW_MINUTES)
         )
     )
 
 
-def _per_minute_postgres(start: datetime, sums: list[Any]) -> Any:
-    """Grouped by minute (PostgreSQL aggregates by hash; 60 range scans were 1.4x slower)."""
-    minute = func.date_trunc("minute", Run.at)
+def _per_minute_postgres(start: datetime, version: tuple[int, ...]) -> Any:
+    """Grouped by minute and status, counted (PostgreSQL aggregates by hash; 60 range scans were
+    1.4x slower). ``date_bin`` (PostgreSQL 14) cuts the minute 1.6x cheaper than ``date_trunc``,
+    which converts every instant to the session's zone; both give the same UTC minutes."""
+    since = bindparam("start", start, type_=Run.at.type)
+    if version >= (14,):
+        minute = func.date_bin(literal_column("interval '1 minute'"), Run.at, since)
+    else:
+        minute = func.date_trunc("minute", Run.at)
     end = start + timedelta(minutes=WINDOW_MINUTES)
-    return select(minute, *sums).where(Run.at >= start, Run.at < end).group_by(minute)
+    return (
+        select(minute, Run.status, func.count())
+        .where(Run.at >= since, Run.at < end)
+        .group_by(minute, Run.status)
+    )
 
 
 async def series(session: AsyncSession, start: datetime) -> list[SeriesPoint]:
-    """Runs per minute and status (a conditional sum per status), 60 rows at most."""
-    sums = [func.coalesce(func.sum(case((Run.status == st, 1), else_=0)), 0) for st in STATUSES]
-    sqlite = session.bind is not None and session.bind.dialect.name == "sqlite"
-    stmt = _per_minute_sqlite(start, sums) if sqlite else _per_minute_postgres(start, sums)
+    """Runs per minute and status: at most 60 x (number of statuses) counts come back."""
+    dialect = session.bind.dialect if session.bind is not None else None
+    if dialect is not None and dialect.name == "sqlite":
+        bounds = {f"b{i}": start + timedelta(minutes=i) for i in range(WINDOW_MINUTES + 1)}
+        result = await session.execute(_per_minute_sqlite(), bounds)
+    else:
+        version = (dialect.server_version_info if dialect is not None else None) or (0,)
+        result = await session.execute(_per_minute_postgres(start, tuple(version)))
     grid: list[dict[str, int]] = [dict.fromkeys(STATUSES, 0) for _ in range(WINDOW_MINUTES)]
-    for row in await session.execute(stmt):
-        first = row[0]  # the bucket's index (SQLite) or the minute (PostgreSQL)
+    for first, status, n in result:
+        # the bucket's index (SQLite) or the minute (PostgreSQL)
         i = first if isinstance(first, int) else int((first - start).total_seconds() // 60)
-        if 0 <= i < WINDOW_MINUTES:
-            grid[i] = {status: int(n or 0) for status, n in zip(STATUSES, row[1:], strict=True)}
+        if 0 <= i < WINDOW_MINUTES and status in grid[i]:
+            grid[i][status] = int(n)
     return [
         SeriesPoint(start_at=start + timedelta(minutes=i), **cells) for i, cells in enumerate(grid)
     ]
