@@ -26,6 +26,7 @@ a failing prune is logged and never fails the heartbeat.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ _ENTRY_COLS = [c.label(f"e_{c.name}") for c in Entry.__table__.c]
 _CHUNK = 500
 # pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
 _RUNS_INSERT_CHUNK = 5000
+_STATE_UPSERT_CHUNK = 1000  # state rows per statement (each is built and bound in one go)
+_BUILD_SLICE = 5000  # runs handled between yields while a batch is prepared
 _PRUNE_BATCH = 5000
 _PRUNE_ROUNDS = 20
 _ERROR_MAX = 2000  # characters of an error kept in history
@@ -208,31 +211,41 @@ class DatabaseRuntimeStore:
         """
         if not runs:
             return
+        # The Python side of a burst's history (folding, building rows) goes in slices with a
+        # yield between them: 100,000 runs in one go held the event loop for ~0.3 s, and the
+        # next instant's dispatch would have waited on it.
         deltas: dict[str, StateRecord] = {}
         updated_at: dict[str, datetime] = {}
-        for run in runs:
+        for i, run in enumerate(runs):
             delta = deltas.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name))
             fold_run(delta, run)
             updated_at[run.schedule_key] = max(run.at, updated_at.get(run.schedule_key, run.at))
+            if i % _BUILD_SLICE == _BUILD_SLICE - 1:
+                await asyncio.sleep(0)
         # Sorted so that concurrent writers lock rows in the same order (no deadlock).
-        rows = [_state_values(deltas[k], updated_at[k]) for k in sorted(deltas)]
-        history = [_run_values(run) for run in runs] if self.runs_per_schedule else []
+        keys = sorted(deltas)
         async with self.engine.begin() as conn:
             upsert = self._state_upsert()
-            for i in range(0, len(rows), _RUNS_INSERT_CHUNK):  # slices: within the command timeout
-                await conn.execute(upsert, rows[i : i + _RUNS_INSERT_CHUNK])
-            if history and self._copy:
+            for i in range(0, len(keys), _STATE_UPSERT_CHUNK):  # slices: within the command timeout
+                part = keys[i : i + _STATE_UPSERT_CHUNK]
+                await conn.execute(upsert, [_state_values(deltas[k], updated_at[k]) for k in part])
+            if self.runs_per_schedule and self._copy:
                 # COPY: a burst's 100,000 history rows in one stream, not 20 executemany rounds.
+                records: list[tuple[Any, ...]] = []
+                for i, run in enumerate(runs):
+                    h = _run_values(run)
+                    records.append(tuple(h[c] for c in _RUN_COLUMNS))
+                    if i % _BUILD_SLICE == _BUILD_SLICE - 1:
+                        await asyncio.sleep(0)
                 raw = await conn.get_raw_connection()
                 await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
-                    Run.__tablename__,
-                    records=[tuple(h[c] for c in _RUN_COLUMNS) for h in history],
-                    columns=_RUN_COLUMNS,
+                    Run.__tablename__, records=records, columns=_RUN_COLUMNS
                 )
-            else:
-                for i in range(0, len(history), _RUNS_INSERT_CHUNK):
-                    await conn.execute(insert(Run), history[i : i + _RUNS_INSERT_CHUNK])
-        if history:
+            elif self.runs_per_schedule:
+                for i in range(0, len(runs), _RUNS_INSERT_CHUNK):
+                    part = runs[i : i + _RUNS_INSERT_CHUNK]
+                    await conn.execute(insert(Run), [_run_values(run) for run in part])
+        if self.runs_per_schedule:
             self._touched.update(deltas)
 
     async def prune_runs(self, now: datetime, keys: Iterable[str] | None = None) -> int:
