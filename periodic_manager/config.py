@@ -19,8 +19,8 @@ from typing import Any
 from periodic_manager import cron
 from periodic_manager.errors import ConfigError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}$")
-QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
+QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
 TASK_TYPE_MAX = 200
 SPEC_MAX = 200  # the periodic_jobs.spec column
 DEFAULT_QUEUE = "default"

@@ -243,6 +243,8 @@ BAD_BODIES: list[tuple[dict[str, Any], list[Any]]] = [
     ({"anchor": 1700000000}, ["body", "anchor"]),
     ({"anchor": "0001-01-01T00:00:00+14:00"}, ["body", "anchor"]),
     ({"name": "bad name!"}, ["body", "name"]),
+    ({"name": "trailing.newline\n"}, ["body", "name"]),
+    ({"options": {"queue": "q\n"}}, ["body", "options", "queue"]),
     ({"name": ""}, ["body", "name"]),
     ({"name": 42}, ["body", "name"]),
     ({"task_type": ""}, ["body", "task_type"]),

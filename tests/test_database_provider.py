@@ -131,6 +131,8 @@ BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
     ("bad.options.key", {"options": '{"queu": "x"}'}, "options.queu"),
     ("bad.options.value", {"options": '{"max_retry": -1}'}, "options.max_retry"),
     ("bad name!", {}, "name"),
+    ("bad.newline\n", {}, "name"),  # a regex's $ would let a trailing newline through
+    ("bad.queue", {"options": '{"queue": "q\\n"}'}, "options.queue"),
     ("bad.type", {"task_type": ""}, "task_type"),
     # Valid JSON to the database, but beyond what Python's json will read (digit limit).
     ("bad.payload.huge", {"payload": "1" + "0" * 5000}, "payload"),
