@@ -14,8 +14,9 @@ the test reads when each task started and finished *by the workers' own clocks*:
 
 A worker killed mid-task (Redis Streams consumer, arq worker, Celery worker) never finishes it:
 with ``overlap_timeout`` the schedule resumes on a fresh worker, with the warning in its history.
-(An outbox consumer that dies rolls back, and the next consumer takes the row again: there the
-schedule resumes without the timeout; the timeout itself is tested in test_overlap_targets.py.)
+An outbox consumer that dies rolls back, and the next consumer takes the row again: there the
+schedule resumes without the timeout (tested here with a SIGKILLed consumer; the timeout itself is
+tested in test_overlap_targets.py).
 
 The workers are other processes, so this takes real time: every wait is bounded, and the
 schedulers hold slots with a short tick (0.2 s) so a held slot is released well before the next
@@ -304,27 +305,7 @@ async def test_redis_streams_a_killed_consumer_with_overlap_timeout_lets_the_sch
 async def test_outbox_consumers(pg_url: str, redis_prefix: str, tmp_path: Path) -> None:
     await upgrade(pg_url)
     queue = "overlap"
-    workers = [
-        WorkerProcess(
-            [
-                sys.executable,
-                str(EXAMPLES / "consume_outbox.py"),
-                "--database-url",
-                pg_url,
-                "--queue",
-                queue,
-                "--batch",
-                "1",
-                "--poll-interval",
-                "0.05",
-                "--work-s",
-                str(WORK_S),
-            ],
-            {},
-            tmp_path / f"o{i}.log",
-        )  # fmt: skip
-        for i in range(CONSUMERS)
-    ]
+    workers = [outbox_consumer(pg_url, queue, tmp_path / f"o{i}.log", WORK_S) for i in range(CONSUMERS)]
     async with running(workers):
         engine = create_engine(pg_url)
         try:
@@ -349,6 +330,91 @@ async def test_outbox_consumers(pg_url: str, redis_prefix: str, tmp_path: Path) 
 
         await wait_until(all_done, "the workers to finish", workers)
     check(from_printed(printed(workers)), runs)
+
+
+def outbox_consumer(pg_url: str, queue: str, log: Path, work_s: float) -> WorkerProcess:
+    return WorkerProcess(
+        [
+            sys.executable, str(EXAMPLES / "consume_outbox.py"), "--database-url", pg_url,
+            "--queue", queue, "--batch", "1", "--poll-interval", "0.05", "--work-s", str(work_s),
+        ],
+        {},
+        log,
+    )  # fmt: skip
+
+
+async def test_outbox_a_killed_consumer_rolls_back_and_the_schedule_resumes_without_a_timeout(
+    pg_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
+    """A consumer SIGKILLed mid-task: PostgreSQL ends its session and rolls its transaction back,
+    so the row is unprocessed and unlocked again; a fresh consumer takes it, and ``skip`` lets the
+    schedule go on once that row is processed. No overlap_timeout needed, none reported."""
+    await upgrade(pg_url)
+    queue = "killed"
+    stuck = outbox_consumer(pg_url, queue, tmp_path / "stuck.log", 60)
+    fresh = outbox_consumer(pg_url, queue, tmp_path / "fresh.log", 0.1)
+    schedule = PeriodicTaskConfig.create(
+        name=f"{redis_prefix}-skip", spec="@every 1s", task_type="t",
+        options={"queue": queue, "overlap": "skip"},
+    )  # fmt: skip
+    runs: list[RunRecord] = []
+
+    async def on_runs(batch: Any) -> None:
+        runs.extend(batch)
+
+    engine = create_engine(pg_url)
+    target = OutboxTarget.from_url(pg_url)
+    sched = Scheduler(target, clock=SystemClock(), grace=30, on_runs=on_runs)
+    loop = asyncio.create_task(sched.run())
+    try:
+        async with running([stuck]):
+            sched.register(schedule)
+
+            async def taken() -> bool:
+                # Rows of the queue exist, and none can be locked by us: the consumer holds it.
+                async with engine.connect() as conn:
+                    rows = (
+                        await conn.execute(
+                            text("SELECT count(*) FROM pm_outbox WHERE queue = :q"), {"q": queue}
+                        )
+                    ).scalar_one()
+                    free = (
+                        await conn.execute(
+                            text(
+                                "SELECT seq FROM pm_outbox WHERE queue = :q AND processed_at IS NULL"
+                                " FOR UPDATE SKIP LOCKED"
+                            ),
+                            {"q": queue},
+                        )
+                    ).all()
+                    await conn.rollback()
+                return rows >= 1 and not free
+
+            await wait_until(taken, "the first task to start", [stuck])
+            assert stuck.proc is not None
+            os.kill(stuck.proc.pid, signal.SIGKILL)  # mid-task, inside its transaction
+            stuck.proc.wait(timeout=10)
+            killed_at = time.time()
+            async with running([fresh]):
+
+                async def resumed() -> bool:
+                    return len(printed([fresh])) >= 3
+
+                await wait_until(resumed, "the schedule to resume", [fresh])
+    finally:
+        sched.stop()
+        await asyncio.wait_for(loop, WAIT_S)
+        await target.close()
+        await engine.dispose()
+    assert printed([stuck]) == []  # the killed consumer finished nothing
+    statuses = [(r.status, r.reason) for r in runs]
+    assert ("skipped", "overlap") in statuses  # while the first task was held by the dead consumer
+    assert not any(r.reason == "overlap-timeout" for r in runs)
+    done = sorted(from_printed(printed([fresh])), key=lambda e: e.started)
+    first_slot = min(r.slot for r in runs if r.status == "enqueued")
+    assert done[0].slot == first_slot  # the killed consumer's task, taken again after the rollback
+    assert all(e.started > killed_at for e in done)
+    assert all(b.started >= a.finished for a, b in pairwise(done))
 
 
 # -- arq ------------------------------------------------------------------------------------------
