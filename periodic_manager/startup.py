@@ -134,9 +134,16 @@ def describe_targets(settings: Settings) -> str:
     parts = []
     for name in settings.configured_targets():
         if name == "redis":
-            where = redact_url(settings.redis_url)
+            # Whether overlap skip/hold can work depends on the workers' consumer group.
+            group = settings.redis_group
+            where = redact_url(settings.redis_url) + (
+                f", consumer group {group}" if group else ", no consumer group"
+            )
         elif name == "celery":
-            where = redact_url(settings.celery_broker_url or settings.redis_url)
+            backend = settings.celery_result_backend
+            where = redact_url(settings.celery_broker_url or settings.redis_url) + (
+                f", results {redact_url(backend)}" if backend else ""
+            )
         elif name == "arq":
             where = redact_url(settings.arq_redis_url or settings.redis_url)
         else:

@@ -213,3 +213,20 @@ async def test_run_logs_database_target_and_schema_then_is_ready(pg_url: str) ->
         rest = await asyncio.wait_for(proc.stderr.read(), 30)
         await proc.wait()
     assert "s3cret-pw" not in "".join(lines) + rest.decode()
+
+
+def test_the_start_up_line_names_the_redis_consumer_group_and_hides_passwords() -> None:
+    from periodic_manager.settings import Settings
+    from periodic_manager.startup import describe_targets
+
+    with_group = Settings(target="redis", redis_url="redis://:pw@127.0.0.1:6379/0", redis_group="workers")
+    assert describe_targets(with_group) == "redis (redis://:***@127.0.0.1:6379/0, consumer group workers)"
+    without = Settings(target="redis", redis_url="redis://127.0.0.1:6379/0")
+    assert describe_targets(without) == "redis (redis://127.0.0.1:6379/0, no consumer group)"
+    celery = Settings(
+        target="celery", celery_broker_url="redis://127.0.0.1:6379/1",
+        celery_result_backend="redis://:pw@127.0.0.1:6379/2",
+    )  # fmt: skip
+    assert describe_targets(celery) == (
+        "celery (redis://127.0.0.1:6379/1, results redis://:***@127.0.0.1:6379/2)"
+    )
