@@ -11,6 +11,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import periodic_manager
 from periodic_manager.api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
 from periodic_manager.api.deps import ManagerLike
 from periodic_manager.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
@@ -33,9 +36,6 @@ from periodic_manager.api.routes import (
 )
 from periodic_manager.api.schemas import Problem
 from periodic_manager.api.ui.shell import ui_router
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-import periodic_manager
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings

@@ -13,9 +13,9 @@ import hmac
 import logging
 from typing import Any
 
-from periodic_manager.api.errors import problem_response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from periodic_manager.api.errors import problem_response
 from periodic_manager.settings import Settings
 from periodic_manager.startup import is_loopback
 

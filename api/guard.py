@@ -21,9 +21,9 @@ import logging
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from periodic_manager.api.errors import problem_response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from periodic_manager.api.errors import problem_response
 from periodic_manager.settings import Settings
 from periodic_manager.startup import is_loopback
 

@@ -10,9 +10,10 @@ headers, including ``Content-Length``) and its body is dropped.
 
 from __future__ import annotations
 
-from periodic_manager.api.errors import problem_response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from periodic_manager.api.errors import problem_response
 
 
 class BodyTooLarge(HTTPException):

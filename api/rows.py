@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
-from periodic_manager.api.errors import ApiProblem, config_error_item
-from periodic_manager.api.schemas import Schedule, ScheduleError, ScheduleWithRuns
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, false, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager import cron
+from periodic_manager.api.errors import ApiProblem, config_error_item
+from periodic_manager.api.schemas import Schedule, ScheduleError, ScheduleWithRuns
 from periodic_manager.config import (
     TOO_LARGE,
     PeriodicTaskConfig,
@@ -87,7 +87,13 @@ async def read_rows(
     if limit is not None:
         stmt = stmt.limit(limit).offset(offset)
     if for_update:
-        stmt = stmt.with_for_update()  # PostgreSQL: check-merge-write is atomic; SQLite ignores
+        # Check-merge-write must be atomic against any other writer (another API process, plain
+        # SQL). PostgreSQL: the rows are locked. SQLite has no row locks and ignores FOR UPDATE:
+        # a write that touches nothing takes the database's write lock first, held to commit.
+        stmt = stmt.with_for_update()
+        if is_sqlite(session):
+            jobs = PeriodicJob.__table__
+            await session.execute(update(jobs).where(false()).values(id=jobs.c.id))
     return [tuple(r) for r in (await session.execute(stmt)).all()]
 
 

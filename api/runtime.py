@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from periodic_manager.api.schemas import OverlapState, PreviousTask, ScheduleRowError
-from periodic_manager.api.schemas import ScheduleState as ScheduleStateOut
 from sqlalchemy import Select, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from periodic_manager.api.schemas import OverlapState, PreviousTask, ScheduleRowError
+from periodic_manager.api.schemas import ScheduleState as ScheduleStateOut
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 
 # A manager that missed this many heartbeats is treated as dead.

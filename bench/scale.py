@@ -31,7 +31,6 @@ import redis.asyncio as aioredis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from periodic_manager.api.app import create_app  # noqa: E402
-
 from periodic_manager.clock import SystemClock  # noqa: E402
 from periodic_manager.db.engine import create_engine  # noqa: E402
 from periodic_manager.db.migrate import upgrade  # noqa: E402

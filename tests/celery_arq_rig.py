@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
-from periodic_manager.api.app import create_app
 
+from periodic_manager.api.app import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade

@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-import periodic_manager.api.routes.schedules as schedule_routes
 import pytest
-from periodic_manager.api import create_app
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import periodic_manager.api.routes.schedules as schedule_routes
+from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, ScheduleState

@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-from periodic_manager.api import create_app
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.rows import Rules, columns, judge_content
 from periodic_manager.providers.database import DatabaseProvider
@@ -250,3 +250,38 @@ async def test_the_api_stamps_effective_at_with_its_clock_on_creation_timing_edi
     clock.set(clock.now() + timedelta(minutes=1))
     await client.post(f"/schedules/{job['id']}/resume")
     assert await effective_at(job["id"]) == clock.now()
+
+
+async def test_sqlite_check_merge_write_holds_the_write_lock_against_other_writers(tmp_path: Any) -> None:
+    """SQLite has no row locks: the API's read of a row it is about to change (PATCH, DELETE,
+    pause, resume) takes the database's write lock, so a plain-SQL writer in between waits and
+    If-Match cannot be checked against a row that changes before the write."""
+    import sqlite3
+
+    from periodic_manager.api.rows import read_rows
+    from periodic_manager.db.engine import create_engine, sessionmaker
+    from periodic_manager.db.migrate import upgrade
+    from periodic_manager.db.models import PeriodicJob
+
+    path = tmp_path / "lock.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    await upgrade(url)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('j', '@every 1s', 't')")
+    engine = create_engine(url)
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        async with sessionmaker(engine)() as session:
+            rows = await read_rows(session, PeriodicJob.__table__.c.name == "j", for_update=True)
+            assert len(rows) == 1
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("UPDATE periodic_jobs SET description = 'meanwhile' WHERE name = 'j'")
+            await session.commit()
+        other.execute("UPDATE periodic_jobs SET description = 'after' WHERE name = 'j'")
+        # A plain read takes no write lock (a GET never blocks writers).
+        async with sessionmaker(engine)() as session:
+            await read_rows(session, PeriodicJob.__table__.c.name == "j")
+            other.execute("UPDATE periodic_jobs SET description = 'during a read' WHERE name = 'j'")
+    finally:
+        other.close()
+        await engine.dispose()

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-from periodic_manager.api import create_app
-from periodic_manager.api.auth import is_loopback, warn_if_exposed
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.api import create_app
+from periodic_manager.api.auth import is_loopback, warn_if_exposed
 from periodic_manager.clock import VirtualClock
 from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.models import Manager, OutboxMessage, PeriodicJob, Run

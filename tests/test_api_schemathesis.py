@@ -21,7 +21,6 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from periodic_manager.api import create_app
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -31,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from periodic_manager.api import create_app
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
 

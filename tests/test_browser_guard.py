@@ -18,8 +18,8 @@ import anyio
 import httpx
 import pytest
 import uvicorn
-from periodic_manager.api.app import create_app
 
+from periodic_manager.api.app import create_app
 from periodic_manager.cli import bind_socket
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from periodic_manager.api.app import create_app
 from sqlalchemy import text
 
+from periodic_manager.api.app import create_app
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.settings import Settings

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from periodic_manager.api.app import create_app
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.api.app import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.config import canonical_json
 from periodic_manager.db.engine import create_engine

@@ -9,9 +9,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from periodic_manager.api import create_app
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade

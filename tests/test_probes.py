@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from periodic_manager.api.app import create_app
 
+from periodic_manager.api.app import create_app
 from periodic_manager.clock import SystemClock, VirtualClock
 from periodic_manager.db.migrate import head_revision, pending, upgrade
 from periodic_manager.probe import ProbeWriter, check_probe, manager_health

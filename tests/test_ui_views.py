@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from periodic_manager.api import create_app
 from sqlalchemy import delete, insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run

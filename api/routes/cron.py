@@ -7,12 +7,12 @@ from typing import Annotated
 from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Depends, Query
+from pydantic import AwareDatetime
+
 from periodic_manager.api.deps import get_now
 from periodic_manager.api.errors import ApiProblem, config_error_item
 from periodic_manager.api.rows import SLOT_ERRORS
 from periodic_manager.api.schemas import CronPreview, Slot
-from pydantic import AwareDatetime
-
 from periodic_manager.config import validate_schedule
 from periodic_manager.cron import UTC
 from periodic_manager.describe import describe

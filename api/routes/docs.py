@@ -9,6 +9,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
+
 from periodic_manager.api.errors import problem_response
 
 router = APIRouter(include_in_schema=False)

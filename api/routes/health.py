@@ -7,14 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from periodic_manager.api.deps import get_now, get_session, get_settings
-from periodic_manager.api.errors import problem_response
-from periodic_manager.api.runtime import live_cutoff
-from periodic_manager.api.schemas import Health, Readiness
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from periodic_manager.api.deps import get_now, get_session, get_settings
+from periodic_manager.api.errors import problem_response
+from periodic_manager.api.runtime import live_cutoff
+from periodic_manager.api.schemas import Health, Readiness
 from periodic_manager.db.migrate import database_revision, schema_problem
 from periodic_manager.db.models import Manager, PeriodicJob
 from periodic_manager.probe import manager_health, ping_target

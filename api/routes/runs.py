@@ -17,13 +17,13 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, status
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from periodic_manager.api.deps import get_now, get_session, get_settings, get_target
 from periodic_manager.api.errors import ApiProblem, config_error_item
 from periodic_manager.api.routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
 from periodic_manager.api.schemas import RunOut, RunPage, TriggerResult
-from sqlalchemy import func, insert, select
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from periodic_manager.config import slot_text
 from periodic_manager.db.models import Run
 from periodic_manager.errors import ConfigError

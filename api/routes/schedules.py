@@ -13,6 +13,10 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
+from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, true, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from periodic_manager.api.deps import get_now, get_session, get_settings, notify_manager
 from periodic_manager.api.errors import ApiProblem, NameConflict, ScheduleNotFound
 from periodic_manager.api.rows import (
@@ -42,10 +46,6 @@ from periodic_manager.api.schemas import (
     ScheduleUpdate,
     ScheduleWithRuns,
 )
-from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, true, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from periodic_manager.config import DEFAULT_QUEUE
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob, Run, ScheduleState

@@ -18,6 +18,9 @@ from typing import Annotated, Any, Literal
 from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from sqlalchemy import and_, case, func, select, true
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from periodic_manager.api.auth import bearer_token
 from periodic_manager.api.deps import get_now, get_session, get_settings
 from periodic_manager.api.errors import ScheduleNotFound
@@ -42,9 +45,6 @@ from periodic_manager.api.ui.models import (
 )
 from periodic_manager.api.ui.order import NextSlotOrder
 from periodic_manager.api.ui.slots import marked_slots
-from sqlalchemy import and_, case, func, select, true
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob
 from periodic_manager.settings import Settings

@@ -16,12 +16,12 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from periodic_manager.api.rows import read_rows
-from periodic_manager.api.ui.models import LastRun, LocalTime, ScheduleRowView
 from sqlalchemy import ColumnElement, String, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager import cron
+from periodic_manager.api.rows import read_rows
+from periodic_manager.api.ui.models import LastRun, LocalTime, ScheduleRowView
 from periodic_manager.config import DEFAULT_QUEUE
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run

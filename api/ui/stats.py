@@ -17,11 +17,11 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from periodic_manager.api.ui.listing import error_entries
-from periodic_manager.api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 from sqlalchemy import String, bindparam, case, cast, func, literal_column, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from periodic_manager.api.ui.listing import error_entries
+from periodic_manager.api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 
 WINDOW_MINUTES = 60
