@@ -275,3 +275,26 @@ async def test_sqlite_anchor_as_written_by_sqlalchemy_or_by_hand(sqlite_url: str
         assert all(c.anchor is not None and c.anchor.tzinfo is UTC for c in snap.configs)
     finally:
         await eng.dispose()
+
+
+async def test_a_payload_column_altered_to_text_under_a_running_provider_is_noticed(pg_url: str) -> None:
+    """A jsonb payload column is trusted to hold valid JSON; once an operator alters it to text
+    (where anything goes), the next read parses payloads again and an invalid one is a row error."""
+    await upgrade(pg_url)
+    eng = create_engine(pg_url)
+    try:
+        provider = DatabaseProvider(eng)
+        await insert_row(eng, "good", payload='{"n": 1}')
+        snapshot = await provider.get_configs()
+        assert [c.name for c in snapshot.configs] == ["good"] and not snapshot.errors
+        async with eng.begin() as conn:
+            await conn.execute(text("ALTER TABLE periodic_jobs ALTER COLUMN payload TYPE text"))
+        await insert_row(eng, "broken", payload="{not json}")
+        changes = await provider.get_changes(snapshot.revision)
+        assert changes is not None and not changes.configs
+        assert [e.field for e in changes.errors] == ["payload"]
+        full = await provider.get_configs()
+        assert [c.name for c in full.configs] == ["good"]
+        assert [e.field for e in full.errors] == ["payload"]
+    finally:
+        await eng.dispose()

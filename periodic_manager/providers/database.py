@@ -103,6 +103,7 @@ class DatabaseProvider:
         configs: list[PeriodicTaskConfig] = []
         errors: list[RowError] = []
         errors_before, self._errors = self._errors, {}
+        self._types_checked = False  # the column types are read again by every read of rows
         try:
             async with self.engine.connect() as conn:
                 revision = await _current_revision(conn)
@@ -168,6 +169,7 @@ class DatabaseProvider:
         configs: list[PeriodicTaskConfig] = []
         errors: list[RowError] = []
         removed: list[str] = []
+        self._types_checked = False
         try:
             async with self.engine.connect() as conn:
                 revision = await _current_revision(conn)
@@ -211,7 +213,9 @@ class DatabaseProvider:
         return int(result.rowcount or 0)
 
     async def _check_types(self, conn: AsyncConnection) -> None:
-        """Once: whether ``payload`` is still of type jsonb (then its text is valid JSON)."""
+        """Once per read of rows: whether ``payload`` is of type jsonb (then its text is valid
+        JSON). Read again each time, so a column altered under a running manager is noticed at
+        its next read (one catalog lookup; a sync that finds nothing changed reads no rows)."""
         if self._sqlite or self._types_checked:
             return
         kind = (
