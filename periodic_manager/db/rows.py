@@ -289,12 +289,13 @@ def _plain_jsonb(text: Any, max_bytes: int, jsonb: bool) -> PendingJson | None:
     """
     if type(text) is not str:
         return None
-    if len(text) > max_bytes or (not text.isascii() and len(text.encode()) > max_bytes):
+    n = len(text)  # a text this short cannot hold that many brackets or digits: not searched
+    if n > max_bytes or (not text.isascii() and len(text.encode()) > max_bytes):
         return None
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or "\\u" in text:
+    if (n > MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH) or "\\u" in text:
         return None
     if jsonb:
-        if _LONG_DIGITS.search(text):
+        if _INT_DIGITS and n > _INT_DIGITS and _LONG_DIGITS.search(text):
             return None
     else:
         try:
@@ -304,8 +305,9 @@ def _plain_jsonb(text: Any, max_bytes: int, jsonb: bool) -> PendingJson | None:
     return PendingJson(text)
 
 
-# A run of more digits than Python parses as an integer (sys.get_int_max_str_digits()).
-_LONG_DIGITS = re.compile("[0-9]{%d}" % (sys.get_int_max_str_digits() + 1))  # noqa: UP031
+# A run of more digits than Python parses as an integer (sys.get_int_max_str_digits(); 0: no limit).
+_INT_DIGITS = sys.get_int_max_str_digits()
+_LONG_DIGITS = re.compile("[0-9]{%d}" % (_INT_DIGITS + 1))  # noqa: UP031
 
 
 class RowJudge:
