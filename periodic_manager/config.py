@@ -390,14 +390,32 @@ class PeriodicTaskConfig:
         options_json: str | None = None,
         revision: int | None = None,
     ) -> None:
+        self._fill(
+            name, spec, task_type, options, options_json, timezone, anchor, schedule_id,
+            effective_at, payload_json if payload_json is not None else canonical_json(payload),
+            revision,
+        )  # fmt: skip
+
+    def _fill(
+        self,
+        name: str,
+        spec: str,
+        task_type: str,
+        options: Mapping[str, Any] | None,
+        options_json: str | None,
+        timezone: str,
+        anchor: datetime | None,
+        schedule_id: int | str | None,
+        effective_at: datetime | None,
+        payload: str | PendingJson,
+        revision: int | None,
+    ) -> None:
         self.name = name
         self.spec = spec
         self.task_type = task_type
-        # Canonical JSON of the payload, the form hashed and sent (given, or made from payload),
-        # or a PendingJson whose canonical form is made on first use (see payload_json).
-        self._payload: str | PendingJson = (
-            payload_json if payload_json is not None else canonical_json(payload)
-        )
+        # Canonical JSON of the payload, the form hashed and sent, or a PendingJson whose
+        # canonical form is made on first use (see payload_json).
+        self._payload = payload
         self.options = options if options else _EMPTY_OPTIONS
         self._options_json = options_json if options else "{}"
         self.timezone = timezone
@@ -428,17 +446,10 @@ class PeriodicTaskConfig:
         """A config from values a judge has already checked (no validation, no keywords: a
         provider builds a million of these)."""
         config = cls.__new__(cls)
-        config.name = name
-        config.spec = spec
-        config.task_type = task_type
-        config.options = options if options else _EMPTY_OPTIONS
-        config._options_json = options_json if options else "{}"
-        config.timezone = timezone
-        config.anchor = anchor
-        config.schedule_id = schedule_id
-        config.effective_at = effective_at
-        config._payload = payload
-        config.revision = revision
+        config._fill(
+            name, spec, task_type, options, options_json, timezone, anchor, schedule_id,
+            effective_at, payload, revision,
+        )  # fmt: skip
         config._fresh()
         return config
 

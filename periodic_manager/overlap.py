@@ -147,16 +147,7 @@ class OverlapGuard:
             ]
         runs = []
         if held is not None:
-            runs.append(
-                _run(
-                    held.entry,
-                    held.slot,
-                    "skipped",
-                    at,
-                    f"overlap: replaced by the slot {slot.isoformat()}",
-                    "overlap-replaced",
-                )
-            )
+            runs.append(_replaced(held, slot, at))
         elif not self.held:
             self._next_tick_at = at + self.tick  # the first held slot: the next try in a tick
         self.held[key] = Held(entry, slot)
@@ -184,16 +175,7 @@ class OverlapGuard:
                 reason = "overlap-released"
             elif held.slot < slot:  # a newer slot got through: the held one is not replayed
                 del self.held[key]
-                runs.append(
-                    _run(
-                        held.entry,
-                        held.slot,
-                        "skipped",
-                        at,
-                        f"overlap: replaced by the slot {slot.isoformat()}",
-                        "overlap-replaced",
-                    )
-                )
+                runs.append(_replaced(held, slot, at))
         error = res.error
         prev = res.previous
         if res.status == "enqueued" and prev is not None and prev.timed_out:
@@ -280,6 +262,18 @@ class OverlapGuard:
         self.held.clear()
         self._next_tick_at = None
         return count
+
+
+def _replaced(held: Held, slot: datetime, at: datetime) -> RunRecord:
+    """The run of a held slot that a newer ``slot`` replaced (it is skipped, never replayed)."""
+    return _run(
+        held.entry,
+        held.slot,
+        "skipped",
+        at,
+        f"overlap: replaced by the slot {slot.isoformat()}",
+        "overlap-replaced",
+    )
 
 
 def _run(

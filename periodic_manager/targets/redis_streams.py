@@ -33,7 +33,7 @@ from periodic_manager.targets.base import (
     Task,
     no_completion,
 )
-from periodic_manager.targets.stream_overlap import CLAIM_AND_ADD_AFTER, overlap_fields
+from periodic_manager.targets.stream_overlap import CLAIM_AND_ADD_AFTER, XADD_TASK, overlap_fields
 
 # KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
 # enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded by the script
@@ -62,20 +62,7 @@ for i = 1, #tasks do
   local claim = claim_prefix .. t[7]
   -- The script is atomic: check, add, then claim (one write of the claim, with the entry id).
   if redis.call('EXISTS', claim) == 0 then
-    local fields = {
-      'id', t[2], 'type', t[3], 'payload', t[4], 'queue', t[5], 'name', t[6],
-      'idempotency_key', t[7], 'scheduled_at', t[8], 'enqueued_at', enqueued_at, 'options', t[9]
-    }
-    local res
-    if maxlen > 0 then
-      res = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', unpack(fields))
-    else
-      res = redis.pcall('XADD', stream, '*', unpack(fields))
-    end
-    if type(res) == 'table' and res.err then
-      return res
-    end
-    redis.call('SET', claim, res, 'PX', t[1])
+""" + XADD_TASK + """    redis.call('SET', claim, res, 'PX', t[1])
     out[#out + 1] = 1
     out[#out + 1] = res
   else

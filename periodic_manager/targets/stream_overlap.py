@@ -34,6 +34,25 @@ _DAY_MS = 86_400_000
 # 1 enqueued, 0 duplicate (the claim's entry id), 2 busy (nothing added, nothing claimed); the
 # state is queued, running, finished or none, prefixed with "timeout:" when an unfinished
 # previous message counted as finished because it was older than the overlap timeout.
+# Lua shared by both scripts (redis_streams._CLAIM_AND_ADD and CLAIM_AND_ADD_AFTER): add task
+# ``t`` to ``stream`` (trimmed to ``maxlen`` when > 0), leaving the new entry id in ``res``; a
+# failed XADD (e.g. a full Redis) is returned as the script's error before anything is claimed.
+XADD_TASK = """
+local fields = {
+  'id', t[2], 'type', t[3], 'payload', t[4], 'queue', t[5], 'name', t[6],
+  'idempotency_key', t[7], 'scheduled_at', t[8], 'enqueued_at', enqueued_at, 'options', t[9]
+}
+local res
+if maxlen > 0 then
+  res = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+else
+  res = redis.pcall('XADD', stream, '*', unpack(fields))
+end
+if type(res) == 'table' and res.err then
+  return res
+end
+"""
+
 CLAIM_AND_ADD_AFTER = """
 local stream = KEYS[1]
 local kind = redis.call('TYPE', stream)['ok']
@@ -129,20 +148,7 @@ for i = 1, #tasks do
       out[#out + 1] = prev_task
       out[#out + 1] = state
     else
-      local fields = {
-        'id', t[2], 'type', t[3], 'payload', t[4], 'queue', t[5], 'name', t[6],
-        'idempotency_key', t[7], 'scheduled_at', t[8], 'enqueued_at', enqueued_at, 'options', t[9]
-      }
-      local res
-      if maxlen > 0 then
-        res = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*', unpack(fields))
-      else
-        res = redis.pcall('XADD', stream, '*', unpack(fields))
-      end
-      if type(res) == 'table' and res.err then
-        return res
-      end
-      redis.call('SET', claim, res, 'PX', t[1])
+""" + XADD_TASK + """      redis.call('SET', claim, res, 'PX', t[1])
       redis.call('SET', prev_key, res .. '|' .. now_ms .. '|' .. t[2], 'PX', t[11])
       out[#out + 1] = 1
       out[#out + 1] = res
