@@ -105,21 +105,20 @@ class EntryPublisher:
 
         Entries go out in slices of SLICE, each built just before it is written: publishing a
         cold start's million entries never holds a million records (nor the event loop)."""
-        if not self._entries and not self._records:
-            async with self._lock:
+        async with self._lock:  # the whole write: a flush under way is waited for, to its end
+            if not self._entries and not self._records:
                 return
-        entries, self._entries = self._entries, {}
-        records, self._records = self._records, {}
-        live = [entry for entry in entries.values() if not entry.dead]  # the dead: superseded
-        del entries
-        written = {rec.entry_id for rec in records.values() if rec is not None}
-        # Canonical payloads (kept for good) first, side by side in memory; the records (gone
-        # once written) after: mixing the two leaves the allocator's pools pinned half-empty.
-        for i, entry in enumerate(live):
-            entry.payload_json  # noqa: B018
-            if i % SLICE == SLICE - 1:
-                await asyncio.sleep(0)
-        async with self._lock:
+            entries, self._entries = self._entries, {}
+            records, self._records = self._records, {}
+            live = [entry for entry in entries.values() if not entry.dead]  # the dead: superseded
+            del entries
+            written = {rec.entry_id for rec in records.values() if rec is not None}
+            # Canonical payloads (kept for good) first, side by side in memory; the records (gone
+            # once written) after: mixing the two leaves the allocator's pools pinned half-empty.
+            for i, entry in enumerate(live):
+                entry.payload_json  # noqa: B018
+                if i % SLICE == SLICE - 1:
+                    await asyncio.sleep(0)
             for i in range(0, len(live), SLICE):
                 part = [entry_record(e, self.views(e.ident)) for e in live[i : i + SLICE]]
                 written.update(rec.entry_id for rec in part)

@@ -14,7 +14,9 @@ from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.errors import NotFoundError, ProviderError
 from periodic_manager.manager import PeriodicTaskManager
 from periodic_manager.providers.base import ProviderSnapshot, RowError, StaticProvider
+from periodic_manager.publishing import SLICE, EntryPublisher
 from periodic_manager.registry import MemoryRuntimeStore
+from periodic_manager.scheduler import ScheduledEntry
 from periodic_manager.targets.memory import MemoryTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -175,3 +177,18 @@ async def test_stop_returns_when_a_driver_turns_cancellation_into_an_error() -> 
     await clock.settle()
     await asyncio.wait_for(mgr.stop(), 10)
     assert mgr.scheduler.entries()  # it stopped; nothing else to wait for
+
+
+async def test_flush_waits_for_a_write_already_under_way() -> None:
+    """flush() called while the background write is still making canonical payloads (before it
+    reaches the store) returns only once every entry queued before it is in the store."""
+    store = MemoryRuntimeStore()
+    publisher = EntryPublisher(store, "m1", on_failure=lambda exc: None)
+    for i in range(1, 3 * SLICE + 1):
+        publisher.upsert(ScheduledEntry.of(row(i, f"job{i}"), T0, synced=True))
+    first = asyncio.create_task(publisher.flush())
+    await asyncio.sleep(0)  # the first write has taken the queue and yielded while it works
+    assert not publisher._entries  # it holds them, nothing is queued for the second flush
+    await publisher.flush()
+    assert len(store.entries["m1"]) == 3 * SLICE
+    await first
