@@ -10,6 +10,8 @@ day are one sorted list searched with ``bisect``.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
+from typing import TypeVar
 
 from periodic_manager.cron.parser import CronSpec
 
@@ -51,6 +53,43 @@ def month_length(y: int, m: int) -> int:
     return _MONTH_LEN[m]
 
 
+# Tables that depend on one field only, shared by every expression with the same field (a
+# million schedules have few distinct day fields; each table is a few hundred bytes).
+_DOW_TABLES: dict[tuple[int, ...], tuple[int, ...]] = {}
+_MONTH_TABLES: dict[tuple[int, ...], tuple[tuple[bool, ...], tuple[tuple[int, int], ...]]] = {}
+_SHARED_MAX = 4096
+_T = TypeVar("_T")
+
+
+def _shared(cache: dict[tuple[int, ...], _T], key: tuple[int, ...], make: Callable[[tuple[int, ...]], _T]) -> _T:
+    got = cache.get(key)
+    if got is None:
+        if len(cache) >= _SHARED_MAX:
+            cache.clear()
+        got = cache[key] = make(key)
+    return got
+
+
+def _dow_table(dows: tuple[int, ...]) -> tuple[int, ...]:
+    """[w]: the days of a 31-day month whose day 1 falls on weekday w (0 = Sunday), as bits:
+    one week's pattern repeated five times."""
+    out = []
+    for w in range(7):
+        week = sum(1 << i for i in range(7) if (w + i) % 7 in dows)
+        out.append((week * 0b1_0000001_0000001_0000001_0000001) & 0x7FFF_FFFF)
+    return tuple(out)
+
+
+def _month_tables(months: tuple[int, ...]) -> tuple[tuple[bool, ...], tuple[tuple[int, int], ...]]:
+    """(selected[m] for m in 0..12, successor[m]): the next selected month after m, and 1 if
+    that is in the next year."""
+    succ = [(0, 0)]
+    for m in range(1, 13):
+        later = [k for k in months if k > m]
+        succ.append((later[0], 0) if later else (months[0], 1))
+    return tuple(m in months for m in range(13)), tuple(succ)
+
+
 class DayTable:
     """Precomputed matching tables of one expression; shared by all zones using it."""
 
@@ -75,19 +114,9 @@ class DayTable:
         self._dom = sum(1 << (d - 1) for d in spec.doms)
         # _dow[w]: the days of a 31-day month whose day 1 falls on weekday w (0 = Sunday):
         # one week's pattern repeated five times.
-        dows = set(spec.dows)
-        self._dow = []
-        for w in range(7):
-            week = sum(1 << i for i in range(7) if (w + i) % 7 in dows)
-            self._dow.append((week * 0b1_0000001_0000001_0000001_0000001) & 0x7FFF_FFFF)
+        self._dow = _shared(_DOW_TABLES, spec.dows, _dow_table)
         self._and = spec.day_and
-        self._month_ok = [m in spec.months for m in range(13)]
-        # _succ[m]: the next selected month after m, and 1 if that is in the next year.
-        months = spec.months
-        self._succ = [(0, 0)] * 13
-        for m in range(1, 13):
-            later = [k for k in months if k > m]
-            self._succ[m] = (later[0], 0) if later else (months[0], 1)
+        self._month_ok, self._succ = _shared(_MONTH_TABLES, spec.months, _month_tables)
         # The month of the last answer: (first day, first day of next month, mask, y, m).
         # Successive calls of one schedule nearly always land in it.
         self._slot = (0, 0, 0, 1970, 1)

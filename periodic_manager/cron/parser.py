@@ -8,6 +8,7 @@ Parsing is zone-independent; binding to a zone happens in ``schedule.py``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from periodic_manager.cron.errors import CronError
@@ -169,20 +170,35 @@ def _parse_fields(expr: str, tokens: list[str]) -> CronSpec:
         hint = " (seconds and year fields are not supported)" if len(tokens) in (6, 7) else ""
         raise CronError("expression", "field-count", f"{len(tokens)} fields, expected 5{hint}")
     sets = [_parse_field(f, t) for f, t in zip(FIELDS, tokens, strict=True)]
-    dows = tuple(sorted({v % 7 for v in sets[4]}))
     spec = CronSpec(
         text=expr,
-        minutes=tuple(sorted(sets[0])),
-        hours=tuple(sorted(sets[1])),
-        doms=tuple(sorted(sets[2])),
-        months=tuple(sorted(sets[3])),
-        dows=dows,
+        minutes=_interned(sets[0]),
+        hours=_interned(sets[1]),
+        doms=_interned(sets[2]),
+        months=_interned(sets[3]),
+        dows=_interned({v % 7 for v in sets[4]}),
         dom_star=tokens[2].startswith("*"),
         dow_star=tokens[4].startswith("*"),
         hour_star=tokens[1].startswith("*"),
     )
     _check_fires(spec)
     return spec
+
+
+# Field value tuples, one object per distinct set: a million expressions repeat a few (`*` alone
+# is 31 days, 12 months, 7 weekdays).
+_VALUE_SETS: dict[tuple[int, ...], tuple[int, ...]] = {}
+_VALUE_SETS_MAX = 16_384
+
+
+def _interned(values: Iterable[int]) -> tuple[int, ...]:
+    key = tuple(sorted(values))
+    got = _VALUE_SETS.get(key)
+    if got is None:
+        if len(_VALUE_SETS) >= _VALUE_SETS_MAX:
+            _VALUE_SETS.clear()
+        got = _VALUE_SETS[key] = key
+    return got
 
 
 def _check_fires(spec: CronSpec) -> None:

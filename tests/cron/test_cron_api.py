@@ -82,3 +82,21 @@ def test_engine_reads_no_clock() -> None:
 def test_error_message_names_field_and_reason() -> None:
     with pytest.raises(CronError, match=r"^minute: out-of-range: 60 is outside 0-59$"):
         next_fires("60 * * * *", datetime(2024, 1, 1, tzinfo=UTC))
+
+
+def test_expressions_with_the_same_fields_share_their_tables() -> None:
+    # A million schedules repeat a few day fields: each distinct field set is held once, and the
+    # answers do not depend on which expression built the shared table first.
+    a = parse("5 3 * * 1-5")
+    b = parse("17 22 * * 1-5")
+    c = parse("0 0 1 1,7 *")
+    assert a.spec.doms is b.spec.doms and a.spec.months is b.spec.months  # type: ignore[attr-defined]
+    assert a.spec.dows is b.spec.dows  # type: ignore[attr-defined]
+    assert a._table._dow is b._table._dow and a._table._succ is b._table._succ  # type: ignore[attr-defined]
+    assert a._table._succ is not c._table._succ  # type: ignore[attr-defined]
+    after = datetime(2024, 3, 1, tzinfo=UTC)  # a Friday
+    assert next_fires("17 22 * * 1-5", after, 2) == [
+        datetime(2024, 3, 1, 22, 17, tzinfo=UTC),
+        datetime(2024, 3, 4, 22, 17, tzinfo=UTC),
+    ]
+    assert next_fires("0 0 1 1,7 *", after) == [datetime(2024, 7, 1, tzinfo=UTC)]
