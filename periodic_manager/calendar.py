@@ -6,8 +6,8 @@ instant is O(log d) for d distinct instants and taking an instant's entries is O
 
 Entries are never searched for and removed: one that moves (advanced, replaced, unregistered) is
 simply no longer valid in its old bucket, and is skipped when that bucket is taken (an entry is
-valid in a bucket while it is alive and its ``next_slot`` is that instant). Each bucket also
-keeps its instant object, which its entries share (one datetime per instant, not per entry).
+valid in a bucket while its mark is not DEAD and its ``next_slot`` is that instant). Each bucket
+also keeps its instant object, which its entries share (one datetime per instant, not per entry).
 """
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Protocol
 
+# An entry's mark once it is unregistered or replaced: never valid in any bucket again.
+DEAD = -2
+
 
 class Timed(Protocol):
-    """What the calendar needs of an entry."""
+    """What the calendar needs of an entry: its next slot, and a mark the calendar sets when it
+    takes the entry (DEAD: the entry is gone)."""
 
     next_slot: datetime | None
-    dead: bool
     mark: int
 
 
@@ -101,4 +104,4 @@ class Calendar:
 
 
 def _valid(entry: Timed, instant: datetime) -> bool:
-    return not entry.dead and entry.next_slot == instant
+    return entry.mark != DEAD and entry.next_slot == instant

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager import gcpolicy
-from periodic_manager.calendar import Calendar
+from periodic_manager.calendar import DEAD, Calendar
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of, overlap_policy
 from periodic_manager.cron import Schedule
@@ -98,10 +98,13 @@ class ScheduledEntry(PeriodicTaskConfig):
         # replaced that was already due (carried over so an edit never drops it).
         "after",
         "fired",  # the latest slot this scheduler handled for the schedule
-        "dead",  # unregistered or replaced: stale wherever the calendar still holds it
-        "mark",  # the calendar's per-take mark (an entry filed twice is taken once)
-        "synced",  # owned by the sync (a row), not registered from code
+        # The calendar's per-take mark (an entry filed twice is taken once); DEAD once unregistered
+        # or replaced (stale wherever the calendar still holds it); -1 while fresh.
+        "mark",
     )
+    # Owned by the sync (a row); entries registered from code are CodeEntry. A class attribute,
+    # not a field: a million entries do not each carry it.
+    synced = True
 
     registered_at: datetime
     next_slot: datetime | None
@@ -109,9 +112,7 @@ class ScheduledEntry(PeriodicTaskConfig):
     last_error: str | None
     after: datetime | None
     fired: datetime | None
-    dead: bool
     mark: int
-    synced: bool
 
     def _start(
         self,
@@ -120,7 +121,6 @@ class ScheduledEntry(PeriodicTaskConfig):
         prev_slot: datetime | None,
         after: datetime | None,
         fired: datetime | None,
-        synced: bool,
     ) -> ScheduledEntry:
         self.registered_at = registered_at
         self.next_slot = next_slot
@@ -128,9 +128,7 @@ class ScheduledEntry(PeriodicTaskConfig):
         self.last_error = None
         self.after = after
         self.fired = fired
-        self.dead = False
         self.mark = 0
-        self.synced = synced
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -146,6 +144,15 @@ class ScheduledEntry(PeriodicTaskConfig):
         """Built as an entry by a provider but not registered yet (it can be adopted as is)."""
         return self.mark == -1
 
+    @property
+    def dead(self) -> bool:
+        """Unregistered or replaced."""
+        return self.mark == DEAD
+
+    def kill(self) -> None:
+        """Mark unregistered or replaced (for good: a new registration is a new entry)."""
+        self.mark = DEAD
+
     @classmethod
     def of(
         cls,
@@ -159,14 +166,15 @@ class ScheduledEntry(PeriodicTaskConfig):
         synced: bool = False,
     ) -> ScheduledEntry:
         """The entry of ``config``: the object itself when a provider built it as a fresh entry
-        (no copy per schedule), else a copy of its fields."""
-        if type(config) is cls and config.fresh:  # type: ignore[attr-defined]
+        (no copy per schedule), else a copy of its fields (a CodeEntry unless ``synced``)."""
+        if synced and type(config) is cls and config.fresh:  # type: ignore[attr-defined]
             entry: ScheduledEntry = config  # type: ignore[assignment]
         else:
-            entry = cls.__new__(cls)
+            kind = cls if synced else CodeEntry
+            entry = kind.__new__(kind)
             for name in _CONFIG_SLOTS:
                 setattr(entry, name, getattr(config, name))
-        return entry._start(registered_at, next_slot, prev_slot, after, fired, synced)
+        return entry._start(registered_at, next_slot, prev_slot, after, fired)
 
     @property
     def config(self) -> PeriodicTaskConfig:
@@ -181,6 +189,13 @@ class ScheduledEntry(PeriodicTaskConfig):
     def entry_id(self) -> str:
         """Stable id of this version: the schedule key and its content hash."""
         return f"{self.key}-{content_hash(self)[:12]}"
+
+
+class CodeEntry(ScheduledEntry):
+    """An entry registered from code (``register``), not owned by the sync: no row removes it."""
+
+    __slots__ = ()
+    synced = False
 
 
 _CONFIG_SLOTS = PeriodicTaskConfig.__slots__
@@ -315,7 +330,7 @@ class Scheduler:
             if pending is not None and pending <= now and (last is None or pending > last):
                 entry.next_slot = pending  # due under the old version: carried, not dropped
         if old is not None:
-            old.dead = True
+            old.kill()
             if overlap_policy(config.options) == "allow":
                 self.overlap.seen.pop(ident, None)  # nothing left to show (a held slot stays)
         self._changes += 1
@@ -331,7 +346,7 @@ class Scheduler:
         entry = self._entries.pop(ident, None)
         self.overlap.forget(ident)
         if entry is not None:
-            entry.dead = True
+            entry.kill()
             if entry.fired is not None:
                 self._retired[ident] = entry.fired
             self._changes += 1
@@ -604,7 +619,7 @@ class Scheduler:
         staged_batch, self._staged = self._staged, None
         if staged_batch is not None:
             for entry in staged_batch.entries:
-                if not entry.dead and entry.next_slot == staged_batch.slot:
+                if entry.mark != DEAD and entry.next_slot == staged_batch.slot:
                     self._calendar.add(entry, staged_batch.slot)
         self._release_gc()
 
@@ -653,7 +668,7 @@ class Scheduler:
         if batch is not None:
             # Entries replaced or removed since staging are dropped (a replacement due now is in
             # the residual, taken from the calendar).
-            candidates = [e for e in batch.entries if not e.dead and e.next_slot == slot] + residual
+            candidates = [e for e in batch.entries if e.mark != DEAD and e.next_slot == slot] + residual
         send: list[ScheduledEntry] = []
         skipped: list[RunRecord] = []
         late = now - slot > self.grace
