@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
+from periodic_manager.entry import ScheduledEntry, lookback_floor
 from periodic_manager.registry import RuntimeStore
-from periodic_manager.scheduler import ScheduledEntry, Scheduler, lookback_floor
+from periodic_manager.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

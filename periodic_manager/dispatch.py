@@ -30,8 +30,8 @@ from periodic_manager.targets.base import (
 )
 
 if TYPE_CHECKING:
+    from periodic_manager.entry import ScheduledEntry
     from periodic_manager.overlap import OverlapGuard
-    from periodic_manager.scheduler import ScheduledEntry
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from periodic_manager.registry import RunRecord
 from periodic_manager.targets.base import QUEUED, EnqueueResult
 
 if TYPE_CHECKING:
-    from periodic_manager.scheduler import ScheduledEntry
+    from periodic_manager.entry import ScheduledEntry
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from periodic_manager.config import content_hash
 from periodic_manager.registry import EntryRecord, RuntimeStore
 
 if TYPE_CHECKING:
-    from periodic_manager.scheduler import ScheduledEntry
+    from periodic_manager.entry import ScheduledEntry
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,10 @@ Slot semantics:
   ``busy`` is recorded skipped, or held and tried again every ``hold_tick`` seconds while this
   scheduler leads (sent unstaged, through the normal send path); the entry's next slots go on.
 
-Staging: the work of the next instant is done before it. ``lead`` seconds before an instant (in
-proportion to its size) the loop takes its entries off the calendar, builds their tasks and lets
-the target prepare them (:mod:`periodic_manager.dispatch`); at the instant only the sending is
-left. An entry replaced or removed meanwhile is dropped from the staged batch (its replacement,
-if due then, is sent from the calendar); cyclic garbage collection waits until the batch is sent.
+Staging (:mod:`periodic_manager.staging`): the next instant's batch is built before it, and at
+the instant only the sending is left. Entries are :class:`~periodic_manager.entry.ScheduledEntry`
+objects; the calendar of instants is :mod:`periodic_manager.calendar`, sending and its retries
+:mod:`periodic_manager.dispatch`, run history :mod:`periodic_manager.history`.
 """
 
 from __future__ import annotations
@@ -31,16 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from periodic_manager import gcpolicy
 from periodic_manager.calendar import DEAD, Calendar
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of, overlap_policy
+from periodic_manager.config import PeriodicTaskConfig, ident_of, overlap_policy
 from periodic_manager.cron import Schedule
 from periodic_manager.dispatch import (
     Chunk,
@@ -51,14 +46,17 @@ from periodic_manager.dispatch import (
     later,
     prepare,
 )
+from periodic_manager.entry import CodeEntry, ScheduledEntry, lookback_floor, same_slots
 from periodic_manager.history import Observer, RunsHook, RunWriter
 from periodic_manager.overlap import HOLD_TICK_S, OverlapGuard
 from periodic_manager.registry import RunRecord
+from periodic_manager.staging import Staged, Stager
 from periodic_manager.targets.base import Target, staged
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "CodeEntry",
     "ErrorHook",
     "PostEnqueueHook",
     "PreEnqueueHook",
@@ -71,144 +69,8 @@ IDLE_SLEEP_S = 3600.0  # with no entries, sleep long; register() wakes the loop 
 RECORD_ON_STOP_TIMEOUT_S = 30.0
 # How far a task's expiry may reach past its slot, whatever a (checked) option says.
 MAX_WINDOW = timedelta(days=366)
-# Staging starts LEAD_MIN_S + 1.5 x (tasks x measured cost per task) before an instant, at most
-# LEAD_MAX_S: early enough for its size, late enough that few entries change in between.
-LEAD_MIN_S = 0.02
-LEAD_MAX_S = 10.0
-STAGE_COST_S = 40e-6  # first guess of staging time per task; then measured
 YIELD_EVERY = 2000  # loops over a batch let other tasks (sync, leadership) run this often
 MEMO_MAX = 100_000  # distinct schedules whose next slot is remembered (see _next)
-
-
-class ScheduledEntry(PeriodicTaskConfig):
-    """One registered schedule: its config and its timing, in one object. One per schedule key.
-
-    Lean on purpose (a manager holds a million): the entry *is* its config (``config`` is the
-    entry itself, a copy of the provider's), instants are shared (one object per calendar
-    instant and per sync chunk), and the parsed schedule, window, key, content hash and entry id
-    are derived when needed.
-    """
-
-    __slots__ = (
-        "registered_at",
-        "next_slot",  # None: no slot left (past year 9999)
-        "prev_slot",
-        "last_error",
-        # Slots of this entry are strictly after this instant, except a slot of the version it
-        # replaced that was already due (carried over so an edit never drops it).
-        "after",
-        "fired",  # the latest slot this scheduler handled for the schedule
-        # The calendar's per-take mark (an entry filed twice is taken once); DEAD once unregistered
-        # or replaced (stale wherever the calendar still holds it); -1 while fresh.
-        "mark",
-    )
-    # Owned by the sync (a row); entries registered from code are CodeEntry. A class attribute,
-    # not a field: a million entries do not each carry it.
-    synced = True
-
-    registered_at: datetime
-    next_slot: datetime | None
-    prev_slot: datetime | None
-    last_error: str | None
-    after: datetime | None
-    fired: datetime | None
-    mark: int
-
-    def _start(
-        self,
-        registered_at: datetime,
-        next_slot: datetime | None,
-        prev_slot: datetime | None,
-        after: datetime | None,
-        fired: datetime | None,
-    ) -> ScheduledEntry:
-        self.registered_at = registered_at
-        self.next_slot = next_slot
-        self.prev_slot = prev_slot
-        self.last_error = None
-        self.after = after
-        self.fired = fired
-        self.mark = 0
-        return self
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """As PeriodicTaskConfig: a provider builds rows as fresh entries (see ``of``)."""
-        super().__init__(*args, **kwargs)
-        self.mark = -1  # fresh: not registered yet
-
-    def _fresh(self) -> None:
-        self.mark = -1
-
-    @property
-    def fresh(self) -> bool:
-        """Built as an entry by a provider but not registered yet (it can be adopted as is)."""
-        return self.mark == -1
-
-    @property
-    def dead(self) -> bool:
-        """Unregistered or replaced."""
-        return self.mark == DEAD
-
-    def kill(self) -> None:
-        """Mark unregistered or replaced (for good: a new registration is a new entry)."""
-        self.mark = DEAD
-
-    @classmethod
-    def of(
-        cls,
-        config: PeriodicTaskConfig,
-        registered_at: datetime,
-        next_slot: datetime | None = None,
-        *,
-        prev_slot: datetime | None = None,
-        after: datetime | None = None,
-        fired: datetime | None = None,
-        synced: bool = False,
-    ) -> ScheduledEntry:
-        """The entry of ``config``: the object itself when a provider built it as a fresh entry
-        (no copy per schedule), else a copy of its fields (a CodeEntry unless ``synced``)."""
-        if synced and type(config) is cls and config.fresh:  # type: ignore[attr-defined]
-            entry: ScheduledEntry = config  # type: ignore[assignment]
-        else:
-            kind = cls if synced else CodeEntry
-            entry = kind.__new__(kind)
-            for name in _CONFIG_SLOTS:
-                setattr(entry, name, getattr(config, name))
-        return entry._start(registered_at, next_slot, prev_slot, after, fired)
-
-    @property
-    def config(self) -> PeriodicTaskConfig:
-        return self
-
-    def refresh(self, config: PeriodicTaskConfig) -> None:
-        """Take the bookkeeping of a newer read of the same content (revision, effective_at)."""
-        self.revision = config.revision
-        self.effective_at = config.effective_at
-
-    @property
-    def entry_id(self) -> str:
-        """Stable id of this version: the schedule key and its content hash."""
-        return f"{self.key}-{content_hash(self)[:12]}"
-
-
-class CodeEntry(ScheduledEntry):
-    """An entry registered from code (``register``), not owned by the sync: no row removes it."""
-
-    __slots__ = ()
-    synced = False
-
-
-_CONFIG_SLOTS = PeriodicTaskConfig.__slots__
-
-
-@dataclass(slots=True)
-class Staged:
-    """An instant's batch, made ready before the instant."""
-
-    slot: datetime
-    entries: list[ScheduledEntry]
-    chunks: list[Chunk]
-    changes: int  # the scheduler's change counter when staged (-1: check every entry at the slot)
 
 
 class Scheduler:
@@ -249,9 +111,6 @@ class Scheduler:
         self._active = True
         self._idle = asyncio.Event()  # set while no dispatch is under way
         self._idle.set()
-        self._staged: Staged | None = None
-        self._gc_hold: contextlib.ExitStack | None = None
-        self._stage_cost = STAGE_COST_S
         self._changes = 0  # counts registrations, removals and rebases (see Staged.changes)
         self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see _next
         self.writer = RunWriter(on_runs, observe=observe, retry_base=retry_base, changed=self._notify)
@@ -268,6 +127,7 @@ class Scheduler:
             retry_max=retry_max,
             overlap=self.overlap,
         )
+        self._stager = Stager(self._calendar, self.dispatcher.target, self._window, lambda: self._changes)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -321,7 +181,7 @@ class Scheduler:
         old = self._entries.get(ident)
         last = old.fired if old is not None else self._retired.pop(ident, None)
         entry = ScheduledEntry.of(config, now, prev_slot=last, after=now, fired=last, synced=synced)
-        if old is not None and _same_slots(old, config):
+        if old is not None and same_slots(old, config):
             entry.next_slot, entry.after = old.next_slot, old.after
             entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
         else:
@@ -433,13 +293,13 @@ class Scheduler:
                 if self._active:
                     await self._dispatch_due(now)
                     await self._retry_held(self.clock.now())
-                    await self._maybe_stage(self.clock.now())
+                    await self._stager.maybe_stage(self.clock.now())
                 await self._mark_processed(now)
                 await self._sleep_until_next()
         finally:
             # What was sent is recorded before the loop returns (a write under way finishes).
             self._stopping = True
-            self._unstage()
+            self._stager.unstage()
             self.writer.ready.set()
             try:
                 await asyncio.wait_for(writer, RECORD_ON_STOP_TIMEOUT_S)
@@ -463,7 +323,7 @@ class Scheduler:
         missed within grace are still sent (the target's claim drops those it did send).
         """
         if not active:
-            self._unstage()
+            self._stager.unstage()
             self.overlap.clear()
         if active and not self._active and resume_after is not None:
             self._rebase(resume_after)
@@ -473,7 +333,7 @@ class Scheduler:
     def _rebase(self, after: datetime) -> None:
         now = self.clock.now()
         self._changes += 1
-        self._unstage()
+        self._stager.unstage()
         self._calendar.clear()
         for entry in self._entries.values():
             start = after
@@ -527,12 +387,7 @@ class Scheduler:
         stage it, if nothing is staged)."""
         if not self._active:
             return None
-        at = self._calendar.next_instant()
-        staged_at = self._staged.slot if self._staged is not None else None
-        if at is not None and self._staged is None:
-            at -= timedelta(seconds=self._lead(self._calendar.size(at)))
-        if staged_at is not None and (at is None or staged_at < at):
-            at = staged_at
+        at = self._stager.wake_at()
         held_at = self.overlap.wake_at()  # held slots are tried again at every tick
         if held_at is not None and (at is None or held_at < at):
             return held_at
@@ -586,58 +441,16 @@ class Scheduler:
                 fut.cancel()
             await asyncio.gather(sleeper, stopper, return_exceptions=True)
 
-    # -- staging -------------------------------------------------------------------------------
-
-    def _lead(self, size: int) -> float:
-        return min(LEAD_MAX_S, LEAD_MIN_S + 1.5 * size * self._stage_cost)
-
-    async def _maybe_stage(self, now: datetime) -> None:
-        """Stage the next instant if its time to be staged has come."""
-        if self._staged is not None:
-            return
-        at = self._calendar.next_instant()
-        if at is None or now < at - timedelta(seconds=self._lead(self._calendar.size(at))):
-            return
-        entries: list[ScheduledEntry] = self._calendar.take(at)  # type: ignore[assignment]
-        if not entries:
-            return
-        changes = self._changes
-        if any(e.fired is not None and at <= e.fired for e in entries):
-            changes = -1  # some already sent (the clock stepped back): sort them out at the slot
-        hold = contextlib.ExitStack()
-        hold.enter_context(gcpolicy.paused())  # until the batch is sent
-        started = time.process_time()  # a cost estimate for the lead, not a scheduling decision
-        chunks = await prepare(self.dispatcher.target, at, entries, self._window)
-        took = time.process_time() - started
-        self._stage_cost = 0.7 * self._stage_cost + 0.3 * took / len(entries)
-        if self._changes != changes:
-            changes = -1  # entries changed while staging (it yields)
-        self._staged, self._gc_hold = Staged(at, entries, chunks, changes), hold
-
-    def _unstage(self) -> None:
-        """Put a staged batch's entries back on the calendar (leadership lost, rebase, stop)."""
-        staged_batch, self._staged = self._staged, None
-        if staged_batch is not None:
-            for entry in staged_batch.entries:
-                if entry.mark != DEAD and entry.next_slot == staged_batch.slot:
-                    self._calendar.add(entry, staged_batch.slot)
-        self._release_gc()
-
-    def _release_gc(self) -> None:
-        hold, self._gc_hold = self._gc_hold, None
-        if hold is not None:
-            hold.close()
-
     # -- dispatch ------------------------------------------------------------------------------
 
     async def _dispatch_due(self, now: datetime) -> None:
         """Send every instant due by ``now``, earliest first (a staged one included)."""
         while True:
             at = self._calendar.next_instant()
-            batch = self._staged
+            batch = self._stager.staged
             if batch is not None and batch.slot <= now and (at is None or batch.slot <= at):
                 slot = batch.slot
-                self._staged = None
+                self._stager.staged = None  # handed over; collection stays held until sent
             elif at is not None and at <= now:
                 slot, batch = at, None
             else:
@@ -648,7 +461,7 @@ class Scheduler:
                 await self._dispatch(slot, batch, residual, now)
             finally:
                 if batch is not None:
-                    self._release_gc()
+                    self._stager.release_gc()
                 self._idle.set()
 
     async def _dispatch(
@@ -759,23 +572,6 @@ class Scheduler:
             )
             chunks = await prepare(self.dispatcher.target, slot, entries, self._window)
             await self._send(slot, entries, chunks, advance=False)
-
-
-def _same_slots(a: PeriodicTaskConfig, b: PeriodicTaskConfig) -> bool:
-    """Whether two versions of a schedule have the same slots and the same idempotency keys."""
-    return (a.spec, a.timezone, a.anchor, a.name) == (b.spec, b.timezone, b.anchor, b.name)
-
-
-def lookback_floor(config: PeriodicTaskConfig, now: datetime) -> datetime | None:
-    """The instant a look back (takeover, catch-up) must stay strictly after, or None for none.
-
-    The schedule's ``effective_at``, capped at ``now``: a value in the future (another clock, or a
-    hand-written row) only means nothing in the past may be sent.
-    """
-    floor = config.effective_at
-    if floor is None:
-        return None
-    return floor if floor < now else now
 
 
 def _ident(key: int | str) -> int | str:

@@ -11,12 +11,12 @@ import pytest
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.entry import ScheduledEntry
 from periodic_manager.errors import NotFoundError, ProviderError
 from periodic_manager.manager import PeriodicTaskManager
 from periodic_manager.providers.base import ProviderSnapshot, RowError, StaticProvider
 from periodic_manager.publishing import SLICE, EntryPublisher
 from periodic_manager.registry import MemoryRuntimeStore
-from periodic_manager.scheduler import ScheduledEntry
 from periodic_manager.targets.memory import MemoryTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
