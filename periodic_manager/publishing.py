@@ -112,7 +112,10 @@ class EntryPublisher:
             records, self._records = self._records, {}
             live = [entry for entry in entries.values() if not entry.dead]  # the dead: superseded
             del entries
-            written = {rec.entry_id for rec in records.values() if rec is not None}
+            # Removed ids written again (an entry id removed and then written again stays): only
+            # those are remembered, not every id written (a cold start writes a million).
+            gone = dict.fromkeys(eid for eid, rec in records.items() if rec is None)
+            written = {r.entry_id for r in records.values() if r is not None and r.entry_id in gone}
             # Canonical payloads (kept for good) first, side by side in memory; the records (gone
             # once written) after: mixing the two leaves the allocator's pools pinned half-empty.
             for i, entry in enumerate(live):
@@ -121,11 +124,12 @@ class EntryPublisher:
                     await asyncio.sleep(0)
             for i in range(0, len(live), SLICE):
                 part = [entry_record(e, self.views(e.ident)) for e in live[i : i + SLICE]]
-                written.update(rec.entry_id for rec in part)
+                if gone:
+                    written.update(rec.entry_id for rec in part if rec.entry_id in gone)
                 await self.call(self.store.apply_entries(self.manager_id, part, []), "publishing entries")
             # Error records, then removals (an id removed and then written again stays).
             upserts = [rec for rec in records.values() if rec is not None]
-            removed = [eid for eid, rec in records.items() if rec is None and eid not in written]
+            removed = [eid for eid in gone if eid not in written]
             if upserts or removed:
                 await self.call(
                     self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries"

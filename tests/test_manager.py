@@ -192,3 +192,23 @@ async def test_flush_waits_for_a_write_already_under_way() -> None:
     await publisher.flush()
     assert len(store.entries["m1"]) == 3 * SLICE
     await first
+
+
+async def test_publishing_removes_ids_unless_written_again_in_the_same_write() -> None:
+    """Within one write, an entry id removed and then written again stays, other removals go."""
+    store = MemoryRuntimeStore()
+    publisher = EntryPublisher(store, "m1", on_failure=lambda exc: None)
+    a = ScheduledEntry.of(row(1, "a"), T0, synced=True)
+    b = ScheduledEntry.of(row(2, "b"), T0, synced=True)
+    publisher.upsert(a)
+    publisher.upsert(b)
+    await publisher.flush()
+    assert set(store.entries["m1"]) == {a.entry_id, b.entry_id}
+    publisher.remove(a.entry_id)
+    publisher.remove(b.entry_id)
+    again = ScheduledEntry.of(row(1, "a"), T0 + timedelta(seconds=5), synced=True)
+    assert again.entry_id == a.entry_id  # same row, same content: the same id
+    publisher.upsert(again)
+    await publisher.flush()
+    assert set(store.entries["m1"]) == {a.entry_id}
+    assert store.entries["m1"][a.entry_id].registered_at == T0 + timedelta(seconds=5)
