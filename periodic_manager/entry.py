@@ -138,7 +138,6 @@ class CodeEntry(ScheduledEntry):
 _CONFIG_SLOTS = PeriodicTaskConfig.__slots__
 
 
-
 def same_slots(a: PeriodicTaskConfig, b: PeriodicTaskConfig) -> bool:
     """Whether two versions of a schedule have the same slots and the same idempotency keys."""
     return (a.spec, a.timezone, a.anchor, a.name) == (b.spec, b.timezone, b.anchor, b.name)

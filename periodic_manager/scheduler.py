@@ -33,7 +33,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from periodic_manager.calendar import DEAD, Calendar
+from periodic_manager.calendar import Calendar
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig, ident_of, overlap_policy
 from periodic_manager.cron import Schedule
@@ -481,7 +481,7 @@ class Scheduler:
         if batch is not None:
             # Entries replaced or removed since staging are dropped (a replacement due now is in
             # the residual, taken from the calendar).
-            candidates = [e for e in batch.entries if e.mark != DEAD and e.next_slot == slot] + residual
+            candidates = [e for e in batch.entries if not e.dead and e.next_slot == slot] + residual
         send: list[ScheduledEntry] = []
         skipped: list[RunRecord] = []
         late = now - slot > self.grace

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from periodic_manager import gcpolicy
-from periodic_manager.calendar import DEAD, Calendar
+from periodic_manager.calendar import Calendar
 from periodic_manager.dispatch import Chunk, prepare
 from periodic_manager.targets.base import Target
 
@@ -105,7 +105,7 @@ class Stager:
         batch, self.staged = self.staged, None
         if batch is not None:
             for entry in batch.entries:
-                if entry.mark != DEAD and entry.next_slot == batch.slot:
+                if not entry.dead and entry.next_slot == batch.slot:
                     self._calendar.add(entry, batch.slot)
         self.release_gc()
 

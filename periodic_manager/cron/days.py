@@ -112,9 +112,7 @@ class DayTable:
         self._n = len(self.times)
         # Bit d-1 stands for day d of a month.
         self._dom = sum(1 << (d - 1) for d in spec.doms)
-        # _dow[w]: the days of a 31-day month whose day 1 falls on weekday w (0 = Sunday):
-        # one week's pattern repeated five times.
-        self._dow = _shared(_DOW_TABLES, spec.dows, _dow_table)
+        self._dow = _shared(_DOW_TABLES, spec.dows, _dow_table)  # see _dow_table
         self._and = spec.day_and
         self._month_ok, self._succ = _shared(_MONTH_TABLES, spec.months, _month_tables)
         # The month of the last answer: (first day, first day of next month, mask, y, m).
