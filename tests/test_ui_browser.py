@@ -221,6 +221,9 @@ def test_overview_and_managers_show_the_running_manager(
     open_page(d, f"{server.base}/ui")
     wait_text(d, "#counts", "schedules")
     assert d.find_element("css selector", "#chart").is_displayed()
+    legend = text_of(d, ".legend")
+    for label in ("Enqueued", "Skipped (too late)", "Held (previous still running)", "Failed"):
+        assert label in legend
     assert "1 live manager" in text_of(d, "main")
 
 

@@ -82,6 +82,7 @@ class SeriesPoint(BaseModel):
     start_at: datetime = Field(description="start of the one-minute bucket")
     enqueued: int
     skipped: int
+    held: int = Field(description="slots held while the previous task still ran (options.overlap hold)")
     failed: int
     duplicate: int
     triggered: int

@@ -25,7 +25,7 @@ from periodic_manager.api.ui.models import Counts, Lateness, ManagerSummary, Ser
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 
 WINDOW_MINUTES = 60
-STATUSES = ("enqueued", "skipped", "failed", "duplicate", "triggered")
+STATUSES = ("enqueued", "skipped", "held", "failed", "duplicate", "triggered")
 PERCENTILES = (0.5, 0.9, 0.99)
 LATENESS_SAMPLE = 10_000
 

@@ -86,6 +86,8 @@ def sample_history(db: Path, ids: dict[str, int]) -> None:
                 if (minute, n) == (41, 0)
                 else "skipped"
                 if minute % 23 == 5 and n == 1
+                else "held"
+                if minute % 17 == 9 and n == 2
                 else "enqueued"
             )
             lateness = 4 + (minute * 13 + n * 7) % 40 + (2500 if status == "skipped" else 0)

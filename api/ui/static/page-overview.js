@@ -7,6 +7,7 @@ import { count, h, mount, ms, setTitle, svg, table, utc } from "./dom.js";
 const SERIES = [
   ["enqueued", "Enqueued", "c-ok"],
   ["skipped", "Skipped (too late)", "c-warn"],
+  ["held", "Held (previous still running)", "c-hold"],
   ["failed", "Failed", "c-bad"],
 ];
 const W = 600;
@@ -54,9 +55,9 @@ function chart(data) {
       h("ul", { class: "legend" }, SERIES.map(([, label, cls], i) =>
         h("li", {}, h("span", { class: `swatch ${cls}`, "aria-hidden": "true" }), `${label}: ${count(sums[i])}`))),
       h("details", {}, h("summary", {}, "The numbers per minute"),
-        table("Slots per minute (UTC)", ["Minute", "Enqueued", "Skipped", "Failed", "Duplicate", "Triggered"],
+        table("Slots per minute (UTC)", ["Minute", "Enqueued", "Skipped", "Held", "Failed", "Duplicate", "Triggered"],
           points.filter((p, i) => totals[i] || p.duplicate || p.triggered).map((p) =>
-            [utc(p.start_at).slice(0, 16), p.enqueued, p.skipped, p.failed, p.duplicate, p.triggered]),
+            [utc(p.start_at).slice(0, 16), p.enqueued, p.skipped, p.held, p.failed, p.duplicate, p.triggered]),
           { empty: "Nothing happened in the last hour." }))));
 }
 
