@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -65,10 +65,11 @@ async def test_a_100k_row_insert_never_stalls_dispatch_or_loses_leadership(pg_ur
             assert time.monotonic() < deadline, f"{len(manager.entries())} entries after 120 s"
             await asyncio.sleep(0.05)
         synced_in = datetime.now(UTC) - started
-        # The window stays open at least 2 s (the sync alone may take less on a quiet machine),
-        # so that heartbeat slots fall in it: the insert and the sync of its rows are inside.
-        left = (started + timedelta(seconds=2) - datetime.now(UTC)).total_seconds()
-        await asyncio.sleep(max(0.0, left))
+        # The window also holds a heartbeat slot due after the sync's rows were in (the sync may
+        # take less than the heartbeat's second on a quiet machine): watched for, not slept for.
+        while not [s for s in target.slots("heartbeat") if s >= started + synced_in]:
+            assert time.monotonic() < deadline, "no heartbeat after the sync"
+            await asyncio.sleep(0.05)
         finished = datetime.now(UTC)
         stop.set()
         await dog
