@@ -136,6 +136,7 @@ class PeriodicTaskManager:
             on_failure=self._store_failed,
             checked=_reraise_if_cancelled,
             quiet=self._no_sync,
+            between=self.scheduler.wait_idle,
         )
         # options.overlap: held slots and previous tasks are published with their entries.
         self.publisher.views = self.scheduler.overlap.view

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SLICE = 1000  # entries per write (building and sending one holds the event loop ~10-20 ms)
+LOOK_SLICE = 20_000  # entries looked at between two yields (~1 ms)
 
 
 def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
@@ -65,6 +66,7 @@ class EntryPublisher:
         on_failure: Callable[[BaseException], None],
         checked: Callable[[BaseException], None] = lambda exc: None,
         quiet: Callable[[], Awaitable[None]] | None = None,
+        between: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.manager_id = manager_id
@@ -79,6 +81,9 @@ class EntryPublisher:
         # ident -> the schedule's overlap view (set by the manager: the scheduler's OverlapGuard).
         self.views: Callable[[int | str], Any] = lambda ident: None
         self._quiet = quiet  # awaited before each write: a sync under way goes first
+        # Awaited before each slice of a write: a dispatch under way goes first (a million
+        # entries take seconds to publish; a slot due meanwhile must not wait behind them).
+        self._between = between
 
     def upsert(self, item: ScheduledEntry | EntryRecord) -> None:
         """Publish an entry (its record is built when written) or an error record."""
@@ -110,7 +115,12 @@ class EntryPublisher:
                 return
             entries, self._entries = self._entries, {}
             records, self._records = self._records, {}
-            live = [entry for entry in entries.values() if not entry.dead]  # the dead: superseded
+            live = []  # the dead (superseded) are left out; a million are looked at in slices
+            for i, entry in enumerate(entries.values()):
+                if not entry.dead:
+                    live.append(entry)
+                if i % LOOK_SLICE == LOOK_SLICE - 1:
+                    await asyncio.sleep(0)
             del entries
             # Removed ids written again (an entry id removed and then written again stays): only
             # those are remembered, not every id written (a cold start writes a million).
@@ -123,6 +133,8 @@ class EntryPublisher:
                 if i % SLICE == SLICE - 1:
                     await asyncio.sleep(0)
             for i in range(0, len(live), SLICE):
+                if self._between is not None:
+                    await self._between()
                 part = [entry_record(e, self.views(e.ident)) for e in live[i : i + SLICE]]
                 if gone:
                     written.update(rec.entry_id for rec in part if rec.entry_id in gone)

@@ -348,6 +348,10 @@ class Scheduler:
             if entry.next_slot is not None:
                 self._calendar.add(entry, entry.next_slot)
 
+    async def wait_idle(self) -> None:
+        """Return when no dispatch is under way (background writers go between dispatches)."""
+        await self._idle.wait()
+
     def hung_for(self, now: datetime) -> float:
         """Seconds a send under way has shown no sign of life (0 when idle or progressing).
 

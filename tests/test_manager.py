@@ -212,3 +212,31 @@ async def test_publishing_removes_ids_unless_written_again_in_the_same_write() -
     await publisher.flush()
     assert set(store.entries["m1"]) == {a.entry_id}
     assert store.entries["m1"][a.entry_id].registered_at == T0 + timedelta(seconds=5)
+
+
+async def test_publishing_waits_between_slices_while_a_dispatch_is_under_way() -> None:
+    """A large write goes slice by slice, and each slice first awaits ``between`` (the manager
+    passes the scheduler's wait for no dispatch under way): a slot due meanwhile goes first."""
+    store = MemoryRuntimeStore()
+    idle = asyncio.Event()
+    idle.set()
+    publisher = EntryPublisher(store, "m1", on_failure=lambda exc: None, between=idle.wait)
+    for i in range(1, 3 * SLICE + 1):
+        publisher.upsert(ScheduledEntry.of(row(i, f"job{i}"), T0, synced=True))
+    writes: list[int] = []
+    apply = store.apply_entries
+
+    async def counted(manager_id: str, upserts: list, removed: list) -> None:  # type: ignore[type-arg]
+        writes.append(len(upserts))
+        if len(writes) == 1:
+            idle.clear()  # a dispatch starts while the first slice is written
+        await apply(manager_id, upserts, removed)
+
+    store.apply_entries = counted  # type: ignore[method-assign]
+    write = asyncio.create_task(publisher.flush())
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert writes == [SLICE] and not write.done()  # the next slice waits for the dispatch
+    idle.set()
+    await write
+    assert writes == [SLICE, SLICE, SLICE] and len(store.entries["m1"]) == 3 * SLICE
