@@ -349,8 +349,17 @@ class Scheduler:
                 self._calendar.add(entry, entry.next_slot)
 
     async def wait_idle(self) -> None:
-        """Return when no dispatch is under way (background writers go between dispatches)."""
-        await self._idle.wait()
+        """Return when no dispatch is under way (background writers go between dispatches), or
+        once the scheduler stops (a dispatch stuck in a hung target must not hold a shutdown)."""
+        if self._idle.is_set() or self._stopping:
+            return
+        waits = [asyncio.ensure_future(self._idle.wait()), asyncio.ensure_future(self._stop_event.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in waits:
+                fut.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def hung_for(self, now: datetime) -> float:
         """Seconds a send under way has shown no sign of life (0 when idle or progressing).

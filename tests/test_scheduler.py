@@ -230,3 +230,16 @@ async def test_a_manager_stopped_right_after_start_stops_at_once() -> None:
     mgr = PeriodicTaskManager(StaticProvider([cfg("a", "@every 10s")]), MemoryTarget(), clock=clock)
     await mgr.start()
     await asyncio.wait_for(mgr.stop(), 1)
+
+
+async def test_wait_idle_returns_when_the_scheduler_stops_during_a_dispatch() -> None:
+    """Background writers wait between dispatches; a dispatch stuck in a hung target must not
+    keep them (and a shutdown's last publication) waiting once the scheduler stops."""
+    sched = Scheduler(MemoryTarget(), clock=VirtualClock(T0))
+    sched._idle.clear()  # a dispatch under way that never ends
+    waiter = asyncio.ensure_future(sched.wait_idle())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiter.done()
+    sched.stop()
+    await asyncio.wait_for(waiter, 5)
