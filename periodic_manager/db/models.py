@@ -179,6 +179,9 @@ class ScheduleState(Base):
     schedule_key: Mapped[str] = mapped_column(String(128), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), nullable=False)
     last_slot_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    # The latest slot settled for good (enqueued, found enqueued, re-published or skipped): a
+    # takeover or a catch-up never sends a slot at or before it, whatever the broker remembers.
+    last_done_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     last_enqueued_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     last_message_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     last_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
@@ -188,6 +191,7 @@ class ScheduleState(Base):
     skipped_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     failed_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     held_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    resent_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 
