@@ -45,6 +45,7 @@ async def schedule_state(session: AsyncSession, schedule_key: str) -> ScheduleSt
             "skipped": st.skipped_count,
             "failed": st.failed_count,
             "held": st.held_count,
+            "resent": st.resent_count,
         },
     )
 

@@ -147,7 +147,9 @@ class ScheduleState(BaseModel):
     last_status: str | None
     last_error: str | None
     counts: dict[str, int] = Field(
-        examples=[{"enqueued": 3, "duplicate": 0, "skipped": 0, "failed": 0, "held": 0}]
+        examples=[
+            {"enqueued": 3, "duplicate": 0, "skipped": 0, "failed": 0, "held": 0, "resent": 0}
+        ]
     )
 
 
@@ -256,7 +258,7 @@ class RunOut(BaseModel):
     id: int
     slot_at: datetime = Field(description="the slot (for a manual trigger: when it was asked)")
     status: str = Field(
-        examples=["enqueued", "duplicate", "skipped", "failed", "held", "triggered"]
+        examples=["enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered"]
     )
     at: datetime = Field(description="when the manager (or the API) handled it")
     lateness_ms: int = Field(description="at - slot_at, in milliseconds")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from periodic_manager.entry import ScheduledEntry, lookback_floor
-from periodic_manager.registry import RuntimeStore
+from periodic_manager.registry import RuntimeStore, StateRecord
 from periodic_manager.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,18 @@ async def catch_up(
         # Without the state we cannot know what was sent beyond the claims' life: skip.
         log.error("catch-up skipped, runtime state unreadable: %s", exc)
         return
-    todo = [
-        (e, s) for e, s in candidates
-        if (st := state.get(e.key)) is None or st.last_slot_at is None or st.last_slot_at < s
-    ]
+    # Never a slot at or before the latest one the store records as settled (sent, found sent
+    # or skipped for good): the broker's claims may be gone, the database's record is not.
+    todo = [(e, s) for e, s in candidates if (done := _settled(state.get(e.key))) is None or done < s]
     if todo and still_leading():
         await scheduler.catch_up(todo)
+
+
+def _settled(state: StateRecord | None) -> datetime | None:
+    if state is None:
+        return None
+    marks = [at for at in (state.last_done_at, state.last_slot_at) if at is not None]
+    return max(marks) if marks else None
 
 
 def latest_slot(entry: ScheduledEntry, now: datetime, earliest: datetime) -> datetime | None:

@@ -122,7 +122,7 @@ class Dispatcher:
         self.retry_base = retry_base
         self.retry_max = retry_max
         self.counts: dict[str, int] = {
-            "enqueued": 0, "duplicate": 0, "skipped": 0, "failed": 0, "held": 0,
+            "enqueued": 0, "duplicate": 0, "resent": 0, "skipped": 0, "failed": 0, "held": 0,
         }  # fmt: skip
         self.progress_at: datetime | None = None  # last sign of life of a send under way
         self._failing = 0  # consecutive failed attempts (one log line per outage)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from periodic_manager import __version__, catchup, gcpolicy
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.config import PeriodicTaskConfig, ident_of
 from periodic_manager.errors import ConfigError, NotFoundError
 from periodic_manager.leadership import AlwaysLeader, Leadership
 from periodic_manager.metrics import ManagerMetrics
@@ -60,7 +60,9 @@ FREEZE_AFTER = 10_000
 # A dispatch silent for this long is stuck: every target call is bounded far below it.
 HUNG_AFTER_S = 120.0
 # Tasks that end by themselves once their work is done (any other ending is a failure).
-ONE_SHOT_TASKS = ("catch-up",)
+ONE_SHOT_TASKS = ("catch-up", "takeover")
+# How often a takeover tries again to read what the database records as settled.
+SETTLED_RETRY_S = 1.0
 
 
 def _reraise_if_cancelled(exc: BaseException) -> None:
@@ -124,6 +126,7 @@ class PeriodicTaskManager:
         self.scheduler.set_active(False)
         self.leadership: Leadership = leadership or AlwaysLeader()
         self.leadership.on_change = self._on_leadership
+        self._terms = 0  # counts leadership changes
         self._running = False
         self._beat_now = asyncio.Event()
         self.full_sync_interval = timedelta(seconds=full_sync_interval)
@@ -257,17 +260,58 @@ class PeriodicTaskManager:
 
     def _on_leadership(self, is_leader: bool) -> None:
         now = self.clock.now()
-        if is_leader:
+        self._terms += 1  # a takeover still reading belongs to the term it started in
+        if is_leader and self._running:
             # A standby taking over resumes within grace (the old leader may have missed those
-            # slots; the target's claim drops any it did send). A fresh start fires nothing old.
-            takeover = self._running
-            self.scheduler.set_active(True, resume_after=now - self.scheduler.grace if takeover else None)
-            log.info("manager %s leads (%s)", self.manager_id, "takeover" if takeover else "start")
-            self._spawn(self._catch_up(now, takeover=takeover), "catch-up")
+            # slots), after what the database records as settled: off the leadership check.
+            self._spawn(self._take_over(now, self._terms), "takeover")
+        elif is_leader:
+            # A fresh start fires nothing old.
+            self.scheduler.set_active(True)
+            log.info("manager %s leads (start)", self.manager_id)
+            self._spawn(self._catch_up(now, takeover=False), "catch-up")
         else:
             self.scheduler.set_active(False)
             log.info("manager %s is standby", self.manager_id)
         self._beat_now.set()
+
+    async def _take_over(self, now: datetime, term: int) -> None:
+        """Start sending as the new leader: every entry resumes at its first slot after
+        ``now - grace`` that is after the schedule's latest settled slot in the store, so no slot
+        the old leader settled is sent again, even when the broker's claims are gone."""
+        since = now - self.scheduler.grace
+        settled = await self._settled_after(since, term)
+        if settled is None:
+            return  # no longer leading: the next term decides
+        self.scheduler.set_active(True, resume_after=since, settled=settled)
+        log.info("manager %s leads (takeover)", self.manager_id)
+        await self._catch_up(now, takeover=True)
+
+    async def _settled_after(self, since: datetime, term: int) -> dict[int | str, datetime] | None:
+        """What the store records as settled after ``since``, by ident, each capped at now (a
+        value from the future only means nothing in the past may be sent). Retried while this
+        term lasts; None once it ended."""
+        failed = False
+        while term == self._terms:
+            try:
+                rows = await self.store.settled_after(since)
+            except Exception as exc:
+                _reraise_if_cancelled(exc)
+                if not failed:
+                    log.error(
+                        "takeover waits: cannot read the settled slots (%s: %s); nothing is "
+                        "sent until they are known", type(exc).__name__, exc,
+                    )
+                failed = True
+                await self.clock.sleep(SETTLED_RETRY_S)
+                continue
+            if term != self._terms:
+                break  # leadership changed during the read
+            if failed:
+                log.info("takeover: settled slots read")
+            now = self.clock.now()
+            return {ident_of(key): min(at, now) for key, at in rows.items()}
+        return None
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:
         """misfire=fire_once: send the latest missed slot within the catch-up window, once."""

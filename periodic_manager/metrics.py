@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from periodic_manager.registry import RunRecord
+from periodic_manager.registry import SENT, RunRecord
 
 PREFIX = "periodic_manager"
 QUEUE_MEMO_MAX = 100_000  # schedule keys whose queue is remembered between syncs
@@ -109,7 +109,7 @@ class ManagerMetrics(Collector):
             if run.reason is not None:
                 why = (queue, run.status, run.reason)
                 reasons[why] = reasons.get(why, 0) + 1
-            if run.status in ("enqueued", "duplicate"):
+            if run.status in SENT:
                 late = max(0.0, (run.at.astimezone(UTC) - run.slot.astimezone(UTC)).total_seconds())
                 lateness[(queue, late)] = lateness.get((queue, late), 0) + 1
         with self._lock:

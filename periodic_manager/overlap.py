@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from periodic_manager.config import overlap_policy
-from periodic_manager.registry import RunRecord
+from periodic_manager.registry import SENT, RunRecord
 from periodic_manager.targets.base import QUEUED, EnqueueResult
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class OverlapGuard:
         if res.status == "busy" and prev is not None:
             self.seen[key] = (prev.task_id, prev.state)
         elif (
-            res.status in ("enqueued", "duplicate")
+            res.status in SENT
             and overlap_policy(entry.config.options) != "allow"
         ):
             self.seen[key] = (res.task.id, QUEUED)
@@ -169,7 +169,7 @@ class OverlapGuard:
         reason = None
         held = self.held.get(key)
         runs: list[RunRecord] = []
-        if held is not None and res.status in ("enqueued", "duplicate"):
+        if held is not None and res.status in SENT:
             if held.slot == slot:
                 del self.held[key]
                 reason = "overlap-released"
@@ -178,7 +178,7 @@ class OverlapGuard:
                 runs.append(_replaced(held, slot, at))
         error = res.error
         prev = res.previous
-        if res.status == "enqueued" and prev is not None and prev.timed_out:
+        if res.status in ("enqueued", "resent") and prev is not None and prev.timed_out:
             reason = "overlap-timeout"
             timeout = entry.config.options.get("overlap_timeout")
             error = (

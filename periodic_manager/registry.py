@@ -14,7 +14,13 @@ from typing import Literal, Protocol
 
 # held: options.overlap hold kept the slot while the schedule's previous task runs (the slot
 # then gets a second run: enqueued once that task finished, or skipped).
-RunStatus = Literal["enqueued", "duplicate", "skipped", "failed", "held"]
+# resent: published again with the same task id because the broker never confirmed an earlier
+# publish of the slot (AMQP); the workers may see it twice, and nothing is lost.
+RunStatus = Literal["enqueued", "duplicate", "resent", "skipped", "failed", "held"]
+# Outcomes that settle a slot for good: a takeover or catch-up never sends it (or an earlier one)
+# again. A failed or held slot is not settled: the next leader may still send it within grace.
+SETTLED = frozenset({"enqueued", "duplicate", "resent", "skipped"})
+SENT = frozenset({"enqueued", "duplicate", "resent"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,7 @@ class StateRecord:
     schedule_key: str
     name: str
     last_slot_at: datetime | None = None
+    last_done_at: datetime | None = None  # the latest settled slot (see SETTLED)
     last_enqueued_at: datetime | None = None
     last_message_id: str | None = None
     last_status: str | None = None
@@ -116,6 +123,11 @@ class RuntimeStore(Protocol):
 
     async def get_state(self, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
         """Stored runtime state of the given schedules (absent keys are missing)."""
+        ...
+
+    async def settled_after(self, since: datetime) -> dict[str, datetime]:
+        """The latest settled slot of every schedule whose latest settled slot is after
+        ``since``, by schedule key (what a takeover must not send again)."""
         ...
 
     async def reap(self, older_than: datetime) -> int:
@@ -161,6 +173,13 @@ class MemoryRuntimeStore:
     async def get_state(self, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
         return {k: self.state[k] for k in schedule_keys if k in self.state}
 
+    async def settled_after(self, since: datetime) -> dict[str, datetime]:
+        return {
+            k: st.last_done_at
+            for k, st in self.state.items()
+            if st.last_done_at is not None and st.last_done_at > since
+        }
+
     async def reap(self, older_than: datetime) -> int:
         dead = [m for m, (_, st) in self.managers.items() if st.heartbeat_at < older_than]
         for manager_id in dead:
@@ -173,7 +192,9 @@ def fold_run(state: StateRecord, run: RunRecord) -> StateRecord:
     state.name = run.name
     state.counts[run.status] = state.counts.get(run.status, 0) + 1
     state.last_status = run.status
-    if run.status in ("enqueued", "duplicate"):
+    if run.status in SETTLED and (state.last_done_at is None or run.slot > state.last_done_at):
+        state.last_done_at = run.slot
+    if run.status in SENT:
         if state.last_slot_at is None or run.slot >= state.last_slot_at:
             state.last_slot_at = run.slot
             state.last_enqueued_at = run.at

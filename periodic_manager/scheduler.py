@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.calendar import Calendar
@@ -315,31 +315,42 @@ class Scheduler:
     def active(self) -> bool:
         return self._active
 
-    def set_active(self, active: bool, *, resume_after: datetime | None = None) -> None:
+    def set_active(
+        self,
+        active: bool,
+        *,
+        resume_after: datetime | None = None,
+        settled: Mapping[int | str, datetime] | None = None,
+    ) -> None:
         """Start or stop dispatching (leadership). A standby keeps its entries but sends nothing.
 
         ``resume_after``: on a takeover, every entry restarts at its first slot after that instant
-        (typically ``now - grace``) that it has not sent itself, so slots the old leader may have
-        missed within grace are still sent (the target's claim drops those it did send).
+        (typically ``now - grace``) that it has not sent itself and that is after the schedule's
+        latest slot the database records as settled (``settled``, by ident), so slots the
+        old leader may have missed within grace are still sent, and none it settled is sent again
+        even when the target's claims are gone (a broker that forgot its data).
         """
         if not active:
             self._stager.unstage()
             self.overlap.clear()
         if active and not self._active and resume_after is not None:
-            self._rebase(resume_after)
+            self._rebase(resume_after, settled or {})
         self._active = active
         self._wake.set()
 
-    def _rebase(self, after: datetime) -> None:
+    def _rebase(self, after: datetime, settled: Mapping[int | str, datetime]) -> None:
         now = self.clock.now()
         self._changes += 1
         self._stager.unstage()
         self._calendar.clear()
-        for entry in self._entries.values():
+        for ident, entry in self._entries.items():
             start = after
             last = entry.fired
             if last is not None and last > start:
                 start = last
+            done = settled.get(ident) if settled else None
+            if done is not None and done > start:
+                start = done
             floor = lookback_floor(entry.config, now)
             if floor is not None and floor > start:
                 start = floor  # never a slot from before the schedule (or its timing) existed

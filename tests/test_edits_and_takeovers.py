@@ -17,7 +17,7 @@ from periodic_manager.config import UNKNOWN_START, PeriodicTaskConfig
 from periodic_manager.leadership import AlwaysLeader
 from periodic_manager.manager import PeriodicTaskManager
 from periodic_manager.providers.base import StaticProvider
-from periodic_manager.registry import MemoryRuntimeStore, RunRecord
+from periodic_manager.registry import MemoryRuntimeStore, RunRecord, StateRecord
 from periodic_manager.scheduler import Scheduler
 from periodic_manager.targets.memory import MemoryTarget
 
@@ -387,3 +387,100 @@ def test_runs_are_counted_once_even_when_their_recording_is_retried() -> None:
     run = RunRecord("1", "a", T0, "enqueued", T0)
     asyncio.run(scenario())
     assert seen == [run]
+
+
+# -- a takeover trusts what the store records as settled, not only the broker's claims ----------
+
+
+async def test_a_takeover_after_the_broker_forgot_its_claims_sends_no_settled_slot_again() -> None:
+    """The issue's reproduction: the broker restarted without persistence (every claim gone),
+    then a takeover a second later. Before, the new leader re-sent every slot of the last grace;
+    the store records each schedule's latest settled slot, and the takeover starts after it."""
+    clock, target, store = VirtualClock(T0), MemoryTarget(), MemoryRuntimeStore()
+    provider = StaticProvider(
+        [row(i, f"s{i}", effective_at=T0 - timedelta(days=1)) for i in range(1, 201)]
+    )
+    leader = await manager(provider, clock, target, store)
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await clock.advance(20, settle=lambda: leader.wait_settled(clock.now()))
+        await leader.stop()  # at 12:00:20.5: the store holds slot :20 of every schedule
+        target.forget()
+        await clock.advance(1)
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await clock.advance(5, settle=lambda: standby.wait_settled(clock.now()))
+        for i in (1, 100, 200):
+            assert target.slots(f"s{i}") == seconds(*range(1, 27))  # once each, none lost
+        assert len(target.messages) == 200 * 26
+        assert standby.scheduler.counts["duplicate"] == 0
+    finally:
+        await standby.stop()
+
+
+async def test_a_takeover_still_sends_a_slot_the_old_leader_failed_or_never_recorded() -> None:
+    """Only settled slots are skipped: a slot the old leader failed (its broker was down) is
+    sent by the new leader while it is within grace, and so is every slot after the last one
+    the store recorded."""
+    clock, target, store = VirtualClock(T0), MemoryTarget(), MemoryRuntimeStore()
+    provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
+    leader = await manager(provider, clock, target, store)
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await clock.advance(10, settle=lambda: leader.wait_settled(clock.now()))
+        target.fail_with = "broker down"
+        await clock.advance(3)  # slots :11-:13 fail while the leader retries
+        await leader.stop()
+        target.fail_with = None
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await clock.advance(1, settle=lambda: standby.wait_settled(clock.now()))
+        assert target.slots("s1") == seconds(*range(1, 15))
+        assert store.state["1"].last_done_at == seconds(14)[0]
+    finally:
+        await standby.stop()
+
+
+async def test_a_settled_slot_from_the_future_only_stops_the_look_back() -> None:
+    """The store is data like any other: a settled slot in the future (another clock, a
+    hand-written row) must not stop the schedule; it only means nothing in the past is sent."""
+    clock, target, store = VirtualClock(T0), MemoryTarget(), MemoryRuntimeStore()
+    provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
+    store.state["1"] = StateRecord("1", "s1", last_done_at=T0 + timedelta(days=365))
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await clock.advance(10)
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await clock.advance(3, settle=lambda: standby.wait_settled(clock.now()))
+        assert target.slots("s1") == seconds(11, 12, 13)
+    finally:
+        await standby.stop()
+
+
+async def test_a_takeover_waits_for_the_settled_slots_and_sends_nothing_meanwhile(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Flaky(MemoryRuntimeStore):
+        failures = 3
+
+        async def settled_after(self, since: datetime) -> dict[str, datetime]:
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("database unreachable")
+            return await super().settled_after(since)
+
+    clock, target, store = VirtualClock(T0), MemoryTarget(), Flaky()
+    provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
+    leader = await manager(provider, clock, target, store)
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await clock.advance(10, settle=lambda: leader.wait_settled(clock.now()))
+        await leader.stop()
+        target.forget()
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await clock.advance(1)
+        assert target.slots("s1") == seconds(*range(1, 11))  # nothing while the read fails
+        await clock.advance(5, settle=lambda: standby.wait_settled(clock.now()))
+        assert target.slots("s1") == seconds(*range(1, 17))  # then the gap, once
+        waits = [r for r in caplog.records if "takeover waits" in r.getMessage()]
+        assert len(waits) == 1  # one line for the outage, not one per retry
+    finally:
+        await standby.stop()

@@ -269,3 +269,61 @@ async def test_a_view_change_is_published(rig: Rig) -> None:
         (None, "queued"),  # slot 20 sent at the tick after the finish
     ]
     assert views[1].previous_task_id == fields["id"]
+
+
+async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig: Rig) -> None:
+    """The issue's reproduction: slot 20 was held, then replaced by slot 30 (recorded skipped);
+    the previous task finished, the leader died. The new leader looks back over grace, and
+    before, it sent slot 20, out of order. The store records 20 as settled: it starts after it."""
+    from periodic_manager.leadership import AlwaysLeader
+    from periodic_manager.manager import PeriodicTaskManager
+    from periodic_manager.providers.base import StaticProvider
+    from periodic_manager.registry import MemoryRuntimeStore
+
+    class Manual(AlwaysLeader):
+        def __init__(self, leader: bool) -> None:
+            super().__init__()
+            self.initial = leader
+
+        async def start(self) -> None:
+            await self._set(self.initial)
+
+    store = MemoryRuntimeStore()
+    row = PeriodicTaskConfig.create(
+        name="sync", spec="@every 10s", task_type="demo", options={"overlap": "hold"},
+        schedule_id=1, effective_at=T0 - timedelta(days=1),
+    )  # fmt: skip
+    managers = []
+    for leads in (True, False):
+        target = RedisStreamsTarget(rig.client, prefix=rig.prefix, group=GROUP)
+        mgr = PeriodicTaskManager(
+            StaticProvider([row]), target, clock=rig.clock, store=store, grace=30,
+            sync_interval=3600, leadership=Manual(leads),
+        )  # fmt: skip
+        await mgr.start()
+        managers.append(mgr)
+    leader, standby = managers
+
+    live = list(managers)
+
+    async def settle() -> None:
+        for m in live:
+            await m.wait_settled(rig.clock.now())
+
+    try:
+        await rig.clock.advance_to(at(10.5), settle=settle)
+        [(first, _)] = await rig.take()
+        await rig.clock.advance_to(at(31.5), settle=settle)  # 20 held, then replaced by 30
+        assert [(r.slot, r.status) for r in store.runs] == [
+            (at(10), "enqueued"), (at(20), "held"), (at(20), "skipped"), (at(30), "held"),
+        ]  # fmt: skip
+        await leader.stop()
+        live.remove(leader)
+        await rig.finish(first)
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await rig.clock.advance_to(at(33), settle=settle)
+        sent = slots(await rig.messages("sync"))
+        assert sent == ["2024-05-01T12:00:10Z", "2024-05-01T12:00:30Z"]  # 20 never, 30 once
+    finally:
+        for m in managers:
+            await m.stop()

@@ -262,7 +262,7 @@ async def test_record_runs_equals_folding_one_by_one(harness: Harness) -> None:
     """Random runs in random batches: after every batch the stored state is where folding
     every run so far, one by one, ends."""
     rng = random.Random(20301)
-    statuses = ["enqueued", "duplicate", "skipped", "failed"]
+    statuses = ["enqueued", "duplicate", "resent", "skipped", "failed", "held"]
     runs = [
         run(
             str(rng.randint(1, 3)),
@@ -283,6 +283,22 @@ async def test_record_runs_equals_folding_one_by_one(harness: Harness) -> None:
         for r in batch:
             fold_run(expected.setdefault(r.schedule_key, StateRecord(r.schedule_key, r.name)), r)
         assert await harness.states(list(expected)) == expected, f"after run {i}"
+
+
+async def test_settled_slots_move_forward_with_every_final_outcome_and_only_those(
+    harness: Harness,
+) -> None:
+    """What a takeover reads: the latest slot enqueued, found enqueued, re-published or skipped
+    for good. A failed or held slot may still be sent by the next leader: not settled."""
+    store = harness.store
+    await store.record_runs([run("1", 60, "enqueued"), run("2", 60, "resent"), run("3", 60, "held")])
+    await store.record_runs([run("1", 120, "skipped"), run("2", 120, "failed"), run("3", 30, "skipped")])
+    await store.record_runs([run("1", 90, "duplicate"), run("3", 120, "held")])
+    assert await store.settled_after(EVER) == {"1": at(120), "2": at(60), "3": at(30)}
+    assert await store.settled_after(at(60)) == {"1": at(120)}
+    s2 = await harness.state("2")
+    assert s2 is not None and s2.counts == {"resent": 1, "failed": 1}
+    assert s2.last_slot_at == at(60), "a re-published slot was sent"
 
 
 async def test_reap_removes_dead_managers_and_their_entries(harness: Harness) -> None:

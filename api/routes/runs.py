@@ -33,7 +33,7 @@ from periodic_manager.targets.base import EnqueueResult, Target, task_for
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/schedules", tags=["history"])
 
-RunStatus = Literal["enqueued", "duplicate", "skipped", "failed", "held", "triggered"]
+RunStatus = Literal["enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered"]
 
 
 @router.get(

@@ -55,6 +55,7 @@ COUNT_COLUMNS = {
     "skipped": "skipped_count",
     "failed": "failed_count",
     "held": "held_count",
+    "resent": "resent_count",
 }
 # Labelled columns, so one joined row names both tables' columns without clashes.
 _MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
@@ -304,12 +305,25 @@ class DatabaseRuntimeStore:
         )
         # The batch decided last_error iff it had an enqueued, duplicate or failed run: the
         # delta then holds the outcome of the last one (None clears); skipped runs leave it.
-        decides_error = (new.enqueued_count + new.duplicate_count + new.failed_count) > 0
+        decides_error = (
+            new.enqueued_count + new.duplicate_count + new.resent_count + new.failed_count
+        ) > 0
         set_: dict[str, Any] = {
             "name": new.name,
             "last_status": new.last_status,
             "updated_at": new.updated_at,
             "last_slot_at": case((moves, new.last_slot_at), else_=t.last_slot_at),
+            # The latest settled slot only ever moves forward.
+            "last_done_at": case(
+                (
+                    and_(
+                        new.last_done_at.is_not(None),
+                        or_(t.last_done_at.is_(None), new.last_done_at > t.last_done_at),
+                    ),
+                    new.last_done_at,
+                ),
+                else_=t.last_done_at,
+            ),
             "last_enqueued_at": case((moves, new.last_enqueued_at), else_=t.last_enqueued_at),
             "last_message_id": case((moves, new.last_message_id), else_=t.last_message_id),
             "last_error": case((decides_error, new.last_error), else_=t.last_error),
@@ -377,6 +391,19 @@ class DatabaseRuntimeStore:
                     out[row.schedule_key] = _state_record(row._mapping)
         return out
 
+    async def settled_after(self, since: datetime) -> dict[str, datetime]:
+        """The latest settled slot of each schedule settled after ``since`` (read once per
+        takeover, in slices)."""
+        t = ScheduleState.__table__.c
+        stmt = select(t.schedule_key, t.last_done_at).where(t.last_done_at > since)
+        async with self.engine.connect() as conn:
+            result = await conn.stream(stmt.execution_options(yield_per=_BUILD_SLICE))
+            out: dict[str, datetime] = {}
+            async for part in result.partitions():
+                out.update((key, at) for key, at in part)
+                await asyncio.sleep(0)
+        return out
+
     async def delete_state(self, schedule_key: str) -> bool:
         """Forget a schedule's runtime state (its row was deleted); True if there was any."""
         async with self.engine.begin() as conn:
@@ -437,6 +464,7 @@ def _state_record(m: RowMapping) -> StateRecord:
         schedule_key=m["schedule_key"],
         name=m["name"],
         last_slot_at=m["last_slot_at"],
+        last_done_at=m["last_done_at"],
         last_enqueued_at=m["last_enqueued_at"],
         last_message_id=m["last_message_id"],
         last_status=m["last_status"],
@@ -481,6 +509,7 @@ def _state_values(delta: StateRecord, updated_at: datetime) -> dict[str, Any]:
         "schedule_key": delta.schedule_key,
         "name": delta.name,
         "last_slot_at": delta.last_slot_at,
+        "last_done_at": delta.last_done_at,
         "last_enqueued_at": delta.last_enqueued_at,
         "last_message_id": delta.last_message_id,
         "last_status": delta.last_status,

@@ -164,13 +164,16 @@ class EnqueueResult:
     processed (a task the target cannot encode, or the group of a failed target behind a
     :class:`~periodic_manager.targets.routing.RoutingTarget`); ``error`` says why.
 
+    ``resent``: enqueued again with the same task id because an earlier publish of this slot was
+    never confirmed by the broker (it may have arrived: workers may see the task twice).
+
     ``busy``: the task's schedule asks for ``options.overlap`` skip or hold and its previous task
     is not finished, so nothing was enqueued and nothing claimed. ``previous`` (set only for such
     schedules) is what the target saw of that previous task.
     """
 
     task: Task
-    status: Literal["enqueued", "duplicate", "failed", "busy"]
+    status: Literal["enqueued", "duplicate", "resent", "failed", "busy"]
     message_id: str | None = None  # stream entry id, outbox row id, ...
     error: str | None = None
     previous: Previous | None = None

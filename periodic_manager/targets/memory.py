@@ -36,6 +36,10 @@ class MemoryTarget:
             results.append(EnqueueResult(task, "enqueued", msg_id))
         return results
 
+    def forget(self) -> None:
+        """Lose every claim, as a broker restarted without persistence does (messages stay)."""
+        self._keys.clear()
+
     def slots(self, name: str) -> list[datetime]:
         return [t.scheduled_at for t, _ in self.messages if t.name == name]
 
