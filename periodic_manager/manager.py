@@ -484,6 +484,7 @@ class PeriodicTaskManager:
             self._beat_now.clear()
             async with self._beat_lock:
                 await self._beat(info)
+            await self._watch_brokers()
 
     async def _beat(self, info: ManagerInfo) -> None:
         try:
@@ -501,6 +502,26 @@ class PeriodicTaskManager:
             if self._registered:
                 log.warning("heartbeat failed (will retry): %r", exc)
             self._registered = False
+
+    async def _watch_brokers(self) -> None:
+        """Say once, loudly, when a target's broker lost its data (a Redis restarted without
+        persistence): its claims of recent slots are gone (see ``targets.sentinel``)."""
+        forgotten = getattr(self.target, "forgotten", None)
+        if forgotten is None:
+            return
+        try:
+            lost = await forgotten()
+        except Exception as exc:
+            _reraise_if_cancelled(exc)
+            return  # the broker is down: the sends and /readyz say so
+        for name in lost:
+            self.metrics.broker_data_lost(name)
+            log.error(
+                "the %s target's broker lost its data (restarted without persistence, flushed "
+                "or failed over to an empty replica): its claims of recent slots are gone. A "
+                "takeover still sends no slot the database records as settled; a slot in "
+                "flight may be sent twice.", name,
+            )
 
     def _all_records(self) -> list[EntryRecord]:
         view = self.scheduler.overlap.view

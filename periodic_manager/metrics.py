@@ -92,6 +92,7 @@ class ManagerMetrics(Collector):
         self._sync = _Histogram(SYNC_BUCKETS_S)
         self._syncs: dict[str, int] = {"ok": 0, "error": 0}
         self._last_sync_duration_s: float | None = None
+        self._lost: dict[str, int] = {}  # target -> times its broker lost its data
         self._queues: dict[str, str] = {}  # schedule key -> queue, forgotten after syncs
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.registry.register(self)
@@ -122,6 +123,11 @@ class ManagerMetrics(Collector):
                 if hist is None:
                     hist = self._lateness[queue] = _Histogram(LATENESS_BUCKETS_S)
                 hist.observe(late, n)
+
+    def broker_data_lost(self, target: str) -> None:
+        """Count a loss of a target broker's data (its sentinel key disappeared)."""
+        with self._lock:
+            self._lost[target] = self._lost.get(target, 0) + 1
 
     @contextmanager
     def time_sync(self) -> Iterator[None]:
@@ -157,7 +163,7 @@ class ManagerMetrics(Collector):
         runs = CounterMetricFamily(
             f"{PREFIX}_slots",
             "Slots handled by this manager, by queue and outcome "
-            "(enqueued, duplicate, skipped, failed, held)",
+            "(enqueued, duplicate, resent, skipped, failed, held)",
             labels=["queue", "status"],
         )
         by_reason = CounterMetricFamily(
@@ -173,6 +179,12 @@ class ManagerMetrics(Collector):
         )
         sync = HistogramMetricFamily(f"{PREFIX}_sync_duration_seconds", "Duration of syncs")
         syncs = CounterMetricFamily(f"{PREFIX}_syncs", "Syncs by result", labels=["result"])
+        lost = CounterMetricFamily(
+            f"{PREFIX}_broker_data_lost",
+            "Times a target's broker was found to have lost its data (a Redis restarted without "
+            "persistence, flushed, or failed over to an empty replica)",
+            labels=["target"],
+        )
         with self._lock:
             for (queue, status), n in sorted(self._runs.items()):
                 runs.add_metric([queue, status], float(n))
@@ -185,7 +197,9 @@ class ManagerMetrics(Collector):
             sync.add_metric([], buckets, total)
             for result, n in sorted(self._syncs.items()):
                 syncs.add_metric([result], float(n))
-        yield from (runs, by_reason, lateness, sync, syncs)
+            for target, n in sorted(self._lost.items()):
+                lost.add_metric([target], float(n))
+        yield from (runs, by_reason, lateness, sync, syncs, lost)
         yield GaugeMetricFamily(
             f"{PREFIX}_entries", "Entries registered in the scheduler", value=_entry_count(m)
         )

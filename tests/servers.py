@@ -41,7 +41,9 @@ class RedisServer:
     removed whatever happened.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, persist: bool = True) -> None:
+        """``persist=False``: no append-only file, so a restart comes back empty (a Redis that
+        forgets, as a cache deployment or a failover to an empty replica does)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not on PATH")
@@ -49,6 +51,7 @@ class RedisServer:
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="pm-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
+        self.persist = persist
 
     @property
     def url(self) -> str:
@@ -68,7 +71,7 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "yes",
+                "yes" if self.persist else "no",
                 "--appendfsync",
                 "always",
                 "--dir",

@@ -46,6 +46,7 @@ from periodic_manager.targets.base import (
 )
 from periodic_manager.targets.claims import RedisClaims, split_payload
 from periodic_manager.targets.previous import Decided, PreviousTasks
+from periodic_manager.targets.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class ArqTarget:
         self.previous = PreviousTasks(self.claims, self._states, publish_window_s=2 * timeout)
         self.timeout = timeout
         self.concurrency = concurrency
+        self.sentinel = Sentinel(pool, f"{prefix}:sentinel")
         self._owns_pool = False
 
     @classmethod
@@ -254,6 +256,11 @@ class ArqTarget:
         """Raise unless arq's Redis answers within ``timeout`` (a readiness check)."""
         async with asyncio.timeout(self.timeout):
             await self.claims.ping()
+
+    async def forgotten(self) -> list[str]:
+        """``["arq"]`` when arq's Redis lost its data since the previous call."""
+        async with asyncio.timeout(self.timeout):
+            return [self.name] if await self.sentinel.lost() else []
 
     async def close(self) -> None:
         """Close the pool if this target created it (:meth:`from_url`)."""

@@ -250,6 +250,16 @@ class Target(Protocol):
         ...
 
 
+class Forgetful(Protocol):
+    """A target whose broker can lose its data while it keeps answering (a Redis restarted
+    without persistence): it can tell, through a sentinel key (:mod:`sentinel`)."""
+
+    async def forgotten(self) -> list[str]:
+        """The brokers (described for a log line) that lost their data since the previous call;
+        raises TargetError when one cannot be asked."""
+        ...
+
+
 class StagedTarget(Target, Protocol):
     """A target that can do its per-task work before the instant."""
 

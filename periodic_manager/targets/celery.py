@@ -61,6 +61,7 @@ from periodic_manager.targets.celery_wire import (
 )
 from periodic_manager.targets.claims import RedisClaims, split_payload
 from periodic_manager.targets.previous import Decided, PreviousTasks
+from periodic_manager.targets.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class CeleryTarget:
             PreviousTasks(claims, results, publish_window_s=2 * timeout) if results else None
         )
         self._kombu = KombuPublisher(app, timeout)
+        self.sentinel = Sentinel(claims.client, f"{claims.prefix}:sentinel")
         self._owned_clients: list[aioredis.Redis] = []
         self._owns_app = False
         self._warned_signals = False
@@ -550,6 +552,11 @@ class CeleryTarget:
         ``timeout`` (a readiness check)."""
         async with asyncio.timeout(self.timeout):
             await self.claims.ping()
+
+    async def forgotten(self) -> list[str]:
+        """``["celery"]`` when the claims' Redis lost its data since the previous call."""
+        async with asyncio.timeout(self.timeout):
+            return [self.name] if await self.sentinel.lost() else []
 
     async def close(self) -> None:
         """Stop the publishing thread; close the app and clients this target created."""

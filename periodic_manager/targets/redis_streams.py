@@ -33,6 +33,7 @@ from periodic_manager.targets.base import (
     Task,
     no_completion,
 )
+from periodic_manager.targets.sentinel import Sentinel
 from periodic_manager.targets.stream_overlap import CLAIM_AND_ADD_AFTER, XADD_TASK, overlap_fields
 
 # KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
@@ -141,6 +142,7 @@ class RedisStreamsTarget:
         self.completion = group is not None
         self.completion_off = None if group is not None else "PM_REDIS_GROUP is not set"
         self._scripts = (_CLAIM_AND_ADD, CLAIM_AND_ADD_AFTER)
+        self.sentinel = Sentinel(client, f"{{{prefix}}}:sentinel")
         self._shas = tuple(hashlib.sha1(text.encode()).hexdigest() for text in self._scripts)
 
     @classmethod
@@ -313,6 +315,11 @@ class RedisStreamsTarget:
         """Raise unless Redis answers within ``timeout`` (a readiness check)."""
         async with asyncio.timeout(self.timeout):
             await self._client.ping()
+
+    async def forgotten(self) -> list[str]:
+        """``["redis"]`` when the streams' Redis lost its data since the previous call."""
+        async with asyncio.timeout(self.timeout):
+            return [self.name] if await self.sentinel.lost() else []
 
     async def close(self) -> None:
         """Close the client if this target created it (:meth:`from_url`)."""

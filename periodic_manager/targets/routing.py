@@ -9,6 +9,7 @@ reported as a row error by the manager (``service.target_check``), never silentl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -128,6 +129,19 @@ class RoutingTarget:
                 failures.append(f"{name}: {type(outcome).__name__}: {outcome}")
         if failures:
             raise TargetError("; ".join(failures))
+
+    async def forgotten(self) -> list[str]:
+        """The targets whose broker lost its data since the previous call. Each is asked
+        alone: one that cannot be asked now (its broker is down: readiness says so) is asked
+        again next time and does not hide the others."""
+        lost: list[str] = []
+        for target in self.targets.values():
+            ask = getattr(target, "forgotten", None)
+            if ask is None:
+                continue
+            with contextlib.suppress(TargetError, TimeoutError):
+                lost += await ask()
+        return lost
 
     async def close(self) -> None:
         """Close every target (all of them, even if one fails; the first error is raised)."""
