@@ -183,6 +183,8 @@ class PeriodicTaskManager:
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self._sync_loop(), "sync-loop")
         self._spawn(self._heartbeat_loop(info), "heartbeat")
+        if getattr(self.target, "forgotten", None) is not None:
+            self._spawn(self._watch_brokers(), "broker-watch")
         log.info(
             "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),
             "leader" if self.is_leader else "standby",
@@ -484,7 +486,6 @@ class PeriodicTaskManager:
             self._beat_now.clear()
             async with self._beat_lock:
                 await self._beat(info)
-            await self._watch_brokers()
 
     async def _beat(self, info: ManagerInfo) -> None:
         try:
@@ -504,13 +505,16 @@ class PeriodicTaskManager:
             self._registered = False
 
     async def _watch_brokers(self) -> None:
-        """Say once, loudly, when a target's broker lost its data (a Redis restarted without
-        persistence): its claims of recent slots are gone (see ``targets.sentinel``)."""
-        forgotten = getattr(self.target, "forgotten", None)
-        if forgotten is None:
-            return
+        """Every heartbeat interval, in a loop of its own (a broker slow to answer never delays
+        the heartbeat): say once, loudly, when a target's broker lost its data (a Redis restarted
+        without persistence): its claims of recent slots are gone (see ``targets.sentinel``)."""
+        while True:
+            await self.clock.sleep(self.heartbeat_interval)
+            await self._look_at_brokers()
+
+    async def _look_at_brokers(self) -> None:
         try:
-            lost = await forgotten()
+            lost = await self.target.forgotten()  # type: ignore[attr-defined]
         except Exception as exc:
             _reraise_if_cancelled(exc)
             return  # the broker is down: the sends and /readyz say so

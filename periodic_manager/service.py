@@ -68,11 +68,8 @@ def _build_celery(settings: Settings) -> Target:
         "result_backend": settings.celery_backend(),
     }
     app = load_app(settings.celery_app) if settings.celery_app else None
-    if app is not None:
-        broker = settings.celery_broker_url or app.conf.broker_url
-    else:
-        broker = settings.celery_broker_url or settings.redis_url
-    redis_broker = isinstance(broker, str) and broker.startswith(REDIS_SCHEMES)
+    broker = settings.celery_broker()
+    redis_broker = broker.startswith(REDIS_SCHEMES)
     claims = None if redis_broker else settings.redis_url
     if app is not None:
         return CeleryTarget.from_app(app, broker_url=settings.celery_broker_url, claims_url=claims, **common)

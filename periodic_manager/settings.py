@@ -199,6 +199,19 @@ class Settings(BaseSettings):
             )
         return TargetSet(names, missing)
 
+    def celery_broker(self) -> str:
+        """The broker the celery target publishes to: ``celery_broker_url``, else the
+        ``broker_url`` of ``celery_app``, else ``redis_url``."""
+        if self.celery_broker_url is not None:
+            return self.celery_broker_url
+        if self.celery_app is not None:
+            from periodic_manager.targets.celery_app import load_app
+
+            broker = load_app(self.celery_app).conf.broker_url
+            if isinstance(broker, str) and broker:
+                return broker
+        return self.redis_url
+
     def celery_backend(self) -> str | None:
         """The result backend of the celery target: ``celery_result_backend``, else the
         ``result_backend`` of ``celery_app``; None without one."""

@@ -140,10 +140,16 @@ def describe_targets(settings: Settings) -> str:
                 f", consumer group {group}" if group else ", no consumer group"
             )
         elif name == "celery":
-            backend = settings.celery_result_backend
-            where = redact_url(settings.celery_broker_url or settings.redis_url) + (
-                f", results {redact_url(backend)}" if backend else ""
-            )
+            # The broker it publishes to (PM_CELERY_APP's own when that sets one), where the
+            # claims live when that broker is not Redis, and the result backend.
+            from periodic_manager.targets.celery_app import REDIS_SCHEMES
+
+            broker = settings.celery_broker()
+            where = redact_url(broker)
+            if not broker.startswith(REDIS_SCHEMES):
+                where += f", claims {redact_url(settings.redis_url)}"
+            backend = settings.celery_backend()
+            where += f", results {redact_url(backend)}" if backend else ""
         elif name == "arq":
             where = redact_url(settings.arq_redis_url or settings.redis_url)
         else:

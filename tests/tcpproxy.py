@@ -1,9 +1,32 @@
-"""A loopback TCP proxy that a test can cut and restore (fault injection without root)."""
+"""A loopback TCP proxy that a test can cut and restore (fault injection without root).
+
+It also drops the reply to one request (:meth:`TcpProxy.drop_reply`: the server did the work,
+the client never learns it) and runs an action when a request passes (:meth:`TcpProxy.on_request`:
+kill the server just before or just after it). Requests are recognized by a marker in their
+bytes (a script's SHA, a command name, a task id), enough for RESP and AMQP alike.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Rule:
+    marker: bytes
+    action: Callable[[], None] | None = None
+    after: bool = False  # the action runs once the request was forwarded
+
+
+@dataclass
+class _Link:
+    """One proxied connection: whether the reply now on its way back is to be dropped."""
+
+    drop: bool = False
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
 
 
 class TcpProxy:
@@ -16,6 +39,8 @@ class TcpProxy:
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.frozen = False  # blackhole: connections stay open, bytes are dropped (half-open peer)
+        self._rules: list[_Rule] = []
+        self.dropped = 0  # replies dropped so far
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
@@ -44,6 +69,23 @@ class TcpProxy:
     def thaw(self) -> None:
         self.frozen = False
 
+    def drop_reply(self, marker: bytes) -> None:
+        """The next request holding ``marker`` reaches the server; the connection is then aborted
+        as the server's reply comes back, before the client gets a byte of it."""
+        self._rules.append(_Rule(marker))
+
+    def on_request(self, marker: bytes, action: Callable[[], None], *, after: bool = False) -> None:
+        """Run ``action`` when the next request holding ``marker`` passes: before it is
+        forwarded (the server never sees it), or ``after`` (the server got it)."""
+        self._rules.append(_Rule(marker, action, after))
+
+    def _match(self, data: bytes) -> _Rule | None:
+        for rule in self._rules:
+            if rule.marker in data:
+                self._rules.remove(rule)
+                return rule
+        return None
+
     async def close(self) -> None:
         await self.cut()
 
@@ -54,8 +96,9 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers.update((writer, up_writer))
-        a = asyncio.ensure_future(self._pipe(reader, up_writer, self))
-        b = asyncio.ensure_future(self._pipe(up_reader, writer, self))
+        link = _Link(writers=[writer, up_writer])
+        a = asyncio.ensure_future(self._pipe(reader, up_writer, self, link, upward=True))
+        b = asyncio.ensure_future(self._pipe(up_reader, writer, self, link, upward=False))
         self._pipes.update((a, b))
         try:
             await asyncio.gather(a, b, return_exceptions=True)
@@ -66,13 +109,33 @@ class TcpProxy:
                 w.transport.abort()
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, proxy: TcpProxy) -> None:
+    async def _pipe(
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        proxy: TcpProxy,
+        link: _Link,
+        *,
+        upward: bool,
+    ) -> None:
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             while data := await reader.read(65536):
                 if proxy.frozen:
                     continue
+                rule = proxy._match(data) if upward and proxy._rules else None
+                if rule is not None and rule.action is not None and not rule.after:
+                    rule.action()
+                if not upward and link.drop:
+                    proxy.dropped += 1
+                    for w in link.writers:  # the reply is lost: so is the connection
+                        w.transport.abort()
+                    return
                 writer.write(data)
                 await writer.drain()
+                if rule is not None:
+                    if rule.action is None:
+                        link.drop = True
+                    elif rule.after:
+                        rule.action()
             # A frozen link does not pass a close on either: the far end keeps a half-open socket.
             while proxy.frozen:  # noqa: ASYNC110 - a test helper, polls its own flag
                 await asyncio.sleep(0.05)

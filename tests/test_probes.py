@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -252,3 +253,60 @@ def test_an_unwritable_probe_directory_stops_the_start(
         assert code == 1 and len(err) == 1, err
         assert err[0].startswith(f"periodic-manager: error: PM_PROBE_DIR: cannot write to {blocker / 'probe'}")
     assert not (tmp_path / "pm.db").exists()  # checked before anything else
+
+
+async def test_readyz_pings_the_broker_celery_publishes_to_whatever_its_transport(
+    pg_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    """Celery on RabbitMQ: /readyz said ready while RabbitMQ was down (it asked only the claims'
+    Redis). RabbitMQ is reached through a proxy the test cuts and restores."""
+    from tests.tcpproxy import TcpProxy
+    from tests.test_lost_replies import AMQP_URL
+
+    await upgrade(pg_url)
+    rabbit = TcpProxy("127.0.0.1", 5672)
+    await rabbit.start()
+    amqp = f"amqp://guest:guest@127.0.0.1:{rabbit.port}//"
+    settings = Settings(
+        database_url=pg_url, target="celery", celery_broker_url=amqp, redis_url=redis_url,
+        stream_prefix=redis_prefix, leader_election=False, celery_publish_timeout=1.0,
+    )  # fmt: skip
+    assert AMQP_URL.startswith("amqp://")
+    app = create_app(settings, manager_factory=lambda engine: build_manager(settings, engine))
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+                r = await c.get("/readyz")
+                assert r.status_code == 200 and r.json()["checks"]["target"] == "ok", r.text
+                await rabbit.cut()
+                r = await c.get("/readyz")
+                assert r.status_code == 503, r.text
+                assert r.json()["checks"]["target"].startswith("error: ")
+                await rabbit.restore()
+                r = await c.get("/readyz")
+                assert r.status_code == 200 and r.json()["checks"]["target"] == "ok", r.text
+    finally:
+        await rabbit.close()
+
+
+def test_the_start_up_line_names_the_broker_celery_publishes_to(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """With PM_CELERY_APP naming an app with its own broker, the line named PM_REDIS_URL."""
+    from periodic_manager.startup import describe_targets
+
+    module = f"pm_app_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "from celery import Celery\n"
+        "app = Celery('x', broker='amqp://guest:s3cret@127.0.0.1:5672//', set_as_current=False)\n"
+        "app.conf.result_backend = 'redis://:pw@127.0.0.1:6379/4'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings = Settings(
+        target="celery", celery_app=f"{module}:app", redis_url="redis://127.0.0.1:6379/3"
+    )
+    assert describe_targets(settings) == (
+        "celery (amqp://guest:***@127.0.0.1:5672//, claims redis://127.0.0.1:6379/3, "
+        "results redis://:***@127.0.0.1:6379/4)"
+    )

@@ -1,4 +1,5 @@
-"""arq target: each slot becomes an arq job, ``enqueue_job(task_type, ..., _job_id=<task id>)``.
+"""arq target: each slot becomes an arq job, as ``enqueue_job(task_type, ..., _job_id=<task id>)``
+would write it, claimed and written in one Redis script.
 
 Needs the ``arq`` extra (``pip install 'periodic-manager[arq]'``); arq is imported only when a
 target is built, so the core runs without it.
@@ -7,33 +8,37 @@ target is built, so the core runs without it.
   ``null`` no arguments, any other value one positional argument (after arq's ``ctx``);
 - ``_job_id`` = the task id (uuid5 of the idempotency key: the same on every manager), so the
   worker sees it as ``ctx["job_id"]``;
-- ``options.queue`` -> ``_queue_name`` (without it: the pool's default queue, ``arq:queue``);
-  ``options.extra.expires`` (seconds after the slot) -> ``_expires`` (arq drops a job not started
-  by then). ``timeout``, ``max_retry`` and ``unique_ttl`` are set on the worker's functions in arq
-  and are not sent.
+- ``options.queue`` -> the queue (without it: the pool's default queue, ``arq:queue``);
+  ``options.extra.expires`` (seconds after the slot) -> the job's expiry (arq drops a job not
+  started by then). ``timeout``, ``max_retry`` and ``unique_ttl`` are set on the worker's
+  functions in arq and are not sent.
 
-Exactly once per slot: arq itself refuses a job id while the job is queued (its key lives until
-the job runs, at most ``_expires``, by default a day) and while its result is kept (the worker's
-``keep_result``, 3600 s by default, possibly 0). That alone could let a slot through twice if a
-worker finished it and dropped the result within grace, so the slot is also claimed in Redis
-(:class:`RedisClaims`) before ``enqueue_job``, for ``(expires_at - now) + margin``.
+Exactly once per slot: the job is written the way arq's ``enqueue_job`` writes it (the job key
+with arq's serializer and expiry, the job id in the queue's sorted set), by a script that first
+claims the slot (``<prefix>:claim:<key>``, for ``(expires_at - now) + margin``) and refuses a job
+id arq already holds (queued, or its result kept). Claim and job are one step: a lost reply, a
+retry or a second manager finds both or neither, so a slot is never taken for sent without its
+job (which a claim taken before the publish allowed, when the publish failed).
 
 ``options.overlap`` skip and hold: the previous job of a schedule is finished when arq holds
 neither its job key (queued, deferred, or waiting for a retry) nor its in-progress key (running):
-arq's own job status, read from the same Redis. The claim then compares the schedule's
-previous-job key (:mod:`previous`), so two managers never both start a job of one schedule.
+arq's own job status, read from the same Redis. The same script then compares the schedule's
+previous-job key (:mod:`previous`) with what was read, so two managers never both start a job of
+one schedule.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import (
@@ -41,6 +46,7 @@ from periodic_manager.targets.base import (
     QUEUED,
     RUNNING,
     EnqueueResult,
+    Previous,
     Task,
     overlap_of,
 )
@@ -87,12 +93,65 @@ def arq_call(task: Task, now: datetime) -> tuple[list[Any], dict[str, Any]]:
     return [task.task_type, *args], call
 
 
+# KEYS[1] = the queue's sorted set. ARGV: the claim-key prefix, arq's job-key and result-key
+# prefixes, the jobs (one JSON array), their serialized bodies concatenated.
+#   job: [idempotency key, job id, claim TTL ms, score ms, job expiry ms, body length] and, for
+#        options.overlap, [prev key, value read, new value, prev TTL ms]
+# Returns one flag per job: 1 written, 0 already sent (claimed, or arq holds the job id: its job
+# or its result), 3 busy (the schedule's previous job changed since it was read; nothing written).
+# The queue's type is checked before anything is written (a script is atomic, not transactional).
+_CLAIM_AND_WRITE = """
+local queue = KEYS[1]
+local kind = redis.call('TYPE', queue)['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. queue .. ' is a ' .. kind .. ', not a sorted set')
+end
+local claim_prefix, job_prefix, result_prefix = ARGV[1], ARGV[2], ARGV[3]
+local blob = ARGV[5]
+local out, pos = {}, 1
+for i, r in ipairs(cjson.decode(ARGV[4])) do
+  local claim = claim_prefix .. r[1]
+  local body = string.sub(blob, pos, pos + r[6] - 1)
+  pos = pos + r[6]
+  if redis.call('EXISTS', claim) == 1 then
+    out[i] = 0
+  elseif r[7] and (redis.call('GET', r[7]) or '') ~= r[8] then
+    out[i] = 3
+  elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
+    out[i] = 0
+  else
+    redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
+    redis.call('ZADD', queue, r[4], r[2])
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
+    if r[7] then
+      redis.call('SET', r[7], r[9], 'PX', r[10])
+    end
+    out[i] = 1
+  end
+end
+return out
+"""
+
+CHUNK = 1000  # jobs per script call
+
+
+@dataclass(frozen=True, slots=True)
+class ArqJob:
+    """One job as arq's ``enqueue_job`` would write it."""
+
+    queue: str
+    body: bytes  # the job serialized with the pool's serializer
+    score_ms: int  # when it may start (now: no deferral)
+    expires_ms: int
+
+
 class ArqTarget:
     """Enqueues tasks as arq jobs, once per idempotency key.
 
-    ``pool``: an ``arq.connections.ArqRedis`` (its serializer must match the workers'; the claims
-    live in the same Redis). At most ``concurrency`` ``enqueue_job`` calls run at once, each
-    bounded by ``timeout`` seconds, as is the claim step.
+    ``pool``: an ``arq.connections.ArqRedis`` (its serializer, default queue and expiry are the
+    workers'; the claims live in the same Redis). At most ``concurrency`` script calls run at
+    once, each bounded by ``timeout`` seconds.
     """
 
     name = "arq"
@@ -116,6 +175,7 @@ class ArqTarget:
         self.timeout = timeout
         self.concurrency = concurrency
         self.sentinel = Sentinel(pool, f"{prefix}:sentinel")
+        self._script = pool.register_script(_CLAIM_AND_WRITE)
         self._owns_pool = False
 
     @classmethod
@@ -142,80 +202,127 @@ class ArqTarget:
         target._owns_pool = True
         return target
 
+    def job(self, task: Task, now: datetime) -> ArqJob:
+        """The job arq's ``enqueue_job`` would write for ``task`` at ``now`` (ValueError if the
+        task cannot be one)."""
+        from arq.jobs import SerializationError, serialize_job
+
+        args, call = arq_call(task, now)
+        function, *positional = args
+        queue = call.pop("_queue_name", None) or self.pool.default_queue_name
+        expires = call.pop("_expires", None)
+        call.pop("_job_id")
+        enqueued_ms = round(now.timestamp() * 1000)
+        try:
+            body = serialize_job(
+                function, tuple(positional), call, None, enqueued_ms,
+                serializer=self.pool.job_serializer,
+            )  # fmt: skip
+        except SerializationError as exc:
+            raise ValueError(f"{exc}: {exc.__cause__}") from None
+        if expires is not None:
+            expires_ms = max(1, round(expires / timedelta(milliseconds=1)))
+        else:
+            expires_ms = int(self.pool.expires_extra_ms)
+        return ArqJob(str(queue), bytes(body), enqueued_ms, expires_ms)
+
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim every task, enqueue the claimed ones as jobs, report each in input order."""
+        """Claim and write every task's job, one script per queue and chunk; report each task
+        in input order. Raises TargetError when Redis fails (what a script wrote stays, and a
+        retry finds it claimed)."""
         if not tasks:
             return []
         results: list[EnqueueResult | None] = [None] * len(tasks)
-        calls: dict[int, tuple[list[Any], dict[str, Any]]] = {}
+        jobs: dict[int, ArqJob] = {}
         for index, task in enumerate(tasks):
             try:
-                calls[index] = arq_call(task, now)
+                jobs[index] = self.job(task, now)
             except (TypeError, ValueError) as exc:
                 results[index] = EnqueueResult(task, "failed", error=f"arq: {exc}")
-        order = [i for i in calls if overlap_of(tasks[i]) == "allow"]
-        after = [i for i in calls if overlap_of(tasks[i]) != "allow"]
+        send = [i for i in jobs if overlap_of(tasks[i]) == "allow"]
+        after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
         decided: Decided | None = None
-        try:
-            async with asyncio.timeout(self.timeout):
-                won = await self.claims.claim([tasks[i] for i in order], now)
-                if after:  # options.overlap: claimed only where the previous job finished
-                    decided = await self.previous.decide(tasks, after, now)
-        except TimeoutError as exc:
-            raise TargetError(f"arq: claims not answered within {self.timeout:g} s") from exc
-        claimed = [i for i, ok in zip(order, won, strict=True) if ok]
-        for index, ok in zip(order, won, strict=True):
-            if not ok:
-                results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
-        if decided is not None:
+        if after:  # options.overlap: written only where the previous job finished
+            try:
+                async with asyncio.timeout(self.timeout):
+                    decided = await self.previous.read(tasks, after, now, flag="1")
+            except TimeoutError as exc:
+                raise TargetError(f"arq: previous jobs not read within {self.timeout:g} s") from exc
             for index, result in decided.results.items():
                 results[index] = result
-            claimed += decided.claimed
-        outcomes = await self._enqueue_jobs([calls[i] for i in claimed])
-        failed: list[int] = []
-        errors: list[BaseException] = []
-        for index, outcome in zip(claimed, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                failed.append(index)
-                errors.append(outcome)
-            elif outcome is None:  # arq already holds this job id (queued, or its result kept)
-                results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
+            send += decided.free
+        flags = await self._write(tasks, jobs, send, decided, now)
+        for index, flag in flags.items():
+            task = tasks[index]
+            if flag == 1:
+                results[index] = EnqueueResult(task, "enqueued", task.id)
+            elif flag == 0:
+                results[index] = EnqueueResult(task, "duplicate", task.id)
+            elif flag == 3:  # another manager sent a job of this schedule since it was read
+                results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
             else:
-                results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)
-            if decided is not None and index in decided.written:
+                results[index] = EnqueueResult(task, "failed", error=f"arq: {flag}")
+            if decided is not None and flag == 1 and index in decided.previous:
                 results[index].previous = decided.previous[index]  # type: ignore[union-attr]
-        if decided is not None:
-            await self._settle(decided, failed)
-        if failed:
-            # A job whose enqueue failed ambiguously (the reply lost after EXEC) is still
-            # refused by arq on the retry, as its job key exists.
-            try:
-                await self.claims.release([tasks[i] for i in failed])
-            except TargetError as exc:
-                log.error(
-                    "could not release %d claim(s) (they expire by themselves): %s",
-                    len(failed),
-                    exc,
-                )
-            first = errors[0]
-            raise TargetError(
-                f"arq: {len(failed)} of {len(claimed)} job(s) not enqueued: "
-                f"{type(first).__name__}: {first}"
-            ) from first
         return [r for r in results if r is not None]
 
-    async def _settle(self, decided: Decided, failed: list[int]) -> None:
-        """Mark the previous-job keys of the jobs sent, and put back those of jobs not sent."""
-        sent = [i for i in decided.claimed if i not in set(failed)]
+    async def _write(
+        self,
+        tasks: Sequence[Task],
+        jobs: dict[int, ArqJob],
+        indices: list[int],
+        decided: Decided | None,
+        now: datetime,
+    ) -> dict[int, int | str]:
+        """Run the script for ``indices``, grouped by queue in chunks of CHUNK, at most
+        ``concurrency`` calls at once. Flags by index; a queue whose key holds another type
+        fails its tasks alone (flag: the error text)."""
+        by_queue: dict[str, list[int]] = {}
+        for index in indices:
+            by_queue.setdefault(jobs[index].queue, []).append(index)
+        calls = [
+            (queue, part[start : start + CHUNK])
+            for queue, part in by_queue.items()
+            for start in range(0, len(part), CHUNK)
+        ]
+        gate = asyncio.Semaphore(self.concurrency)
+        from arq.constants import job_key_prefix, result_key_prefix
+
+        async def one(queue: str, part: list[int]) -> list[int | str]:
+            rows: list[list[Any]] = []
+            for index in part:
+                task, job = tasks[index], jobs[index]
+                row: list[Any] = [
+                    task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.score_ms,
+                    job.expires_ms, len(job.body),
+                ]  # fmt: skip
+                if decided is not None and index in decided.written:
+                    row += list(decided.written[index])
+                rows.append(row)
+            args = [
+                self.claims.key(""), job_key_prefix, result_key_prefix, json.dumps(rows),
+                b"".join(jobs[i].body for i in part),
+            ]  # fmt: skip
+            async with gate:
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        return [int(f) for f in await self._script(keys=[queue], args=args)]
+                except ResponseError as exc:
+                    if "WRONGTYPE" not in str(exc):
+                        raise
+                    return [str(exc)] * len(part)  # this queue's key is unusable: its tasks fail
+
         try:
-            async with asyncio.timeout(self.timeout):
-                await self.previous.published(decided, sent)
-                unsent = [i for i in failed if i in decided.written]
-                await self.previous.unpublished(decided, unsent)
-        except (TargetError, TimeoutError) as exc:
-            # Flag 0 keeps a sent job "queued" only for the publish window; a key not put back
-            # names a job arq does not hold: finished. Either way nothing is blocked for long.
-            log.warning("arq: could not update previous-job keys: %s", exc)
+            replies = await asyncio.gather(*(one(q, part) for q, part in calls))
+        except TimeoutError as exc:
+            raise TargetError(f"arq: redis: no answer within {self.timeout:g} s") from exc
+        except (RedisError, OSError) as exc:
+            raise TargetError(f"arq: redis: {type(exc).__name__}: {exc}") from exc
+        return {
+            index: flag
+            for (_, part), reply in zip(calls, replies, strict=True)
+            for index, flag in zip(part, reply, strict=True)
+        }
 
     async def _states(self, job_ids: list[str]) -> list[str]:
         """arq's status of each job: running (in progress), queued (its job key exists: queued,
@@ -235,22 +342,6 @@ class ArqTarget:
             running, queued = replies[2 * k], replies[2 * k + 1]
             states.append(RUNNING if running else QUEUED if queued else FINISHED)
         return states
-
-    async def _enqueue_jobs(
-        self, calls: list[tuple[list[Any], dict[str, Any]]]
-    ) -> list[object | BaseException]:
-        """``enqueue_job`` for each call (at most ``concurrency`` at once, each within timeout)."""
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(args: list[Any], kwargs: dict[str, Any]) -> object:
-            async with gate:
-                try:
-                    async with asyncio.timeout(self.timeout):
-                        return await self.pool.enqueue_job(*args, **kwargs)
-                except (RedisError, OSError, TimeoutError) as exc:
-                    return exc
-
-        return list(await asyncio.gather(*(one(a, k) for a, k in calls)))
 
     async def ping(self) -> None:
         """Raise unless arq's Redis answers within ``timeout`` (a readiness check)."""

@@ -18,18 +18,20 @@ The message is what ``app.send_task`` makes for the task ``task_type``:
 
 Two ways out. On a Redis broker, messages to direct exchanges are written by the manager itself
 (:mod:`celery_redis`): claim and LPUSH of each task in one Lua script, chunks of a batch in
-parallel pipelines, so a burst moves at Redis speed. Anything else (another broker, a topic or
-fanout exchange, publish signal receivers, ...) is published with kombu (:mod:`celery_kombu`),
-after the slot was claimed in Redis (:class:`RedisClaims`); a publish that fails releases its
-claim, so the scheduler's retry publishes it then. Both ways use the same claim keys, so managers
-on either path never send a slot twice.
+parallel pipelines, so a burst moves at Redis speed and a slot is claimed only with its message.
+Anything else (RabbitMQ or another broker, a topic or fanout exchange, publish signal receivers,
+...) is published with kombu (:mod:`celery_kombu`) with publisher confirms (AMQP), under a
+*pending* claim in Redis (:mod:`claims`): the claim becomes "sent" once the broker confirmed the
+message; a publish that failed, timed out or whose reply was lost leaves it pending, and the
+retry publishes the slot again with the same task id (reported ``resent``: the workers may see it
+twice when only the confirmation was lost; never lost). A publish never started frees its claim.
+Both ways use the same claim keys, so managers on either path never send a slot twice.
 
 ``options.overlap`` skip and hold need a result backend (:mod:`celery_results`): the previous
-task of a schedule is finished once the backend holds a ready state for its task id. Such tasks
-always take kombu's way, on either path: the slot is claimed with a compare-and-set of the
-schedule's previous-task key (:mod:`previous`), published, then marked published. The direct
-Redis writer cannot take them: its one script would have to read the result backend's state,
-which lives elsewhere, in Celery's serializer.
+task of a schedule is finished once the backend holds a ready state for its task id, read before
+the claim. On the Redis writer the script then compares the schedule's previous-task key
+(:mod:`previous`) with what was read, claims the slot and pushes the message in one step; on
+kombu's way the compare-and-set takes a pending claim, and the key is marked published after.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -47,7 +50,15 @@ from redis.exceptions import RedisError
 
 from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Prepared, Task, no_completion, overlap_of
+from periodic_manager.targets.base import (
+    QUEUED,
+    EnqueueResult,
+    Prepared,
+    Previous,
+    Task,
+    no_completion,
+    overlap_of,
+)
 from periodic_manager.targets.celery_app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery_kombu import KombuPublisher
 from periodic_manager.targets.celery_redis import RedisWriter, ScriptCall
@@ -59,7 +70,14 @@ from periodic_manager.targets.celery_wire import (
     UnsupportedApp,
     WireFormat,
 )
-from periodic_manager.targets.claims import RedisClaims, split_payload
+from periodic_manager.targets.claims import (
+    ELSEWHERE,
+    NEW,
+    RESEND,
+    SENT,
+    RedisClaims,
+    split_payload,
+)
 from periodic_manager.targets.previous import Decided, PreviousTasks
 from periodic_manager.targets.sentinel import Sentinel
 
@@ -68,6 +86,9 @@ log = logging.getLogger(__name__)
 # Tasks per part of a large batch in enqueue: ~5 ms of building on a slow core, so the event loop
 # sends and reads the script calls under way while the rest is built.
 STREAM = 250
+# How often a slot held pending by another publisher is looked at again (a duration of I/O).
+CLAIM_RECHECK_S = 0.1
+BEING_PUBLISHED = 5  # the Redis writer's flag of a slot another publisher holds pending
 
 
 def _seconds(extra: Mapping[str, Any], key: str) -> float | None:
@@ -140,6 +161,23 @@ def _extra(msg: dict[str, Any], extra: Mapping[str, Any], task: Task, now: datet
         msg["expires"] = max(0.0, (end - now.astimezone(UTC)).total_seconds())
 
 
+def _written(task: Task, delivery: Delivery, flag: int) -> EnqueueResult:
+    """The result of a task the Redis writer's script took (see its flags)."""
+    if flag == 1:
+        return EnqueueResult(task, "enqueued", task.id)
+    if flag == 0:
+        return EnqueueResult(task, "duplicate", task.id)
+    if flag == 4:
+        return EnqueueResult(task, "resent", task.id)
+    if flag == 3:  # another manager sent a task of this schedule since it was read
+        return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
+    error = (
+        f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
+        f"{delivery.routing_key!r}"
+    )
+    return EnqueueResult(task, "failed", error=error)
+
+
 def _publish_receivers() -> bool:
     """Whether anything listens to Celery's publish signals (they run only on kombu's path)."""
     from celery import signals
@@ -158,6 +196,9 @@ class CeleryPrepared:
     refused: dict[int, str] = field(default_factory=dict)  # task index -> why Celery can't take it
     calls: list[ScriptCall] = field(default_factory=list)  # the Redis writer's script calls
     written: list[tuple[int, Delivery]] = field(default_factory=list)  # their tasks, in call order
+    # options.overlap tasks the Redis writer takes: written at send, after their previous task
+    # was read (index, send_task arguments, delivery).
+    after: list[tuple[int, dict[str, Any], Delivery]] = field(default_factory=list)
     kombu: list[int] = field(default_factory=list)  # tasks published through kombu at send
 
 
@@ -310,7 +351,9 @@ class CeleryTarget:
             )
         )  # fmt: skip
         direct = fast_path and redis_broker and claims_url == broker
-        claims = RedisClaims(client, prefix=prefix, margin=claim_margin)
+        # A pending claim of another publisher is abandoned once older than any publish of it
+        # can take (one timeout per operation, a second one to learn its outcome).
+        claims = RedisClaims(client, prefix=prefix, margin=claim_margin, stale_s=3 * timeout + 1)
         results = None
         if result_backend:
             results = ResultStates(result_backend, settings, timeout=timeout)
@@ -380,7 +423,7 @@ class CeleryTarget:
         written: list[tuple[Task, dict[str, Any], Delivery]] = []
         slots: dict[datetime, str] = {}  # a burst shares one slot: formatted once
         for index, task in enumerate(tasks):
-            # options.overlap: kombu's way, after a compare-and-set claim (module docstring).
+            # options.overlap: the previous task is read at send (module docstring).
             after = task.options.get("overlap", "allow") != "allow"
             if after and (why := no_completion(self, task)) is not None:
                 data.refused[index] = f"celery: {why}"
@@ -390,12 +433,14 @@ class CeleryTarget:
                 if text is None:
                     text = slots[task.scheduled_at] = slot_text(task.scheduled_at)
                 msg = celery_message(task, task.scheduled_at if now is None else now, text)
-                delivery = self._route(msg, direct and not after)
+                delivery = self._route(msg, direct)
             except Exception as exc:  # noqa: BLE001 - bad options, a router's error: this task only
                 data.refused[index] = f"celery: {type(exc).__name__}: {exc}"
                 continue
             if delivery is None:
                 data.kombu.append(index)
+            elif after:
+                data.after.append((index, msg, delivery))
             else:
                 data.written.append((index, delivery))
                 written.append((task, msg, delivery))
@@ -437,7 +482,9 @@ class CeleryTarget:
             results[index] = EnqueueResult(tasks[index], "failed", error=error)
         parts = []
         if data.calls:
-            parts.append(self._send_written(tasks, data, results, started))
+            parts.append(self._send_written(tasks, data, results, now, started))
+        if data.after:
+            parts.append(self._send_written_after(tasks, data, results, now))
         if data.kombu:
             parts.append(self._send_kombu(tasks, data.kombu, results, now))
         outcomes = await asyncio.gather(*parts, return_exceptions=True)
@@ -446,32 +493,84 @@ class CeleryTarget:
                 raise outcome
         return [r for r in results if r is not None]
 
+    async def _write(self, calls: list[asyncio.Future[Any]]) -> list[int]:
+        assert self.writer is not None
+        try:
+            return await self.writer.results(calls)
+        except TimeoutError as exc:
+            raise TargetError(f"celery: redis: no answer within {self.timeout:g} s") from exc
+        except (RedisError, OSError) as exc:
+            raise TargetError(f"celery: redis: {type(exc).__name__}: {exc}") from exc
+
     async def _send_written(
         self,
         tasks: Sequence[Task],
         data: CeleryPrepared,
         results: list[EnqueueResult | None],
+        now: datetime,
         started: list[asyncio.Future[Any]] | None,
     ) -> None:
         assert self.writer is not None
-        try:
-            flags = await self.writer.results(started or self.writer.start(data.calls))
-        except TimeoutError as exc:
-            raise TargetError(f"celery: redis: no answer within {self.timeout:g} s") from exc
-        except (RedisError, OSError) as exc:
-            raise TargetError(f"celery: redis: {type(exc).__name__}: {exc}") from exc
+        flags = await self._write(started or self.writer.start(data.calls))
+        waiting: dict[int, tuple[dict[str, Any], Delivery]] = {}
         for (index, delivery), flag in zip(data.written, flags, strict=True):
-            task = tasks[index]
-            if flag == 1:
-                results[index] = EnqueueResult(task, "enqueued", task.id)
-            elif flag == 0:
-                results[index] = EnqueueResult(task, "duplicate", task.id)
+            if flag == BEING_PUBLISHED:
+                waiting[index] = (celery_message(tasks[index], now), delivery)
             else:
-                error = (
-                    f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
-                    f"{delivery.routing_key!r}"
-                )
-                results[index] = EnqueueResult(task, "failed", error=error)
+                results[index] = _written(tasks[index], delivery, flag)
+        if waiting:
+
+            async def again(ask: list[int]) -> list[int]:
+                return await self._write_items(tasks, waiting, ask, now, results)
+
+            await self._claim_until_free(again, list(waiting))
+
+    async def _send_written_after(
+        self,
+        tasks: Sequence[Task],
+        data: CeleryPrepared,
+        results: list[EnqueueResult | None],
+        now: datetime,
+    ) -> None:
+        """options.overlap on the Redis writer: the previous tasks are read, then each free slot
+        is claimed and written in the script that compares its schedule's previous-task key."""
+        assert self.writer is not None and self.previous is not None
+        decided = await self.previous.read(tasks, [i for i, _, _ in data.after], now, flag="1")
+        for index, result in decided.results.items():
+            results[index] = result
+        chosen = {index: (msg, delivery) for index, msg, delivery in data.after}
+
+        async def write(ask: list[int]) -> list[int]:
+            return await self._write_items(tasks, chosen, ask, now, results, decided)
+
+        await self._claim_until_free(write, decided.free)
+
+    async def _write_items(
+        self,
+        tasks: Sequence[Task],
+        chosen: Mapping[int, tuple[dict[str, Any], Delivery]],
+        indices: list[int],
+        now: datetime,
+        results: list[EnqueueResult | None],
+        decided: Decided | None = None,
+    ) -> list[int]:
+        """Write the tasks of ``indices`` (their send_task arguments and delivery in
+        ``chosen``; with ``decided``, the compare-and-set of their previous-task keys) and set
+        their results; returns those a publish through kombu holds pending (ask again)."""
+        assert self.writer is not None
+        items = [(tasks[i], *chosen[i]) for i in indices]
+        prevs = [decided.written[i] for i in indices] if decided is not None else None
+        flags = await self._write(self.writer.start(self.writer.prepare(items, now, prevs)))
+        waiting = []
+        for index, flag in zip(indices, flags, strict=True):
+            if flag == BEING_PUBLISHED:
+                waiting.append(index)
+                continue
+            result = _written(tasks[index], chosen[index][1], flag)
+            if decided is not None and result.status != "busy":
+                result.previous = decided.previous.get(index)
+            results[index] = result
+        return waiting
 
     async def _send_kombu(
         self,
@@ -480,52 +579,100 @@ class CeleryTarget:
         results: list[EnqueueResult | None],
         now: datetime,
     ) -> None:
+        """Publish through kombu: each slot first takes a pending claim, which becomes "sent"
+        once the broker confirmed the message (module :mod:`claims`)."""
         # Built at the instant: send_task counts a relative expiry from its own clock.
         messages = {index: celery_message(tasks[index], now) for index in indices}
-        plain = [i for i in indices if overlap_of(tasks[i]) == "allow"]
-        after = [i for i in indices if overlap_of(tasks[i]) != "allow"]
-        won = await self.claims.claim([tasks[index] for index in plain], now)
-        publish = []
-        for index, ok in zip(plain, won, strict=True):
-            if ok:
-                publish.append(index)
-            else:
-                results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
+        publish: list[int] = []
+        resend: set[int] = set()
+
+        async def claim_plain(ask: list[int]) -> list[int]:
+            flags = await self.claims.claim([tasks[i] for i in ask], now)
+            for index, flag in zip(ask, flags, strict=True):
+                if flag == SENT:
+                    results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
+                elif flag in (NEW, RESEND):
+                    publish.append(index)
+                    if flag == RESEND:
+                        resend.add(index)
+            return [i for i, flag in zip(ask, flags, strict=True) if flag == ELSEWHERE]
+
+        await self._claim_until_free(claim_plain, [i for i in indices if overlap_of(tasks[i]) == "allow"])
         decided: Decided | None = None
+        after = [i for i in indices if overlap_of(tasks[i]) != "allow"]
         if after:
             assert self.previous is not None  # refused in _prepare without a result backend
-            decided = await self.previous.decide(tasks, after, now)
+            previous = self.previous
+            decided = chosen = await previous.read(tasks, after, now, flag="0")
+
+            async def claim_after(ask: list[int]) -> list[int]:
+                return await previous.claim_pending(tasks, chosen, ask, now)
+
+            await self._claim_until_free(claim_after, decided.free)
             for index, result in decided.results.items():
                 results[index] = result
             publish += decided.claimed
+            resend |= decided.resend
         if not publish:
             return
         job = self._kombu.start([messages[index] for index in publish])
         try:
-            done, error = await self._kombu.wait(job)
+            taken, unknown, error = await self._kombu.wait(job)
         except asyncio.CancelledError:
             # The manager is stopping: publish nothing more, and free the slots not started so
             # that a standby or a restart may send them.
-            started = self._kombu.stop(job)
-            unpublished = self._unpublished(tasks, publish[:started], publish[started:], decided)
-            await asyncio.shield(unpublished)
+            taken, unknown = self._kombu.stop(job)
+            await asyncio.shield(self._settle(tasks, publish, taken, unknown, decided))
             raise
-        for index in publish[:done]:
-            results[index] = EnqueueResult(tasks[index], "enqueued", tasks[index].id)
+        for index in publish[:taken]:
+            status: Any = "resent" if index in resend else "enqueued"
+            results[index] = EnqueueResult(tasks[index], status, tasks[index].id)
             if decided is not None and index in decided.written:
-                results[index].previous = decided.previous[index]  # type: ignore[union-attr]
-        await self._unpublished(tasks, publish[:done], publish[done:], decided)
+                results[index].previous = decided.previous.get(index)  # type: ignore[union-attr]
+        await self._settle(tasks, publish, taken, unknown, decided)
         if error is None:
             return
-        raise TargetError(f"celery: published {done} of {len(publish)} task(s): {error}") from error
+        unconfirmed = f" ({unknown} unconfirmed, published again by a retry)" if unknown else ""
+        raise TargetError(
+            f"celery: published {taken} of {len(publish)} task(s){unconfirmed}: {error}"
+        ) from error
 
-    async def _unpublished(
-        self, tasks: Sequence[Task], sent: list[int], unsent: list[int], decided: Decided | None
+    async def _claim_until_free(
+        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int]
     ) -> None:
-        """Free the claims of ``unsent``; with overlap, mark the previous-task keys of ``sent``
-        published and put back those of ``unsent``."""
-        if unsent:
-            await self._release([tasks[index] for index in unsent])
+        """Claim ``indices`` with ``ask`` (it returns those another publisher holds pending) and
+        ask again for those until they are sent or abandoned: at most the claims' stale time
+        (a publish elsewhere ends, or is given up, well before)."""
+        if not indices:
+            return
+        waiting = await ask(indices)
+        deadline = time.monotonic() + self.claims.stale_ms / 1000 + 1  # a duration, not a slot
+        while waiting:
+            if time.monotonic() > deadline:
+                raise TargetError(f"celery: {len(waiting)} slot(s) held by another publisher")
+            await asyncio.sleep(CLAIM_RECHECK_S)  # the other publisher's broker answers meanwhile
+            waiting = await ask(waiting)
+
+    async def _settle(
+        self,
+        tasks: Sequence[Task],
+        publish: list[int],
+        taken: int,
+        unknown: int,
+        decided: Decided | None,
+    ) -> None:
+        """After a publish: the claims of the tasks the broker took become sent, those of tasks
+        never started are freed, and one whose outcome is unknown stays pending (a retry
+        publishes it again). With overlap, the previous-task keys follow."""
+        sent = publish[:taken]
+        unsent = publish[taken + unknown :]
+        try:
+            await self.claims.confirm([tasks[i] for i in sent])
+            await self.claims.release([tasks[i] for i in unsent])
+        except TargetError as exc:
+            # Pending claims are published again by a retry or a takeover (counted resent);
+            # none is ever taken for sent.
+            log.error("celery: could not settle %d claim(s): %s", len(sent) + len(unsent), exc)
         if decided is None or self.previous is None:
             return
         try:
@@ -536,22 +683,31 @@ class CeleryTarget:
             # names a task never sent, which Celery reports PENDING: overlap_timeout frees it.
             log.error("celery: could not update previous-task keys: %s", exc)
 
-    async def _release(self, unpublished: list[Task]) -> None:
-        try:
-            await self.claims.release(unpublished)
-        except TargetError as exc:
-            log.error(
-                "could not release %d claim(s) of unpublished task(s) (they expire by "
-                "themselves): %s",
-                len(unpublished),
-                exc,
-            )
-
     async def ping(self) -> None:
-        """Raise unless the claims' Redis (the broker itself when it is Redis) answers within
-        ``timeout`` (a readiness check)."""
+        """Raise unless the claims' Redis and the broker the messages go to answer, each within
+        ``timeout`` (a readiness check). Written to Redis directly, the broker is the claims'
+        Redis; otherwise (RabbitMQ, another Redis, ...) a connection is opened to it with
+        kombu, in a thread of its own (never behind a publish under way)."""
         async with asyncio.timeout(self.timeout):
             await self.claims.ping()
+        if self.writer is not None and not self._kombu_needed():
+            return
+        try:
+            async with asyncio.timeout(self.timeout):
+                await asyncio.to_thread(self._connect_broker)
+        except TimeoutError:
+            raise TargetError(f"celery: the broker did not answer within {self.timeout:g} s") from None
+        except Exception as exc:  # noqa: BLE001 - kombu's transports raise many types
+            raise TargetError(f"celery: broker: {type(exc).__name__}: {exc}") from exc
+
+    def _kombu_needed(self) -> bool:
+        """Whether messages may go through kombu although the Redis writer is on (publish
+        signal receivers make every message take kombu's way)."""
+        return _publish_receivers()
+
+    def _connect_broker(self) -> None:
+        with self.app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=self.timeout)
 
     async def forgotten(self) -> list[str]:
         """``["celery"]`` when the claims' Redis lost its data since the previous call."""

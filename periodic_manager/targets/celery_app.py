@@ -18,12 +18,16 @@ from periodic_manager.errors import TargetError
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
-# Settings the manager decides, whatever the app says.
+AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
+# Settings the manager decides, whatever the app says. kombu's own publish retry is off: a
+# publish that fails is retried by the scheduler, under the slot's pending claim, so that every
+# publish that may reach the broker twice is counted (resent).
 FORCED = {
     "task_serializer": "json",
     "task_compression": None,
     "task_protocol": 2,
     "result_backend": None,
+    "task_publish_retry": False,
 }
 
 
@@ -90,7 +94,8 @@ def publishing_app(
     ``broker_url`` when given (it wins over the settings'), and the forced settings.
 
     Broker calls are bounded: ``broker_connection_timeout`` and, on Redis, the socket timeouts
-    default to ``timeout`` (the app's ``broker_transport_options`` win).
+    default to ``timeout`` (the app's ``broker_transport_options`` win). On AMQP, publisher
+    confirms are on.
     """
     celery = import_celery()
     conf = dict(settings)
@@ -102,6 +107,10 @@ def publishing_app(
     transport: dict[str, Any] = {}
     if broker.startswith(REDIS_SCHEMES):
         transport = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    elif broker.startswith(AMQP_SCHEMES):
+        # Publisher confirms: send_task returns once RabbitMQ took the message (and raises when
+        # it refused it), so a claim is marked sent only for a message the broker has.
+        transport = {"confirm_publish": True}
     transport.update(conf.pop("broker_transport_options", None) or {})
     conf = {"broker_connection_timeout": timeout, **conf, "broker_transport_options": transport}
     app = celery.Celery(main, set_as_current=False)

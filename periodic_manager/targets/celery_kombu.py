@@ -34,8 +34,12 @@ class Job:
     messages: Sequence[dict[str, Any]]
     future: asyncio.Future[None] | None = None
     stop: bool = False  # set by the waiter: start no further publish
-    in_flight: bool = False  # a publish of this job has started and not returned
+    in_flight: bool = False  # a broker operation of this job has started and not returned
+    sending: bool = False  # that operation is a publish (not the producer's connection)
     done: int = 0  # publishes that returned successfully
+    # A publish that failed in a way that does not prove the broker never took it (a timeout,
+    # a reset connection, a lost confirmation): its outcome is unknown.
+    unknown: bool = False
     error: BaseException | None = None
 
 
@@ -59,25 +63,25 @@ class KombuPublisher:
         job.future = asyncio.get_running_loop().run_in_executor(self._executor, self._run, job)
         return job
 
-    async def wait(self, job: Job) -> tuple[int, BaseException | None]:
-        """(How many of the job's messages were published, the error that stopped it).
-
-        On a broker that does not answer, the count includes a publish still in flight after
-        a second ``timeout`` (its outcome is unknown: the caller keeps its claim).
+    async def wait(self, job: Job) -> tuple[int, int, BaseException | None]:
+        """(How many of the job's messages the broker took, how many more may have reached it,
+        the error that stopped it). The messages are published in order: the first are taken,
+        then at most one whose outcome is unknown (in flight on a broker that did not answer
+        within a second ``timeout``), then those never started.
         """
         assert job.future is not None
         while not job.future.done():
             if self._overdue():
                 return await self._give_up(job)
             await asyncio.wait({job.future}, timeout=self._wait_s())
-        return job.done, job.error
+        return job.done, int(job.unknown), job.error
 
-    def stop(self, job: Job) -> int:
-        """Start no further publish of ``job``; how many may have reached the broker (those
-        done and the one in flight)."""
+    def stop(self, job: Job) -> tuple[int, int]:
+        """Start no further publish of ``job``; (how many the broker took, how many more may
+        have reached it: the one in flight)."""
         with self._lock:
             job.stop = True
-            return job.done + (1 if job.in_flight else 0)
+            return job.done, (1 if job.in_flight else 0)
 
     def _overdue(self) -> bool:
         """Whether the broker operation in flight (of any job) has run longer than ``timeout``."""
@@ -92,7 +96,7 @@ class KombuPublisher:
             return _RECHECK_S
         return max(0.0, self.timeout - (time.monotonic() - since)) + 0.01
 
-    async def _give_up(self, job: Job) -> tuple[int, BaseException | None]:
+    async def _give_up(self, job: Job) -> tuple[int, int, BaseException | None]:
         assert job.future is not None
         with self._lock:
             job.stop = True
@@ -101,13 +105,13 @@ class KombuPublisher:
             # Our own publish is stuck: give it one more timeout to finish, so its outcome is known.
             await asyncio.wait({job.future}, timeout=self.timeout)
         with self._lock:
-            done, still, error = job.done, job.in_flight, job.error
+            done, still, error = job.done, job.in_flight or job.unknown, job.error
         if done == len(job.messages):
-            return done, None  # it all went out after all
-        # A publish still in flight may yet reach the broker: counted as published (the caller
-        # keeps its claim: at most once from us), the ones after it were never started.
+            return done, 0, None  # it all went out after all
+        # A publish still in flight may yet reach the broker (the caller keeps its claim
+        # pending: the retry publishes it again); the ones after it were never started.
         stuck = TimeoutError(f"the broker did not answer a publish within {self.timeout:g} s")
-        return done + (1 if still else 0), error or stuck
+        return done, (1 if still else 0), error or stuck
 
     def _begin(self, job: Job) -> bool:
         with self._lock:
@@ -133,10 +137,13 @@ class KombuPublisher:
                 for msg in job.messages:
                     if not self._begin(job):
                         return
+                    job.sending = True
                     self.app.send_task(producer=producer, **msg)
+                    job.sending = False
                     self._end(job, ok=True)
         except Exception as exc:  # kombu and the transports raise a wide spread of types
             job.error = exc
+            job.unknown = job.sending and not _refused(exc)
         finally:
             if job.in_flight:
                 self._end(job, ok=False)
@@ -149,3 +156,17 @@ class KombuPublisher:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` proves that nothing reached the broker: the connection was refused (no
+    broker listens). Anything else (a timeout, a reset, a lost confirmation) leaves the outcome
+    of the publish unknown."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False

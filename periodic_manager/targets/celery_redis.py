@@ -29,12 +29,18 @@ from periodic_manager.targets.celery_wire import Delivery, Layout, WireFormat
 from periodic_manager.targets.claims import RedisClaims
 
 # ARGV[1] = the claim-key prefix; ARGV[2] = JSON {"d": destinations, "t": tasks} (cjson: one
-# argument instead of five per task); ARGV[3] = the tasks' messages, concatenated.
+# argument instead of five per task); ARGV[3] = the tasks' messages, concatenated; ARGV[4] = how
+# old (ms, Redis's clock) a pending claim of a publisher through kombu must be to count as
+# abandoned (see claims.py).
 #   destination: [list, binding set, routing key, declare set, declare member, key prefix,
 #                 priority suffix, separator]  ("" where not used)
-#   task: [idempotency key, task id, claim TTL in ms, destination (1-based), message length]
-# Returns one flag per task: 1 enqueued, 0 already claimed (duplicate), 2 no queue is bound to
-# the task's exchange and routing key (nothing written, no claim).
+#   task: [idempotency key, task id, claim TTL in ms, destination (1-based), message length] and,
+#         for options.overlap, [prev key, value read, new value, prev TTL in ms]
+# Returns one flag per task: 1 enqueued, 0 already sent (duplicate), 2 no queue is bound to the
+# task's exchange and routing key (nothing written, no claim), 3 busy (the schedule's previous
+# task changed since it was read: nothing written), 4 enqueued again over an abandoned pending
+# claim (a publish through kombu the broker never confirmed: resent), 5 a pending claim younger
+# than that: a publish through kombu is under way (nothing written: ask again).
 #
 # A script is atomic but not transactional: a command that fails half-way leaves the earlier
 # effects. So every key is type-checked before the first claim, and a claim is written only
@@ -50,6 +56,19 @@ end
 local claim_prefix = ARGV[1]
 local meta = cjson.decode(ARGV[2])
 local blob = ARGV[3]
+local stale = tonumber(ARGV[4])
+local clock = nil
+-- A claim that is already there: 0 sent, 4 pending and abandoned, 5 pending and recent.
+local function held(value)
+  if string.sub(value, 1, 2) ~= 'p|' then return 0 end
+  if clock == nil then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local since = string.match(value, '|(%d+)$')
+  if since == nil or clock - tonumber(since) >= stale then return 4 end
+  return 5
+end
 for _, d in ipairs(meta.d) do
   for _, key in ipairs({d[2], d[4]}) do
     if key ~= '' then
@@ -92,9 +111,34 @@ end
 local out, buffers, order, pos = {}, {}, {}, 1
 for i, t in ipairs(meta.t) do
   local targets = lists[t[4]]
+  local claim, sent = claim_prefix .. t[1], 's|' .. t[2]
+  local flag
   if #targets == 0 then
-    out[i] = 2
-  elseif redis.call('SET', claim_prefix .. t[1], t[2], 'NX', 'PX', t[3]) then
+    flag = 2
+  elseif t[6] then
+    -- options.overlap: the previous task is compared before anything is claimed.
+    local value = redis.call('GET', claim)
+    if value then
+      flag = held(value)
+    elseif (redis.call('GET', t[6]) or '') ~= t[7] then
+      flag = 3
+    else
+      flag = 1
+    end
+    if flag == 1 or flag == 4 then
+      redis.call('SET', claim, sent, 'PX', t[3])
+      redis.call('SET', t[6], t[8], 'PX', t[9])
+    end
+  elseif redis.call('SET', claim, sent, 'NX', 'PX', t[3]) then
+    flag = 1
+  else
+    flag = held(redis.call('GET', claim) or '')
+    if flag == 4 then
+      redis.call('SET', claim, sent, 'PX', t[3])
+    end
+  end
+  out[i] = flag
+  if flag == 1 or flag == 4 then
     local message = string.sub(blob, pos, pos + t[5] - 1)
     for _, list in ipairs(targets) do
       local buffer = buffers[list]
@@ -105,9 +149,6 @@ for i, t in ipairs(meta.t) do
       end
       buffer[#buffer + 1] = message
     end
-    out[i] = 1
-  else
-    out[i] = 0
   end
   pos = pos + t[5]
 end
@@ -125,7 +166,7 @@ CHUNK = 1000  # tasks per script call (also the most values of one LPUSH: far be
 class ScriptCall:
     """The arguments of one script call (a chunk of a batch); ``size`` tasks."""
 
-    args: tuple[bytes, bytes, bytes]
+    args: tuple[bytes, bytes, bytes, bytes]
     size: int
 
 
@@ -155,20 +196,25 @@ class RedisWriter:
         self._tags = count()
 
     def prepare(
-        self, items: Sequence[tuple[Task, Mapping[str, Any], Delivery]], now: datetime | None
+        self,
+        items: Sequence[tuple[Task, Mapping[str, Any], Delivery]],
+        now: datetime | None,
+        prevs: Sequence[Sequence[Any] | None] | None = None,
     ) -> list[ScriptCall]:
         """The script calls for ``items`` (task, send_task arguments, delivery). No I/O.
 
         ``now``: when they will be sent; None: each at its task's slot (staged ahead). Claim TTLs
-        and relative expiries count from that instant."""
+        and relative expiries count from that instant. ``prevs`` (options.overlap), one per
+        item: the compare-and-set of its schedule's previous-task key (key, value read, new
+        value, TTL ms), or None."""
         calls = []
         ttl_memo: dict[tuple[datetime, datetime], int] = {}  # a burst shares one slot: one TTL
         for start in range(0, len(items), CHUNK):
             chunk = items[start : start + CHUNK]
             destinations: dict[Delivery, int] = {}
-            rows = []
+            rows: list[tuple[Any, ...]] = []
             messages = []
-            for task, msg, delivery in chunk:
+            for n, (task, msg, delivery) in enumerate(chunk, start):
                 index = destinations.get(delivery)
                 if index is None:
                     index = destinations[delivery] = len(destinations) + 1
@@ -180,11 +226,16 @@ class RedisWriter:
                 message = self.wire.envelope(msg, delivery, at, tag)
                 messages.append(message)
                 # Messages are ASCII (JSON with ensure_ascii): characters are bytes.
-                rows.append((task.idempotency_key, task.id, ttl, index, len(message)))
+                row: tuple[Any, ...] = (task.idempotency_key, task.id, ttl, index, len(message))
+                prev = prevs[n] if prevs is not None else None
+                rows.append(row if prev is None else (*row, *prev))
             meta = {"d": [self._destination(d) for d in destinations], "t": rows}
             text = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
             # Encoded once here: redis-py passes bytes through untouched (a resend re-encodes nothing).
-            args = (self.claims.key("").encode(), text.encode(), "".join(messages).encode("ascii"))
+            args = (
+                self.claims.key("").encode(), text.encode(), "".join(messages).encode("ascii"),
+                str(self.claims.stale_ms).encode(),
+            )  # fmt: skip
             calls.append(ScriptCall(args, len(chunk)))
         return calls
 
@@ -202,7 +253,7 @@ class RedisWriter:
 
     async def results(self, started: Sequence[asyncio.Future[Any]]) -> list[int]:
         """The flags of started calls, one per task, in order (1 enqueued, 0 duplicate,
-        2 unroutable). Raises the first failure, a TimeoutError (a call took longer than
+        2 unroutable, 3 busy, 4 resent, 5 being published through kombu). Raises the first failure, a TimeoutError (a call took longer than
         ``timeout``) or the client's errors, once every call has ended; the calls that went
         through keep their effects (each is atomic)."""
         replies = await asyncio.gather(*started, return_exceptions=True)

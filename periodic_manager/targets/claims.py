@@ -1,18 +1,31 @@
-"""Per-slot claims in Redis for targets whose enqueue is not one atomic Redis step (Celery, arq).
+"""Per-slot claims in Redis, for targets whose messages do not live in that Redis step for step
+with the claim (Celery through kombu, to RabbitMQ or any other broker).
 
-A claim is ``SET <prefix>:claim:<idempotency_key> <task id> NX PX <ttl>``, taken *before* the
-message is handed to the broker: the manager that wins the claim publishes, every other attempt
-at the slot (a second manager, a restart, a retry) finds the claim and reports ``duplicate``. A
-claim whose publish failed is deleted again, so a retry within grace can still publish the slot.
+A claim is a key ``<prefix>:claim:<idempotency key>`` with a TTL of ``(expires_at - now) +
+margin`` (at least 1 s): past ``expires_at`` no manager may send the slot, so the claims alive at
+any moment are those of the last ``grace + margin`` seconds, whatever the uptime. Its value says
+how far the slot got:
 
-The TTL is the one of the Redis Streams target, ``(expires_at - now) + margin`` (at least 1 s):
-past ``expires_at`` no manager may enqueue the slot, so claims alive at any moment are the slots
-enqueued in the last ``grace + margin`` seconds, whatever the uptime.
+- ``p|<task id>|<owner>|<ms>``: **pending**. Taken by ``owner`` (one per target object) at
+  ``ms`` (Redis's own clock) before the publish; the broker has not confirmed the message yet.
+- ``s|<task id>`` (or any other value, as older versions and the direct writers store the bare
+  task id): **sent**. The broker confirmed the message, or it was written in the same Redis step.
+
+A pending claim is never taken for "sent": if its publish failed, timed out or its reply was
+lost, the slot is published again with the same task id (``resend``), by its owner at once or by
+anyone once the claim is older than ``stale_s`` (its owner died or gave up). A re-publish may
+deliver the task twice when only the confirmation was lost: it is reported ``resent`` so that it
+is counted. A slot is never lost for a claim whose message did not arrive.
+
+Targets that can write the claim and the message in one Redis script (Redis Streams, Celery on a
+Redis broker, arq) never leave a claim pending: they read these values only to stay compatible.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -22,18 +35,101 @@ from redis.exceptions import RedisError
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import Task
 
+# What :meth:`RedisClaims.claim` says of each task.
+SENT = 0  # the slot was sent already: a duplicate
+NEW = 1  # claimed now: publish it
+RESEND = 3  # a pending claim of ours, or an abandoned one: publish it again, same task id
+ELSEWHERE = 4  # another publisher's pending claim, younger than stale_s: wait for it
+
+# ARGV[1] = the claim-key prefix, ARGV[2] = JSON [[idempotency key, task id, ttl ms], ...],
+# ARGV[3] = owner, ARGV[4] = stale ms. Returns one flag per task (see above). Redis's own clock
+# dates a pending claim, so managers with different clocks agree on its age.
+_CLAIM = """
+local prefix, owner, stale = ARGV[1], ARGV[3], tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i, row in ipairs(cjson.decode(ARGV[2])) do
+  local key = prefix .. row[1]
+  local pending = 'p|' .. row[2] .. '|' .. owner .. '|' .. now
+  local value = redis.call('GET', key)
+  if not value then
+    redis.call('SET', key, pending, 'PX', row[3])
+    out[i] = 1
+  elseif string.sub(value, 1, 2) ~= 'p|' then
+    out[i] = 0
+  else
+    local who, since = string.match(value, '^p|[^|]*|([^|]*)|(%d+)$')
+    if who == owner or since == nil or now - tonumber(since) >= stale then
+      redis.call('SET', key, pending, 'KEEPTTL')
+      out[i] = 3
+    else
+      out[i] = 4
+    end
+  end
+end
+return out
+"""
+
+# ARGV[1] = prefix, ARGV[2] = owner, ARGV[3] = JSON [[idempotency key, task id, new value], ...]:
+# where the claim is still this owner's pending claim of that task, set it to the new value
+# (KEEPTTL), or delete it when the new value is "".
+_SETTLE = """
+local prefix, owner = ARGV[1], ARGV[2]
+for _, row in ipairs(cjson.decode(ARGV[3])) do
+  local key = prefix .. row[1]
+  local mine = 'p|' .. row[2] .. '|' .. owner .. '|'
+  local value = redis.call('GET', key)
+  if value and string.sub(value, 1, #mine) == mine then
+    if row[3] == '' then
+      redis.call('DEL', key)
+    else
+      redis.call('SET', key, row[3], 'KEEPTTL')
+    end
+  end
+end
+return 1
+"""
+
+
+def sent_value(task_id: str) -> str:
+    """The value of a claim whose message the broker has."""
+    return f"s|{task_id}"
+
+
+def is_pending(value: object) -> bool:
+    """Whether a stored claim value is a pending claim (not confirmed by the broker)."""
+    if isinstance(value, bytes):
+        return value.startswith(b"p|")
+    return isinstance(value, str) and value.startswith("p|")
+
 
 class RedisClaims:
-    """Claims of idempotency keys under ``<prefix>:claim:``; every call bounded by ``timeout``."""
+    """Claims of idempotency keys under ``<prefix>:claim:``.
 
-    def __init__(self, client: aioredis.Redis, *, prefix: str = "pm", margin: float = 60.0) -> None:
+    ``stale_s``: how old another publisher's pending claim must be before it counts as
+    abandoned (longer than any publish can take: its publisher has given up by then).
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = "pm",
+        margin: float = 60.0,
+        stale_s: float = 15.0,
+    ) -> None:
         if not prefix:
             raise ValueError("prefix must be non-empty")
-        if margin < 0:
-            raise ValueError("margin must be >= 0")
+        if margin < 0 or stale_s <= 0:
+            raise ValueError("margin must be >= 0 and stale_s > 0")
         self.client = client
         self.prefix = prefix
         self.margin = margin
+        self.stale_ms = math.ceil(stale_s * 1000)
+        self.owner = os.urandom(6).hex()  # this publisher's pending claims
+        self._claim = client.register_script(_CLAIM)
+        self._settle = client.register_script(_SETTLE)
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis answers (a readiness check)."""
@@ -47,30 +143,41 @@ class RedisClaims:
         left = task.expires_at.astimezone(UTC) - now.astimezone(UTC)
         return max(1000, math.ceil((left.total_seconds() + self.margin) * 1000))
 
-    async def claim(self, tasks: Sequence[Task], now: datetime) -> list[bool]:
-        """Claim every task's key in one pipeline; True where this call won the claim.
-
-        A key repeated within ``tasks`` is won once (its first occurrence).
-        """
+    async def claim(self, tasks: Sequence[Task], now: datetime) -> list[int]:
+        """Take a pending claim of every task's slot where it is free (or resendable); one flag
+        per task: NEW, RESEND, SENT or ELSEWHERE. A key repeated in ``tasks`` is NEW once."""
         if not tasks:
             return []
-        try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for task in tasks:
-                    pipe.set(
-                        self.key(task.idempotency_key), task.id, nx=True, px=self.ttl_ms(task, now)
-                    )
-                replies = await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise TargetError(f"claims: {type(exc).__name__}: {exc}") from exc
-        return [bool(reply) for reply in replies]
+        rows = [[t.idempotency_key, t.id, self.ttl_ms(t, now)] for t in tasks]
+        flags = await self._run(self._claim, [self.key(""), json.dumps(rows), self.owner, self.stale_ms])
+        seen: set[str] = set()
+        out = []
+        for task, flag in zip(tasks, flags, strict=True):
+            flag = int(flag)
+            if flag != SENT and task.idempotency_key in seen:
+                flag = SENT  # the same slot twice in one batch: once
+            seen.add(task.idempotency_key)
+            out.append(flag)
+        return out
+
+    async def confirm(self, tasks: Sequence[Task]) -> None:
+        """The broker confirmed these tasks: their pending claims become sent."""
+        await self._update(tasks, sent=True)
 
     async def release(self, tasks: Sequence[Task]) -> None:
-        """Delete the claims of tasks that were not published (raises TargetError on failure)."""
+        """These tasks were never handed to the broker: free their pending claims, so that a
+        retry claims the slot anew (raises TargetError on failure)."""
+        await self._update(tasks, sent=False)
+
+    async def _update(self, tasks: Sequence[Task], *, sent: bool) -> None:
         if not tasks:
             return
+        rows = [[t.idempotency_key, t.id, sent_value(t.id) if sent else ""] for t in tasks]
+        await self._run(self._settle, [self.key(""), self.owner, json.dumps(rows)])
+
+    async def _run(self, script: object, args: list[object]) -> list[object]:
         try:
-            await self.client.delete(*(self.key(t.idempotency_key) for t in tasks))
+            return await script(keys=[], args=args)  # type: ignore[operator,no-any-return]
         except (RedisError, OSError, TimeoutError) as exc:
             raise TargetError(f"claims: {type(exc).__name__}: {exc}") from exc
 
@@ -85,10 +192,3 @@ def split_payload(payload: object) -> tuple[list[object], dict[str, object]]:
     if payload is None:
         return [], {}
     return [payload], {}
-
-
-def utc_instant(instant: datetime) -> datetime:
-    """``instant`` in UTC; naive datetimes are refused."""
-    if instant.tzinfo is None or instant.utcoffset() is None:
-        raise ValueError(f"naive datetime {instant!r}; pass an aware instant")
-    return instant.astimezone(UTC)

@@ -1,17 +1,21 @@
-"""``options.overlap`` for targets that claim in Redis and publish apart (arq, Celery): the last
-task of each schedule, kept beside the claims, and a compare-and-set claim.
+"""``options.overlap`` for targets that claim in Redis (arq, Celery): the last task of each
+schedule, kept beside the claims, and a compare-and-set of it with the claim.
 
 One key per schedule with overlap skip or hold::
 
     <prefix>:prev:<name>   "<task id>|<enqueued ms>|<flag>"   flag 0: being published, 1: published
 
 Whether that task has finished is the worker system's business (an :data:`Oracle`: arq's job
-keys, Celery's result backend), read before the claim. The claim then takes the slot only if the
-key still holds what was read (compare-and-set, in one script with the claim), and writes the
-new task with flag 0; the publish follows, then flag 1. So two managers never both find the
-schedule free: the second one's compare fails (busy), and while a publish is under way (flag 0,
-younger than ``publish_window``) the new task counts as queued even if the worker system does not
-know it yet. A publish that fails puts the key back and releases the claim.
+keys, Celery's result backend), read first (:meth:`PreviousTasks.read`). The slot is then taken
+only if the key still holds what was read, so two managers never both find the schedule free:
+
+- where the queue lives in the claims' Redis (arq, Celery on a Redis broker), one script
+  compares the key, claims the slot, enqueues the task and records it with flag 1;
+- elsewhere (Celery through kombu), :meth:`PreviousTasks.claim_pending` compares, takes a
+  pending claim and records the task with flag 0; the publish follows, then flag 1. While a
+  publish is under way (flag 0, younger than ``publish_window``) the new task counts as queued
+  even if the worker system does not know it yet. A publish that was never started puts the key
+  back and frees its claim.
 
 The key expires after ``PREV_TTL`` (or ``overlap_timeout`` plus a day, if longer): that bounds
 what deleted schedules leave behind.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from redis.exceptions import RedisError
@@ -37,28 +41,52 @@ from periodic_manager.targets.base import (
     Task,
     overlap_timeout_ms,
 )
-from periodic_manager.targets.claims import RedisClaims
+from periodic_manager.targets.claims import (
+    ELSEWHERE,
+    NEW,
+    RESEND,
+    SENT,
+    RedisClaims,
+    is_pending,
+)
 from periodic_manager.targets.stream_overlap import overlap_fields
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]
 
-# ARGV[1] = JSON list of [claim key, task id, claim TTL ms, prev key, expected value ("" =
-# absent), new value, prev TTL ms]. Per task: 0 the slot is claimed already (duplicate), 2 the
-# previous task changed since it was read (busy), 1 claimed and the new task recorded.
+# ARGV[1] = the claim-key prefix, ARGV[2] = JSON list of [idempotency key, task id, claim TTL
+# ms, prev key, expected value ("" = absent), new value, prev TTL ms], ARGV[3] = the claims'
+# owner, ARGV[4] = stale ms. Per task, as RedisClaims.claim, with the compare-and-set of the
+# previous task: 0 sent already (duplicate), 1 claimed (pending) and the new task recorded, 2 the
+# previous task changed since it was read (busy), 3 a pending claim re-taken to publish again
+# (same task id; the new task recorded), 4 another publisher's pending claim (wait).
 _CLAIM_AFTER = """
+local prefix, owner, stale = ARGV[1], ARGV[3], tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
-for i, t in ipairs(cjson.decode(ARGV[1])) do
-  if redis.call('EXISTS', t[1]) == 1 then
-    out[i] = 0
-  else
-    local prev = redis.call('GET', t[4]) or ''
-    if prev ~= t[5] then
+for i, row in ipairs(cjson.decode(ARGV[2])) do
+  local key = prefix .. row[1]
+  local pending = 'p|' .. row[2] .. '|' .. owner .. '|' .. now
+  local value = redis.call('GET', key)
+  if not value then
+    if (redis.call('GET', row[4]) or '') ~= row[5] then
       out[i] = 2
     else
-      redis.call('SET', t[1], t[2], 'PX', t[3])
-      redis.call('SET', t[4], t[6], 'PX', t[7])
+      redis.call('SET', key, pending, 'PX', row[3])
+      redis.call('SET', row[4], row[6], 'PX', row[7])
       out[i] = 1
+    end
+  elseif string.sub(value, 1, 2) ~= 'p|' then
+    out[i] = 0
+  else
+    local who, since = string.match(value, '^p|[^|]*|([^|]*)|(%d+)$')
+    if who == owner or since == nil or now - tonumber(since) >= stale then
+      redis.call('SET', key, pending, 'KEEPTTL')
+      redis.call('SET', row[4], row[6], 'PX', row[7])
+      out[i] = 3
+    else
+      out[i] = 4
     end
   end
 end
@@ -83,12 +111,15 @@ return 1
 
 @dataclass(slots=True)
 class Decided:
-    """The overlap decision of a batch: results of the tasks not to publish, and the claimed."""
+    """The overlap decision of a batch: the results of the tasks not to send (duplicate, busy),
+    and for the others (``free``, in order) what their previous-task key holds and becomes."""
 
     results: dict[int, EnqueueResult]
-    claimed: list[int]
+    free: list[int]
     written: dict[int, tuple[str, str, str, int]]  # index -> (key, value read, written, TTL)
     previous: dict[int, Previous]
+    claimed: list[int] = field(default_factory=list)  # claimed by claim_pending, in order
+    resend: set[int] = field(default_factory=set)  # of those: pending claims published again
 
 
 class PreviousTasks:
@@ -104,10 +135,14 @@ class PreviousTasks:
     def key(self, name: str) -> str:
         return f"{self.claims.prefix}:prev:{name}"
 
-    async def decide(self, tasks: Sequence[Task], indices: Sequence[int], now: datetime) -> Decided:
-        """Read the previous task of each ``tasks[i]``, ask the oracle, and claim the slots of the
-        schedules found free (compare-and-set). Raises TargetError when Redis or the oracle fails
-        (nothing is claimed then)."""
+    async def read(
+        self, tasks: Sequence[Task], indices: Sequence[int], now: datetime, *, flag: str
+    ) -> Decided:
+        """Read the previous task of each ``tasks[i]`` and ask the oracle whether it finished:
+        busy where it has not, free where it has, duplicate where the slot was sent already.
+        A free task's key is to become ``<task id>|<now ms>|<flag>`` (``"1"``: the caller sends
+        it in the same Redis step as the claim; ``"0"``: it publishes after, see
+        :meth:`claim_pending`). Raises TargetError when Redis or the oracle fails."""
         now_ms = round(now.timestamp() * 1000)
         decided = Decided({}, [], {}, {})
         keys = [self.key(tasks[i].name) for i in indices]
@@ -116,14 +151,18 @@ class PreviousTasks:
             values = await self.claims.client.mget(keys)
         except (RedisError, OSError, TimeoutError) as exc:
             raise TargetError(f"overlap: {type(exc).__name__}: {exc}") from exc
-        # A slot claimed already is a duplicate, whatever its schedule's previous task does (a
-        # retry, or a second manager, must not hold a slot that was sent).
         read = {i: _text(v) for i, v in zip(indices, values, strict=False)}
+        # A slot claimed already is a duplicate, whatever its schedule's previous task does (a
+        # retry, or a second manager, must not hold a slot that was sent). A pending claim was
+        # maybe published: it is sent again, whatever the previous task does.
+        again = set()
         for i, claim in zip(indices, values[len(indices) :], strict=True):
-            if claim is not None:
+            if is_pending(claim):
+                again.add(i)
+            elif claim is not None:
                 decided.results[i] = EnqueueResult(tasks[i], "duplicate", tasks[i].id)
         indices = [i for i in indices if i not in decided.results]
-        parsed = {i: _parse(read[i]) for i in indices if read[i]}
+        parsed = {i: _parse(read[i]) for i in indices if read[i] and i not in again}
         ids = sorted({p[0] for p in parsed.values() if p is not None})
         try:
             states = dict(zip(ids, await self.oracle(ids), strict=True)) if ids else {}
@@ -133,39 +172,57 @@ class PreviousTasks:
             raise TargetError(
                 f"overlap: cannot read task states: {type(exc).__name__}: {exc}"
             ) from exc
+        for i in indices:
+            task = tasks[i]
+            if i not in again:
+                previous = self._previous(parsed.get(i), states, now_ms, task)
+                decided.previous[i] = previous
+                if previous.state not in (FINISHED, NONE) and not previous.timed_out:
+                    decided.results[i] = EnqueueResult(task, "busy", previous=previous)
+                    continue
+            _, ttl = overlap_fields(task)
+            decided.written[i] = (self.key(task.name), read[i], f"{task.id}|{now_ms}|{flag}", ttl)
+            decided.free.append(i)
+        return decided
+
+    async def claim_pending(
+        self, tasks: Sequence[Task], decided: Decided, indices: Sequence[int], now: datetime
+    ) -> list[int]:
+        """Claim the free slots of ``indices`` (pending: published after) with the
+        compare-and-set of their previous-task keys. Claimed tasks join ``decided.claimed``
+        (``decided.resend`` too when a pending claim was re-taken); duplicates and tasks whose
+        previous task changed since :meth:`read` get their result. Returns the indices held by
+        another publisher's pending claim (ask again later)."""
         rows = []
         for i in indices:
             task = tasks[i]
-            previous = self._previous(parsed.get(i), states, now_ms, task)
-            decided.previous[i] = previous
-            if previous.state not in (FINISHED, NONE) and not previous.timed_out:
-                decided.results[i] = EnqueueResult(task, "busy", previous=previous)
-                continue
-            _, ttl = overlap_fields(task)
-            new = f"{task.id}|{now_ms}|0"
-            decided.written[i] = (self.key(task.name), read[i], new, ttl)
+            key, old, new, ttl = decided.written[i]
             rows.append(
-                [self.claims.key(task.idempotency_key), task.id, self.claims.ttl_ms(task, now),
-                 self.key(task.name), read[i], new, ttl]
-            )  # fmt: skip
-        free = [i for i in indices if i in decided.written]
-        if not free:
-            return decided
+                [task.idempotency_key, task.id, self.claims.ttl_ms(task, now), key, old, new, ttl]
+            )
+        if not rows:
+            return []
+        args = [self.claims.key(""), json.dumps(rows), self.claims.owner, self.claims.stale_ms]
         try:
-            flags = await self._claim(args=[json.dumps(rows)])
+            flags = await self._claim(keys=[], args=args)
         except (RedisError, OSError, TimeoutError) as exc:
             raise TargetError(f"overlap: claims: {type(exc).__name__}: {exc}") from exc
-        for i, flag in zip(free, flags, strict=True):
-            task = tasks[i]
-            if int(flag) == 1:
+        elsewhere = []
+        for i, flag in zip(indices, flags, strict=True):
+            task, flag = tasks[i], int(flag)
+            if flag in (NEW, RESEND):
                 decided.claimed.append(i)
-                continue
-            del decided.written[i]
-            if int(flag) == 0:
-                decided.results[i] = EnqueueResult(task, "duplicate", task.id)
-            else:  # another manager sent a task of this schedule since it was read
-                decided.results[i] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-        return decided
+                if flag == RESEND:
+                    decided.resend.add(i)
+            elif flag == ELSEWHERE:
+                elsewhere.append(i)
+            else:
+                del decided.written[i]
+                if flag == SENT:
+                    decided.results[i] = EnqueueResult(task, "duplicate", task.id)
+                else:  # another manager sent a task of this schedule since it was read
+                    decided.results[i] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
+        return elsewhere
 
     def _previous(
         self, parsed: tuple[str, int, str] | None, states: dict[str, str], now_ms: int, task: Task
