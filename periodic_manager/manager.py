@@ -312,7 +312,12 @@ class PeriodicTaskManager:
             if failed:
                 log.info("takeover: settled slots read")
             now = self.clock.now()
-            return {ident_of(key): min(at, now) for key, at in rows.items()}
+            settled: dict[int | str, datetime] = {}
+            shared: dict[datetime, datetime] = {}  # a burst settles many schedules at one slot
+            for key, at in rows.items():
+                at = min(at, now)
+                settled[ident_of(key)] = shared.setdefault(at, at)
+            return settled
         return None
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:

@@ -98,6 +98,7 @@ class StreamAudit:
         self.counts: Counter[str] = Counter()
         self.newest: datetime | None = None
         self.reconnects = 0
+        self._stopped = False
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> StreamAudit:
@@ -106,13 +107,14 @@ class StreamAudit:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
+        self._stopped = True
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+            await asyncio.wait_for(self._task, 10)
 
     async def _read(self) -> None:
         seen: set[str] = set()
-        while True:
+        while not self._stopped:
             client = aioredis.from_url(self.url, decode_responses=True, socket_timeout=2)
             last = "0"
             try:
@@ -128,6 +130,8 @@ class StreamAudit:
                             slot = datetime.fromisoformat(fields["scheduled_at"].replace("Z", "+00:00"))
                             self.newest = max(self.newest or slot, slot)
             except (RedisError, OSError):
+                if self._stopped:  # redis-py may turn the cancellation into its own error
+                    return
                 self.reconnects += 1
                 self.newest = None  # what flows from now on is what the restarted server gets
                 seen.clear()  # a restarted server numbers its entries anew
