@@ -29,6 +29,9 @@ from sqlalchemy.types import TypeDecorator
 
 # BIGINT on PostgreSQL; INTEGER on SQLite, where only "INTEGER PRIMARY KEY" is the rowid alias.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
+# Ids are never handed out twice: PostgreSQL's BIGSERIAL sequences never do; SQLite needs
+# AUTOINCREMENT, or it reuses the id of the newest row once that row is deleted (migration 0007).
+NEVER_REUSED = {"sqlite_autoincrement": True}
 JsonValue = JSON(none_as_null=False).with_variant(JSONB(none_as_null=False), "postgresql")
 
 
@@ -76,6 +79,7 @@ class PeriodicJob(Base):
     """A schedule row. Anyone with database access may write it; the manager validates it."""
 
     __tablename__ = "periodic_jobs"
+    __table_args__ = NEVER_REUSED
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(200), unique=True, nullable=False)
@@ -205,6 +209,7 @@ class OutboxMessage(Base):
     __table_args__ = (
         Index("ix_pm_outbox_pending", "queue", "processed_at", "seq"),
         Index("ix_pm_outbox_name_seq", "name", "seq"),  # a schedule's newest row (overlap)
+        NEVER_REUSED,  # seq is the message id, and the cursor a consumer may keep
     )
 
     seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -232,6 +237,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_pm_runs_schedule_key_slot_at", "schedule_key", "slot_at"),
         Index("ix_pm_runs_at", "at"),
+        NEVER_REUSED,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
