@@ -1,4 +1,6 @@
-"""Ids are never reused: AUTOINCREMENT on SQLite for periodic_jobs.id, pm_outbox.seq and pm_runs.id.
+"""Ids are never reused (AUTOINCREMENT on SQLite); last good versions kept across restarts.
+
+Ids: AUTOINCREMENT on SQLite for periodic_jobs.id, pm_outbox.seq and pm_runs.id.
 
 Without AUTOINCREMENT SQLite hands out ``max(rowid) + 1``, so deleting the newest schedule gave
 its id to the next one (a bookmark, an API client or a run history then pointed at another
@@ -27,6 +29,14 @@ present, so an id deleted before this upgrade is not reused either:
 PostgreSQL needs nothing: these columns are ``BIGSERIAL`` (a sequence, which never hands out a
 value twice). Downgrading rebuilds the SQLite tables without AUTOINCREMENT.
 
+Last good versions (both backends):
+
+- ``pm_last_good``: per schedule key, the last good version of a row that turned bad, written by
+  the manager that ran it, so that a manager that starts or takes over while the row is still bad
+  runs that version too (and judges it again first). See ``models.LastGood``.
+- ``pm_entries.last_good_since``: on a manager's error record for a row, since when it keeps the
+  row's last good version running (null: none runs), for the API and the dashboard.
+
 Revision ID: 0007_ids_last_good
 Revises: 0006_settled_slots
 Create Date: 2026-12-03 10:00:00+00:00
@@ -36,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import sqlalchemy as sa
 from alembic import op
 from sqlalchemy import text
 
@@ -166,15 +177,43 @@ def _start_sequence(table: str) -> None:
     op.execute(f"INSERT INTO sqlite_sequence (name, seq) SELECT '{table}', max(0, {used})")
 
 
+def _create_last_good() -> None:
+    op.create_table(
+        "pm_last_good",
+        sa.Column("schedule_key", sa.String(length=128), nullable=False),
+        sa.Column("name", sa.String(length=200), nullable=False),
+        sa.Column("spec", sa.String(length=200), nullable=False),
+        sa.Column("timezone", sa.String(length=64), nullable=False),
+        sa.Column("anchor", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("task_type", sa.String(length=200), nullable=False),
+        sa.Column("payload", sa.Text(), nullable=False),
+        sa.Column("options", sa.Text(), nullable=False),
+        sa.Column("effective_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("content_hash", sa.String(length=64), nullable=False),
+        sa.Column("row_revision", sa.BigInteger(), nullable=True),
+        sa.Column("bad_revision", sa.BigInteger(), nullable=True),
+        sa.Column("since", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("manager_id", sa.String(length=64), nullable=True),
+        sa.PrimaryKeyConstraint("schedule_key", name=op.f("pk_pm_last_good")),
+    )
+
+
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "sqlite":
+    sqlite = op.get_bind().dialect.name == "sqlite"
+    if sqlite:
         for table in TABLES:
             _rebuild(table, autoincrement=True)
         for table in TABLES:
             _start_sequence(table)
+    _create_last_good()
+    # Plain ALTER TABLE on both backends (SQLite's batch mode would rebuild the table).
+    instant = "DATETIME" if sqlite else "TIMESTAMP WITH TIME ZONE"
+    op.execute(f"ALTER TABLE pm_entries ADD COLUMN last_good_since {instant}")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE pm_entries DROP COLUMN last_good_since")
+    op.drop_table("pm_last_good")
     if op.get_bind().dialect.name == "sqlite":
         for table in TABLES:
             _rebuild(table, autoincrement=False)

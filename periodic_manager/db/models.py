@@ -173,6 +173,9 @@ class Entry(Base):
     held_slot_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     previous_task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     previous_task_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # An error record whose row has a last good version this manager keeps running: since when
+    # it is kept (null: no version of the row runs here).
+    last_good_since: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
 
 
 class ScheduleState(Base):
@@ -197,6 +200,36 @@ class ScheduleState(Base):
     held_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     resent_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+
+
+class LastGood(Base):
+    """The last good version of a row that turned bad, kept so that a manager that starts or
+    takes over while the row is still bad runs it too (the README's "until it is fixed or
+    deleted"). Written by the manager that held the good version when the row turned bad, deleted
+    once the row is good again, disabled or deleted. Read back as untrusted as a row: judged by
+    the same judge (``db/rows.py``) before it is run.
+
+    The content columns are those of ``periodic_jobs`` (payload and options as canonical JSON
+    text). ``bad_revision`` is the revision at which the row was seen bad: a manager that sees the
+    row not bad at a later revision forgets the version, one with an older view leaves it.
+    """
+
+    __tablename__ = "pm_last_good"
+
+    schedule_key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    spec: Mapped[str] = mapped_column(String(200), nullable=False)
+    timezone: Mapped[str] = mapped_column(String(64), nullable=False)
+    anchor: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    task_type: Mapped[str] = mapped_column(String(200), nullable=False)
+    payload: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON text
+    options: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON text
+    effective_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    row_revision: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    bad_revision: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    since: Mapped[datetime] = mapped_column(Instant, nullable=False)  # kept since (the row turned bad)
+    manager_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # who kept it first
 
 
 class OutboxMessage(Base):
