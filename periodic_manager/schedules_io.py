@@ -36,7 +36,7 @@ from periodic_manager.config import (
     validate_target,
 )
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import PeriodicJob, Run, ScheduleState
+from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 
 FORMATS = ("json", "yaml", "toml")
@@ -403,6 +403,7 @@ async def apply(engine: AsyncEngine, p: Plan, now: datetime) -> None:
             await conn.execute(delete(PeriodicJob).where(t.id.in_(p.delete_ids)))
             await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
             await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
+            await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
 
 
 # -- export ---------------------------------------------------------------------------------------
