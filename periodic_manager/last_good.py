@@ -162,8 +162,8 @@ class LastGoodKeeper:
             del self.kept[key]
         self._unsaved = {k: e for k, e in self._unsaved.items() if k in bad}
         self._looked &= bad.keys()
-        restore = [k for k in bad if k in self.stored and self._unheld(k)]
-        await self._on_bad(bad, restore, now)
+        await self._store_held(bad, now)
+        await self._restore([k for k in bad if k in self.stored and self._unheld(k)], bad, now)
 
     async def after_changes(self, errors: Sequence[RowError], changes: ChangeSet, now: datetime) -> None:
         """After an incremental sync: ``errors`` are the rows of ``changes`` found bad."""
@@ -179,16 +179,24 @@ class LastGoodKeeper:
                 self.kept.pop(key, None)
                 self._unsaved.pop(key, None)
         self._looked.difference_update(changes.removed)
-        restore = [k for k in bad if k not in self._looked and self._unheld(k)]
-        await self._on_bad(bad, restore, now)
+        await self._store_held(bad, now)
+        # Bad rows this manager holds nothing for: once each, is a version stored (another
+        # manager may have stored one since the last full reconcile)?
+        fresh = [k for k in bad if k not in self._looked and self._unheld(k)]
+        if fresh and self.store is not None:
+            self._looked.update(fresh)
+            index = await self._index()
+            if index is not None:
+                self.stored = index
+            await self._restore([k for k in fresh if k in self.stored], bad, now)
 
     def _unheld(self, key: str) -> bool:
         entry = self.scheduler.get(key)
         return entry is None or not entry.synced
 
-    async def _on_bad(self, bad: Mapping[str, RowError], restore: Sequence[str], now: datetime) -> None:
-        """Store the entries of rows that turned bad; run the stored version of bad rows this
-        manager holds nothing for."""
+    async def _store_held(self, bad: Mapping[str, RowError], now: datetime) -> None:
+        """Store the entries this manager holds for rows that turned bad (again: at a new
+        revision), and retry the saves that failed."""
         saves: list[LastGoodVersion] = []
         errs = {**self._unsaved, **bad}
         for key, err in errs.items():
@@ -204,8 +212,6 @@ class LastGoodKeeper:
             self.kept[key] = _Kept(digest, since, err.revision)
             saves.append(version_of(entry, err, digest, since, self.manager_id))
         await self._save(saves, errs)
-        if restore and self.store is not None and self.judge is not None:
-            await self._restore(restore, bad, now)
 
     # -- the store --------------------------------------------------------------------------------
 
@@ -250,14 +256,15 @@ class LastGoodKeeper:
             self.stored.pop(key, None)
 
     async def _restore(self, keys: Sequence[str], bad: Mapping[str, RowError], now: datetime) -> None:
-        assert self.store is not None and self.judge is not None
+        """Run the stored versions of ``keys`` (bad rows this manager holds nothing for)."""
+        if not keys or self.store is None or self.judge is None:
+            return
         try:
             found = await self.store.load_last_good(keys)
-        except Exception as exc:
+        except Exception as exc:  # the next full reconcile tries again
             self._checked(exc)
             log.warning("reading %d last good version(s) failed (retried): %r", len(keys), exc)
             return
-        self._looked.update(keys)
         for stored in found:
             err = bad.get(stored.schedule_key)
             if err is not None and self._unheld(stored.schedule_key):

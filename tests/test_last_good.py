@@ -325,3 +325,39 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
         if standby is not None:
             await standby.stop()
         await engine.dispose()
+
+
+async def test_a_manager_that_never_saw_the_row_good_runs_the_version_another_one_stored(
+    db_url: str,
+) -> None:
+    """Created and broken between two of B's syncs: B never held it, A did and stored it. B's
+    next (incremental) sync finds the row bad and the stored version, and runs that."""
+    clock, target = VirtualClock(T0), MemoryTarget()
+    engine = create_engine(db_url)
+
+    def make() -> PeriodicTaskManager:
+        return PeriodicTaskManager(
+            DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
+            grace=30, sync_interval=3600, leadership=ManualLeader(True),
+        )  # fmt: skip
+
+    a, b = make(), make()
+    await a.start()
+    await b.start()
+    try:
+        sid = await rawsql.insert(db_url, "quick", spec="'@every 10s'")
+        await a.sync()
+        await rawsql.execute(
+            db_url, f"UPDATE periodic_jobs SET spec = '@every 0s' WHERE id = {sid}"
+        )
+        await a.sync()
+        assert b.entry(sid) is None
+        report = await b.sync()  # incremental: the row is new to B, and bad
+        assert [e.schedule_id for e in report.errors] == [sid]
+        entry = b.entry(sid)
+        assert entry is not None and entry.spec == "@every 10s"
+        assert b.reconciler.row_errors[str(sid)].last_good_since == T0
+    finally:
+        await a.stop()
+        await b.stop()
+        await engine.dispose()
