@@ -54,7 +54,7 @@ async def schedule_errors(
     session: AsyncSession, schedule_key: str, cutoff: datetime
 ) -> list[ScheduleRowError]:
     stmt = (
-        select(Entry.manager_id, Entry.last_error)
+        select(Entry.manager_id, Entry.last_error, Entry.last_good_since)
         .join(Manager, Manager.manager_id == Entry.manager_id)
         .where(
             Entry.schedule_key == schedule_key,
@@ -64,7 +64,10 @@ async def schedule_errors(
         .order_by(Entry.manager_id, Entry.entry_id)
     )
     rows = (await session.execute(stmt)).all()
-    return [ScheduleRowError(manager_id=m, message=msg or "rejected") for m, msg in rows]
+    return [
+        ScheduleRowError(manager_id=m, message=msg or "rejected", last_good_since=since)
+        for m, msg, since in rows
+    ]
 
 
 async def schedule_overlap(

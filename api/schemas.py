@@ -106,6 +106,12 @@ class ScheduleError(BaseModel):
     reason: str
     message: str = Field(description="`<field>: <reason>`", examples=["spec: minute: ..."])
     manager_id: str | None = Field(description="the reporting manager (source `manager`)")
+    last_good_since: datetime | None = Field(
+        None,
+        description="source `manager`: that manager keeps running the row's last good version "
+        "(until the row is fixed, paused or deleted; across restarts), kept since this instant; "
+        "null: no version of the row runs there",
+    )
 
 
 ERRORS_DOC = (
@@ -156,6 +162,7 @@ class ScheduleState(BaseModel):
 class ScheduleRowError(BaseModel):
     manager_id: str
     message: str
+    last_good_since: datetime | None = None
 
 
 class PreviousTask(BaseModel):
@@ -218,6 +225,11 @@ class EntryOut(BaseModel):
     )
     previous_task: PreviousTask | None = Field(
         None, description="options.overlap skip or hold: the schedule's last task, as last seen"
+    )
+    last_good_since: datetime | None = Field(
+        None,
+        description="status `error`: the manager keeps running the row's last good version, "
+        "kept since this instant (null: no version of the row runs there)",
     )
 
 

@@ -62,6 +62,7 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
     from sqlalchemy.exc import SQLAlchemyError
 
     from periodic_manager import schedules_io as sio
+    from periodic_manager.db.engine import is_sqlite
     from periodic_manager.schedules_io import FileError
     from periodic_manager.startup import StartupError, check_database
 
@@ -86,6 +87,7 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
                 source,
                 settings.max_payload_bytes,
                 targets=settings.configured_targets(),
+                sqlite=is_sqlite(settings.database_url),
             )
             # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
             asyncio.run(check_database(settings.database_url))
@@ -127,13 +129,16 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
 
     engine = create_engine(settings.database_url)
     try:
-        export = await sio.export_entries(engine, settings.max_payload_bytes)
+        export = await sio.export_entries(
+            engine,
+            settings.max_payload_bytes,
+            settings.configured_targets(),
+            nulls_as_stored=args.format == "toml",
+        )
     finally:
         await engine.dispose()
     sys.stdout.write(sio.dump(export.entries, args.format))
-    for line in export.skipped:
-        print(f"{PROG}: warning: not exported: {line}", file=sys.stderr)
-    if export.skipped:
-        # The output is incomplete: say so in the status too (1, as for a database problem).
-        return _fail(f"{len(export.skipped)} schedule(s) could not be read and were left out", 1)
+    for line in export.invalid:
+        # Not a failure: the file restores them as they are. Said, so nobody is surprised.
+        print(f"{PROG}: note: exported as stored (invalid): {line}", file=sys.stderr)
     return 0

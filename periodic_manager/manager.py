@@ -22,6 +22,7 @@ from periodic_manager import __version__, catchup, gcpolicy
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.config import PeriodicTaskConfig, ident_of
 from periodic_manager.errors import ConfigError, NotFoundError
+from periodic_manager.last_good import LastGoodKeeper
 from periodic_manager.leadership import AlwaysLeader, Leadership
 from periodic_manager.metrics import ManagerMetrics
 from periodic_manager.providers.base import ConfigProvider, StaticProvider
@@ -145,6 +146,7 @@ class PeriodicTaskManager:
         self.publisher.views = self.scheduler.overlap.view
         self.scheduler.overlap.changed = self.publisher.upsert
         self.reconciler = Reconciler(self.scheduler, self.publisher, checked=_reraise_if_cancelled)
+        self.reconciler.keeper = self._last_good_keeper()
         if hasattr(self.provider, "config_class"):
             # The provider builds rows as entries, which the scheduler adopts without a copy.
             self.provider.config_class = ScheduledEntry
@@ -160,6 +162,19 @@ class PeriodicTaskManager:
         self._registered = False
         self._close_target = close_target
         self.metrics = ManagerMetrics(self)  # its own registry: served by /metrics or a port
+
+    def _last_good_keeper(self) -> LastGoodKeeper:
+        """Keeps the last good version of a row that turns bad: in the store when it can hold one
+        (so a restart or a takeover runs it too), judged by the provider when read back."""
+        store = self.store if hasattr(self.store, "save_last_good") else None
+        return LastGoodKeeper(
+            self.scheduler,
+            self.publisher,
+            self.manager_id,
+            store=store,  # type: ignore[arg-type]
+            judge=getattr(self.provider, "judge_last_good", None),
+            checked=_reraise_if_cancelled,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -159,8 +159,16 @@ class EntryPublisher:
             self._on_failure(exc)
 
 
-def error_record(schedule_id: object, name: str | None, content_hash: str, message: str, now: datetime) -> EntryRecord:
-    """A rejected row as published: ``status`` error, why in ``last_error``."""
+def error_record(
+    schedule_id: object,
+    name: str | None,
+    content_hash: str,
+    message: str,
+    now: datetime,
+    last_good_since: datetime | None = None,
+) -> EntryRecord:
+    """A rejected row as published: ``status`` error, why in ``last_error``; ``last_good_since``:
+    since when this manager keeps the row's last good version running (None: none runs)."""
     return EntryRecord(
         entry_id=f"{schedule_id}-error-{content_hash[:12]}",
         schedule_key=str(schedule_id),
@@ -169,4 +177,5 @@ def error_record(schedule_id: object, name: str | None, content_hash: str, messa
         status="error",
         registered_at=now,
         last_error=message,
+        last_good_since=last_good_since,
     )

@@ -62,6 +62,8 @@ class EntryRecord:
     held_slot: datetime | None = None  # options.overlap hold: the slot held now
     previous_task_id: str | None = None  # options.overlap: the schedule's last task...
     previous_task_state: str | None = None  # ...as last seen (queued, running, finished, ...)
+    # An error record of a row whose last good version this manager keeps running: since when.
+    last_good_since: datetime | None = None
 
 
 @dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow

@@ -8,6 +8,10 @@ file is the desired state of each schedule it names: a field left out takes its 
 Import upserts by name in one transaction after validating every entry as the manager would (one
 bad entry: nothing is written); ``prune`` also deletes the schedules the file does not name (with
 their state and history). Unchanged rows are not touched.
+
+A row with errors (one the manager rejects, or whose columns cannot all be read) is exported as
+stored, marked ``invalid``, and imported back as stored (:mod:`periodic_manager.as_stored`): an
+export restores every row the API lists, errors included.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager import as_stored
 from periodic_manager.config import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PeriodicTaskConfig,
     canonical_json,
     check_text,
+    validate_target,
 )
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import PeriodicJob, Run, ScheduleState
+from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 
 FORMATS = ("json", "yaml", "toml")
@@ -91,23 +97,31 @@ def validate(
     source: str = "input",
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     targets: Collection[str] | None = None,
+    sqlite: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Every entry complete with defaults and validated as the manager validates a row (payload
     and options at most ``max_payload_bytes`` of canonical JSON each; ``targets``: the deployment's
     ``Settings.configured_targets()``, checked as the API checks them); FileError names the entry
-    and field."""
+    and field. An entry marked ``invalid`` is a row as stored: only checked for what its columns
+    can hold (on the backend ``sqlite`` says, when given)."""
     out: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, Any]] = set()
     for i, raw in enumerate(entries, start=1):
         name = raw.get("name") if isinstance(raw, dict) else None
         where = f"{source}: entry {i}" + (f" ({name!r})" if isinstance(name, str) else "")
         try:
-            entry = _validate_entry(raw, max_payload_bytes, targets)
+            if isinstance(raw, dict) and as_stored.MARK in raw:
+                entry = _validate_stored(raw)
+                if sqlite is not None:
+                    as_stored.check_storable(entry, sqlite)
+            else:
+                entry = _validate_entry(raw, max_payload_bytes, targets)
         except ConfigError as exc:
             raise FileError(f"{where}: {exc.field}: {exc.reason}") from None
-        if entry["name"] in seen:
+        identity = as_stored.identity(entry)
+        if identity in seen:
             raise FileError(f"{where}: name: appears twice in the file")
-        seen.add(entry["name"])
+        seen.add(identity)
         out.append(entry)
     return out
 
@@ -147,6 +161,42 @@ def _validate_entry(
     return entry
 
 
+def _validate_stored(raw: dict[str, Any]) -> dict[str, Any]:
+    """An entry marked ``invalid``: a row as stored. Not judged (it is invalid, and says so);
+    each column only has to be something the column can hold."""
+    known = (*FIELDS, as_stored.MARK, as_stored.RAW)
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(str(unknown[0]), f"unknown field (known: {', '.join(known)})")
+    mark = raw[as_stored.MARK]
+    if not isinstance(mark, str) or not mark:
+        raise ConfigError(as_stored.MARK, "must be the row's error as text ('<field>: <reason>')")
+    given = raw.get(as_stored.RAW, {})
+    if not isinstance(given, dict):
+        raise ConfigError(as_stored.RAW, "must be a table of column = stored text")
+    raws = {str(c): as_stored.parse_raw(str(c), v) for c, v in given.items()}
+    both = sorted(set(raws) & set(raw))
+    if both:
+        raise ConfigError(both[0], "given both as a value and in raw")
+    for key in REQUIRED:
+        if key not in raw and key not in raws:
+            raise ConfigError(key, "is required (as a value, or as stored in raw)")
+    entry = {k: v for k, v in {**DEFAULTS, **raw}.items() if k in FIELDS and k not in raws}
+    for key in ("name", "spec", "task_type", "timezone"):
+        if key in entry and not isinstance(entry[key], str):
+            raise ConfigError(key, "must be a string")
+    if entry.get("description") is not None and not isinstance(entry["description"], str):
+        raise ConfigError("description", "must be a string")
+    if "enabled" in entry and not isinstance(entry["enabled"], bool):
+        raise ConfigError("enabled", "must be true or false (or given as stored in raw)")
+    if "anchor" in entry:
+        entry["anchor"] = _anchor(entry["anchor"])
+    for key in as_stored.JSON_COLUMNS:
+        if key in entry:
+            as_stored.check_json_value(key, entry[key])
+    return {**entry, as_stored.MARK: mark, as_stored.RAW: raws}
+
+
 def canonical_json_or(value: Any) -> str:
     try:
         return canonical_json(value)
@@ -174,6 +224,7 @@ def _anchor(value: Any) -> datetime | None:
 class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
     update: list[tuple[dict[str, Any], dict[str, tuple[Any, Any]]]] = field(default_factory=list)
+    update_ids: list[int] = field(default_factory=list)  # the row of each update
     delete: list[str] = field(default_factory=list)  # what render() shows of each deleted row
     delete_ids: list[int] = field(default_factory=list)
     unchanged: int = 0
@@ -206,21 +257,52 @@ def _same(key: str, old: Any, new: Any) -> bool:
 
 
 async def _stored(
-    engine: AsyncEngine, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-) -> list[dbrows.RowView]:
-    """Every row, read raw and judged like the manager does (whatever a row holds)."""
+    engine: AsyncEngine,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    targets: Collection[str] | None = None,
+) -> list[as_stored.StoredRow]:
+    """Every row, read raw and judged like the API judges it (whatever a row holds), with each
+    column's stored form."""
     sqlite = engine.dialect.name == "sqlite"
-    query = select(*dbrows.columns(sqlite, display=True)).order_by(PeriodicJob.id)
+    query = select(*dbrows.columns(sqlite, display=True), *as_stored.extras(sqlite))
+    n = len(dbrows.FIELDS)
     async with engine.connect() as conn:
-        raws = (await conn.execute(query)).all()
-    rules = dbrows.Rules(sqlite, max_payload_bytes)
-    return [dbrows.view(rules, tuple(raw)) for raw in raws]
+        await as_stored.prepare(conn, sqlite)
+        raws = (await conn.execute(query.order_by(PeriodicJob.id))).all()
+    rules = dbrows.Rules(sqlite, max_payload_bytes, _target_check(targets))
+    return [as_stored.StoredRow(dbrows.view(rules, tuple(r[:n])), tuple(r[n:]), sqlite) for r in raws]
+
+
+def _target_check(targets: Collection[str] | None) -> dbrows.Check | None:
+    """The deployment's check of ``options.target``, as the API and the manager make it."""
+    if targets is None:
+        return None
+
+    def check(config: PeriodicTaskConfig) -> None:
+        validate_target(config.options, targets)
+
+    return check
 
 
 def _stored_value(row: dbrows.RowView, key: str) -> Any:
     if key in row.unreadable:
         return _Unreadable(row.unreadable[key])
     return row.values[key]
+
+
+def _changes(entry: dict[str, Any], row: as_stored.StoredRow) -> dict[str, tuple[Any, Any]]:
+    """What writing ``entry`` would change in ``row``: each column, old and new. A column the
+    entry gives as stored (``raw``) is compared byte for byte (timestamps only when given so)."""
+    raws = as_stored.raws_of(entry)
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in (*FIELDS, "created_at", "updated_at"):
+        if key in raws:
+            old = row.raw(key)
+            if old is None or old[0] != raws[key][0]:
+                out[key] = (old, raws[key])
+        elif key in FIELDS and not _same(key, old := _stored_value(row.view, key), entry[key]):
+            out[key] = (old, entry[key])
+    return out
 
 
 async def plan(
@@ -230,25 +312,22 @@ async def plan(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Plan:
     stored = await _stored(engine, max_payload_bytes)
-    by_name = {r.values["name"]: r for r in stored if r.values["name"] is not None}
+    by_identity = {r.identity(): r for r in stored}
     out = Plan()
-    names = {e["name"] for e in desired}
+    named = {as_stored.identity(e) for e in desired}
     for entry in desired:
-        row = by_name.get(entry["name"])
+        row = by_identity.get(as_stored.identity(entry))
         if row is None:
             out.create.append(entry)
             continue
-        changes = {
-            k: (old, entry[k])
-            for k in FIELDS
-            if not _same(k, old := _stored_value(row, k), entry[k])
-        }
+        changes = _changes(entry, row)
         if changes:
             out.update.append((entry, changes))
+            out.update_ids.append(row.view.id)
         else:
             out.unchanged += 1
     absent = sorted(
-        (r for r in stored if r.values["name"] not in names),
+        (r.view for r in stored if r.identity() not in named),
         key=lambda r: (r.values["name"] is None, r.values["name"] or "", r.id),
     )
     if prune:
@@ -264,16 +343,27 @@ def _label(row: dbrows.RowView) -> str:
     return name if name is not None else f"#{row.id} (name: {row.unreadable.get('name')})"
 
 
+def _entry_label(entry: dict[str, Any]) -> str:
+    kind, name = as_stored.identity(entry)
+    label = name if kind == "name" else f"(name as stored: {as_stored.shown((name, True))})"
+    if as_stored.MARK in entry:
+        label += f" (as stored, invalid: {entry[as_stored.MARK]})"
+    return str(label)
+
+
 def _short(value: Any) -> str:
-    text = repr(value.isoformat() if isinstance(value, datetime) else value)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bytes):
+        text = as_stored.shown(value)
+    else:
+        text = repr(value.isoformat() if isinstance(value, datetime) else value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def render(p: Plan) -> list[str]:
-    lines = [f"+ create {e['name']}" for e in p.create]
+    lines = [f"+ create {_entry_label(e)}" for e in p.create]
     for entry, changes in p.update:
         parts = [f"{k} {_short(old)} -> {_short(new)}" for k, (old, new) in changes.items()]
-        lines.append(f"~ update {entry['name']}: " + "; ".join(parts))
+        lines.append(f"~ update {_entry_label(entry)}: " + "; ".join(parts))
     lines += [f"- delete {name}" for name in p.delete]
     summary = (
         f"{len(p.create)} to create, {len(p.update)} to update, {len(p.delete)} to delete, "
@@ -288,23 +378,32 @@ async def apply(engine: AsyncEngine, p: Plan, now: datetime) -> None:
     """Write the plan in one transaction. Updates write only the columns that change (by name;
     no row is loaded, so no stored value can get in the way)."""
     t = PeriodicJob.__table__.c
+    sqlite = engine.dialect.name == "sqlite"
     async with engine.begin() as conn:
         for entry in p.create:
-            values = {k: entry[k] for k in FIELDS}
+            values = {k: entry[k] for k in FIELDS if k in entry}
             stamps = {"created_at": now, "updated_at": now, "effective_at": now}
-            await conn.execute(insert(PeriodicJob).values(**values, **stamps))
-        for entry, changes in p.update:
-            values = {k: entry[k] for k in changes}
-            values["updated_at"] = now
+            row = as_stored.written({**values, **stamps}, entry, sqlite)
+            await conn.execute(insert(PeriodicJob).values(**row))
+        for (entry, changes), row_id in zip(p.update, p.update_ids, strict=True):
+            raws = as_stored.raws_of(entry)
+            values = {k: entry[k] for k in changes if k not in raws}
+            values.update({k: as_stored.bind(k, raws[k], sqlite) for k in changes if k in raws})
+            values.setdefault("updated_at", now)
             # New slots or keys, or a resume: nothing before now may be looked back at.
-            if TIMING & changes.keys() or (entry["enabled"] and "enabled" in changes):
+            if TIMING & changes.keys() or (entry.get("enabled") and "enabled" in changes):
                 values["effective_at"] = now
-            await conn.execute(update(PeriodicJob).where(t.name == entry["name"]).values(**values))
+            await conn.execute(update(PeriodicJob).where(t.id == row_id).values(**values))
+            if "updated_at" in raws:
+                # Written again alone: the edit above has the triggers stamp it (0004).
+                stamp = as_stored.bind("updated_at", raws["updated_at"], sqlite)
+                await conn.execute(update(PeriodicJob).where(t.id == row_id).values(updated_at=stamp))
         if p.delete_ids:
             keys = [str(i) for i in p.delete_ids]
             await conn.execute(delete(PeriodicJob).where(t.id.in_(p.delete_ids)))
             await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
             await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
+            await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
 
 
 # -- export ---------------------------------------------------------------------------------------
@@ -313,35 +412,80 @@ async def apply(engine: AsyncEngine, p: Plan, now: datetime) -> None:
 @dataclass
 class Export:
     entries: list[dict[str, Any]]
-    # One line per row left out because a column cannot be read (the file could not be
-    # imported back as it is stored): "schedule #7 ('name'): payload: not valid JSON ...".
-    skipped: list[str] = field(default_factory=list)
+    # One line per row exported as stored (it has errors): "schedule #7 ('name'): payload: ...".
+    invalid: list[str] = field(default_factory=list)
 
 
 async def export_entries(
-    engine: AsyncEngine, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    engine: AsyncEngine,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    targets: Collection[str] | None = None,
+    *,
+    nulls_as_stored: bool = False,
 ) -> Export:
-    """Every row as a file entry (ordered by name; defaults left out). A row whose columns
-    cannot be read is not exported; ``skipped`` says which and why. Rows the manager rejects
-    for other reasons (a bad spec, say) are exported as stored."""
+    """Every row as a file entry, ordered by name, defaults left out. A row with errors (as the
+    API judges it with ``targets``, the deployment's configured targets) is exported as stored,
+    marked ``invalid`` (see :mod:`periodic_manager.as_stored`); ``invalid`` lists them.
+    ``nulls_as_stored`` (TOML, which has no null): such a row's payload or options holding a
+    JSON null is given as its stored text (a schedule's is refused by :func:`dump`)."""
     out = Export([])
-    stored = await _stored(engine, max_payload_bytes)
-    for row in sorted(stored, key=lambda r: (r.values["name"] or "", r.id)):
-        unreadable = {k: r for k, r in row.unreadable.items() if k in FIELDS}
-        if unreadable:
-            key, reason = next(iter(unreadable.items()))
-            name = row.values["name"]
-            out.skipped.append(
-                f"schedule #{row.id}" + (f" ({name!r})" if name else "") + f": {key}: {reason}"
-            )
+    stored = await _stored(engine, max_payload_bytes, targets)
+    for row in sorted(stored, key=lambda r: (r.view.values["name"] or "", r.view.id)):
+        v = row.view
+        if not v.errors:
+            out.entries.append(_entry_of(v))
             continue
-        entry: dict[str, Any] = {k: row.values[k] for k in REQUIRED}
-        for key, default in DEFAULTS.items():
-            value = row.values[key]
-            if not _same(key, value, default) and not (key == "anchor" and value is None):
-                entry[key] = value.isoformat() if isinstance(value, datetime) else value
-        out.entries.append(entry)
+        out.entries.append(_stored_entry_of(row, nulls_as_stored))
+        name = v.values["name"]
+        field_, reason = v.errors[0]
+        out.invalid.append(
+            f"schedule #{v.id}" + (f" ({name!r})" if name else "") + f": {field_}: {reason}"
+        )
     return out
+
+
+def _file_value(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _entry_of(row: dbrows.RowView) -> dict[str, Any]:
+    """A row without errors as a file entry: its fields, defaults left out."""
+    entry: dict[str, Any] = {k: row.values[k] for k in REQUIRED}
+    for key, default in DEFAULTS.items():
+        value = row.values[key]
+        if not _same(key, value, default) and not (key == "anchor" and value is None):
+            entry[key] = _file_value(value)
+    return entry
+
+
+def _stored_entry_of(row: as_stored.StoredRow, nulls_as_stored: bool = False) -> dict[str, Any]:
+    """A row with errors as a file entry: as stored, marked ``invalid`` with its first error; the
+    columns that cannot be read in ``raw``, as stored (defaults left out, as for any entry)."""
+    v = row.view
+    entry: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
+    for key in (*FIELDS, "created_at", "updated_at"):
+        as_text = (
+            nulls_as_stored
+            and key in as_stored.JSON_COLUMNS
+            and v.values[key] is not None
+            and _has_null(v.values[key])
+        )
+        if key in v.unreadable or as_text:
+            stored = row.raw(key)
+            if stored is not None:
+                raw[key] = as_stored.file_form(stored)
+        elif key in REQUIRED:
+            entry[key] = v.values[key]
+        elif key in DEFAULTS:
+            value = v.values[key]
+            if not _same(key, value, DEFAULTS[key]) and not (key == "anchor" and value is None):
+                entry[key] = _file_value(value)
+    field_, reason = v.errors[0]
+    entry[as_stored.MARK] = f"{field_}: {reason}"
+    if raw:
+        entry[as_stored.RAW] = raw
+    return entry
 
 
 def dump(entries: list[dict[str, Any]], fmt: str) -> str:
@@ -356,7 +500,7 @@ def dump(entries: list[dict[str, Any]], fmt: str) -> str:
     for entry in entries:
         if _has_null(entry):
             raise FileError(
-                f"schedule {entry['name']!r} holds a JSON null, which TOML cannot express; "
+                f"schedule {entry.get('name')!r} holds a JSON null, which TOML cannot express; "
                 "export as json or yaml"
             )
     try:

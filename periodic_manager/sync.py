@@ -4,7 +4,7 @@ A schedule whose content hash and name are unchanged keeps its entry and its tim
 one is replaced (:meth:`Scheduler.register` keeps or carries its pending slot); a row deleted or
 disabled loses its entry. A row the provider rejected is logged once per (row, content) and
 published as an error record; if it had a good version before, that version keeps running
-(nothing is lost). Long loops yield to the event loop, so a bulk change of 100,000 rows never
+(nothing is lost), also after a restart or a takeover (:mod:`periodic_manager.last_good`). Long loops yield to the event loop, so a bulk change of 100,000 rows never
 holds dispatch or the leadership proof.
 """
 
@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of
+from periodic_manager.last_good import LastGoodKeeper
 from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
 from periodic_manager.publishing import EntryPublisher, error_record
 from periodic_manager.registry import EntryRecord
@@ -58,6 +59,9 @@ class Reconciler:
         self._checked = checked  # re-raises a cancellation a driver disguised as its own error
         self.row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
         self._logged: set[tuple[str, str]] = set()  # (schedule key, content hash) already logged
+        # Stores the last good version of rows that turn bad, and runs the stored one of bad rows
+        # this manager holds nothing for (set by the manager; None: kept in memory only).
+        self.keeper: LastGoodKeeper | None = None
 
     async def apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
         """Full reconcile: the snapshot is the whole truth."""
@@ -90,6 +94,8 @@ class Reconciler:
                 now_ = self.scheduler.clock.now()
         report.unchanged += unchanged
         current = {str(e.schedule_id) for e in report.errors}
+        if self.keeper is not None:
+            await self.keeper.after_full(report.errors, snapshot.revision, now)
         self._publish_row_errors(report.errors, now)
         for key in list(self.row_errors):
             if key not in current:
@@ -112,6 +118,8 @@ class Reconciler:
                 # leadership proof must not wait for all of it.
                 await asyncio.sleep(0)
                 now_ = self.scheduler.clock.now()
+        if self.keeper is not None:
+            await self.keeper.after_changes(report.errors, changes, now)
         self._publish_row_errors(report.errors, now)
         return report
 
@@ -168,20 +176,29 @@ class Reconciler:
         """Log each bad row once per content and publish it (visible through the API)."""
         for err in errors:
             key = str(err.schedule_id)
+            since = self._kept_since(key)
             if (key, err.content_hash) not in self._logged:
                 self._logged.add((key, err.content_hash))
                 kept = " (its previous version keeps running)" if self.scheduler.get(key) else ""
+                if since is not None:
+                    kept = f" (its last good version keeps running, kept since {since.isoformat()})"
                 log.error(
                     "schedule row %s (%s) rejected: %s%s", key, err.name, err.message, kept,
                     extra={"schedule": err.name, "schedule_id": key, "field": err.field},
                 )
-            rec = error_record(err.schedule_id, err.name, err.content_hash, err.message, now)
+            rec = error_record(err.schedule_id, err.name, err.content_hash, err.message, now, since)
             old = self.row_errors.get(key)
-            if old is None or old.entry_id != rec.entry_id:
+            if old is None or old.entry_id != rec.entry_id or old.last_good_since != since:
                 if old is not None:
                     self.publisher.remove(old.entry_id)
                 self.row_errors[key] = rec
                 self.publisher.upsert(rec)
+
+    def _kept_since(self, key: str) -> datetime | None:
+        """Since when the last good version of row ``key`` keeps running here (None: none does)."""
+        if self.keeper is not None:
+            return self.keeper.since(key)
+        return None
 
 
 def _unusable(cfg: PeriodicTaskConfig, exc: BaseException) -> RowError:
@@ -192,4 +209,5 @@ def _unusable(cfg: PeriodicTaskConfig, exc: BaseException) -> RowError:
         content_hash=content_hash(cfg),
         field="row",
         reason=f"cannot be scheduled: {type(exc).__name__}: {exc}",
+        revision=cfg.revision,
     )

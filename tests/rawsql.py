@@ -9,6 +9,7 @@ PostgreSQL takes timestamps far outside Python's range).
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -114,16 +115,21 @@ def case_id(pair: tuple[str, Case]) -> str:
 async def execute(url: str, sql: str) -> list[tuple[Any, ...]]:
     """Run one statement with the backend's own driver; its rows (e.g. of RETURNING)."""
     if url.startswith("sqlite"):
-        path = url.split(":///", 1)[1]
-        with closing(sqlite3.connect(path, timeout=10)) as db:
-            rows = db.execute(sql).fetchall()
-            db.commit()
-        return [tuple(r) for r in rows]
+        # In a thread: a manager running in this event loop may hold the write lock, and must
+        # be able to commit while this statement waits for it.
+        return await asyncio.to_thread(_sqlite_execute, url.split(":///", 1)[1], sql)
     conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"), timeout=5)
     try:
         return [tuple(r) for r in await conn.fetch(sql)]
     finally:
         await conn.close()
+
+
+def _sqlite_execute(path: str, sql: str) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(path, timeout=10)) as db:
+        rows = db.execute(sql).fetchall()
+        db.commit()
+    return [tuple(r) for r in rows]
 
 
 async def insert(url: str, name: str, /, **columns: str) -> int:

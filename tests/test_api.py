@@ -534,6 +534,7 @@ async def test_entries_show_live_managers_only(
         "reason": "must be a JSON object",
         "message": "options: must be a JSON object",
         "manager_id": None,
+        "last_good_since": None,
     }
     assert from_manager == {
         "source": "manager",
@@ -541,6 +542,7 @@ async def test_entries_show_live_managers_only(
         "reason": "syntax: not cron",
         "message": "spec: syntax: not cron",
         "manager_id": "live",
+        "last_good_since": None,  # this fake manager runs no version of the row
     }
 
     # One second later the live manager has also missed three heartbeats.

@@ -252,30 +252,41 @@ def test_next_rejects_bad_input_in_one_line(
 # --- rows written with SQL that no manager can use ---------------------------------------------
 
 
-def test_export_leaves_out_unreadable_rows_naming_each_and_exits_1(
+def test_export_writes_rows_with_errors_as_stored_marked_invalid(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     good = {"name": "good", "spec": "@daily", "task_type": "t"}
     asyncio.run(rawsql.insert(url, "good", spec="'@daily'"))
     asyncio.run(rawsql.insert(url, "deep", payload=f"'{rawsql.DEEP}'"))
-    # A row the manager rejects for its content, but whose columns all read: exported as stored.
+    # A row the manager rejects for its content, but whose columns all read: its values as stored.
     asyncio.run(rawsql.insert(url, "badspec", spec="'61 * * * *'"))
     if url.startswith("sqlite"):
         asyncio.run(rawsql.insert(url, "notjson", payload="'{oops'"))
         asyncio.run(rawsql.insert(url, "X", name="X'FF'"))
     code, out, err = cli(capsys, "export", "--database-url", url)
-    assert code == 1
-    assert json.loads(out) == [{**good, "name": "badspec", "spec": "61 * * * *"}, good]
-    *warnings, last = err.strip().splitlines()
-    assert last.startswith("periodic-manager: error: ") and "left out" in last
-    assert all(w.startswith("periodic-manager: warning: not exported: ") for w in warnings)
-    assert any("schedule #2 ('deep'): payload: nested deeper than 100 levels" in w for w in warnings)
+    assert code == 0, err
+    doc = json.loads(out)
+    by_name = {e.get("name"): e for e in doc}
+    assert by_name["good"] == good  # no marker: a schedule like any other
+    assert by_name["badspec"]["spec"] == "61 * * * *"
+    assert by_name["badspec"]["invalid"].startswith("spec: ")
+    # A column that cannot be read is given as the stored text.
+    assert by_name["deep"]["raw"] == {"payload": rawsql.DEEP}
+    assert by_name["deep"]["invalid"] == "payload: nested deeper than 100 levels"
+    assert "payload" not in by_name["deep"]
+    notes = err.strip().splitlines()
+    assert all(n.startswith("periodic-manager: note: exported as stored (invalid): ") for n in notes)
+    assert any("schedule #2 ('deep'): payload: nested deeper than 100 levels" in n for n in notes)
     if url.startswith("sqlite"):
-        assert len(warnings) == 3
-        assert any("('notjson'): payload: not valid JSON" in w for w in warnings)
-        assert any("schedule #5: name: not valid UTF-8 text" in w for w in warnings)
+        assert by_name["notjson"]["raw"] == {"payload": "{oops"}
+        # Bytes that are not text: in hex, and the entry has no name but the stored one.
+        assert by_name[None] == {
+            "spec": "* * * * *", "task_type": "t", "invalid": "name: not valid UTF-8 text",
+            "raw": {"name": {"hex": "ff"}},
+        }  # fmt: skip
+        assert len(notes) == 4 and doc[0] == by_name[None]  # an unreadable name sorts first
     else:
-        assert len(warnings) == 1
+        assert len(notes) == 2
 
 
 def test_import_rewrites_unreadable_columns_and_prune_deletes_unreadable_names(

@@ -34,6 +34,7 @@ APP_TABLES = {
     "pm_outbox",
     "pm_runs",
     "periodic_jobs_deleted",
+    "pm_last_good",
 }
 
 

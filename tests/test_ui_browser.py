@@ -11,6 +11,7 @@ under ``CI=true``. Waits poll the page with a bound; nothing waits for a schedul
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from periodic_manager.db.migrate import upgrade_sync
-from tests import browser
+from tests import browser, rawsql
 from tests.conftest import IN_CI
 
 WAIT_S = 20
@@ -168,6 +169,36 @@ def test_pause_resume_and_trigger_show_the_answer_and_the_run(
     wait_text(d, "#runs tbody", "triggered")
     runs = httpx.get(f"{server.base}/schedules/{sid}/runs").json()["items"]
     assert [r["status"] for r in runs] == ["triggered"]
+
+
+def reload_until(d: Any, url: str, css: str, needle: str) -> str:
+    """Reload ``url`` until ``css`` shows ``needle`` (what a manager publishes arrives after its
+    next sync and heartbeat; the page does not poll)."""
+
+    def shown(d: Any) -> str | bool:
+        open_page(d, url)
+        for el in d.find_elements("css selector", css):
+            if needle in el.text:
+                return str(el.text)
+        return False
+
+    return str(wait(d, shown, f"{needle!r} in {css} of {url}"))
+
+
+def test_a_rejected_row_says_whether_its_last_good_version_runs(
+    driver: Any, server: browser.Server
+) -> None:
+    d = driver
+    kept = api_create(server, name="browser.kept", spec="0 6 * * *")
+    wait(d, lambda d: httpx.get(f"{server.base}/entries", params={"schedule_id": kept}).json()["items"], "the entry")
+    # Both turned bad with SQL: one had a good version the manager runs on, one never had one.
+    asyncio.run(rawsql.execute(server.database_url, f"UPDATE periodic_jobs SET spec = '61 6 * * *' WHERE id = {kept}"))
+    never = asyncio.run(rawsql.insert(server.database_url, "browser.never", spec="'61 6 * * *'"))
+    note = reload_until(d, f"{server.base}/ui/schedules/{kept}", "#last-good", "keeps running")
+    assert note.startswith("Its last good version keeps running (kept since ") and "fixed" in note
+    wait_text(d, "#entries", "last good version runs since")
+    note = reload_until(d, f"{server.base}/ui/schedules/{never}", "#last-good", "No good version")
+    assert "keeps running" not in d.find_element("tag name", "body").text
 
 
 def test_an_edit_of_a_stale_version_shows_the_conflict(driver: Any, server: browser.Server) -> None:

@@ -43,6 +43,7 @@ def _entry(entry: Entry, manager: Manager, state: ScheduleState | None, now: dat
         registered_at=entry.registered_at,
         held_slot=entry.held_slot_at,
         previous_task=previous_task(entry),
+        last_good_since=entry.last_good_since,
     )
 
 

@@ -48,7 +48,7 @@ from periodic_manager.api.schemas import (
 )
 from periodic_manager.config import DEFAULT_QUEUE
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import PeriodicJob, Run, ScheduleState
+from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.settings import Settings
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
@@ -142,7 +142,7 @@ def _queue_filter(session: AsyncSession, queue: str) -> ColumnElement[bool]:
     return value == queue
 
 
-def _manager_error(manager_id: str, message: str) -> ScheduleError:
+def _manager_error(manager_id: str, message: str, last_good_since: datetime | None) -> ScheduleError:
     # Managers publish a rejection as "<field>: <reason>" (RowError.message).
     field, sep, reason = message.partition(": ")
     if not sep or " " in field:
@@ -153,6 +153,7 @@ def _manager_error(manager_id: str, message: str) -> ScheduleError:
         reason=reason,
         message=message,
         manager_id=manager_id,
+        last_good_since=last_good_since,
     )
 
 
@@ -165,7 +166,7 @@ async def detail(
     body = to_schedule_with_runs(row, now).model_dump()
     body["errors"] = [
         *api_errors(row),
-        *(_manager_error(e.manager_id, e.message) for e in reported),
+        *(_manager_error(e.manager_id, e.message, e.last_good_since) for e in reported),
     ]
     return ScheduleDetail(
         **body,
@@ -413,6 +414,7 @@ async def delete_schedule(
     await session.execute(delete(PeriodicJob).where(T.id == schedule_id))
     await session.execute(delete(ScheduleState).where(ScheduleState.schedule_key == key))
     await session.execute(delete(Run).where(Run.schedule_key == key))
+    await session.execute(delete(LastGood).where(LastGood.schedule_key == key))
     await session.commit()
     notify_manager(request)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -322,6 +322,7 @@ async def entries(
             queue=e.queue,
             registered_at=e.registered_at,
             last_error=e.last_error,
+            last_good_since=e.last_good_since,
         )
         for e, leader in await session.execute(stmt)
     ]

@@ -146,6 +146,7 @@ class EntryView(BaseModel):
     queue: str | None
     registered_at: datetime
     last_error: str | None
+    last_good_since: datetime | None = None  # the row's last good version runs, kept since
 
 
 class EntryViewPage(BaseModel):

@@ -29,6 +29,9 @@ from sqlalchemy.types import TypeDecorator
 
 # BIGINT on PostgreSQL; INTEGER on SQLite, where only "INTEGER PRIMARY KEY" is the rowid alias.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
+# Ids are never handed out twice: PostgreSQL's BIGSERIAL sequences never do; SQLite needs
+# AUTOINCREMENT, or it reuses the id of the newest row once that row is deleted (migration 0007).
+NEVER_REUSED = {"sqlite_autoincrement": True}
 JsonValue = JSON(none_as_null=False).with_variant(JSONB(none_as_null=False), "postgresql")
 
 
@@ -76,6 +79,7 @@ class PeriodicJob(Base):
     """A schedule row. Anyone with database access may write it; the manager validates it."""
 
     __tablename__ = "periodic_jobs"
+    __table_args__ = NEVER_REUSED
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(200), unique=True, nullable=False)
@@ -169,6 +173,9 @@ class Entry(Base):
     held_slot_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     previous_task_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     previous_task_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # An error record whose row has a last good version this manager keeps running: since when
+    # it is kept (null: no version of the row runs here).
+    last_good_since: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
 
 
 class ScheduleState(Base):
@@ -195,6 +202,36 @@ class ScheduleState(Base):
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 
+class LastGood(Base):
+    """The last good version of a row that turned bad, kept so that a manager that starts or
+    takes over while the row is still bad runs it too (the README's "until it is fixed or
+    deleted"). Written by the manager that held the good version when the row turned bad, deleted
+    once the row is good again, disabled or deleted. Read back as untrusted as a row: judged by
+    the same judge (``db/rows.py``) before it is run.
+
+    The content columns are those of ``periodic_jobs`` (payload and options as canonical JSON
+    text). ``bad_revision`` is the revision at which the row was seen bad: a manager that sees the
+    row not bad at a later revision forgets the version, one with an older view leaves it.
+    """
+
+    __tablename__ = "pm_last_good"
+
+    schedule_key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    spec: Mapped[str] = mapped_column(String(200), nullable=False)
+    timezone: Mapped[str] = mapped_column(String(64), nullable=False)
+    anchor: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    task_type: Mapped[str] = mapped_column(String(200), nullable=False)
+    payload: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON text
+    options: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON text
+    effective_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    row_revision: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    bad_revision: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    since: Mapped[datetime] = mapped_column(Instant, nullable=False)  # kept since (the row turned bad)
+    manager_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # who kept it first
+
+
 class OutboxMessage(Base):
     """A task enqueued to the database outbox; unique on the idempotency key.
 
@@ -205,6 +242,7 @@ class OutboxMessage(Base):
     __table_args__ = (
         Index("ix_pm_outbox_pending", "queue", "processed_at", "seq"),
         Index("ix_pm_outbox_name_seq", "name", "seq"),  # a schedule's newest row (overlap)
+        NEVER_REUSED,  # seq is the message id, and the cursor a consumer may keep
     )
 
     seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -232,6 +270,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_pm_runs_schedule_key_slot_at", "schedule_key", "slot_at"),
         Index("ix_pm_runs_at", "at"),
+        NEVER_REUSED,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sqlalchemy import ColumnElement, LargeBinary, Text, cast, extract, literal
+from sqlalchemy import ColumnElement, LargeBinary, Table, Text, cast, extract, literal
 from sqlalchemy.sql.elements import ColumnClause
 
 from periodic_manager.config import (
@@ -80,20 +80,29 @@ def columns(sqlite: bool, *, display: bool = False) -> list[ColumnElement[Any]]:
     return [PeriodicJob.__table__.c.id, *(column(sqlite, n) for n in names)]
 
 
-def column(sqlite: bool, name: str) -> ColumnElement[Any]:
-    """One column of ``periodic_jobs`` in its raw form (decode it with :func:`decode`)."""
-    col = PeriodicJob.__table__.c[name]
+def column(sqlite: bool, name: str, table: Table | None = None) -> ColumnElement[Any]:
+    """One column of ``periodic_jobs`` (or of ``table``, which holds a row's columns under the
+    same names) in its raw form (decode it with :func:`decode`)."""
+    col = (table if table is not None else PeriodicJob.__table__).c[name]
     if name == "id":
         return col
+    if name in _INSTANTS:
+        return raw_instant(sqlite, col).label(name)
     if sqlite:
         # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
         # decoding by the driver; NULL stays NULL.
         return cast(col, LargeBinary).label(name)
-    if name in _INSTANTS:
-        return cast(extract("epoch", col), Text).label(name)
     if name in _JSON:
         return cast(col, Text).label(name)
     return col
+
+
+def raw_instant(sqlite: bool, col: ColumnElement[Any]) -> ColumnElement[Any]:
+    """An instant column in its raw form: SQLite's stored bytes, PostgreSQL's epoch seconds as
+    text (defined for any year and for infinity); decode it with :func:`decode`."""
+    if sqlite:
+        return cast(col, LargeBinary)
+    return cast(extract("epoch", col), Text)
 
 
 def enabled_is(sqlite: bool, value: bool) -> ColumnElement[bool]:
@@ -486,6 +495,17 @@ class RowJudge:
         memo[key] = value
 
 
+def instant_or_none(sqlite: bool, value: Any) -> datetime | None:
+    """A raw instant column read for bookkeeping: None when NULL or unreadable, never an error."""
+    if value is None:
+        return None
+    try:
+        instant: datetime = decode(sqlite, "effective_at", value)
+    except ConfigError:
+        return None
+    return instant
+
+
 def effective_at(sqlite: bool, value: Any) -> datetime:
     """The row's ``effective_at``: no slot at or before it is sent. NULL or unreadable means
     unknown (UNKNOWN_START: nothing in the past may be sent), never a row error."""
@@ -502,6 +522,7 @@ def _row_error(raw: Sequence[Any], field: str, reason: str, code: str) -> RowErr
     name = raw[2]
     if isinstance(name, bytes):  # name the row in the error if its name is text at all
         name = name.decode("utf-8", errors="replace")
+    revision = raw[N_JUDGED] if len(raw) > N_JUDGED else None
     return RowError(
         schedule_id=raw[0],
         name=name if isinstance(name, str) else None,
@@ -509,6 +530,7 @@ def _row_error(raw: Sequence[Any], field: str, reason: str, code: str) -> RowErr
         field=field,
         reason=reason,
         code=code,
+        revision=revision if type(revision) is int else None,
     )
 
 

@@ -37,8 +37,10 @@ from sqlalchemy import RowMapping, and_, case, delete, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.db import last_good
 from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
 from periodic_manager.errors import NotFoundError
+from periodic_manager.last_good import LastGoodVersion, StoredVersion
 from periodic_manager.registry import (
     EntryRecord,
     ManagerInfo,
@@ -412,6 +414,24 @@ class DatabaseRuntimeStore:
             )
         return bool(result.rowcount)
 
+    # -- last good versions (periodic_manager.last_good; SQL in db/last_good.py) ----------------
+
+    async def save_last_good(self, versions: Sequence[LastGoodVersion]) -> None:
+        """Store the last good version of rows that turned bad (see ``db.last_good.save``)."""
+        await last_good.save(self.engine, self._insert, versions)
+
+    async def last_good_index(self) -> dict[str, int | None]:
+        """Keys with a stored last good version, each with the revision it was seen bad at."""
+        return await last_good.index(self.engine)
+
+    async def load_last_good(self, keys: Sequence[str]) -> list[StoredVersion]:
+        """The stored last good versions of ``keys``, raw (to be judged like a row)."""
+        return await last_good.load(self.engine, keys)
+
+    async def forget_last_good(self, keys: Sequence[str], revision: int | None) -> None:
+        """Delete the versions of ``keys`` seen bad at or before ``revision`` (None: any)."""
+        await last_good.forget(self.engine, keys, revision)
+
 
 # -- row <-> record ------------------------------------------------------------------------------
 
@@ -456,6 +476,7 @@ def _entry_record(m: RowMapping) -> EntryRecord:
         held_slot=m["e_held_slot_at"],
         previous_task_id=m["e_previous_task_id"],
         previous_task_state=m["e_previous_task_state"],
+        last_good_since=m["e_last_good_since"],
     )
 
 
@@ -501,6 +522,7 @@ def _entry_values(manager_id: str, rec: EntryRecord) -> dict[str, Any]:
         "held_slot_at": rec.held_slot,
         "previous_task_id": rec.previous_task_id[:128] if rec.previous_task_id else None,
         "previous_task_state": rec.previous_task_state,
+        "last_good_since": rec.last_good_since,
     }
 
 

@@ -19,6 +19,7 @@ class RowError:
     field: str
     reason: str
     code: str = "value_error"  # ConfigError.code: "too-large", "out-of-range", "never-fires", ...
+    revision: int | None = None  # the row's revision when judged (a database row's), if known
 
     @property
     def message(self) -> str:

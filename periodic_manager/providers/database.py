@@ -164,6 +164,12 @@ class DatabaseProvider:
                 errors.append(verdict)
                 self._errors[raw[0]] = (raw[dbrows.N_JUDGED], verdict)
 
+    def judge_last_good(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
+        """A last good version read back from the runtime store (``raw`` as a row: id, enabled,
+        content, effective_at), judged as this provider judges a row: it is data like any other,
+        so it runs only if it is still a usable schedule here (the target check included)."""
+        return dbrows.judge_content(self.rules, raw)
+
     async def get_changes(self, since: int) -> ChangeSet | None:
         """What changed after revision ``since``: None (one indexed query) when nothing did."""
         configs: list[PeriodicTaskConfig] = []

@@ -21,7 +21,8 @@ function managerRows(items) {
 function entryRows(items) {
   return items.map((e) => [
     e.schedule_id ? h("a", { href: `/ui/schedules/${e.schedule_id}` }, e.name || e.schedule_key) : e.name || e.schedule_key,
-    e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
+    h("span", {}, e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
+      e.last_good_since ? [" ", badge(`last good version runs since ${utc(e.last_good_since)}`, "warn")] : ""),
     e.spec ? h("code", {}, e.spec) : "—",
     e.timezone || "—",
     h("code", { title: e.hash }, e.hash.slice(0, 12)),

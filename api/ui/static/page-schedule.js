@@ -30,13 +30,30 @@ function config(s) {
     h("dl", { class: "config" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])));
 }
 
+// What runs while the row is bad, as the live managers report it (never assumed: a row that
+// never was good, or one whose good version no manager holds, runs nowhere).
+function lastGoodNote(items) {
+  const reports = items.filter((e) => e.source === "manager");
+  const kept = reports.filter((e) => e.last_good_since);
+  if (kept.length) {
+    const since = kept.map((e) => e.last_good_since).sort()[0];
+    return h("p", { id: "last-good" },
+      `Its last good version keeps running (kept since ${utc(since)}, by ${kept.map((e) => e.manager_id).join(", ")}) `
+      + "until the row is fixed, paused or deleted.");
+  }
+  if (reports.length) {
+    return h("p", { id: "last-good" }, "No good version of it runs: it fires again once the row is fixed.");
+  }
+  return null;
+}
+
 function rowErrors(s) {
   const items = s.errors || [];
   if (!items.length) return null;
   return h("div", { class: "alert", role: "alert" },
     h("h2", {}, "Rejected by the manager"),
     h("ul", {}, items.map((e) => h("li", {}, e.field ? `${e.field}: ${e.reason}` : e.message || e.reason || JSON.stringify(e)))),
-    h("p", {}, "The last good version keeps running until the row is fixed."));
+    lastGoodNote(items));
 }
 
 function state(s) {
@@ -77,6 +94,8 @@ function entriesSection(entries) {
     h("span", {}, e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
       // options.overlap: a slot held while the previous task runs, and that task's state.
       e.held_slot ? [" ", badge(`held ${utc(e.held_slot)}`, "warn")] : "",
+      // A rejected row whose last good version this manager keeps running.
+      e.last_good_since ? [" ", badge(`last good version runs since ${utc(e.last_good_since)}`, "warn")] : "",
       e.previous_task ? [" ", badge(`previous task ${e.previous_task.state}`, "muted")] : ""),
     h("code", { title: e.hash }, e.hash.slice(0, 12)),
     utc(e.previous_slot),

@@ -1,0 +1,244 @@
+"""Rows as stored, in schedule files: the columns of a row ``export`` writes as they are, and how
+``import`` writes them back, byte for byte.
+
+A row the API shows with ``errors`` (the manager rejects it, or a column of it cannot be read) is
+not a schedule anyone could import as a desired state, yet a backup must restore it as it was,
+still invalid and still visible. ``export`` therefore writes such a row marked
+``invalid: "<field>: <reason>"`` (the API's first error for it), every column that can be read as
+its value, as stored (unjudged), and every column that cannot in ``raw``, as the stored text. A
+``raw`` value is a string (the stored text) or ``{"hex": "..."}``: bytes that are not UTF-8, or
+(SQLite) a value stored as a BLOB, so that it is stored as one again. PostgreSQL instants are given
+as their text in UTC and ISO style (``10000-01-01 00:00:00+00``, ``infinity``).
+
+``import`` writes an entry so marked as stored, without judging it: values of the right type for
+their column, ``raw`` columns as given (SQLite: text as text, hex as a BLOB; PostgreSQL: cast to
+the column's type). The marker is the file's word that this is a stored row, nothing more: the
+manager and the API judge the row again when they read it. What a backend cannot hold at all
+(bytes that are not UTF-8, a NUL character, a ``raw`` boolean or non-JSON text on PostgreSQL) is
+refused, naming the entry and the field, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, DateTime, LargeBinary, Text, cast, func, literal, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from periodic_manager.config import canonical_json
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import PeriodicJob
+from periodic_manager.errors import ConfigError
+
+MARK = "invalid"
+RAW = "raw"
+# The columns a stored row may give in ``raw`` (the columns people see; the id and effective_at
+# are the database's own).
+COLUMNS = (
+    "name", "spec", "task_type", "timezone", "payload", "options", "enabled", "description",
+    "anchor", "created_at", "updated_at",
+)  # fmt: skip
+INSTANTS = ("anchor", "created_at", "updated_at")
+JSON_COLUMNS = ("payload", "options")
+TEXTS = ("name", "spec", "task_type", "timezone", "description")
+
+# A stored value as files carry it: its bytes, and whether SQLite holds it as a BLOB.
+Raw = tuple[bytes, bool]
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def extras(sqlite: bool) -> list[ColumnElement[Any]]:
+    """Columns read beside :func:`dbrows.columns` to give each column's stored form: SQLite, the
+    storage class of each column (a BLOB stays a BLOB); PostgreSQL, the text of each instant (the
+    judge reads epoch seconds, which cannot be written back exactly)."""
+    t = PeriodicJob.__table__.c
+    if sqlite:
+        return [func.typeof(t[c]).label(f"typeof_{c}") for c in COLUMNS]
+    return [cast(t[c], Text).label(f"text_{c}") for c in INSTANTS]
+
+
+async def prepare(conn: AsyncConnection, sqlite: bool) -> None:
+    """Fix how PostgreSQL writes instants as text for this transaction (UTC, ISO style), so the
+    same stored instant always reads as the same text."""
+    if not sqlite:
+        await conn.execute(text("SET LOCAL TimeZone = 'UTC'"))
+        await conn.execute(text("SET LOCAL DateStyle = 'ISO, YMD'"))
+
+
+@dataclass(slots=True)
+class StoredRow:
+    """A row as :func:`dbrows.view` shows it, and each column's stored form (:meth:`raw`)."""
+
+    view: dbrows.RowView
+    more: tuple[Any, ...]  # the values of extras(), in order
+    sqlite: bool
+
+    def raw(self, column: str) -> Raw | None:
+        """The stored form of ``column`` (None: SQL NULL)."""
+        value = self.view.raw[dbrows.FIELDS.index(column)]
+        if value is None:
+            return None
+        if self.sqlite:
+            return bytes(value), self.more[COLUMNS.index(column)] == "blob"
+        if column in INSTANTS:
+            value = self.more[INSTANTS.index(column)]
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        return str(value).encode(), False
+
+    def identity(self) -> tuple[str, Any]:
+        """What names the row in a file: its name, or the bytes of a name that is not text."""
+        name = self.view.values["name"]
+        if name is not None:
+            return "name", name
+        stored = self.raw("name")
+        return "raw", stored[0] if stored is not None else None
+
+
+def file_form(raw: Raw) -> str | dict[str, str]:
+    """How a file carries a stored value: its text, or ``{"hex": ...}``."""
+    data, blob = raw
+    if not blob:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return {"hex": data.hex()}
+
+
+def shown(raw: Raw) -> str:
+    """A stored value in an import's plan: ``<raw 'text'>`` or ``<raw hex ...>``."""
+    form = file_form(raw)
+    return f"<raw {form!r}>" if isinstance(form, str) else f"<raw hex {form['hex']}>"
+
+
+# -- checking an entry ----------------------------------------------------------------------------
+
+
+def parse_raw(column: str, value: Any) -> Raw:
+    """A ``raw`` value of a file, or ConfigError naming ``raw.<column>``."""
+    where = f"{RAW}.{column}"
+    if column not in COLUMNS:
+        raise ConfigError(where, f"not a column a file may give as stored ({', '.join(COLUMNS)})")
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-8"), False
+        except UnicodeEncodeError:
+            raise ConfigError(where, "must be valid Unicode (unpaired surrogate)") from None
+    if isinstance(value, dict) and set(value) == {"hex"} and isinstance(value["hex"], str):
+        try:
+            return bytes.fromhex(value["hex"]), True
+        except ValueError:
+            raise ConfigError(where, "hex: must be pairs of hexadecimal digits") from None
+    raise ConfigError(where, 'must be the stored text, or {"hex": "<bytes in hexadecimal>"}')
+
+
+def identity(entry: dict[str, Any]) -> tuple[str, Any]:
+    """What names an entry: its ``name``, or the stored bytes of a name given in ``raw`` (as text
+    when they are text, so it matches the row it was read from)."""
+    if "name" in entry:
+        return "name", entry["name"]
+    data, _ = entry[RAW]["name"]
+    try:
+        return "name", data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "raw", data
+
+
+def check_json_value(field: str, value: Any) -> None:
+    """A value a JSON column can hold (no NaN, nothing but JSON types), however odd."""
+    try:
+        canonical_json(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(field, f"must be a JSON value: {exc}") from None
+
+
+def check_storable(entry: dict[str, Any], sqlite: bool) -> None:
+    """Refuse what the backend cannot hold (ConfigError naming the field): everything SQLite
+    stores goes; PostgreSQL holds UTF-8 text without NUL, JSON in jsonb, booleans, and texts no
+    longer than their columns."""
+    if sqlite:
+        return
+    for column, (data, blob) in entry.get(RAW, {}).items():
+        where = f"{RAW}.{column}"
+        if blob:
+            raise ConfigError(
+                where, "bytes given in hex cannot be stored in PostgreSQL (UTF-8 text)"
+            )
+        try:
+            stored = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(where, "not UTF-8, which PostgreSQL cannot store") from None
+        if column == "enabled":
+            raise ConfigError(where, "a PostgreSQL boolean holds only true or false")
+        if "\x00" in stored or (column in JSON_COLUMNS and "\\u0000" in stored):
+            raise ConfigError(where, "PostgreSQL cannot store NUL characters")
+        if column in JSON_COLUMNS and not _json_text(stored):
+            raise ConfigError(where, "not JSON, which a PostgreSQL jsonb column cannot hold")
+        _check_length(column, stored, where)
+    for column in TEXTS:
+        value = entry.get(column)
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ConfigError(column, "PostgreSQL cannot store NUL characters")
+            _check_length(column, value, column)
+    for column in JSON_COLUMNS:
+        if column in entry and "\\u0000" in canonical_json(entry[column]):
+            raise ConfigError(column, "PostgreSQL cannot store NUL characters")
+
+
+def _check_length(column: str, value: str, where: str) -> None:
+    limit = getattr(PeriodicJob.__table__.c[column].type, "length", None)
+    if limit is not None and len(value) > limit:
+        raise ConfigError(where, f"longer than the column's {limit} characters")
+
+
+def _json_text(stored: str) -> bool:
+    """Whether ``stored`` is JSON text as PostgreSQL reads it: numbers of any length, no NaN or
+    Infinity. Too deep for Python to tell: left to the database."""
+    try:
+        json.loads(stored, parse_int=str, parse_float=str, parse_constant=_no_constant)
+    except RecursionError:
+        return True
+    except ValueError:
+        return False
+    return True
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+def bind(column: str, raw: Raw, sqlite: bool) -> ColumnElement[Any]:
+    """The SQL value that stores ``raw`` in ``column`` as it was stored: past the column's type
+    (no JSON encoding, no instant conversion)."""
+    data, blob = raw
+    if sqlite:
+        # A BLOB stays a BLOB; text is stored as text (and gets the column's affinity, as it did
+        # where it was read).
+        return literal(data, LargeBinary) if blob else literal(data.decode("utf-8"), Text)
+    stored = literal(data.decode("utf-8"), Text)
+    if column in JSON_COLUMNS:
+        return cast(stored, JSONB)
+    if column in INSTANTS:
+        return cast(stored, DateTime(timezone=True))
+    return stored
+
+
+def written(values: dict[str, Any], entry: dict[str, Any], sqlite: bool) -> dict[str, Any]:
+    """``values`` with the columns ``entry`` gives in ``raw`` bound as stored."""
+    return {**values, **{c: bind(c, r, sqlite) for c, r in raws_of(entry).items()}}
+
+
+def raws_of(entry: dict[str, Any]) -> dict[str, Raw]:
+    """The columns an entry gives as stored (none for an entry that is not marked)."""
+    out: dict[str, Raw] = entry.get(RAW, {})
+    return out

@@ -1,0 +1,114 @@
+"""``pm_last_good`` on PostgreSQL and SQLite: the last good versions of rows that turned bad
+(see :mod:`periodic_manager.last_good`). ``DatabaseRuntimeStore`` offers these as its methods.
+
+Versions are read back raw, column by column, exactly as rows of ``periodic_jobs`` are
+(:func:`periodic_manager.db.rows.column`), so the row judge takes them as it takes a row: whatever
+the table holds, reading it cannot fail and using it needs the judge's word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import LargeBinary, bindparam, case, cast, delete, or_, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import LastGood
+from periodic_manager.last_good import LastGoodVersion, StoredVersion
+
+_T = LastGood.__table__
+_CHUNK = 500  # keys per IN (...) list
+# The columns of a version in the order the row judge reads a row's content (then effective_at).
+_JUDGED = (*dbrows.CONTENT, "effective_at")
+
+
+def _values(v: LastGoodVersion) -> dict[str, Any]:
+    return {
+        "schedule_key": v.schedule_key,
+        "name": v.name,
+        "spec": v.spec,
+        "timezone": v.timezone,
+        "anchor": v.anchor,
+        "task_type": v.task_type,
+        "payload": v.payload_json,
+        "options": v.options_json,
+        "effective_at": v.effective_at,
+        "content_hash": v.content_hash,
+        "row_revision": v.row_revision,
+        "bad_revision": v.bad_revision,
+        "since": v.since,
+        "manager_id": v.manager_id,
+    }
+
+
+async def save(engine: AsyncEngine, insert: Callable[[Any], Any], versions: Sequence[LastGoodVersion]) -> None:
+    """Upsert ``versions`` (``insert``: the dialect's insert with ON CONFLICT). A stored version
+    seen bad at a later revision stays (a manager with an older view must not overwrite it); the
+    same content keeps its ``since``."""
+    if not versions:
+        return
+    stmt = insert(LastGood)
+    new = stmt.excluded
+    t = _T.c
+    set_ = {c.name: new[c.name] for c in _T.c if c.name not in ("schedule_key", "since")}
+    set_["since"] = case((t.content_hash == new.content_hash, t.since), else_=new.since)
+    newer = or_(t.bad_revision.is_(None), new.bad_revision.is_(None), new.bad_revision >= t.bad_revision)
+    stmt = stmt.on_conflict_do_update(index_elements=[t.schedule_key], set_=set_, where=newer)
+    async with engine.begin() as conn:
+        await conn.execute(stmt, [_values(v) for v in versions])
+
+
+async def index(engine: AsyncEngine) -> dict[str, int | None]:
+    sqlite = engine.dialect.name == "sqlite"
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(_key(sqlite), _T.c.bad_revision))).all()
+    return {_text(key): _revision(rev) for key, rev in rows}
+
+
+async def load(engine: AsyncEngine, keys: Sequence[str]) -> list[StoredVersion]:
+    sqlite = engine.dialect.name == "sqlite"
+    query = select(
+        _key(sqlite),
+        *(dbrows.column(sqlite, name, _T) for name in _JUDGED),
+        dbrows.raw_instant(sqlite, _T.c.since),
+        _T.c.bad_revision,
+    ).where(_T.c.schedule_key.in_(bindparam("keys", expanding=True)))
+    out: list[StoredVersion] = []
+    async with engine.connect() as conn:
+        for i in range(0, len(keys), _CHUNK):
+            for row in (await conn.execute(query, {"keys": list(keys[i : i + _CHUNK])})).all():
+                key, *raw, since, bad = row
+                out.append(
+                    StoredVersion(
+                        schedule_key=_text(key),
+                        raw=tuple(raw),
+                        since=dbrows.instant_or_none(sqlite, since),
+                        bad_revision=_revision(bad),
+                    )
+                )
+    return out
+
+
+def _key(sqlite: bool) -> Any:
+    # SQLite: the stored bytes (text that is not UTF-8 would fail the whole read).
+    return cast(_T.c.schedule_key, LargeBinary) if sqlite else _T.c.schedule_key
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _revision(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+async def forget(engine: AsyncEngine, keys: Sequence[str], revision: int | None) -> None:
+    stale = _T.c.schedule_key.in_(bindparam("keys", expanding=True))
+    if revision is not None:
+        stale = stale & or_(_T.c.bad_revision.is_(None), _T.c.bad_revision <= revision)
+    stmt = delete(LastGood).where(stale)
+    async with engine.begin() as conn:
+        for i in range(0, len(keys), _CHUNK):
+            await conn.execute(stmt, {"keys": list(keys[i : i + _CHUNK])})

@@ -1,0 +1,299 @@
+"""The last good version of a row that turned bad, kept until the row is fixed or deleted, across
+restarts and takeovers.
+
+When a row a manager holds a good entry for turns bad, the sync keeps that entry running (nothing
+is lost) and the :class:`LastGoodKeeper` stores it in the runtime store (``pm_last_good``), with
+the revision at which the row was seen bad and since when it is kept. A manager that starts or
+takes over (standbys sync too) and finds the row bad, with no entry of its own for it, reads the
+stored version back, judges it like any row (it is data: nothing in it is trusted) and registers
+it; the row error it publishes says that the last good version keeps running, and since when.
+
+The stored version is forgotten when a sync sees the row good again, disabled or deleted. Several
+managers read and write the same store, so a manager forgets only what its own view shows is
+over: the row was seen not bad at a revision at least the one at which it was seen bad (a
+standby whose sync read the row just before it turned bad leaves the version alone).
+
+Store failures are logged and retried (a save at the next sync, a forget at the next full
+reconcile); they never fail a sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from periodic_manager.config import UNKNOWN_START, PeriodicTaskConfig, content_hash, ident_of
+from periodic_manager.providers.base import ChangeSet, RowError
+from periodic_manager.publishing import EntryPublisher
+
+log = logging.getLogger(__name__)
+
+SAVE_SLICE = 1000  # versions per store call (a bulk UPDATE may turn 100,000 rows bad at once)
+Judge = Callable[[Sequence[Any]], PeriodicTaskConfig | RowError]
+
+
+@dataclass(frozen=True, slots=True)
+class LastGoodVersion:
+    """A version to store: the entry's content, and when and at which revision the row was bad."""
+
+    schedule_key: str
+    name: str
+    spec: str
+    timezone: str
+    anchor: datetime | None
+    task_type: str
+    payload_json: str
+    options_json: str
+    effective_at: datetime | None
+    content_hash: str
+    row_revision: int | None  # the revision of the good row it was read from
+    bad_revision: int | None  # the revision at which the row was seen bad
+    since: datetime
+    manager_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVersion:
+    """A version read back, untrusted: ``raw`` holds its content columns in the raw form of a
+    ``periodic_jobs`` row (``dbrows.CONTENT`` then ``effective_at``), for the row judge."""
+
+    schedule_key: str
+    raw: tuple[Any, ...]
+    since: datetime | None  # None: unreadable
+    bad_revision: int | None
+
+
+class LastGoodStore(Protocol):
+    """What a runtime store offers to keep last good versions (``DatabaseRuntimeStore`` does)."""
+
+    async def save_last_good(self, versions: Sequence[LastGoodVersion]) -> None:
+        """Insert or replace each version, unless the stored one was seen bad at a later
+        revision; an unchanged content keeps its ``since``."""
+        ...
+
+    async def last_good_index(self) -> dict[str, int | None]:
+        """The keys that have a stored version, each with its ``bad_revision``."""
+        ...
+
+    async def load_last_good(self, keys: Sequence[str]) -> list[StoredVersion]:
+        """The stored versions of ``keys`` (absent keys are missing)."""
+        ...
+
+    async def forget_last_good(self, keys: Sequence[str], revision: int | None) -> None:
+        """Delete the versions of ``keys`` seen bad at or before ``revision`` (None: any)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Kept:
+    digest: str  # content hash of the version that runs
+    since: datetime
+    bad_revision: int | None
+
+
+def version_of(
+    entry: PeriodicTaskConfig, err: RowError, digest: str, since: datetime, manager_id: str
+) -> LastGoodVersion:
+    effective = entry.effective_at if entry.effective_at is not UNKNOWN_START else None
+    return LastGoodVersion(
+        schedule_key=entry.key, name=entry.name, spec=entry.spec, timezone=entry.timezone,
+        anchor=entry.anchor, task_type=entry.task_type, payload_json=entry.payload_json,
+        options_json=entry.options_json, effective_at=effective, content_hash=digest,
+        row_revision=entry.revision, bad_revision=err.revision, since=since,
+        manager_id=manager_id,
+    )  # fmt: skip
+
+
+def _over(bad_revision: int | None, seen: int | None) -> bool:
+    """Whether a row seen bad at ``bad_revision`` and seen not bad in a read at revision ``seen``
+    (the change counter read before the rows) is over being bad."""
+    return bad_revision is None or seen is None or bad_revision <= seen
+
+
+class LastGoodKeeper:
+    """Keeps, stores and restores last good versions for one manager's sync (see the module)."""
+
+    def __init__(
+        self,
+        scheduler: Any,
+        publisher: EntryPublisher,
+        manager_id: str,
+        *,
+        store: LastGoodStore | None = None,
+        judge: Judge | None = None,
+        checked: Callable[[BaseException], None] = lambda exc: None,
+    ) -> None:
+        """``store``: where versions are kept across restarts (None: in memory only); ``judge``:
+        the provider's judge of a stored version (None: nothing is restored)."""
+        self.scheduler = scheduler
+        self.publisher = publisher
+        self.manager_id = manager_id
+        self.store = store
+        self.judge = judge
+        self._checked = checked
+        self.kept: dict[str, _Kept] = {}  # key -> the last good version this manager runs
+        self.stored: dict[str, int | None] = {}  # key -> bad_revision of a stored version
+        self._unsaved: dict[str, RowError] = {}  # saves that failed, retried at the next sync
+        self._looked: set[str] = set()  # bad rows without an entry whose store was looked at
+        self._refused: set[tuple[str, str]] = set()  # (key, stored reason) already logged
+
+    def since(self, key: str) -> datetime | None:
+        """Since when this manager keeps the last good version of row ``key`` running, if it does."""
+        kept = self.kept.get(key)
+        if kept is None or self.scheduler.get(key) is None:
+            return None
+        return kept.since
+
+    # -- after a sync ---------------------------------------------------------------------------
+
+    async def after_full(self, errors: Sequence[RowError], revision: int | None, now: datetime) -> None:
+        """After a full reconcile: ``errors`` are every bad row, read after ``revision``."""
+        bad = {str(e.schedule_id): e for e in errors}
+        index = await self._index()
+        if index is not None:
+            self.stored = index
+        over = [k for k, b in self.stored.items() if k not in bad and _over(b, revision)]
+        await self._forget(over, revision)
+        for key in [k for k in self.kept if k not in bad]:
+            del self.kept[key]
+        self._unsaved = {k: e for k, e in self._unsaved.items() if k in bad}
+        self._looked &= bad.keys()
+        await self._store_held(bad, now)
+        await self._restore([k for k in bad if k in self.stored and self._unheld(k)], bad, now)
+
+    async def after_changes(self, errors: Sequence[RowError], changes: ChangeSet, now: datetime) -> None:
+        """After an incremental sync: ``errors`` are the rows of ``changes`` found bad."""
+        bad = {str(e.schedule_id): e for e in errors}
+        watched = (self.stored.keys() | self.kept.keys()) - bad.keys()
+        if watched:
+            # Rows of this change set that are no longer bad: written good, disabled, deleted.
+            idents = {ident_of(k): k for k in watched}
+            over = {idents[c.ident] for c in changes.configs if c.ident in idents}
+            over.update(k for k in changes.removed if k in watched)
+            await self._forget(sorted(over), changes.revision)
+            for key in over:
+                self.kept.pop(key, None)
+                self._unsaved.pop(key, None)
+        self._looked.difference_update(changes.removed)
+        await self._store_held(bad, now)
+        # Bad rows this manager holds nothing for: once each, is a version stored (another
+        # manager may have stored one since the last full reconcile)?
+        fresh = [k for k in bad if k not in self._looked and self._unheld(k)]
+        if fresh and self.store is not None:
+            self._looked.update(fresh)
+            index = await self._index()
+            if index is not None:
+                self.stored = index
+            await self._restore([k for k in fresh if k in self.stored], bad, now)
+
+    def _unheld(self, key: str) -> bool:
+        entry = self.scheduler.get(key)
+        return entry is None or not entry.synced
+
+    async def _store_held(self, bad: Mapping[str, RowError], now: datetime) -> None:
+        """Store the entries this manager holds for rows that turned bad (again: at a new
+        revision), and retry the saves that failed."""
+        saves: list[LastGoodVersion] = []
+        errs = {**self._unsaved, **bad}
+        for key, err in errs.items():
+            entry = self.scheduler.get(key)
+            if entry is None or not entry.synced:
+                self._unsaved.pop(key, None)
+                continue
+            kept = self.kept.get(key)
+            if kept is not None and kept.bad_revision == err.revision and key not in self._unsaved:
+                continue  # stored already, as it is
+            digest = content_hash(entry)
+            since = kept.since if kept is not None and kept.digest == digest else now
+            self.kept[key] = _Kept(digest, since, err.revision)
+            saves.append(version_of(entry, err, digest, since, self.manager_id))
+        await self._save(saves, errs)
+
+    # -- the store --------------------------------------------------------------------------------
+
+    async def _save(self, versions: Sequence[LastGoodVersion], errs: Mapping[str, RowError]) -> None:
+        if self.store is None or not versions:
+            return
+        for i in range(0, len(versions), SAVE_SLICE):
+            part = versions[i : i + SAVE_SLICE]
+            try:
+                await self.store.save_last_good(part)
+            except Exception as exc:  # kept running in memory; stored at the next sync
+                self._checked(exc)
+                log.warning("storing %d last good version(s) failed (retried): %r", len(part), exc)
+                self._unsaved.update((v.schedule_key, errs[v.schedule_key]) for v in part)
+                continue
+            for v in part:
+                self.stored[v.schedule_key] = v.bad_revision
+                self._unsaved.pop(v.schedule_key, None)
+            await asyncio.sleep(0)
+
+    async def _index(self) -> dict[str, int | None] | None:
+        if self.store is None:
+            return None
+        try:
+            return await self.store.last_good_index()
+        except Exception as exc:
+            self._checked(exc)
+            log.warning("reading the stored last good versions failed (retried): %r", exc)
+            return None
+
+    async def _forget(self, keys: Sequence[str], revision: int | None) -> None:
+        if not keys:
+            return
+        if self.store is not None:
+            try:
+                await self.store.forget_last_good(keys, revision)
+            except Exception as exc:  # the next full reconcile forgets them
+                self._checked(exc)
+                log.warning("forgetting %d last good version(s) failed: %r", len(keys), exc)
+                return
+        for key in keys:
+            self.stored.pop(key, None)
+
+    async def _restore(self, keys: Sequence[str], bad: Mapping[str, RowError], now: datetime) -> None:
+        """Run the stored versions of ``keys`` (bad rows this manager holds nothing for)."""
+        if not keys or self.store is None or self.judge is None:
+            return
+        try:
+            found = await self.store.load_last_good(keys)
+        except Exception as exc:  # the next full reconcile tries again
+            self._checked(exc)
+            log.warning("reading %d last good version(s) failed (retried): %r", len(keys), exc)
+            return
+        for stored in found:
+            err = bad.get(stored.schedule_key)
+            if err is not None and self._unheld(stored.schedule_key):
+                self._run(stored, err, now)
+
+    def _run(self, stored: StoredVersion, err: RowError, now: datetime) -> None:
+        """Judge a stored version as a row (the bad row's id, enabled) and register it if good."""
+        key = stored.schedule_key
+        assert self.judge is not None
+        verdict = self.judge((err.schedule_id, True, *stored.raw))
+        if isinstance(verdict, RowError):
+            if (key, verdict.message) not in self._refused:
+                self._refused.add((key, verdict.message))
+                log.error(
+                    "the stored last good version of schedule row %s (%s) cannot be used either: %s",
+                    key, err.name, verdict.message, extra={"schedule_id": key},
+                )  # fmt: skip
+            return
+        try:
+            entry = self.scheduler.register(verdict, synced=True, now=now)
+        except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
+            self._checked(exc)
+            log.error("the stored last good version of schedule row %s cannot be scheduled: %s", key, exc)
+            return
+        self.publisher.upsert(entry)
+        since = stored.since or now
+        self.kept[key] = _Kept(content_hash(entry), since, stored.bad_revision)
+        self.stored[key] = stored.bad_revision
+        log.warning(
+            "schedule row %s (%s) is unusable (%s); its last good version, kept since %s, runs instead",
+            key, err.name, err.message, since.isoformat(), extra={"schedule": entry.name, "schedule_id": key},
+        )  # fmt: skip
