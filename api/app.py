@@ -21,6 +21,7 @@ from periodic_manager.api.guard import (
     ANY_HOST_PATHS,
     SAFE_METHODS,
     BrowserGuard,
+    NoFraming,
     warn_if_unreachable_by_name,
 )
 from periodic_manager.api.limits import BodyLimit, HeadAsGet
@@ -96,13 +97,14 @@ def create_app(
     app.state.settings = settings
     app.state.clock = clock if clock is not None else SystemClock()
     install_error_handlers(app)
-    # Outermost last: BrowserGuard (Host, cross-site, JSON bodies) -> BodyLimit -> HeadAsGet ->
-    # BearerAuth -> routes. The browser checks come before auth: a rebinding page must not even
-    # learn whether a token is needed.
+    # Outermost last: NoFraming (every HTML answer, whoever makes it) -> BrowserGuard (Host,
+    # cross-site, JSON bodies) -> BodyLimit -> HeadAsGet -> BearerAuth -> routes. The browser
+    # checks come before auth: a rebinding page must not even learn whether a token is needed.
     app.add_middleware(BearerAuth, settings=settings)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuard, settings=settings)
+    app.add_middleware(NoFraming)
     for module in (schedules, runs, entries, managers, cron, health, docs, views):
         app.include_router(module.router)
     app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
