@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import delete, insert
+from sqlalchemy import delete, insert, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
@@ -140,9 +140,26 @@ async def test_list_is_sorted_by_next_slot_then_unusable_then_paused(
             )
         ).scalar_one()
 
+        # Rows whose spec is fine but that no manager can use either: they have no next slot
+        # and sort with the unusable rows, not first by their every-minute spec.
+        broken = [
+            (
+                await conn.execute(
+                    insert(PeriodicJob)
+                    .values(name=name, spec="* * * * *", created_at=T0, updated_at=T0, **fields)
+                    .returning(PeriodicJob.id)
+                )
+            ).scalar_one()
+            for name, fields in (
+                ("f.no-type", {"task_type": " "}),
+                ("g.bad-option", {"task_type": "t", "options": {"retries": 3}}),
+            )
+        ]
     page = (await client.get("/views/schedules")).json()
-    assert [i["id"] for i in page["items"]] == [minute, hourly, daily, bad, paused]
-    assert page["total"] == 5 and page["sort"] == "next"
+    assert [i["id"] for i in page["items"]] == [minute, hourly, daily, bad, *broken, paused]
+    assert page["total"] == 7 and page["sort"] == "next"
+    for item in page["items"][3:6]:
+        assert item["next"] is None and item["error"], item
     by_id = {i["id"]: i for i in page["items"]}
     assert by_id[minute]["next"]["at"] == "2026-03-01T12:01:00Z"
     assert by_id[daily]["next"] == {
@@ -156,9 +173,18 @@ async def test_list_is_sorted_by_next_slot_then_unusable_then_paused(
 
     second = (await client.get("/views/schedules", params={"limit": 2, "offset": 2})).json()
     assert [i["id"] for i in second["items"]] == [daily, bad]
-    assert second["total"] == 5
+    assert second["total"] == 7
     by_name = (await client.get("/views/schedules", params={"sort": "name"})).json()
     assert [i["name"] for i in by_name["items"]] == sorted(i["name"] for i in page["items"])
+
+    # The order follows edits: a repaired row takes its slot, a broken one leaves its place.
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(PeriodicJob).where(PeriodicJob.id == broken[0]).values(task_type="t")
+        )
+        await conn.execute(update(PeriodicJob).where(PeriodicJob.id == minute).values(options=[1]))
+    after = (await client.get("/views/schedules")).json()["items"]
+    assert [i["id"] for i in after] == [broken[0], hourly, daily, minute, bad, broken[1], paused]
 
 
 async def test_list_filters_by_prefix_type_queue_state_and_error(
