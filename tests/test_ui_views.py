@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, insert, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
@@ -353,6 +353,42 @@ async def test_slots_of_an_unusable_row_say_why(
 
 
 # -- overview -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL's boolean holds true or false only
+async def test_each_count_is_the_total_of_the_list_it_links_to(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    """A row whose ``enabled`` SQL set to 'yes' is neither enabled nor paused: a row error, shown
+    as one, after the usable rows, and "in error" once a live manager reports it."""
+    await create(client, "on", "* * * * *")
+    await create(client, "off", "* * * * *", enabled=False)
+    async with engine.begin() as conn:
+        odd = (
+            await conn.execute(
+                text(
+                    "INSERT INTO periodic_jobs (name, spec, timezone, task_type, enabled, "
+                    "created_at, updated_at) VALUES ('odd', '* * * * *', 'UTC', 't', 'yes', "
+                    "'2026-03-01 12:00:00', '2026-03-01 12:00:00') RETURNING id"
+                )
+            )
+        ).scalar_one()
+
+    async def total(**params: str) -> int:
+        return int((await client.get("/views/schedules", params=params)).json()["total"])
+
+    async def counts() -> dict[str, int]:
+        return dict((await client.get("/views/overview")).json()["counts"])
+
+    assert await counts() == {"schedules": 3, "enabled": 1, "paused": 1, "in_error": 0}
+    assert (await total(enabled="true"), await total(enabled="false")) == (1, 1)
+    items = (await client.get("/views/schedules")).json()["items"]
+    assert [i["name"] for i in items] == ["on", "odd", "off"]
+    assert items[1]["enabled"] is None and items[1]["error"].startswith("enabled: must be true")
+    await live_manager(engine)
+    await add_entry(engine, str(odd), "error", last_error=items[1]["error"])
+    assert await counts() == {"schedules": 3, "enabled": 1, "paused": 1, "in_error": 1}
+    assert await total(in_error="true") == 1
 
 
 async def test_overview_counts_series_and_exact_percentiles(

@@ -4,7 +4,7 @@
 import { api, getJson, problemText, statusText } from "./api.js";
 import {
   badge, canWrite, confirmDialog, flashNext, h, json, local, mount, ms, pageParam, pager, setTitle,
-  statusBadge, table, utc,
+  stateBadge, statusBadge, table, utc,
 } from "./dom.js";
 
 const RUNS_LIMIT = 20;
@@ -20,7 +20,7 @@ function config(s) {
     ["Queue", s.options && typeof s.options === "object" && !Array.isArray(s.options) ? s.options.queue || "default" : "—"],
     ["Payload", json(s.payload)],
     ["Options", json(s.options)],
-    ["State", s.enabled ? badge("enabled", "ok") : badge("paused", "muted")],
+    ["State", stateBadge(s.enabled)],
     ["Description", s.description || "—"],
     ["Created", utc(s.created_at)],
     ["Updated", utc(s.updated_at)],
@@ -192,7 +192,7 @@ export async function schedulePage(id, ready = null, keep = null) {
   }
   mount(
     h("p", { class: "crumbs" }, h("a", { href: "/ui/schedules" }, "Schedules"), " / ", s.name),
-    h("div", { class: "heading" }, h("h1", {}, s.name), s.enabled ? badge("enabled", "ok") : badge("paused", "muted"),
+    h("div", { class: "heading" }, h("h1", {}, s.name), stateBadge(s.enabled),
       (s.errors || []).length ? badge("error", "bad") : null),
     bar,
     rowErrors(s),
