@@ -106,6 +106,13 @@ class ScheduleError(BaseModel):
     reason: str
     message: str = Field(description="`<field>: <reason>`", examples=["spec: minute: ..."])
     manager_id: str | None = Field(description="the reporting manager (source `manager`)")
+    stored: str | None = Field(
+        None,
+        description="`payload` or `options` shown as null or {} although the column holds text "
+        "(not JSON, not an object, ...): that text as stored, to see what to repair (null when "
+        "it is not UTF-8 or longer than 65,536 bytes)",
+        examples=["[1, 2]"],
+    )
 
 
 ERRORS_DOC = (

@@ -525,7 +525,7 @@ async def test_entries_show_live_managers_only(
     assert bad.status_code == 200, bad.text
     # Options that are no object are shown as {}; the API's own judgement of the row comes
     # first (the first bad field a manager meets: options before spec), then the live manager's
-    # report (this test's fake manager names the spec).
+    # report (this test's fake manager names the spec). The error shows what is stored.
     assert bad.json()["next_runs"] == [] and bad.json()["options"] == {}
     own, from_manager = bad.json()["errors"]
     assert own == {
@@ -534,6 +534,7 @@ async def test_entries_show_live_managers_only(
         "reason": "must be a JSON object",
         "message": "options: must be a JSON object",
         "manager_id": None,
+        "stored": "[1]",
     }
     assert from_manager == {
         "source": "manager",
@@ -541,6 +542,7 @@ async def test_entries_show_live_managers_only(
         "reason": "syntax: not cron",
         "message": "spec: syntax: not cron",
         "manager_id": "live",
+        "stored": None,
     }
 
     # One second later the live manager has also missed three heartbeats.
@@ -647,3 +649,4 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
         "/views/zones",
     }
     assert "HTTPValidationError" not in spec["components"]["schemas"]
+

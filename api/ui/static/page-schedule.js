@@ -10,16 +10,26 @@ import {
 const RUNS_LIMIT = 20;
 const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "held", "failed", "duplicate"];
 
+// A payload or options the API shows as null or {} because they cannot be used as they are
+// (not JSON, not an object, ...): the stored text, when the API sends it, is what to repair.
+function column(s, field, value) {
+  const bad = (s.errors || []).find((e) => e.field === field && typeof e.stored === "string");
+  if (!bad) return json(value);
+  return h("div", {}, h("pre", { class: "json stored", id: `stored-${field}` }, bad.stored),
+    h("div", { class: "sub" }, `as stored; unusable: ${bad.reason}`));
+}
+
 function config(s) {
+  const options = s.options && typeof s.options === "object" && !Array.isArray(s.options) ? s.options : null;
   const rows = [
     ["Name", s.name],
     ["Spec", h("code", {}, s.spec)],
     ["Zone", s.timezone],
     ["Anchor", s.anchor ? utc(s.anchor) : "—"],
     ["Task type", s.task_type],
-    ["Queue", s.options && typeof s.options === "object" && !Array.isArray(s.options) ? s.options.queue || "default" : "—"],
-    ["Payload", json(s.payload)],
-    ["Options", json(s.options)],
+    ["Queue", options && (s.errors || []).every((e) => e.field !== "options") ? options.queue || "default" : "—"],
+    ["Payload", column(s, "payload", s.payload)],
+    ["Options", column(s, "options", s.options)],
     ["State", stateBadge(s.enabled)],
     ["Description", s.description || "—"],
     ["Created", utc(s.created_at)],
