@@ -650,3 +650,15 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
     }
     assert "HTTPValidationError" not in spec["components"]["schemas"]
 
+
+async def test_names_and_queues_are_ascii_and_the_error_says_so(client: httpx.AsyncClient) -> None:
+    """``é`` is a letter, but not one a name or a queue may hold: the reason says ASCII."""
+    for fields, field in (
+        ({"name": "café.daily"}, "name"),
+        ({"name": "cafe.daily", "options": {"queue": "réports"}}, "options.queue"),
+    ):
+        r = await client.post("/schedules", json={"spec": "@daily", "task_type": "t", **fields})
+        assert r.status_code == 422, r.text
+        [error] = r.json()["errors"]
+        assert error["field"] == field, error
+        assert "an ASCII letter or digit, then ASCII letters, digits" in error["reason"], error

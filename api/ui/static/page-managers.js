@@ -22,7 +22,7 @@ function entryRows(items) {
   return items.map((e) => [
     e.schedule_id ? h("a", { href: `/ui/schedules/${e.schedule_id}` }, e.name || e.schedule_key) : e.name || e.schedule_key,
     e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
-    e.spec ? h("code", {}, e.spec) : "—",
+    e.spec ? h("code", { class: "spec", title: e.spec }, e.spec) : "—",
     e.timezone || "—",
     h("code", { title: e.hash }, e.hash.slice(0, 12)),
     h("code", {}, e.manager_id),

@@ -49,7 +49,7 @@ function row(item, now) {
     : h("span", { class: "sub" }, "no run yet");
   return [
     h("a", { href: `/ui/schedules/${item.id}`, class: "name" }, item.name),
-    h("div", {}, h("code", {}, item.spec), item.description ? h("div", { class: "sub" }, item.description) : null),
+    h("div", {}, h("code", { class: "spec", title: item.spec }, item.spec), item.description ? h("div", { class: "sub" }, item.description) : null),
     item.timezone,
     next,
     last,
