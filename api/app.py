@@ -21,6 +21,7 @@ from periodic_manager.api.guard import (
     ANY_HOST_PATHS,
     SAFE_METHODS,
     BrowserGuard,
+    NoFraming,
     warn_if_unreachable_by_name,
 )
 from periodic_manager.api.limits import BodyLimit, HeadAsGet
@@ -36,6 +37,7 @@ from periodic_manager.api.routes import (
 )
 from periodic_manager.api.schemas import Problem
 from periodic_manager.api.ui.shell import ui_router
+from periodic_manager.api.unsent import UnsentAnswers
 from periodic_manager.clock import Clock, SystemClock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings
@@ -96,13 +98,16 @@ def create_app(
     app.state.settings = settings
     app.state.clock = clock if clock is not None else SystemClock()
     install_error_handlers(app)
-    # Outermost last: BrowserGuard (Host, cross-site, JSON bodies) -> BodyLimit -> HeadAsGet ->
-    # BearerAuth -> routes. The browser checks come before auth: a rebinding page must not even
-    # learn whether a token is needed.
+    # Outermost last: UnsentAnswers (an answer the server refused because it already answered a
+    # malformed request) -> NoFraming (every HTML answer, whoever makes it) -> BrowserGuard (Host,
+    # cross-site, JSON bodies) -> BodyLimit -> HeadAsGet -> BearerAuth -> routes. The browser
+    # checks come before auth: a rebinding page must not even learn whether a token is needed.
     app.add_middleware(BearerAuth, settings=settings)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuard, settings=settings)
+    app.add_middleware(NoFraming)
+    app.add_middleware(UnsentAnswers)
     for module in (schedules, runs, entries, managers, cron, health, docs, views):
         app.include_router(module.router)
     app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui

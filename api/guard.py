@@ -13,6 +13,11 @@ requests at it. Two attacks need no preflight and are refused here, before authe
   browser says it comes from another site (``Sec-Fetch-Site`` other than ``same-origin`` or
   ``none``, or an ``Origin`` that is not this server's), and with 415 when it carries a body
   whose type is not JSON. Non-browser clients (curl, SDKs) send neither header and pass.
+
+A third needs no request from the page at all: **framing** (clickjacking). A page shows the
+dashboard or Swagger UI in an invisible frame and lures the user into clicking its buttons
+(*Delete*, *Try it out*). :class:`NoFraming` marks every HTML response, whatever route made it,
+``X-Frame-Options: DENY`` and CSP ``frame-ancestors 'none'``, so no browser shows it in a frame.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import logging
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from periodic_manager.api.errors import problem_response
 from periodic_manager.settings import Settings
@@ -34,6 +39,7 @@ ANY_HOST_PATHS = frozenset({"/healthz", "/readyz"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
 DEFAULT_PORTS = {"http": 80, "https": 443}
+NO_FRAMES = b"frame-ancestors 'none'"
 
 
 def split_host(value: str) -> tuple[str, int | None]:
@@ -163,6 +169,45 @@ class BrowserGuard:
                 f"a request body must be JSON (Content-Type: application/json), got {given}",
             )
         return None
+
+
+class NoFraming:
+    """ASGI middleware: every ``text/html`` response gets ``X-Frame-Options: DENY`` (older
+    browsers) and ``frame-ancestors 'none'`` in its Content-Security-Policy (added to a page's
+    own policy, or as the whole policy when the page has none)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def framing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": no_framing(message.get("headers", ()))}
+            await send(message)
+
+        await self.app(scope, receive, framing_send)
+
+
+def no_framing(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` of a response, with the framing refusal added if it is HTML."""
+    out = list(headers)
+    kind = next((v for k, v in out if k.lower() == b"content-type"), b"")
+    if kind.split(b";", 1)[0].strip().lower() != b"text/html":
+        return out
+    if not any(k.lower() == b"x-frame-options" for k, _ in out):
+        out.append((b"x-frame-options", b"DENY"))
+    policies = [i for i, (k, _) in enumerate(out) if k.lower() == b"content-security-policy"]
+    if not any(b"frame-ancestors" in out[i][1].lower() for i in policies):
+        if policies:  # one policy that says everything, rather than two to read together
+            i = policies[0]
+            out[i] = (out[i][0], out[i][1].rstrip(b"; ") + b"; " + NO_FRAMES)
+        else:
+            out.append((b"content-security-policy", NO_FRAMES))
+    return out
 
 
 def warn_if_unreachable_by_name(settings: Settings) -> bool:

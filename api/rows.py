@@ -20,6 +20,7 @@ from periodic_manager import cron
 from periodic_manager.api.errors import ApiProblem, config_error_item
 from periodic_manager.api.schemas import Schedule, ScheduleError, ScheduleWithRuns
 from periodic_manager.config import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
     TOO_LARGE,
     PeriodicTaskConfig,
     canonical_json,
@@ -230,9 +231,35 @@ def next_slot(
 
 def api_errors(v: dbrows.RowView) -> list[ScheduleError]:
     return [
-        ScheduleError(source="api", field=f, reason=r, message=f"{f}: {r}", manager_id=None)
+        ScheduleError(
+            source="api", field=f, reason=r, message=f"{f}: {r}", manager_id=None,
+            stored=stored_text(v, f),
+        )
         for f, r in v.errors
     ]
+
+
+STORED_MAX_BYTES = DEFAULT_MAX_PAYLOAD_BYTES  # what an error shows of a column as stored
+
+
+def stored_text(v: dbrows.RowView, field: str) -> str | None:
+    """The stored text of ``payload`` or ``options`` when the body cannot show it (null, or {}
+    for options) although it is text: what is there is what needs repairing. None for any other
+    field, and for text that is not UTF-8 or longer than :data:`STORED_MAX_BYTES`."""
+    if field not in ("payload", "options") or field not in v.unreadable:
+        return None
+    index = dbrows.FIELDS.index(field)
+    raw = v.raw[index] if index < len(v.raw) else None
+    if isinstance(raw, bytes):  # SQLite: the stored bytes
+        if len(raw) > STORED_MAX_BYTES:
+            return None
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(raw, str) or len(raw.encode()) > STORED_MAX_BYTES:
+        return None
+    return raw
 
 
 def schedule_body(v: dbrows.RowView) -> dict[str, Any]:

@@ -112,6 +112,13 @@ class ScheduleError(BaseModel):
         "(until the row is fixed, paused or deleted; across restarts), kept since this instant; "
         "null: no version of the row runs there",
     )
+    stored: str | None = Field(
+        None,
+        description="`payload` or `options` shown as null or {} although the column holds text "
+        "(not JSON, not an object, ...): that text as stored, to see what to repair (null when "
+        "it is not UTF-8 or longer than 65,536 bytes)",
+        examples=["[1, 2]"],
+    )
 
 
 ERRORS_DOC = (

@@ -15,6 +15,13 @@ Acknowledging after the work is also what tells the manager that a task has fini
 schedules with ``options.overlap`` skip or hold: set ``PM_REDIS_GROUP`` to this ``--group``.
 ``--work-s S`` stands in for real work (each message takes S seconds; the printed line then
 also says when the work started and finished).
+
+An idle worker waits in XREADGROUP ``BLOCK --block-ms`` (default 5 s), over and over. The client's
+own read timeout, ``--socket-timeout`` (default 10 s; redis-py 8 would otherwise apply its own
+5 s), must be longer: a read that the client gives up on first ends in a TimeoutError. Should
+that happen anyway (a block not shorter than the timeout, a slow network), it means "nothing
+yet": the worker reads again, first its own pending messages (a reply the client never read may
+have delivered some).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 def stream_key(prefix: str, queue: str) -> str:
@@ -58,7 +66,9 @@ async def ensure_group(client: aioredis.Redis, stream: str, group: str) -> None:
 
 async def consume(args: argparse.Namespace) -> int:
     stream = stream_key(args.prefix, args.queue)
-    client = aioredis.from_url(args.redis_url, decode_responses=True)
+    client = aioredis.from_url(
+        args.redis_url, decode_responses=True, socket_timeout=args.socket_timeout
+    )
     done = 0
     try:
         await ensure_group(client, stream, args.group)
@@ -66,9 +76,15 @@ async def consume(args: argparse.Namespace) -> int:
         while args.count is None or done < args.count:
             want = 100 if args.count is None else min(100, args.count - done)
             block = None if cursor == "0" else args.block_ms
-            reply = await client.xreadgroup(
-                args.group, args.consumer, {stream: cursor}, count=want, block=block
-            )
+            try:
+                reply = await client.xreadgroup(
+                    args.group, args.consumer, {stream: cursor}, count=want, block=block
+                )
+            except RedisTimeoutError:
+                # The client stopped waiting before the server's BLOCK ended: nothing yet. A
+                # reply we did not read may have delivered messages to us: read ours first.
+                cursor = "0"
+                continue
             entries = reply[0][1] if reply else []
             if cursor == "0" and not entries:
                 cursor = ">"
@@ -90,9 +106,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumer", default="worker-1")
     parser.add_argument("--prefix", default="pm")
     parser.add_argument("--count", type=int, default=None, help="stop after N messages")
-    parser.add_argument("--block-ms", type=int, default=5000, help="XREADGROUP BLOCK time")
+    parser.add_argument(
+        "--block-ms", type=int, default=5000, help="XREADGROUP BLOCK time (ms, > 0)"
+    )
+    parser.add_argument(
+        "--socket-timeout", type=float, default=10.0,
+        help="seconds the client waits for any reply; longer than the block (default 10)",
+    )
     parser.add_argument("--work-s", type=float, default=0.0, help="seconds of work per message")
     args = parser.parse_args(argv)
+    if args.block_ms <= 0:  # BLOCK 0 waits forever: every idle read would end in a timeout
+        parser.error("--block-ms: must be a positive number of milliseconds")
+    if not args.socket_timeout > 0:
+        parser.error("--socket-timeout: must be a positive number of seconds")
+    if args.block_ms / 1000 >= args.socket_timeout:
+        print(
+            f"consume_redis: warning: --block-ms {args.block_ms} is not shorter than "
+            f"--socket-timeout {args.socket_timeout:g} s: idle reads end in client-side "
+            "timeouts (survived, each costs a reconnect)",
+            file=sys.stderr, flush=True,
+        )
     try:
         return asyncio.run(consume(args))
     except KeyboardInterrupt:

@@ -94,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     subs["export"].add_argument("--format", choices=("json", "yaml", "toml"), default="json")
     health = sub.add_parser(
         "health", help="liveness of a manager: exit 1 if its probe file is stale or missing",
-        description="read <PM_PROBE_DIR>/<role>.json; exit 0 if fresh and healthy, 1 otherwise",
+        description="read <PM_PROBE_DIR>/<role>.json; exit 0 if fresh and healthy, 1 if it is "
+        "missing, unreadable, stale, written in the future (clock skew) or unhealthy",
     )
     health.add_argument("--role", choices=("manager", "run"), default="manager")
     health.add_argument("--probe-dir", default=None, help="directory of the probe file (PM_PROBE_DIR)")

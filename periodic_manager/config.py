@@ -67,7 +67,10 @@ def canonical_json(value: Any) -> str:
 
 def _check_queue(v: Any) -> None:
     if not isinstance(v, str) or not QUEUE_RE.match(v):
-        raise ValueError("must be 1-100 characters of letters, digits, '_', '.', ':' or '-'")
+        raise ValueError(
+            "must be 1-100 characters: an ASCII letter or digit, then ASCII letters, digits, "
+            "'_', '.', ':' or '-'"
+        )
 
 
 def _check_int(v: Any, high: int) -> None:
@@ -291,7 +294,8 @@ def validate_name(name: Any) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ConfigError(
             "name",
-            "must be 1-200 characters: a letter or digit, then letters, digits, '_', '.', ':', '/', '@' or '-'",
+            "must be 1-200 characters: an ASCII letter or digit, then ASCII letters, digits, "
+            "'_', '.', ':', '/', '@' or '-'",
         )
     return name
 

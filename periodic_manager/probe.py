@@ -10,7 +10,13 @@ event loop::
 A blocked or dead event loop stops the writes, so the file goes stale; a manager that reports
 itself unhealthy (a supervised loop died, ...) writes ``"status": "unhealthy"`` with the reason.
 ``periodic-manager health`` (:func:`check_probe`) reads the file and exits non-zero when it is
-missing, stale or unhealthy: an ``exec`` liveness probe for a process that serves no HTTP.
+missing, stale, written in the future or unhealthy: an ``exec`` liveness probe for a process that
+serves no HTTP. A probe ahead of the reader's clock is never "fresh": after the clock steps back a
+frozen process would otherwise look alive until the clock caught up with its last write.
+
+Only a regular file of at most :data:`MAX_PROBE_BYTES` is read: a FIFO or a link to a device in
+its place must not make the probe hang (a FIFO without a writer blocks an open for reading) or
+read without end (``/dev/zero``).
 
 **Target check.** :func:`ping_target` asks a target whether its broker answers (used by
 ``/readyz``).
@@ -21,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +44,11 @@ log = logging.getLogger(__name__)
 HealthCheck = Callable[[], str | None]
 ROLES = ("manager", "run")
 DEFAULT_MAX_AGE_S = 30.0
+# A probe written further ahead of the reader's clock than this: the clocks disagree, or the clock
+# stepped back (and a frozen writer would look fresh until it caught up). Writer and reader share
+# the host's clock, so a few seconds cover any slew.
+MAX_SKEW_S = 5.0
+MAX_PROBE_BYTES = 64 * 1024  # the file is ~150 bytes; a larger one is not ours
 
 
 def manager_health(manager: Any) -> HealthCheck:
@@ -147,19 +160,27 @@ def check_probe(
     the file states them, at least :data:`DEFAULT_MAX_AGE_S`."""
     path = probe_path(directory, role)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_probe(path).decode("utf-8"))
         at = datetime.fromisoformat(str(doc["at"]).replace("Z", "+00:00"))
         interval = float(doc.get("interval_s") or 0)
+        if not (math.isfinite(interval) and interval >= 0):
+            raise ValueError(f"'interval_s' is not a number of seconds: {interval}")
         status = str(doc.get("status"))
     except FileNotFoundError:
         return ProbeVerdict(False, f"missing: no probe file {path} (is PM_PROBE_DIR set for the {role}?)")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return ProbeVerdict(False, f"unreadable: probe file {path}: {exc}")
     if at.tzinfo is None:
         return ProbeVerdict(False, f"unreadable: probe file {path}: 'at' has no offset")
     limit = max_age_s if max_age_s is not None else max(DEFAULT_MAX_AGE_S, 3 * interval)
     age = (now - at).total_seconds()
     pid = doc.get("pid")
+    if -age > MAX_SKEW_S:
+        return ProbeVerdict(
+            False,
+            f"clock skew: {role} (pid {pid}) wrote its probe {-age:.1f} s in the future "
+            f"(max {MAX_SKEW_S:g} s): the clock stepped back, or the clocks disagree",
+        )
     if age > limit:
         return ProbeVerdict(
             False, f"stale: {role} (pid {pid}) last wrote its probe {age:.1f} s ago (max {limit:g} s)"
@@ -167,6 +188,27 @@ def check_probe(
     if status != "ok":
         return ProbeVerdict(False, f"unhealthy: {role} (pid {pid}): {doc.get('reason')}")
     return ProbeVerdict(True, f"ok: {role} (pid {pid}) wrote its probe {max(age, 0):.1f} s ago")
+
+
+def read_probe(path: Path) -> bytes:
+    """The bytes of the probe file, if it is a regular file (a link to one is followed) of at
+    most :data:`MAX_PROBE_BYTES`; ValueError otherwise, OSError when it cannot be read."""
+    _regular(os.stat(path).st_mode)  # nothing else is even opened
+    # O_NONBLOCK: should the path become a FIFO between the stat and the open, the open must
+    # not wait for a writer; what was opened is then judged again.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as file:
+        _regular(os.fstat(fd).st_mode)
+        data = file.read(MAX_PROBE_BYTES + 1)
+    if len(data) > MAX_PROBE_BYTES:
+        raise ValueError(f"larger than {MAX_PROBE_BYTES} bytes: not a probe file")
+    return data
+
+
+def _regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else None
+        raise ValueError(f"not a regular file ({kind or 'a device or socket'})")
 
 
 async def ping_target(target: Any, timeout_s: float) -> None:

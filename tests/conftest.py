@@ -2,23 +2,36 @@
 
 Tests talk to real services (PM_TEST_PG_DSN, PM_TEST_REDIS_URL; defaults: the local ones). A
 service that cannot be reached skips its tests locally, and fails them under CI=true.
+
+**Redis.** The tests use a database of their own, 15 by default (``redis://127.0.0.1:6379/15``),
+so whatever they write never lands among the keys of a local app in database 0. Every key a test
+writes contains its :func:`redis_prefix`: ``pmt``, a marker of this run, then the test's own
+part. After each test its keys are deleted, and :func:`no_stray_redis_keys` fails the run if it
+leaves any key behind: one of this run's, or one without any run's marker (a default prefix such
+as ``pm:``, kombu's ``_kombu.*``, ``celery``, ``unacked*``, arq's ``arq:*``). Keys of other runs
+sharing the Redis (they carry their own marker) and keys older than the run are left alone, so
+runs in parallel do not fail each other.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from periodic_manager.db.migrate import upgrade
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
-REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+RUN_MARKER = f"pmt{uuid.uuid4().hex[:4]}"  # in every Redis key this run's tests write
+ANY_RUN = re.compile(r"pmt[0-9a-f]{10}")  # a test prefix of any run (this one or another)
 
 
 def _unavailable(what: str, exc: BaseException) -> None:
@@ -69,9 +82,18 @@ async def db_url(empty_db_url: str) -> str:
 
 
 @pytest.fixture
-def redis_prefix() -> str:
-    """A key prefix unique to the test; every key the test makes contains it."""
-    return f"pmt{uuid.uuid4().hex[:10]}"
+def redis_prefix() -> Iterator[str]:
+    """A key prefix unique to the test; every key the test makes contains it, and every key
+    that contains it is deleted after the test (whoever wrote it: the test, a worker, a manager)."""
+    prefix = f"{RUN_MARKER}{uuid.uuid4().hex[:6]}"
+    yield prefix
+    client = _sync_redis()
+    if client is None:  # the tests that needed Redis were skipped or failed already
+        return
+    with client:
+        keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
 
 
 @pytest.fixture
@@ -85,12 +107,46 @@ async def redis_client(redis_prefix: str) -> AsyncIterator[aioredis.Redis]:
     try:
         yield client
     finally:
-        keys = [k async for k in client.scan_iter(match=f"*{redis_prefix}*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
+        await client.aclose()  # the keys go with redis_prefix
 
 
 @pytest.fixture
 def redis_url() -> Iterator[str]:
     yield REDIS_URL
+
+
+def _sync_redis() -> redis.Redis | None:
+    """A client of the test Redis, or None when it does not answer."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, socket_timeout=30)
+    try:
+        client.ping()
+    except (OSError, redis.RedisError):
+        client.close()
+        return None
+    return client
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_redis_keys() -> Iterator[None]:
+    """Fail the run when it leaves keys in the test Redis (see the module docstring): the keys
+    present at the end but not at the start that are this run's or carry no run's marker."""
+    client = _sync_redis()
+    if client is None:
+        yield
+        return
+    with client:
+        before = set(client.scan_iter(count=1000))
+        yield
+        after = set(client.scan_iter(count=1000))
+    stray = sorted(
+        key.decode(errors="replace")
+        for key in after - before
+        if RUN_MARKER.encode() in key or not ANY_RUN.search(key.decode(errors="replace"))
+    )
+    if stray:
+        shown = ", ".join(stray[:30]) + (f" ... ({len(stray)} in all)" if len(stray) > 30 else "")
+        pytest.fail(
+            f"the tests left {len(stray)} key(s) in the test Redis ({REDIS_URL}): {shown}. "
+            "A test must write only keys containing its redis_prefix (and delete what it writes).",
+            pytrace=False,
+        )

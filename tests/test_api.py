@@ -525,7 +525,7 @@ async def test_entries_show_live_managers_only(
     assert bad.status_code == 200, bad.text
     # Options that are no object are shown as {}; the API's own judgement of the row comes
     # first (the first bad field a manager meets: options before spec), then the live manager's
-    # report (this test's fake manager names the spec).
+    # report (this test's fake manager names the spec). The error shows what is stored.
     assert bad.json()["next_runs"] == [] and bad.json()["options"] == {}
     own, from_manager = bad.json()["errors"]
     assert own == {
@@ -535,6 +535,7 @@ async def test_entries_show_live_managers_only(
         "message": "options: must be a JSON object",
         "manager_id": None,
         "last_good_since": None,
+        "stored": "[1]",
     }
     assert from_manager == {
         "source": "manager",
@@ -543,6 +544,7 @@ async def test_entries_show_live_managers_only(
         "message": "spec: syntax: not cron",
         "manager_id": "live",
         "last_good_since": None,  # this fake manager runs no version of the row
+        "stored": None,
     }
 
     # One second later the live manager has also missed three heartbeats.
@@ -649,3 +651,16 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
         "/views/zones",
     }
     assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
+async def test_names_and_queues_are_ascii_and_the_error_says_so(client: httpx.AsyncClient) -> None:
+    """``é`` is a letter, but not one a name or a queue may hold: the reason says ASCII."""
+    for fields, field in (
+        ({"name": "café.daily"}, "name"),
+        ({"name": "cafe.daily", "options": {"queue": "réports"}}, "options.queue"),
+    ):
+        r = await client.post("/schedules", json={"spec": "@daily", "task_type": "t", **fields})
+        assert r.status_code == 422, r.text
+        [error] = r.json()["errors"]
+        assert error["field"] == field, error
+        assert "an ASCII letter or digit, then ASCII letters, digits" in error["reason"], error

@@ -5,6 +5,7 @@ malformed JSON, Swagger UI without a CDN)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
@@ -18,11 +19,14 @@ import anyio
 import httpx
 import pytest
 import uvicorn
+from starlette.responses import PlainTextResponse
 
+from periodic_manager.api import unsent
 from periodic_manager.api.app import create_app
 from periodic_manager.cli import bind_socket
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
+from tests.browser import Server
 
 EVIL = "https://evil.example"
 
@@ -284,3 +288,109 @@ def test_swagger_ui_loads_nothing_from_another_host(client: httpx.Client) -> Non
     assert client.get("/docs/assets/swagger-ui.js.map").status_code == 404
     assert client.get("/docs/assets/..%2F..%2F__init__.py").status_code == 404
     assert client.get("/redoc").status_code == 404
+
+
+def test_no_html_page_can_be_framed_by_another_site(client: httpx.Client, database: str) -> None:
+    """Clickjacking: every HTML answer of every GET route (found by walking the app's routes, so
+    a new page is covered too) forbids framing, by X-Frame-Options and by CSP frame-ancestors."""
+    paths = {"/ui/elsewhere", "/ui/schedules/7/edit"}  # the shell as a 404, and a deep page
+    for path in get_paths(create_app(Settings(database_url=database)).routes):
+        paths.add(re.sub(r"\{[^}]+\}", "1", path))
+    html = set()
+    for path in sorted(paths):
+        for method in ("GET", "HEAD"):
+            r = client.request(method, path)
+            if not r.headers.get("content-type", "").startswith("text/html"):
+                continue
+            html.add(path)
+            assert r.headers["x-frame-options"] == "DENY", (method, path)
+            [policy] = r.headers.get_list("content-security-policy")
+            assert policy.count("frame-ancestors") == 1 and "frame-ancestors 'none'" in policy, policy
+    assert {"/docs", "/ui", "/ui/1", "/ui/elsewhere", "/ui/schedules/7/edit"} <= html, html
+    # The dashboard keeps its own policy, with the framing rule added to it.
+    shell = client.get("/ui").headers["content-security-policy"]
+    assert shell.startswith("default-src 'none'; script-src 'self'") and shell.endswith("frame-ancestors 'none'")
+
+
+def get_paths(routes: list[Any]) -> set[str]:
+    """Paths of the GET routes, through included routers (nested in FastAPI >= 0.16x)."""
+    found = set()
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            found |= get_paths(included.routes)
+        elif "GET" in (getattr(route, "methods", None) or ()):
+            found.add(route.path)
+    return found
+
+
+def _raw_answer(base: str, request: bytes) -> bytes:
+    """Send ``request`` whole and read until the server closes the connection."""
+    host, port = base.removeprefix("http://").split(":")
+    answer = b""
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        while data := s.recv(65536):
+            answer += data
+    return answer
+
+
+def test_a_malformed_chunked_body_costs_one_log_line_not_tracebacks(database: str) -> None:
+    """Anyone can send a chunked body that is not chunked (``zz`` is no chunk size). The server
+    answers it 400 while a middleware may already be answering the request itself (the guard's
+    403/415/421, a 404, a 401): that answer finds the connection answered, which must not be an
+    "unhandled error" with two tracebacks per request, only the server's one line."""
+    head = b"POST %s HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n%s\r\n"
+    body = b"zz\r\nhello\r\n0\r\n\r\n"
+    cases = [
+        (b"/schedules", b"127.0.0.1", b"Content-Type: text/plain\r\n"),  # guard: 415
+        (b"/schedules", b"127.0.0.1", b"Origin: https://evil.example\r\n"),  # guard: 403
+        (b"/schedules", b"evil.example", b"Content-Type: application/json\r\n"),  # guard: 421
+        (b"/nowhere", b"127.0.0.1", b"Content-Type: application/json\r\n"),  # router: 404
+        (b"/schedules", b"127.0.0.1", b"Content-Type: application/json\r\n"),  # a route reads it
+    ]
+    with Server(database, "api", PM_LOG_LEVEL="INFO", PM_API_TOKEN="") as server:
+        log = Path(server.log.name)
+        for path, host, headers in cases:
+            answer = _raw_answer(server.base, head % (path, host, headers) + body)
+            assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+            assert b"Invalid HTTP request" in answer and b"Traceback" not in answer
+        with httpx.Client(base_url=server.base, timeout=10) as c:  # and the server is fine
+            assert c.get("/schedules").status_code == 200
+        deadline = time.monotonic() + 10
+        while log.read_text().count("Invalid HTTP request received") < len(cases):
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.5)  # an error logged after the answer would come now: let it
+        text = log.read_text()
+    assert "Traceback" not in text and "unhandled error" not in text, text[-6000:]
+    assert "Exception in ASGI" not in text and "ERROR" not in text, text[-6000:]
+    # One warning line per request (plus uvicorn's access line when the app had started one).
+    assert text.count("Invalid HTTP request received") == len(cases)
+
+
+async def test_an_answer_refused_on_an_open_connection_is_still_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quiet path above needs the server to report the connection closed: a send that fails
+    while the connection stays open is some other fault, and is raised as before."""
+    monkeypatch.setattr(unsent, "DISCONNECT_WAIT_S", 0.2)
+    answer = PlainTextResponse("hello")
+    app = unsent.UnsentAnswers(answer)
+    scope = {"type": "http", "method": "GET", "path": "/x", "headers": []}
+    later = asyncio.Event()
+
+    async def open_receive() -> dict[str, Any]:
+        await later.wait()  # never: the connection stays open
+        return {"type": "http.disconnect"}
+
+    async def refusing_send(message: dict[str, Any]) -> None:
+        raise RuntimeError("the server refused it")
+
+    with pytest.raises(RuntimeError, match="the server refused it"):
+        await app(scope, open_receive, refusing_send)
+
+    async def closed_receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    await app(scope, closed_receive, refusing_send)  # closed: the client has its answer

@@ -140,3 +140,60 @@ async def test_consume_outbox_prints_and_marks_each_message(fresh_db_url: str) -
             assert await conn.scalar(pending) == 1  # only the other queue's message
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("block_ms", "socket_timeout"),
+    [
+        ("500", "1"),  # the server ends each idle BLOCK first: an empty reply
+        ("2000", "1"),  # the client gives up first (as redis-py 8 did with BLOCK 5000 and its 5 s)
+    ],
+)
+async def test_consume_redis_survives_idle_time_then_consumes(
+    redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, block_ms: str, socket_timeout: str
+) -> None:
+    """A worker left idle longer than its block plus its socket timeout is still there, and
+    still takes the next task."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLES / "consume_redis.py"),
+        *("--redis-url", redis_url, "--queue", "idle", "--group", "workers", "--consumer", "w1"),
+        *("--prefix", redis_prefix, "--count", "1"),
+        *("--block-ms", block_ms, "--socket-timeout", socket_timeout),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    target = RedisStreamsTarget(redis_client, prefix=redis_prefix)
+    stream = target.stream_key("idle")
+    try:
+        for _ in range(400):  # the worker is up, its group and itself exist (bounded: 20 s)
+            if await _consumer_seen(redis_client, stream):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the consumer never read its stream")
+        idle_s = int(block_ms) / 1000 + float(socket_timeout) + 1.0
+        await asyncio.sleep(idle_s)  # idle, on purpose: no task is waited for here
+        assert proc.returncode is None, (await proc.communicate())[1].decode()
+        [result] = (await target.enqueue(three_tasks("idle")[:1], NOW))
+        async with asyncio.timeout(20):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    [printed] = [json.loads(line) for line in out.decode().splitlines()]
+    assert printed["entry_id"] == result.message_id and printed["id"] == result.task.id
+    assert (await redis_client.xpending(stream, "workers"))["pending"] == 0
+    warned = "is not shorter than --socket-timeout" in err.decode()
+    assert warned == (int(block_ms) / 1000 >= float(socket_timeout)), err.decode()
+    assert "Traceback" not in err.decode(), err.decode()
+
+
+async def _consumer_seen(client: aioredis.Redis, stream: str) -> bool:
+    try:
+        consumers = await client.xinfo_consumers(stream, "workers")
+    except aioredis.ResponseError:  # no stream or group yet
+        return False
+    return any(c["name"] == "w1" for c in consumers)

@@ -77,6 +77,14 @@ async def test_every_route_answers_on_a_hostile_row_which_patch_repairs_and_dele
     row = by_id[bad]
     assert row["errors"][0]["field"] == case.field and row["errors"][0]["source"] == "api"
     assert isinstance(row["options"], dict)  # always an object
+    # A payload or options shown as null / {} comes with what is stored, when that is UTF-8
+    # text of at most 64 KiB (the 70 kB payload and the non-UTF-8 bytes are not repeated).
+    literal = case.columns.get(case.field, "") if case.field in ("payload", "options") else ""
+    quoted = literal.startswith("'") and len(literal) - 2 <= 65536
+    stored = literal[1:-1] if quoted else None
+    if case.label == "payload-5000-digits" and url.startswith("sqlite"):
+        stored = "Inf"  # SQLite's numeric affinity stored the 5,000 digits as a REAL
+    assert row["errors"][0]["stored"] == stored, row["errors"][0]
     for other in ("enabled=true", "enabled=false", "task_type=t", "queue=default", "name_prefix=h"):
         ok(await client.get(f"/schedules?{other}"), 200)
 

@@ -230,7 +230,9 @@ def test_import_refuses_skip_or_hold_where_the_target_cannot_tell(
     assert main(["import", str(path), "--database-url", sqlite_url]) == 0
 
 
-async def test_registering_from_code_checks_the_target_too(redis_client: aioredis.Redis) -> None:
+async def test_registering_from_code_checks_the_target_too(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
     from periodic_manager.manager import PeriodicTaskManager
     from periodic_manager.targets.memory import MemoryTarget
     from periodic_manager.targets.redis_streams import RedisStreamsTarget
@@ -244,7 +246,10 @@ async def test_registering_from_code_checks_the_target_too(redis_client: aioredi
         manager.register(hold)
     assert err.value.field == "options.overlap"
     routing = RoutingTarget(
-        {"redis": RedisStreamsTarget(redis_client, group=GROUP), "outbox": MemoryTarget()},
+        {
+            "redis": RedisStreamsTarget(redis_client, prefix=redis_prefix, group=GROUP),
+            "outbox": MemoryTarget(),
+        },
         default="redis",
     )
     PeriodicTaskManager(None, routing).register(hold)  # the default, redis with a group: fine

@@ -333,7 +333,8 @@ async def test_celery_finished_means_a_ready_state_in_the_result_backend(
 async def test_celery_without_a_result_backend_refuses_overlap(
     redis_url: str, redis_prefix: str
 ) -> None:
-    target = CeleryTarget.from_url(redis_url, prefix=redis_prefix)
+    config = {"broker_transport_options": {"global_keyprefix": f"{redis_prefix}:"}}
+    target = CeleryTarget.from_url(redis_url, prefix=redis_prefix, config=config)
     try:
         assert not target.completion
         [refused, plain] = await target.enqueue(

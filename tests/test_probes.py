@@ -38,7 +38,12 @@ async def health(directory: Path, *args: str) -> tuple[int, str]:
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={k: v for k, v in os.environ.items() if not k.startswith("PM_")},
     )
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:  # a hanging probe is a failure, and must not outlive the test
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"health {args} hung: no answer within 30 s") from None
     assert proc.returncode is not None
     return proc.returncode, out.decode().strip()
 
@@ -135,6 +140,49 @@ async def test_health_needs_a_probe_directory_and_a_positive_max_age(tmp_path: P
     assert proc.returncode == 2 and "PM_PROBE_DIR" in err.decode()
     rc, line = await health(tmp_path, "--max-age", "0")
     assert rc == 2 and "--max-age" in line
+
+
+async def test_a_probe_written_in_the_future_is_clock_skew_not_fresh(tmp_path: Path) -> None:
+    """After the clock steps back, a frozen manager's last probe lies in the future: it must not
+    count as fresh until the clock catches up with it."""
+    clock = VirtualClock(T0)
+    ProbeWriter(tmp_path, "manager", lambda: None, clock=clock, interval_s=5.0).write()
+    assert check_probe(tmp_path, "manager", T0 - timedelta(seconds=4)).ok  # slew: tolerated
+    verdict = check_probe(tmp_path, "manager", T0 - timedelta(seconds=6))
+    assert not verdict.ok
+    assert verdict.line == (
+        f"clock skew: manager (pid {os.getpid()}) wrote its probe 6.0 s in the future (max 5 s): "
+        "the clock stepped back, or the clocks disagree"
+    )
+    # The command, on the real clock: a probe an hour ahead fails it.
+    ahead = VirtualClock(SystemClock().now() + timedelta(hours=1))
+    ProbeWriter(tmp_path, "manager", lambda: None, clock=ahead, interval_s=5.0).write()
+    rc, line = await health(tmp_path)
+    assert rc == 1 and line.startswith(f"clock skew: manager (pid {os.getpid()}) wrote its probe 3"), line
+
+
+async def test_health_reads_only_a_regular_probe_file_of_bounded_size(tmp_path: Path) -> None:
+    """A FIFO (no writer: an open for reading would block) or a link to /dev/zero (endless) in
+    place of the probe file: ``health`` answers at once, exit 1, instead of hanging."""
+    probe = tmp_path / "manager.json"
+    os.mkfifo(probe)
+    rc, line = await health(tmp_path)
+    assert rc == 1 and line == f"unreadable: probe file {probe}: not a regular file (a FIFO)", line
+    probe.unlink()
+    probe.symlink_to("/dev/zero")
+    rc, line = await health(tmp_path)
+    assert rc == 1 and line.endswith("not a regular file (a device or socket)"), line
+    probe.unlink()
+    probe.write_bytes(b" " * (1 << 20))
+    rc, line = await health(tmp_path)
+    assert rc == 1 and line.endswith("larger than 65536 bytes: not a probe file"), line
+    # A link to a regular probe file is followed.
+    real = tmp_path / "real" / "manager.json"
+    ProbeWriter(real.parent, "manager", lambda: None, clock=SystemClock(), interval_s=5.0).write()
+    probe.unlink()
+    probe.symlink_to(real)
+    rc, line = await health(tmp_path)
+    assert rc == 0 and line.startswith(f"ok: manager (pid {os.getpid()})"), line
 
 
 def test_manager_health_prefers_the_managers_own_check() -> None:

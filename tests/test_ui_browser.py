@@ -12,13 +12,16 @@ under ``CI=true``. Waits poll the page with a bound; nothing waits for a schedul
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from periodic_manager.config import OPTION_CHECKS
 from periodic_manager.db.migrate import upgrade_sync
 from tests import browser, rawsql
 from tests.conftest import IN_CI
@@ -256,6 +259,55 @@ def test_overview_and_managers_show_the_running_manager(
     for label in ("Enqueued", "Skipped (too late)", "Held (previous still running)", "Failed"):
         assert label in legend
     assert "1 live manager" in text_of(d, "main")
+
+
+def test_broken_rows_show_what_is_stored_and_specs_stay_on_one_line(
+    driver: Any, server: browser.Server
+) -> None:
+    """Rows written with SQL that no manager can use: an ``enabled`` of 'yes' is shown as
+    invalid (not paused), options that are no object show their stored text (not {}); in the
+    managers' entries a spec is never broken across lines; the form's hints name every option
+    and say which letters a name may hold."""
+    d = driver
+    good = api_create(server, name="browser.spec-line", spec="15 9 * * 1-5", timezone="America/New_York")
+    path = server.database_url.removeprefix("sqlite:///")
+    with closing(sqlite3.connect(path)) as conn, conn:
+        insert = (
+            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, options, enabled, "
+            "created_at, updated_at) VALUES (?, '0 6 * * *', 'UTC', 't', ?, ?, "
+            "'2026-01-01 00:00:00', '2026-01-01 00:00:00') RETURNING id"
+        )
+        [odd] = conn.execute(insert, ("browser.odd-enabled", "{}", "yes")).fetchone()
+        [array] = conn.execute(insert, ("browser.array-options", "[1, 2]", 1)).fetchone()
+    try:
+        open_page(d, f"{server.base}/ui/schedules?name_prefix=browser.odd")
+        state = d.find_element("css selector", "#schedules tbody tr td:nth-child(6)").text
+        assert state == "enabled: invalid", state
+
+        open_page(d, f"{server.base}/ui/schedules/{array}")
+        assert text_of(d, "#stored-options") == "[1, 2]"
+        assert "as stored; unusable: must be a JSON object" in text_of(d, "main")
+
+        d.set_window_size(1024, 900)  # narrow enough for the entries table to squeeze its columns
+        try:
+            open_page(d, f"{server.base}/ui/managers")
+            wait_text(d, "#entry-table tbody", "browser.spec-line")  # the manager synced it
+            lines = d.execute_script(
+                """const code = [...document.querySelectorAll("#entry-table code.spec")]
+                     .find((c) => c.textContent === "15 9 * * 1-5");
+                   return code.getBoundingClientRect().height / parseFloat(getComputedStyle(code).lineHeight);"""
+            )
+            assert 0.5 < lines < 1.5, lines
+        finally:
+            d.set_window_size(1280, 900)
+
+        open_page(d, f"{server.base}/ui/schedules/new")
+        hint = text_of(d, "#h-options")
+        assert all(key in hint.split(", ") for key in OPTION_CHECKS if key != "queue"), hint
+        assert "ASCII letters" in text_of(d, "#h-name")
+    finally:
+        for sid in (good, odd, array):
+            assert httpx.delete(f"{server.base}/schedules/{sid}").status_code == 204
 
 
 # -- tokens ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import delete, insert
+from sqlalchemy import delete, insert, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
@@ -140,9 +140,26 @@ async def test_list_is_sorted_by_next_slot_then_unusable_then_paused(
             )
         ).scalar_one()
 
+        # Rows whose spec is fine but that no manager can use either: they have no next slot
+        # and sort with the unusable rows, not first by their every-minute spec.
+        broken = [
+            (
+                await conn.execute(
+                    insert(PeriodicJob)
+                    .values(name=name, spec="* * * * *", created_at=T0, updated_at=T0, **fields)
+                    .returning(PeriodicJob.id)
+                )
+            ).scalar_one()
+            for name, fields in (
+                ("f.no-type", {"task_type": " "}),
+                ("g.bad-option", {"task_type": "t", "options": {"retries": 3}}),
+            )
+        ]
     page = (await client.get("/views/schedules")).json()
-    assert [i["id"] for i in page["items"]] == [minute, hourly, daily, bad, paused]
-    assert page["total"] == 5 and page["sort"] == "next"
+    assert [i["id"] for i in page["items"]] == [minute, hourly, daily, bad, *broken, paused]
+    assert page["total"] == 7 and page["sort"] == "next"
+    for item in page["items"][3:6]:
+        assert item["next"] is None and item["error"], item
     by_id = {i["id"]: i for i in page["items"]}
     assert by_id[minute]["next"]["at"] == "2026-03-01T12:01:00Z"
     assert by_id[daily]["next"] == {
@@ -156,9 +173,18 @@ async def test_list_is_sorted_by_next_slot_then_unusable_then_paused(
 
     second = (await client.get("/views/schedules", params={"limit": 2, "offset": 2})).json()
     assert [i["id"] for i in second["items"]] == [daily, bad]
-    assert second["total"] == 5
+    assert second["total"] == 7
     by_name = (await client.get("/views/schedules", params={"sort": "name"})).json()
     assert [i["name"] for i in by_name["items"]] == sorted(i["name"] for i in page["items"])
+
+    # The order follows edits: a repaired row takes its slot, a broken one leaves its place.
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(PeriodicJob).where(PeriodicJob.id == broken[0]).values(task_type="t")
+        )
+        await conn.execute(update(PeriodicJob).where(PeriodicJob.id == minute).values(options=[1]))
+    after = (await client.get("/views/schedules")).json()["items"]
+    assert [i["id"] for i in after] == [broken[0], hourly, daily, minute, bad, broken[1], paused]
 
 
 async def test_list_filters_by_prefix_type_queue_state_and_error(
@@ -327,6 +353,42 @@ async def test_slots_of_an_unusable_row_say_why(
 
 
 # -- overview -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL's boolean holds true or false only
+async def test_each_count_is_the_total_of_the_list_it_links_to(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    """A row whose ``enabled`` SQL set to 'yes' is neither enabled nor paused: a row error, shown
+    as one, after the usable rows, and "in error" once a live manager reports it."""
+    await create(client, "on", "* * * * *")
+    await create(client, "off", "* * * * *", enabled=False)
+    async with engine.begin() as conn:
+        odd = (
+            await conn.execute(
+                text(
+                    "INSERT INTO periodic_jobs (name, spec, timezone, task_type, enabled, "
+                    "created_at, updated_at) VALUES ('odd', '* * * * *', 'UTC', 't', 'yes', "
+                    "'2026-03-01 12:00:00', '2026-03-01 12:00:00') RETURNING id"
+                )
+            )
+        ).scalar_one()
+
+    async def total(**params: str) -> int:
+        return int((await client.get("/views/schedules", params=params)).json()["total"])
+
+    async def counts() -> dict[str, int]:
+        return dict((await client.get("/views/overview")).json()["counts"])
+
+    assert await counts() == {"schedules": 3, "enabled": 1, "paused": 1, "in_error": 0}
+    assert (await total(enabled="true"), await total(enabled="false")) == (1, 1)
+    items = (await client.get("/views/schedules")).json()["items"]
+    assert [i["name"] for i in items] == ["on", "odd", "off"]
+    assert items[1]["enabled"] is None and items[1]["error"].startswith("enabled: must be true")
+    await live_manager(engine)
+    await add_entry(engine, str(odd), "error", last_error=items[1]["error"])
+    assert await counts() == {"schedules": 3, "enabled": 1, "paused": 1, "in_error": 1}
+    assert await total(in_error="true") == 1
 
 
 async def test_overview_counts_series_and_exact_percentiles(

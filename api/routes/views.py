@@ -124,7 +124,7 @@ async def schedule_rows(
     slots = _next_slots(request)
     where = and_(true(), *conds)
     if sort == "next":
-        keys = await _order(request).snapshot(session, now)
+        keys = await _order(request).snapshot(session, now, row_rules(request, session))
         ordered = [key[3] for key in keys]
         if conds:
             wanted = set((await session.execute(select(PeriodicJob.id).where(where))).scalars())

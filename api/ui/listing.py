@@ -112,13 +112,13 @@ def conditions(
 ) -> list[ColumnElement[bool]]:
     """The SQL conditions of the list's filters (none when no filter is set)."""
     conds: list[ColumnElement[bool]] = []
-    if enabled is not None:
-        conds.append(PeriodicJob.enabled == enabled)
+    if enabled is not None:  # as judged: a row whose `enabled` is neither matches neither
+        conds.append(dbrows.enabled_is(_is_sqlite(session), enabled))
     if task_type:
         conds.append(PeriodicJob.task_type == task_type)
     if queue:
         value = func.coalesce(PeriodicJob.options["queue"].as_string(), DEFAULT_QUEUE)
-        if session.bind is not None and session.bind.dialect.name == "sqlite":
+        if _is_sqlite(session):
             # Rows written with SQL may hold text that is not JSON, which json_extract refuses.
             value = case((func.json_valid(PeriodicJob.options) == 1, value), else_=None)
         conds.append(value == queue)
@@ -131,6 +131,10 @@ def conditions(
         )
         conds.append(rejected if in_error else ~rejected)
     return conds
+
+
+def _is_sqlite(session: AsyncSession) -> bool:
+    return session.bind is not None and session.bind.dialect.name == "sqlite"
 
 
 async def page_rows(
@@ -180,7 +184,7 @@ async def page_rows(
                 timezone=str(v["timezone"] or ""),
                 task_type=str(v["task_type"] or ""),
                 queue=queue_of(v["options"]) if row.usable else None,
-                enabled=row.enabled is True,
+                enabled=row.enabled,
                 next=nxt,
                 last_run=last.get(key),
                 error=error,

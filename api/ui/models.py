@@ -34,7 +34,9 @@ class ScheduleRowView(BaseModel):
     timezone: str
     task_type: str
     queue: str | None = Field(description="`options.queue` (null when the options are unusable)")
-    enabled: bool
+    enabled: bool | None = Field(
+        description="null when the stored value is neither true nor false (a row error)"
+    )
     next: LocalTime | None = Field(description="the next slot; null when paused or unusable")
     last_run: LastRun | None
     error: str | None = Field(
@@ -73,9 +75,9 @@ class SlotList(BaseModel):
 
 class Counts(BaseModel):
     schedules: int
-    enabled: int
-    paused: int
-    in_error: int = Field(description="schedules a live manager rejected")
+    enabled: int = Field(description="schedules whose `enabled` is true (the `enabled=true` list)")
+    paused: int = Field(description="schedules whose `enabled` is false (the `enabled=false` list)")
+    in_error: int = Field(description="schedules a live manager rejected (the `in_error=true` list)")
 
 
 class SeriesPoint(BaseModel):

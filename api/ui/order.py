@@ -11,6 +11,10 @@ process keeps the sorted keys and brings them up to date the way the manager's s
   at the front of the order, so only they are computed again.
 
 A TRUNCATE (tombstone id 0) or a clock that stepped back rebuilds everything.
+
+Whether a row is usable is decided by the manager's own judge (``periodic_manager.db.rows``), over
+every column it reads: a row with a good spec but a bad task type, payload or options has no next
+slot here either, and sorts with the unusable rows, as its error badge says.
 """
 
 from __future__ import annotations
@@ -24,55 +28,46 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ConfigError
+from periodic_manager.providers.base import RowError
 
 NEVER = datetime.max.replace(tzinfo=UTC)
 # (group, next slot, name, id): group 0 = enabled with a next slot, 1 = unusable, 2 = paused.
 Key = tuple[int, datetime, str, int]
-# Read raw and decoded here (periodic_manager.db.rows): a row written with SQL may hold anything,
-# and one value the driver cannot convert would fail the whole read.
-FIELDS = ("name", "spec", "timezone", "anchor", "enabled")
-UNREADABLE = object()  # a spec or zone that cannot be read: the row sorts as unusable
-
-
-def columns(session: AsyncSession) -> list[Any]:
-    sqlite = _sqlite(session)
-    return [PeriodicJob.id, *(dbrows.column(sqlite, n) for n in FIELDS)]
+ENABLED, UNUSABLE, PAUSED = 0, 1, 2
 
 
 def _sqlite(session: AsyncSession) -> bool:
     return session.bind is not None and session.bind.dialect.name == "sqlite"
 
 
-def _row(sqlite: bool, raw: Any) -> Row:
-    values: list[Any] = []
-    for name, value in zip(FIELDS, raw[1:], strict=True):
-        try:
-            values.append(dbrows.decode(sqlite, name, value))
-        except ConfigError:
-            values.append(UNREADABLE)
-    name, spec, tz, anchor, enabled = values
-    if UNREADABLE in (spec, tz, anchor, enabled):
-        spec = tz = UNREADABLE  # no slot can be computed: group 1 (or 2 when paused)
-        anchor = None
-    return Row(
-        name if isinstance(name, str) else "",
-        spec,
-        tz,
-        anchor,
-        enabled is not False,  # unreadable counts as not paused: it is shown as unusable
-    )
+def _row(judge: dbrows.RowJudge, raw: Any) -> Row:
+    """The row's group, as the manager's judge sees it: paused (``enabled`` false), unusable
+    (any row error, a bad ``enabled`` included), or enabled with the timing of its slots.
+    Rows are read raw (``dbrows.columns``): a row written with SQL may hold anything, and one
+    value the driver cannot convert would fail the whole read."""
+    verdict = judge(raw)
+    if isinstance(verdict, PeriodicTaskConfig):
+        return Row(verdict.name, ENABLED, verdict.spec, verdict.timezone, verdict.anchor)
+    if isinstance(verdict, RowError):
+        return Row(verdict.name or "", UNUSABLE)
+    try:  # paused: only its name is needed, for the order among paused rows
+        name = dbrows.decode(judge.rules.sqlite, "name", raw[2])
+    except ConfigError:
+        name = None
+    return Row(name if isinstance(name, str) else "", PAUSED)
 
 
 @dataclass(slots=True)
 class Row:
     name: str
-    spec: Any
-    timezone: Any
-    anchor: datetime | None
-    enabled: bool
+    group: int
+    spec: str | None = None
+    timezone: str | None = None
+    anchor: datetime | None = None
 
 
 class NextSlotOrder:
@@ -87,22 +82,25 @@ class NextSlotOrder:
         self._now: datetime | None = None
         self._lock = asyncio.Lock()
 
-    async def snapshot(self, session: AsyncSession, now: datetime) -> list[Key]:
-        """The order as of ``now`` (a copy: the caller may await while using it)."""
+    async def snapshot(
+        self, session: AsyncSession, now: datetime, rules: dbrows.Rules
+    ) -> list[Key]:
+        """The order as of ``now`` (a copy: the caller may await while using it); rows are
+        judged by ``rules``, as the manager and the list's error badges judge them."""
         async with self._lock:
-            await self._catch_up(session, now)
+            await self._catch_up(session, now, dbrows.RowJudge(rules))
             self._advance(now)
             return list(self._order)
 
     def _key(self, row_id: int, row: Row, now: datetime) -> Key:
-        if not row.enabled:
-            return (2, NEVER, row.name, row_id)
+        if row.group != ENABLED:
+            return (row.group, NEVER, row.name, row_id)
         slot = self._slots.get(row.spec, row.timezone, row.anchor, now)
-        if isinstance(slot, str):
-            return (1, NEVER, row.name, row_id)
-        return (0, slot, row.name, row_id)
+        if isinstance(slot, str):  # no next slot (past year 9999): unusable, as the list says
+            return (UNUSABLE, NEVER, row.name, row_id)
+        return (ENABLED, slot, row.name, row_id)
 
-    async def _catch_up(self, session: AsyncSession, now: datetime) -> None:
+    async def _catch_up(self, session: AsyncSession, now: datetime, judge: dbrows.RowJudge) -> None:
         newest = (
             await session.execute(
                 select(
@@ -113,7 +111,7 @@ class NextSlotOrder:
         ).one()
         mark = max(int(newest[0] or 0), int(newest[1] or 0))
         if self._watermark is None or (self._now is not None and now < self._now):
-            await self._load_all(session, now, mark)
+            await self._load_all(session, now, mark, judge)
             return
         if mark <= self._watermark:
             return
@@ -123,22 +121,22 @@ class NextSlotOrder:
         ).scalars()
         deleted = set(gone)
         if 0 in deleted:  # a TRUNCATE: everything must be read again
-            await self._load_all(session, now, mark)
+            await self._load_all(session, now, mark, judge)
             return
         # Tombstones first, then the rows as they are now (an id may come back on SQLite).
         for row_id in deleted:
             self._drop(row_id)
-        sqlite = _sqlite(session)
-        stmt = select(*columns(session)).where(PeriodicJob.revision > seen)
-        for raw in await session.execute(stmt):
+        columns = dbrows.columns(_sqlite(session))
+        for raw in await session.execute(select(*columns).where(PeriodicJob.revision > seen)):
             self._drop(raw[0])
-            self._put(raw[0], _row(sqlite, raw), now)
+            self._put(raw[0], _row(judge, raw), now)
         self._watermark = mark
 
-    async def _load_all(self, session: AsyncSession, now: datetime, mark: int) -> None:
-        sqlite = _sqlite(session)
-        rows = await session.execute(select(*columns(session)))
-        self._rows = {raw[0]: _row(sqlite, raw) for raw in rows}
+    async def _load_all(
+        self, session: AsyncSession, now: datetime, mark: int, judge: dbrows.RowJudge
+    ) -> None:
+        rows = await session.execute(select(*dbrows.columns(_sqlite(session))))
+        self._rows = {raw[0]: _row(judge, raw) for raw in rows}
         self._keys = {row_id: self._key(row_id, row, now) for row_id, row in self._rows.items()}
         self._order = sorted(self._keys.values())
         self._watermark = mark

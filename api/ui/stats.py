@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.api.ui.listing import error_entries
 from periodic_manager.api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 
 WINDOW_MINUTES = 60
@@ -37,8 +38,10 @@ def window_start(now: datetime) -> datetime:
 
 
 async def counts(session: AsyncSession, cutoff: datetime) -> Counts:
-    """Schedules, enabled ones and those in error, in one statement. "In error" is what the
-    list's ``in_error=true`` filter shows: rows a live manager rejected (the same condition)."""
+    """Schedules, enabled, paused and in error, in one statement, each by the condition of the
+    list's filter it links to (``enabled=true``, ``enabled=false``, ``in_error=true``). A row whose
+    ``enabled`` is neither true nor false (SQL wrote ``'yes'``) is neither enabled nor paused: it
+    is a row error, "in error" once a live manager reports it."""
     rejected = error_entries(cutoff).with_only_columns(Entry.schedule_key)
     in_error = (
         select(func.count())
@@ -46,11 +49,17 @@ async def counts(session: AsyncSession, cutoff: datetime) -> Counts:
         .where(cast(PeriodicJob.id, String).in_(rejected))
         .scalar_subquery()
     )
-    enabled = func.coalesce(func.sum(case((PeriodicJob.enabled, 1), else_=0)), 0)
-    total, on, bad = (
-        await session.execute(select(func.count(), enabled, in_error).select_from(PeriodicJob))
+    sqlite = session.bind is not None and session.bind.dialect.name == "sqlite"
+
+    def tally(enabled: bool) -> Any:
+        return func.coalesce(func.sum(case((dbrows.enabled_is(sqlite, enabled), 1), else_=0)), 0)
+
+    total, on, off, bad = (
+        await session.execute(
+            select(func.count(), tally(True), tally(False), in_error).select_from(PeriodicJob)
+        )
     ).one()
-    return Counts(schedules=total, enabled=int(on), paused=total - int(on), in_error=int(bad))
+    return Counts(schedules=total, enabled=int(on), paused=int(off), in_error=int(bad))
 
 
 @lru_cache(maxsize=1)

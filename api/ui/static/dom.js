@@ -95,6 +95,14 @@ export function badge(text, kind = "", title = null) {
   return h("span", { class: `badge ${kind}`.trim(), title }, text);
 }
 
+// A schedule's state: enabled, paused, or neither (a stored `enabled` that is neither true nor
+// false, written with SQL: a row error, not a paused schedule).
+export function stateBadge(enabled) {
+  if (enabled === true) return badge("enabled", "ok");
+  if (enabled === false) return badge("paused", "muted");
+  return badge("enabled: invalid", "bad", "the stored enabled is neither true nor false");
+}
+
 export function statusBadge(status) {
   const kinds = { enqueued: "ok", triggered: "info", duplicate: "muted", skipped: "warn", held: "info", failed: "bad" };
   return badge(status, kinds[status] || "");

@@ -13,14 +13,14 @@ const LABELS = {
   description: "Description",
 };
 const HINTS = {
-  name: "Unique; letters, digits and _ . : / @ -",
+  name: "Unique; ASCII letters, digits and _ . : / @ - (starting with a letter or digit)",
   spec: "Five-field cron, a macro (@daily) or @every 90s",
   timezone: "IANA zone the spec is read in, e.g. Europe/Berlin",
   anchor: "ISO 8601 instant with offset; phases an @every interval",
   task_type: "The task's name as your workers know it",
   queue: "Empty: default",
   payload: "Any JSON value handed to the task; empty: null",
-  options: "max_retry, timeout, unique_ttl, target, misfire, catchup_window, extra",
+  options: "max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap, overlap_timeout, extra",
 };
 const DEBOUNCE_MS = 200;
 

@@ -23,7 +23,7 @@ function entryRows(items) {
     e.schedule_id ? h("a", { href: `/ui/schedules/${e.schedule_id}` }, e.name || e.schedule_key) : e.name || e.schedule_key,
     h("span", {}, e.status === "error" ? badge("error", "bad") : badge(e.status, "ok"),
       e.last_good_since ? [" ", badge(`last good version runs since ${utc(e.last_good_since)}`, "warn")] : ""),
-    e.spec ? h("code", {}, e.spec) : "—",
+    e.spec ? h("code", { class: "spec", title: e.spec }, e.spec) : "—",
     e.timezone || "—",
     h("code", { title: e.hash }, e.hash.slice(0, 12)),
     h("code", {}, e.manager_id),

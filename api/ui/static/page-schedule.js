@@ -4,23 +4,33 @@
 import { api, getJson, problemText, statusText } from "./api.js";
 import {
   badge, canWrite, confirmDialog, flashNext, h, json, local, mount, ms, pageParam, pager, setTitle,
-  statusBadge, table, utc,
+  stateBadge, statusBadge, table, utc,
 } from "./dom.js";
 
 const RUNS_LIMIT = 20;
 const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "held", "failed", "duplicate"];
 
+// A payload or options the API shows as null or {} because they cannot be used as they are
+// (not JSON, not an object, ...): the stored text, when the API sends it, is what to repair.
+function column(s, field, value) {
+  const bad = (s.errors || []).find((e) => e.field === field && typeof e.stored === "string");
+  if (!bad) return json(value);
+  return h("div", {}, h("pre", { class: "json stored", id: `stored-${field}` }, bad.stored),
+    h("div", { class: "sub" }, `as stored; unusable: ${bad.reason}`));
+}
+
 function config(s) {
+  const options = s.options && typeof s.options === "object" && !Array.isArray(s.options) ? s.options : null;
   const rows = [
     ["Name", s.name],
     ["Spec", h("code", {}, s.spec)],
     ["Zone", s.timezone],
     ["Anchor", s.anchor ? utc(s.anchor) : "—"],
     ["Task type", s.task_type],
-    ["Queue", s.options && typeof s.options === "object" && !Array.isArray(s.options) ? s.options.queue || "default" : "—"],
-    ["Payload", json(s.payload)],
-    ["Options", json(s.options)],
-    ["State", s.enabled ? badge("enabled", "ok") : badge("paused", "muted")],
+    ["Queue", options && (s.errors || []).every((e) => e.field !== "options") ? options.queue || "default" : "—"],
+    ["Payload", column(s, "payload", s.payload)],
+    ["Options", column(s, "options", s.options)],
+    ["State", stateBadge(s.enabled)],
     ["Description", s.description || "—"],
     ["Created", utc(s.created_at)],
     ["Updated", utc(s.updated_at)],
@@ -211,7 +221,7 @@ export async function schedulePage(id, ready = null, keep = null) {
   }
   mount(
     h("p", { class: "crumbs" }, h("a", { href: "/ui/schedules" }, "Schedules"), " / ", s.name),
-    h("div", { class: "heading" }, h("h1", {}, s.name), s.enabled ? badge("enabled", "ok") : badge("paused", "muted"),
+    h("div", { class: "heading" }, h("h1", {}, s.name), stateBadge(s.enabled),
       (s.errors || []).length ? badge("error", "bad") : null),
     bar,
     rowErrors(s),
