@@ -117,7 +117,7 @@ def create_app(
 
 async def _start_probe(stack: AsyncExitStack, settings: Settings, manager: ManagerLike) -> None:
     """``run`` with PM_PROBE_DIR: keep ``<dir>/run.json`` fresh from this event loop."""
-    from periodic_manager.probe import ProbeWriter, manager_health
+    from periodic_manager.runtime.probe import ProbeWriter, manager_health
 
     assert settings.probe_dir is not None
     probe = ProbeWriter(

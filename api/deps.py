@@ -81,7 +81,7 @@ async def get_target(request: Request) -> Target:
         return target
     async with state.target_lock:
         if state.trigger_target is None:
-            from periodic_manager.service import build_target
+            from periodic_manager.runtime.assemble import build_target
 
             state.trigger_target = build_target(state.settings, state.engine)
         built: Target = state.trigger_target

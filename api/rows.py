@@ -19,7 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from periodic_manager import cron
 from periodic_manager.api.errors import ApiProblem, config_error_item
 from periodic_manager.api.schemas import Schedule, ScheduleError, ScheduleWithRuns
-from periodic_manager.config import (
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import PeriodicJob
+from periodic_manager.errors import ConfigError
+from periodic_manager.schedules.definition import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     TOO_LARGE,
     PeriodicTaskConfig,
@@ -27,9 +30,6 @@ from periodic_manager.config import (
     check_text,
     validate_target,
 )
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import PeriodicJob
-from periodic_manager.errors import ConfigError
 from periodic_manager.settings import Settings
 
 NEXT_RUNS = 3

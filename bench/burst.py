@@ -29,9 +29,9 @@ import redis.asyncio as aioredis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.scale import REDIS, Bench, machine  # noqa: E402
-from periodic_manager.config import PeriodicTaskConfig, idempotency_key  # noqa: E402
+from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key  # noqa: E402
 from periodic_manager.targets.base import task_for  # noqa: E402
-from periodic_manager.targets.redis_streams import RedisStreamsTarget  # noqa: E402
+from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
 
 PERIOD_S = 10  # up to 20,000 schedules; larger bursts fire every 30 s, so that the bench's own
 # work between slots (reading the slot's ids back, preparing and sending the floor's tasks, all in

@@ -40,8 +40,8 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from periodic_manager.config import PeriodicTaskConfig, idempotency_key  # noqa: E402
 from periodic_manager.db.migrate import upgrade  # noqa: E402
+from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key  # noqa: E402
 from tests.servers import ManagerProcess, RedisServer  # noqa: E402
 from tests.tcpproxy import TcpProxy  # noqa: E402
 

@@ -34,14 +34,14 @@ from periodic_manager.api.app import create_app  # noqa: E402
 from periodic_manager.clock import SystemClock  # noqa: E402
 from periodic_manager.db.engine import create_engine  # noqa: E402
 from periodic_manager.db.migrate import upgrade  # noqa: E402
+from periodic_manager.db.provider import DatabaseProvider  # noqa: E402
 from periodic_manager.db.store import DatabaseRuntimeStore  # noqa: E402
-from periodic_manager.manager import PeriodicTaskManager  # noqa: E402
-from periodic_manager.notify import PostgresChangeListener  # noqa: E402
-from periodic_manager.providers.database import DatabaseProvider  # noqa: E402
+from periodic_manager.runtime.manager import PeriodicTaskManager  # noqa: E402
+from periodic_manager.runtime.notify import PostgresChangeListener  # noqa: E402
 from periodic_manager.settings import Settings  # noqa: E402
 from periodic_manager.targets.base import EnqueueResult, Task  # noqa: E402
 from periodic_manager.targets.outbox import OutboxTarget  # noqa: E402
-from periodic_manager.targets.redis_streams import RedisStreamsTarget  # noqa: E402
+from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
 
 PG = os.environ.get("PM_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 REDIS = os.environ.get("PM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

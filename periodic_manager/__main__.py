@@ -1,5 +1,5 @@
 import sys
 
-from periodic_manager.cli import main
+from periodic_manager.cli.main import main
 
 sys.exit(main())

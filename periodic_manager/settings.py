@@ -8,7 +8,11 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
+from periodic_manager.schedules.definition import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    MAX_DURATION_S,
+    TargetSet,
+)
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
 TargetName = Literal["redis", "outbox", "celery", "arq"]
@@ -122,7 +126,7 @@ class Settings(BaseSettings):
         if isinstance(v, str) and not v.strip():
             return None
         if isinstance(v, str):
-            from periodic_manager.targets.celery_app import load_app
+            from periodic_manager.targets.celery.app import load_app
 
             load_app(v.strip())  # fail at start, naming the setting, not at the first slot
             return v.strip()
@@ -205,7 +209,7 @@ class Settings(BaseSettings):
         if self.celery_broker_url is not None:
             return self.celery_broker_url
         if self.celery_app is not None:
-            from periodic_manager.targets.celery_app import load_app
+            from periodic_manager.targets.celery.app import load_app
 
             broker = load_app(self.celery_app).conf.broker_url
             if isinstance(broker, str) and broker:
@@ -219,7 +223,7 @@ class Settings(BaseSettings):
             return self.celery_result_backend
         if self.celery_app is None:
             return None
-        from periodic_manager.targets.celery_app import load_app
+        from periodic_manager.targets.celery.app import load_app
 
         backend = load_app(self.celery_app).conf.result_backend
         if not isinstance(backend, str) or backend in ("", "disabled"):

@@ -27,8 +27,8 @@ from periodic_manager.api.app import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.service import build_manager
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import Target
 

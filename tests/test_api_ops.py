@@ -16,13 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
 from periodic_manager.api.auth import is_loopback, warn_if_exposed
+from periodic_manager.cli.logs import JsonFormatter
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.models import Manager, OutboxMessage, PeriodicJob, Run
 from periodic_manager.db.store import DatabaseRuntimeStore
-from periodic_manager.logs import JsonFormatter
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.registry import RunRecord
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.memory_store import RunRecord
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import EnqueueResult
 from periodic_manager.targets.memory import MemoryTarget
@@ -366,7 +366,7 @@ async def test_cron_next_previews_slots_and_describes(client: httpx.AsyncClient)
 
 
 def test_descriptions_of_macros_and_intervals() -> None:
-    from periodic_manager.describe import describe
+    from periodic_manager.schedules.describe import describe
 
     assert describe("@daily") == "At 00:00"
     assert describe("@WEEKLY") == "At 00:00, only on Sunday"
@@ -571,11 +571,11 @@ async def test_every_error_is_a_problem(client: httpx.AsyncClient) -> None:
 
 def test_json_log_lines_keep_extra_keys() -> None:
     record = logging.LogRecord(
-        "periodic_manager.scheduler", logging.WARNING, __file__, 1, "skipping %s", ("x",), None
+        "periodic_manager.engine.scheduler", logging.WARNING, __file__, 1, "skipping %s", ("x",), None
     )
     record.schedule = "reports.daily"
     record.slot = "2026-03-01T12:00:00+00:00"
     doc = json.loads(JsonFormatter().format(record))
     assert doc["message"] == "skipping x" and doc["level"] == "WARNING"
     assert doc["schedule"] == "reports.daily" and doc["slot"] == "2026-03-01T12:00:00+00:00"
-    assert doc["logger"] == "periodic_manager.scheduler" and doc["ts"].endswith("Z")
+    assert doc["logger"] == "periodic_manager.engine.scheduler" and doc["ts"].endswith("Z")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from periodic_manager.api import create_app
-from periodic_manager.cli import main
+from periodic_manager.cli.main import main
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade_sync
@@ -180,7 +180,7 @@ def test_export_then_import_restores_every_row_errors_included(
 def test_a_restored_invalid_row_stays_invalid_for_the_manager(
     two: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from periodic_manager.providers.database import DatabaseProvider
+    from periodic_manager.db.provider import DatabaseProvider
 
     a, b = two
     seed(a)

@@ -22,13 +22,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.providers.base import StaticProvider
-from periodic_manager.registry import MemoryRuntimeStore
-from periodic_manager.targets.redis_streams import RedisStreamsTarget
-from periodic_manager.targets.sentinel import Sentinel
+from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.redis.streams import RedisStreamsTarget
 from tests.servers import ManagerProcess, RedisServer
 from tests.test_faults import expected_slots, insert_schedules, leaders, until
 
@@ -69,7 +69,7 @@ async def test_a_manager_logs_a_lost_broker_once_and_counts_it(
         await clock.advance(2, settle=lambda: manager.wait_settled(clock.now()))
         forgetful.kill()
         forgetful.start()  # empty: no persistence
-        with caplog.at_level(logging.ERROR, logger="periodic_manager.manager"):
+        with caplog.at_level(logging.ERROR, logger="periodic_manager.runtime.manager"):
             for _ in range(5):  # five heartbeats after the loss
                 await clock.advance(1, settle=lambda: manager.wait_settled(clock.now()))
         lines = [r for r in caplog.records if "lost its data" in r.getMessage()]

@@ -23,7 +23,7 @@ from starlette.responses import PlainTextResponse
 
 from periodic_manager.api import unsent
 from periodic_manager.api.app import create_app
-from periodic_manager.cli import bind_socket
+from periodic_manager.cli.main import bind_socket
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
 from tests.browser import Server

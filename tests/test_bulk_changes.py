@@ -16,7 +16,7 @@ import asyncpg
 
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.service import build_manager
+from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.settings import Settings
 from periodic_manager.targets.memory import MemoryTarget
 

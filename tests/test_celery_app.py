@@ -15,12 +15,12 @@ from celery import Celery
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.cli import main
+from periodic_manager.cli.main import main
 from periodic_manager.db.engine import create_engine
-from periodic_manager.service import build_target
+from periodic_manager.runtime.assemble import build_target
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import Task, task_id_for
-from periodic_manager.targets.celery import CeleryTarget
+from periodic_manager.targets.celery.target import CeleryTarget
 from tests.celery_arq_rig import WorkerProcess, celery_worker, records, wait_for
 
 SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import EnqueueResult, Task, task_id_for
-from periodic_manager.targets.celery import CeleryTarget
+from periodic_manager.targets.celery.target import CeleryTarget
 from tests.servers import RedisServer
 
 SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)

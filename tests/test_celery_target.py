@@ -26,8 +26,8 @@ from periodic_manager.clock import SystemClock
 from periodic_manager.errors import TargetError
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import Task, task_id_for
-from periodic_manager.targets.celery import CeleryTarget
-from periodic_manager.targets.claims import RedisClaims
+from periodic_manager.targets.celery.target import CeleryTarget
+from periodic_manager.targets.redis.claims import RedisClaims
 from tests.celery_arq_rig import (
     Rig,
     WorkerProcess,

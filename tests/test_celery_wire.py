@@ -25,8 +25,8 @@ from kombu import Exchange, Queue
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.targets.base import Task, task_id_for
-from periodic_manager.targets.celery import CeleryTarget
-from periodic_manager.targets.celery_wire import Layout, Routes, fast_saferepr
+from periodic_manager.targets.celery.target import CeleryTarget
+from periodic_manager.targets.celery.wire import Layout, Routes, fast_saferepr
 
 TAG = re.compile(r'"delivery_tag": "[0-9a-f-]{36}"')
 REPLY = re.compile(r'"reply_to": "[0-9a-f-]{36}"')

@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.notify import PostgresChangeListener
-from periodic_manager.providers.database import DatabaseProvider
-from periodic_manager.registry import MemoryRuntimeStore
+from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.targets.memory import MemoryTarget
 
 INSERT = (

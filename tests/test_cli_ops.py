@@ -12,10 +12,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from periodic_manager.cli import COMMANDS, _start_metrics, main
+from periodic_manager.cli.main import COMMANDS, _start_metrics, main
+from periodic_manager.runtime.startup import StartupError, redact_url
+from periodic_manager.schedules.yaml_load import MAX_ALIAS_NODES, YamlBombError, load
 from periodic_manager.settings import Settings
-from periodic_manager.startup import StartupError, redact_url
-from periodic_manager.yaml_load import MAX_ALIAS_NODES, YamlBombError, load
 from tests.servers import free_port
 
 
@@ -156,7 +156,7 @@ def test_a_recursive_or_deep_yaml_document_is_one_line(
 
 
 def test_bind_failure_is_a_startup_error() -> None:
-    from periodic_manager.cli import bind_socket
+    from periodic_manager.cli.main import bind_socket
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -14,13 +14,13 @@ import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.errors import ProviderError
 from periodic_manager.providers import ConfigProvider, ProviderSnapshot
-from periodic_manager.providers.database import DatabaseProvider
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import UNKNOWN_START, PeriodicTaskConfig
-from periodic_manager.leadership import AlwaysLeader
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.providers.base import StaticProvider
-from periodic_manager.registry import MemoryRuntimeStore, RunRecord, StateRecord
-from periodic_manager.scheduler import Scheduler
+from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.leadership import AlwaysLeader
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore, RunRecord, StateRecord
+from periodic_manager.schedules.definition import UNKNOWN_START, PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
@@ -355,7 +355,7 @@ async def test_history_of_an_outage_is_recorded_in_order_when_the_store_returns(
 async def test_history_buffer_is_bounded_and_says_what_it_dropped(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("periodic_manager.history.MAX_PENDING_RUNS", 10)
+    monkeypatch.setattr("periodic_manager.engine.history.MAX_PENDING_RUNS", 10)
     clock, target, store = VirtualClock(T0), MemoryTarget(), FlakyStore()
     mgr = await manager(StaticProvider([row(1, "a")]), clock, target, store)
     caplog.set_level(logging.WARNING, "periodic_manager")

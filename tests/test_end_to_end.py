@@ -21,10 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api.app import create_app
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import canonical_json
 from periodic_manager.db.engine import create_engine
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.service import build_manager
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.schedules.definition import canonical_json
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_id_for
 from tests.tcpproxy import TcpProxy

@@ -13,13 +13,13 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import func, select
 
-from periodic_manager.config import idempotency_key
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import OutboxMessage
+from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import EnqueueResult, Task, task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
-from periodic_manager.targets.redis_streams import RedisStreamsTarget
+from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 SLOT = datetime(2024, 3, 31, 1, 30, tzinfo=UTC)

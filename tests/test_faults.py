@@ -24,12 +24,12 @@ import redis.asyncio as aioredis
 from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import PeriodicTaskConfig, idempotency_key
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.leadership import AlwaysLeader
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.service import build_manager
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.leadership import AlwaysLeader
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.settings import Settings
 from tests.servers import ManagerProcess, RedisServer
 from tests.tcpproxy import TcpProxy
@@ -385,9 +385,9 @@ async def redis_rig(
     server: RedisServer, prefix: str, *, target_timeout: float = 1.0
 ) -> AsyncIterator[Any]:
     """An in-process manager (static schedules, memory store) whose target is ``server``."""
-    from periodic_manager.providers.base import StaticProvider
-    from periodic_manager.registry import MemoryRuntimeStore
-    from periodic_manager.targets.redis_streams import RedisStreamsTarget
+    from periodic_manager.providers import StaticProvider
+    from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+    from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
     clock = VirtualClock(T0)
     store = MemoryRuntimeStore()
@@ -687,7 +687,7 @@ async def test_database_unreachable_leader_steps_down_and_leads_again_when_it_re
 
 @pytest.fixture
 async def big_scheduler() -> AsyncIterator[tuple[Any, VirtualClock, Any, list[Any]]]:
-    from periodic_manager.scheduler import Scheduler
+    from periodic_manager.engine.scheduler import Scheduler
     from periodic_manager.targets.memory import MemoryTarget
 
     clock, target, runs = VirtualClock(at(12, 0)), MemoryTarget(), []
@@ -739,8 +739,8 @@ async def test_clock_jump_back_never_sends_a_slot_twice(big_scheduler) -> None:
 def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
     """The fire_once catch-up at a takeover searches back from now (it used to walk every slot of
     the window: an hour of ``@every 1s`` per schedule, which blocked the event loop for seconds)."""
-    from periodic_manager.catchup import latest_slot
-    from periodic_manager.scheduler import ScheduledEntry
+    from periodic_manager.engine.catchup import latest_slot
+    from periodic_manager.engine.scheduler import ScheduledEntry
 
     def walk(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
         found, slot = None, entry.schedule.next_after(now - window - timedelta(microseconds=1))

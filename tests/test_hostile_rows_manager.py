@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.config import UNKNOWN_START
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.providers.database import DatabaseProvider
+from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.schedules.definition import UNKNOWN_START
 from tests import rawsql
 from tests.test_end_to_end import Rig, _rig, at, iso
 
@@ -161,7 +161,7 @@ async def test_effective_at_is_read_as_an_instant_or_unknown_never_a_row_error(
 async def test_the_manager_built_from_settings_honours_pm_max_payload_bytes(
     url: str, engine: AsyncEngine
 ) -> None:
-    from periodic_manager.service import build_manager
+    from periodic_manager.runtime.assemble import build_manager
     from periodic_manager.settings import Settings
     from periodic_manager.targets.memory import MemoryTarget
 

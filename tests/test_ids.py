@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager import schedules_io as sio
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import Base
+from periodic_manager.schedules import files as sio
 from tests import rawsql
 from tests.test_end_to_end import Rig, _rig, at
 

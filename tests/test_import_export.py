@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from periodic_manager.cli import main
+from periodic_manager.cli.main import main
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.db.models import PeriodicJob

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.leadership import PostgresLeadership
+from periodic_manager.runtime.leadership import PostgresLeadership
 from tests.tcpproxy import TcpProxy
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # runs) raises. Nothing else is changed.
 LAUNCHER = """
 import sys
-from periodic_manager.manager import PeriodicTaskManager
+from periodic_manager.runtime.manager import PeriodicTaskManager
 calls = []
 original = PeriodicTaskManager.sync
 async def faulty(self, *, full=False):
@@ -26,7 +26,7 @@ async def faulty(self, *, full=False):
         raise RuntimeError("injected fault in the sync loop")
     return await original(self, full=full)
 PeriodicTaskManager.sync = faulty
-from periodic_manager.cli import main
+from periodic_manager.cli.main import main
 sys.exit(main(["manager"]))
 """
 

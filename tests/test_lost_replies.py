@@ -31,10 +31,10 @@ import redis.asyncio as aioredis
 
 from periodic_manager.errors import TargetError
 from periodic_manager.targets import arq as arq_target
-from periodic_manager.targets import claims as claims_module
 from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.base import EnqueueResult, Task, task_id_for
-from periodic_manager.targets.celery import CeleryTarget
+from periodic_manager.targets.celery.target import CeleryTarget
+from periodic_manager.targets.redis import claims as claims_module
 from tests.celery_arq_rig import WorkerProcess, arq_worker, records, wait_for
 from tests.conftest import IN_CI
 from tests.servers import RedisServer
@@ -296,10 +296,10 @@ async def test_a_resend_is_in_the_run_history_and_the_metrics(
     from prometheus_client import generate_latest
 
     from periodic_manager.clock import VirtualClock
-    from periodic_manager.config import PeriodicTaskConfig
-    from periodic_manager.manager import PeriodicTaskManager
-    from periodic_manager.providers.base import StaticProvider
-    from periodic_manager.registry import MemoryRuntimeStore
+    from periodic_manager.providers import StaticProvider
+    from periodic_manager.runtime.manager import PeriodicTaskManager
+    from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+    from periodic_manager.schedules.definition import PeriodicTaskConfig
 
     t0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)
     clock, store = VirtualClock(t0), MemoryRuntimeStore()

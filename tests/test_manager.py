@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import PeriodicTaskConfig
-from periodic_manager.entry import ScheduledEntry
+from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.errors import NotFoundError, ProviderError
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.providers.base import ProviderSnapshot, RowError, StaticProvider
-from periodic_manager.publishing import SLICE, EntryPublisher
-from periodic_manager.registry import MemoryRuntimeStore
+from periodic_manager.providers import ProviderSnapshot, RowError, StaticProvider
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from periodic_manager.runtime.publishing import SLICE, EntryPublisher
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)

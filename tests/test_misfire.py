@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import PeriodicTaskConfig
-from periodic_manager.leadership import AlwaysLeader
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.providers.base import StaticProvider
-from periodic_manager.registry import MemoryRuntimeStore, RunRecord
+from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.leadership import AlwaysLeader
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore, RunRecord
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 20, tzinfo=UTC)

@@ -11,10 +11,10 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
 
-from periodic_manager.config import PeriodicTaskConfig, TargetSet, validate_target
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import ConfigError
-from periodic_manager.service import target_check
+from periodic_manager.runtime.assemble import target_check
+from periodic_manager.schedules.definition import PeriodicTaskConfig, TargetSet, validate_target
 from periodic_manager.settings import Settings
 from tests.celery_arq_rig import Rig, api_rig, at, iso
 
@@ -215,7 +215,7 @@ def test_import_refuses_skip_or_hold_where_the_target_cannot_tell(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from periodic_manager.cli import main
+    from periodic_manager.cli.main import main
     from periodic_manager.db.migrate import upgrade_sync
 
     upgrade_sync(sqlite_url)
@@ -233,9 +233,9 @@ def test_import_refuses_skip_or_hold_where_the_target_cannot_tell(
 async def test_registering_from_code_checks_the_target_too(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    from periodic_manager.manager import PeriodicTaskManager
+    from periodic_manager.runtime.manager import PeriodicTaskManager
     from periodic_manager.targets.memory import MemoryTarget
-    from periodic_manager.targets.redis_streams import RedisStreamsTarget
+    from periodic_manager.targets.redis.streams import RedisStreamsTarget
     from periodic_manager.targets.routing import RoutingTarget
 
     hold = PeriodicTaskConfig.create(

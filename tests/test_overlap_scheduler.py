@@ -16,10 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import PeriodicTaskConfig
-from periodic_manager.registry import RunRecord
-from periodic_manager.scheduler import ScheduledEntry, Scheduler
-from periodic_manager.targets.redis_streams import RedisStreamsTarget
+from periodic_manager.engine.scheduler import ScheduledEntry, Scheduler
+from periodic_manager.runtime.memory_store import RunRecord
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 GROUP = "workers"
@@ -275,10 +275,10 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
     """The issue's reproduction: slot 20 was held, then replaced by slot 30 (recorded skipped);
     the previous task finished, the leader died. The new leader looks back over grace, and
     before, it sent slot 20, out of order. The store records 20 as settled: it starts after it."""
-    from periodic_manager.leadership import AlwaysLeader
-    from periodic_manager.manager import PeriodicTaskManager
-    from periodic_manager.providers.base import StaticProvider
-    from periodic_manager.registry import MemoryRuntimeStore
+    from periodic_manager.providers import StaticProvider
+    from periodic_manager.runtime.leadership import AlwaysLeader
+    from periodic_manager.runtime.manager import PeriodicTaskManager
+    from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 
     class Manual(AlwaysLeader):
         def __init__(self, leader: bool) -> None:

@@ -14,13 +14,13 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
 
-from periodic_manager.config import idempotency_key
 from periodic_manager.db.engine import create_engine
+from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.base import Task, task_id_for
-from periodic_manager.targets.celery import CeleryTarget
+from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.outbox import OutboxTarget
-from periodic_manager.targets.redis_streams import RedisStreamsTarget
+from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 GROUP = "workers"

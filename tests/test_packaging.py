@@ -85,7 +85,7 @@ def test_the_installed_wheel_imports_serves_and_migrates_without_the_repository(
 import importlib.util, json, sys
 import periodic_manager, periodic_manager.api, periodic_manager.migrations
 from periodic_manager.api import create_app
-from periodic_manager.cli import main
+from periodic_manager.cli.main import main
 from periodic_manager.settings import Settings
 app = create_app(Settings(database_url=sys.argv[1]))
 code = main(["migrate", "--database-url", sys.argv[1]])

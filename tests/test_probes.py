@@ -22,8 +22,8 @@ import pytest
 from periodic_manager.api.app import create_app
 from periodic_manager.clock import SystemClock, VirtualClock
 from periodic_manager.db.migrate import head_revision, pending, upgrade
-from periodic_manager.probe import ProbeWriter, check_probe, manager_health
-from periodic_manager.service import build_manager
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.probe import ProbeWriter, check_probe, manager_health
 from periodic_manager.settings import Settings
 from tests.conftest import _unavailable
 from tests.servers import ManagerProcess, RedisServer, free_port
@@ -290,7 +290,7 @@ async def test_healthz_fails_when_the_in_process_manager_died(db_url: str, tmp_p
 def test_an_unwritable_probe_directory_stops_the_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from periodic_manager.cli import main
+    from periodic_manager.cli.main import main
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -342,7 +342,7 @@ def test_the_start_up_line_names_the_broker_celery_publishes_to(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """With PM_CELERY_APP naming an app with its own broker, the line named PM_REDIS_URL."""
-    from periodic_manager.startup import describe_targets
+    from periodic_manager.runtime.startup import describe_targets
 
     module = f"pm_app_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(

@@ -13,18 +13,18 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import ConfigError, TargetError
-from periodic_manager.providers.base import StaticProvider
-from periodic_manager.service import build_target, target_check
+from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.assemble import build_target, target_check
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
 from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.base import Task, task_id_for
-from periodic_manager.targets.celery import CeleryTarget
+from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.memory import MemoryTarget
 from periodic_manager.targets.outbox import OutboxTarget
-from periodic_manager.targets.redis_streams import RedisStreamsTarget
+from periodic_manager.targets.redis.streams import RedisStreamsTarget
 from periodic_manager.targets.routing import RoutingTarget
 from tests.celery_arq_rig import Rig, api_rig, at, iso
 
@@ -230,7 +230,7 @@ async def test_each_schedule_reaches_its_target_and_a_row_naming_another_is_repo
 
 async def test_a_task_failed_alone_is_counted_and_reported_on_its_entry() -> None:
     from periodic_manager.clock import VirtualClock
-    from periodic_manager.manager import PeriodicTaskManager
+    from periodic_manager.runtime.manager import PeriodicTaskManager
 
     outbox, redis = MemoryTarget(), MemoryTarget()
     redis.fail_with = "redis is down"

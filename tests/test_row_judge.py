@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db import rows as dbrows
-from periodic_manager.providers.base import RowError
+from periodic_manager.providers import RowError
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 NAMES = ["job.a", "bad name!", ""]
 SPECS = ["*/5 * * * *", "0 0 31 2 *", "@every 90s", "61 * * * *"]

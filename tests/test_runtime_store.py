@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.store import DatabaseRuntimeStore, LiveEntry
-from periodic_manager.registry import (
+from periodic_manager.runtime.memory_store import (
     EntryRecord,
     ManagerInfo,
     ManagerStatus,

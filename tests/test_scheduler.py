@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.config import PeriodicTaskConfig
-from periodic_manager.scheduler import Scheduler
+from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -223,8 +223,8 @@ async def test_stop_before_the_loop_first_runs_is_not_forgotten() -> None:
 
 
 async def test_a_manager_stopped_right_after_start_stops_at_once() -> None:
-    from periodic_manager.manager import PeriodicTaskManager
-    from periodic_manager.providers.base import StaticProvider
+    from periodic_manager.providers import StaticProvider
+    from periodic_manager.runtime.manager import PeriodicTaskManager
 
     clock = VirtualClock(T0)
     mgr = PeriodicTaskManager(StaticProvider([cfg("a", "@every 10s")]), MemoryTarget(), clock=clock)

@@ -216,8 +216,8 @@ async def test_run_logs_database_target_and_schema_then_is_ready(pg_url: str) ->
 
 
 def test_the_start_up_line_names_the_redis_consumer_group_and_hides_passwords() -> None:
+    from periodic_manager.runtime.startup import describe_targets
     from periodic_manager.settings import Settings
-    from periodic_manager.startup import describe_targets
 
     with_group = Settings(target="redis", redis_url="redis://:pw@127.0.0.1:6379/0", redis_group="workers")
     assert describe_targets(with_group) == "redis (redis://:***@127.0.0.1:6379/0, consumer group workers)"

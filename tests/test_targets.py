@@ -25,14 +25,14 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy import select
 
-from periodic_manager.config import idempotency_key
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import OutboxMessage
 from periodic_manager.errors import TargetError
+from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import EnqueueResult, Target, Task, task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
-from periodic_manager.targets.redis_streams import _CLAIM_AND_ADD, RedisStreamsTarget
+from periodic_manager.targets.redis.streams import _CLAIM_AND_ADD, RedisStreamsTarget
 
 SLOT = datetime(2024, 3, 31, 1, 30, tzinfo=UTC)
 # 03:30 in Berlin on the day clocks jump to summer time is 01:30 UTC (+ 1.5 ms).

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from periodic_manager.config import OPTION_CHECKS
 from periodic_manager.db.migrate import upgrade_sync
+from periodic_manager.schedules.definition import OPTION_CHECKS
 from tests import browser, rawsql
 from tests.conftest import IN_CI
 

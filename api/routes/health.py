@@ -17,9 +17,9 @@ from periodic_manager.api.runtime import live_cutoff
 from periodic_manager.api.schemas import Health, Readiness
 from periodic_manager.db.migrate import database_revision, schema_problem
 from periodic_manager.db.models import Manager, PeriodicJob
-from periodic_manager.probe import manager_health, ping_target
+from periodic_manager.runtime.probe import manager_health, ping_target
+from periodic_manager.runtime.startup import explain
 from periodic_manager.settings import Settings
-from periodic_manager.startup import explain
 
 router = APIRouter(tags=["operations"])
 CHECK_TIMEOUT_S = 2.0

@@ -46,9 +46,9 @@ from periodic_manager.api.schemas import (
     ScheduleUpdate,
     ScheduleWithRuns,
 )
-from periodic_manager.config import DEFAULT_QUEUE
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
+from periodic_manager.schedules.definition import DEFAULT_QUEUE
 from periodic_manager.settings import Settings
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])

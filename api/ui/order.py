@@ -28,11 +28,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.config import PeriodicTaskConfig
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ConfigError
-from periodic_manager.providers.base import RowError
+from periodic_manager.providers import RowError
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 NEVER = datetime.max.replace(tzinfo=UTC)
 # (group, next slot, name, id): group 0 = enabled with a next slot, 1 = unusable, 2 = paused.

@@ -1,5 +1,5 @@
 """``pm_last_good`` on PostgreSQL and SQLite: the last good versions of rows that turned bad
-(see :mod:`periodic_manager.last_good`). ``DatabaseRuntimeStore`` offers these as its methods.
+(see :mod:`periodic_manager.runtime.last_good`). ``DatabaseRuntimeStore`` offers these as its methods.
 
 Versions are read back raw, column by column, exactly as rows of ``periodic_jobs`` are
 (:func:`periodic_manager.db.rows.column`), so the row judge takes them as it takes a row: whatever
@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import LastGood
-from periodic_manager.last_good import LastGoodVersion, StoredVersion
+from periodic_manager.runtime.last_good import LastGoodVersion, StoredVersion
 
 _T = LastGood.__table__
 _CHUNK = 500  # keys per IN (...) list

@@ -33,7 +33,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, LargeBinary, Table, Text, cast, extract, literal
 from sqlalchemy.sql.elements import ColumnClause
 
-from periodic_manager.config import (
+from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
+from periodic_manager.db.models import PeriodicJob
+from periodic_manager.errors import ConfigError
+from periodic_manager.providers import RowError
+from periodic_manager.schedules.definition import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_JSON_DEPTH,
     NAME_RE,
@@ -47,10 +51,6 @@ from periodic_manager.config import (
     validate_schedule,
     validate_task_type,
 )
-from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
-from periodic_manager.db.models import PeriodicJob
-from periodic_manager.errors import ConfigError
-from periodic_manager.providers.base import RowError
 
 # The columns of a raw row, in this order: the id, then ``enabled``, then the content the
 # manager judges, then ``effective_at`` (bookkeeping the manager reads, never a row error), then

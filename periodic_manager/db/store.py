@@ -40,8 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.db import last_good
 from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
 from periodic_manager.errors import NotFoundError
-from periodic_manager.last_good import LastGoodVersion, StoredVersion
-from periodic_manager.registry import (
+from periodic_manager.runtime.last_good import LastGoodVersion, StoredVersion
+from periodic_manager.runtime.memory_store import (
     EntryRecord,
     ManagerInfo,
     ManagerStatus,
@@ -94,7 +94,7 @@ class LiveEntry:
 
 
 class DatabaseRuntimeStore:
-    """:class:`~periodic_manager.registry.RuntimeStore` backed by the schedule database."""
+    """:class:`~periodic_manager.runtime.memory_store.RuntimeStore` backed by the schedule database."""
 
     def __init__(
         self,
@@ -414,7 +414,7 @@ class DatabaseRuntimeStore:
             )
         return bool(result.rowcount)
 
-    # -- last good versions (periodic_manager.last_good; SQL in db/last_good.py) ----------------
+    # -- last good versions (periodic_manager.runtime.last_good; SQL in db/last_good.py) ----------------
 
     async def save_last_good(self, versions: Sequence[LastGoodVersion]) -> None:
         """Store the last good version of rows that turned bad (see ``db.last_good.save``)."""

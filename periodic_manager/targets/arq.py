@@ -50,9 +50,9 @@ from periodic_manager.targets.base import (
     Task,
     overlap_of,
 )
-from periodic_manager.targets.claims import RedisClaims, split_payload
-from periodic_manager.targets.previous import Decided, PreviousTasks
-from periodic_manager.targets.sentinel import Sentinel
+from periodic_manager.targets.redis.claims import RedisClaims, split_payload
+from periodic_manager.targets.redis.previous import Decided, PreviousTasks
+from periodic_manager.targets.redis.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from periodic_manager.config import PeriodicTaskConfig, canonical_json
+from periodic_manager.schedules.definition import PeriodicTaskConfig, canonical_json
 
 TASK_ID_NAMESPACE = uuid.UUID("6f1c1a52-5d0e-4d43-9b8e-2f1d8c0b7a11")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from periodic_manager.calendar import DEAD
-from periodic_manager.config import PeriodicTaskConfig, content_hash
+from periodic_manager.engine.timetable import DEAD
+from periodic_manager.schedules.definition import PeriodicTaskConfig, content_hash
 
 __all__ = ["CodeEntry", "ScheduledEntry", "lookback_floor", "same_slots"]
 

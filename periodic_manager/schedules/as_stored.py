@@ -28,10 +28,10 @@ from sqlalchemy import ColumnElement, DateTime, LargeBinary, Text, cast, func, l
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from periodic_manager.config import canonical_json
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules.definition import canonical_json
 
 MARK = "invalid"
 RAW = "raw"

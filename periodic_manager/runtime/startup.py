@@ -119,7 +119,7 @@ def check_probe_dir(settings: Settings) -> None:
     """With ``PM_PROBE_DIR`` set, the directory must be writable before any work starts."""
     if settings.probe_dir is None:
         return
-    from periodic_manager.probe import ensure_writable
+    from periodic_manager.runtime.probe import ensure_writable
 
     try:
         ensure_writable(settings.probe_dir)
@@ -142,7 +142,7 @@ def describe_targets(settings: Settings) -> str:
         elif name == "celery":
             # The broker it publishes to (PM_CELERY_APP's own when that sets one), where the
             # claims live when that broker is not Redis, and the result backend.
-            from periodic_manager.targets.celery_app import REDIS_SCHEMES
+            from periodic_manager.targets.celery.app import REDIS_SCHEMES
 
             broker = settings.celery_broker()
             where = redact_url(broker)

@@ -24,8 +24,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
+from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets.base import (
     EnqueueResult,
     Prepared,
@@ -33,8 +33,12 @@ from periodic_manager.targets.base import (
     Task,
     no_completion,
 )
-from periodic_manager.targets.sentinel import Sentinel
-from periodic_manager.targets.stream_overlap import CLAIM_AND_ADD_AFTER, XADD_TASK, overlap_fields
+from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.redis.stream_overlap import (
+    CLAIM_AND_ADD_AFTER,
+    XADD_TASK,
+    overlap_fields,
+)
 
 # KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
 # enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded by the script

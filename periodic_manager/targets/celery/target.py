@@ -48,8 +48,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from periodic_manager.config import slot_text
 from periodic_manager.errors import TargetError
+from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets.base import (
     QUEUED,
     EnqueueResult,
@@ -59,18 +59,18 @@ from periodic_manager.targets.base import (
     no_completion,
     overlap_of,
 )
-from periodic_manager.targets.celery_app import REDIS_SCHEMES, app_settings, publishing_app
-from periodic_manager.targets.celery_kombu import KombuPublisher
-from periodic_manager.targets.celery_redis import RedisWriter, ScriptCall
-from periodic_manager.targets.celery_results import ResultStates
-from periodic_manager.targets.celery_wire import (
+from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app
+from periodic_manager.targets.celery.kombu import KombuPublisher
+from periodic_manager.targets.celery.results import ResultStates
+from periodic_manager.targets.celery.wire import (
     Delivery,
     Layout,
     Routes,
     UnsupportedApp,
     WireFormat,
 )
-from periodic_manager.targets.claims import (
+from periodic_manager.targets.celery.writer import RedisWriter, ScriptCall
+from periodic_manager.targets.redis.claims import (
     ELSEWHERE,
     NEW,
     RESEND,
@@ -78,8 +78,8 @@ from periodic_manager.targets.claims import (
     RedisClaims,
     split_payload,
 )
-from periodic_manager.targets.previous import Decided, PreviousTasks
-from periodic_manager.targets.sentinel import Sentinel
+from periodic_manager.targets.redis.previous import Decided, PreviousTasks
+from periodic_manager.targets.redis.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 

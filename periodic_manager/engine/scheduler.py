@@ -15,14 +15,14 @@ Slot semantics:
   schedule's ``effective_at`` (its creation, its last timing change or resume);
 * an entry whose next slot cannot be computed (past year 9999) stops alone, with its error;
 * all slots due at one instant go to the target as one batch;
-* ``options.overlap`` skip and hold (:mod:`periodic_manager.overlap`): a slot the target reports
+* ``options.overlap`` skip and hold (:mod:`periodic_manager.engine.overlap`): a slot the target reports
   ``busy`` is recorded skipped, or held and tried again every ``hold_tick`` seconds while this
   scheduler leads (sent unstaged, through the normal send path); the entry's next slots go on.
 
-Staging (:mod:`periodic_manager.staging`): the next instant's batch is built before it, and at
-the instant only the sending is left. Entries are :class:`~periodic_manager.entry.ScheduledEntry`
-objects; the calendar of instants is :mod:`periodic_manager.calendar`, sending and its retries
-:mod:`periodic_manager.dispatch`, run history :mod:`periodic_manager.history`.
+Staging (:mod:`periodic_manager.engine.staging`): the next instant's batch is built before it, and at
+the instant only the sending is left. Entries are :class:`~periodic_manager.engine.entry.ScheduledEntry`
+objects; the calendar of instants is :mod:`periodic_manager.engine.timetable`, sending and its retries
+:mod:`periodic_manager.engine.dispatch`, run history :mod:`periodic_manager.engine.history`.
 """
 
 from __future__ import annotations
@@ -33,11 +33,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from periodic_manager.calendar import Calendar
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, ident_of, overlap_policy
 from periodic_manager.cron import Schedule
-from periodic_manager.dispatch import (
+from periodic_manager.engine.dispatch import (
     Chunk,
     Dispatcher,
     ErrorHook,
@@ -46,11 +44,13 @@ from periodic_manager.dispatch import (
     later,
     prepare,
 )
-from periodic_manager.entry import CodeEntry, ScheduledEntry, lookback_floor, same_slots
-from periodic_manager.history import Observer, RunsHook, RunWriter
-from periodic_manager.overlap import HOLD_TICK_S, OverlapGuard
-from periodic_manager.registry import RunRecord
-from periodic_manager.staging import Staged, Stager
+from periodic_manager.engine.entry import CodeEntry, ScheduledEntry, lookback_floor, same_slots
+from periodic_manager.engine.history import Observer, RunsHook, RunWriter
+from periodic_manager.engine.overlap import HOLD_TICK_S, OverlapGuard
+from periodic_manager.engine.staging import Staged, Stager
+from periodic_manager.engine.timetable import Calendar
+from periodic_manager.runtime.memory_store import RunRecord
+from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of, overlap_policy
 from periodic_manager.targets.base import Target, staged
 
 log = logging.getLogger(__name__)

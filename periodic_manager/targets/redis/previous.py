@@ -41,7 +41,7 @@ from periodic_manager.targets.base import (
     Task,
     overlap_timeout_ms,
 )
-from periodic_manager.targets.claims import (
+from periodic_manager.targets.redis.claims import (
     ELSEWHERE,
     NEW,
     RESEND,
@@ -49,7 +49,7 @@ from periodic_manager.targets.claims import (
     RedisClaims,
     is_pending,
 )
-from periodic_manager.targets.stream_overlap import overlap_fields
+from periodic_manager.targets.redis.stream_overlap import overlap_fields
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]

@@ -10,7 +10,7 @@ bad entry: nothing is written); ``prune`` also deletes the schedules the file do
 their state and history). Unchanged rows are not touched.
 
 A row with errors (one the manager rejects, or whose columns cannot all be read) is exported as
-stored, marked ``invalid``, and imported back as stored (:mod:`periodic_manager.as_stored`): an
+stored, marked ``invalid``, and imported back as stored (:mod:`periodic_manager.schedules.as_stored`): an
 export restores every row the API lists, errors included.
 """
 
@@ -27,17 +27,17 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager import as_stored
-from periodic_manager.config import (
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
+from periodic_manager.errors import ConfigError, PeriodicManagerError
+from periodic_manager.schedules import as_stored
+from periodic_manager.schedules.definition import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PeriodicTaskConfig,
     canonical_json,
     check_text,
     validate_target,
 )
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
-from periodic_manager.errors import ConfigError, PeriodicManagerError
 
 FORMATS = ("json", "yaml", "toml")
 REQUIRED = ("name", "spec", "task_type")
@@ -75,7 +75,9 @@ def parse(text: str, fmt: str, source: str = "input") -> list[Any]:
         if fmt == "json":
             doc: Any = json.loads(text)
         elif fmt == "yaml":
-            from periodic_manager.yaml_load import load as load_yaml  # refuses alias bombs
+            from periodic_manager.schedules.yaml_load import (
+                load as load_yaml,  # refuses alias bombs
+            )
 
             doc = load_yaml(text)
         else:
@@ -425,7 +427,7 @@ async def export_entries(
 ) -> Export:
     """Every row as a file entry, ordered by name, defaults left out. A row with errors (as the
     API judges it with ``targets``, the deployment's configured targets) is exported as stored,
-    marked ``invalid`` (see :mod:`periodic_manager.as_stored`); ``invalid`` lists them.
+    marked ``invalid`` (see :mod:`periodic_manager.schedules.as_stored`); ``invalid`` lists them.
     ``nulls_as_stored`` (TOML, which has no null): such a row's payload or options holding a
     JSON null is given as its stored text (a schedule's is refused by :func:`dump`)."""
     out = Export([])

@@ -26,9 +26,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from periodic_manager.config import UNKNOWN_START, PeriodicTaskConfig, content_hash, ident_of
-from periodic_manager.providers.base import ChangeSet, RowError
-from periodic_manager.publishing import EntryPublisher
+from periodic_manager.providers import ChangeSet, RowError
+from periodic_manager.runtime.publishing import EntryPublisher
+from periodic_manager.schedules.definition import (
+    UNKNOWN_START,
+    PeriodicTaskConfig,
+    content_hash,
+    ident_of,
+)
 
 log = logging.getLogger(__name__)
 

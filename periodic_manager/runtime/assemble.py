@@ -8,13 +8,13 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import Clock
-from periodic_manager.config import PeriodicTaskConfig, validate_target
 from periodic_manager.db.engine import is_sqlite, normalize_url
+from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import DatabaseRuntimeStore
-from periodic_manager.leadership import AlwaysLeader, Leadership, PostgresLeadership
-from periodic_manager.manager import PeriodicTaskManager
-from periodic_manager.notify import PostgresChangeListener
-from periodic_manager.providers.database import DatabaseProvider
+from periodic_manager.runtime.leadership import AlwaysLeader, Leadership, PostgresLeadership
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.notify import PostgresChangeListener
+from periodic_manager.schedules.definition import PeriodicTaskConfig, validate_target
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import Target
 from periodic_manager.targets.routing import RoutingTarget
@@ -32,7 +32,7 @@ def build_target(settings: Settings, engine: AsyncEngine) -> Target:
 
 def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
     if name == "redis":
-        from periodic_manager.targets.redis_streams import RedisStreamsTarget
+        from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
         return RedisStreamsTarget.from_url(
             settings.redis_url,
@@ -58,8 +58,8 @@ def _build_celery(settings: Settings) -> Target:
     """The celery target: the app of ``celery_app`` (its settings honoured) or a bare app on
     ``celery_broker_url`` / ``redis_url``; claims beside the messages on a Redis broker, otherwise
     in ``redis_url``."""
-    from periodic_manager.targets.celery import CeleryTarget
-    from periodic_manager.targets.celery_app import REDIS_SCHEMES, load_app
+    from periodic_manager.targets.celery.app import REDIS_SCHEMES, load_app
+    from periodic_manager.targets.celery.target import CeleryTarget
 
     common = {
         "prefix": settings.stream_prefix,

@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from periodic_manager import gcpolicy
-from periodic_manager.config import content_hash
-from periodic_manager.registry import EntryRecord, RuntimeStore
+from periodic_manager.runtime import gcpolicy
+from periodic_manager.runtime.memory_store import EntryRecord, RuntimeStore
+from periodic_manager.schedules.definition import content_hash
 
 if TYPE_CHECKING:
-    from periodic_manager.entry import ScheduledEntry
+    from periodic_manager.engine.entry import ScheduledEntry
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ LOOK_SLICE = 20_000  # entries looked at between two yields (~1 ms)
 
 
 def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
-    """The published record of ``entry``; ``view``: its :class:`~periodic_manager.overlap.View`
+    """The published record of ``entry``; ``view``: its :class:`~periodic_manager.engine.overlap.View`
     (options.overlap skip and hold), if any."""
     cfg = entry.config
     key, digest = cfg.key, content_hash(cfg)

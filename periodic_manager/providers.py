@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from periodic_manager.config import PeriodicTaskConfig
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 
 @dataclass(frozen=True, slots=True)

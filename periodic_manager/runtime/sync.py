@@ -4,7 +4,7 @@ A schedule whose content hash and name are unchanged keeps its entry and its tim
 one is replaced (:meth:`Scheduler.register` keeps or carries its pending slot); a row deleted or
 disabled loses its entry. A row the provider rejected is logged once per (row, content) and
 published as an error record; if it had a good version before, that version keeps running
-(nothing is lost), also after a restart or a takeover (:mod:`periodic_manager.last_good`). Long loops yield to the event loop, so a bulk change of 100,000 rows never
+(nothing is lost), also after a restart or a takeover (:mod:`periodic_manager.runtime.last_good`). Long loops yield to the event loop, so a bulk change of 100,000 rows never
 holds dispatch or the leadership proof.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from periodic_manager.config import PeriodicTaskConfig, content_hash, ident_of
-from periodic_manager.last_good import LastGoodKeeper
-from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
-from periodic_manager.publishing import EntryPublisher, error_record
-from periodic_manager.registry import EntryRecord
-from periodic_manager.scheduler import Scheduler
+from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.providers import ChangeSet, ProviderSnapshot, RowError
+from periodic_manager.runtime.last_good import LastGoodKeeper
+from periodic_manager.runtime.memory_store import EntryRecord
+from periodic_manager.runtime.publishing import EntryPublisher, error_record
+from periodic_manager.schedules.definition import PeriodicTaskConfig, content_hash, ident_of
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from periodic_manager.targets.base import FINISHED, QUEUED, RUNNING, UNFINISHED
-from periodic_manager.targets.celery_app import REDIS_SCHEMES, import_celery
+from periodic_manager.targets.celery.app import REDIS_SCHEMES, import_celery
 
 _READY = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 _WAITING = frozenset({"RECEIVED", "RETRY"})

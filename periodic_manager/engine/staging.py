@@ -2,7 +2,7 @@
 
 ``lead`` seconds before an instant (in proportion to its size, from the measured cost per task)
 the stager takes the instant's entries off the calendar, builds their tasks and lets the target
-prepare them (:func:`periodic_manager.dispatch.prepare`); at the instant the scheduler only sends.
+prepare them (:func:`periodic_manager.engine.dispatch.prepare`); at the instant the scheduler only sends.
 Cyclic garbage collection waits from staging until the batch is sent. The batch remembers the
 scheduler's change counter: if an entry was registered, replaced or removed meanwhile, the
 scheduler re-checks the batch at the slot (a staged entry that died is dropped, its replacement
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from periodic_manager import gcpolicy
-from periodic_manager.calendar import Calendar
-from periodic_manager.dispatch import Chunk, prepare
+from periodic_manager.engine.dispatch import Chunk, prepare
+from periodic_manager.engine.timetable import Calendar
+from periodic_manager.runtime import gcpolicy
 from periodic_manager.targets.base import Target
 
 if TYPE_CHECKING:
-    from periodic_manager.config import PeriodicTaskConfig
-    from periodic_manager.entry import ScheduledEntry
+    from periodic_manager.engine.entry import ScheduledEntry
+    from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 # Staging starts LEAD_MIN_S + 1.5 x (tasks x measured cost per task) before an instant, at most
 # LEAD_MAX_S: early enough for its size, late enough that few entries change in between.

@@ -25,8 +25,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from periodic_manager.targets.base import Task
-from periodic_manager.targets.celery_wire import Delivery, Layout, WireFormat
-from periodic_manager.targets.claims import RedisClaims
+from periodic_manager.targets.celery.wire import Delivery, Layout, WireFormat
+from periodic_manager.targets.redis.claims import RedisClaims
 
 # ARGV[1] = the claim-key prefix; ARGV[2] = JSON {"d": destinations, "t": tasks} (cjson: one
 # argument instead of five per task); ARGV[3] = the tasks' messages, concatenated; ARGV[4] = how

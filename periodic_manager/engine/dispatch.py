@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from periodic_manager.clock import Clock
-from periodic_manager.config import PeriodicTaskConfig, slot_text
-from periodic_manager.history import RunWriter
-from periodic_manager.registry import RunRecord
+from periodic_manager.engine.history import RunWriter
+from periodic_manager.runtime.memory_store import RunRecord
+from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
 from periodic_manager.targets.base import (
     EnqueueResult,
     Prepared,
@@ -30,8 +30,8 @@ from periodic_manager.targets.base import (
 )
 
 if TYPE_CHECKING:
-    from periodic_manager.entry import ScheduledEntry
-    from periodic_manager.overlap import OverlapGuard
+    from periodic_manager.engine.entry import ScheduledEntry
+    from periodic_manager.engine.overlap import OverlapGuard
 
 log = logging.getLogger(__name__)
 

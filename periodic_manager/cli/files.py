@@ -14,8 +14,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from periodic_manager.clock import SystemClock
-from periodic_manager.config import slot_text, validate_schedule
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules.definition import slot_text, validate_schedule
 from periodic_manager.settings import Settings
 
 PROG = "periodic-manager"
@@ -29,7 +29,7 @@ def _fail(message: str, status: int = 2) -> int:
 
 def print_next(args: argparse.Namespace) -> int:
     """``next SPEC [--tz ZONE] [-n N]``: one line per slot, ``<UTC>  <local with offset> <abbr>``."""
-    from periodic_manager.describe import describe
+    from periodic_manager.schedules.describe import describe
 
     if not 1 <= args.n <= 10_000:
         return _fail(f"-n: must be between 1 and 10000 (got {args.n})")
@@ -61,10 +61,10 @@ def print_next(args: argparse.Namespace) -> int:
 def run_file_command(command: str, args: argparse.Namespace, settings: Settings) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from periodic_manager import schedules_io as sio
     from periodic_manager.db.engine import is_sqlite
-    from periodic_manager.schedules_io import FileError
-    from periodic_manager.startup import StartupError, check_database
+    from periodic_manager.runtime.startup import StartupError, check_database
+    from periodic_manager.schedules import files as sio
+    from periodic_manager.schedules.files import FileError
 
     try:
         if command == "import":
@@ -106,8 +106,8 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
 async def _import(
     desired: list[dict[str, Any]], args: argparse.Namespace, settings: Settings
 ) -> int:
-    from periodic_manager import schedules_io as sio
     from periodic_manager.db.engine import create_engine
+    from periodic_manager.schedules import files as sio
 
     engine = create_engine(settings.database_url)
     try:
@@ -124,8 +124,8 @@ async def _import(
 
 
 async def _export(args: argparse.Namespace, settings: Settings) -> int:
-    from periodic_manager import schedules_io as sio
     from periodic_manager.db.engine import create_engine
+    from periodic_manager.schedules import files as sio
 
     engine = create_engine(settings.database_url)
     try:

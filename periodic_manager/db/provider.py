@@ -28,11 +28,11 @@ from sqlalchemy import BigInteger, Select, any_, bindparam, delete, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from periodic_manager.config import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ProviderError
-from periodic_manager.providers.base import ChangeSet, ProviderSnapshot, RowError
+from periodic_manager.providers import ChangeSet, ProviderSnapshot, RowError
+from periodic_manager.schedules.definition import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig
 
 # Rows are read in partitions of this many, each judged before the next is read.
 FETCH_PARTITION = 2000
@@ -43,7 +43,7 @@ Known = Callable[[int], PeriodicTaskConfig | None]
 
 
 class DatabaseProvider:
-    """A :class:`~periodic_manager.providers.base.ConfigProvider` reading ``periodic_jobs``.
+    """A :class:`~periodic_manager.providers.ConfigProvider` reading ``periodic_jobs``.
 
     ``known``: set by the manager to look up the config it holds for a row id; rows whose
     revision matches are not read again (see the module doc).

@@ -18,16 +18,22 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from periodic_manager import __version__, catchup, gcpolicy
+from periodic_manager import __version__
 from periodic_manager.clock import Clock, SystemClock
-from periodic_manager.config import PeriodicTaskConfig, ident_of
+from periodic_manager.engine import catchup
+from periodic_manager.engine.scheduler import (
+    ErrorHook,
+    PostEnqueueHook,
+    PreEnqueueHook,
+    ScheduledEntry,
+    Scheduler,
+)
 from periodic_manager.errors import ConfigError, NotFoundError
-from periodic_manager.last_good import LastGoodKeeper
-from periodic_manager.leadership import AlwaysLeader, Leadership
-from periodic_manager.metrics import ManagerMetrics
-from periodic_manager.providers.base import ConfigProvider, StaticProvider
-from periodic_manager.publishing import EntryPublisher, entry_record
-from periodic_manager.registry import (
+from periodic_manager.providers import ConfigProvider, StaticProvider
+from periodic_manager.runtime import gcpolicy
+from periodic_manager.runtime.last_good import LastGoodKeeper
+from periodic_manager.runtime.leadership import AlwaysLeader, Leadership
+from periodic_manager.runtime.memory_store import (
     EntryRecord,
     ManagerInfo,
     ManagerStatus,
@@ -35,14 +41,10 @@ from periodic_manager.registry import (
     RunRecord,
     RuntimeStore,
 )
-from periodic_manager.scheduler import (
-    ErrorHook,
-    PostEnqueueHook,
-    PreEnqueueHook,
-    ScheduledEntry,
-    Scheduler,
-)
-from periodic_manager.sync import Reconciler, SyncReport
+from periodic_manager.runtime.metrics import ManagerMetrics
+from periodic_manager.runtime.publishing import EntryPublisher, entry_record
+from periodic_manager.runtime.sync import Reconciler, SyncReport
+from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
 from periodic_manager.targets.base import Target, completion_off
 
 log = logging.getLogger(__name__)

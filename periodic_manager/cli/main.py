@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from periodic_manager import __version__
 from periodic_manager.settings import Settings
 
-log = logging.getLogger("periodic_manager.cli")
+log = logging.getLogger("periodic_manager.cli.main")
 PROG = "periodic-manager"
 
 FLAGS: dict[str, tuple[str, str]] = {
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     if command == "next":  # needs no settings and no database
-        from periodic_manager.cli_files import print_next
+        from periodic_manager.cli.files import print_next
 
         return print_next(args)
     if command == "health":
@@ -144,15 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(args)
     except UsageError as exc:
         return _fail(str(exc), 2)
-    from periodic_manager.logs import configure
-    from periodic_manager.startup import StartupError
+    from periodic_manager.cli.logs import configure
+    from periodic_manager.runtime.startup import StartupError
 
     configure(settings.log_level, settings.log_format)
     try:
         if command == "migrate":
             return _migrate(settings)
         if command in ("import", "export"):
-            from periodic_manager.cli_files import run_file_command
+            from periodic_manager.cli.files import run_file_command
 
             return run_file_command(command, args, settings)  # checks the database itself
         if command == "manager":
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _health(args: argparse.Namespace) -> int:
     from periodic_manager.clock import SystemClock
-    from periodic_manager.probe import check_probe
+    from periodic_manager.runtime.probe import check_probe
 
     directory = args.probe_dir or os.environ.get("PM_PROBE_DIR", "").strip()
     if not directory:
@@ -180,7 +180,7 @@ def _health(args: argparse.Namespace) -> int:
 
 def _migrate(settings: Settings) -> int:
     from periodic_manager.db.migrate import head_revision, upgrade_sync
-    from periodic_manager.startup import StartupError, check_database, explain, redact_url
+    from periodic_manager.runtime.startup import StartupError, check_database, explain, redact_url
 
     where = f"database {redact_url(settings.database_url)}"
     asyncio.run(check_database(settings.database_url, must_exist=False))  # reachable at all?
@@ -199,7 +199,7 @@ def _migrate(settings: Settings) -> int:
 
 
 def _log_start(role: str, settings: Settings, revision: str | None, extra: str = "") -> None:
-    from periodic_manager.startup import describe_targets, redact_url
+    from periodic_manager.runtime.startup import describe_targets, redact_url
 
     targets = describe_targets(settings)
     log.info(
@@ -211,9 +211,9 @@ def _log_start(role: str, settings: Settings, revision: str | None, extra: str =
 async def _run_manager(settings: Settings) -> int:
     from periodic_manager.clock import SystemClock
     from periodic_manager.db.engine import create_engine
-    from periodic_manager.probe import ProbeWriter, manager_health
-    from periodic_manager.service import build_manager
-    from periodic_manager.startup import StartupError, check_database, check_probe_dir
+    from periodic_manager.runtime.assemble import build_manager
+    from periodic_manager.runtime.probe import ProbeWriter, manager_health
+    from periodic_manager.runtime.startup import StartupError, check_database, check_probe_dir
 
     check_probe_dir(settings)
     revision = await check_database(settings.database_url)
@@ -249,7 +249,7 @@ def _start_metrics(settings: Settings, manager: Any) -> Any:
         return None
     from prometheus_client import start_http_server
 
-    from periodic_manager.startup import StartupError, is_loopback
+    from periodic_manager.runtime.startup import StartupError, is_loopback
 
     try:
         server, _ = start_http_server(
@@ -268,7 +268,7 @@ def _start_metrics(settings: Settings, manager: Any) -> Any:
 
 async def _supervise(manager: Any, probe: Any) -> int:
     """Start ``manager``, keep its probe file fresh, stop on SIGINT/SIGTERM or when a loop died."""
-    from periodic_manager.startup import StartupError
+    from periodic_manager.runtime.startup import StartupError
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -307,7 +307,7 @@ async def _supervise(manager: Any, probe: Any) -> int:
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``, bound before anything else starts, so a port in
     use ends the command before a manager leads or a migration runs."""
-    from periodic_manager.startup import StartupError
+    from periodic_manager.runtime.startup import StartupError
 
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
@@ -330,11 +330,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def _serve(settings: Settings, *, role: str) -> int:
     from periodic_manager.db.engine import is_sqlite
-    from periodic_manager.startup import check_database
+    from periodic_manager.runtime.startup import check_database
 
     if role == "run":
-        from periodic_manager.service import build_leadership
-        from periodic_manager.startup import StartupError, check_probe_dir
+        from periodic_manager.runtime.assemble import build_leadership
+        from periodic_manager.runtime.startup import StartupError, check_probe_dir
 
         check_probe_dir(settings)
         try:
@@ -349,7 +349,7 @@ def _serve(settings: Settings, *, role: str) -> int:
         import uvicorn  # after the checks: a failing start stays quick
 
         from periodic_manager.api.app import create_app
-        from periodic_manager.service import build_manager
+        from periodic_manager.runtime.assemble import build_manager
 
         port = sock.getsockname()[1]
         _log_start(role, settings, revision, f", API on http://{settings.host}:{port}")

@@ -1,0 +1,1 @@
+"""A schedule as data: its definition, its rules, its files."""
