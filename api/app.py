@@ -38,7 +38,8 @@ from periodic_manager.api.routes import (
 from periodic_manager.api.schemas import Problem
 from periodic_manager.api.ui.shell import ui_router
 from periodic_manager.api.unsent import UnsentAnswers
-from periodic_manager.clock import Clock, SystemClock
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import Clock
 from periodic_manager.db.engine import create_engine, sessionmaker
 from periodic_manager.settings import Settings
 

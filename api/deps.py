@@ -10,9 +10,8 @@ from typing import Protocol
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.clock import Clock
+from periodic_manager.contracts import Clock, Target
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import Target
 
 log = logging.getLogger(__name__)
 

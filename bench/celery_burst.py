@@ -45,10 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from periodic_manager.clock import SystemClock  # noqa: E402
+from periodic_manager.contracts import Task  # noqa: E402
 from periodic_manager.providers import StaticProvider  # noqa: E402
 from periodic_manager.runtime.manager import PeriodicTaskManager  # noqa: E402
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key  # noqa: E402
-from periodic_manager.targets.base import Task, task_for  # noqa: E402
+from periodic_manager.targets.base import task_for  # noqa: E402
 from periodic_manager.targets.celery.target import CeleryTarget  # noqa: E402
 
 REDIS = os.environ.get("PM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

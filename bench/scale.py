@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from periodic_manager.api.app import create_app  # noqa: E402
 from periodic_manager.clock import SystemClock  # noqa: E402
+from periodic_manager.contracts import EnqueueResult, Task  # noqa: E402
 from periodic_manager.db.engine import create_engine  # noqa: E402
 from periodic_manager.db.migrate import upgrade  # noqa: E402
 from periodic_manager.db.provider import DatabaseProvider  # noqa: E402
@@ -39,7 +40,6 @@ from periodic_manager.db.store import DatabaseRuntimeStore  # noqa: E402
 from periodic_manager.runtime.manager import PeriodicTaskManager  # noqa: E402
 from periodic_manager.runtime.notify import PostgresChangeListener  # noqa: E402
 from periodic_manager.settings import Settings  # noqa: E402
-from periodic_manager.targets.base import EnqueueResult, Task  # noqa: E402
 from periodic_manager.targets.outbox import OutboxTarget  # noqa: E402
 from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
 
@@ -187,7 +187,7 @@ async def propagation(quick: bool) -> str:
         # Another process would see the same: here the manager has no in-process signal from the
         # API; edits reach it only through NOTIFY (the sync interval is an hour).
         mgr = b.manager(RedisStreamsTarget.from_url(REDIS, prefix=b.prefix), close_target=True)
-        listener = PostgresChangeListener(b.url, mgr.request_sync)
+        listener = PostgresChangeListener(b.url)
         mgr.signals.append(listener)
         await mgr.start()
         await listener.connected.wait()

@@ -7,7 +7,8 @@ Schedules live as rows in ``periodic_jobs``; a :class:`PeriodicTaskManager` read
 
 __version__ = "0.1.0"
 
-from periodic_manager.clock import Clock, SystemClock, VirtualClock  # noqa: E402
+from periodic_manager.clock import SystemClock, VirtualClock
+from periodic_manager.contracts import Clock, ConfigProvider, EnqueueResult, Target, Task
 from periodic_manager.errors import (  # noqa: E402
     ConfigError,
     NotFoundError,
@@ -15,10 +16,9 @@ from periodic_manager.errors import (  # noqa: E402
     ProviderError,
     TargetError,
 )
-from periodic_manager.providers import ConfigProvider, StaticProvider  # noqa: E402
+from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager, SyncReport  # noqa: E402
 from periodic_manager.schedules.definition import PeriodicTaskConfig  # noqa: E402
-from periodic_manager.targets.base import EnqueueResult, Target, Task  # noqa: E402
 
 __all__ = [
     "Clock",

@@ -13,25 +13,6 @@ import heapq
 import itertools
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
-
-
-class Clock(Protocol):
-    """Source of time for the scheduler and the manager."""
-
-    def now(self) -> datetime:
-        """The current instant, an aware UTC datetime."""
-        ...
-
-    async def sleep(self, seconds: float) -> None:
-        """Return after ``seconds`` of this clock's time have passed (cancellable)."""
-        ...
-
-    async def sleep_until(self, instant: datetime) -> None:
-        """Return once this clock reaches ``instant`` (cancellable). The remaining time is
-        measured when the timer is armed, so work queued before the sleeper first runs does not
-        make it late."""
-        ...
 
 
 class SystemClock:

@@ -189,18 +189,14 @@ class Settings(BaseSettings):
     def configured_targets(self) -> TargetSet:
         """The targets this deployment runs: the default first, then ``targets`` (no repeats),
         with why each one that cannot tell when a task finished cannot (``options.overlap``)."""
+        from periodic_manager.targets import completion
+
         names = tuple(dict.fromkeys((self.target, *self.targets)))
         missing: dict[str, str] = {}
-        if "redis" in names and self.redis_group is None:
-            missing["redis"] = (
-                "set PM_REDIS_GROUP to the consumer group your workers read with "
-                "(examples/consume_redis.py --group)"
-            )
-        if "celery" in names and self.celery_backend() is None:
-            missing["celery"] = (
-                "set PM_CELERY_RESULT_BACKEND (or result_backend in your Celery app) to the "
-                "result backend your workers write to"
-            )
+        if "redis" in names and (why := completion.redis(self.redis_group)) is not None:
+            missing["redis"] = why
+        if "celery" in names and (why := completion.celery(self.celery_backend())) is not None:
+            missing["celery"] = why
         return TargetSet(names, missing)
 
     def celery_broker(self) -> str:

@@ -25,12 +25,12 @@ import redis.asyncio as aioredis
 
 from periodic_manager.api.app import create_app
 from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import Target
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import Target
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute

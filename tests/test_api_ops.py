@@ -18,13 +18,12 @@ from periodic_manager.api import create_app
 from periodic_manager.api.auth import is_loopback, warn_if_exposed
 from periodic_manager.cli.logs import JsonFormatter
 from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import EnqueueResult, RunRecord
 from periodic_manager.db.models import Manager, OutboxMessage, PeriodicJob, Run
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.manager import PeriodicTaskManager
-from periodic_manager.runtime.memory_store import RunRecord
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import EnqueueResult
 from periodic_manager.targets.memory import MemoryTarget
 from tests.test_api import HEARTBEAT_S, JOB, T0, assert_error, assert_problem, create, manager_row
 

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from periodic_manager.contracts import Task
 from periodic_manager.settings import Settings
 from periodic_manager.targets.arq import ArqTarget, arq_call
-from periodic_manager.targets.base import Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from tests.celery_arq_rig import Rig, WorkerProcess, api_rig, arq_worker, at, iso, records, wait_for
 
 

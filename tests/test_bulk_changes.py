@@ -50,8 +50,8 @@ async def test_a_100k_row_insert_never_stalls_dispatch_or_loses_leadership(pg_ur
     try:
         await manager.start()
         assert manager.is_leader
-        inner = manager.leadership.on_change
-        manager.leadership.on_change = lambda leads: (changes.append(leads), inner(leads))[1]  # type: ignore[misc]
+        inner = manager.leadership._on_change  # type: ignore[attr-defined]
+        manager.leadership._on_change = lambda leads: (changes.append(leads), inner(leads))[1]  # type: ignore[attr-defined]
         dog = asyncio.create_task(watchdog())
         started = datetime.now(UTC)
         await conn.execute(

@@ -16,10 +16,11 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.cli.main import main
+from periodic_manager.contracts import Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.runtime.assemble import build_target
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from tests.celery_arq_rig import WorkerProcess, celery_worker, records, wait_for
 

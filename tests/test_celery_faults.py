@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis.asyncio as aioredis
 
+from periodic_manager.contracts import EnqueueResult, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from tests.servers import RedisServer
 

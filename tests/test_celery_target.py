@@ -23,9 +23,10 @@ import redis.asyncio as aioredis
 from celery import Celery, signals
 
 from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.redis.claims import RedisClaims
 from tests.celery_arq_rig import (

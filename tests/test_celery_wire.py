@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from kombu import Exchange, Queue
 
 from periodic_manager.clock import SystemClock
-from periodic_manager.targets.base import Task, task_id_for
+from periodic_manager.contracts import Task
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.celery.wire import Layout, Routes, fast_saferepr
 

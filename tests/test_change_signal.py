@@ -160,7 +160,7 @@ async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval
     mgr = PeriodicTaskManager(
         DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), sync_interval=3600
     )
-    listener = PostgresChangeListener(dsn(pg_url), mgr.request_sync, check_interval=0.2)
+    listener = PostgresChangeListener(dsn(pg_url), check_interval=0.2)
     mgr.signals.append(listener)
     await mgr.start()
     try:

@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.contracts import ConfigProvider, ProviderSnapshot
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.errors import ProviderError
-from periodic_manager.providers import ConfigProvider, ProviderSnapshot
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import RunRecord, StateRecord
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
-from periodic_manager.runtime.memory_store import MemoryRuntimeStore, RunRecord, StateRecord
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.schedules.definition import UNKNOWN_START, PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
@@ -33,7 +35,8 @@ class ManualLeader(AlwaysLeader):
         super().__init__()
         self._initial = leader
 
-    async def start(self) -> None:
+    async def start(self, on_change: Any) -> None:
+        self._on_change = on_change
         await self._set(self._initial)
 
 
@@ -271,8 +274,8 @@ async def test_a_dead_leadership_loop_is_a_dead_manager() -> None:
     class DyingLeader(ManualLeader):
         task: asyncio.Task[None] | None = None
 
-        async def start(self) -> None:
-            await super().start()
+        async def start(self, on_change: Any) -> None:
+            await super().start(on_change)
 
             async def loop() -> None:
                 await asyncio.sleep(0)

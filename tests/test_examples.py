@@ -13,11 +13,12 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import func, select
 
+from periodic_manager.contracts import EnqueueResult, Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import OutboxMessage
 from periodic_manager.schedules.definition import idempotency_key
-from periodic_manager.targets.base import EnqueueResult, Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
 

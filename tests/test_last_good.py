@@ -17,11 +17,11 @@ from sqlalchemy import text
 
 from periodic_manager.api.app import create_app
 from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import LastGoodVersion
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.assemble import build_manager
-from periodic_manager.runtime.last_good import LastGoodVersion
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.settings import Settings
 from periodic_manager.targets.memory import MemoryTarget

@@ -61,10 +61,8 @@ async def pair(pg_url: str, clock: VirtualClock) -> AsyncIterator[tuple[Postgres
 async def test_one_leader_and_a_standby_that_takes_over_when_it_stops(pair, clock: VirtualClock) -> None:
     a, b = pair
     changes: list[tuple[str, bool]] = []
-    a.on_change = lambda v: changes.append(("a", v))
-    b.on_change = lambda v: changes.append(("b", v))
-    await a.start()
-    await b.start()
+    await a.start(lambda v: changes.append(("a", v)))
+    await b.start(lambda v: changes.append(("b", v)))
     assert a.is_leader and not b.is_leader
     await clock.advance(1)
     await until(lambda: True)
@@ -78,8 +76,8 @@ async def test_leader_whose_session_is_killed_stops_and_the_standby_takes_over(
     pair, clock: VirtualClock, pg_url: str
 ) -> None:
     a, b = pair
-    await a.start()
-    await b.start()
+    await a.start(lambda _v: None)
+    await b.start(lambda _v: None)
     admin = await asyncpg.connect(dsn(pg_url))
     try:
         await admin.execute(
@@ -110,8 +108,8 @@ async def test_cut_off_leader_stops_and_the_standby_takes_over(
     a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
     b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     try:
-        await a.start()
-        await b.start()
+        await a.start(lambda _v: None)
+        await b.start(lambda _v: None)
         assert a.is_leader and not b.is_leader
         await proxy.cut()
         await polls_until(clock, lambda: not a.is_leader)
@@ -128,11 +126,9 @@ async def test_half_open_leader_steps_down_before_the_server_frees_the_lock(
     a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)
     b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     events: list[str] = []
-    a.on_change = lambda v: events.append(f"a:{v}")
-    b.on_change = lambda v: events.append(f"b:{v}")
     try:
-        await a.start()
-        await b.start()
+        await a.start(lambda v: events.append(f"a:{v}"))
+        await b.start(lambda v: events.append(f"b:{v}"))
         proxy.freeze()  # the leader's connection stays open but nothing gets through
         loop = asyncio.get_running_loop()
         frozen_at = loop.time()

@@ -29,10 +29,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from periodic_manager.contracts import EnqueueResult, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets import arq as arq_target
 from periodic_manager.targets.arq import ArqTarget
-from periodic_manager.targets.base import EnqueueResult, Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.redis import claims as claims_module
 from tests.celery_arq_rig import WorkerProcess, arq_worker, records, wait_for

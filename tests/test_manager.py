@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import ProviderSnapshot, RowError
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.errors import NotFoundError, ProviderError
-from periodic_manager.providers import ProviderSnapshot, RowError, StaticProvider
+from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.publishing import SLICE, EntryPublisher

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import RunRecord
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
-from periodic_manager.runtime.memory_store import MemoryRuntimeStore, RunRecord
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
@@ -26,7 +28,8 @@ class ManualLeader(AlwaysLeader):
         super().__init__()
         self._initial = leader
 
-    async def start(self) -> None:
+    async def start(self, on_change: Any) -> None:
+        self._on_change = on_change
         await self._set(self._initial)
 
 

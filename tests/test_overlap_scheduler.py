@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import RunRecord
 from periodic_manager.engine.scheduler import ScheduledEntry, Scheduler
-from periodic_manager.runtime.memory_store import RunRecord
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
@@ -285,7 +285,8 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
             super().__init__()
             self.initial = leader
 
-        async def start(self) -> None:
+        async def start(self, on_change: Any) -> None:
+            self._on_change = on_change
             await self._set(self.initial)
 
     store = MemoryRuntimeStore()

@@ -14,10 +14,11 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
 
+from periodic_manager.contracts import Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.arq import ArqTarget
-from periodic_manager.targets.base import Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.outbox import OutboxTarget
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
@@ -112,7 +113,7 @@ async def test_streams_overlap_timeout_and_no_group_configured(
     ]
     bare = RedisStreamsTarget(redis_client, prefix=redis_prefix)
     [refused, plain] = await bare.enqueue([task("x", 1, overlap="hold"), task("y", 1)], slot(1))
-    assert refused.status == "failed" and "PM_REDIS_GROUP is not set" in (refused.error or "")
+    assert refused.status == "failed" and "set PM_REDIS_GROUP" in (refused.error or "")
     assert plain.status == "enqueued"
     assert await redis_client.exists(bare.claim_key("default", refused.task.idempotency_key)) == 0
 
@@ -336,7 +337,8 @@ async def test_celery_without_a_result_backend_refuses_overlap(
     config = {"broker_transport_options": {"global_keyprefix": f"{redis_prefix}:"}}
     target = CeleryTarget.from_url(redis_url, prefix=redis_prefix, config=config)
     try:
-        assert not target.completion
+        assert target.completion_off({"overlap": "skip"}) is not None
+        assert target.completion_off({}) is None
         [refused, plain] = await target.enqueue(
             [
                 task("n", 1, queue=f"{redis_prefix}.q", overlap="skip"),

@@ -44,13 +44,13 @@ import redis.asyncio as aioredis
 from sqlalchemy import text
 
 from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import RunRecord, Target
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.engine.scheduler import Scheduler
-from periodic_manager.runtime.memory_store import RunRecord
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.targets.arq import ArqTarget
-from periodic_manager.targets.base import Target, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.outbox import OutboxTarget
 from periodic_manager.targets.redis.streams import RedisStreamsTarget

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from sqlalchemy import text
 
+from periodic_manager.contracts import Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import ConfigError, TargetError
 from periodic_manager.providers import StaticProvider
@@ -20,7 +21,7 @@ from periodic_manager.runtime.assemble import build_target, target_check
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
 from periodic_manager.targets.arq import ArqTarget
-from periodic_manager.targets.base import Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.memory import MemoryTarget
 from periodic_manager.targets.outbox import OutboxTarget

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from periodic_manager.contracts import RowError
 from periodic_manager.db import rows as dbrows
-from periodic_manager.providers import RowError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 NAMES = ["job.a", "bad name!", ""]

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.contracts import ManagerInfo, ManagerStatus, RunRecord
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import Run
 from periodic_manager.db.store import DatabaseRuntimeStore
-from periodic_manager.runtime.memory_store import ManagerInfo, ManagerStatus, RunRecord
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

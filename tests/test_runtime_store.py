@@ -14,19 +14,18 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.db.engine import create_engine
-from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.store import DatabaseRuntimeStore, LiveEntry
-from periodic_manager.runtime.memory_store import (
+from periodic_manager.contracts import (
     EntryRecord,
     ManagerInfo,
     ManagerStatus,
-    MemoryRuntimeStore,
     RunRecord,
     RuntimeStore,
     StateRecord,
-    fold_run,
 )
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.store import DatabaseRuntimeStore, LiveEntry
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 EVER = datetime(1970, 1, 1, tzinfo=UTC)
@@ -250,7 +249,7 @@ async def test_record_runs_folds_counts_slots_and_errors(harness: Harness) -> No
     assert s2.counts == {"failed": 1, "enqueued": 1}
     assert (s2.name, s2.last_slot_at, s2.last_error) == ("job.2.renamed", at(300), None)
 
-    # The same slot again (a retried batch) replaces the details, as fold_run does.
+    # The same slot again (a retried batch) replaces the details, as StateRecord.fold does.
     await store.record_runs([run("1", 240, "enqueued", message_id="m-240b", at=at(250))])
     s = await harness.state("1")
     assert s is not None
@@ -281,7 +280,7 @@ async def test_record_runs_equals_folding_one_by_one(harness: Harness) -> None:
         i += len(batch)
         await harness.store.record_runs(batch)
         for r in batch:
-            fold_run(expected.setdefault(r.schedule_key, StateRecord(r.schedule_key, r.name)), r)
+            expected.setdefault(r.schedule_key, StateRecord(r.schedule_key, r.name)).fold(r)
         assert await harness.states(list(expected)) == expected, f"after run {i}"
 
 

@@ -191,7 +191,7 @@ async def test_two_identical_configs_with_different_rows_are_two_entries(rig) ->
 
 async def test_tasks_failed_one_by_one_are_retried_alone_within_grace(rig) -> None:
     sched, clock, target = rig
-    from periodic_manager.targets.base import EnqueueResult
+    from periodic_manager.contracts import EnqueueResult
 
     real = target.enqueue
     calls: list[list[str]] = []

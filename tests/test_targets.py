@@ -25,12 +25,13 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy import select
 
+from periodic_manager.contracts import EnqueueResult, Target, Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import OutboxMessage
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import idempotency_key
-from periodic_manager.targets.base import EnqueueResult, Target, Task, task_id_for
+from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
 from periodic_manager.targets.redis.streams import _CLAIM_AND_ADD, RedisStreamsTarget
 

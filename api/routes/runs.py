@@ -24,11 +24,12 @@ from periodic_manager.api.deps import get_now, get_session, get_settings, get_ta
 from periodic_manager.api.errors import ApiProblem, config_error_item
 from periodic_manager.api.routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
 from periodic_manager.api.schemas import RunOut, RunPage, TriggerResult
+from periodic_manager.contracts import EnqueueResult, Target
 from periodic_manager.db.models import Run
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import EnqueueResult, Target, task_for
+from periodic_manager.targets.base import task_for
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/schedules", tags=["history"])

@@ -28,10 +28,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from periodic_manager.contracts import RowError
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ConfigError
-from periodic_manager.providers import RowError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 NEVER = datetime.max.replace(tzinfo=UTC)

@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import LargeBinary, bindparam, case, cast, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.contracts import LastGoodVersion, StoredVersion
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import LastGood
-from periodic_manager.runtime.last_good import LastGoodVersion, StoredVersion
 
 _T = LastGood.__table__
 _CHUNK = 500  # keys per IN (...) list

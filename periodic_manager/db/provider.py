@@ -28,10 +28,10 @@ from sqlalchemy import BigInteger, Select, any_, bindparam, delete, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from periodic_manager.contracts import ChangeSet, Known, ProviderSnapshot, RowError
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ProviderError
-from periodic_manager.providers import ChangeSet, ProviderSnapshot, RowError
 from periodic_manager.schedules.definition import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig
 
 # Rows are read in partitions of this many, each judged before the next is read.
@@ -39,14 +39,13 @@ FETCH_PARTITION = 2000
 # Ids per query when the columns of changed rows are read by id.
 IDS_PER_QUERY = 5000
 Verdict = PeriodicTaskConfig | RowError | None
-Known = Callable[[int], PeriodicTaskConfig | None]
 
 
 class DatabaseProvider:
-    """A :class:`~periodic_manager.providers.ConfigProvider` reading ``periodic_jobs``.
+    """An :class:`~periodic_manager.contracts.IncrementalProvider` reading ``periodic_jobs``.
 
-    ``known``: set by the manager to look up the config it holds for a row id; rows whose
-    revision matches are not read again (see the module doc).
+    A manager :meth:`adopt` s it: valid rows become its entries, and after the first full read the
+    rows whose revision matches the config it holds are not read again (see the module doc).
     """
 
     def __init__(
@@ -65,7 +64,8 @@ class DatabaseProvider:
         self._sqlite = engine.dialect.name == "sqlite"
         self.rules = dbrows.Rules(self._sqlite, max_payload_bytes, check)
         self._judge = dbrows.RowJudge(self.rules)
-        self.known: Known | None = None
+        self.known: Known | None = None  # set by adopt()
+        self._warm = False  # a full read has succeeded: from now on ``known`` is worth asking
         self._types_checked = False
         # Rejected rows by id, with the revision they were judged at: a bad row is not judged
         # again until it changes (good rows are remembered by the manager's entries).
@@ -83,14 +83,11 @@ class DatabaseProvider:
             select(t.id, t.revision).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
         )
 
-    @property
-    def config_class(self) -> type[PeriodicTaskConfig]:
-        """What valid rows become (a manager sets its entry class: no copy per schedule)."""
-        return self._judge.config_class
-
-    @config_class.setter
-    def config_class(self, cls: type[PeriodicTaskConfig]) -> None:
-        self._judge.config_class = cls
+    def adopt(self, build: type[PeriodicTaskConfig], known: Known) -> None:
+        """Build valid rows as ``build`` (a manager's entry class: no copy per schedule), and
+        after the first full read ask ``known(row_id)`` before reading a row's columns."""
+        self._judge.config_class = build
+        self.known = known
 
     async def get_configs(self) -> ProviderSnapshot:
         """Every enabled, valid row as a config, and a RowError for each enabled, invalid row.
@@ -107,7 +104,7 @@ class DatabaseProvider:
         try:
             async with self.engine.connect() as conn:
                 revision = await _current_revision(conn)
-                if self.known is None:
+                if self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
                     async for part in self._stream(conn, self._full):
                         self._sort(part, configs, errors)
@@ -126,6 +123,7 @@ class DatabaseProvider:
             self._errors = errors_before
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
         configs.sort(key=_row_id)
+        self._warm = True
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
     async def _reuse(
@@ -164,7 +162,7 @@ class DatabaseProvider:
                 errors.append(verdict)
                 self._errors[raw[0]] = (raw[dbrows.N_JUDGED], verdict)
 
-    def judge_last_good(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
+    def judge_stored(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
         """A last good version read back from the runtime store (``raw`` as a row: id, enabled,
         content, effective_at), judged as this provider judges a row: it is data like any other,
         so it runs only if it is still a usable schedule here (the target check included)."""

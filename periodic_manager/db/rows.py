@@ -33,10 +33,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, LargeBinary, Table, Text, cast, extract, literal
 from sqlalchemy.sql.elements import ColumnClause
 
+from periodic_manager.contracts import RowError
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
-from periodic_manager.providers import RowError
 from periodic_manager.schedules.definition import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_JSON_DEPTH,

@@ -37,18 +37,18 @@ from sqlalchemy import RowMapping, and_, case, delete, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.db import last_good
-from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
-from periodic_manager.errors import NotFoundError
-from periodic_manager.runtime.last_good import LastGoodVersion, StoredVersion
-from periodic_manager.runtime.memory_store import (
+from periodic_manager.contracts import (
     EntryRecord,
+    LastGoodVersion,
     ManagerInfo,
     ManagerStatus,
     RunRecord,
     StateRecord,
-    fold_run,
+    StoredVersion,
 )
+from periodic_manager.db import last_good
+from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
+from periodic_manager.errors import NotFoundError
 
 # Stored counters, one column per run status.
 COUNT_COLUMNS = {
@@ -208,7 +208,7 @@ class DatabaseRuntimeStore:
     async def record_runs(self, runs: Sequence[RunRecord]) -> None:
         """Fold a batch of runs into ``pm_schedule_state``: one statement per batch.
 
-        Each schedule's runs are first folded in Python with :func:`registry.fold_run` into a
+        Each schedule's runs are first folded in Python with :meth:`StateRecord.fold` into a
         fresh record (the batch's delta); the upsert then merges that delta into the stored row
         with the same rules, so the result equals folding every run one by one.
         """
@@ -221,7 +221,7 @@ class DatabaseRuntimeStore:
         updated_at: dict[str, datetime] = {}
         for i, run in enumerate(runs):
             delta = deltas.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name))
-            fold_run(delta, run)
+            delta.fold(run)
             updated_at[run.schedule_key] = max(run.at, updated_at.get(run.schedule_key, run.at))
             if i % _BUILD_SLICE == _BUILD_SLICE - 1:
                 await asyncio.sleep(0)
@@ -300,7 +300,7 @@ class DatabaseRuntimeStore:
         stmt = self._insert(ScheduleState)
         new = stmt.excluded
         # The batch moved the last slot iff it had an enqueued/duplicate run (then the delta's
-        # last_slot_at is set); like fold_run, an equal slot replaces (the later run wins).
+        # last_slot_at is set); like StateRecord.fold, an equal slot replaces (the later run wins).
         moves = and_(
             new.last_slot_at.is_not(None),
             or_(t.last_slot_at.is_(None), new.last_slot_at >= t.last_slot_at),

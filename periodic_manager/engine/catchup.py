@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
+from periodic_manager.contracts import RuntimeStore, StateRecord
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor
 from periodic_manager.engine.scheduler import Scheduler
-from periodic_manager.runtime.memory_store import RuntimeStore, StateRecord
 
 log = logging.getLogger(__name__)
 

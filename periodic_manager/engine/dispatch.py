@@ -16,18 +16,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from periodic_manager.clock import Clock
+from periodic_manager.contracts import Clock, EnqueueResult, Prepared, RunRecord, StagedTarget, Task
 from periodic_manager.engine.history import RunWriter
-from periodic_manager.runtime.memory_store import RunRecord
 from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
-from periodic_manager.targets.base import (
-    EnqueueResult,
-    Prepared,
-    StagedTarget,
-    Task,
-    send_prepared,
-    task_for,
-)
+from periodic_manager.targets.base import send_prepared, task_for
 
 if TYPE_CHECKING:
     from periodic_manager.engine.entry import ScheduledEntry

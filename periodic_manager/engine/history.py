@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from periodic_manager.runtime.memory_store import RunRecord
+from periodic_manager.contracts import RunRecord
 
 log = logging.getLogger(__name__)
 

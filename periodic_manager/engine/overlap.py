@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from periodic_manager.runtime.memory_store import SENT, RunRecord
+from periodic_manager.contracts import QUEUED, SENT, EnqueueResult, RunRecord
 from periodic_manager.schedules.definition import overlap_policy
-from periodic_manager.targets.base import QUEUED, EnqueueResult
 
 if TYPE_CHECKING:
     from periodic_manager.engine.entry import ScheduledEntry

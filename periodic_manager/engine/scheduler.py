@@ -33,7 +33,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from periodic_manager.clock import Clock, SystemClock
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import Clock, RunRecord, Target
 from periodic_manager.cron import Schedule
 from periodic_manager.engine.dispatch import (
     Chunk,
@@ -49,9 +50,8 @@ from periodic_manager.engine.history import Observer, RunsHook, RunWriter
 from periodic_manager.engine.overlap import HOLD_TICK_S, OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
 from periodic_manager.engine.timetable import Calendar
-from periodic_manager.runtime.memory_store import RunRecord
 from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of, overlap_policy
-from periodic_manager.targets.base import Target, staged
+from periodic_manager.targets.base import staged
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from periodic_manager.contracts import Target
 from periodic_manager.engine.dispatch import Chunk, prepare
 from periodic_manager.engine.timetable import Calendar
 from periodic_manager.runtime import gcpolicy
-from periodic_manager.targets.base import Target
 
 if TYPE_CHECKING:
     from periodic_manager.engine.entry import ScheduledEntry

@@ -7,16 +7,15 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.clock import Clock
+from periodic_manager.contracts import Clock, Leadership, Target
 from periodic_manager.db.engine import is_sqlite, normalize_url
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import DatabaseRuntimeStore
-from periodic_manager.runtime.leadership import AlwaysLeader, Leadership, PostgresLeadership
+from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.schedules.definition import PeriodicTaskConfig, validate_target
 from periodic_manager.settings import Settings
-from periodic_manager.targets.base import Target
 from periodic_manager.targets.routing import RoutingTarget
 
 
@@ -83,7 +82,8 @@ def build_manager(
 
     On PostgreSQL it also LISTENs for the change trigger's notifications (unless ``listen`` is off).
     """
-    manager = PeriodicTaskManager(
+    listen = settings.listen is not False and not is_sqlite(settings.database_url)
+    return PeriodicTaskManager(
         DatabaseProvider(
             engine, check=target_check(settings), max_payload_bytes=settings.max_payload_bytes
         ),
@@ -101,10 +101,8 @@ def build_manager(
         leadership=build_leadership(settings, clock),
         catchup_window=settings.catchup_window,
         full_sync_interval=settings.full_sync_interval,
+        signals=[PostgresChangeListener(normalize_url(settings.database_url))] if listen else [],
     )
-    if settings.listen is not False and not is_sqlite(settings.database_url):
-        manager.signals.append(PostgresChangeListener(normalize_url(settings.database_url), manager.request_sync))
-    return manager
 
 
 def target_check(settings: Settings) -> Callable[[PeriodicTaskConfig], None]:

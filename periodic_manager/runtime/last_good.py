@@ -24,9 +24,15 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
-from periodic_manager.providers import ChangeSet, RowError
+from periodic_manager.contracts import (
+    ChangeSet,
+    LastGoodStore,
+    LastGoodVersion,
+    RowError,
+    StoredVersion,
+)
 from periodic_manager.runtime.publishing import EntryPublisher
 from periodic_manager.schedules.definition import (
     UNKNOWN_START,
@@ -39,58 +45,6 @@ log = logging.getLogger(__name__)
 
 SAVE_SLICE = 1000  # versions per store call (a bulk UPDATE may turn 100,000 rows bad at once)
 Judge = Callable[[Sequence[Any]], PeriodicTaskConfig | RowError]
-
-
-@dataclass(frozen=True, slots=True)
-class LastGoodVersion:
-    """A version to store: the entry's content, and when and at which revision the row was bad."""
-
-    schedule_key: str
-    name: str
-    spec: str
-    timezone: str
-    anchor: datetime | None
-    task_type: str
-    payload_json: str
-    options_json: str
-    effective_at: datetime | None
-    content_hash: str
-    row_revision: int | None  # the revision of the good row it was read from
-    bad_revision: int | None  # the revision at which the row was seen bad
-    since: datetime
-    manager_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class StoredVersion:
-    """A version read back, untrusted: ``raw`` holds its content columns in the raw form of a
-    ``periodic_jobs`` row (``dbrows.CONTENT`` then ``effective_at``), for the row judge."""
-
-    schedule_key: str
-    raw: tuple[Any, ...]
-    since: datetime | None  # None: unreadable
-    bad_revision: int | None
-
-
-class LastGoodStore(Protocol):
-    """What a runtime store offers to keep last good versions (``DatabaseRuntimeStore`` does)."""
-
-    async def save_last_good(self, versions: Sequence[LastGoodVersion]) -> None:
-        """Insert or replace each version, unless the stored one was seen bad at a later
-        revision; an unchanged content keeps its ``since``."""
-        ...
-
-    async def last_good_index(self) -> dict[str, int | None]:
-        """The keys that have a stored version, each with its ``bad_revision``."""
-        ...
-
-    async def load_last_good(self, keys: Sequence[str]) -> list[StoredVersion]:
-        """The stored versions of ``keys`` (absent keys are missing)."""
-        ...
-
-    async def forget_last_good(self, keys: Sequence[str], revision: int | None) -> None:
-        """Delete the versions of ``keys`` seen bad at or before ``revision`` (None: any)."""
-        ...
 
 
 @dataclass(slots=True)

@@ -22,14 +22,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
-from periodic_manager.clock import Clock, SystemClock
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import ChangeCallback, Clock
 
 log = logging.getLogger(__name__)
-
-ChangeCallback = Callable[[bool], Awaitable[None] | None]
 
 
 def lock_key(name: str) -> int:
@@ -37,29 +35,19 @@ def lock_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
-class Leadership(Protocol):
-    """Decides whether this manager may enqueue. ``on_change(is_leader)`` is called on every change."""
-
-    is_leader: bool
-    on_change: ChangeCallback | None
-
-    async def start(self) -> None:
-        """Begin campaigning (returns at once; the first attempt has been made)."""
-        ...
-
-    async def stop(self) -> None:
-        """Stop campaigning and release leadership."""
-        ...
-
-
 class AlwaysLeader:
     """Single-manager deployments (SQLite, tests): always the leader."""
 
     def __init__(self) -> None:
         self.is_leader = False
-        self.on_change: ChangeCallback | None = None
+        self._on_change: ChangeCallback | None = None
 
-    async def start(self) -> None:
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return None
+
+    async def start(self, on_change: ChangeCallback) -> None:
+        self._on_change = on_change
         await self._set(True)
 
     async def stop(self) -> None:
@@ -69,8 +57,8 @@ class AlwaysLeader:
         if value == self.is_leader:
             return  # report changes only
         self.is_leader = value
-        if self.on_change is not None:
-            result = self.on_change(value)
+        if self._on_change is not None:
+            result = self._on_change(value)
             if asyncio.iscoroutine(result):
                 await result
 
@@ -104,7 +92,8 @@ class PostgresLeadership(AlwaysLeader):
         """The background loop (the manager supervises it: its death is the manager's failure)."""
         return self._task
 
-    async def start(self) -> None:
+    async def start(self, on_change: ChangeCallback) -> None:
+        self._on_change = on_change
         await self._attempt()
         self._task = asyncio.ensure_future(self._loop())
         self._task.set_name("periodic-manager-leadership")

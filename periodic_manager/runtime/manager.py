@@ -16,10 +16,25 @@ import socket
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from periodic_manager import __version__
-from periodic_manager.clock import Clock, SystemClock
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import (
+    ChangeSignal,
+    Clock,
+    ConfigProvider,
+    EntryRecord,
+    Forgetful,
+    IncrementalProvider,
+    LastGoodStore,
+    Leadership,
+    ManagerInfo,
+    ManagerStatus,
+    RunRecord,
+    RuntimeStore,
+    Target,
+)
 from periodic_manager.engine import catchup
 from periodic_manager.engine.scheduler import (
     ErrorHook,
@@ -29,27 +44,19 @@ from periodic_manager.engine.scheduler import (
     Scheduler,
 )
 from periodic_manager.errors import ConfigError, NotFoundError
-from periodic_manager.providers import ConfigProvider, StaticProvider
+from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime import gcpolicy
 from periodic_manager.runtime.last_good import LastGoodKeeper
-from periodic_manager.runtime.leadership import AlwaysLeader, Leadership
-from periodic_manager.runtime.memory_store import (
-    EntryRecord,
-    ManagerInfo,
-    ManagerStatus,
-    MemoryRuntimeStore,
-    RunRecord,
-    RuntimeStore,
-)
+from periodic_manager.runtime.leadership import AlwaysLeader
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.publishing import EntryPublisher, entry_record
 from periodic_manager.runtime.sync import Reconciler, SyncReport
 from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
-from periodic_manager.targets.base import Target, completion_off
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChangeSignal", "PeriodicTaskManager", "SyncReport"]
+__all__ = ["PeriodicTaskManager", "SyncReport"]
 
 # Tombstones of deleted rows are kept this long; a full reconcile (at least every
 # full_sync_interval, and after any failed sync) covers whatever is pruned.
@@ -74,14 +81,6 @@ def _reraise_if_cancelled(exc: BaseException) -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError() from exc
-
-
-class ChangeSignal(Protocol):
-    """Something that calls ``manager.request_sync()`` when schedules change (e.g. LISTEN)."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
 
 
 class PeriodicTaskManager:
@@ -109,6 +108,12 @@ class PeriodicTaskManager:
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
+        # A provider that can tell what changed builds rows as entries (the scheduler adopts
+        # them without a copy) and reuses the entries it finds unchanged.
+        self._incremental = self.provider if isinstance(self.provider, IncrementalProvider) else None
+        if self._incremental is not None:
+            self._incremental.adopt(ScheduledEntry, self._known_config)
+        self._forgetful = target if isinstance(target, Forgetful) else None
         self.clock: Clock = clock or SystemClock()
         self.sync_interval = sync_interval
         self.heartbeat_interval = heartbeat_interval
@@ -128,7 +133,6 @@ class PeriodicTaskManager:
         # Nothing is sent until leadership is decided (at once for AlwaysLeader).
         self.scheduler.set_active(False)
         self.leadership: Leadership = leadership or AlwaysLeader()
-        self.leadership.on_change = self._on_leadership
         self._terms = 0  # counts leadership changes
         self._running = False
         self._beat_now = asyncio.Event()
@@ -149,9 +153,6 @@ class PeriodicTaskManager:
         self.scheduler.overlap.changed = self.publisher.upsert
         self.reconciler = Reconciler(self.scheduler, self.publisher, checked=_reraise_if_cancelled)
         self.reconciler.keeper = self._last_good_keeper()
-        if hasattr(self.provider, "config_class"):
-            # The provider builds rows as entries, which the scheduler adopts without a copy.
-            self.provider.config_class = ScheduledEntry
         self._sync_requested = asyncio.Event()
         self._sync_lock = asyncio.Lock()
         self._beat_lock = asyncio.Lock()
@@ -168,13 +169,12 @@ class PeriodicTaskManager:
     def _last_good_keeper(self) -> LastGoodKeeper:
         """Keeps the last good version of a row that turns bad: in the store when it can hold one
         (so a restart or a takeover runs it too), judged by the provider when read back."""
-        store = self.store if hasattr(self.store, "save_last_good") else None
         return LastGoodKeeper(
             self.scheduler,
             self.publisher,
             self.manager_id,
-            store=store,  # type: ignore[arg-type]
-            judge=getattr(self.provider, "judge_last_good", None),
+            store=self.store if isinstance(self.store, LastGoodStore) else None,
+            judge=self._incremental.judge_stored if self._incremental is not None else None,
             checked=_reraise_if_cancelled,
         )
 
@@ -191,17 +191,17 @@ class PeriodicTaskManager:
             log.warning("could not publish manager %s (will retry): %s", self.manager_id, exc)
         self._spawn(self.publisher.run(), "publisher")
         await self.sync()
-        await self.leadership.start()
-        self._supervise(getattr(self.leadership, "task", None))
+        await self.leadership.start(self._on_leadership)
+        self._supervise(self.leadership.task)
         for signal in self.signals:
-            await signal.start()
-            self._supervise(getattr(signal, "task", None))
+            await signal.start(self.request_sync)
+            self._supervise(signal.task)
         self._running = True
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self._sync_loop(), "sync-loop")
         self._spawn(self._heartbeat_loop(info), "heartbeat")
-        if getattr(self.target, "forgotten", None) is not None:
-            self._spawn(self._watch_brokers(), "broker-watch")
+        if self._forgetful is not None:
+            self._spawn(self._watch_brokers(self._forgetful), "broker-watch")
         log.info(
             "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),
             "leader" if self.is_leader else "standby",
@@ -350,7 +350,7 @@ class PeriodicTaskManager:
 
         Raises ConfigError (``options.overlap``) when the schedule asks for skip or hold and its
         target cannot tell when a task finished."""
-        why = completion_off(self.target, config.options)
+        why = self.target.completion_off(config.options)
         if why is not None:
             raise ConfigError(
                 "options.overlap",
@@ -401,17 +401,18 @@ class PeriodicTaskManager:
 
     async def _sync(self, *, full: bool = False) -> SyncReport:
         now = self.clock.now()
-        get_changes = getattr(self.provider, "get_changes", None)
+        provider = self._incremental
         incremental = (
             not full
-            and get_changes is not None
+            and provider is not None
             and self._revision is not None
             and self._last_full is not None
             and now - self._last_full < self.full_sync_interval
         )
         try:
             if incremental:
-                changes = await get_changes(self._revision)
+                assert provider is not None and self._revision is not None
+                changes = await provider.get_changes(self._revision)
                 if changes is not None and not changes.full:
                     report = await self.reconciler.apply_changes(changes, now)
                     self._revision = changes.revision
@@ -431,13 +432,10 @@ class PeriodicTaskManager:
         self._revision = snapshot.revision
         self._last_full = now
         self.scheduler.forget_retired(now - RETIRED_MEMORY)
-        if hasattr(self.provider, "known") and self.provider.known is None:
-            # From now on the provider re-reads only rows whose revision differs from the
-            # config an entry holds (the first read, with nothing held, reads everything).
-            self.provider.known = self._known_config
-        prune = getattr(self.provider, "prune_tombstones", None)
-        if prune is not None:
-            await self.publisher.call(prune(now - TOMBSTONE_RETENTION), "pruning tombstones")
+        if provider is not None:
+            await self.publisher.call(
+                provider.prune_tombstones(now - TOMBSTONE_RETENTION), "pruning tombstones"
+            )
         return self._finish(report, now)
 
     def _finish(self, report: SyncReport, now: datetime) -> SyncReport:
@@ -526,17 +524,17 @@ class PeriodicTaskManager:
                 log.warning("heartbeat failed (will retry): %r", exc)
             self._registered = False
 
-    async def _watch_brokers(self) -> None:
+    async def _watch_brokers(self, target: Forgetful) -> None:
         """Every heartbeat interval, in a loop of its own (a broker slow to answer never delays
         the heartbeat): say once, loudly, when a target's broker lost its data (a Redis restarted
         without persistence): its claims of recent slots are gone (see ``targets.sentinel``)."""
         while True:
             await self.clock.sleep(self.heartbeat_interval)
-            await self._look_at_brokers()
+            await self._look_at_brokers(target)
 
-    async def _look_at_brokers(self) -> None:
+    async def _look_at_brokers(self, target: Forgetful) -> None:
         try:
-            lost = await self.target.forgotten()  # type: ignore[attr-defined]
+            lost = await target.forgotten()
         except Exception as exc:
             _reraise_if_cancelled(exc)
             return  # the broker is down: the sends and /readyz say so

@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from periodic_manager.runtime.memory_store import SENT, RunRecord
+from periodic_manager.contracts import SENT, RunRecord
 
 PREFIX = "periodic_manager"
 QUEUE_MEMO_MAX = 100_000  # schedule keys whose queue is remembered between syncs

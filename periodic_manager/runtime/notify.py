@@ -18,7 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from periodic_manager.clock import Clock, SystemClock
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import Clock
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +27,12 @@ CHANNEL = "periodic_jobs"
 
 
 class PostgresChangeListener:
-    """Calls ``on_change()`` for every notification on ``channel`` and after every reconnect."""
+    """Calls ``on_change()`` (given to :meth:`start`) for every notification on ``channel`` and
+    after every reconnect."""
 
     def __init__(
         self,
         dsn: str,
-        on_change: Callable[[], None],
         *,
         channel: str = CHANNEL,
         clock: Clock | None = None,
@@ -40,7 +41,7 @@ class PostgresChangeListener:
         max_backoff: float = 10.0,
     ) -> None:
         self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
-        self.on_change = on_change
+        self.on_change: Callable[[], None] = lambda: None
         self.channel = channel
         # Reconnect backoff and health checks use real time even under a virtual scheduler clock:
         # they wait for a server, not for a slot.
@@ -60,8 +61,9 @@ class PostgresChangeListener:
         """The background loop (the manager supervises it: its death is the manager's failure)."""
         return self._task
 
-    async def start(self) -> None:
+    async def start(self, on_change: Callable[[], None]) -> None:
         """Start listening in the background (returns at once)."""
+        self.on_change = on_change
         self._task = asyncio.ensure_future(self._run())
         self._task.set_name("periodic-manager-listener")
 

@@ -36,7 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from periodic_manager.clock import Clock
+from periodic_manager.contracts import Clock
 
 log = logging.getLogger(__name__)
 

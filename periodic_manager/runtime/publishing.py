@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from periodic_manager.contracts import EntryRecord, RuntimeStore
 from periodic_manager.runtime import gcpolicy
-from periodic_manager.runtime.memory_store import EntryRecord, RuntimeStore
 from periodic_manager.schedules.definition import content_hash
 
 if TYPE_CHECKING:

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from periodic_manager.contracts import ChangeSet, EntryRecord, ProviderSnapshot, RowError
 from periodic_manager.engine.scheduler import Scheduler
-from periodic_manager.providers import ChangeSet, ProviderSnapshot, RowError
 from periodic_manager.runtime.last_good import LastGoodKeeper
-from periodic_manager.runtime.memory_store import EntryRecord
 from periodic_manager.runtime.publishing import EntryPublisher, error_record
 from periodic_manager.schedules.definition import PeriodicTaskConfig, content_hash, ident_of
 

@@ -33,23 +33,16 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Previous, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import (
-    FINISHED,
-    QUEUED,
-    RUNNING,
-    EnqueueResult,
-    Previous,
-    Task,
-    overlap_of,
-)
+from periodic_manager.targets.base import overlap_of
 from periodic_manager.targets.redis.claims import RedisClaims, split_payload
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
@@ -155,7 +148,6 @@ class ArqTarget:
     """
 
     name = "arq"
-    completion = True  # arq's job status (see options.overlap in the module docstring)
 
     def __init__(
         self,
@@ -342,6 +334,10 @@ class ArqTarget:
             running, queued = replies[2 * k], replies[2 * k + 1]
             states.append(RUNNING if running else QUEUED if queued else FINISHED)
         return states
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """arq's own job status tells when a job finished (see the module docstring)."""
+        return None
 
     async def ping(self) -> None:
         """Raise unless arq's Redis answers within ``timeout`` (a readiness check)."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
+from periodic_manager.contracts import EnqueueResult, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import EnqueueResult, Task
+from periodic_manager.targets.base import no_signal
 
 
 class MemoryTarget:
@@ -35,6 +37,9 @@ class MemoryTarget:
             self.messages.append((task, now))
             results.append(EnqueueResult(task, "enqueued", msg_id))
         return results
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        return no_signal(options)
 
     def forget(self) -> None:
         """Lose every claim, as a broker restarted without persistence does (messages stay)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,10 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningInsert
 
-from periodic_manager.db.engine import create_engine
-from periodic_manager.db.models import OutboxMessage
-from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import (
+from periodic_manager.contracts import (
     FINISHED,
     NONE,
     UNFINISHED,
@@ -41,9 +38,11 @@ from periodic_manager.targets.base import (
     Prepared,
     Previous,
     Task,
-    overlap_of,
-    overlap_timeout_ms,
 )
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.models import OutboxMessage
+from periodic_manager.errors import TargetError
+from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
 
 # Rows per INSERT: 10 bind parameters a row stays far below the limits of asyncpg (32767) and
 # SQLite (32766), so a burst of 10,000 slots is a few statements in one transaction.
@@ -55,7 +54,6 @@ class OutboxTarget:
     """Enqueues tasks as ``pm_outbox`` rows; each idempotency key at most once."""
 
     name = "outbox"
-    completion = True  # processed_at: see options.overlap in the module docstring
 
     def __init__(self, engine: AsyncEngine) -> None:
         dialect = engine.dialect.name
@@ -189,6 +187,10 @@ class OutboxTarget:
             )
         lite = sqlite.insert(OutboxMessage).values(rows)
         return lite.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(*returned)
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """A row is finished once ``processed_at`` is set (see the module docstring)."""
+        return None
 
     async def ping(self) -> None:
         """Raise unless the outbox's database answers (a readiness check)."""

@@ -14,15 +14,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from periodic_manager.contracts import EnqueueResult, Forgetful, Pingable, Prepared, Target, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import (
-    EnqueueResult,
-    Prepared,
-    Target,
-    Task,
-    send_prepared,
-    staged,
-)
+from periodic_manager.targets import completion
+from periodic_manager.targets.base import send_prepared, staged
 
 
 class RoutingTarget:
@@ -50,6 +45,13 @@ class RoutingTarget:
     def target_for(self, options: Mapping[str, Any]) -> Target | None:
         """The target a schedule with ``options`` goes to (None: not configured here)."""
         return self.targets.get(str(options.get("target") or self.default))
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """The answer of the target a schedule with ``options`` goes to."""
+        if not completion.asks(options):
+            return None
+        target = self.target_for(options)
+        return "its target is not configured" if target is None else target.completion_off(options)
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         return await self.send(self.prepare(tasks), now)
@@ -114,15 +116,13 @@ class RoutingTarget:
 
     async def ping(self) -> None:
         """Raise unless every target answers; the error names each one that does not. A target
-        without ``ping`` counts as reachable."""
-        names = list(self.targets)
-        pings = [getattr(self.targets[n], "ping", None) for n in names]
+        that cannot be pinged counts as reachable."""
+        pingable = {n: t for n, t in self.targets.items() if isinstance(t, Pingable)}
         outcomes = await asyncio.gather(
-            *(p() for p in pings if p is not None), return_exceptions=True
+            *(t.ping() for t in pingable.values()), return_exceptions=True
         )
-        checked = [n for n, p in zip(names, pings, strict=True) if p is not None]
         failures = []
-        for name, outcome in zip(checked, outcomes, strict=True):
+        for name, outcome in zip(pingable, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 if not isinstance(outcome, Exception):
                     raise outcome
@@ -136,11 +136,9 @@ class RoutingTarget:
         again next time and does not hide the others."""
         lost: list[str] = []
         for target in self.targets.values():
-            ask = getattr(target, "forgotten", None)
-            if ask is None:
-                continue
-            with contextlib.suppress(TargetError, TimeoutError):
-                lost += await ask()
+            if isinstance(target, Forgetful):
+                with contextlib.suppress(TargetError, TimeoutError):
+                    lost += await target.forgotten()
         return lost
 
     async def close(self) -> None:

@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from periodic_manager.targets.base import FINISHED, QUEUED, RUNNING, UNFINISHED
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, UNFINISHED
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, import_celery
 
 _READY = frozenset({"SUCCESS", "FAILURE", "REVOKED"})

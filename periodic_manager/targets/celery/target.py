@@ -48,17 +48,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from periodic_manager.contracts import QUEUED, EnqueueResult, Prepared, Previous, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
-from periodic_manager.targets.base import (
-    QUEUED,
-    EnqueueResult,
-    Prepared,
-    Previous,
-    Task,
-    no_completion,
-    overlap_of,
-)
+from periodic_manager.targets import completion
+from periodic_manager.targets.base import overlap_of, overlap_refused
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery.kombu import KombuPublisher
 from periodic_manager.targets.celery.results import ResultStates
@@ -231,8 +225,6 @@ class CeleryTarget:
         self.timeout = timeout
         # options.overlap: the result backend tells when a task finished.
         self.results = results
-        self.completion = results is not None
-        self.completion_off = None if results is not None else "no result backend configured"
         self.previous = (
             PreviousTasks(claims, results, publish_window_s=2 * timeout) if results else None
         )
@@ -425,7 +417,7 @@ class CeleryTarget:
         for index, task in enumerate(tasks):
             # options.overlap: the previous task is read at send (module docstring).
             after = task.options.get("overlap", "allow") != "allow"
-            if after and (why := no_completion(self, task)) is not None:
+            if after and (why := overlap_refused(self, task)) is not None:
                 data.refused[index] = f"celery: {why}"
                 continue
             try:
@@ -682,6 +674,12 @@ class CeleryTarget:
             # Flag 0 keeps a sent task "queued" only for the publish window; a key not put back
             # names a task never sent, which Celery reports PENDING: overlap_timeout frees it.
             log.error("celery: could not update previous-task keys: %s", exc)
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """A task is finished once the result backend holds a ready state for it: that needs the
+        backend (:mod:`results`)."""
+        backend = "configured" if self.results is not None else None
+        return completion.celery(backend) if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis and the broker the messages go to answer, each within

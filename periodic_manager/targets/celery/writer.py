@@ -24,7 +24,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from periodic_manager.targets.base import Task
+from periodic_manager.contracts import Task
 from periodic_manager.targets.celery.wire import Delivery, Layout, WireFormat
 from periodic_manager.targets.redis.claims import RedisClaims
 

@@ -32,8 +32,8 @@ from datetime import UTC, datetime
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import Task
 
 # What :meth:`RedisClaims.claim` says of each task.
 SENT = 0  # the slot was sent already: a duplicate

@@ -30,8 +30,7 @@ from datetime import datetime
 
 from redis.exceptions import RedisError
 
-from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import (
+from periodic_manager.contracts import (
     FINISHED,
     NONE,
     QUEUED,
@@ -39,8 +38,9 @@ from periodic_manager.targets.base import (
     EnqueueResult,
     Previous,
     Task,
-    overlap_timeout_ms,
 )
+from periodic_manager.errors import TargetError
+from periodic_manager.targets.base import overlap_timeout_ms
 from periodic_manager.targets.redis.claims import (
     ELSEWHERE,
     NEW,

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from periodic_manager.targets.base import Task, overlap_timeout_ms
+from periodic_manager.contracts import Task
+from periodic_manager.targets.base import overlap_timeout_ms
 
 PREV_TTL = timedelta(days=30)
 _DAY_MS = 86_400_000

@@ -24,15 +24,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from periodic_manager.contracts import EnqueueResult, Prepared, Previous, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
-from periodic_manager.targets.base import (
-    EnqueueResult,
-    Prepared,
-    Previous,
-    Task,
-    no_completion,
-)
+from periodic_manager.targets import completion
+from periodic_manager.targets.base import overlap_refused
 from periodic_manager.targets.redis.sentinel import Sentinel
 from periodic_manager.targets.redis.stream_overlap import (
     CLAIM_AND_ADD_AFTER,
@@ -143,8 +139,6 @@ class RedisStreamsTarget:
         self.claim_margin = claim_margin
         self.timeout = timeout
         self.group = group
-        self.completion = group is not None
-        self.completion_off = None if group is not None else "PM_REDIS_GROUP is not set"
         self._scripts = (_CLAIM_AND_ADD, CLAIM_AND_ADD_AFTER)
         self.sentinel = Sentinel(client, f"{{{prefix}}}:sentinel")
         self._shas = tuple(hashlib.sha1(text.encode()).hexdigest() for text in self._scripts)
@@ -204,7 +198,7 @@ class RedisStreamsTarget:
             kind = PLAIN
             # options.overlap (inline: once per task of every burst): a few schedules, own calls
             if task.options.get("overlap", "allow") != "allow":
-                why = no_completion(self, task)
+                why = overlap_refused(self, task)
                 if why is not None:
                     refused[index] = why
                     continue
@@ -314,6 +308,11 @@ class RedisStreamsTarget:
         if kind == AFTER:
             args += [self.group, self.prev_key(queue, "")]
         return [self.stream_key(queue)], args
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """Messages are finished once the workers' consumer group acknowledged them: that needs
+        the group (see :mod:`stream_overlap`)."""
+        return completion.redis(self.group) if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless Redis answers within ``timeout`` (a readiness check)."""

@@ -1,0 +1,600 @@
+"""Every seam of periodic_manager: a Protocol with its contract written on it, and the values that
+cross it.
+
+The engine and the runtime depend on these and on nothing behind them; an adapter (the database,
+Redis, Celery, arq, PostgreSQL's advisory locks and LISTEN) implements them. A capability beyond
+the required methods is a Protocol of its own (:class:`IncrementalProvider`,
+:class:`StagedTarget`, :class:`Pingable`, :class:`Forgetful`), checked once where the parts are
+put together, never probed where it is used.
+
+::
+
+    ConfigProvider ──configs──► manager ──tasks──► Target
+        (IncrementalProvider)      │                  (StagedTarget, Pingable, Forgetful)
+                                   ├──records──► RuntimeStore (LastGoodStore)
+                                   ├──asks─────► Leadership
+                                   └──woken by─► ChangeSignal
+    everything reads time from a Clock; the API drives an in-process manager as a ManagerHandle
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from periodic_manager.schedules.definition import PeriodicTaskConfig, canonical_json
+
+# -- time ------------------------------------------------------------------------------------------
+
+
+class Clock(Protocol):
+    """Source of time for the scheduler and the manager."""
+
+    def now(self) -> datetime:
+        """The current instant, an aware UTC datetime."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Return after ``seconds`` of this clock's time have passed (cancellable)."""
+        ...
+
+    async def sleep_until(self, instant: datetime) -> None:
+        """Return once this clock reaches ``instant`` (cancellable). The remaining time is
+        measured when the timer is armed, so work queued before the sleeper first runs does not
+        make it late."""
+        ...
+
+
+# -- schedules in: providers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """A row the provider could not turn into a config (bad spec, zone, payload, options...)."""
+
+    schedule_id: int | str
+    name: str | None
+    content_hash: str  # hash of the raw row content, so an error is logged once per (row, content)
+    field: str
+    reason: str
+    code: str = "value_error"  # ConfigError.code: "too-large", "out-of-range", "never-fires", ...
+    revision: int | None = None  # the row's revision when judged (a database row's), if known
+
+    @property
+    def message(self) -> str:
+        return f"{self.field}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSnapshot:
+    """Everything a sync needs: the usable enabled configs and the rows that were rejected."""
+
+    configs: Sequence[PeriodicTaskConfig]
+    errors: Sequence[RowError] = ()
+    revision: int | None = None  # the source's change counter when read (incremental providers)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSet:
+    """What changed since a revision: rows written (enabled and valid, or rejected) and the keys of
+    rows deleted or disabled. ``full`` asks for a full read instead (e.g. after a TRUNCATE)."""
+
+    revision: int
+    configs: Sequence[PeriodicTaskConfig] = ()
+    errors: Sequence[RowError] = ()
+    removed: Sequence[str] = ()
+    full: bool = False
+
+
+class ConfigProvider(Protocol):
+    """Source of schedules. One method: return every enabled, valid schedule right now.
+
+    Raises ProviderError when the source cannot be read (the manager then keeps its entries).
+    """
+
+    async def get_configs(self) -> ProviderSnapshot: ...
+
+
+# The config a manager holds for a row id (None: none), as a provider may reuse it.
+Known = Callable[[int], "PeriodicTaskConfig | None"]
+
+
+@runtime_checkable
+class IncrementalProvider(ConfigProvider, Protocol):
+    """A provider whose cost follows change: it says what changed since an earlier read, and
+    reuses what the manager already holds instead of building it again."""
+
+    async def get_changes(self, since: int) -> ChangeSet | None:
+        """None when nothing changed since ``since`` (one cheap query); else the changes."""
+        ...
+
+    async def prune_tombstones(self, older_than: datetime) -> int:
+        """Forget deletions older than ``older_than`` (a full read makes up for any pruned)."""
+        ...
+
+    def adopt(self, build: type[PeriodicTaskConfig], known: Known) -> None:
+        """Build valid rows as ``build`` (the manager's entry class, adopted without a copy), and
+        after the first full read reuse ``known(row_id)`` for a row whose revision it holds."""
+        ...
+
+    def judge_stored(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
+        """Judge a stored copy of a row (a last good version read back from a runtime store:
+        ``raw`` as a row) exactly as this provider judges rows: it is data like any other."""
+        ...
+
+
+# -- tasks out: targets ----------------------------------------------------------------------------
+
+
+_UNPARSED: Any = object()
+
+
+class Task:
+    """One enqueue: a slot of a schedule, ready for a worker.
+
+    ``expires_at``: after this instant no manager may still enqueue the slot (scheduled_at +
+    grace, or the catch-up window); targets keep their claim of the key at least until then.
+    ``payload_json``/``options_json``: canonical JSON when the caller has it already (a burst
+    never serializes a payload per slot); ``payload`` is then parsed only if a target asks for it
+    (the Redis and outbox targets send the text as it is).
+    """
+
+    __slots__ = (
+        "id", "name", "task_type", "_payload", "queue", "options", "idempotency_key",
+        "scheduled_at", "expires_at", "schedule_id", "extra", "payload_json", "options_json",
+    )
+
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - the message field's name
+        name: str,
+        task_type: str,
+        payload: Any,
+        queue: str,
+        options: Mapping[str, Any],
+        idempotency_key: str,
+        scheduled_at: datetime,
+        expires_at: datetime,
+        schedule_id: int | str | None = None,
+        extra: Mapping[str, Any] | None = None,
+        payload_json: str | None = None,
+        options_json: str | None = None,
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.task_type = task_type
+        self._payload = payload
+        self.queue = queue
+        self.options = options
+        self.idempotency_key = idempotency_key
+        self.scheduled_at = scheduled_at
+        self.expires_at = expires_at
+        self.schedule_id = schedule_id
+        self.extra = extra if extra is not None else {}
+        self.payload_json = payload_json
+        self.options_json = options_json
+
+    @property
+    def payload(self) -> Any:
+        if self._payload is _UNPARSED:
+            self._payload = json.loads(self.payload_json)  # type: ignore[arg-type]
+        return self._payload
+
+    def payload_text(self) -> str:
+        """The payload as canonical JSON text."""
+        return self.payload_json if self.payload_json is not None else canonical_json(self.payload)
+
+    def options_text(self) -> str:
+        """The options as canonical JSON text."""
+        return self.options_json if self.options_json is not None else canonical_json(dict(self.options))
+
+    def replace(self, **changes: Any) -> Task:
+        """A copy with ``changes`` applied."""
+        values = {name: getattr(self, name) for name in _TASK_FIELDS}
+        values.update(changes)
+        return Task(**values)
+
+    def __repr__(self) -> str:
+        return f"Task(name={self.name!r}, idempotency_key={self.idempotency_key!r}, queue={self.queue!r})"
+
+
+_TASK_FIELDS = (
+    "id", "name", "task_type", "payload", "queue", "options", "idempotency_key", "scheduled_at",
+    "expires_at", "schedule_id", "extra", "payload_json", "options_json",
+)
+
+
+# States of a schedule's previous task, as a target with a completion signal sees them.
+QUEUED = "queued"  # enqueued, not taken by a worker yet
+RUNNING = "running"  # taken by a worker, not finished
+UNFINISHED = "unfinished"  # queued or running (the target cannot tell which)
+FINISHED = "finished"  # done (or gone: nothing of it is left to wait for)
+NONE = "none"  # the schedule has no previous task (none known)
+
+
+@dataclass(slots=True)
+class Previous:
+    """The previous task of a schedule with ``options.overlap`` skip or hold, as the target saw
+    it when it decided (``task_id`` None: the schedule had none). ``timed_out``: it was not
+    finished but older than ``options.overlap_timeout``, so it counted as finished."""
+
+    task_id: str | None
+    state: str
+    timed_out: bool = False
+
+
+@dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
+class EnqueueResult:
+    """What happened to one task of a batch.
+
+    ``failed``: this task was not enqueued and holds no claim, while the rest of the batch was
+    processed (a task the target cannot encode, or the group of a failed target behind a
+    :class:`~periodic_manager.targets.routing.RoutingTarget`); ``error`` says why.
+
+    ``resent``: enqueued again with the same task id because an earlier publish of this slot was
+    never confirmed by the broker (it may have arrived: workers may see the task twice).
+
+    ``busy``: the task's schedule asks for ``options.overlap`` skip or hold and its previous task
+    is not finished, so nothing was enqueued and nothing claimed. ``previous`` (set only for such
+    schedules) is what the target saw of that previous task.
+    """
+
+    task: Task
+    status: Literal["enqueued", "duplicate", "resent", "failed", "busy"]
+    message_id: str | None = None  # stream entry id, outbox row id, ...
+    error: str | None = None
+    previous: Previous | None = None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A batch made ready before its instant: the tasks, and what the target built from them."""
+
+    tasks: list[Task]
+    data: Any = None  # None: nothing was prepared (the tasks are enqueued as they are)
+
+
+class Target(Protocol):
+    """Enqueues batches of tasks; each idempotency key at most once, atomically with the claim of
+    that key, so that two managers, a restart or a retry never enqueue a slot twice."""
+
+    name: str
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        """Enqueue ``tasks`` (``now`` is the enqueue instant) and report each one's fate.
+
+        Either the whole batch is processed (results in input order) or TargetError is raised and
+        no claim of the batch is left behind without its message. A processed batch may report
+        single tasks as ``failed`` (not enqueued, no claim left), the others being unaffected.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """Why this target cannot honour ``options.overlap`` skip or hold for a schedule with
+        these options: it cannot tell when the schedule's previous task finished (None: it can,
+        or the options ask for ``allow``)."""
+        ...
+
+
+@runtime_checkable
+class Pingable(Protocol):
+    """A target that can say whether its broker answers (``/readyz``); one that cannot counts as
+    reachable."""
+
+    async def ping(self) -> None:
+        """Raise unless the broker the target sends to answers within its timeout."""
+        ...
+
+
+@runtime_checkable
+class Forgetful(Protocol):
+    """A target whose broker can lose its data while it keeps answering (a Redis restarted
+    without persistence): it can tell, through a sentinel key (:mod:`targets.redis.sentinel`)."""
+
+    async def forgotten(self) -> list[str]:
+        """The brokers (described for a log line) that lost their data since the previous call;
+        raises TargetError when one cannot be asked."""
+        ...
+
+
+@runtime_checkable
+class StagedTarget(Target, Protocol):
+    """A target that can do its per-task work before the instant."""
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        """Encode ``tasks`` for sending (no I/O, no clock: called before their instant). Raises
+        TargetError when the batch cannot be encoded (the scheduler then falls back to
+        ``enqueue`` at the instant, which reports the failure)."""
+        ...
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        """Enqueue a prepared batch at ``now``: the same contract as ``enqueue``. A prepared
+        batch may be sent again (a retry); the claims make that safe."""
+        ...
+
+
+# -- what managers publish: the runtime store ------------------------------------------------------
+
+
+# held: options.overlap hold kept the slot while the schedule's previous task runs (the slot
+# then gets a second run: enqueued once that task finished, or skipped).
+# resent: published again with the same task id because the broker never confirmed an earlier
+# publish of the slot (AMQP); the workers may see it twice, and nothing is lost.
+RunStatus = Literal["enqueued", "duplicate", "resent", "skipped", "failed", "held"]
+
+
+# Outcomes that settle a slot for good: a takeover or catch-up never sends it (or an earlier one)
+# again. A failed or held slot is not settled: the next leader may still send it within grace.
+SETTLED = frozenset({"enqueued", "duplicate", "resent", "skipped"})
+SENT = frozenset({"enqueued", "duplicate", "resent"})
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerInfo:
+    manager_id: str
+    hostname: str
+    pid: int
+    version: str
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerStatus:
+    """A heartbeat's content."""
+
+    heartbeat_at: datetime
+    is_leader: bool
+    last_sync_at: datetime | None
+    last_sync_error: str | None
+    entry_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRecord:
+    """An entry as published: ``status`` ``active`` (registered) or ``error`` (row rejected)."""
+
+    entry_id: str
+    schedule_key: str
+    name: str | None
+    content_hash: str
+    status: Literal["active", "error"]
+    registered_at: datetime
+    spec: str | None = None
+    timezone: str | None = None
+    anchor: datetime | None = None
+    task_type: str | None = None
+    queue: str | None = None
+    last_error: str | None = None
+    held_slot: datetime | None = None  # options.overlap hold: the slot held now
+    previous_task_id: str | None = None  # options.overlap: the schedule's last task...
+    previous_task_state: str | None = None  # ...as last seen (queued, running, finished, ...)
+    # An error record of a row whose last good version this manager keeps running: since when.
+    last_good_since: datetime | None = None
+
+
+@dataclass(slots=True)  # not frozen: built once per slot, and frozen __init__ is slow
+class RunRecord:
+    """The outcome of one slot."""
+
+    schedule_key: str
+    name: str
+    slot: datetime
+    status: RunStatus
+    at: datetime
+    message_id: str | None = None
+    error: str | None = None
+    # Why a slot was skipped or held, for the metrics: late, overlap (skip policy), overlap
+    # (held), overlap-replaced, overlap-expired, overlap-released, overlap-timeout.
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class StateRecord:
+    """Per-schedule runtime state as stored (see ``pm_schedule_state``)."""
+
+    schedule_key: str
+    name: str
+    last_slot_at: datetime | None = None
+    last_done_at: datetime | None = None  # the latest settled slot (see SETTLED)
+    last_enqueued_at: datetime | None = None
+    last_message_id: str | None = None
+    last_status: str | None = None
+    last_error: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def fold(self, run: RunRecord) -> StateRecord:
+        """Apply one run (every store folds with this, so they agree)."""
+        self.name = run.name
+        self.counts[run.status] = self.counts.get(run.status, 0) + 1
+        self.last_status = run.status
+        if run.status in SETTLED and (self.last_done_at is None or run.slot > self.last_done_at):
+            self.last_done_at = run.slot
+        if run.status in SENT:
+            if self.last_slot_at is None or run.slot >= self.last_slot_at:
+                self.last_slot_at = run.slot
+                self.last_enqueued_at = run.at
+                self.last_message_id = run.message_id
+            self.last_error = None
+        elif run.status == "failed":
+            self.last_error = run.error
+        return self
+
+
+class RuntimeStore(Protocol):
+    """Where managers publish what they hold. Every method may raise on I/O errors; the manager
+    logs and retries, it never stops scheduling because the store is unreachable."""
+
+    async def register_manager(self, info: ManagerInfo, status: ManagerStatus) -> None:
+        """Create or replace the manager's row and drop any entries it had published before."""
+        ...
+
+    async def heartbeat(self, manager_id: str, status: ManagerStatus) -> None:
+        """Update the manager's row (one write)."""
+        ...
+
+    async def apply_entries(
+        self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
+    ) -> None:
+        """Insert or replace ``upserts`` and delete the entry ids in ``removed``."""
+        ...
+
+    async def record_runs(self, runs: Sequence[RunRecord]) -> None:
+        """Fold a batch of slot outcomes into per-schedule state (one round trip per batch)."""
+        ...
+
+    async def unregister_manager(self, manager_id: str) -> None:
+        """Remove the manager and its entries (clean shutdown)."""
+        ...
+
+    async def get_state(self, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
+        """Stored runtime state of the given schedules (absent keys are missing)."""
+        ...
+
+    async def settled_after(self, since: datetime) -> dict[str, datetime]:
+        """The latest settled slot of every schedule whose latest settled slot is after
+        ``since``, by schedule key (what a takeover must not send again)."""
+        ...
+
+    async def reap(self, older_than: datetime) -> int:
+        """Remove managers whose heartbeat is older than ``older_than`` (and their entries)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LastGoodVersion:
+    """A version to store: the entry's content, and when and at which revision the row was bad."""
+
+    schedule_key: str
+    name: str
+    spec: str
+    timezone: str
+    anchor: datetime | None
+    task_type: str
+    payload_json: str
+    options_json: str
+    effective_at: datetime | None
+    content_hash: str
+    row_revision: int | None  # the revision of the good row it was read from
+    bad_revision: int | None  # the revision at which the row was seen bad
+    since: datetime
+    manager_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVersion:
+    """A version read back, untrusted: ``raw`` holds its content columns in the raw form of a
+    ``periodic_jobs`` row (``dbrows.CONTENT`` then ``effective_at``), for the row judge."""
+
+    schedule_key: str
+    raw: tuple[Any, ...]
+    since: datetime | None  # None: unreadable
+    bad_revision: int | None
+
+
+@runtime_checkable
+class LastGoodStore(Protocol):
+    """What a runtime store offers to keep last good versions (``DatabaseRuntimeStore`` does)."""
+
+    async def save_last_good(self, versions: Sequence[LastGoodVersion]) -> None:
+        """Insert or replace each version, unless the stored one was seen bad at a later
+        revision; an unchanged content keeps its ``since``."""
+        ...
+
+    async def last_good_index(self) -> dict[str, int | None]:
+        """The keys that have a stored version, each with its ``bad_revision``."""
+        ...
+
+    async def load_last_good(self, keys: Sequence[str]) -> list[StoredVersion]:
+        """The stored versions of ``keys`` (absent keys are missing)."""
+        ...
+
+    async def forget_last_good(self, keys: Sequence[str], revision: int | None) -> None:
+        """Delete the versions of ``keys`` seen bad at or before ``revision`` (None: any)."""
+        ...
+
+
+# -- coordination: leadership and change signals ---------------------------------------------------
+
+
+ChangeCallback = Callable[[bool], Awaitable[None] | None]
+
+
+class Leadership(Protocol):
+    """Decides whether this manager may enqueue."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The background loop, if any (the manager supervises it: its death is the manager's)."""
+        ...
+
+    async def start(self, on_change: ChangeCallback) -> None:
+        """Begin campaigning, calling ``on_change(is_leader)`` on every change (returns at once;
+        the first attempt has been made)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop campaigning and release leadership (``on_change(False)`` first)."""
+        ...
+
+
+class ChangeSignal(Protocol):
+    """Tells the manager that schedules changed (PostgreSQL LISTEN, say), so it syncs at once."""
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The background loop, if any (supervised as the manager's own)."""
+        ...
+
+    async def start(self, on_change: Callable[[], None]) -> None:
+        """Begin listening, calling ``on_change()`` (never blocking) whenever schedules may
+        have changed, and after any gap in listening."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+# -- the API's view of an in-process manager -------------------------------------------------------
+
+
+class ManagerHandle(Protocol):
+    """What the API does with the manager it runs in its own process."""
+
+    @property
+    def target(self) -> Target:
+        """Where manual triggers go."""
+        ...
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def registry(self) -> Any:
+        """The Prometheus registry ``/metrics`` serves."""
+        ...
+
+    async def start(self) -> None:
+        """Start scheduling; awaited before the API serves requests."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop scheduling; awaited when the API shuts down."""
+        ...
+
+    def request_sync(self) -> None:
+        """Ask for a sync soon, without waiting for it (called after every successful write)."""
+        ...
+
+    def health(self) -> str | None:
+        """None while every loop runs; otherwise why the manager is not healthy (one line)."""
+        ...

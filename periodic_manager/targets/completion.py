@@ -1,0 +1,35 @@
+"""Whether a target can tell that a task finished, which ``options.overlap`` skip and hold need:
+one answer per target, used by the targets themselves, by the settings (the checks of the API,
+the import and the provider) and by the manager's code API.
+
+Light on purpose: the settings ask it without building (or importing) any target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+REDIS_NO_GROUP = (
+    "no consumer group: set PM_REDIS_GROUP to the group your workers read with "
+    "(examples/consume_redis.py --group)"
+)
+CELERY_NO_BACKEND = (
+    "no result backend: set PM_CELERY_RESULT_BACKEND (or result_backend in your Celery app) to "
+    "the one your workers write to"
+)
+
+
+def redis(group: str | None) -> str | None:
+    """Redis Streams: the consumer group's acknowledgements (None: it can tell)."""
+    return None if group is not None else REDIS_NO_GROUP
+
+
+def celery(result_backend: str | None) -> str | None:
+    """Celery: the result backend's ready states (None: it can tell)."""
+    return None if result_backend is not None else CELERY_NO_BACKEND
+
+
+def asks(options: Mapping[str, Any]) -> bool:
+    """Whether a schedule with these options needs a completion signal (overlap skip or hold)."""
+    return options.get("overlap", "allow") != "allow"
