@@ -3,7 +3,7 @@
 Build it with :func:`create_app`; nothing is created at import time.
 """
 
-from periodic_manager.api.app import create_app
-from periodic_manager.api.deps import ManagerLike
+from .app import create_app
+from .deps import ManagerLike
 
 __all__ = ["ManagerLike", "create_app"]

@@ -14,18 +14,23 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import periodic_manager
-from periodic_manager.api.auth import OPEN_PATHS, BearerAuth, warn_if_exposed
-from periodic_manager.api.deps import ManagerLike
-from periodic_manager.api.errors import PROBLEM_MEDIA_TYPE, install_error_handlers
-from periodic_manager.api.guard import (
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import Clock
+from periodic_manager.db.engine import create_engine, sessionmaker
+from periodic_manager.settings import Settings
+
+from .auth import OPEN_PATHS, BearerAuth, warn_if_exposed
+from .deps import ManagerLike
+from .errors import PROBLEM_MEDIA_TYPE, install_error_handlers
+from .guard import (
     ANY_HOST_PATHS,
     SAFE_METHODS,
     BrowserGuard,
     NoFraming,
     warn_if_unreachable_by_name,
 )
-from periodic_manager.api.limits import BodyLimit, HeadAsGet
-from periodic_manager.api.routes import (
+from .limits import BodyLimit, HeadAsGet
+from .routes import (
     cron,
     docs,
     entries,
@@ -35,13 +40,9 @@ from periodic_manager.api.routes import (
     schedules,
     views,
 )
-from periodic_manager.api.schemas import Problem
-from periodic_manager.api.ui.shell import ui_router
-from periodic_manager.api.unsent import UnsentAnswers
-from periodic_manager.clock import SystemClock
-from periodic_manager.contracts import Clock
-from periodic_manager.db.engine import create_engine, sessionmaker
-from periodic_manager.settings import Settings
+from .schemas import Problem
+from .ui.shell import ui_router
+from .unsent import UnsentAnswers
 
 DESCRIPTION = (
     "Edit periodic schedules (rows of `periodic_jobs`) and inspect what running managers "

@@ -15,9 +15,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from periodic_manager.api.errors import problem_response
 from periodic_manager.runtime.startup import is_loopback
 from periodic_manager.settings import Settings
+
+from .errors import problem_response
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from periodic_manager.api.errors import problem_response
+from .errors import problem_response
 
 
 class BodyTooLarge(HTTPException):

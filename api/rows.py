@@ -17,8 +17,6 @@ from sqlalchemy import ColumnElement, false, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager import cron
-from periodic_manager.api.errors import ApiProblem, config_error_item
-from periodic_manager.api.schemas import Schedule, ScheduleError, ScheduleWithRuns
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
@@ -31,6 +29,9 @@ from periodic_manager.schedules.definition import (
     validate_target,
 )
 from periodic_manager.settings import Settings
+
+from .errors import ApiProblem, config_error_item
+from .schemas import Schedule, ScheduleError, ScheduleWithRuns
 
 NEXT_RUNS = 3
 # Errors a stored row (possibly written with SQL) can raise while its slots are computed.

@@ -7,9 +7,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import Select, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.api.schemas import OverlapState, PreviousTask, ScheduleRowError
-from periodic_manager.api.schemas import ScheduleState as ScheduleStateOut
 from periodic_manager.db.models import Entry, Manager, ScheduleState
+
+from .schemas import OverlapState, PreviousTask, ScheduleRowError
+from .schemas import ScheduleState as ScheduleStateOut
 
 # A manager that missed this many heartbeats is treated as dead.
 LIVE_HEARTBEATS = 3

@@ -9,14 +9,15 @@ from zoneinfo import ZoneInfo
 from fastapi import APIRouter, Depends, Query
 from pydantic import AwareDatetime
 
-from periodic_manager.api.deps import get_now
-from periodic_manager.api.errors import ApiProblem, config_error_item
-from periodic_manager.api.rows import SLOT_ERRORS
-from periodic_manager.api.schemas import CronPreview, Slot
 from periodic_manager.cron import UTC
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import validate_schedule
 from periodic_manager.schedules.describe import describe
+
+from ..deps import get_now
+from ..errors import ApiProblem, config_error_item
+from ..rows import SLOT_ERRORS
+from ..schemas import CronPreview, Slot
 
 router = APIRouter(prefix="/cron", tags=["cron"])
 # Query parameter of each field validate_schedule may name.

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
 
-from periodic_manager.api.errors import problem_response
+from ..errors import problem_response
 
 router = APIRouter(include_in_schema=False)
 ASSETS_PATH = "/docs/assets"

@@ -9,12 +9,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.api.deps import get_now, get_session, get_settings
-from periodic_manager.api.rows import next_slot
-from periodic_manager.api.runtime import live_cutoff, live_entries
-from periodic_manager.api.schemas import EntryList, EntryOut, PreviousTask
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 from periodic_manager.settings import Settings
+
+from ..deps import get_now, get_session, get_settings
+from ..rows import next_slot
+from ..runtime import live_cutoff, live_entries
+from ..schemas import EntryList, EntryOut, PreviousTask
 
 router = APIRouter(tags=["entries"])
 DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(): that accepts non-ASCII digits

@@ -11,15 +11,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from periodic_manager.api.deps import get_now, get_session, get_settings
-from periodic_manager.api.errors import problem_response
-from periodic_manager.api.runtime import live_cutoff
-from periodic_manager.api.schemas import Health, Readiness
 from periodic_manager.db.migrate import database_revision, schema_problem
 from periodic_manager.db.models import Manager, PeriodicJob
 from periodic_manager.runtime.probe import manager_health, ping_target
 from periodic_manager.runtime.startup import explain
 from periodic_manager.settings import Settings
+
+from ..deps import get_now, get_session, get_settings
+from ..errors import problem_response
+from ..runtime import live_cutoff
+from ..schemas import Health, Readiness
 
 router = APIRouter(tags=["operations"])
 CHECK_TIMEOUT_S = 2.0

@@ -9,11 +9,12 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.api.deps import get_now, get_session, get_settings
-from periodic_manager.api.runtime import live_cutoff
-from periodic_manager.api.schemas import ManagerList, ManagerOut
 from periodic_manager.db.models import Manager
 from periodic_manager.settings import Settings
+
+from ..deps import get_now, get_session, get_settings
+from ..runtime import live_cutoff
+from ..schemas import ManagerList, ManagerOut
 
 router = APIRouter(tags=["entries"])
 

@@ -20,16 +20,17 @@ from fastapi import APIRouter, Depends, Query, Request, status
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.api.deps import get_now, get_session, get_settings, get_target
-from periodic_manager.api.errors import ApiProblem, config_error_item
-from periodic_manager.api.routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
-from periodic_manager.api.schemas import RunOut, RunPage, TriggerResult
 from periodic_manager.contracts import EnqueueResult, Target
 from periodic_manager.db.models import Run
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_for
+
+from ..deps import get_now, get_session, get_settings, get_target
+from ..errors import ApiProblem, config_error_item
+from ..routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
+from ..schemas import RunOut, RunPage, TriggerResult
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/schedules", tags=["history"])

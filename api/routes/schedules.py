@@ -17,9 +17,14 @@ from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.api.deps import get_now, get_session, get_settings, notify_manager
-from periodic_manager.api.errors import ApiProblem, NameConflict, ScheduleNotFound
-from periodic_manager.api.rows import (
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
+from periodic_manager.schedules.definition import DEFAULT_QUEUE
+from periodic_manager.settings import Settings
+
+from ..deps import get_now, get_session, get_settings, notify_manager
+from ..errors import ApiProblem, NameConflict, ScheduleNotFound
+from ..rows import (
     api_errors,
     is_sqlite,
     merge_base,
@@ -31,13 +36,13 @@ from periodic_manager.api.rows import (
     to_schedule_with_runs,
     validate_write,
 )
-from periodic_manager.api.runtime import (
+from ..runtime import (
     live_cutoff,
     schedule_errors,
     schedule_overlap,
     schedule_state,
 )
-from periodic_manager.api.schemas import (
+from ..schemas import (
     NoNul,
     ScheduleCreate,
     ScheduleDetail,
@@ -46,10 +51,6 @@ from periodic_manager.api.schemas import (
     ScheduleUpdate,
     ScheduleWithRuns,
 )
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
-from periodic_manager.schedules.definition import DEFAULT_QUEUE
-from periodic_manager.settings import Settings
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
 

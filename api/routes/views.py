@@ -21,14 +21,18 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy import and_, case, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.api.auth import bearer_token
-from periodic_manager.api.deps import get_now, get_session, get_settings
-from periodic_manager.api.errors import ScheduleNotFound
-from periodic_manager.api.rows import read_rows
-from periodic_manager.api.rows import rules as row_rules
-from periodic_manager.api.runtime import live_cutoff
-from periodic_manager.api.ui import listing, stats
-from periodic_manager.api.ui.models import (
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import Entry, Manager, PeriodicJob
+from periodic_manager.settings import Settings
+
+from ..auth import bearer_token
+from ..deps import get_now, get_session, get_settings
+from ..errors import ScheduleNotFound
+from ..rows import read_rows
+from ..rows import rules as row_rules
+from ..runtime import live_cutoff
+from ..ui import listing, stats
+from ..ui.models import (
     Counts,
     EntryView,
     EntryViewPage,
@@ -43,11 +47,8 @@ from periodic_manager.api.ui.models import (
     SlotView,
     WhoAmI,
 )
-from periodic_manager.api.ui.order import NextSlotOrder
-from periodic_manager.api.ui.slots import marked_slots
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import Entry, Manager, PeriodicJob
-from periodic_manager.settings import Settings
+from ..ui.order import NextSlotOrder
+from ..ui.slots import marked_slots
 
 router = APIRouter(prefix="/views", tags=["views"])
 

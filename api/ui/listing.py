@@ -20,12 +20,13 @@ from sqlalchemy import ColumnElement, String, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager import cron
-from periodic_manager.api.rows import read_rows
-from periodic_manager.api.ui.models import LastRun, LocalTime, ScheduleRowView
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 from periodic_manager.schedules.definition import DEFAULT_QUEUE
 from periodic_manager.schedules.describe import describe
+
+from ..rows import read_rows
+from ..ui.models import LastRun, LocalTime, ScheduleRowView
 
 # What a stored row (possibly written with SQL) can raise while its slots are computed.
 SLOT_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError, OverflowError)

@@ -20,10 +20,11 @@ from typing import Any
 from sqlalchemy import String, bindparam, case, cast, func, literal_column, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.api.ui.listing import error_entries
-from periodic_manager.api.ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
+
+from ..ui.listing import error_entries
+from ..ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 
 WINDOW_MINUTES = 60
 STATUSES = ("enqueued", "skipped", "held", "failed", "duplicate", "triggered")
