@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from periodic_manager import __version__
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import (
@@ -276,6 +278,11 @@ class PeriodicTaskManager:
     @property
     def is_leader(self) -> bool:
         return self.leadership.is_leader
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """This manager's Prometheus metrics (``/metrics``, or the CLI's metrics port)."""
+        return self.metrics.registry
 
     def _on_leadership(self, is_leader: bool) -> None:
         now = self.clock.now()
