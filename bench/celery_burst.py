@@ -48,6 +48,7 @@ from periodic_manager.clock import SystemClock  # noqa: E402
 from periodic_manager.contracts import Task  # noqa: E402
 from periodic_manager.providers import StaticProvider  # noqa: E402
 from periodic_manager.runtime.manager import PeriodicTaskManager  # noqa: E402
+from periodic_manager.runtime.timing import Timing  # noqa: E402
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key  # noqa: E402
 from periodic_manager.targets.base import task_for  # noqa: E402
 from periodic_manager.targets.celery.target import CeleryTarget  # noqa: E402
@@ -204,7 +205,7 @@ async def manager_run(n: int, direct: bool) -> dict[str, Any]:
     anchor = datetime.fromtimestamp(slot_epoch, UTC)
     manager = PeriodicTaskManager(
         StaticProvider(configs(n, queue, anchor)), target, clock=SystemClock(),
-        sync_interval=3600, grace=60, close_target=True,
+        timing=Timing(sync_interval=3600, grace=60), close_target=True,
     )  # fmt: skip
     await manager.start()
     try:

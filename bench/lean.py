@@ -38,7 +38,7 @@ import redis.asyncio as aioredis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.scale import PG, REDIS, Bench, machine, rss_kb, timed, verdict  # noqa: E402
-from periodic_manager.runtime import gcpolicy  # noqa: E402
+from periodic_manager import gcpolicy  # noqa: E402
 from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
 
 

@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from periodic_manager import gcpolicy  # noqa: E402
 from periodic_manager.api.app import create_app  # noqa: E402
 from periodic_manager.clock import SystemClock  # noqa: E402
 from periodic_manager.contracts import EnqueueResult, Task  # noqa: E402
@@ -37,8 +38,10 @@ from periodic_manager.db.engine import create_engine  # noqa: E402
 from periodic_manager.db.migrate import upgrade  # noqa: E402
 from periodic_manager.db.provider import DatabaseProvider  # noqa: E402
 from periodic_manager.db.store import DatabaseRuntimeStore  # noqa: E402
+from periodic_manager.engine.dispatch import Hooks  # noqa: E402
 from periodic_manager.runtime.manager import PeriodicTaskManager  # noqa: E402
 from periodic_manager.runtime.notify import PostgresChangeListener  # noqa: E402
+from periodic_manager.runtime.timing import Timing  # noqa: E402
 from periodic_manager.settings import Settings  # noqa: E402
 from periodic_manager.targets.outbox import OutboxTarget  # noqa: E402
 from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
@@ -102,11 +105,15 @@ class Bench:
         finally:
             await conn.close()
 
-    def manager(self, target: Any, **kw: Any) -> PeriodicTaskManager:
-        kw.setdefault("sync_interval", 3600)
+    def manager(
+        self, target: Any, *, sync_interval: float = 3600, grace: float = 30, **kw: Any
+    ) -> PeriodicTaskManager:
+        gcpolicy.enable()  # as the periodic-manager commands do: the process holds the schedule
         return PeriodicTaskManager(
-            DatabaseProvider(self.engine), target, clock=SystemClock(), store=DatabaseRuntimeStore(self.engine), **kw
-        )
+            DatabaseProvider(self.engine), target, clock=SystemClock(),
+            store=DatabaseRuntimeStore(self.engine),
+            timing=Timing(sync_interval=sync_interval, grace=grace), **kw,
+        )  # fmt: skip
 
 
 # -- 1. burst --------------------------------------------------------------------------------
@@ -130,7 +137,7 @@ async def burst_one(n: int, target_name: str) -> dict[str, Any]:
             rec[1] += len(results)
             rec[2] = time.time()
 
-        mgr = b.manager(target, pre_enqueue=pre, post_enqueue=post, grace=60)
+        mgr = b.manager(target, hooks=Hooks(pre_enqueue=pre, post_enqueue=post), grace=60)
         await mgr.start()
         try:
             # Measure the first slot after the start completed (all N due at that instant).

@@ -1,9 +1,10 @@
 """Clocks: the only place that reads the time.
 
-Everything else takes ``now`` from an injected :class:`Clock`. :class:`SystemClock` is the real
-one; :class:`VirtualClock` is a deterministic clock for tests and demos whose ``sleep`` waits for
-virtual time, which a driver moves forward with :meth:`VirtualClock.advance_to` (or which
-advances by itself when :meth:`VirtualClock.run_auto` runs: "sleep advances time").
+Everything else takes ``now`` from an injected :class:`~periodic_manager.contracts.Clock`.
+:class:`SystemClock` is the real one; :class:`VirtualClock` is a deterministic clock for tests and
+demos whose ``sleep`` waits for virtual time, which a driver moves forward with
+:meth:`VirtualClock.advance_to`. :func:`sleep_unless` is the one way to wait on a clock for a
+while, or until something happens first.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import heapq
 import itertools
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from periodic_manager.contracts import Clock
 
 
 class SystemClock:
@@ -124,18 +129,6 @@ class VirtualClock:
             if not fut.done():
                 fut.set_result(None)
 
-    async def run_auto(self, idle_rounds: int = 50) -> None:
-        """Advance to the next deadline whenever the loop has settled: sleep advances time.
-
-        Runs until cancelled; for demos and simulations without a driver.
-        """
-        while True:
-            for _ in range(idle_rounds):
-                await asyncio.sleep(0)
-            deadline = self.next_deadline()
-            if deadline is not None:
-                await self.advance_to(deadline)
-
     async def _step_done(self, settle: Callable[[], Awaitable[object]] | None) -> None:
         await self.settle()
         if settle is not None:
@@ -145,3 +138,30 @@ class VirtualClock:
     def _drop_cancelled(self) -> None:
         while self._waiters and self._waiters[0][2].done():
             heapq.heappop(self._waiters)
+
+
+async def sleep_unless(
+    clock: Clock,
+    *events: asyncio.Event,
+    seconds: float | None = None,
+    until: datetime | None = None,
+) -> bool:
+    """Sleep on ``clock`` for ``seconds`` (or until ``until``; neither: until an event), cut short
+    as soon as one of ``events`` is set. True when an event ended the wait.
+
+    The sleep runs on the clock (a virtual clock drives it in tests) and, with ``until``, measures
+    the time left when its timer is armed, so work queued before it first runs cannot make it
+    late. Whatever ends the wait, nothing of it is left running.
+    """
+    waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(e.wait()) for e in events]
+    if until is not None:
+        waiters.append(asyncio.ensure_future(clock.sleep_until(until)))
+    elif seconds is not None:
+        waiters.append(asyncio.ensure_future(clock.sleep(seconds)))
+    try:
+        done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        return any(w in done for w in waiters[: len(events)])
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)

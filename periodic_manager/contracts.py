@@ -216,6 +216,9 @@ FINISHED = "finished"  # done (or gone: nothing of it is left to wait for)
 NONE = "none"  # the schedule has no previous task (none known)
 
 
+EnqueueStatus = Literal["enqueued", "duplicate", "resent", "failed", "busy"]
+
+
 @dataclass(slots=True)
 class Previous:
     """The previous task of a schedule with ``options.overlap`` skip or hold, as the target saw
@@ -244,7 +247,7 @@ class EnqueueResult:
     """
 
     task: Task
-    status: Literal["enqueued", "duplicate", "resent", "failed", "busy"]
+    status: EnqueueStatus
     message_id: str | None = None  # stream entry id, outbox row id, ...
     error: str | None = None
     previous: Previous | None = None
@@ -598,3 +601,11 @@ class ManagerHandle(Protocol):
     def health(self) -> str | None:
         """None while every loop runs; otherwise why the manager is not healthy (one line)."""
         ...
+
+
+def run_status(status: EnqueueStatus) -> RunStatus:
+    """The run a target's answer becomes (``busy`` has none of its own: the overlap guard records
+    the slot skipped or held)."""
+    if status == "busy":
+        raise ValueError("a busy answer is recorded as skipped or held")
+    return status

@@ -22,6 +22,7 @@ from periodic_manager.contracts import EnqueueResult, RunRecord
 from periodic_manager.db.models import Manager, OutboxMessage, PeriodicJob, Run
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
 from periodic_manager.targets.memory import MemoryTarget
@@ -451,7 +452,7 @@ async def test_metrics_of_the_in_process_manager_and_the_api(
     made: list[PeriodicTaskManager] = []
 
     def factory(_: AsyncEngine) -> PeriodicTaskManager:
-        made.append(PeriodicTaskManager(None, target, clock=clock, grace=30))
+        made.append(PeriodicTaskManager(None, target, clock=clock, timing=Timing(grace=30)))
         return made[-1]
 
     async for c in app_client(

@@ -26,6 +26,7 @@ from periodic_manager.db.migrate import upgrade
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.redis.sentinel import Sentinel
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
@@ -62,14 +63,14 @@ async def test_a_manager_logs_a_lost_broker_once_and_counts_it(
     config = PeriodicTaskConfig.create(name="s", spec="@every 1s", task_type="t", schedule_id=1)
     manager = PeriodicTaskManager(
         StaticProvider([config]), target, clock=clock, store=MemoryRuntimeStore(),
-        heartbeat_interval=1, close_target=True,
+        timing=Timing(heartbeat_interval=1), close_target=True,
     )  # fmt: skip
     await manager.start()
     try:
         await clock.advance(2, settle=lambda: manager.wait_settled(clock.now()))
         forgetful.kill()
         forgetful.start()  # empty: no persistence
-        with caplog.at_level(logging.ERROR, logger="periodic_manager.runtime.manager"):
+        with caplog.at_level(logging.ERROR, logger="periodic_manager.runtime.heartbeat"):
             for _ in range(5):  # five heartbeats after the loss
                 await clock.advance(1, settle=lambda: manager.wait_settled(clock.now()))
         lines = [r for r in caplog.records if "lost its data" in r.getMessage()]

@@ -191,8 +191,11 @@ async def test_failed_publish_releases_the_claim_and_a_retry_publishes(
     slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
     task = _task(redis_prefix, slot)
     claim = f"{redis_prefix}:claim:{task.idempotency_key}"
+    # Nothing listens: kombu's transport gives up connecting after about 2 s, within the
+    # publish timeout, so the refusal is known (a publish still in flight at the timeout would
+    # keep its claim pending instead, and the retry would publish it again as resent).
     down = CeleryTarget.from_url(
-        "redis://127.0.0.1:1/0", claims_url=redis_url, prefix=redis_prefix, timeout=1
+        "redis://127.0.0.1:1/0", claims_url=redis_url, prefix=redis_prefix, timeout=5
     )
     try:
         with pytest.raises(TargetError, match="published 0 of 1"):

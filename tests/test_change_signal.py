@@ -18,6 +18,7 @@ from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.notify import PostgresChangeListener
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.targets.memory import MemoryTarget
 
 INSERT = (
@@ -158,7 +159,7 @@ async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval
     eng = create_engine(pg_url)
     clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
     mgr = PeriodicTaskManager(
-        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), sync_interval=3600
+        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
     )
     listener = PostgresChangeListener(dsn(pg_url), check_interval=0.2)
     mgr.signals.append(listener)

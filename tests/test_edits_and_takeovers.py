@@ -20,6 +20,7 @@ from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import UNKNOWN_START, PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
@@ -49,8 +50,8 @@ async def manager(
     leader: bool = True,
 ) -> PeriodicTaskManager:
     mgr = PeriodicTaskManager(
-        provider, target, clock=clock, store=store or MemoryRuntimeStore(), grace=30,
-        sync_interval=3600, leadership=ManualLeader(leader), catchup_window=3600,
+        provider, target, clock=clock, store=store or MemoryRuntimeStore(), timing=Timing(grace=30, sync_interval=3600, catchup_window=3600),
+        leadership=ManualLeader(leader),
     )
     await mgr.start()
     await clock.settle()
@@ -259,7 +260,7 @@ async def test_a_dead_sync_loop_makes_the_manager_unhealthy_with_one_line(
         async def broken(*, full: bool = False) -> None:
             raise RuntimeError("injected")
 
-        mgr._sync = broken  # type: ignore[method-assign]
+        mgr.syncer._sync = broken  # type: ignore[method-assign]
         caplog.set_level(logging.CRITICAL, "periodic_manager")
         mgr.request_sync()
         await clock.settle()
@@ -310,9 +311,8 @@ async def test_a_dispatch_that_never_returns_is_reported_as_hung() -> None:
         clock.set(T0 + timedelta(seconds=200))
         assert "no progress" in (mgr.health() or "")
     finally:
-        mgr.scheduler._stopping = True
-        for t in mgr._tasks:
-            t.cancel()
+        mgr.scheduler.stop()
+        await mgr.tasks.stop()
         await mgr.stop()
 
 

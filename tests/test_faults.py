@@ -26,9 +26,11 @@ from sqlalchemy.engine import make_url
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
+from periodic_manager.engine.dispatch import Hooks
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.settings import Settings
 from tests.servers import ManagerProcess, RedisServer
@@ -315,9 +317,9 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
         await until(b_leads, 15, "the standby leads")
         takeover_s = time.monotonic() - started
 
-        # A takeover sends the last grace period again (the claims drop what the old leader sent),
-        # one slot per schedule and round, so the 2 s schedules reach the present first: wait for
-        # every schedule, not for the newest message.
+        # A takeover resumes within grace after what the old leader settled, one slot per
+        # schedule and round, so the 2 s schedules reach the present first: wait for every
+        # schedule, not for the newest message.
         async def caught_up() -> bool:
             return await state_count(pg_url, killed_at + timedelta(seconds=6)) == len(FAST)
 
@@ -328,16 +330,24 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
         a.kill()
         b.stop()
     counts = await stream_keys(redis_client, redis_prefix)
+    # The old leader fired nothing from before it registered a schedule (nothing fires at start):
+    # each schedule's window begins at its first slot sent, and ends 5 s after the kill.
+    first: dict[str, datetime] = {}
+    for key in counts:
+        name, _, at = key.partition(":")
+        slot = datetime.fromisoformat(at.replace("Z", "+00:00"))
+        first[name] = min(first.get(name, slot), slot)
     window = [
         k
         for name, spec, _ in FAST
         for k in expected_slots(
             name,
             spec,
-            max(killed_at - timedelta(seconds=5), created[name]),
+            max(killed_at - timedelta(seconds=5), created[name], first[name] - timedelta(microseconds=1)),
             killed_at + timedelta(seconds=5),
         )
     ]
+    assert all(first[name] < killed_at for name, _, _ in FAST)  # each was sent before the kill
     # Grace 30 s and a takeover of about a second: the guarantee table allows no loss at all.
     assert_exactly_once(counts, window)
     phantoms = [
@@ -404,9 +414,8 @@ async def redis_rig(
         target,
         clock=clock,
         store=store,
-        grace=30,
-        sync_interval=30,
-        on_error=lambda exc, tasks: errors.append(exc),
+        timing=Timing(grace=30, sync_interval=30),
+        hooks=Hooks(on_error=lambda exc, tasks: errors.append(exc)),
         close_target=True,
     )
     manager.errors = errors  # type: ignore[attr-defined]
@@ -740,7 +749,7 @@ def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
     """The fire_once catch-up at a takeover searches back from now (it used to walk every slot of
     the window: an hour of ``@every 1s`` per schedule, which blocked the event loop for seconds)."""
     from periodic_manager.engine.catchup import latest_slot
-    from periodic_manager.engine.scheduler import ScheduledEntry
+    from periodic_manager.engine.entry import ScheduledEntry
 
     def walk(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
         found, slot = None, entry.schedule.next_after(now - window - timedelta(microseconds=1))

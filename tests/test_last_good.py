@@ -23,6 +23,7 @@ from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.settings import Settings
 from periodic_manager.targets.memory import MemoryTarget
 from tests import rawsql
@@ -291,7 +292,7 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
     def make(leader: bool) -> PeriodicTaskManager:
         return PeriodicTaskManager(
             DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
-            grace=30, sync_interval=3600, leadership=ManualLeader(leader),
+            timing=Timing(grace=30, sync_interval=3600), leadership=ManualLeader(leader),
         )  # fmt: skip
 
     leader = make(True)
@@ -318,7 +319,7 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
             T0.replace(microsecond=0) + timedelta(seconds=s) for s in (10, 20, 30, 40, 50)
         ]
         assert {t.payload_json for t, _ in target.messages} == {'{"v":1}'}
-        [err] = [r for r in standby.reconciler.row_errors.values()]
+        [err] = [r for r in standby.syncer.reconciler.row_errors.values()]
         assert err.last_error is not None and err.last_error.startswith("spec: ")
         assert err.last_good_since == T0 + timedelta(seconds=25)  # when the leader saw it bad
     finally:
@@ -338,7 +339,7 @@ async def test_a_manager_that_never_saw_the_row_good_runs_the_version_another_on
     def make() -> PeriodicTaskManager:
         return PeriodicTaskManager(
             DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
-            grace=30, sync_interval=3600, leadership=ManualLeader(True),
+            timing=Timing(grace=30, sync_interval=3600), leadership=ManualLeader(True),
         )  # fmt: skip
 
     a, b = make(), make()
@@ -356,7 +357,7 @@ async def test_a_manager_that_never_saw_the_row_good_runs_the_version_another_on
         assert [e.schedule_id for e in report.errors] == [sid]
         entry = b.entry(sid)
         assert entry is not None and entry.spec == "@every 10s"
-        assert b.reconciler.row_errors[str(sid)].last_good_since == T0
+        assert b.syncer.reconciler.row_errors[str(sid)].last_good_since == T0
     finally:
         await a.stop()
         await b.stop()

@@ -17,15 +17,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # runs) raises. Nothing else is changed.
 LAUNCHER = """
 import sys
-from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.sync import Syncer
 calls = []
-original = PeriodicTaskManager.sync
+original = Syncer.sync
 async def faulty(self, *, full=False):
     calls.append(1)
     if len(calls) > 1:
         raise RuntimeError("injected fault in the sync loop")
     return await original(self, full=full)
-PeriodicTaskManager.sync = faulty
+Syncer.sync = faulty
 from periodic_manager.cli.main import main
 sys.exit(main(["manager"]))
 """

@@ -17,6 +17,7 @@ from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.publishing import SLICE, EntryPublisher
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
@@ -42,7 +43,7 @@ async def rig() -> AsyncIterator[tuple[PeriodicTaskManager, FlakyProvider, Virtu
     provider = FlakyProvider([row(1, "a")])
     target = MemoryTarget()
     store = MemoryRuntimeStore()
-    mgr = PeriodicTaskManager(provider, target, clock=clock, store=store, sync_interval=30, grace=30)
+    mgr = PeriodicTaskManager(provider, target, clock=clock, store=store, timing=Timing(sync_interval=30, grace=30))
     await mgr.start()
     yield mgr, provider, clock, target, store
     await mgr.stop()

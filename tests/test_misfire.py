@@ -11,6 +11,7 @@ from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
@@ -35,8 +36,8 @@ class ManualLeader(AlwaysLeader):
 
 async def started(provider: StaticProvider, store: MemoryRuntimeStore, clock: VirtualClock,
                   target: MemoryTarget, leader: bool = True) -> PeriodicTaskManager:
-    mgr = PeriodicTaskManager(provider, target, clock=clock, store=store, grace=30,
-                              leadership=ManualLeader(leader), catchup_window=3600)
+    mgr = PeriodicTaskManager(provider, target, clock=clock, store=store, timing=Timing(grace=30, catchup_window=3600),
+                              leadership=ManualLeader(leader))
     await mgr.start()
     await clock.settle()
     return mgr

@@ -17,7 +17,9 @@ import redis.asyncio as aioredis
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import RunRecord
-from periodic_manager.engine.scheduler import ScheduledEntry, Scheduler
+from periodic_manager.engine.entry import ScheduledEntry
+from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
@@ -298,8 +300,8 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
     for leads in (True, False):
         target = RedisStreamsTarget(rig.client, prefix=rig.prefix, group=GROUP)
         mgr = PeriodicTaskManager(
-            StaticProvider([row]), target, clock=rig.clock, store=store, grace=30,
-            sync_interval=3600, leadership=Manual(leads),
+            StaticProvider([row]), target, clock=rig.clock, store=store, timing=Timing(grace=30, sync_interval=3600),
+            leadership=Manual(leads),
         )  # fmt: skip
         await mgr.start()
         managers.append(mgr)

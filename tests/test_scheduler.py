@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.engine.dispatch import Hooks
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
@@ -124,7 +125,7 @@ async def test_replaced_entry_starts_after_the_last_fired_slot(rig) -> None:
 async def test_target_outage_within_grace_is_retried_and_logged_once(rig, caplog: pytest.LogCaptureFixture) -> None:
     sched, clock, target = rig
     errors: list[BaseException] = []
-    sched.on_error = lambda exc, tasks: errors.append(exc)
+    sched.dispatcher.hooks = Hooks(on_error=lambda exc, tasks: errors.append(exc))
     sched.register(cfg("a", "@every 10s"))
     target.fail_with = "redis down"
     await advance(sched, clock, 20)  # slot 10 retried with backoff; slot 20 waits behind it
@@ -140,7 +141,7 @@ async def test_target_outage_within_grace_is_retried_and_logged_once(rig, caplog
 async def test_target_outage_beyond_grace_fails_the_slot_and_the_schedule_goes_on(rig) -> None:
     sched, clock, target = rig
     errors: list[BaseException] = []
-    sched.on_error = lambda exc, tasks: errors.append(exc)
+    sched.dispatcher.hooks = Hooks(on_error=lambda exc, tasks: errors.append(exc))
     sched.register(cfg("a", "@every 60s"))
     target.fail_with = "redis down"
     await advance(sched, clock, 100)  # slot 60 retried until 90 (grace 30), then failed
@@ -171,12 +172,13 @@ async def test_inactive_scheduler_sends_nothing_and_a_takeover_resumes_within_gr
 async def test_hooks_see_the_batch_before_and_the_results_after(rig) -> None:
     sched, clock, target = rig
     seen: list[str] = []
-    sched.pre_enqueue = lambda tasks: seen.append(f"pre:{len(tasks)}")
 
     async def post(results: object) -> None:
         seen.append(f"post:{[r.status for r in results]}")  # type: ignore[attr-defined]
 
-    sched.post_enqueue = post
+    sched.dispatcher.hooks = Hooks(
+        pre_enqueue=lambda tasks: seen.append(f"pre:{len(tasks)}"), post_enqueue=post
+    )
     sched.register(cfg("a", "@every 10s"))
     await advance(sched, clock, 10)
     assert seen == ["pre:1", "post:['enqueued']"]

@@ -209,6 +209,7 @@ def _log_start(role: str, settings: Settings, revision: str | None, extra: str =
 
 
 async def _run_manager(settings: Settings) -> int:
+    from periodic_manager import gcpolicy
     from periodic_manager.clock import SystemClock
     from periodic_manager.db.engine import create_engine
     from periodic_manager.runtime.assemble import build_manager
@@ -217,6 +218,7 @@ async def _run_manager(settings: Settings) -> int:
 
     check_probe_dir(settings)
     revision = await check_database(settings.database_url)
+    gcpolicy.enable()  # this process exists to hold the schedule: collect around its work
     engine = create_engine(settings.database_url)
     try:
         manager = build_manager(settings, engine)
@@ -354,6 +356,10 @@ def _serve(settings: Settings, *, role: str) -> int:
         port = sock.getsockname()[1]
         _log_start(role, settings, revision, f", API on http://{settings.host}:{port}")
         with_manager = role == "run"
+        if with_manager:
+            from periodic_manager import gcpolicy
+
+            gcpolicy.enable()
         factory = (lambda engine: build_manager(settings, engine)) if with_manager else None
         app = create_app(settings, manager_factory=factory)
         # JSON logs: uvicorn's loggers propagate to the root handler instead of using its own format.

@@ -46,7 +46,7 @@ _MAX_PERIOD_S = 999_999_999 * 86_400
 # Numbers longer than this (after leading zeros) are beyond every bound here; converting them
 # is pointless, and beyond 4,300 digits Python's int() refuses them with a ValueError.
 _MAX_DIGITS = 18
-_HUGE = 10**_MAX_DIGITS
+_HUGE: int = 10**_MAX_DIGITS
 
 
 @dataclass(frozen=True, slots=True)

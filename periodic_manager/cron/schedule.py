@@ -122,7 +122,7 @@ class CronSchedule(Schedule):
         self._fast = (_NEVER, 0, 0, 0)
         # The last slow-path answer: at startup every entry sharing this schedule asks
         # for the slot after the same "now".
-        self._last: tuple[int, datetime | None] = (_NEVER, None)
+        self._last: tuple[int, datetime] = (_NEVER, EPOCH)  # (second asked, its answer)
 
     def next_after(self, after: datetime) -> datetime:
         # The hot path of the scheduler: _seconds() inlined, then the memo of the last day.

@@ -8,46 +8,52 @@ takeover, slots within grace are left to the normal path (the scheduler re-sends
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.contracts import RuntimeStore, StateRecord
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor
 from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.pacing import in_turns
 
 log = logging.getLogger(__name__)
 
 _TICK = timedelta(microseconds=1)
-YIELD_EVERY = 5000  # entries looked at between yields (a million take ~0.3 s in all)
 
 
 async def missed(
-    entries: Iterable[ScheduledEntry], scheduler: Scheduler, now: datetime, *, takeover: bool
+    entries: Sequence[ScheduledEntry], scheduler: Scheduler, now: datetime, *, takeover: bool
 ) -> list[tuple[ScheduledEntry, datetime]]:
-    """The latest missed slot of every ``fire_once`` entry that has one (yielding to the event
-    loop as it goes: a takeover with a million entries must not hold up the first slots)."""
+    """The latest missed slot of every ``fire_once`` entry that has one (in turns with the other
+    tasks: a takeover with a million entries must not hold up the first slots)."""
     out: list[tuple[ScheduledEntry, datetime]] = []
-    for i, entry in enumerate(entries):
-        if i % YIELD_EVERY == YIELD_EVERY - 1:
-            await asyncio.sleep(0)
-        if entry.dead or entry.options.get("misfire") != "fire_once":
-            continue
-        # A slot exactly one window late still counts; one at effective_at does not.
-        earliest = now - scheduler.window(entry) - _TICK
-        floor = lookback_floor(entry.config, now)
-        if floor is not None and floor > earliest:
-            earliest = floor  # never a slot from before the schedule (or its timing) existed
-        try:
-            slot = latest_slot(entry, now, earliest)
-        except (OverflowError, ValueError) as exc:
-            log.error("catch-up of %s skipped: %s", entry.config.name, exc)
-            continue
-        if slot is None or (takeover and slot > now - scheduler.grace):
-            continue  # nothing missed, or the normal path sends it
-        out.append((entry, slot))
+    async for part in in_turns(entries):
+        for entry in part:
+            found = _missed(entry, scheduler, now, takeover=takeover)
+            if found is not None:
+                out.append((entry, found))
     return out
+
+
+def _missed(
+    entry: ScheduledEntry, scheduler: Scheduler, now: datetime, *, takeover: bool
+) -> datetime | None:
+    if entry.dead or entry.options.get("misfire") != "fire_once":
+        return None
+    # A slot exactly one window late still counts; one at effective_at does not.
+    earliest = now - scheduler.window(entry) - _TICK
+    floor = lookback_floor(entry.config, now)
+    if floor is not None and floor > earliest:
+        earliest = floor  # never a slot from before the schedule (or its timing) existed
+    try:
+        slot = latest_slot(entry, now, earliest)
+    except (OverflowError, ValueError) as exc:
+        log.error("catch-up of %s skipped: %s", entry.config.name, exc)
+        return None
+    if slot is None or (takeover and slot > now - scheduler.grace):
+        return None  # nothing missed, or the normal path sends it
+    return slot
 
 
 async def catch_up(
@@ -82,9 +88,9 @@ def latest_slot(entry: ScheduledEntry, now: datetime, earliest: datetime) -> dat
     """The latest slot of ``entry`` in ``(earliest, now]``, if any.
 
     Searches back from ``now`` in doubling spans, so the cost follows the gap before the latest
-    slot, not the number of slots in the window: walking an hour of ``@every 1s`` took 35 ms per
-    schedule, and a takeover with a hundred of them blocked the event loop (and with it the
-    leadership checks) for seconds.
+    slot, not the number of slots in the window: walking every slot of an hour of ``@every 1s``
+    for each of a hundred schedules held the event loop (and with it the leadership checks) for
+    seconds.
     """
     span = timedelta(seconds=1)
     while True:

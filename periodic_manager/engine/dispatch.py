@@ -13,10 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from periodic_manager.contracts import Clock, EnqueueResult, Prepared, RunRecord, StagedTarget, Task
+from periodic_manager.contracts import (
+    Clock,
+    EnqueueResult,
+    Prepared,
+    RunRecord,
+    StagedTarget,
+    Task,
+    run_status,
+)
 from periodic_manager.engine.history import RunWriter
 from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
 from periodic_manager.targets.base import send_prepared, task_for
@@ -30,6 +39,17 @@ log = logging.getLogger(__name__)
 PreEnqueueHook = Callable[[Sequence[Task]], Awaitable[None] | None]
 PostEnqueueHook = Callable[[Sequence[EnqueueResult]], Awaitable[None] | None]
 ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """Code of your own around every sub-batch sent (sync or async; a hook that raises is logged
+    and never stops the schedule): ``pre_enqueue(tasks)`` before, ``post_enqueue(results)``
+    after, ``on_error(exc, tasks)`` when its slots could not be sent within grace."""
+
+    pre_enqueue: PreEnqueueHook | None = None
+    post_enqueue: PostEnqueueHook | None = None
+    on_error: ErrorHook | None = None
 
 SEND_CHUNK = 10000  # slots per sub-batch of a large instant
 MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
@@ -95,9 +115,7 @@ class Dispatcher:
         writer: RunWriter,
         backoff: Callable[[float], Awaitable[None]],
         may_send: Callable[[], bool],
-        pre_enqueue: PreEnqueueHook | None = None,
-        post_enqueue: PostEnqueueHook | None = None,
-        on_error: ErrorHook | None = None,
+        hooks: Hooks,
         retry_base: float = 0.2,
         retry_max: float = 5.0,
         overlap: OverlapGuard | None = None,
@@ -108,9 +126,7 @@ class Dispatcher:
         self.writer = writer
         self.backoff = backoff
         self.may_send = may_send  # False when stopping or no longer leading: no more retries
-        self.pre_enqueue = pre_enqueue
-        self.post_enqueue = post_enqueue
-        self.on_error = on_error
+        self.hooks = hooks
         self.retry_base = retry_base
         self.retry_max = retry_max
         self.counts: dict[str, int] = {
@@ -140,11 +156,11 @@ class Dispatcher:
         tasks = prepared.tasks
         try:
             async with self._inflight:
-                await _call(self.pre_enqueue, tasks)
+                await _call(self.hooks.pre_enqueue, tasks)
                 results = await self._send(prepared, slot)
         except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
             self._gave_up(slot, entries, tasks, exc)
-            await self._safe_hook(self.on_error, exc, tasks)
+            await self._safe_hook(self.hooks.on_error, exc, tasks)
             return
         runs: list[RunRecord] = []
         at = self.clock.now()
@@ -169,9 +185,11 @@ class Dispatcher:
                     runs.append(run)
                 continue
             counts[status] += 1
-            runs.append(RunRecord(entry.key, entry.config.name, slot, status, at, res.message_id, res.error))
+            runs.append(
+                RunRecord(entry.key, entry.name, slot, run_status(status), at, res.message_id, res.error)
+            )
         log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
-        await self._safe_hook(self.post_enqueue, results)
+        await self._safe_hook(self.hooks.post_enqueue, results)
         self.writer.report(runs)
 
     def _gave_up(self, slot: datetime, entries: list[ScheduledEntry], tasks: list[Task], exc: Exception) -> None:

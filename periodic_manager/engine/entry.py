@@ -21,7 +21,7 @@ class ScheduledEntry(PeriodicTaskConfig):
     """One registered schedule: its config and its timing, in one object. One per schedule key.
 
     Lean on purpose (a manager holds a million): the entry *is* its config (``config`` is the
-    entry itself, a copy of the provider's), instants are shared (one object per calendar
+    entry itself, a copy of the provider's), instants are shared (one object per timetable
     instant and per sync chunk), and the parsed schedule, window, key, content hash and entry id
     are derived when needed.
     """
@@ -35,8 +35,8 @@ class ScheduledEntry(PeriodicTaskConfig):
         # replaced that was already due (carried over so an edit never drops it).
         "after",
         "fired",  # the latest slot this scheduler handled for the schedule
-        # The calendar's per-take mark (an entry filed twice is taken once); DEAD once unregistered
-        # or replaced (stale wherever the calendar still holds it); -1 while fresh.
+        # The timetable's per-take mark (an entry filed twice is taken once); DEAD once unregistered
+        # or replaced (stale wherever the timetable still holds it); -1 while fresh.
         "mark",
     )
     # Owned by the sync (a row); entries registered from code are CodeEntry. A class attribute,
@@ -104,8 +104,8 @@ class ScheduledEntry(PeriodicTaskConfig):
     ) -> ScheduledEntry:
         """The entry of ``config``: the object itself when a provider built it as a fresh entry
         (no copy per schedule), else a copy of its fields (a CodeEntry unless ``synced``)."""
-        if synced and type(config) is cls and config.fresh:  # type: ignore[attr-defined]
-            entry: ScheduledEntry = config  # type: ignore[assignment]
+        if synced and isinstance(config, cls) and type(config) is cls and config.fresh:
+            entry: ScheduledEntry = config
         else:
             kind = cls if synced else CodeEntry
             entry = kind.__new__(kind)

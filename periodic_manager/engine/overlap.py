@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from periodic_manager.contracts import QUEUED, SENT, EnqueueResult, RunRecord
+from periodic_manager.contracts import QUEUED, SENT, EnqueueResult, RunRecord, RunStatus, run_status
 from periodic_manager.schedules.definition import overlap_policy
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class OverlapGuard:
         *,
         tick_s: float = HOLD_TICK_S,
         window: Callable[[ScheduledEntry], timedelta] = lambda entry: timedelta(0),
+        changed: Callable[[ScheduledEntry], None] | None = None,
     ) -> None:
         self.tick = timedelta(seconds=tick_s)
         self.window = window  # how long after its slot an entry's task may still be sent
@@ -81,7 +82,7 @@ class OverlapGuard:
         self.seen: dict[int | str, tuple[str | None, str | None]] = {}
         self._next_tick_at: datetime | None = None
         # Called with an entry whose published view changed (the manager publishes it).
-        self.changed: Callable[[ScheduledEntry], None] | None = None
+        self.changed = changed
 
     # -- visibility ---------------------------------------------------------------------------
 
@@ -191,7 +192,7 @@ class OverlapGuard:
                 error,
                 extra={"schedule": entry.config.name, "slot": slot.isoformat()},
             )
-        runs.append(_run(entry, slot, res.status, at, error, reason, res.message_id))
+        runs.append(_run(entry, slot, run_status(res.status), at, error, reason, res.message_id))
         return runs
 
     # -- held slots ---------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def _replaced(held: Held, slot: datetime, at: datetime) -> RunRecord:
 def _run(
     entry: ScheduledEntry,
     slot: datetime,
-    status: str,
+    status: RunStatus,
     at: datetime,
     error: str | None,
     reason: str | None,
@@ -292,5 +293,5 @@ def _run(
         at,
         message_id,
         error,
-        reason=reason,  # type: ignore[arg-type]
+        reason=reason,
     )

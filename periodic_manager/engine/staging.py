@@ -1,12 +1,12 @@
 """Staging: the work of the next instant, done before it.
 
 ``lead`` seconds before an instant (in proportion to its size, from the measured cost per task)
-the stager takes the instant's entries off the calendar, builds their tasks and lets the target
+the stager takes the instant's entries off the timetable, builds their tasks and lets the target
 prepare them (:func:`periodic_manager.engine.dispatch.prepare`); at the instant the scheduler only sends.
 Cyclic garbage collection waits from staging until the batch is sent. The batch remembers the
 scheduler's change counter: if an entry was registered, replaced or removed meanwhile, the
 scheduler re-checks the batch at the slot (a staged entry that died is dropped, its replacement
-comes from the calendar).
+comes from the timetable).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from periodic_manager.contracts import Target
+from periodic_manager import gcpolicy
+from periodic_manager.contracts import StagedTarget
 from periodic_manager.engine.dispatch import Chunk, prepare
-from periodic_manager.engine.timetable import Calendar
-from periodic_manager.runtime import gcpolicy
+from periodic_manager.engine.timetable import Timetable
 
 if TYPE_CHECKING:
     from periodic_manager.engine.entry import ScheduledEntry
@@ -49,12 +49,12 @@ class Stager:
 
     def __init__(
         self,
-        calendar: Calendar,
-        target: Target,
+        timetable: Timetable,
+        target: StagedTarget,
         window: Callable[[PeriodicTaskConfig], timedelta],
         changes: Callable[[], int],
     ) -> None:
-        self._calendar = calendar
+        self._timetable = timetable
         self._target = target
         self._window = window
         self._changes = changes  # the scheduler's change counter
@@ -68,10 +68,10 @@ class Stager:
 
     def wake_at(self) -> datetime | None:
         """The staged instant, or the time to stage the next one (if nothing is staged)."""
-        at = self._calendar.next_instant()
+        at = self._timetable.next_instant()
         if self.staged is None:
             if at is not None:
-                at -= timedelta(seconds=self.lead(self._calendar.size(at)))
+                at -= timedelta(seconds=self.lead(self._timetable.size(at)))
             return at
         if at is None or self.staged.slot < at:
             return self.staged.slot
@@ -81,10 +81,10 @@ class Stager:
         """Stage the next instant if its time to be staged has come."""
         if self.staged is not None:
             return
-        at = self._calendar.next_instant()
-        if at is None or now < at - timedelta(seconds=self.lead(self._calendar.size(at))):
+        at = self._timetable.next_instant()
+        if at is None or now < at - timedelta(seconds=self.lead(self._timetable.size(at))):
             return
-        entries: list[ScheduledEntry] = self._calendar.take(at)  # type: ignore[assignment]
+        entries: list[ScheduledEntry] = self._timetable.take(at)  # type: ignore[assignment]
         if not entries:
             return
         changes = self._changes()
@@ -101,12 +101,12 @@ class Stager:
         self.staged, self._gc_hold = Staged(at, entries, chunks, changes), hold
 
     def unstage(self) -> None:
-        """Put a staged batch's entries back on the calendar (leadership lost, rebase, stop)."""
+        """Put a staged batch's entries back on the timetable (leadership lost, rebase, stop)."""
         batch, self.staged = self.staged, None
         if batch is not None:
             for entry in batch.entries:
                 if not entry.dead and entry.next_slot == batch.slot:
-                    self._calendar.add(entry, batch.slot)
+                    self._timetable.add(entry, batch.slot)
         self.release_gc()
 
     def release_gc(self) -> None:

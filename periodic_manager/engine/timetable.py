@@ -1,4 +1,4 @@
-"""The calendar: entries grouped by the instant of their next slot.
+"""The timetable: entries grouped by the instant of their next slot.
 
 A heap holds each *distinct* instant once and a bucket per instant lists the entries due then,
 so a million daily schedules due at 03:00 cost one heap item, not a million; finding the next
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Protocol
 
@@ -23,7 +22,7 @@ DEAD = -2
 
 
 class Timed(Protocol):
-    """What the calendar needs of an entry: its next slot, and a mark the calendar sets when it
+    """What the timetable needs of an entry: its next slot, and a mark the timetable sets when it
     takes the entry (DEAD: the entry is gone)."""
 
     next_slot: datetime | None
@@ -38,7 +37,7 @@ class Bucket:
         self.entries: list[Timed] = []
 
 
-class Calendar:
+class Timetable:
     """Buckets of entries by instant, and the heap of those instants."""
 
     def __init__(self) -> None:
@@ -88,11 +87,6 @@ class Calendar:
                 entry.mark = mark  # an entry filed twice under one instant is taken once
                 out.append(entry)
         return out
-
-    def due(self, now: datetime) -> Iterator[datetime]:
-        """Instants at or before ``now`` that still have valid entries, earliest first."""
-        while (at := self.next_instant()) is not None and at <= now:
-            yield at
 
     def clear(self) -> None:
         self._buckets.clear()

@@ -14,6 +14,7 @@ from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.notify import PostgresChangeListener
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig, validate_target
 from periodic_manager.settings import Settings
 from periodic_manager.targets.routing import RoutingTarget
@@ -60,19 +61,20 @@ def _build_celery(settings: Settings) -> Target:
     from periodic_manager.targets.celery.app import REDIS_SCHEMES, load_app
     from periodic_manager.targets.celery.target import CeleryTarget
 
-    common = {
-        "prefix": settings.stream_prefix,
-        "timeout": settings.celery_publish_timeout,
-        "fast_path": settings.celery_fast_path,
-        "result_backend": settings.celery_backend(),
-    }
     app = load_app(settings.celery_app) if settings.celery_app else None
     broker = settings.celery_broker()
-    redis_broker = broker.startswith(REDIS_SCHEMES)
-    claims = None if redis_broker else settings.redis_url
+    claims = None if broker.startswith(REDIS_SCHEMES) else settings.redis_url
+    prefix, timeout = settings.stream_prefix, settings.celery_publish_timeout
+    fast_path, backend = settings.celery_fast_path, settings.celery_backend()
     if app is not None:
-        return CeleryTarget.from_app(app, broker_url=settings.celery_broker_url, claims_url=claims, **common)
-    return CeleryTarget.from_url(broker, claims_url=claims, **common)
+        return CeleryTarget.from_app(
+            app, broker_url=settings.celery_broker_url, claims_url=claims, prefix=prefix,
+            timeout=timeout, fast_path=fast_path, result_backend=backend,
+        )  # fmt: skip
+    return CeleryTarget.from_url(
+        broker, claims_url=claims, prefix=prefix, timeout=timeout, fast_path=fast_path,
+        result_backend=backend,
+    )  # fmt: skip
 
 
 def build_manager(
@@ -89,19 +91,21 @@ def build_manager(
         ),
         target or build_target(settings, engine),
         clock=clock,
-        sync_interval=settings.sync_interval,
-        grace=settings.grace,
-        heartbeat_interval=settings.heartbeat_interval,
         store=DatabaseRuntimeStore(
             engine,
             runs_retention=timedelta(days=settings.runs_retention),
             runs_per_schedule=settings.runs_max_per_schedule,
         ),
-        close_target=target is None,
         leadership=build_leadership(settings, clock),
-        catchup_window=settings.catchup_window,
-        full_sync_interval=settings.full_sync_interval,
         signals=[PostgresChangeListener(normalize_url(settings.database_url))] if listen else [],
+        timing=Timing(
+            sync_interval=settings.sync_interval,
+            full_sync_interval=settings.full_sync_interval,
+            grace=settings.grace,
+            heartbeat_interval=settings.heartbeat_interval,
+            catchup_window=settings.catchup_window,
+        ),
+        close_target=target is None,
     )
 
 

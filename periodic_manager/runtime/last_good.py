@@ -34,6 +34,7 @@ from periodic_manager.contracts import (
     StoredVersion,
 )
 from periodic_manager.runtime.publishing import EntryPublisher
+from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import (
     UNKNOWN_START,
     PeriodicTaskConfig,
@@ -84,7 +85,6 @@ class LastGoodKeeper:
         *,
         store: LastGoodStore | None = None,
         judge: Judge | None = None,
-        checked: Callable[[BaseException], None] = lambda exc: None,
     ) -> None:
         """``store``: where versions are kept across restarts (None: in memory only); ``judge``:
         the provider's judge of a stored version (None: nothing is restored)."""
@@ -93,7 +93,6 @@ class LastGoodKeeper:
         self.manager_id = manager_id
         self.store = store
         self.judge = judge
-        self._checked = checked
         self.kept: dict[str, _Kept] = {}  # key -> the last good version this manager runs
         self.stored: dict[str, int | None] = {}  # key -> bad_revision of a stored version
         self._unsaved: dict[str, RowError] = {}  # saves that failed, retried at the next sync
@@ -182,7 +181,7 @@ class LastGoodKeeper:
             try:
                 await self.store.save_last_good(part)
             except Exception as exc:  # kept running in memory; stored at the next sync
-                self._checked(exc)
+                reraise_if_cancelled(exc)
                 log.warning("storing %d last good version(s) failed (retried): %r", len(part), exc)
                 self._unsaved.update((v.schedule_key, errs[v.schedule_key]) for v in part)
                 continue
@@ -197,7 +196,7 @@ class LastGoodKeeper:
         try:
             return await self.store.last_good_index()
         except Exception as exc:
-            self._checked(exc)
+            reraise_if_cancelled(exc)
             log.warning("reading the stored last good versions failed (retried): %r", exc)
             return None
 
@@ -208,7 +207,7 @@ class LastGoodKeeper:
             try:
                 await self.store.forget_last_good(keys, revision)
             except Exception as exc:  # the next full reconcile forgets them
-                self._checked(exc)
+                reraise_if_cancelled(exc)
                 log.warning("forgetting %d last good version(s) failed: %r", len(keys), exc)
                 return
         for key in keys:
@@ -221,7 +220,7 @@ class LastGoodKeeper:
         try:
             found = await self.store.load_last_good(keys)
         except Exception as exc:  # the next full reconcile tries again
-            self._checked(exc)
+            reraise_if_cancelled(exc)
             log.warning("reading %d last good version(s) failed (retried): %r", len(keys), exc)
             return
         for stored in found:
@@ -245,7 +244,7 @@ class LastGoodKeeper:
         try:
             entry = self.scheduler.register(verdict, synced=True, now=now)
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
-            self._checked(exc)
+            reraise_if_cancelled(exc)
             log.error("the stored last good version of schedule row %s cannot be scheduled: %s", key, exc)
             return
         self.publisher.upsert(entry)

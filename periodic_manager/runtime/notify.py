@@ -18,8 +18,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from periodic_manager.clock import SystemClock
+from periodic_manager.clock import SystemClock, sleep_unless
 from periodic_manager.contracts import Clock
+from periodic_manager.runtime.tasks import reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,7 @@ class PostgresChangeListener:
             try:
                 await self._connect()
             except Exception as exc:  # noqa: BLE001 - keep trying; the sync loop is the backstop
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError() from exc
+                reraise_if_cancelled(exc)
                 log.warning("LISTEN %s: cannot connect (retrying in %.1f s): %s", self.channel, backoff, exc)
                 await self.clock.sleep(backoff)
                 backoff = min(self.max_backoff, backoff * 2)
@@ -119,22 +118,12 @@ class PostgresChangeListener:
         """Return when the connection is lost (termination callback, or a failed health check:
         a half-open socket gives no termination event, so probe it now and then)."""
         while not self._lost.is_set():
-            waiter = asyncio.ensure_future(self._lost.wait())
-            sleeper = asyncio.ensure_future(self.clock.sleep(self.check_interval))
-            try:
-                await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                sleeper.cancel()
-                await asyncio.gather(waiter, sleeper, return_exceptions=True)
-            if self._lost.is_set():
+            if await sleep_unless(self.clock, self._lost, seconds=self.check_interval):
                 break
             try:
                 await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.timeout)
             except Exception as exc:  # noqa: BLE001
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError() from exc
+                reraise_if_cancelled(exc)
                 log.warning("LISTEN %s: connection lost: %s", self.channel, exc)
                 break
         self.connected.clear()

@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from periodic_manager import gcpolicy
 from periodic_manager.contracts import EntryRecord, RuntimeStore
-from periodic_manager.runtime import gcpolicy
+from periodic_manager.pacing import in_turns
+from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import content_hash
 
 if TYPE_CHECKING:
@@ -23,8 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SLICE = 1000  # entries per write (building and sending one holds the event loop ~10-20 ms)
-LOOK_SLICE = 20_000  # entries looked at between two yields (~1 ms)
+SLICE = 1000  # entries per write: one statement's rows, built just before it is sent
 
 
 def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
@@ -64,22 +65,21 @@ class EntryPublisher:
         manager_id: str,
         *,
         on_failure: Callable[[BaseException], None],
-        checked: Callable[[BaseException], None] = lambda exc: None,
         quiet: Callable[[], Awaitable[None]] | None = None,
         between: Callable[[], Awaitable[None]] | None = None,
+        views: Callable[[int | str], Any] = lambda ident: None,
     ) -> None:
         self.store = store
         self.manager_id = manager_id
         self._on_failure = on_failure  # the store failed: republish at the next heartbeat
-        self._checked = checked  # re-raises a cancellation a driver disguised as its own error
         # Entries by ident (their ids and records are computed when written: a cold start
         # hashes nothing on its way), and error records or removals by entry id.
         self._entries: dict[int | str, ScheduledEntry] = {}
         self._records: dict[str, EntryRecord | None] = {}  # None: removed
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()
-        # ident -> the schedule's overlap view (set by the manager: the scheduler's OverlapGuard).
-        self.views: Callable[[int | str], Any] = lambda ident: None
+        # ident -> the schedule's overlap view (the scheduler's OverlapGuard).
+        self.views = views
         self._quiet = quiet  # awaited before each write: a sync under way goes first
         # Awaited before each slice of a write: a dispatch under way goes first (a million
         # entries take seconds to publish; a slot due meanwhile must not wait behind them).
@@ -115,12 +115,9 @@ class EntryPublisher:
                 return
             entries, self._entries = self._entries, {}
             records, self._records = self._records, {}
-            live = []  # the dead (superseded) are left out; a million are looked at in slices
-            for i, entry in enumerate(entries.values()):
-                if not entry.dead:
-                    live.append(entry)
-                if i % LOOK_SLICE == LOOK_SLICE - 1:
-                    await asyncio.sleep(0)
+            live: list[ScheduledEntry] = []  # the dead (superseded) are left out
+            async for queued in in_turns(list(entries.values())):
+                live.extend(entry for entry in queued if not entry.dead)
             del entries
             # Removed ids written again (an entry id removed and then written again stays): only
             # those are remembered, not every id written (a cold start writes a million).
@@ -128,10 +125,9 @@ class EntryPublisher:
             written = {r.entry_id for r in records.values() if r is not None and r.entry_id in gone}
             # Canonical payloads (kept for good) first, side by side in memory; the records (gone
             # once written) after: mixing the two leaves the allocator's pools pinned half-empty.
-            for i, entry in enumerate(live):
-                entry.payload_json  # noqa: B018
-                if i % SLICE == SLICE - 1:
-                    await asyncio.sleep(0)
+            async for some in in_turns(live):
+                for entry in some:
+                    entry.payload_json  # noqa: B018
             for i in range(0, len(live), SLICE):
                 if self._between is not None:
                     await self._between()
@@ -154,7 +150,7 @@ class EntryPublisher:
         try:
             await op
         except Exception as exc:  # the store is for visibility; scheduling goes on without it
-            self._checked(exc)
+            reraise_if_cancelled(exc)
             log.warning("%s failed (republished at the next heartbeat): %r", what, exc)
             self._on_failure(exc)
 

@@ -87,7 +87,7 @@ def _missing_sqlite_file(url: str) -> bool:
     if not is_sqlite(url):
         return False
     path = make_url(url).database
-    return bool(path) and path != ":memory:" and not Path(path).exists()
+    return path is not None and path not in ("", ":memory:") and not Path(path).exists()
 
 
 async def check_database(url: str, *, must_exist: bool = True) -> str | None:

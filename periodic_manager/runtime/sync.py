@@ -1,33 +1,61 @@
-"""Applying what the provider read to the scheduler: a full snapshot or the changes since.
+"""Syncs: keeping the scheduler's entries equal to the provider's rows.
 
-A schedule whose content hash and name are unchanged keeps its entry and its timing; a changed
-one is replaced (:meth:`Scheduler.register` keeps or carries its pending slot); a row deleted or
-disabled loses its entry. A row the provider rejected is logged once per (row, content) and
-published as an error record; if it had a good version before, that version keeps running
-(nothing is lost), also after a restart or a takeover (:mod:`periodic_manager.runtime.last_good`). Long loops yield to the event loop, so a bulk change of 100,000 rows never
-holds dispatch or the leadership proof.
+:class:`Syncer` decides when and how much to read: the first sync runs before the scheduler
+starts, so the database's schedule is live at once; then a sync every ``sync_interval`` and
+whenever one is requested (a change signal, an API edit in the same process); only what changed
+when the provider can tell (an :class:`~periodic_manager.contracts.IncrementalProvider`), and a
+full read at least every ``full_sync_interval`` and after any failed sync. A provider failure
+keeps every entry and is retried.
+
+:class:`Reconciler` applies what was read: a schedule whose content hash and name are unchanged
+keeps its entry and its timing; a changed one is replaced (:meth:`Scheduler.register` keeps or
+carries its pending slot); a row deleted or disabled loses its entry. A row the provider rejected
+is logged once per (row, content) and published as an error record; if it had a good version
+before, that version keeps running (nothing is lost), also after a restart or a takeover
+(:mod:`periodic_manager.runtime.last_good`). Long passes run in turns with the other tasks, so a
+bulk change of 100,000 rows never holds dispatch or the leadership proof.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from periodic_manager.contracts import ChangeSet, EntryRecord, ProviderSnapshot, RowError
+from periodic_manager import gcpolicy
+from periodic_manager.clock import sleep_unless
+from periodic_manager.contracts import (
+    ChangeSet,
+    Clock,
+    ConfigProvider,
+    EntryRecord,
+    IncrementalProvider,
+    ProviderSnapshot,
+    RowError,
+)
 from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.last_good import LastGoodKeeper
+from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.publishing import EntryPublisher, error_record
+from periodic_manager.runtime.tasks import reraise_if_cancelled
+from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig, content_hash, ident_of
 
 log = logging.getLogger(__name__)
 
-YIELD_EVERY = 500  # rows between yields to the event loop while registering
-SCAN_YIELD_EVERY = 20_000  # entries between yields in a pass that only looks them up
 _LOOK_UP = object()
+# Tombstones of deleted rows are kept this long; a full reconcile (at least every
+# full_sync_interval, and after any failed sync) covers whatever is pruned.
+TOMBSTONE_RETENTION = timedelta(days=1)
+# How long the scheduler remembers the last slot of a schedule that was paused or deleted (a
+# schedule back within this never resends it, even after the clock stepped back).
+RETIRED_MEMORY = timedelta(days=1)
+# A sync that registers this many entries freezes the survivors out of the garbage collector.
+FREEZE_AFTER = 10_000
 
 
 @dataclass(slots=True)
@@ -47,54 +75,44 @@ class Reconciler:
     """Keeps the scheduler's sync-owned entries equal to the provider's rows."""
 
     def __init__(
-        self,
-        scheduler: Scheduler,
-        publisher: EntryPublisher,
-        *,
-        checked: Callable[[BaseException], None] = lambda exc: None,
+        self, scheduler: Scheduler, publisher: EntryPublisher, keeper: LastGoodKeeper
     ) -> None:
         self.scheduler = scheduler
         self.publisher = publisher
-        self._checked = checked  # re-raises a cancellation a driver disguised as its own error
+        # Stores the last good version of rows that turn bad, and runs the stored one of bad rows
+        # this manager holds nothing for.
+        self.keeper = keeper
         self.row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
         self._logged: set[tuple[str, str]] = set()  # (schedule key, content hash) already logged
-        # Stores the last good version of rows that turn bad, and runs the stored one of bad rows
-        # this manager holds nothing for (set by the manager; None: kept in memory only).
-        self.keeper: LastGoodKeeper | None = None
 
     async def apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
         """Full reconcile: the snapshot is the whole truth."""
         report = SyncReport(ok=True, errors=list(snapshot.errors))
-        # Every pass over all rows or entries yields now and then: with a million of them one
-        # pass holds the event loop for a few hundred milliseconds.
+        # Every pass over all rows or entries runs in turns with the other tasks: with a million
+        # of them one pass would hold the event loop for a few hundred milliseconds.
         desired: dict[int | str, PeriodicTaskConfig] = {}
-        for i, c in enumerate(snapshot.configs):
-            desired[c.ident] = c
-            if i % SCAN_YIELD_EVERY == SCAN_YIELD_EVERY - 1:
-                await asyncio.sleep(0)
+        async for configs in in_turns(snapshot.configs):
+            for c in configs:
+                desired[c.ident] = c
         bad = {ident_of(str(e.schedule_id)) for e in snapshot.errors}
         held = self.scheduler.held()
-        for i, (ident, entry) in enumerate(list(held.items())):
-            # A row that turned bad keeps its last good entry running (nothing is lost).
-            if entry.synced and ident not in desired and ident not in bad:
-                self._remove(ident, report)
-            if i % SCAN_YIELD_EVERY == SCAN_YIELD_EVERY - 1:
-                await asyncio.sleep(0)
-        now_ = self.scheduler.clock.now()
+        async for entries in in_turns(list(held.items())):
+            for ident, entry in entries:
+                # A row that turned bad keeps its last good entry running (nothing is lost).
+                if entry.synced and ident not in desired and ident not in bad:
+                    self._remove(ident, report)
         unchanged = 0
-        for i, (ident, cfg) in enumerate(desired.items()):
-            entry = held.get(ident)
-            if entry is cfg:
-                unchanged += 1  # the provider reused the config: the row did not change
-            else:
-                self._upsert(cfg, report, now_, entry)
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # let leadership checks and dispatch run
-                now_ = self.scheduler.clock.now()
+        async for rows in in_turns(list(desired.items())):
+            now_ = self.scheduler.clock.now()
+            for ident, cfg in rows:
+                held_entry = held.get(ident)
+                if held_entry is cfg:
+                    unchanged += 1  # the provider reused the config: the row did not change
+                else:
+                    self._upsert(cfg, report, now_, held_entry)
         report.unchanged += unchanged
         current = {str(e.schedule_id) for e in report.errors}
-        if self.keeper is not None:
-            await self.keeper.after_full(report.errors, snapshot.revision, now)
+        await self.keeper.after_full(report.errors, snapshot.revision, now)
         self._publish_row_errors(report.errors, now)
         for key in list(self.row_errors):
             if key not in current:
@@ -108,17 +126,14 @@ class Reconciler:
         for key in changes.removed:
             self._remove(key, report)
             self._clear_row_error(key)
-        now_ = self.scheduler.clock.now()
-        for i, cfg in enumerate(changes.configs):
-            if self._upsert(cfg, report, now_):
-                self._clear_row_error(cfg.key)
-            if i % YIELD_EVERY == YIELD_EVERY - 1:
-                # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the
-                # leadership proof must not wait for all of it.
-                await asyncio.sleep(0)
-                now_ = self.scheduler.clock.now()
-        if self.keeper is not None:
-            await self.keeper.after_changes(report.errors, changes, now)
+        # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the leadership
+        # proof must not wait for all of it.
+        async for configs in in_turns(changes.configs):
+            now_ = self.scheduler.clock.now()
+            for cfg in configs:
+                if self._upsert(cfg, report, now_):
+                    self._clear_row_error(cfg.key)
+        await self.keeper.after_changes(report.errors, changes, now)
         self._publish_row_errors(report.errors, now)
         return report
 
@@ -154,7 +169,7 @@ class Reconciler:
         try:
             new = self.scheduler.register(cfg, synced=True, now=now)
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
-            self._checked(exc)
+            reraise_if_cancelled(exc)
             report.errors.append(_unusable(cfg, exc))
             return False
         if old_id is not None and old_id != new.entry_id:
@@ -195,9 +210,7 @@ class Reconciler:
 
     def _kept_since(self, key: str) -> datetime | None:
         """Since when the last good version of row ``key`` keeps running here (None: none does)."""
-        if self.keeper is not None:
-            return self.keeper.since(key)
-        return None
+        return self.keeper.since(key)
 
 
 def _unusable(cfg: PeriodicTaskConfig, exc: BaseException) -> RowError:
@@ -210,3 +223,109 @@ def _unusable(cfg: PeriodicTaskConfig, exc: BaseException) -> RowError:
         reason=f"cannot be scheduled: {type(exc).__name__}: {exc}",
         revision=cfg.revision,
     )
+
+
+class Syncer:
+    """When and how much to read from the provider (see the module docstring)."""
+
+    def __init__(
+        self,
+        provider: ConfigProvider,
+        reconciler: Reconciler,
+        *,
+        clock: Clock,
+        timing: Timing,
+        metrics: ManagerMetrics,
+        prune: Callable[[Awaitable[object], str], Awaitable[None]],
+    ) -> None:
+        self.provider = provider
+        self.reconciler = reconciler
+        self.scheduler = reconciler.scheduler
+        self.clock = clock
+        self.interval = timing.sync_interval
+        self.full_interval = timedelta(seconds=timing.full_sync_interval)
+        self.metrics = metrics
+        self._prune = prune  # runs a store call, a failure logged (the publisher's call)
+        self.incremental = provider if isinstance(provider, IncrementalProvider) else None
+        self.requested = asyncio.Event()
+        self.lock = asyncio.Lock()  # one sync at a time
+        self.last_sync_at: datetime | None = None
+        self.last_sync_error: str | None = None
+        self._revision: int | None = None
+        self._last_full: datetime | None = None
+
+    def request(self) -> None:
+        """Ask for a sync as soon as possible (non-blocking; bursts coalesce into one sync)."""
+        self.requested.set()
+
+    async def run(self) -> None:
+        while True:
+            await sleep_unless(self.clock, self.requested, seconds=self.interval)
+            self.requested.clear()
+            await self.sync()
+
+    async def quiet(self) -> None:
+        """Return when no sync is under way."""
+        async with self.lock:
+            pass
+
+    async def sync(self, *, full: bool = False) -> SyncReport:
+        """Reconcile the entries with the provider: only what changed when the provider can tell
+        (and a full read at least every ``full_sync_interval``), or everything with ``full``."""
+        async with self.lock:
+            with self.metrics.time_sync(), gcpolicy.paused():
+                report = await self._sync(full=full)
+                if report.added + report.replaced >= FREEZE_AFTER:
+                    gcpolicy.freeze()  # see gcpolicy: the survivors are never walked again
+                    gcpolicy.release()
+                return report
+
+    async def _sync(self, *, full: bool) -> SyncReport:
+        now = self.clock.now()
+        provider = self.incremental
+        try:
+            if (
+                not full
+                and provider is not None
+                and self._revision is not None
+                and self._last_full is not None
+                and now - self._last_full < self.full_interval
+            ):
+                changes = await provider.get_changes(self._revision)
+                if changes is None:
+                    return self._finish(SyncReport(ok=True), now)
+                if not changes.full:
+                    report = await self.reconciler.apply_changes(changes, now)
+                    self._revision = changes.revision
+                    return self._finish(report, now)
+            snapshot = await self.provider.get_configs()
+        except Exception as exc:
+            reraise_if_cancelled(exc)
+            msg = f"{type(exc).__name__}: {exc}"
+            if msg != self.last_sync_error:
+                log.error("sync failed, keeping %d entries: %s", len(self.scheduler), msg)
+            self.last_sync_error = msg
+            self._last_full = None  # after an outage, reconcile everything once
+            return SyncReport(ok=False, error=msg)
+        report = await self.reconciler.apply_snapshot(snapshot, now)
+        self._revision = snapshot.revision
+        self._last_full = now
+        self.scheduler.forget_retired(now - RETIRED_MEMORY)
+        if provider is not None:
+            await self._prune(
+                provider.prune_tombstones(now - TOMBSTONE_RETENTION), "pruning tombstones"
+            )
+        return self._finish(report, now)
+
+    def _finish(self, report: SyncReport, now: datetime) -> SyncReport:
+        if self.last_sync_error is not None:
+            log.info("sync recovered")
+        self.last_sync_error = None
+        self.last_sync_at = now
+        if report.added or report.replaced or report.removed or report.errors:
+            log.info(
+                "sync: %d added, %d replaced, %d removed, %d unchanged, %d bad rows",
+                report.added, report.replaced, report.removed, report.unchanged,
+                len(report.errors),
+            )  # fmt: skip
+        return report

@@ -1,0 +1,193 @@
+"""What becomes of the slots that are due: sent, skipped as late, or found handled already.
+
+At each due instant the scheduler's loop hands over the instant's entries: the batch staged
+before it (:mod:`staging`), and any entry due then that was not in it (registered, replaced or
+rebased since). Only the sending is left when nothing changed since staging; otherwise each entry
+is looked at again:
+
+* a slot at or before the last one this scheduler handled for the schedule (the clock stepped
+  back, an entry replaced at the same instant) is not sent again: the entry moves on;
+* a slot more than ``grace`` late is skipped (logged, counted, recorded) and never replayed: the
+  entry jumps to the first slot after ``now - grace``, so a clock jumping forward causes no storm;
+* every other is sent, all of one instant as one batch, and the entries advance to their next
+  slot.
+
+Held slots (``options.overlap`` hold, :mod:`overlap`) are sent again at each hold tick without
+moving their entries, and a ``fire_once`` catch-up sends missed slots the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+from periodic_manager.contracts import RunRecord
+from periodic_manager.engine.dispatch import Chunk, Dispatcher, prepare
+from periodic_manager.engine.entries import Entries
+from periodic_manager.engine.entry import ScheduledEntry
+from periodic_manager.engine.history import RunWriter
+from periodic_manager.engine.overlap import OverlapGuard
+from periodic_manager.engine.staging import Staged, Stager
+from periodic_manager.pacing import in_turns
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+
+log = logging.getLogger(__name__)
+
+
+class Decisions:
+    """Sends, skips or passes over the due slots of a scheduler's entries."""
+
+    def __init__(
+        self,
+        entries: Entries,
+        stager: Stager,
+        dispatcher: Dispatcher,
+        writer: RunWriter,
+        overlap: OverlapGuard,
+        *,
+        grace: timedelta,
+        window: Callable[[PeriodicTaskConfig], timedelta],
+        idle: asyncio.Event,
+    ) -> None:
+        self.entries = entries
+        self.stager = stager
+        self.dispatcher = dispatcher
+        self.writer = writer
+        self.overlap = overlap
+        self.grace = grace
+        self.window = window  # how long after its slot a schedule's task may still be sent
+        self.idle = idle  # set while no dispatch is under way (background writers go between)
+
+    async def dispatch_due(self, now: datetime) -> None:
+        """Send every instant due by ``now``, earliest first (a staged one included)."""
+        timetable = self.entries.timetable
+        while True:
+            at = timetable.next_instant()
+            batch = self.stager.staged
+            if batch is not None and batch.slot <= now and (at is None or batch.slot <= at):
+                slot = batch.slot
+                self.stager.staged = None  # handed over; collection stays held until sent
+            elif at is not None and at <= now:
+                slot, batch = at, None
+            else:
+                return
+            residual: list[ScheduledEntry] = timetable.take(slot)  # type: ignore[assignment]
+            self.idle.clear()
+            try:
+                await self._dispatch(slot, batch, residual, now)
+            finally:
+                if batch is not None:
+                    self.stager.release_gc()
+                self.idle.set()
+
+    async def _dispatch(
+        self, slot: datetime, batch: Staged | None, residual: list[ScheduledEntry], now: datetime
+    ) -> None:
+        if (
+            batch is not None
+            and not residual
+            and batch.changes == self.entries.changes
+            and now - slot <= self.grace
+        ):
+            # Nothing registered, replaced or removed since staging, which also found every
+            # entry unsent: only the sending is left.
+            await self.send(slot, batch.entries, batch.chunks, advance=True)
+            return
+        candidates = residual
+        if batch is not None:
+            # Entries replaced or removed since staging are dropped (a replacement due now is in
+            # the residual, taken from the timetable).
+            candidates = [e for e in batch.entries if not e.dead and e.next_slot == slot] + residual
+        send: list[ScheduledEntry] = []
+        skipped: list[RunRecord] = []
+        late = now - slot > self.grace
+        for entry in candidates:
+            last = entry.fired
+            if last is not None and slot <= last:
+                # Already handled (clock stepped back, or an entry replaced at the same instant).
+                self.entries.advance(entry, last)
+            elif late:
+                skipped.append(self._skip(entry, slot, now))
+            else:
+                send.append(entry)
+        self.writer.report(skipped)
+        if not send:
+            return
+        if batch is not None and len(send) == len(batch.entries) and not residual:
+            chunks = batch.chunks  # the common case: nothing changed since staging
+        else:
+            chunks = await prepare(self.dispatcher.target, slot, send, self.window)
+        await self.send(slot, send, chunks, advance=True)
+
+    async def send(
+        self, slot: datetime, entries: list[ScheduledEntry], chunks: list[Chunk], *, advance: bool
+    ) -> None:
+        """Send ``chunks`` (the tasks of ``entries`` for ``slot``); with ``advance`` the entries
+        move on to their next slot while the target works."""
+        sends = self.dispatcher.start(slot, chunks)
+        try:
+            # The requests go out first; the bookkeeping overlaps the target's work. (An entry
+            # replaced meanwhile may carry this slot over: it meets ``fired``, set below, when its
+            # turn comes after this instant, and is not sent twice.)
+            await asyncio.sleep(0)
+            for entry in entries:
+                if entry.fired is None or slot > entry.fired:
+                    entry.fired = slot
+            if advance:
+                async for part in in_turns(entries):
+                    for entry in part:
+                        entry.prev_slot = slot
+                        self.entries.advance(entry, slot)
+            await asyncio.gather(*sends)
+        except asyncio.CancelledError:
+            for fut in sends:
+                fut.cancel()
+            raise
+
+    async def retry_held(self, now: datetime) -> None:
+        """At a hold tick, send every held slot again (unstaged, the entries' timing untouched);
+        a held slot past its window is recorded skipped."""
+        due = self.overlap.take_due(now, self.entries.held().get)
+        if due is None:
+            return
+        expired, by_slot = due
+        self.writer.report(expired)
+        self.dispatcher.counts["skipped"] += len(expired)
+        for slot in sorted(by_slot):
+            entries = by_slot[slot]
+            self.idle.clear()
+            try:
+                chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
+                await self.send(slot, entries, chunks, advance=False)
+            finally:
+                self.idle.set()
+
+    async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
+        """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""
+        by_slot: dict[datetime, list[ScheduledEntry]] = {}
+        for entry, slot in items:
+            by_slot.setdefault(slot, []).append(entry)
+        for slot in sorted(by_slot):
+            entries = by_slot[slot]
+            log.info(
+                "catching up %d missed slot(s) due %s", len(entries), slot.isoformat(),
+                extra={"slot": slot.isoformat(), "batch": len(entries)},
+            )  # fmt: skip
+            chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
+            await self.send(slot, entries, chunks, advance=False)
+
+    def _skip(self, entry: ScheduledEntry, slot: datetime, now: datetime) -> RunRecord:
+        late = (now - slot).total_seconds()
+        log.warning(
+            "skipping slot %s of %s: %.3f s late (grace %.3f s)",
+            slot.isoformat(), entry.name, late, self.grace.total_seconds(),
+            extra={"schedule": entry.name, "slot": slot.isoformat(), "lateness_s": late},
+        )  # fmt: skip
+        self.dispatcher.counts["skipped"] += 1
+        # Jump past every slot that is already too late: no replay, no storm after a clock jump.
+        self.entries.advance(entry, max(slot, now - self.grace))
+        return RunRecord(
+            entry.key, entry.name, slot, "skipped", now, error=f"{late:.3f} s late", reason="late"
+        )

@@ -1,0 +1,175 @@
+"""The registered schedules: one entry per schedule key, each filed on the timetable at its next
+slot.
+
+What decides an entry's next slot lives here: a new schedule's first slot is strictly after it
+was registered (and after the last slot this process handled for its key); a replacement with the
+same timing and name keeps its pending slot, and one that changes them still carries a slot of
+the old version that was already due (an edit never drops a slot); a takeover restarts every
+entry after what was settled (:meth:`Entries.rebase`); an entry whose next slot cannot be computed
+(past year 9999) stops alone, with its error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+
+from periodic_manager.contracts import Clock
+from periodic_manager.cron import Schedule
+from periodic_manager.engine.entry import ScheduledEntry, lookback_floor, same_slots
+from periodic_manager.engine.timetable import Timetable
+from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
+
+log = logging.getLogger(__name__)
+
+MEMO_MAX = 100_000  # distinct schedules whose next slot is remembered (see next_after)
+Ident = int | str
+
+
+class Entries:
+    """The registered entries by ident (``config.ident``), and the timetable of their next slots.
+
+    ``changed()`` is called after every registration, removal or rebase (the scheduler wakes up
+    and checks a batch staged before it); :attr:`changes` counts them.
+    """
+
+    def __init__(self, clock: Clock, changed: Callable[[], None]) -> None:
+        self.clock = clock
+        self.timetable = Timetable()
+        self.changes = 0
+        self._changed = changed
+        self._entries: dict[Ident, ScheduledEntry] = {}
+        # The latest slot handled for schedules no longer registered (a pause, a delete): a
+        # schedule that comes back soon never resends it. Entries keep their own (``fired``).
+        self._retired: dict[Ident, datetime] = {}
+        self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see next_after
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Ident) -> ScheduledEntry | None:
+        """The entry of schedule ``key`` (a key string, or an ident)."""
+        return self._entries.get(ident_of(key) if isinstance(key, str) else key)
+
+    def held(self) -> dict[Ident, ScheduledEntry]:
+        """The entries by ident (this object's own map: read it, do not change it)."""
+        return self._entries
+
+    def register(
+        self, config: PeriodicTaskConfig, *, synced: bool, now: datetime
+    ) -> tuple[ScheduledEntry, ScheduledEntry | None]:
+        """File the entry of ``config``; returns it and the entry it replaced (if any)."""
+        ident = config.ident
+        old = self._entries.get(ident)
+        last = old.fired if old is not None else self._retired.pop(ident, None)
+        entry = ScheduledEntry.of(config, now, prev_slot=last, after=now, fired=last, synced=synced)
+        if old is not None and same_slots(old, config):
+            entry.next_slot, entry.after = old.next_slot, old.after
+            entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
+        else:
+            entry.next_slot = self.next_after(entry, max(now, last) if last is not None else now)
+            pending = old.next_slot if old is not None else None
+            if pending is not None and pending <= now and (last is None or pending > last):
+                entry.next_slot = pending  # due under the old version: carried, not dropped
+        if old is not None:
+            old.kill()
+        self._entries[ident] = entry
+        if entry.next_slot is not None:
+            self.timetable.add(entry, entry.next_slot)
+        self._change()
+        return entry, old
+
+    def unregister(self, key: Ident) -> ScheduledEntry | None:
+        """Remove the entry of schedule ``key`` (the timetable forgets it lazily); it, or None."""
+        ident = ident_of(key) if isinstance(key, str) else key
+        entry = self._entries.pop(ident, None)
+        if entry is not None:
+            entry.kill()
+            if entry.fired is not None:
+                self._retired[ident] = entry.fired
+            self._change()
+        return entry
+
+    def forget_retired(self, before: datetime) -> None:
+        """Forget what was sent for schedules unregistered long ago (their last slot before
+        ``before``): the map stays as small as the recent pauses and deletes."""
+        self._retired = {k: v for k, v in self._retired.items() if v >= before}
+
+    def next_after(self, entry: ScheduledEntry, after: datetime) -> datetime | None:
+        """The entry's first slot strictly after ``after`` (and after ``entry.after``), or None
+        when there is none before year 10000: that entry stops, the others go on.
+
+        Memoised per schedule (shared by every row with the same spec, zone and anchor): a slot
+        found after ``t`` is also the first after any instant in ``[t, slot)``, so a burst that
+        advances its entries from one slot, or a sync registering a million rows over several
+        seconds, computes each distinct schedule's next slot about once."""
+        if entry.after is not None and entry.after > after:
+            after = entry.after
+        schedule = entry.schedule
+        memo = self._memo.get(schedule)
+        slot: datetime | str
+        if memo is not None and memo[0] <= after and (type(memo[1]) is not datetime or after < memo[1]):
+            slot = memo[1]
+        else:
+            try:
+                slot = schedule.next_after(after)
+            except (OverflowError, ValueError) as exc:
+                slot = f"no slot after {after.isoformat()}: {exc}"
+            if len(self._memo) >= MEMO_MAX:
+                self._memo.clear()
+            self._memo[schedule] = (after, slot)
+        if isinstance(slot, datetime):
+            return slot
+        entry.last_error = slot
+        log.error("schedule %s stops: %s", entry.name, slot, extra={"schedule": entry.name})
+        return None
+
+    def advance(self, entry: ScheduledEntry, after: datetime) -> None:
+        """Move the entry to its first slot after ``after`` (filed, unless it died meanwhile)."""
+        entry.next_slot = self.next_after(entry, after)
+        if entry.next_slot is not None and not entry.dead:
+            self.timetable.add(entry, entry.next_slot)
+
+    def rebase(self, after: datetime, settled: Mapping[Ident, datetime]) -> None:
+        """Restart every entry at its first slot after ``after`` that it has not handled itself,
+        that is after the schedule's latest settled slot (``settled``, by ident) and after its
+        ``effective_at``: a takeover looks back, never at a slot sent or from before the
+        schedule (or its timing) existed."""
+        now = self.clock.now()
+        self.timetable.clear()
+        for ident, entry in self._entries.items():
+            start = after
+            last = entry.fired
+            if last is not None and last > start:
+                start = last
+            done = settled.get(ident) if settled else None
+            if done is not None and done > start:
+                start = done
+            floor = lookback_floor(entry, now)
+            if floor is not None and floor > start:
+                start = floor
+            entry.after = start
+            entry.next_slot = self.next_after(entry, start)
+            if entry.next_slot is not None:
+                self.timetable.add(entry, entry.next_slot)
+        self._change()
+
+    def _change(self) -> None:
+        self.changes += 1
+        self._changed()
+
+
+def window_of(config: PeriodicTaskConfig, grace: timedelta, catchup_window: timedelta) -> timedelta:
+    """How long after its slot a task may still be sent: grace, or the catch-up window of a
+    ``fire_once`` schedule (targets keep their claim of the key that long), at most 366 days."""
+    opts = config.options
+    window = grace
+    if opts and opts.get("misfire") == "fire_once":
+        seconds = opts.get("catchup_window", catchup_window.total_seconds())
+        window = max(window, timedelta(seconds=seconds))
+    return min(window, MAX_WINDOW)
+
+
+# How far a task's expiry may reach past its slot, whatever a (checked) option says.
+MAX_WINDOW = timedelta(days=366)

@@ -1,0 +1,21 @@
+"""How often a manager does what it does, in seconds: one value its parts share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """``sync_interval``: a sync at least this often (and at once on a change signal or an API
+    edit in the same process); ``full_sync_interval``: a full reconcile at least this often;
+    ``grace``: how late a slot may still be sent; ``heartbeat_interval``: how often this manager
+    says it is alive (three missed: it is gone from ``/managers``); ``catchup_window``: how far
+    back a ``fire_once`` schedule's missed slot is caught up (its ``options.catchup_window``
+    wins)."""
+
+    sync_interval: float = 30.0
+    full_sync_interval: float = 300.0
+    grace: float = 30.0
+    heartbeat_interval: float = 5.0
+    catchup_window: float = 3600.0
