@@ -33,7 +33,7 @@ from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
-from periodic_manager.targets.redis.streams import _CLAIM_AND_ADD, RedisStreamsTarget
+from periodic_manager.targets.redis.streams import CLAIM_AND_ADD, RedisStreamsTarget
 
 SLOT = datetime(2024, 3, 31, 1, 30, tzinfo=UTC)
 # 03:30 in Berlin on the day clocks jump to summer time is 01:30 UTC (+ 1.5 ms).
@@ -310,7 +310,7 @@ async def test_script_is_loaded_when_the_server_lacks_it_and_only_then(
 ) -> None:
     # A script text no server has seen (as after SCRIPT FLUSH or a failover to a fresh node),
     # without flushing the script cache of a Redis that other tests share.
-    text = f"{_CLAIM_AND_ADD}\n-- {redis_prefix}"
+    text = f"{CLAIM_AND_ADD}\n-- {redis_prefix}"
     sha = hashlib.sha1(text.encode()).hexdigest()
     redis_target._scripts = (text, *redis_target._scripts[1:])
     redis_target._shas = (sha, *redis_target._shas[1:])

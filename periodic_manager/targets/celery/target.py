@@ -52,7 +52,7 @@ from periodic_manager.contracts import QUEUED, EnqueueResult, Prepared, Previous
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion
-from periodic_manager.targets.base import overlap_of, overlap_refused
+from periodic_manager.targets.base import overlap_of, overlap_refused, split_payload
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery.kombu import KombuPublisher
 from periodic_manager.targets.celery.results import ResultStates
@@ -70,7 +70,6 @@ from periodic_manager.targets.redis.claims import (
     RESEND,
     SENT,
     RedisClaims,
-    split_payload,
 )
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
