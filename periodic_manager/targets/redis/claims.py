@@ -23,10 +23,12 @@ Redis broker, arq) never leave a claim pending: they read these values only to s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +37,7 @@ from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
 from periodic_manager.contracts import Task
+from periodic_manager.errors import TargetError
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
 
@@ -47,6 +50,8 @@ ELSEWHERE = 4  # another publisher's pending claim, younger than stale_s: wait f
 # The scripts (their arguments and flags are written at their top).
 CLAIM = lua.script("periodic_manager.targets.redis", "claim.lua")
 SETTLE = lua.script("periodic_manager.targets.redis", "settle.lua")
+# How often a slot held pending by another publisher is looked at again (a duration of I/O).
+RECHECK_S = 0.1
 
 
 def sent_value(task_id: str) -> str:
@@ -135,3 +140,19 @@ class RedisClaims:
     async def _run(self, script: AsyncScript, args: list[EncodableT]) -> Any:
         with redis_errors("claims"):
             return await script(keys=[], args=args)
+
+    async def until_free(
+        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int], what: str
+    ) -> None:
+        """Claim ``indices`` with ``ask`` (it returns those another publisher holds pending) and
+        ask again for those until they are sent or abandoned: at most the stale time (a publish
+        elsewhere ends, or is given up, well before). Raises TargetError past it."""
+        if not indices:
+            return
+        waiting = await ask(indices)
+        deadline = time.monotonic() + self.stale_ms / 1000 + 1  # a duration, not a slot
+        while waiting:
+            if time.monotonic() > deadline:
+                raise TargetError(f"{what}: {len(waiting)} slot(s) held by another publisher")
+            await asyncio.sleep(RECHECK_S)  # the other publisher's broker answers meanwhile
+            waiting = await ask(waiting)
