@@ -391,6 +391,37 @@ async def test_redis_that_never_answers_raises_target_error_after_timeout() -> N
         await server.wait_closed()
 
 
+@pytest.mark.parametrize("kind", ["redis", "arq", "celery"])
+async def test_a_redis_that_never_answers_fails_every_target_in_the_same_words(kind: str) -> None:
+    # One translation of Redis failures: the batch and the sentinel's look each fail with
+    # "<what>: no answer within <t> s", whichever target asked.
+    from periodic_manager.targets.arq import ArqTarget
+    from periodic_manager.targets.celery.target import CeleryTarget
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # read everything, answer nothing
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    build = {
+        "redis": RedisStreamsTarget.from_url,
+        "arq": ArqTarget.from_url,
+        "celery": CeleryTarget.from_url,
+    }
+    target = build[kind](url, timeout=0.3)
+    what = {"redis": "redis", "arq": "arq: redis", "celery": "celery: redis"}[kind]
+    try:
+        with pytest.raises(TargetError, match=f"^{what}: no answer within 0.3 s$"):
+            await target.enqueue(batch(), NOW)
+        with pytest.raises(TargetError, match="^sentinel: no answer within 0.3 s$"):
+            await target.forgotten()
+    finally:
+        await target.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_concurrent_double_enqueue_on_redis_enqueues_each_key_once(
     redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
 ) -> None:

@@ -193,8 +193,9 @@ class CeleryTarget:
     ) -> CeleryTarget:
         """A target honouring the settings of the user's Celery ``app`` (broker, queues, routes,
         default queue/exchange/routing key, transport options), published with an app of its own
-        (see :mod:`~periodic_manager.targets.celery.app`). ``broker_url`` overrides the app's; ``result_backend`` (default:
-        the app's) is read to tell when a task finished (``options.overlap``)."""
+        (see :mod:`~periodic_manager.targets.celery.app`). ``broker_url`` overrides the app's;
+        ``result_backend`` (default: the app's) is read to tell when a task finished
+        (``options.overlap``)."""
         settings = app_settings(app)
         if broker_url is not None:
             settings["broker_url"] = broker_url
