@@ -126,7 +126,7 @@ async def test_arq_a_lost_reply_to_the_claim_loses_no_job(
     tasks = batch("pmlost", "a", "pmlost:arq")
     try:
         await target.enqueue(batch("pmlost", "warm", "pmlost:arq", 1), SLOT)  # scripts loaded
-        proxy.drop_reply(sha(arq_target._CLAIM_AND_WRITE))
+        proxy.drop_reply(sha(arq_target.CLAIM_AND_WRITE))
         with pytest.raises(TargetError):
             await target.enqueue(tasks, SLOT)
         assert proxy.dropped == 1
@@ -145,7 +145,7 @@ async def test_arq_redis_killed_as_the_jobs_are_written_loses_no_job(
     tasks = batch("pmlost", "k", "pmlost:arq")
     try:
         await target.enqueue(batch("pmlost", "warm", "pmlost:arq", 1), SLOT)
-        proxy.on_request(sha(arq_target._CLAIM_AND_WRITE), server.kill, after=True)
+        proxy.on_request(sha(arq_target.CLAIM_AND_WRITE), server.kill, after=True)
         with pytest.raises(TargetError):
             await target.enqueue(tasks, SLOT)
         server.start()  # same port, same append-only file
@@ -179,7 +179,7 @@ async def test_celery_kombu_a_lost_reply_to_the_claims_loses_no_task_and_counts_
     tasks = batch("pmlost", "c", "pmlost.q")
     try:
         await target.enqueue(batch("pmlost", "warm", "pmlost.q", 1), SLOT)
-        proxy.drop_reply(sha(claims_module._CLAIM))
+        proxy.drop_reply(sha(claims_module.CLAIM))
         with pytest.raises(TargetError):
             await target.enqueue(tasks, SLOT)
         assert proxy.dropped == 1
@@ -255,7 +255,7 @@ async def test_celery_amqp_a_lost_reply_to_the_claims_loses_no_task(
     tasks = batch("pmlost", "r", amqp_queue)
     try:
         await target.enqueue(batch("pmlost", "warm", amqp_queue, 1), SLOT)
-        proxy.drop_reply(sha(claims_module._CLAIM))
+        proxy.drop_reply(sha(claims_module.CLAIM))
         with pytest.raises(TargetError):
             await target.enqueue(tasks, SLOT)
         again = await until_sent(target, tasks)
@@ -318,7 +318,7 @@ async def test_a_resend_is_in_the_run_history_and_the_metrics(
     await manager.start()
     try:
         await clock.advance(1, settle=lambda: manager.wait_settled(clock.now()))
-        proxy.drop_reply(sha(claims_module._CLAIM))
+        proxy.drop_reply(sha(claims_module.CLAIM))
         await clock.advance(1, settle=lambda: manager.wait_settled(clock.now()))
         await clock.advance(1, settle=lambda: manager.wait_settled(clock.now()))
     finally:

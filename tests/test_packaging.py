@@ -8,6 +8,7 @@ it: import the API, build the app, and migrate a fresh database with the migrati
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -65,6 +66,19 @@ def test_every_package_and_data_file_of_the_repository_is_in_the_wheel(wheel: Pa
     for asset in (ROOT / "api" / "ui" / "static").iterdir():
         assert f"periodic_manager/api/ui/static/{asset.name}" in names
     assert "periodic_manager/py.typed" in names
+    scripts = lua_scripts()
+    assert len(scripts) >= 10, scripts  # the targets' Lua: every one of them, found
+    for package, name in scripts:
+        assert f"{package.replace('.', '/')}/scripts/{name}" in names, f"{name} missing"
+
+
+def lua_scripts() -> list[tuple[str, str]]:
+    """Every Lua script of the package, as (package, file name) for ``targets.redis.lua``."""
+    found = []
+    for path in sorted((ROOT / "periodic_manager").glob("**/scripts/*.lua")):
+        package = ".".join(path.parent.parent.relative_to(ROOT).parts)
+        found.append((package, path.name))
+    return found
 
 
 def test_the_installed_wheel_imports_serves_and_migrates_without_the_repository(
@@ -82,8 +96,12 @@ def test_the_installed_wheel_imports_serves_and_migrates_without_the_repository(
     work = tmp_path / "elsewhere"
     work.mkdir()
     script = """
-import importlib.util, json, sys
+import hashlib, importlib.util, json, sys
 import periodic_manager, periodic_manager.api, periodic_manager.migrations
+# The modules that read their Lua scripts at import.
+import periodic_manager.targets.arq, periodic_manager.targets.celery.writer
+import periodic_manager.targets.redis.streams, periodic_manager.targets.redis.previous
+from periodic_manager.targets.redis import lua
 from periodic_manager.api import create_app
 from periodic_manager.cli.main import main
 from periodic_manager.settings import Settings
@@ -97,11 +115,13 @@ print(json.dumps({
     "top_level_migrations": importlib.util.find_spec("migrations") is not None,
     "routes": sorted(app.openapi()["paths"]),
     "migrate": code,
+    "lua": [hashlib.sha1(lua.script(*s).encode()).hexdigest() for s in json.loads(sys.argv[2])],
 }))
 """
     url = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+    scripts = lua_scripts()
     done = subprocess.run(
-        [sys.executable, "-c", script, url],
+        [sys.executable, "-c", script, url, json.dumps(scripts)],
         cwd=work,
         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -115,6 +135,12 @@ print(json.dumps({
     assert seen["top_level_api"] is False and seen["top_level_migrations"] is False
     assert "/schedules" in seen["routes"]
     assert seen["migrate"] == 0
+    # The installed scripts are the repository's, their includes spliced as here.
+    from periodic_manager.targets.redis import lua
+
+    texts = [lua.script(*s) for s in scripts]
+    assert not [t for t in texts if lua.INCLUDE in t]
+    assert seen["lua"] == [hashlib.sha1(t.encode()).hexdigest() for t in texts]
     # The migrations the wheel carries built the schema: the table and the head revision exist.
     import sqlite3
 

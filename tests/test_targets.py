@@ -33,7 +33,7 @@ from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
-from periodic_manager.targets.redis.streams import _CLAIM_AND_ADD, RedisStreamsTarget
+from periodic_manager.targets.redis.streams import CLAIM_AND_ADD, RedisStreamsTarget
 
 SLOT = datetime(2024, 3, 31, 1, 30, tzinfo=UTC)
 # 03:30 in Berlin on the day clocks jump to summer time is 01:30 UTC (+ 1.5 ms).
@@ -310,7 +310,7 @@ async def test_script_is_loaded_when_the_server_lacks_it_and_only_then(
 ) -> None:
     # A script text no server has seen (as after SCRIPT FLUSH or a failover to a fresh node),
     # without flushing the script cache of a Redis that other tests share.
-    text = f"{_CLAIM_AND_ADD}\n-- {redis_prefix}"
+    text = f"{CLAIM_AND_ADD}\n-- {redis_prefix}"
     sha = hashlib.sha1(text.encode()).hexdigest()
     redis_target._scripts = (text, *redis_target._scripts[1:])
     redis_target._shas = (sha, *redis_target._shas[1:])
@@ -385,6 +385,37 @@ async def test_redis_that_never_answers_raises_target_error_after_timeout() -> N
         with pytest.raises(TargetError, match="no answer"):
             await target.enqueue(batch(), NOW)
         assert time.monotonic() - started < 2
+    finally:
+        await target.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("kind", ["redis", "arq", "celery"])
+async def test_a_redis_that_never_answers_fails_every_target_in_the_same_words(kind: str) -> None:
+    # One translation of Redis failures: the batch and the sentinel's look each fail with
+    # "<what>: no answer within <t> s", whichever target asked.
+    from periodic_manager.targets.arq import ArqTarget
+    from periodic_manager.targets.celery.target import CeleryTarget
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # read everything, answer nothing
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
+    build = {
+        "redis": RedisStreamsTarget.from_url,
+        "arq": ArqTarget.from_url,
+        "celery": CeleryTarget.from_url,
+    }
+    target = build[kind](url, timeout=0.3)
+    what = {"redis": "redis", "arq": "arq: redis", "celery": "celery: redis"}[kind]
+    try:
+        with pytest.raises(TargetError, match=f"^{what}: no answer within 0.3 s$"):
+            await target.enqueue(batch(), NOW)
+        with pytest.raises(TargetError, match="^sentinel: no answer within 0.3 s$"):
+            await target.forgotten()
     finally:
         await target.close()
         server.close()

@@ -1,6 +1,6 @@
-"""Targets: Redis Streams (native) and the database outbox (embedded default)."""
+"""Targets: where the tasks of due slots go, each claimed once per idempotency key.
 
-from periodic_manager.contracts import EnqueueResult, Target, Task
-from periodic_manager.targets.base import task_id_for
-
-__all__ = ["EnqueueResult", "Target", "Task", "task_id_for"]
+``base`` holds what every target shares; ``redis/`` the Redis Streams target and the Redis
+helpers (claims, previous tasks, sentinels, scripts, error translation); ``celery/`` the Celery
+target; ``arq``, ``outbox``, ``memory`` and ``routing`` one target each.
+"""

@@ -23,31 +23,30 @@ job (which a claim taken before the publish allowed, when the publish failed).
 ``options.overlap`` skip and hold: the previous job of a schedule is finished when arq holds
 neither its job key (queued, deferred, or waiting for a retry) nor its in-progress key (running):
 arq's own job status, read from the same Redis. The same script then compares the schedule's
-previous-job key (:mod:`previous`) with what was read, so two managers never both start a job of
-one schedule.
+previous-job key (:mod:`~periodic_manager.targets.redis.previous`) with what was read, so two
+managers never both start a job of one schedule.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Previous, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import overlap_of
-from periodic_manager.targets.redis.claims import RedisClaims, split_payload
+from periodic_manager.targets.base import overlap_of, split_payload
+from periodic_manager.targets.redis import lua
+from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
-
-log = logging.getLogger(__name__)
 
 # Keyword names enqueue_job keeps for itself; a payload key among them would be swallowed.
 RESERVED_KWARGS = frozenset(
@@ -86,46 +85,8 @@ def arq_call(task: Task, now: datetime) -> tuple[list[Any], dict[str, Any]]:
     return [task.task_type, *args], call
 
 
-# KEYS[1] = the queue's sorted set. ARGV: the claim-key prefix, arq's job-key and result-key
-# prefixes, the jobs (one JSON array), their serialized bodies concatenated.
-#   job: [idempotency key, job id, claim TTL ms, score ms, job expiry ms, body length] and, for
-#        options.overlap, [prev key, value read, new value, prev TTL ms]
-# Returns one flag per job: 1 written, 0 already sent (claimed, or arq holds the job id: its job
-# or its result), 3 busy (the schedule's previous job changed since it was read; nothing written).
-# The queue's type is checked before anything is written (a script is atomic, not transactional).
-_CLAIM_AND_WRITE = """
-local queue = KEYS[1]
-local kind = redis.call('TYPE', queue)['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. queue .. ' is a ' .. kind .. ', not a sorted set')
-end
-local claim_prefix, job_prefix, result_prefix = ARGV[1], ARGV[2], ARGV[3]
-local blob = ARGV[5]
-local out, pos = {}, 1
-for i, r in ipairs(cjson.decode(ARGV[4])) do
-  local claim = claim_prefix .. r[1]
-  local body = string.sub(blob, pos, pos + r[6] - 1)
-  pos = pos + r[6]
-  if redis.call('EXISTS', claim) == 1 then
-    out[i] = 0
-  elseif r[7] and (redis.call('GET', r[7]) or '') ~= r[8] then
-    out[i] = 3
-  elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
-    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-    out[i] = 0
-  else
-    redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
-    redis.call('ZADD', queue, r[4], r[2])
-    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-    if r[7] then
-      redis.call('SET', r[7], r[9], 'PX', r[10])
-    end
-    out[i] = 1
-  end
-end
-return out
-"""
-
+# Claims each job's slot and writes the job (its arguments and flags are written at its top).
+CLAIM_AND_WRITE = lua.script("periodic_manager.targets", "arq_claim_and_write.lua")
 CHUNK = 1000  # jobs per script call
 
 
@@ -166,8 +127,8 @@ class ArqTarget:
         self.previous = PreviousTasks(self.claims, self._states, publish_window_s=2 * timeout)
         self.timeout = timeout
         self.concurrency = concurrency
-        self.sentinel = Sentinel(pool, f"{prefix}:sentinel")
-        self._script = pool.register_script(_CLAIM_AND_WRITE)
+        self.sentinel = Sentinel(pool, f"{prefix}:sentinel", timeout=timeout)
+        self._script = pool.register_script(CLAIM_AND_WRITE)
         self._owns_pool = False
 
     @classmethod
@@ -235,11 +196,9 @@ class ArqTarget:
         after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
         decided: Decided | None = None
         if after:  # options.overlap: written only where the previous job finished
-            try:
+            with redis_errors("arq: previous jobs", self.timeout):
                 async with asyncio.timeout(self.timeout):
                     decided = await self.previous.read(tasks, after, now, flag="1")
-            except TimeoutError as exc:
-                raise TargetError(f"arq: previous jobs not read within {self.timeout:g} s") from exc
             for index, result in decided.results.items():
                 results[index] = result
             send += decided.free
@@ -304,31 +263,25 @@ class ArqTarget:
                         raise
                     return [str(exc)] * len(part)  # this queue's key is unusable: its tasks fail
 
-        try:
+        with redis_errors("arq: redis", self.timeout):
             replies = await asyncio.gather(*(one(q, part) for q, part in calls))
-        except TimeoutError as exc:
-            raise TargetError(f"arq: redis: no answer within {self.timeout:g} s") from exc
-        except (RedisError, OSError) as exc:
-            raise TargetError(f"arq: redis: {type(exc).__name__}: {exc}") from exc
         return {
             index: flag
             for (_, part), reply in zip(calls, replies, strict=True)
             for index, flag in zip(part, reply, strict=True)
         }
 
-    async def _states(self, job_ids: list[str]) -> list[str]:
+    async def _states(self, job_ids: Sequence[str]) -> list[str]:
         """arq's status of each job: running (in progress), queued (its job key exists: queued,
         deferred or waiting for a retry), else finished (done, or never enqueued)."""
         from arq.constants import in_progress_key_prefix, job_key_prefix
 
-        try:
+        with redis_errors("arq: job status"):
             async with self.pool.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
                     pipe.exists(in_progress_key_prefix + job_id)
                     pipe.exists(job_key_prefix + job_id)
                 replies = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise TargetError(f"arq: job status: {type(exc).__name__}: {exc}") from exc
         states = []
         for k in range(len(job_ids)):
             running, queued = replies[2 * k], replies[2 * k + 1]
@@ -346,8 +299,7 @@ class ArqTarget:
 
     async def forgotten(self) -> list[str]:
         """``["arq"]`` when arq's Redis lost its data since the previous call."""
-        async with asyncio.timeout(self.timeout):
-            return [self.name] if await self.sentinel.lost() else []
+        return [self.name] if await self.sentinel.lost() else []
 
     async def close(self) -> None:
         """Close the pool if this target created it (:meth:`from_url`)."""

@@ -1,5 +1,5 @@
-"""What every target shares: the task of a slot, the overlap options it carries, and the staging
-adapter.
+"""What every target shares: the task of a slot, its payload as call arguments, the overlap
+options it carries, and the staging adapter.
 
 A target (:class:`~periodic_manager.contracts.Target`) receives one batch per instant and enqueues
 each task at most once per ``idempotency_key``, atomically with the claim of that key. Staging:
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager.contracts import (
@@ -29,12 +29,12 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets import completion
 
 NO_SIGNAL = "it has no completion signal"
-
-
 TASK_ID_NAMESPACE = uuid.UUID("6f1c1a52-5d0e-4d43-9b8e-2f1d8c0b7a11")
-
-
 _NAMESPACE_BYTES = TASK_ID_NAMESPACE.bytes
+# How long a schedule's previous-task key outlives its last write (options.overlap): what a
+# deleted schedule leaves behind expires after this, or after its overlap_timeout plus a day.
+PREV_TTL = timedelta(days=30)
+_DAY_MS = 86_400_000
 
 
 def task_id_for(idempotency_key: str) -> str:
@@ -68,6 +68,18 @@ def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expir
     )
 
 
+def split_payload(payload: object) -> tuple[list[object], dict[str, object]]:
+    """A schedule's payload as call arguments (Celery, arq): object -> kwargs, array -> args,
+    null -> none, anything else -> one positional argument."""
+    if isinstance(payload, dict):
+        return [], dict(payload)
+    if isinstance(payload, list | tuple):
+        return list(payload), {}
+    if payload is None:
+        return [], {}
+    return [payload], {}
+
+
 def overlap_of(task: Task) -> str:
     """The task's ``options.overlap`` (``allow`` when absent)."""
     return str(task.options.get("overlap", "allow"))
@@ -77,6 +89,13 @@ def overlap_timeout_ms(task: Task) -> int:
     """``options.overlap_timeout`` in milliseconds (0: none)."""
     seconds = task.options.get("overlap_timeout")
     return 0 if seconds is None else max(1, round(float(seconds) * 1000))
+
+
+def overlap_fields(task: Task) -> tuple[int, int]:
+    """The overlap timeout (ms, 0: none) and the previous-task key's TTL (ms) of ``task``."""
+    timeout = overlap_timeout_ms(task)
+    ttl = max(int(PREV_TTL.total_seconds() * 1000), timeout + _DAY_MS)
+    return timeout, ttl
 
 
 def no_signal(options: Mapping[str, Any]) -> str | None:

@@ -1,60 +1,43 @@
-"""Celery target: each slot becomes a Celery task message, the one ``app.send_task`` would send.
+"""Celery target: each slot becomes a Celery task message, the one ``app.send_task`` would send
+(:mod:`~periodic_manager.targets.celery.message`).
 
 Needs the ``celery`` extra (``pip install 'periodic-manager[celery]'``); Celery is imported only
 when a target is built, so the core runs without it.
 
-The message is what ``app.send_task`` makes for the task ``task_type``:
+Two ways out, sorted per task when a batch is prepared. On a Redis broker, messages to direct
+exchanges are written by the manager itself (:mod:`~periodic_manager.targets.celery.direct`):
+claim and LPUSH of each task in one Lua script, chunks of a batch in parallel, so a burst moves
+at Redis speed and a slot is claimed only with its message. Anything else is published with kombu
+under a pending claim that the broker's confirmation turns into sent
+(:mod:`~periodic_manager.targets.celery.kombu_way`). Both ways use the same claim keys, so
+managers on either way never send a slot twice.
 
-- payload -> arguments: a JSON object becomes keyword arguments, an array positional arguments,
-  ``null`` no arguments, any other value one positional argument;
-- ``task_id`` = the task id (uuid5 of the idempotency key: the same on every manager);
-- headers ``idempotency_key``, ``scheduled_at`` (UTC ISO-8601 with ``Z``) and ``periodic_name``
-  (the schedule's name); a Celery task reads them as ``self.request.idempotency_key`` etc.;
-- ``options.queue`` -> ``queue`` (without it the app routes as usual: its ``task_routes``, then
-  its ``task_default_queue``); ``options.timeout`` -> ``time_limit``; ``options.extra``:
-  ``routing_key``, ``exchange``, ``priority`` (0-255), ``soft_time_limit`` (seconds) and
-  ``expires`` (seconds after the slot; the worker discards the task after that).
-  ``max_retry`` and ``unique_ttl`` have no per-message equivalent in Celery and are not sent.
-
-Two ways out. On a Redis broker, messages to direct exchanges are written by the manager itself
-(:mod:`celery_redis`): claim and LPUSH of each task in one Lua script, chunks of a batch in
-parallel pipelines, so a burst moves at Redis speed and a slot is claimed only with its message.
-Anything else (RabbitMQ or another broker, a topic or fanout exchange, publish signal receivers,
-...) is published with kombu (:mod:`celery_kombu`) with publisher confirms (AMQP), under a
-*pending* claim in Redis (:mod:`claims`): the claim becomes "sent" once the broker confirmed the
-message; a publish that failed, timed out or whose reply was lost leaves it pending, and the
-retry publishes the slot again with the same task id (reported ``resent``: the workers may see it
-twice when only the confirmation was lost; never lost). A publish never started frees its claim.
-Both ways use the same claim keys, so managers on either path never send a slot twice.
-
-``options.overlap`` skip and hold need a result backend (:mod:`celery_results`): the previous
-task of a schedule is finished once the backend holds a ready state for its task id, read before
-the claim. On the Redis writer the script then compares the schedule's previous-task key
-(:mod:`previous`) with what was read, claims the slot and pushes the message in one step; on
-kombu's way the compare-and-set takes a pending claim, and the key is marked published after.
+``options.overlap`` skip and hold need a result backend
+(:mod:`~periodic_manager.targets.celery.results`): the previous task of a schedule is finished
+once the backend holds a ready state for its task id, read before the claim.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
-from periodic_manager.contracts import QUEUED, EnqueueResult, Prepared, Previous, Task
+from periodic_manager.contracts import EnqueueResult, Prepared, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion
-from periodic_manager.targets.base import overlap_of, overlap_refused
+from periodic_manager.targets.base import overlap_refused
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app
+from periodic_manager.targets.celery.direct import DirectWay
 from periodic_manager.targets.celery.kombu import KombuPublisher
+from periodic_manager.targets.celery.kombu_way import KombuWay
+from periodic_manager.targets.celery.message import celery_message
 from periodic_manager.targets.celery.results import ResultStates
 from periodic_manager.targets.celery.wire import (
     Delivery,
@@ -64,112 +47,16 @@ from periodic_manager.targets.celery.wire import (
     WireFormat,
 )
 from periodic_manager.targets.celery.writer import RedisWriter, ScriptCall
-from periodic_manager.targets.redis.claims import (
-    ELSEWHERE,
-    NEW,
-    RESEND,
-    SENT,
-    RedisClaims,
-    split_payload,
-)
-from periodic_manager.targets.redis.previous import Decided, PreviousTasks
+from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.previous import PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 
-# Tasks per part of a large batch in enqueue: ~5 ms of building on a slow core, so the event loop
-# sends and reads the script calls under way while the rest is built.
+# Tasks per part of a large batch built at the instant (enqueue): small enough that the event
+# loop gets a turn between parts to send and read the script calls under way while the rest is
+# built, large enough that a part's script call is worth its round trip.
 STREAM = 250
-# How often a slot held pending by another publisher is looked at again (a duration of I/O).
-CLAIM_RECHECK_S = 0.1
-BEING_PUBLISHED = 5  # the Redis writer's flag of a slot another publisher holds pending
-
-
-def _seconds(extra: Mapping[str, Any], key: str) -> float | None:
-    value = extra.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"options.extra.{key} must be a number of seconds")
-    if value <= 0:
-        raise ValueError(f"options.extra.{key} must be > 0")
-    return float(value)
-
-
-def _text(extra: Mapping[str, Any], key: str) -> str | None:
-    value = extra.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ValueError(f"options.extra.{key} must be a non-empty string")
-    return value
-
-
-def celery_message(task: Task, now: datetime, scheduled_text: str | None = None) -> dict[str, Any]:
-    """The keyword arguments of ``app.send_task`` for ``task`` (ValueError if options are bad).
-
-    ``scheduled_text``: ``slot_text(task.scheduled_at)`` when the caller has it already."""
-    options = task.options
-    extra = options.get("extra") or {}
-    if not isinstance(extra, Mapping):
-        raise ValueError("options.extra must be a JSON object")
-    args, kwargs = split_payload(task.payload)
-    msg: dict[str, Any] = {
-        "name": task.task_type,
-        "args": args,
-        "kwargs": kwargs,
-        "task_id": task.id,
-        "headers": {
-            "idempotency_key": task.idempotency_key,
-            "scheduled_at": scheduled_text or slot_text(task.scheduled_at),
-            "periodic_name": task.name,
-        },
-        "add_to_parent": False,
-    }
-    if "queue" in options:
-        msg["queue"] = task.queue
-    if options.get("timeout") is not None:
-        msg["time_limit"] = float(options["timeout"])
-    if extra:
-        _extra(msg, extra, task, now)
-    return msg
-
-
-def _extra(msg: dict[str, Any], extra: Mapping[str, Any], task: Task, now: datetime) -> None:
-    """``options.extra`` into the send_task arguments ``msg``."""
-    for key in ("routing_key", "exchange"):
-        value = _text(extra, key)
-        if value is not None:
-            msg[key] = value
-    priority = extra.get("priority")
-    if priority is not None:
-        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255:
-            raise ValueError("options.extra.priority must be an integer from 0 to 255")
-        msg["priority"] = priority
-    soft = _seconds(extra, "soft_time_limit")
-    if soft is not None:
-        msg["soft_time_limit"] = soft
-    expires = _seconds(extra, "expires")
-    if expires is not None:
-        # Relative seconds, counted on the manager's clock from the slot; Celery turns them into
-        # an absolute instant when it builds the message.
-        end = task.scheduled_at.astimezone(UTC) + timedelta(seconds=expires)
-        msg["expires"] = max(0.0, (end - now.astimezone(UTC)).total_seconds())
-
-
-def _written(task: Task, delivery: Delivery, flag: int) -> EnqueueResult:
-    """The result of a task the Redis writer's script took (see its flags)."""
-    if flag == 1:
-        return EnqueueResult(task, "enqueued", task.id)
-    if flag == 0:
-        return EnqueueResult(task, "duplicate", task.id)
-    if flag == 4:
-        return EnqueueResult(task, "resent", task.id)
-    if flag == 3:  # another manager sent a task of this schedule since it was read
-        return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-    error = (
-        f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
-        f"{delivery.routing_key!r}"
-    )
-    return EnqueueResult(task, "failed", error=error)
 
 
 def _publish_receivers() -> bool:
@@ -226,15 +113,19 @@ class CeleryTarget:
         # options.overlap: the result backend tells when a task finished.
         self.results = results
         self.previous = (
-            PreviousTasks(claims, results, publish_window_s=2 * timeout) if results else None
+            PreviousTasks(claims, results, publish_window_s=2 * timeout)
+            if results is not None
+            else None
         )
-        self._kombu = KombuPublisher(app, timeout)
-        self.sentinel = Sentinel(claims.client, f"{claims.prefix}:sentinel")
+        self._publisher = KombuPublisher(app, timeout)
+        self.kombu = KombuWay(self._publisher, claims, self.previous)
+        self.sentinel = Sentinel(claims.client, f"{claims.prefix}:sentinel", timeout=timeout)
         self._owned_clients: list[aioredis.Redis] = []
         self._owns_app = False
         self._warned_signals = False
         self.routes: Routes | None = None
         self.writer: RedisWriter | None = None
+        self.direct: DirectWay | None = None  # with the writer
         # Why every message goes through kombu (None: the Redis writer takes what it can).
         self.fast_path_off: str | None = "no Redis broker client"
         if broker_client is not None:
@@ -258,6 +149,7 @@ class CeleryTarget:
         self.writer = RedisWriter(
             client, wire, layout=layout, claims=self.claims, timeout=self.timeout
         )
+        self.direct = DirectWay(self.writer, self.claims, self.previous)
         self.fast_path_off = None
 
     @classmethod
@@ -301,8 +193,9 @@ class CeleryTarget:
     ) -> CeleryTarget:
         """A target honouring the settings of the user's Celery ``app`` (broker, queues, routes,
         default queue/exchange/routing key, transport options), published with an app of its own
-        (see :mod:`celery_app`). ``broker_url`` overrides the app's; ``result_backend`` (default:
-        the app's) is read to tell when a task finished (``options.overlap``)."""
+        (see :mod:`~periodic_manager.targets.celery.app`). ``broker_url`` overrides the app's;
+        ``result_backend`` (default: the app's) is read to tell when a task finished
+        (``options.overlap``)."""
         settings = app_settings(app)
         if broker_url is not None:
             settings["broker_url"] = broker_url
@@ -474,210 +367,22 @@ class CeleryTarget:
             results[index] = EnqueueResult(tasks[index], "failed", error=error)
         parts = []
         if data.calls:
-            parts.append(self._send_written(tasks, data, results, now, started))
+            assert self.direct is not None
+            parts.append(self.direct.send(tasks, data.calls, data.written, results, now, started))
         if data.after:
-            parts.append(self._send_written_after(tasks, data, results, now))
+            assert self.direct is not None
+            parts.append(self.direct.send_after(tasks, data.after, results, now))
         if data.kombu:
-            parts.append(self._send_kombu(tasks, data.kombu, results, now))
+            parts.append(self.kombu.send(tasks, data.kombu, results, now))
         outcomes = await asyncio.gather(*parts, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
         return [r for r in results if r is not None]
 
-    async def _write(self, calls: list[asyncio.Future[Any]]) -> list[int]:
-        assert self.writer is not None
-        try:
-            return await self.writer.results(calls)
-        except TimeoutError as exc:
-            raise TargetError(f"celery: redis: no answer within {self.timeout:g} s") from exc
-        except (RedisError, OSError) as exc:
-            raise TargetError(f"celery: redis: {type(exc).__name__}: {exc}") from exc
-
-    async def _send_written(
-        self,
-        tasks: Sequence[Task],
-        data: CeleryPrepared,
-        results: list[EnqueueResult | None],
-        now: datetime,
-        started: list[asyncio.Future[Any]] | None,
-    ) -> None:
-        assert self.writer is not None
-        flags = await self._write(started or self.writer.start(data.calls))
-        waiting: dict[int, tuple[dict[str, Any], Delivery]] = {}
-        for (index, delivery), flag in zip(data.written, flags, strict=True):
-            if flag == BEING_PUBLISHED:
-                waiting[index] = (celery_message(tasks[index], now), delivery)
-            else:
-                results[index] = _written(tasks[index], delivery, flag)
-        if waiting:
-
-            async def again(ask: list[int]) -> list[int]:
-                return await self._write_items(tasks, waiting, ask, now, results)
-
-            await self._claim_until_free(again, list(waiting))
-
-    async def _send_written_after(
-        self,
-        tasks: Sequence[Task],
-        data: CeleryPrepared,
-        results: list[EnqueueResult | None],
-        now: datetime,
-    ) -> None:
-        """options.overlap on the Redis writer: the previous tasks are read, then each free slot
-        is claimed and written in the script that compares its schedule's previous-task key."""
-        assert self.writer is not None and self.previous is not None
-        decided = await self.previous.read(tasks, [i for i, _, _ in data.after], now, flag="1")
-        for index, result in decided.results.items():
-            results[index] = result
-        chosen = {index: (msg, delivery) for index, msg, delivery in data.after}
-
-        async def write(ask: list[int]) -> list[int]:
-            return await self._write_items(tasks, chosen, ask, now, results, decided)
-
-        await self._claim_until_free(write, decided.free)
-
-    async def _write_items(
-        self,
-        tasks: Sequence[Task],
-        chosen: Mapping[int, tuple[dict[str, Any], Delivery]],
-        indices: list[int],
-        now: datetime,
-        results: list[EnqueueResult | None],
-        decided: Decided | None = None,
-    ) -> list[int]:
-        """Write the tasks of ``indices`` (their send_task arguments and delivery in
-        ``chosen``; with ``decided``, the compare-and-set of their previous-task keys) and set
-        their results; returns those a publish through kombu holds pending (ask again)."""
-        assert self.writer is not None
-        items = [(tasks[i], *chosen[i]) for i in indices]
-        prevs = [decided.written[i] for i in indices] if decided is not None else None
-        flags = await self._write(self.writer.start(self.writer.prepare(items, now, prevs)))
-        waiting = []
-        for index, flag in zip(indices, flags, strict=True):
-            if flag == BEING_PUBLISHED:
-                waiting.append(index)
-                continue
-            result = _written(tasks[index], chosen[index][1], flag)
-            if decided is not None and result.status != "busy":
-                result.previous = decided.previous.get(index)
-            results[index] = result
-        return waiting
-
-    async def _send_kombu(
-        self,
-        tasks: Sequence[Task],
-        indices: list[int],
-        results: list[EnqueueResult | None],
-        now: datetime,
-    ) -> None:
-        """Publish through kombu: each slot first takes a pending claim, which becomes "sent"
-        once the broker confirmed the message (module :mod:`claims`)."""
-        # Built at the instant: send_task counts a relative expiry from its own clock.
-        messages = {index: celery_message(tasks[index], now) for index in indices}
-        publish: list[int] = []
-        resend: set[int] = set()
-
-        async def claim_plain(ask: list[int]) -> list[int]:
-            flags = await self.claims.claim([tasks[i] for i in ask], now)
-            for index, flag in zip(ask, flags, strict=True):
-                if flag == SENT:
-                    results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
-                elif flag in (NEW, RESEND):
-                    publish.append(index)
-                    if flag == RESEND:
-                        resend.add(index)
-            return [i for i, flag in zip(ask, flags, strict=True) if flag == ELSEWHERE]
-
-        await self._claim_until_free(claim_plain, [i for i in indices if overlap_of(tasks[i]) == "allow"])
-        decided: Decided | None = None
-        after = [i for i in indices if overlap_of(tasks[i]) != "allow"]
-        if after:
-            assert self.previous is not None  # refused in _prepare without a result backend
-            previous = self.previous
-            decided = chosen = await previous.read(tasks, after, now, flag="0")
-
-            async def claim_after(ask: list[int]) -> list[int]:
-                return await previous.claim_pending(tasks, chosen, ask, now)
-
-            await self._claim_until_free(claim_after, decided.free)
-            for index, result in decided.results.items():
-                results[index] = result
-            publish += decided.claimed
-            resend |= decided.resend
-        if not publish:
-            return
-        job = self._kombu.start([messages[index] for index in publish])
-        try:
-            taken, unknown, error = await self._kombu.wait(job)
-        except asyncio.CancelledError:
-            # The manager is stopping: publish nothing more, and free the slots not started so
-            # that a standby or a restart may send them.
-            taken, unknown = self._kombu.stop(job)
-            await asyncio.shield(self._settle(tasks, publish, taken, unknown, decided))
-            raise
-        for index in publish[:taken]:
-            status: Any = "resent" if index in resend else "enqueued"
-            results[index] = EnqueueResult(tasks[index], status, tasks[index].id)
-            if decided is not None and index in decided.written:
-                results[index].previous = decided.previous.get(index)  # type: ignore[union-attr]
-        await self._settle(tasks, publish, taken, unknown, decided)
-        if error is None:
-            return
-        unconfirmed = f" ({unknown} unconfirmed, published again by a retry)" if unknown else ""
-        raise TargetError(
-            f"celery: published {taken} of {len(publish)} task(s){unconfirmed}: {error}"
-        ) from error
-
-    async def _claim_until_free(
-        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int]
-    ) -> None:
-        """Claim ``indices`` with ``ask`` (it returns those another publisher holds pending) and
-        ask again for those until they are sent or abandoned: at most the claims' stale time
-        (a publish elsewhere ends, or is given up, well before)."""
-        if not indices:
-            return
-        waiting = await ask(indices)
-        deadline = time.monotonic() + self.claims.stale_ms / 1000 + 1  # a duration, not a slot
-        while waiting:
-            if time.monotonic() > deadline:
-                raise TargetError(f"celery: {len(waiting)} slot(s) held by another publisher")
-            await asyncio.sleep(CLAIM_RECHECK_S)  # the other publisher's broker answers meanwhile
-            waiting = await ask(waiting)
-
-    async def _settle(
-        self,
-        tasks: Sequence[Task],
-        publish: list[int],
-        taken: int,
-        unknown: int,
-        decided: Decided | None,
-    ) -> None:
-        """After a publish: the claims of the tasks the broker took become sent, those of tasks
-        never started are freed, and one whose outcome is unknown stays pending (a retry
-        publishes it again). With overlap, the previous-task keys follow."""
-        sent = publish[:taken]
-        unsent = publish[taken + unknown :]
-        try:
-            await self.claims.confirm([tasks[i] for i in sent])
-            await self.claims.release([tasks[i] for i in unsent])
-        except TargetError as exc:
-            # Pending claims are published again by a retry or a takeover (counted resent);
-            # none is ever taken for sent.
-            log.error("celery: could not settle %d claim(s): %s", len(sent) + len(unsent), exc)
-        if decided is None or self.previous is None:
-            return
-        try:
-            await self.previous.published(decided, [i for i in sent if i in decided.written])
-            await self.previous.unpublished(decided, [i for i in unsent if i in decided.written])
-        except TargetError as exc:
-            # Flag 0 keeps a sent task "queued" only for the publish window; a key not put back
-            # names a task never sent, which Celery reports PENDING: overlap_timeout frees it.
-            log.error("celery: could not update previous-task keys: %s", exc)
-
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A task is finished once the result backend holds a ready state for it: that needs the
-        backend (:mod:`results`)."""
+        backend (:mod:`~periodic_manager.targets.celery.results`)."""
         backend = "configured" if self.results is not None else None
         return completion.celery(backend) if completion.asks(options) else None
 
@@ -688,20 +393,15 @@ class CeleryTarget:
         kombu, in a thread of its own (never behind a publish under way)."""
         async with asyncio.timeout(self.timeout):
             await self.claims.ping()
-        if self.writer is not None and not self._kombu_needed():
-            return
+        if self.writer is not None and not _publish_receivers():
+            return  # the broker is the claims' Redis, which just answered
         try:
             async with asyncio.timeout(self.timeout):
                 await asyncio.to_thread(self._connect_broker)
         except TimeoutError:
-            raise TargetError(f"celery: the broker did not answer within {self.timeout:g} s") from None
+            raise TargetError(f"celery: broker: no answer within {self.timeout:g} s") from None
         except Exception as exc:  # noqa: BLE001 - kombu's transports raise many types
             raise TargetError(f"celery: broker: {type(exc).__name__}: {exc}") from exc
-
-    def _kombu_needed(self) -> bool:
-        """Whether messages may go through kombu although the Redis writer is on (publish
-        signal receivers make every message take kombu's way)."""
-        return _publish_receivers()
 
     def _connect_broker(self) -> None:
         with self.app.connection_for_write() as conn:
@@ -709,16 +409,15 @@ class CeleryTarget:
 
     async def forgotten(self) -> list[str]:
         """``["celery"]`` when the claims' Redis lost its data since the previous call."""
-        async with asyncio.timeout(self.timeout):
-            return [self.name] if await self.sentinel.lost() else []
+        return [self.name] if await self.sentinel.lost() else []
 
     async def close(self) -> None:
         """Stop the publishing thread; close the app and clients this target created."""
         if self._owns_app:
-            closing = asyncio.wrap_future(self._kombu.close_app())
+            closing = asyncio.wrap_future(self._publisher.close_app())
             # Behind a publish that never returned this would wait forever: bounded.
             await asyncio.wait({closing}, timeout=self.timeout)
-        self._kombu.shutdown()
+        self._publisher.shutdown()
         if self.results is not None and self._owns_app:
             self.results.close()
         for client in self._owned_clients:

@@ -8,7 +8,8 @@ Work is split in two so the manager can do the first part before a slot is due:
 
 - :meth:`RedisWriter.prepare` builds the script arguments of a batch: the message texts, claim
   TTLs and destinations. Pure computation, no I/O.
-- :meth:`RedisWriter.send` runs the script calls and returns one flag per task.
+- :meth:`RedisWriter.start` starts the script calls, :meth:`RedisWriter.results` gathers one flag
+  per task (what :mod:`~periodic_manager.targets.celery.direct` makes results of).
 """
 
 from __future__ import annotations
@@ -26,140 +27,15 @@ import redis.asyncio as aioredis
 
 from periodic_manager.contracts import Task
 from periodic_manager.targets.celery.wire import Delivery, Layout, WireFormat
+from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.errors import redis_errors
 
-# ARGV[1] = the claim-key prefix; ARGV[2] = JSON {"d": destinations, "t": tasks} (cjson: one
-# argument instead of five per task); ARGV[3] = the tasks' messages, concatenated; ARGV[4] = how
-# old (ms, Redis's clock) a pending claim of a publisher through kombu must be to count as
-# abandoned (see claims.py).
-#   destination: [list, binding set, routing key, declare set, declare member, key prefix,
-#                 priority suffix, separator]  ("" where not used)
-#   task: [idempotency key, task id, claim TTL in ms, destination (1-based), message length] and,
-#         for options.overlap, [prev key, value read, new value, prev TTL in ms]
-# Returns one flag per task: 1 enqueued, 0 already sent (duplicate), 2 no queue is bound to the
-# task's exchange and routing key (nothing written, no claim), 3 busy (the schedule's previous
-# task changed since it was read: nothing written), 4 enqueued again over an abandoned pending
-# claim (a publish through kombu the broker never confirmed: resent), 5 a pending claim younger
-# than that: a publish through kombu is under way (nothing written: ask again).
-#
-# A script is atomic but not transactional: a command that fails half-way leaves the earlier
-# effects. So every key is type-checked before the first claim, and a claim is written only
-# together with its message: a claim never exists without its message.
-_CLAIM_AND_PUSH = """
-local function wrong(key, want)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= want and kind ~= 'none' then
-    return 'WRONGTYPE ' .. key .. ' is a ' .. kind .. ', not a ' .. want
-  end
-  return nil
-end
-local claim_prefix = ARGV[1]
-local meta = cjson.decode(ARGV[2])
-local blob = ARGV[3]
-local stale = tonumber(ARGV[4])
-local clock = nil
--- A claim that is already there: 0 sent, 4 pending and abandoned, 5 pending and recent.
-local function held(value)
-  if string.sub(value, 1, 2) ~= 'p|' then return 0 end
-  if clock == nil then
-    local t = redis.call('TIME')
-    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  local since = string.match(value, '|(%d+)$')
-  if since == nil or clock - tonumber(since) >= stale then return 4 end
-  return 5
-end
-for _, d in ipairs(meta.d) do
-  for _, key in ipairs({d[2], d[4]}) do
-    if key ~= '' then
-      local err = wrong(key, 'set')
-      if err then return redis.error_reply(err) end
-    end
-  end
-end
--- kombu declares the routed queue's binding before it publishes; so do we (SADD is idempotent).
-for _, d in ipairs(meta.d) do
-  if d[4] ~= '' then redis.call('SADD', d[4], d[5]) end
-end
-local lists = {}
-for i, d in ipairs(meta.d) do
-  local found, seen = {}, {}
-  if d[1] ~= '' then
-    found[1] = d[1]
-  else
-    -- A direct exchange: every queue bound with this routing key (members: key, pattern, queue).
-    local sep = d[8]
-    for _, member in ipairs(redis.call('SMEMBERS', d[2])) do
-      local a = string.find(member, sep, 1, true)
-      local b = a and string.find(member, sep, a + #sep, true)
-      if b and string.sub(member, 1, a - 1) == d[3] then
-        local list = d[6] .. string.sub(member, b + #sep) .. d[7]
-        if not seen[list] then
-          seen[list] = true
-          found[#found + 1] = list
-        end
-      end
-    end
-    table.sort(found)
-  end
-  for _, list in ipairs(found) do
-    local err = wrong(list, 'list')
-    if err then return redis.error_reply(err) end
-  end
-  lists[i] = found
-end
-local out, buffers, order, pos = {}, {}, {}, 1
-for i, t in ipairs(meta.t) do
-  local targets = lists[t[4]]
-  local claim, sent = claim_prefix .. t[1], 's|' .. t[2]
-  local flag
-  if #targets == 0 then
-    flag = 2
-  elseif t[6] then
-    -- options.overlap: the previous task is compared before anything is claimed.
-    local value = redis.call('GET', claim)
-    if value then
-      flag = held(value)
-    elseif (redis.call('GET', t[6]) or '') ~= t[7] then
-      flag = 3
-    else
-      flag = 1
-    end
-    if flag == 1 or flag == 4 then
-      redis.call('SET', claim, sent, 'PX', t[3])
-      redis.call('SET', t[6], t[8], 'PX', t[9])
-    end
-  elseif redis.call('SET', claim, sent, 'NX', 'PX', t[3]) then
-    flag = 1
-  else
-    flag = held(redis.call('GET', claim) or '')
-    if flag == 4 then
-      redis.call('SET', claim, sent, 'PX', t[3])
-    end
-  end
-  out[i] = flag
-  if flag == 1 or flag == 4 then
-    local message = string.sub(blob, pos, pos + t[5] - 1)
-    for _, list in ipairs(targets) do
-      local buffer = buffers[list]
-      if buffer == nil then
-        buffer = {}
-        buffers[list] = buffer
-        order[#order + 1] = list
-      end
-      buffer[#buffer + 1] = message
-    end
-  end
-  pos = pos + t[5]
-end
--- One LPUSH per list, in task order: the same order as one LPUSH per message.
-for _, list in ipairs(order) do
-  redis.call('LPUSH', list, unpack(buffers[list]))
-end
-return out
-"""
-
+# Claims and pushes a chunk (its arguments and flags are written at its top).
+CLAIM_AND_PUSH = lua.script("periodic_manager.targets.celery", "claim_and_push.lua")
 CHUNK = 1000  # tasks per script call (also the most values of one LPUSH: far below Lua's limit)
+# The script's flag of each task.
+DUPLICATE, ENQUEUED, UNROUTABLE, BUSY, RESENT, BEING_PUBLISHED = range(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +64,7 @@ class RedisWriter:
         self.timeout = timeout
         self._keyprefix = layout.keyprefix
         self._sep = layout.sep
-        self._script = client.register_script(_CLAIM_AND_PUSH)
+        self._script = client.register_script(CLAIM_AND_PUSH)
         # kombu tags every message with a fresh uuid4 (its key among unacknowledged messages).
         # A random 72-bit prefix per writer plus a counter is as unique, at a fraction of the cost.
         head = uuid.uuid4().hex
@@ -252,19 +128,18 @@ class RedisWriter:
         return [asyncio.ensure_future(self._call(call)) for call in calls]
 
     async def results(self, started: Sequence[asyncio.Future[Any]]) -> list[int]:
-        """The flags of started calls, one per task, in order (1 enqueued, 0 duplicate,
-        2 unroutable, 3 busy, 4 resent, 5 being published through kombu). Raises the first failure, a TimeoutError (a call took longer than
-        ``timeout``) or the client's errors, once every call has ended; the calls that went
-        through keep their effects (each is atomic)."""
-        replies = await asyncio.gather(*started, return_exceptions=True)
-        for reply in replies:
-            if isinstance(reply, BaseException):
-                raise reply
-        return [int(flag) for reply in replies for flag in reply]
-
-    async def send(self, calls: Sequence[ScriptCall]) -> list[int]:
-        """Run ``calls`` (see :meth:`start` and :meth:`results`)."""
-        return await self.results(self.start(calls))
+        """The flags of started calls, one per task, in order (ENQUEUED, DUPLICATE, UNROUTABLE,
+        BUSY, RESENT, or BEING_PUBLISHED through kombu by another publisher). Once every call has
+        ended, raises the first failure as TargetError (``no answer within`` for a call that took
+        longer than ``timeout``); the calls that went through keep their effects (each is
+        atomic)."""
+        flags: list[int] = []
+        with redis_errors("celery: redis", self.timeout):
+            for reply in await asyncio.gather(*started, return_exceptions=True):
+                if isinstance(reply, BaseException):
+                    raise reply
+                flags += map(int, reply)
+        return flags
 
     async def _call(self, call: ScriptCall) -> Any:
         # One EVALSHA per chunk on its own connection: Redis runs them one after the other while

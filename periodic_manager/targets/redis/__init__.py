@@ -1,1 +1,2 @@
-"""Targets and helpers that keep their state in Redis: streams, claims, previous tasks, sentinels."""
+"""The Redis Streams target and the helpers of every target that keeps state in Redis: claims,
+previous tasks, sentinels, Lua scripts read from files, one translation of Redis errors."""

@@ -23,17 +23,23 @@ Redis broker, arq) never leave a claim pending: they read these values only to s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.commands.core import AsyncScript
+from redis.typing import EncodableT
 
 from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
+from periodic_manager.targets.redis import lua
+from periodic_manager.targets.redis.errors import redis_errors
 
 # What :meth:`RedisClaims.claim` says of each task.
 SENT = 0  # the slot was sent already: a duplicate
@@ -41,55 +47,11 @@ NEW = 1  # claimed now: publish it
 RESEND = 3  # a pending claim of ours, or an abandoned one: publish it again, same task id
 ELSEWHERE = 4  # another publisher's pending claim, younger than stale_s: wait for it
 
-# ARGV[1] = the claim-key prefix, ARGV[2] = JSON [[idempotency key, task id, ttl ms], ...],
-# ARGV[3] = owner, ARGV[4] = stale ms. Returns one flag per task (see above). Redis's own clock
-# dates a pending claim, so managers with different clocks agree on its age.
-_CLAIM = """
-local prefix, owner, stale = ARGV[1], ARGV[3], tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
-for i, row in ipairs(cjson.decode(ARGV[2])) do
-  local key = prefix .. row[1]
-  local pending = 'p|' .. row[2] .. '|' .. owner .. '|' .. now
-  local value = redis.call('GET', key)
-  if not value then
-    redis.call('SET', key, pending, 'PX', row[3])
-    out[i] = 1
-  elseif string.sub(value, 1, 2) ~= 'p|' then
-    out[i] = 0
-  else
-    local who, since = string.match(value, '^p|[^|]*|([^|]*)|(%d+)$')
-    if who == owner or since == nil or now - tonumber(since) >= stale then
-      redis.call('SET', key, pending, 'KEEPTTL')
-      out[i] = 3
-    else
-      out[i] = 4
-    end
-  end
-end
-return out
-"""
-
-# ARGV[1] = prefix, ARGV[2] = owner, ARGV[3] = JSON [[idempotency key, task id, new value], ...]:
-# where the claim is still this owner's pending claim of that task, set it to the new value
-# (KEEPTTL), or delete it when the new value is "".
-_SETTLE = """
-local prefix, owner = ARGV[1], ARGV[2]
-for _, row in ipairs(cjson.decode(ARGV[3])) do
-  local key = prefix .. row[1]
-  local mine = 'p|' .. row[2] .. '|' .. owner .. '|'
-  local value = redis.call('GET', key)
-  if value and string.sub(value, 1, #mine) == mine then
-    if row[3] == '' then
-      redis.call('DEL', key)
-    else
-      redis.call('SET', key, row[3], 'KEEPTTL')
-    end
-  end
-end
-return 1
-"""
+# The scripts (their arguments and flags are written at their top).
+CLAIM = lua.script("periodic_manager.targets.redis", "claim.lua")
+SETTLE = lua.script("periodic_manager.targets.redis", "settle.lua")
+# How often a slot held pending by another publisher is looked at again (a duration of I/O).
+RECHECK_S = 0.1
 
 
 def sent_value(task_id: str) -> str:
@@ -128,8 +90,8 @@ class RedisClaims:
         self.margin = margin
         self.stale_ms = math.ceil(stale_s * 1000)
         self.owner = os.urandom(6).hex()  # this publisher's pending claims
-        self._claim = client.register_script(_CLAIM)
-        self._settle = client.register_script(_SETTLE)
+        self._claim = client.register_script(CLAIM)
+        self._settle = client.register_script(SETTLE)
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis answers (a readiness check)."""
@@ -175,20 +137,22 @@ class RedisClaims:
         rows = [[t.idempotency_key, t.id, sent_value(t.id) if sent else ""] for t in tasks]
         await self._run(self._settle, [self.key(""), self.owner, json.dumps(rows)])
 
-    async def _run(self, script: object, args: list[object]) -> list[object]:
-        try:
-            return await script(keys=[], args=args)  # type: ignore[operator,no-any-return]
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise TargetError(f"claims: {type(exc).__name__}: {exc}") from exc
+    async def _run(self, script: AsyncScript, args: list[EncodableT]) -> Any:
+        with redis_errors("claims"):
+            return await script(keys=[], args=args)
 
-
-def split_payload(payload: object) -> tuple[list[object], dict[str, object]]:
-    """A schedule's payload as call arguments: object -> kwargs, array -> args, null -> none,
-    anything else -> one positional argument."""
-    if isinstance(payload, dict):
-        return [], dict(payload)
-    if isinstance(payload, list | tuple):
-        return list(payload), {}
-    if payload is None:
-        return [], {}
-    return [payload], {}
+    async def until_free(
+        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int], what: str
+    ) -> None:
+        """Claim ``indices`` with ``ask`` (it returns those another publisher holds pending) and
+        ask again for those until they are sent or abandoned: at most the stale time (a publish
+        elsewhere ends, or is given up, well before). Raises TargetError past it."""
+        if not indices:
+            return
+        waiting = await ask(indices)
+        deadline = time.monotonic() + self.stale_ms / 1000 + 1  # a duration, not a slot
+        while waiting:
+            if time.monotonic() > deadline:
+                raise TargetError(f"{what}: {len(waiting)} slot(s) held by another publisher")
+            await asyncio.sleep(RECHECK_S)  # the other publisher's broker answers meanwhile
+            waiting = await ask(waiting)

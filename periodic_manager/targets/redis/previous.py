@@ -17,7 +17,7 @@ only if the key still holds what was read, so two managers never both find the s
   even if the worker system does not know it yet. A publish that was never started puts the key
   back and frees its claim.
 
-The key expires after ``PREV_TTL`` (or ``overlap_timeout`` plus a day, if longer): that bounds
+The key expires after ``base.PREV_TTL`` (or ``overlap_timeout`` plus a day, if longer): that bounds
 what deleted schedules leave behind.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from redis.exceptions import RedisError
+from redis.typing import EncodableT
 
 from periodic_manager.contracts import (
     FINISHED,
@@ -40,7 +40,8 @@ from periodic_manager.contracts import (
     Task,
 )
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import overlap_timeout_ms
+from periodic_manager.targets.base import overlap_fields, overlap_timeout_ms
+from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import (
     ELSEWHERE,
     NEW,
@@ -49,64 +50,14 @@ from periodic_manager.targets.redis.claims import (
     RedisClaims,
     is_pending,
 )
-from periodic_manager.targets.redis.stream_overlap import overlap_fields
+from periodic_manager.targets.redis.errors import redis_errors
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]
 
-# ARGV[1] = the claim-key prefix, ARGV[2] = JSON list of [idempotency key, task id, claim TTL
-# ms, prev key, expected value ("" = absent), new value, prev TTL ms], ARGV[3] = the claims'
-# owner, ARGV[4] = stale ms. Per task, as RedisClaims.claim, with the compare-and-set of the
-# previous task: 0 sent already (duplicate), 1 claimed (pending) and the new task recorded, 2 the
-# previous task changed since it was read (busy), 3 a pending claim re-taken to publish again
-# (same task id; the new task recorded), 4 another publisher's pending claim (wait).
-_CLAIM_AFTER = """
-local prefix, owner, stale = ARGV[1], ARGV[3], tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
-for i, row in ipairs(cjson.decode(ARGV[2])) do
-  local key = prefix .. row[1]
-  local pending = 'p|' .. row[2] .. '|' .. owner .. '|' .. now
-  local value = redis.call('GET', key)
-  if not value then
-    if (redis.call('GET', row[4]) or '') ~= row[5] then
-      out[i] = 2
-    else
-      redis.call('SET', key, pending, 'PX', row[3])
-      redis.call('SET', row[4], row[6], 'PX', row[7])
-      out[i] = 1
-    end
-  elseif string.sub(value, 1, 2) ~= 'p|' then
-    out[i] = 0
-  else
-    local who, since = string.match(value, '^p|[^|]*|([^|]*)|(%d+)$')
-    if who == owner or since == nil or now - tonumber(since) >= stale then
-      redis.call('SET', key, pending, 'KEEPTTL')
-      redis.call('SET', row[4], row[6], 'PX', row[7])
-      out[i] = 3
-    else
-      out[i] = 4
-    end
-  end
-end
-return out
-"""
-
-# ARGV[1] = JSON list of [prev key, expected value, new value ("" = delete), prev TTL ms]: set
-# each key that still holds what this manager wrote (flag 0 -> 1, or back to what it was).
-_SWAP = """
-for _, t in ipairs(cjson.decode(ARGV[1])) do
-  if redis.call('GET', t[1]) == t[2] then
-    if t[3] == '' then
-      redis.call('DEL', t[1])
-    else
-      redis.call('SET', t[1], t[3], 'PX', t[4])
-    end
-  end
-end
-return 1
-"""
+# The scripts (their arguments and flags are written at their top).
+CLAIM_AFTER = lua.script("periodic_manager.targets.redis", "claim_after.lua")
+SWAP = lua.script("periodic_manager.targets.redis", "swap_previous.lua")
 
 
 @dataclass(slots=True)
@@ -129,8 +80,8 @@ class PreviousTasks:
         self.claims = claims
         self.oracle = oracle
         self.publish_window_ms = round(publish_window_s * 1000)
-        self._claim = claims.client.register_script(_CLAIM_AFTER)
-        self._swap = claims.client.register_script(_SWAP)
+        self._claim = claims.client.register_script(CLAIM_AFTER)
+        self._swap = claims.client.register_script(SWAP)
 
     def key(self, name: str) -> str:
         return f"{self.claims.prefix}:prev:{name}"
@@ -147,10 +98,8 @@ class PreviousTasks:
         decided = Decided({}, [], {}, {})
         keys = [self.key(tasks[i].name) for i in indices]
         keys += [self.claims.key(tasks[i].idempotency_key) for i in indices]
-        try:
+        with redis_errors("overlap"):
             values = await self.claims.client.mget(keys)
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise TargetError(f"overlap: {type(exc).__name__}: {exc}") from exc
         read = {i: _text(v) for i, v in zip(indices, values, strict=False)}
         # A slot claimed already is a duplicate, whatever its schedule's previous task does (a
         # retry, or a second manager, must not hold a slot that was sent). A pending claim was
@@ -202,11 +151,11 @@ class PreviousTasks:
             )
         if not rows:
             return []
-        args = [self.claims.key(""), json.dumps(rows), self.claims.owner, self.claims.stale_ms]
-        try:
+        args: list[EncodableT] = [
+            self.claims.key(""), json.dumps(rows), self.claims.owner, self.claims.stale_ms
+        ]
+        with redis_errors("overlap: claims"):
             flags = await self._claim(keys=[], args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise TargetError(f"overlap: claims: {type(exc).__name__}: {exc}") from exc
         elsewhere = []
         for i, flag in zip(indices, flags, strict=True):
             task, flag = tasks[i], int(flag)
@@ -259,10 +208,8 @@ class PreviousTasks:
     async def _swap_rows(self, rows: list[list[object]]) -> None:
         if not rows:
             return
-        try:
+        with redis_errors("overlap"):
             await self._swap(args=[json.dumps(rows)])
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise TargetError(f"overlap: {type(exc).__name__}: {exc}") from exc
 
 
 def _text(value: object) -> str:

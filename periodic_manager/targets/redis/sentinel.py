@@ -12,41 +12,35 @@ sends no settled slot again.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any
 
-from redis.exceptions import RedisError
+import redis.asyncio as aioredis
 
-from periodic_manager.errors import TargetError
+from periodic_manager.targets.redis import lua
+from periodic_manager.targets.redis.errors import redis_errors
 
-# Returns the key's value, writing ARGV[1] first when the key is missing.
-_LOOK = """
-local value = redis.call('GET', KEYS[1])
-if not value then
-  redis.call('SET', KEYS[1], ARGV[1])
-  return ARGV[1]
-end
-return value
-"""
+# Returns the key's value, writing a fresh one first when the key is missing.
+LOOK = lua.script("periodic_manager.targets.redis", "sentinel.lua")
 
 
 class Sentinel:
-    """The sentinel key ``key`` of one Redis (``client``)."""
+    """The sentinel key ``key`` of one Redis (``client``); every look bounded by ``timeout``."""
 
-    def __init__(self, client: Any, key: str) -> None:
+    def __init__(self, client: aioredis.Redis, key: str, *, timeout: float = 5.0) -> None:
         self.client = client
         self.key = key
+        self.timeout = timeout
         self._seen: str | None = None
-        self._look = client.register_script(_LOOK)
+        self._look = client.register_script(LOOK)
 
     async def lost(self) -> bool:
         """Whether the Redis lost its data since the previous call (never on the first).
         Raises TargetError when Redis cannot be asked."""
         fresh = os.urandom(8).hex()
-        try:
-            value = await self._look(keys=[self.key], args=[fresh])
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise TargetError(f"sentinel: {type(exc).__name__}: {exc}") from exc
+        with redis_errors("sentinel", self.timeout):
+            async with asyncio.timeout(self.timeout):
+                value = await self._look(keys=[self.key], args=[fresh])
         text = value.decode() if isinstance(value, bytes) else str(value)
         lost = self._seen is not None and text != self._seen
         self._seen = text

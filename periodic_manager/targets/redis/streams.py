@@ -9,6 +9,21 @@ Redis Cluster slot and one script can touch them together::
 Message fields (all strings): ``id``, ``type``, ``payload`` (canonical JSON text), ``queue``,
 ``name``, ``idempotency_key``, ``scheduled_at``, ``enqueued_at`` (UTC ISO-8601 with ``Z``,
 microseconds only when non-zero) and ``options`` (canonical JSON text).
+
+``options.overlap`` skip and hold: the previous message of a schedule is checked and replaced in
+the same script that claims the slot and adds its message. Each such schedule has one key beside
+its queue's stream (same hash tag, so the same Redis Cluster slot)::
+
+    {<prefix>:<queue>}:prev:<name>   "<entry id>|<enqueued ms>|<task id>" of its last message
+
+A message is finished once the consumer group (``PM_REDIS_GROUP``, the group your workers read
+with) has acknowledged it: it is not pending in the group and the group has delivered it (its
+last-delivered id is at or past it). A message gone from the stream without being pending
+(trimmed by ``MAXLEN``, deleted) counts as finished too: nothing of it is left to wait for. No
+group yet: nothing has been delivered, so the message is queued. Deciding and adding in one
+script means two managers can never both find the schedule free and both add a message. The key
+expires after ``base.PREV_TTL`` (or ``overlap_timeout`` plus a day, if longer), which bounds what
+deleted schedules leave behind.
 """
 
 from __future__ import annotations
@@ -19,60 +34,26 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from periodic_manager.contracts import EnqueueResult, Prepared, Previous, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion
-from periodic_manager.targets.base import overlap_refused
+from periodic_manager.targets.base import overlap_fields, overlap_refused
+from periodic_manager.targets.redis import lua
+from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.sentinel import Sentinel
-from periodic_manager.targets.redis.stream_overlap import (
-    CLAIM_AND_ADD_AFTER,
-    XADD_TASK,
-    overlap_fields,
-)
 
-# KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
-# enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded by the script
-# (cjson). redis-py encodes every argument separately, which at ten arguments a task cost more
-# than Redis's own work. Claim keys are built inside the script from the queue's hash-tagged
-# prefix, so they always share the stream's cluster slot.
-# Returns a flat array: per task 1 + the new entry id, or 0 + the entry id already claimed.
-#
-# A script is atomic but not transactional: if a command fails half-way, earlier effects stay.
-# So the stream's type is checked first, and a task's claim is written only after its XADD
-# succeeded: a claim never exists without its message (what the Target contract asks).
-_CLAIM_AND_ADD = """
-local stream = KEYS[1]
-local kind = redis.call('TYPE', stream)['ok']
-if kind ~= 'stream' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. stream .. ' is a ' .. kind .. ', not a stream')
-end
-local maxlen = tonumber(ARGV[1])
-local claim_prefix = ARGV[2]
-local enqueued_at = ARGV[3]
-local tasks = cjson.decode(ARGV[4])
-local out = {}
-for i = 1, #tasks do
-  local t = tasks[i]
-  -- t: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options
-  local claim = claim_prefix .. t[7]
-  -- The script is atomic: check, add, then claim (one write of the claim, with the entry id).
-  if redis.call('EXISTS', claim) == 0 then
-""" + XADD_TASK + """    redis.call('SET', claim, res, 'PX', t[1])
-    out[#out + 1] = 1
-    out[#out + 1] = res
-  else
-    out[#out + 1] = 0
-    out[#out + 1] = redis.call('GET', claim)
-  end
-end
-return out
-"""
+# The scripts (their arguments and replies are written at their top): claim and add, and the same
+# after the schedule's previous message (options.overlap). The queue's tasks travel as ONE JSON
+# argument decoded by the script: redis-py encodes every argument separately, which at ten
+# arguments a task cost more than Redis's own work.
+CLAIM_AND_ADD = lua.script("periodic_manager.targets.redis", "claim_and_add.lua")
+CLAIM_AND_ADD_AFTER = lua.script("periodic_manager.targets.redis", "claim_and_add_after.lua")
 
 CHUNK = 1000  # tasks per script call: Redis stays responsive between calls
 # The first call of a queue is small: Redis reads and decodes a call whole before its first XADD,
@@ -107,8 +88,8 @@ class RedisStreamsTarget:
     Every call is bounded by ``timeout`` seconds; any Redis failure is raised as TargetError.
 
     ``group``: the consumer group the workers read with. With it the target knows when a message
-    is finished (acknowledged), which ``options.overlap`` skip and hold need (see
-    :mod:`stream_overlap`); without it such tasks are refused (``failed``).
+    is finished (acknowledged), which ``options.overlap`` skip and hold need (see the module
+    docstring); without it such tasks are refused (``failed``).
     """
 
     name = "redis"
@@ -139,8 +120,8 @@ class RedisStreamsTarget:
         self.claim_margin = claim_margin
         self.timeout = timeout
         self.group = group
-        self._scripts = (_CLAIM_AND_ADD, CLAIM_AND_ADD_AFTER)
-        self.sentinel = Sentinel(client, f"{{{prefix}}}:sentinel")
+        self._scripts = (CLAIM_AND_ADD, CLAIM_AND_ADD_AFTER)
+        self.sentinel = Sentinel(client, f"{{{prefix}}}:sentinel", timeout=timeout)
         self._shas = tuple(hashlib.sha1(text.encode()).hexdigest() for text in self._scripts)
 
     @classmethod
@@ -230,14 +211,10 @@ class RedisStreamsTarget:
         parts, refused = prepared.data
         enqueued_at = slot_text(now)
         now_ms = round(now.timestamp() * 1000)
-        try:
+        with redis_errors("redis", self.timeout):
             replies = await asyncio.gather(
                 *(self._run_part(part, enqueued_at, now_ms) for part in parts)
             )
-        except TimeoutError as exc:
-            raise TargetError(f"redis: no answer within {self.timeout} s") from exc
-        except (RedisError, OSError) as exc:
-            raise TargetError(f"redis: {type(exc).__name__}: {exc}") from exc
         results: list[EnqueueResult | None] = [None] * len(tasks)
         for index, why in refused.items():
             results[index] = EnqueueResult(tasks[index], "failed", error=why)
@@ -249,7 +226,9 @@ class RedisStreamsTarget:
                 for pos, index in enumerate(indices):
                     flag, message_id = reply[2 * pos], reply[2 * pos + 1]
                     text = None if message_id is None else _text(message_id)
-                    status = "enqueued" if int(flag) == 1 else "duplicate"
+                    status: Literal["enqueued", "duplicate"] = (
+                        "enqueued" if int(flag) == 1 else "duplicate"
+                    )
                     results[index] = EnqueueResult(tasks[index], status, text)
         return [r for r in results if r is not None]
 
@@ -284,10 +263,10 @@ class RedisStreamsTarget:
         queue: str,
         tasks: list[Task],
         now: datetime | None,
-        memo: dict[tuple[datetime, datetime], tuple[str, int]] | None = None,
-        kind: int = PLAIN,
+        memo: dict[tuple[datetime, datetime], tuple[str, int]],
+        kind: int,
     ) -> tuple[list[str], list[Any]]:
-        memo = {} if memo is None else memo
+        """One script call's keys and arguments; ``memo`` holds the batch's formatted slots."""
         items: list[tuple[Any, ...]] = []
         for task in tasks:
             # A burst shares one slot: format its instant and claim TTL once.
@@ -311,7 +290,7 @@ class RedisStreamsTarget:
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """Messages are finished once the workers' consumer group acknowledged them: that needs
-        the group (see :mod:`stream_overlap`)."""
+        the group (see the module docstring)."""
         return completion.redis(self.group) if completion.asks(options) else None
 
     async def ping(self) -> None:
@@ -321,8 +300,7 @@ class RedisStreamsTarget:
 
     async def forgotten(self) -> list[str]:
         """``["redis"]`` when the streams' Redis lost its data since the previous call."""
-        async with asyncio.timeout(self.timeout):
-            return [self.name] if await self.sentinel.lost() else []
+        return [self.name] if await self.sentinel.lost() else []
 
     async def close(self) -> None:
         """Close the client if this target created it (:meth:`from_url`)."""
@@ -333,7 +311,7 @@ class RedisStreamsTarget:
 def _after_results(
     tasks: Sequence[Task], indices: list[int], reply: list[Any], results: list[EnqueueResult | None]
 ) -> None:
-    """Results of a call of the overlap script: 4 values per task (see stream_overlap)."""
+    """Results of a call of the overlap script: 4 values per task (see its script)."""
     for pos, index in enumerate(indices):
         flag, message_id, prev_task, state = reply[4 * pos : 4 * pos + 4]
         flag = int(flag)

@@ -1,0 +1,131 @@
+-- Celery on a Redis broker (writer.py): claim each task's slot and LPUSH its message, in one
+-- atomic step per chunk.
+--
+-- ARGV[1] = the claim-key prefix; ARGV[2] = JSON {"d": destinations, "t": tasks} (cjson: one
+-- argument instead of five per task); ARGV[3] = the tasks' messages, concatenated; ARGV[4] = how
+-- old (ms, Redis's clock) a pending claim of a publisher through kombu must be to count as
+-- abandoned (see redis/claims.py).
+--   destination: [list, binding set, routing key, declare set, declare member, key prefix,
+--                 priority suffix, separator]  ("" where not used)
+--   task: [idempotency key, task id, claim TTL in ms, destination (1-based), message length] and,
+--         for options.overlap, [prev key, value read, new value, prev TTL in ms]
+-- Returns one flag per task: 1 enqueued, 0 already sent (duplicate), 2 no queue is bound to the
+-- task's exchange and routing key (nothing written, no claim), 3 busy (the schedule's previous
+-- task changed since it was read: nothing written), 4 enqueued again over an abandoned pending
+-- claim (a publish through kombu the broker never confirmed: resent), 5 a pending claim younger
+-- than that: a publish through kombu is under way (nothing written: ask again).
+--
+-- A script is atomic but not transactional: a command that fails half-way leaves the earlier
+-- effects. So every key is type-checked before the first claim, and a claim is written only
+-- together with its message: a claim never exists without its message.
+local function wrong(key, want)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= want and kind ~= 'none' then
+    return 'WRONGTYPE ' .. key .. ' is a ' .. kind .. ', not a ' .. want
+  end
+  return nil
+end
+local claim_prefix = ARGV[1]
+local meta = cjson.decode(ARGV[2])
+local blob = ARGV[3]
+local stale = tonumber(ARGV[4])
+local clock = nil
+-- A claim that is already there: 0 sent, 4 pending and abandoned, 5 pending and recent.
+local function held(value)
+  if string.sub(value, 1, 2) ~= 'p|' then return 0 end
+  if clock == nil then
+    local t = redis.call('TIME')
+    clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local since = string.match(value, '|(%d+)$')
+  if since == nil or clock - tonumber(since) >= stale then return 4 end
+  return 5
+end
+for _, d in ipairs(meta.d) do
+  for _, key in ipairs({d[2], d[4]}) do
+    if key ~= '' then
+      local err = wrong(key, 'set')
+      if err then return redis.error_reply(err) end
+    end
+  end
+end
+-- kombu declares the routed queue's binding before it publishes; so do we (SADD is idempotent).
+for _, d in ipairs(meta.d) do
+  if d[4] ~= '' then redis.call('SADD', d[4], d[5]) end
+end
+local lists = {}
+for i, d in ipairs(meta.d) do
+  local found, seen = {}, {}
+  if d[1] ~= '' then
+    found[1] = d[1]
+  else
+    -- A direct exchange: every queue bound with this routing key (members: key, pattern, queue).
+    local sep = d[8]
+    for _, member in ipairs(redis.call('SMEMBERS', d[2])) do
+      local a = string.find(member, sep, 1, true)
+      local b = a and string.find(member, sep, a + #sep, true)
+      if b and string.sub(member, 1, a - 1) == d[3] then
+        local list = d[6] .. string.sub(member, b + #sep) .. d[7]
+        if not seen[list] then
+          seen[list] = true
+          found[#found + 1] = list
+        end
+      end
+    end
+    table.sort(found)
+  end
+  for _, list in ipairs(found) do
+    local err = wrong(list, 'list')
+    if err then return redis.error_reply(err) end
+  end
+  lists[i] = found
+end
+local out, buffers, order, pos = {}, {}, {}, 1
+for i, t in ipairs(meta.t) do
+  local targets = lists[t[4]]
+  local claim, sent = claim_prefix .. t[1], 's|' .. t[2]
+  local flag
+  if #targets == 0 then
+    flag = 2
+  elseif t[6] then
+    -- options.overlap: the previous task is compared before anything is claimed.
+    local value = redis.call('GET', claim)
+    if value then
+      flag = held(value)
+    elseif (redis.call('GET', t[6]) or '') ~= t[7] then
+      flag = 3
+    else
+      flag = 1
+    end
+    if flag == 1 or flag == 4 then
+      redis.call('SET', claim, sent, 'PX', t[3])
+      redis.call('SET', t[6], t[8], 'PX', t[9])
+    end
+  elseif redis.call('SET', claim, sent, 'NX', 'PX', t[3]) then
+    flag = 1
+  else
+    flag = held(redis.call('GET', claim) or '')
+    if flag == 4 then
+      redis.call('SET', claim, sent, 'PX', t[3])
+    end
+  end
+  out[i] = flag
+  if flag == 1 or flag == 4 then
+    local message = string.sub(blob, pos, pos + t[5] - 1)
+    for _, list in ipairs(targets) do
+      local buffer = buffers[list]
+      if buffer == nil then
+        buffer = {}
+        buffers[list] = buffer
+        order[#order + 1] = list
+      end
+      buffer[#buffer + 1] = message
+    end
+  end
+  pos = pos + t[5]
+end
+-- One LPUSH per list, in task order: the same order as one LPUSH per message.
+for _, list in ipairs(order) do
+  redis.call('LPUSH', list, unpack(buffers[list]))
+end
+return out

@@ -1,0 +1,31 @@
+"""Lua scripts kept as ``.lua`` files in a ``scripts`` folder beside the Python that runs them.
+
+:func:`script` returns the exact text sent to Redis (``SCRIPT LOAD``, or redis-py's
+``register_script``), so the SHA of that text is the one Redis knows. A line
+``--#include <file>`` is replaced by that file of the same folder: a fragment shared by two
+scripts is written once.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from importlib.resources.abc import Traversable
+
+INCLUDE = "--#include "
+
+
+def script(package: str, name: str) -> str:
+    """The text of ``scripts/<name>`` in ``package`` (a dotted package name), includes spliced.
+    Read once, at the import of the module that runs it."""
+    folder = resources.files(package).joinpath("scripts")
+    return _spliced(folder, name)
+
+
+def _spliced(folder: Traversable, name: str) -> str:
+    lines = folder.joinpath(name).read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(
+        _spliced(folder, line.strip().removeprefix(INCLUDE))
+        if line.lstrip().startswith(INCLUDE)
+        else line
+        for line in lines
+    )

@@ -1,0 +1,37 @@
+-- Redis Streams: claim each task's slot and add its message, in one atomic step.
+--
+-- KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
+-- enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded here (cjson).
+--   task: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options
+-- Claim keys are built here from the queue's hash-tagged prefix, so they always share the
+-- stream's cluster slot.
+-- Returns a flat array: per task 1 + the new entry id, or 0 + the entry id already claimed.
+--
+-- A script is atomic but not transactional: if a command fails half-way, earlier effects stay.
+-- So the stream's type is checked first, and a task's claim is written only after its XADD
+-- succeeded: a claim never exists without its message.
+local stream = KEYS[1]
+local kind = redis.call('TYPE', stream)['ok']
+if kind ~= 'stream' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. stream .. ' is a ' .. kind .. ', not a stream')
+end
+local maxlen = tonumber(ARGV[1])
+local claim_prefix = ARGV[2]
+local enqueued_at = ARGV[3]
+local tasks = cjson.decode(ARGV[4])
+local out = {}
+for i = 1, #tasks do
+  local t = tasks[i]
+  local claim = claim_prefix .. t[7]
+  -- Check, add, then claim (one write of the claim, with the entry id).
+  if redis.call('EXISTS', claim) == 0 then
+--#include xadd_task.lua
+    redis.call('SET', claim, res, 'PX', t[1])
+    out[#out + 1] = 1
+    out[#out + 1] = res
+  else
+    out[#out + 1] = 0
+    out[#out + 1] = redis.call('GET', claim)
+  end
+end
+return out

@@ -1,0 +1,41 @@
+-- arq (arq.py): claim each job's slot and write the job as arq's enqueue_job does, in one
+-- atomic step.
+--
+-- KEYS[1] = the queue's sorted set. ARGV: the claim-key prefix, arq's job-key and result-key
+-- prefixes, the jobs (one JSON array), their serialized bodies concatenated.
+--   job: [idempotency key, job id, claim TTL ms, score ms, job expiry ms, body length] and, for
+--        options.overlap, [prev key, value read, new value, prev TTL ms]
+-- Returns one flag per job: 1 written, 0 already sent (claimed, or arq holds the job id: its
+-- job or its result), 3 busy (the schedule's previous job changed since it was read; nothing
+-- written). The queue's type is checked before anything is written (a script is atomic, not
+-- transactional).
+local queue = KEYS[1]
+local kind = redis.call('TYPE', queue)['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. queue .. ' is a ' .. kind .. ', not a sorted set')
+end
+local claim_prefix, job_prefix, result_prefix = ARGV[1], ARGV[2], ARGV[3]
+local blob = ARGV[5]
+local out, pos = {}, 1
+for i, r in ipairs(cjson.decode(ARGV[4])) do
+  local claim = claim_prefix .. r[1]
+  local body = string.sub(blob, pos, pos + r[6] - 1)
+  pos = pos + r[6]
+  if redis.call('EXISTS', claim) == 1 then
+    out[i] = 0
+  elseif r[7] and (redis.call('GET', r[7]) or '') ~= r[8] then
+    out[i] = 3
+  elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
+    out[i] = 0
+  else
+    redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
+    redis.call('ZADD', queue, r[4], r[2])
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
+    if r[7] then
+      redis.call('SET', r[7], r[9], 'PX', r[10])
+    end
+    out[i] = 1
+  end
+end
+return out
