@@ -20,10 +20,10 @@ from periodic_manager import cron
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import (
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     TOO_LARGE,
-    PeriodicTaskConfig,
     canonical_json,
     check_text,
     validate_target,

@@ -24,7 +24,7 @@ from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
-from periodic_manager.schedules.definition import canonical_json
+from periodic_manager.schedules.rules import canonical_json
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_id_for
 from tests.tcpproxy import TcpProxy

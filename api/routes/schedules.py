@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
-from periodic_manager.schedules.definition import DEFAULT_QUEUE
+from periodic_manager.schedules.rules import DEFAULT_QUEUE
 from periodic_manager.settings import Settings
 
 from ..deps import get_now, get_session, get_settings, notify_manager

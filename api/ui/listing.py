@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from periodic_manager import cron
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
-from periodic_manager.schedules.definition import DEFAULT_QUEUE
 from periodic_manager.schedules.describe import describe
+from periodic_manager.schedules.rules import DEFAULT_QUEUE
 
 from ..rows import read_rows
 from ..ui.models import LastRun, LocalTime, ScheduleRowView

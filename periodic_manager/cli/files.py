@@ -15,7 +15,8 @@ from zoneinfo import ZoneInfo
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import slot_text, validate_schedule
+from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.rules import validate_schedule
 from periodic_manager.settings import Settings
 
 PROG = "periodic-manager"

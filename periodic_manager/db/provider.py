@@ -32,7 +32,8 @@ from periodic_manager.contracts import ChangeSet, Known, ProviderSnapshot, RowEr
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ProviderError
-from periodic_manager.schedules.definition import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 # Rows are read in partitions of this many, each judged before the next is read.
 FETCH_PARTITION = 2000

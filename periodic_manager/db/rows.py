@@ -37,15 +37,13 @@ from periodic_manager.contracts import RowError
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import (
+from periodic_manager.schedules.definition import UNKNOWN_START, PendingJson, PeriodicTaskConfig
+from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_JSON_DEPTH,
     NAME_RE,
-    UNKNOWN_START,
-    PendingJson,
-    PeriodicTaskConfig,
-    _options,
     check_json,
+    checked_options,
     validate_name,
     validate_payload,
     validate_schedule,
@@ -426,7 +424,7 @@ class RowJudge:
         )
         if options is None:
             try:
-                options = _options(parsed, rules.max_payload_bytes)
+                options = checked_options(parsed, rules.max_payload_bytes)
             except ConfigError as exc:
                 options = exc
             self._remember(self._options, options_raw, options)

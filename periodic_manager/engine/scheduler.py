@@ -50,7 +50,8 @@ from periodic_manager.engine.history import Observer, RunsHook, RunWriter
 from periodic_manager.engine.overlap import HOLD_TICK_S, OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
 from periodic_manager.engine.timetable import Calendar
-from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of, overlap_policy
+from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
+from periodic_manager.schedules.rules import overlap_policy
 from periodic_manager.targets.base import staged
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import canonical_json
+from periodic_manager.schedules.rules import canonical_json
 
 MARK = "invalid"
 RAW = "raw"

@@ -31,9 +31,9 @@ from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 from periodic_manager.schedules import as_stored
-from periodic_manager.schedules.definition import (
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    PeriodicTaskConfig,
     canonical_json,
     check_text,
     validate_target,
