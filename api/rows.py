@@ -17,7 +17,9 @@ from sqlalchemy import ColumnElement, false, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager import cron
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db import view as dbview
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -53,19 +55,19 @@ COLUMNS = (
 # -- reading -------------------------------------------------------------------------------------
 
 
-def rules(request: Request, session: AsyncSession) -> dbrows.Rules:
+def rules(request: Request, session: AsyncSession) -> dbjudge.Rules:
     """How this deployment judges rows: backend, size limit, configured targets."""
     settings: Settings = request.app.state.settings
     return rules_for(settings, is_sqlite(session))
 
 
-def rules_for(settings: Settings, sqlite: bool) -> dbrows.Rules:
+def rules_for(settings: Settings, sqlite: bool) -> dbjudge.Rules:
     configured = settings.configured_targets()
 
     def check(config: PeriodicTaskConfig) -> None:
         validate_target(config.options, configured)
 
-    return dbrows.Rules(sqlite, settings.max_payload_bytes, check)
+    return dbjudge.Rules(sqlite, settings.max_payload_bytes, check)
 
 
 def is_sqlite(session: AsyncSession) -> bool:
@@ -196,7 +198,7 @@ def same_value(name: str, old: Any, new: Any) -> bool:
     return type(old) is type(new) and bool(old == new)
 
 
-def merge_base(v: dbrows.RowView) -> dict[str, Any]:
+def merge_base(v: dbview.RowView) -> dict[str, Any]:
     """The stored row as the starting point of a PATCH: unreadable columns the manager judges as
     :class:`Unreadable` (options that are no JSON object too, although they are shown as {}).
     An unreadable ``description`` is left as it is (None here): only people read it."""
@@ -230,7 +232,7 @@ def next_slot(
         return None
 
 
-def api_errors(v: dbrows.RowView) -> list[ScheduleError]:
+def api_errors(v: dbview.RowView) -> list[ScheduleError]:
     return [
         ScheduleError(
             source="api", field=f, reason=r, message=f"{f}: {r}", manager_id=None,
@@ -243,7 +245,7 @@ def api_errors(v: dbrows.RowView) -> list[ScheduleError]:
 STORED_MAX_BYTES = DEFAULT_MAX_PAYLOAD_BYTES  # what an error shows of a column as stored
 
 
-def stored_text(v: dbrows.RowView, field: str) -> str | None:
+def stored_text(v: dbview.RowView, field: str) -> str | None:
     """The stored text of ``payload`` or ``options`` when the body cannot show it (null, or {}
     for options) although it is text: what is there is what needs repairing. None for any other
     field, and for text that is not UTF-8 or longer than :data:`STORED_MAX_BYTES`."""
@@ -263,16 +265,16 @@ def stored_text(v: dbrows.RowView, field: str) -> str | None:
     return raw
 
 
-def schedule_body(v: dbrows.RowView) -> dict[str, Any]:
+def schedule_body(v: dbview.RowView) -> dict[str, Any]:
     body = {"id": v.id, **{k: v.values[k] for k in dbrows.FIELDS[1:] if k != "effective_at"}}
     body["errors"] = api_errors(v)
     return body
 
 
-def to_schedule(v: dbrows.RowView) -> Schedule:
+def to_schedule(v: dbview.RowView) -> Schedule:
     return Schedule(**schedule_body(v))
 
 
-def to_schedule_with_runs(v: dbrows.RowView, now: datetime) -> ScheduleWithRuns:
+def to_schedule_with_runs(v: dbview.RowView, now: datetime) -> ScheduleWithRuns:
     runs = next_runs(v.config, now) if v.enabled is True and v.config is not None else []
     return ScheduleWithRuns(**schedule_body(v), next_runs=runs)

@@ -14,8 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db.judge import Rules, judge_content
 from periodic_manager.db.provider import DatabaseProvider
-from periodic_manager.db.rows import Rules, columns, judge_content
+from periodic_manager.db.rows import columns
 from periodic_manager.settings import Settings
 from tests import rawsql
 from tests.test_api import JOB, assert_error, assert_problem, create

@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db import view as dbview
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.schedules.rules import DEFAULT_QUEUE
 from periodic_manager.settings import Settings
@@ -81,7 +82,7 @@ T = PeriodicJob.__table__.c
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def check_if_match(row: dbrows.RowView, if_match: str | None) -> None:
+def check_if_match(row: dbview.RowView, if_match: str | None) -> None:
     """RFC 9110 If-Match with the strong comparison: weak tags never match."""
     if if_match is None:
         return
@@ -98,12 +99,12 @@ def check_if_match(row: dbrows.RowView, if_match: str | None) -> None:
 
 async def load_row(
     request: Request, session: AsyncSession, schedule_id: int, *, for_update: bool = False
-) -> dbrows.RowView:
+) -> dbview.RowView:
     """The row, read raw and judged (whatever it holds); 404 if there is none."""
     raws = await read_rows(session, T.id == schedule_id, for_update=for_update)
     if not raws:
         raise ScheduleNotFound(schedule_id)
-    return dbrows.view(rules(request, session), raws[0])
+    return dbview.view(rules(request, session), raws[0])
 
 
 async def row_exists(session: AsyncSession, schedule_id: int) -> None:
@@ -159,7 +160,7 @@ def _manager_error(manager_id: str, message: str, last_good_since: datetime | No
 
 
 async def detail(
-    session: AsyncSession, row: dbrows.RowView, now: datetime, settings: Settings
+    session: AsyncSession, row: dbview.RowView, now: datetime, settings: Settings
 ) -> ScheduleDetail:
     key = str(row.id)
     cutoff = live_cutoff(now, settings.heartbeat_interval)
@@ -176,7 +177,7 @@ async def detail(
     )
 
 
-async def _reread(request: Request, session: AsyncSession, schedule_id: int) -> dbrows.RowView:
+async def _reread(request: Request, session: AsyncSession, schedule_id: int) -> dbview.RowView:
     """The row as stored after a write: the answer and its ETag are what a GET would give."""
     return await load_row(request, session, schedule_id)
 
@@ -245,7 +246,7 @@ async def list_schedules(
     raws = await read_rows(session, where, limit=limit, offset=offset)
     judged = rules(request, session)
     return SchedulePage(
-        items=[to_schedule(dbrows.view(judged, raw)) for raw in raws],
+        items=[to_schedule(dbview.view(judged, raw)) for raw in raws],
         total=total,
         limit=limit,
         offset=offset,
@@ -269,7 +270,7 @@ async def get_schedule_by_name(
     raws = await read_rows(session, T.name == name)
     if not raws:
         raise ScheduleNotFound(repr(name))
-    row = dbrows.view(rules(request, session), raws[0])
+    row = dbview.view(rules(request, session), raws[0])
     response.headers["ETag"] = row.etag
     return await detail(session, row, now, settings)
 

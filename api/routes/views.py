@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy import and_, case, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.db import rows as dbrows
+from periodic_manager.db import view as dbview
 from periodic_manager.db.models import Entry, Manager, PeriodicJob
 from periodic_manager.settings import Settings
 
@@ -159,7 +159,7 @@ async def schedule_slots(
     if not raws:
         raise ScheduleNotFound(schedule_id)
     # Read raw and judged as the manager judges it: a row written with SQL may hold anything.
-    row = dbrows.view(row_rules(request, session), raws[0])
+    row = dbview.view(row_rules(request, session), raws[0])
     v = row.values
     error: str | None = None
     views: list[SlotView] = []

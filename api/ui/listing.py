@@ -20,7 +20,9 @@ from sqlalchemy import ColumnElement, String, and_, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager import cron
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db import view as dbview
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 from periodic_manager.schedules.describe import describe
 from periodic_manager.schedules.rules import DEFAULT_QUEUE
@@ -144,14 +146,14 @@ async def page_rows(
     now: datetime,
     cutoff: datetime,
     slots: NextSlots,
-    rules: dbrows.Rules,
+    rules: dbjudge.Rules,
 ) -> list[ScheduleRowView]:
     """The rows of ``ids`` in that order, with next slot, last run and error."""
     if not ids:
         return []
     # Read raw and judged as the manager judges them (a row written with SQL may hold anything).
     raws = await read_rows(session, PeriodicJob.id.in_(ids))
-    rows = {raw[0]: dbrows.view(rules, raw) for raw in raws}
+    rows = {raw[0]: dbview.view(rules, raw) for raw in raws}
     keys = [str(i) for i in ids]
     errors: dict[str, str] = {}
     for key, message in await session.execute(

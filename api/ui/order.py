@@ -12,7 +12,7 @@ process keeps the sorted keys and brings them up to date the way the manager's s
 
 A TRUNCATE (tombstone id 0) or a clock that stepped back rebuilds everything.
 
-Whether a row is usable is decided by the manager's own judge (``periodic_manager.db.rows``), over
+Whether a row is usable is decided by the manager's own judge (``periodic_manager.db.judge``), over
 every column it reads: a row with a good spec but a bad task type, payload or options has no next
 slot here either, and sorts with the unusable rows, as its error badge says.
 """
@@ -29,6 +29,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.contracts import RowError
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ConfigError
@@ -44,7 +45,7 @@ def _sqlite(session: AsyncSession) -> bool:
     return session.bind is not None and session.bind.dialect.name == "sqlite"
 
 
-def _row(judge: dbrows.RowJudge, raw: Any) -> Row:
+def _row(judge: dbjudge.RowJudge, raw: Any) -> Row:
     """The row's group, as the manager's judge sees it: paused (``enabled`` false), unusable
     (any row error, a bad ``enabled`` included), or enabled with the timing of its slots.
     Rows are read raw (``dbrows.columns``): a row written with SQL may hold anything, and one
@@ -83,12 +84,12 @@ class NextSlotOrder:
         self._lock = asyncio.Lock()
 
     async def snapshot(
-        self, session: AsyncSession, now: datetime, rules: dbrows.Rules
+        self, session: AsyncSession, now: datetime, rules: dbjudge.Rules
     ) -> list[Key]:
         """The order as of ``now`` (a copy: the caller may await while using it); rows are
         judged by ``rules``, as the manager and the list's error badges judge them."""
         async with self._lock:
-            await self._catch_up(session, now, dbrows.RowJudge(rules))
+            await self._catch_up(session, now, dbjudge.RowJudge(rules))
             self._advance(now)
             return list(self._order)
 
@@ -100,7 +101,7 @@ class NextSlotOrder:
             return (UNUSABLE, NEVER, row.name, row_id)
         return (ENABLED, slot, row.name, row_id)
 
-    async def _catch_up(self, session: AsyncSession, now: datetime, judge: dbrows.RowJudge) -> None:
+    async def _catch_up(self, session: AsyncSession, now: datetime, judge: dbjudge.RowJudge) -> None:
         newest = (
             await session.execute(
                 select(
@@ -133,7 +134,7 @@ class NextSlotOrder:
         self._watermark = mark
 
     async def _load_all(
-        self, session: AsyncSession, now: datetime, mark: int, judge: dbrows.RowJudge
+        self, session: AsyncSession, now: datetime, mark: int, judge: dbjudge.RowJudge
     ) -> None:
         rows = await session.execute(select(*dbrows.columns(_sqlite(session))))
         self._rows = {raw[0]: _row(judge, raw) for raw in rows}

@@ -1,9 +1,9 @@
 """The database provider: every enabled row of ``periodic_jobs``, judged one by one.
 
 Rows are untrusted input (anyone with SQL access can write them): they are read and judged by
-:mod:`periodic_manager.db.rows`, which never lets the driver interpret a column that could hold
-garbage and decides per row "usable config, disabled, or RowError" — the same judgement the API
-shows. A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so
+:mod:`periodic_manager.db.rows` and :mod:`periodic_manager.db.judge`, which never let the driver
+interpret a column that could hold garbage and decide per row "usable config, disabled, or
+RowError" — the same judgement the API shows. A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so
 the manager can log it once per (row, content); every other row is returned. Any failure to read
 the table is raised as :class:`~periodic_manager.errors.ProviderError`.
 
@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import ChangeSet, Known, ProviderSnapshot, RowError
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 from periodic_manager.errors import ProviderError
@@ -63,8 +64,8 @@ class DatabaseProvider:
         self.engine = engine
         self.check = check
         self._sqlite = engine.dialect.name == "sqlite"
-        self.rules = dbrows.Rules(self._sqlite, max_payload_bytes, check)
-        self._judge = dbrows.RowJudge(self.rules)
+        self.rules = dbjudge.Rules(self._sqlite, max_payload_bytes, check)
+        self._judge = dbjudge.RowJudge(self.rules)
         self.known: Known | None = None  # set by adopt()
         self._warm = False  # a full read has succeeded: from now on ``known`` is worth asking
         self._types_checked = False
@@ -167,7 +168,7 @@ class DatabaseProvider:
         """A last good version read back from the runtime store (``raw`` as a row: id, enabled,
         content, effective_at), judged as this provider judges a row: it is data like any other,
         so it runs only if it is still a usable schedule here (the target check included)."""
-        return dbrows.judge_content(self.rules, raw)
+        return dbjudge.judge_content(self.rules, raw)
 
     async def get_changes(self, since: int) -> ChangeSet | None:
         """What changed after revision ``since``: None (one indexed query) when nothing did."""

@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db import view as dbview
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.rules import canonical_json
@@ -72,9 +73,9 @@ async def prepare(conn: AsyncConnection, sqlite: bool) -> None:
 
 @dataclass(slots=True)
 class StoredRow:
-    """A row as :func:`dbrows.view` shows it, and each column's stored form (:meth:`raw`)."""
+    """A row as :func:`dbview.view` shows it, and each column's stored form (:meth:`raw`)."""
 
-    view: dbrows.RowView
+    view: dbview.RowView
     more: tuple[Any, ...]  # the values of extras(), in order
     sqlite: bool
 

@@ -27,7 +27,9 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db import view as dbview
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 from periodic_manager.schedules import as_stored
@@ -271,11 +273,11 @@ async def _stored(
     async with engine.connect() as conn:
         await as_stored.prepare(conn, sqlite)
         raws = (await conn.execute(query.order_by(PeriodicJob.id))).all()
-    rules = dbrows.Rules(sqlite, max_payload_bytes, _target_check(targets))
-    return [as_stored.StoredRow(dbrows.view(rules, tuple(r[:n])), tuple(r[n:]), sqlite) for r in raws]
+    rules = dbjudge.Rules(sqlite, max_payload_bytes, _target_check(targets))
+    return [as_stored.StoredRow(dbview.view(rules, tuple(r[:n])), tuple(r[n:]), sqlite) for r in raws]
 
 
-def _target_check(targets: Collection[str] | None) -> dbrows.Check | None:
+def _target_check(targets: Collection[str] | None) -> dbjudge.Check | None:
     """The deployment's check of ``options.target``, as the API and the manager make it."""
     if targets is None:
         return None
@@ -286,7 +288,7 @@ def _target_check(targets: Collection[str] | None) -> dbrows.Check | None:
     return check
 
 
-def _stored_value(row: dbrows.RowView, key: str) -> Any:
+def _stored_value(row: dbview.RowView, key: str) -> Any:
     if key in row.unreadable:
         return _Unreadable(row.unreadable[key])
     return row.values[key]
@@ -340,7 +342,7 @@ async def plan(
     return out
 
 
-def _label(row: dbrows.RowView) -> str:
+def _label(row: dbview.RowView) -> str:
     name = row.values["name"]
     return name if name is not None else f"#{row.id} (name: {row.unreadable.get('name')})"
 
@@ -450,7 +452,7 @@ def _file_value(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def _entry_of(row: dbrows.RowView) -> dict[str, Any]:
+def _entry_of(row: dbview.RowView) -> dict[str, Any]:
     """A row without errors as a file entry: its fields, defaults left out."""
     entry: dict[str, Any] = {k: row.values[k] for k in REQUIRED}
     for key, default in DEFAULTS.items():
