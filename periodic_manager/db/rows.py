@@ -38,8 +38,8 @@ DISPLAY = ("description", "created_at", "updated_at")
 FIELDS = ("id", "enabled", *CONTENT, "effective_at", *DISPLAY)
 N_JUDGED = 3 + len(CONTENT)  # id, enabled, content, effective_at
 EFFECTIVE = N_JUDGED - 1
-INSTANTS = frozenset({"anchor", "effective_at", "created_at", "updated_at"})
-JSON_COLUMNS = frozenset({"payload", "options"})
+_INSTANTS = frozenset({"anchor", "effective_at", "created_at", "updated_at"})
+_JSON = frozenset({"payload", "options"})
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = 1_000_000
@@ -63,13 +63,13 @@ def column(sqlite: bool, name: str, table: Table | None = None) -> ColumnElement
     col = (table if table is not None else PeriodicJob.__table__).c[name]
     if name == "id":
         return col
-    if name in INSTANTS:
+    if name in _INSTANTS:
         return raw_instant(sqlite, col).label(name)
     if sqlite:
         # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
         # decoding by the driver; NULL stays NULL.
         return cast(col, LargeBinary).label(name)
-    if name in JSON_COLUMNS:
+    if name in _JSON:
         return cast(col, Text).label(name)
     return col
 
@@ -112,9 +112,9 @@ def decode(sqlite: bool, name: str, value: Any) -> Any:
     if name == "enabled":
         return judge_enabled(sqlite, value)
     value = utf8(name, value)
-    if name in JSON_COLUMNS:
+    if name in _JSON:
         return json_value(name, value)
-    if name in INSTANTS:
+    if name in _INSTANTS:
         return sqlite_instant(name, value) if sqlite else epoch_instant(name, value)
     return value
 
