@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from periodic_manager.errors import ConfigError, NotFoundError, PeriodicManagerError
+from periodic_manager.errors import ConfigError, NameConflict, NotFoundError, PeriodicManagerError
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,6 @@ class ScheduleNotFound(NotFoundError):
 
     def __str__(self) -> str:
         return f"schedule {self.key} not found"
-
-
-class NameConflict(PeriodicManagerError):
-    """Another schedule already has this name."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"a schedule named {name!r} already exists")
-        self.name = name
 
 
 class ApiProblem(PeriodicManagerError):

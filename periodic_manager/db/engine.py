@@ -8,12 +8,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import (
-    AsyncConnection,
-    AsyncEngine,
-    async_sessionmaker,
-    create_async_engine,
-)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -67,7 +62,3 @@ def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> 
 def on_sqlite(bind: AsyncEngine | AsyncConnection) -> bool:
     """Whether ``bind`` talks to SQLite (else PostgreSQL)."""
     return bind.dialect.name == "sqlite"
-
-
-def sessionmaker(engine: AsyncEngine) -> async_sessionmaker:  # type: ignore[type-arg]
-    return async_sessionmaker(engine, expire_on_commit=False)
