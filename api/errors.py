@@ -164,10 +164,10 @@ async def _on_http_error(request: Request, exc: Exception) -> Any:
         if not isinstance(exc.__cause__, json.JSONDecodeError):
             reason = f"JSON decode error: {type(exc.__cause__).__name__}"
         return validation_response([error_item("body", None, reason, "json_invalid")])
-    detail = exc.detail if isinstance(exc.detail, str) else None
+    detail: str | None = exc.detail if isinstance(exc.detail, str) else None
     if detail == HTTPStatus(exc.status_code).phrase:
         detail = None
-    headers = exc.headers
+    headers = dict(exc.headers) if exc.headers is not None else None
     if exc.status_code == 405:
         # Starlette names only the methods of the first route that matched the path; the
         # other routes of that path (GET/PATCH/DELETE of one schedule are three) count too.

@@ -93,7 +93,6 @@ def validate_row(
     for name in ("name", "spec", "timezone", "task_type", "description"):
         if isinstance(fields.get(name), str):
             check_text(name, fields[name])
-    limit = {} if max_payload_bytes is None else {"max_payload_bytes": max_payload_bytes}
     cfg = PeriodicTaskConfig.create(
         name=fields["name"],
         spec=fields["spec"],
@@ -103,7 +102,9 @@ def validate_row(
         timezone=fields["timezone"],
         anchor=fields.get("anchor"),
         allowed_targets=targets,
-        **limit,
+        max_payload_bytes=(
+            DEFAULT_MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes
+        ),
     )
     if not next_runs(cfg, now, 1):
         raise ConfigError("spec", "has no fire time after now")

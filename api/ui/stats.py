@@ -61,7 +61,7 @@ async def lateness(conn: Connection, start: datetime) -> Lateness:
         return Lateness(count=0, p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
     found: list[int] = []
     ranks = iter(max(1, math.ceil(p * total)) for p in PERCENTILES)
-    rank = next(ranks)
+    rank: int | None = next(ranks)
     seen = 0
     for value, n in values:
         seen += n

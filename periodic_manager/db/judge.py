@@ -276,7 +276,7 @@ class RowJudge:
             raise options
         opts, options_json = options
         if anchor is None:
-            self._memo(self._schedules, (spec, timezone), lambda st: validate_schedule(*st, None))
+            self._memo(self._schedules, (spec, timezone), lambda st: validate_schedule(st[0], st[1], None))
         else:
             validate_schedule(spec, timezone, anchor)
         config = self.config_class(

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Select, any_, bindparam, select, text
+from sqlalchemy import BigInteger, ColumnElement, Select, any_, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -77,6 +77,7 @@ class DatabaseProvider:
         cols = [*dbrows.columns(self._sqlite), t.revision]
         self._full = select(*cols).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
         self._changed = changes.rows_since(cols)
+        by_ids: ColumnElement[bool]
         if self._sqlite:
             by_ids = t.id.in_(bindparam("ids", expanding=True))
         else:  # one array parameter: the statement text stays the same whatever the count

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sqlalchemy import ColumnElement, LargeBinary, Table, Text, cast, extract, literal
+from sqlalchemy import ColumnElement, FromClause, LargeBinary, Text, cast, extract, literal
 
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
 from periodic_manager.db.models import PeriodicJob
@@ -57,7 +57,7 @@ def columns(sqlite: bool, *, display: bool = False) -> list[ColumnElement[Any]]:
     return [PeriodicJob.__table__.c.id, *(column(sqlite, n) for n in names)]
 
 
-def column(sqlite: bool, name: str, table: Table | None = None) -> ColumnElement[Any]:
+def column(sqlite: bool, name: str, table: FromClause | None = None) -> ColumnElement[Any]:
     """One column of ``periodic_jobs`` (or of ``table``, which holds a row's columns under the
     same names) in its raw form (decode it with :func:`decode`)."""
     col = (table if table is not None else PeriodicJob.__table__).c[name]

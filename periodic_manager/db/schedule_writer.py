@@ -70,8 +70,7 @@ async def lock(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | Non
     """
     sqlite = conn.dialect.name == "sqlite"
     if sqlite:
-        jobs = PeriodicJob.__table__
-        await conn.execute(update(jobs).where(false()).values(id=jobs.c.id))
+        await conn.execute(update(PeriodicJob).where(false()).values(id=PeriodicJob.id))
     stmt = select_rows(sqlite, T.id == schedule_id).with_for_update()
     raws = [tuple(r) for r in (await conn.execute(stmt)).all()]
     return raws[0] if raws else None

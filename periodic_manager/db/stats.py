@@ -69,7 +69,7 @@ def _per_minute_sqlite(minutes: int) -> Any:
     )
 
 
-def _per_minute_postgres(start: datetime, minutes: int, version: tuple[int, ...]) -> Any:
+def _per_minute_postgres(start: datetime, minutes: int, version: tuple[Any, ...]) -> Any:
     """Grouped by minute and status, counted (PostgreSQL aggregates by hash; 60 range scans were
     1.4x slower). ``date_bin`` (PostgreSQL 14) cuts the minute 1.6x cheaper than ``date_trunc``,
     which converts every instant to the session's zone; both give the same UTC minutes."""

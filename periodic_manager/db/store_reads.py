@@ -248,7 +248,7 @@ async def overlap_of(
 # -- rows that live managers rejected -------------------------------------------------------------
 
 
-def rejected(alive_after: datetime) -> Select[Any]:
+def rejected(alive_after: datetime) -> Select:
     """Schedule keys (with the reason) that a live manager rejected."""
     return (
         select(Entry.schedule_key, Entry.last_error)
