@@ -11,16 +11,14 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 import periodic_manager
 from periodic_manager.clock import SystemClock
-from periodic_manager.contracts import Clock
-from periodic_manager.db.engine import create_engine, sessionmaker
+from periodic_manager.contracts import Clock, ManagerHandle
+from periodic_manager.db.engine import Engine, create_engine
 from periodic_manager.settings import Settings
 
 from .auth import OPEN_PATHS, BearerAuth, warn_if_exposed
-from .deps import ManagerLike
 from .errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from .guard import (
     ANY_HOST_PATHS,
@@ -41,6 +39,7 @@ from .routes import (
     views,
 )
 from .schemas import Problem
+from .state import AppState, state_of
 from .ui.shell import ui_router
 from .unsent import UnsentAnswers
 
@@ -54,37 +53,37 @@ def create_app(
     settings: Settings,
     *,
     clock: Clock | None = None,
-    engine: AsyncEngine | None = None,
-    manager_factory: Callable[[AsyncEngine], ManagerLike] | None = None,
+    engine: Engine | None = None,
+    manager_factory: Callable[[Engine], ManagerHandle] | None = None,
 ) -> FastAPI:
     """Build the API.
 
     ``engine``: use this engine (the caller disposes it); otherwise one is made from
     ``settings.database_url`` at startup and disposed at shutdown. ``manager_factory``: build an
     in-process manager from the engine; it is started before serving, stopped at shutdown and
-    asked to sync after every successful write.
+    asked to sync after every successful write. What the app holds: :func:`api.state.state_of`.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warn_if_exposed(settings)
         warn_if_unreachable_by_name(settings)
+        state = state_of(app)
         async with AsyncExitStack() as stack:
             eng = engine
             if eng is None:
                 eng = create_engine(settings.database_url)
                 stack.push_async_callback(eng.dispose)
-            app.state.engine = eng
-            app.state.sessionmaker = sessionmaker(eng)
-            app.state.manager = None
-            app.state.trigger_target = None
-            app.state.target_lock = asyncio.Lock()
-            stack.push_async_callback(_close_trigger_target, app)
+            state.engine = eng
+            state.manager = None
+            state.trigger_target = None
+            state.target_lock = asyncio.Lock()
+            stack.push_async_callback(_close_trigger_target, state)
             if manager_factory is not None:
                 manager = manager_factory(eng)
                 await manager.start()
                 stack.push_async_callback(manager.stop)
-                app.state.manager = manager
+                state.manager = manager
                 if settings.probe_dir is not None:
                     await _start_probe(stack, settings, manager)
             yield
@@ -97,8 +96,7 @@ def create_app(
         docs_url=None,  # served by api.docs from the package's own assets (works offline)
         redoc_url=None,
     )
-    app.state.settings = settings
-    app.state.clock = clock if clock is not None else SystemClock()
+    app.state.pm = AppState(settings, clock if clock is not None else SystemClock())
     install_error_handlers(app)
     # Outermost last: UnsentAnswers (an answer the server refused because it already answered a
     # malformed request) -> NoFraming (every HTML answer, whoever makes it) -> BrowserGuard (Host,
@@ -117,7 +115,7 @@ def create_app(
     return app
 
 
-async def _start_probe(stack: AsyncExitStack, settings: Settings, manager: ManagerLike) -> None:
+async def _start_probe(stack: AsyncExitStack, settings: Settings, manager: ManagerHandle) -> None:
     """``run`` with PM_PROBE_DIR: keep ``<dir>/run.json`` fresh from this event loop."""
     from periodic_manager.runtime.probe import ProbeWriter, manager_health
 
@@ -137,10 +135,10 @@ async def _start_probe(stack: AsyncExitStack, settings: Settings, manager: Manag
     stack.push_async_callback(stop)
 
 
-async def _close_trigger_target(app: FastAPI) -> None:
-    target = getattr(app.state, "trigger_target", None)
+async def _close_trigger_target(state: AppState) -> None:
+    target = state.trigger_target
     if target is not None:
-        app.state.trigger_target = None
+        state.trigger_target = None
         await target.close()
 
 

@@ -1,53 +1,40 @@
-"""Request-scoped dependencies and the small protocol the API needs from an in-process manager."""
+"""Request-scoped dependencies: the app's state, a database connection, the request's "now", and
+the in-process manager (a :class:`~periodic_manager.contracts.ManagerHandle`) when there is one."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Protocol
 
 from fastapi import Request
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.contracts import Clock, Target
+from periodic_manager.db.engine import Connection
 from periodic_manager.settings import Settings
+
+from .state import AppState, state_of
 
 log = logging.getLogger(__name__)
 
 
-class ManagerLike(Protocol):
-    """What the API's lifespan does with an in-process manager."""
-
-    async def start(self) -> None:
-        """Start scheduling; awaited before the API serves requests."""
-        ...
-
-    async def stop(self) -> None:
-        """Stop scheduling; awaited when the API shuts down."""
-        ...
-
-    def request_sync(self) -> None:
-        """Ask for a sync soon, without waiting for it (called after every successful write)."""
-        ...
-
-    # Optional, read with getattr: ``target`` (used by manual triggers), ``metrics`` (served by
-    # /metrics), ``is_leader`` and ``failed`` (reported by /readyz).
+def get_state(request: Request) -> AppState:
+    return state_of(request.app)
 
 
-async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
-    async with request.app.state.sessionmaker() as session:
-        yield session
+async def get_conn(request: Request) -> AsyncIterator[Connection]:
+    """A connection for the request, handed to ``periodic_manager.db``; what the request did not
+    commit is rolled back when it ends."""
+    async with get_state(request).database.connect() as conn:
+        yield conn
 
 
 def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return get_state(request).settings
 
 
 def get_clock(request: Request) -> Clock:
-    clock: Clock = request.app.state.clock
-    return clock
+    return get_state(request).clock
 
 
 def get_now(request: Request) -> datetime:
@@ -61,7 +48,7 @@ def notify_manager(request: Request) -> None:
     The write has already committed, so a failing signal must not fail the request: the
     manager's periodic sync picks the change up anyway.
     """
-    manager: ManagerLike | None = getattr(request.app.state, "manager", None)
+    manager = get_state(request).manager
     if manager is None:
         return
     try:
@@ -73,15 +60,12 @@ def notify_manager(request: Request) -> None:
 async def get_target(request: Request) -> Target:
     """Where manual triggers go: the in-process manager's target, else one built from the
     settings on first use (closed at shutdown)."""
-    state = request.app.state
-    manager = getattr(state, "manager", None)
-    target: Target | None = getattr(manager, "target", None)
-    if target is not None:
-        return target
+    state = get_state(request)
+    if state.manager is not None:
+        return state.manager.target
     async with state.target_lock:
         if state.trigger_target is None:
             from periodic_manager.runtime.assemble import build_target
 
-            state.trigger_target = build_target(state.settings, state.engine)
-        built: Target = state.trigger_target
-        return built
+            state.trigger_target = build_target(state.settings, state.database)
+        return state.trigger_target

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from periodic_manager.errors import ConfigError, NotFoundError, PeriodicManagerError
+from periodic_manager.errors import ConfigError, NameConflict, NotFoundError, PeriodicManagerError
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,6 @@ class ScheduleNotFound(NotFoundError):
 
     def __str__(self) -> str:
         return f"schedule {self.key} not found"
-
-
-class NameConflict(PeriodicManagerError):
-    """Another schedule already has this name."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"a schedule named {name!r} already exists")
-        self.name = name
 
 
 class ApiProblem(PeriodicManagerError):
@@ -172,10 +164,10 @@ async def _on_http_error(request: Request, exc: Exception) -> Any:
         if not isinstance(exc.__cause__, json.JSONDecodeError):
             reason = f"JSON decode error: {type(exc.__cause__).__name__}"
         return validation_response([error_item("body", None, reason, "json_invalid")])
-    detail = exc.detail if isinstance(exc.detail, str) else None
+    detail: str | None = exc.detail if isinstance(exc.detail, str) else None
     if detail == HTTPStatus(exc.status_code).phrase:
         detail = None
-    headers = exc.headers
+    headers = dict(exc.headers) if exc.headers is not None else None
     if exc.status_code == 405:
         # Starlette names only the methods of the first route that matched the path; the
         # other routes of that path (GET/PATCH/DELETE of one schedule are three) count too.

@@ -1,9 +1,9 @@
-"""Schedule rows <-> API bodies: reading rows through the shared judge, validating a (merged)
-row before it is written, and its upcoming slots.
+"""Schedule rows <-> API bodies: judging rows with the shared judge, validating a (merged) row
+before it is written, and its upcoming slots.
 
-Every route that reads a row reads it raw (``periodic_manager.db.rows``) and judges it as the
-manager does, so no stored value can fail a request, and ``errors`` of a schedule is the
-manager's own verdict on it.
+Every route that reads a row reads it raw (``periodic_manager.db.schedule_reader``) and judges it
+as the manager does (``periodic_manager.db.judge``), so no stored value can fail a request, and
+``errors`` of a schedule is the manager's own verdict on it.
 """
 
 from __future__ import annotations
@@ -13,25 +13,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
-from sqlalchemy import ColumnElement, false, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager import cron
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db import view as dbview
+from periodic_manager.db.engine import Connection, on_sqlite
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import (
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     TOO_LARGE,
-    PeriodicTaskConfig,
     canonical_json,
     check_text,
-    validate_target,
 )
-from periodic_manager.settings import Settings
 
 from .errors import ApiProblem, config_error_item
 from .schemas import Schedule, ScheduleError, ScheduleWithRuns
+from .state import state_of
 
 NEXT_RUNS = 3
 # Errors a stored row (possibly written with SQL) can raise while its slots are computed.
@@ -53,50 +52,12 @@ COLUMNS = (
 # -- reading -------------------------------------------------------------------------------------
 
 
-def rules(request: Request, session: AsyncSession) -> dbrows.Rules:
+def rules(request: Request, conn: Connection) -> dbjudge.Rules:
     """How this deployment judges rows: backend, size limit, configured targets."""
-    settings: Settings = request.app.state.settings
-    return rules_for(settings, is_sqlite(session))
-
-
-def rules_for(settings: Settings, sqlite: bool) -> dbrows.Rules:
-    configured = settings.configured_targets()
-
-    def check(config: PeriodicTaskConfig) -> None:
-        validate_target(config.options, configured)
-
-    return dbrows.Rules(sqlite, settings.max_payload_bytes, check)
-
-
-def is_sqlite(session: AsyncSession) -> bool:
-    return session.bind is not None and session.bind.dialect.name == "sqlite"
-
-
-async def read_rows(
-    session: AsyncSession,
-    where: ColumnElement[bool] | None = None,
-    *,
-    limit: int | None = None,
-    offset: int = 0,
-    for_update: bool = False,
-) -> list[tuple[Any, ...]]:
-    """Raw rows (every column, see ``dbrows.FIELDS``) ordered by id: only what is asked for is
-    read, so a page never judges rows beyond it."""
-    t = PeriodicJob.__table__.c
-    stmt = select(*dbrows.columns(is_sqlite(session), display=True)).order_by(t.id)
-    if where is not None:
-        stmt = stmt.where(where)
-    if limit is not None:
-        stmt = stmt.limit(limit).offset(offset)
-    if for_update:
-        # Check-merge-write must be atomic against any other writer (another API process, plain
-        # SQL). PostgreSQL: the rows are locked. SQLite has no row locks and ignores FOR UPDATE:
-        # a write that touches nothing takes the database's write lock first, held to commit.
-        stmt = stmt.with_for_update()
-        if is_sqlite(session):
-            jobs = PeriodicJob.__table__
-            await session.execute(update(jobs).where(false()).values(id=jobs.c.id))
-    return [tuple(r) for r in (await session.execute(stmt)).all()]
+    settings = state_of(request.app).settings
+    return dbjudge.rules_for(
+        on_sqlite(conn), settings.max_payload_bytes, settings.configured_targets()
+    )
 
 
 # -- validating a write ------------------------------------------------------------------------
@@ -132,7 +93,6 @@ def validate_row(
     for name in ("name", "spec", "timezone", "task_type", "description"):
         if isinstance(fields.get(name), str):
             check_text(name, fields[name])
-    limit = {} if max_payload_bytes is None else {"max_payload_bytes": max_payload_bytes}
     cfg = PeriodicTaskConfig.create(
         name=fields["name"],
         spec=fields["spec"],
@@ -142,7 +102,9 @@ def validate_row(
         timezone=fields["timezone"],
         anchor=fields.get("anchor"),
         allowed_targets=targets,
-        **limit,
+        max_payload_bytes=(
+            DEFAULT_MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes
+        ),
     )
     if not next_runs(cfg, now, 1):
         raise ConfigError("spec", "has no fire time after now")
@@ -152,7 +114,7 @@ def validate_row(
 def validate_write(request: Request, fields: dict[str, Any], now: datetime) -> PeriodicTaskConfig:
     """:func:`validate_row` with this deployment's settings; a payload or options over the size
     limit is a 413 problem, any other invalid field a 422."""
-    settings: Settings = request.app.state.settings
+    settings = state_of(request.app).settings
     try:
         return validate_row(
             fields,
@@ -168,21 +130,6 @@ def validate_write(request: Request, fields: dict[str, Any], now: datetime) -> P
         ) from None
 
 
-# Columns whose change gives a schedule new slots or keys: writing one (or resuming) moves the
-# row's ``effective_at`` to the API's now, so no look back of a manager reaches before the edit.
-TIMING = frozenset({"name", "spec", "timezone", "anchor"})
-
-
-def stamps(changes: dict[str, Any], was_enabled: bool | None, now: datetime) -> dict[str, Any]:
-    """``updated_at`` (and ``effective_at`` when the timing changes or the row resumes) of a write
-    of ``changes``, by the API's clock (the triggers of migration 0004 keep values a statement
-    sets)."""
-    out: dict[str, Any] = {"updated_at": now}
-    if TIMING & changes.keys() or (changes.get("enabled") is True and was_enabled is not True):
-        out["effective_at"] = now
-    return out
-
-
 def same_value(name: str, old: Any, new: Any) -> bool:
     """Whether a PATCH leaves column ``name`` as stored (JSON compared as canonical text, so
     ``1``, ``1.0`` and ``true`` differ; instants compared as instants)."""
@@ -196,7 +143,7 @@ def same_value(name: str, old: Any, new: Any) -> bool:
     return type(old) is type(new) and bool(old == new)
 
 
-def merge_base(v: dbrows.RowView) -> dict[str, Any]:
+def merge_base(v: dbview.RowView) -> dict[str, Any]:
     """The stored row as the starting point of a PATCH: unreadable columns the manager judges as
     :class:`Unreadable` (options that are no JSON object too, although they are shown as {}).
     An unreadable ``description`` is left as it is (None here): only people read it."""
@@ -230,7 +177,7 @@ def next_slot(
         return None
 
 
-def api_errors(v: dbrows.RowView) -> list[ScheduleError]:
+def api_errors(v: dbview.RowView) -> list[ScheduleError]:
     return [
         ScheduleError(
             source="api", field=f, reason=r, message=f"{f}: {r}", manager_id=None,
@@ -243,7 +190,7 @@ def api_errors(v: dbrows.RowView) -> list[ScheduleError]:
 STORED_MAX_BYTES = DEFAULT_MAX_PAYLOAD_BYTES  # what an error shows of a column as stored
 
 
-def stored_text(v: dbrows.RowView, field: str) -> str | None:
+def stored_text(v: dbview.RowView, field: str) -> str | None:
     """The stored text of ``payload`` or ``options`` when the body cannot show it (null, or {}
     for options) although it is text: what is there is what needs repairing. None for any other
     field, and for text that is not UTF-8 or longer than :data:`STORED_MAX_BYTES`."""
@@ -263,16 +210,16 @@ def stored_text(v: dbrows.RowView, field: str) -> str | None:
     return raw
 
 
-def schedule_body(v: dbrows.RowView) -> dict[str, Any]:
+def schedule_body(v: dbview.RowView) -> dict[str, Any]:
     body = {"id": v.id, **{k: v.values[k] for k in dbrows.FIELDS[1:] if k != "effective_at"}}
     body["errors"] = api_errors(v)
     return body
 
 
-def to_schedule(v: dbrows.RowView) -> Schedule:
+def to_schedule(v: dbview.RowView) -> Schedule:
     return Schedule(**schedule_body(v))
 
 
-def to_schedule_with_runs(v: dbrows.RowView, now: datetime) -> ScheduleWithRuns:
+def to_schedule_with_runs(v: dbview.RowView, now: datetime) -> ScheduleWithRuns:
     runs = next_runs(v.config, now) if v.enabled is True and v.config is not None else []
     return ScheduleWithRuns(**schedule_body(v), next_runs=runs)

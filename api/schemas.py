@@ -107,13 +107,13 @@ class ScheduleError(BaseModel):
     message: str = Field(description="`<field>: <reason>`", examples=["spec: minute: ..."])
     manager_id: str | None = Field(description="the reporting manager (source `manager`)")
     last_good_since: datetime | None = Field(
-        None,
+        default=None,
         description="source `manager`: that manager keeps running the row's last good version "
         "(until the row is fixed, paused or deleted; across restarts), kept since this instant; "
         "null: no version of the row runs there",
     )
     stored: str | None = Field(
-        None,
+        default=None,
         description="`payload` or `options` shown as null or {} although the column holds text "
         "(not JSON, not an object, ...): that text as stored, to see what to repair (null when "
         "it is not UTF-8 or longer than 65,536 bytes)",

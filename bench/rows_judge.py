@@ -1,4 +1,4 @@
-"""Cost per row of judging ``periodic_jobs`` rows (periodic_manager/db/rows.py), without the
+"""Cost per row of judging ``periodic_jobs`` rows (periodic_manager/db/judge.py), without the
 database: what a full read pays in Python for each row after the driver delivered it.
 
     .venv/bin/python bench/rows_judge.py | tee bench/rows_judge.txt
@@ -21,7 +21,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from periodic_manager import cron  # noqa: E402
+from periodic_manager.db import judge as dbjudge  # noqa: E402
 from periodic_manager.db import rows as dbrows  # noqa: E402
+from periodic_manager.db import view as dbview  # noqa: E402
 
 N = 100_000
 TRIALS = 3
@@ -103,9 +105,9 @@ def main() -> None:
             rows = [make(i) for i in range(N)]
             if sqlite:
                 rows = [as_sqlite(r) for r in rows]
-            rules = dbrows.Rules(sqlite)
-            judged = timed(lambda r, rules=rules: dbrows.judge(rules, r), rows)
-            viewed = timed(lambda r, rules=rules: dbrows.view(rules, r), rows[:5000])
+            rules = dbjudge.Rules(sqlite)
+            judged = timed(lambda r, rules=rules: dbjudge.judge(rules, r), rows)
+            viewed = timed(lambda r, rules=rules: dbview.view(rules, r), rows[:5000])
             print(f"{label:<26} {backend:<11} {judged:>13.1f} {viewed:>12.1f}")
 
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from periodic_manager.schedules.definition import PeriodicTaskConfig, canonical_json
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import canonical_json
 
 # -- time ------------------------------------------------------------------------------------------
 

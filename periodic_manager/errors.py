@@ -7,7 +7,8 @@ Tree::
     │   └── CronError                      (periodic_manager.cron) a cron expression/zone is invalid
     ├── ProviderError                      the config provider could not read the schedules
     ├── TargetError                        a target could not enqueue a batch
-    └── NotFoundError (also LookupError)   a schedule or entry does not exist: .key
+    ├── NotFoundError (also LookupError)   a schedule or entry does not exist: .key
+    └── NameConflict                       another schedule already has this name: .name
 
 Adapters translate driver errors at their edge (``raise TargetError(...) from exc``); the core
 never raises HTTP errors; the API maps these classes to status codes in one place.
@@ -45,3 +46,11 @@ class NotFoundError(PeriodicManagerError, LookupError):
     def __init__(self, key: object) -> None:
         super().__init__(f"not found: {key!r}")
         self.key = key
+
+
+class NameConflict(PeriodicManagerError):
+    """Another schedule already has this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a schedule named {name!r} already exists")
+        self.name = name

@@ -24,6 +24,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from periodic_manager.api.app import create_app
+from periodic_manager.api.state import state_of
 from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import Target
 from periodic_manager.db.engine import create_engine
@@ -101,7 +102,7 @@ async def api_rig(
     extra: list[PeriodicTaskManager] = []
     try:
         async with app.router.lifespan_context(app):
-            managers.append(app.state.manager)
+            managers.append(state_of(app).manager)
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 rig = Rig(client, clock, settings, managers, make_manager)

@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import periodic_manager.api.routes.schedules as schedule_routes
 from periodic_manager.api import create_app
+from periodic_manager.api.state import state_of
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db import schedule_writer
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, ScheduleState
 from periodic_manager.settings import Settings
@@ -391,7 +392,7 @@ async def test_unique_violation_from_the_database_is_409(
     async def never_taken(*_: object, **__: object) -> bool:
         return False
 
-    monkeypatch.setattr(schedule_routes, "_name_taken", never_taken)
+    monkeypatch.setattr(schedule_writer, "_name_taken", never_taken)
     assert_error(await client.post("/schedules", json=JOB), 409, ["body", "name"], "conflict")
     other = await create(client, name="other")
     r = await client.patch(f"/schedules/{other['id']}", json={"name": JOB["name"]})
@@ -585,8 +586,8 @@ async def test_lifespan_owns_manager_and_writes_request_sync(
     assert made == []
     async with app.router.lifespan_context(app):
         (manager,) = made
-        assert manager.engine is app.state.engine and app.state.manager is manager
-        assert app.state.clock is clock
+        assert manager.engine is state_of(app).engine and state_of(app).manager is manager
+        assert state_of(app).clock is clock
         assert manager.calls == ["start"]
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
@@ -608,7 +609,7 @@ async def test_lifespan_owns_manager_and_writes_request_sync(
 async def test_given_engine_is_not_disposed(db_url: str, engine: AsyncEngine) -> None:
     app = create_app(settings_for(db_url), engine=engine)
     async with app.router.lifespan_context(app):
-        assert app.state.engine is engine
+        assert state_of(app).engine is engine
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             assert (await c.get("/healthz")).json() == {"status": "ok"}

@@ -14,8 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db.judge import Rules, judge_content
 from periodic_manager.db.provider import DatabaseProvider
-from periodic_manager.db.rows import Rules, columns, judge_content
+from periodic_manager.db.rows import columns
 from periodic_manager.settings import Settings
 from tests import rawsql
 from tests.test_api import JOB, assert_error, assert_problem, create
@@ -258,10 +259,9 @@ async def test_sqlite_check_merge_write_holds_the_write_lock_against_other_write
     If-Match cannot be checked against a row that changes before the write."""
     import sqlite3
 
-    from periodic_manager.api.rows import read_rows
-    from periodic_manager.db.engine import create_engine, sessionmaker
+    from periodic_manager.db import schedule_reader, schedule_writer
+    from periodic_manager.db.engine import create_engine
     from periodic_manager.db.migrate import upgrade
-    from periodic_manager.db.models import PeriodicJob
 
     path = tmp_path / "lock.db"
     url = f"sqlite+aiosqlite:///{path}"
@@ -271,16 +271,15 @@ async def test_sqlite_check_merge_write_holds_the_write_lock_against_other_write
     engine = create_engine(url)
     other = sqlite3.connect(path, timeout=0, isolation_level=None)
     try:
-        async with sessionmaker(engine)() as session:
-            rows = await read_rows(session, PeriodicJob.__table__.c.name == "j", for_update=True)
-            assert len(rows) == 1
+        async with engine.connect() as conn:
+            assert await schedule_writer.lock(conn, 1) is not None
             with pytest.raises(sqlite3.OperationalError, match="locked"):
                 other.execute("UPDATE periodic_jobs SET description = 'meanwhile' WHERE name = 'j'")
-            await session.commit()
+            await conn.commit()
         other.execute("UPDATE periodic_jobs SET description = 'after' WHERE name = 'j'")
         # A plain read takes no write lock (a GET never blocks writers).
-        async with sessionmaker(engine)() as session:
-            await read_rows(session, PeriodicJob.__table__.c.name == "j")
+        async with engine.connect() as conn:
+            await schedule_reader.row_named(conn, "j")
             other.execute("UPDATE periodic_jobs SET description = 'during a read' WHERE name = 'j'")
     finally:
         other.close()

@@ -416,12 +416,16 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
     class Fake:
         is_leader = False
         failed: BaseException | None = None
+        target = MemoryTarget()
 
         async def start(self) -> None: ...
 
         async def stop(self) -> None: ...
 
         def request_sync(self) -> None: ...
+
+        def health(self) -> str | None:
+            return None if self.failed is None else f"a manager loop died: {self.failed!r}"
 
     fake = Fake()
     async for c in app_client(
@@ -430,8 +434,8 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         r = await c.get("/readyz")
         assert r.status_code == 200 and r.json() == {
             "status": "ready",
-            # A manager without a target attribute: nothing to ping.
-            "checks": {"database": "ok", "schema": "ok", "target": "absent", "manager": "standby"},
+            # A target that cannot be pinged (not Pingable) counts as reachable.
+            "checks": {"database": "ok", "schema": "ok", "target": "ok", "manager": "standby"},
         }
         fake.is_leader = True
         assert (await c.get("/readyz")).json()["checks"]["manager"] == "leader"

@@ -11,11 +11,8 @@ from typing import Any
 import pytest
 
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import (
-    MAX_DURATION_S,
-    MAX_JSON_DEPTH,
-    PeriodicTaskConfig,
-)
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import MAX_DURATION_S, MAX_JSON_DEPTH
 
 HUGE = 10**400
 DAY = 86_400

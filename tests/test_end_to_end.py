@@ -20,11 +20,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api.app import create_app
+from periodic_manager.api.state import state_of
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
-from periodic_manager.schedules.definition import canonical_json
+from periodic_manager.schedules.rules import canonical_json
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_id_for
 from tests.tcpproxy import TcpProxy
@@ -101,7 +102,7 @@ async def _rig(db_url: str, target: str, redis_prefix: str, redis_url: str, **ov
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
-                yield Rig(client, app.state.manager, clock, engine, settings, redis)
+                yield Rig(client, state_of(app).manager, clock, engine, settings, redis)
     finally:
         if redis is not None:
             await redis.aclose()

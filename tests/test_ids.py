@@ -17,6 +17,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import Base
 from periodic_manager.schedules import files as sio
+from periodic_manager.schedules import import_export
 from tests import rawsql
 from tests.test_end_to_end import Rig, _rig, at
 
@@ -69,11 +70,11 @@ async def test_a_deleted_id_is_never_handed_out_again_whoever_writes(rig: Rig) -
     )
     fresh(await rawsql.insert(rig.settings.database_url, "e"))
     # Deleted by an import's --prune, created by an import.
-    plan = await sio.plan(
+    plan = await import_export.plan(
         rig.engine, sio.validate([{"name": "f", "spec": "@daily", "task_type": "t"}]), True
     )
     assert plan.delete_ids and max(used) in plan.delete_ids
-    await sio.apply(rig.engine, plan, rig.clock.now())
+    await import_export.apply(rig.engine, plan, rig.clock.now())
     [f_id] = await _ids(rig.engine)
     fresh(f_id)
     # And the API again, while the manager keeps firing (its own writes go to other tables).

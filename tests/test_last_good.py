@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from periodic_manager.api.app import create_app
+from periodic_manager.api.state import state_of
 from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import LastGoodVersion
 from periodic_manager.db.engine import create_engine
@@ -54,7 +55,7 @@ async def running(
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-                yield Rig(c, getattr(app.state, "manager", None), clock, engine, settings, None)
+                yield Rig(c, state_of(app).manager, clock, engine, settings, None)
     finally:
         await engine.dispose()
 

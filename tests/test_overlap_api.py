@@ -14,7 +14,8 @@ from sqlalchemy import text
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import ConfigError
 from periodic_manager.runtime.assemble import target_check
-from periodic_manager.schedules.definition import PeriodicTaskConfig, TargetSet, validate_target
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import TargetSet, validate_target
 from periodic_manager.settings import Settings
 from tests.celery_arq_rig import Rig, api_rig, at, iso
 

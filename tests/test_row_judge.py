@@ -1,5 +1,5 @@
 """The provider's RowJudge (memos for repeated values, shared strings) gives exactly the verdict
-of rows.judge for every row, valid or not, on both backends' raw shapes, including rows that
+of judge.judge for every row, valid or not, on both backends' raw shapes, including rows that
 repeat a value another row had (a memo hit) with a different fault elsewhere."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from periodic_manager.contracts import RowError
-from periodic_manager.db import rows as dbrows
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 NAMES = ["job.a", "bad name!", ""]
@@ -59,13 +59,13 @@ def same(a: Any, b: Any) -> bool:
     ids=["postgresql-text", "postgresql-jsonb", "sqlite"],
 )
 def test_the_memoising_judge_agrees_with_judge_on_every_row(sqlite: bool, jsonb: bool) -> None:
-    rules = dbrows.Rules(sqlite, max_payload_bytes=5000)
-    fast = dbrows.RowJudge(rules)
+    rules = dbjudge.Rules(sqlite, max_payload_bytes=5000)
+    fast = dbjudge.RowJudge(rules)
     fast.jsonb = jsonb
     rows = sqlite_rows() if sqlite else pg_rows()
     if jsonb:  # a jsonb column only ever holds valid JSON
         rows = [r for r in rows if r[7] != "not json"]
-    verdicts = [(dbrows.judge(rules, r), fast(r)) for r in rows + rows]  # twice: memo hits
+    verdicts = [(dbjudge.judge(rules, r), fast(r)) for r in rows + rows]  # twice: memo hits
     assert len(rows) > 300
     assert sum(isinstance(a, PeriodicTaskConfig) for a, _ in verdicts) > 10
     assert sum(isinstance(a, RowError) for a, _ in verdicts) > 100
@@ -74,7 +74,7 @@ def test_the_memoising_judge_agrees_with_judge_on_every_row(sqlite: bool, jsonb:
 
 
 def test_repeated_texts_are_shared_between_configs() -> None:
-    fast = dbrows.RowJudge(dbrows.Rules(False))
+    fast = dbjudge.RowJudge(dbjudge.Rules(False))
     a = fast((1, True, "a", "*/5 * * * *", "UTC", None, "t", "1", '{"queue": "q"}', None, 1))
     b = fast((2, True, "b", "".join(["*/5", " * * * *"]), "UTC", None, "t", "2", '{"queue": "q"}', None, 1))
     assert isinstance(a, PeriodicTaskConfig) and isinstance(b, PeriodicTaskConfig)

@@ -106,10 +106,10 @@ async def test_prune_keeps_the_newest_per_schedule_and_drops_old_rows(engine: As
 async def test_age_prune_is_bounded_per_call(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import periodic_manager.db.store as store_mod
+    from periodic_manager.db import history
 
-    monkeypatch.setattr(store_mod, "_PRUNE_BATCH", 10)
-    monkeypatch.setattr(store_mod, "_PRUNE_ROUNDS", 2)
+    monkeypatch.setattr(history, "_PRUNE_BATCH", 10)
+    monkeypatch.setattr(history, "_PRUNE_ROUNDS", 2)
     store = DatabaseRuntimeStore(
         engine, runs_retention=timedelta(seconds=1), runs_per_schedule=1000
     )
@@ -138,10 +138,13 @@ async def test_heartbeat_prunes_at_most_once_per_interval(engine: AsyncEngine) -
     assert await count(engine) == 0
 
 
-async def test_delete_runs_of_one_schedule(engine: AsyncEngine) -> None:
+async def test_a_schedules_history_goes_with_its_row(engine: AsyncEngine) -> None:
+    from periodic_manager.db import schedule_writer
+
     store = DatabaseRuntimeStore(engine)
     await store.record_runs([run("1", 60), run("1", 120), run("2", 60)])
-    assert await store.delete_runs("1") == 2
+    async with engine.begin() as conn:
+        await schedule_writer.delete_rows(conn, [1])
     assert [r.schedule_key for r in await rows(engine)] == ["2"]
 
 

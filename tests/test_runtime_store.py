@@ -22,9 +22,10 @@ from periodic_manager.contracts import (
     RuntimeStore,
     StateRecord,
 )
+from periodic_manager.db import schedule_writer, store_reads
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.store import DatabaseRuntimeStore, LiveEntry
+from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -84,7 +85,9 @@ class Harness:
         if isinstance(self.store, MemoryRuntimeStore):
             return dict(self.store.managers)
         assert isinstance(self.store, DatabaseRuntimeStore)
-        return {m.info.manager_id: (m.info, m.status) for m in await self.store.list_managers()}
+        async with self.store.engine.connect() as conn:
+            live = await store_reads.live_managers(conn, alive_after=EVER)
+        return {m.info.manager_id: (m.info, m.status) for m in live}
 
     async def entries(self) -> dict[str, dict[str, EntryRecord]]:
         """Entries per manager; managers without entries are left out."""
@@ -92,7 +95,9 @@ class Harness:
             return {m: dict(es) for m, es in self.store.entries.items() if es}
         assert isinstance(self.store, DatabaseRuntimeStore)
         out: dict[str, dict[str, EntryRecord]] = {}
-        for live in await self.store.list_entries(alive_after=EVER):
+        async with self.store.engine.connect() as conn:
+            entries = await store_reads.live_entries(conn, alive_after=EVER)
+        for live in entries:
             out.setdefault(live.manager.info.manager_id, {})[live.entry.entry_id] = live.entry
         return out
 
@@ -328,7 +333,7 @@ async def test_unregister_removes_manager_and_entries(harness: Harness) -> None:
     assert set(await harness.entries()) == {"m2"}
 
 
-# -- the database store's read helpers and costs -------------------------------------------------
+# -- the database store's read side (the API's) and costs ----------------------------------------
 
 
 @pytest.fixture
@@ -345,26 +350,39 @@ async def test_list_entries_only_of_live_managers(db_store: DatabaseRuntimeStore
     await db_store.apply_entries("old", [e1], [])
     await db_store.apply_entries("new", [e2, e1], [])
 
-    live = await db_store.list_entries(alive_after=at(50))
-    assert [(x.manager.info.manager_id, x.entry) for x in live] == [("new", e1), ("new", e2)]
-    assert all(isinstance(x, LiveEntry) for x in live)
-    assert live[0].manager.status == status(100, entry_count=2)
-    assert live[0].manager.info == info("new")
-    assert [m.info.manager_id for m in await db_store.list_managers(alive_after=at(50))] == [
-        "empty",
-        "new",
-    ]
-    assert len(await db_store.list_entries(alive_after=at(0))) == 3
+    async with db_store.engine.connect() as conn:
+        live = await store_reads.live_entries(conn, alive_after=at(50))
+        assert [(x.manager.info.manager_id, x.entry) for x in live] == [("new", e1), ("new", e2)]
+        assert all(isinstance(x, store_reads.LiveEntry) for x in live)
+        assert live[0].manager.status == status(100, entry_count=2)
+        assert live[0].manager.info == info("new")
+        managers = await store_reads.live_managers(conn, alive_after=at(50))
+        assert [m.info.manager_id for m in managers] == ["empty", "new"]
+        assert len(await store_reads.live_entries(conn, alive_after=at(0))) == 3
 
 
-async def test_get_and_delete_state(db_store: DatabaseRuntimeStore) -> None:
+async def test_live_entries_carry_their_schedules_state(db_store: DatabaseRuntimeStore) -> None:
+    await db_store.register_manager(info("m1"), status(100))
+    await db_store.apply_entries("m1", [entry("1-a", "1"), entry("2-b", "2")], [])
+    await db_store.record_runs([run("1", 60, "enqueued")])
+    async with db_store.engine.connect() as conn:
+        live = await store_reads.live_entries(conn, alive_after=at(50))
+        [one] = await store_reads.live_entries(conn, alive_after=at(50), schedule_key="1")
+    assert [x.entry.schedule_key for x in live] == ["1", "2"]
+    assert live[1].state is None
+    assert one.state == (await db_store.get_state(["1"]))["1"]
+    assert one.state is not None and one.state.last_slot_at == at(60)
+
+
+async def test_get_state_and_the_writers_cascade(db_store: DatabaseRuntimeStore) -> None:
     await db_store.record_runs([run("1", 60, "enqueued"), run("2", 60, "skipped")])
     states = await db_store.get_state(["1", "2", "3", "1"])
     assert set(states) == {"1", "2"}
     assert states["2"].counts == {"skipped": 1}
     assert await db_store.get_state([]) == {}
-    assert await db_store.delete_state("1") is True
-    assert await db_store.delete_state("1") is False
+    # A schedule's state goes with its row (the schedule writer deletes both).
+    async with db_store.engine.begin() as conn:
+        await schedule_writer.delete_rows(conn, [1])
     assert set(await db_store.get_state(["1", "2"])) == {"2"}
 
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from periodic_manager.db.migrate import upgrade_sync
-from periodic_manager.schedules.definition import OPTION_CHECKS
+from periodic_manager.schedules.rules import OPTION_CHECKS
 from tests import browser, rawsql
 from tests.conftest import IN_CI
 

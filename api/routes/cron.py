@@ -11,8 +11,8 @@ from pydantic import AwareDatetime
 
 from periodic_manager.cron import UTC
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import validate_schedule
 from periodic_manager.schedules.describe import describe
+from periodic_manager.schedules.rules import validate_schedule
 
 from ..deps import get_now
 from ..errors import ApiProblem, config_error_item

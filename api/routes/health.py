@@ -8,16 +8,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
-from sqlalchemy import case, func, select
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from periodic_manager.contracts import Target
+from periodic_manager.db import stats, store_reads
+from periodic_manager.db.engine import Connection, Engine
 from periodic_manager.db.migrate import database_revision, schema_problem
-from periodic_manager.db.models import Manager, PeriodicJob
-from periodic_manager.runtime.probe import manager_health, ping_target
+from periodic_manager.runtime.probe import ping_target
 from periodic_manager.runtime.startup import explain
 from periodic_manager.settings import Settings
 
-from ..deps import get_now, get_session, get_settings
+from ..deps import get_conn, get_now, get_settings, get_state
 from ..errors import problem_response
 from ..runtime import live_cutoff
 from ..schemas import Health, Readiness
@@ -34,8 +34,8 @@ CHECK_TIMEOUT_S = 2.0
 async def healthz(request: Request) -> Any:
     """Liveness: the process serves requests and its in-process manager (if any) is healthy.
     Never touches the database; never needs a token."""
-    manager = getattr(request.app.state, "manager", None)
-    reason = manager_health(manager)() if manager is not None else None
+    manager = get_state(request).manager
+    reason = manager.health() if manager is not None else None
     if reason is not None:
         return problem_response(503, "not-alive", reason)
     return Health(status="ok")
@@ -51,19 +51,21 @@ async def readyz(request: Request) -> Any:
     this version's head, the in-process manager's ``target`` answers, and the ``manager`` runs
     (``leader`` or ``standby``). A process serving the API alone reports ``target`` and
     ``manager`` as ``absent``. Each check is bounded by 2 s; any failure is a 503."""
-    manager = getattr(request.app.state, "manager", None)
+    state = get_state(request)
+    manager = state.manager
     (database, schema), target = await asyncio.gather(
-        _check_database(request.app.state.engine), _check_target(manager)
+        _check_database(state.database),
+        _check_target(manager.target if manager is not None else None),
     )
     checks = {"database": database, "schema": schema, "target": target}
     if manager is None:
         checks["manager"] = "absent"
     else:
-        reason = manager_health(manager)()
+        reason = manager.health()
         if reason is not None:
             checks["manager"] = f"failed: {reason}"
         else:
-            checks["manager"] = "leader" if getattr(manager, "is_leader", True) else "standby"
+            checks["manager"] = "leader" if manager.is_leader else "standby"
     failed = [name for name, value in checks.items() if value not in READY_VALUES]
     if failed:
         detail = "not ready: " + ", ".join(failed)
@@ -80,7 +82,7 @@ def _error(exc: BaseException) -> str:
     return f"error: {type(exc).__name__}: {explain(exc)}"
 
 
-async def _check_database(engine: AsyncEngine) -> tuple[str, str]:
+async def _check_database(engine: Engine) -> tuple[str, str]:
     try:
         async with asyncio.timeout(CHECK_TIMEOUT_S), engine.connect() as conn:
             revision = await database_revision(conn)
@@ -90,8 +92,7 @@ async def _check_database(engine: AsyncEngine) -> tuple[str, str]:
     return "ok", "ok" if problem is None else problem
 
 
-async def _check_target(manager: Any) -> str:
-    target = getattr(manager, "target", None)
+async def _check_target(target: Target | None) -> str:
     if target is None:
         return "absent"
     try:
@@ -108,20 +109,20 @@ async def _check_target(manager: Any) -> str:
 )
 async def metrics(
     request: Request,
-    session: Annotated[AsyncSession, Depends(get_session)],
+    conn: Annotated[Connection, Depends(get_conn)],
     settings: Annotated[Settings, Depends(get_settings)],
     now: Annotated[Any, Depends(get_now)],
 ) -> PlainTextResponse:
     """Prometheus text format: the in-process manager's metrics and the API's own gauges."""
     out = b""
-    manager_metrics = getattr(getattr(request.app.state, "manager", None), "metrics", None)
-    if manager_metrics is not None:
-        out += generate_latest(manager_metrics.registry)
-    out += generate_latest(await _api_registry(session, settings, now))
+    manager = get_state(request).manager
+    if manager is not None:
+        out += generate_latest(manager.registry)
+    out += generate_latest(await _api_registry(conn, settings, now))
     return PlainTextResponse(out, media_type=CONTENT_TYPE_LATEST)
 
 
-async def _api_registry(session: AsyncSession, settings: Settings, now: Any) -> CollectorRegistry:
+async def _api_registry(conn: Connection, settings: Settings, now: Any) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     up = Gauge(
         "periodic_manager_api_database_up", "1 if the API reached the database", registry=registry
@@ -134,25 +135,14 @@ async def _api_registry(session: AsyncSession, settings: Settings, now: Any) -> 
     )
     leaders = Gauge("periodic_manager_live_leaders", "Live managers that lead", registry=registry)
     try:
-        rows = (
-            await session.execute(
-                select(PeriodicJob.enabled, func.count()).group_by(PeriodicJob.enabled)
-            )
-        ).all()
-        live = (
-            await session.execute(
-                select(
-                    func.count(), func.coalesce(func.sum(case((Manager.is_leader, 1), else_=0)), 0)
-                ).where(Manager.heartbeat_at >= live_cutoff(now, settings.heartbeat_interval))
-            )
-        ).one()
+        counts = await stats.enabled_counts(conn)
+        live = await store_reads.live_managers(conn, live_cutoff(now, settings.heartbeat_interval))
     except Exception:
         up.set(0)
         return registry
     up.set(1)
-    counts = {bool(enabled): n for enabled, n in rows}
     schedules.labels(enabled="true").set(counts.get(True, 0))
     schedules.labels(enabled="false").set(counts.get(False, 0))
-    managers.set(live[0])
-    leaders.set(live[1])
+    managers.set(len(live))
+    leaders.set(sum(m.status.is_leader for m in live))
     return registry

@@ -6,13 +6,12 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.db.models import Manager
+from periodic_manager.db import store_reads
+from periodic_manager.db.engine import Connection
 from periodic_manager.settings import Settings
 
-from ..deps import get_now, get_session, get_settings
+from ..deps import get_conn, get_now, get_settings
 from ..runtime import live_cutoff
 from ..schemas import ManagerList, ManagerOut
 
@@ -21,31 +20,26 @@ router = APIRouter(tags=["entries"])
 
 @router.get("/managers", response_model=ManagerList, summary="Live managers (leader first)")
 async def list_managers(
-    session: Annotated[AsyncSession, Depends(get_session)],
+    conn: Annotated[Connection, Depends(get_conn)],
     now: Annotated[datetime, Depends(get_now)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> ManagerList:
-    stmt = (
-        select(Manager)
-        .where(Manager.heartbeat_at >= live_cutoff(now, settings.heartbeat_interval))
-        .order_by(Manager.is_leader.desc(), Manager.manager_id)
-    )
-    rows = (await session.execute(stmt)).scalars().all()
+    live = await store_reads.live_managers(conn, live_cutoff(now, settings.heartbeat_interval))
     return ManagerList(
         items=[
             ManagerOut(
-                manager_id=m.manager_id,
-                hostname=m.hostname,
-                pid=m.pid,
-                version=m.version,
-                started_at=m.started_at,
-                heartbeat_at=m.heartbeat_at,
-                heartbeat_age_s=max(0.0, (now - m.heartbeat_at).total_seconds()),
-                is_leader=m.is_leader,
-                last_sync_at=m.last_sync_at,
-                last_sync_error=m.last_sync_error,
-                entry_count=m.entry_count,
+                manager_id=m.info.manager_id,
+                hostname=m.info.hostname,
+                pid=m.info.pid,
+                version=m.info.version,
+                started_at=m.info.started_at,
+                heartbeat_at=m.status.heartbeat_at,
+                heartbeat_age_s=max(0.0, (now - m.status.heartbeat_at).total_seconds()),
+                is_leader=m.status.is_leader,
+                last_sync_at=m.status.last_sync_at,
+                last_sync_error=m.status.last_sync_error,
+                entry_count=m.status.entry_count,
             )
-            for m in rows
+            for m in live
         ]
     )

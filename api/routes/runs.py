@@ -17,17 +17,16 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, status
-from sqlalchemy import func, insert, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from periodic_manager.contracts import EnqueueResult, Target
-from periodic_manager.db.models import Run
+from periodic_manager.db import history
+from periodic_manager.db.engine import Connection
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_for
 
-from ..deps import get_now, get_session, get_settings, get_target
+from ..deps import get_conn, get_now, get_settings, get_target
 from ..errors import ApiProblem, config_error_item
 from ..routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
 from ..schemas import RunOut, RunPage, TriggerResult
@@ -46,26 +45,13 @@ RunStatus = Literal["enqueued", "duplicate", "resent", "skipped", "failed", "hel
 )
 async def list_runs(
     schedule_id: ScheduleId,
-    session: Annotated[AsyncSession, Depends(get_session)],
+    conn: Annotated[Connection, Depends(get_conn)],
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     status: Annotated[RunStatus | None, Query(description="only runs with this outcome")] = None,
 ) -> RunPage:
-    await row_exists(session, schedule_id)
-    where = [Run.schedule_key == str(schedule_id)]
-    if status is not None:
-        where.append(Run.status == status)
-    total = (
-        await session.execute(select(func.count()).select_from(Run).where(*where))
-    ).scalar_one()
-    stmt = (
-        select(Run)
-        .where(*where)
-        .order_by(Run.slot_at.desc(), Run.id.desc())
-        .limit(limit)
-        .offset(offset)
-    )
-    rows = (await session.execute(stmt)).scalars().all()
+    await row_exists(conn, schedule_id)
+    total, rows = await history.page(conn, str(schedule_id), status, limit=limit, offset=offset)
     items = [
         RunOut(
             id=r.id,
@@ -101,11 +87,11 @@ TRIGGER_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def trigger(
     schedule_id: ScheduleId,
     request: Request,
-    session: Annotated[AsyncSession, Depends(get_session)],
+    conn: Annotated[Connection, Depends(get_conn)],
     now: Annotated[datetime, Depends(get_now)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> TriggerResult:
-    row = await load_row(request, session, schedule_id)
+    row = await load_row(request, conn, schedule_id)
     cfg = row.config
     if cfg is None or not row.usable:  # the same judgement a manager makes of the row
         field, reason = row.errors[0]
@@ -131,7 +117,7 @@ async def trigger(
             why = _previous_text(result)
             log.info("manual trigger of %s refused: %s", cfg.name, why, extra=extra)
             await _record(
-                session, settings, row.id, cfg.name, now, "skipped", None, f"trigger: overlap: {why}"
+                conn, settings, row.id, cfg.name, now, "skipped", None, f"trigger: overlap: {why}"
             )
             raise ApiProblem(
                 409,
@@ -141,11 +127,11 @@ async def trigger(
     if failure is not None:
         log.error("manual trigger of %s failed: %s", cfg.name, failure, extra=extra)
         await _record(
-            session, settings, row.id, cfg.name, now, "failed", None, f"trigger: {failure}"
+            conn, settings, row.id, cfg.name, now, "failed", None, f"trigger: {failure}"
         )
         raise ApiProblem(503, "target-unavailable", f"the task was not enqueued: {failure}")
     log.info("manual trigger of %s enqueued as %s", cfg.name, key, extra=extra)
-    await _record(session, settings, row.id, cfg.name, now, "triggered", result.message_id, None)
+    await _record(conn, settings, row.id, cfg.name, now, "triggered", result.message_id, None)
     return TriggerResult(
         task_id=task.id,
         idempotency_key=key,
@@ -164,7 +150,7 @@ def _previous_text(result: EnqueueResult) -> str:
 
 
 async def _record(
-    session: AsyncSession,
+    conn: Connection,
     settings: Settings,
     schedule_id: int,
     name: str,
@@ -175,19 +161,7 @@ async def _record(
 ) -> None:
     if not settings.runs_max_per_schedule:
         return
-    values = {
-        "schedule_key": str(schedule_id),
-        "name": name,
-        "slot_at": now,
-        "status": status_,
-        "at": now,
-        "lateness_ms": 0,
-        "message_id": message_id[:128] if message_id else None,
-        "error": error[:2000] if error else None,
-    }
     try:
-        await session.execute(insert(Run).values(values))
-        await session.commit()
+        await history.record_trigger(conn, str(schedule_id), name, now, status_, message_id, error)
     except Exception as exc:  # the task is out already; history is for people
-        await session.rollback()
         log.warning("recording the trigger of %s failed: %s", name, exc, extra={"schedule": name})

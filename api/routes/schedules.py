@@ -4,7 +4,8 @@ then the in-process manager (if any) is asked to sync.
 Concurrency: every schedule answer carries a strong ``ETag`` computed from the row's content and
 ``updated_at``; PATCH, DELETE, pause and resume honour ``If-Match`` (a list of tags, or ``*``) and
 answer 412 when the row changed since the client read it. Without ``If-Match`` the write is
-unconditional. On PostgreSQL the row is locked from the check to the commit.
+unconditional. The row is locked from the check to the commit, and written, stamped and deleted by
+the schedule writer (``periodic_manager.db.schedule_writer``).
 """
 
 from __future__ import annotations
@@ -13,25 +14,19 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
-from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, true, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
-from periodic_manager.schedules.definition import DEFAULT_QUEUE
+from periodic_manager.db import schedule_reader, schedule_writer
+from periodic_manager.db import view as dbview
+from periodic_manager.db.engine import Connection
 from periodic_manager.settings import Settings
 
-from ..deps import get_now, get_session, get_settings, notify_manager
-from ..errors import ApiProblem, NameConflict, ScheduleNotFound
+from ..deps import get_conn, get_now, get_settings, notify_manager
+from ..errors import ApiProblem, ScheduleNotFound
 from ..rows import (
     api_errors,
-    is_sqlite,
     merge_base,
-    read_rows,
     rules,
     same_value,
-    stamps,
     to_schedule,
     to_schedule_with_runs,
     validate_write,
@@ -54,7 +49,7 @@ from ..schemas import (
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
 
-Session = Annotated[AsyncSession, Depends(get_session)]
+Conn = Annotated[Connection, Depends(get_conn)]
 Now = Annotated[datetime, Depends(get_now)]
 ScheduleId = Annotated[int, Path(ge=1, le=2**63 - 1, description="the row id")]
 IfMatch = Annotated[
@@ -75,13 +70,12 @@ TOO_LARGE: dict[int | str, dict[str, Any]] = {
 ETAG_HEADER = {
     "ETag": {"description": "strong validator of this version", "schema": {"type": "string"}}
 }
-T = PeriodicJob.__table__.c
 
 
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def check_if_match(row: dbrows.RowView, if_match: str | None) -> None:
+def check_if_match(row: dbview.RowView, if_match: str | None) -> None:
     """RFC 9110 If-Match with the strong comparison: weak tags never match."""
     if if_match is None:
         return
@@ -97,50 +91,23 @@ def check_if_match(row: dbrows.RowView, if_match: str | None) -> None:
 
 
 async def load_row(
-    request: Request, session: AsyncSession, schedule_id: int, *, for_update: bool = False
-) -> dbrows.RowView:
-    """The row, read raw and judged (whatever it holds); 404 if there is none."""
-    raws = await read_rows(session, T.id == schedule_id, for_update=for_update)
-    if not raws:
+    request: Request, conn: Connection, schedule_id: int, *, for_update: bool = False
+) -> dbview.RowView:
+    """The row, read raw and judged (whatever it holds); 404 if there is none. ``for_update``:
+    locked for the write that follows (see ``schedule_writer.lock``)."""
+    if for_update:
+        raw = await schedule_writer.lock(conn, schedule_id)
+    else:
+        raw = await schedule_reader.row(conn, schedule_id)
+    if raw is None:
         raise ScheduleNotFound(schedule_id)
-    return dbrows.view(rules(request, session), raws[0])
+    return dbview.view(rules(request, conn), raw)
 
 
-async def row_exists(session: AsyncSession, schedule_id: int) -> None:
+async def row_exists(conn: Connection, schedule_id: int) -> None:
     """404 unless the row exists (nothing of it is read)."""
-    found = await session.execute(select(T.id).where(T.id == schedule_id))
-    if found.first() is None:
+    if not await schedule_reader.exists(conn, schedule_id):
         raise ScheduleNotFound(schedule_id)
-
-
-async def _name_taken(session: AsyncSession, name: str, other_than: int | None = None) -> bool:
-    stmt = select(T.id).where(T.name == name)
-    if other_than is not None:
-        stmt = stmt.where(T.id != other_than)
-    return (await session.execute(stmt.limit(1))).first() is not None
-
-
-async def _write(session: AsyncSession, stmt: Any, name: str) -> Any:
-    """Execute and commit; a unique violation on the name (a concurrent writer won the race) is
-    a 409."""
-    try:
-        result = await session.execute(stmt)
-        await session.commit()
-        return result
-    except IntegrityError as exc:
-        await session.rollback()
-        if "name" in str(exc.orig):
-            raise NameConflict(name) from None
-        raise
-
-
-def _queue_filter(session: AsyncSession, queue: str) -> ColumnElement[bool]:
-    """Rows whose ``options.queue`` is ``queue`` (absent means the default queue)."""
-    value = func.coalesce(PeriodicJob.options["queue"].as_string(), DEFAULT_QUEUE)
-    if is_sqlite(session):
-        # Rows written with SQL may hold text that is not JSON, which json_extract refuses.
-        value = case((func.json_valid(PeriodicJob.options) == 1, value), else_=None)
-    return value == queue
 
 
 def _manager_error(manager_id: str, message: str, last_good_since: datetime | None) -> ScheduleError:
@@ -159,11 +126,11 @@ def _manager_error(manager_id: str, message: str, last_good_since: datetime | No
 
 
 async def detail(
-    session: AsyncSession, row: dbrows.RowView, now: datetime, settings: Settings
+    conn: Connection, row: dbview.RowView, now: datetime, settings: Settings
 ) -> ScheduleDetail:
     key = str(row.id)
     cutoff = live_cutoff(now, settings.heartbeat_interval)
-    reported = await schedule_errors(session, key, cutoff)
+    reported = await schedule_errors(conn, key, cutoff)
     body = to_schedule_with_runs(row, now).model_dump()
     body["errors"] = [
         *api_errors(row),
@@ -171,14 +138,14 @@ async def detail(
     ]
     return ScheduleDetail(
         **body,
-        state=await schedule_state(session, key),
-        overlap=await schedule_overlap(session, key, cutoff),
+        state=await schedule_state(conn, key),
+        overlap=await schedule_overlap(conn, key, cutoff),
     )
 
 
-async def _reread(request: Request, session: AsyncSession, schedule_id: int) -> dbrows.RowView:
+async def _reread(request: Request, conn: Connection, schedule_id: int) -> dbview.RowView:
     """The row as stored after a write: the answer and its ETag are what a GET would give."""
-    return await load_row(request, session, schedule_id)
+    return await load_row(request, conn, schedule_id)
 
 
 # -- routes ----------------------------------------------------------------------------------
@@ -192,17 +159,13 @@ async def _reread(request: Request, session: AsyncSession, schedule_id: int) -> 
     summary="Create a schedule",
 )
 async def create_schedule(
-    body: ScheduleCreate, request: Request, response: Response, session: Session, now: Now
+    body: ScheduleCreate, request: Request, response: Response, conn: Conn, now: Now
 ) -> ScheduleWithRuns:
     fields = body.model_dump()
     validate_write(request, fields, now)
-    if await _name_taken(session, body.name):
-        raise NameConflict(body.name)
-    born = {"created_at": now, "updated_at": now, "effective_at": now}
-    stmt = insert(PeriodicJob).values(**fields, **born).returning(T.id)
-    schedule_id = (await _write(session, stmt, body.name)).scalar_one()
+    schedule_id = await schedule_writer.create(conn, fields, now)
     notify_manager(request)
-    row = await _reread(request, session, schedule_id)
+    row = await _reread(request, conn, schedule_id)
     response.headers["Location"] = f"/schedules/{row.id}"
     response.headers["ETag"] = row.etag
     return to_schedule_with_runs(row, now)
@@ -211,7 +174,7 @@ async def create_schedule(
 @router.get("", response_model=SchedulePage, summary="List schedules (by id), with filters")
 async def list_schedules(
     request: Request,
-    session: Session,
+    conn: Conn,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     enabled: Annotated[
@@ -228,24 +191,14 @@ async def list_schedules(
         str | None, Query(max_length=200, description="case-sensitive name prefix"), NoNul
     ] = None,
 ) -> SchedulePage:
-    conds: list[ColumnElement[bool]] = []
-    if enabled is not None:
-        conds.append(dbrows.enabled_is(is_sqlite(session), enabled))
-    if task_type is not None:
-        conds.append(T.task_type == task_type)
-    if queue is not None:
-        conds.append(_queue_filter(session, queue))
-    if name_prefix:
-        # substr rather than LIKE: exact and case-sensitive on both databases, no escaping.
-        conds.append(func.substr(T.name, 1, len(name_prefix)) == name_prefix)
-    where = and_(true(), *conds)
-    total = (
-        await session.execute(select(func.count()).select_from(PeriodicJob).where(where))
-    ).scalar_one()
-    raws = await read_rows(session, where, limit=limit, offset=offset)
-    judged = rules(request, session)
+    filters = schedule_reader.Filters(
+        enabled=enabled, task_type=task_type, queue=queue, name_prefix=name_prefix
+    )
+    total = await schedule_reader.count(conn, filters)
+    raws = await schedule_reader.page(conn, filters, limit=limit, offset=offset)
+    judged = rules(request, conn)
     return SchedulePage(
-        items=[to_schedule(dbrows.view(judged, raw)) for raw in raws],
+        items=[to_schedule(dbview.view(judged, raw)) for raw in raws],
         total=total,
         limit=limit,
         offset=offset,
@@ -262,16 +215,16 @@ async def get_schedule_by_name(
     name: Annotated[str, Path(min_length=1, max_length=200), NoNul],
     request: Request,
     response: Response,
-    session: Session,
+    conn: Conn,
     now: Now,
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> ScheduleDetail:
-    raws = await read_rows(session, T.name == name)
-    if not raws:
+    raw = await schedule_reader.row_named(conn, name)
+    if raw is None:
         raise ScheduleNotFound(repr(name))
-    row = dbrows.view(rules(request, session), raws[0])
+    row = dbview.view(rules(request, conn), raw)
     response.headers["ETag"] = row.etag
-    return await detail(session, row, now, settings)
+    return await detail(conn, row, now, settings)
 
 
 @router.get(
@@ -284,13 +237,13 @@ async def get_schedule(
     schedule_id: ScheduleId,
     request: Request,
     response: Response,
-    session: Session,
+    conn: Conn,
     now: Now,
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> ScheduleDetail:
-    row = await load_row(request, session, schedule_id)
+    row = await load_row(request, conn, schedule_id)
     response.headers["ETag"] = row.etag
-    return await detail(session, row, now, settings)
+    return await detail(conn, row, now, settings)
 
 
 @router.patch(
@@ -304,11 +257,11 @@ async def update_schedule(
     body: ScheduleUpdate,
     request: Request,
     response: Response,
-    session: Session,
+    conn: Conn,
     now: Now,
     if_match: IfMatch = None,
 ) -> ScheduleWithRuns:
-    row = await load_row(request, session, schedule_id, for_update=True)
+    row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
     stored = merge_base(row)
     asked = body.model_dump(exclude_unset=True)
@@ -321,17 +274,13 @@ async def update_schedule(
         k: v for k, v in asked.items() if k in row.unreadable or not same_value(k, stored[k], v)
     }
     if changes:
-        if merged["name"] != row.values["name"] and await _name_taken(
-            session, merged["name"], schedule_id
-        ):
-            raise NameConflict(merged["name"])
-        written = {**changes, **stamps(changes, row.enabled, now)}
-        stmt = update(PeriodicJob).where(T.id == schedule_id).values(**written)
-        await _write(session, stmt, merged["name"])
+        await schedule_writer.update_row(
+            conn, schedule_id, changes, was_enabled=row.enabled, name=merged["name"], now=now
+        )
         notify_manager(request)
-        row = await _reread(request, session, schedule_id)
+        row = await _reread(request, conn, schedule_id)
     else:
-        await session.rollback()  # ends the transaction (and its row lock)
+        await schedule_writer.release(conn)  # ends the transaction (and its row lock)
     response.headers["ETag"] = row.etag
     return to_schedule_with_runs(row, now)
 
@@ -341,23 +290,23 @@ async def _set_enabled(
     enabled: bool,
     request: Request,
     response: Response,
-    session: AsyncSession,
+    conn: Connection,
     now: datetime,
     if_match: str | None,
 ) -> ScheduleWithRuns:
-    row = await load_row(request, session, schedule_id, for_update=True)
+    row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
     if row.enabled is not enabled:  # idempotent: pausing a paused schedule changes nothing
         if enabled:
             # Resuming must not bring back a row that no manager could use.
             validate_write(request, {**merge_base(row), "enabled": True}, now)
-        written = {"enabled": enabled, **stamps({"enabled": enabled}, row.enabled, now)}
-        await session.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
-        await session.commit()
+        await schedule_writer.set_enabled(
+            conn, schedule_id, enabled, was_enabled=row.enabled, now=now
+        )
         notify_manager(request)
-        row = await _reread(request, session, schedule_id)
+        row = await _reread(request, conn, schedule_id)
     else:
-        await session.rollback()
+        await schedule_writer.release(conn)
     response.headers["ETag"] = row.etag
     return to_schedule_with_runs(row, now)
 
@@ -372,11 +321,11 @@ async def pause_schedule(
     schedule_id: ScheduleId,
     request: Request,
     response: Response,
-    session: Session,
+    conn: Conn,
     now: Now,
     if_match: IfMatch = None,
 ) -> ScheduleWithRuns:
-    return await _set_enabled(schedule_id, False, request, response, session, now, if_match)
+    return await _set_enabled(schedule_id, False, request, response, conn, now, if_match)
 
 
 @router.post(
@@ -389,11 +338,11 @@ async def resume_schedule(
     schedule_id: ScheduleId,
     request: Request,
     response: Response,
-    session: Session,
+    conn: Conn,
     now: Now,
     if_match: IfMatch = None,
 ) -> ScheduleWithRuns:
-    return await _set_enabled(schedule_id, True, request, response, session, now, if_match)
+    return await _set_enabled(schedule_id, True, request, response, conn, now, if_match)
 
 
 @router.delete(
@@ -406,16 +355,11 @@ async def resume_schedule(
 async def delete_schedule(
     schedule_id: ScheduleId,
     request: Request,
-    session: Session,
+    conn: Conn,
     if_match: IfMatch = None,
 ) -> Response:
-    row = await load_row(request, session, schedule_id, for_update=True)
+    row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
-    key = str(schedule_id)
-    await session.execute(delete(PeriodicJob).where(T.id == schedule_id))
-    await session.execute(delete(ScheduleState).where(ScheduleState.schedule_key == key))
-    await session.execute(delete(Run).where(Run.schedule_key == key))
-    await session.execute(delete(LastGood).where(LastGood.schedule_key == key))
-    await session.commit()
+    await schedule_writer.delete_row(conn, schedule_id)
     notify_manager(request)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -18,17 +18,15 @@ from typing import Annotated, Any, Literal
 from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from sqlalchemy import and_, case, func, select, true
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import Entry, Manager, PeriodicJob
+from periodic_manager.db import schedule_reader, store_reads
+from periodic_manager.db import view as dbview
+from periodic_manager.db.engine import Connection
 from periodic_manager.settings import Settings
 
 from ..auth import bearer_token
-from ..deps import get_now, get_session, get_settings
+from ..deps import get_conn, get_now, get_settings, get_state
 from ..errors import ScheduleNotFound
-from ..rows import read_rows
 from ..rows import rules as row_rules
 from ..runtime import live_cutoff
 from ..ui import listing, stats
@@ -47,12 +45,11 @@ from ..ui.models import (
     SlotView,
     WhoAmI,
 )
-from ..ui.order import NextSlotOrder
 from ..ui.slots import marked_slots
 
 router = APIRouter(prefix="/views", tags=["views"])
 
-Session = Annotated[AsyncSession, Depends(get_session)]
+Conn = Annotated[Connection, Depends(get_conn)]
 Now = Annotated[datetime, Depends(get_now)]
 AppSettings = Annotated[Settings, Depends(get_settings)]
 Limit = Annotated[int, Query(ge=1, le=500)]
@@ -60,22 +57,6 @@ Offset = Annotated[int, Query(ge=0, le=2**63 - 1)]
 Text = Annotated[str | None, Query(max_length=200)]
 DIGITS = re.compile(r"[0-9]{1,18}")  # a schedule key that is a row id (str.isdigit takes more)
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such schedule"}}
-
-
-def _next_slots(request: Request) -> listing.NextSlots:
-    """One cache of next slots per app (made on first use: nothing is built at import)."""
-    cache: listing.NextSlots | None = getattr(request.app.state, "ui_next_slots", None)
-    if cache is None:
-        cache = request.app.state.ui_next_slots = listing.NextSlots()
-    return cache
-
-
-def _order(request: Request) -> NextSlotOrder:
-    """The app's schedules in next-slot order (made on first use)."""
-    order: NextSlotOrder | None = getattr(request.app.state, "ui_order", None)
-    if order is None:
-        order = request.app.state.ui_order = NextSlotOrder(_next_slots(request))
-    return order
 
 
 @router.get("/whoami", response_model=WhoAmI, summary="Whether this caller may write")
@@ -97,7 +78,7 @@ async def whoami(request: Request, settings: AppSettings) -> WhoAmI:
 )
 async def schedule_rows(
     request: Request,
-    session: Session,
+    conn: Conn,
     now: Now,
     settings: AppSettings,
     limit: Limit = 50,
@@ -113,32 +94,28 @@ async def schedule_rows(
     in_error: Annotated[bool | None, Query(description="rejected by a live manager")] = None,
 ) -> ScheduleRowPage:
     cutoff = live_cutoff(now, settings.heartbeat_interval)
-    conds = listing.conditions(
-        session,
-        cutoff=cutoff,
-        name_prefix=name_prefix,
-        task_type=task_type,
-        queue=queue,
+    filters = schedule_reader.Filters(
         enabled=enabled,
+        task_type=task_type or None,  # an empty filter filters nothing here
+        queue=queue or None,
+        name_prefix=name_prefix,
         in_error=in_error,
+        alive_after=cutoff,
     )
-    slots = _next_slots(request)
-    where = and_(true(), *conds)
+    state = get_state(request)
     if sort == "next":
-        keys = await _order(request).snapshot(session, now, row_rules(request, session))
+        keys = await state.order.snapshot(conn, now, row_rules(request, conn))
         ordered = [key[3] for key in keys]
-        if conds:
-            wanted = set((await session.execute(select(PeriodicJob.id).where(where))).scalars())
+        if filters.active:
+            wanted = await schedule_reader.matching_ids(conn, filters)
             ordered = [row_id for row_id in ordered if row_id in wanted]
         total, ids = len(ordered), ordered[offset : offset + limit]
     else:
-        total = (
-            await session.execute(select(func.count()).select_from(PeriodicJob).where(where))
-        ).scalar_one()
-        column = PeriodicJob.name if sort == "name" else PeriodicJob.id
-        stmt = select(PeriodicJob.id).where(where).order_by(column).limit(limit).offset(offset)
-        ids = list((await session.execute(stmt)).scalars())
-    items = await listing.page_rows(session, ids, now, cutoff, slots, row_rules(request, session))
+        total = await schedule_reader.count(conn, filters)
+        ids = await schedule_reader.page_ids(conn, filters, by=sort, limit=limit, offset=offset)
+    items = await listing.page_rows(
+        conn, ids, now, cutoff, state.next_slots, row_rules(request, conn)
+    )
     return ScheduleRowPage(items=items, total=total, limit=limit, offset=offset, sort=sort, now=now)
 
 
@@ -151,15 +128,15 @@ async def schedule_rows(
 async def schedule_slots(
     schedule_id: Annotated[int, Path(ge=1, le=2**63 - 1, description="the row id")],
     request: Request,
-    session: Session,
+    conn: Conn,
     now: Now,
     n: Annotated[int, Query(ge=1, le=100)] = 10,
 ) -> SlotList:
-    raws = await read_rows(session, PeriodicJob.id == schedule_id)
-    if not raws:
+    raw = await schedule_reader.row(conn, schedule_id)
+    if raw is None:
         raise ScheduleNotFound(schedule_id)
     # Read raw and judged as the manager judges it: a row written with SQL may hold anything.
-    row = dbrows.view(row_rules(request, session), raws[0])
+    row = dbview.view(row_rules(request, conn), raw)
     v = row.values
     error: str | None = None
     views: list[SlotView] = []
@@ -191,7 +168,7 @@ async def schedule_slots(
 
 
 @router.get("/overview", response_model=Overview, summary="Counts, last hour of runs, lateness")
-async def overview(request: Request, session: Session, now: Now, settings: AppSettings) -> Overview:
+async def overview(request: Request, conn: Conn, now: Now, settings: AppSettings) -> Overview:
     cutoff = live_cutoff(now, settings.heartbeat_interval)
     start = stats.window_start(now)
 
@@ -199,14 +176,14 @@ async def overview(request: Request, session: Session, now: Now, settings: AppSe
         # The per-minute counts read every run of the hour: on a connection of their own, they
         # run while the other three numbers are read (each statement sees its own snapshot
         # either way: read committed on PostgreSQL, a SELECT opens no transaction on SQLite).
-        async with request.app.state.sessionmaker() as own:
+        async with get_state(request).database.connect() as own:
             return await stats.series(own, start)
 
     async def rest() -> tuple[Counts, Lateness, ManagerSummary]:
         return (
-            await stats.counts(session, cutoff),
-            await stats.lateness(session, start),
-            await stats.managers(session, cutoff),
+            await stats.counts(conn, cutoff),
+            await stats.lateness(conn, start),
+            await stats.managers(conn, cutoff),
         )
 
     points, (counts, lateness, managers) = await asyncio.gather(series(), rest())
@@ -225,46 +202,27 @@ async def overview(request: Request, session: Session, now: Now, settings: AppSe
     response_model=ManagerViewList,
     summary="Live managers (leader first) with their entries by status",
 )
-async def managers(session: Session, now: Now, settings: AppSettings) -> ManagerViewList:
+async def managers(conn: Conn, now: Now, settings: AppSettings) -> ManagerViewList:
     cutoff = live_cutoff(now, settings.heartbeat_interval)
-    rows = (
-        (
-            await session.execute(
-                select(Manager)
-                .where(Manager.heartbeat_at >= cutoff)
-                .order_by(Manager.is_leader.desc(), Manager.manager_id)
-            )
-        )
-        .scalars()
-        .all()
-    )
-    by_status = (
-        select(
-            Entry.manager_id,
-            func.sum(case((Entry.status == "error", 0), else_=1)),
-            func.sum(case((Entry.status == "error", 1), else_=0)),
-        )
-        .where(Entry.manager_id.in_([m.manager_id for m in rows]))
-        .group_by(Entry.manager_id)
-    )
-    tally = {m: (int(a), int(e)) for m, a, e in await session.execute(by_status)}
+    live = await store_reads.live_managers(conn, cutoff)
+    tally = await store_reads.entry_tallies(conn, [m.info.manager_id for m in live])
     items = [
         ManagerView(
-            manager_id=m.manager_id,
-            hostname=m.hostname,
-            pid=m.pid,
-            version=m.version,
-            started_at=m.started_at,
-            heartbeat_at=m.heartbeat_at,
-            heartbeat_age_s=max(0.0, (now - m.heartbeat_at).total_seconds()),
-            is_leader=m.is_leader,
-            last_sync_at=m.last_sync_at,
-            last_sync_error=m.last_sync_error,
-            entry_count=m.entry_count,
-            entries_active=tally.get(m.manager_id, (0, 0))[0],
-            entries_error=tally.get(m.manager_id, (0, 0))[1],
+            manager_id=m.info.manager_id,
+            hostname=m.info.hostname,
+            pid=m.info.pid,
+            version=m.info.version,
+            started_at=m.info.started_at,
+            heartbeat_at=m.status.heartbeat_at,
+            heartbeat_age_s=max(0.0, (now - m.status.heartbeat_at).total_seconds()),
+            is_leader=m.status.is_leader,
+            last_sync_at=m.status.last_sync_at,
+            last_sync_error=m.status.last_sync_error,
+            entry_count=m.status.entry_count,
+            entries_active=tally.get(m.info.manager_id, (0, 0))[0],
+            entries_error=tally.get(m.info.manager_id, (0, 0))[1],
         )
-        for m in rows
+        for m in live
     ]
     return ManagerViewList(now=now, items=items)
 
@@ -275,7 +233,7 @@ async def managers(session: Session, now: Now, settings: AppSettings) -> Manager
     summary="Entries of live managers, rejected rows first, paginated",
 )
 async def entries(
-    session: Session,
+    conn: Conn,
     now: Now,
     settings: AppSettings,
     limit: Limit = 50,
@@ -284,50 +242,31 @@ async def entries(
     status: Annotated[Literal["active", "error"] | None, Query()] = None,
 ) -> EntryViewPage:
     cutoff = live_cutoff(now, settings.heartbeat_interval)
-    conds = [Manager.heartbeat_at >= cutoff]
-    if manager_id is not None:
-        conds.append(Entry.manager_id == manager_id)
-    if status is not None:
-        conds.append(Entry.status == status)
-    joined = select(Entry, Manager.is_leader).join(Manager, Manager.manager_id == Entry.manager_id)
-    total = (
-        await session.execute(
-            select(func.count())
-            .select_from(Entry)
-            .join(Manager, Manager.manager_id == Entry.manager_id)
-            .where(*conds)
-        )
-    ).scalar_one()
-    stmt = (
-        joined.where(*conds)
-        .order_by(
-            case((Entry.status == "error", 0), else_=1),
-            Entry.name,
-            Entry.manager_id,
-            Entry.entry_id,
-        )
-        .limit(limit)
-        .offset(offset)
+    total, page = await store_reads.entry_page(
+        conn, cutoff, manager_id=manager_id, status=status, limit=limit, offset=offset
     )
-    items = [
-        EntryView(
-            manager_id=e.manager_id,
-            manager_is_leader=leader,
-            schedule_id=int(e.schedule_key) if DIGITS.fullmatch(e.schedule_key) else None,
-            schedule_key=e.schedule_key,
-            name=e.name,
-            status=e.status,
-            hash=e.content_hash,
-            spec=e.spec,
-            timezone=e.timezone,
-            queue=e.queue,
-            registered_at=e.registered_at,
-            last_error=e.last_error,
-            last_good_since=e.last_good_since,
-        )
-        for e, leader in await session.execute(stmt)
-    ]
-    return EntryViewPage(items=items, total=total, limit=limit, offset=offset)
+    return EntryViewPage(
+        items=[_entry_view(live) for live in page], total=total, limit=limit, offset=offset
+    )
+
+
+def _entry_view(live: store_reads.LiveEntry) -> EntryView:
+    e = live.entry
+    return EntryView(
+        manager_id=live.manager.info.manager_id,
+        manager_is_leader=live.manager.status.is_leader,
+        schedule_id=int(e.schedule_key) if DIGITS.fullmatch(e.schedule_key) else None,
+        schedule_key=e.schedule_key,
+        name=e.name,
+        status=e.status,
+        hash=e.content_hash,
+        spec=e.spec,
+        timezone=e.timezone,
+        queue=e.queue,
+        registered_at=e.registered_at,
+        last_error=e.last_error,
+        last_good_since=e.last_good_since,
+    )
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,5 @@
-"""The dashboard's schedule list: filtered in SQL, sorted by next slot in Python.
+"""The dashboard's schedule list: filtered in SQL (``periodic_manager.db.schedule_reader``), sorted
+by next slot in Python.
 
 Sorting by next slot cannot be done by the database (the slot is a function of spec, zone and
 anchor): :mod:`api.ui.order` keeps every row's place in that order and brings it up to date by
@@ -16,16 +17,14 @@ from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sqlalchemy import ColumnElement, String, and_, case, cast, func, select
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from periodic_manager import cron
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
-from periodic_manager.schedules.definition import DEFAULT_QUEUE
+from periodic_manager.db import history, schedule_reader, store_reads
+from periodic_manager.db import judge as dbjudge
+from periodic_manager.db import view as dbview
+from periodic_manager.db.engine import Connection
 from periodic_manager.schedules.describe import describe
+from periodic_manager.schedules.rules import DEFAULT_QUEUE
 
-from ..rows import read_rows
 from ..ui.models import LastRun, LocalTime, ScheduleRowView
 
 # What a stored row (possibly written with SQL) can raise while its slots are computed.
@@ -92,73 +91,28 @@ def local_time(at: datetime, tz: Any) -> LocalTime:
     return LocalTime(at=at, local=local.isoformat(), abbreviation=local.tzname())
 
 
-def error_entries(cutoff: datetime) -> Any:
-    """Schedule keys (with the reason) that a live manager rejected."""
-    return (
-        select(Entry.schedule_key, Entry.last_error)
-        .join(Manager, Manager.manager_id == Entry.manager_id)
-        .where(Entry.status == "error", Manager.heartbeat_at >= cutoff)
-    )
-
-
-def conditions(
-    session: AsyncSession,
-    *,
-    cutoff: datetime,
-    name_prefix: str | None,
-    task_type: str | None,
-    queue: str | None,
-    enabled: bool | None,
-    in_error: bool | None,
-) -> list[ColumnElement[bool]]:
-    """The SQL conditions of the list's filters (none when no filter is set)."""
-    conds: list[ColumnElement[bool]] = []
-    if enabled is not None:  # as judged: a row whose `enabled` is neither matches neither
-        conds.append(dbrows.enabled_is(_is_sqlite(session), enabled))
-    if task_type:
-        conds.append(PeriodicJob.task_type == task_type)
-    if queue:
-        value = func.coalesce(PeriodicJob.options["queue"].as_string(), DEFAULT_QUEUE)
-        if _is_sqlite(session):
-            # Rows written with SQL may hold text that is not JSON, which json_extract refuses.
-            value = case((func.json_valid(PeriodicJob.options) == 1, value), else_=None)
-        conds.append(value == queue)
-    if name_prefix:
-        # substr rather than LIKE: exact and case-sensitive on both databases, no escaping.
-        conds.append(func.substr(PeriodicJob.name, 1, len(name_prefix)) == name_prefix)
-    if in_error is not None:
-        rejected = cast(PeriodicJob.id, String).in_(
-            error_entries(cutoff).with_only_columns(Entry.schedule_key)
-        )
-        conds.append(rejected if in_error else ~rejected)
-    return conds
-
-
-def _is_sqlite(session: AsyncSession) -> bool:
-    return session.bind is not None and session.bind.dialect.name == "sqlite"
-
-
 async def page_rows(
-    session: AsyncSession,
+    conn: Connection,
     ids: Sequence[int],
     now: datetime,
     cutoff: datetime,
     slots: NextSlots,
-    rules: dbrows.Rules,
+    rules: dbjudge.Rules,
 ) -> list[ScheduleRowView]:
     """The rows of ``ids`` in that order, with next slot, last run and error."""
     if not ids:
         return []
     # Read raw and judged as the manager judges them (a row written with SQL may hold anything).
-    raws = await read_rows(session, PeriodicJob.id.in_(ids))
-    rows = {raw[0]: dbrows.view(rules, raw) for raw in raws}
+    raws = await schedule_reader.rows_of(conn, ids)
+    rows = {raw[0]: dbview.view(rules, raw) for raw in raws}
     keys = [str(i) for i in ids]
     errors: dict[str, str] = {}
-    for key, message in await session.execute(
-        error_entries(cutoff).where(Entry.schedule_key.in_(keys)).order_by(Entry.manager_id)
-    ):
+    for key, message in await store_reads.rejections(conn, keys, cutoff):
         errors.setdefault(key, message or "rejected by the manager")
-    last = await last_runs(session, keys)
+    last = {
+        key: LastRun(status=run.status, slot_at=run.slot_at, at=run.at, lateness_ms=run.lateness_ms)
+        for key, run in (await history.last_runs(conn, keys)).items()
+    }
     out: list[ScheduleRowView] = []
     for row_id in ids:
         row = rows.get(row_id)
@@ -190,29 +144,5 @@ async def page_rows(
                 last_run=last.get(key),
                 error=error,
             )
-        )
-    return out
-
-
-async def last_runs(session: AsyncSession, keys: Sequence[str]) -> dict[str, LastRun]:
-    """The newest history row (by slot) of each key."""
-    newest = (
-        select(Run.schedule_key, func.max(Run.slot_at).label("slot_at"))
-        .where(Run.schedule_key.in_(keys))
-        .group_by(Run.schedule_key)
-        .subquery()
-    )
-    stmt = (
-        select(Run)
-        .join(
-            newest,
-            and_(Run.schedule_key == newest.c.schedule_key, Run.slot_at == newest.c.slot_at),
-        )
-        .order_by(Run.id)
-    )
-    out: dict[str, LastRun] = {}
-    for run in (await session.execute(stmt)).scalars():  # ties on a slot: the newest row wins
-        out[run.schedule_key] = LastRun(
-            status=run.status, slot_at=run.slot_at, at=run.at, lateness_ms=run.lateness_ms
         )
     return out

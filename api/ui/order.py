@@ -5,14 +5,15 @@ and sorting all rows on every request costs tens of milliseconds at 10,000 rows,
 process keeps the sorted keys and brings them up to date the way the manager's sync does:
 
 * rows: the change triggers give every write a fresh ``revision`` and leave a tombstone for
-  every delete (README "Change detection"), so one look at the two largest revisions says whether
-  anything changed, and only the rows and tombstones newer than the last one seen are read;
+  every delete, so one look at the two largest revisions says whether anything changed, and only
+  the rows and tombstones newer than the last one seen are read: the change feed the manager's
+  provider follows too (``periodic_manager.db.changes``);
 * time: when ``now`` passes a schedule's next slot that schedule moves; those are exactly the keys
   at the front of the order, so only they are computed again.
 
 A TRUNCATE (tombstone id 0) or a clock that stepped back rebuilds everything.
 
-Whether a row is usable is decided by the manager's own judge (``periodic_manager.db.rows``), over
+Whether a row is usable is decided by the manager's own judge (``periodic_manager.db.judge``), over
 every column it reads: a row with a good spec but a bad task type, payload or options has no next
 slot here either, and sorts with the unusable rows, as its error badge says.
 """
@@ -25,14 +26,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from periodic_manager.contracts import RowError
+from periodic_manager.db import changes
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import DeletedJob, PeriodicJob
+from periodic_manager.db.engine import Connection
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+
+from .listing import NextSlots
 
 NEVER = datetime.max.replace(tzinfo=UTC)
 # (group, next slot, name, id): group 0 = enabled with a next slot, 1 = unusable, 2 = paused.
@@ -40,11 +42,7 @@ Key = tuple[int, datetime, str, int]
 ENABLED, UNUSABLE, PAUSED = 0, 1, 2
 
 
-def _sqlite(session: AsyncSession) -> bool:
-    return session.bind is not None and session.bind.dialect.name == "sqlite"
-
-
-def _row(judge: dbrows.RowJudge, raw: Any) -> Row:
+def _row(judge: dbjudge.RowJudge, raw: Any) -> Row:
     """The row's group, as the manager's judge sees it: paused (``enabled`` false), unusable
     (any row error, a bad ``enabled`` included), or enabled with the timing of its slots.
     Rows are read raw (``dbrows.columns``): a row written with SQL may hold anything, and one
@@ -73,8 +71,8 @@ class Row:
 class NextSlotOrder:
     """The sorted keys of every row; see the module docstring. One per app."""
 
-    def __init__(self, slots: Any) -> None:
-        self._slots = slots  # listing.NextSlots: next slot per (spec, zone, anchor)
+    def __init__(self, slots: NextSlots) -> None:
+        self._slots = slots  # next slot per (spec, zone, anchor)
         self._rows: dict[int, Row] = {}
         self._keys: dict[int, Key] = {}
         self._order: list[Key] = []
@@ -82,13 +80,11 @@ class NextSlotOrder:
         self._now: datetime | None = None
         self._lock = asyncio.Lock()
 
-    async def snapshot(
-        self, session: AsyncSession, now: datetime, rules: dbrows.Rules
-    ) -> list[Key]:
+    async def snapshot(self, conn: Connection, now: datetime, rules: dbjudge.Rules) -> list[Key]:
         """The order as of ``now`` (a copy: the caller may await while using it); rows are
         judged by ``rules``, as the manager and the list's error badges judge them."""
         async with self._lock:
-            await self._catch_up(session, now, dbrows.RowJudge(rules))
+            await self._catch_up(conn, now, dbjudge.RowJudge(rules))
             self._advance(now)
             return list(self._order)
 
@@ -100,42 +96,29 @@ class NextSlotOrder:
             return (UNUSABLE, NEVER, row.name, row_id)
         return (ENABLED, slot, row.name, row_id)
 
-    async def _catch_up(self, session: AsyncSession, now: datetime, judge: dbrows.RowJudge) -> None:
-        newest = (
-            await session.execute(
-                select(
-                    select(func.max(PeriodicJob.revision)).scalar_subquery(),
-                    select(func.max(DeletedJob.revision)).scalar_subquery(),
-                )
-            )
-        ).one()
-        mark = max(int(newest[0] or 0), int(newest[1] or 0))
+    async def _catch_up(self, conn: Connection, now: datetime, judge: dbjudge.RowJudge) -> None:
         if self._watermark is None or (self._now is not None and now < self._now):
-            await self._load_all(session, now, mark, judge)
-            return
-        if mark <= self._watermark:
+            await self._load_all(conn, now, await changes.current_revision(conn), judge)
             return
         seen = self._watermark
-        gone = (
-            await session.execute(select(DeletedJob.id).where(DeletedJob.revision > seen))
-        ).scalars()
-        deleted = set(gone)
-        if 0 in deleted:  # a TRUNCATE: everything must be read again
-            await self._load_all(session, now, mark, judge)
+        found = await changes.changes_since(conn, seen)
+        if found is None:
+            return
+        if found.full:  # a TRUNCATE: everything must be read again
+            await self._load_all(conn, now, found.revision, judge)
             return
         # Tombstones first, then the rows as they are now (an id may come back on SQLite).
-        for row_id in deleted:
+        for row_id in set(found.deleted):
             self._drop(row_id)
-        columns = dbrows.columns(_sqlite(session))
-        for raw in await session.execute(select(*columns).where(PeriodicJob.revision > seen)):
+        for raw in await changes.read_rows(conn, since=seen):
             self._drop(raw[0])
             self._put(raw[0], _row(judge, raw), now)
-        self._watermark = mark
+        self._watermark = found.revision
 
     async def _load_all(
-        self, session: AsyncSession, now: datetime, mark: int, judge: dbrows.RowJudge
+        self, conn: Connection, now: datetime, mark: int, judge: dbjudge.RowJudge
     ) -> None:
-        rows = await session.execute(select(*dbrows.columns(_sqlite(session))))
+        rows = await changes.read_rows(conn)
         self._rows = {raw[0]: _row(judge, raw) for raw in rows}
         self._keys = {row_id: self._key(row_id, row, now) for row_id, row in self._rows.items()}
         self._order = sorted(self._keys.values())

@@ -15,7 +15,8 @@ from zoneinfo import ZoneInfo
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import slot_text, validate_schedule
+from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.rules import validate_schedule
 from periodic_manager.settings import Settings
 
 PROG = "periodic-manager"
@@ -107,17 +108,17 @@ async def _import(
     desired: list[dict[str, Any]], args: argparse.Namespace, settings: Settings
 ) -> int:
     from periodic_manager.db.engine import create_engine
-    from periodic_manager.schedules import files as sio
+    from periodic_manager.schedules import import_export
 
     engine = create_engine(settings.database_url)
     try:
-        plan = await sio.plan(engine, desired, args.prune, settings.max_payload_bytes)
-        for line in sio.render(plan):
+        plan = await import_export.plan(engine, desired, args.prune, settings.max_payload_bytes)
+        for line in import_export.render(plan):
             print(line)
         if args.dry_run:
             print("dry run: nothing written")
         elif not plan.empty:
-            await sio.apply(engine, plan, SystemClock().now())
+            await import_export.apply(engine, plan, SystemClock().now())
     finally:
         await engine.dispose()
     return 0
@@ -126,10 +127,11 @@ async def _import(
 async def _export(args: argparse.Namespace, settings: Settings) -> int:
     from periodic_manager.db.engine import create_engine
     from periodic_manager.schedules import files as sio
+    from periodic_manager.schedules import import_export
 
     engine = create_engine(settings.database_url)
     try:
-        export = await sio.export_entries(
+        export = await import_export.export_entries(
             engine,
             settings.max_payload_bytes,
             settings.configured_targets(),

@@ -1,4 +1,6 @@
-"""Engine setup for PostgreSQL (asyncpg) and SQLite (aiosqlite)."""
+"""Engine setup for PostgreSQL (asyncpg) and SQLite (aiosqlite), and what code outside ``db/``
+holds of the database: an :data:`Engine`, and a :data:`Connection` it hands to the functions of
+``periodic_manager.db`` (the API, one per request). It never builds a statement of its own."""
 
 from __future__ import annotations
 
@@ -6,9 +8,12 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+Engine = AsyncEngine
+Connection = AsyncConnection
 
 
 def normalize_url(url: str) -> str:
@@ -53,5 +58,7 @@ def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> 
     return create_async_engine(url, connect_args=connect_args, **kwargs)
 
 
-def sessionmaker(engine: AsyncEngine) -> async_sessionmaker:  # type: ignore[type-arg]
-    return async_sessionmaker(engine, expire_on_commit=False)
+
+def on_sqlite(bind: AsyncEngine | AsyncConnection) -> bool:
+    """Whether ``bind`` talks to SQLite (else PostgreSQL)."""
+    return bind.dialect.name == "sqlite"

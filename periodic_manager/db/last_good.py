@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import LargeBinary, bindparam, case, cast, delete, or_, select
+from sqlalchemy import ColumnElement, LargeBinary, bindparam, case, cast, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import LastGoodVersion, StoredVersion
@@ -105,7 +105,7 @@ def _revision(value: Any) -> int | None:
 
 
 async def forget(engine: AsyncEngine, keys: Sequence[str], revision: int | None) -> None:
-    stale = _T.c.schedule_key.in_(bindparam("keys", expanding=True))
+    stale: ColumnElement[bool] = _T.c.schedule_key.in_(bindparam("keys", expanding=True))
     if revision is not None:
         stale = stale & or_(_T.c.bad_revision.is_(None), _T.c.bad_revision <= revision)
     stmt = delete(LastGood).where(stale)

@@ -21,7 +21,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from periodic_manager import migrations
+import periodic_manager.migrations as migrations
 
 # Any fixed 64-bit value works; this one spells "pm-migr" so it is recognisable in pg_locks.
 MIGRATION_LOCK_KEY = 0x706D2D6D696772

@@ -207,7 +207,7 @@ class LastGood(Base):
     takes over while the row is still bad runs it too (the README's "until it is fixed or
     deleted"). Written by the manager that held the good version when the row turned bad, deleted
     once the row is good again, disabled or deleted. Read back as untrusted as a row: judged by
-    the same judge (``db/rows.py``) before it is run.
+    the same judge (``db/judge.py``) before it is run.
 
     The content columns are those of ``periodic_jobs`` (payload and options as canonical JSON
     text). ``bad_revision`` is the revision at which the row was seen bad: a manager that sees the

@@ -1,9 +1,9 @@
 """The database provider: every enabled row of ``periodic_jobs``, judged one by one.
 
 Rows are untrusted input (anyone with SQL access can write them): they are read and judged by
-:mod:`periodic_manager.db.rows`, which never lets the driver interpret a column that could hold
-garbage and decides per row "usable config, disabled, or RowError" — the same judgement the API
-shows. A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so
+:mod:`periodic_manager.db.rows` and :mod:`periodic_manager.db.judge`, which never let the driver
+interpret a column that could hold garbage and decide per row "usable config, disabled, or
+RowError" — the same judgement the API shows. A row that cannot be used becomes a :class:`RowError` carrying a hash of the raw row, so
 the manager can log it once per (row, content); every other row is returned. Any failure to read
 the table is raised as :class:`~periodic_manager.errors.ProviderError`.
 
@@ -24,15 +24,18 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Select, any_, bindparam, delete, func, select, text
+from sqlalchemy import BigInteger, ColumnElement, Select, any_, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import ChangeSet, Known, ProviderSnapshot, RowError
+from periodic_manager.db import changes
+from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import DeletedJob, PeriodicJob
+from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ProviderError
-from periodic_manager.schedules.definition import DEFAULT_MAX_PAYLOAD_BYTES, PeriodicTaskConfig
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 # Rows are read in partitions of this many, each judged before the next is read.
 FETCH_PARTITION = 2000
@@ -62,8 +65,8 @@ class DatabaseProvider:
         self.engine = engine
         self.check = check
         self._sqlite = engine.dialect.name == "sqlite"
-        self.rules = dbrows.Rules(self._sqlite, max_payload_bytes, check)
-        self._judge = dbrows.RowJudge(self.rules)
+        self.rules = dbjudge.Rules(self._sqlite, max_payload_bytes, check)
+        self._judge = dbjudge.RowJudge(self.rules)
         self.known: Known | None = None  # set by adopt()
         self._warm = False  # a full read has succeeded: from now on ``known`` is worth asking
         self._types_checked = False
@@ -73,7 +76,8 @@ class DatabaseProvider:
         t = PeriodicJob.__table__.c
         cols = [*dbrows.columns(self._sqlite), t.revision]
         self._full = select(*cols).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
-        self._changed = select(*cols).where(t.revision > bindparam("since")).order_by(t.id)
+        self._changed = changes.rows_since(cols)
+        by_ids: ColumnElement[bool]
         if self._sqlite:
             by_ids = t.id.in_(bindparam("ids", expanding=True))
         else:  # one array parameter: the statement text stays the same whatever the count
@@ -103,7 +107,7 @@ class DatabaseProvider:
         self._types_checked = False  # the column types are read again by every read of rows
         try:
             async with self.engine.connect() as conn:
-                revision = await _current_revision(conn)
+                revision = await changes.current_revision(conn)
                 if self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
                     async for part in self._stream(conn, self._full):
@@ -166,7 +170,7 @@ class DatabaseProvider:
         """A last good version read back from the runtime store (``raw`` as a row: id, enabled,
         content, effective_at), judged as this provider judges a row: it is data like any other,
         so it runs only if it is still a usable schedule here (the target check included)."""
-        return dbrows.judge_content(self.rules, raw)
+        return dbjudge.judge_content(self.rules, raw)
 
     async def get_changes(self, since: int) -> ChangeSet | None:
         """What changed after revision ``since``: None (one indexed query) when nothing did."""
@@ -176,16 +180,11 @@ class DatabaseProvider:
         self._types_checked = False
         try:
             async with self.engine.connect() as conn:
-                revision = await _current_revision(conn)
-                if revision <= since:
+                found = await changes.changes_since(conn, since)
+                if found is None:
                     return None
-                deleted = (
-                    (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since)))
-                    .scalars()
-                    .all()
-                )
-                if 0 in deleted:  # TRUNCATE: no tombstone per row, read everything
-                    return ChangeSet(revision=revision, full=True)
+                if found.full:  # TRUNCATE: no tombstone per row, read everything
+                    return ChangeSet(revision=found.revision, full=True)
                 async for part in self._stream(conn, self._changed, {"since": since}):
                     for raw in part:
                         self._errors.pop(raw[0], None)
@@ -200,21 +199,17 @@ class DatabaseProvider:
                     await asyncio.sleep(0)  # a bulk INSERT of 100,000 rows must not hold the loop
         except Exception as exc:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
-        for row_id in deleted:
+        for row_id in found.deleted:
             self._errors.pop(row_id, None)
         present = {c.key for c in configs} | {str(e.schedule_id) for e in errors}
         # A deleted id that was written again after its deletion is present, not removed.
-        gone = [str(i) for i in deleted] + removed
+        gone = [str(i) for i in found.deleted] + removed
         removed = [k for k in dict.fromkeys(gone) if k not in present]
-        return ChangeSet(revision=revision, configs=configs, errors=errors, removed=removed)
+        return ChangeSet(revision=found.revision, configs=configs, errors=errors, removed=removed)
 
     async def prune_tombstones(self, older_than: datetime) -> int:
         """Delete tombstones older than ``older_than`` (a full read makes up for any pruned)."""
-        async with self.engine.begin() as conn:
-            result = await conn.execute(
-                delete(DeletedJob).where(DeletedJob.deleted_at < older_than)
-            )
-        return int(result.rowcount or 0)
+        return await changes.prune_tombstones(self.engine, older_than)
 
     async def _check_types(self, conn: AsyncConnection) -> None:
         """Once per read of rows: whether ``payload`` is of type jsonb (then its text is valid
@@ -263,11 +258,3 @@ class DatabaseProvider:
 
 def _row_id(config: PeriodicTaskConfig) -> Any:
     return config.schedule_id
-
-
-async def _current_revision(conn: AsyncConnection) -> int:
-    """The largest revision of a row or a tombstone: two index lookups."""
-    rows = select(func.coalesce(func.max(PeriodicJob.revision), 0)).scalar_subquery()
-    tombs = select(func.coalesce(func.max(DeletedJob.revision), 0)).scalar_subquery()
-    latest_row, latest_tombstone = (await conn.execute(select(rows, tombs))).one()
-    return int(max(latest_row, latest_tombstone))

@@ -16,12 +16,15 @@ Entries go with their manager through ``ON DELETE CASCADE``; on SQLite that need
 ``PRAGMA foreign_keys=ON``, which :func:`periodic_manager.db.engine.create_engine` sets on every
 connection. Use that function to build the engine.
 
-History (``pm_runs``): every batch of runs is also inserted there, in the same transaction as the
-state upsert (one executemany per chunk of rows). It is bounded two ways by :meth:`prune_runs`:
+History (``pm_runs``, :mod:`periodic_manager.db.history`): every batch of runs is also inserted
+there, in the same transaction as the state upsert. It is bounded two ways by :meth:`prune_runs`:
 rows older than ``runs_retention`` go, and each schedule written since the last prune keeps only
-its newest ``runs_per_schedule`` rows. Every DELETE is bounded (by rows or by schedule keys). The
-manager's heartbeat runs the prune, at most once per ``prune_interval`` and off the enqueue path;
-a failing prune is logged and never fails the heartbeat.
+its newest ``runs_per_schedule`` rows. The manager's heartbeat runs the prune, at most once per
+``prune_interval`` and off the enqueue path; a failing prune is logged and never fails the
+heartbeat.
+
+The API reads what managers published through the store's read side,
+:mod:`periodic_manager.db.store_reads`, which :meth:`DatabaseRuntimeStore.get_state` uses too.
 """
 
 from __future__ import annotations
@@ -29,11 +32,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, case, delete, func, insert, or_, select, update
+from sqlalchemy import and_, case, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,51 +48,16 @@ from periodic_manager.contracts import (
     StateRecord,
     StoredVersion,
 )
-from periodic_manager.db import last_good
-from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
+from periodic_manager.db import history, last_good, store_reads
+from periodic_manager.db.models import Entry, Manager, ScheduleState
+from periodic_manager.db.store_reads import COUNT_COLUMNS, chunks
 from periodic_manager.errors import NotFoundError
 
-# Stored counters, one column per run status.
-COUNT_COLUMNS = {
-    "enqueued": "enqueued_count",
-    "duplicate": "duplicate_count",
-    "skipped": "skipped_count",
-    "failed": "failed_count",
-    "held": "held_count",
-    "resent": "resent_count",
-}
-# Labelled columns, so one joined row names both tables' columns without clashes.
-_MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
-_ENTRY_COLS = [c.label(f"e_{c.name}") for c in Entry.__table__.c]
-# Keeps IN (...) lists well under every driver's bind-parameter limit.
-_CHUNK = 500
-# pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
-_RUNS_INSERT_CHUNK = 5000
+_UPSERT_CHUNK = 5000  # entry rows per executemany
 _STATE_UPSERT_CHUNK = 1000  # state rows per statement (each is built and bound in one go)
 _BUILD_SLICE = 5000  # runs handled between yields while a batch is prepared
-_PRUNE_BATCH = 5000
-_PRUNE_ROUNDS = 20
-_ERROR_MAX = 2000  # characters of an error kept in history
-_MS = timedelta(milliseconds=1)
-_RUN_COLUMNS = ("schedule_key", "name", "slot_at", "status", "at", "lateness_ms", "message_id", "error")
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerRecord:
-    """A manager as stored: who it is and its last heartbeat."""
-
-    info: ManagerInfo
-    status: ManagerStatus
-
-
-@dataclass(frozen=True, slots=True)
-class LiveEntry:
-    """An entry together with the manager that holds it (for ``GET /entries``)."""
-
-    manager: ManagerRecord
-    entry: EntryRecord
 
 
 class DatabaseRuntimeStore:
@@ -184,7 +151,7 @@ class DatabaseRuntimeStore:
         if not upserts and not removed:
             return
         async with self.engine.begin() as conn:
-            for chunk in _chunks(removed):
+            for chunk in chunks(removed):
                 await conn.execute(
                     delete(Entry).where(Entry.manager_id == manager_id, Entry.entry_id.in_(chunk))
                 )
@@ -201,8 +168,8 @@ class DatabaseRuntimeStore:
                 # In slices, each built just before it is sent: every statement stays well inside
                 # the driver's command timeout, and the event loop is never held for long, even
                 # when a cold start publishes 100,000 entries.
-                for i in range(0, len(upserts), _RUNS_INSERT_CHUNK):
-                    rows = [_entry_values(manager_id, r) for r in upserts[i : i + _RUNS_INSERT_CHUNK]]
+                for i in range(0, len(upserts), _UPSERT_CHUNK):
+                    rows = [_entry_values(manager_id, r) for r in upserts[i : i + _UPSERT_CHUNK]]
                     await conn.execute(stmt, rows)
 
     async def record_runs(self, runs: Sequence[RunRecord]) -> None:
@@ -232,68 +199,24 @@ class DatabaseRuntimeStore:
             for i in range(0, len(keys), _STATE_UPSERT_CHUNK):  # slices: within the command timeout
                 part = keys[i : i + _STATE_UPSERT_CHUNK]
                 await conn.execute(upsert, [_state_values(deltas[k], updated_at[k]) for k in part])
-            if self.runs_per_schedule and self._copy:
-                # COPY: a burst's 100,000 history rows in one stream, not 20 executemany rounds.
-                records: list[tuple[Any, ...]] = []
-                for i, run in enumerate(runs):
-                    h = _run_values(run)
-                    records.append(tuple(h[c] for c in _RUN_COLUMNS))
-                    if i % _BUILD_SLICE == _BUILD_SLICE - 1:
-                        await asyncio.sleep(0)
-                raw = await conn.get_raw_connection()
-                await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
-                    Run.__tablename__, records=records, columns=_RUN_COLUMNS
-                )
-            elif self.runs_per_schedule:
-                for i in range(0, len(runs), _RUNS_INSERT_CHUNK):
-                    part = runs[i : i + _RUNS_INSERT_CHUNK]
-                    await conn.execute(insert(Run), [_run_values(run) for run in part])
+            if self.runs_per_schedule:
+                await history.write(conn, runs, copy=self._copy)
         if self.runs_per_schedule:
             self._touched.update(deltas)
 
     async def prune_runs(self, now: datetime, keys: Iterable[str] | None = None) -> int:
         """Apply the history bounds; returns the number of rows deleted.
 
-        Rows with ``at`` older than ``now - runs_retention`` are deleted in bounded batches (at
-        most ``_PRUNE_ROUNDS`` per call; the rest goes at the next call). Then every schedule in
-        ``keys`` (default: those written since the last prune) keeps its newest
-        ``runs_per_schedule`` rows, ``_CHUNK`` schedules per statement.
+        Rows with ``at`` older than ``now - runs_retention`` are deleted in bounded batches (see
+        :func:`periodic_manager.db.history.drop_old`). Then every schedule in ``keys`` (default:
+        those written since the last prune) keeps its newest ``runs_per_schedule`` rows.
         """
         removed = 0
         if self.runs_retention is not None:
-            cutoff = now - self.runs_retention
-            for _ in range(_PRUNE_ROUNDS):
-                old = select(Run.id).where(Run.at < cutoff).order_by(Run.at).limit(_PRUNE_BATCH)
-                async with self.engine.begin() as conn:
-                    result = await conn.execute(
-                        delete(Run).where(Run.id.in_(old.scalar_subquery()))
-                    )
-                removed += int(result.rowcount)
-                if result.rowcount < _PRUNE_BATCH:
-                    break
+            removed += await history.drop_old(self.engine, now - self.runs_retention)
         if keys is None:
             keys, self._touched = self._touched, set()
-        for chunk in _chunks(sorted(set(keys))):
-            removed += await self._cap_runs(chunk)
-        return removed
-
-    async def _cap_runs(self, keys: Sequence[str]) -> int:
-        rank = (
-            func.row_number()
-            .over(partition_by=Run.schedule_key, order_by=(Run.slot_at.desc(), Run.id.desc()))
-            .label("rn")
-        )
-        ranked = select(Run.id, rank).where(Run.schedule_key.in_(keys)).subquery()
-        excess = select(ranked.c.id).where(ranked.c.rn > self.runs_per_schedule)
-        async with self.engine.begin() as conn:
-            result = await conn.execute(delete(Run).where(Run.id.in_(excess.scalar_subquery())))
-        return int(result.rowcount)
-
-    async def delete_runs(self, schedule_key: str) -> int:
-        """Forget a schedule's history (its row was deleted); returns the rows deleted."""
-        async with self.engine.begin() as conn:
-            result = await conn.execute(delete(Run).where(Run.schedule_key == schedule_key))
-        return int(result.rowcount)
+        return removed + await history.cap(self.engine, keys, self.runs_per_schedule)
 
     def _state_upsert(self) -> Any:
         t = ScheduleState.__table__.c
@@ -345,53 +268,13 @@ class DatabaseRuntimeStore:
             result = await conn.execute(delete(Manager).where(Manager.heartbeat_at < older_than))
         return int(result.rowcount)
 
-    # -- reads (the API) -----------------------------------------------------------------------
-
-    async def list_managers(self, alive_after: datetime | None = None) -> list[ManagerRecord]:
-        """Managers ordered by id; only those with ``heartbeat_at >= alive_after`` if given."""
-        stmt = select(*_MANAGER_COLS).order_by(Manager.manager_id)
-        if alive_after is not None:
-            stmt = stmt.where(Manager.heartbeat_at >= alive_after)
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(stmt)).all()
-        return [_manager_record(r._mapping) for r in rows]
-
-    async def list_entries(self, alive_after: datetime) -> list[LiveEntry]:
-        """Entries of managers whose ``heartbeat_at >= alive_after``, each with its manager.
-
-        One query; ordered by manager, schedule key and entry id, so listings are stable.
-        """
-        stmt = (
-            select(*_MANAGER_COLS, *_ENTRY_COLS)
-            .join_from(Manager, Entry, Entry.manager_id == Manager.manager_id)
-            .where(Manager.heartbeat_at >= alive_after)
-            .order_by(Manager.manager_id, Entry.schedule_key, Entry.entry_id)
-        )
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(stmt)).all()
-        managers: dict[str, ManagerRecord] = {}
-        out: list[LiveEntry] = []
-        for row in rows:
-            m = row._mapping
-            manager = managers.get(m["m_manager_id"])
-            if manager is None:
-                manager = managers[m["m_manager_id"]] = _manager_record(m)
-            out.append(LiveEntry(manager=manager, entry=_entry_record(m)))
-        return out
+    # -- reads (the manager's) -----------------------------------------------------------------
 
     async def get_state(self, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
-        """Stored state of the given schedules (absent keys are simply missing).
-
-        ``counts`` holds only the statuses seen, as the memory store's does.
-        """
-        keys = list(dict.fromkeys(schedule_keys))
-        out: dict[str, StateRecord] = {}
+        """Stored state of the given schedules (absent keys are simply missing); see
+        :func:`periodic_manager.db.store_reads.states`."""
         async with self.engine.connect() as conn:
-            for chunk in _chunks(keys):
-                stmt = select(ScheduleState.__table__).where(ScheduleState.schedule_key.in_(chunk))
-                for row in (await conn.execute(stmt)).all():
-                    out[row.schedule_key] = _state_record(row._mapping)
-        return out
+            return await store_reads.states(conn, schedule_keys)
 
     async def settled_after(self, since: datetime) -> dict[str, datetime]:
         """The latest settled slot of each schedule settled after ``since`` (read once per
@@ -405,14 +288,6 @@ class DatabaseRuntimeStore:
                 out.update((key, at) for key, at in part)
                 await asyncio.sleep(0)
         return out
-
-    async def delete_state(self, schedule_key: str) -> bool:
-        """Forget a schedule's runtime state (its row was deleted); True if there was any."""
-        async with self.engine.begin() as conn:
-            result = await conn.execute(
-                delete(ScheduleState).where(ScheduleState.schedule_key == schedule_key)
-            )
-        return bool(result.rowcount)
 
     # -- last good versions (periodic_manager.runtime.last_good; SQL in db/last_good.py) ----------------
 
@@ -434,64 +309,6 @@ class DatabaseRuntimeStore:
 
 
 # -- row <-> record ------------------------------------------------------------------------------
-
-
-def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
-    for i in range(0, len(items), _CHUNK):
-        yield items[i : i + _CHUNK]
-
-
-def _manager_record(m: RowMapping) -> ManagerRecord:
-    info = ManagerInfo(
-        manager_id=m["m_manager_id"],
-        hostname=m["m_hostname"],
-        pid=m["m_pid"],
-        version=m["m_version"],
-        started_at=m["m_started_at"],
-    )
-    status = ManagerStatus(
-        heartbeat_at=m["m_heartbeat_at"],
-        is_leader=bool(m["m_is_leader"]),
-        last_sync_at=m["m_last_sync_at"],
-        last_sync_error=m["m_last_sync_error"],
-        entry_count=m["m_entry_count"],
-    )
-    return ManagerRecord(info=info, status=status)
-
-
-def _entry_record(m: RowMapping) -> EntryRecord:
-    return EntryRecord(
-        entry_id=m["e_entry_id"],
-        schedule_key=m["e_schedule_key"],
-        name=m["e_name"],
-        content_hash=m["e_content_hash"],
-        status=m["e_status"],
-        registered_at=m["e_registered_at"],
-        spec=m["e_spec"],
-        timezone=m["e_timezone"],
-        anchor=m["e_anchor"],
-        task_type=m["e_task_type"],
-        queue=m["e_queue"],
-        last_error=m["e_last_error"],
-        held_slot=m["e_held_slot_at"],
-        previous_task_id=m["e_previous_task_id"],
-        previous_task_state=m["e_previous_task_state"],
-        last_good_since=m["e_last_good_since"],
-    )
-
-
-def _state_record(m: RowMapping) -> StateRecord:
-    return StateRecord(
-        schedule_key=m["schedule_key"],
-        name=m["name"],
-        last_slot_at=m["last_slot_at"],
-        last_done_at=m["last_done_at"],
-        last_enqueued_at=m["last_enqueued_at"],
-        last_message_id=m["last_message_id"],
-        last_status=m["last_status"],
-        last_error=m["last_error"],
-        counts={s: int(m[col]) for s, col in COUNT_COLUMNS.items() if m[col]},
-    )
 
 
 def _status_values(status: ManagerStatus) -> dict[str, Any]:
@@ -542,22 +359,3 @@ def _state_values(delta: StateRecord, updated_at: datetime) -> dict[str, Any]:
         values[col] = delta.counts.get(status, 0)
     return values
 
-
-def _run_values(run: RunRecord) -> dict[str, Any]:
-    slot, at = run.slot, run.at
-    # Elapsed time in UTC: aware datetimes sharing one non-UTC zone subtract as wall-clock times.
-    if slot.tzinfo is not UTC:
-        slot = slot.astimezone(UTC)
-    if at.tzinfo is not UTC:
-        at = at.astimezone(UTC)
-    error = run.error[:_ERROR_MAX] if run.error is not None else None
-    return {
-        "schedule_key": run.schedule_key,
-        "name": run.name,
-        "slot_at": slot,
-        "status": run.status,
-        "at": at,
-        "lateness_ms": round((at - slot) / _MS),
-        "message_id": run.message_id[:128] if run.message_id is not None else None,
-        "error": error,
-    }

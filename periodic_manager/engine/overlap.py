@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from periodic_manager.contracts import QUEUED, SENT, EnqueueResult, RunRecord, RunStatus, run_status
-from periodic_manager.schedules.definition import overlap_policy
+from periodic_manager.schedules.rules import overlap_policy
 
 if TYPE_CHECKING:
     from periodic_manager.engine.entry import ScheduledEntry

@@ -44,7 +44,8 @@ from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.history import Observer, RunsHook, RunWriter
 from periodic_manager.engine.overlap import HOLD_TICK_S, OverlapGuard
 from periodic_manager.engine.staging import Stager
-from periodic_manager.schedules.definition import PeriodicTaskConfig, overlap_policy
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import overlap_policy
 from periodic_manager.targets.base import staged
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.timing import Timing
-from periodic_manager.schedules.definition import PeriodicTaskConfig, validate_target
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import validate_target
 from periodic_manager.settings import Settings
 from periodic_manager.targets.routing import RoutingTarget
 

@@ -34,9 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from periodic_manager.contracts import Clock
+from periodic_manager.contracts import Clock, ManagerHandle, Pingable, Target
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +50,9 @@ MAX_SKEW_S = 5.0
 MAX_PROBE_BYTES = 64 * 1024  # the file is ~150 bytes; a larger one is not ours
 
 
-def manager_health(manager: Any) -> HealthCheck:
-    """The health check of a manager: its own ``health()`` when it has one, else whether one of
-    its supervised loops died (``failed``)."""
-
-    def check() -> str | None:
-        own = getattr(manager, "health", None)
-        if callable(own):
-            result = own()
-            return None if result is None else str(result)
-        failed = getattr(manager, "failed", None)
-        return None if failed is None else f"a manager loop died: {failed!r}"
-
-    return check
+def manager_health(manager: ManagerHandle) -> HealthCheck:
+    """The health check of a manager: its own ``health()``."""
+    return manager.health
 
 
 def ensure_writable(directory: str | os.PathLike[str]) -> None:
@@ -211,14 +200,11 @@ def _regular(mode: int) -> None:
         raise ValueError(f"not a regular file ({kind or 'a device or socket'})")
 
 
-async def ping_target(target: Any, timeout_s: float) -> None:
-    """Raise unless ``target``'s broker answers within ``timeout_s``. A target without a
-    ``ping()`` nor Redis claims (an in-memory one, a custom one) counts as reachable."""
-    ping = getattr(target, "ping", None)
-    if ping is None:
-        # A target that claims in Redis (Celery) is at least as reachable as its claims' Redis.
-        ping = getattr(getattr(target, "claims", None), "ping", None)
-    if ping is None:
+async def ping_target(target: Target, timeout_s: float) -> None:
+    """Raise unless ``target``'s broker answers within ``timeout_s``. A target that is not
+    :class:`~periodic_manager.contracts.Pingable` (an in-memory one, a custom one) counts as
+    reachable."""
+    if not isinstance(target, Pingable):
         return
     async with asyncio.timeout(timeout_s):
-        await ping()
+        await target.ping()

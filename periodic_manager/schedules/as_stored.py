@@ -16,88 +16,35 @@ the column's type). The marker is the file's word that this is a stored row, not
 manager and the API judge the row again when they read it. What a backend cannot hold at all
 (bytes that are not UTF-8, a NUL character, a ``raw`` boolean or non-JSON text on PostgreSQL) is
 refused, naming the entry and the field, before anything is written.
+
+This module is the files' side; reading each column's stored form and writing it back is
+:mod:`periodic_manager.db.stored`'s (through the schedule writer).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, DateTime, LargeBinary, Text, cast, func, literal, text
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.stored import COLUMNS, JSON_COLUMNS, Raw, StoredRow, column_length
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import canonical_json
+from periodic_manager.schedules.rules import canonical_json
 
 MARK = "invalid"
 RAW = "raw"
-# The columns a stored row may give in ``raw`` (the columns people see; the id and effective_at
-# are the database's own).
-COLUMNS = (
-    "name", "spec", "task_type", "timezone", "payload", "options", "enabled", "description",
-    "anchor", "created_at", "updated_at",
-)  # fmt: skip
-INSTANTS = ("anchor", "created_at", "updated_at")
-JSON_COLUMNS = ("payload", "options")
 TEXTS = ("name", "spec", "task_type", "timezone", "description")
 
-# A stored value as files carry it: its bytes, and whether SQLite holds it as a BLOB.
-Raw = tuple[bytes, bool]
+
+# -- a stored row in a file ----------------------------------------------------------------------
 
 
-# -- reading ------------------------------------------------------------------------------------
-
-
-def extras(sqlite: bool) -> list[ColumnElement[Any]]:
-    """Columns read beside :func:`dbrows.columns` to give each column's stored form: SQLite, the
-    storage class of each column (a BLOB stays a BLOB); PostgreSQL, the text of each instant (the
-    judge reads epoch seconds, which cannot be written back exactly)."""
-    t = PeriodicJob.__table__.c
-    if sqlite:
-        return [func.typeof(t[c]).label(f"typeof_{c}") for c in COLUMNS]
-    return [cast(t[c], Text).label(f"text_{c}") for c in INSTANTS]
-
-
-async def prepare(conn: AsyncConnection, sqlite: bool) -> None:
-    """Fix how PostgreSQL writes instants as text for this transaction (UTC, ISO style), so the
-    same stored instant always reads as the same text."""
-    if not sqlite:
-        await conn.execute(text("SET LOCAL TimeZone = 'UTC'"))
-        await conn.execute(text("SET LOCAL DateStyle = 'ISO, YMD'"))
-
-
-@dataclass(slots=True)
-class StoredRow:
-    """A row as :func:`dbrows.view` shows it, and each column's stored form (:meth:`raw`)."""
-
-    view: dbrows.RowView
-    more: tuple[Any, ...]  # the values of extras(), in order
-    sqlite: bool
-
-    def raw(self, column: str) -> Raw | None:
-        """The stored form of ``column`` (None: SQL NULL)."""
-        value = self.view.raw[dbrows.FIELDS.index(column)]
-        if value is None:
-            return None
-        if self.sqlite:
-            return bytes(value), self.more[COLUMNS.index(column)] == "blob"
-        if column in INSTANTS:
-            value = self.more[INSTANTS.index(column)]
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        return str(value).encode(), False
-
-    def identity(self) -> tuple[str, Any]:
-        """What names the row in a file: its name, or the bytes of a name that is not text."""
-        name = self.view.values["name"]
-        if name is not None:
-            return "name", name
-        stored = self.raw("name")
-        return "raw", stored[0] if stored is not None else None
+def row_identity(row: StoredRow) -> tuple[str, Any]:
+    """What names a stored row in a file: its name, or the bytes of a name that is not text."""
+    name = row.view.values["name"]
+    if name is not None:
+        return "name", name
+    stored = row.raw("name")
+    return "raw", stored[0] if stored is not None else None
 
 
 def file_form(raw: Raw) -> str | dict[str, str]:
@@ -193,7 +140,7 @@ def check_storable(entry: dict[str, Any], sqlite: bool) -> None:
 
 
 def _check_length(column: str, value: str, where: str) -> None:
-    limit = getattr(PeriodicJob.__table__.c[column].type, "length", None)
+    limit = column_length(column)
     if limit is not None and len(value) > limit:
         raise ConfigError(where, f"longer than the column's {limit} characters")
 
@@ -212,30 +159,6 @@ def _json_text(stored: str) -> bool:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-# -- writing --------------------------------------------------------------------------------------
-
-
-def bind(column: str, raw: Raw, sqlite: bool) -> ColumnElement[Any]:
-    """The SQL value that stores ``raw`` in ``column`` as it was stored: past the column's type
-    (no JSON encoding, no instant conversion)."""
-    data, blob = raw
-    if sqlite:
-        # A BLOB stays a BLOB; text is stored as text (and gets the column's affinity, as it did
-        # where it was read).
-        return literal(data, LargeBinary) if blob else literal(data.decode("utf-8"), Text)
-    stored = literal(data.decode("utf-8"), Text)
-    if column in JSON_COLUMNS:
-        return cast(stored, JSONB)
-    if column in INSTANTS:
-        return cast(stored, DateTime(timezone=True))
-    return stored
-
-
-def written(values: dict[str, Any], entry: dict[str, Any], sqlite: bool) -> dict[str, Any]:
-    """``values`` with the columns ``entry`` gives in ``raw`` bound as stored."""
-    return {**values, **{c: bind(c, r, sqlite) for c, r in raws_of(entry).items()}}
 
 
 def raws_of(entry: dict[str, Any]) -> dict[str, Raw]:

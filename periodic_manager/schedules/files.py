@@ -1,13 +1,14 @@
-"""Schedules as files: ``periodic-manager import FILE`` and ``periodic-manager export``.
+"""Schedules as files, for ``periodic-manager import FILE`` and ``periodic-manager export``: reading
+a file into entries checked as the manager checks a row, and writing entries out.
 
 A file lists schedules: JSON or YAML (a list, or ``{"schedules": [...]}``) or TOML (``[[schedules]]``
 tables). Each entry has the fields of ``POST /schedules``: ``name``, ``spec``, ``task_type``
 (required), ``timezone``, ``payload``, ``options``, ``enabled``, ``description``, ``anchor``. The
 file is the desired state of each schedule it names: a field left out takes its default.
 
-Import upserts by name in one transaction after validating every entry as the manager would (one
-bad entry: nothing is written); ``prune`` also deletes the schedules the file does not name (with
-their state and history). Unchanged rows are not touched.
+Every entry is validated as the manager would validate the row (one bad entry: nothing is
+written); what an import then does to the database, and what an export reads from it, is
+:mod:`periodic_manager.schedules.import_export`.
 
 A row with errors (one the manager rejects, or whose columns cannot all be read) is exported as
 stored, marked ``invalid``, and imported back as stored (:mod:`periodic_manager.schedules.as_stored`): an
@@ -19,25 +20,15 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
+from periodic_manager.db.stored import JSON_COLUMNS
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 from periodic_manager.schedules import as_stored
-from periodic_manager.schedules.definition import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    PeriodicTaskConfig,
-    canonical_json,
-    check_text,
-    validate_target,
-)
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, check_text
 
 FORMATS = ("json", "yaml", "toml")
 REQUIRED = ("name", "spec", "task_type")
@@ -50,7 +41,6 @@ DEFAULTS: dict[str, Any] = {
     "anchor": None,
 }
 FIELDS = (*REQUIRED, *DEFAULTS)
-TIMING = frozenset({"name", "spec", "timezone", "anchor"})  # see migration 0004
 
 
 class FileError(PeriodicManagerError):
@@ -193,17 +183,10 @@ def _validate_stored(raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("enabled", "must be true or false (or given as stored in raw)")
     if "anchor" in entry:
         entry["anchor"] = _anchor(entry["anchor"])
-    for key in as_stored.JSON_COLUMNS:
+    for key in JSON_COLUMNS:
         if key in entry:
             as_stored.check_json_value(key, entry[key])
     return {**entry, as_stored.MARK: mark, as_stored.RAW: raws}
-
-
-def canonical_json_or(value: Any) -> str:
-    try:
-        return canonical_json(value)
-    except (TypeError, ValueError):
-        return ""  # PeriodicTaskConfig.create reports it, naming the field
 
 
 def _anchor(value: Any) -> datetime | None:
@@ -219,277 +202,6 @@ def _anchor(value: Any) -> datetime | None:
     return value
 
 
-# -- plan and apply -------------------------------------------------------------------------------
-
-
-@dataclass
-class Plan:
-    create: list[dict[str, Any]] = field(default_factory=list)
-    update: list[tuple[dict[str, Any], dict[str, tuple[Any, Any]]]] = field(default_factory=list)
-    update_ids: list[int] = field(default_factory=list)  # the row of each update
-    delete: list[str] = field(default_factory=list)  # what render() shows of each deleted row
-    delete_ids: list[int] = field(default_factory=list)
-    unchanged: int = 0
-    kept: int = 0  # rows not in the file, left alone (no --prune)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.create or self.update or self.delete)
-
-
-class _Unreadable:
-    """A stored column that cannot be read: never equal to what a file says (so it is
-    rewritten), shown in the plan with the reason."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"<unreadable: {self.reason}>"
-
-
-def _same(key: str, old: Any, new: Any) -> bool:
-    if isinstance(old, _Unreadable):
-        return False
-    if key in ("payload", "options"):
-        return canonical_json_or(old) == canonical_json_or(new) and canonical_json_or(old) != ""
-    if key == "anchor" and old is not None and new is not None:
-        return bool(old == new)  # aware datetimes compare as instants
-    return type(old) is type(new) and bool(old == new)
-
-
-async def _stored(
-    engine: AsyncEngine,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    targets: Collection[str] | None = None,
-) -> list[as_stored.StoredRow]:
-    """Every row, read raw and judged like the API judges it (whatever a row holds), with each
-    column's stored form."""
-    sqlite = engine.dialect.name == "sqlite"
-    query = select(*dbrows.columns(sqlite, display=True), *as_stored.extras(sqlite))
-    n = len(dbrows.FIELDS)
-    async with engine.connect() as conn:
-        await as_stored.prepare(conn, sqlite)
-        raws = (await conn.execute(query.order_by(PeriodicJob.id))).all()
-    rules = dbrows.Rules(sqlite, max_payload_bytes, _target_check(targets))
-    return [as_stored.StoredRow(dbrows.view(rules, tuple(r[:n])), tuple(r[n:]), sqlite) for r in raws]
-
-
-def _target_check(targets: Collection[str] | None) -> dbrows.Check | None:
-    """The deployment's check of ``options.target``, as the API and the manager make it."""
-    if targets is None:
-        return None
-
-    def check(config: PeriodicTaskConfig) -> None:
-        validate_target(config.options, targets)
-
-    return check
-
-
-def _stored_value(row: dbrows.RowView, key: str) -> Any:
-    if key in row.unreadable:
-        return _Unreadable(row.unreadable[key])
-    return row.values[key]
-
-
-def _changes(entry: dict[str, Any], row: as_stored.StoredRow) -> dict[str, tuple[Any, Any]]:
-    """What writing ``entry`` would change in ``row``: each column, old and new. A column the
-    entry gives as stored (``raw``) is compared byte for byte (timestamps only when given so)."""
-    raws = as_stored.raws_of(entry)
-    out: dict[str, tuple[Any, Any]] = {}
-    for key in (*FIELDS, "created_at", "updated_at"):
-        if key in raws:
-            old = row.raw(key)
-            if old is None or old[0] != raws[key][0]:
-                out[key] = (old, raws[key])
-        elif key in FIELDS and not _same(key, old := _stored_value(row.view, key), entry[key]):
-            out[key] = (old, entry[key])
-    return out
-
-
-async def plan(
-    engine: AsyncEngine,
-    desired: Sequence[dict[str, Any]],
-    prune: bool,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-) -> Plan:
-    stored = await _stored(engine, max_payload_bytes)
-    by_identity = {r.identity(): r for r in stored}
-    out = Plan()
-    named = {as_stored.identity(e) for e in desired}
-    for entry in desired:
-        row = by_identity.get(as_stored.identity(entry))
-        if row is None:
-            out.create.append(entry)
-            continue
-        changes = _changes(entry, row)
-        if changes:
-            out.update.append((entry, changes))
-            out.update_ids.append(row.view.id)
-        else:
-            out.unchanged += 1
-    absent = sorted(
-        (r.view for r in stored if r.identity() not in named),
-        key=lambda r: (r.values["name"] is None, r.values["name"] or "", r.id),
-    )
-    if prune:
-        out.delete = [_label(r) for r in absent]
-        out.delete_ids = [r.id for r in absent]
-    else:
-        out.kept = len(absent)
-    return out
-
-
-def _label(row: dbrows.RowView) -> str:
-    name = row.values["name"]
-    return name if name is not None else f"#{row.id} (name: {row.unreadable.get('name')})"
-
-
-def _entry_label(entry: dict[str, Any]) -> str:
-    kind, name = as_stored.identity(entry)
-    label = name if kind == "name" else f"(name as stored: {as_stored.shown((name, True))})"
-    if as_stored.MARK in entry:
-        label += f" (as stored, invalid: {entry[as_stored.MARK]})"
-    return str(label)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bytes):
-        text = as_stored.shown(value)
-    else:
-        text = repr(value.isoformat() if isinstance(value, datetime) else value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def render(p: Plan) -> list[str]:
-    lines = [f"+ create {_entry_label(e)}" for e in p.create]
-    for entry, changes in p.update:
-        parts = [f"{k} {_short(old)} -> {_short(new)}" for k, (old, new) in changes.items()]
-        lines.append(f"~ update {_entry_label(entry)}: " + "; ".join(parts))
-    lines += [f"- delete {name}" for name in p.delete]
-    summary = (
-        f"{len(p.create)} to create, {len(p.update)} to update, {len(p.delete)} to delete, "
-        f"{p.unchanged} unchanged"
-    )
-    if p.kept:
-        summary += f", {p.kept} not in the file kept (--prune deletes them)"
-    return [*lines, summary]
-
-
-async def apply(engine: AsyncEngine, p: Plan, now: datetime) -> None:
-    """Write the plan in one transaction. Updates write only the columns that change (by name;
-    no row is loaded, so no stored value can get in the way)."""
-    t = PeriodicJob.__table__.c
-    sqlite = engine.dialect.name == "sqlite"
-    async with engine.begin() as conn:
-        for entry in p.create:
-            values = {k: entry[k] for k in FIELDS if k in entry}
-            stamps = {"created_at": now, "updated_at": now, "effective_at": now}
-            row = as_stored.written({**values, **stamps}, entry, sqlite)
-            await conn.execute(insert(PeriodicJob).values(**row))
-        for (entry, changes), row_id in zip(p.update, p.update_ids, strict=True):
-            raws = as_stored.raws_of(entry)
-            values = {k: entry[k] for k in changes if k not in raws}
-            values.update({k: as_stored.bind(k, raws[k], sqlite) for k in changes if k in raws})
-            values.setdefault("updated_at", now)
-            # New slots or keys, or a resume: nothing before now may be looked back at.
-            if TIMING & changes.keys() or (entry.get("enabled") and "enabled" in changes):
-                values["effective_at"] = now
-            await conn.execute(update(PeriodicJob).where(t.id == row_id).values(**values))
-            if "updated_at" in raws:
-                # Written again alone: the edit above has the triggers stamp it (0004).
-                stamp = as_stored.bind("updated_at", raws["updated_at"], sqlite)
-                await conn.execute(update(PeriodicJob).where(t.id == row_id).values(updated_at=stamp))
-        if p.delete_ids:
-            keys = [str(i) for i in p.delete_ids]
-            await conn.execute(delete(PeriodicJob).where(t.id.in_(p.delete_ids)))
-            await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
-            await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
-            await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
-
-
-# -- export ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Export:
-    entries: list[dict[str, Any]]
-    # One line per row exported as stored (it has errors): "schedule #7 ('name'): payload: ...".
-    invalid: list[str] = field(default_factory=list)
-
-
-async def export_entries(
-    engine: AsyncEngine,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    targets: Collection[str] | None = None,
-    *,
-    nulls_as_stored: bool = False,
-) -> Export:
-    """Every row as a file entry, ordered by name, defaults left out. A row with errors (as the
-    API judges it with ``targets``, the deployment's configured targets) is exported as stored,
-    marked ``invalid`` (see :mod:`periodic_manager.schedules.as_stored`); ``invalid`` lists them.
-    ``nulls_as_stored`` (TOML, which has no null): such a row's payload or options holding a
-    JSON null is given as its stored text (a schedule's is refused by :func:`dump`)."""
-    out = Export([])
-    stored = await _stored(engine, max_payload_bytes, targets)
-    for row in sorted(stored, key=lambda r: (r.view.values["name"] or "", r.view.id)):
-        v = row.view
-        if not v.errors:
-            out.entries.append(_entry_of(v))
-            continue
-        out.entries.append(_stored_entry_of(row, nulls_as_stored))
-        name = v.values["name"]
-        field_, reason = v.errors[0]
-        out.invalid.append(
-            f"schedule #{v.id}" + (f" ({name!r})" if name else "") + f": {field_}: {reason}"
-        )
-    return out
-
-
-def _file_value(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value
-
-
-def _entry_of(row: dbrows.RowView) -> dict[str, Any]:
-    """A row without errors as a file entry: its fields, defaults left out."""
-    entry: dict[str, Any] = {k: row.values[k] for k in REQUIRED}
-    for key, default in DEFAULTS.items():
-        value = row.values[key]
-        if not _same(key, value, default) and not (key == "anchor" and value is None):
-            entry[key] = _file_value(value)
-    return entry
-
-
-def _stored_entry_of(row: as_stored.StoredRow, nulls_as_stored: bool = False) -> dict[str, Any]:
-    """A row with errors as a file entry: as stored, marked ``invalid`` with its first error; the
-    columns that cannot be read in ``raw``, as stored (defaults left out, as for any entry)."""
-    v = row.view
-    entry: dict[str, Any] = {}
-    raw: dict[str, Any] = {}
-    for key in (*FIELDS, "created_at", "updated_at"):
-        as_text = (
-            nulls_as_stored
-            and key in as_stored.JSON_COLUMNS
-            and v.values[key] is not None
-            and _has_null(v.values[key])
-        )
-        if key in v.unreadable or as_text:
-            stored = row.raw(key)
-            if stored is not None:
-                raw[key] = as_stored.file_form(stored)
-        elif key in REQUIRED:
-            entry[key] = v.values[key]
-        elif key in DEFAULTS:
-            value = v.values[key]
-            if not _same(key, value, DEFAULTS[key]) and not (key == "anchor" and value is None):
-                entry[key] = _file_value(value)
-    field_, reason = v.errors[0]
-    entry[as_stored.MARK] = f"{field_}: {reason}"
-    if raw:
-        entry[as_stored.RAW] = raw
-    return entry
-
-
 def dump(entries: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(entries, indent=2, ensure_ascii=False) + "\n"
@@ -500,7 +212,7 @@ def dump(entries: list[dict[str, Any]], fmt: str) -> str:
     import tomli_w
 
     for entry in entries:
-        if _has_null(entry):
+        if has_null(entry):
             raise FileError(
                 f"schedule {entry.get('name')!r} holds a JSON null, which TOML cannot express; "
                 "export as json or yaml"
@@ -511,11 +223,11 @@ def dump(entries: list[dict[str, Any]], fmt: str) -> str:
         raise FileError(f"cannot write TOML: {exc}; export as json or yaml") from None
 
 
-def _has_null(value: Any) -> bool:
+def has_null(value: Any) -> bool:
     if value is None:
         return True
     if isinstance(value, dict):
-        return any(_has_null(v) for v in value.values())
+        return any(has_null(v) for v in value.values())
     if isinstance(value, list):
-        return any(_has_null(v) for v in value)
+        return any(has_null(v) for v in value)
     return False

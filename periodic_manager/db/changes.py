@@ -1,0 +1,81 @@
+"""What changed in ``periodic_jobs`` since a revision: the one change feed, followed by the
+manager's provider (:mod:`periodic_manager.db.provider`) and by the dashboard's next-slot order
+(``api/ui/order.py``).
+
+The triggers of migration 0003 give every INSERT and UPDATE a fresh ``revision`` from one counter
+and leave a tombstone in ``periodic_jobs_deleted`` for every DELETE (a TRUNCATE leaves one
+tombstone of id 0). Writers take a transaction-level advisory lock in a statement trigger, so
+revisions become visible in commit order and a watermark never skips a slow transaction. Hence:
+
+* the **watermark** (:func:`current_revision`) is the largest revision of a row or a tombstone:
+  two index lookups, and when it has not moved nothing changed;
+* what changed after revision N (:func:`changes_since`) is the tombstones newer than N and the
+  rows whose revision is larger than N (:func:`rows_since`); a TRUNCATE asks for a full read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, bindparam, delete, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import DeletedJob, PeriodicJob
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What changed after a revision: the watermark now, and the ids of the rows deleted since
+    (their tombstones). ``full``: a TRUNCATE, after which only a full read tells what is there."""
+
+    revision: int
+    deleted: Sequence[int] = ()
+    full: bool = False
+
+
+async def current_revision(conn: AsyncConnection) -> int:
+    """The largest revision of a row or a tombstone: two index lookups."""
+    rows = select(func.coalesce(func.max(PeriodicJob.revision), 0)).scalar_subquery()
+    tombs = select(func.coalesce(func.max(DeletedJob.revision), 0)).scalar_subquery()
+    latest_row, latest_tombstone = (await conn.execute(select(rows, tombs))).one()
+    return int(max(latest_row, latest_tombstone))
+
+
+async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
+    """None (one indexed query) when nothing changed after revision ``since``; else the watermark
+    and the tombstones since. The rows written since are read with :func:`rows_since`."""
+    revision = await current_revision(conn)
+    if revision <= since:
+        return None
+    deleted = (
+        (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since))).scalars().all()
+    )
+    if 0 in deleted:  # TRUNCATE: no tombstone per row, read everything
+        return Changes(revision, full=True)
+    return Changes(revision, deleted)
+
+
+def rows_since(columns: Sequence[ColumnElement[Any]]) -> Select[Any]:
+    """``columns`` of the rows written after the revision bound as ``since``, by id."""
+    t = PeriodicJob.__table__.c
+    return select(*columns).where(t.revision > bindparam("since")).order_by(t.id)
+
+
+async def read_rows(conn: AsyncConnection, since: int | None = None) -> list[Any]:
+    """Every row, raw (:func:`periodic_manager.db.rows.columns`, without what only people read),
+    or only those written after revision ``since``."""
+    columns = dbrows.columns(conn.dialect.name == "sqlite")
+    if since is None:
+        return list(await conn.execute(select(*columns)))
+    return list(await conn.execute(rows_since(columns), {"since": since}))
+
+
+async def prune_tombstones(engine: AsyncEngine, older_than: datetime) -> int:
+    """Delete tombstones older than ``older_than`` (a full read makes up for any pruned)."""
+    async with engine.begin() as conn:
+        result = await conn.execute(delete(DeletedJob).where(DeletedJob.deleted_at < older_than))
+    return int(result.rowcount or 0)

@@ -1,0 +1,219 @@
+"""``pm_runs``, the run history: one row per slot outcome and per manual trigger.
+
+Written by the runtime store in the same transaction as the state upsert (:func:`write`: one
+``COPY`` on PostgreSQL with asyncpg, executemany in chunks elsewhere), and by the API for a manual
+trigger (:func:`record_trigger`). Bounded two ways (``DatabaseRuntimeStore.prune_runs``): rows
+older than the retention go (:func:`drop_old`), and each schedule written since the last prune
+keeps only its newest rows (:func:`cap`). Every DELETE is bounded (by rows or by schedule keys).
+Deleted with its schedule by the schedule writer.
+
+The API reads a schedule's history a page at a time (:func:`page`) and the newest run of the
+schedules a dashboard page shows (:func:`last_runs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from periodic_manager.contracts import RunRecord
+from periodic_manager.db.models import Run
+from periodic_manager.db.store_reads import chunks
+
+# pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
+_INSERT_CHUNK = 5000
+_BUILD_SLICE = 5000  # runs handled between yields while a batch is prepared
+_PRUNE_BATCH = 5000
+_PRUNE_ROUNDS = 20
+_ERROR_MAX = 2000  # characters of an error kept in history
+_MS = timedelta(milliseconds=1)
+_RUN_COLUMNS = ("schedule_key", "name", "slot_at", "status", "at", "lateness_ms", "message_id", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """A row of the history as the API shows it."""
+
+    id: int
+    schedule_key: str
+    slot_at: datetime
+    status: str
+    at: datetime
+    lateness_ms: int
+    message_id: str | None
+    error: str | None
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+async def write(conn: AsyncConnection, runs: Sequence[RunRecord], *, copy: bool) -> None:
+    """Insert ``runs`` in the caller's transaction: ``copy`` (PostgreSQL, asyncpg) as one COPY
+    stream, so a burst's 100,000 history rows are not 20 executemany rounds; else in chunks."""
+    if copy:
+        records: list[tuple[Any, ...]] = []
+        for i, run in enumerate(runs):
+            h = _run_values(run)
+            records.append(tuple(h[c] for c in _RUN_COLUMNS))
+            if i % _BUILD_SLICE == _BUILD_SLICE - 1:
+                await asyncio.sleep(0)
+        raw = await conn.get_raw_connection()
+        await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
+            Run.__tablename__, records=records, columns=_RUN_COLUMNS
+        )
+        return
+    for i in range(0, len(runs), _INSERT_CHUNK):
+        part = runs[i : i + _INSERT_CHUNK]
+        await conn.execute(insert(Run), [_run_values(run) for run in part])
+
+
+async def record_trigger(
+    conn: AsyncConnection,
+    schedule_key: str,
+    name: str,
+    at: datetime,
+    status: str,
+    message_id: str | None,
+    error: str | None,
+) -> None:
+    """Record a manual trigger at ``at`` (its own slot, so never late) and commit; a failure
+    rolls the transaction back and is raised."""
+    values = _values(schedule_key, name, at, status, at, message_id or None, error or None)
+    try:
+        await conn.execute(insert(Run).values(values))
+        await conn.commit()
+    except Exception:
+        await conn.rollback()
+        raise
+
+
+def _run_values(run: RunRecord) -> dict[str, Any]:
+    return _values(run.schedule_key, run.name, run.slot, run.status, run.at, run.message_id, run.error)
+
+
+def _values(
+    schedule_key: str,
+    name: str,
+    slot: datetime,
+    status: str,
+    at: datetime,
+    message_id: str | None,
+    error: str | None,
+) -> dict[str, Any]:
+    # Elapsed time in UTC: aware datetimes sharing one non-UTC zone subtract as wall-clock times.
+    if slot.tzinfo is not UTC:
+        slot = slot.astimezone(UTC)
+    if at.tzinfo is not UTC:
+        at = at.astimezone(UTC)
+    return {
+        "schedule_key": schedule_key,
+        "name": name,
+        "slot_at": slot,
+        "status": status,
+        "at": at,
+        "lateness_ms": round((at - slot) / _MS),
+        "message_id": message_id[:128] if message_id is not None else None,
+        "error": error[:_ERROR_MAX] if error is not None else None,
+    }
+
+
+# -- bounds ---------------------------------------------------------------------------------------
+
+
+async def drop_old(engine: AsyncEngine, cutoff: datetime) -> int:
+    """Delete rows with ``at`` before ``cutoff`` in bounded batches (at most ``_PRUNE_ROUNDS``
+    per call; the rest goes at the next call); returns the number of rows deleted."""
+    removed = 0
+    for _ in range(_PRUNE_ROUNDS):
+        old = select(Run.id).where(Run.at < cutoff).order_by(Run.at).limit(_PRUNE_BATCH)
+        async with engine.begin() as conn:
+            result = await conn.execute(delete(Run).where(Run.id.in_(old.scalar_subquery())))
+        removed += int(result.rowcount)
+        if result.rowcount < _PRUNE_BATCH:
+            break
+    return removed
+
+
+async def cap(engine: AsyncEngine, keys: Iterable[str], per_schedule: int) -> int:
+    """Keep the newest ``per_schedule`` rows of every schedule in ``keys``, a bounded number of
+    schedules per statement; returns the number of rows deleted."""
+    removed = 0
+    for chunk in chunks(sorted(set(keys))):
+        removed += await _cap(engine, chunk, per_schedule)
+    return removed
+
+
+async def _cap(engine: AsyncEngine, keys: Sequence[str], per_schedule: int) -> int:
+    rank = (
+        func.row_number()
+        .over(partition_by=Run.schedule_key, order_by=(Run.slot_at.desc(), Run.id.desc()))
+        .label("rn")
+    )
+    ranked = select(Run.id, rank).where(Run.schedule_key.in_(keys)).subquery()
+    excess = select(ranked.c.id).where(ranked.c.rn > per_schedule)
+    async with engine.begin() as conn:
+        result = await conn.execute(delete(Run).where(Run.id.in_(excess.scalar_subquery())))
+    return int(result.rowcount)
+
+
+# -- reading (the API) ----------------------------------------------------------------------------
+
+
+async def page(
+    conn: AsyncConnection, schedule_key: str, status: str | None, *, limit: int, offset: int
+) -> tuple[int, list[RunRow]]:
+    """How many runs the schedule has (with ``status``, when given), and a page of them, the
+    newest slot first."""
+    where = [Run.schedule_key == schedule_key]
+    if status is not None:
+        where.append(Run.status == status)
+    total = (await conn.execute(select(func.count()).select_from(Run).where(*where))).scalar_one()
+    stmt = (
+        select(*Run.__table__.c)
+        .where(*where)
+        .order_by(Run.slot_at.desc(), Run.id.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    return int(total), [_row(r) for r in (await conn.execute(stmt)).all()]
+
+
+async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, RunRow]:
+    """The newest history row (by slot) of each key."""
+    newest = (
+        select(Run.schedule_key, func.max(Run.slot_at).label("slot_at"))
+        .where(Run.schedule_key.in_(keys))
+        .group_by(Run.schedule_key)
+        .subquery()
+    )
+    stmt = (
+        select(*Run.__table__.c)
+        .join(
+            newest,
+            and_(Run.schedule_key == newest.c.schedule_key, Run.slot_at == newest.c.slot_at),
+        )
+        .order_by(Run.id)
+    )
+    out: dict[str, RunRow] = {}
+    for r in (await conn.execute(stmt)).all():  # ties on a slot: the newest row wins
+        out[r.schedule_key] = _row(r)
+    return out
+
+
+def _row(r: Any) -> RunRow:
+    return RunRow(
+        id=r.id,
+        schedule_key=r.schedule_key,
+        slot_at=r.slot_at,
+        status=r.status,
+        at=r.at,
+        lateness_ms=r.lateness_ms,
+        message_id=r.message_id,
+        error=r.error,
+    )

@@ -1,0 +1,206 @@
+"""The one writer of ``periodic_jobs`` rows in this code base: the API's edits and the import.
+
+What every write of a row gets here, and nowhere else:
+
+* **stamps**: a new row is born at ``now`` (``created_at``, ``updated_at``, ``effective_at``);
+  a change gets ``updated_at = now``, and ``effective_at = now`` when it gives the schedule new
+  slots or keys (a :data:`TIMING` column) or resumes it, so no look back of a manager (a
+  takeover re-sending the last ``grace``, a ``fire_once`` catch-up) reaches before the edit.
+  The triggers of migration 0004 keep values a statement sets, and stamp plain SQL edits alike.
+* **names**: a name another row holds is a :class:`~periodic_manager.errors.NameConflict`, found
+  before the write, or raised by the unique index when a concurrent writer won the race.
+* **locking**: the API's check-merge-write (If-Match, a PATCH merged over the stored row) reads
+  the row with :func:`lock`: on PostgreSQL the row is locked until commit; SQLite has no row
+  locks, so the database's write lock is taken first.
+* **deletion**: a deleted row takes its runtime state, its run history and its last good version
+  with it (nothing else keys them to the row, and ids are never reused).
+
+Writing a column *as stored* (:class:`RowWrite` ``stored``, the import of a row with errors) goes
+past the column's type: see :func:`periodic_manager.db.stored.bind`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, false, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
+from periodic_manager.db.schedule_reader import select_rows
+from periodic_manager.db.stored import Raw, bind
+from periodic_manager.errors import NameConflict
+
+T = PeriodicJob.__table__.c
+
+# Columns whose change gives a schedule new slots or keys: writing one (or resuming) moves the
+# row's ``effective_at`` to the writer's now, so no look back of a manager reaches before the edit.
+TIMING = frozenset({"name", "spec", "timezone", "anchor"})
+
+
+def born(now: datetime) -> dict[str, Any]:
+    """The stamps of a row inserted at ``now``."""
+    return {"created_at": now, "updated_at": now, "effective_at": now}
+
+
+def stamps(written: Mapping[str, Any], was_enabled: Any, now: datetime) -> dict[str, Any]:
+    """``updated_at`` (and ``effective_at`` when the timing changes or the row resumes) of a write
+    of the columns ``written``, by the writer's clock (the triggers of migration 0004 keep values
+    a statement sets). ``was_enabled``: the row's ``enabled`` before (None: unreadable)."""
+    out: dict[str, Any] = {"updated_at": now}
+    if TIMING & written.keys() or (written.get("enabled") is True and was_enabled is not True):
+        out["effective_at"] = now
+    return out
+
+
+# -- the API: one row, one transaction ------------------------------------------------------------
+
+
+async def lock(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | None:
+    """The raw row (every column), held until :func:`release` or the write commits, so that a
+    check-merge-write is atomic against any other writer (another API process, plain SQL); None
+    when there is no such row.
+
+    PostgreSQL: the row is locked. SQLite has no row locks and ignores FOR UPDATE: a write that
+    touches nothing takes the database's write lock first, held to commit.
+    """
+    sqlite = conn.dialect.name == "sqlite"
+    if sqlite:
+        await conn.execute(update(PeriodicJob).where(false()).values(id=PeriodicJob.id))
+    stmt = select_rows(sqlite, T.id == schedule_id).with_for_update()
+    raws = [tuple(r) for r in (await conn.execute(stmt)).all()]
+    return raws[0] if raws else None
+
+
+async def release(conn: AsyncConnection) -> None:
+    """End the transaction (and its row lock) without writing."""
+    await conn.rollback()
+
+
+async def create(conn: AsyncConnection, fields: Mapping[str, Any], now: datetime) -> int:
+    """Insert a validated row born at ``now`` and commit; its id. NameConflict when the name is
+    taken."""
+    name = fields["name"]
+    if await _name_taken(conn, name):
+        raise NameConflict(name)
+    stmt = insert(PeriodicJob).values(**fields, **born(now)).returning(T.id)
+    return int((await _commit(conn, stmt, name)).scalar_one())
+
+
+async def update_row(
+    conn: AsyncConnection,
+    schedule_id: int,
+    changes: Mapping[str, Any],
+    *,
+    was_enabled: Any,
+    name: str,
+    now: datetime,
+) -> None:
+    """Write ``changes`` (validated, and only what differs) with their stamps, and commit.
+    ``name``: the row's name after the write; a rename to a name another row holds is a
+    NameConflict."""
+    if "name" in changes and await _name_taken(conn, changes["name"], schedule_id):
+        raise NameConflict(changes["name"])
+    written = {**changes, **stamps(changes, was_enabled, now)}
+    await _commit(conn, update(PeriodicJob).where(T.id == schedule_id).values(**written), name)
+
+
+async def set_enabled(
+    conn: AsyncConnection, schedule_id: int, enabled: bool, *, was_enabled: Any, now: datetime
+) -> None:
+    """Pause or resume the row (with its stamps), and commit."""
+    written = {"enabled": enabled, **stamps({"enabled": enabled}, was_enabled, now)}
+    await conn.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
+    await conn.commit()
+
+
+async def delete_row(conn: AsyncConnection, schedule_id: int) -> None:
+    """Delete the row with its runtime state, run history and last good version, and commit."""
+    await delete_rows(conn, [schedule_id])
+    await conn.commit()
+
+
+async def _name_taken(conn: AsyncConnection, name: str, other_than: int | None = None) -> bool:
+    stmt = select(T.id).where(T.name == name)
+    if other_than is not None:
+        stmt = stmt.where(T.id != other_than)
+    return (await conn.execute(stmt.limit(1))).first() is not None
+
+
+async def _commit(conn: AsyncConnection, stmt: Any, name: str) -> Any:
+    """Execute and commit; a unique violation on the name (a concurrent writer won the race) is
+    a NameConflict."""
+    try:
+        result = await conn.execute(stmt)
+        await conn.commit()
+        return result
+    except IntegrityError as exc:
+        await conn.rollback()
+        if "name" in str(exc.orig):
+            raise NameConflict(name) from None
+        raise
+
+
+async def delete_rows(conn: AsyncConnection, ids: Sequence[int]) -> None:
+    """Delete the rows ``ids`` and what is kept of them by schedule key: runtime state, run
+    history, last good versions (in the caller's transaction)."""
+    keys = [str(i) for i in ids]
+    await conn.execute(delete(PeriodicJob).where(T.id.in_(ids)))
+    await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
+    await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
+    await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
+
+
+# -- the import: many rows, one transaction -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RowWrite:
+    """A row as the import writes it: columns as values, and columns as stored (bytes written
+    past the column's type, a row with errors restored byte for byte).
+
+    A new row (``row_id`` None) is born at the import's now, unless ``stored`` gives its
+    timestamps. A change names only the columns that differ; ``was_enabled`` is the row's
+    ``enabled`` before (for the resume rule), and ``updated_at`` the stored ``updated_at`` the
+    file gives, written last so that it holds whatever the edit stamps.
+    """
+
+    values: Mapping[str, Any]
+    stored: Mapping[str, Raw] = field(default_factory=dict)
+    row_id: int | None = None
+    was_enabled: Any = None
+    updated_at: Raw | None = None
+
+
+async def write_import(
+    engine: AsyncEngine,
+    rows: Sequence[RowWrite],
+    delete_ids: Sequence[int],
+    now: datetime,
+) -> None:
+    """Write ``rows`` (new ones and changes, in order) and delete ``delete_ids`` with what is kept
+    of them, in one transaction. A change writes only its columns (by id; no row is loaded, so no
+    stored value can get in the way)."""
+    sqlite = engine.dialect.name == "sqlite"
+    async with engine.begin() as conn:
+        for row in rows:
+            stored = {c: bind(c, r, sqlite) for c, r in row.stored.items()}
+            if row.row_id is None:
+                await conn.execute(insert(PeriodicJob).values(**{**row.values, **born(now), **stored}))
+                continue
+            written = {**row.values, **stored}
+            # New slots or keys, or a resume: nothing before now may be looked back at.
+            values = {**stamps(written, row.was_enabled, now), **written}
+            await conn.execute(update(PeriodicJob).where(T.id == row.row_id).values(**values))
+            if row.updated_at is not None:
+                # Written again alone: the edit above has the triggers stamp it (0004).
+                stamp = bind("updated_at", row.updated_at, sqlite)
+                await conn.execute(
+                    update(PeriodicJob).where(T.id == row.row_id).values(updated_at=stamp)
+                )
+        if delete_ids:
+            await delete_rows(conn, delete_ids)

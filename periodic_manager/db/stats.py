@@ -1,0 +1,127 @@
+"""The numbers of the dashboard's overview and of the API's metrics, aggregated by the database:
+schedule counts, run history per minute, the distribution of lateness.
+
+``pm_runs`` is indexed on ``at``, so the cost grows with the number of runs in the window, not
+with the table: a count per minute and status comes back (at most minutes x statuses), and the
+lateness of the newest enqueued slots as (value, count) pairs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import String, bindparam, case, cast, func, literal_column, select, union_all
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.models import Entry, PeriodicJob, Run
+from periodic_manager.db.store_reads import rejected
+
+
+async def schedule_counts(conn: AsyncConnection, alive_after: datetime) -> tuple[int, int, int, int]:
+    """Schedules, enabled, paused and in error, in one statement, each by the condition of the
+    list's filter it links to (``enabled=true``, ``enabled=false``, ``in_error=true``). A row whose
+    ``enabled`` is neither true nor false (SQL wrote ``'yes'``) is neither enabled nor paused: it
+    is a row error, "in error" once a live manager reports it."""
+    rejected_keys = rejected(alive_after).with_only_columns(Entry.schedule_key)
+    in_error = (
+        select(func.count())
+        .select_from(PeriodicJob)
+        .where(cast(PeriodicJob.id, String).in_(rejected_keys))
+        .scalar_subquery()
+    )
+    sqlite = conn.dialect.name == "sqlite"
+
+    def tally(enabled: bool) -> Any:
+        return func.coalesce(func.sum(case((dbrows.enabled_is(sqlite, enabled), 1), else_=0)), 0)
+
+    total, on, off, bad = (
+        await conn.execute(
+            select(func.count(), tally(True), tally(False), in_error).select_from(PeriodicJob)
+        )
+    ).one()
+    return int(total), int(on), int(off), int(bad)
+
+
+async def enabled_counts(conn: AsyncConnection) -> dict[bool, int]:
+    """Rows of ``periodic_jobs`` by ``enabled``."""
+    rows = (
+        await conn.execute(select(PeriodicJob.enabled, func.count()).group_by(PeriodicJob.enabled))
+    ).all()
+    return {bool(enabled): n for enabled, n in rows}
+
+
+@lru_cache(maxsize=4)
+def _per_minute_sqlite(minutes: int) -> Any:
+    """One index range per minute (UNION ALL), each counted by status: SQLite then reads the runs
+    in index order and sorts nothing (grouping the window by a computed minute made it sort every
+    run: 1.4x slower). Built once: making 60 selects cost more than running them; the bounds are
+    the parameters ``b0`` .. ``b<minutes>``."""
+    return union_all(
+        *(
+            select(literal_column(str(i)), Run.status, func.count())
+            .where(Run.at >= bindparam(f"b{i}"), Run.at < bindparam(f"b{i + 1}"))
+            .group_by(Run.status)
+            for i in range(minutes)
+        )
+    )
+
+
+def _per_minute_postgres(start: datetime, minutes: int, version: tuple[Any, ...]) -> Any:
+    """Grouped by minute and status, counted (PostgreSQL aggregates by hash; 60 range scans were
+    1.4x slower). ``date_bin`` (PostgreSQL 14) cuts the minute 1.6x cheaper than ``date_trunc``,
+    which converts every instant to the session's zone; both give the same UTC minutes."""
+    since = bindparam("start", start, type_=Run.at.type)
+    if version >= (14,):
+        minute = func.date_bin(literal_column("interval '1 minute'"), Run.at, since)
+    else:
+        minute = func.date_trunc("minute", Run.at)
+    end = start + timedelta(minutes=minutes)
+    return (
+        select(minute, Run.status, func.count())
+        .where(Run.at >= since, Run.at < end)
+        .group_by(minute, Run.status)
+    )
+
+
+async def runs_per_minute(
+    conn: AsyncConnection, start: datetime, minutes: int
+) -> list[tuple[int, str, int]]:
+    """(minute, status, runs) of the history in the ``minutes`` one-minute buckets from
+    ``start``: the bucket's index from 0, and only the buckets and statuses that have runs."""
+    dialect = conn.dialect
+    if dialect.name == "sqlite":
+        bounds = {f"b{i}": start + timedelta(minutes=i) for i in range(minutes + 1)}
+        result = await conn.execute(_per_minute_sqlite(minutes), bounds)
+    else:
+        version = tuple(dialect.server_version_info or (0,))
+        result = await conn.execute(_per_minute_postgres(start, minutes, version))
+    out: list[tuple[int, str, int]] = []
+    for first, status, n in result:
+        # the bucket's index (SQLite) or the minute (PostgreSQL)
+        i = first if isinstance(first, int) else int((first - start).total_seconds() // 60)
+        out.append((i, status, int(n)))
+    return out
+
+
+async def lateness_counts(
+    conn: AsyncConnection, start: datetime, sample: int
+) -> list[tuple[int, int]]:
+    """The lateness of the newest ``sample`` enqueued slots since ``start``: each distinct value
+    (whole milliseconds) with how many slots had it, smallest first. The bound keeps the cost
+    flat however busy the window was."""
+    newest = (
+        select(Run.lateness_ms)
+        .where(Run.status == "enqueued", Run.at >= start)
+        .order_by(Run.at.desc())
+        .limit(sample)
+        .subquery()
+    )
+    stmt = (
+        select(newest.c.lateness_ms, func.count())
+        .group_by(newest.c.lateness_ms)
+        .order_by(newest.c.lateness_ms)
+    )
+    return [(int(v), int(n)) for v, n in await conn.execute(stmt)]

@@ -1,0 +1,326 @@
+"""The runtime store's read side: what managers published (``pm_managers``, ``pm_entries``,
+``pm_schedule_state``) as the API and the dashboard show it, and the per-schedule state a
+takeover reads (``DatabaseRuntimeStore.get_state``).
+
+Every function takes a connection (the API's, one per request; the store's own). A manager is
+live while its heartbeat is at or after ``alive_after`` (the API's cutoff: three missed
+heartbeats); a reaped manager's entries went with it (``ON DELETE CASCADE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping, Select, case, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from periodic_manager.contracts import EntryRecord, ManagerInfo, ManagerStatus, StateRecord
+from periodic_manager.db.models import Entry, Manager, ScheduleState
+
+# Stored counters, one column per run status.
+COUNT_COLUMNS = {
+    "enqueued": "enqueued_count",
+    "duplicate": "duplicate_count",
+    "skipped": "skipped_count",
+    "failed": "failed_count",
+    "held": "held_count",
+    "resent": "resent_count",
+}
+# Labelled columns, so one joined row names every table's columns without clashes.
+_MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
+_ENTRY_COLS = [c.label(f"e_{c.name}") for c in Entry.__table__.c]
+_STATE_NAMES = [c.name for c in ScheduleState.__table__.c]
+_STATE_COLS = [c.label(f"s_{c.name}") for c in ScheduleState.__table__.c]
+# Keeps IN (...) lists well under every driver's bind-parameter limit.
+CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerRecord:
+    """A manager as stored: who it is and its last heartbeat."""
+
+    info: ManagerInfo
+    status: ManagerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEntry:
+    """An entry together with the manager that holds it (for ``GET /entries``), and the stored
+    state of its schedule when it was asked for and there is one."""
+
+    manager: ManagerRecord
+    entry: EntryRecord
+    state: StateRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A live manager's error record of a row (``message``: ``"<field>: <reason>"``), with since
+    when it keeps the row's last good version running in its place (None: none runs there)."""
+
+    manager_id: str
+    message: str | None
+    last_good_since: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class OverlapReport:
+    """What a live manager published of a schedule's ``options.overlap``: the slot it holds and
+    the schedule's previous task as it last saw it."""
+
+    manager_id: str
+    held_slot: datetime | None
+    previous_task_id: str | None
+    previous_task_state: str | None
+
+
+def chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    """``items`` in slices of :data:`CHUNK` (one IN (...) list each)."""
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+
+
+# -- managers and their entries -------------------------------------------------------------------
+
+
+async def live_managers(conn: AsyncConnection, alive_after: datetime) -> list[ManagerRecord]:
+    """Live managers, the leader first, then by id."""
+    stmt = (
+        select(*_MANAGER_COLS)
+        .where(Manager.heartbeat_at >= alive_after)
+        .order_by(Manager.is_leader.desc(), Manager.manager_id)
+    )
+    return [_manager_record(r._mapping) for r in (await conn.execute(stmt)).all()]
+
+
+async def live_entries(
+    conn: AsyncConnection, alive_after: datetime, schedule_key: str | None = None
+) -> list[LiveEntry]:
+    """Entries of live managers (of one schedule if ``schedule_key`` is given), each with its
+    manager and its schedule's stored state. One query; ordered by schedule key, manager and entry
+    id, so listings are stable."""
+    stmt = (
+        select(*_ENTRY_COLS, *_MANAGER_COLS, *_STATE_COLS)
+        .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
+        .outerjoin(ScheduleState, ScheduleState.schedule_key == Entry.schedule_key)
+        .where(Manager.heartbeat_at >= alive_after)
+    )
+    if schedule_key is not None:
+        stmt = stmt.where(Entry.schedule_key == schedule_key)
+    stmt = stmt.order_by(Entry.schedule_key, Entry.manager_id, Entry.entry_id)
+    return _live_entries((await conn.execute(stmt)).all(), with_state=True)
+
+
+async def entry_page(
+    conn: AsyncConnection,
+    alive_after: datetime,
+    *,
+    manager_id: str | None,
+    status: str | None,
+    limit: int,
+    offset: int,
+) -> tuple[int, list[LiveEntry]]:
+    """How many entries of live managers (of ``manager_id``, with ``status``, when given) there
+    are, and a page of them: rejected rows first, then by name, manager and entry id."""
+    conds = [Manager.heartbeat_at >= alive_after]
+    if manager_id is not None:
+        conds.append(Entry.manager_id == manager_id)
+    if status is not None:
+        conds.append(Entry.status == status)
+    total = (
+        await conn.execute(
+            select(func.count())
+            .select_from(Entry)
+            .join(Manager, Manager.manager_id == Entry.manager_id)
+            .where(*conds)
+        )
+    ).scalar_one()
+    stmt = (
+        select(*_ENTRY_COLS, *_MANAGER_COLS)
+        .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
+        .where(*conds)
+        .order_by(
+            case((Entry.status == "error", 0), else_=1),
+            Entry.name,
+            Entry.manager_id,
+            Entry.entry_id,
+        )
+        .limit(limit)
+        .offset(offset)
+    )
+    return int(total), _live_entries((await conn.execute(stmt)).all(), with_state=False)
+
+
+def _live_entries(rows: Sequence[Any], *, with_state: bool) -> list[LiveEntry]:
+    managers: dict[str, ManagerRecord] = {}
+    out: list[LiveEntry] = []
+    for row in rows:
+        m = row._mapping
+        manager = managers.get(m["m_manager_id"])
+        if manager is None:
+            manager = managers[m["m_manager_id"]] = _manager_record(m)
+        state = None
+        if with_state and m["s_schedule_key"] is not None:
+            state = _state_record({name: m[f"s_{name}"] for name in _STATE_NAMES})
+        out.append(LiveEntry(manager=manager, entry=_entry_record(m), state=state))
+    return out
+
+
+async def entry_tallies(
+    conn: AsyncConnection, manager_ids: Sequence[str]
+) -> dict[str, tuple[int, int]]:
+    """Per manager: how many of its entries are active, and how many are rejected rows."""
+    by_status = (
+        select(
+            Entry.manager_id,
+            func.sum(case((Entry.status == "error", 0), else_=1)),
+            func.sum(case((Entry.status == "error", 1), else_=0)),
+        )
+        .where(Entry.manager_id.in_(manager_ids))
+        .group_by(Entry.manager_id)
+    )
+    return {m: (int(a), int(e)) for m, a, e in await conn.execute(by_status)}
+
+
+# -- one schedule ---------------------------------------------------------------------------------
+
+
+async def states(conn: AsyncConnection, schedule_keys: Iterable[str]) -> dict[str, StateRecord]:
+    """Stored state of the given schedules (absent keys are simply missing).
+
+    ``counts`` holds only the statuses seen, as the memory store's does.
+    """
+    keys = list(dict.fromkeys(schedule_keys))
+    out: dict[str, StateRecord] = {}
+    for chunk in chunks(keys):
+        stmt = select(ScheduleState.__table__).where(ScheduleState.schedule_key.in_(chunk))
+        for row in (await conn.execute(stmt)).all():
+            out[row.schedule_key] = _state_record(row._mapping)
+    return out
+
+
+async def rejections_of(
+    conn: AsyncConnection, schedule_key: str, alive_after: datetime
+) -> list[Rejection]:
+    """The error records live managers published for a schedule, by manager."""
+    stmt = (
+        select(Entry.manager_id, Entry.last_error, Entry.last_good_since)
+        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .where(
+            Entry.schedule_key == schedule_key,
+            Entry.status == "error",
+            Manager.heartbeat_at >= alive_after,
+        )
+        .order_by(Entry.manager_id, Entry.entry_id)
+    )
+    return [Rejection(m, msg, since) for m, msg, since in (await conn.execute(stmt)).all()]
+
+
+async def overlap_of(
+    conn: AsyncConnection, schedule_key: str, alive_after: datetime
+) -> OverlapReport | None:
+    """The held slot and previous task live managers publish for a schedule (options.overlap):
+    the leader's first, else the manager that heard from its target last."""
+    stmt = (
+        select(
+            Entry.manager_id,
+            Entry.held_slot_at,
+            Entry.previous_task_id,
+            Entry.previous_task_state,
+        )
+        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .where(
+            Entry.schedule_key == schedule_key,
+            Entry.status == "active",
+            Manager.heartbeat_at >= alive_after,
+            or_(Entry.held_slot_at.is_not(None), Entry.previous_task_state.is_not(None)),
+        )
+        .order_by(Manager.is_leader.desc(), Entry.manager_id)
+        .limit(1)
+    )
+    row = (await conn.execute(stmt)).first()
+    return None if row is None else OverlapReport(*row)
+
+
+# -- rows that live managers rejected -------------------------------------------------------------
+
+
+def rejected(alive_after: datetime) -> Select:
+    """Schedule keys (with the reason) that a live manager rejected."""
+    return (
+        select(Entry.schedule_key, Entry.last_error)
+        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .where(Entry.status == "error", Manager.heartbeat_at >= alive_after)
+    )
+
+
+async def rejections(
+    conn: AsyncConnection, schedule_keys: Sequence[str], alive_after: datetime
+) -> list[tuple[str, str | None]]:
+    """(schedule key, reason) of each rejection of these schedules by a live manager, by
+    manager."""
+    stmt = (
+        rejected(alive_after)
+        .where(Entry.schedule_key.in_(schedule_keys))
+        .order_by(Entry.manager_id)
+    )
+    return [(key, message) for key, message in await conn.execute(stmt)]
+
+
+# -- row <-> record ------------------------------------------------------------------------------
+
+
+def _manager_record(m: RowMapping) -> ManagerRecord:
+    info = ManagerInfo(
+        manager_id=m["m_manager_id"],
+        hostname=m["m_hostname"],
+        pid=m["m_pid"],
+        version=m["m_version"],
+        started_at=m["m_started_at"],
+    )
+    status = ManagerStatus(
+        heartbeat_at=m["m_heartbeat_at"],
+        is_leader=bool(m["m_is_leader"]),
+        last_sync_at=m["m_last_sync_at"],
+        last_sync_error=m["m_last_sync_error"],
+        entry_count=m["m_entry_count"],
+    )
+    return ManagerRecord(info=info, status=status)
+
+
+def _entry_record(m: RowMapping) -> EntryRecord:
+    return EntryRecord(
+        entry_id=m["e_entry_id"],
+        schedule_key=m["e_schedule_key"],
+        name=m["e_name"],
+        content_hash=m["e_content_hash"],
+        status=m["e_status"],
+        registered_at=m["e_registered_at"],
+        spec=m["e_spec"],
+        timezone=m["e_timezone"],
+        anchor=m["e_anchor"],
+        task_type=m["e_task_type"],
+        queue=m["e_queue"],
+        last_error=m["e_last_error"],
+        held_slot=m["e_held_slot_at"],
+        previous_task_id=m["e_previous_task_id"],
+        previous_task_state=m["e_previous_task_state"],
+        last_good_since=m["e_last_good_since"],
+    )
+
+
+def _state_record(m: RowMapping | dict[str, Any]) -> StateRecord:
+    return StateRecord(
+        schedule_key=m["schedule_key"],
+        name=m["name"],
+        last_slot_at=m["last_slot_at"],
+        last_done_at=m["last_done_at"],
+        last_enqueued_at=m["last_enqueued_at"],
+        last_message_id=m["last_message_id"],
+        last_status=m["last_status"],
+        last_error=m["last_error"],
+        counts={s: int(m[col]) for s, col in COUNT_COLUMNS.items() if m[col]},
+    )
