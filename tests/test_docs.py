@@ -13,13 +13,14 @@
   a documentation table that lists every page.
 * Code blocks, page by page, in order, against ``periodic-manager run`` started as the README
   starts it (embedded defaults: a fresh SQLite file, the outbox), in a directory of its own:
-  ``curl`` commands are sent to it (and must succeed), ``sql`` runs on its database, ``json``
-  schedule bodies are created through it, ``periodic-manager next``/``import``/``export`` run,
-  other ``periodic-manager`` commands (they need services) are parsed by the CLI's own parser,
-  the example workers parse their flags (the outbox worker on SQLite runs for real and must print
-  a task), ``pip`` extras exist, ``PM_*`` names are settings; ``yaml``/``toml`` schedule files
-  import, Kubernetes manifests name real commands and settings; ``python`` blocks compile, their
-  imports resolve, and self-contained ones run. A shell command the test does not know fails it.
+  ``curl`` commands are sent to it (they must succeed, with the status a ``# -> 201`` line after
+  one documents), ``sql`` runs on its database, ``json`` schedule bodies are created through it,
+  ``periodic-manager next``/``import``/``export`` run, other ``periodic-manager`` commands (they
+  need services) are parsed by the CLI's own parser, the example workers parse their flags (the
+  outbox worker on SQLite runs for real and must print a task), ``pip`` extras exist, ``PM_*``
+  names are settings; ``yaml``/``toml`` schedule files import, Kubernetes manifests name real
+  commands and settings; ``python`` blocks compile, their imports resolve, and self-contained
+  ones run. A shell command the test does not know fails it.
 No service is needed: everything runs on SQLite.
 
 docs/architecture.md is rewritten with the module layout by whoever changes it: its links are
@@ -618,8 +619,14 @@ def logical_lines(code: str) -> Iterator[str]:
     assert not pending, f"unterminated shell line: {pending!r}"
 
 
-def shell_commands(block: Block) -> Iterator[Command]:
+def shell_commands(block: Block) -> Iterator[Command | int]:
+    """The block's commands in order; a comment ``# -> 201`` yields the status the previous
+    command is documented to answer."""
     for line in logical_lines(block.code):
+        expected = re.match(r"^\s*#\s*->\s*(\d{3})\b", line)
+        if expected:
+            yield int(expected.group(1))
+            continue
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
         lexer.commenters = "#"
@@ -662,6 +669,7 @@ class Session:
 
     directory: Path
     client: httpx.AsyncClient | None = None
+    last_status: int | None = None  # of the last curl
     ran: list[str] = field(default_factory=list)
 
     @property
@@ -689,7 +697,11 @@ class Session:
 
     async def block_sh(self, block: Block) -> None:
         for command in shell_commands(block):
-            await self.command(command)
+            if isinstance(command, int):
+                assert self.last_status == command, f"{block.where}: documented {command}, got {self.last_status}"
+            else:
+                self.last_status = None
+                await self.command(command)
 
     async def block_json(self, block: Block) -> None:
         try:
@@ -818,6 +830,7 @@ class Session:
         method = method or ("POST" if body is not None else "GET")
         assert self.client is not None
         r = await self.client.request(method, path, headers=headers, content=body)
+        self.last_status = r.status_code
         if r.status_code >= 400:
             self.fail(where, f"{r.status_code} {r.text}")
 
