@@ -131,7 +131,8 @@ class IncrementalProvider(ConfigProvider, Protocol):
 # -- tasks out: targets ----------------------------------------------------------------------------
 
 
-_UNPARSED: Any = object()
+# The payload of a task built from a schedule: parsed from ``payload_json`` only when asked for.
+UNPARSED: Any = object()
 
 
 class Task:
@@ -181,7 +182,7 @@ class Task:
 
     @property
     def payload(self) -> Any:
-        if self._payload is _UNPARSED:
+        if self._payload is UNPARSED:
             self._payload = json.loads(self.payload_json)  # type: ignore[arg-type]
         return self._payload
 
@@ -193,20 +194,8 @@ class Task:
         """The options as canonical JSON text."""
         return self.options_json if self.options_json is not None else canonical_json(dict(self.options))
 
-    def replace(self, **changes: Any) -> Task:
-        """A copy with ``changes`` applied."""
-        values = {name: getattr(self, name) for name in _TASK_FIELDS}
-        values.update(changes)
-        return Task(**values)
-
     def __repr__(self) -> str:
         return f"Task(name={self.name!r}, idempotency_key={self.idempotency_key!r}, queue={self.queue!r})"
-
-
-_TASK_FIELDS = (
-    "id", "name", "task_type", "payload", "queue", "options", "idempotency_key", "scheduled_at",
-    "expires_at", "schedule_id", "extra", "payload_json", "options_json",
-)
 
 
 # States of a schedule's previous task, as a target with a completion signal sees them.

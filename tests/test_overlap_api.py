@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 from sqlalchemy import text
 
 from periodic_manager.db.engine import create_engine
+from periodic_manager.db.judge import target_check
 from periodic_manager.errors import ConfigError
-from periodic_manager.runtime.assemble import target_check
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import TargetSet, validate_target
 from periodic_manager.settings import Settings
@@ -84,10 +84,10 @@ def test_settings_say_which_targets_can_tell_that_a_task_finished() -> None:
     )  # fmt: skip
     assert full.configured_targets().no_completion == {}
     assert Settings(redis_group="  ").redis_group is None
-    check = target_check(Settings(target="redis"))
+    check = target_check(Settings(target="redis").configured_targets())
     with pytest.raises(ConfigError, match="options.overlap"):
         check(make(overlap="skip"))
-    target_check(Settings(target="redis", redis_group=GROUP))(make(overlap="skip"))
+    target_check(Settings(target="redis", redis_group=GROUP).configured_targets())(make(overlap="skip"))
 
 
 async def test_no_group_means_a_422_naming_options_overlap_and_a_row_error(

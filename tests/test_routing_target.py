@@ -15,9 +15,10 @@ from sqlalchemy import text
 
 from periodic_manager.contracts import Task
 from periodic_manager.db.engine import create_engine
+from periodic_manager.db.judge import target_check
 from periodic_manager.errors import ConfigError, TargetError
 from periodic_manager.providers import StaticProvider
-from periodic_manager.runtime.assemble import build_target, target_check
+from periodic_manager.runtime.assemble import build_target
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
 from periodic_manager.targets.arq import ArqTarget
@@ -134,7 +135,7 @@ async def test_build_target_routes_when_more_than_one_target_is_configured(
 
 
 def test_the_manager_check_refuses_a_schedule_naming_an_unconfigured_target() -> None:
-    check = target_check(Settings(target="outbox", targets=("redis",)))
+    check = target_check(Settings(target="outbox", targets=("redis",)).configured_targets())
     check(
         PeriodicTaskConfig.create(
             name="ok", spec="@hourly", task_type="t", options={"target": "redis"}

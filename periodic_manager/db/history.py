@@ -13,7 +13,6 @@ schedules a dashboard page shows (:func:`last_runs`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,10 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from periodic_manager.contracts import RunRecord
 from periodic_manager.db.models import Run
 from periodic_manager.db.store_reads import chunks
+from periodic_manager.pacing import in_turns
 
 # pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
 _INSERT_CHUNK = 5000
-_BUILD_SLICE = 5000  # runs handled between yields while a batch is prepared
 _PRUNE_BATCH = 5000
 _PRUNE_ROUNDS = 20
 _ERROR_MAX = 2000  # characters of an error kept in history
@@ -58,11 +57,10 @@ async def write(conn: AsyncConnection, runs: Sequence[RunRecord], *, copy: bool)
     stream, so a burst's 100,000 history rows are not 20 executemany rounds; else in chunks."""
     if copy:
         records: list[tuple[Any, ...]] = []
-        for i, run in enumerate(runs):
-            h = _run_values(run)
-            records.append(tuple(h[c] for c in _RUN_COLUMNS))
-            if i % _BUILD_SLICE == _BUILD_SLICE - 1:
-                await asyncio.sleep(0)
+        async for part in in_turns(runs):
+            for run in part:
+                h = _run_values(run)
+                records.append(tuple(h[c] for c in _RUN_COLUMNS))
         raw = await conn.get_raw_connection()
         await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
             Run.__tablename__, records=records, columns=_RUN_COLUMNS

@@ -66,11 +66,18 @@ def rules_for(sqlite: bool, max_payload_bytes: int, targets: Collection[str] | N
     any target (no deployment check)."""
     if targets is None:
         return Rules(sqlite, max_payload_bytes)
+    return Rules(sqlite, max_payload_bytes, target_check(targets))
+
+
+def target_check(targets: Collection[str]) -> Check:
+    """The deployment check of :func:`rules_for`: raises ConfigError for a config whose
+    ``options.target`` is not among ``targets``, or whose ``options.overlap`` needs a completion
+    signal its target lacks."""
 
     def check(config: PeriodicTaskConfig) -> None:
         validate_target(config.options, targets)
 
-    return Rules(sqlite, max_payload_bytes, check)
+    return check
 
 
 def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:

@@ -52,16 +52,17 @@ from periodic_manager.db import history, last_good, store_reads
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 from periodic_manager.db.store_reads import COUNT_COLUMNS, chunks
 from periodic_manager.errors import NotFoundError
+from periodic_manager.pacing import in_turns
 
 _UPSERT_CHUNK = 5000  # entry rows per executemany
 _STATE_UPSERT_CHUNK = 1000  # state rows per statement (each is built and bound in one go)
-_BUILD_SLICE = 5000  # runs handled between yields while a batch is prepared
+_STREAM_ROWS = 5000  # rows fetched per round trip when a read is streamed
 
 log = logging.getLogger(__name__)
 
 
 class DatabaseRuntimeStore:
-    """:class:`~periodic_manager.runtime.memory_store.RuntimeStore` backed by the schedule database."""
+    """:class:`~periodic_manager.contracts.RuntimeStore` backed by the schedule database."""
 
     def __init__(
         self,
@@ -181,17 +182,15 @@ class DatabaseRuntimeStore:
         """
         if not runs:
             return
-        # The Python side of a burst's history (folding, building rows) goes in slices with a
-        # yield between them: 100,000 runs in one go held the event loop for ~0.3 s, and the
-        # next instant's dispatch would have waited on it.
+        # The Python side of a burst's history (folding, building rows) takes turns with the
+        # other tasks: the next instant's dispatch must not wait on it.
         deltas: dict[str, StateRecord] = {}
         updated_at: dict[str, datetime] = {}
-        for i, run in enumerate(runs):
-            delta = deltas.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name))
-            delta.fold(run)
-            updated_at[run.schedule_key] = max(run.at, updated_at.get(run.schedule_key, run.at))
-            if i % _BUILD_SLICE == _BUILD_SLICE - 1:
-                await asyncio.sleep(0)
+        async for turn in in_turns(runs):
+            for run in turn:
+                delta = deltas.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name))
+                delta.fold(run)
+                updated_at[run.schedule_key] = max(run.at, updated_at.get(run.schedule_key, run.at))
         # Sorted so that concurrent writers lock rows in the same order (no deadlock).
         keys = sorted(deltas)
         async with self.engine.begin() as conn:
@@ -282,7 +281,7 @@ class DatabaseRuntimeStore:
         t = ScheduleState.__table__.c
         stmt = select(t.schedule_key, t.last_done_at).where(t.last_done_at > since)
         async with self.engine.connect() as conn:
-            result = await conn.stream(stmt.execution_options(yield_per=_BUILD_SLICE))
+            result = await conn.stream(stmt.execution_options(yield_per=_STREAM_ROWS))
             out: dict[str, datetime] = {}
             async for part in result.partitions():
                 out.update((key, at) for key, at in part)

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import Clock, Leadership, Target
 from periodic_manager.db.engine import is_sqlite, normalize_url
+from periodic_manager.db.judge import target_check
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.timing import Timing
-from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.rules import validate_target
 from periodic_manager.settings import Settings
 from periodic_manager.targets.routing import RoutingTarget
 
@@ -88,7 +86,7 @@ def build_manager(
     listen = settings.listen is not False and not is_sqlite(settings.database_url)
     return PeriodicTaskManager(
         DatabaseProvider(
-            engine, check=target_check(settings), max_payload_bytes=settings.max_payload_bytes
+            engine, check=target_check(settings.configured_targets()), max_payload_bytes=settings.max_payload_bytes
         ),
         target or build_target(settings, engine),
         clock=clock,
@@ -108,17 +106,6 @@ def build_manager(
         ),
         close_target=target is None,
     )
-
-
-def target_check(settings: Settings) -> Callable[[PeriodicTaskConfig], None]:
-    """Rejects a schedule whose ``options.target`` is not configured in this deployment, or whose
-    ``options.overlap`` needs a completion signal its target lacks here."""
-    configured = settings.configured_targets()
-
-    def check(config: PeriodicTaskConfig) -> None:
-        validate_target(config.options, configured)
-
-    return check
 
 
 def build_leadership(settings: Settings, clock: Clock | None = None) -> Leadership:

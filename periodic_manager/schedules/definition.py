@@ -283,11 +283,6 @@ def content_hash(cfg: PeriodicTaskConfig) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()
 
 
-def entry_id(cfg: PeriodicTaskConfig, digest: str | None = None) -> str:
-    """Stable entry id derived from the row and the content hash (the same across restarts)."""
-    return f"{cfg.key}-{(digest or content_hash(cfg))[:12]}"
-
-
 def slot_text(slot: datetime) -> str:
     """An instant as UTC ISO text with ``Z``: ``2024-03-31T01:30:00Z`` (microseconds if any).
 

@@ -142,11 +142,6 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def validate_options(options: Any) -> dict[str, Any]:
-    """Return ``options`` as a dict, or raise ConfigError naming ``options.<key>``."""
-    return checked_options(options, DEFAULT_MAX_PAYLOAD_BYTES)[0]
-
-
 def checked_options(options: Any, max_bytes: int) -> tuple[dict[str, Any], str]:
     """The options as a dict and their canonical JSON; ConfigError names the field."""
     if options is None:

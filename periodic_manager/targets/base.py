@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager.contracts import (
-    _UNPARSED,
+    UNPARSED,
     EnqueueResult,
     Prepared,
     StagedTarget,
@@ -56,7 +56,7 @@ def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expir
         id=task_id_for(key),
         name=config.name,
         task_type=config.task_type,
-        payload=_UNPARSED,
+        payload=UNPARSED,
         queue=config.queue,
         options=config.options,
         idempotency_key=key,

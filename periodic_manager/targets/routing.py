@@ -3,7 +3,7 @@
 A schedule picks a target with ``options.target`` (``redis``, ``outbox``, ``celery``, ``arq``);
 without it the default target gets it. Which targets exist is the deployment's choice
 (``PM_TARGET`` and ``PM_TARGETS``): a schedule naming another one is refused by the API (422) and
-reported as a row error by the manager (``runtime.assemble.target_check``), never silently dropped.
+reported as a row error by the manager (``db.judge.target_check``), never silently dropped.
 """
 
 from __future__ import annotations
