@@ -7,7 +7,7 @@ The slots come from the cron engine; this module only explains them. A slot is m
   real one;
 * ``shifted``: a fixed-hour cron schedule (hour field not starting with ``*``) whose nominal local
   time did not exist (spring-forward gap) and which the engine fires shifted by the gap size
-  (02:30 -> 03:30, README "Cron dialect"); the nominal time is given;
+  (02:30 -> 03:30, docs/cron.md §8); the nominal time is given;
 * ``repeated-hour``: its local time occurs twice (fall-back fold); ``first pass`` or
   ``second pass`` says which (fixed-hour schedules fire in the first pass only, wildcard-hour ones
   in both).

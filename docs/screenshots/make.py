@@ -1,4 +1,4 @@
-"""Screenshots of every dashboard page, for the README (run from the repository root)::
+"""Screenshots of every dashboard page, for docs/dashboard.md (run from the repository root)::
 
     .venv/bin/python docs/screenshots/make.py [--out docs/screenshots]
 

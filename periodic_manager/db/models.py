@@ -204,7 +204,7 @@ class ScheduleState(Base):
 
 class LastGood(Base):
     """The last good version of a row that turned bad, kept so that a manager that starts or
-    takes over while the row is still bad runs it too (the README's "until it is fixed or
+    takes over while the row is still bad runs it too (docs/guarantees.md: "until it is fixed or
     deleted"). Written by the manager that held the good version when the row turned bad, deleted
     once the row is good again, disabled or deleted. Read back as untrusted as a row: judged by
     the same judge (``db/judge.py``) before it is run.
