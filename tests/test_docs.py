@@ -72,7 +72,10 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 CHECKED_PAGES = PAGES  # every page, the architecture included
 README_MAX_LINES = 200
 RUN_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/periodic-manager run"
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' && .venv/bin/python -m pytest"
+TEST_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' && .venv/bin/ruff check . "
+    "&& .venv/bin/mypy && .venv/bin/python -m pytest"
+)
 
 
 def page_id(path: Path) -> str:
@@ -806,6 +809,8 @@ class Session:
             await self.example(argv[1:], where)
         elif name == "pip" and argv[1:2] == ["install"]:
             check_extras(argv[2:], where)
+        elif name in ("ruff", "mypy"):
+            check_checker(name, argv[1:], where)
         elif name not in EXTERNAL:
             self.fail(where, f"no check for {name!r}: teach tests/test_docs.py what it is")
 
@@ -923,6 +928,20 @@ def check_extras(args: list[str], where: str) -> None:
         if match:
             missing = set(match.group(1).split(",")) - extras
             assert not missing, f"{where}: no extra {sorted(missing)} in pyproject.toml"
+
+
+def check_checker(name: str, args: list[str], where: str) -> None:
+    """``ruff check .`` and ``mypy`` (its files from ``[tool.mypy]``): pinned in the dev extra and
+    configured in pyproject.toml, so the command checks what the page says it does."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    dev = pyproject["project"]["optional-dependencies"]["dev"]
+    assert any(re.fullmatch(rf"{name}==[\d.]+", req) for req in dev), f"{where}: {name} not pinned in .[dev]"
+    if name == "ruff":
+        assert args == ["check", "."], f"{where}: ruff {args}"
+        assert "ruff" in pyproject["tool"], f"{where}: no [tool.ruff] in pyproject.toml"
+    else:
+        assert args == [], f"{where}: mypy {args} (the files are [tool.mypy] files)"
+        assert pyproject["tool"]["mypy"]["files"], f"{where}: [tool.mypy] names no files"
 
 
 EXAMPLE_LANGS = ("sh", "json", "sql", "yaml", "toml")
