@@ -238,7 +238,7 @@ async def worker_drain(n: int) -> str:
         "PM_TEST_KEYPREFIX": f"{prefix}:",
     }  # fmt: skip
     argv = [
-        sys.executable, "-m", "celery", "-A", "tests.celery_worker_app", "worker", "--pool=prefork",
+        sys.executable, "-m", "celery", "-A", "tests.support.celery_worker_app", "worker", "--pool=prefork",
         "--concurrency=2", "-Q", queue, "--hostname", f"{prefix}@%h", "--without-heartbeat",
         "--without-mingle", "--without-gossip", "-l", "WARNING",
     ]  # fmt: skip

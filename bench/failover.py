@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from periodic_manager.db.migrate import upgrade  # noqa: E402
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key  # noqa: E402
-from tests.servers import ManagerProcess, RedisServer  # noqa: E402
-from tests.tcpproxy import TcpProxy  # noqa: E402
+from tests.support.servers import ManagerProcess, RedisServer  # noqa: E402
+from tests.support.tcpproxy import TcpProxy  # noqa: E402
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 SCHEDULES = [

@@ -1,7 +1,7 @@
 """Dashboard benchmark: every endpoint the pages read, and every page in Chromium, with 10,000
 schedules, on SQLite and on PostgreSQL.
 
-Data per backend: 10,000 schedules (``tests/browser.py`` ``schedule_rows``: six kinds of spec in
+Data per backend: 10,000 schedules (``tests/support/browser.py`` ``schedule_rows``: six kinds of spec in
 four zones, a tenth paused), 60,000 history rows in the last hour (statuses and lateness spread),
 one live leader holding 10,000 entries of which 100 are rejected rows. The server is a real
 ``periodic-manager api`` process (heartbeat interval 1 h, so the seeded manager stays live).

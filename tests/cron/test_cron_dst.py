@@ -1,6 +1,6 @@
 """DST and odd-offset behaviour (docs/cron.md §8): one test per transition case, named after
 what it proves; expected values in UTC, local in comments. The page's own worked examples are
-checked by tests/test_docs.py."""
+checked by tests/project/test_docs.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,261 @@
+"""The whole path on real services: HTTP or SQL edits -> periodic_jobs -> manager -> Redis / outbox.
+
+Time is a VirtualClock shared by the API and the in-process manager; every wait is on the
+manager having handled an instant, never on wall time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.api.app import create_app
+from periodic_manager.api.state import state_of
+from periodic_manager.clock import VirtualClock
+from periodic_manager.db.engine import create_engine
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.schedules.rules import canonical_json
+from periodic_manager.settings import Settings
+from periodic_manager.targets.base import task_id_for
+from tests.support.tcpproxy import TcpProxy
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
+MINUTE = timedelta(minutes=1)
+
+
+def at(hh: int, mm: int, ss: int = 0) -> datetime:
+    return datetime(2024, 5, 1, hh, mm, ss, tzinfo=UTC)
+
+
+def iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Rig:
+    client: httpx.AsyncClient
+    manager: PeriodicTaskManager
+    clock: VirtualClock
+    engine: AsyncEngine
+    settings: Settings
+    redis: aioredis.Redis | None
+
+    async def advance_to(self, instant: datetime) -> None:
+        await self.clock.advance_to(instant, settle=lambda: self.manager.wait_settled(self.clock.now()))
+
+    async def messages(self, queue: str = "default") -> list[dict[str, Any]]:
+        """Every message of ``queue``, as the Redis stream's field dict."""
+        if self.settings.target == "redis":
+            assert self.redis is not None
+            key = f"{{{self.settings.stream_prefix}:{queue}}}:stream"
+            return [fields for _, fields in await self.redis.xrange(key)]
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        "SELECT task_id, task_type, payload, queue, name, idempotency_key, scheduled_at,"
+                        " enqueued_at, options FROM pm_outbox WHERE queue = :q ORDER BY seq"
+                    ),
+                    {"q": queue},
+                )
+            ).all()
+        out = []
+        for r in rows:
+            sched, enq = (v if isinstance(v, datetime) else datetime.fromisoformat(v) for v in (r[6], r[7]))
+            out.append(
+                {
+                    "id": r[0], "type": r[1], "payload": r[2], "queue": r[3], "name": r[4],
+                    "idempotency_key": r[5], "scheduled_at": iso(sched.replace(tzinfo=sched.tzinfo or UTC)),
+                    "enqueued_at": iso(enq.replace(tzinfo=enq.tzinfo or UTC)), "options": r[8],
+                }
+            )
+        return out
+
+    async def slots(self, name: str, queue: str = "default") -> list[str]:
+        return [m["scheduled_at"] for m in await self.messages(queue) if m["name"] == name]
+
+
+async def _rig(db_url: str, target: str, redis_prefix: str, redis_url: str, **overrides: Any) -> AsyncIterator[Rig]:
+    settings = Settings(
+        database_url=db_url, target=target, redis_url=redis_url, stream_prefix=redis_prefix,
+        sync_interval=30, grace=30, heartbeat_interval=5, **overrides,
+    )
+    clock = VirtualClock(T0)
+    engine = create_engine(db_url)
+    app = create_app(
+        settings, clock=clock, engine=engine,
+        manager_factory=lambda eng: build_manager(settings, eng, clock=clock),
+    )
+    redis = aioredis.from_url(redis_url, decode_responses=True) if target == "redis" else None
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+                yield Rig(client, state_of(app).manager, clock, engine, settings, redis)
+    finally:
+        if redis is not None:
+            await redis.aclose()
+        await engine.dispose()
+
+
+@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox"])
+def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(database URL, target); async fixtures are pulled in from this sync fixture."""
+    backend, target = str(request.param).split("+")
+    if target == "redis":
+        request.getfixturevalue("redis_client")  # cleans the test's keys afterwards
+    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")), target
+
+
+@pytest.fixture
+async def rig(combo: tuple[str, str], redis_prefix: str, redis_url: str) -> AsyncIterator[Rig]:
+    url, target = combo
+    from periodic_manager.db.migrate import upgrade
+
+    await upgrade(url)
+    async for r in _rig(url, target, redis_prefix, redis_url):
+        yield r
+
+
+async def test_http_create_fire_patch_delete(rig: Rig) -> None:
+    body = {
+        "name": "reports.daily", "spec": "* * * * *", "task_type": "reports.build",
+        "payload": {"format": "pdf", "n": 1}, "options": {"queue": "reports", "max_retry": 3},
+        "description": "every minute",
+    }
+    resp = await rig.client.post("/schedules", json=body)
+    assert resp.status_code == 201, resp.text
+    created = resp.json()
+    sid = created["id"]
+    assert resp.headers["location"].endswith(f"/schedules/{sid}")
+    assert created["next_runs"] == [iso(at(12, 1)), iso(at(12, 2)), iso(at(12, 3))]
+
+    await rig.advance_to(T0)  # the in-process manager picked the POST up at once
+    entries = (await rig.client.get("/entries")).json()
+    items = entries["items"] if isinstance(entries, dict) else entries
+    [entry] = [e for e in items if e["schedule_id"] == sid]
+    assert entry["next_slot"] == iso(at(12, 1)) and entry["manager_id"] == rig.manager.manager_id
+    assert entry["spec"] == "* * * * *" and entry["queue"] == "reports" and entry["task_type"] == "reports.build"
+
+    await rig.advance_to(at(12, 3, 30))
+    msgs = await rig.messages("reports")
+    assert [m["scheduled_at"] for m in msgs] == [iso(at(12, m)) for m in (1, 2, 3)]
+    for m, minute in zip(msgs, (1, 2, 3), strict=True):
+        key = f"reports.daily:{iso(at(12, minute))}"
+        assert m == {
+            "id": task_id_for(key), "type": "reports.build",
+            "payload": canonical_json({"format": "pdf", "n": 1}), "queue": "reports",
+            "name": "reports.daily", "idempotency_key": key, "scheduled_at": iso(at(12, minute)),
+            "enqueued_at": iso(at(12, minute)), "options": canonical_json({"queue": "reports", "max_retry": 3}),
+        }
+
+    resp = await rig.client.patch(f"/schedules/{sid}", json={"spec": "*/2 * * * *"})
+    assert resp.status_code == 200, resp.text
+    await rig.advance_to(at(12, 8, 30))
+    # New timing from the change on: no duplicate, no gap (12:04 is the first even minute after).
+    assert await rig.slots("reports.daily", "reports") == [iso(at(12, m)) for m in (1, 2, 3, 4, 6, 8)]
+    items = (await rig.client.get("/entries")).json()
+    items = items["items"] if isinstance(items, dict) else items
+    [entry] = [e for e in items if e["schedule_id"] == sid]
+    assert entry["previous_slot"] == iso(at(12, 8)) and entry["next_slot"] == iso(at(12, 10))
+
+    resp = await rig.client.delete(f"/schedules/{sid}")
+    assert resp.status_code == 204
+    await rig.advance_to(at(12, 15))
+    assert len(await rig.slots("reports.daily", "reports")) == 6
+    items = (await rig.client.get("/entries")).json()
+    items = items["items"] if isinstance(items, dict) else items
+    assert [e for e in items if e["schedule_id"] == sid] == []
+
+
+async def _sql(engine: AsyncEngine, stmt: str, **params: Any) -> Any:
+    async with engine.begin() as conn:
+        return await conn.execute(text(stmt), params)
+
+
+async def test_plain_sql_insert_update_delete_are_seen_at_the_next_sync(rig: Rig) -> None:
+    result = await _sql(
+        rig.engine,
+        "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled)"
+        " VALUES ('sql.job', '* * * * *', 'UTC', 'sql.task', '{\"a\": 1}', '{}', true) RETURNING id",
+    )
+    sid = result.scalar_one()
+    # The sync loop (every 30 s) finds the row; nothing was signalled.
+    await rig.advance_to(at(12, 2, 30))
+    assert await rig.slots("sql.job") == [iso(at(12, 1)), iso(at(12, 2))]
+    first = (await rig.messages())[0]
+    assert json.loads(first["payload"]) == {"a": 1} and first["type"] == "sql.task"
+
+    # Changed at 12:02:30; the sync at 12:02:30.5 sees it, before the old 12:03 slot.
+    await _sql(rig.engine, "UPDATE periodic_jobs SET spec = '*/5 * * * *' WHERE id = :id", id=sid)
+    await rig.advance_to(at(12, 11))
+    assert await rig.slots("sql.job") == [iso(at(12, m)) for m in (1, 2, 5, 10)]
+
+    await _sql(rig.engine, "DELETE FROM periodic_jobs WHERE id = :id", id=sid)
+    await rig.advance_to(at(12, 21))
+    assert await rig.slots("sql.job") == [iso(at(12, m)) for m in (1, 2, 5, 10)]
+
+
+async def test_bad_row_is_reported_while_the_others_fire(rig: Rig) -> None:
+    good = await rig.client.post("/schedules", json={"name": "good", "spec": "* * * * *", "task_type": "t"})
+    assert good.status_code == 201
+    bad_id = (
+        await _sql(
+            rig.engine,
+            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled)"
+            " VALUES ('bad', '61 * * * *', 'UTC', 't', 'null', '{}', true) RETURNING id",
+        )
+    ).scalar_one()
+    await rig.advance_to(at(12, 3, 30))
+    assert await rig.slots("good") == [iso(at(12, m)) for m in (1, 2, 3)]
+    detail = (await rig.client.get(f"/schedules/{bad_id}")).json()
+    assert detail["errors"] and "minute" in detail["errors"][0]["message"]
+    items = (await rig.client.get("/entries")).json()
+    items = items["items"] if isinstance(items, dict) else items
+    [bad] = [e for e in items if e["schedule_id"] == bad_id]
+    assert bad["status"] == "error" and "out-of-range" in bad["last_error"]
+
+
+@pytest.fixture
+async def proxied_pg(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
+    u = make_url(pg_url)
+    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
+    port = await proxy.start()
+    try:
+        yield u.set(port=port).render_as_string(hide_password=False), proxy
+    finally:
+        await proxy.close()
+
+
+async def test_database_unreachable_during_a_sync_keeps_the_schedule_firing(
+    proxied_pg: tuple[str, TcpProxy], redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    url, proxy = proxied_pg
+    from periodic_manager.db.migrate import upgrade
+
+    await upgrade(url)
+    # Without leader election the manager keeps firing from memory while the database is away
+    # (with it, a leader that cannot prove its leadership stops: see test_leadership.py).
+    async for rig in _rig(url, "redis", redis_prefix, redis_url, leader_election=False):
+        assert (await rig.client.post("/schedules", json={"name": "keep", "spec": "* * * * *", "task_type": "t"})).status_code == 201
+        await rig.advance_to(at(12, 1, 30))
+        await proxy.cut()
+        report = await rig.manager.sync()
+        assert not report.ok and rig.manager.last_sync_error
+        await rig.advance_to(at(12, 4, 30))  # several sync intervals with the database gone
+        assert len(rig.manager.entries()) == 1
+        await proxy.restore()
+        await rig.advance_to(at(12, 6, 30))
+        assert rig.manager.last_sync_error is None
+        assert await rig.slots("keep") == [iso(at(12, m)) for m in range(1, 7)]

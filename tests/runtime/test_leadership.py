@@ -1,0 +1,152 @@
+"""Leader election on a real PostgreSQL: one leader, takeover on death, cut-off and half-open."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from periodic_manager.clock import VirtualClock
+from periodic_manager.runtime.leadership import PostgresLeadership
+from tests.support.tcpproxy import TcpProxy
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+@pytest.fixture
+async def clock() -> VirtualClock:
+    return VirtualClock(T0)
+
+
+async def until(check: object, seconds: float = 10.0) -> None:
+    """Bounded wait for an observable condition (server-side timeouts run on real time)."""
+    for _ in range(int(seconds / 0.05)):
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def polls_until(clock: VirtualClock, check: object, polls: int = 50) -> None:
+    """Advance one leadership poll at a time until ``check()`` holds (bounded). The server ends a
+    closed or killed session asynchronously, so one try may come before the lock is free; the
+    standby simply tries again at its next poll, as it does in production."""
+    for _ in range(polls):
+        await clock.advance(1)
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.1)  # the server side (session end) runs on real time
+    raise AssertionError("condition not reached within the polls")
+
+
+@pytest.fixture
+async def pair(pg_url: str, clock: VirtualClock) -> AsyncIterator[tuple[PostgresLeadership, PostgresLeadership]]:
+    a = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    try:
+        yield a, b
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_one_leader_and_a_standby_that_takes_over_when_it_stops(pair, clock: VirtualClock) -> None:
+    a, b = pair
+    changes: list[tuple[str, bool]] = []
+    await a.start(lambda v: changes.append(("a", v)))
+    await b.start(lambda v: changes.append(("b", v)))
+    assert a.is_leader and not b.is_leader
+    await clock.advance(1)
+    await until(lambda: True)
+    assert a.is_leader and not b.is_leader  # checks do not flap
+    await a.stop()
+    await polls_until(clock, lambda: b.is_leader)  # the standby's next tries
+    assert changes == [("a", True), ("a", False), ("b", True)]
+
+
+async def test_leader_whose_session_is_killed_stops_and_the_standby_takes_over(
+    pair, clock: VirtualClock, pg_url: str
+) -> None:
+    a, b = pair
+    await a.start(lambda _v: None)
+    await b.start(lambda _v: None)
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'periodic_manager leader' AND pid IN"
+            " (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)"
+        )
+    finally:
+        await admin.close()
+    await polls_until(clock, lambda: not a.is_leader and b.is_leader)
+
+
+@pytest.fixture
+async def proxied(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
+    u = make_url(pg_url)
+    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
+    port = await proxy.start()
+    try:
+        yield dsn(u.set(port=port).render_as_string(hide_password=False)), proxy
+    finally:
+        await proxy.close()
+
+
+async def test_cut_off_leader_stops_and_the_standby_takes_over(
+    proxied: tuple[str, TcpProxy], pg_url: str, clock: VirtualClock
+) -> None:
+    url, proxy = proxied
+    a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
+    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    try:
+        await a.start(lambda _v: None)
+        await b.start(lambda _v: None)
+        assert a.is_leader and not b.is_leader
+        await proxy.cut()
+        await polls_until(clock, lambda: not a.is_leader)
+        await polls_until(clock, lambda: b.is_leader)
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_half_open_leader_steps_down_before_the_server_frees_the_lock(
+    proxied: tuple[str, TcpProxy], pg_url: str, clock: VirtualClock
+) -> None:
+    url, proxy = proxied
+    a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)
+    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    events: list[str] = []
+    try:
+        await a.start(lambda v: events.append(f"a:{v}"))
+        await b.start(lambda v: events.append(f"b:{v}"))
+        proxy.freeze()  # the leader's connection stays open but nothing gets through
+        loop = asyncio.get_running_loop()
+        frozen_at = loop.time()
+        await clock.advance(1)  # the leader's check now hangs until its budget (2 s) runs out
+        await until(lambda: not a.is_leader, 5)
+        stepped_down = loop.time() - frozen_at
+        # The server ends the silent session after idle_session_timeout (3 s); keep trying.
+        for _ in range(100):
+            if b.is_leader:
+                break
+            await clock.advance(1)
+            await asyncio.sleep(0.1)
+        took_over = loop.time() - frozen_at
+        assert b.is_leader
+        assert events == ["a:True", "a:False", "b:True"]  # never two leaders at once
+        print(f"stepped down after {stepped_down:.2f} s, standby took over after {took_over:.2f} s")
+        assert stepped_down < took_over < 6.0  # the old leader stopped before the lock was free
+    finally:
+        proxy.thaw()
+        await a.stop()
+        await b.stop()

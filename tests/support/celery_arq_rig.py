@@ -1,0 +1,190 @@
+"""Shared by the Celery, arq and routing tests: the API with in-process managers on a virtual clock,
+real worker subprocesses, and bounded polls of what the workers recorded.
+
+Time for the managers is a VirtualClock (slots are driven, never waited for); only the workers,
+being other processes, are waited for, with polls bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+
+from periodic_manager.api.app import create_app
+from periodic_manager.api.state import state_of
+from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import Target
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.settings import Settings
+from tests.support import ROOT
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
+WAIT_S = 30.0  # bound of every wait for a worker
+
+
+def at(hh: int, mm: int, ss: int = 0) -> datetime:
+    return datetime(2024, 5, 1, hh, mm, ss, tzinfo=UTC)
+
+
+def iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Rig:
+    client: httpx.AsyncClient
+    clock: VirtualClock
+    settings: Settings
+    managers: list[PeriodicTaskManager]
+    make_manager: Callable[[], Awaitable[PeriodicTaskManager]]
+
+    async def advance_to(self, instant: datetime) -> None:
+        async def settle() -> None:
+            for manager in self.managers:
+                await manager.wait_settled(self.clock.now())
+
+        await self.clock.advance_to(instant, settle=settle)
+
+    async def second_manager(self) -> PeriodicTaskManager:
+        """Another manager on the same database, with a target of its own (started, synced)."""
+        manager = await self.make_manager()
+        self.managers.append(manager)
+        return manager
+
+    async def create(self, **body: Any) -> dict[str, Any]:
+        body.setdefault("spec", "* * * * *")
+        resp = await self.client.post("/schedules", json=body)
+        assert resp.status_code == 201, resp.text
+        created: dict[str, Any] = resp.json()
+        return created
+
+
+@asynccontextmanager
+async def api_rig(
+    db_url: str, settings: Settings, make_target: Callable[[], Target] | None = None
+) -> AsyncIterator[Rig]:
+    """The API and one in-process manager (more on demand), each manager with ``make_target()``
+    (default: the target ``settings`` configure, built and closed by the manager)."""
+    await upgrade(db_url)
+    clock = VirtualClock(T0)
+    engine = create_engine(db_url)
+    targets: list[Target] = []
+    managers: list[PeriodicTaskManager] = []
+
+    def manager_for(eng: Any) -> PeriodicTaskManager:
+        if make_target is None:
+            return build_manager(settings, eng, clock=clock)
+        targets.append(make_target())
+        return build_manager(settings, eng, clock=clock, target=targets[-1])
+
+    async def make_manager() -> PeriodicTaskManager:
+        manager = manager_for(engine)
+        await manager.start()
+        return manager
+
+    app = create_app(settings, clock=clock, engine=engine, manager_factory=manager_for)
+    extra: list[PeriodicTaskManager] = []
+    try:
+        async with app.router.lifespan_context(app):
+            managers.append(state_of(app).manager)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+                rig = Rig(client, clock, settings, managers, make_manager)
+                try:
+                    yield rig
+                finally:
+                    extra = managers[1:]
+                    for manager in extra:
+                        await manager.stop()
+    finally:
+        for target in targets:
+            await target.close()
+        await engine.dispose()
+
+
+@dataclass
+class WorkerProcess:
+    """A worker subprocess; its output goes to ``log`` (shown when a wait fails)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=ROOT, env={**os.environ, **self.env}, stdout=out, stderr=out
+            )
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+def celery_worker(prefix: str, queues: list[str], log: Path, broker: str) -> WorkerProcess:
+    return WorkerProcess(
+        [
+            sys.executable, "-m", "celery", "-A", "tests.support.celery_worker_app", "worker",
+            "--pool=solo", "-Q", ",".join(queues), "--hostname", f"{prefix}@%h",
+            "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "INFO",
+        ],
+        {"PM_TEST_BROKER": broker, "PM_TEST_OUT": f"{prefix}:out", "PM_TEST_KEYPREFIX": f"{prefix}:"},
+        log,
+    )  # fmt: skip
+
+
+def arq_worker(prefix: str, queue: str, log: Path, redis_url: str) -> WorkerProcess:
+    return WorkerProcess(
+        [sys.executable, "-m", "arq", "tests.support.arq_worker_app.WorkerSettings"],
+        {"PM_TEST_REDIS": redis_url, "PM_TEST_OUT": f"{prefix}:out", "PM_TEST_QUEUE": queue},
+        log,
+    )
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], what: str, worker: WorkerProcess | None = None
+) -> None:
+    """Poll ``check`` until it holds, at most WAIT_S seconds of wall time (a worker is another
+    process: only its progress is waited for, never a slot)."""
+    deadline = time.monotonic() + WAIT_S
+    while not await check():
+        if time.monotonic() > deadline:
+            log = worker.tail() if worker is not None else ""
+            raise AssertionError(f"timed out waiting for {what}\n--- worker log ---\n{log}")
+        if worker is not None and worker.proc is not None and worker.proc.poll() is not None:
+            raise AssertionError(f"the worker exited while waiting for {what}\n{worker.tail()}")
+        await asyncio.sleep(0.05)
+
+
+async def records(client: aioredis.Redis, prefix: str) -> list[dict[str, Any]]:
+    """What the worker recorded, in execution order."""
+    return [json.loads(line) for line in await client.lrange(f"{prefix}:out", 0, -1)]
+
+
+MINUTE = timedelta(minutes=1)

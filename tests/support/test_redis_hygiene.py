@@ -1,0 +1,75 @@
+"""The suite's own Redis hygiene: a test run that leaves a key in the test Redis fails, naming it;
+the keys a test writes under its ``redis_prefix`` go with the test; keys of another run sharing
+the Redis are none of this run's business.
+
+An inner pytest run (a subprocess, with this suite's ``conftest.py``) plays the leaking suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import redis
+
+from tests.conftest import REDIS_URL, _unavailable
+from tests.support import ROOT
+
+INNER = '''
+import redis
+
+from tests.conftest import REDIS_URL
+
+client = redis.Redis.from_url(REDIS_URL)
+
+
+def test_writes_under_its_prefix(redis_prefix):
+    client.set(f"{redis_prefix}:claim:x", 1)
+    client.rpush(f"_kombu.binding.{redis_prefix}.q", "x")  # not a prefix, but it contains it
+
+
+def test_another_run_writes_meanwhile():
+    client.set("pmtffffffffffff:TAG:other-run", 1)
+
+
+def test_leaks_a_default_key():
+    client.set("pm:claim:TAG", 1)
+'''
+
+
+def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(tmp_path: Path) -> None:
+    try:
+        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        client.ping()
+    except (OSError, redis.RedisError) as exc:
+        _unavailable("Redis", exc)
+    tag = uuid.uuid4().hex[:12]
+    suite = tmp_path / "tests"
+    suite.mkdir()
+    shutil.copy(ROOT / "tests" / "conftest.py", suite / "conftest.py")
+    (suite / "__init__.py").write_text("")
+    (suite / "test_inner.py").write_text(INNER.replace("TAG", tag))
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    leaked, other = f"pm:claim:{tag}", f"pmtffffffffffff:{tag}:other-run"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", "tests"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PM_TEST_REDIS_URL": REDIS_URL},
+        )  # fmt: skip
+        out = done.stdout + done.stderr
+        assert done.returncode == 1, out
+        assert "3 passed, 1 error" in out, out
+        line = next(ln for ln in out.splitlines() if "left 1 key(s) in the test Redis" in ln)
+        assert f": {leaked}. A test must" in line, out  # the leak, and nothing else
+        assert client.exists(leaked, other) == 2  # the guard reports; it deletes nothing
+        assert not list(client.scan_iter(match=f"*{tag}*kombu*")), "the prefix's keys went"
+    finally:
+        client.delete(leaked, other)
+        client.close()
