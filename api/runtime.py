@@ -4,6 +4,7 @@ as the API shows it; and which managers count as live."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from periodic_manager.db import store_reads
 from periodic_manager.db.engine import Connection
@@ -17,6 +18,23 @@ LIVE_HEARTBEATS = 3
 
 def live_cutoff(now: datetime, heartbeat_interval_s: float) -> datetime:
     return now - timedelta(seconds=LIVE_HEARTBEATS * heartbeat_interval_s)
+
+
+def manager_fields(m: store_reads.ManagerRecord, now: datetime) -> dict[str, Any]:
+    """A live manager as ``/managers`` and the dashboard show it (the fields of ``ManagerOut``)."""
+    return {
+        "manager_id": m.info.manager_id,
+        "hostname": m.info.hostname,
+        "pid": m.info.pid,
+        "version": m.info.version,
+        "started_at": m.info.started_at,
+        "heartbeat_at": m.status.heartbeat_at,
+        "heartbeat_age_s": max(0.0, (now - m.status.heartbeat_at).total_seconds()),
+        "is_leader": m.status.is_leader,
+        "last_sync_at": m.status.last_sync_at,
+        "last_sync_error": m.status.last_sync_error,
+        "entry_count": m.status.entry_count,
+    }
 
 
 async def schedule_state(conn: Connection, schedule_key: str) -> ScheduleStateOut | None:

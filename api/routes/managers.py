@@ -12,7 +12,7 @@ from periodic_manager.db.engine import Connection
 from periodic_manager.settings import Settings
 
 from ..deps import get_conn, get_now, get_settings
-from ..runtime import live_cutoff
+from ..runtime import live_cutoff, manager_fields
 from ..schemas import ManagerList, ManagerOut
 
 router = APIRouter(tags=["entries"])
@@ -25,21 +25,4 @@ async def list_managers(
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> ManagerList:
     live = await store_reads.live_managers(conn, live_cutoff(now, settings.heartbeat_interval))
-    return ManagerList(
-        items=[
-            ManagerOut(
-                manager_id=m.info.manager_id,
-                hostname=m.info.hostname,
-                pid=m.info.pid,
-                version=m.info.version,
-                started_at=m.info.started_at,
-                heartbeat_at=m.status.heartbeat_at,
-                heartbeat_age_s=max(0.0, (now - m.status.heartbeat_at).total_seconds()),
-                is_leader=m.status.is_leader,
-                last_sync_at=m.status.last_sync_at,
-                last_sync_error=m.status.last_sync_error,
-                entry_count=m.status.entry_count,
-            )
-            for m in live
-        ]
-    )
+    return ManagerList(items=[ManagerOut(**manager_fields(m, now)) for m in live])

@@ -28,7 +28,7 @@ from ..auth import bearer_token
 from ..deps import get_conn, get_now, get_settings, get_state
 from ..errors import ScheduleNotFound
 from ..rows import rules as row_rules
-from ..runtime import live_cutoff
+from ..runtime import live_cutoff, manager_fields
 from ..ui import listing, stats
 from ..ui.models import (
     Counts,
@@ -208,17 +208,7 @@ async def managers(conn: Conn, now: Now, settings: AppSettings) -> ManagerViewLi
     tally = await store_reads.entry_tallies(conn, [m.info.manager_id for m in live])
     items = [
         ManagerView(
-            manager_id=m.info.manager_id,
-            hostname=m.info.hostname,
-            pid=m.info.pid,
-            version=m.info.version,
-            started_at=m.info.started_at,
-            heartbeat_at=m.status.heartbeat_at,
-            heartbeat_age_s=max(0.0, (now - m.status.heartbeat_at).total_seconds()),
-            is_leader=m.status.is_leader,
-            last_sync_at=m.status.last_sync_at,
-            last_sync_error=m.status.last_sync_error,
-            entry_count=m.status.entry_count,
+            **manager_fields(m, now),
             entries_active=tally.get(m.info.manager_id, (0, 0))[0],
             entries_error=tally.get(m.info.manager_id, (0, 0))[1],
         )
