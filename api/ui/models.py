@@ -87,6 +87,7 @@ class SeriesPoint(BaseModel):
     held: int = Field(description="slots held while the previous task still ran (options.overlap hold)")
     failed: int
     duplicate: int
+    resent: int = Field(description="published again with the same task id: the broker never confirmed the first publish")
     triggered: int
 
 

@@ -405,6 +405,7 @@ async def test_overview_counts_series_and_exact_percentiles(
     rows += [run(str(a), minute - timedelta(minutes=10), "skipped", 40_000)] * 2
     rows += [run(str(a), minute - timedelta(minutes=59), "failed", 3)]
     rows += [run(str(a), minute - timedelta(minutes=61), "enqueued", 99_999)]
+    rows += [run(str(a), minute - timedelta(minutes=5), "resent", 20)]  # a lost confirmation
     await add_runs(engine, rows)
 
     body = (await client.get("/views/overview")).json()
@@ -415,6 +416,7 @@ async def test_overview_counts_series_and_exact_percentiles(
     assert series[-1]["enqueued"] == 100
     assert series[-11]["skipped"] == 2 and series[-11]["start_at"] == "2026-03-01T11:50:00Z"
     assert series[0]["failed"] == 1
+    assert series[-6]["resent"] == 1 and sum(p["resent"] for p in series) == 1
     assert sum(p["enqueued"] for p in series) == 100  # the run before the window is not counted
     assert body["lateness"] == {
         "count": 100,
@@ -484,7 +486,7 @@ async def test_overview_numbers_match_the_history_counted_here(
 
     start = T0.replace(second=0) - timedelta(minutes=59)  # 11:01:00
     end = start + timedelta(minutes=60)
-    statuses = [*stats.STATUSES, "enqueued", "enqueued", "other"]
+    statuses = [*stats.STATUSES, "enqueued", "enqueued", "enqueued", "other"]
     rows = []
     for i in range(800):
         lateness = rng.choice([7, 40, rng.randrange(10_000), rng.randrange(10_000)])

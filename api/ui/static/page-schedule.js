@@ -8,7 +8,7 @@ import {
 } from "./dom.js";
 
 const RUNS_LIMIT = 20;
-const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "held", "failed", "duplicate"];
+const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "held", "failed", "duplicate", "resent"];
 
 // A payload or options the API shows as null or {} because they cannot be used as they are
 // (not JSON, not an object, ...): the stored text, when the API sends it, is what to repair.
