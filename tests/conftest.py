@@ -15,6 +15,7 @@ runs in parallel do not fail each other.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -41,9 +42,9 @@ def _unavailable(what: str, exc: BaseException) -> None:
     pytest.skip(msg)
 
 
-@pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    """URL of a new, empty PostgreSQL database, dropped after the test."""
+@contextlib.asynccontextmanager
+async def new_pg_database() -> AsyncIterator[str]:
+    """A new, empty PostgreSQL database (its asyncpg URL), dropped on the way out."""
     name = f"pm_test_{uuid.uuid4().hex[:12]}"
     try:
         admin = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
@@ -55,6 +56,13 @@ async def pg_url() -> AsyncIterator[str]:
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    """URL of a new, empty PostgreSQL database, dropped after the test."""
+    async with new_pg_database() as url:
+        yield url
 
 
 @pytest.fixture

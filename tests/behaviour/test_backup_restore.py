@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
@@ -24,7 +22,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
 from tests.api.test_api import T0
-from tests.conftest import PG_DSN, _unavailable
+from tests.conftest import new_pg_database
 from tests.support import rawsql
 
 # Columns of rows that are no schedule, beyond tests/support/rawsql.py's (SQL literals per backend).
@@ -79,17 +77,8 @@ def two(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
 @pytest.fixture
 async def pg_url_b() -> AsyncIterator[str]:
     """A second new PostgreSQL database, dropped after the test (conftest's pg_url is the first)."""
-    name = f"pm_test_{uuid.uuid4().hex[:12]}"
-    try:
-        admin = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
-    except (OSError, asyncpg.PostgresError) as exc:
-        _unavailable("PostgreSQL", exc)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"{PG_DSN.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with new_pg_database() as url:
+        yield url
 
 
 def seed(url: str) -> int:
