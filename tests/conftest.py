@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -30,6 +32,7 @@ from periodic_manager.db.migrate import upgrade
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+AMQP_URL = os.environ.get("PM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 RUN_MARKER = f"pmt{uuid.uuid4().hex[:4]}"  # in every Redis key this run's tests write
 ANY_RUN = re.compile(r"pmt[0-9a-f]{10}")  # a test prefix of any run (this one or another)
@@ -121,6 +124,29 @@ async def redis_client(redis_prefix: str) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 def redis_url() -> Iterator[str]:
     yield REDIS_URL
+
+
+def amqp_address() -> tuple[str, int]:
+    """Host and port of the test RabbitMQ (``PM_TEST_AMQP_URL``)."""
+    parts = urlsplit(AMQP_URL)
+    return parts.hostname or "127.0.0.1", parts.port or 5672
+
+
+def amqp_through(port: int) -> str:
+    """``PM_TEST_AMQP_URL`` with its host and port replaced by a local proxy's."""
+    parts = urlsplit(AMQP_URL)
+    auth = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"))
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    """The test RabbitMQ's URL, once it answers on its port (else skipped; a failure under CI)."""
+    try:
+        socket.create_connection(amqp_address(), timeout=3).close()
+    except OSError as exc:
+        _unavailable("RabbitMQ", exc)
+    return AMQP_URL
 
 
 def _sync_redis() -> redis.Redis | None:

@@ -305,22 +305,21 @@ def test_an_unwritable_probe_directory_stops_the_start(
 
 
 async def test_readyz_pings_the_broker_celery_publishes_to_whatever_its_transport(
-    pg_url: str, redis_url: str, redis_prefix: str
+    pg_url: str, redis_url: str, redis_prefix: str, amqp_url: str
 ) -> None:
     """Celery on RabbitMQ: /readyz said ready while RabbitMQ was down (it asked only the claims'
     Redis). RabbitMQ is reached through a proxy the test cuts and restores."""
-    from tests.behaviour.test_lost_replies import AMQP_URL
+    from tests.conftest import amqp_address, amqp_through
     from tests.support.tcpproxy import TcpProxy
 
     await upgrade(pg_url)
-    rabbit = TcpProxy("127.0.0.1", 5672)
+    rabbit = TcpProxy(*amqp_address())
     await rabbit.start()
-    amqp = f"amqp://guest:guest@127.0.0.1:{rabbit.port}//"
+    amqp = amqp_through(rabbit.port)
     settings = Settings(
         database_url=pg_url, target="celery", celery_broker_url=amqp, redis_url=redis_url,
         stream_prefix=redis_prefix, leader_election=False, celery_publish_timeout=1.0,
     )  # fmt: skip
-    assert AMQP_URL.startswith("amqp://")
     app = create_app(settings, manager_factory=lambda engine: build_manager(settings, engine))
     try:
         async with app.router.lifespan_context(app):
