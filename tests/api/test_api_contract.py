@@ -152,11 +152,10 @@ async def test_options_null_reads_as_no_options_for_the_api_and_the_manager(
     assert config.schedule_id == row and dict(config.options) == {}
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL's boolean holds true or false only
 async def test_enabled_neither_true_nor_false_is_an_error_for_both(
     client: httpx.AsyncClient, engine: AsyncEngine, backend: str
 ) -> None:
-    if backend != "sqlite":
-        pytest.skip("PostgreSQL's boolean holds true or false only")
     url = url_of(engine)
     odd = {
         label: await rawsql.insert(url, f"odd.{label}", enabled=sql)

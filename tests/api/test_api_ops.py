@@ -433,7 +433,7 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         def request_sync(self) -> None: ...
 
         def health(self) -> str | None:
-            return None if self.failed is None else f"a manager loop died: {self.failed!r}"
+            return None if self.failed is None else f"the fake's health: {self.failed!r}"
 
     fake = Fake()
     async for c in app_client(
@@ -449,7 +449,7 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         assert (await c.get("/readyz")).json()["checks"]["manager"] == "leader"
         fake.failed = RuntimeError("scheduler died")
         body = assert_problem(await c.get("/readyz"), 503)
-        assert body["checks"]["manager"] == "failed: a manager loop died: RuntimeError('scheduler died')"
+        assert body["checks"]["manager"] == "failed: the fake's health: RuntimeError('scheduler died')"
         assert body["checks"]["database"] == "ok" and body["detail"] == "not ready: manager"
     async for c in app_client(Settings(database_url=db_url), clock, engine):
         assert (await c.get("/readyz")).json()["checks"] == {

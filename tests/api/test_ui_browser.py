@@ -193,15 +193,21 @@ def test_a_rejected_row_says_whether_its_last_good_version_runs(
 ) -> None:
     d = driver
     kept = api_create(server, name="browser.kept", spec="0 6 * * *")
-    wait(d, lambda d: httpx.get(f"{server.base}/entries", params={"schedule_id": kept}).json()["items"], "the entry")
-    # Both turned bad with SQL: one had a good version the manager runs on, one never had one.
-    asyncio.run(rawsql.execute(server.database_url, f"UPDATE periodic_jobs SET spec = '61 6 * * *' WHERE id = {kept}"))
-    never = asyncio.run(rawsql.insert(server.database_url, "browser.never", spec="'61 6 * * *'"))
-    note = reload_until(d, f"{server.base}/ui/schedules/{kept}", "#last-good", "keeps running")
-    assert note.startswith("Its last good version keeps running (kept since ") and "fixed" in note
-    wait_text(d, "#entries", "last good version runs since")
-    note = reload_until(d, f"{server.base}/ui/schedules/{never}", "#last-good", "No good version")
-    assert "keeps running" not in d.find_element("tag name", "body").text
+    never = None
+    try:
+        wait(d, lambda d: httpx.get(f"{server.base}/entries", params={"schedule_id": kept}).json()["items"], "the entry")
+        # Both turned bad with SQL: one had a good version the manager runs on, one never had one.
+        asyncio.run(rawsql.execute(server.database_url, f"UPDATE periodic_jobs SET spec = '61 6 * * *' WHERE id = {kept}"))
+        never = asyncio.run(rawsql.insert(server.database_url, "browser.never", spec="'61 6 * * *'"))
+        note = reload_until(d, f"{server.base}/ui/schedules/{kept}", "#last-good", "keeps running")
+        assert note.startswith("Its last good version keeps running (kept since ") and "fixed" in note
+        wait_text(d, "#entries", "last good version runs since")
+        note = reload_until(d, f"{server.base}/ui/schedules/{never}", "#last-good", "No good version")
+        assert "keeps running" not in d.find_element("tag name", "body").text
+    finally:  # the server is the module's: leave its database as the next test expects it
+        for sid in (kept, never):
+            if sid is not None:
+                assert httpx.delete(f"{server.base}/schedules/{sid}").status_code == 204
 
 
 def test_an_edit_of_a_stale_version_shows_the_conflict(driver: Any, server: browser.Server) -> None:

@@ -894,8 +894,7 @@ class Session:
         except TimeoutError:
             self.fail(where, "printed no task within 30 s")
         finally:
-            proc.terminate()
-            await proc.communicate()
+            await stop_process(proc)
         task = json.loads(line)
         queue = dict(zip(args, args[1:], strict=False)).get("--queue", "default")
         assert task["queue"] == queue and task["idempotency_key"].startswith(f"{task['name']}:"), task
@@ -979,9 +978,19 @@ async def session(directory: Path) -> AsyncIterator[Session]:
             s.client = client
             yield s
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-        await asyncio.wait_for(proc.wait(), 30)
+        await stop_process(proc)
+
+
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after 30 s: a process that does not stop fails nothing else."""
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        proc.kill()
+        await proc.communicate()
+        raise
 
 
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=[page_id(p) for p in EXAMPLE_PAGES])

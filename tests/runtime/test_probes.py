@@ -119,7 +119,7 @@ async def test_probe_reports_an_unhealthy_manager_and_follows_the_clock(tmp_path
         # Default staleness: three write intervals, at least 30 s.
         assert not check_probe(tmp_path, "manager", clock.now() + timedelta(seconds=31)).ok
         assert check_probe(tmp_path, "manager", clock.now() + timedelta(seconds=29)).ok
-        reason[0] = "a manager loop died: RuntimeError('x')"
+        reason[0] = "sync died: RuntimeError: x"  # the form of manager.health()'s reason
         await clock.advance(5)
         verdict = check_probe(tmp_path, "manager", clock.now())
         assert not verdict.ok
@@ -271,7 +271,7 @@ async def test_healthz_fails_when_the_in_process_manager_died(db_url: str, tmp_p
         def request_sync(self) -> None: ...
 
         def health(self) -> str | None:
-            return None if self.failed is None else f"a manager loop died: {self.failed!r}"
+            return None if self.failed is None else f"the fake's health: {self.failed!r}"
 
     fake = Fake()
     settings = Settings(database_url=db_url, probe_dir=str(tmp_path), probe_interval=3600)
