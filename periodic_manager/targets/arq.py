@@ -45,6 +45,7 @@ from periodic_manager.targets.base import overlap_of, split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.flags import BUSY, NEW, SENT
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
@@ -205,15 +206,15 @@ class ArqTarget:
         flags = await self._write(tasks, jobs, send, decided, now)
         for index, flag in flags.items():
             task = tasks[index]
-            if flag == 1:
+            if flag == NEW:
                 results[index] = EnqueueResult(task, "enqueued", task.id)
-            elif flag == 0:
+            elif flag == SENT:
                 results[index] = EnqueueResult(task, "duplicate", task.id)
-            elif flag == 3:  # another manager sent a job of this schedule since it was read
+            elif flag == BUSY:  # another manager sent a job of this schedule since it was read
                 results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
             else:
                 results[index] = EnqueueResult(task, "failed", error=f"arq: {flag}")
-            if decided is not None and flag == 1 and index in decided.previous:
+            if decided is not None and flag == NEW and index in decided.previous:
                 results[index].previous = decided.previous[index]  # type: ignore[union-attr]
         return [r for r in results if r is not None]
 

@@ -22,16 +22,9 @@ from typing import Any
 from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
 from periodic_manager.targets.celery.message import celery_message
 from periodic_manager.targets.celery.wire import Delivery
-from periodic_manager.targets.celery.writer import (
-    BEING_PUBLISHED,
-    BUSY,
-    DUPLICATE,
-    ENQUEUED,
-    RESENT,
-    RedisWriter,
-    ScriptCall,
-)
+from periodic_manager.targets.celery.writer import RedisWriter, ScriptCall
 from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.flags import BUSY, ELSEWHERE, NEW, RESEND, SENT
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 
 # A task's send_task arguments and where they go, by its index in the batch.
@@ -62,7 +55,7 @@ class DirectWay:
         flags = await self.writer.results(started or self.writer.start(calls))
         waiting: dict[int, tuple[dict[str, Any], Delivery]] = {}
         for (index, delivery), flag in zip(written, flags, strict=True):
-            if flag == BEING_PUBLISHED:
+            if flag == ELSEWHERE:
                 waiting[index] = (celery_message(tasks[index], now), delivery)
             else:
                 results[index] = _result(tasks[index], delivery, flag)
@@ -112,7 +105,7 @@ class DirectWay:
         flags = await writer.results(writer.start(writer.prepare(items, now, prevs)))
         waiting = []
         for index, flag in zip(indices, flags, strict=True):
-            if flag == BEING_PUBLISHED:
+            if flag == ELSEWHERE:
                 waiting.append(index)
                 continue
             result = _result(tasks[index], chosen[index][1], flag)
@@ -123,12 +116,12 @@ class DirectWay:
 
 
 def _result(task: Task, delivery: Delivery, flag: int) -> EnqueueResult:
-    """The result of a task the script took (see the writer's flags)."""
-    if flag == ENQUEUED:
+    """The result of a task the script took (its flag, redis/flags.py)."""
+    if flag == NEW:
         return EnqueueResult(task, "enqueued", task.id)
-    if flag == DUPLICATE:
+    if flag == SENT:
         return EnqueueResult(task, "duplicate", task.id)
-    if flag == RESENT:
+    if flag == RESEND:
         return EnqueueResult(task, "resent", task.id)
     if flag == BUSY:  # another manager sent a task of this schedule since it was read
         return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))

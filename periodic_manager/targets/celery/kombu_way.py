@@ -27,7 +27,8 @@ from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of
 from periodic_manager.targets.celery.kombu import KombuPublisher
 from periodic_manager.targets.celery.message import celery_message
-from periodic_manager.targets.redis.claims import ELSEWHERE, NEW, RESEND, SENT, RedisClaims
+from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.flags import ELSEWHERE, NEW, RESEND, SENT
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 
 log = logging.getLogger(__name__)

@@ -40,12 +40,7 @@ from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
-
-# What :meth:`RedisClaims.claim` says of each task.
-SENT = 0  # the slot was sent already: a duplicate
-NEW = 1  # claimed now: publish it
-RESEND = 3  # a pending claim of ours, or an abandoned one: publish it again, same task id
-ELSEWHERE = 4  # another publisher's pending claim, younger than stale_s: wait for it
+from periodic_manager.targets.redis.flags import SENT
 
 # The scripts (their arguments and flags are written at their top).
 CLAIM = lua.script("periodic_manager.targets.redis", "claim.lua")
@@ -107,7 +102,8 @@ class RedisClaims:
 
     async def claim(self, tasks: Sequence[Task], now: datetime) -> list[int]:
         """Take a pending claim of every task's slot where it is free (or resendable); one flag
-        per task: NEW, RESEND, SENT or ELSEWHERE. A key repeated in ``tasks`` is NEW once."""
+        per task (:mod:`~periodic_manager.targets.redis.flags`): NEW, RESEND, SENT or ELSEWHERE.
+        A key repeated in ``tasks`` is NEW once."""
         if not tasks:
             return []
         rows = [[t.idempotency_key, t.id, self.ttl_ms(t, now)] for t in tasks]

@@ -42,15 +42,9 @@ from periodic_manager.contracts import (
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_fields, overlap_timeout_ms
 from periodic_manager.targets.redis import lua
-from periodic_manager.targets.redis.claims import (
-    ELSEWHERE,
-    NEW,
-    RESEND,
-    SENT,
-    RedisClaims,
-    is_pending,
-)
+from periodic_manager.targets.redis.claims import RedisClaims, is_pending
 from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.flags import ELSEWHERE, NEW, RESEND, SENT
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]

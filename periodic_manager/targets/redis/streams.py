@@ -46,6 +46,7 @@ from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_fields, overlap_refused
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.flags import BUSY, NEW, SENT
 from periodic_manager.targets.redis.sentinel import Sentinel
 
 # The scripts (their arguments and replies are written at their top): claim and add, and the same
@@ -227,7 +228,7 @@ class RedisStreamsTarget:
                     flag, message_id = reply[2 * pos], reply[2 * pos + 1]
                     text = None if message_id is None else _text(message_id)
                     status: Literal["enqueued", "duplicate"] = (
-                        "enqueued" if int(flag) == 1 else "duplicate"
+                        "enqueued" if int(flag) == NEW else "duplicate"
                     )
                     results[index] = EnqueueResult(tasks[index], status, text)
         return [r for r in results if r is not None]
@@ -315,7 +316,7 @@ def _after_results(
     for pos, index in enumerate(indices):
         flag, message_id, prev_task, state = reply[4 * pos : 4 * pos + 4]
         flag = int(flag)
-        if flag == 0:
+        if flag == SENT:
             text = None if message_id is None else _text(message_id)
             results[index] = EnqueueResult(tasks[index], "duplicate", text)
             continue
@@ -324,7 +325,7 @@ def _after_results(
         previous = Previous(
             _text(prev_task) or None, state.removeprefix("timeout:"), timed_out=timed_out
         )
-        if flag == 2:
+        if flag == BUSY:
             results[index] = EnqueueResult(tasks[index], "busy", previous=previous)
         else:
             results[index] = EnqueueResult(

@@ -9,15 +9,17 @@
 --                 priority suffix, separator]  ("" where not used)
 --   task: [idempotency key, task id, claim TTL in ms, destination (1-based), message length] and,
 --         for options.overlap, [prev key, value read, new value, prev TTL in ms]
--- Returns one flag per task: 1 enqueued, 0 already sent (duplicate), 2 no queue is bound to the
--- task's exchange and routing key (nothing written, no claim), 3 busy (the schedule's previous
--- task changed since it was read: nothing written), 4 enqueued again over an abandoned pending
--- claim (a publish through kombu the broker never confirmed: resent), 5 a pending claim younger
--- than that: a publish through kombu is under way (nothing written: ask again).
+-- Returns one flag per task (redis/flags.py): NEW (claimed and pushed), SENT already (duplicate),
+-- UNROUTABLE (no queue is bound to the task's exchange and routing key: nothing written, no
+-- claim), BUSY (the schedule's previous task changed since it was read: nothing written), RESEND
+-- (pushed again over an abandoned pending claim: a publish through kombu the broker never
+-- confirmed), ELSEWHERE (a pending claim younger than that: a publish through kombu is under
+-- way; nothing written, ask again).
 --
 -- A script is atomic but not transactional: a command that fails half-way leaves the earlier
 -- effects. So every key is type-checked before the first claim, and a claim is written only
 -- together with its message: a claim never exists without its message.
+local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
 local function wrong(key, want)
   local kind = redis.call('TYPE', key)['ok']
   if kind ~= want and kind ~= 'none' then
@@ -30,16 +32,17 @@ local meta = cjson.decode(ARGV[2])
 local blob = ARGV[3]
 local stale = tonumber(ARGV[4])
 local clock = nil
--- A claim that is already there: 0 sent, 4 pending and abandoned, 5 pending and recent.
+-- A claim that is already there: SENT, RESEND (pending and abandoned) or ELSEWHERE (pending
+-- and recent).
 local function held(value)
-  if string.sub(value, 1, 2) ~= 'p|' then return 0 end
+  if string.sub(value, 1, 2) ~= 'p|' then return SENT end
   if clock == nil then
     local t = redis.call('TIME')
     clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   local since = string.match(value, '|(%d+)$')
-  if since == nil or clock - tonumber(since) >= stale then return 4 end
-  return 5
+  if since == nil or clock - tonumber(since) >= stale then return RESEND end
+  return ELSEWHERE
 end
 for _, d in ipairs(meta.d) do
   for _, key in ipairs({d[2], d[4]}) do
@@ -86,31 +89,31 @@ for i, t in ipairs(meta.t) do
   local claim, sent = claim_prefix .. t[1], 's|' .. t[2]
   local flag
   if #targets == 0 then
-    flag = 2
+    flag = UNROUTABLE
   elseif t[6] then
     -- options.overlap: the previous task is compared before anything is claimed.
     local value = redis.call('GET', claim)
     if value then
       flag = held(value)
     elseif (redis.call('GET', t[6]) or '') ~= t[7] then
-      flag = 3
+      flag = BUSY
     else
-      flag = 1
+      flag = NEW
     end
-    if flag == 1 or flag == 4 then
+    if flag == NEW or flag == RESEND then
       redis.call('SET', claim, sent, 'PX', t[3])
       redis.call('SET', t[6], t[8], 'PX', t[9])
     end
   elseif redis.call('SET', claim, sent, 'NX', 'PX', t[3]) then
-    flag = 1
+    flag = NEW
   else
     flag = held(redis.call('GET', claim) or '')
-    if flag == 4 then
+    if flag == RESEND then
       redis.call('SET', claim, sent, 'PX', t[3])
     end
   end
   out[i] = flag
-  if flag == 1 or flag == 4 then
+  if flag == NEW or flag == RESEND then
     local message = string.sub(blob, pos, pos + t[5] - 1)
     for _, list in ipairs(targets) do
       local buffer = buffers[list]

@@ -1,0 +1,89 @@
+"""What a claim must survive between the claim and the message, on the test Redis: a key of
+another type where a script reads, a failure after some slots were claimed, a slot that another
+publisher holds pending (or that a hand-written value dates in the future).
+
+The rule each test checks is the one of docs/guarantees.md: a claim is never taken for "sent"
+without its message, a publish never started frees its claim (so a retry does not report
+``resent`` for a task never published), and one bad slot fails alone, not its batch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from periodic_manager.contracts import Task
+from periodic_manager.targets.base import task_id_for
+from periodic_manager.targets.celery.target import CeleryTarget
+from periodic_manager.targets.redis import flags, lua
+
+SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+
+
+def make_task(prefix: str, name: str, queue: str, **options: Any) -> Task:
+    key = f"{prefix}.{name}:2024-05-01T12:01:00Z"
+    return Task(
+        id=task_id_for(key), name=f"{prefix}.{name}", task_type="pmtest.record",
+        payload={"n": name}, queue=queue, options={"queue": queue, **options},
+        idempotency_key=key, scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
+    )  # fmt: skip
+
+
+def celery_target(redis_url: str, prefix: str, **kwargs: Any) -> CeleryTarget:
+    """A target whose kombu keys carry the test's prefix."""
+    config = {"broker_transport_options": {"global_keyprefix": f"{prefix}:"}}
+    return CeleryTarget.from_url(redis_url, prefix=prefix, config=config, **kwargs)
+
+
+@pytest.fixture(params=["direct", "kombu"])
+async def celery(
+    request: pytest.FixtureRequest, redis_url: str, redis_prefix: str
+) -> AsyncIterator[CeleryTarget]:
+    """A Celery target on the test Redis, each way out, with a result backend (overlap)."""
+    target = celery_target(
+        redis_url, redis_prefix, fast_path=request.param == "direct", result_backend=redis_url,
+        timeout=1.0,
+    )  # fmt: skip
+    assert (target.writer is not None) == (request.param == "direct")
+    yield target
+    await target.close()
+
+
+async def queued_ids(client: aioredis.Redis, prefix: str, queue: str) -> list[str]:
+    """The task ids of the Celery messages in ``queue`` (kombu's list, oldest first)."""
+    raw = await client.lrange(f"{prefix}:{queue}", 0, -1)
+    return [json.loads(m)["headers"]["id"] for m in reversed(raw)]
+
+
+async def claim_of(client: aioredis.Redis, prefix: str, task: Task) -> str | None:
+    value = await client.get(f"{prefix}:claim:{task.idempotency_key}")
+    return None if value is None else str(value)
+
+
+# -- one set of flags ------------------------------------------------------------------------
+
+
+SCRIPTS = [
+    ("periodic_manager.targets.redis", "claim.lua"),
+    ("periodic_manager.targets.redis", "claim_and_add.lua"),
+    ("periodic_manager.targets.redis", "claim_and_add_after.lua"),
+    ("periodic_manager.targets.celery", "claim_and_push.lua"),
+    ("periodic_manager.targets", "arq_claim_and_write.lua"),
+]
+
+
+@pytest.mark.parametrize(("package", "name"), SCRIPTS, ids=[n for _, n in SCRIPTS])
+def test_every_claim_script_declares_the_flags_of_flags_py(package: str, name: str) -> None:
+    line = re.search(r"^local ([A-Z, ]+) = ([0-9, ]+)$", lua.script(package, name), re.M)
+    assert line is not None, f"{name} declares no flags"
+    names = [n.strip() for n in line.group(1).split(",")]
+    values = [int(v) for v in line.group(2).split(",")]
+    assert {n: getattr(flags, n) for n in names} == dict(zip(names, values, strict=True))
+
+
