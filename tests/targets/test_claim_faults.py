@@ -87,3 +87,45 @@ def test_every_claim_script_declares_the_flags_of_flags_py(package: str, name: s
     assert {n: getattr(flags, n) for n in names} == dict(zip(names, values, strict=True))
 
 
+# -- a key of another type: that slot fails alone, no claim without its message ----------------
+
+
+@pytest.fixture
+async def direct(redis_url: str, redis_prefix: str) -> AsyncIterator[CeleryTarget]:
+    """A Celery target writing to the test Redis itself, with a result backend (overlap)."""
+    target = celery_target(redis_url, redis_prefix, result_backend=redis_url, timeout=1.0)
+    assert target.writer is not None
+    yield target
+    await target.close()
+
+
+async def test_celery_a_key_of_another_type_fails_its_task_alone_and_leaves_no_claim_without_message(
+    direct: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    queue = f"{redis_prefix}.q"
+    plain = [make_task(redis_prefix, f"p{i}", queue) for i in range(3)]
+    after = [make_task(redis_prefix, f"o{i}", queue, overlap="skip") for i in range(2)]
+    # The second plain slot's claim key and the second overlap schedule's previous-task key
+    # hold hashes (written by hand, or by another program sharing the Redis).
+    await redis_client.hset(f"{redis_prefix}:claim:{plain[1].idempotency_key}", "x", "1")
+    await redis_client.hset(f"{redis_prefix}:prev:{after[1].name}", "x", "1")
+    tasks = [*plain, *after]
+    try:
+        first = await direct.enqueue(tasks, SLOT)
+        assert [r.status for r in first] == ["enqueued", "failed", "enqueued", "enqueued", "failed"]
+        assert "another Redis type" in (first[1].error or "")
+        assert "another Redis type" in (first[4].error or "")
+        sent = [plain[0], plain[2], after[0]]
+        assert sorted(await queued_ids(redis_client, redis_prefix, queue)) == sorted(
+            t.id for t in sent
+        )
+        # Every claim that says sent has its message; the failed slots hold none of ours.
+        for t in sent:
+            assert await claim_of(redis_client, redis_prefix, t) == f"s|{t.id}"
+        again = await direct.enqueue(tasks, SLOT)
+        assert [r.status for r in again] == [
+            "duplicate", "failed", "duplicate", "duplicate", "failed"
+        ]  # fmt: skip
+        assert len(await queued_ids(redis_client, redis_prefix, queue)) == 3
+    finally:
+        await redis_client.delete(*(f"celery-task-meta-{t.id}" for t in tasks))

@@ -24,7 +24,15 @@ from periodic_manager.targets.celery.message import celery_message
 from periodic_manager.targets.celery.wire import Delivery
 from periodic_manager.targets.celery.writer import RedisWriter, ScriptCall
 from periodic_manager.targets.redis.claims import RedisClaims
-from periodic_manager.targets.redis.flags import BUSY, ELSEWHERE, NEW, RESEND, SENT
+from periodic_manager.targets.redis.flags import (
+    BUSY,
+    ELSEWHERE,
+    NEW,
+    RESEND,
+    SENT,
+    WRONGTYPE,
+    wrong_type,
+)
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 
 # A task's send_task arguments and where they go, by its index in the batch.
@@ -58,7 +66,7 @@ class DirectWay:
             if flag == ELSEWHERE:
                 waiting[index] = (celery_message(tasks[index], now), delivery)
             else:
-                results[index] = _result(tasks[index], delivery, flag)
+                results[index] = self._result(tasks[index], delivery, flag)
         if waiting:
 
             async def again(ask: list[int]) -> list[int]:
@@ -108,25 +116,31 @@ class DirectWay:
             if flag == ELSEWHERE:
                 waiting.append(index)
                 continue
-            result = _result(tasks[index], chosen[index][1], flag)
+            prev_key = decided.written[index][0] if decided is not None else None
+            result = self._result(tasks[index], chosen[index][1], flag, prev_key)
             if decided is not None and result.status != "busy":
                 result.previous = decided.previous.get(index)
             results[index] = result
         return waiting
 
-
-def _result(task: Task, delivery: Delivery, flag: int) -> EnqueueResult:
-    """The result of a task the script took (its flag, redis/flags.py)."""
-    if flag == NEW:
-        return EnqueueResult(task, "enqueued", task.id)
-    if flag == SENT:
-        return EnqueueResult(task, "duplicate", task.id)
-    if flag == RESEND:
-        return EnqueueResult(task, "resent", task.id)
-    if flag == BUSY:  # another manager sent a task of this schedule since it was read
-        return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-    error = (
-        f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
-        f"{delivery.routing_key!r}"
-    )
-    return EnqueueResult(task, "failed", error=error)
+    def _result(
+        self, task: Task, delivery: Delivery, flag: int, prev_key: str | None = None
+    ) -> EnqueueResult:
+        """The result of a task the script took (its flag, redis/flags.py); ``prev_key``: its
+        schedule's previous-task key (options.overlap)."""
+        if flag == NEW:
+            return EnqueueResult(task, "enqueued", task.id)
+        if flag == SENT:
+            return EnqueueResult(task, "duplicate", task.id)
+        if flag == RESEND:
+            return EnqueueResult(task, "resent", task.id)
+        if flag == BUSY:  # another manager sent a task of this schedule since it was read
+            return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
+        if flag == WRONGTYPE:
+            keys = [self.claims.key(task.idempotency_key), *([prev_key] if prev_key else [])]
+            return EnqueueResult(task, "failed", error=wrong_type("celery", *keys))
+        error = (
+            f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
+            f"{delivery.routing_key!r}"
+        )
+        return EnqueueResult(task, "failed", error=error)

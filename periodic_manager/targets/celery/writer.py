@@ -126,12 +126,11 @@ class RedisWriter:
         return [asyncio.ensure_future(self._call(call)) for call in calls]
 
     async def results(self, started: Sequence[asyncio.Future[Any]]) -> list[int]:
-        """The flags of started calls, one per task, in order (:mod:`~periodic_manager.targets.
-        redis.flags`: NEW, SENT, UNROUTABLE, BUSY, RESEND, or ELSEWHERE: being published through
-        kombu by another publisher). Once every call has
-        ended, raises the first failure as TargetError (``no answer within`` for a call that took
-        longer than ``timeout``); the calls that went through keep their effects (each is
-        atomic)."""
+        """The flags of started calls, one per task, in order (redis/flags.py: NEW, SENT,
+        UNROUTABLE, BUSY, RESEND, WRONGTYPE, or ELSEWHERE: being published through kombu by another
+        publisher). Once every call has ended, raises the first failure
+        as TargetError (``no answer within`` for a call that took longer than ``timeout``); the
+        calls that went through keep their effects (each is atomic)."""
         flags: list[int] = []
         with redis_errors("celery: redis", self.timeout):
             for reply in await asyncio.gather(*started, return_exceptions=True):

@@ -14,11 +14,14 @@
 -- claim), BUSY (the schedule's previous task changed since it was read: nothing written), RESEND
 -- (pushed again over an abandoned pending claim: a publish through kombu the broker never
 -- confirmed), ELSEWHERE (a pending claim younger than that: a publish through kombu is under
--- way; nothing written, ask again).
+-- way; nothing written, ask again), WRONGTYPE (the task's claim key or its schedule's
+-- previous-task key holds another Redis type: nothing written for it, the others go on).
 --
 -- A script is atomic but not transactional: a command that fails half-way leaves the earlier
--- effects. So every key is type-checked before the first claim, and a claim is written only
--- together with its message: a claim never exists without its message.
+-- effects, and the messages are pushed after the loop that writes the claims. So no command of
+-- that loop may fail: the keys every task shares (lists, binding sets) are type-checked before
+-- the first claim, a task's own keys are read with redis.pcall (one of another type fails that
+-- task alone), and SET never fails on a key's type. A claim never exists without its message.
 local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
 local function wrong(key, want)
   local kind = redis.call('TYPE', key)['ok']
@@ -32,6 +35,10 @@ local meta = cjson.decode(ARGV[2])
 local blob = ARGV[3]
 local stale = tonumber(ARGV[4])
 local clock = nil
+-- Whether a redis.pcall reply is an error (a key of another type).
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
 -- A claim that is already there: SENT, RESEND (pending and abandoned) or ELSEWHERE (pending
 -- and recent).
 local function held(value)
@@ -92,13 +99,20 @@ for i, t in ipairs(meta.t) do
     flag = UNROUTABLE
   elseif t[6] then
     -- options.overlap: the previous task is compared before anything is claimed.
-    local value = redis.call('GET', claim)
-    if value then
+    local value = redis.pcall('GET', claim)
+    if failed(value) then
+      flag = WRONGTYPE
+    elseif value then
       flag = held(value)
-    elseif (redis.call('GET', t[6]) or '') ~= t[7] then
-      flag = BUSY
     else
-      flag = NEW
+      local prev = redis.pcall('GET', t[6])
+      if failed(prev) then
+        flag = WRONGTYPE
+      elseif (prev or '') ~= t[7] then
+        flag = BUSY
+      else
+        flag = NEW
+      end
     end
     if flag == NEW or flag == RESEND then
       redis.call('SET', claim, sent, 'PX', t[3])
@@ -107,9 +121,14 @@ for i, t in ipairs(meta.t) do
   elseif redis.call('SET', claim, sent, 'NX', 'PX', t[3]) then
     flag = NEW
   else
-    flag = held(redis.call('GET', claim) or '')
-    if flag == RESEND then
-      redis.call('SET', claim, sent, 'PX', t[3])
+    local value = redis.pcall('GET', claim)
+    if failed(value) then
+      flag = WRONGTYPE
+    else
+      flag = held(value or '')
+      if flag == RESEND then
+        redis.call('SET', claim, sent, 'PX', t[3])
+      end
     end
   end
   out[i] = flag
