@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from periodic_manager.contracts import Task
+from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.redis import flags, lua
@@ -129,3 +130,48 @@ async def test_celery_a_key_of_another_type_fails_its_task_alone_and_leaves_no_c
         assert len(await queued_ids(redis_client, redis_prefix, queue)) == 3
     finally:
         await redis_client.delete(*(f"celery-task-meta-{t.id}" for t in tasks))
+
+
+@pytest.fixture
+async def arq(
+    redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
+) -> AsyncIterator[ArqTarget]:
+    target = ArqTarget.from_url(redis_url, prefix=redis_prefix)
+    made: list[str] = []
+    target.made = made  # type: ignore[attr-defined]
+    yield target
+    await target.close()
+    keys = [f"arq:{kind}:{i}" for i in made for kind in ("job", "in-progress", "result", "retry")]
+    if keys:
+        await redis_client.delete(*keys)
+
+
+async def test_arq_a_previous_job_key_of_another_type_fails_that_job_alone(
+    arq: ArqTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    queue = f"{redis_prefix}:arq"
+    a, b, c = (make_task(redis_prefix, n, queue, overlap="skip") for n in ("a", "b", "c"))
+    arq.made += [a.id, b.id, c.id]  # type: ignore[attr-defined]
+    await redis_client.hset(f"{redis_prefix}:prev:{b.name}", "x", "1")
+    first = await arq.enqueue([a, b, c], SLOT)
+    # a and c were written and claimed in the same script as b: they are queued, and say so.
+    assert [r.status for r in first] == ["enqueued", "failed", "enqueued"]
+    assert "another Redis type" in (first[1].error or "")
+    assert sorted(await redis_client.zrange(queue, 0, -1)) == sorted([a.id, c.id])
+    assert [r.status for r in await arq.enqueue([a, b, c], SLOT)] == [
+        "duplicate", "failed", "duplicate"
+    ]  # fmt: skip
+
+
+async def test_arq_a_queue_of_another_type_fails_its_chunk_and_writes_nothing(
+    arq: ArqTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    bad_queue, good_queue = f"{redis_prefix}:bad", f"{redis_prefix}:good"
+    bad, good = make_task(redis_prefix, "bad", bad_queue), make_task(redis_prefix, "good", good_queue)
+    arq.made += [bad.id, good.id]  # type: ignore[attr-defined]
+    await redis_client.set(bad_queue, "not a sorted set")
+    results = await arq.enqueue([bad, good], SLOT)
+    assert [r.status for r in results] == ["failed", "enqueued"]
+    assert "WRONGTYPE" in (results[0].error or "") and "sorted set" in (results[0].error or "")
+    assert await claim_of(redis_client, redis_prefix, bad) is None
+    assert await redis_client.exists(f"arq:job:{bad.id}") == 0
