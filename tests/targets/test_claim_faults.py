@@ -91,17 +91,8 @@ def test_every_claim_script_declares_the_flags_of_flags_py(package: str, name: s
 # -- a key of another type: that slot fails alone, no claim without its message ----------------
 
 
-@pytest.fixture
-async def direct(redis_url: str, redis_prefix: str) -> AsyncIterator[CeleryTarget]:
-    """A Celery target writing to the test Redis itself, with a result backend (overlap)."""
-    target = celery_target(redis_url, redis_prefix, result_backend=redis_url, timeout=1.0)
-    assert target.writer is not None
-    yield target
-    await target.close()
-
-
 async def test_celery_a_key_of_another_type_fails_its_task_alone_and_leaves_no_claim_without_message(
-    direct: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
+    celery: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     queue = f"{redis_prefix}.q"
     plain = [make_task(redis_prefix, f"p{i}", queue) for i in range(3)]
@@ -112,7 +103,7 @@ async def test_celery_a_key_of_another_type_fails_its_task_alone_and_leaves_no_c
     await redis_client.hset(f"{redis_prefix}:prev:{after[1].name}", "x", "1")
     tasks = [*plain, *after]
     try:
-        first = await direct.enqueue(tasks, SLOT)
+        first = await celery.enqueue(tasks, SLOT)
         assert [r.status for r in first] == ["enqueued", "failed", "enqueued", "enqueued", "failed"]
         assert "another Redis type" in (first[1].error or "")
         assert "another Redis type" in (first[4].error or "")
@@ -123,7 +114,7 @@ async def test_celery_a_key_of_another_type_fails_its_task_alone_and_leaves_no_c
         # Every claim that says sent has its message; the failed slots hold none of ours.
         for t in sent:
             assert await claim_of(redis_client, redis_prefix, t) == f"s|{t.id}"
-        again = await direct.enqueue(tasks, SLOT)
+        again = await celery.enqueue(tasks, SLOT)
         assert [r.status for r in again] == [
             "duplicate", "failed", "duplicate", "duplicate", "failed"
         ]  # fmt: skip
@@ -175,3 +166,26 @@ async def test_arq_a_queue_of_another_type_fails_its_chunk_and_writes_nothing(
     assert "WRONGTYPE" in (results[0].error or "") and "sorted set" in (results[0].error or "")
     assert await claim_of(redis_client, redis_prefix, bad) is None
     assert await redis_client.exists(f"arq:job:{bad.id}") == 0
+
+
+@pytest.fixture
+async def kombu(redis_url: str, redis_prefix: str) -> AsyncIterator[CeleryTarget]:
+    target = celery_target(
+        redis_url, redis_prefix, fast_path=False, result_backend=redis_url, timeout=1.0
+    )
+    assert target.writer is None and target.previous is not None
+    yield target
+    await target.close()
+
+
+async def test_kombu_an_abandoned_claim_without_a_ttl_is_taken_again_with_one(
+    kombu: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    queue = f"{redis_prefix}.q"
+    task = make_task(redis_prefix, "ttl", queue)
+    key = f"{redis_prefix}:claim:{task.idempotency_key}"
+    await redis_client.set(key, f"p|{task.id}|gone|1")  # hand-written: no TTL, long abandoned
+    [result] = await kombu.enqueue([task], SLOT)
+    assert result.status == "resent"
+    assert await claim_of(redis_client, redis_prefix, task) == f"s|{task.id}"
+    assert 0 < await redis_client.pttl(key) <= 90_000  # (expires_at - now) + 60 s, at most

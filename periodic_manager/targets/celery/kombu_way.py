@@ -28,7 +28,14 @@ from periodic_manager.targets.base import overlap_of
 from periodic_manager.targets.celery.kombu import KombuPublisher
 from periodic_manager.targets.celery.message import celery_message
 from periodic_manager.targets.redis.claims import RedisClaims
-from periodic_manager.targets.redis.flags import ELSEWHERE, NEW, RESEND, SENT
+from periodic_manager.targets.redis.flags import (
+    ELSEWHERE,
+    NEW,
+    RESEND,
+    SENT,
+    WRONGTYPE,
+    wrong_type,
+)
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 
 log = logging.getLogger(__name__)
@@ -99,6 +106,9 @@ class KombuWay:
             for index, flag in zip(ask, flags, strict=True):
                 if flag == SENT:
                     results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
+                elif flag == WRONGTYPE:
+                    error = wrong_type("celery", self.claims.key(tasks[index].idempotency_key))
+                    results[index] = EnqueueResult(tasks[index], "failed", error=error)
                 elif flag in (NEW, RESEND):
                     publish.append(index)
                     if flag == RESEND:

@@ -100,14 +100,27 @@ class RedisClaims:
         left = task.expires_at.astimezone(UTC) - now.astimezone(UTC)
         return max(1000, math.ceil((left.total_seconds() + self.margin) * 1000))
 
-    async def claim(self, tasks: Sequence[Task], now: datetime) -> list[int]:
+    async def claim(
+        self,
+        tasks: Sequence[Task],
+        now: datetime,
+        prevs: Sequence[Sequence[Any] | None] | None = None,
+    ) -> list[int]:
         """Take a pending claim of every task's slot where it is free (or resendable); one flag
-        per task (:mod:`~periodic_manager.targets.redis.flags`): NEW, RESEND, SENT or ELSEWHERE.
-        A key repeated in ``tasks`` is NEW once."""
+        per task (:mod:`~periodic_manager.targets.redis.flags`): NEW, RESEND, SENT, ELSEWHERE or
+        WRONGTYPE. A key repeated in ``tasks`` is NEW once.
+
+        ``prevs`` (options.overlap), one per task or None: the compare-and-set of its schedule's
+        previous-task key (key, value read, new value, TTL ms); such a task may also be BUSY."""
         if not tasks:
             return []
-        rows = [[t.idempotency_key, t.id, self.ttl_ms(t, now)] for t in tasks]
-        flags = await self._run(self._claim, [self.key(""), json.dumps(rows), self.owner, self.stale_ms])
+        rows: list[list[Any]] = [[t.idempotency_key, t.id, self.ttl_ms(t, now)] for t in tasks]
+        if prevs is not None:
+            for row, prev in zip(rows, prevs, strict=True):
+                if prev is not None:
+                    row += prev
+        args: list[EncodableT] = [self.key(""), json.dumps(rows), self.owner, self.stale_ms]
+        flags = await self._run(self._claim, args)
         seen: set[str] = set()
         out = []
         for task, flag in zip(tasks, flags, strict=True):

@@ -28,8 +28,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from redis.typing import EncodableT
-
 from periodic_manager.contracts import (
     FINISHED,
     NONE,
@@ -44,13 +42,19 @@ from periodic_manager.targets.base import overlap_fields, overlap_timeout_ms
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims, is_pending
 from periodic_manager.targets.redis.errors import redis_errors
-from periodic_manager.targets.redis.flags import ELSEWHERE, NEW, RESEND, SENT
+from periodic_manager.targets.redis.flags import (
+    ELSEWHERE,
+    NEW,
+    RESEND,
+    SENT,
+    WRONGTYPE,
+    wrong_type,
+)
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]
 
-# The scripts (their arguments and flags are written at their top).
-CLAIM_AFTER = lua.script("periodic_manager.targets.redis", "claim_after.lua")
+# The script that marks or puts back previous-task keys (its arguments are written at its top).
 SWAP = lua.script("periodic_manager.targets.redis", "swap_previous.lua")
 
 
@@ -74,7 +78,6 @@ class PreviousTasks:
         self.claims = claims
         self.oracle = oracle
         self.publish_window_ms = round(publish_window_s * 1000)
-        self._claim = claims.client.register_script(CLAIM_AFTER)
         self._swap = claims.client.register_script(SWAP)
 
     def key(self, name: str) -> str:
@@ -136,20 +139,10 @@ class PreviousTasks:
         (``decided.resend`` too when a pending claim was re-taken); duplicates and tasks whose
         previous task changed since :meth:`read` get their result. Returns the indices held by
         another publisher's pending claim (ask again later)."""
-        rows = []
-        for i in indices:
-            task = tasks[i]
-            key, old, new, ttl = decided.written[i]
-            rows.append(
-                [task.idempotency_key, task.id, self.claims.ttl_ms(task, now), key, old, new, ttl]
-            )
-        if not rows:
+        if not indices:
             return []
-        args: list[EncodableT] = [
-            self.claims.key(""), json.dumps(rows), self.claims.owner, self.claims.stale_ms
-        ]
-        with redis_errors("overlap: claims"):
-            flags = await self._claim(keys=[], args=args)
+        part = [tasks[i] for i in indices]
+        flags = await self.claims.claim(part, now, [decided.written[i] for i in indices])
         elsewhere = []
         for i, flag in zip(indices, flags, strict=True):
             task, flag = tasks[i], int(flag)
@@ -160,9 +153,12 @@ class PreviousTasks:
             elif flag == ELSEWHERE:
                 elsewhere.append(i)
             else:
-                del decided.written[i]
+                key = decided.written.pop(i)[0]
                 if flag == SENT:
                     decided.results[i] = EnqueueResult(task, "duplicate", task.id)
+                elif flag == WRONGTYPE:
+                    error = wrong_type("overlap", self.claims.key(task.idempotency_key), key)
+                    decided.results[i] = EnqueueResult(task, "failed", error=error)
                 else:  # another manager sent a task of this schedule since it was read
                     decided.results[i] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
         return elsewhere
