@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from periodic_manager.contracts import Task
+from periodic_manager.errors import TargetError
 from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
@@ -176,6 +177,68 @@ async def kombu(redis_url: str, redis_prefix: str) -> AsyncIterator[CeleryTarget
     assert target.writer is None and target.previous is not None
     yield target
     await target.close()
+
+
+async def test_kombu_a_result_backend_failure_leaves_no_pending_claim_behind(
+    kombu: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    queue = f"{redis_prefix}.q"
+    plain, after = make_task(redis_prefix, "plain", queue), make_task(
+        redis_prefix, "after", queue, overlap="skip"
+    )
+    await redis_client.set(f"{redis_prefix}:prev:{after.name}", "someid|123|1")
+    assert kombu.previous is not None
+    real = kombu.previous.oracle
+
+    async def down(ids: Any) -> list[str]:
+        raise RuntimeError("result backend down")
+
+    kombu.previous.oracle = down
+    with pytest.raises(TargetError, match="result backend down"):
+        await kombu.enqueue([plain, after], SLOT)
+    assert await claim_of(redis_client, redis_prefix, plain) is None
+    assert await queued_ids(redis_client, redis_prefix, queue) == []
+    kombu.previous.oracle = real
+    # Nothing was published: the retry publishes it for the first time (not "resent").
+    again = await kombu.enqueue([plain, after], SLOT)
+    assert [r.status for r in again] == ["enqueued", "busy"]  # someid: PENDING, not finished
+    assert await queued_ids(redis_client, redis_prefix, queue) == [plain.id]
+
+
+async def test_kombu_a_publish_that_cannot_start_frees_its_claims_and_previous_keys(
+    kombu: CeleryTarget,
+    redis_url: str,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queue = f"{redis_prefix}.q"
+    plain = [make_task(redis_prefix, f"p{i}", queue) for i in range(2)]
+    after = make_task(redis_prefix, "after", queue, overlap="skip")
+    tasks = [*plain, after]
+    # The publishing thread is gone (the target is closing) once the slots are claimed.
+    def stopped(messages: Any) -> Any:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    monkeypatch.setattr(kombu.kombu.publisher, "start", stopped)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        await kombu.enqueue(tasks, SLOT)
+    for t in tasks:
+        assert await claim_of(redis_client, redis_prefix, t) is None
+    assert await redis_client.get(f"{redis_prefix}:prev:{after.name}") is None
+    monkeypatch.undo()
+    # Nothing was published: another manager sends every slot at once, for the first time.
+    other = celery_target(
+        redis_url, redis_prefix, fast_path=False, result_backend=redis_url, timeout=1.0
+    )
+    try:
+        again = await other.enqueue(tasks, SLOT)
+    finally:
+        await other.close()
+    assert [r.status for r in again] == ["enqueued", "enqueued", "enqueued"]
+    assert sorted(await queued_ids(redis_client, redis_prefix, queue)) == sorted(
+        t.id for t in tasks
+    )
 
 
 async def test_kombu_an_abandoned_claim_without_a_ttl_is_taken_again_with_one(

@@ -11,9 +11,10 @@ only if the key still holds what was read, so two managers never both find the s
 
 - where the queue lives in the claims' Redis (arq, Celery on a Redis broker), one script
   compares the key, claims the slot, enqueues the task and records it with flag 1;
-- elsewhere (Celery through kombu), :meth:`PreviousTasks.claim_pending` compares, takes a
-  pending claim and records the task with flag 0; the publish follows, then flag 1. While a
-  publish is under way (flag 0, younger than ``publish_window``) the new task counts as queued
+- elsewhere (Celery through kombu), the pending claim's script (``claim.lua``, through
+  :meth:`~periodic_manager.targets.redis.claims.RedisClaims.claim`) compares, takes a pending
+  claim and records the task with flag 0; the publish follows, then flag 1. While a publish is
+  under way (flag 0, younger than ``publish_window``) the new task counts as queued
   even if the worker system does not know it yet. A publish that was never started puts the key
   back and frees its claim.
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from periodic_manager.contracts import (
@@ -42,14 +43,6 @@ from periodic_manager.targets.base import overlap_fields, overlap_timeout_ms
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims, is_pending
 from periodic_manager.targets.redis.errors import redis_errors
-from periodic_manager.targets.redis.flags import (
-    ELSEWHERE,
-    NEW,
-    RESEND,
-    SENT,
-    WRONGTYPE,
-    wrong_type,
-)
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]
@@ -67,8 +60,6 @@ class Decided:
     free: list[int]
     written: dict[int, tuple[str, str, str, int]]  # index -> (key, value read, written, TTL)
     previous: dict[int, Previous]
-    claimed: list[int] = field(default_factory=list)  # claimed by claim_pending, in order
-    resend: set[int] = field(default_factory=set)  # of those: pending claims published again
 
 
 class PreviousTasks:
@@ -89,8 +80,8 @@ class PreviousTasks:
         """Read the previous task of each ``tasks[i]`` and ask the oracle whether it finished:
         busy where it has not, free where it has, duplicate where the slot was sent already.
         A free task's key is to become ``<task id>|<now ms>|<flag>`` (``"1"``: the caller sends
-        it in the same Redis step as the claim; ``"0"``: it publishes after, see
-        :meth:`claim_pending`). Raises TargetError when Redis or the oracle fails."""
+        it in the same Redis step as the claim; ``"0"``: it publishes after, under a pending
+        claim). Writes nothing; raises TargetError when Redis or the oracle fails."""
         now_ms = round(now.timestamp() * 1000)
         decided = Decided({}, [], {}, {})
         keys = [self.key(tasks[i].name) for i in indices]
@@ -130,38 +121,6 @@ class PreviousTasks:
             decided.written[i] = (self.key(task.name), read[i], f"{task.id}|{now_ms}|{flag}", ttl)
             decided.free.append(i)
         return decided
-
-    async def claim_pending(
-        self, tasks: Sequence[Task], decided: Decided, indices: Sequence[int], now: datetime
-    ) -> list[int]:
-        """Claim the free slots of ``indices`` (pending: published after) with the
-        compare-and-set of their previous-task keys. Claimed tasks join ``decided.claimed``
-        (``decided.resend`` too when a pending claim was re-taken); duplicates and tasks whose
-        previous task changed since :meth:`read` get their result. Returns the indices held by
-        another publisher's pending claim (ask again later)."""
-        if not indices:
-            return []
-        part = [tasks[i] for i in indices]
-        flags = await self.claims.claim(part, now, [decided.written[i] for i in indices])
-        elsewhere = []
-        for i, flag in zip(indices, flags, strict=True):
-            task, flag = tasks[i], int(flag)
-            if flag in (NEW, RESEND):
-                decided.claimed.append(i)
-                if flag == RESEND:
-                    decided.resend.add(i)
-            elif flag == ELSEWHERE:
-                elsewhere.append(i)
-            else:
-                key = decided.written.pop(i)[0]
-                if flag == SENT:
-                    decided.results[i] = EnqueueResult(task, "duplicate", task.id)
-                elif flag == WRONGTYPE:
-                    error = wrong_type("overlap", self.claims.key(task.idempotency_key), key)
-                    decided.results[i] = EnqueueResult(task, "failed", error=error)
-                else:  # another manager sent a task of this schedule since it was read
-                    decided.results[i] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-        return elsewhere
 
     def _previous(
         self, parsed: tuple[str, int, str] | None, states: dict[str, str], now_ms: int, task: Task
