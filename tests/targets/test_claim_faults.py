@@ -9,6 +9,8 @@ without its message, a publish never started frees its claim (so a retry does no
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
@@ -252,3 +254,74 @@ async def test_kombu_an_abandoned_claim_without_a_ttl_is_taken_again_with_one(
     assert result.status == "resent"
     assert await claim_of(redis_client, redis_prefix, task) == f"s|{task.id}"
     assert 0 < await redis_client.pttl(key) <= 90_000  # (expires_at - now) + 60 s, at most
+
+
+# -- a slot another publisher holds pending ---------------------------------------------------------
+
+
+async def test_a_pending_claim_dated_in_the_future_counts_as_abandoned(
+    celery: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    queue = f"{redis_prefix}.q"
+    tasks = [make_task(redis_prefix, f"s{i}", queue) for i in range(5)]
+    held = tasks[2]
+    # Another publisher's pending claim, dated far ahead of Redis's clock (a hand-written value,
+    # a clock stepped back): it would never grow old enough to be taken over.
+    await redis_client.set(
+        f"{redis_prefix}:claim:{held.idempotency_key}", f"p|{held.id}|other|99999999999999",
+        px=60_000,
+    )  # fmt: skip
+    results = await celery.enqueue(tasks, SLOT)
+    assert [r.status for r in results] == ["enqueued", "enqueued", "resent", "enqueued", "enqueued"]
+    assert sorted(await queued_ids(redis_client, redis_prefix, queue)) == sorted(t.id for t in tasks)
+    assert await claim_of(redis_client, redis_prefix, held) == f"s|{held.id}"
+
+
+@contextlib.asynccontextmanager
+async def kept_pending(client: aioredis.Redis, key: str, task_id: str) -> AsyncIterator[None]:
+    """Another publisher that keeps ``key`` pending (dated now by Redis's clock) meanwhile."""
+
+    async def write() -> None:
+        seconds, micros = await client.time()
+        ms = seconds * 1000 + micros // 1000
+        await client.set(key, f"p|{task_id}|other|{ms}", px=60_000)
+
+    async def keep() -> None:
+        while True:
+            await asyncio.sleep(0.05)  # a writer's pace, not a slot
+            await write()
+
+    await write()
+    keeper = asyncio.ensure_future(keep())
+    try:
+        yield
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+
+
+async def test_a_slot_held_elsewhere_past_the_wait_fails_alone_and_the_batch_is_sent(
+    celery: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    queue = f"{redis_prefix}.q"
+    tasks = [make_task(redis_prefix, f"h{i}", queue) for i in range(4)]
+    held = tasks[1]
+    celery.claims.stale_ms = 300  # the wait for a held slot: stale time + 1 s
+    key = f"{redis_prefix}:claim:{held.idempotency_key}"
+    async with kept_pending(redis_client, key, held.id):
+        sending = asyncio.ensure_future(celery.enqueue(tasks, SLOT))
+        # The free slots go out at once, while the held one is still waited for.
+        for _ in range(100):
+            if len(await queued_ids(redis_client, redis_prefix, queue)) == 3 or sending.done():
+                break
+            await asyncio.sleep(0.02)  # polling the queue, not waiting for a slot
+        assert not sending.done() and len(await queued_ids(redis_client, redis_prefix, queue)) == 3
+        results = await sending
+        still = await redis_client.get(key)
+    assert [r.status for r in results] == ["enqueued", "failed", "enqueued", "enqueued"]
+    assert "another publisher" in (results[1].error or "")
+    assert sorted(await queued_ids(redis_client, redis_prefix, queue)) == sorted(
+        t.id for t in tasks if t is not held
+    )
+    assert still is not None and str(still).startswith("p|") and "|other|" in str(still)

@@ -72,7 +72,10 @@ class DirectWay:
             async def again(ask: list[int]) -> list[int]:
                 return await self._write(tasks, waiting, ask, now, results)
 
-            await self.claims.until_free(again, list(waiting), "celery")
+            for index in await self.claims.until_free(again, list(waiting)):
+                results[index] = EnqueueResult(
+                    tasks[index], "failed", error=self.claims.held_error("celery")
+                )
 
     async def send_after(
         self,
@@ -93,7 +96,10 @@ class DirectWay:
         async def write(ask: list[int]) -> list[int]:
             return await self._write(tasks, chosen, ask, now, results, decided)
 
-        await self.claims.until_free(write, decided.free, "celery")
+        for index in await self.claims.until_free(write, decided.free):
+            results[index] = EnqueueResult(
+                tasks[index], "failed", error=self.claims.held_error("celery")
+            )
 
     async def _write(
         self,

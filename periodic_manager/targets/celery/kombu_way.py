@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
 from periodic_manager.errors import TargetError
@@ -56,26 +56,46 @@ class KombuWay:
         """Claim, publish and settle the tasks of ``indices``, setting their results. Raises
         TargetError when the broker took only some (the rest keep or free their claims), or when
         a read or a claim failed before anything was published (then no claim of this call is
-        left taken, except those it could not free: a retry publishes them as resent)."""
+        left taken, except those it could not free: a retry publishes them as resent).
+
+        What is claimed is published at once; slots another publisher holds pending are asked
+        for again meanwhile, each published once free, and reported failed if still held after
+        :meth:`~periodic_manager.targets.redis.claims.RedisClaims.until_free`'s wait."""
         # Built at the instant: send_task counts a relative expiry from its own clock.
         messages = {index: celery_message(tasks[index], now) for index in indices}
         # options.overlap: the previous tasks are read first (the result backend may fail), so
         # that nothing is claimed before a read that fails.
         decided = await self._read(tasks, indices, results, now)
+
+        async def claim_and_publish(ask: list[int]) -> list[int]:
+            return await self._round(tasks, ask, results, now, decided, messages)
+
+        free = [i for i in indices if results[i] is None]
+        for index in await self.claims.until_free(claim_and_publish, free):
+            results[index] = EnqueueResult(
+                tasks[index], "failed", error=self.claims.held_error("celery")
+            )
+
+    async def _round(
+        self,
+        tasks: Sequence[Task],
+        indices: list[int],
+        results: list[EnqueueResult | None],
+        now: datetime,
+        decided: Decided | None,
+        messages: dict[int, dict[str, Any]],
+    ) -> list[int]:
+        """Claim the tasks of ``indices``, publish those claimed and settle them; returns those
+        another publisher holds pending (ask again). Raises as :meth:`send`."""
         publish: list[int] = []  # claimed, in order
         resend: set[int] = set()  # of those: pending claims taken again (published again)
         try:
-
-            async def claim(ask: list[int]) -> list[int]:
-                return await self._claim(tasks, ask, results, now, decided, publish, resend)
-
-            free = [i for i in indices if results[i] is None]
-            await self.claims.until_free(claim, free, "celery")
+            held = await self._claim(tasks, indices, results, now, decided, publish, resend)
             if not publish:
-                return
+                return held
             job = self.publisher.start([messages[index] for index in publish])
         except BaseException:
-            # Nothing of this call was published: free the claims it took.
+            # Nothing of this round was published: free the claims it took.
             await asyncio.shield(self._unclaim(tasks, publish, resend, decided))
             raise
         try:
@@ -94,7 +114,7 @@ class KombuWay:
             results[index] = result
         await self._settle(tasks, publish, taken, unknown, decided)
         if error is None:
-            return
+            return held
         unconfirmed = f" ({unknown} unconfirmed, published again by a retry)" if unknown else ""
         raise TargetError(
             f"celery: published {taken} of {len(publish)} task(s){unconfirmed}: {error}"

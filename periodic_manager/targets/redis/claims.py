@@ -37,7 +37,6 @@ from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
 from periodic_manager.contracts import Task
-from periodic_manager.errors import TargetError
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.flags import SENT
@@ -151,17 +150,27 @@ class RedisClaims:
             return await script(keys=[], args=args)
 
     async def until_free(
-        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int], what: str
-    ) -> None:
-        """Claim ``indices`` with ``ask`` (it returns those another publisher holds pending) and
-        ask again for those until they are sent or abandoned: at most the stale time (a publish
-        elsewhere ends, or is given up, well before). Raises TargetError past it."""
+        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int]
+    ) -> list[int]:
+        """Claim ``indices`` with ``ask`` (it takes what it can and returns those another
+        publisher holds pending) and ask again for those until they are sent or abandoned, for at
+        most the stale time (a publish elsewhere ends, or is given up, well before) plus 1 s.
+        Returns those still held then: the caller reports them failed (:meth:`held_error`), and
+        the scheduler retries them; the others were taken by ``ask`` meanwhile."""
         if not indices:
-            return
+            return []
         waiting = await ask(indices)
-        deadline = time.monotonic() + self.stale_ms / 1000 + 1  # a duration, not a slot
-        while waiting:
-            if time.monotonic() > deadline:
-                raise TargetError(f"{what}: {len(waiting)} slot(s) held by another publisher")
+        deadline = time.monotonic() + self.wait_s  # a duration, not a slot
+        while waiting and time.monotonic() <= deadline:
             await asyncio.sleep(RECHECK_S)  # the other publisher's broker answers meanwhile
             waiting = await ask(waiting)
+        return waiting
+
+    @property
+    def wait_s(self) -> float:
+        """How long :meth:`until_free` waits for slots held by another publisher."""
+        return self.stale_ms / 1000 + 1
+
+    def held_error(self, what: str) -> str:
+        """The error of a slot :meth:`until_free` gave up on."""
+        return f"{what}: another publisher held the slot pending for more than {self.wait_s:g} s"

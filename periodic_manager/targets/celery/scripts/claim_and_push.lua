@@ -4,7 +4,8 @@
 -- ARGV[1] = the claim-key prefix; ARGV[2] = JSON {"d": destinations, "t": tasks} (cjson: one
 -- argument instead of five per task); ARGV[3] = the tasks' messages, concatenated; ARGV[4] = how
 -- old (ms, Redis's clock) a pending claim of a publisher through kombu must be to count as
--- abandoned (see redis/claims.py).
+-- abandoned (see redis/claims.py); one dated more than `ahead` ms after Redis's clock would never
+-- grow old, and counts as abandoned too.
 --   destination: [list, binding set, routing key, declare set, declare member, key prefix,
 --                 priority suffix, separator]  ("" where not used)
 --   task: [idempotency key, task id, claim TTL in ms, destination (1-based), message length] and,
@@ -34,6 +35,7 @@ local claim_prefix = ARGV[1]
 local meta = cjson.decode(ARGV[2])
 local blob = ARGV[3]
 local stale = tonumber(ARGV[4])
+local ahead = 1000
 local clock = nil
 -- Whether a redis.pcall reply is an error (a key of another type).
 local function failed(reply)
@@ -48,7 +50,8 @@ local function held(value)
     clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   local since = string.match(value, '|(%d+)$')
-  if since == nil or clock - tonumber(since) >= stale then return RESEND end
+  local age = since and clock - tonumber(since)
+  if age == nil or age >= stale or age < -ahead then return RESEND end
   return ELSEWHERE
 end
 for _, d in ipairs(meta.d) do

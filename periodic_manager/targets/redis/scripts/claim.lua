@@ -13,12 +13,16 @@
 -- than stale ms: wait), WRONGTYPE (the claim key or the previous-task key holds another Redis
 -- type: nothing written for that row, the others go on).
 --
--- Redis's own clock dates a pending claim, so managers with different clocks agree on its age.
+-- Redis's own clock dates a pending claim, so managers with different clocks agree on its age. A
+-- pending claim dated more than `ahead` ms after that clock (a hand-written value, a clock that
+-- stepped back, another server's clock after a failover) would never grow old: it counts as
+-- abandoned.
 -- A claim is re-taken with the row's TTL (never KEEPTTL: a claim without one would live forever).
 -- A script is atomic, not transactional: the keys are read with redis.pcall and SET never fails
 -- on a key's type, so no command fails once the first claim is written.
 local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
 local prefix, owner, stale = ARGV[1], ARGV[3], tonumber(ARGV[4])
+local ahead = 1000
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Whether a redis.pcall reply is an error (a key of another type).
@@ -47,7 +51,8 @@ for i, row in ipairs(cjson.decode(ARGV[2])) do
     flag = SENT
   else
     local who, since = string.match(value, '^p|[^|]*|([^|]*)|(%d+)$')
-    if who == owner or since == nil or now - tonumber(since) >= stale then
+    local age = since and now - tonumber(since)
+    if who == owner or age == nil or age >= stale or age < -ahead then
       flag = RESEND
     else
       flag = ELSEWHERE
