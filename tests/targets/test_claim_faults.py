@@ -325,3 +325,28 @@ async def test_a_slot_held_elsewhere_past_the_wait_fails_alone_and_the_batch_is_
         t.id for t in tasks if t is not held
     )
     assert still is not None and str(still).startswith("p|") and "|other|" in str(still)
+
+
+# -- an overlap task's message is built when it is sent ---------------------------------------------
+
+
+async def test_a_staged_overlap_task_sent_late_keeps_its_expiry_counted_from_the_slot(
+    redis_url: str, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    queue = f"{redis_prefix}.q"
+    target = celery_target(redis_url, redis_prefix, result_backend=redis_url, timeout=1.0)
+    assert target.writer is not None  # written to Redis directly
+    plain = make_task(redis_prefix, "plain", queue, extra={"expires": 60})
+    after = make_task(redis_prefix, "after", queue, overlap="skip", extra={"expires": 60})
+    try:
+        prepared = target.prepare([plain, after])  # staged before the slot
+        late = SLOT + timedelta(seconds=10)  # sent 10 s after it (a retry, a slow instant)
+        results = await target.send(prepared, late)
+    finally:
+        await target.close()
+    assert [r.status for r in results] == ["enqueued", "enqueued"]
+    raw = await redis_client.lrange(f"{redis_prefix}:{queue}", 0, -1)
+    expires = {m["headers"]["id"]: m["headers"]["expires"] for m in map(json.loads, raw)}
+    # Both expire 60 s after the slot, whenever they were sent.
+    end = (SLOT + timedelta(seconds=60)).isoformat()
+    assert expires == {plain.id: end, after.id: end}

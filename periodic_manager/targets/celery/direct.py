@@ -80,18 +80,19 @@ class DirectWay:
     async def send_after(
         self,
         tasks: Sequence[Task],
-        after: list[tuple[int, dict[str, Any], Delivery]],
+        after: list[tuple[int, Delivery]],
         results: list[EnqueueResult | None],
         now: datetime,
     ) -> None:
-        """options.overlap: read the previous tasks of ``after`` (index, send_task arguments,
-        delivery), then claim and write each free slot with the compare-and-set of its
-        schedule's previous-task key."""
+        """options.overlap: read the previous tasks of ``after`` (index, delivery), then claim
+        and write each free slot with the compare-and-set of its schedule's previous-task key.
+        Their messages are built here, at ``now`` (a relative expiry counts from the send)."""
         assert self.previous is not None
-        decided = await self.previous.read(tasks, [i for i, _, _ in after], now, flag="1")
+        decided = await self.previous.read(tasks, [i for i, _ in after], now, flag="1")
         for index, result in decided.results.items():
             results[index] = result
-        chosen = {index: (msg, delivery) for index, msg, delivery in after}
+        where = dict(after)
+        chosen = {i: (celery_message(tasks[i], now), where[i]) for i in decided.free}
 
         async def write(ask: list[int]) -> list[int]:
             return await self._write(tasks, chosen, ask, now, results, decided)
