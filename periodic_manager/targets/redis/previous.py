@@ -43,6 +43,7 @@ from periodic_manager.targets.base import overlap_fields, overlap_timeout_ms
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims, is_pending
 from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.lua import text
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]
@@ -88,7 +89,7 @@ class PreviousTasks:
         keys += [self.claims.key(tasks[i].idempotency_key) for i in indices]
         with redis_errors("overlap"):
             values = await self.claims.client.mget(keys)
-        read = {i: _text(v) for i, v in zip(indices, values, strict=False)}
+        read = {i: text(v) for i, v in zip(indices, values, strict=False)}
         # A slot claimed already is a duplicate, whatever its schedule's previous task does (a
         # retry, or a second manager, must not hold a slot that was sent). A pending claim was
         # maybe published: it is sent again, whatever the previous task does.
@@ -159,12 +160,6 @@ class PreviousTasks:
             return
         with redis_errors("overlap"):
             await self._swap(args=[json.dumps(rows)])
-
-
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _parse(value: str) -> tuple[str, int, str] | None:
