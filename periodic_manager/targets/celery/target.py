@@ -384,8 +384,7 @@ class CeleryTarget:
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A task is finished once the result backend holds a ready state for it: that needs the
         backend (:mod:`~periodic_manager.targets.celery.results`)."""
-        backend = "configured" if self.results is not None else None
-        return completion.celery(backend) if completion.asks(options) else None
+        return completion.celery(self.results is not None) if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis and the broker the messages go to answer, each within

@@ -1,5 +1,7 @@
-"""Per-slot claims in Redis, for targets whose messages do not live in that Redis step for step
-with the claim (Celery through kombu, to RabbitMQ or any other broker).
+"""Per-slot claims in Redis for Celery and arq: pending claims for the messages that do not live
+in that Redis step for step with the claim (Celery through kombu, to RabbitMQ or any other
+broker), and the same keys for those written with their claim in one script (arq, Celery on a
+Redis broker).
 
 A claim is a key ``<prefix>:claim:<idempotency key>`` with a TTL of ``(expires_at - now) +
 margin`` (at least 1 s): past ``expires_at`` no manager may send the slot, so the claims alive at
@@ -8,17 +10,21 @@ how far the slot got:
 
 - ``p|<task id>|<owner>|<ms>``: **pending**. Taken by ``owner`` (one per target object) at
   ``ms`` (Redis's own clock) before the publish; the broker has not confirmed the message yet.
-- ``s|<task id>`` (or any other value, as older versions and the direct writers store the bare
-  task id): **sent**. The broker confirmed the message, or it was written in the same Redis step.
+- ``s|<task id>``: **sent**. The broker confirmed the message, or the claim was written in the
+  same Redis step as the message (arq, Celery on a Redis broker). Any other value (the bare task
+  id older versions stored) counts as sent too.
 
 A pending claim is never taken for "sent": if its publish failed, timed out or its reply was
 lost, the slot is published again with the same task id (``resend``), by its owner at once or by
-anyone once the claim is older than ``stale_s`` (its owner died or gave up). A re-publish may
-deliver the task twice when only the confirmation was lost: it is reported ``resent`` so that it
-is counted. A slot is never lost for a claim whose message did not arrive.
+anyone once the claim is older than ``stale_s`` (its owner died or gave up) or dated more than a
+second ahead of Redis's clock (it would never grow old). A re-publish may deliver the task twice
+when only the confirmation was lost: it is reported ``resent`` so that it is counted. A slot is
+never lost for a claim whose message did not arrive.
 
-Targets that can write the claim and the message in one Redis script (Redis Streams, Celery on a
-Redis broker, arq) never leave a claim pending: they read these values only to stay compatible.
+arq and Celery on a Redis broker write the claim and the message in one script and never leave a
+claim pending: they read pending values only to wait for, or take over, a publish through kombu
+of the same slot. Redis Streams keeps claims of its own beside each stream
+(``{<prefix>:<queue>}:claim:<idempotency key>``, valued with the stream entry id).
 """
 
 from __future__ import annotations
