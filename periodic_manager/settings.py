@@ -191,8 +191,10 @@ class Settings(BaseSettings):
         missing: dict[str, str] = {}
         if "redis" in names and (why := completion.redis(self.redis_group)) is not None:
             missing["redis"] = why
-        if "celery" in names and (why := completion.celery(self.celery_backend())) is not None:
-            missing["celery"] = why
+        if "celery" in names:
+            why = completion.celery(self.celery_backend() is not None)
+            if why is not None:
+                missing["celery"] = why
         return TargetSet(names, missing)
 
     def celery_broker(self) -> str:

@@ -98,9 +98,9 @@ def _check_word(v: Any) -> None:
         raise ValueError("must be a string of 1-255 characters")
 
 
-# Keys of ``options.extra`` that targets read (targets/celery.py, targets/arq.py), checked like
-# options so a bad value is refused when written instead of failing every enqueue. Other keys
-# pass through unchecked.
+# Keys of ``options.extra`` that targets read (targets/celery/message.py, targets/arq.py),
+# checked like options so a bad value is refused when written instead of failing every enqueue.
+# Other keys pass through unchecked.
 EXTRA_CHECKS: dict[str, Callable[[Any], None]] = {
     "priority": lambda v: _check_int(v, MAX_PRIORITY),
     "expires": _check_seconds,

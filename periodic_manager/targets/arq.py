@@ -37,14 +37,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Previous, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of, split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
-from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.errors import KeyTypeError, redis_errors
+from periodic_manager.targets.redis.flags import BUSY, NEW, SENT, WRONGTYPE, wrong_type
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
@@ -205,15 +204,19 @@ class ArqTarget:
         flags = await self._write(tasks, jobs, send, decided, now)
         for index, flag in flags.items():
             task = tasks[index]
-            if flag == 1:
+            if flag == NEW:
                 results[index] = EnqueueResult(task, "enqueued", task.id)
-            elif flag == 0:
+            elif flag == SENT:
                 results[index] = EnqueueResult(task, "duplicate", task.id)
-            elif flag == 3:  # another manager sent a job of this schedule since it was read
+            elif flag == BUSY:  # another manager sent a job of this schedule since it was read
                 results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-            else:
-                results[index] = EnqueueResult(task, "failed", error=f"arq: {flag}")
-            if decided is not None and flag == 1 and index in decided.previous:
+            elif flag == WRONGTYPE:
+                assert decided is not None  # only the previous-job key may be of another type
+                error = wrong_type("arq", decided.written[index][0])
+                results[index] = EnqueueResult(task, "failed", error=error)
+            else:  # the error text of a call refused whole (KeyTypeError)
+                results[index] = EnqueueResult(task, "failed", error=str(flag))
+            if decided is not None and flag == NEW and index in decided.previous:
                 results[index].previous = decided.previous[index]  # type: ignore[union-attr]
         return [r for r in results if r is not None]
 
@@ -226,8 +229,9 @@ class ArqTarget:
         now: datetime,
     ) -> dict[int, int | str]:
         """Run the script for ``indices``, grouped by queue in chunks of CHUNK, at most
-        ``concurrency`` calls at once. Flags by index; a queue whose key holds another type
-        fails its tasks alone (flag: the error text)."""
+        ``concurrency`` calls at once. Flags by index (redis/flags.py); a queue whose key holds
+        another type fails the tasks of its calls alone (flag: the error text, the script wrote
+        nothing). Raises TargetError for any other failure of Redis."""
         by_queue: dict[str, list[int]] = {}
         for index in indices:
             by_queue.setdefault(jobs[index].queue, []).append(index)
@@ -256,15 +260,14 @@ class ArqTarget:
             ]  # fmt: skip
             async with gate:
                 try:
-                    async with asyncio.timeout(self.timeout):
-                        return [int(f) for f in await self._script(keys=[queue], args=args)]
-                except ResponseError as exc:
-                    if "WRONGTYPE" not in str(exc):
-                        raise
-                    return [str(exc)] * len(part)  # this queue's key is unusable: its tasks fail
+                    with redis_errors("arq: redis", self.timeout):
+                        async with asyncio.timeout(self.timeout):
+                            reply = await self._script(keys=[queue], args=args)
+                except KeyTypeError as exc:  # the queue's key is unusable: its tasks fail alone
+                    return [str(exc)] * len(part)
+            return [int(f) for f in reply]
 
-        with redis_errors("arq: redis", self.timeout):
-            replies = await asyncio.gather(*(one(q, part) for q, part in calls))
+        replies = await asyncio.gather(*(one(q, part) for q, part in calls))
         return {
             index: flag
             for (_, part), reply in zip(calls, replies, strict=True)

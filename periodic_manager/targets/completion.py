@@ -25,9 +25,9 @@ def redis(group: str | None) -> str | None:
     return None if group is not None else REDIS_NO_GROUP
 
 
-def celery(result_backend: str | None) -> str | None:
+def celery(has_result_backend: bool) -> str | None:
     """Celery: the result backend's ready states (None: it can tell)."""
-    return None if result_backend is not None else CELERY_NO_BACKEND
+    return None if has_result_backend else CELERY_NO_BACKEND
 
 
 def asks(options: Mapping[str, Any]) -> bool:

@@ -194,3 +194,19 @@ def test_a_bad_publish_timeout_is_refused_at_start(
     with pytest.raises(ValidationError) as err:
         Settings()
     assert err.value.errors()[0]["loc"] == ("celery_publish_timeout",)
+
+
+def test_publisher_confirms_stay_on_whatever_the_apps_transport_options_say() -> None:
+    from periodic_manager.targets.celery.app import publishing_app
+
+    settings = {
+        "broker_url": "amqp://guest:guest@127.0.0.1:5672//",
+        "broker_transport_options": {"confirm_publish": False, "max_retries": 1},
+    }
+    app = publishing_app("team", settings, broker_url=None, timeout=2.0)
+    try:
+        options = app.conf.broker_transport_options
+        assert options["confirm_publish"] is True  # a claim is "sent" only once confirmed
+        assert options["max_retries"] == 1  # the app's other options are kept
+    finally:
+        app.close()

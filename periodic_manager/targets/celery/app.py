@@ -95,7 +95,8 @@ def publishing_app(
 
     Broker calls are bounded: ``broker_connection_timeout`` and, on Redis, the socket timeouts
     default to ``timeout`` (the app's ``broker_transport_options`` win). On AMQP, publisher
-    confirms are on.
+    confirms are on, whatever the app's transport options say: a claim becomes "sent" only on
+    the broker's confirmation.
     """
     celery = import_celery()
     conf = dict(settings)
@@ -107,11 +108,12 @@ def publishing_app(
     transport: dict[str, Any] = {}
     if broker.startswith(REDIS_SCHEMES):
         transport = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    elif broker.startswith(AMQP_SCHEMES):
-        # Publisher confirms: send_task returns once RabbitMQ took the message (and raises when
-        # it refused it), so a claim is marked sent only for a message the broker has.
-        transport = {"confirm_publish": True}
     transport.update(conf.pop("broker_transport_options", None) or {})
+    if broker.startswith(AMQP_SCHEMES):
+        # Publisher confirms: send_task returns once RabbitMQ took the message (and raises when
+        # it refused it), so a claim is marked sent only for a message the broker has. Set
+        # after the app's options: an app that turns them off would lose slots silently.
+        transport["confirm_publish"] = True
     conf = {"broker_connection_timeout": timeout, **conf, "broker_transport_options": transport}
     app = celery.Celery(main, set_as_current=False)
     app.conf.update({**conf, **FORCED})

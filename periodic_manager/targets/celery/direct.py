@@ -22,16 +22,17 @@ from typing import Any
 from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
 from periodic_manager.targets.celery.message import celery_message
 from periodic_manager.targets.celery.wire import Delivery
-from periodic_manager.targets.celery.writer import (
-    BEING_PUBLISHED,
-    BUSY,
-    DUPLICATE,
-    ENQUEUED,
-    RESENT,
-    RedisWriter,
-    ScriptCall,
-)
+from periodic_manager.targets.celery.writer import RedisWriter, ScriptCall
 from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.flags import (
+    BUSY,
+    ELSEWHERE,
+    NEW,
+    RESEND,
+    SENT,
+    WRONGTYPE,
+    wrong_type,
+)
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 
 # A task's send_task arguments and where they go, by its index in the batch.
@@ -62,37 +63,44 @@ class DirectWay:
         flags = await self.writer.results(started or self.writer.start(calls))
         waiting: dict[int, tuple[dict[str, Any], Delivery]] = {}
         for (index, delivery), flag in zip(written, flags, strict=True):
-            if flag == BEING_PUBLISHED:
+            if flag == ELSEWHERE:
                 waiting[index] = (celery_message(tasks[index], now), delivery)
             else:
-                results[index] = _result(tasks[index], delivery, flag)
+                results[index] = self._result(tasks[index], delivery, flag)
         if waiting:
 
             async def again(ask: list[int]) -> list[int]:
                 return await self._write(tasks, waiting, ask, now, results)
 
-            await self.claims.until_free(again, list(waiting), "celery")
+            for index in await self.claims.until_free(again, list(waiting)):
+                results[index] = EnqueueResult(
+                    tasks[index], "failed", error=self.claims.held_error("celery")
+                )
 
     async def send_after(
         self,
         tasks: Sequence[Task],
-        after: list[tuple[int, dict[str, Any], Delivery]],
+        after: list[tuple[int, Delivery]],
         results: list[EnqueueResult | None],
         now: datetime,
     ) -> None:
-        """options.overlap: read the previous tasks of ``after`` (index, send_task arguments,
-        delivery), then claim and write each free slot with the compare-and-set of its
-        schedule's previous-task key."""
+        """options.overlap: read the previous tasks of ``after`` (index, delivery), then claim
+        and write each free slot with the compare-and-set of its schedule's previous-task key.
+        Their messages are built here, at ``now`` (a relative expiry counts from the send)."""
         assert self.previous is not None
-        decided = await self.previous.read(tasks, [i for i, _, _ in after], now, flag="1")
+        decided = await self.previous.read(tasks, [i for i, _ in after], now, flag="1")
         for index, result in decided.results.items():
             results[index] = result
-        chosen = {index: (msg, delivery) for index, msg, delivery in after}
+        where = dict(after)
+        chosen = {i: (celery_message(tasks[i], now), where[i]) for i in decided.free}
 
         async def write(ask: list[int]) -> list[int]:
             return await self._write(tasks, chosen, ask, now, results, decided)
 
-        await self.claims.until_free(write, decided.free, "celery")
+        for index in await self.claims.until_free(write, decided.free):
+            results[index] = EnqueueResult(
+                tasks[index], "failed", error=self.claims.held_error("celery")
+            )
 
     async def _write(
         self,
@@ -112,28 +120,34 @@ class DirectWay:
         flags = await writer.results(writer.start(writer.prepare(items, now, prevs)))
         waiting = []
         for index, flag in zip(indices, flags, strict=True):
-            if flag == BEING_PUBLISHED:
+            if flag == ELSEWHERE:
                 waiting.append(index)
                 continue
-            result = _result(tasks[index], chosen[index][1], flag)
+            prev_key = decided.written[index][0] if decided is not None else None
+            result = self._result(tasks[index], chosen[index][1], flag, prev_key)
             if decided is not None and result.status != "busy":
                 result.previous = decided.previous.get(index)
             results[index] = result
         return waiting
 
-
-def _result(task: Task, delivery: Delivery, flag: int) -> EnqueueResult:
-    """The result of a task the script took (see the writer's flags)."""
-    if flag == ENQUEUED:
-        return EnqueueResult(task, "enqueued", task.id)
-    if flag == DUPLICATE:
-        return EnqueueResult(task, "duplicate", task.id)
-    if flag == RESENT:
-        return EnqueueResult(task, "resent", task.id)
-    if flag == BUSY:  # another manager sent a task of this schedule since it was read
-        return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-    error = (
-        f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
-        f"{delivery.routing_key!r}"
-    )
-    return EnqueueResult(task, "failed", error=error)
+    def _result(
+        self, task: Task, delivery: Delivery, flag: int, prev_key: str | None = None
+    ) -> EnqueueResult:
+        """The result of a task the script took (its flag, redis/flags.py); ``prev_key``: its
+        schedule's previous-task key (options.overlap)."""
+        if flag == NEW:
+            return EnqueueResult(task, "enqueued", task.id)
+        if flag == SENT:
+            return EnqueueResult(task, "duplicate", task.id)
+        if flag == RESEND:
+            return EnqueueResult(task, "resent", task.id)
+        if flag == BUSY:  # another manager sent a task of this schedule since it was read
+            return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
+        if flag == WRONGTYPE:
+            keys = [self.claims.key(task.idempotency_key), *([prev_key] if prev_key else [])]
+            return EnqueueResult(task, "failed", error=wrong_type("celery", *keys))
+        error = (
+            f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
+            f"{delivery.routing_key!r}"
+        )
+        return EnqueueResult(task, "failed", error=error)

@@ -6,12 +6,14 @@ publishing thread (:mod:`~periodic_manager.targets.celery.kombu`) publishes with
 confirms (AMQP), and the claim becomes "sent" once the broker confirmed the message. A publish
 that failed, timed out or whose reply was lost leaves it pending, and the retry publishes the
 slot again with the same task id (reported ``resent``: the workers may see it twice when only
-the confirmation was lost; never lost). A publish never started frees its claim.
+the confirmation was lost; never lost). A publish never started frees its claim: nothing is
+read after the claims are taken, and a failure between them and the publish frees the claims
+this call took (a claim taken again to publish again stays pending: it was maybe published).
 
 ``options.overlap`` skip and hold: the previous tasks are read from the result backend first,
-then a compare-and-set of each schedule's previous-task key takes the pending claim
-(:meth:`~periodic_manager.targets.redis.previous.PreviousTasks.claim_pending`); the key is marked
-published after the broker confirmed.
+then the same script call that takes the pending claims compares each schedule's previous-task
+key with what was read and records the new task (flag 0); the key is marked published after the
+broker confirmed.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from periodic_manager.contracts import EnqueueResult, Task
+from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of
 from periodic_manager.targets.celery.kombu import KombuPublisher
 from periodic_manager.targets.celery.message import celery_message
-from periodic_manager.targets.redis.claims import ELSEWHERE, NEW, RESEND, SENT, RedisClaims
+from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.flags import BUSY, ELSEWHERE, NEW, RESEND, SENT, wrong_type
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 
 log = logging.getLogger(__name__)
@@ -51,13 +54,50 @@ class KombuWay:
         now: datetime,
     ) -> None:
         """Claim, publish and settle the tasks of ``indices``, setting their results. Raises
-        TargetError when the broker took only some (the rest keep or free their claims)."""
+        TargetError when the broker took only some (the rest keep or free their claims), or when
+        a read or a claim failed before anything was published (then no claim of this call is
+        left taken, except those it could not free: a retry publishes them as resent).
+
+        What is claimed is published at once; slots another publisher holds pending are asked
+        for again meanwhile, each published once free, and reported failed if still held after
+        :meth:`~periodic_manager.targets.redis.claims.RedisClaims.until_free`'s wait."""
         # Built at the instant: send_task counts a relative expiry from its own clock.
         messages = {index: celery_message(tasks[index], now) for index in indices}
-        publish, resend, decided = await self._claim(tasks, indices, results, now)
-        if not publish:
-            return
-        job = self.publisher.start([messages[index] for index in publish])
+        # options.overlap: the previous tasks are read first (the result backend may fail), so
+        # that nothing is claimed before a read that fails.
+        decided = await self._read(tasks, indices, results, now)
+
+        async def claim_and_publish(ask: list[int]) -> list[int]:
+            return await self._round(tasks, ask, results, now, decided, messages)
+
+        free = [i for i in indices if results[i] is None]
+        for index in await self.claims.until_free(claim_and_publish, free):
+            results[index] = EnqueueResult(
+                tasks[index], "failed", error=self.claims.held_error("celery")
+            )
+
+    async def _round(
+        self,
+        tasks: Sequence[Task],
+        indices: list[int],
+        results: list[EnqueueResult | None],
+        now: datetime,
+        decided: Decided | None,
+        messages: dict[int, dict[str, Any]],
+    ) -> list[int]:
+        """Claim the tasks of ``indices``, publish those claimed and settle them; returns those
+        another publisher holds pending (ask again). Raises as :meth:`send`."""
+        publish: list[int] = []  # claimed, in order
+        resend: set[int] = set()  # of those: pending claims taken again (published again)
+        try:
+            held = await self._claim(tasks, indices, results, now, decided, publish, resend)
+            if not publish:
+                return held
+            job = self.publisher.start([messages[index] for index in publish])
+        except BaseException:
+            # Nothing of this round was published: free the claims it took.
+            await asyncio.shield(self._unclaim(tasks, publish, resend, decided))
+            raise
         try:
             taken, unknown, error = await self.publisher.wait(job)
         except asyncio.CancelledError:
@@ -74,11 +114,29 @@ class KombuWay:
             results[index] = result
         await self._settle(tasks, publish, taken, unknown, decided)
         if error is None:
-            return
+            return held
         unconfirmed = f" ({unknown} unconfirmed, published again by a retry)" if unknown else ""
         raise TargetError(
             f"celery: published {taken} of {len(publish)} task(s){unconfirmed}: {error}"
         ) from error
+
+    async def _read(
+        self,
+        tasks: Sequence[Task],
+        indices: list[int],
+        results: list[EnqueueResult | None],
+        now: datetime,
+    ) -> Decided | None:
+        """options.overlap: the decision of the tasks of ``indices`` that ask for one (None if
+        none does); those not to send (duplicate, busy) get their result. Writes nothing."""
+        after = [i for i in indices if overlap_of(tasks[i]) != "allow"]
+        if not after:
+            return None
+        assert self.previous is not None
+        decided = await self.previous.read(tasks, after, now, flag="0")
+        for index, result in decided.results.items():
+            results[index] = result
+        return decided
 
     async def _claim(
         self,
@@ -86,40 +144,52 @@ class KombuWay:
         indices: list[int],
         results: list[EnqueueResult | None],
         now: datetime,
-    ) -> tuple[list[int], set[int], Decided | None]:
-        """Take the pending claims: (the tasks to publish, in order; those of them published
-        again; the overlap decision, if any task asks for one). Duplicates and busy tasks get
-        their result."""
-        publish: list[int] = []
-        resend: set[int] = set()
+        decided: Decided | None,
+        publish: list[int],
+        resend: set[int],
+    ) -> list[int]:
+        """Take the pending claims of the tasks of ``indices`` in one call (with the
+        compare-and-set of their previous-task keys, for those ``decided`` holds): the claimed
+        ones join ``publish`` (and ``resend``), duplicates, busy tasks and keys of another type
+        get their result. Returns those another publisher holds pending (ask again)."""
+        written = decided.written if decided is not None else {}
+        prevs = [written.get(i) for i in indices]
+        flags = await self.claims.claim([tasks[i] for i in indices], now, prevs)
+        held = []
+        for index, flag in zip(indices, flags, strict=True):
+            task = tasks[index]
+            if flag in (NEW, RESEND):
+                publish.append(index)
+                if flag == RESEND:
+                    resend.add(index)
+                continue
+            if flag == ELSEWHERE:
+                held.append(index)
+                continue
+            prev = written.pop(index, None)
+            if flag == SENT:
+                results[index] = EnqueueResult(task, "duplicate", task.id)
+            elif flag == BUSY:  # another manager sent a task of this schedule since it was read
+                results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
+            else:
+                keys = [self.claims.key(task.idempotency_key), *([prev[0]] if prev else [])]
+                results[index] = EnqueueResult(task, "failed", error=wrong_type("celery", *keys))
+        return held
 
-        async def claim_plain(ask: list[int]) -> list[int]:
-            flags = await self.claims.claim([tasks[i] for i in ask], now)
-            for index, flag in zip(ask, flags, strict=True):
-                if flag == SENT:
-                    results[index] = EnqueueResult(tasks[index], "duplicate", tasks[index].id)
-                elif flag in (NEW, RESEND):
-                    publish.append(index)
-                    if flag == RESEND:
-                        resend.add(index)
-            return [i for i, flag in zip(ask, flags, strict=True) if flag == ELSEWHERE]
-
-        plain = [i for i in indices if overlap_of(tasks[i]) == "allow"]
-        await self.claims.until_free(claim_plain, plain, "celery")
-        after = [i for i in indices if overlap_of(tasks[i]) != "allow"]
-        if not after:
-            return publish, resend, None
-        assert self.previous is not None
-        previous = self.previous
-        decided = await previous.read(tasks, after, now, flag="0")
-
-        async def claim_after(ask: list[int]) -> list[int]:
-            return await previous.claim_pending(tasks, decided, ask, now)
-
-        await self.claims.until_free(claim_after, decided.free, "celery")
-        for index, result in decided.results.items():
-            results[index] = result
-        return publish + decided.claimed, resend | decided.resend, decided
+    async def _unclaim(
+        self, tasks: Sequence[Task], publish: list[int], resend: set[int], decided: Decided | None
+    ) -> None:
+        """Free the claims this call took for tasks it never published, and put back their
+        previous-task keys. A claim taken again to publish again stays pending: it was maybe
+        published before (a retry publishes it, as resent)."""
+        new = [i for i in publish if i not in resend]
+        try:
+            await self.claims.release([tasks[i] for i in new])
+            if decided is not None and self.previous is not None:
+                await self.previous.unpublished(decided, [i for i in new if i in decided.written])
+        except TargetError as exc:
+            # Left pending: a retry or a takeover publishes them, counted resent; none is lost.
+            log.error("celery: could not free %d claim(s) of unpublished tasks: %s", len(new), exc)
 
     async def _settle(
         self,

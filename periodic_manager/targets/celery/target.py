@@ -77,9 +77,9 @@ class CeleryPrepared:
     refused: dict[int, str] = field(default_factory=dict)  # task index -> why Celery can't take it
     calls: list[ScriptCall] = field(default_factory=list)  # the Redis writer's script calls
     written: list[tuple[int, Delivery]] = field(default_factory=list)  # their tasks, in call order
-    # options.overlap tasks the Redis writer takes: written at send, after their previous task
-    # was read (index, send_task arguments, delivery).
-    after: list[tuple[int, dict[str, Any], Delivery]] = field(default_factory=list)
+    # options.overlap tasks the Redis writer takes: built and written at send, after their
+    # previous task was read (index, delivery).
+    after: list[tuple[int, Delivery]] = field(default_factory=list)
     kombu: list[int] = field(default_factory=list)  # tasks published through kombu at send
 
 
@@ -289,8 +289,9 @@ class CeleryTarget:
         """Everything of a batch that needs no broker, done before its instant: messages, routes
         and the Redis writer's script arguments. No I/O, no clock: claim TTLs and relative
         expiries count from each task's slot (a batch sent later keeps its claims that much
-        longer). Tasks published through kombu are only sorted out here; their messages are
-        built when sent."""
+        longer). Tasks published through kombu, and options.overlap tasks (written only after
+        their previous task was read), are only sorted out and routed here; their messages are
+        built when sent, so that a relative expiry counts from the send."""
         return Prepared(list(tasks), self._prepare(tasks, None))
 
     async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
@@ -325,7 +326,7 @@ class CeleryTarget:
             if delivery is None:
                 data.kombu.append(index)
             elif after:
-                data.after.append((index, msg, delivery))
+                data.after.append((index, delivery))
             else:
                 data.written.append((index, delivery))
                 written.append((task, msg, delivery))
@@ -383,8 +384,7 @@ class CeleryTarget:
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A task is finished once the result backend holds a ready state for it: that needs the
         backend (:mod:`~periodic_manager.targets.celery.results`)."""
-        backend = "configured" if self.results is not None else None
-        return completion.celery(backend) if completion.asks(options) else None
+        return completion.celery(self.results is not None) if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis and the broker the messages go to answer, each within

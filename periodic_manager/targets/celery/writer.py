@@ -34,8 +34,6 @@ from periodic_manager.targets.redis.errors import redis_errors
 # Claims and pushes a chunk (its arguments and flags are written at its top).
 CLAIM_AND_PUSH = lua.script("periodic_manager.targets.celery", "claim_and_push.lua")
 CHUNK = 1000  # tasks per script call (also the most values of one LPUSH: far below Lua's limit)
-# The script's flag of each task.
-DUPLICATE, ENQUEUED, UNROUTABLE, BUSY, RESENT, BEING_PUBLISHED = range(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +126,11 @@ class RedisWriter:
         return [asyncio.ensure_future(self._call(call)) for call in calls]
 
     async def results(self, started: Sequence[asyncio.Future[Any]]) -> list[int]:
-        """The flags of started calls, one per task, in order (ENQUEUED, DUPLICATE, UNROUTABLE,
-        BUSY, RESENT, or BEING_PUBLISHED through kombu by another publisher). Once every call has
-        ended, raises the first failure as TargetError (``no answer within`` for a call that took
-        longer than ``timeout``); the calls that went through keep their effects (each is
-        atomic)."""
+        """The flags of started calls, one per task, in order (redis/flags.py: NEW, SENT,
+        UNROUTABLE, BUSY, RESEND, WRONGTYPE, or ELSEWHERE: being published through kombu by another
+        publisher). Once every call has ended, raises the first failure
+        as TargetError (``no answer within`` for a call that took longer than ``timeout``); the
+        calls that went through keep their effects (each is atomic)."""
         flags: list[int] = []
         with redis_errors("celery: redis", self.timeout):
             for reply in await asyncio.gather(*started, return_exceptions=True):

@@ -1,5 +1,7 @@
-"""Per-slot claims in Redis, for targets whose messages do not live in that Redis step for step
-with the claim (Celery through kombu, to RabbitMQ or any other broker).
+"""Per-slot claims in Redis for Celery and arq: pending claims for the messages that do not live
+in that Redis step for step with the claim (Celery through kombu, to RabbitMQ or any other
+broker), and the same keys for those written with their claim in one script (arq, Celery on a
+Redis broker).
 
 A claim is a key ``<prefix>:claim:<idempotency key>`` with a TTL of ``(expires_at - now) +
 margin`` (at least 1 s): past ``expires_at`` no manager may send the slot, so the claims alive at
@@ -8,17 +10,21 @@ how far the slot got:
 
 - ``p|<task id>|<owner>|<ms>``: **pending**. Taken by ``owner`` (one per target object) at
   ``ms`` (Redis's own clock) before the publish; the broker has not confirmed the message yet.
-- ``s|<task id>`` (or any other value, as older versions and the direct writers store the bare
-  task id): **sent**. The broker confirmed the message, or it was written in the same Redis step.
+- ``s|<task id>``: **sent**. The broker confirmed the message, or the claim was written in the
+  same Redis step as the message (arq, Celery on a Redis broker). Any other value (the bare task
+  id older versions stored) counts as sent too.
 
 A pending claim is never taken for "sent": if its publish failed, timed out or its reply was
 lost, the slot is published again with the same task id (``resend``), by its owner at once or by
-anyone once the claim is older than ``stale_s`` (its owner died or gave up). A re-publish may
-deliver the task twice when only the confirmation was lost: it is reported ``resent`` so that it
-is counted. A slot is never lost for a claim whose message did not arrive.
+anyone once the claim is older than ``stale_s`` (its owner died or gave up) or dated more than a
+second ahead of Redis's clock (it would never grow old). A re-publish may deliver the task twice
+when only the confirmation was lost: it is reported ``resent`` so that it is counted. A slot is
+never lost for a claim whose message did not arrive.
 
-Targets that can write the claim and the message in one Redis script (Redis Streams, Celery on a
-Redis broker, arq) never leave a claim pending: they read these values only to stay compatible.
+arq and Celery on a Redis broker write the claim and the message in one script and never leave a
+claim pending: they read pending values only to wait for, or take over, a publish through kombu
+of the same slot. Redis Streams keeps claims of its own beside each stream
+(``{<prefix>:<queue>}:claim:<idempotency key>``, valued with the stream entry id).
 """
 
 from __future__ import annotations
@@ -37,21 +43,24 @@ from redis.commands.core import AsyncScript
 from redis.typing import EncodableT
 
 from periodic_manager.contracts import Task
-from periodic_manager.errors import TargetError
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
-
-# What :meth:`RedisClaims.claim` says of each task.
-SENT = 0  # the slot was sent already: a duplicate
-NEW = 1  # claimed now: publish it
-RESEND = 3  # a pending claim of ours, or an abandoned one: publish it again, same task id
-ELSEWHERE = 4  # another publisher's pending claim, younger than stale_s: wait for it
+from periodic_manager.targets.redis.flags import SENT
 
 # The scripts (their arguments and flags are written at their top).
 CLAIM = lua.script("periodic_manager.targets.redis", "claim.lua")
 SETTLE = lua.script("periodic_manager.targets.redis", "settle.lua")
 # How often a slot held pending by another publisher is looked at again (a duration of I/O).
 RECHECK_S = 0.1
+
+
+def claim_ttl_ms(task: Task, now: datetime, margin: float) -> int:
+    """How long the claim of ``task`` taken at ``now`` lives: until the task expires (no manager
+    may send its slot after that), plus ``margin`` seconds; at least 1 s. The one rule for every
+    claim, these and Redis Streams' own."""
+    # In UTC: two datetimes of one zone subtract as wall-clock times, wrong across DST.
+    left = task.expires_at.astimezone(UTC) - now.astimezone(UTC)
+    return max(1000, math.ceil((left.total_seconds() + margin) * 1000))
 
 
 def sent_value(task_id: str) -> str:
@@ -101,17 +110,30 @@ class RedisClaims:
         return f"{self.prefix}:claim:{idempotency_key}"
 
     def ttl_ms(self, task: Task, now: datetime) -> int:
-        # In UTC: two datetimes of one zone subtract as wall-clock times, wrong across DST.
-        left = task.expires_at.astimezone(UTC) - now.astimezone(UTC)
-        return max(1000, math.ceil((left.total_seconds() + self.margin) * 1000))
+        """How long the claim of ``task`` taken at ``now`` lives (:func:`claim_ttl_ms`)."""
+        return claim_ttl_ms(task, now, self.margin)
 
-    async def claim(self, tasks: Sequence[Task], now: datetime) -> list[int]:
+    async def claim(
+        self,
+        tasks: Sequence[Task],
+        now: datetime,
+        prevs: Sequence[Sequence[Any] | None] | None = None,
+    ) -> list[int]:
         """Take a pending claim of every task's slot where it is free (or resendable); one flag
-        per task: NEW, RESEND, SENT or ELSEWHERE. A key repeated in ``tasks`` is NEW once."""
+        per task (:mod:`~periodic_manager.targets.redis.flags`): NEW, RESEND, SENT, ELSEWHERE or
+        WRONGTYPE. A key repeated in ``tasks`` is NEW once.
+
+        ``prevs`` (options.overlap), one per task or None: the compare-and-set of its schedule's
+        previous-task key (key, value read, new value, TTL ms); such a task may also be BUSY."""
         if not tasks:
             return []
-        rows = [[t.idempotency_key, t.id, self.ttl_ms(t, now)] for t in tasks]
-        flags = await self._run(self._claim, [self.key(""), json.dumps(rows), self.owner, self.stale_ms])
+        rows: list[list[Any]] = [[t.idempotency_key, t.id, self.ttl_ms(t, now)] for t in tasks]
+        if prevs is not None:
+            for row, prev in zip(rows, prevs, strict=True):
+                if prev is not None:
+                    row += prev
+        args: list[EncodableT] = [self.key(""), json.dumps(rows), self.owner, self.stale_ms]
+        flags = await self._run(self._claim, args)
         seen: set[str] = set()
         out = []
         for task, flag in zip(tasks, flags, strict=True):
@@ -142,17 +164,27 @@ class RedisClaims:
             return await script(keys=[], args=args)
 
     async def until_free(
-        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int], what: str
-    ) -> None:
-        """Claim ``indices`` with ``ask`` (it returns those another publisher holds pending) and
-        ask again for those until they are sent or abandoned: at most the stale time (a publish
-        elsewhere ends, or is given up, well before). Raises TargetError past it."""
+        self, ask: Callable[[list[int]], Awaitable[list[int]]], indices: list[int]
+    ) -> list[int]:
+        """Claim ``indices`` with ``ask`` (it takes what it can and returns those another
+        publisher holds pending) and ask again for those until they are sent or abandoned, for at
+        most the stale time (a publish elsewhere ends, or is given up, well before) plus 1 s.
+        Returns those still held then: the caller reports them failed (:meth:`held_error`), and
+        the scheduler retries them; the others were taken by ``ask`` meanwhile."""
         if not indices:
-            return
+            return []
         waiting = await ask(indices)
-        deadline = time.monotonic() + self.stale_ms / 1000 + 1  # a duration, not a slot
-        while waiting:
-            if time.monotonic() > deadline:
-                raise TargetError(f"{what}: {len(waiting)} slot(s) held by another publisher")
+        deadline = time.monotonic() + self.wait_s  # a duration, not a slot
+        while waiting and time.monotonic() <= deadline:
             await asyncio.sleep(RECHECK_S)  # the other publisher's broker answers meanwhile
             waiting = await ask(waiting)
+        return waiting
+
+    @property
+    def wait_s(self) -> float:
+        """How long :meth:`until_free` waits for slots held by another publisher."""
+        return self.stale_ms / 1000 + 1
+
+    def held_error(self, what: str) -> str:
+        """The error of a slot :meth:`until_free` gave up on."""
+        return f"{what}: another publisher held the slot pending for more than {self.wait_s:g} s"

@@ -5,27 +5,47 @@ Every target that talks to Redis wraps its awaited calls (not its per-task work)
 
     <what>: <Type>: <message>          a Redis error, or the connection's (refused, reset, ...)
     <what>: no answer within <t> s     the call's own bound (``asyncio.timeout``) ran out
+    <what>: WRONGTYPE <key> is a <type>, not a <type>
+                                       a script's up-front type check refused the whole call
+                                       (:class:`KeyTypeError`)
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from periodic_manager.errors import TargetError
+
+# How a script refuses a call whose shared key (a queue, a stream, a binding set) holds another
+# Redis type, before it writes anything (claim_and_push.lua, arq_claim_and_write.lua,
+# claim_and_add*.lua). Redis's own WRONGTYPE ("Operation against a key holding the wrong kind of
+# value") is a command failing inside a script: not this.
+_REFUSED = re.compile(r"WRONGTYPE .* is an? [a-z]+, not an? [a-z ]+", re.DOTALL)
+
+
+class KeyTypeError(TargetError):
+    """A script refused its whole call, before writing anything, because a key that every task
+    of the call writes holds another Redis type: that call's tasks fail, the others go on."""
 
 
 @contextmanager
 def redis_errors(what: str, timeout: float | None = None) -> Iterator[None]:
-    """Raise what Redis raises inside as TargetError (its cause kept). ``timeout``: the bound of
-    the calls inside, named in the message when it runs out (None: not known here)."""
+    """Raise what Redis raises inside as TargetError (its cause kept), or as KeyTypeError for a
+    script's refusal of a key of another type. ``timeout``: the bound of the calls inside, named
+    in the message when it runs out (None: not known here)."""
     try:
         yield
     except TimeoutError as exc:  # before OSError, whose subclass it is
         if timeout is None:
             raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc
         raise TargetError(f"{what}: no answer within {timeout:g} s") from exc
+    except ResponseError as exc:
+        if _REFUSED.fullmatch(str(exc)):
+            raise KeyTypeError(f"{what}: {exc}") from exc
+        raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc
     except (RedisError, OSError) as exc:
         raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc

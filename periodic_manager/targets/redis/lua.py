@@ -1,4 +1,5 @@
-"""Lua scripts kept as ``.lua`` files in a ``scripts`` folder beside the Python that runs them.
+"""Lua scripts kept as ``.lua`` files in a ``scripts`` folder beside the Python that runs them,
+and the one reading of what they (or Redis) return as text (:func:`text`).
 
 :func:`script` returns the exact text sent to Redis (``SCRIPT LOAD``, or redis-py's
 ``register_script``), so the SHA of that text is the one Redis knows. A line
@@ -12,6 +13,13 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 
 INCLUDE = "--#include "
+
+
+def text(value: object) -> str:
+    """A value Redis returned (a script's reply, a GET), as text: bytes decoded, None as ``""``."""
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def script(package: str, name: str) -> str:

@@ -11,9 +11,10 @@ only if the key still holds what was read, so two managers never both find the s
 
 - where the queue lives in the claims' Redis (arq, Celery on a Redis broker), one script
   compares the key, claims the slot, enqueues the task and records it with flag 1;
-- elsewhere (Celery through kombu), :meth:`PreviousTasks.claim_pending` compares, takes a
-  pending claim and records the task with flag 0; the publish follows, then flag 1. While a
-  publish is under way (flag 0, younger than ``publish_window``) the new task counts as queued
+- elsewhere (Celery through kombu), the pending claim's script (``claim.lua``, through
+  :meth:`~periodic_manager.targets.redis.claims.RedisClaims.claim`) compares, takes a pending
+  claim and records the task with flag 0; the publish follows, then flag 1. While a publish is
+  under way (flag 0, younger than ``publish_window``) the new task counts as queued
   even if the worker system does not know it yet. A publish that was never started puts the key
   back and frees its claim.
 
@@ -25,10 +26,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-
-from redis.typing import EncodableT
 
 from periodic_manager.contracts import (
     FINISHED,
@@ -42,21 +41,14 @@ from periodic_manager.contracts import (
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_fields, overlap_timeout_ms
 from periodic_manager.targets.redis import lua
-from periodic_manager.targets.redis.claims import (
-    ELSEWHERE,
-    NEW,
-    RESEND,
-    SENT,
-    RedisClaims,
-    is_pending,
-)
+from periodic_manager.targets.redis.claims import RedisClaims, is_pending
 from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.lua import text
 
 # The states of previous tasks, by task id (queued, running, unfinished or finished).
 Oracle = Callable[[Sequence[str]], Awaitable[list[str]]]
 
-# The scripts (their arguments and flags are written at their top).
-CLAIM_AFTER = lua.script("periodic_manager.targets.redis", "claim_after.lua")
+# The script that marks or puts back previous-task keys (its arguments are written at its top).
 SWAP = lua.script("periodic_manager.targets.redis", "swap_previous.lua")
 
 
@@ -69,8 +61,6 @@ class Decided:
     free: list[int]
     written: dict[int, tuple[str, str, str, int]]  # index -> (key, value read, written, TTL)
     previous: dict[int, Previous]
-    claimed: list[int] = field(default_factory=list)  # claimed by claim_pending, in order
-    resend: set[int] = field(default_factory=set)  # of those: pending claims published again
 
 
 class PreviousTasks:
@@ -80,7 +70,6 @@ class PreviousTasks:
         self.claims = claims
         self.oracle = oracle
         self.publish_window_ms = round(publish_window_s * 1000)
-        self._claim = claims.client.register_script(CLAIM_AFTER)
         self._swap = claims.client.register_script(SWAP)
 
     def key(self, name: str) -> str:
@@ -92,15 +81,15 @@ class PreviousTasks:
         """Read the previous task of each ``tasks[i]`` and ask the oracle whether it finished:
         busy where it has not, free where it has, duplicate where the slot was sent already.
         A free task's key is to become ``<task id>|<now ms>|<flag>`` (``"1"``: the caller sends
-        it in the same Redis step as the claim; ``"0"``: it publishes after, see
-        :meth:`claim_pending`). Raises TargetError when Redis or the oracle fails."""
+        it in the same Redis step as the claim; ``"0"``: it publishes after, under a pending
+        claim). Writes nothing; raises TargetError when Redis or the oracle fails."""
         now_ms = round(now.timestamp() * 1000)
         decided = Decided({}, [], {}, {})
         keys = [self.key(tasks[i].name) for i in indices]
         keys += [self.claims.key(tasks[i].idempotency_key) for i in indices]
         with redis_errors("overlap"):
             values = await self.claims.client.mget(keys)
-        read = {i: _text(v) for i, v in zip(indices, values, strict=False)}
+        read = {i: text(v) for i, v in zip(indices, values, strict=False)}
         # A slot claimed already is a duplicate, whatever its schedule's previous task does (a
         # retry, or a second manager, must not hold a slot that was sent). A pending claim was
         # maybe published: it is sent again, whatever the previous task does.
@@ -133,45 +122,6 @@ class PreviousTasks:
             decided.written[i] = (self.key(task.name), read[i], f"{task.id}|{now_ms}|{flag}", ttl)
             decided.free.append(i)
         return decided
-
-    async def claim_pending(
-        self, tasks: Sequence[Task], decided: Decided, indices: Sequence[int], now: datetime
-    ) -> list[int]:
-        """Claim the free slots of ``indices`` (pending: published after) with the
-        compare-and-set of their previous-task keys. Claimed tasks join ``decided.claimed``
-        (``decided.resend`` too when a pending claim was re-taken); duplicates and tasks whose
-        previous task changed since :meth:`read` get their result. Returns the indices held by
-        another publisher's pending claim (ask again later)."""
-        rows = []
-        for i in indices:
-            task = tasks[i]
-            key, old, new, ttl = decided.written[i]
-            rows.append(
-                [task.idempotency_key, task.id, self.claims.ttl_ms(task, now), key, old, new, ttl]
-            )
-        if not rows:
-            return []
-        args: list[EncodableT] = [
-            self.claims.key(""), json.dumps(rows), self.claims.owner, self.claims.stale_ms
-        ]
-        with redis_errors("overlap: claims"):
-            flags = await self._claim(keys=[], args=args)
-        elsewhere = []
-        for i, flag in zip(indices, flags, strict=True):
-            task, flag = tasks[i], int(flag)
-            if flag in (NEW, RESEND):
-                decided.claimed.append(i)
-                if flag == RESEND:
-                    decided.resend.add(i)
-            elif flag == ELSEWHERE:
-                elsewhere.append(i)
-            else:
-                del decided.written[i]
-                if flag == SENT:
-                    decided.results[i] = EnqueueResult(task, "duplicate", task.id)
-                else:  # another manager sent a task of this schedule since it was read
-                    decided.results[i] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-        return elsewhere
 
     def _previous(
         self, parsed: tuple[str, int, str] | None, states: dict[str, str], now_ms: int, task: Task
@@ -210,12 +160,6 @@ class PreviousTasks:
             return
         with redis_errors("overlap"):
             await self._swap(args=[json.dumps(rows)])
-
-
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _parse(value: str) -> tuple[str, int, str] | None:

@@ -31,9 +31,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -45,7 +44,10 @@ from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_fields, overlap_refused
 from periodic_manager.targets.redis import lua
+from periodic_manager.targets.redis.claims import claim_ttl_ms
 from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.flags import BUSY, NEW, SENT
+from periodic_manager.targets.redis.lua import text
 from periodic_manager.targets.redis.sentinel import Sentinel
 
 # The scripts (their arguments and replies are written at their top): claim and add, and the same
@@ -70,10 +72,6 @@ def _chunk_bounds(n: int) -> list[tuple[int, int]]:
     bounds = [(0, min(n, FIRST_CHUNK))]
     bounds += [(i, min(n, i + CHUNK)) for i in range(FIRST_CHUNK, n, CHUNK)]
     return bounds
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class RedisStreamsTarget:
@@ -155,10 +153,7 @@ class RedisStreamsTarget:
 
     def claim_ttl_ms(self, task: Task, now: datetime) -> int:
         """How long the claim of ``task`` lives: until it expires, plus the margin (>= 1 s)."""
-        # In UTC: two datetimes of one zone subtract as wall-clock times, wrong across DST.
-        left = task.expires_at.astimezone(UTC) - now.astimezone(UTC)
-        seconds = left.total_seconds() + self.claim_margin
-        return max(1000, math.ceil(seconds * 1000))
+        return claim_ttl_ms(task, now, self.claim_margin)
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         """Claim and add every task (prepared now, claims living from ``now``)."""
@@ -225,11 +220,11 @@ class RedisStreamsTarget:
                     continue
                 for pos, index in enumerate(indices):
                     flag, message_id = reply[2 * pos], reply[2 * pos + 1]
-                    text = None if message_id is None else _text(message_id)
+                    entry = None if message_id is None else text(message_id)
                     status: Literal["enqueued", "duplicate"] = (
-                        "enqueued" if int(flag) == 1 else "duplicate"
+                        "enqueued" if int(flag) == NEW else "duplicate"
                     )
-                    results[index] = EnqueueResult(tasks[index], status, text)
+                    results[index] = EnqueueResult(tasks[index], status, entry)
         return [r for r in results if r is not None]
 
     async def _run_part(self, part: list[Call], enqueued_at: str, now_ms: int) -> list[Any]:
@@ -315,18 +310,18 @@ def _after_results(
     for pos, index in enumerate(indices):
         flag, message_id, prev_task, state = reply[4 * pos : 4 * pos + 4]
         flag = int(flag)
-        if flag == 0:
-            text = None if message_id is None else _text(message_id)
-            results[index] = EnqueueResult(tasks[index], "duplicate", text)
+        if flag == SENT:
+            entry = None if message_id is None else text(message_id)
+            results[index] = EnqueueResult(tasks[index], "duplicate", entry)
             continue
-        state = _text(state)
+        state = text(state)
         timed_out = state.startswith("timeout:")
         previous = Previous(
-            _text(prev_task) or None, state.removeprefix("timeout:"), timed_out=timed_out
+            text(prev_task) or None, state.removeprefix("timeout:"), timed_out=timed_out
         )
-        if flag == 2:
+        if flag == BUSY:
             results[index] = EnqueueResult(tasks[index], "busy", previous=previous)
         else:
             results[index] = EnqueueResult(
-                tasks[index], "enqueued", _text(message_id), previous=previous
+                tasks[index], "enqueued", text(message_id), previous=previous
             )

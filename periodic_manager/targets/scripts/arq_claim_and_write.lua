@@ -5,10 +5,16 @@
 -- prefixes, the jobs (one JSON array), their serialized bodies concatenated.
 --   job: [idempotency key, job id, claim TTL ms, score ms, job expiry ms, body length] and, for
 --        options.overlap, [prev key, value read, new value, prev TTL ms]
--- Returns one flag per job: 1 written, 0 already sent (claimed, or arq holds the job id: its
--- job or its result), 3 busy (the schedule's previous job changed since it was read; nothing
--- written). The queue's type is checked before anything is written (a script is atomic, not
--- transactional).
+-- Returns one flag per job (redis/flags.py): NEW (written), SENT already (claimed, or arq holds
+-- the job id: its job or its result), BUSY (the schedule's previous job changed since it was
+-- read; nothing written), WRONGTYPE (the schedule's previous-job key holds another Redis type:
+-- nothing written for that job, the others go on).
+--
+-- A script is atomic, not transactional: a command that fails half-way leaves the jobs written
+-- before it. So the queue's type is checked before anything is written (the one refusal of the
+-- whole call, redis/errors.py), a job's own keys are read with redis.pcall or EXISTS, and SET
+-- never fails on a key's type: no command fails once the first job is written.
+local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
 local queue = KEYS[1]
 local kind = redis.call('TYPE', queue)['ok']
 if kind ~= 'zset' and kind ~= 'none' then
@@ -22,20 +28,25 @@ for i, r in ipairs(cjson.decode(ARGV[4])) do
   local body = string.sub(blob, pos, pos + r[6] - 1)
   pos = pos + r[6]
   if redis.call('EXISTS', claim) == 1 then
-    out[i] = 0
-  elseif r[7] and (redis.call('GET', r[7]) or '') ~= r[8] then
-    out[i] = 3
-  elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
-    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-    out[i] = 0
+    out[i] = SENT
   else
-    redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
-    redis.call('ZADD', queue, r[4], r[2])
-    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-    if r[7] then
-      redis.call('SET', r[7], r[9], 'PX', r[10])
+    local prev = r[7] and redis.pcall('GET', r[7])
+    if type(prev) == 'table' then
+      out[i] = WRONGTYPE  -- an error reply: a GET of a string answers a string or false
+    elseif r[7] and (prev or '') ~= r[8] then
+      out[i] = BUSY
+    elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
+      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
+      out[i] = SENT
+    else
+      redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
+      redis.call('ZADD', queue, r[4], r[2])
+      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
+      if r[7] then
+        redis.call('SET', r[7], r[9], 'PX', r[10])
+      end
+      out[i] = NEW
     end
-    out[i] = 1
   end
 end
 return out

@@ -4,20 +4,26 @@
 -- ARGV[1] = the claim-key prefix; ARGV[2] = JSON {"d": destinations, "t": tasks} (cjson: one
 -- argument instead of five per task); ARGV[3] = the tasks' messages, concatenated; ARGV[4] = how
 -- old (ms, Redis's clock) a pending claim of a publisher through kombu must be to count as
--- abandoned (see redis/claims.py).
+-- abandoned (see redis/claims.py); one dated more than `ahead` ms after Redis's clock would never
+-- grow old, and counts as abandoned too.
 --   destination: [list, binding set, routing key, declare set, declare member, key prefix,
 --                 priority suffix, separator]  ("" where not used)
 --   task: [idempotency key, task id, claim TTL in ms, destination (1-based), message length] and,
 --         for options.overlap, [prev key, value read, new value, prev TTL in ms]
--- Returns one flag per task: 1 enqueued, 0 already sent (duplicate), 2 no queue is bound to the
--- task's exchange and routing key (nothing written, no claim), 3 busy (the schedule's previous
--- task changed since it was read: nothing written), 4 enqueued again over an abandoned pending
--- claim (a publish through kombu the broker never confirmed: resent), 5 a pending claim younger
--- than that: a publish through kombu is under way (nothing written: ask again).
+-- Returns one flag per task (redis/flags.py): NEW (claimed and pushed), SENT already (duplicate),
+-- UNROUTABLE (no queue is bound to the task's exchange and routing key: nothing written, no
+-- claim), BUSY (the schedule's previous task changed since it was read: nothing written), RESEND
+-- (pushed again over an abandoned pending claim: a publish through kombu the broker never
+-- confirmed), ELSEWHERE (a pending claim younger than that: a publish through kombu is under
+-- way; nothing written, ask again), WRONGTYPE (the task's claim key or its schedule's
+-- previous-task key holds another Redis type: nothing written for it, the others go on).
 --
 -- A script is atomic but not transactional: a command that fails half-way leaves the earlier
--- effects. So every key is type-checked before the first claim, and a claim is written only
--- together with its message: a claim never exists without its message.
+-- effects, and the messages are pushed after the loop that writes the claims. So no command of
+-- that loop may fail: the keys every task shares (lists, binding sets) are type-checked before
+-- the first claim, a task's own keys are read with redis.pcall (one of another type fails that
+-- task alone), and SET never fails on a key's type. A claim never exists without its message.
+local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
 local function wrong(key, want)
   local kind = redis.call('TYPE', key)['ok']
   if kind ~= want and kind ~= 'none' then
@@ -29,17 +35,24 @@ local claim_prefix = ARGV[1]
 local meta = cjson.decode(ARGV[2])
 local blob = ARGV[3]
 local stale = tonumber(ARGV[4])
+local ahead = 1000
 local clock = nil
--- A claim that is already there: 0 sent, 4 pending and abandoned, 5 pending and recent.
+-- Whether a redis.pcall reply is an error (a key of another type).
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+-- A claim that is already there: SENT, RESEND (pending and abandoned) or ELSEWHERE (pending
+-- and recent).
 local function held(value)
-  if string.sub(value, 1, 2) ~= 'p|' then return 0 end
+  if string.sub(value, 1, 2) ~= 'p|' then return SENT end
   if clock == nil then
     local t = redis.call('TIME')
     clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   local since = string.match(value, '|(%d+)$')
-  if since == nil or clock - tonumber(since) >= stale then return 4 end
-  return 5
+  local age = since and clock - tonumber(since)
+  if age == nil or age >= stale or age < -ahead then return RESEND end
+  return ELSEWHERE
 end
 for _, d in ipairs(meta.d) do
   for _, key in ipairs({d[2], d[4]}) do
@@ -86,31 +99,43 @@ for i, t in ipairs(meta.t) do
   local claim, sent = claim_prefix .. t[1], 's|' .. t[2]
   local flag
   if #targets == 0 then
-    flag = 2
+    flag = UNROUTABLE
   elseif t[6] then
     -- options.overlap: the previous task is compared before anything is claimed.
-    local value = redis.call('GET', claim)
-    if value then
+    local value = redis.pcall('GET', claim)
+    if failed(value) then
+      flag = WRONGTYPE
+    elseif value then
       flag = held(value)
-    elseif (redis.call('GET', t[6]) or '') ~= t[7] then
-      flag = 3
     else
-      flag = 1
+      local prev = redis.pcall('GET', t[6])
+      if failed(prev) then
+        flag = WRONGTYPE
+      elseif (prev or '') ~= t[7] then
+        flag = BUSY
+      else
+        flag = NEW
+      end
     end
-    if flag == 1 or flag == 4 then
+    if flag == NEW or flag == RESEND then
       redis.call('SET', claim, sent, 'PX', t[3])
       redis.call('SET', t[6], t[8], 'PX', t[9])
     end
   elseif redis.call('SET', claim, sent, 'NX', 'PX', t[3]) then
-    flag = 1
+    flag = NEW
   else
-    flag = held(redis.call('GET', claim) or '')
-    if flag == 4 then
-      redis.call('SET', claim, sent, 'PX', t[3])
+    local value = redis.pcall('GET', claim)
+    if failed(value) then
+      flag = WRONGTYPE
+    else
+      flag = held(value or '')
+      if flag == RESEND then
+        redis.call('SET', claim, sent, 'PX', t[3])
+      end
     end
   end
   out[i] = flag
-  if flag == 1 or flag == 4 then
+  if flag == NEW or flag == RESEND then
     local message = string.sub(blob, pos, pos + t[5] - 1)
     for _, list in ipairs(targets) do
       local buffer = buffers[list]

@@ -5,11 +5,13 @@
 --   task: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options
 -- Claim keys are built here from the queue's hash-tagged prefix, so they always share the
 -- stream's cluster slot.
--- Returns a flat array: per task 1 + the new entry id, or 0 + the entry id already claimed.
+-- Returns a flat array: per task NEW + the new entry id, or SENT + the entry id already claimed
+-- (flags: redis/flags.py).
 --
 -- A script is atomic but not transactional: if a command fails half-way, earlier effects stay.
 -- So the stream's type is checked first, and a task's claim is written only after its XADD
 -- succeeded: a claim never exists without its message.
+local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
 local stream = KEYS[1]
 local kind = redis.call('TYPE', stream)['ok']
 if kind ~= 'stream' and kind ~= 'none' then
@@ -27,10 +29,10 @@ for i = 1, #tasks do
   if redis.call('EXISTS', claim) == 0 then
 --#include xadd_task.lua
     redis.call('SET', claim, res, 'PX', t[1])
-    out[#out + 1] = 1
+    out[#out + 1] = NEW
     out[#out + 1] = res
   else
-    out[#out + 1] = 0
+    out[#out + 1] = SENT
     out[#out + 1] = redis.call('GET', claim)
   end
 end

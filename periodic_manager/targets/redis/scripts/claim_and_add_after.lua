@@ -5,10 +5,12 @@
 -- the tasks (one JSON array), the consumer group, the prev-key prefix, now in Unix ms.
 --   task: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options,
 --         overlap timeout in ms (0: none), prev-key TTL in ms
--- Returns 4 values per task: flag, entry id, previous task id, previous state, where flag is
--- 1 enqueued, 0 duplicate (the claim's entry id), 2 busy (nothing added, nothing claimed); the
--- state is queued, running, finished or none, prefixed with "timeout:" when an unfinished
--- previous message counted as finished because it was older than the overlap timeout.
+-- Returns 4 values per task: flag, entry id, previous task id, previous state, where flag
+-- (redis/flags.py) is NEW (enqueued), SENT (duplicate: the claim's entry id) or BUSY (nothing
+-- added, nothing claimed); the state is queued, running, finished or none, prefixed with
+-- "timeout:" when an unfinished previous message counted as finished because it was older than
+-- the overlap timeout.
+local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
 local stream = KEYS[1]
 local kind = redis.call('TYPE', stream)['ok']
 if kind ~= 'stream' and kind ~= 'none' then
@@ -75,7 +77,7 @@ for i = 1, #tasks do
   local claim = claim_prefix .. t[7]
   local prev_key = prev_prefix .. t[6]
   if redis.call('EXISTS', claim) == 1 then
-    out[#out + 1] = 0
+    out[#out + 1] = SENT
     out[#out + 1] = redis.call('GET', claim)
     out[#out + 1] = ''
     out[#out + 1] = ''
@@ -98,7 +100,7 @@ for i = 1, #tasks do
       end
     end
     if busy then
-      out[#out + 1] = 2
+      out[#out + 1] = BUSY
       out[#out + 1] = ''
       out[#out + 1] = prev_task
       out[#out + 1] = state
@@ -106,7 +108,7 @@ for i = 1, #tasks do
 --#include xadd_task.lua
       redis.call('SET', claim, res, 'PX', t[1])
       redis.call('SET', prev_key, res .. '|' .. now_ms .. '|' .. t[2], 'PX', t[11])
-      out[#out + 1] = 1
+      out[#out + 1] = NEW
       out[#out + 1] = res
       out[#out + 1] = prev_task
       out[#out + 1] = state
