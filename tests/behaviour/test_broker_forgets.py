@@ -13,7 +13,6 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,12 +33,6 @@ from tests.behaviour.test_faults import expected_slots, insert_schedules, leader
 from tests.support.servers import ManagerProcess, RedisServer
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)
-
-
-@pytest.fixture
-def forgetful() -> Iterator[RedisServer]:
-    with RedisServer(persist=False) as server:
-        yield server
 
 
 async def test_the_sentinel_tells_a_redis_that_lost_its_data_to_every_manager(

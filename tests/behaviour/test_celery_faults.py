@@ -10,78 +10,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis.asyncio as aioredis
 
-from periodic_manager.contracts import EnqueueResult, Task
+from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
+from tests.support.faults import SLOT, slot_tasks, until_sent
 from tests.support.servers import RedisServer
 
-SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 TIMEOUT = 0.5
-
-
-def tasks(prefix: str, name: str, n: int) -> list[Task]:
-    out = []
-    for i in range(n):
-        key = f"{prefix}.{name}{i}:2024-05-01T12:01:00Z"
-        out.append(
-            Task(
-                id=task_id_for(key),
-                name=f"{prefix}.{name}{i}",
-                task_type="pmtest.record",
-                payload={"i": i},
-                queue="q",
-                options={"queue": "q"},
-                idempotency_key=key,
-                scheduled_at=SLOT,
-                expires_at=SLOT + timedelta(seconds=30),
-            )  # fmt: skip
-        )
-    return out
-
-
-@pytest.fixture
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 async def claimed(client: aioredis.Redis, prefix: str, batch: list[Task]) -> list[int]:
     return [await client.exists(f"{prefix}:claim:{t.idempotency_key}") for t in batch]
 
 
-async def until_sent(target: CeleryTarget, batch: list[Task]) -> list[EnqueueResult]:
-    """Retry like the scheduler does, until the batch goes through (bounded: 40 tries)."""
-    for _ in range(40):
-        try:
-            return await target.enqueue(batch, SLOT)
-        except TargetError:
-            await asyncio.sleep(0.25)  # the broker is recovering, not a slot: a bounded retry
-    raise AssertionError("the batch never went through")
-
-
 async def test_a_stuck_broker_fails_the_batch_in_flight_and_the_one_queued_behind_it(
-    broker: RedisServer, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+    redis_server: RedisServer, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
 ) -> None:
     # Through kombu (claims in the test Redis): a publish in flight when the broker froze may
     # still land, so its claim stays pending (the retry publishes it again, as resent); no claim
     # is left for anything not started. Each batch gets at most its first message in flight (the
     # one behind starts its first once the transport's own timeout ended the first batch).
     target = CeleryTarget.from_url(
-        broker.url, claims_url=redis_url, prefix=redis_prefix, timeout=TIMEOUT
+        redis_server.url, claims_url=redis_url, prefix=redis_prefix, timeout=TIMEOUT
     )
     assert target.writer is None  # claims elsewhere than the broker: kombu's path
-    first, behind = tasks(redis_prefix, "a", 3), tasks(redis_prefix, "b", 2)
-    warm = tasks(redis_prefix, "warm", 1)
+    first, behind = slot_tasks(redis_prefix, "a", 3), slot_tasks(redis_prefix, "b", 2)
+    warm = slot_tasks(redis_prefix, "warm", 1)
     try:
         assert [r.status for r in await target.enqueue(warm, SLOT)] == ["enqueued"]
-        broker.freeze()
+        redis_server.freeze()
         outcomes = await asyncio.gather(
             target.enqueue(first, SLOT), target.enqueue(behind, SLOT), return_exceptions=True
         )
@@ -99,15 +60,15 @@ async def test_a_stuck_broker_fails_the_batch_in_flight_and_the_one_queued_behin
             pending += batch[:1] if unconfirmed else []
         assert first[0] in pending  # the first publish hit the frozen broker
 
-        broker.thaw()
+        redis_server.thaw()
         again = await until_sent(target, first + behind)
         assert [r.status for r in again] == [
             "resent" if t in pending else "enqueued" for t in first + behind
         ]
     finally:
-        broker.thaw()
+        redis_server.thaw()
         await target.close()
-    client = aioredis.from_url(broker.url)
+    client = aioredis.from_url(redis_server.url)
     try:
         messages = await client.lrange("q", 0, -1)
     finally:
@@ -122,25 +83,25 @@ async def test_a_stuck_broker_fails_the_batch_in_flight_and_the_one_queued_behin
 
 
 async def test_a_broker_that_stops_answering_fails_a_written_batch_and_no_claim_lacks_its_message(
-    broker: RedisServer, redis_prefix: str
+    redis_server: RedisServer, redis_prefix: str
 ) -> None:
     # Written directly (claims beside the messages). The request the frozen server had buffered
     # runs when it wakes: a chunk's claims and messages come together or not at all.
-    target = CeleryTarget.from_url(broker.url, prefix=redis_prefix, timeout=TIMEOUT)
+    target = CeleryTarget.from_url(redis_server.url, prefix=redis_prefix, timeout=TIMEOUT)
     assert target.writer is not None
-    batch = tasks(redis_prefix, "w", 2500)
-    client = aioredis.from_url(broker.url)
+    batch = slot_tasks(redis_prefix, "w", 2500)
+    client = aioredis.from_url(redis_server.url)
     try:
-        broker.freeze()
+        redis_server.freeze()
         with pytest.raises(TargetError, match="no answer within 0.5 s"):
             await target.enqueue(batch, SLOT)
-        broker.thaw()
+        redis_server.thaw()
         again = await until_sent(target, batch)
         assert {r.status for r in again} <= {"enqueued", "duplicate"}
         claims = [k async for k in client.scan_iter(match=f"{redis_prefix}:claim:*", count=1000)]
         messages = await client.lrange("q", 0, -1)
     finally:
-        broker.thaw()
+        redis_server.thaw()
         await target.close()
         await client.aclose()
     assert len(claims) == len(batch) == len(messages)
@@ -162,7 +123,7 @@ async def test_a_healthy_broker_takes_a_10k_burst_through_kombu_without_a_timeou
     target = CeleryTarget.from_url(
         redis_url, prefix=redis_prefix, config=config, timeout=2.0, fast_path=False
     )
-    burst = tasks(redis_prefix, "k", 10_000)
+    burst = slot_tasks(redis_prefix, "k", 10_000)
     caplog.set_level(logging.WARNING)
     try:
         outcomes = await asyncio.gather(
@@ -178,20 +139,20 @@ async def test_a_healthy_broker_takes_a_10k_burst_through_kombu_without_a_timeou
 
 
 async def test_a_flushed_script_cache_is_reloaded_and_a_restarted_broker_is_written_again(
-    broker: RedisServer, redis_prefix: str
+    redis_server: RedisServer, redis_prefix: str
 ) -> None:
     # A throwaway server: SCRIPT FLUSH on the shared test Redis would disturb other tests.
-    target = CeleryTarget.from_url(broker.url, prefix=redis_prefix, timeout=TIMEOUT)
-    client = aioredis.from_url(broker.url)
-    first, second, third = (tasks(redis_prefix, name, 1500) for name in ("f", "s", "t"))
+    target = CeleryTarget.from_url(redis_server.url, prefix=redis_prefix, timeout=TIMEOUT)
+    client = aioredis.from_url(redis_server.url)
+    first, second, third = (slot_tasks(redis_prefix, name, 1500) for name in ("f", "s", "t"))
     try:
         assert {r.status for r in await target.enqueue(first, SLOT)} == {"enqueued"}
         await client.script_flush()
         assert {r.status for r in await target.enqueue(second, SLOT)} == {"enqueued"}
-        broker.kill()
+        redis_server.kill()
         with pytest.raises(TargetError, match="celery: redis"):
             await target.enqueue(third, SLOT)
-        broker.start()  # same port and data (append-only file)
+        redis_server.start()  # same port and data (append-only file)
         again = await until_sent(target, first + third)
         assert [r.status for r in again] == ["duplicate"] * 1500 + ["enqueued"] * 1500
         assert await client.llen("q") == 4500
