@@ -18,71 +18,44 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
+import kombu
 import pytest
 import redis.asyncio as aioredis
+from arq.constants import in_progress_key_prefix
 
-from periodic_manager.contracts import EnqueueResult, Task
+from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets import arq as arq_target
 from periodic_manager.targets.arq import ArqTarget
-from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.redis import claims as claims_module
-from tests.conftest import IN_CI
+from tests.conftest import amqp_address, amqp_through
 from tests.support.celery_arq_rig import WorkerProcess, arq_worker, records, wait_for
+from tests.support.faults import SLOT, slot_tasks, until_sent
 from tests.support.servers import RedisServer
 from tests.support.tcpproxy import TcpProxy
 
-SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
-AMQP_URL = os.environ.get("PM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 N = 100
+ARQ_QUEUE = "pmlost:arq"
 
 
 def sha(script: str) -> bytes:
     return hashlib.sha1(script.encode()).hexdigest().encode()
 
 
-def batch(prefix: str, name: str, queue: str, n: int = N, task_type: str = "record") -> list[Task]:
-    out = []
-    for i in range(n):
-        key = f"{prefix}.{name}{i}:2024-05-01T12:01:00Z"
-        out.append(
-            Task(
-                id=task_id_for(key), name=f"{prefix}.{name}{i}", task_type=task_type,
-                payload={"i": i}, queue=queue, options={"queue": queue}, idempotency_key=key,
-                scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
-            )  # fmt: skip
-        )
-    return out
-
-
-async def until_sent(target: Any, tasks: list[Task]) -> list[EnqueueResult]:
-    """Retry as the scheduler does while the slots are within grace (bounded: 40 tries)."""
-    for _ in range(40):
-        try:
-            return await target.enqueue(tasks, SLOT)
-        except TargetError:
-            await asyncio.sleep(0.25)  # the broker is coming back: a bounded retry, not a slot
-    raise AssertionError("the batch never went through")
+def batch(prefix: str, name: str, queue: str, n: int = N) -> list[Task]:
+    return slot_tasks(prefix, name, n, queue=queue, task_type="record")
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as made:  # append-only, fsynced: a SIGKILL keeps what was written
-        yield made
-
-
-@pytest.fixture
-async def proxy(server: RedisServer) -> AsyncIterator[TcpProxy]:
-    made = TcpProxy("127.0.0.1", server.port)
+async def proxy(redis_server: RedisServer) -> AsyncIterator[TcpProxy]:
+    made = TcpProxy("127.0.0.1", redis_server.port)
     await made.start()
     yield made
     await made.close()
@@ -96,23 +69,31 @@ def proxied(proxy: TcpProxy) -> str:
 
 
 @pytest.fixture
-def arq_run(server: RedisServer, tmp_path: Path) -> Iterator[WorkerProcess]:
+def arq_run(redis_server: RedisServer, tmp_path: Path) -> Iterator[WorkerProcess]:
     """A real arq worker on the throwaway server (straight, not through the proxy)."""
-    worker = arq_worker("pmlost", "pmlost:arq", tmp_path / "arq.log", server.url)
+    worker = arq_worker("pmlost", ARQ_QUEUE, tmp_path / "arq.log", redis_server.url)
     worker.start()
     yield worker
     worker.stop()
 
 
-async def ran_once(server: RedisServer, worker: WorkerProcess, tasks: list[Task]) -> None:
-    client = aioredis.from_url(server.url)
+async def ran_once(redis_server: RedisServer, worker: WorkerProcess, tasks: list[Task]) -> None:
+    client = aioredis.from_url(redis_server.url)
     try:
 
         async def all_ran() -> bool:
             return len(await records(client, "pmlost")) >= len(tasks)
 
+        async def idle() -> bool:
+            # Nothing queued (a job stays in the queue until done, a retry goes back in) and
+            # nothing running: no job can run again, so the count below is final.
+            queued = await client.zcard(ARQ_QUEUE)
+            running = [k async for k in client.scan_iter(match=f"{in_progress_key_prefix}*")]
+            return queued == 0 and not running
+
         await wait_for(all_ran, f"{len(tasks)} jobs run", worker)
-        await asyncio.sleep(0.5)  # a second run of any job would land now: the worker is idle
+        idle_is = f"the arq worker idle: {ARQ_QUEUE} empty, no {in_progress_key_prefix}* key"
+        await wait_for(idle, idle_is, worker)
         runs = Counter(r["id"] for r in await records(client, "pmlost"))
     finally:
         await client.aclose()
@@ -120,12 +101,12 @@ async def ran_once(server: RedisServer, worker: WorkerProcess, tasks: list[Task]
 
 
 async def test_arq_a_lost_reply_to_the_claim_loses_no_job(
-    server: RedisServer, proxy: TcpProxy, arq_run: WorkerProcess
+    redis_server: RedisServer, proxy: TcpProxy, arq_run: WorkerProcess
 ) -> None:
     target = ArqTarget.from_url(proxied(proxy), prefix="pmlost", timeout=1.0)
-    tasks = batch("pmlost", "a", "pmlost:arq")
+    tasks = batch("pmlost", "a", ARQ_QUEUE)
     try:
-        await target.enqueue(batch("pmlost", "warm", "pmlost:arq", 1), SLOT)  # scripts loaded
+        await target.enqueue(batch("pmlost", "warm", ARQ_QUEUE, 1), SLOT)  # scripts loaded
         proxy.drop_reply(sha(arq_target.CLAIM_AND_WRITE))
         with pytest.raises(TargetError):
             await target.enqueue(tasks, SLOT)
@@ -135,20 +116,20 @@ async def test_arq_a_lost_reply_to_the_claim_loses_no_job(
         await target.close()
     # Claimed and written together: the retry finds both, and reports what happened.
     assert {r.status for r in again} == {"duplicate"}
-    await ran_once(server, arq_run, batch("pmlost", "warm", "pmlost:arq", 1) + tasks)
+    await ran_once(redis_server, arq_run, batch("pmlost", "warm", ARQ_QUEUE, 1) + tasks)
 
 
 async def test_arq_redis_killed_as_the_jobs_are_written_loses_no_job(
-    server: RedisServer, proxy: TcpProxy, arq_run: WorkerProcess
+    redis_server: RedisServer, proxy: TcpProxy, arq_run: WorkerProcess
 ) -> None:
     target = ArqTarget.from_url(proxied(proxy), prefix="pmlost", timeout=1.0)
-    tasks = batch("pmlost", "k", "pmlost:arq")
+    tasks = batch("pmlost", "k", ARQ_QUEUE)
     try:
-        await target.enqueue(batch("pmlost", "warm", "pmlost:arq", 1), SLOT)
-        proxy.on_request(sha(arq_target.CLAIM_AND_WRITE), server.kill, after=True)
+        await target.enqueue(batch("pmlost", "warm", ARQ_QUEUE, 1), SLOT)
+        proxy.on_request(sha(arq_target.CLAIM_AND_WRITE), redis_server.kill, after=True)
         with pytest.raises(TargetError):
             await target.enqueue(tasks, SLOT)
-        server.start()  # same port, same append-only file
+        redis_server.start()  # same port, same append-only file
         again = await until_sent(target, tasks)
     finally:
         await target.close()
@@ -156,14 +137,14 @@ async def test_arq_redis_killed_as_the_jobs_are_written_loses_no_job(
     assert set(statuses) <= {"enqueued", "duplicate"}  # the kill came before or after the script
     arq_run.stop()  # the server was killed under it: a fresh worker takes the queue
     arq_run.start()
-    await ran_once(server, arq_run, batch("pmlost", "warm", "pmlost:arq", 1) + tasks)
+    await ran_once(redis_server, arq_run, batch("pmlost", "warm", ARQ_QUEUE, 1) + tasks)
 
 
 # -- Celery through kombu: pending claims, re-published with the same task id ------------------
 
 
-async def messages_in(server: RedisServer, queue: str) -> Counter[str]:
-    client = aioredis.from_url(server.url)
+async def messages_in(redis_server: RedisServer, queue: str) -> Counter[str]:
+    client = aioredis.from_url(redis_server.url)
     try:
         raw = await client.lrange(queue, 0, -1)
     finally:
@@ -172,7 +153,7 @@ async def messages_in(server: RedisServer, queue: str) -> Counter[str]:
 
 
 async def test_celery_kombu_a_lost_reply_to_the_claims_loses_no_task_and_counts_the_resend(
-    server: RedisServer, proxy: TcpProxy
+    redis_server: RedisServer, proxy: TcpProxy
 ) -> None:
     target = CeleryTarget.from_url(proxied(proxy), prefix="pmlost", timeout=1.0, fast_path=False)
     assert target.writer is None  # kombu's way
@@ -189,29 +170,29 @@ async def test_celery_kombu_a_lost_reply_to_the_claims_loses_no_task_and_counts_
     # The claims were taken, pending; nothing was published: the retry publishes every task,
     # and says it may be twice (it cannot know the first attempt published nothing).
     assert {r.status for r in again} == {"resent"}
-    copies = await messages_in(server, "pmlost.q")
+    copies = await messages_in(redis_server, "pmlost.q")
     assert all(copies[t.id] == 1 for t in tasks), copies.most_common(3)
 
 
 async def test_celery_kombu_redis_killed_mid_publish_loses_no_task(
-    server: RedisServer, proxy: TcpProxy
+    redis_server: RedisServer, proxy: TcpProxy
 ) -> None:
     target = CeleryTarget.from_url(proxied(proxy), prefix="pmlost", timeout=1.0, fast_path=False)
     tasks = batch("pmlost", "m", "pmlost.q")
     try:
         await target.enqueue(batch("pmlost", "warm", "pmlost.q", 1), SLOT)
         # The claims are written; the server dies as the first message is pushed.
-        proxy.on_request(b"LPUSH", server.kill)
+        proxy.on_request(b"LPUSH", redis_server.kill)
         with pytest.raises(TargetError):
             await target.enqueue(tasks, SLOT)
-        server.start()
+        redis_server.start()
         again = await until_sent(target, tasks)
     finally:
         await target.close()
     # The claims of the messages never started could not be freed (Redis was down): they are
     # re-published as well, and say so. Each arrived once.
     assert {r.status for r in again} <= {"enqueued", "resent"}
-    copies = await messages_in(server, "pmlost.q")
+    copies = await messages_in(redis_server, "pmlost.q")
     assert all(copies[t.id] == 1 for t in tasks), copies.most_common(3)
 
 
@@ -219,29 +200,19 @@ async def test_celery_kombu_redis_killed_mid_publish_loses_no_task(
 
 
 @pytest.fixture
-async def amqp_queue() -> AsyncIterator[str]:
-    """A queue name of the test's own on the machine's RabbitMQ, deleted afterwards."""
-    kombu = pytest.importorskip("kombu")
+def amqp_queue(amqp_url: str) -> Iterator[str]:
+    """A queue name of the test's own on the test RabbitMQ (``amqp_url``), deleted afterwards."""
     name = f"pmlost.{uuid.uuid4().hex[:10]}"
-    try:
-        with kombu.Connection(AMQP_URL, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as exc:  # noqa: BLE001 - any reason RabbitMQ cannot be reached
-        if IN_CI:
-            pytest.fail(f"RabbitMQ unreachable: {exc!r} (CI=true: a missing service is a failure)")
-        pytest.skip(f"RabbitMQ unreachable: {exc!r}")
     yield name
-    with kombu.Connection(AMQP_URL, connect_timeout=3) as conn:
+    with kombu.Connection(amqp_url, connect_timeout=3) as conn:
         channel = conn.channel()
         channel.queue_delete(name)
         channel.exchange_delete(name)
 
 
-def amqp_messages(queue: str) -> Counter[str]:
-    import kombu
-
+def amqp_messages(url: str, queue: str) -> Counter[str]:
     copies: Counter[str] = Counter()
-    with kombu.Connection(AMQP_URL, connect_timeout=3) as conn:
+    with kombu.Connection(url, connect_timeout=3) as conn:
         channel = conn.channel()
         while (message := channel.basic_get(queue, no_ack=True)) is not None:
             copies[message.headers["id"]] += 1
@@ -249,9 +220,9 @@ def amqp_messages(queue: str) -> Counter[str]:
 
 
 async def test_celery_amqp_a_lost_reply_to_the_claims_loses_no_task(
-    redis_url: str, amqp_queue: str, server: RedisServer, proxy: TcpProxy
+    amqp_url: str, amqp_queue: str, proxy: TcpProxy
 ) -> None:
-    target = CeleryTarget.from_url(AMQP_URL, claims_url=proxied(proxy), prefix="pmlost", timeout=2.0)
+    target = CeleryTarget.from_url(amqp_url, claims_url=proxied(proxy), prefix="pmlost", timeout=2.0)
     tasks = batch("pmlost", "r", amqp_queue)
     try:
         await target.enqueue(batch("pmlost", "warm", amqp_queue, 1), SLOT)
@@ -262,20 +233,21 @@ async def test_celery_amqp_a_lost_reply_to_the_claims_loses_no_task(
     finally:
         await target.close()
     assert {r.status for r in again} == {"resent"}
-    copies = await asyncio.to_thread(amqp_messages, amqp_queue)
+    copies = await asyncio.to_thread(amqp_messages, amqp_url, amqp_queue)
     assert all(copies[t.id] == 1 for t in tasks), copies.most_common(3)
 
 
 async def test_celery_amqp_a_lost_confirmation_is_published_again_and_counted(
-    amqp_queue: str, server: RedisServer
+    amqp_url: str, amqp_queue: str, redis_server: RedisServer
 ) -> None:
     """The broker took the message, its confirmation never came back: the claim stays pending,
     the retry publishes the task again with the same id. The workers see it twice, and the
     result says so (resent): the one case a duplicate may reach them, never a loss."""
-    rabbit = TcpProxy("127.0.0.1", 5672)
+    rabbit = TcpProxy(*amqp_address())
     await rabbit.start()
-    amqp = f"amqp://guest:guest@127.0.0.1:{rabbit.port}//"
-    target = CeleryTarget.from_url(amqp, claims_url=server.url, prefix="pmlost", timeout=2.0)
+    target = CeleryTarget.from_url(
+        amqp_through(rabbit.port), claims_url=redis_server.url, prefix="pmlost", timeout=2.0
+    )
     tasks = batch("pmlost", "n", amqp_queue, 3)
     try:
         await target.enqueue(batch("pmlost", "warm", amqp_queue, 1), SLOT)  # connected, declared
@@ -287,12 +259,12 @@ async def test_celery_amqp_a_lost_confirmation_is_published_again_and_counted(
         await target.close()
         await rabbit.close()
     assert [r.status for r in again] == ["duplicate", "resent", "enqueued"]
-    copies = await asyncio.to_thread(amqp_messages, amqp_queue)
+    copies = await asyncio.to_thread(amqp_messages, amqp_url, amqp_queue)
     assert [copies[t.id] for t in tasks] == [1, 2, 1]
 
 
 async def test_a_resend_is_in_the_run_history_and_the_metrics(
-    server: RedisServer, proxy: TcpProxy
+    redis_server: RedisServer, proxy: TcpProxy
 ) -> None:
     from prometheus_client import generate_latest
 
@@ -328,5 +300,5 @@ async def test_a_resend_is_in_the_run_history_and_the_metrics(
     assert all(s.counts.get("resent") == 1 for s in store.state.values())
     text = generate_latest(manager.metrics.registry).decode()
     assert 'periodic_manager_slots_total{queue="pmlost.q",status="resent"} 10.0' in text
-    copies = await messages_in(server, "pmlost.q")
+    copies = await messages_in(redis_server, "pmlost.q")
     assert sorted(set(copies.values())) == [1] and len(copies) == 30
