@@ -18,10 +18,8 @@ from periodic_manager.db.judge import Rules, judge_content
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.rows import columns
 from periodic_manager.settings import Settings
-from tests.api.test_api import JOB, assert_error, assert_problem, create
 from tests.support import rawsql
-
-pytest_plugins = ["tests.api.test_api"]  # the clock, engine and client fixtures
+from tests.support.api import JOB, assert_error, assert_problem, create
 
 
 def url_of(engine: AsyncEngine) -> str:

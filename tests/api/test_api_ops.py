@@ -26,7 +26,7 @@ from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
 from periodic_manager.targets.memory import MemoryTarget
-from tests.api.test_api import (
+from tests.support.api import (
     HEARTBEAT_S,
     JOB,
     T0,
@@ -35,8 +35,6 @@ from tests.api.test_api import (
     create,
     manager_row,
 )
-
-pytest_plugins = ["tests.api.test_api"]  # the clock, engine and client fixtures
 
 TOKEN = "s3cret-write-token"
 READ_TOKEN = "s3cret-read-token"

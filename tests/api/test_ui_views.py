@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -21,40 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
-from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
 from periodic_manager.settings import Settings
+from tests.support.api import HEARTBEAT_S, T0
 
-T0 = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
-HEARTBEAT_S = 5.0
 TOKEN = "write-token-0123456789"
 READ_TOKEN = "read-token-0123456789"
-
-
-@pytest.fixture
-def clock() -> VirtualClock:
-    return VirtualClock(T0)
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = create_engine(db_url)
-    try:
-        yield eng
-    finally:
-        await eng.dispose()
-
-
-@pytest.fixture
-async def client(
-    db_url: str, engine: AsyncEngine, clock: VirtualClock
-) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(database_url=db_url, heartbeat_interval=HEARTBEAT_S)
-    app = create_app(settings, clock=clock, engine=engine)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            yield c
 
 
 async def create(client: httpx.AsyncClient, name: str, spec: str, **fields: Any) -> int:

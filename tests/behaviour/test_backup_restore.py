@@ -21,9 +21,9 @@ from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
-from tests.api.test_api import T0
 from tests.conftest import new_pg_database
 from tests.support import rawsql
+from tests.support.api import T0
 
 # Columns of rows that are no schedule, beyond tests/support/rawsql.py's (SQL literals per backend).
 EXTRA = {

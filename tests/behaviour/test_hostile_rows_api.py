@@ -11,15 +11,13 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from tests.api.test_api import T0, settings_for
 from tests.support import rawsql
+from tests.support.api import T0, api_client
 from tests.support.rawsql import Case
 
-pytest_plugins = ["tests.api.test_api"]  # the clock, engine and client fixtures
 PAIRS = rawsql.all_cases()
 
 
@@ -36,14 +34,20 @@ async def api(hostile: tuple[str, Case]) -> AsyncIterator[tuple[httpx.AsyncClien
     url, case = hostile
     await upgrade(url)
     engine: AsyncEngine = create_engine(url)
-    app = create_app(settings_for(url), clock=VirtualClock(T0), engine=engine)
     try:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://localhost"
-            ) as client:
-                yield client, url, case
+        async with api_client(url, VirtualClock(T0), engine) as client:
+            yield client, url, case
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def client(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The API on a migrated database of each backend (as tests/api/conftest.py's client)."""
+    engine = create_engine(db_url)
+    try:
+        async with api_client(db_url, VirtualClock(T0), engine) as c:
+            yield c
     finally:
         await engine.dispose()
 
