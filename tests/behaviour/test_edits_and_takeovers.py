@@ -17,28 +17,18 @@ from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import RunRecord, StateRecord
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.providers import StaticProvider
-from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import UNKNOWN_START, PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
+from tests.support.managers import ManualLeader, settle
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
 
 
 def row(i: int, name: str, spec: str = "@every 1s", **kw: object) -> PeriodicTaskConfig:
     return PeriodicTaskConfig.create(name=name, spec=spec, task_type="t", schedule_id=i, **kw)  # type: ignore[arg-type]
-
-
-class ManualLeader(AlwaysLeader):
-    def __init__(self, leader: bool) -> None:
-        super().__init__()
-        self._initial = leader
-
-    async def start(self, on_change: Any) -> None:
-        self._on_change = on_change
-        await self._set(self._initial)
 
 
 async def manager(
@@ -56,14 +46,6 @@ async def manager(
     await mgr.start()
     await clock.settle()
     return mgr
-
-
-async def settle(clock: VirtualClock, *managers: PeriodicTaskManager) -> None:
-    async def done() -> None:
-        for m in managers:
-            await m.wait_settled(clock.now())
-
-    await clock.advance(0, settle=done)
 
 
 def seconds(*offsets: float) -> list[datetime]:

@@ -3,35 +3,22 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import RunRecord
 from periodic_manager.providers import StaticProvider
-from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
+from tests.support.managers import ManualLeader
 
 T0 = datetime(2024, 5, 1, 12, 0, 20, tzinfo=UTC)
 
 
 def row(i: int, name: str, spec: str, **options: object) -> PeriodicTaskConfig:
     return PeriodicTaskConfig.create(name=name, spec=spec, task_type="t", schedule_id=i, options=options)
-
-
-class ManualLeader(AlwaysLeader):
-    """Leadership the test hands out."""
-
-    def __init__(self, leader: bool) -> None:
-        super().__init__()
-        self._initial = leader
-
-    async def start(self, on_change: Any) -> None:
-        self._on_change = on_change
-        await self._set(self._initial)
 
 
 async def started(provider: StaticProvider, store: MemoryRuntimeStore, clock: VirtualClock,

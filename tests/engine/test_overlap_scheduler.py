@@ -22,6 +22,7 @@ from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
+from tests.support.managers import ManualLeader
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 GROUP = "workers"
@@ -278,18 +279,8 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
     the previous task finished, the leader died. The new leader looks back over grace, and
     before, it sent slot 20, out of order. The store records 20 as settled: it starts after it."""
     from periodic_manager.providers import StaticProvider
-    from periodic_manager.runtime.leadership import AlwaysLeader
     from periodic_manager.runtime.manager import PeriodicTaskManager
     from periodic_manager.runtime.memory_store import MemoryRuntimeStore
-
-    class Manual(AlwaysLeader):
-        def __init__(self, leader: bool) -> None:
-            super().__init__()
-            self.initial = leader
-
-        async def start(self, on_change: Any) -> None:
-            self._on_change = on_change
-            await self._set(self.initial)
 
     store = MemoryRuntimeStore()
     row = PeriodicTaskConfig.create(
@@ -301,7 +292,7 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
         target = RedisStreamsTarget(rig.client, prefix=rig.prefix, group=GROUP)
         mgr = PeriodicTaskManager(
             StaticProvider([row]), target, clock=rig.clock, store=store, timing=Timing(grace=30, sync_interval=3600),
-            leadership=Manual(leads),
+            leadership=ManualLeader(leads),
         )  # fmt: skip
         await mgr.start()
         managers.append(mgr)
