@@ -29,10 +29,9 @@ from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.redis.sentinel import Sentinel
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
-from tests.behaviour.test_faults import expected_slots, insert_schedules, leaders, until
+from tests.support.faults import T0, expected_slots, insert_schedules, leaders
+from tests.support.polling import eventually
 from tests.support.servers import ManagerProcess, RedisServer
-
-T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)
 
 
 async def test_the_sentinel_tells_a_redis_that_lost_its_data_to_every_manager(
@@ -163,14 +162,20 @@ async def test_redis_restarted_without_persistence_then_a_takeover_sends_at_most
     async with StreamAudit(forgetful.url, stream) as audit:
         try:
             a.start()
-            await until(lambda: _leads(pg_url, a.pid, True), 30, "the first manager leads")
+            await eventually(
+                lambda: _leads(pg_url, a.pid, True), "the first manager leads", seconds=30
+            )
             b.start()
-            await until(lambda: _leads(pg_url, b.pid, False), 30, "the second manager waits")
-            await until(lambda: _flowing(audit), 15, "slots flow from the leader")
+            await eventually(
+                lambda: _leads(pg_url, b.pid, False), "the second manager waits", seconds=30
+            )
+            await eventually(lambda: _flowing(audit), "slots flow from the leader", seconds=15)
             flow = datetime.now(UTC)
             # The leader has sent a whole look back of slots before the restart, which the
             # audit read: all of them would be sent again if the claims were all a takeover had.
-            await until(lambda: _past(audit, flow + timedelta(seconds=6)), 15, "a look back sent")
+            await eventually(
+                lambda: _past(audit, flow + timedelta(seconds=6)), "a look back sent", seconds=15
+            )
 
             forgetful.kill()
             forgetful.start()  # back at once, and empty
@@ -179,15 +184,17 @@ async def test_redis_restarted_without_persistence_then_a_takeover_sends_at_most
             async def refilled() -> bool:
                 return audit.reconnects > 0 and await _flowing(audit)
 
-            await until(refilled, 15, "slots flow into the empty Redis")
+            await eventually(refilled, "slots flow into the empty Redis", seconds=15)
             await asyncio.sleep(max(0.0, 1.0 - (datetime.now(UTC) - restarted).total_seconds()))
             killed_at = datetime.now(UTC)
             a.kill()  # the takeover, a second after the restart
-            await until(lambda: _leads(pg_url, b.pid, True), 15, "the standby leads")
+            await eventually(lambda: _leads(pg_url, b.pid, True), "the standby leads", seconds=15)
             started = time.monotonic()
-            await until(lambda: _flowing(audit), 30, "slots flow from the new leader")
-            await until(
-                lambda: _past(audit, killed_at + timedelta(seconds=4)), 30, "4 s after the kill"
+            await eventually(lambda: _flowing(audit), "slots flow from the new leader", seconds=30)
+            await eventually(
+                lambda: _past(audit, killed_at + timedelta(seconds=4)),
+                "4 s after the kill",
+                seconds=30,
             )
             resumed_s = time.monotonic() - started
             assert b.stop() == 0, b.log()[-3000:]

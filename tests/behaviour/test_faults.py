@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,51 +32,16 @@ from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.settings import Settings
+from tests.support.faults import T0, dsn, expected_slots, insert_schedules, leaders
+from tests.support.polling import eventually
 from tests.support.servers import ManagerProcess, RedisServer
 from tests.support.tcpproxy import TcpProxy
 
-T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
 QUEUE = "default"
-
-
-def dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://")
 
 
 def iso(dt: datetime) -> str:
     return idempotency_key("", dt)[1:]
-
-
-async def insert_schedules(
-    url: str,
-    rows: Iterable[tuple[str, str, dict[str, Any]]],
-    effective_at: datetime | None = T0 - timedelta(days=1),
-) -> None:
-    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``.
-
-    ``effective_at``: when the schedules began. By default a day before the tests' virtual start
-    (they existed long before); None lets the database stamp its own time, as for any SQL insert.
-    """
-    conn = await asyncpg.connect(dsn(url))
-    try:
-        await conn.executemany(
-            "INSERT INTO periodic_jobs"
-            " (name, spec, timezone, task_type, payload, options, enabled, effective_at)"
-            " VALUES ($1, $2, 'UTC', 'fault.task', 'null', $3, true, $4)",
-            [(name, spec, json.dumps(opts), effective_at) for name, spec, opts in rows],
-        )
-    finally:
-        await conn.close()
-
-
-def expected_slots(name: str, spec: str, after: datetime, until: datetime) -> list[str]:
-    """Idempotency keys of every slot of ``spec`` in ``(after, until]``."""
-    schedule = PeriodicTaskConfig.create(name=name, spec=spec, task_type="t").schedule
-    out, slot = [], schedule.next_after(after)
-    while slot <= until:
-        out.append(idempotency_key(name, slot))
-        slot = schedule.next_after(slot)
-    return out
 
 
 async def stream_keys(redis: aioredis.Redis, prefix: str, queue: str = QUEUE) -> Counter[str]:
@@ -205,26 +169,6 @@ async def test_two_managers_over_an_hour_enqueue_every_slot_exactly_once(
 # -- 2. the leader, a real process, is SIGKILLed in the middle of a burst -------------------------
 
 
-async def until(check: Callable[[], Awaitable[bool]], seconds: float, what: str) -> None:
-    """Bounded poll of an observable condition (real processes run on the wall clock)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not reached within {seconds} s: {what}")
-
-
-async def leaders(url: str) -> dict[int, bool]:
-    """pid -> is_leader of every manager published in pm_managers."""
-    conn = await asyncpg.connect(dsn(url))
-    try:
-        rows = await conn.fetch("SELECT pid, is_leader FROM pm_managers")
-    finally:
-        await conn.close()
-    return {r["pid"]: r["is_leader"] for r in rows}
-
-
 async def started_at(url: str, pid: int) -> datetime:
     """When the manager process ``pid`` started (pm_managers)."""
     conn = await asyncpg.connect(dsn(url))
@@ -303,26 +247,26 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
         async def a_leads() -> bool:
             return (await leaders(pg_url)).get(a.pid) is True
 
-        await until(a_leads, 30, "the first manager leads")
+        await eventually(a_leads, "the first manager leads", seconds=30)
         b.start()
 
         async def b_standby() -> bool:
             return (await leaders(pg_url)).get(b.pid) is False and "standby" in b.log()
 
-        await until(b_standby, 30, "the second manager is a standby")
+        await eventually(b_standby, "the second manager is a standby", seconds=30)
 
         async def flowing() -> bool:
             slot = await last_slot(redis_client, redis_prefix)
             return slot is not None and slot >= datetime.now(UTC) - timedelta(seconds=1.5)
 
-        await until(flowing, 15, "slots flow from the leader")
+        await eventually(flowing, "slots flow from the leader", seconds=15)
         a_started = await started_at(pg_url, a.pid)
 
         async def a_sent_a_while() -> bool:  # slots the takeover must not send again
             slot = await last_slot(redis_client, redis_prefix)
             return slot is not None and slot >= a_started + timedelta(seconds=4)
 
-        await until(a_sent_a_while, 15, "the leader sent slots for 3 s")
+        await eventually(a_sent_a_while, "the leader sent slots for 3 s", seconds=15)
         assert a.alive() and b.alive()
         killed_at = datetime.now(UTC)
         started = time.monotonic()
@@ -331,7 +275,7 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
         async def b_leads() -> bool:
             return (await leaders(pg_url)).get(b.pid) is True
 
-        await until(b_leads, 15, "the standby leads")
+        await eventually(b_leads, "the standby leads", seconds=15)
         takeover_s = time.monotonic() - started
 
         # A takeover resumes within grace after what the old leader settled, one slot per
@@ -340,7 +284,7 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
         async def caught_up() -> bool:
             return await state_count(pg_url, killed_at + timedelta(seconds=6)) == len(FAST)
 
-        await until(caught_up, 40, "every schedule sent a slot 6 s after the kill")
+        await eventually(caught_up, "every schedule sent a slot 6 s after the kill", seconds=40)
         resumed_s = time.monotonic() - started
         assert b.stop() == 0, b.log()[-3000:]
     finally:

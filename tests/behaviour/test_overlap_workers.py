@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,7 +54,7 @@ from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.outbox import OutboxTarget
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
-from tests.support.celery_arq_rig import ROOT, WorkerProcess, arq_worker
+from tests.support.celery_arq_rig import ROOT, WorkerProcess, arq_worker, wait_for
 
 POLICIES = ("allow", "skip", "hold")
 WORK_S = 2.5  # each task, with schedules firing every second
@@ -154,17 +154,6 @@ def check(executions: list[Execution], runs: list[RunRecord]) -> None:
     )
 
 
-async def wait_until(
-    done: Callable[[], Awaitable[bool]], what: str, workers: list[WorkerProcess]
-) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await done():
-        if time.monotonic() > deadline:
-            tails = "\n".join(w.tail() for w in workers)
-            raise AssertionError(f"timed out waiting for {what}\n{tails}")
-        await asyncio.sleep(0.1)
-
-
 @asynccontextmanager
 async def running(workers: list[WorkerProcess]) -> AsyncIterator[list[WorkerProcess]]:
     for worker in workers:
@@ -233,7 +222,7 @@ async def test_redis_streams_consumers(
         async def all_listening() -> bool:
             return len(await redis_client.xinfo_consumers(stream, GROUP)) == CONSUMERS
 
-        await wait_until(all_listening, "the consumers", workers)
+        await wait_for(all_listening, "the consumers", workers)
         runs = await send_for(
             lambda: RedisStreamsTarget.from_url(redis_url, prefix=redis_prefix, group=GROUP),
             configs(redis_prefix, queue, "t"),
@@ -244,7 +233,7 @@ async def test_redis_streams_consumers(
         async def all_done() -> bool:
             return len(printed(workers)) >= len(sent)
 
-        await wait_until(all_done, "the workers to finish", workers)
+        await wait_for(all_done, "the workers to finish", workers)
     check(from_printed(printed(workers)), runs)
 
 
@@ -274,7 +263,7 @@ async def test_redis_streams_a_killed_consumer_with_overlap_timeout_lets_the_sch
         async def taken() -> bool:
             return (await redis_client.xpending(stream, GROUP))["pending"] == 1
 
-        await wait_until(taken, "the first task to start", [stuck])
+        await wait_for(taken, "the first task to start", [stuck])
         assert stuck.proc is not None
         os.kill(stuck.proc.pid, signal.SIGKILL)  # mid-task: its message stays pending forever
         stuck.proc.wait(timeout=10)
@@ -284,7 +273,7 @@ async def test_redis_streams_a_killed_consumer_with_overlap_timeout_lets_the_sch
             async def resumed() -> bool:
                 return len(printed([fresh])) >= 2
 
-            await wait_until(resumed, "the schedule to resume", [fresh])
+            await wait_for(resumed, "the schedule to resume", [fresh])
     sched.stop()
     await asyncio.wait_for(loop, WAIT_S)
     await target.close()
@@ -317,7 +306,7 @@ async def test_outbox_consumers(pg_url: str, redis_prefix: str, tmp_path: Path) 
                     )
                     return int((await conn.execute(text(query))).scalar_one()) > CONSUMERS
 
-            await wait_until(all_polling, "the consumers", workers)
+            await wait_for(all_polling, "the consumers", workers)
         finally:
             await engine.dispose()
         runs = await send_for(
@@ -328,7 +317,7 @@ async def test_outbox_consumers(pg_url: str, redis_prefix: str, tmp_path: Path) 
         async def all_done() -> bool:
             return len(printed(workers)) >= len(sent)
 
-        await wait_until(all_done, "the workers to finish", workers)
+        await wait_for(all_done, "the workers to finish", workers)
     check(from_printed(printed(workers)), runs)
 
 
@@ -390,13 +379,13 @@ async def test_outbox_a_killed_consumer_rolls_back_and_the_schedule_resumes_with
                     await conn.rollback()
                 return rows >= 1 and not free
 
-            await wait_until(taken, "the first task to start", [stuck])
+            await wait_for(taken, "the first task to start", [stuck])
 
             async def skipping() -> bool:
                 return any((r.status, r.reason) == ("skipped", "overlap") for r in runs)
 
             # The next slot comes while the first task runs, and is skipped: only then the kill.
-            await wait_until(skipping, "a slot skipped while the first task runs", [stuck])
+            await wait_for(skipping, "a slot skipped while the first task runs", [stuck])
             assert stuck.proc is not None
             os.kill(stuck.proc.pid, signal.SIGKILL)  # mid-task, inside its transaction
             stuck.proc.wait(timeout=10)
@@ -406,7 +395,7 @@ async def test_outbox_a_killed_consumer_rolls_back_and_the_schedule_resumes_with
                 async def resumed() -> bool:
                     return len(printed([fresh])) >= 3
 
-                await wait_until(resumed, "the schedule to resume", [fresh])
+                await wait_for(resumed, "the schedule to resume", [fresh])
     finally:
         sched.stop()
         await asyncio.wait_for(loop, WAIT_S)
@@ -454,7 +443,7 @@ async def test_arq_worker(
             async def ready() -> bool:
                 return "Starting worker" in arq_slow_worker.tail()
 
-            await wait_until(ready, "the arq worker", [arq_slow_worker])
+            await wait_for(ready, "the arq worker", [arq_slow_worker])
             runs = await send_for(
                 lambda: ArqTarget.from_url(redis_url, prefix=redis_prefix),
                 configs(redis_prefix, queue, "slow"),
@@ -465,7 +454,7 @@ async def test_arq_worker(
             async def all_done() -> bool:
                 return await redis_client.llen(out) >= len(sent)
 
-            await wait_until(all_done, "the worker to finish", [arq_slow_worker])
+            await wait_for(all_done, "the worker to finish", [arq_slow_worker])
     finally:
         keys = [
             f"arq:{kind}:{i}" for i in sent for kind in ("job", "in-progress", "result", "retry")
@@ -530,7 +519,7 @@ async def test_celery_worker(
             async def ready() -> bool:
                 return " ready." in celery_slow_worker.tail()
 
-            await wait_until(ready, "the Celery worker", [celery_slow_worker])
+            await wait_for(ready, "the Celery worker", [celery_slow_worker])
             runs = await send_for(
                 target, configs(redis_prefix, f"{redis_prefix}.q", "pmtest.slow"), RUN_S
             )
@@ -539,7 +528,7 @@ async def test_celery_worker(
             async def all_done() -> bool:
                 return await redis_client.llen(out) >= len(sent)
 
-            await wait_until(all_done, "the worker to finish", [celery_slow_worker])
+            await wait_for(all_done, "the worker to finish", [celery_slow_worker])
     finally:
         if sent:
             await redis_client.delete(*(f"celery-task-meta-{i}" for i in sent))
@@ -574,7 +563,7 @@ async def test_celery_a_killed_worker_with_overlap_timeout_lets_the_schedule_res
             async def ready() -> bool:
                 return " ready." in stuck.tail()
 
-            await wait_until(ready, "the Celery worker", [stuck])
+            await wait_for(ready, "the Celery worker", [stuck])
             sched.register(schedule)
 
             async def started() -> bool:  # task_track_started: the worker runs it
@@ -582,7 +571,7 @@ async def test_celery_a_killed_worker_with_overlap_timeout_lets_the_schedule_res
                 metas = [await redis_client.get(f"celery-task-meta-{i}") for i in ids]
                 return any(m is not None and "STARTED" in m for m in metas)
 
-            await wait_until(started, "the first task to start", [stuck])
+            await wait_for(started, "the first task to start", [stuck])
             assert stuck.proc is not None
             os.kill(stuck.proc.pid, signal.SIGKILL)  # mid-task: never finished, never acked
             stuck.proc.wait(timeout=10)
@@ -592,12 +581,12 @@ async def test_celery_a_killed_worker_with_overlap_timeout_lets_the_schedule_res
                 async def ready_again() -> bool:
                     return " ready." in fresh.tail()
 
-                await wait_until(ready_again, "the second Celery worker", [fresh])
+                await wait_for(ready_again, "the second Celery worker", [fresh])
 
                 async def resumed() -> bool:
                     return await redis_client.llen(out) >= 2
 
-                await wait_until(resumed, "the schedule to resume", [fresh])
+                await wait_for(resumed, "the schedule to resume", [fresh])
     finally:
         sched.stop()
         await asyncio.wait_for(loop, WAIT_S)
@@ -644,7 +633,7 @@ async def test_arq_a_killed_worker_with_overlap_timeout_lets_the_schedule_resume
                     await redis_client.exists(*(f"arq:in-progress:{i}" for i in ids))
                 )
 
-            await wait_until(started, "the first job to start", [stuck])
+            await wait_for(started, "the first job to start", [stuck])
             assert stuck.proc is not None
             os.kill(stuck.proc.pid, signal.SIGKILL)  # mid-job: its keys stay behind
             stuck.proc.wait(timeout=10)
@@ -654,7 +643,7 @@ async def test_arq_a_killed_worker_with_overlap_timeout_lets_the_schedule_resume
                 async def resumed() -> bool:
                     return await redis_client.llen(out) >= 2
 
-                await wait_until(resumed, "the schedule to resume", [fresh])
+                await wait_for(resumed, "the schedule to resume", [fresh])
     finally:
         sched.stop()
         await asyncio.wait_for(loop, WAIT_S)

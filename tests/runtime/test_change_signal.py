@@ -20,6 +20,7 @@ from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.targets.memory import MemoryTarget
+from tests.support.polling import eventually
 
 INSERT = (
     "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled)"
@@ -46,15 +47,6 @@ async def sql(engine: AsyncEngine, stmt: str, **params: object) -> None:
 async def revisions(engine: AsyncEngine) -> dict[str, int]:
     async with engine.connect() as conn:
         return dict((await conn.execute(text("SELECT name, revision FROM periodic_jobs"))).all())
-
-
-async def until(check: object, seconds: float = 5.0) -> None:
-    """Bounded wait for another connection's work (a notification, a reconnect)."""
-    for _ in range(int(seconds / 0.02)):
-        if check():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 async def test_every_write_gets_a_new_revision_and_deletes_leave_tombstones(engine: AsyncEngine) -> None:
@@ -146,7 +138,7 @@ async def test_a_bulk_update_is_one_notification(pg_url: str) -> None:
             " SELECT 'bulk' || g, '* * * * *', 't', '{}' FROM generate_series(1, 2000) g"
         )
         await writer.execute("UPDATE periodic_jobs SET spec = '*/2 * * * *'")
-        await until(lambda: len(got) >= 2)
+        await eventually(lambda: len(got) >= 2, "two notifications", seconds=5)
         await asyncio.sleep(0.2)
         assert got == ["", ""]  # one per statement, empty payload
     finally:
@@ -165,17 +157,21 @@ async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval
     mgr.signals.append(listener)
     await mgr.start()
     try:
-        await until(listener.connected.is_set)
+        await eventually(listener.connected.is_set, "the listener connected", seconds=5)
 
         def names() -> list[str]:
             return sorted(e.config.name for e in mgr.entries())
 
         await sql(eng, INSERT, name="raw.sql", spec="* * * * *")
-        await until(lambda: names() == ["raw.sql"])
+        await eventually(lambda: names() == ["raw.sql"], "the inserted row synced", seconds=5)
         await sql(eng, "UPDATE periodic_jobs SET spec = '*/2 * * * *'")
-        await until(lambda: [e.config.spec for e in mgr.entries()] == ["*/2 * * * *"])
+        await eventually(
+            lambda: [e.config.spec for e in mgr.entries()] == ["*/2 * * * *"],
+            "the updated spec synced",
+            seconds=5,
+        )
         await sql(eng, "DELETE FROM periodic_jobs")
-        await until(lambda: names() == [])
+        await eventually(lambda: names() == [], "the deletion synced", seconds=5)
 
         # The listener's connection is killed: it reconnects and asks for a sync at once.
         admin = await asyncpg.connect(dsn(pg_url))
@@ -184,9 +180,11 @@ async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval
             " WHERE application_name = 'periodic_manager listener'"
         )
         await admin.close()
-        await until(lambda: listener.reconnects == 1, 10)
+        await eventually(lambda: listener.reconnects == 1, "the listener reconnected", seconds=10)
         await sql(eng, INSERT, name="after.reconnect", spec="* * * * *")
-        await until(lambda: names() == ["after.reconnect"])
+        await eventually(
+            lambda: names() == ["after.reconnect"], "a row synced after the reconnect", seconds=5
+        )
     finally:
         await mgr.stop()
         await eng.dispose()

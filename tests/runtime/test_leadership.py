@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.runtime.leadership import PostgresLeadership
+from tests.support.polling import eventually
 from tests.support.tcpproxy import TcpProxy
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -24,15 +25,6 @@ def dsn(url: str) -> str:
 @pytest.fixture
 async def clock() -> VirtualClock:
     return VirtualClock(T0)
-
-
-async def until(check: object, seconds: float = 10.0) -> None:
-    """Bounded wait for an observable condition (server-side timeouts run on real time)."""
-    for _ in range(int(seconds / 0.05)):
-        if check():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 async def polls_until(clock: VirtualClock, check: object, polls: int = 50) -> None:
@@ -65,7 +57,6 @@ async def test_one_leader_and_a_standby_that_takes_over_when_it_stops(pair, cloc
     await b.start(lambda v: changes.append(("b", v)))
     assert a.is_leader and not b.is_leader
     await clock.advance(1)
-    await until(lambda: True)
     assert a.is_leader and not b.is_leader  # checks do not flap
     await a.stop()
     await polls_until(clock, lambda: b.is_leader)  # the standby's next tries
@@ -133,7 +124,7 @@ async def test_half_open_leader_steps_down_before_the_server_frees_the_lock(
         loop = asyncio.get_running_loop()
         frozen_at = loop.time()
         await clock.advance(1)  # the leader's check now hangs until its budget (2 s) runs out
-        await until(lambda: not a.is_leader, 5)
+        await eventually(lambda: not a.is_leader, "the frozen leader steps down", seconds=5)
         stepped_down = loop.time() - frozen_at
         # The server ends the silent session after idle_session_timeout (3 s); keep trying.
         for _ in range(100):

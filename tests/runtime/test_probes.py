@@ -26,6 +26,7 @@ from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.probe import ProbeWriter, check_probe, manager_health
 from periodic_manager.settings import Settings
 from tests.conftest import _unavailable
+from tests.support.polling import eventually
 from tests.support.servers import ManagerProcess, RedisServer, free_port
 
 CLI = [sys.executable, "-m", "periodic_manager"]
@@ -46,15 +47,6 @@ async def health(directory: Path, *args: str) -> tuple[int, str]:
         raise AssertionError(f"health {args} hung: no answer within 30 s") from None
     assert proc.returncode is not None
     return proc.returncode, out.decode().strip()
-
-
-async def until(check: Any, what: str, seconds: float = 20.0) -> None:
-    """Poll an observable condition of another process (bounded)."""
-    for _ in range(int(seconds / 0.05)):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what}: not reached within {seconds} s")
 
 
 async def test_probe_of_a_frozen_manager_goes_stale_and_health_fails_until_it_runs_again(
@@ -79,7 +71,7 @@ async def test_probe_of_a_frozen_manager_goes_stale_and_health_fails_until_it_ru
         return check_probe(probe_dir, "manager", SystemClock().now(), max_age).ok
 
     try:
-        await until(lambda: fresh() or not manager.alive(), "first probe write")
+        await eventually(lambda: fresh() or not manager.alive(), "first probe write")
         assert manager.alive(), manager.log()
         rc, line = await health(probe_dir, "--max-age", str(max_age))
         assert rc == 0 and line.startswith(f"ok: manager (pid {manager.pid})"), line
@@ -92,12 +84,12 @@ async def test_probe_of_a_frozen_manager_goes_stale_and_health_fails_until_it_ru
 
         os.kill(manager.pid, signal.SIGSTOP)  # the event loop cannot run: no more writes
         try:
-            await until(lambda: not fresh(), "the probe going stale")
+            await eventually(lambda: not fresh(), "the probe going stale")
             rc, line = await health(probe_dir, "--max-age", str(max_age))
             assert rc == 1 and line.startswith(f"stale: manager (pid {manager.pid})"), line
         finally:
             os.kill(manager.pid, signal.SIGCONT)
-        await until(fresh, "the probe fresh again")
+        await eventually(fresh, "the probe fresh again")
         rc, line = await health(probe_dir, "--max-age", str(max_age))
         assert rc == 0, line
         assert manager.stop() == 0, manager.log()[-3000:]

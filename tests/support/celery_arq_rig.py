@@ -7,13 +7,11 @@ being other processes, are waited for, with polls bounded by a deadline.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,6 +31,7 @@ from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.settings import Settings
 from tests.support import ROOT
+from tests.support.polling import eventually
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
 WAIT_S = 30.0  # bound of every wait for a worker
@@ -168,18 +167,27 @@ def arq_worker(prefix: str, queue: str, log: Path, redis_url: str) -> WorkerProc
 
 
 async def wait_for(
-    check: Callable[[], Awaitable[bool]], what: str, worker: WorkerProcess | None = None
+    check: Callable[[], Awaitable[bool]],
+    what: str,
+    worker: WorkerProcess | Sequence[WorkerProcess] | None = None,
 ) -> None:
     """Poll ``check`` until it holds, at most WAIT_S seconds of wall time (a worker is another
-    process: only its progress is waited for, never a slot)."""
-    deadline = time.monotonic() + WAIT_S
-    while not await check():
-        if time.monotonic() > deadline:
-            log = worker.tail() if worker is not None else ""
-            raise AssertionError(f"timed out waiting for {what}\n--- worker log ---\n{log}")
-        if worker is not None and worker.proc is not None and worker.proc.poll() is not None:
-            raise AssertionError(f"the worker exited while waiting for {what}\n{worker.tail()}")
-        await asyncio.sleep(0.05)
+    process: only its progress is waited for, never a slot). Fails at once if one of the
+    ``worker`` processes exits, and shows their logs when it fails."""
+    workers = [] if worker is None else [worker] if isinstance(worker, WorkerProcess) else worker
+
+    async def holds() -> bool:
+        if await check():
+            return True
+        for w in workers:
+            if w.proc is not None and w.proc.poll() is not None:
+                raise AssertionError(f"the worker exited while waiting for {what}\n{w.tail()}")
+        return False
+
+    def logs() -> str:
+        return "--- worker log ---\n" + "\n".join(w.tail() for w in workers)
+
+    await eventually(holds, what, seconds=WAIT_S, detail=logs)
 
 
 async def records(client: aioredis.Redis, prefix: str) -> list[dict[str, Any]]:

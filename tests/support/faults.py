@@ -1,5 +1,6 @@
-"""Shared by the fault tests of the targets (tests/behaviour/test_lost_replies.py,
-test_celery_faults.py): one slot, batches of tasks due in it, and the scheduler's bounded retry.
+"""Shared by the fault tests (tests/behaviour/): one slot and batches of tasks due in it, the
+scheduler's bounded retry (test_lost_replies.py, test_celery_faults.py); schedules written with
+SQL, the slots they must send, and who leads (test_faults.py, test_broker_forgets.py).
 
 The throwaway Redis servers these tests break are fixtures of tests/behaviour/conftest.py.
 """
@@ -7,12 +8,19 @@ The throwaway Redis servers these tests break are fixtures of tests/behaviour/co
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
 
 from periodic_manager.contracts import EnqueueResult, Target, Task
 from periodic_manager.errors import TargetError
+from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.targets.base import task_id_for
 
+T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
 SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 RETRIES = 40  # bound of until_sent: 40 tries, 0.25 s apart
 
@@ -43,3 +51,49 @@ async def until_sent(target: Target, tasks: list[Task]) -> list[EnqueueResult]:
         except TargetError:
             await asyncio.sleep(0.25)  # the broker is coming back: a bounded retry, not a slot
     raise AssertionError(f"the batch never went through in {RETRIES} tries")
+
+
+def dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+async def insert_schedules(
+    url: str,
+    rows: Iterable[tuple[str, str, dict[str, Any]]],
+    effective_at: datetime | None = T0 - timedelta(days=1),
+) -> None:
+    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``.
+
+    ``effective_at``: when the schedules began. By default a day before the tests' virtual start
+    (they existed long before); None lets the database stamp its own time, as for any SQL insert.
+    """
+    conn = await asyncpg.connect(dsn(url))
+    try:
+        await conn.executemany(
+            "INSERT INTO periodic_jobs"
+            " (name, spec, timezone, task_type, payload, options, enabled, effective_at)"
+            " VALUES ($1, $2, 'UTC', 'fault.task', 'null', $3, true, $4)",
+            [(name, spec, json.dumps(opts), effective_at) for name, spec, opts in rows],
+        )
+    finally:
+        await conn.close()
+
+
+def expected_slots(name: str, spec: str, after: datetime, until: datetime) -> list[str]:
+    """Idempotency keys of every slot of ``spec`` in ``(after, until]``."""
+    schedule = PeriodicTaskConfig.create(name=name, spec=spec, task_type="t").schedule
+    out, slot = [], schedule.next_after(after)
+    while slot <= until:
+        out.append(idempotency_key(name, slot))
+        slot = schedule.next_after(slot)
+    return out
+
+
+async def leaders(url: str) -> dict[int, bool]:
+    """pid -> is_leader of every manager published in pm_managers."""
+    conn = await asyncpg.connect(dsn(url))
+    try:
+        rows = await conn.fetch("SELECT pid, is_leader FROM pm_managers")
+    finally:
+        await conn.close()
+    return {r["pid"]: r["is_leader"] for r in rows}
