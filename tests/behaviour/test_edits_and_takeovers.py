@@ -125,8 +125,9 @@ async def test_a_takeover_never_sends_a_slot_from_before_the_schedule_existed() 
     old = row(1, "old", effective_at=T0 - timedelta(days=1))
     provider = StaticProvider([old])
     leader = await manager(provider, clock, target, store)
-    standby = await manager(provider, clock, target, store, leader=False)
+    standby: PeriodicTaskManager | None = None
     try:
+        standby = await manager(provider, clock, target, store, leader=False)
         await clock.advance(55, settle=lambda: leader.wait_settled(clock.now()))
         provider.configs = [old, row(2, "new", effective_at=created)]
         for m in (leader, standby):
@@ -142,7 +143,9 @@ async def test_a_takeover_never_sends_a_slot_from_before_the_schedule_existed() 
         old_slots = target.slots("old")
         assert old_slots == seconds(*range(1, 71))  # the old one: the gap re-sent, nothing twice
     finally:
-        await standby.stop()
+        if standby is not None:
+            await standby.stop()
+        await leader.stop()  # if an assert came before its stop (a second stop does nothing)
 
 
 async def test_a_takeover_never_sends_the_old_timing_or_a_slot_from_while_it_was_paused() -> None:
@@ -386,8 +389,9 @@ async def test_a_takeover_after_the_broker_forgot_its_claims_sends_no_settled_sl
         [row(i, f"s{i}", effective_at=T0 - timedelta(days=1)) for i in range(1, 201)]
     )
     leader = await manager(provider, clock, target, store)
-    standby = await manager(provider, clock, target, store, leader=False)
+    standby: PeriodicTaskManager | None = None
     try:
+        standby = await manager(provider, clock, target, store, leader=False)
         await clock.advance(20, settle=lambda: leader.wait_settled(clock.now()))
         await leader.stop()  # at 12:00:20.5: the store holds slot :20 of every schedule
         target.forget()
@@ -399,7 +403,9 @@ async def test_a_takeover_after_the_broker_forgot_its_claims_sends_no_settled_sl
         assert len(target.messages) == 200 * 26
         assert standby.scheduler.counts["duplicate"] == 0
     finally:
-        await standby.stop()
+        if standby is not None:
+            await standby.stop()
+        await leader.stop()  # if an assert came before its stop (a second stop does nothing)
 
 
 async def test_a_takeover_still_sends_a_slot_the_old_leader_failed_or_never_recorded() -> None:
@@ -409,8 +415,9 @@ async def test_a_takeover_still_sends_a_slot_the_old_leader_failed_or_never_reco
     clock, target, store = VirtualClock(T0), MemoryTarget(), MemoryRuntimeStore()
     provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
     leader = await manager(provider, clock, target, store)
-    standby = await manager(provider, clock, target, store, leader=False)
+    standby: PeriodicTaskManager | None = None
     try:
+        standby = await manager(provider, clock, target, store, leader=False)
         await clock.advance(10, settle=lambda: leader.wait_settled(clock.now()))
         target.fail_with = "broker down"
         await clock.advance(3)  # slots :11-:13 fail while the leader retries
@@ -421,7 +428,9 @@ async def test_a_takeover_still_sends_a_slot_the_old_leader_failed_or_never_reco
         assert target.slots("s1") == seconds(*range(1, 15))
         assert store.state["1"].last_done_at == seconds(14)[0]
     finally:
-        await standby.stop()
+        if standby is not None:
+            await standby.stop()
+        await leader.stop()  # if an assert came before its stop (a second stop does nothing)
 
 
 async def test_a_settled_slot_from_the_future_only_stops_the_look_back() -> None:
@@ -455,8 +464,9 @@ async def test_a_takeover_waits_for_the_settled_slots_and_sends_nothing_meanwhil
     clock, target, store = VirtualClock(T0), MemoryTarget(), Flaky()
     provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
     leader = await manager(provider, clock, target, store)
-    standby = await manager(provider, clock, target, store, leader=False)
+    standby: PeriodicTaskManager | None = None
     try:
+        standby = await manager(provider, clock, target, store, leader=False)
         await clock.advance(10, settle=lambda: leader.wait_settled(clock.now()))
         await leader.stop()
         target.forget()
@@ -468,4 +478,6 @@ async def test_a_takeover_waits_for_the_settled_slots_and_sends_nothing_meanwhil
         waits = [r for r in caplog.records if "takeover waits" in r.getMessage()]
         assert len(waits) == 1  # one line for the outage, not one per retry
     finally:
-        await standby.stop()
+        if standby is not None:
+            await standby.stop()
+        await leader.stop()  # if an assert came before its stop (a second stop does nothing)

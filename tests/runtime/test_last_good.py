@@ -326,6 +326,7 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
     finally:
         if standby is not None:
             await standby.stop()
+        await leader.stop()  # if an assert came before its stop (a second stop does nothing)
         await engine.dispose()
 
 
