@@ -16,8 +16,8 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.schedules.definition import UNKNOWN_START
-from tests.behaviour.test_end_to_end import Rig, _rig, at, iso
 from tests.support import rawsql
+from tests.support.e2e import Rig, at, e2e_rig, iso
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
@@ -48,7 +48,7 @@ async def seed(url: str) -> tuple[dict[str, int], dict[int, str]]:
 
 
 async def rig_on(url: str, redis_prefix: str, redis_url: str) -> AsyncIterator[Rig]:
-    async for r in _rig(url, "outbox", redis_prefix, redis_url):
+    async for r in e2e_rig(url, "outbox", redis_prefix, redis_url):
         yield r
 
 

@@ -18,8 +18,8 @@ from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import Base
 from periodic_manager.schedules import files as sio
 from periodic_manager.schedules import import_export
-from tests.behaviour.test_end_to_end import Rig, _rig, at
 from tests.support import rawsql
+from tests.support.e2e import Rig, at, e2e_rig
 
 REBUILT = ("periodic_jobs", "pm_outbox", "pm_runs")
 KEYS = {"periodic_jobs": "id", "pm_outbox": "seq", "pm_runs": "id"}
@@ -28,7 +28,7 @@ KEYS = {"periodic_jobs": "id", "pm_outbox": "seq", "pm_runs": "id"}
 @pytest.fixture
 async def rig(db_url: str, redis_prefix: str, redis_url: str) -> AsyncIterator[Rig]:
     """API and an in-process manager on the outbox target, on each backend."""
-    async for r in _rig(db_url, "outbox", redis_prefix, redis_url):
+    async for r in e2e_rig(db_url, "outbox", redis_prefix, redis_url):
         yield r
 
 

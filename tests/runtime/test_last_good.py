@@ -27,8 +27,8 @@ from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.settings import Settings
 from periodic_manager.targets.memory import MemoryTarget
-from tests.behaviour.test_end_to_end import T0, Rig, at, iso
 from tests.support import rawsql
+from tests.support.e2e import T0, Rig, at, iso
 from tests.support.managers import ManualLeader, settle
 
 JOB = {"name": "keep.me", "spec": "* * * * *", "task_type": "t", "payload": {"v": 1}}
