@@ -8,7 +8,8 @@
   after that slot (and after the schedule's ``effective_at``): slots the old leader may have
   missed within grace are sent, none it settled is sent again, even when the broker's claims are
   gone. Nothing is sent until the settled slots are known (a failed read is retried while this
-  term of leadership lasts). The read happens off the leadership check.
+  term of leadership lasts; a read failing for ``SETTLED_STALL_S`` makes the manager unhealthy,
+  see :meth:`Leading.stalled`). The read happens off the leadership check.
 * Losing leadership: sending stops at once (a staged batch is put back, held slots dropped).
 """
 
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # How often a takeover tries again to read what the database records as settled.
 SETTLED_RETRY_S = 1.0
+# A takeover that has not read them for this long makes the manager unhealthy: it sends nothing.
+SETTLED_STALL_S = 60.0
 Spawn = Callable[[Coroutine[Any, Any, Any], str], None]
 
 
@@ -56,6 +59,9 @@ class Leading:
         self._running = running  # started (a leadership won now is a takeover)
         self._changed = changed  # called after every change (the heartbeat tells at once)
         self._terms = 0  # counts leadership changes: a takeover still reading belongs to its term
+        # Since when the takeover of which term has failed to read the settled slots, and why.
+        self._failing: tuple[int, datetime] | None = None
+        self._failure = ""
 
     def changed(self, is_leader: bool) -> None:
         now = self.clock.now()
@@ -80,17 +86,36 @@ class Leading:
         log.info("manager %s leads (takeover)", self.manager_id)
         await self._catch_up(now, takeover=True)
 
+    def stalled(self, now: datetime) -> str | None:
+        """Why this manager is unhealthy because a takeover cannot read the settled slots (for
+        ``SETTLED_STALL_S`` or more: it sends nothing meanwhile); None otherwise."""
+        if self._failing is None or self._failing[0] != self._terms:
+            return None  # reading fine, or that term is over
+        waited = (now - self._failing[1]).total_seconds()
+        if waited < SETTLED_STALL_S:
+            return None
+        return f"takeover cannot read the settled slots for {waited:.0f} s ({self._failure})"
+
     async def _settled_after(self, since: datetime, term: int) -> dict[int | str, datetime] | None:
         """What the store records as settled after ``since``, by ident, each capped at now (a
         value from the future only means nothing in the past may be sent). Retried while this
         term lasts; None once it ended."""
+        try:
+            return await self._read_settled(since, term)
+        finally:
+            if self._failing is not None and self._failing[0] == term:
+                self._failing = None  # read, or this term is over
+
+    async def _read_settled(self, since: datetime, term: int) -> dict[int | str, datetime] | None:
         failed = False
         while term == self._terms:
             try:
                 rows = await self.store.settled_after(since)
             except Exception as exc:
                 reraise_if_cancelled(exc)
+                self._failure = f"{type(exc).__name__}: {exc}"
                 if not failed:
+                    self._failing = (term, self.clock.now())
                     log.error(
                         "takeover waits: cannot read the settled slots (%s: %s); nothing is "
                         "sent until they are known", type(exc).__name__, exc,

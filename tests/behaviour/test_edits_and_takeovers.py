@@ -18,6 +18,7 @@ from periodic_manager.contracts import RunRecord, StateRecord
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.leadership import AlwaysLeader
+from periodic_manager.runtime.leading import SETTLED_STALL_S
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.timing import Timing
@@ -485,5 +486,37 @@ async def test_a_takeover_waits_for_the_settled_slots_and_sends_nothing_meanwhil
         assert target.slots("s1") == seconds(*range(1, 17))  # then the gap, once
         waits = [r for r in caplog.records if "takeover waits" in r.getMessage()]
         assert len(waits) == 1  # one line for the outage, not one per retry
+    finally:
+        await standby.stop()
+
+
+async def test_a_takeover_that_cannot_read_the_settled_slots_for_long_makes_the_manager_unhealthy() -> None:
+    """Nothing is sent while the settled slots are unknown; a read that keeps failing must not
+    leave a leader that sends nothing looking healthy: after SETTLED_STALL_S the probe fails."""
+
+    class Down(MemoryRuntimeStore):
+        down = True
+
+        async def settled_after(self, since: datetime) -> dict[str, datetime]:
+            if self.down:
+                raise ConnectionError("database unreachable")
+            return await super().settled_after(since)
+
+    clock, target, store = VirtualClock(T0), MemoryTarget(), Down()
+    provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await clock.advance(SETTLED_STALL_S - 1)
+        assert standby.health() is None
+        await clock.advance(2)
+        reason = standby.health() or ""
+        assert reason.startswith("takeover cannot read the settled slots for ")
+        assert "ConnectionError: database unreachable" in reason
+        assert target.messages == []
+        store.down = False
+        await clock.advance(1, settle=lambda: standby.wait_settled(clock.now()))
+        assert standby.health() is None
+        assert target.slots("s1")  # sending resumed
     finally:
         await standby.stop()
