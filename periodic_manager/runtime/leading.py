@@ -4,7 +4,8 @@
   slots are after their registration), except the latest missed slot of each ``fire_once``
   schedule (:mod:`periodic_manager.engine.catchup`).
 * Taking over from another leader: the store is asked for the latest slot it records as settled
-  for each schedule; then every entry resumes at its first slot after ``now - grace`` that is
+  for each schedule; then every entry resumes at its first slot after ``now - grace`` (``now``:
+  when that read began; a ``fire_once`` catch-up looks back from there too) that is
   after that slot (and after the schedule's ``effective_at``): slots the old leader may have
   missed within grace are sent, none it settled is sent again, even when the broker's claims are
   gone. Nothing is sent until the settled slots are known (a failed read is retried while this
@@ -67,7 +68,7 @@ class Leading:
         now = self.clock.now()
         self._terms += 1
         if is_leader and self._running():
-            self._spawn(self._take_over(now, self._terms), "takeover")
+            self._spawn(self._take_over(self._terms), "takeover")
         elif is_leader:
             self.scheduler.set_active(True)
             log.info("manager %s leads (start)", self.manager_id)
@@ -77,12 +78,15 @@ class Leading:
             log.info("manager %s is standby", self.manager_id)
         self._changed()
 
-    async def _take_over(self, now: datetime, term: int) -> None:
-        since = now - self.scheduler.grace
-        settled = await self._settled_after(since, term)
-        if settled is None:
+    async def _take_over(self, term: int) -> None:
+        read = await self._settled_after(term)
+        if read is None:
             return  # no longer leading: the next term decides
-        self.scheduler.set_active(True, resume_after=since, settled=settled)
+        # The look back (grace, and a fire_once schedule's catch-up window) is measured from when
+        # the settled slots were read: a read retried for a while must not leave the latest
+        # missed slot of a fire_once schedule to be skipped as late instead of caught up.
+        now, settled = read
+        self.scheduler.set_active(True, resume_after=now - self.scheduler.grace, settled=settled)
         log.info("manager %s leads (takeover)", self.manager_id)
         await self._catch_up(now, takeover=True)
 
@@ -96,21 +100,23 @@ class Leading:
             return None
         return f"takeover cannot read the settled slots for {waited:.0f} s ({self._failure})"
 
-    async def _settled_after(self, since: datetime, term: int) -> dict[int | str, datetime] | None:
-        """What the store records as settled after ``since``, by ident, each capped at now (a
-        value from the future only means nothing in the past may be sent). Retried while this
-        term lasts; None once it ended."""
+    async def _settled_after(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
+        """When the read that succeeded started, and what the store records as settled after
+        that instant minus grace, by ident, each capped at now (a value from the future only
+        means nothing in the past may be sent). Retried while this term lasts; None once it
+        ended."""
         try:
-            return await self._read_settled(since, term)
+            return await self._read_settled(term)
         finally:
             if self._failing is not None and self._failing[0] == term:
                 self._failing = None  # read, or this term is over
 
-    async def _read_settled(self, since: datetime, term: int) -> dict[int | str, datetime] | None:
+    async def _read_settled(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
         failed = False
         while term == self._terms:
+            read_at = self.clock.now()
             try:
-                rows = await self.store.settled_after(since)
+                rows = await self.store.settled_after(read_at - self.scheduler.grace)
             except Exception as exc:
                 reraise_if_cancelled(exc)
                 self._failure = f"{type(exc).__name__}: {exc}"
@@ -133,7 +139,7 @@ class Leading:
             for key, at in rows.items():
                 at = min(at, now)
                 settled[ident_of(key)] = shared.setdefault(at, at)
-            return settled
+            return read_at, settled
         return None
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:

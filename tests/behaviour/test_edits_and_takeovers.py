@@ -520,3 +520,39 @@ async def test_a_takeover_that_cannot_read_the_settled_slots_for_long_makes_the_
         assert target.slots("s1")  # sending resumed
     finally:
         await standby.stop()
+
+
+async def test_a_takeover_looks_back_from_when_the_settled_slots_were_read() -> None:
+    """A read retried past grace: the look back starts from the read that succeeded. Measured
+    from the change of leadership instead, a fire_once slot still within grace then was left to
+    the normal path, which found it late by the time it could send and skipped it: the latest
+    missed slot, lost although within the schedule's catch-up window."""
+
+    class Slow(MemoryRuntimeStore):
+        failures = 30
+        sinces: list[datetime] = []
+
+        async def settled_after(self, since: datetime) -> dict[str, datetime]:
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("database unreachable")
+            self.sinces.append(since)
+            return await super().settled_after(since)
+
+    clock, target, store = VirtualClock(T0), MemoryTarget(), Slow()
+    opts = {"misfire": "fire_once"}
+    provider = StaticProvider([row(1, "s1", spec="@every 60s", effective_at=T0 - timedelta(days=1), options=opts)])
+    leader = await manager(provider, clock, target, store)
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await clock.advance(110, settle=lambda: leader.wait_settled(clock.now()))
+        await leader.stop()  # at 12:01:50.5: 12:00 (its own catch-up) and 12:01 settled
+        await clock.advance(20)
+        await standby.leadership._set(True)  # at 12:02:10.5: slot 12:02 is 10.5 s late
+        await clock.advance(30)  # the read succeeds at 12:02:40.5: slot 12:02 is now beyond grace
+        await settle(clock, standby)
+        assert store.sinces == [T0 + timedelta(seconds=160 - 30)]
+        assert target.slots("s1") == seconds(0, 60, 120)  # 12:02 caught up once
+        assert standby.scheduler.counts["skipped"] == 0
+    finally:
+        await standby.stop()
