@@ -24,6 +24,7 @@ from typing import Any
 from periodic_manager.contracts import Clock, Leadership, RuntimeStore
 from periodic_manager.engine import catchup
 from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import ident_of
 
@@ -86,7 +87,10 @@ class Leading:
         # the settled slots were read: a read retried for a while must not leave the latest
         # missed slot of a fire_once schedule to be skipped as late instead of caught up.
         now, settled = read
-        self.scheduler.set_active(True, resume_after=now - self.scheduler.grace, settled=settled)
+        await self.scheduler.rebase(now - self.scheduler.grace, settled)
+        if term != self._terms:
+            return  # leadership changed during the rebase
+        self.scheduler.set_active(True)
         log.info("manager %s leads (takeover)", self.manager_id)
         await self._catch_up(now, takeover=True)
 
@@ -136,9 +140,12 @@ class Leading:
             now = self.clock.now()
             settled: dict[int | str, datetime] = {}
             shared: dict[datetime, datetime] = {}  # a burst settles many schedules at one slot
-            for key, at in rows.items():
-                at = min(at, now)
-                settled[ident_of(key)] = shared.setdefault(at, at)
+            async for part in in_turns(list(rows.items())):  # a million schedules
+                for key, at in part:
+                    at = min(at, now)
+                    settled[ident_of(key)] = shared.setdefault(at, at)
+            if term != self._terms:
+                break  # leadership changed meanwhile
             return read_at, settled
         return None
 
