@@ -198,14 +198,6 @@ class Scheduler:
         self._stop_event.set()
         self._wake.set()
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    @property
-    def active(self) -> bool:
-        return self._active
-
     def set_active(self, active: bool) -> None:
         """Start or stop dispatching (leadership). A standby keeps its entries but sends nothing.
         A takeover :meth:`rebase` s the entries first."""
