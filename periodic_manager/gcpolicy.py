@@ -35,10 +35,6 @@ def enable() -> None:
     _trim = _malloc_trim()
 
 
-def enabled() -> bool:
-    return _enabled
-
-
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """No cyclic collection inside (nesting allowed); nothing without the policy."""

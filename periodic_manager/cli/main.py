@@ -270,6 +270,7 @@ def _start_metrics(settings: Settings, manager: Any) -> Any:
 
 async def _supervise(manager: Any, probe: Any) -> int:
     """Start ``manager``, keep its probe file fresh, stop on SIGINT/SIGTERM or when a loop died."""
+    from periodic_manager.clock import sleep_unless
     from periodic_manager.runtime.startup import StartupError
 
     stop = asyncio.Event()
@@ -287,10 +288,7 @@ async def _supervise(manager: Any, probe: Any) -> int:
                 raise StartupError(f"PM_PROBE_DIR: cannot write {probe.path}: {exc}") from None
             probe_task = asyncio.create_task(probe.run(), name="periodic-manager-probe")
         while not stop.is_set() and (reason := manager.health()) is None:
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
+            await sleep_unless(manager.clock, stop, seconds=1.0)  # health looked at every second
     finally:
         if probe_task is not None:
             probe_task.cancel()

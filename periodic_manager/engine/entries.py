@@ -19,6 +19,7 @@ from periodic_manager.contracts import Clock
 from periodic_manager.cron import Schedule
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor, same_slots
 from periodic_manager.engine.timetable import Timetable
+from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
 
 log = logging.getLogger(__name__)
@@ -131,29 +132,36 @@ class Entries:
         if entry.next_slot is not None and not entry.dead:
             self.timetable.add(entry, entry.next_slot)
 
-    def rebase(self, after: datetime, settled: Mapping[Ident, datetime]) -> None:
+    async def rebase(self, after: datetime, settled: Mapping[Ident, datetime]) -> None:
         """Restart every entry at its first slot after ``after`` that it has not handled itself,
         that is after the schedule's latest settled slot (``settled``, by ident) and after its
         ``effective_at``: a takeover looks back, never at a slot sent or from before the
-        schedule (or its timing) existed."""
+        schedule (or its timing) existed. In turns with the other tasks (a million entries); an
+        entry registered meanwhile starts after its registration, one removed is left out."""
         now = self.clock.now()
         self.timetable.clear()
-        for ident, entry in self._entries.items():
-            start = after
-            last = entry.fired
-            if last is not None and last > start:
-                start = last
-            done = settled.get(ident) if settled else None
-            if done is not None and done > start:
-                start = done
-            floor = lookback_floor(entry, now)
-            if floor is not None and floor > start:
-                start = floor
-            entry.after = start
-            entry.next_slot = self.next_after(entry, start)
-            if entry.next_slot is not None:
-                self.timetable.add(entry, entry.next_slot)
+        async for part in in_turns(list(self._entries.items())):
+            for ident, entry in part:
+                if not entry.dead:
+                    self._rebase(entry, after, settled.get(ident) if settled else None, now)
         self._change()
+
+    def _rebase(
+        self, entry: ScheduledEntry, after: datetime, done: datetime | None, now: datetime
+    ) -> None:
+        start = after
+        last = entry.fired
+        if last is not None and last > start:
+            start = last
+        if done is not None and done > start:
+            start = done
+        floor = lookback_floor(entry, now)
+        if floor is not None and floor > start:
+            start = floor
+        entry.after = start
+        entry.next_slot = self.next_after(entry, start)
+        if entry.next_slot is not None:
+            self.timetable.add(entry, entry.next_slot)
 
     def _change(self) -> None:
         self.changes += 1

@@ -21,9 +21,9 @@ class ScheduledEntry(PeriodicTaskConfig):
     """One registered schedule: its config and its timing, in one object. One per schedule key.
 
     Lean on purpose (a manager holds a million): the entry *is* its config (``config`` is the
-    entry itself, a copy of the provider's), instants are shared (one object per timetable
-    instant and per sync chunk), and the parsed schedule, window, key, content hash and entry id
-    are derived when needed.
+    entry itself: a provider's fresh entry adopted as is, otherwise a copy of the config),
+    instants are shared (one object per timetable instant and per sync chunk), and the parsed
+    schedule, window, key, content hash and entry id are derived when needed.
     """
 
     __slots__ = (

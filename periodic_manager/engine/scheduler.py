@@ -198,37 +198,29 @@ class Scheduler:
         self._stop_event.set()
         self._wake.set()
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    @property
-    def active(self) -> bool:
-        return self._active
-
-    def set_active(
-        self,
-        active: bool,
-        *,
-        resume_after: datetime | None = None,
-        settled: Mapping[int | str, datetime] | None = None,
-    ) -> None:
+    def set_active(self, active: bool) -> None:
         """Start or stop dispatching (leadership). A standby keeps its entries but sends nothing.
-
-        ``resume_after``: on a takeover, every entry restarts at its first slot after that instant
-        (typically ``now - grace``) that it has not sent itself and that is after the schedule's
-        latest slot the database records as settled (``settled``, by ident), so slots the
-        old leader may have missed within grace are still sent, and none it settled is sent again
-        even when the target's claims are gone (a broker that forgot its data).
-        """
+        A takeover :meth:`rebase` s the entries first."""
         if not active:
             self._stager.unstage()
             self.overlap.clear()
-        if active and not self._active and resume_after is not None:
-            self._stager.unstage()
-            self.registered.rebase(resume_after, settled or {})
         self._active = active
         self._wake.set()
+
+    async def rebase(
+        self, resume_after: datetime, settled: Mapping[int | str, datetime] | None = None
+    ) -> None:
+        """Before a takeover activates this (inactive) scheduler: every entry restarts at its
+        first slot after ``resume_after`` (typically ``now - grace``) that it has not sent itself
+        and that is after the schedule's latest slot the database records as settled
+        (``settled``, by ident), so slots the old leader may have missed within grace are still
+        sent, and none it settled is sent again even when the target's claims are gone (a broker
+        that forgot its data). Runs in turns with the other tasks; does nothing while active.
+        """
+        if self._active:
+            return
+        self._stager.unstage()
+        await self.registered.rebase(resume_after, settled or {})
 
     async def wait_idle(self) -> None:
         """Return when no dispatch is under way (background writers go between dispatches), or

@@ -33,6 +33,7 @@ from periodic_manager.contracts import (
     RowError,
     StoredVersion,
 )
+from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.publishing import EntryPublisher
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import (
@@ -157,18 +158,19 @@ class LastGoodKeeper:
         revision), and retry the saves that failed."""
         saves: list[LastGoodVersion] = []
         errs = {**self._unsaved, **bad}
-        for key, err in errs.items():
-            entry = self.scheduler.get(key)
-            if entry is None or not entry.synced:
-                self._unsaved.pop(key, None)
-                continue
-            kept = self.kept.get(key)
-            if kept is not None and kept.bad_revision == err.revision and key not in self._unsaved:
-                continue  # stored already, as it is
-            digest = content_hash(entry)
-            since = kept.since if kept is not None and kept.digest == digest else now
-            self.kept[key] = _Kept(digest, since, err.revision)
-            saves.append(version_of(entry, err, digest, since, self.manager_id))
+        async for part in in_turns(list(errs.items())):  # a bulk UPDATE turns 100,000 rows bad
+            for key, err in part:
+                entry = self.scheduler.get(key)
+                if entry is None or not entry.synced:
+                    self._unsaved.pop(key, None)
+                    continue
+                kept = self.kept.get(key)
+                if kept is not None and kept.bad_revision == err.revision and key not in self._unsaved:
+                    continue  # stored already, as it is
+                digest = content_hash(entry)
+                since = kept.since if kept is not None and kept.digest == digest else now
+                self.kept[key] = _Kept(digest, since, err.revision)
+                saves.append(version_of(entry, err, digest, since, self.manager_id))
         await self._save(saves, errs)
 
     # -- the store --------------------------------------------------------------------------------
@@ -223,10 +225,11 @@ class LastGoodKeeper:
             reraise_if_cancelled(exc)
             log.warning("reading %d last good version(s) failed (retried): %r", len(keys), exc)
             return
-        for stored in found:
-            err = bad.get(stored.schedule_key)
-            if err is not None and self._unheld(stored.schedule_key):
-                self._run(stored, err, now)
+        async for part in in_turns(found):  # each one judged and registered
+            for stored in part:
+                err = bad.get(stored.schedule_key)
+                if err is not None and self._unheld(stored.schedule_key):
+                    self._run(stored, err, now)
 
     def _run(self, stored: StoredVersion, err: RowError, now: datetime) -> None:
         """Judge a stored version as a row (the bad row's id, enabled) and register it if good."""

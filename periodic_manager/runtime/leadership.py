@@ -26,7 +26,7 @@ from typing import Any
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock
-from periodic_manager.runtime.tasks import reraise_if_cancelled
+from periodic_manager.runtime.tasks import cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class PostgresLeadership(AlwaysLeader):
         try:
             await asyncio.wait_for(self._check_or_acquire(), budget)
         except Exception as exc:  # noqa: BLE001 - any failure means: leadership not proven
-            if _cancelling():
+            if cancelling():
                 # asyncpg may turn a cancellation into its own error: never swallow it, or
                 # stop() would wait for this loop forever.
                 self._drop_connection()
@@ -170,8 +170,3 @@ class PostgresLeadership(AlwaysLeader):
             with contextlib.suppress(Exception):
                 self._conn.terminate()
             self._conn = None
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -4,11 +4,13 @@
   slots are after their registration), except the latest missed slot of each ``fire_once``
   schedule (:mod:`periodic_manager.engine.catchup`).
 * Taking over from another leader: the store is asked for the latest slot it records as settled
-  for each schedule; then every entry resumes at its first slot after ``now - grace`` that is
+  for each schedule; then every entry resumes at its first slot after ``now - grace`` (``now``:
+  when that read began; a ``fire_once`` catch-up looks back from there too) that is
   after that slot (and after the schedule's ``effective_at``): slots the old leader may have
   missed within grace are sent, none it settled is sent again, even when the broker's claims are
   gone. Nothing is sent until the settled slots are known (a failed read is retried while this
-  term of leadership lasts). The read happens off the leadership check.
+  term of leadership lasts; a read failing for ``SETTLED_STALL_S`` makes the manager unhealthy,
+  see :meth:`Leading.stalled`). The read happens off the leadership check.
 * Losing leadership: sending stops at once (a staged batch is put back, held slots dropped).
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 from periodic_manager.contracts import Clock, Leadership, RuntimeStore
 from periodic_manager.engine import catchup
 from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import ident_of
 
@@ -29,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # How often a takeover tries again to read what the database records as settled.
 SETTLED_RETRY_S = 1.0
+# A takeover that has not read them for this long makes the manager unhealthy: it sends nothing.
+SETTLED_STALL_S = 60.0
 Spawn = Callable[[Coroutine[Any, Any, Any], str], None]
 
 
@@ -56,12 +61,15 @@ class Leading:
         self._running = running  # started (a leadership won now is a takeover)
         self._changed = changed  # called after every change (the heartbeat tells at once)
         self._terms = 0  # counts leadership changes: a takeover still reading belongs to its term
+        # Since when the takeover of which term has failed to read the settled slots, and why.
+        self._failing: tuple[int, datetime] | None = None
+        self._failure = ""
 
     def changed(self, is_leader: bool) -> None:
         now = self.clock.now()
         self._terms += 1
         if is_leader and self._running():
-            self._spawn(self._take_over(now, self._terms), "takeover")
+            self._spawn(self._take_over(self._terms), "takeover")
         elif is_leader:
             self.scheduler.set_active(True)
             log.info("manager %s leads (start)", self.manager_id)
@@ -71,26 +79,53 @@ class Leading:
             log.info("manager %s is standby", self.manager_id)
         self._changed()
 
-    async def _take_over(self, now: datetime, term: int) -> None:
-        since = now - self.scheduler.grace
-        settled = await self._settled_after(since, term)
-        if settled is None:
+    async def _take_over(self, term: int) -> None:
+        read = await self._settled_after(term)
+        if read is None:
             return  # no longer leading: the next term decides
-        self.scheduler.set_active(True, resume_after=since, settled=settled)
+        # The look back (grace, and a fire_once schedule's catch-up window) is measured from when
+        # the settled slots were read: a read retried for a while must not leave the latest
+        # missed slot of a fire_once schedule to be skipped as late instead of caught up.
+        now, settled = read
+        await self.scheduler.rebase(now - self.scheduler.grace, settled)
+        if term != self._terms:
+            return  # leadership changed during the rebase
+        self.scheduler.set_active(True)
         log.info("manager %s leads (takeover)", self.manager_id)
         await self._catch_up(now, takeover=True)
 
-    async def _settled_after(self, since: datetime, term: int) -> dict[int | str, datetime] | None:
-        """What the store records as settled after ``since``, by ident, each capped at now (a
-        value from the future only means nothing in the past may be sent). Retried while this
-        term lasts; None once it ended."""
+    def stalled(self, now: datetime) -> str | None:
+        """Why this manager is unhealthy because a takeover cannot read the settled slots (for
+        ``SETTLED_STALL_S`` or more: it sends nothing meanwhile); None otherwise."""
+        if self._failing is None or self._failing[0] != self._terms:
+            return None  # reading fine, or that term is over
+        waited = (now - self._failing[1]).total_seconds()
+        if waited < SETTLED_STALL_S:
+            return None
+        return f"takeover cannot read the settled slots for {waited:.0f} s ({self._failure})"
+
+    async def _settled_after(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
+        """When the read that succeeded started, and what the store records as settled after
+        that instant minus grace, by ident, each capped at now (a value from the future only
+        means nothing in the past may be sent). Retried while this term lasts; None once it
+        ended."""
+        try:
+            return await self._read_settled(term)
+        finally:
+            if self._failing is not None and self._failing[0] == term:
+                self._failing = None  # read, or this term is over
+
+    async def _read_settled(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
         failed = False
         while term == self._terms:
+            read_at = self.clock.now()
             try:
-                rows = await self.store.settled_after(since)
+                rows = await self.store.settled_after(read_at - self.scheduler.grace)
             except Exception as exc:
                 reraise_if_cancelled(exc)
+                self._failure = f"{type(exc).__name__}: {exc}"
                 if not failed:
+                    self._failing = (term, self.clock.now())
                     log.error(
                         "takeover waits: cannot read the settled slots (%s: %s); nothing is "
                         "sent until they are known", type(exc).__name__, exc,
@@ -105,10 +140,13 @@ class Leading:
             now = self.clock.now()
             settled: dict[int | str, datetime] = {}
             shared: dict[datetime, datetime] = {}  # a burst settles many schedules at one slot
-            for key, at in rows.items():
-                at = min(at, now)
-                settled[ident_of(key)] = shared.setdefault(at, at)
-            return settled
+            async for part in in_turns(list(rows.items())):  # a million schedules
+                for key, at in part:
+                    at = min(at, now)
+                    settled[ident_of(key)] = shared.setdefault(at, at)
+            if term != self._terms:
+                break  # leadership changed meanwhile
+            return read_at, settled
         return None
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:

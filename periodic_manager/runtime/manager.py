@@ -189,7 +189,7 @@ class PeriodicTaskManager:
         hung = self.scheduler.hung_for(self.clock.now())
         if hung > HUNG_AFTER_S:
             return f"dispatch has shown no progress for {hung:.0f} s (a target call that never returns)"
-        return None
+        return self.leading.stalled(self.clock.now())
 
     @property
     def is_leader(self) -> bool:

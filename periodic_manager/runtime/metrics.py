@@ -96,7 +96,6 @@ class ManagerMetrics(Collector):
         self._lateness: dict[str, _Histogram] = {}  # queue -> lateness of enqueued slots
         self._sync = _Histogram(SYNC_BUCKETS_S)
         self._syncs: dict[str, int] = {"ok": 0, "error": 0}
-        self._last_sync_duration_s: float | None = None
         self._lost: dict[str, int] = {}  # target -> times its broker lost its data
         self._queues: dict[str, str] = {}  # schedule key -> queue, forgotten after syncs
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -146,7 +145,6 @@ class ManagerMetrics(Collector):
             with self._lock:
                 self._sync.observe(elapsed)
                 self._syncs["ok" if ok else "error"] += 1
-                self._last_sync_duration_s = elapsed
                 self._queues.clear()  # entries may have changed queue
 
     # -- scrape --------------------------------------------------------------------------------

@@ -51,7 +51,6 @@ class PostgresChangeListener:
         self.timeout = timeout
         self.max_backoff = max_backoff
         self.connected = asyncio.Event()
-        self.notifications = 0
         self.reconnects = 0
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -111,7 +110,6 @@ class PostgresChangeListener:
         self.connected.set()
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
-        self.notifications += 1
         self.on_change()
 
     async def _watch(self) -> None:

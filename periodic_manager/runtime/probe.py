@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 # None when healthy, else why not (one line).
 HealthCheck = Callable[[], str | None]
-ROLES = ("manager", "run")
 DEFAULT_MAX_AGE_S = 30.0
 # A probe written further ahead of the reader's clock than this: the clocks disagree, or the clock
 # stepped back (and a frozen writer would look fresh until it caught up). Writer and reader share

@@ -113,19 +113,21 @@ class Reconciler:
         report.unchanged += unchanged
         current = {str(e.schedule_id) for e in report.errors}
         await self.keeper.after_full(report.errors, snapshot.revision, now)
-        self._publish_row_errors(report.errors, now)
-        for key in list(self.row_errors):
-            if key not in current:
-                self.publisher.remove(self.row_errors.pop(key).entry_id)
+        await self._publish_row_errors(report.errors, now)
+        async for keys in in_turns(list(self.row_errors)):
+            for key in keys:
+                if key not in current:
+                    self.publisher.remove(self.row_errors.pop(key).entry_id)
         self._logged = {(k, h) for (k, h) in self._logged if k in current}
         return report
 
     async def apply_changes(self, changes: ChangeSet, now: datetime) -> SyncReport:
         """Incremental: only what changed since the last revision read."""
         report = SyncReport(ok=True, errors=list(changes.errors))
-        for key in changes.removed:
-            self._remove(key, report)
-            self._clear_row_error(key)
+        async for keys in in_turns(changes.removed):
+            for key in keys:
+                self._remove(key, report)
+                self._clear_row_error(key)
         # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the leadership
         # proof must not wait for all of it.
         async for configs in in_turns(changes.configs):
@@ -134,7 +136,7 @@ class Reconciler:
                 if self._upsert(cfg, report, now_):
                     self._clear_row_error(cfg.key)
         await self.keeper.after_changes(report.errors, changes, now)
-        self._publish_row_errors(report.errors, now)
+        await self._publish_row_errors(report.errors, now)
         return report
 
     def _remove(self, key: int | str, report: SyncReport) -> None:
@@ -186,27 +188,31 @@ class Reconciler:
         if rec is not None:
             self.publisher.remove(rec.entry_id)
 
-    def _publish_row_errors(self, errors: Sequence[RowError], now: datetime) -> None:
+    async def _publish_row_errors(self, errors: Sequence[RowError], now: datetime) -> None:
         """Log each bad row once per content and publish it (visible through the API)."""
-        for err in errors:
-            key = str(err.schedule_id)
-            since = self._kept_since(key)
-            if (key, err.content_hash) not in self._logged:
-                self._logged.add((key, err.content_hash))
-                kept = " (its previous version keeps running)" if self.scheduler.get(key) else ""
-                if since is not None:
-                    kept = f" (its last good version keeps running, kept since {since.isoformat()})"
-                log.error(
-                    "schedule row %s (%s) rejected: %s%s", key, err.name, err.message, kept,
-                    extra={"schedule": err.name, "schedule_id": key, "field": err.field},
-                )
-            rec = error_record(err.schedule_id, err.name, err.content_hash, err.message, now, since)
-            old = self.row_errors.get(key)
-            if old is None or old.entry_id != rec.entry_id or old.last_good_since != since:
-                if old is not None:
-                    self.publisher.remove(old.entry_id)
-                self.row_errors[key] = rec
-                self.publisher.upsert(rec)
+        async for part in in_turns(errors):
+            for err in part:
+                self._publish_row_error(err, now)
+
+    def _publish_row_error(self, err: RowError, now: datetime) -> None:
+        key = str(err.schedule_id)
+        since = self._kept_since(key)
+        if (key, err.content_hash) not in self._logged:
+            self._logged.add((key, err.content_hash))
+            kept = " (its previous version keeps running)" if self.scheduler.get(key) else ""
+            if since is not None:
+                kept = f" (its last good version keeps running, kept since {since.isoformat()})"
+            log.error(
+                "schedule row %s (%s) rejected: %s%s", key, err.name, err.message, kept,
+                extra={"schedule": err.name, "schedule_id": key, "field": err.field},
+            )
+        rec = error_record(err.schedule_id, err.name, err.content_hash, err.message, now, since)
+        old = self.row_errors.get(key)
+        if old is None or old.entry_id != rec.entry_id or old.last_good_since != since:
+            if old is not None:
+                self.publisher.remove(old.entry_id)
+            self.row_errors[key] = rec
+            self.publisher.upsert(rec)
 
     def _kept_since(self, key: str) -> datetime | None:
         """Since when the last good version of row ``key`` keeps running here (None: none does)."""

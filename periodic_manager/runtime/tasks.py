@@ -20,11 +20,16 @@ STOP_TIMEOUT_S = 30.0
 ONE_SHOT = ("catch-up", "takeover")
 
 
+def cancelling() -> bool:
+    """Whether the current task is being cancelled (whatever error a driver raised instead)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def reraise_if_cancelled(exc: BaseException) -> None:
     """Drivers may turn a cancellation into their own error (asyncpg, SQLAlchemy): a loop that
     catches Exception must not swallow it, or ``stop()`` would wait for it forever."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    if cancelling():
         raise asyncio.CancelledError() from exc
 
 

@@ -17,6 +17,7 @@ from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import RunRecord, StateRecord
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.leading import SETTLED_STALL_S
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.timing import Timing
@@ -480,4 +481,73 @@ async def test_a_takeover_waits_for_the_settled_slots_and_sends_nothing_meanwhil
     finally:
         if standby is not None:
             await standby.stop()
+        await leader.stop()  # if an assert came before its stop (a second stop does nothing)
+
+
+async def test_a_takeover_that_cannot_read_the_settled_slots_for_long_makes_the_manager_unhealthy() -> None:
+    """Nothing is sent while the settled slots are unknown; a read that keeps failing must not
+    leave a leader that sends nothing looking healthy: after SETTLED_STALL_S the probe fails."""
+
+    class Down(MemoryRuntimeStore):
+        down = True
+
+        async def settled_after(self, since: datetime) -> dict[str, datetime]:
+            if self.down:
+                raise ConnectionError("database unreachable")
+            return await super().settled_after(since)
+
+    clock, target, store = VirtualClock(T0), MemoryTarget(), Down()
+    provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await clock.advance(SETTLED_STALL_S - 1)
+        assert standby.health() is None
+        await clock.advance(2)
+        reason = standby.health() or ""
+        assert reason.startswith("takeover cannot read the settled slots for ")
+        assert "ConnectionError: database unreachable" in reason
+        assert target.messages == []
+        store.down = False
+        await clock.advance(1, settle=lambda: standby.wait_settled(clock.now()))
+        assert standby.health() is None
+        assert target.slots("s1")  # sending resumed
+    finally:
+        await standby.stop()
+
+
+async def test_a_takeover_looks_back_from_when_the_settled_slots_were_read() -> None:
+    """A read retried past grace: the look back starts from the read that succeeded. Measured
+    from the change of leadership instead, a fire_once slot still within grace then was left to
+    the normal path, which found it late by the time it could send and skipped it: the latest
+    missed slot, lost although within the schedule's catch-up window."""
+
+    class Slow(MemoryRuntimeStore):
+        failures = 30
+        sinces: list[datetime] = []
+
+        async def settled_after(self, since: datetime) -> dict[str, datetime]:
+            if self.failures:
+                self.failures -= 1
+                raise ConnectionError("database unreachable")
+            self.sinces.append(since)
+            return await super().settled_after(since)
+
+    clock, target, store = VirtualClock(T0), MemoryTarget(), Slow()
+    opts = {"misfire": "fire_once"}
+    provider = StaticProvider([row(1, "s1", spec="@every 60s", effective_at=T0 - timedelta(days=1), options=opts)])
+    leader = await manager(provider, clock, target, store)
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await clock.advance(110, settle=lambda: leader.wait_settled(clock.now()))
+        await leader.stop()  # at 12:01:50.5: 12:00 (its own catch-up) and 12:01 settled
+        await clock.advance(20)
+        await standby.leadership._set(True)  # at 12:02:10.5: slot 12:02 is 10.5 s late
+        await clock.advance(30)  # the read succeeds at 12:02:40.5: slot 12:02 is now beyond grace
+        await settle(clock, standby)
+        assert store.sinces == [T0 + timedelta(seconds=160 - 30)]
+        assert target.slots("s1") == seconds(0, 60, 120)  # 12:02 caught up once
+        assert standby.scheduler.counts["skipped"] == 0
+    finally:
+        await standby.stop()
         await leader.stop()  # if an assert came before its stop (a second stop does nothing)

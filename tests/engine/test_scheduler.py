@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.engine import entries
 from periodic_manager.engine.dispatch import Hooks
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -161,12 +163,38 @@ async def test_inactive_scheduler_sends_nothing_and_a_takeover_resumes_within_gr
     sched.set_active(False)  # standby
     await advance(sched, clock, 45)
     assert target.slots("a") == []
-    sched.set_active(True, resume_after=clock.now() - timedelta(seconds=30))
+    await sched.rebase(clock.now() - timedelta(seconds=30))
+    sched.set_active(True)
     await advance(sched, clock, 0)
     # Slots within grace of the takeover (20, 30, 40) are sent; 10 is older than grace.
     assert target.slots("a") == [T0 + timedelta(seconds=s) for s in (20, 30, 40)]
     await advance(sched, clock, 10)
     assert target.slots("a")[-1] == T0 + timedelta(seconds=50)
+
+
+async def test_a_rebase_of_many_entries_goes_in_turns(rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A takeover restarts every entry: with a million of them one pass would hold the event
+    loop (and the leadership proof) for seconds."""
+    sched, clock, _ = rig
+    many = 1000
+    for i in range(many):
+        sched.register(cfg(f"s{i}", "@every 10s"))
+    sched.set_active(False)
+    done = [0]
+    floor = entries.lookback_floor
+
+    def counted(*args: Any) -> Any:
+        done[0] += 1
+        return floor(*args)
+
+    monkeypatch.setattr(entries, "lookback_floor", counted)
+    task = asyncio.ensure_future(sched.rebase(clock.now() - timedelta(seconds=30)))
+    seen: set[int] = set()
+    while not task.done():
+        seen.add(done[0])
+        await asyncio.sleep(0)
+    await task
+    assert done[0] == many and any(0 < n < many for n in seen)
 
 
 async def test_hooks_see_the_batch_before_and_the_results_after(rig) -> None:

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.contracts import ProviderSnapshot, RowError
+from periodic_manager.contracts import ChangeSet, ProviderSnapshot, RowError, StoredVersion
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.errors import NotFoundError, ProviderError
 from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime import leading
+from periodic_manager.runtime.last_good import LastGoodKeeper
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.publishing import SLICE, EntryPublisher
 from periodic_manager.runtime.timing import Timing
-from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
 from periodic_manager.targets.memory import MemoryTarget
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -242,3 +245,80 @@ async def test_publishing_waits_between_slices_while_a_dispatch_is_under_way() -
     idle.set()
     await write
     assert writes == [SLICE, SLICE, SLICE] and len(store.entries["m1"]) == 3 * SLICE
+
+
+# -- long passes share the event loop (pacing.in_turns) ------------------------------------------
+
+MANY = 1000  # several turns of in_turns (its first slice is 256 items)
+
+
+async def seen_during(coro: Any, count: Callable[[], int]) -> set[int]:
+    """The values of ``count()`` another task sees while ``coro`` runs: a pass that never lets
+    the event loop run shows only its value before and after."""
+    task = asyncio.ensure_future(coro)
+    seen: set[int] = set()
+    while not task.done():
+        seen.add(count())
+        await asyncio.sleep(0)
+    await task
+    seen.add(count())
+    return seen
+
+
+def midway(seen: set[int]) -> bool:
+    return any(0 < n < MANY for n in seen)
+
+
+async def test_removals_and_row_errors_of_a_change_set_go_in_turns() -> None:
+    clock = VirtualClock(T0)
+    mgr = PeriodicTaskManager(StaticProvider([row(i, f"j{i}") for i in range(1, MANY + 1)]), MemoryTarget(), clock=clock)
+    await mgr.start()
+    try:
+        reconciler = mgr.syncer.reconciler
+        removed = ChangeSet(revision=1, removed=[str(i) for i in range(1, MANY + 1)])
+        assert midway(await seen_during(reconciler.apply_changes(removed, T0), lambda: MANY - len(mgr.scheduler)))
+        bad = [RowError(i, f"j{i}", f"h{i}", "spec", "bad", revision=2) for i in range(1, MANY + 1)]
+        errors = ChangeSet(revision=2, errors=bad)
+        assert midway(await seen_during(reconciler.apply_changes(errors, T0), lambda: len(reconciler.row_errors)))
+        # A full sync without them removes their error records in turns too.
+        snapshot = ProviderSnapshot(configs=[], errors=[], revision=3)
+        assert midway(await seen_during(reconciler.apply_snapshot(snapshot, T0), lambda: MANY - len(reconciler.row_errors)))
+    finally:
+        await mgr.stop()
+
+
+async def test_restoring_last_good_versions_goes_in_turns() -> None:
+    clock = VirtualClock(T0)
+    mgr = PeriodicTaskManager(StaticProvider(), MemoryTarget(), clock=clock)
+
+    class Store:
+        async def load_last_good(self, keys: Sequence[str]) -> list[StoredVersion]:
+            return [StoredVersion(k, (), T0, 1) for k in keys]
+
+    configs = {str(i): row(i, f"j{i}") for i in range(1, MANY + 1)}
+    keeper = LastGoodKeeper(
+        mgr.scheduler, mgr.publisher, "m1", store=Store(),  # type: ignore[arg-type]
+        judge=lambda raw: configs[str(raw[0])],
+    )  # fmt: skip
+    bad = {k: RowError(int(k), f"j{k}", "h", "spec", "bad", revision=1) for k in configs}
+    restore = keeper._restore(list(configs), bad, T0)
+    assert midway(await seen_during(restore, lambda: len(mgr.scheduler)))
+    assert len(mgr.scheduler) == MANY
+
+
+async def test_reading_the_settled_slots_of_a_takeover_goes_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Store(MemoryRuntimeStore):
+        async def settled_after(self, since: datetime) -> dict[str, datetime]:
+            return {str(i): T0 for i in range(1, MANY + 1)}
+
+    clock = VirtualClock(T0)
+    mgr = PeriodicTaskManager(StaticProvider(), MemoryTarget(), clock=clock, store=Store())
+    calls = [0]
+
+    def counted(key: str) -> int | str:
+        calls[0] += 1
+        return ident_of(key)
+
+    monkeypatch.setattr(leading, "ident_of", counted)
+    read = await seen_during(mgr.leading._settled_after(mgr.leading._terms), lambda: calls[0])
+    assert midway(read)
