@@ -111,7 +111,9 @@ class StreamAudit:
             client = aioredis.from_url(self.url, decode_responses=True, socket_timeout=2)
             last = "0"
             try:
-                while True:
+                # _stopped is checked here too: a cancellation that redis-py swallows (it may
+                # disconnect and answer empty) must still end the reader within one block.
+                while not self._stopped:
                     reply = await client.xread({self.stream: last}, count=5000, block=200)
                     for _, batch in reply:
                         for entry_id, fields in batch:
