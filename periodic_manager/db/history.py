@@ -22,8 +22,8 @@ from sqlalchemy import and_, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import RunRecord
+from periodic_manager.db.engine import chunks
 from periodic_manager.db.models import Run
-from periodic_manager.db.store_reads import chunks
 from periodic_manager.pacing import in_turns
 
 # pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.

@@ -30,6 +30,7 @@ from sqlalchemy import delete, false, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from periodic_manager.db.engine import chunks
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.db.schedule_reader import select_rows
 from periodic_manager.db.stored import Raw, bind
@@ -148,11 +149,12 @@ async def _commit(conn: AsyncConnection, stmt: Any, name: str) -> Any:
 async def delete_rows(conn: AsyncConnection, ids: Sequence[int]) -> None:
     """Delete the rows ``ids`` and what is kept of them by schedule key: runtime state, run
     history, last good versions (in the caller's transaction)."""
-    keys = [str(i) for i in ids]
-    await conn.execute(delete(PeriodicJob).where(T.id.in_(ids)))
-    await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
-    await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
-    await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
+    for part in chunks(list(dict.fromkeys(ids))):  # IN (...) lists within the driver's limit
+        keys = [str(i) for i in part]
+        await conn.execute(delete(PeriodicJob).where(T.id.in_(part)))
+        await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
+        await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
+        await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
 
 
 # -- the import: many rows, one transaction -------------------------------------------------------

@@ -18,6 +18,7 @@ from sqlalchemy import RowMapping, Select, case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.contracts import EntryRecord, ManagerInfo, ManagerStatus, StateRecord
+from periodic_manager.db.engine import chunks
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 
 # Stored counters, one column per run status.
@@ -34,8 +35,6 @@ _MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
 _ENTRY_COLS = [c.label(f"e_{c.name}") for c in Entry.__table__.c]
 _STATE_NAMES = [c.name for c in ScheduleState.__table__.c]
 _STATE_COLS = [c.label(f"s_{c.name}") for c in ScheduleState.__table__.c]
-# Keeps IN (...) lists well under every driver's bind-parameter limit.
-CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +74,6 @@ class OverlapReport:
     held_slot: datetime | None
     previous_task_id: str | None
     previous_task_state: str | None
-
-
-def chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
-    """``items`` in slices of :data:`CHUNK` (one IN (...) list each)."""
-    for i in range(0, len(items), CHUNK):
-        yield items[i : i + CHUNK]
 
 
 # -- managers and their entries -------------------------------------------------------------------
