@@ -85,10 +85,15 @@ def raw_instant(sqlite: bool, col: ColumnElement[Any]) -> ColumnElement[Any]:
 def enabled_is(sqlite: bool, value: bool) -> ColumnElement[bool]:
     """SQL condition "``enabled`` is judged ``value``" (exactly what :func:`judge_enabled` says;
     a row whose ``enabled`` is neither matches neither)."""
-    t = PeriodicJob.__table__.c
+    return bool_is(sqlite, PeriodicJob.__table__.c.enabled, value)
+
+
+def bool_is(sqlite: bool, col: ColumnElement[Any], value: bool) -> ColumnElement[bool]:
+    """SQL condition "the boolean column ``col`` is judged ``value``": PostgreSQL's boolean, on
+    SQLite exactly 1 or 0 (:func:`judge_enabled`); any other stored value matches neither."""
     if sqlite:
-        return cast(t.enabled, LargeBinary) == literal(b"1" if value else b"0", LargeBinary)
-    return t.enabled.is_(value)
+        return cast(col, LargeBinary) == literal(b"1" if value else b"0", LargeBinary)
+    return col.is_(value)
 
 
 def not_disabled(sqlite: bool) -> ColumnElement[bool]:

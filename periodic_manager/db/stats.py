@@ -16,6 +16,7 @@ from sqlalchemy import String, bindparam, case, cast, func, literal_column, sele
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import on_sqlite
 from periodic_manager.db.models import Entry, PeriodicJob, Run
 from periodic_manager.db.store_reads import rejected
 
@@ -32,25 +33,30 @@ async def schedule_counts(conn: AsyncConnection, alive_after: datetime) -> tuple
         .where(cast(PeriodicJob.id, String).in_(rejected_keys))
         .scalar_subquery()
     )
-    sqlite = conn.dialect.name == "sqlite"
-
-    def tally(enabled: bool) -> Any:
-        return func.coalesce(func.sum(case((dbrows.enabled_is(sqlite, enabled), 1), else_=0)), 0)
-
+    sqlite = on_sqlite(conn)
     total, on, off, bad = (
         await conn.execute(
-            select(func.count(), tally(True), tally(False), in_error).select_from(PeriodicJob)
+            select(func.count(), _tally(sqlite, True), _tally(sqlite, False), in_error)
+            .select_from(PeriodicJob)
         )
     ).one()
     return int(total), int(on), int(off), int(bad)
 
 
 async def enabled_counts(conn: AsyncConnection) -> dict[bool, int]:
-    """Rows of ``periodic_jobs`` by ``enabled``."""
-    rows = (
-        await conn.execute(select(PeriodicJob.enabled, func.count()).group_by(PeriodicJob.enabled))
-    ).all()
-    return {bool(enabled): n for enabled, n in rows}
+    """Rows of ``periodic_jobs`` whose ``enabled`` is judged true, and false (as the list's
+    ``enabled`` filter counts them): a row whose ``enabled`` is neither (SQL wrote ``'yes'`` or
+    2 on SQLite) is in neither count."""
+    sqlite = on_sqlite(conn)
+    on, off = (
+        await conn.execute(select(_tally(sqlite, True), _tally(sqlite, False)).select_from(PeriodicJob))
+    ).one()
+    return {True: int(on), False: int(off)}
+
+
+def _tally(sqlite: bool, enabled: bool) -> Any:
+    """How many rows have ``enabled`` judged ``enabled``."""
+    return func.coalesce(func.sum(case((dbrows.enabled_is(sqlite, enabled), 1), else_=0)), 0)
 
 
 @lru_cache(maxsize=4)

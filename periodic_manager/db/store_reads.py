@@ -18,7 +18,8 @@ from sqlalchemy import RowMapping, Select, case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.contracts import EntryRecord, ManagerInfo, ManagerStatus, StateRecord
-from periodic_manager.db.engine import chunks
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 
 # Stored counters, one column per run status.
@@ -87,6 +88,18 @@ async def live_managers(conn: AsyncConnection, alive_after: datetime) -> list[Ma
         .order_by(Manager.is_leader.desc(), Manager.manager_id)
     )
     return [_manager_record(r._mapping) for r in (await conn.execute(stmt)).all()]
+
+
+async def live_counts(conn: AsyncConnection, alive_after: datetime) -> tuple[int, int]:
+    """How many managers are live, and how many of them lead (counted by the database: no row
+    is read, so no stored value can fail the count). ``is_leader`` counts when judged true
+    (:func:`periodic_manager.db.rows.bool_is`)."""
+    leads = dbrows.bool_is(on_sqlite(conn), Manager.__table__.c.is_leader, True)
+    stmt = select(func.count(), func.coalesce(func.sum(case((leads, 1), else_=0)), 0)).where(
+        Manager.heartbeat_at >= alive_after
+    )
+    live, leaders = (await conn.execute(stmt)).one()
+    return int(live), int(leaders)
 
 
 async def live_entries(
