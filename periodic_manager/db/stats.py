@@ -130,4 +130,11 @@ async def lateness_counts(
         .group_by(newest.c.lateness_ms)
         .order_by(newest.c.lateness_ms)
     )
-    return [(int(v), int(n)) for v, n in await conn.execute(stmt)]
+    # Decoded per value: SQL may have written 'many' or 1e400 there (SQLite), which is no
+    # lateness at all and is left out.
+    found: dict[int, int] = {}
+    for v, n in await conn.execute(stmt):
+        value = dbrows.int_of(v)
+        if value is not None:
+            found[value] = found.get(value, 0) + int(n)
+    return sorted(found.items())
