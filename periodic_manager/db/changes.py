@@ -69,7 +69,7 @@ def rows_since(columns: Sequence[ColumnElement[Any]]) -> Select[Any]:
 async def read_rows(conn: AsyncConnection, since: int | None = None) -> list[Any]:
     """Every row, raw (:func:`periodic_manager.db.rows.columns`, without what only people read),
     or only those written after revision ``since``."""
-    columns = dbrows.columns(conn.dialect.name == "sqlite")
+    columns = dbrows.columns(on_sqlite(conn))
     if since is None:
         return list(await conn.execute(select(*columns)))
     return list(await conn.execute(rows_since(columns), {"since": since}))

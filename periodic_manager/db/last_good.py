@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import LastGoodVersion, StoredVersion
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import chunks
+from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import LastGood
 
 _T = LastGood.__table__
@@ -61,14 +61,14 @@ async def save(engine: AsyncEngine, insert: Callable[[Any], Any], versions: Sequ
 
 
 async def index(engine: AsyncEngine) -> dict[str, int | None]:
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = on_sqlite(engine)
     async with engine.connect() as conn:
         rows = (await conn.execute(select(_key(sqlite), _T.c.bad_revision))).all()
     return {_text(key): _revision(rev) for key, rev in rows}
 
 
 async def load(engine: AsyncEngine, keys: Sequence[str]) -> list[StoredVersion]:
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = on_sqlite(engine)
     query = select(
         _key(sqlite),
         *(dbrows.column(sqlite, name, _T) for name in _JUDGED),

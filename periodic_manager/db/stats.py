@@ -98,7 +98,7 @@ async def runs_per_minute(
     """(minute, status, runs) of the history in the ``minutes`` one-minute buckets from
     ``start``: the bucket's index from 0, and only the buckets and statuses that have runs."""
     dialect = conn.dialect
-    if dialect.name == "sqlite":
+    if on_sqlite(conn):
         bounds = {f"b{i}": start + timedelta(minutes=i) for i in range(minutes + 1)}
         result = await conn.execute(_per_minute_sqlite(minutes), bounds)
     else:
