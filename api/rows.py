@@ -24,7 +24,6 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     TOO_LARGE,
-    canonical_json,
     check_text,
 )
 
@@ -63,16 +62,6 @@ def rules(request: Request, conn: Connection) -> dbjudge.Rules:
 # -- validating a write ------------------------------------------------------------------------
 
 
-class Unreadable:
-    """A stored column that cannot be read, standing in for its value in a PATCH merge: the
-    merged row is refused naming that field unless the PATCH replaces it."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
 def validate_row(
     fields: dict[str, Any],
     now: datetime,
@@ -88,7 +77,7 @@ def validate_row(
     ``options.target`` names another is refused, as the manager would refuse it at sync time.
     """
     for name, value in fields.items():
-        if isinstance(value, Unreadable):
+        if isinstance(value, dbview.Unreadable):
             raise ConfigError(name, f"the stored value cannot be used ({value.reason}); send one")
     for name in ("name", "spec", "timezone", "task_type", "description"):
         if isinstance(fields.get(name), str):
@@ -130,27 +119,12 @@ def validate_write(request: Request, fields: dict[str, Any], now: datetime) -> P
         ) from None
 
 
-def same_value(name: str, old: Any, new: Any) -> bool:
-    """Whether a PATCH leaves column ``name`` as stored (JSON compared as canonical text, so
-    ``1``, ``1.0`` and ``true`` differ; instants compared as instants)."""
-    if isinstance(old, Unreadable):
-        return False
-    if name in ("payload", "options"):
-        try:
-            return canonical_json(old) == canonical_json(new)
-        except (TypeError, ValueError):
-            return False
-    return type(old) is type(new) and bool(old == new)
-
-
 def merge_base(v: dbview.RowView) -> dict[str, Any]:
     """The stored row as the starting point of a PATCH: unreadable columns the manager judges as
-    :class:`Unreadable` (options that are no JSON object too, although they are shown as {}).
+    :class:`~periodic_manager.db.view.Unreadable` (options that are no JSON object too, although they are shown as {}).
     An unreadable ``description`` is left as it is (None here): only people read it."""
     return {
-        name: Unreadable(v.unreadable[name])
-        if name in v.unreadable and name != "description"
-        else v.values[name]
+        name: v.values[name] if name == "description" else dbview.stored_value(v, name)
         for name in COLUMNS
     }
 

@@ -226,7 +226,7 @@ class EntryOut(BaseModel):
     manager_id: str
     manager_is_leader: bool
     manager_heartbeat_at: datetime
-    registered_at: datetime
+    registered_at: datetime | None = Field(description="null when the stored value is unreadable")
     held_slot: datetime | None = Field(
         None, description="options.overlap hold: the slot held while the previous task runs"
     )
@@ -274,13 +274,18 @@ class Problem(BaseModel):
 
 
 class RunOut(BaseModel):
+    """A row of the history; a value the table holds but that cannot be read (written there
+    with SQL) is null."""
+
     id: int
-    slot_at: datetime = Field(description="the slot (for a manual trigger: when it was asked)")
+    slot_at: datetime | None = Field(
+        description="the slot (for a manual trigger: when it was asked)"
+    )
     status: str = Field(
         examples=["enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered"]
     )
-    at: datetime = Field(description="when the manager (or the API) handled it")
-    lateness_ms: int = Field(description="at - slot_at, in milliseconds")
+    at: datetime | None = Field(description="when the manager (or the API) handled it")
+    lateness_ms: int | None = Field(description="at - slot_at, in milliseconds")
     message_id: str | None
     error: str | None
 
@@ -304,17 +309,19 @@ class TriggerResult(BaseModel):
 
 
 class ManagerOut(BaseModel):
+    """A live manager; a value its row holds but that cannot be read is null."""
+
     manager_id: str
     hostname: str
-    pid: int
+    pid: int | None
     version: str
-    started_at: datetime
+    started_at: datetime | None
     heartbeat_at: datetime
     heartbeat_age_s: float = Field(description="seconds since the last heartbeat")
     is_leader: bool
     last_sync_at: datetime | None
     last_sync_error: str | None
-    entry_count: int
+    entry_count: int | None
 
 
 class ManagerList(BaseModel):

@@ -332,34 +332,38 @@ SENT = frozenset({"enqueued", "duplicate", "resent"})
 
 @dataclass(frozen=True, slots=True)
 class ManagerInfo:
+    """Who a manager is. Read back from a store, a value the store holds but cannot be read
+    (written there with SQL) is None."""
+
     manager_id: str
     hostname: str
-    pid: int
+    pid: int | None
     version: str
-    started_at: datetime
+    started_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
 class ManagerStatus:
-    """A heartbeat's content."""
+    """A heartbeat's content (read back from a store: ``entry_count`` None when unreadable)."""
 
     heartbeat_at: datetime
     is_leader: bool
     last_sync_at: datetime | None
     last_sync_error: str | None
-    entry_count: int
+    entry_count: int | None
 
 
 @dataclass(frozen=True, slots=True)
 class EntryRecord:
-    """An entry as published: ``status`` ``active`` (registered) or ``error`` (row rejected)."""
+    """An entry as published: ``status`` ``active`` (registered) or ``error`` (row rejected).
+    Read back from a store, ``status`` is the stored text and an unreadable instant is None."""
 
     entry_id: str
     schedule_key: str
     name: str | None
     content_hash: str
-    status: Literal["active", "error"]
-    registered_at: datetime
+    status: str
+    registered_at: datetime | None
     spec: str | None = None
     timezone: str | None = None
     anchor: datetime | None = None

@@ -136,13 +136,15 @@ async def _api_registry(conn: Connection, settings: Settings, now: Any) -> Colle
     leaders = Gauge("periodic_manager_live_leaders", "Live managers that lead", registry=registry)
     try:
         counts = await stats.enabled_counts(conn)
-        live = await store_reads.live_managers(conn, live_cutoff(now, settings.heartbeat_interval))
+        live, leading = await store_reads.live_counts(
+            conn, live_cutoff(now, settings.heartbeat_interval)
+        )
     except Exception:
         up.set(0)
         return registry
     up.set(1)
-    schedules.labels(enabled="true").set(counts.get(True, 0))
-    schedules.labels(enabled="false").set(counts.get(False, 0))
-    managers.set(len(live))
-    leaders.set(sum(m.status.is_leader for m in live))
+    schedules.labels(enabled="true").set(counts[True])
+    schedules.labels(enabled="false").set(counts[False])
+    managers.set(live)
+    leaders.set(leading)
     return registry

@@ -26,7 +26,6 @@ from ..rows import (
     api_errors,
     merge_base,
     rules,
-    same_value,
     to_schedule,
     to_schedule_with_runs,
     validate_write,
@@ -271,7 +270,7 @@ async def update_schedule(
     # stored) keeps the version (same ETag and updated_at); a column the PATCH leaves alone is
     # never rewritten, even one that cannot be read (a description that is not UTF-8, say).
     changes = {
-        k: v for k, v in asked.items() if k in row.unreadable or not same_value(k, stored[k], v)
+        k: v for k, v in asked.items() if k in row.unreadable or not dbview.same_value(k, stored[k], v)
     }
     if changes:
         await schedule_writer.update_row(

@@ -15,9 +15,9 @@ class WhoAmI(BaseModel):
 
 class LastRun(BaseModel):
     status: str = Field(examples=["enqueued", "skipped", "failed", "triggered"])
-    slot_at: datetime
-    at: datetime
-    lateness_ms: int
+    slot_at: datetime | None  # null: the stored value cannot be read
+    at: datetime | None
+    lateness_ms: int | None
 
 
 class LocalTime(BaseModel):
@@ -118,15 +118,15 @@ class Overview(BaseModel):
 class ManagerView(BaseModel):
     manager_id: str
     hostname: str
-    pid: int
+    pid: int | None  # null: the stored value cannot be read
     version: str
-    started_at: datetime
+    started_at: datetime | None
     heartbeat_at: datetime
     heartbeat_age_s: float
     is_leader: bool
     last_sync_at: datetime | None
     last_sync_error: str | None
-    entry_count: int = Field(description="as the manager reported it with its heartbeat")
+    entry_count: int | None = Field(description="as the manager reported it with its heartbeat")
     entries_active: int
     entries_error: int
 
@@ -147,7 +147,7 @@ class EntryView(BaseModel):
     spec: str | None
     timezone: str | None
     queue: str | None
-    registered_at: datetime
+    registered_at: datetime | None  # null: the stored value cannot be read
     last_error: str | None
     last_good_since: datetime | None = None  # the row's last good version runs, kept since
 

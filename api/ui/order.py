@@ -11,7 +11,12 @@ process keeps the sorted keys and brings them up to date the way the manager's s
 * time: when ``now`` passes a schedule's next slot that schedule moves; those are exactly the keys
   at the front of the order, so only they are computed again.
 
-A TRUNCATE (tombstone id 0) or a clock that stepped back rebuilds everything.
+A TRUNCATE (tombstone id 0) reads everything again; a clock that stepped back computes every
+key again from the rows kept (it reads nothing).
+
+Only what the order needs is kept of a row (its name, group and timing). A full read judges the
+rows partition by partition (``changes.stream_rows``), so the payloads of all rows, which the
+judge must see, are never held at once.
 
 Whether a row is usable is decided by the manager's own judge (``periodic_manager.db.judge``), over
 every column it reads: a row with a good spec but a bad task type, payload or options has no next
@@ -97,9 +102,14 @@ class NextSlotOrder:
         return (ENABLED, slot, row.name, row_id)
 
     async def _catch_up(self, conn: Connection, now: datetime, judge: dbjudge.RowJudge) -> None:
-        if self._watermark is None or (self._now is not None and now < self._now):
+        if self._watermark is None:
             await self._load_all(conn, now, await changes.current_revision(conn), judge)
             return
+        if self._now is not None and now < self._now:
+            # The clock stepped back: the rows are as they were, only their next slots move.
+            self._keys = {i: self._key(i, row, now) for i, row in self._rows.items()}
+            self._order = sorted(self._keys.values())
+            self._now = now
         seen = self._watermark
         found = await changes.changes_since(conn, seen)
         if found is None:
@@ -118,8 +128,10 @@ class NextSlotOrder:
     async def _load_all(
         self, conn: Connection, now: datetime, mark: int, judge: dbjudge.RowJudge
     ) -> None:
-        rows = await changes.read_rows(conn)
-        self._rows = {raw[0]: _row(judge, raw) for raw in rows}
+        self._rows = {}
+        async for part in changes.stream_rows(conn):
+            for raw in part:
+                self._rows[raw[0]] = _row(judge, raw)
         self._keys = {row_id: self._key(row_id, row, now) for row_id, row in self._rows.items()}
         self._order = sorted(self._keys.values())
         self._watermark = mark

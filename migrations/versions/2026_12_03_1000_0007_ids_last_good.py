@@ -15,6 +15,14 @@ tombstones), the new one renamed, and every index and trigger the old table had 
 from the SQL SQLite kept for it (the unique index on ``name``, ``ix_periodic_jobs_revision``, the
 triggers of 0003 and 0004, and any index added by hand).
 
+What an operator added by hand survives the rebuild: a column (``ALTER TABLE ... ADD COLUMN``)
+is created again with its declared type, ``NOT NULL`` and default, after the known columns, and
+its values are copied; a view or a trigger elsewhere that names the table keeps working (the
+rename runs with ``legacy_alter_table``, so SQLite does not check them against a schema in which
+the table is briefly missing: it refused with "error in view ...: no such table"). A generated
+column cannot be created again from what SQLite reports of it: the upgrade stops and says so
+(drop it, upgrade, add it again).
+
 The sequence then starts above every id the table is known to have used, not only the ones still
 present, so an id deleted before this upgrade is not reused either:
 
@@ -154,20 +162,59 @@ def _rebuild(table: str, *, autoincrement: bool) -> None:
         {"t": table},
     ).all()
     names = [c.split()[0] for c in columns if not c.startswith("CONSTRAINT")]
-    listed = ", ".join([key, *names])
+    added = _added_by_hand(table, {key, *names})
+    listed = ", ".join([key, *names, *(_quote(name) for name, _ in added)])
+    definitions = [
+        *(c for c in columns if not c.startswith("CONSTRAINT")),
+        *(definition for _, definition in added),
+        *(c for c in columns if c.startswith("CONSTRAINT")),
+    ]
     new = f"{table}__0007"
     pk = f"{key} INTEGER NOT NULL CONSTRAINT {pk_name} PRIMARY KEY"
     op.execute(f"DROP TABLE IF EXISTS {new}")  # left by an interrupted run (DDL autocommits)
     op.execute(
-        f"CREATE TABLE {new} ({pk}{' AUTOINCREMENT' if autoincrement else ''}, {', '.join(columns)})"
+        f"CREATE TABLE {new} ({pk}{' AUTOINCREMENT' if autoincrement else ''},"
+        f" {', '.join(definitions)})"
     )
     op.execute(f"INSERT INTO {new} ({listed}) SELECT {listed} FROM {table}")
     op.execute(f"DROP TABLE {table}")
+    # Views and triggers elsewhere that name the table are left as they are (they name it again
+    # once renamed): without legacy_alter_table SQLite checks them now, while it is missing.
+    legacy = conn.execute(text("PRAGMA legacy_alter_table")).scalar()
+    op.execute("PRAGMA legacy_alter_table = ON")
     op.execute(f"ALTER TABLE {new} RENAME TO {table}")
+    op.execute(f"PRAGMA legacy_alter_table = {'ON' if legacy else 'OFF'}")
     for kind in ("index", "trigger"):  # indexes first: no trigger fires meanwhile anyway
         for type_, sql in kept:
             if type_ == kind:
                 op.execute(sql)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _added_by_hand(table: str, known: set[str]) -> list[tuple[str, str]]:
+    """The columns of ``table`` this migration does not know (added by an operator), each with
+    its definition as SQLite reports it: declared type, NOT NULL, default."""
+    out: list[tuple[str, str]] = []
+    info = op.get_bind().execute(text(f"PRAGMA table_xinfo({table})")).all()
+    for _cid, name, type_, notnull, default, _pk, hidden in info:
+        if name in known:
+            continue
+        if hidden in (2, 3):
+            raise RuntimeError(
+                f"{table}.{name} is a generated column, which this upgrade cannot rebuild: drop"
+                " it, upgrade, and add it again"
+            )
+        definition = f"{_quote(name)} {type_ or ''}".rstrip()
+        if default is not None:  # SQLite reports an expression without its parentheses
+            bare = default.upper() in ("CURRENT_TIME", "CURRENT_DATE", "CURRENT_TIMESTAMP")
+            definition += f" DEFAULT {default}" if bare else f" DEFAULT ({default})"
+        if notnull:
+            definition += " NOT NULL"
+        out.append((name, definition))
+    return out
 
 
 def _start_sequence(table: str) -> None:

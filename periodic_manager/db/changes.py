@@ -15,7 +15,7 @@ revisions become visible in commit order and a watermark never skips a slow tran
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,6 +24,7 @@ from sqlalchemy import ColumnElement, Select, bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import on_sqlite
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 
 
@@ -68,10 +69,20 @@ def rows_since(columns: Sequence[ColumnElement[Any]]) -> Select[Any]:
 async def read_rows(conn: AsyncConnection, since: int | None = None) -> list[Any]:
     """Every row, raw (:func:`periodic_manager.db.rows.columns`, without what only people read),
     or only those written after revision ``since``."""
-    columns = dbrows.columns(conn.dialect.name == "sqlite")
+    columns = dbrows.columns(on_sqlite(conn))
     if since is None:
         return list(await conn.execute(select(*columns)))
     return list(await conn.execute(rows_since(columns), {"since": since}))
+
+
+async def stream_rows(conn: AsyncConnection, partition: int = 1000) -> AsyncIterator[Sequence[Any]]:
+    """Every row, raw, as :func:`read_rows` reads them, in partitions of ``partition`` rows
+    fetched one after the other: a reader that keeps only what it makes of each row (the
+    dashboard's order) never holds every row's payload at once."""
+    columns = dbrows.columns(on_sqlite(conn))
+    result = await conn.stream(select(*columns).execution_options(yield_per=partition))
+    async for part in result.partitions():
+        yield part
 
 
 async def prune_tombstones(engine: AsyncEngine, older_than: datetime) -> int:

@@ -4,13 +4,18 @@ holds of the database: an :data:`Engine`, and a :data:`Connection` it hands to t
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+# Keeps IN (...) lists well under every driver's bind-parameter limit (asyncpg: 32767).
+CHUNK = 500
+
+_T = TypeVar("_T")
 
 Engine = AsyncEngine
 Connection = AsyncConnection
@@ -58,7 +63,13 @@ def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> 
     return create_async_engine(url, connect_args=connect_args, **kwargs)
 
 
-
 def on_sqlite(bind: AsyncEngine | AsyncConnection) -> bool:
     """Whether ``bind`` talks to SQLite (else PostgreSQL)."""
     return bind.dialect.name == "sqlite"
+
+
+def chunks(items: Sequence[_T], size: int = CHUNK) -> Iterator[Sequence[_T]]:
+    """``items`` in slices of ``size`` (:data:`CHUNK`): one IN (...) list each, so that no
+    statement goes over a driver's bind-parameter limit however many values there are."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

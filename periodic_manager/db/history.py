@@ -22,8 +22,9 @@ from sqlalchemy import and_, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import RunRecord
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import Run
-from periodic_manager.db.store_reads import chunks
 from periodic_manager.pacing import in_turns
 
 # pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
@@ -37,14 +38,15 @@ _RUN_COLUMNS = ("schedule_key", "name", "slot_at", "status", "at", "lateness_ms"
 
 @dataclass(frozen=True, slots=True)
 class RunRow:
-    """A row of the history as the API shows it."""
+    """A row of the history as the API shows it, decoded cell by cell: a value the table holds
+    but that cannot be read (written with SQL) is None."""
 
     id: int
     schedule_key: str
-    slot_at: datetime
+    slot_at: datetime | None
     status: str
-    at: datetime
-    lateness_ms: int
+    at: datetime | None
+    lateness_ms: int | None
     message_id: str | None
     error: str | None
 
@@ -172,14 +174,15 @@ async def page(
     if status is not None:
         where.append(Run.status == status)
     total = (await conn.execute(select(func.count()).select_from(Run).where(*where))).scalar_one()
+    sqlite = on_sqlite(conn)
     stmt = (
-        select(*Run.__table__.c)
+        select(*_raw(sqlite))
         .where(*where)
         .order_by(Run.slot_at.desc(), Run.id.desc())
         .limit(limit)
         .offset(offset)
     )
-    return int(total), [_row(r) for r in (await conn.execute(stmt)).all()]
+    return int(total), [_row(sqlite, r) for r in (await conn.execute(stmt)).all()]
 
 
 async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, RunRow]:
@@ -190,8 +193,9 @@ async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, Run
         .group_by(Run.schedule_key)
         .subquery()
     )
+    sqlite = on_sqlite(conn)
     stmt = (
-        select(*Run.__table__.c)
+        select(*_raw(sqlite))
         .join(
             newest,
             and_(Run.schedule_key == newest.c.schedule_key, Run.slot_at == newest.c.slot_at),
@@ -200,18 +204,24 @@ async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, Run
     )
     out: dict[str, RunRow] = {}
     for r in (await conn.execute(stmt)).all():  # ties on a slot: the newest row wins
-        out[r.schedule_key] = _row(r)
+        row = _row(sqlite, r)
+        out[row.schedule_key] = row
     return out
 
 
-def _row(r: Any) -> RunRow:
+def _raw(sqlite: bool) -> list[Any]:
+    """Every column of ``pm_runs`` raw (:func:`periodic_manager.db.rows.raw`)."""
+    return [dbrows.raw(sqlite, c).label(c.name) for c in Run.__table__.c]
+
+
+def _row(sqlite: bool, r: Any) -> RunRow:
     return RunRow(
-        id=r.id,
-        schedule_key=r.schedule_key,
-        slot_at=r.slot_at,
-        status=r.status,
-        at=r.at,
-        lateness_ms=r.lateness_ms,
-        message_id=r.message_id,
-        error=r.error,
+        id=int(r.id),  # the primary key: an integer on both databases
+        schedule_key=dbrows.text_of(r.schedule_key) or "",
+        slot_at=dbrows.instant_or_none(sqlite, r.slot_at),
+        status=dbrows.text_of(r.status) or "",
+        at=dbrows.instant_or_none(sqlite, r.at),
+        lateness_ms=dbrows.int_of(r.lateness_ms),
+        message_id=dbrows.text_of(r.message_id),
+        error=dbrows.text_of(r.error),
     )

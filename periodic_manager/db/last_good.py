@@ -16,10 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import LastGoodVersion, StoredVersion
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import LastGood
 
 _T = LastGood.__table__
-_CHUNK = 500  # keys per IN (...) list
 # The columns of a version in the order the row judge reads a row's content (then effective_at).
 _JUDGED = (*dbrows.CONTENT, "effective_at")
 
@@ -61,14 +61,14 @@ async def save(engine: AsyncEngine, insert: Callable[[Any], Any], versions: Sequ
 
 
 async def index(engine: AsyncEngine) -> dict[str, int | None]:
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = on_sqlite(engine)
     async with engine.connect() as conn:
         rows = (await conn.execute(select(_key(sqlite), _T.c.bad_revision))).all()
     return {_text(key): _revision(rev) for key, rev in rows}
 
 
 async def load(engine: AsyncEngine, keys: Sequence[str]) -> list[StoredVersion]:
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = on_sqlite(engine)
     query = select(
         _key(sqlite),
         *(dbrows.column(sqlite, name, _T) for name in _JUDGED),
@@ -77,8 +77,8 @@ async def load(engine: AsyncEngine, keys: Sequence[str]) -> list[StoredVersion]:
     ).where(_T.c.schedule_key.in_(bindparam("keys", expanding=True)))
     out: list[StoredVersion] = []
     async with engine.connect() as conn:
-        for i in range(0, len(keys), _CHUNK):
-            for row in (await conn.execute(query, {"keys": list(keys[i : i + _CHUNK])})).all():
+        for part in chunks(keys):
+            for row in (await conn.execute(query, {"keys": list(part)})).all():
                 key, *raw, since, bad = row
                 out.append(
                     StoredVersion(
@@ -110,5 +110,5 @@ async def forget(engine: AsyncEngine, keys: Sequence[str], revision: int | None)
         stale = stale & or_(_T.c.bad_revision.is_(None), _T.c.bad_revision <= revision)
     stmt = delete(LastGood).where(stale)
     async with engine.begin() as conn:
-        for i in range(0, len(keys), _CHUNK):
-            await conn.execute(stmt, {"keys": list(keys[i : i + _CHUNK])})
+        for part in chunks(keys):
+            await conn.execute(stmt, {"keys": list(part)})

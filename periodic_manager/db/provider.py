@@ -32,6 +32,7 @@ from periodic_manager.contracts import ChangeSet, Known, ProviderSnapshot, RowEr
 from periodic_manager.db import changes
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import on_sqlite
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -64,7 +65,7 @@ class DatabaseProvider:
         row error (``PM_MAX_PAYLOAD_BYTES``, the limit the API enforces on writes)."""
         self.engine = engine
         self.check = check
-        self._sqlite = engine.dialect.name == "sqlite"
+        self._sqlite = on_sqlite(engine)
         self.rules = dbjudge.Rules(self._sqlite, max_payload_bytes, check)
         self._judge = dbjudge.RowJudge(self.rules)
         self.known: Known | None = None  # set by adopt()

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, FromClause, LargeBinary, Text, cast, extract, literal
 
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import PeriodicJob, UTCDateTime
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import UNKNOWN_START
 
@@ -85,10 +85,15 @@ def raw_instant(sqlite: bool, col: ColumnElement[Any]) -> ColumnElement[Any]:
 def enabled_is(sqlite: bool, value: bool) -> ColumnElement[bool]:
     """SQL condition "``enabled`` is judged ``value``" (exactly what :func:`judge_enabled` says;
     a row whose ``enabled`` is neither matches neither)."""
-    t = PeriodicJob.__table__.c
+    return bool_is(sqlite, PeriodicJob.__table__.c.enabled, value)
+
+
+def bool_is(sqlite: bool, col: ColumnElement[Any], value: bool) -> ColumnElement[bool]:
+    """SQL condition "the boolean column ``col`` is judged ``value``": PostgreSQL's boolean, on
+    SQLite exactly 1 or 0 (:func:`judge_enabled`); any other stored value matches neither."""
     if sqlite:
-        return cast(t.enabled, LargeBinary) == literal(b"1" if value else b"0", LargeBinary)
-    return t.enabled.is_(value)
+        return cast(col, LargeBinary) == literal(b"1" if value else b"0", LargeBinary)
+    return col.is_(value)
 
 
 def not_disabled(sqlite: bool) -> ColumnElement[bool]:
@@ -217,3 +222,54 @@ def effective_at(sqlite: bool, value: Any) -> datetime:
         return UNKNOWN_START
     return instant
 
+
+# -- cells of the runtime tables ------------------------------------------------------------------
+# pm_managers, pm_entries, pm_schedule_state and pm_runs are written by managers, and by anyone
+# with SQL access: the API reads them raw too, and a cell it cannot read is unknown (None), never
+# an error that fails the read of the others.
+
+
+def raw(sqlite: bool, col: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A runtime table's column in a form the driver always delivers: instants as
+    :func:`raw_instant`; on SQLite every other column as its stored bytes; PostgreSQL's text,
+    integer and boolean columns as they are (the server enforces their types, and every value of
+    them is a Python value)."""
+    if isinstance(col.type, UTCDateTime):
+        return raw_instant(sqlite, col)
+    if sqlite:
+        return cast(col, LargeBinary)
+    return col
+
+
+def text_of(value: Any) -> str | None:
+    """A raw text cell: text (bytes that are not UTF-8 shown with replacement characters)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def int_of(value: Any) -> int | None:
+    """A raw integer cell; None when NULL or not an integer (SQLite: ``'many'``, ``1e400``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    text = text_of(value)
+    if text is None or len(text) > 40:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def bool_of(sqlite: bool, value: Any) -> bool | None:
+    """A raw boolean cell, judged as :func:`judge_enabled` judges ``enabled`` (None: neither)."""
+    if value is None:
+        return None
+    try:
+        return judge_enabled(sqlite, value)
+    except ConfigError:
+        return None

@@ -30,6 +30,7 @@ from sqlalchemy import delete, false, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.db.schedule_reader import select_rows
 from periodic_manager.db.stored import Raw, bind
@@ -68,7 +69,7 @@ async def lock(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | Non
     PostgreSQL: the row is locked. SQLite has no row locks and ignores FOR UPDATE: a write that
     touches nothing takes the database's write lock first, held to commit.
     """
-    sqlite = conn.dialect.name == "sqlite"
+    sqlite = on_sqlite(conn)
     if sqlite:
         await conn.execute(update(PeriodicJob).where(false()).values(id=PeriodicJob.id))
     stmt = select_rows(sqlite, T.id == schedule_id).with_for_update()
@@ -148,11 +149,12 @@ async def _commit(conn: AsyncConnection, stmt: Any, name: str) -> Any:
 async def delete_rows(conn: AsyncConnection, ids: Sequence[int]) -> None:
     """Delete the rows ``ids`` and what is kept of them by schedule key: runtime state, run
     history, last good versions (in the caller's transaction)."""
-    keys = [str(i) for i in ids]
-    await conn.execute(delete(PeriodicJob).where(T.id.in_(ids)))
-    await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
-    await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
-    await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
+    for part in chunks(list(dict.fromkeys(ids))):  # IN (...) lists within the driver's limit
+        keys = [str(i) for i in part]
+        await conn.execute(delete(PeriodicJob).where(T.id.in_(part)))
+        await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
+        await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
+        await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
 
 
 # -- the import: many rows, one transaction -------------------------------------------------------
@@ -185,7 +187,7 @@ async def write_import(
     """Write ``rows`` (new ones and changes, in order) and delete ``delete_ids`` with what is kept
     of them, in one transaction. A change writes only its columns (by id; no row is loaded, so no
     stored value can get in the way)."""
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = on_sqlite(engine)
     async with engine.begin() as conn:
         for row in rows:
             stored = {c: bind(c, r, sqlite) for c, r in row.stored.items()}

@@ -16,6 +16,7 @@ from sqlalchemy import String, bindparam, case, cast, func, literal_column, sele
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import on_sqlite
 from periodic_manager.db.models import Entry, PeriodicJob, Run
 from periodic_manager.db.store_reads import rejected
 
@@ -32,25 +33,30 @@ async def schedule_counts(conn: AsyncConnection, alive_after: datetime) -> tuple
         .where(cast(PeriodicJob.id, String).in_(rejected_keys))
         .scalar_subquery()
     )
-    sqlite = conn.dialect.name == "sqlite"
-
-    def tally(enabled: bool) -> Any:
-        return func.coalesce(func.sum(case((dbrows.enabled_is(sqlite, enabled), 1), else_=0)), 0)
-
+    sqlite = on_sqlite(conn)
     total, on, off, bad = (
         await conn.execute(
-            select(func.count(), tally(True), tally(False), in_error).select_from(PeriodicJob)
+            select(func.count(), _tally(sqlite, True), _tally(sqlite, False), in_error)
+            .select_from(PeriodicJob)
         )
     ).one()
     return int(total), int(on), int(off), int(bad)
 
 
 async def enabled_counts(conn: AsyncConnection) -> dict[bool, int]:
-    """Rows of ``periodic_jobs`` by ``enabled``."""
-    rows = (
-        await conn.execute(select(PeriodicJob.enabled, func.count()).group_by(PeriodicJob.enabled))
-    ).all()
-    return {bool(enabled): n for enabled, n in rows}
+    """Rows of ``periodic_jobs`` whose ``enabled`` is judged true, and false (as the list's
+    ``enabled`` filter counts them): a row whose ``enabled`` is neither (SQL wrote ``'yes'`` or
+    2 on SQLite) is in neither count."""
+    sqlite = on_sqlite(conn)
+    on, off = (
+        await conn.execute(select(_tally(sqlite, True), _tally(sqlite, False)).select_from(PeriodicJob))
+    ).one()
+    return {True: int(on), False: int(off)}
+
+
+def _tally(sqlite: bool, enabled: bool) -> Any:
+    """How many rows have ``enabled`` judged ``enabled``."""
+    return func.coalesce(func.sum(case((dbrows.enabled_is(sqlite, enabled), 1), else_=0)), 0)
 
 
 @lru_cache(maxsize=4)
@@ -92,7 +98,7 @@ async def runs_per_minute(
     """(minute, status, runs) of the history in the ``minutes`` one-minute buckets from
     ``start``: the bucket's index from 0, and only the buckets and statuses that have runs."""
     dialect = conn.dialect
-    if dialect.name == "sqlite":
+    if on_sqlite(conn):
         bounds = {f"b{i}": start + timedelta(minutes=i) for i in range(minutes + 1)}
         result = await conn.execute(_per_minute_sqlite(minutes), bounds)
     else:
@@ -124,4 +130,11 @@ async def lateness_counts(
         .group_by(newest.c.lateness_ms)
         .order_by(newest.c.lateness_ms)
     )
-    return [(int(v), int(n)) for v, n in await conn.execute(stmt)]
+    # Decoded per value: SQL may have written 'many' or 1e400 there (SQLite), which is no
+    # lateness at all and is left out.
+    found: dict[int, int] = {}
+    for v, n in await conn.execute(stmt):
+        value = dbrows.int_of(v)
+        if value is not None:
+            found[value] = found.get(value, 0) + int(n)
+    return sorted(found.items())

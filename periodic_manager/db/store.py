@@ -49,8 +49,9 @@ from periodic_manager.contracts import (
     StoredVersion,
 )
 from periodic_manager.db import history, last_good, store_reads
+from periodic_manager.db.engine import chunks
 from periodic_manager.db.models import Entry, Manager, ScheduleState
-from periodic_manager.db.store_reads import COUNT_COLUMNS, chunks
+from periodic_manager.db.store_reads import COUNT_COLUMNS
 from periodic_manager.errors import NotFoundError
 from periodic_manager.pacing import in_turns
 

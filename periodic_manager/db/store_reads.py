@@ -18,6 +18,8 @@ from sqlalchemy import RowMapping, Select, case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.contracts import EntryRecord, ManagerInfo, ManagerStatus, StateRecord
+from periodic_manager.db import rows as dbrows
+from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 
 # Stored counters, one column per run status.
@@ -29,13 +31,15 @@ COUNT_COLUMNS = {
     "held": "held_count",
     "resent": "resent_count",
 }
-# Labelled columns, so one joined row names every table's columns without clashes.
-_MANAGER_COLS = [c.label(f"m_{c.name}") for c in Manager.__table__.c]
-_ENTRY_COLS = [c.label(f"e_{c.name}") for c in Entry.__table__.c]
 _STATE_NAMES = [c.name for c in ScheduleState.__table__.c]
-_STATE_COLS = [c.label(f"s_{c.name}") for c in ScheduleState.__table__.c]
-# Keeps IN (...) lists well under every driver's bind-parameter limit.
-CHUNK = 500
+_E = Entry.__table__.c
+
+
+def _cols(sqlite: bool, table: Any, prefix: str) -> list[Any]:
+    """Every column of ``table`` raw (:func:`periodic_manager.db.rows.raw`: anyone with SQL
+    access writes these tables too, so each row is decoded alone), labelled ``prefix`` + name so
+    that one joined row names every table's columns without clashes."""
+    return [dbrows.raw(sqlite, c).label(f"{prefix}{c.name}") for c in table.__table__.c]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +81,33 @@ class OverlapReport:
     previous_task_state: str | None
 
 
-def chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
-    """``items`` in slices of :data:`CHUNK` (one IN (...) list each)."""
-    for i in range(0, len(items), CHUNK):
-        yield items[i : i + CHUNK]
-
-
 # -- managers and their entries -------------------------------------------------------------------
 
 
 async def live_managers(conn: AsyncConnection, alive_after: datetime) -> list[ManagerRecord]:
     """Live managers, the leader first, then by id."""
+    sqlite = on_sqlite(conn)
     stmt = (
-        select(*_MANAGER_COLS)
+        select(*_cols(sqlite, Manager, "m_"))
         .where(Manager.heartbeat_at >= alive_after)
         .order_by(Manager.is_leader.desc(), Manager.manager_id)
     )
-    return [_manager_record(r._mapping) for r in (await conn.execute(stmt)).all()]
+    found = [_manager_record(sqlite, r._mapping) for r in (await conn.execute(stmt)).all()]
+    live = [m for m in found if m is not None]
+    # The leader first by the judged is_leader (the ORDER BY saw the stored value).
+    return sorted(live, key=lambda m: not m.status.is_leader)
+
+
+async def live_counts(conn: AsyncConnection, alive_after: datetime) -> tuple[int, int]:
+    """How many managers are live, and how many of them lead (counted by the database: no row
+    is read, so no stored value can fail the count). ``is_leader`` counts when judged true
+    (:func:`periodic_manager.db.rows.bool_is`)."""
+    leads = dbrows.bool_is(on_sqlite(conn), Manager.__table__.c.is_leader, True)
+    stmt = select(func.count(), func.coalesce(func.sum(case((leads, 1), else_=0)), 0)).where(
+        Manager.heartbeat_at >= alive_after
+    )
+    live, leaders = (await conn.execute(stmt)).one()
+    return int(live), int(leaders)
 
 
 async def live_entries(
@@ -102,8 +116,13 @@ async def live_entries(
     """Entries of live managers (of one schedule if ``schedule_key`` is given), each with its
     manager and its schedule's stored state. One query; ordered by schedule key, manager and entry
     id, so listings are stable."""
+    sqlite = on_sqlite(conn)
     stmt = (
-        select(*_ENTRY_COLS, *_MANAGER_COLS, *_STATE_COLS)
+        select(
+            *_cols(sqlite, Entry, "e_"),
+            *_cols(sqlite, Manager, "m_"),
+            *_cols(sqlite, ScheduleState, "s_"),
+        )
         .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
         .outerjoin(ScheduleState, ScheduleState.schedule_key == Entry.schedule_key)
         .where(Manager.heartbeat_at >= alive_after)
@@ -111,7 +130,7 @@ async def live_entries(
     if schedule_key is not None:
         stmt = stmt.where(Entry.schedule_key == schedule_key)
     stmt = stmt.order_by(Entry.schedule_key, Entry.manager_id, Entry.entry_id)
-    return _live_entries((await conn.execute(stmt)).all(), with_state=True)
+    return _live_entries(sqlite, (await conn.execute(stmt)).all(), with_state=True)
 
 
 async def entry_page(
@@ -138,8 +157,9 @@ async def entry_page(
             .where(*conds)
         )
     ).scalar_one()
+    sqlite = on_sqlite(conn)
     stmt = (
-        select(*_ENTRY_COLS, *_MANAGER_COLS)
+        select(*_cols(sqlite, Entry, "e_"), *_cols(sqlite, Manager, "m_"))
         .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
         .where(*conds)
         .order_by(
@@ -151,21 +171,23 @@ async def entry_page(
         .limit(limit)
         .offset(offset)
     )
-    return int(total), _live_entries((await conn.execute(stmt)).all(), with_state=False)
+    return int(total), _live_entries(sqlite, (await conn.execute(stmt)).all(), with_state=False)
 
 
-def _live_entries(rows: Sequence[Any], *, with_state: bool) -> list[LiveEntry]:
-    managers: dict[str, ManagerRecord] = {}
+def _live_entries(sqlite: bool, rows: Sequence[Any], *, with_state: bool) -> list[LiveEntry]:
+    managers: dict[Any, ManagerRecord | None] = {}
     out: list[LiveEntry] = []
     for row in rows:
         m = row._mapping
-        manager = managers.get(m["m_manager_id"])
-        if manager is None:
-            manager = managers[m["m_manager_id"]] = _manager_record(m)
+        if m["m_manager_id"] not in managers:
+            managers[m["m_manager_id"]] = _manager_record(sqlite, m)
+        manager = managers[m["m_manager_id"]]
+        if manager is None:  # its heartbeat cannot be read: not known to be live
+            continue
         state = None
         if with_state and m["s_schedule_key"] is not None:
-            state = _state_record({name: m[f"s_{name}"] for name in _STATE_NAMES})
-        out.append(LiveEntry(manager=manager, entry=_entry_record(m), state=state))
+            state = _state_record(sqlite, {name: m[f"s_{name}"] for name in _STATE_NAMES})
+        out.append(LiveEntry(manager=manager, entry=_entry_record(sqlite, m), state=state))
     return out
 
 
@@ -194,11 +216,15 @@ async def states(conn: AsyncConnection, schedule_keys: Iterable[str]) -> dict[st
     ``counts`` holds only the statuses seen, as the memory store's does.
     """
     keys = list(dict.fromkeys(schedule_keys))
+    sqlite = on_sqlite(conn)
     out: dict[str, StateRecord] = {}
     for chunk in chunks(keys):
-        stmt = select(ScheduleState.__table__).where(ScheduleState.schedule_key.in_(chunk))
+        stmt = select(*_cols(sqlite, ScheduleState, "")).where(
+            ScheduleState.schedule_key.in_(chunk)
+        )
         for row in (await conn.execute(stmt)).all():
-            out[row.schedule_key] = _state_record(row._mapping)
+            record = _state_record(sqlite, row._mapping)
+            out[record.schedule_key] = record
     return out
 
 
@@ -206,8 +232,13 @@ async def rejections_of(
     conn: AsyncConnection, schedule_key: str, alive_after: datetime
 ) -> list[Rejection]:
     """The error records live managers published for a schedule, by manager."""
+    sqlite = on_sqlite(conn)
     stmt = (
-        select(Entry.manager_id, Entry.last_error, Entry.last_good_since)
+        select(
+            dbrows.raw(sqlite, _E.manager_id),
+            dbrows.raw(sqlite, _E.last_error),
+            dbrows.raw(sqlite, _E.last_good_since),
+        )
         .join(Manager, Manager.manager_id == Entry.manager_id)
         .where(
             Entry.schedule_key == schedule_key,
@@ -216,7 +247,10 @@ async def rejections_of(
         )
         .order_by(Entry.manager_id, Entry.entry_id)
     )
-    return [Rejection(m, msg, since) for m, msg, since in (await conn.execute(stmt)).all()]
+    return [
+        Rejection(_str(m), dbrows.text_of(msg), dbrows.instant_or_none(sqlite, since))
+        for m, msg, since in (await conn.execute(stmt)).all()
+    ]
 
 
 async def overlap_of(
@@ -224,12 +258,13 @@ async def overlap_of(
 ) -> OverlapReport | None:
     """The held slot and previous task live managers publish for a schedule (options.overlap):
     the leader's first, else the manager that heard from its target last."""
+    sqlite = on_sqlite(conn)
     stmt = (
         select(
-            Entry.manager_id,
-            Entry.held_slot_at,
-            Entry.previous_task_id,
-            Entry.previous_task_state,
+            dbrows.raw(sqlite, _E.manager_id),
+            dbrows.raw(sqlite, _E.held_slot_at),
+            dbrows.raw(sqlite, _E.previous_task_id),
+            dbrows.raw(sqlite, _E.previous_task_state),
         )
         .join(Manager, Manager.manager_id == Entry.manager_id)
         .where(
@@ -242,7 +277,15 @@ async def overlap_of(
         .limit(1)
     )
     row = (await conn.execute(stmt)).first()
-    return None if row is None else OverlapReport(*row)
+    if row is None:
+        return None
+    manager_id, held, task_id, task_state = row
+    return OverlapReport(
+        _str(manager_id),
+        dbrows.instant_or_none(sqlite, held),
+        dbrows.text_of(task_id),
+        dbrows.text_of(task_state),
+    )
 
 
 # -- rows that live managers rejected -------------------------------------------------------------
@@ -262,65 +305,85 @@ async def rejections(
 ) -> list[tuple[str, str | None]]:
     """(schedule key, reason) of each rejection of these schedules by a live manager, by
     manager."""
+    sqlite = on_sqlite(conn)
     stmt = (
         rejected(alive_after)
+        .with_only_columns(
+            dbrows.raw(sqlite, _E.schedule_key), dbrows.raw(sqlite, _E.last_error)
+        )
         .where(Entry.schedule_key.in_(schedule_keys))
         .order_by(Entry.manager_id)
     )
-    return [(key, message) for key, message in await conn.execute(stmt)]
+    return [(_str(key), dbrows.text_of(message)) for key, message in await conn.execute(stmt)]
 
 
 # -- row <-> record ------------------------------------------------------------------------------
 
 
-def _manager_record(m: RowMapping) -> ManagerRecord:
+def _str(value: Any) -> str:
+    """A raw text cell of a NOT NULL column."""
+    return dbrows.text_of(value) or ""
+
+
+def _manager_record(sqlite: bool, m: RowMapping) -> ManagerRecord | None:
+    """A manager row decoded cell by cell (an unreadable cell is None, or not leading); None
+    when its heartbeat cannot be read (then it is not known to be live)."""
+    heartbeat_at = dbrows.instant_or_none(sqlite, m["m_heartbeat_at"])
+    if heartbeat_at is None:
+        return None
     info = ManagerInfo(
-        manager_id=m["m_manager_id"],
-        hostname=m["m_hostname"],
-        pid=m["m_pid"],
-        version=m["m_version"],
-        started_at=m["m_started_at"],
+        manager_id=_str(m["m_manager_id"]),
+        hostname=_str(m["m_hostname"]),
+        pid=dbrows.int_of(m["m_pid"]),
+        version=_str(m["m_version"]),
+        started_at=dbrows.instant_or_none(sqlite, m["m_started_at"]),
     )
     status = ManagerStatus(
-        heartbeat_at=m["m_heartbeat_at"],
-        is_leader=bool(m["m_is_leader"]),
-        last_sync_at=m["m_last_sync_at"],
-        last_sync_error=m["m_last_sync_error"],
-        entry_count=m["m_entry_count"],
+        heartbeat_at=heartbeat_at,
+        is_leader=dbrows.bool_of(sqlite, m["m_is_leader"]) is True,
+        last_sync_at=dbrows.instant_or_none(sqlite, m["m_last_sync_at"]),
+        last_sync_error=dbrows.text_of(m["m_last_sync_error"]),
+        entry_count=dbrows.int_of(m["m_entry_count"]),
     )
     return ManagerRecord(info=info, status=status)
 
 
-def _entry_record(m: RowMapping) -> EntryRecord:
+def _entry_record(sqlite: bool, m: RowMapping) -> EntryRecord:
+    def instant(name: str) -> datetime | None:
+        return dbrows.instant_or_none(sqlite, m[name])
+
     return EntryRecord(
-        entry_id=m["e_entry_id"],
-        schedule_key=m["e_schedule_key"],
-        name=m["e_name"],
-        content_hash=m["e_content_hash"],
-        status=m["e_status"],
-        registered_at=m["e_registered_at"],
-        spec=m["e_spec"],
-        timezone=m["e_timezone"],
-        anchor=m["e_anchor"],
-        task_type=m["e_task_type"],
-        queue=m["e_queue"],
-        last_error=m["e_last_error"],
-        held_slot=m["e_held_slot_at"],
-        previous_task_id=m["e_previous_task_id"],
-        previous_task_state=m["e_previous_task_state"],
-        last_good_since=m["e_last_good_since"],
+        entry_id=_str(m["e_entry_id"]),
+        schedule_key=_str(m["e_schedule_key"]),
+        name=dbrows.text_of(m["e_name"]),
+        content_hash=_str(m["e_content_hash"]),
+        status=_str(m["e_status"]),
+        registered_at=instant("e_registered_at"),
+        spec=dbrows.text_of(m["e_spec"]),
+        timezone=dbrows.text_of(m["e_timezone"]),
+        anchor=instant("e_anchor"),
+        task_type=dbrows.text_of(m["e_task_type"]),
+        queue=dbrows.text_of(m["e_queue"]),
+        last_error=dbrows.text_of(m["e_last_error"]),
+        held_slot=instant("e_held_slot_at"),
+        previous_task_id=dbrows.text_of(m["e_previous_task_id"]),
+        previous_task_state=dbrows.text_of(m["e_previous_task_state"]),
+        last_good_since=instant("e_last_good_since"),
     )
 
 
-def _state_record(m: RowMapping | dict[str, Any]) -> StateRecord:
+def _state_record(sqlite: bool, m: RowMapping | dict[str, Any]) -> StateRecord:
+    """A state row decoded cell by cell: an unreadable instant is None, an unreadable
+    counter is left out of ``counts`` (as a status never seen)."""
+    counts = {s: dbrows.int_of(m[col]) for s, col in COUNT_COLUMNS.items()}
     return StateRecord(
-        schedule_key=m["schedule_key"],
-        name=m["name"],
-        last_slot_at=m["last_slot_at"],
-        last_done_at=m["last_done_at"],
-        last_enqueued_at=m["last_enqueued_at"],
-        last_message_id=m["last_message_id"],
-        last_status=m["last_status"],
-        last_error=m["last_error"],
-        counts={s: int(m[col]) for s, col in COUNT_COLUMNS.items() if m[col]},
+        schedule_key=_str(m["schedule_key"]),
+        name=_str(m["name"]),
+        last_slot_at=dbrows.instant_or_none(sqlite, m["last_slot_at"]),
+        last_done_at=dbrows.instant_or_none(sqlite, m["last_done_at"]),
+        last_enqueued_at=dbrows.instant_or_none(sqlite, m["last_enqueued_at"]),
+        last_message_id=dbrows.text_of(m["last_message_id"]),
+        last_status=dbrows.text_of(m["last_status"]),
+        last_error=dbrows.text_of(m["last_error"]),
+        counts={s: n for s, n in counts.items() if n},
     )

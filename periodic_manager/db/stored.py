@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
+from periodic_manager.db.engine import on_sqlite
 from periodic_manager.db.judge import Rules
 from periodic_manager.db.models import PeriodicJob
 
@@ -81,7 +82,7 @@ class StoredRow:
 async def read_stored(engine: AsyncEngine, rules: Rules) -> list[StoredRow]:
     """Every row, read raw and judged like the API judges it (whatever a row holds), with each
     column's stored form."""
-    sqlite = engine.dialect.name == "sqlite"
+    sqlite = on_sqlite(engine)
     query = select(*dbrows.columns(sqlite, display=True), *extras(sqlite))
     n = len(dbrows.FIELDS)
     async with engine.connect() as conn:

@@ -12,7 +12,7 @@ from periodic_manager.db.judge import Rules, judge_content, raw_hash
 from periodic_manager.db.rows import FIELDS, decode
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.rules import check_json
+from periodic_manager.schedules.rules import canonical_json, check_json
 
 
 @dataclass(slots=True)
@@ -95,3 +95,40 @@ def _safe_json(rules: Rules, values: dict[str, Any], unreadable: dict[str, str])
         if options is not None and "options" not in unreadable:  # JSON null reads as {}
             unreadable["options"] = "must be a JSON object"
         values["options"] = {}
+
+
+class Unreadable:
+    """A stored column that cannot be read (:attr:`RowView.unreadable`), standing in for its
+    value where a row is compared or merged with a new one: it equals nothing
+    (:func:`same_value`), so whatever replaces it is a change, and a PATCH merge that keeps it is
+    refused naming the field."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<unreadable: {self.reason}>"
+
+
+def stored_value(row: RowView, name: str) -> Any:
+    """Column ``name`` of ``row`` as stored, or :class:`Unreadable` with the reason."""
+    if name in row.unreadable:
+        return Unreadable(row.unreadable[name])
+    return row.values[name]
+
+
+def same_value(name: str, old: Any, new: Any) -> bool:
+    """Whether writing ``new`` leaves column ``name`` as stored (``old``): JSON compared as
+    canonical text (so ``1``, ``1.0`` and ``true`` differ; a value that is no JSON equals
+    nothing), instants as instants, anything else by type and value. An :class:`Unreadable`
+    equals nothing."""
+    if isinstance(old, Unreadable):
+        return False
+    if name in ("payload", "options"):
+        try:
+            return canonical_json(old) == canonical_json(new)
+        except (TypeError, ValueError, RecursionError):
+            return False
+    return type(old) is type(new) and bool(old == new)

@@ -25,15 +25,7 @@ from periodic_manager.db.judge import rules_for
 from periodic_manager.db.stored import JSON_COLUMNS, StoredRow, read_stored
 from periodic_manager.schedules import as_stored
 from periodic_manager.schedules.files import DEFAULTS, FIELDS, REQUIRED, has_null
-from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, canonical_json
-
-
-def canonical_json_or(value: Any) -> str:
-    try:
-        return canonical_json(value)
-    except (TypeError, ValueError):
-        return ""  # PeriodicTaskConfig.create reports it, naming the field
-
+from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 # -- plan and apply -------------------------------------------------------------------------------
 
@@ -53,29 +45,6 @@ class Plan:
         return not (self.create or self.update or self.delete)
 
 
-class _Unreadable:
-    """A stored column that cannot be read: never equal to what a file says (so it is
-    rewritten), shown in the plan with the reason."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"<unreadable: {self.reason}>"
-
-
-def same_value(key: str, old: Any, new: Any) -> bool:
-    """Whether a file's value of ``key`` is the stored one (JSON as canonical text, instants as
-    instants)."""
-    if isinstance(old, _Unreadable):
-        return False
-    if key in ("payload", "options"):
-        return canonical_json_or(old) == canonical_json_or(new) and canonical_json_or(old) != ""
-    if key == "anchor" and old is not None and new is not None:
-        return bool(old == new)  # aware datetimes compare as instants
-    return type(old) is type(new) and bool(old == new)
-
-
 async def _stored(
     engine: Engine,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -84,12 +53,6 @@ async def _stored(
     """Every row, judged like the API judges it with ``targets`` (the deployment's configured
     targets), with each column's stored form."""
     return await read_stored(engine, rules_for(on_sqlite(engine), max_payload_bytes, targets))
-
-
-def _stored_value(row: dbview.RowView, key: str) -> Any:
-    if key in row.unreadable:
-        return _Unreadable(row.unreadable[key])
-    return row.values[key]
 
 
 def _changes(entry: dict[str, Any], row: StoredRow) -> dict[str, tuple[Any, Any]]:
@@ -102,7 +65,7 @@ def _changes(entry: dict[str, Any], row: StoredRow) -> dict[str, tuple[Any, Any]
             old = row.raw(key)
             if old is None or old[0] != raws[key][0]:
                 out[key] = (old, raws[key])
-        elif key in FIELDS and not same_value(key, old := _stored_value(row.view, key), entry[key]):
+        elif key in FIELDS and not dbview.same_value(key, old := dbview.stored_value(row.view, key), entry[key]):
             out[key] = (old, entry[key])
     return out
 
@@ -244,7 +207,7 @@ def _entry_of(row: dbview.RowView) -> dict[str, Any]:
     entry: dict[str, Any] = {k: row.values[k] for k in REQUIRED}
     for key, default in DEFAULTS.items():
         value = row.values[key]
-        if not same_value(key, value, default) and not (key == "anchor" and value is None):
+        if not dbview.same_value(key, value, default) and not (key == "anchor" and value is None):
             entry[key] = _file_value(value)
     return entry
 
@@ -270,7 +233,7 @@ def _stored_entry_of(row: StoredRow, nulls_as_stored: bool = False) -> dict[str,
             entry[key] = v.values[key]
         elif key in DEFAULTS:
             value = v.values[key]
-            if not same_value(key, value, DEFAULTS[key]) and not (key == "anchor" and value is None):
+            if not dbview.same_value(key, value, DEFAULTS[key]) and not (key == "anchor" and value is None):
                 entry[key] = _file_value(value)
     field_, reason = v.errors[0]
     entry[as_stored.MARK] = f"{field_}: {reason}"

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
@@ -491,6 +491,42 @@ async def test_metrics_of_the_in_process_manager_and_the_api(
         assert "periodic_manager_sync_duration_seconds_count" in text
         assert 'periodic_manager_schedules{enabled="true"} 1.0' in text
         assert "periodic_manager_api_database_up 1.0" in text
+
+
+async def test_metrics_count_schedules_as_judged_and_managers_by_the_database(
+    client: httpx.AsyncClient, engine: AsyncEngine, backend: str
+) -> None:
+    """``periodic_manager_schedules`` counts rows whose ``enabled`` is judged true or false (as
+    the list's filter does): a row SQL gave ``'yes'`` or 2 (SQLite) is neither. Live managers and
+    leaders are counts, whatever else the manager rows hold."""
+    values = ["TRUE", "TRUE", "TRUE", "FALSE"]
+    if backend == "sqlite":
+        values += ["'yes'", "2", "'1'"]  # '1' becomes integer 1 (numeric affinity): enabled
+    async with engine.begin() as conn:
+        for i, value in enumerate(values):
+            await conn.execute(
+                text(
+                    "INSERT INTO periodic_jobs (name, spec, task_type, enabled)"
+                    f" VALUES ('m{i}', '@every 1h', 't', {value})"
+                )
+            )
+        await conn.execute(
+            insert(Manager),
+            [
+                mrow("lead", T0 - timedelta(seconds=1), leader=True),
+                mrow("stand", T0 - timedelta(seconds=1), leader=False),
+                mrow("dead", T0 - timedelta(seconds=3 * HEARTBEAT_S + 1), leader=True),
+            ],
+        )
+        if backend == "sqlite":
+            await conn.execute(text("UPDATE pm_managers SET is_leader = 'yes' WHERE manager_id = 'stand'"))
+    body = (await client.get("/metrics")).text
+    enabled = 4 if backend == "sqlite" else 3
+    assert f'periodic_manager_schedules{{enabled="true"}} {enabled}.0' in body
+    assert 'periodic_manager_schedules{enabled="false"} 1.0' in body
+    assert "periodic_manager_live_managers 2.0" in body
+    assert "periodic_manager_live_leaders 1.0" in body
+    assert "periodic_manager_api_database_up 1.0" in body
 
 
 def test_metrics_registries_are_per_manager() -> None:

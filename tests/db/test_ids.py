@@ -229,3 +229,35 @@ async def test_sqlite_tables_are_autoincrement_exactly_where_the_models_say(
     assert {
         t.name for t in Base.metadata.sorted_tables if t.dialect_options["sqlite"]["autoincrement"]
     } == set(REBUILT)
+
+
+async def test_sqlite_rebuild_keeps_columns_and_views_added_by_hand(sqlite_url: str) -> None:
+    """0007 rebuilds three tables on SQLite: a column an operator added (with its values, its
+    default and an index on it) and a view over the table survive it."""
+    path = sqlite_url.split(":///", 1)[1]
+    await upgrade(sqlite_url, "0006_settled_slots")
+    await rawsql.insert(sqlite_url, "job.a")
+    _sqlite(path, "ALTER TABLE periodic_jobs ADD COLUMN team TEXT DEFAULT 'ops' NOT NULL")
+    _sqlite(path, "ALTER TABLE pm_runs ADD COLUMN \"note \"\"quoted\"\"\" INT DEFAULT (1 + 2)")
+    _sqlite(path, "CREATE INDEX ix_team ON periodic_jobs (team)")
+    _sqlite(path, "UPDATE periodic_jobs SET team = 'billing' WHERE name = 'job.a'")
+    _sqlite(path, "CREATE VIEW v_jobs AS SELECT name, team FROM periodic_jobs")
+    _sqlite(path, "CREATE VIEW v_runs AS SELECT count(*) AS n FROM pm_runs")
+
+    await upgrade(sqlite_url)
+
+    assert _sqlite(path, "SELECT name, team FROM v_jobs") == [("job.a", "billing")]
+    assert _sqlite(path, "SELECT n FROM v_runs") == [(0,)]
+    await rawsql.insert(sqlite_url, "job.b")  # the column's default is kept
+    assert _sqlite(path, "SELECT team FROM periodic_jobs WHERE name = 'job.b'") == [("ops",)]
+    assert _sqlite(path, "SELECT name FROM sqlite_master WHERE name = 'ix_team'") == [("ix_team",)]
+    cols = [r[1] for r in _sqlite(path, "PRAGMA table_info(pm_runs)")]
+    assert 'note "quoted"' in cols
+    _sqlite(
+        path,
+        "INSERT INTO pm_runs (schedule_key, name, slot_at, status, at, lateness_ms)"
+        " VALUES ('1', 'n', '2024-05-01', 'enqueued', '2024-05-01', 0)",
+    )
+    assert _sqlite(path, 'SELECT "note ""quoted""" FROM pm_runs') == [(3,)]
+    [(sql,)] = _sqlite(path, "SELECT sql FROM sqlite_master WHERE name = 'periodic_jobs'")
+    assert "AUTOINCREMENT" in str(sql)
