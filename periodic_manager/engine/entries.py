@@ -45,6 +45,8 @@ class Entries:
         # schedule that comes back soon never resends it. Entries keep their own (``fired``).
         self._retired: dict[Ident, datetime] = {}
         self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see next_after
+        # While a rebase runs in turns: its (after, settled, now), for entries registered meanwhile.
+        self._rebasing: tuple[datetime, Mapping[Ident, datetime], datetime] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -76,7 +78,12 @@ class Entries:
         if old is not None:
             old.kill()
         self._entries[ident] = entry
-        if entry.next_slot is not None:
+        if self._rebasing is not None:
+            # A takeover's rebase is under way and may already have passed (or skipped, as dead)
+            # this ident: the entry looks back as every other one does.
+            after, settled, at = self._rebasing
+            self._rebase(entry, after, settled.get(ident), at)
+        elif entry.next_slot is not None:
             self.timetable.add(entry, entry.next_slot)
         self._change()
         return entry, old
@@ -137,13 +144,18 @@ class Entries:
         that is after the schedule's latest settled slot (``settled``, by ident) and after its
         ``effective_at``: a takeover looks back, never at a slot sent or from before the
         schedule (or its timing) existed. In turns with the other tasks (a million entries); an
-        entry registered meanwhile starts after its registration, one removed is left out."""
+        entry registered meanwhile (new, or replacing one) is rebased as it is registered, one
+        removed is left out."""
         now = self.clock.now()
         self.timetable.clear()
-        async for part in in_turns(list(self._entries.items())):
-            for ident, entry in part:
-                if not entry.dead:
-                    self._rebase(entry, after, settled.get(ident) if settled else None, now)
+        self._rebasing = (after, settled, now)
+        try:
+            async for part in in_turns(list(self._entries.items())):
+                for ident, entry in part:
+                    if not entry.dead:
+                        self._rebase(entry, after, settled.get(ident), now)
+        finally:
+            self._rebasing = None
         self._change()
 
     def _rebase(

@@ -197,6 +197,32 @@ async def test_a_rebase_of_many_entries_goes_in_turns(rig, monkeypatch: pytest.M
     assert done[0] == many and any(0 < n < many for n in seen)
 
 
+async def test_an_entry_replaced_while_a_rebase_is_in_turns_looks_back_too(rig) -> None:
+    """A sync may replace an entry between two turns of a takeover's rebase: the replacement
+    is rebased like the others (its old entry, still in the rebase's list, is dead and passed
+    over): it sends the slots the old leader may have missed within grace, and none at or before
+    what the database records as settled (without, it resent those: duplicates once the broker
+    forgot its claims)."""
+    sched, clock, target = rig
+    many = 2000
+    configs = [cfg(f"s{i}", "@every 10s", schedule_id=i + 1) for i in range(many)]
+    for config in configs:
+        sched.register(config)
+    sched.set_active(False)
+    await advance(sched, clock, 45)
+    settled = {c.ident: T0 + timedelta(seconds=30) for c in configs}  # the old leader sent 30
+    task = asyncio.ensure_future(sched.rebase(clock.now() - timedelta(seconds=30), settled))
+    await asyncio.sleep(0)  # the first turn ran; the last entries are not rebased yet
+    assert not task.done()
+    last = f"s{many - 1}"
+    sched.register(cfg(last, "@every 10s", schedule_id=many, payload={"edited": True}))
+    await task
+    sched.set_active(True)
+    await advance(sched, clock, 0)
+    assert target.slots("s0") == [T0 + timedelta(seconds=40)]
+    assert target.slots(last) == [T0 + timedelta(seconds=40)]
+
+
 async def test_hooks_see_the_batch_before_and_the_results_after(rig) -> None:
     sched, clock, target = rig
     seen: list[str] = []
