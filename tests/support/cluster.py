@@ -9,17 +9,21 @@ file) but none of its data: a master that forgot everything.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.support.servers import _accepting
 
-SLOTS = 16384
+IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def cluster_port() -> int:
@@ -141,3 +145,17 @@ class RedisCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One cluster of three masters for the session (started on first use). A missing
+    redis-server or redis-cli skips its tests locally and fails them under CI=true."""
+    try:
+        cluster = RedisCluster()
+    except RuntimeError as exc:
+        if IN_CI:
+            pytest.fail(f"Redis Cluster: {exc} (CI=true: a missing service is a failure)", pytrace=False)
+        pytest.skip(f"Redis Cluster: {exc}")
+    with cluster:
+        yield cluster

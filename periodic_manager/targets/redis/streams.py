@@ -120,6 +120,7 @@ class RedisStreamsTarget:
         if claim_margin < 0 or timeout <= 0:
             raise ValueError("claim_margin must be >= 0 and timeout > 0")
         self._client = client
+        self._cluster = isinstance(client, RedisCluster)
         self._owns_client = False
         self.prefix = prefix
         self.maxlen = maxlen
@@ -309,7 +310,16 @@ class RedisStreamsTarget:
         pipe = client.pipeline()
         for keys, args, kind in calls:
             pipe.execute_command("EVALSHA", self._shas[kind], len(keys), *keys, *args)
-        return await pipe.execute(raise_on_error=False)
+        stack = list(pipe._command_stack)
+        try:
+            return await pipe.execute(raise_on_error=False)
+        except AttributeError:
+            # redis-py 5.x: when a redirected command made the client re-read the topology (every
+            # few MOVED, a lost connection), the pipeline's last step reads the default node,
+            # None until the next command. The replies are all in by then: take them.
+            if client.get_default_node() is not None:
+                raise
+            return [cmd.result for cmd in stack]
 
     def _script_call(
         self,
@@ -333,13 +343,22 @@ class RedisStreamsTarget:
                 task.idempotency_key, cached[0], task.options_text(),
             )  # fmt: skip
             items.append(item + overlap_fields(task) if kind == AFTER else item)
+        keys = [self.stream_key(queue)]
+        if self._cluster:
+            # Every key the script touches, declared (the script reads KEYS[1] only): while the
+            # queue's slot moves between masters, Redis then runs the call where all of them are
+            # or answers ASK / TRYAGAIN, never a call that finds the stream on the new master and
+            # takes a claim still on the old one for free (the slot sent twice).
+            keys += [self.claim_key(queue, t.idempotency_key) for t in tasks]
+            if kind == AFTER:
+                keys += dict.fromkeys(self.prev_key(queue, t.name) for t in tasks)
         maxlen = self.maxlen_by_queue.get(queue, self.maxlen) or 0
         # Encoded once here: redis-py passes bytes through untouched.
         blob = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
         args: list[Any] = [maxlen, self.claim_key(queue, ""), blob]
         if kind == AFTER:
             args += [self.group, self.prev_key(queue, "")]
-        return [self.stream_key(queue)], args
+        return keys, args
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """Messages are finished once the workers' consumer group acknowledged them: that needs
