@@ -20,11 +20,16 @@ from pydantic import ValidationError
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 
 from periodic_manager.cli.main import main
+from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import TargetError
+from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.assemble import build_target
-from periodic_manager.schedules.definition import idempotency_key
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from periodic_manager.runtime.timing import Timing
+from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.redis.sentinel import ClusterSentinel
@@ -282,3 +287,37 @@ async def test_the_cluster_setting_builds_the_streams_target_on_a_cluster_client
         await target.close()
     finally:
         await engine.dispose()
+
+
+async def test_a_manager_sends_every_slot_of_schedules_over_every_master_once(
+    target: RedisStreamsTarget, client: ClusterClient, redis_cluster: RedisCluster
+) -> None:
+    """The real manager on a virtual clock, 30 schedules over 10 queues, three slots."""
+    queues = [f"m{i}" for i in range(10)]
+    assert {port_of(client, target.stream_key(q)) for q in queues} == set(redis_cluster.ports)
+    rows = [
+        PeriodicTaskConfig.create(
+            name=f"job{i}", spec="@every 10s", task_type="t", schedule_id=i + 1,
+            options={"queue": queues[i % 10]},
+        )  # fmt: skip
+        for i in range(30)
+    ]
+    clock = VirtualClock(T0)
+    manager = PeriodicTaskManager(
+        StaticProvider(rows), target, clock=clock, store=MemoryRuntimeStore(),
+        timing=Timing(sync_interval=30, grace=30),
+    )  # fmt: skip
+    await manager.start()
+    try:
+        for _ in range(3):
+            await clock.advance(10, settle=lambda: manager.wait_settled(clock.now()))
+    finally:
+        await manager.stop()
+    keys = []
+    for q in queues:
+        keys += [f["idempotency_key"] for _, f in await client.xrange(target.stream_key(q))]
+    assert sorted(keys) == sorted(
+        idempotency_key(f"job{i}", T0 + timedelta(seconds=10 * n))
+        for i in range(30)
+        for n in (1, 2, 3)
+    )
