@@ -29,8 +29,10 @@ deleted schedules leave behind.
 cluster=True)``): every script call touches the keys of one queue, so of one hash slot.
 redis-py's cluster pipeline sends each EVALSHA to the master of its stream key's slot, one
 pipeline per master, the masters at once, and follows MOVED and ASK (a resharding) command by
-command. A master that does not know the scripts (first use, a restart) gets them (``SCRIPT
-LOAD`` on every master) and only its calls run again. The sentinel is one key per master
+command. Each call declares every key it touches (stream, claims, previous-task keys; the
+scripts read KEYS[1] only), so while its slot migrates Redis answers ASK or TRYAGAIN rather than
+run it where a claim is not. A master that does not know the scripts (first use, a restart)
+gets them (``SCRIPT LOAD`` on every master) and only its calls run again. The sentinel is one key per master
 (:class:`~periodic_manager.targets.redis.sentinel.ClusterSentinel`).
 """
 
@@ -146,7 +148,7 @@ class RedisStreamsTarget:
         connections", and its socket timeouts match the target's ``timeout``.
 
         ``cluster``: ``url`` names any node of a Redis Cluster; the client reads the topology from
-        it (a connection per master, opened as needed: at most ``PARALLEL`` pipelines of one send
+        it (redis-py's cluster client: no blocking pool, a connection per master opened as needed: at most ``PARALLEL`` pipelines of one send
         and a sentinel look use one each at once).
         """
         timeout = float(kwargs.get("timeout", 5.0))
