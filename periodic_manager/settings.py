@@ -5,13 +5,15 @@ from __future__ import annotations
 import importlib.util
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
 TargetName = Literal["redis", "outbox", "celery", "arq"]
+# The targets that can run with redis_cluster (the outbox needs no Redis).
+CLUSTER_TARGETS = ("redis", "outbox")
 # Targets that need an optional extra: target -> (module to import, extra to install).
 TARGET_EXTRAS = {"celery": ("celery", "celery"), "arq": ("arq", "arq")}
 
@@ -81,6 +83,11 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="API port")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO")
     redis_maxlen: int | None = Field(None, gt=0, description="approximate MAXLEN per stream")
+    redis_cluster: bool = Field(
+        False,
+        description="redis_url names a node of a Redis Cluster: the redis target uses a cluster "
+        "client (only the redis and outbox targets can run on a cluster)",
+    )
     stream_prefix: str = Field("pm", description="prefix of Redis keys")
     # -- API, history, operations
     api_token: SecretStr | None = Field(None, description="bearer token required by the API")
@@ -180,6 +187,20 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"the {name} target needs {module}: pip install 'periodic-manager[{extra}]'"
                 )
+        return v
+
+    @field_validator("redis_cluster")
+    @classmethod
+    def _cluster_targets(cls, v: bool, info: ValidationInfo) -> bool:
+        # Declared after target and targets: a bad one of those is reported, not this.
+        names = (info.data.get("target"), *info.data.get("targets", ()))
+        refused = [n for n in dict.fromkeys(names) if n is not None and n not in CLUSTER_TARGETS]
+        if v and refused:
+            raise ValueError(
+                f"the {' and '.join(refused)} target{'s' if len(refused) > 1 else ''} cannot run "
+                "on a Redis Cluster (only redis and outbox can): unset PM_REDIS_CLUSTER or use "
+                "a single Redis"
+            )
         return v
 
     def configured_targets(self) -> TargetSet:

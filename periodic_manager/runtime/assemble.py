@@ -15,7 +15,7 @@ from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.timing import Timing
-from periodic_manager.settings import Settings
+from periodic_manager.settings import CLUSTER_TARGETS, Settings
 from periodic_manager.targets.routing import RoutingTarget
 
 
@@ -30,6 +30,8 @@ def build_target(settings: Settings, engine: AsyncEngine) -> Target:
 
 
 def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
+    if settings.redis_cluster and name not in CLUSTER_TARGETS:  # Settings refuses it first
+        raise ValueError(f"the {name} target cannot run on a Redis Cluster")
     if name == "redis":
         from periodic_manager.targets.redis.streams import RedisStreamsTarget
 
@@ -38,6 +40,7 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
             prefix=settings.stream_prefix,
             maxlen=settings.redis_maxlen,
             group=settings.redis_group,
+            cluster=settings.redis_cluster,
         )
     if name == "celery":
         return _build_celery(settings)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from sqlalchemy import text
 
 from periodic_manager.contracts import Task
@@ -56,15 +57,36 @@ def outcome(results: list[Any]) -> list[tuple[str, str | None, bool | None]]:
 # -- Redis Streams ------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["single", "cluster"])
+def streams_on(request: pytest.FixtureRequest) -> aioredis.Redis | str:
+    """The test Redis's client, or the URL of the session's Redis Cluster
+    (tests/support/cluster.py): each Redis Streams test runs on both."""
+    if request.param == "single":
+        return request.getfixturevalue("redis_client")  # type: ignore[no-any-return]
+    return str(request.getfixturevalue("redis_cluster").url)
+
+
 @pytest.fixture
-async def streams(redis_client: aioredis.Redis, redis_prefix: str) -> RedisStreamsTarget:
-    target = RedisStreamsTarget(redis_client, prefix=redis_prefix, group=GROUP)
-    await redis_client.xgroup_create(target.stream_key("default"), GROUP, id="0", mkstream=True)
+async def streams_client(streams_on: aioredis.Redis | str) -> AsyncIterator[aioredis.Redis]:
+    if isinstance(streams_on, aioredis.Redis):
+        yield streams_on
+        return
+    client = RedisCluster.from_url(streams_on, decode_responses=True)
+    try:
+        yield client  # type: ignore[misc]  (the same commands, routed by key)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def streams(streams_client: aioredis.Redis, redis_prefix: str) -> RedisStreamsTarget:
+    target = RedisStreamsTarget(streams_client, prefix=redis_prefix, group=GROUP)
+    await streams_client.xgroup_create(target.stream_key("default"), GROUP, id="0", mkstream=True)
     return target
 
 
 async def test_streams_finished_means_acknowledged_by_the_group(
-    streams: RedisStreamsTarget, redis_client: aioredis.Redis
+    streams: RedisStreamsTarget, streams_client: aioredis.Redis
 ) -> None:
     stream = streams.stream_key("default")
     hold = {"overlap": "hold"}
@@ -73,11 +95,11 @@ async def test_streams_finished_means_acknowledged_by_the_group(
     assert outcome(await streams.enqueue([task("n", 2, **hold)], slot(2))) == [
         ("busy", "queued", False)
     ]
-    [[_, [(entry_id, _)]]] = await redis_client.xreadgroup(GROUP, "w", {stream: ">"})
+    [[_, [(entry_id, _)]]] = await streams_client.xreadgroup(GROUP, "w", {stream: ">"})
     busy = await streams.enqueue([task("n", 2, **hold)], slot(2))
     assert outcome(busy) == [("busy", "running", False)]
     assert busy[0].previous.task_id == first.task.id  # type: ignore[union-attr]
-    await redis_client.xack(stream, GROUP, entry_id)
+    await streams_client.xack(stream, GROUP, entry_id)
     done = await streams.enqueue([task("n", 2, **hold), task("plain", 2)], slot(2))
     assert outcome(done) == [("enqueued", "finished", False), ("enqueued", None, None)]
     # A slot sent already is a duplicate, never busy (a retry, or a second manager).
@@ -86,10 +108,10 @@ async def test_streams_finished_means_acknowledged_by_the_group(
 
 
 async def test_streams_a_message_gone_undelivered_is_finished_and_no_group_is_queued(
-    streams: RedisStreamsTarget, redis_client: aioredis.Redis, redis_prefix: str
+    streams: RedisStreamsTarget, streams_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     [first] = await streams.enqueue([task("n", 1, overlap="skip")], slot(1))
-    await redis_client.xdel(streams.stream_key("default"), first.message_id)  # type: ignore[arg-type]
+    await streams_client.xdel(streams.stream_key("default"), first.message_id)  # type: ignore[arg-type]
     assert outcome(await streams.enqueue([task("n", 2, overlap="skip")], slot(2))) == [
         ("enqueued", "finished", False)
     ]
@@ -101,7 +123,7 @@ async def test_streams_a_message_gone_undelivered_is_finished_and_no_group_is_qu
 
 
 async def test_streams_overlap_timeout_and_no_group_configured(
-    streams: RedisStreamsTarget, redis_client: aioredis.Redis, redis_prefix: str
+    streams: RedisStreamsTarget, streams_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     opts = {"overlap": "skip", "overlap_timeout": 90}
     await streams.enqueue([task("n", 1, **opts)], slot(1))
@@ -111,24 +133,24 @@ async def test_streams_overlap_timeout_and_no_group_configured(
     assert outcome(await streams.enqueue([task("n", 3, **opts)], slot(3))) == [
         ("enqueued", "queued", True)
     ]
-    bare = RedisStreamsTarget(redis_client, prefix=redis_prefix)
+    bare = RedisStreamsTarget(streams_client, prefix=redis_prefix)
     [refused, plain] = await bare.enqueue([task("x", 1, overlap="hold"), task("y", 1)], slot(1))
     assert refused.status == "failed" and "set PM_REDIS_GROUP" in (refused.error or "")
     assert plain.status == "enqueued"
-    assert await redis_client.exists(bare.claim_key("default", refused.task.idempotency_key)) == 0
+    assert await streams_client.exists(bare.claim_key("default", refused.task.idempotency_key)) == 0
 
 
 async def test_streams_concurrent_managers_never_both_find_a_schedule_free(
-    streams: RedisStreamsTarget, redis_client: aioredis.Redis, redis_prefix: str
+    streams: RedisStreamsTarget, streams_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    others = [RedisStreamsTarget(redis_client, prefix=redis_prefix, group=GROUP) for _ in range(8)]
+    others = [RedisStreamsTarget(streams_client, prefix=redis_prefix, group=GROUP) for _ in range(8)]
     # Eight managers, each at a different slot of the same free schedule, all at once.
     replies = await asyncio.gather(
         *(t.enqueue([task("race", n, overlap="hold")], slot(n)) for n, t in enumerate(others))
     )
     statuses = sorted(r[0].status for r in replies)
     assert statuses == ["busy"] * 7 + ["enqueued"]
-    assert await redis_client.xlen(streams.stream_key("default")) == 1
+    assert await streams_client.xlen(streams.stream_key("default")) == 1
 
 
 # -- outbox -------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from periodic_manager.errors import TargetError
 
@@ -47,5 +47,5 @@ def redis_errors(what: str, timeout: float | None = None) -> Iterator[None]:
         if _REFUSED.fullmatch(str(exc)):
             raise KeyTypeError(f"{what}: {exc}") from exc
         raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc
-    except (RedisError, OSError) as exc:
+    except (RedisError, RedisClusterException, OSError) as exc:  # the cluster client's own
         raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc

@@ -24,6 +24,16 @@ group yet: nothing has been delivered, so the message is queued. Deciding and ad
 script means two managers can never both find the schedule free and both add a message. The key
 expires after ``base.PREV_TTL`` (or ``overlap_timeout`` plus a day, if longer), which bounds what
 deleted schedules leave behind.
+
+**Redis Cluster** (a :class:`~redis.asyncio.cluster.RedisCluster` client, ``from_url(...,
+cluster=True)``): every script call touches the keys of one queue, so of one hash slot.
+redis-py's cluster pipeline sends each EVALSHA to the master of its stream key's slot, one
+pipeline per master, the masters at once, and follows MOVED and ASK (a resharding) command by
+command. Each call declares every key it touches (stream, claims, previous-task keys; the
+scripts read KEYS[1] only), so while its slot migrates Redis answers ASK or TRYAGAIN rather than
+run it where a claim is not. A master that does not know the scripts (first use, a restart)
+gets them (``SCRIPT LOAD`` on every master) and only its calls run again. The sentinel is one key per master
+(:class:`~periodic_manager.targets.redis.sentinel.ClusterSentinel`).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from periodic_manager.contracts import EnqueueResult, Prepared, Previous, Task
@@ -48,7 +59,7 @@ from periodic_manager.targets.redis.claims import claim_ttl_ms
 from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.flags import BUSY, NEW, SENT
 from periodic_manager.targets.redis.lua import text
-from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.redis.sentinel import ClusterSentinel, Sentinel
 
 # The scripts (their arguments and replies are written at their top): claim and add, and the same
 # after the schedule's previous message (options.overlap). The queue's tasks travel as ONE JSON
@@ -94,7 +105,7 @@ class RedisStreamsTarget:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | RedisCluster,
         *,
         prefix: str = "pm",
         maxlen: int | None = None,
@@ -111,6 +122,7 @@ class RedisStreamsTarget:
         if claim_margin < 0 or timeout <= 0:
             raise ValueError("claim_margin must be >= 0 and timeout > 0")
         self._client = client
+        self._cluster = isinstance(client, RedisCluster)
         self._owns_client = False
         self.prefix = prefix
         self.maxlen = maxlen
@@ -119,17 +131,34 @@ class RedisStreamsTarget:
         self.timeout = timeout
         self.group = group
         self._scripts = (CLAIM_AND_ADD, CLAIM_AND_ADD_AFTER)
-        self.sentinel = Sentinel(client, f"{{{prefix}}}:sentinel", timeout=timeout)
+        self.sentinel: Sentinel | ClusterSentinel
+        if isinstance(client, aioredis.Redis):
+            self.sentinel = Sentinel(client, f"{{{prefix}}}:sentinel", timeout=timeout)
+        else:
+            self.sentinel = ClusterSentinel(client, prefix, timeout=timeout)
         self._shas = tuple(hashlib.sha1(text.encode()).hexdigest() for text in self._scripts)
 
     @classmethod
-    def from_url(cls, url: str, *, max_connections: int = 10, **kwargs: Any) -> RedisStreamsTarget:
+    def from_url(
+        cls, url: str, *, max_connections: int = 10, cluster: bool = False, **kwargs: Any
+    ) -> RedisStreamsTarget:
         """A target with its own client (closed by :meth:`close`).
 
         The client waits for a free connection (blocking pool) instead of failing with "Too many
         connections", and its socket timeouts match the target's ``timeout``.
+
+        ``cluster``: ``url`` names any node of a Redis Cluster; the client reads the topology from
+        it (redis-py's cluster client: no blocking pool, a connection per master opened as needed: at most ``PARALLEL`` pipelines of one send
+        and a sentinel look use one each at once).
         """
         timeout = float(kwargs.get("timeout", 5.0))
+        if cluster:
+            client = RedisCluster.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=timeout
+            )
+            target = cls(client, **kwargs)
+            target._owns_client = True
+            return target
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -236,6 +265,8 @@ class RedisStreamsTarget:
                 full.append(now_ms)
             calls.append((keys, full, kind))
         async with asyncio.timeout(self.timeout):
+            if isinstance(self._client, RedisCluster):
+                return await self._run_cluster(self._client, calls)
             try:
                 return await self._run(calls)
             except NoScriptError:
@@ -252,6 +283,45 @@ class RedisStreamsTarget:
             for keys, args, kind in calls:
                 pipe.execute_command("EVALSHA", self._shas[kind], len(keys), *keys, *args)
             return await pipe.execute()
+
+    async def _run_cluster(
+        self, client: RedisCluster, calls: list[tuple[list[str], list[Any], int]]
+    ) -> list[Any]:
+        """The calls on a cluster: one pipeline per master, the masters at once (redis-py routes
+        each EVALSHA by its key and follows MOVED / ASK). Calls a master refused for want of the
+        scripts run again once they are loaded, and only those: the others are done. Errors are
+        raised as Redis raised them (redis-py's pipeline would add the whole command, a batch of
+        tasks, to the message)."""
+        replies = await self._pipeline_cluster(client, calls)
+        again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if again:
+            for script in self._scripts:
+                await client.script_load(script)  # every master
+            for i, reply in zip(
+                again, await self._pipeline_cluster(client, [calls[i] for i in again]), strict=True
+            ):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def _pipeline_cluster(
+        self, client: RedisCluster, calls: list[tuple[list[str], list[Any], int]]
+    ) -> list[Any]:
+        pipe = client.pipeline()
+        for keys, args, kind in calls:
+            pipe.execute_command("EVALSHA", self._shas[kind], len(keys), *keys, *args)
+        stack = list(pipe._command_stack)
+        try:
+            return await pipe.execute(raise_on_error=False)
+        except AttributeError:
+            # redis-py 5.x: when a redirected command made the client re-read the topology (every
+            # few MOVED, a lost connection), the pipeline's last step reads the default node,
+            # None until the next command. The replies are all in by then: take them.
+            if client.get_default_node() is not None:
+                raise
+            return [cmd.result for cmd in stack]
 
     def _script_call(
         self,
@@ -275,13 +345,22 @@ class RedisStreamsTarget:
                 task.idempotency_key, cached[0], task.options_text(),
             )  # fmt: skip
             items.append(item + overlap_fields(task) if kind == AFTER else item)
+        keys = [self.stream_key(queue)]
+        if self._cluster:
+            # Every key the script touches, declared (the script reads KEYS[1] only): while the
+            # queue's slot moves between masters, Redis then runs the call where all of them are
+            # or answers ASK / TRYAGAIN, never a call that finds the stream on the new master and
+            # takes a claim still on the old one for free (the slot sent twice).
+            keys += [self.claim_key(queue, t.idempotency_key) for t in tasks]
+            if kind == AFTER:
+                keys += dict.fromkeys(self.prev_key(queue, t.name) for t in tasks)
         maxlen = self.maxlen_by_queue.get(queue, self.maxlen) or 0
         # Encoded once here: redis-py passes bytes through untouched.
         blob = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
         args: list[Any] = [maxlen, self.claim_key(queue, ""), blob]
         if kind == AFTER:
             args += [self.group, self.prev_key(queue, "")]
-        return [self.stream_key(queue)], args
+        return keys, args
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """Messages are finished once the workers' consumer group acknowledged them: that needs
@@ -291,7 +370,10 @@ class RedisStreamsTarget:
     async def ping(self) -> None:
         """Raise unless Redis answers within ``timeout`` (a readiness check)."""
         async with asyncio.timeout(self.timeout):
-            await self._client.ping()
+            if isinstance(self._client, RedisCluster):
+                await self._client.ping(target_nodes=RedisCluster.PRIMARIES)  # every master
+            else:
+                await self._client.ping()
 
     async def forgotten(self) -> list[str]:
         """``["redis"]`` when the streams' Redis lost its data since the previous call."""
