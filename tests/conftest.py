@@ -29,7 +29,6 @@ import redis
 import redis.asyncio as aioredis
 
 from periodic_manager.db.migrate import upgrade
-from tests.support.cluster import redis_cluster  # noqa: F401  (a fixture, started on first use)
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
