@@ -217,8 +217,6 @@ class Settings(BaseSettings):
             why = completion.celery(self.celery_backend() is not None)
             if why is not None:
                 missing["celery"] = why
-        if "rq" in names:
-            missing["rq"] = completion.RQ_NO_OVERLAP
         return TargetSet(names, missing)
 
     def celery_broker(self) -> str:

@@ -19,8 +19,6 @@ CELERY_NO_BACKEND = (
     "the one your workers write to"
 )
 
-RQ_NO_OVERLAP = "the rq target does not tell when a job finished (overlap skip/hold unsupported)"
-
 
 def redis(group: str | None) -> str | None:
     """Redis Streams: the consumer group's acknowledgements (None: it can tell)."""

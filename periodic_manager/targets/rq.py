@@ -23,8 +23,12 @@ or kept with its result), then writes the job hash, pushes its id on the queue's
 the queue to RQ's set of queues. Claim and job are one step: a lost reply, a retry or a second
 manager finds both or neither.
 
-``options.overlap`` skip and hold are not supported by this target (yet): such a schedule is
-refused where the rq target would send it.
+``options.overlap`` skip and hold: the previous job of a schedule is finished when RQ's own job
+status says so (``finished``, ``failed``, ``stopped``, ``canceled``) or RQ no longer holds the
+job (its hash gone: done and expired, or never enqueued); ``started`` is running, any other status
+(queued, scheduled, deferred, waiting for a retry) queued. The same script then compares the
+schedule's previous-job key (:mod:`~periodic_manager.targets.redis.previous`) with what was read,
+so two managers never both start a job of one schedule.
 """
 
 from __future__ import annotations
@@ -38,19 +42,23 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from periodic_manager.contracts import EnqueueResult, Task
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Previous, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets import completion
-from periodic_manager.targets.base import split_payload
+from periodic_manager.targets.base import overlap_of, split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.errors import KeyTypeError, redis_errors
-from periodic_manager.targets.redis.flags import NEW, SENT
+from periodic_manager.targets.redis.flags import BUSY, NEW, SENT, WRONGTYPE, wrong_type
+from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
 # Claims each job's slot and enqueues the job (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "rq_claim_and_enqueue.lua")
 CHUNK = 500  # jobs per script call (each passes its hash's fields as arguments)
+# RQ's job statuses (rq.job.JobStatus) that mean the job finished, or is running; any other
+# status is queued (queued, scheduled, deferred, waiting for a retry, rate-limited, ...).
+DONE_STATUSES = frozenset({"finished", "failed", "stopped", "canceled"})
+RUNNING_STATUS = "started"
 
 
 def _import_rq() -> Any:
@@ -129,6 +137,8 @@ class RqTarget:
 
         self.client = client
         self.claims = RedisClaims(client, prefix=prefix, margin=claim_margin)
+        # A job written as the previous one counts as queued this long before RQ must know it.
+        self.previous = PreviousTasks(self.claims, self._states, publish_window_s=2 * timeout)
         self.timeout = timeout
         self.concurrency = concurrency
         self.sentinel = Sentinel(client, f"{prefix}:sentinel", timeout=timeout)
@@ -203,35 +213,54 @@ class RqTarget:
         results: list[EnqueueResult | None] = [None] * len(tasks)
         jobs: dict[int, RqJob] = {}
         for index, task in enumerate(tasks):
-            why = self.completion_off(task.options)
-            if why is not None:
-                results[index] = EnqueueResult(task, "failed", error=f"rq: {why}")
-                continue
             try:
                 jobs[index] = self.job(task, now)
             except (TypeError, ValueError) as exc:
                 results[index] = EnqueueResult(task, "failed", error=f"rq: {exc}")
-        flags = await self._write(tasks, jobs, now)
+        send = [i for i in jobs if overlap_of(tasks[i]) == "allow"]
+        after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
+        decided: Decided | None = None
+        if after:  # options.overlap: written only where the previous job finished
+            with redis_errors("rq: previous jobs", self.timeout):
+                async with asyncio.timeout(self.timeout):
+                    decided = await self.previous.read(tasks, after, now, flag="1")
+            for index, result in decided.results.items():
+                results[index] = result
+            send += decided.free
+        flags = await self._write(tasks, jobs, send, decided, now)
         for index, flag in flags.items():
             task = tasks[index]
             if flag == NEW:
                 results[index] = EnqueueResult(task, "enqueued", task.id)
             elif flag == SENT:
                 results[index] = EnqueueResult(task, "duplicate", task.id)
+            elif flag == BUSY:  # another manager sent a job of this schedule since it was read
+                results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
+            elif flag == WRONGTYPE:
+                assert decided is not None  # only the previous-job key may be of another type
+                error = wrong_type("rq", decided.written[index][0])
+                results[index] = EnqueueResult(task, "failed", error=error)
             else:  # the error text of a call refused whole (KeyTypeError)
                 results[index] = EnqueueResult(task, "failed", error=str(flag))
+            if decided is not None and flag == NEW and index in decided.previous:
+                results[index].previous = decided.previous[index]  # type: ignore[union-attr]
         return [r for r in results if r is not None]
 
     async def _write(
-        self, tasks: Sequence[Task], jobs: dict[int, RqJob], now: datetime
+        self,
+        tasks: Sequence[Task],
+        jobs: dict[int, RqJob],
+        indices: list[int],
+        decided: Decided | None,
+        now: datetime,
     ) -> dict[int, int | str]:
-        """Run the script for every job, grouped by queue in chunks of CHUNK, at most
+        """Run the script for ``indices``, grouped by queue in chunks of CHUNK, at most
         ``concurrency`` calls at once. Flags by index (redis/flags.py); a queue whose key (or
         RQ's set of queues) holds another type fails the tasks of its calls alone (flag: the
         error text, the script wrote nothing). Raises TargetError for any other failure."""
         by_queue: dict[str, list[int]] = {}
-        for index, job in jobs.items():
-            by_queue.setdefault(job.queue, []).append(index)
+        for index in indices:
+            by_queue.setdefault(jobs[index].queue, []).append(index)
         calls = [
             (queue, part[start : start + CHUNK])
             for queue, part in by_queue.items()
@@ -244,10 +273,13 @@ class RqTarget:
             fields: list[bytes | str] = []
             for index in part:
                 task, job = tasks[index], jobs[index]
-                rows.append(
-                    [task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.ttl,
-                     len(job.fields)]
-                )  # fmt: skip
+                row: list[Any] = [
+                    task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.ttl,
+                    len(job.fields),
+                ]  # fmt: skip
+                if decided is not None and index in decided.written:
+                    row += list(decided.written[index])
+                rows.append(row)
                 fields += job.fields
             args = [
                 self.claims.key(""),
@@ -272,9 +304,27 @@ class RqTarget:
             for index, flag in zip(part, reply, strict=True)
         }
 
+    async def _states(self, job_ids: Sequence[str]) -> list[str]:
+        """RQ's status of each job (see the module docstring): running, queued or finished."""
+        with redis_errors("rq: job status"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hget(self.job_prefix + job_id, "status")
+                replies = await pipe.execute()
+        states = []
+        for reply in replies:
+            status = lua.text(reply)
+            if not status or status in DONE_STATUSES:
+                states.append(FINISHED)
+            elif status == RUNNING_STATUS:
+                states.append(RUNNING)
+            else:
+                states.append(QUEUED)
+        return states
+
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
-        """options.overlap skip and hold are not supported here (see the module docstring)."""
-        return completion.RQ_NO_OVERLAP if completion.asks(options) else None
+        """RQ's own job status tells when a job finished (see the module docstring)."""
+        return None
 
     async def ping(self) -> None:
         """Raise unless RQ's Redis answers within ``timeout`` (a readiness check)."""

@@ -8,6 +8,7 @@ The worker's functions record what they received (tests/support/rq_worker_app.py
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -128,17 +129,15 @@ async def test_a_job_id_rq_holds_is_a_duplicate_and_bad_tasks_fail_alone(
     p, queue = redis_prefix, f"{redis_prefix}-q"
     good = make_task(p, "good", [1], queue)
     bare = make_task(p, "bare", [1], queue, task_type="record")  # not a dotted path
-    overlap = make_task(p, "overlap", [1], queue, overlap="skip")
-    results = await target.enqueue([good, bare, overlap], SLOT)
-    assert [r.status for r in results] == ["enqueued", "failed", "failed"]
+    results = await target.enqueue([good, bare], SLOT)
+    assert [r.status for r in results] == ["enqueued", "failed"]
     assert "dotted path" in (results[1].error or "")
-    assert "overlap" in (results[2].error or "")
     # With the claim gone (say, expired), RQ's job hash still refuses the queued job id.
     await redis_client.delete(f"{p}:claim:{good.idempotency_key}")
     [again] = await target.enqueue([good], SLOT)
     assert again.status == "duplicate"
     assert await redis_client.lrange(f"{p}:queue:{queue}", 0, -1) == [good.id]
-    for bad in (bare, overlap):
+    for bad in (bare,):
         assert await redis_client.exists(f"{p}:claim:{bad.idempotency_key}", f"{p}:job:{bad.id}") == 0
 
 
@@ -197,7 +196,7 @@ def test_settings_build_the_rq_target(
     assert isinstance(target, RqTarget)
     assert target.client.connection_pool.connection_kwargs["db"] == 4
     assert describe_targets(settings) == "rq (redis://:***@127.0.0.1:6379/4)"
-    assert "overlap" in settings.configured_targets().no_completion["rq"]
+    assert "rq" not in settings.configured_targets().no_completion  # overlap: RQ's job status
 
 
 def test_a_missing_rq_names_the_extra(monkeypatch: pytest.MonkeyPatch, sqlite_url: str) -> None:
@@ -209,3 +208,92 @@ def test_a_missing_rq_names_the_extra(monkeypatch: pytest.MonkeyPatch, sqlite_ur
     )
     with pytest.raises(ValueError, match=r"pip install 'periodic-manager\[rq\]'"):
         Settings(database_url=sqlite_url, target="rq")
+
+
+# -- options.overlap: RQ's job status --------------------------------------------------------------
+
+
+def overlap_task(prefix: str, n: int, queue: str, policy: str = "hold") -> Task:
+    at = SLOT + timedelta(minutes=n)
+    key = f"{prefix}.ov:{at.isoformat()}"
+    return Task(
+        id=task_id_for(key), name=f"{prefix}.ov", task_type=f"{FUNC}.record", payload=[n],
+        queue=queue, options={"queue": queue, "overlap": policy}, idempotency_key=key,
+        scheduled_at=at, expires_at=at + timedelta(seconds=30),
+    )  # fmt: skip
+
+
+def outcome(results: list[Any]) -> list[tuple[str, str | None]]:
+    return [(r.status, None if r.previous is None else r.previous.state) for r in results]
+
+
+async def test_overlap_reads_rqs_job_status(
+    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    p, queue = redis_prefix, f"{redis_prefix}-q"
+    first = overlap_task(p, 0, queue)
+    assert outcome(await target.enqueue([first], first.scheduled_at)) == [("enqueued", "none")]
+    prev = await redis_client.get(f"{p}:prev:{first.name}")
+    assert prev is not None and prev.startswith(first.id) and prev.endswith("|1")
+    job = f"{p}:job:{first.id}"
+    second = overlap_task(p, 1, queue)
+    now = second.scheduled_at
+    assert outcome(await target.enqueue([second], now)) == [("busy", "queued")]
+    for status, state in [("started", "running"), ("scheduled", "queued"), ("deferred", "queued")]:
+        await redis_client.hset(job, "status", status)
+        assert outcome(await target.enqueue([second], now)) == [("busy", state)]
+    await redis_client.hset(job, "status", "failed")  # done, without success: finished
+    assert outcome(await target.enqueue([second], now)) == [("enqueued", "finished")]
+    assert [r.status for r in await target.enqueue([second], now)] == ["duplicate"]
+    # A job RQ no longer holds (its hash expired after its result_ttl) is finished too.
+    third = overlap_task(p, 2, queue, "skip")
+    await redis_client.delete(f"{p}:job:{second.id}")
+    assert outcome(await target.enqueue([third], third.scheduled_at)) == [("enqueued", "finished")]
+    assert await redis_client.lrange(f"{p}:queue:{queue}", 0, -1) == [first.id, second.id, third.id]
+
+
+async def test_overlap_a_previous_key_of_another_type_fails_its_task_alone(
+    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    p, queue = redis_prefix, f"{redis_prefix}-q"
+    task = overlap_task(p, 0, queue)
+    other = make_task(p, "plain", [1], queue)
+    await redis_client.rpush(f"{p}:prev:{task.name}", "x")
+    # The read (MGET) answers nil for a list: the script's own check finds the type.
+    results = await target.enqueue([task, other], task.scheduled_at)
+    assert [r.status for r in results] == ["failed", "enqueued"]
+    assert "another Redis type" in (results[0].error or "")
+    assert await redis_client.exists(f"{p}:claim:{task.idempotency_key}", f"{p}:job:{task.id}") == 0
+
+
+async def test_overlap_concurrent_managers_never_both_find_a_schedule_free(
+    redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
+) -> None:
+    p, queue = redis_prefix, f"{redis_prefix}-q"
+    targets = [RqTarget.from_url(redis_url, prefix=p, key_prefix=p) for _ in range(6)]
+    tasks = [overlap_task(p, n, queue) for n in range(6)]
+    try:
+        replies = await asyncio.gather(
+            *(t.enqueue([tk], tk.scheduled_at) for t, tk in zip(targets, tasks, strict=True))
+        )
+    finally:
+        for t in targets:
+            await t.close()
+    assert sorted(r[0].status for r in replies) == ["busy"] * 5 + ["enqueued"]
+    assert await redis_client.llen(f"{p}:queue:{queue}") == 1
+
+
+async def test_overlap_skip_with_a_real_rq_worker(
+    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    p, queue = redis_prefix, f"{redis_prefix}-q"
+    t0, t1, t2 = (overlap_task(p, n, queue, "skip") for n in range(3))
+    assert outcome(await target.enqueue([t0], t0.scheduled_at)) == [("enqueued", "none")]
+    assert outcome(await target.enqueue([t1], t1.scheduled_at)) == [("busy", "queued")]
+    run_worker(p, queue, redis_url, tmp_path / "rq.log")  # runs t0: RQ marks it finished
+    assert await redis_client.hget(f"{p}:job:{t0.id}", "status") == "finished"
+    assert outcome(await target.enqueue([t2], t2.scheduled_at)) == [("enqueued", "finished")]
+    run_worker(p, queue, redis_url, tmp_path / "rq2.log")
+    got = [json.loads(line) for line in await redis_client.lrange(f"{p}:out", 0, -1)]
+    assert [(r["id"], r["args"]) for r in got] == [(t0.id, [0]), (t2.id, [2])]
