@@ -11,11 +11,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
-TargetName = Literal["redis", "outbox", "celery", "arq"]
+TargetName = Literal["redis", "outbox", "celery", "arq", "rq"]
 # The targets that can run with redis_cluster (the outbox needs no Redis).
 CLUSTER_TARGETS = ("redis", "outbox")
 # Targets that need an optional extra: target -> (module to import, extra to install).
-TARGET_EXTRAS = {"celery": ("celery", "celery"), "arq": ("arq", "arq")}
+TARGET_EXTRAS = {"celery": ("celery", "celery"), "arq": ("arq", "arq"), "rq": ("rq", "rq")}
 
 
 class Settings(BaseSettings):
@@ -42,6 +42,7 @@ class Settings(BaseSettings):
         True, description="write Celery messages to a Redis broker directly (false: always kombu)"
     )
     arq_redis_url: str | None = Field(None, description="Redis URL of the arq queues (default: redis_url)")
+    rq_redis_url: str | None = Field(None, description="Redis URL of the RQ queues (default: redis_url)")
     redis_group: str | None = Field(
         None,
         description="consumer group your Redis Streams workers read with (consume_redis.py --group): "

@@ -49,6 +49,10 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
 
         url = settings.arq_redis_url or settings.redis_url
         return ArqTarget.from_url(url, prefix=settings.stream_prefix)
+    if name == "rq":
+        from periodic_manager.targets.rq import RqTarget
+
+        return RqTarget.from_url(settings.rq_redis_url or settings.redis_url, prefix=settings.stream_prefix)
     if name == "outbox":
         from periodic_manager.targets.outbox import OutboxTarget
 

@@ -152,6 +152,8 @@ def describe_targets(settings: Settings) -> str:
             where += f", results {redact_url(backend)}" if backend else ""
         elif name == "arq":
             where = redact_url(settings.arq_redis_url or settings.redis_url)
+        elif name == "rq":
+            where = redact_url(settings.rq_redis_url or settings.redis_url)
         else:
             where = "table pm_outbox"
         parts.append(f"{name} ({where})")

@@ -25,7 +25,7 @@ SPEC_MAX = 200  # the periodic_jobs.spec column
 DEFAULT_QUEUE = "default"
 # Every target a schedule may name in ``options.target``; which of them a deployment runs is its
 # settings' business (see validate_target).
-TARGET_NAMES = ("redis", "outbox", "celery", "arq")
+TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq")
 # skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
 # latest missed slot within the catch-up window is enqueued once.
 MISFIRE_POLICIES = ("skip", "fire_once")
@@ -98,7 +98,8 @@ def _check_word(v: Any) -> None:
         raise ValueError("must be a string of 1-255 characters")
 
 
-# Keys of ``options.extra`` that targets read (targets/celery/message.py, targets/arq.py),
+# Keys of ``options.extra`` that targets read (targets/celery/message.py, targets/arq.py,
+# targets/rq.py),
 # checked like options so a bad value is refused when written instead of failing every enqueue.
 # Other keys pass through unchecked.
 EXTRA_CHECKS: dict[str, Callable[[Any], None]] = {

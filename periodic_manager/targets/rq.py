@@ -1,0 +1,342 @@
+"""RQ target: each slot becomes an RQ job, as ``Queue.enqueue_job`` would write it, claimed and
+written in one Redis script.
+
+Needs the ``rq`` extra (``pip install 'periodic-manager[rq]'``); rq is imported only when a
+target is built, so the core runs without it.
+
+- ``task_type`` -> the function's dotted path (``package.module.function``), imported by the
+  worker;
+- payload -> arguments, as for Celery and arq: a JSON object becomes keyword arguments, an array
+  positional arguments, ``null`` no arguments, any other value one positional argument;
+- the job id = the task id (uuid5 of the idempotency key: the same on every manager);
+- ``options.queue`` -> the RQ queue (``default`` without it); ``options.extra.expires`` (seconds
+  after the slot) -> the job's ``ttl`` (RQ discards a job still queued by then);
+- the job's ``meta``: ``scheduled_at`` (ISO 8601, UTC) and ``idempotency_key``.
+
+The job is built by rq itself (``Job.create``, serialized with rq's default serializer, the one a
+plain ``rq worker`` reads) with what ``Queue.enqueue_job`` sets (status ``queued``, origin,
+enqueued_at, RQ's default timeout); its key prefix is rq's (``RQ_KEY_PREFIX``, ``rq`` by default).
+
+Exactly once per slot: a script first claims the slot (``<prefix>:claim:<key>``, for
+``(expires_at - now) + margin``), refuses a job id RQ already holds (its hash: queued, running,
+or kept with its result), then writes the job hash, pushes its id on the queue's list and adds
+the queue to RQ's set of queues. Claim and job are one step: a lost reply, a retry or a second
+manager finds both or neither.
+
+``options.overlap`` skip and hold: the previous job of a schedule is finished when RQ's own job
+status says so (``finished``, ``failed``, ``stopped``, ``canceled``) or RQ no longer holds the
+job (its hash gone: done and expired, or never enqueued); ``started`` is running, any other status
+(queued, scheduled, deferred, waiting for a retry) queued. The same script then compares the
+schedule's previous-job key (:mod:`~periodic_manager.targets.redis.previous`) with what was read,
+so two managers never both start a job of one schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Previous, Task
+from periodic_manager.errors import TargetError
+from periodic_manager.targets.base import overlap_of, split_payload
+from periodic_manager.targets.redis import lua
+from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.errors import KeyTypeError, redis_errors
+from periodic_manager.targets.redis.flags import BUSY, NEW, SENT, WRONGTYPE, wrong_type
+from periodic_manager.targets.redis.previous import Decided, PreviousTasks
+from periodic_manager.targets.redis.sentinel import Sentinel
+
+# Claims each job's slot and enqueues the job (its arguments and flags are written at its top).
+CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "rq_claim_and_enqueue.lua")
+CHUNK = 500  # jobs per script call (each passes its hash's fields as arguments)
+# RQ's job statuses (rq.job.JobStatus) that mean the job finished, or is running; any other
+# status is queued (queued, scheduled, deferred, waiting for a retry, rate-limited, ...).
+DONE_STATUSES = frozenset({"finished", "failed", "stopped", "canceled"})
+RUNNING_STATUS = "started"
+
+
+def _import_rq() -> Any:
+    try:
+        import rq.job
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise TargetError("the rq target needs rq: pip install 'periodic-manager[rq]'") from exc
+    return rq.job
+
+
+def rq_meta(task: Task) -> dict[str, str]:
+    """The job's ``meta``: when the slot is, and its idempotency key."""
+    scheduled = task.scheduled_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return {"scheduled_at": scheduled, "idempotency_key": task.idempotency_key}
+
+
+def rq_ttl(task: Task, now: datetime) -> int | None:
+    """The job's ``ttl`` in seconds from ``options.extra.expires`` (None: none; ValueError if
+    bad): what is left at ``now`` of ``expires`` seconds after the slot, at least 1."""
+    extra = task.options.get("extra") or {}
+    expires = extra.get("expires") if isinstance(extra, dict) else None
+    if expires is None:
+        return None
+    if isinstance(expires, bool) or not isinstance(expires, int | float):
+        raise ValueError("options.extra.expires must be a number of seconds")
+    if not math.isfinite(expires) or expires <= 0:
+        raise ValueError("options.extra.expires must be > 0")
+    left = task.scheduled_at.astimezone(UTC).timestamp() + expires - now.timestamp()
+    return max(1, math.ceil(left))
+
+
+def _field(value: object) -> bytes | str:
+    """A value of ``Job.to_dict()`` as Redis stores it (what redis-py's HSET would send)."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, Enum):
+        return str(value.value)
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RqJob:
+    """One job as RQ's ``Queue.enqueue_job`` would write it."""
+
+    queue: str
+    fields: list[bytes | str]  # the job hash: field, value, field, value, ...
+    ttl: int  # seconds; -1: none
+
+
+class RqTarget:
+    """Enqueues tasks as RQ jobs, once per idempotency key.
+
+    ``client``: a ``redis.asyncio.Redis`` on RQ's Redis (the claims live there too).
+    ``key_prefix``: RQ's key prefix (default: rq's own, ``RQ_KEY_PREFIX`` or ``rq``); the workers
+    must use the same. At most ``concurrency`` script calls run at once, each bounded by
+    ``timeout`` seconds.
+    """
+
+    name = "rq"
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = "pm",
+        key_prefix: str | None = None,
+        claim_margin: float = 60.0,
+        timeout: float = 5.0,
+        concurrency: int = 8,
+    ) -> None:
+        if timeout <= 0 or concurrency < 1:
+            raise ValueError("timeout must be > 0 and concurrency >= 1")
+        rq_job = _import_rq()
+        import redis
+        from rq.defaults import RQ_KEY_PREFIX
+
+        self.client = client
+        self.claims = RedisClaims(client, prefix=prefix, margin=claim_margin)
+        # A job written as the previous one counts as queued this long before RQ must know it.
+        self.previous = PreviousTasks(self.claims, self._states, publish_window_s=2 * timeout)
+        self.timeout = timeout
+        self.concurrency = concurrency
+        self.sentinel = Sentinel(client, f"{prefix}:sentinel", timeout=timeout)
+        base = key_prefix or RQ_KEY_PREFIX
+        self.job_prefix = f"{base}:job:"
+        self.queue_prefix = f"{base}:queue:"
+        self.queues_key = f"{base}:queues"
+        self._job_class = rq_job.Job
+        self._status = rq_job.JobStatus.QUEUED
+        # rq's Job wants a (synchronous) connection; it is never used: the script writes.
+        self._placeholder = redis.Redis()
+        self._script = client.register_script(CLAIM_AND_ENQUEUE)
+        self._owns_client = False
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout: float = 5.0, concurrency: int = 8, **kwargs: Any
+    ) -> RqTarget:
+        """A target with its own client on ``url`` (closed by :meth:`close`); no I/O until used."""
+        _import_rq()
+        import redis.asyncio as aioredis
+
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=concurrency + 1,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
+        target = cls(
+            aioredis.Redis(connection_pool=pool), timeout=timeout, concurrency=concurrency, **kwargs
+        )
+        target._owns_client = True
+        return target
+
+    def job(self, task: Task, now: datetime) -> RqJob:
+        """The job RQ's ``Queue.enqueue_job`` would write for ``task`` at ``now`` (ValueError if
+        the task cannot be one)."""
+        module, dot, function = task.task_type.rpartition(".")
+        if not dot or not module or not function:
+            raise ValueError(f"task_type {task.task_type!r} is not a dotted path 'module.function'")
+        args, kwargs = split_payload(task.payload)
+        ttl = rq_ttl(task, now)
+        job = self._job_class.create(
+            task.task_type, args=args, kwargs=kwargs, connection=self._placeholder, id=task.id,
+            origin=task.queue, meta=rq_meta(task), status=self._status, ttl=ttl,
+            timeout=self._default_timeout(),
+        )  # fmt: skip
+        job.created_at = job.enqueued_at = now.astimezone(UTC)
+        try:
+            mapping = job.to_dict()
+        except Exception as exc:  # the serializer's failure, whatever its type
+            raise ValueError(f"cannot serialize the call: {exc}") from None
+        fields: list[bytes | str] = []
+        for key, value in mapping.items():
+            if value is not None:
+                fields += [key, _field(value)]
+        return RqJob(task.queue, fields, -1 if ttl is None else ttl)
+
+    @staticmethod
+    def _default_timeout() -> int:
+        from rq.queue import Queue
+
+        return int(Queue.DEFAULT_TIMEOUT)
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        """Claim and enqueue every task's job, one script per queue and chunk; report each task
+        in input order. Raises TargetError when Redis fails (what a script wrote stays, and a
+        retry finds it claimed)."""
+        if not tasks:
+            return []
+        results: list[EnqueueResult | None] = [None] * len(tasks)
+        jobs: dict[int, RqJob] = {}
+        for index, task in enumerate(tasks):
+            try:
+                jobs[index] = self.job(task, now)
+            except (TypeError, ValueError) as exc:
+                results[index] = EnqueueResult(task, "failed", error=f"rq: {exc}")
+        send = [i for i in jobs if overlap_of(tasks[i]) == "allow"]
+        after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
+        decided: Decided | None = None
+        if after:  # options.overlap: written only where the previous job finished
+            with redis_errors("rq: previous jobs", self.timeout):
+                async with asyncio.timeout(self.timeout):
+                    decided = await self.previous.read(tasks, after, now, flag="1")
+            for index, result in decided.results.items():
+                results[index] = result
+            send += decided.free
+        flags = await self._write(tasks, jobs, send, decided, now)
+        for index, flag in flags.items():
+            task = tasks[index]
+            if flag == NEW:
+                results[index] = EnqueueResult(task, "enqueued", task.id)
+            elif flag == SENT:
+                results[index] = EnqueueResult(task, "duplicate", task.id)
+            elif flag == BUSY:  # another manager sent a job of this schedule since it was read
+                results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
+            elif flag == WRONGTYPE:
+                assert decided is not None  # only the previous-job key may be of another type
+                error = wrong_type("rq", decided.written[index][0])
+                results[index] = EnqueueResult(task, "failed", error=error)
+            else:  # the error text of a call refused whole (KeyTypeError)
+                results[index] = EnqueueResult(task, "failed", error=str(flag))
+            if decided is not None and flag == NEW and index in decided.previous:
+                results[index].previous = decided.previous[index]  # type: ignore[union-attr]
+        return [r for r in results if r is not None]
+
+    async def _write(
+        self,
+        tasks: Sequence[Task],
+        jobs: dict[int, RqJob],
+        indices: list[int],
+        decided: Decided | None,
+        now: datetime,
+    ) -> dict[int, int | str]:
+        """Run the script for ``indices``, grouped by queue in chunks of CHUNK, at most
+        ``concurrency`` calls at once. Flags by index (redis/flags.py); a queue whose key (or
+        RQ's set of queues) holds another type fails the tasks of its calls alone (flag: the
+        error text, the script wrote nothing). Raises TargetError for any other failure."""
+        by_queue: dict[str, list[int]] = {}
+        for index in indices:
+            by_queue.setdefault(jobs[index].queue, []).append(index)
+        calls = [
+            (queue, part[start : start + CHUNK])
+            for queue, part in by_queue.items()
+            for start in range(0, len(part), CHUNK)
+        ]
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(queue: str, part: list[int]) -> list[int | str]:
+            rows: list[list[Any]] = []
+            fields: list[bytes | str] = []
+            for index in part:
+                task, job = tasks[index], jobs[index]
+                row: list[Any] = [
+                    task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.ttl,
+                    len(job.fields),
+                ]  # fmt: skip
+                if decided is not None and index in decided.written:
+                    row += list(decided.written[index])
+                rows.append(row)
+                fields += job.fields
+            args = [
+                self.claims.key(""),
+                self.job_prefix,
+                self.queues_key,
+                json.dumps(rows),
+                *fields,
+            ]
+            async with gate:
+                try:
+                    with redis_errors("rq: redis", self.timeout):
+                        async with asyncio.timeout(self.timeout):
+                            reply = await self._script(keys=[self.queue_prefix + queue], args=args)
+                except KeyTypeError as exc:  # the queue's key is unusable: its tasks fail alone
+                    return [str(exc)] * len(part)
+            return [int(f) for f in reply]
+
+        replies = await asyncio.gather(*(one(q, part) for q, part in calls))
+        return {
+            index: flag
+            for (_, part), reply in zip(calls, replies, strict=True)
+            for index, flag in zip(part, reply, strict=True)
+        }
+
+    async def _states(self, job_ids: Sequence[str]) -> list[str]:
+        """RQ's status of each job (see the module docstring): running, queued or finished."""
+        with redis_errors("rq: job status"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hget(self.job_prefix + job_id, "status")
+                replies = await pipe.execute()
+        states = []
+        for reply in replies:
+            status = lua.text(reply)
+            if not status or status in DONE_STATUSES:
+                states.append(FINISHED)
+            elif status == RUNNING_STATUS:
+                states.append(RUNNING)
+            else:
+                states.append(QUEUED)
+        return states
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """RQ's own job status tells when a job finished (see the module docstring)."""
+        return None
+
+    async def ping(self) -> None:
+        """Raise unless RQ's Redis answers within ``timeout`` (a readiness check)."""
+        async with asyncio.timeout(self.timeout):
+            await self.claims.ping()
+
+    async def forgotten(self) -> list[str]:
+        """``["rq"]`` when RQ's Redis lost its data since the previous call."""
+        return [self.name] if await self.sentinel.lost() else []
+
+    async def close(self) -> None:
+        """Close the client if this target created it (:meth:`from_url`)."""
+        if self._owns_client:
+            await self.client.aclose()
+            await self.client.connection_pool.disconnect()
