@@ -50,7 +50,8 @@ Anchor = Annotated[
 PAYLOAD_DOC = "any JSON value handed to the task"
 OPTIONS_DOC = (
     "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
-    "(allow, skip, hold), overlap_timeout, extra"
+    "(allow, skip, hold), overlap_timeout, extra, start_at, end_at (ISO 8601 instants with "
+    "offset: no slot before start_at nor at or after end_at)"
 )
 
 
