@@ -150,7 +150,13 @@ class Schedule(BaseModel):
 
 class ScheduleWithRuns(Schedule):
     next_runs: list[datetime] = Field(
-        description="the next 3 slots (UTC); empty when disabled or when the row is unusable"
+        description="the next 3 slots (UTC) within options.start_at and options.end_at; empty "
+        "when disabled, ended or when the row is unusable"
+    )
+    status: Literal["active", "paused", "error", "ended"] = Field(
+        "active",
+        description="`paused`: enabled is false; `error`: the row is unusable; `ended`: "
+        "options.end_at has passed, no slot is left; else `active`",
     )
 
 
