@@ -15,8 +15,8 @@ from zoneinfo import ZoneInfo
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import slot_text
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules.definition import slot_text
 from periodic_manager.schedules.rules import checked_options, validate_schedule
 from periodic_manager.settings import Settings
 
