@@ -153,10 +153,11 @@ def status_of(v: dbview.RowView, now: datetime) -> Status:
     if v.config is None or v.enabled is not True:
         return "error"
     try:
-        if slot_bounds.is_over(slot_bounds.bounds_of(v.config.options), now):
-            return "ended"
+        bounds = slot_bounds.bounds_of(v.config.options)
     except ValueError:
         return "error"
+    if bounds.end_at is not None and not slot_bounds.slots(v.config.schedule, now, 1, bounds):
+        return "ended"  # as the engine: the entry has no next slot
     return "active"
 
 

@@ -156,7 +156,7 @@ class ScheduleWithRuns(Schedule):
     status: Literal["active", "paused", "error", "ended"] = Field(
         "active",
         description="`paused`: enabled is false; `error`: the row is unusable; `ended`: "
-        "options.end_at has passed, no slot is left; else `active`",
+        "no slot is left before options.end_at; else `active`",
     )
 
 
@@ -222,7 +222,11 @@ class EntryOut(BaseModel):
     schedule_key: str
     name: str | None
     hash: str = Field(description="content hash of the schedule the entry was built from")
-    status: str = Field(examples=["active", "error"])
+    status: str = Field(
+        description="`active`, `error` (row rejected) or `ended` (active, no slot left before "
+        "options.end_at)",
+        examples=["active", "error", "ended"],
+    )
     spec: str | None
     timezone: str | None
     task_type: str | None

@@ -96,11 +96,6 @@ def ended(slot: datetime, bounds: Bounds) -> bool:
     return bounds.end_at is not None and slot >= bounds.end_at
 
 
-def is_over(bounds: Bounds, now: datetime) -> bool:
-    """Whether the schedule has ended at ``now``: ``end_at`` is set and not after ``now``."""
-    return bounds.end_at is not None and bounds.end_at <= now
-
-
 def bounded_next(schedule: cron.Schedule, after: datetime, bounds: Bounds) -> datetime | None:
     """The first slot strictly after ``after`` within ``bounds``, or None (ended). Raises what
     ``schedule.next_after`` raises (no slot before year 10000)."""
