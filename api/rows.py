@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 
@@ -20,6 +20,7 @@ from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection, on_sqlite
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -32,6 +33,7 @@ from .schemas import Schedule, ScheduleError, ScheduleWithRuns
 from .state import state_of
 
 NEXT_RUNS = 3
+Status = Literal["active", "paused", "error", "ended"]
 # Errors a stored row (possibly written with SQL) can raise while its slots are computed.
 SLOT_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError, StopIteration)
 # Fields of a row as the API writes them (the id and timestamps aside).
@@ -95,7 +97,8 @@ def validate_row(
             DEFAULT_MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes
         ),
     )
-    if not next_runs(cfg, now, 1):
+    # The spec itself must fire; a schedule whose options.end_at has passed is valid (ended).
+    if not slot_bounds.slots(cfg.schedule, now, 1, slot_bounds.NO_BOUNDS):
         raise ConfigError("spec", "has no fire time after now")
     return cfg
 
@@ -133,11 +136,29 @@ def merge_base(v: dbview.RowView) -> dict[str, Any]:
 
 
 def next_runs(config: PeriodicTaskConfig, now: datetime, n: int = NEXT_RUNS) -> list[datetime]:
-    """The next ``n`` slots after ``now`` in UTC, or ``[]`` if they cannot be computed."""
+    """The next ``n`` slots after ``now`` in UTC within the schedule's bounds (options.start_at,
+    options.end_at), fewer when it ends, ``[]`` if they cannot be computed. The engine's slots:
+    :func:`periodic_manager.schedules.bounds.slots`, shared with every preview."""
     try:
-        return [t.astimezone(UTC) for t in config.schedule.next_fires(now, n)]
+        return slot_bounds.slots(config.schedule, now, n, slot_bounds.bounds_of(config.options))
     except SLOT_ERRORS:
         return []
+
+
+def status_of(v: dbview.RowView, now: datetime) -> Status:
+    """The schedule's state as its row says: ``paused`` (enabled false), ``error`` (unusable
+    row), ``ended`` (options.end_at not after now: no slot is left) or ``active``."""
+    if v.enabled is False:
+        return "paused"
+    if v.config is None or v.enabled is not True:
+        return "error"
+    try:
+        bounds = slot_bounds.bounds_of(v.config.options)
+    except ValueError:
+        return "error"
+    if bounds.end_at is not None and not slot_bounds.slots(v.config.schedule, now, 1, bounds):
+        return "ended"  # as the engine: the entry has no next slot
+    return "active"
 
 
 def next_slot(
@@ -196,4 +217,4 @@ def to_schedule(v: dbview.RowView) -> Schedule:
 
 def to_schedule_with_runs(v: dbview.RowView, now: datetime) -> ScheduleWithRuns:
     runs = next_runs(v.config, now) if v.enabled is True and v.config is not None else []
-    return ScheduleWithRuns(**schedule_body(v), next_runs=runs)
+    return ScheduleWithRuns(**schedule_body(v), next_runs=runs, status=status_of(v, now))

@@ -50,7 +50,8 @@ Anchor = Annotated[
 PAYLOAD_DOC = "any JSON value handed to the task"
 OPTIONS_DOC = (
     "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
-    "(allow, skip, hold), overlap_timeout, extra"
+    "(allow, skip, hold), overlap_timeout, extra, start_at, end_at (ISO 8601 instants with "
+    "offset: no slot before start_at nor at or after end_at)"
 )
 
 
@@ -149,7 +150,13 @@ class Schedule(BaseModel):
 
 class ScheduleWithRuns(Schedule):
     next_runs: list[datetime] = Field(
-        description="the next 3 slots (UTC); empty when disabled or when the row is unusable"
+        description="the next 3 slots (UTC) within options.start_at and options.end_at; empty "
+        "when disabled, ended or when the row is unusable"
+    )
+    status: Literal["active", "paused", "error", "ended"] = Field(
+        "active",
+        description="`paused`: enabled is false; `error`: the row is unusable; `ended`: "
+        "no slot is left before options.end_at; else `active`",
     )
 
 
@@ -215,7 +222,11 @@ class EntryOut(BaseModel):
     schedule_key: str
     name: str | None
     hash: str = Field(description="content hash of the schedule the entry was built from")
-    status: str = Field(examples=["active", "error"])
+    status: str = Field(
+        description="`active`, `error` (row rejected) or `ended` (active, no slot left before "
+        "options.end_at)",
+        examples=["active", "error", "ended"],
+    )
     spec: str | None
     timezone: str | None
     task_type: str | None

@@ -6,15 +6,18 @@ import re
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from periodic_manager.contracts import EntryRecord
-from periodic_manager.db import store_reads
+from periodic_manager.db import schedule_reader, store_reads
+from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
+from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules.definition import content_hash
 from periodic_manager.settings import Settings
 
 from ..deps import get_conn, get_now, get_settings
-from ..rows import next_slot
+from ..rows import next_slot, rules
 from ..runtime import live_cutoff
 from ..schemas import EntryList, EntryOut, PreviousTask
 
@@ -22,22 +25,33 @@ router = APIRouter(tags=["entries"])
 DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(): that accepts non-ASCII digits
 
 
-def _entry(live: store_reads.LiveEntry, now: datetime) -> EntryOut:
+def _entry(
+    live: store_reads.LiveEntry, now: datetime, bounds: slot_bounds.Bounds = slot_bounds.NO_BOUNDS
+) -> EntryOut:
+    """``bounds``: options.start_at and options.end_at of the version the entry runs (entry
+    records do not carry options; see :func:`_bounds`). An active entry past its end_at shows
+    status ``ended`` and no next slot, as the manager holds it."""
     entry, manager, state = live.entry, live.manager, live.state
     key = entry.schedule_key
     active = entry.status == "active"
+    nxt = next_slot(entry.spec, entry.timezone, entry.anchor, now) if active else None
+    status = entry.status
+    if active and bounds is not slot_bounds.NO_BOUNDS:
+        nxt = next_slot(entry.spec, entry.timezone, entry.anchor, slot_bounds.floor_of(now, bounds))
+        if nxt is None or slot_bounds.ended(nxt, bounds):
+            nxt, status = None, "ended"  # no slot left before options.end_at
     return EntryOut(
         entry_id=entry.entry_id,
         schedule_id=int(key) if DIGITS.fullmatch(key) else None,
         schedule_key=key,
         name=entry.name,
         hash=entry.content_hash,
-        status=entry.status,
+        status=status,
         spec=entry.spec,
         timezone=entry.timezone,
         task_type=entry.task_type,
         queue=entry.queue,
-        next_slot=next_slot(entry.spec, entry.timezone, entry.anchor, now) if active else None,
+        next_slot=nxt,
         previous_slot=state.last_slot_at if state is not None else None,
         last_error=entry.last_error or (state.last_error if state is not None else None),
         manager_id=manager.info.manager_id,
@@ -59,6 +73,7 @@ def previous_task(entry: EntryRecord) -> PreviousTask | None:
 
 @router.get("/entries", response_model=EntryList, summary="Entries registered by live managers")
 async def list_entries(
+    request: Request,
     conn: Annotated[Connection, Depends(get_conn)],
     now: Annotated[datetime, Depends(get_now)],
     settings: Annotated[Settings, Depends(get_settings)],
@@ -67,4 +82,29 @@ async def list_entries(
     cutoff = live_cutoff(now, settings.heartbeat_interval)
     key = str(schedule_id) if schedule_id is not None else None
     live = await store_reads.live_entries(conn, cutoff, key)
-    return EntryList(items=[_entry(e, now) for e in live])
+    found = await _bounds(request, conn, live)
+    return EntryList(
+        items=[_entry(e, now, found.get(e.entry.content_hash, slot_bounds.NO_BOUNDS)) for e in live]
+    )
+
+
+async def _bounds(
+    request: Request, conn: Connection, live: list[store_reads.LiveEntry]
+) -> dict[str, slot_bounds.Bounds]:
+    """The bounds of the rows behind the active entries, by content hash (the version an entry
+    runs: a row changed since, or a last-good version, has another hash and no bounds here)."""
+    ids = sorted(
+        {int(e.entry.schedule_key) for e in live
+         if e.entry.status == "active" and DIGITS.fullmatch(e.entry.schedule_key)}
+    )  # fmt: skip
+    if not ids:
+        return {}
+    judged = rules(request, conn)
+    out: dict[str, slot_bounds.Bounds] = {}
+    for raw in await schedule_reader.rows_of(conn, ids):
+        config = dbview.view(judged, raw).config
+        if config is not None and config.options:
+            bounds = slot_bounds.bounds_of(config.options)
+            if bounds is not slot_bounds.NO_BOUNDS:
+                out[content_hash(config)] = bounds
+    return out

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from periodic_manager.db import schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
+from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.settings import Settings
 
 from ..auth import bearer_token
@@ -140,11 +141,13 @@ async def schedule_slots(
     v = row.values
     error: str | None = None
     views: list[SlotView] = []
+    bounds = slot_bounds.NO_BOUNDS
     try:
-        if not row.usable:
+        if not row.usable or row.config is None:
             field, reason = row.errors[0]
             raise ValueError(f"{field}: {reason}")
-        for slot in marked_slots(v["spec"], v["timezone"], v["anchor"], now, n):
+        bounds = slot_bounds.bounds_of(row.config.options)
+        for slot in marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds):
             views.append(
                 SlotView(
                     at=slot.at,
@@ -162,6 +165,8 @@ async def schedule_slots(
         timezone=str(v["timezone"] or ""),
         description=listing.describe_spec(v["spec"]) if isinstance(v["spec"], str) else None,
         enabled=row.enabled is True,
+        start_at=bounds.start_at,
+        end_at=bounds.end_at,
         slots=views,
         error=error,
     )

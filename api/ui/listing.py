@@ -22,6 +22,7 @@ from periodic_manager.db import history, schedule_reader, store_reads
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
+from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules.describe import describe
 from periodic_manager.schedules.rules import DEFAULT_QUEUE
 
@@ -40,8 +41,25 @@ class NextSlots:
     def __init__(self) -> None:
         self._known: dict[tuple[Any, Any, Any], tuple[datetime, datetime | str]] = {}
 
-    def get(self, spec: Any, tz: Any, anchor: datetime | None, now: datetime) -> datetime | str:
-        """The next slot after ``now`` (UTC), or the reason it cannot be computed."""
+    def get(
+        self,
+        spec: Any,
+        tz: Any,
+        anchor: datetime | None,
+        now: datetime,
+        bounds: slot_bounds.Bounds = slot_bounds.NO_BOUNDS,
+    ) -> datetime | str | None:
+        """The next slot after ``now`` (UTC) within ``bounds`` (a row's options.start_at and
+        options.end_at, applied outside the memo, which is shared by every row of the triple),
+        None when the schedule has ended, or the reason it cannot be computed."""
+        if bounds is not slot_bounds.NO_BOUNDS:
+            slot = self._get(spec, tz, anchor, slot_bounds.floor_of(now, bounds))
+            if isinstance(slot, datetime) and slot_bounds.ended(slot, bounds):
+                return None
+            return slot
+        return self._get(spec, tz, anchor, now)
+
+    def _get(self, spec: Any, tz: Any, anchor: datetime | None, now: datetime) -> datetime | str:
         key = (spec, tz, anchor)
         known = self._known.get(key)
         if known is not None:
@@ -124,10 +142,15 @@ async def page_rows(
             f"{row.errors[0][0]}: {row.errors[0][1]}" if row.errors else None
         )
         nxt: LocalTime | None = None
-        if row.enabled and row.usable:
-            slot = slots.get(v["spec"], v["timezone"], v["anchor"], now)
+        status = "paused" if row.enabled is False else "active" if row.usable else "error"
+        if row.enabled and row.usable and row.config is not None:
+            bounds = slot_bounds.bounds_of(row.config.options)
+            slot = slots.get(v["spec"], v["timezone"], v["anchor"], now, bounds)
             if isinstance(slot, str):
                 error = error or slot
+                status = "error"
+            elif slot is None:
+                status = "ended"
             else:
                 nxt = local_time(slot, v["timezone"])
         out.append(
@@ -141,6 +164,7 @@ async def page_rows(
                 queue=queue_of(v["options"]) if row.usable else None,
                 enabled=row.enabled,
                 next=nxt,
+                status=status,
                 last_run=last.get(key),
                 error=error,
             )

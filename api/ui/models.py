@@ -37,7 +37,16 @@ class ScheduleRowView(BaseModel):
     enabled: bool | None = Field(
         description="null when the stored value is neither true nor false (a row error)"
     )
-    next: LocalTime | None = Field(description="the next slot; null when paused or unusable")
+    next: LocalTime | None = Field(
+        description="the next slot (within options.start_at and options.end_at); null when "
+        "paused, ended or unusable"
+    )
+    status: str = Field(
+        "active",
+        description="`active`, `paused`, `error` (unusable row) or `ended` (no slot left before "
+        "options.end_at)",
+        examples=["active", "ended"],
+    )
     last_run: LastRun | None
     error: str | None = Field(
         description="why a live manager rejected the row, or why its slots cannot be computed"
@@ -69,6 +78,8 @@ class SlotList(BaseModel):
     timezone: str
     description: str | None
     enabled: bool
+    start_at: datetime | None = Field(None, description="options.start_at: no slot before it")
+    end_at: datetime | None = Field(None, description="options.end_at: no slot at or after it")
     slots: list[SlotView]
     error: str | None = Field(description="why no slots can be computed (unusable stored row)")
 

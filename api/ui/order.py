@@ -37,6 +37,7 @@ from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import Connection
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules.bounds import NO_BOUNDS, Bounds, bounds_of
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 from .listing import NextSlots
@@ -54,7 +55,10 @@ def _row(judge: dbjudge.RowJudge, raw: Any) -> Row:
     value the driver cannot convert would fail the whole read."""
     verdict = judge(raw)
     if isinstance(verdict, PeriodicTaskConfig):
-        return Row(verdict.name, ENABLED, verdict.spec, verdict.timezone, verdict.anchor)
+        return Row(
+            verdict.name, ENABLED, verdict.spec, verdict.timezone, verdict.anchor,
+            bounds_of(verdict.options),
+        )  # fmt: skip
     if isinstance(verdict, RowError):
         return Row(verdict.name or "", UNUSABLE)
     try:  # paused: only its name is needed, for the order among paused rows
@@ -71,6 +75,7 @@ class Row:
     spec: str | None = None
     timezone: str | None = None
     anchor: datetime | None = None
+    bounds: Bounds = NO_BOUNDS
 
 
 class NextSlotOrder:
@@ -96,9 +101,11 @@ class NextSlotOrder:
     def _key(self, row_id: int, row: Row, now: datetime) -> Key:
         if row.group != ENABLED:
             return (row.group, NEVER, row.name, row_id)
-        slot = self._slots.get(row.spec, row.timezone, row.anchor, now)
+        slot = self._slots.get(row.spec, row.timezone, row.anchor, now, row.bounds)
         if isinstance(slot, str):  # no next slot (past year 9999): unusable, as the list says
             return (UNUSABLE, NEVER, row.name, row_id)
+        if slot is None:  # past options.end_at: after the unusable rows, with the paused ones
+            return (PAUSED, NEVER, row.name, row_id)
         return (ENABLED, slot, row.name, row_id)
 
     async def _catch_up(self, conn: Connection, now: datetime, judge: dbjudge.RowJudge) -> None:

@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 
 from periodic_manager import cron
 from periodic_manager.cron.parser import CronSpec, parse_spec
+from periodic_manager.schedules import bounds as slot_bounds
 
 # The largest offset change of any zone's transition is under a day (Apia 2011: 24 h).
 MAX_GAP = timedelta(days=1)
@@ -46,22 +47,24 @@ def offset_text(offset: timedelta | None) -> str:
 
 
 def marked_slots(
-    spec: str, timezone: str, anchor: datetime | None, after: datetime, n: int
+    spec: str,
+    timezone: str,
+    anchor: datetime | None,
+    after: datetime,
+    n: int,
+    bounds: slot_bounds.Bounds = slot_bounds.NO_BOUNDS,
 ) -> list[MarkedSlot]:
-    """The first ``n`` slots strictly after ``after``, marked. Raises CronError (a ValueError)
-    for an invalid spec or zone; stops early where the engine finds no more slots."""
+    """The first ``n`` slots strictly after ``after`` within ``bounds`` (options.start_at and
+    options.end_at), marked: :func:`periodic_manager.schedules.bounds.slots`, as the engine and
+    every other preview. Raises CronError (a ValueError) for an invalid spec or zone; stops
+    early where the schedule ends or the engine finds no more slots."""
     schedule = cron.parse(spec, tz=timezone, anchor=anchor)
     parsed = parse_spec(spec)
     fixed = parsed if isinstance(parsed, CronSpec) and parsed.fixed_hour else None
     zone = ZoneInfo(timezone)
     previous = after.astimezone(zone).utcoffset()
     out: list[MarkedSlot] = []
-    at = after
-    for _ in range(n):
-        try:
-            at = schedule.next_after(at)
-        except (ValueError, OverflowError, ArithmeticError):  # nothing before year 10000
-            break
+    for at in slot_bounds.slots(schedule, after, n, bounds):
         slot = _mark(at.astimezone(UTC), zone, previous, fixed)
         previous = slot.local.utcoffset()
         out.append(slot)

@@ -15,8 +15,9 @@ from zoneinfo import ZoneInfo
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules.definition import slot_text
-from periodic_manager.schedules.rules import validate_schedule
+from periodic_manager.schedules.rules import checked_options, validate_schedule
 from periodic_manager.settings import Settings
 
 PROG = "periodic-manager"
@@ -29,7 +30,8 @@ def _fail(message: str, status: int = 2) -> int:
 
 
 def print_next(args: argparse.Namespace) -> int:
-    """``next SPEC [--tz ZONE] [-n N]``: one line per slot, ``<UTC>  <local with offset> <abbr>``."""
+    """``next SPEC [--tz ZONE] [-n N] [--start-at T] [--end-at T]``: one line per slot,
+    ``<UTC>  <local with offset> <abbr>``; within options.start_at/end_at as the engine sends."""
     from periodic_manager.schedules.describe import describe
 
     if not 1 <= args.n <= 10_000:
@@ -45,17 +47,23 @@ def print_next(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         where = {"timezone": "--tz", "anchor": "--anchor"}.get(exc.field, exc.field)
         return _fail(f"{where}: {exc.reason}")
+    window = {
+        key: value
+        for key, value in (("start_at", args.start_at), ("end_at", args.end_at))
+        if value is not None
+    }
+    try:  # the option checks of the row, so the CLI accepts what a schedule may hold
+        options, _ = checked_options(window, slot_bounds.MAX_TEXT * 4)
+    except ConfigError as exc:
+        where = exc.field.replace("options.", "--").replace("_", "-")
+        return _fail(f"{where}: {exc.reason}")
     zone = ZoneInfo(args.tz)
     if args.describe:
         print(f"# {describe(args.spec) or '(no description for this expression)'}")
-    after = SystemClock().now()
-    for _ in range(args.n):
-        try:
-            after = schedule.next_after(after)
-        except (OverflowError, ValueError):
-            break
-        local = after.astimezone(zone)
-        print(f"{slot_text(after)}  {local.isoformat()} {local.tzname()}")
+    now = SystemClock().now()
+    for slot in slot_bounds.slots(schedule, now, args.n, slot_bounds.bounds_of(options)):
+        local = slot.astimezone(zone)
+        print(f"{slot_text(slot)}  {local.isoformat()} {local.tzname()}")
     return 0
 
 

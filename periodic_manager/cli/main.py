@@ -85,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", help="IANA zone (default UTC)")
     nxt.add_argument("-n", type=int, default=5, help="how many slots (default 5)")
     nxt.add_argument("--anchor", default=None, help="phase of @every (ISO 8601 with offset)")
+    nxt.add_argument(
+        "--start-at", default=None, help="options.start_at: no slot before it (ISO 8601 with offset)"
+    )
+    nxt.add_argument(
+        "--end-at", default=None, help="options.end_at: no slot at or after it (ISO 8601 with offset)"
+    )
     nxt.add_argument("--describe", action="store_true", help="first print a description")
     imp = subs["import"]
     imp.add_argument("file", help="JSON, YAML or TOML list of schedules ('-' reads stdin)")

@@ -16,6 +16,7 @@ from periodic_manager.contracts import RuntimeStore, StateRecord
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
+from periodic_manager.schedules.bounds import bounds_of, floor_of
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,13 @@ def _missed(
     floor = lookback_floor(entry.config, now)
     if floor is not None and floor > earliest:
         earliest = floor  # never a slot from before the schedule (or its timing) existed
+    bounds = bounds_of(entry.options)
+    earliest = floor_of(earliest, bounds)  # never a slot before options.start_at
+    top = now  # nor one at or after options.end_at
+    if bounds.end_at is not None and bounds.end_at <= now:
+        top = bounds.end_at - _TICK
     try:
-        slot = latest_slot(entry, now, earliest)
+        slot = latest_slot(entry, top, earliest)
     except (OverflowError, ValueError) as exc:
         log.error("catch-up of %s skipped: %s", entry.config.name, exc)
         return None

@@ -20,6 +20,7 @@ from periodic_manager.cron import Schedule
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor, same_slots
 from periodic_manager.engine.timetable import Timetable
 from periodic_manager.pacing import in_turns
+from periodic_manager.schedules.bounds import NO_BOUNDS, bounds_of, ended, floor_of
 from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,10 @@ class Entries:
         else:
             entry.next_slot = self.next_after(entry, max(now, last) if last is not None else now)
             pending = old.next_slot if old is not None else None
-            if pending is not None and pending <= now and (last is None or pending > last):
+            if (
+                pending is not None and pending <= now and (last is None or pending > last)
+                and _within(pending, entry)
+            ):
                 entry.next_slot = pending  # due under the old version: carried, not dropped
         if old is not None:
             old.kill()
@@ -111,9 +115,16 @@ class Entries:
         Memoised per schedule (shared by every row with the same spec, zone and anchor): a slot
         found after ``t`` is also the first after any instant in ``[t, slot)``, so a burst that
         advances its entries from one slot, or a sync registering a million rows over several
-        seconds, computes each distinct schedule's next slot about once."""
+        seconds, computes each distinct schedule's next slot about once.
+
+        The entry's bounds (``options.start_at``, ``options.end_at``) are its own, not its
+        schedule's: they are applied outside the memo. No slot before ``start_at``; none at or
+        after ``end_at``: the entry has no next slot then and stops quietly (no error)."""
         if entry.after is not None and entry.after > after:
             after = entry.after
+        bounds = bounds_of(entry.options) if entry.options else NO_BOUNDS
+        if bounds is not NO_BOUNDS:
+            after = floor_of(after, bounds)
         schedule = entry.schedule
         memo = self._memo.get(schedule)
         slot: datetime | str
@@ -128,6 +139,8 @@ class Entries:
                 self._memo.clear()
             self._memo[schedule] = (after, slot)
         if isinstance(slot, datetime):
+            if bounds is not NO_BOUNDS and ended(slot, bounds):
+                return None  # past options.end_at: the entry ends, it does not fail
             return slot
         entry.last_error = slot
         log.error("schedule %s stops: %s", entry.name, slot, extra={"schedule": entry.name})
@@ -178,6 +191,14 @@ class Entries:
     def _change(self) -> None:
         self.changes += 1
         self._changed()
+
+
+def _within(slot: datetime, entry: ScheduledEntry) -> bool:
+    """Whether ``slot`` is within the entry's bounds (options.start_at, options.end_at)."""
+    if not entry.options:
+        return True
+    bounds = bounds_of(entry.options)
+    return floor_of(slot, bounds) == slot and not ended(slot, bounds)
 
 
 def window_of(config: PeriodicTaskConfig, grace: timedelta, catchup_window: timedelta) -> timedelta:

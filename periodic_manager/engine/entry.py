@@ -139,8 +139,18 @@ _CONFIG_SLOTS = PeriodicTaskConfig.__slots__
 
 
 def same_slots(a: PeriodicTaskConfig, b: PeriodicTaskConfig) -> bool:
-    """Whether two versions of a schedule have the same slots and the same idempotency keys."""
-    return (a.spec, a.timezone, a.anchor, a.name) == (b.spec, b.timezone, b.anchor, b.name)
+    """Whether two versions of a schedule have the same slots and the same idempotency keys
+    (bounds included: options.start_at and options.end_at, as written)."""
+    return (a.spec, a.timezone, a.anchor, a.name) == (b.spec, b.timezone, b.anchor, b.name) and (
+        _bounds_text(a) == _bounds_text(b)
+    )
+
+
+def _bounds_text(config: PeriodicTaskConfig) -> tuple[object, object]:
+    opts = config.options
+    if not opts:
+        return (None, None)
+    return (opts.get("start_at"), opts.get("end_at"))
 
 
 def lookback_floor(config: PeriodicTaskConfig, now: datetime) -> datetime | None:

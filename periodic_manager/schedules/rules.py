@@ -17,6 +17,7 @@ from typing import Any
 
 from periodic_manager import cron
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules.bounds import check_instant, parse_instant
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
@@ -140,6 +141,8 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "overlap_timeout": _check_seconds,
     "extra": _check_extra,
     "target": _check_target,
+    "start_at": check_instant,  # no slot before it (schedules/bounds.py)
+    "end_at": check_instant,  # no slot at or after it
 }
 
 
@@ -165,6 +168,9 @@ def checked_options(options: Any, max_bytes: int) -> tuple[dict[str, Any], str]:
         raise ConfigError(
             "options.overlap_timeout", "only applies with options.overlap 'skip' or 'hold'"
         )
+    if "start_at" in options and "end_at" in options:
+        if not parse_instant(options["end_at"]) > parse_instant(options["start_at"]):
+            raise ConfigError("options.end_at", "must be after options.start_at")
     text = check_json("options", options, max_bytes)
     return options, text
 

@@ -191,6 +191,16 @@ def test_toml_cannot_express_null(
             "json",
             "entry 1 ('x'): options.catchup_window: must be a number of seconds > 0 and at most",
         ),
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t", "options": {"start_at": "2026-01-01T00:00:00"}}]',
+            "json",
+            "entry 1 ('x'): options.start_at: must have an explicit UTC offset",
+        ),
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t", "options": {"start_at": "2026-01-02T00:00:00Z", "end_at": "2026-01-01T00:00:00Z"}}]',
+            "json",
+            "entry 1 ('x'): options.end_at: must be after options.start_at",
+        ),
         ("{", "json", "not valid JSON"),
         ("- [unclosed", "yaml", "not valid YAML"),
         ('{"name": "x"}', "json", "expected a list of schedules"),
@@ -211,6 +221,28 @@ def test_a_bad_file_is_one_line_exit_2_and_nothing_written(
     [line] = err.strip().splitlines()
     assert line.startswith(f"periodic-manager: error: {f}: ") and message in line, line
     assert rows(url) == {}
+
+
+def test_import_keeps_bounds_as_written(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    options = {"start_at": "2030-01-01T00:00:00+01:00", "end_at": "2030-02-01T00:00:00Z"}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps([{"name": "x", "spec": "@daily", "task_type": "t", "options": options}]))
+    code, _, err = cli(capsys, "import", str(f), "--database-url", url)
+    assert code == 0, err
+    assert rows(url)["x"].options == options
+
+
+def test_next_within_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(
+        capsys, "next", "0 6 * * *", "-n", "5",
+        "--start-at", "2030-01-01T06:00:00Z", "--end-at", "2030-01-03T06:00:00Z",
+    )  # fmt: skip
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()] == [
+        "2030-01-01T06:00:00Z", "2030-01-02T06:00:00Z",
+    ]  # fmt: skip
 
 
 def test_unknown_extension_needs_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -238,6 +270,9 @@ def test_next_prints_utc_and_local(capsys: pytest.CaptureFixture[str]) -> None:
         (["@daily", "--tz", "Mars/Olympus"], "--tz: "),
         (["@daily", "-n", "0"], "-n: "),
         (["@every 1m", "--anchor", "yesterday"], "--anchor: "),
+        (["@daily", "--start-at", "2026-01-01T00:00:00"], "--start-at: "),
+        (["@daily", "--end-at", "9999-12-31T23:00:00-05:00"], "--end-at: "),
+        (["@daily", "--start-at", "2030-01-02T00:00Z", "--end-at", "2030-01-01T00:00Z"], "--end-at: "),
     ],
 )
 def test_next_rejects_bad_input_in_one_line(
