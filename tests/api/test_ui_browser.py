@@ -174,6 +174,28 @@ def test_pause_resume_and_trigger_show_the_answer_and_the_run(
     assert [r["status"] for r in runs] == ["triggered"]
 
 
+def test_a_schedule_past_its_end_is_shown_ended_on_its_page_and_in_the_list(
+    driver: Any, server: browser.Server
+) -> None:
+    d = driver
+    ended = api_create(server, name="browser.over", options={"end_at": "2020-01-01T00:00:00Z"})
+    running = api_create(server, name="browser.running", options={"end_at": "9999-01-01T00:00:00Z"})
+    try:
+        open_page(d, f"{server.base}/ui/schedules/{ended}")
+        wait_text(d, "h1", "browser.over")
+        wait_text(d, ".heading", "ended")
+        open_page(d, f"{server.base}/ui/schedules/{running}")
+        wait_text(d, "h1", "browser.running")
+        assert "ended" not in text_of(d, ".heading")
+        open_page(d, f"{server.base}/ui/schedules?name_prefix=browser.")
+        wait_text(d, "#schedules tbody", "browser.running")
+        rows = {r.text.split("\n")[0]: r.text for r in d.find_elements("css selector", "#schedules tbody tr")}
+        assert "ended" in rows["browser.over"] and "ended" not in rows["browser.running"]
+    finally:  # the server is the module's: leave its database as the next test expects it
+        for sid in (ended, running):
+            assert httpx.delete(f"{server.base}/schedules/{sid}").status_code == 204
+
+
 def reload_until(d: Any, url: str, css: str, needle: str) -> str:
     """Reload ``url`` until ``css`` shows ``needle`` (what a manager publishes arrives after its
     next sync and heartbeat; the page does not poll)."""

@@ -103,6 +103,13 @@ export function stateBadge(enabled) {
   return badge("enabled: invalid", "bad", "the stored enabled is neither true nor false");
 }
 
+// A schedule past options.end_at: no slot is left (the API's status "ended").
+export function endedBadge(item) {
+  return item.status === "ended"
+    ? badge("ended", "muted", "no slot is left before options.end_at")
+    : null;
+}
+
 export function statusBadge(status) {
   const kinds = { enqueued: "ok", triggered: "info", duplicate: "muted", skipped: "warn", held: "info", failed: "bad" };
   return badge(status, kinds[status] || "");

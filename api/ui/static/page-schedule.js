@@ -4,7 +4,7 @@
 import { api, getJson, problemText, statusText } from "./api.js";
 import {
   badge, canWrite, confirmDialog, flashNext, h, json, local, mount, ms, pageParam, pager, setTitle,
-  stateBadge, statusBadge, table, utc,
+  endedBadge, stateBadge, statusBadge, table, utc,
 } from "./dom.js";
 
 const RUNS_LIMIT = 20;
@@ -221,7 +221,7 @@ export async function schedulePage(id, ready = null, keep = null) {
   }
   mount(
     h("p", { class: "crumbs" }, h("a", { href: "/ui/schedules" }, "Schedules"), " / ", s.name),
-    h("div", { class: "heading" }, h("h1", {}, s.name), stateBadge(s.enabled),
+    h("div", { class: "heading" }, h("h1", {}, s.name), stateBadge(s.enabled), endedBadge(s),
       (s.errors || []).length ? badge("error", "bad") : null),
     bar,
     rowErrors(s),

@@ -2,7 +2,7 @@
 // filters are a plain GET form, so every filtered page is a URL of its own.
 
 import { getJson } from "./api.js";
-import { badge, count, h, local, ms, mount, pageParam, pager, relative, setTitle, stateBadge, statusBadge, table, utc } from "./dom.js";
+import { badge, count, endedBadge, h, local, ms, mount, pageParam, pager, relative, setTitle, stateBadge, statusBadge, table, utc } from "./dom.js";
 
 const LIMIT = 50;
 const FILTERS = ["name_prefix", "task_type", "queue", "enabled", "in_error", "sort"];
@@ -43,7 +43,7 @@ function row(item, now) {
         h("div", {}, local(item.next.local, item.next.abbreviation)),
         h("div", { class: "sub" }, item.timezone === "UTC"
           ? relative(item.next.at, now) : `${utc(item.next.at)} · ${relative(item.next.at, now)}`))
-    : h("span", { class: "sub" }, item.enabled === false ? "paused" : "—");
+    : endedBadge(item) || h("span", { class: "sub" }, item.enabled === false ? "paused" : "—");
   const last = item.last_run
     ? h("div", {}, statusBadge(item.last_run.status), " ", h("span", { class: "sub" }, `late ${ms(item.last_run.lateness_ms)}`))
     : h("span", { class: "sub" }, "no run yet");
