@@ -258,6 +258,19 @@ class OutboxMessage(Base):
     processed_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
 
 
+class ProcrastinateSent(Base):
+    """A task the procrastinate target inserted into ``procrastinate_jobs``: its idempotency key,
+    unique, written in the same transaction as the job (exactly once without Redis). Rows whose
+    ``expires_at`` has passed are pruned by the target as it sends."""
+
+    __tablename__ = "pm_procrastinate_sent"
+    __table_args__ = (Index("ix_pm_procrastinate_sent_expires_at", "expires_at"),)
+
+    idempotency_key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, nullable=False)  # procrastinate_jobs.id
+    expires_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+
+
 class Run(Base):
     """History: one row per slot outcome (enqueued, duplicate, skipped, failed) or manual trigger.
 
