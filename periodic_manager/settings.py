@@ -233,8 +233,6 @@ class Settings(BaseSettings):
             why = completion.celery(self.celery_backend() is not None)
             if why is not None:
                 missing["celery"] = why
-        if "procrastinate" in names:
-            missing["procrastinate"] = completion.PROCRASTINATE_NO_OVERLAP
         return TargetSet(names, missing)
 
     def celery_broker(self) -> str:

@@ -19,10 +19,6 @@ CELERY_NO_BACKEND = (
     "the one your workers write to"
 )
 
-PROCRASTINATE_NO_OVERLAP = (
-    "the procrastinate target does not tell when a job finished yet (overlap skip/hold unsupported)"
-)
-
 
 def redis(group: str | None) -> str | None:
     """Redis Streams: the consumer group's acknowledgements (None: it can tell)."""

@@ -168,18 +168,21 @@ async def test_a_payload_that_is_not_an_object_fails_its_task_alone(
     assert [r["task_name"] for r in await jobs(db)] == ["record"]
 
 
-async def test_expired_keys_are_pruned_as_batches_are_sent(db: str, target: ProcrastinateTarget) -> None:
-    await target.enqueue([make_task("old", {})], SLOT)
-    later = SLOT + timedelta(minutes=5)  # past the first key's expires_at
-    new = make_task("new", {})
-    new.expires_at = later + timedelta(seconds=30)
-    await target.enqueue([new], later)
+async def test_expired_keys_are_pruned_each_schedules_newest_kept(
+    db: str, target: ProcrastinateTarget
+) -> None:
+    await target.enqueue([slot_task("s", 1), slot_task("s", 2), slot_task("other", 1)], SLOT)
+    later = SLOT + timedelta(minutes=5)  # past every key's expires_at
+    await target.enqueue([slot_task("s", 5)], later)
     conn = await asyncpg.connect(libpq(db))
     try:
-        keys = await conn.fetch("SELECT idempotency_key FROM pm_procrastinate_sent")
+        keys = await conn.fetch("SELECT name, idempotency_key FROM pm_procrastinate_sent ORDER BY job_id")
     finally:
         await conn.close()
-    assert [k["idempotency_key"] for k in keys] == ["new:2024-05-01T12:01:00Z"]
+    assert [k["idempotency_key"] for k in keys] == [
+        slot_task("other", 1).idempotency_key, slot_task("s", 5).idempotency_key
+    ]
+    assert len(await jobs(db)) == 4  # procrastinate's jobs are procrastinate's to delete
 
 
 async def test_ping_needs_procrastinate_schema(db: str, target: ProcrastinateTarget) -> None:
@@ -231,4 +234,95 @@ def test_settings_build_and_describe_the_target() -> None:
         engine.sync_engine.dispose()
     line = describe_targets(settings)
     assert "procrastinate (procrastinate_jobs in" in line and "secret" not in line
-    assert "procrastinate" in settings.configured_targets().no_completion  # overlap skip/hold refused
+    assert "procrastinate" not in settings.configured_targets().no_completion  # overlap: yes
+
+
+# -- options.overlap skip and hold: procrastinate_jobs.status --------------------------------------
+
+
+def slot_task(name: str, n: int, **options: Any) -> Task:
+    """Slot ``n`` (minutes after SLOT) of schedule ``name``."""
+    at = SLOT + timedelta(minutes=n)
+    key = f"{name}:{at.isoformat()}"
+    return Task(
+        id=task_id_for(key), name=name, task_type="record", payload={"n": n}, queue="default",
+        options={"queue": "default", **options}, idempotency_key=key, scheduled_at=at,
+        expires_at=at + timedelta(seconds=30),
+    )  # fmt: skip
+
+
+async def sql(url: str, statement: str, *args: Any) -> None:
+    conn = await asyncpg.connect(libpq(url))
+    try:
+        await conn.execute(statement, *args)
+    finally:
+        await conn.close()
+
+
+def outcome(results: list[Any]) -> list[tuple[str, str | None, bool | None]]:
+    return [
+        (r.status, r.previous.state if r.previous else None,
+         r.previous.timed_out if r.previous else None)
+        for r in results
+    ]  # fmt: skip
+
+
+def job_id(result: Any) -> int:
+    return int(result.message_id)
+
+
+async def test_hold_follows_the_status_of_the_schedules_newest_job(
+    db: str, target: ProcrastinateTarget, tmp_path: Path
+) -> None:
+    hold = {"overlap": "hold"}
+    [first] = await target.enqueue([slot_task("n", 1, **hold)], SLOT)
+    assert outcome([first]) == [("enqueued", "none", False)]
+    busy = await target.enqueue([slot_task("n", 2, **hold), slot_task("plain", 2)], SLOT)
+    assert outcome(busy) == [("busy", "queued", False), ("enqueued", None, None)]
+    assert busy[0].previous.task_id == first.task.id  # type: ignore[union-attr]
+    await sql(db, "UPDATE procrastinate_jobs SET status = 'doing' WHERE id = $1", job_id(first))
+    assert outcome(await target.enqueue([slot_task("n", 2, **hold)], SLOT)) == [
+        ("busy", "running", False)
+    ]
+    await sql(db, "UPDATE procrastinate_jobs SET status = 'todo' WHERE id = $1", job_id(first))
+    # A real worker runs the job: finished.
+    out = tmp_path / "out"
+    await asyncio.to_thread(procrastinate, db, out, "worker", "--one-shot", "--no-listen-notify")
+    [sent] = await target.enqueue([slot_task("n", 2, **hold)], SLOT)
+    assert outcome([sent]) == [("enqueued", "finished", False)]
+    again = await target.enqueue([slot_task("n", 2, **hold)], SLOT)
+    assert [r.status for r in again] == ["duplicate"] and again[0].message_id == sent.message_id
+    # A failed job is finished; so is a job whose row was deleted (procrastinate --delete-jobs).
+    await sql(db, "UPDATE procrastinate_jobs SET status = 'failed' WHERE id = $1", job_id(sent))
+    [third] = await target.enqueue([slot_task("n", 3, **hold)], SLOT)
+    assert outcome([third]) == [("enqueued", "finished", False)]
+    await sql(db, "DELETE FROM procrastinate_jobs WHERE id = $1", job_id(third))
+    assert outcome(await target.enqueue([slot_task("n", 4, **hold)], SLOT)) == [
+        ("enqueued", "finished", False)
+    ]
+
+
+async def test_overlap_timeout(db: str, target: ProcrastinateTarget) -> None:
+    opts = {"overlap": "skip", "overlap_timeout": 90}
+    await target.enqueue([slot_task("n", 1, **opts)], SLOT)
+    later = SLOT + timedelta(seconds=60)  # past the key's expires_at (kept: the newest)
+    assert outcome(await target.enqueue([slot_task("n", 2, **opts)], later)) == [
+        ("busy", "queued", False)
+    ]
+    late = SLOT + timedelta(seconds=91)
+    assert outcome(await target.enqueue([slot_task("n", 3, **opts)], late)) == [
+        ("enqueued", "queued", True)
+    ]
+
+
+async def test_concurrent_managers_never_both_find_a_schedule_free(db: str) -> None:
+    targets = [ProcrastinateTarget.from_url(db) for _ in range(6)]
+    try:
+        replies = await asyncio.gather(
+            *(t.enqueue([slot_task("race", n, overlap="hold")], SLOT) for n, t in enumerate(targets))
+        )
+    finally:
+        for t in targets:
+            await t.close()
+    assert sorted(r[0].status for r in replies) == ["busy"] * 5 + ["enqueued"]
+    assert len(await jobs(db)) == 1
