@@ -11,11 +11,14 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
-TargetName = Literal["redis", "outbox", "celery", "arq", "rq"]
-# The targets that can run with redis_cluster (the outbox needs no Redis).
-CLUSTER_TARGETS = ("redis", "outbox")
+TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "procrastinate"]
+# The targets that can run with redis_cluster (the outbox and procrastinate need no Redis).
+CLUSTER_TARGETS = ("redis", "outbox", "procrastinate")
 # Targets that need an optional extra: target -> (module to import, extra to install).
-TARGET_EXTRAS = {"celery": ("celery", "celery"), "arq": ("arq", "arq"), "rq": ("rq", "rq")}
+TARGET_EXTRAS = {
+    "celery": ("celery", "celery"), "arq": ("arq", "arq"), "rq": ("rq", "rq"),
+    "procrastinate": ("procrastinate", "procrastinate"),
+}
 
 
 class Settings(BaseSettings):
@@ -190,6 +193,19 @@ class Settings(BaseSettings):
                 )
         return v
 
+    @field_validator("target", "targets")
+    @classmethod
+    def _postgresql_targets(cls, v: str | tuple[str, ...], info: ValidationInfo) -> str | tuple[str, ...]:
+        # database_url is declared first: a bad URL is reported, not this.
+        url = info.data.get("database_url")
+        names = (v,) if isinstance(v, str) else v
+        if "procrastinate" in names and isinstance(url, str) and url.startswith("sqlite"):
+            raise ValueError(
+                "the procrastinate target needs PostgreSQL (procrastinate is PostgreSQL only): "
+                "set PM_DATABASE_URL to a postgresql:// database"
+            )
+        return v
+
     @field_validator("redis_cluster")
     @classmethod
     def _cluster_targets(cls, v: bool, info: ValidationInfo) -> bool:
@@ -199,7 +215,7 @@ class Settings(BaseSettings):
         if v and refused:
             raise ValueError(
                 f"the {' and '.join(refused)} target{'s' if len(refused) > 1 else ''} cannot run "
-                "on a Redis Cluster (only redis and outbox can): unset PM_REDIS_CLUSTER or use "
+                "on a Redis Cluster (only redis, outbox and procrastinate can): unset PM_REDIS_CLUSTER or use "
                 "a single Redis"
             )
         return v

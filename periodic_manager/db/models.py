@@ -258,6 +258,26 @@ class OutboxMessage(Base):
     processed_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
 
 
+class ProcrastinateSent(Base):
+    """A task the procrastinate target inserted into ``procrastinate_jobs``: its idempotency key,
+    unique, written in the same transaction as the job (exactly once without Redis). Rows whose
+    ``expires_at`` has passed are pruned by the target as it sends (a schedule's newest kept: it is
+what ``options.overlap`` looks at)."""
+
+    __tablename__ = "pm_procrastinate_sent"
+    __table_args__ = (
+        Index("ix_pm_procrastinate_sent_expires_at", "expires_at"),
+        Index("ix_pm_procrastinate_sent_name_job_id", "name", "job_id"),  # newest job (overlap)
+    )
+
+    idempotency_key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, nullable=False)  # procrastinate_jobs.id
+    name: Mapped[str] = mapped_column(String(200), nullable=False)  # the schedule's
+    task_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    enqueued_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+
+
 class Run(Base):
     """History: one row per slot outcome (enqueued, duplicate, skipped, failed) or manual trigger.
 

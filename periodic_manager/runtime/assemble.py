@@ -53,6 +53,10 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
         from periodic_manager.targets.rq import RqTarget
 
         return RqTarget.from_url(settings.rq_redis_url or settings.redis_url, prefix=settings.stream_prefix)
+    if name == "procrastinate":
+        from periodic_manager.targets.procrastinate import ProcrastinateTarget
+
+        return ProcrastinateTarget(engine)
     if name == "outbox":
         from periodic_manager.targets.outbox import OutboxTarget
 

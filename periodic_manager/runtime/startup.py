@@ -154,6 +154,8 @@ def describe_targets(settings: Settings) -> str:
             where = redact_url(settings.arq_redis_url or settings.redis_url)
         elif name == "rq":
             where = redact_url(settings.rq_redis_url or settings.redis_url)
+        elif name == "procrastinate":
+            where = f"procrastinate_jobs in {redact_url(settings.database_url)}"
         else:
             where = "table pm_outbox"
         parts.append(f"{name} ({where})")

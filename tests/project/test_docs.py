@@ -811,6 +811,8 @@ class Session:
             check_extras(argv[2:], where)
         elif name in ("ruff", "mypy"):
             check_checker(name, argv[1:], where)
+        elif name == "procrastinate":
+            check_procrastinate(argv[1:], where)
         elif name not in EXTERNAL:
             self.fail(where, f"no check for {name!r}: teach tests/project/test_docs.py what it is")
 
@@ -917,6 +919,20 @@ def parse(parser: argparse.ArgumentParser, args: list[str], where: str) -> None:
 def check_setting_name(name: str, where: str) -> None:
     if name.startswith("PM_"):
         assert name[3:].lower() in Settings.model_fields, f"{where}: {name} is not a setting"
+
+
+def check_procrastinate(args: list[str], where: str) -> None:
+    """procrastinate's own parser accepts the command (the ``--app`` the docs name, which this
+    checkout cannot import, stands for tests.support.procrastinate_app.app)."""
+    from procrastinate import cli
+
+    app = "--app=tests.support.procrastinate_app.app"
+    args = [app if a.startswith("--app=") else a for a in args]
+    try:
+        parsed = cli.parse_args(args)
+    except SystemExit:
+        pytest.fail(f"{where}: procrastinate refuses these arguments")
+    assert parsed["command"] in ("schema", "worker"), f"{where}: {parsed['command']}"
 
 
 def check_extras(args: list[str], where: str) -> None:
