@@ -193,7 +193,11 @@ class Entries:
     def _rebase(
         self, entry: ScheduledEntry, after: datetime, done: datetime | None, now: datetime
     ) -> None:
-        start = after
+        opts = entry.options
+        jitter = jitter_of(opts) if opts and "jitter" in opts else 0
+        # With options.jitter a slot up to ``jitter`` before ``after`` may not be sent yet (its
+        # send instant is later): look back that much more, in nominal slots.
+        start = after - timedelta(microseconds=jitter) if jitter else after
         last = entry.fired
         if last is not None and last > start:
             start = last
@@ -203,9 +207,13 @@ class Entries:
         if floor is not None and floor > start:
             start = floor
         entry.after = start
-        entry.next_slot = self.next_after(entry, start)
-        if entry.next_slot is not None:
-            self._file(entry, entry.next_slot)
+        slot = entry.next_slot = self.next_after(entry, start)
+        if jitter:
+            # ... but not one whose send instant is at or before ``after`` (it had its turn).
+            while slot is not None and send_at(entry.name, slot, jitter) <= after:
+                slot = entry.next_slot = self.next_after(entry, slot)
+        if slot is not None:
+            self._file(entry, slot)
 
     def _change(self) -> None:
         self.changes += 1

@@ -209,3 +209,38 @@ def test_shortest_gap() -> None:
     assert shortest_gap(cfg("a", "@every 90s").schedule) == timedelta(seconds=90)
     assert shortest_gap(cfg("a", "0,10 * * * *").schedule) == timedelta(minutes=10)
     assert shortest_gap(cfg("a", "@daily").schedule) == timedelta(days=1)
+
+
+async def test_a_takeover_sends_a_slot_whose_send_instant_has_not_come(rig) -> None:
+    """The old leader died after the slot but before its send instant: the takeover's look-back
+    (now - grace) is after the slot, yet the slot is sent, at its send instant, once."""
+    sched, clock, target = rig
+    name, jitter_us = next(
+        (n, 50_000_000) for n in (f"j{i}" for i in range(1000))
+        if send_at(n, at(60), 50_000_000) - at(60) > timedelta(seconds=40)
+    )  # a schedule whose 12:01 slot is sent more than 40 s after it
+    sched.register(cfg(name, "@every 60s", 1, jitter=50))
+    sched.set_active(False)  # the leader is gone before the slot
+    await advance(sched, clock, 60 + 35)  # 12:01:35: the slot is 35 s old, not sent yet
+    assert target.messages == []
+    await sched.rebase(clock.now() - timedelta(seconds=30), {})  # looks back to 12:01:05
+    sched.set_active(True)
+    await advance(sched, clock, 30)
+    assert target.slots(name) == [at(60)]
+    assert target.messages[0][1] == send_at(name, at(60), jitter_us)
+    assert sched.counts["skipped"] == 0
+
+
+async def test_a_takeover_does_not_resend_a_slot_whose_send_instant_passed(rig) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("a", "@every 60s", 1, jitter=50))
+    await advance(sched, clock, 100)
+    first = target.slots("a")
+    sched.set_active(False)
+    await advance(sched, clock, 40)  # 12:02:20
+    await sched.rebase(clock.now() - timedelta(seconds=30), {1: first[-1]} if first else {})
+    sched.set_active(True)
+    await advance(sched, clock, 200)
+    slots = target.slots("a")
+    assert len(slots) == len(set(slots)) and slots == sorted(slots)
+    assert sched.counts["skipped"] == 0
