@@ -32,6 +32,7 @@ from periodic_manager.engine.overlap import OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
 from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.jitter import offset_of
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,9 @@ class Decisions:
             entries = by_slot[slot]
             self.idle.clear()
             try:
-                chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
+                chunks = await prepare(
+                    self.dispatcher.target, slot, entries, _per_entry_shift(self.window, slot)
+                )
                 await self.send(slot, entries, chunks, advance=False)
             finally:
                 self.idle.set()
@@ -247,3 +250,10 @@ def _shifted(
 ) -> Callable[[PeriodicTaskConfig], timedelta]:
     """A jittered task may be sent ``window`` after its send instant: ``offset`` after its slot."""
     return lambda cfg: window(cfg) + offset
+
+
+def _per_entry_shift(
+    window: Callable[[PeriodicTaskConfig], timedelta], slot: datetime
+) -> Callable[[PeriodicTaskConfig], timedelta]:
+    """``window`` from each entry's send instant of ``slot`` (held slots: options.jitter)."""
+    return lambda cfg: window(cfg) + offset_of(cfg, slot)

@@ -99,3 +99,12 @@ def send_at(name: str, slot: datetime, jitter_us: int) -> datetime:
     from periodic_manager.schedules.definition import slot_text  # definition imports rules
 
     return slot + timedelta(microseconds=offset_us(f"{name}:{slot_text(slot)}", jitter_us))
+
+
+def offset_of(config: Any, slot: datetime) -> timedelta:
+    """How long after ``slot`` the schedule ``config`` (a config or entry) sends it: its jitter
+    offset, or zero without ``options.jitter``. Off the burst path (held slots, look-backs)."""
+    jitter = jitter_of(config.options)
+    if not jitter:
+        return timedelta(0)
+    return send_at(config.name, slot, jitter) - slot
