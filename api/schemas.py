@@ -51,7 +51,8 @@ PAYLOAD_DOC = "any JSON value handed to the task"
 OPTIONS_DOC = (
     "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
     "(allow, skip, hold), overlap_timeout, extra, start_at, end_at (ISO 8601 instants with "
-    "offset: no slot before start_at nor at or after end_at)"
+    "offset: no slot before start_at nor at or after end_at), jitter (seconds under the "
+    "shortest gap: each slot sent at slot + [0, jitter), scheduled_at unchanged)"
 )
 
 

@@ -38,6 +38,7 @@ from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_JSON_DEPTH,
     NAME_RE,
+    check_jitter_gap,
     checked_options,
     validate_name,
     validate_payload,
@@ -299,6 +300,8 @@ class RowJudge:
             options_json=options_json,
             revision=raw[N_JUDGED] if len(raw) > N_JUDGED else None,
         )
+        if "jitter" in opts:
+            check_jitter_gap(config.schedule, opts)  # only rows that set it pay for it
         if rules.check is not None:
             rules.check(config)
         return config

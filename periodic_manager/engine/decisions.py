@@ -32,6 +32,7 @@ from periodic_manager.engine.overlap import OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
 from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.jitter import offset_of
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +64,27 @@ class Decisions:
     async def dispatch_due(self, now: datetime) -> None:
         """Send every instant due by ``now``, earliest first (a staged one included)."""
         timetable = self.entries.timetable
+        sends = self.entries.sends
         while True:
             at = timetable.next_instant()
             batch = self.stager.staged
+            slot: datetime | None = None
             if batch is not None and batch.slot <= now and (at is None or batch.slot <= at):
                 slot = batch.slot
-                self.stager.staged = None  # handed over; collection stays held until sent
             elif at is not None and at <= now:
                 slot, batch = at, None
-            else:
+            send_at = sends.next_instant()  # entries with options.jitter (none: None at once)
+            if send_at is not None and send_at <= now and (slot is None or send_at < slot):
+                self.idle.clear()
+                try:
+                    await self._dispatch_jittered(send_at, now)
+                finally:
+                    self.idle.set()
+                continue
+            if slot is None:
                 return
+            if batch is not None:
+                self.stager.staged = None  # handed over; collection stays held until sent
             residual: list[ScheduledEntry] = timetable.take(slot)  # type: ignore[assignment]
             self.idle.clear()
             try:
@@ -121,11 +133,45 @@ class Decisions:
             chunks = await prepare(self.dispatcher.target, slot, send, self.window)
         await self.send(slot, send, chunks, advance=True)
 
+    async def _dispatch_jittered(self, at: datetime, now: datetime) -> None:
+        """Send the entries whose send instant (slot + jitter offset) is ``at``: one batch per
+        nominal slot (tasks, keys and history carry the slot), lateness and expiry measured from
+        ``at``. Never staged: jittered sends are spread out, so their batches are small."""
+        by_slot: dict[datetime, list[ScheduledEntry]] = {}
+        for entry in self.entries.sends.take(at):
+            if entry.next_slot is not None:
+                by_slot.setdefault(entry.next_slot, []).append(entry)  # type: ignore[arg-type]
+        late = now - at > self.grace
+        for slot in sorted(by_slot):
+            send: list[ScheduledEntry] = []
+            skipped: list[RunRecord] = []
+            for entry in by_slot[slot]:
+                last = entry.fired
+                if last is not None and slot <= last:
+                    self.entries.advance_jittered(entry, last)
+                elif late:
+                    skipped.append(self._skip(entry, slot, now, since=at))
+                else:
+                    send.append(entry)
+            self.writer.report(skipped)
+            if not send:
+                continue
+            chunks = await prepare(self.dispatcher.target, slot, send, _shifted(self.window, at - slot))
+            await self.send(slot, send, chunks, advance=True, jittered=True)
+
     async def send(
-        self, slot: datetime, entries: list[ScheduledEntry], chunks: list[Chunk], *, advance: bool
+        self,
+        slot: datetime,
+        entries: list[ScheduledEntry],
+        chunks: list[Chunk],
+        *,
+        advance: bool,
+        jittered: bool = False,
     ) -> None:
         """Send ``chunks`` (the tasks of ``entries`` for ``slot``); with ``advance`` the entries
-        move on to their next slot while the target works."""
+        move on to their next slot while the target works (``jittered``: entries taken from the
+        send table, filed back there)."""
+        move = self.entries.advance_jittered if jittered else self.entries.advance
         sends = self.dispatcher.start(slot, chunks)
         try:
             # The requests go out first; the bookkeeping overlaps the target's work. (An entry
@@ -139,7 +185,7 @@ class Decisions:
                 async for part in in_turns(entries):
                     for entry in part:
                         entry.prev_slot = slot
-                        self.entries.advance(entry, slot)
+                        move(entry, slot)
             await asyncio.gather(*sends)
         except asyncio.CancelledError:
             for fut in sends:
@@ -159,7 +205,9 @@ class Decisions:
             entries = by_slot[slot]
             self.idle.clear()
             try:
-                chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
+                chunks = await prepare(
+                    self.dispatcher.target, slot, entries, _per_entry_shift(self.window, slot)
+                )
                 await self.send(slot, entries, chunks, advance=False)
             finally:
                 self.idle.set()
@@ -178,8 +226,11 @@ class Decisions:
             chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
             await self.send(slot, entries, chunks, advance=False)
 
-    def _skip(self, entry: ScheduledEntry, slot: datetime, now: datetime) -> RunRecord:
-        late = (now - slot).total_seconds()
+    def _skip(
+        self, entry: ScheduledEntry, slot: datetime, now: datetime, since: datetime | None = None
+    ) -> RunRecord:
+        """Skip a slot too late; ``since``: its send instant (options.jitter), else the slot."""
+        late = (now - (slot if since is None else since)).total_seconds()
         log.warning(
             "skipping slot %s of %s: %.3f s late (grace %.3f s)",
             slot.isoformat(), entry.name, late, self.grace.total_seconds(),
@@ -187,7 +238,22 @@ class Decisions:
         )  # fmt: skip
         self.dispatcher.counts["skipped"] += 1
         # Jump past every slot that is already too late: no replay, no storm after a clock jump.
-        self.entries.advance(entry, max(slot, now - self.grace))
+        move = self.entries.advance if since is None else self.entries.advance_jittered
+        move(entry, max(slot, now - self.grace))
         return RunRecord(
             entry.key, entry.name, slot, "skipped", now, error=f"{late:.3f} s late", reason="late"
         )
+
+
+def _shifted(
+    window: Callable[[PeriodicTaskConfig], timedelta], offset: timedelta
+) -> Callable[[PeriodicTaskConfig], timedelta]:
+    """A jittered task may be sent ``window`` after its send instant: ``offset`` after its slot."""
+    return lambda cfg: window(cfg) + offset
+
+
+def _per_entry_shift(
+    window: Callable[[PeriodicTaskConfig], timedelta], slot: datetime
+) -> Callable[[PeriodicTaskConfig], timedelta]:
+    """``window`` from each entry's send instant of ``slot`` (held slots: options.jitter)."""
+    return lambda cfg: window(cfg) + offset_of(cfg, slot)

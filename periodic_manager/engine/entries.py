@@ -18,10 +18,11 @@ from datetime import datetime, timedelta
 from periodic_manager.contracts import Clock
 from periodic_manager.cron import Schedule
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor, same_slots
-from periodic_manager.engine.timetable import Timetable
+from periodic_manager.engine.timetable import SendTable, Timetable
 from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.bounds import NO_BOUNDS, bounds_of, ended, floor_of
 from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
+from periodic_manager.schedules.jitter import jitter_of, send_at
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class Entries:
     def __init__(self, clock: Clock, changed: Callable[[], None]) -> None:
         self.clock = clock
         self.timetable = Timetable()
+        # Entries with options.jitter, by send instant (slot + offset); the others never go there.
+        self.sends = SendTable()
         self.changes = 0
         self._changed = changed
         self._entries: dict[Ident, ScheduledEntry] = {}
@@ -88,7 +91,7 @@ class Entries:
             after, settled, at = self._rebasing
             self._rebase(entry, after, settled.get(ident), at)
         elif entry.next_slot is not None:
-            self.timetable.add(entry, entry.next_slot)
+            self._file(entry, entry.next_slot)
         self._change()
         return entry, old
 
@@ -152,6 +155,21 @@ class Entries:
         if entry.next_slot is not None and not entry.dead:
             self.timetable.add(entry, entry.next_slot)
 
+    def advance_jittered(self, entry: ScheduledEntry, after: datetime) -> None:
+        """:meth:`advance` for an entry taken from :attr:`sends` (one with ``options.jitter``)."""
+        entry.next_slot = self.next_after(entry, after)
+        if entry.next_slot is not None and not entry.dead:
+            self._file(entry, entry.next_slot)
+
+    def _file(self, entry: ScheduledEntry, slot: datetime) -> None:
+        """File the entry at its next slot: on the timetable, or, with ``options.jitter``, on
+        :attr:`sends` at the slot's send instant (the entry's ``next_slot`` stays the slot)."""
+        opts = entry.options
+        if opts and "jitter" in opts:
+            self.sends.add(entry, slot, send_at(entry.name, slot, jitter_of(opts)))
+        else:
+            self.timetable.add(entry, slot)
+
     async def rebase(self, after: datetime, settled: Mapping[Ident, datetime]) -> None:
         """Restart every entry at its first slot after ``after`` that it has not handled itself,
         that is after the schedule's latest settled slot (``settled``, by ident) and after its
@@ -161,6 +179,7 @@ class Entries:
         removed is left out."""
         now = self.clock.now()
         self.timetable.clear()
+        self.sends.clear()
         self._rebasing = (after, settled, now)
         try:
             async for part in in_turns(list(self._entries.items())):
@@ -174,7 +193,11 @@ class Entries:
     def _rebase(
         self, entry: ScheduledEntry, after: datetime, done: datetime | None, now: datetime
     ) -> None:
-        start = after
+        opts = entry.options
+        jitter = jitter_of(opts) if opts and "jitter" in opts else 0
+        # With options.jitter a slot up to ``jitter`` before ``after`` may not be sent yet (its
+        # send instant is later): look back that much more, in nominal slots.
+        start = after - timedelta(microseconds=jitter) if jitter else after
         last = entry.fired
         if last is not None and last > start:
             start = last
@@ -184,9 +207,13 @@ class Entries:
         if floor is not None and floor > start:
             start = floor
         entry.after = start
-        entry.next_slot = self.next_after(entry, start)
-        if entry.next_slot is not None:
-            self.timetable.add(entry, entry.next_slot)
+        slot = entry.next_slot = self.next_after(entry, start)
+        if jitter:
+            # ... but not one whose send instant is at or before ``after`` (it had its turn).
+            while slot is not None and send_at(entry.name, slot, jitter) <= after:
+                slot = entry.next_slot = self.next_after(entry, slot)
+        if slot is not None:
+            self._file(entry, slot)
 
     def _change(self) -> None:
         self.changes += 1

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from periodic_manager.contracts import QUEUED, SENT, EnqueueResult, RunRecord, RunStatus, run_status
+from periodic_manager.schedules.jitter import offset_of
 from periodic_manager.schedules.rules import overlap_policy
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ class OverlapGuard:
             if entry is None:  # the schedule is gone: nothing to send, nothing to record
                 del self.held[key]
                 continue
-            window = self.window(entry)
+            window = self.window(entry) + offset_of(entry, held.slot)  # from the send instant
             if now - held.slot > window:
                 del self.held[key]
                 late = (now - held.slot).total_seconds()

@@ -258,6 +258,9 @@ class Scheduler:
         at = self.registered.timetable.next_instant() if self._active else None
         if at is not None and at <= now:
             return  # a backlog (after a takeover or a stall) takes one round per slot: not yet
+        send_at = self.registered.sends.next_instant() if self._active else None
+        if send_at is not None and send_at <= now:
+            return
         async with self._state:
             self._processed_until = now
             self._state.notify_all()
@@ -268,6 +271,9 @@ class Scheduler:
         if not self._active:
             return None
         at = self._stager.wake_at()
+        send_at = self.registered.sends.next_instant()  # options.jitter: unstaged send instants
+        if send_at is not None and (at is None or send_at < at):
+            at = send_at
         held_at = self.overlap.wake_at()  # held slots are tried again at every tick
         if held_at is not None and (at is None or held_at < at):
             return held_at

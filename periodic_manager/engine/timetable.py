@@ -99,3 +99,61 @@ class Timetable:
 
 def _valid(entry: Timed, instant: datetime) -> bool:
     return entry.mark != DEAD and entry.next_slot == instant
+
+
+class SendTable:
+    """Entries with ``options.jitter``, filed by *send* instant (slot + offset) with their
+    nominal slot (:mod:`periodic_manager.schedules.jitter`).
+
+    Apart from the timetable, so entries without jitter take exactly its path. Sends spread
+    out, so buckets are small and are not staged. An entry is valid in a bucket while it is not
+    DEAD and its ``next_slot`` is still the nominal slot it was filed with; one instant may hold
+    entries of different nominal slots (the scheduler sends them as one batch per slot).
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[datetime, list[tuple[Timed, datetime]]] = {}
+        self._instants: list[datetime] = []
+
+    def add(self, entry: Timed, slot: datetime, at: datetime) -> None:
+        """File ``entry`` (next slot ``slot``) under its send instant ``at``."""
+        bucket = self._buckets.get(at)
+        if bucket is None:
+            bucket = self._buckets[at] = []
+            heapq.heappush(self._instants, at)
+        bucket.append((entry, slot))
+
+    def next_instant(self) -> datetime | None:
+        """The earliest send instant that still has a valid entry."""
+        while self._instants:
+            at = self._instants[0]
+            if any(_valid(e, slot) for e, slot in self._buckets[at]):
+                return at
+            heapq.heappop(self._instants)
+            del self._buckets[at]
+        return None
+
+    def take(self, instant: datetime) -> list[Timed]:
+        """Remove the bucket of ``instant`` (the earliest) and return its valid entries, once."""
+        bucket = self._buckets.pop(instant, None)
+        if bucket is None:
+            return []
+        if self._instants and self._instants[0] == instant:
+            heapq.heappop(self._instants)
+        else:
+            self._instants = [i for i in self._instants if i != instant]
+            heapq.heapify(self._instants)
+        seen: set[int] = set()
+        out = []
+        for entry, slot in bucket:
+            if _valid(entry, slot) and id(entry) not in seen:
+                seen.add(id(entry))
+                out.append(entry)
+        return out
+
+    def clear(self) -> None:
+        self._buckets.clear()
+        self._instants.clear()
+
+    def __len__(self) -> int:
+        return len(self._instants)

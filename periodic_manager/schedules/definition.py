@@ -22,6 +22,7 @@ from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_QUEUE,
     canonical_json,
+    check_jitter_gap,
     checked_options,
     validate_name,
     validate_payload,
@@ -181,7 +182,9 @@ class PeriodicTaskConfig:
         payload_json = validate_payload(payload, max_payload_bytes)
         opts, options_json = checked_options(options, max_payload_bytes)
         validate_target(opts, allowed_targets)
-        validate_schedule(spec, timezone, anchor)
+        schedule = validate_schedule(spec, timezone, anchor)
+        if "jitter" in opts:
+            check_jitter_gap(schedule, opts)
         return cls(
             name,
             spec,

@@ -17,6 +17,7 @@ from typing import Any
 
 from periodic_manager import cron
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules import jitter as slot_jitter
 from periodic_manager.schedules.bounds import check_instant, parse_instant
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
@@ -143,6 +144,8 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "target": _check_target,
     "start_at": check_instant,  # no slot before it (schedules/bounds.py)
     "end_at": check_instant,  # no slot at or after it
+    # each slot sent at slot + [0, jitter) (schedules/jitter.py); under the shortest gap: check_gap
+    "jitter": lambda v: slot_jitter.check_value(v, MAX_DURATION_S),
 }
 
 
@@ -336,3 +339,8 @@ def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron
             code="every-duration",
         )
     return schedule
+
+
+def check_jitter_gap(schedule: cron.Schedule, options: Mapping[str, Any] | None) -> None:
+    """``options.jitter`` (checked) less than the schedule's shortest gap; ConfigError names it."""
+    slot_jitter.check_gap(schedule, options)

@@ -321,3 +321,32 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
     finally:
         for m in managers:
             await m.stop()
+
+
+async def test_a_held_jittered_slot_keeps_its_window_from_its_send_instant(rig: Rig) -> None:
+    """options.jitter larger than grace: a slot held at its send instant (slot + offset) is not
+    expired for being more than grace after its nominal slot; it is released once the previous
+    task finished, with its nominal scheduled_at."""
+    from periodic_manager.schedules.jitter import send_at
+
+    jitter_us = 200_000_000
+
+    def offset(name: str, s: int) -> float:
+        return (send_at(name, at(s), jitter_us) - at(s)).total_seconds()
+
+    name = next(n for n in (f"jit{i}" for i in range(1000)) if offset(n, 600) > 60)
+    sched = rig.scheduler()
+    sched.register(cfg(name, "@every 300s", overlap="hold", jitter=200))
+    await rig.advance_to(300 + offset(name, 300))
+    [(first, _)] = await rig.take()  # running from now on
+    await rig.advance_to(600 + offset(name, 600) + 3.5)  # held at its send instant, ticks busy
+    assert rig.runs_of(name)[-1] == (600, "held", "overlap")
+    await rig.finish(first)
+    await rig.advance_to(600 + offset(name, 600) + 5)
+    sent = await rig.messages(name)
+    assert slots(sent) == ["2024-05-01T12:05:00Z", "2024-05-01T12:10:00Z"]
+    assert rig.runs_of(name) == [
+        (300, "enqueued", None),
+        (600, "held", "overlap"),
+        (600, "enqueued", "overlap-released"),
+    ]

@@ -201,6 +201,16 @@ def test_toml_cannot_express_null(
             "json",
             "entry 1 ('x'): options.end_at: must be after options.start_at",
         ),
+        (
+            '[{"name": "x", "spec": "@hourly", "task_type": "t", "options": {"jitter": 3600}}]',
+            "json",
+            "entry 1 ('x'): options.jitter: must be less than the schedule's shortest gap",
+        ),
+        (
+            '[{"name": "x", "spec": "@hourly", "task_type": "t", "options": {"jitter": true}}]',
+            "json",
+            "entry 1 ('x'): options.jitter: must be a number of seconds > 0",
+        ),
         ("{", "json", "not valid JSON"),
         ("- [unclosed", "yaml", "not valid YAML"),
         ('{"name": "x"}', "json", "expected a list of schedules"),
