@@ -7,11 +7,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import text
+import pytest
+from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.db import schedule_writer
 from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import downgrade, upgrade
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
 
@@ -82,5 +84,45 @@ async def test_the_writers_own_stamps_are_kept(db_url: str) -> None:
             p=PAST,
         )
         assert await _paused(engine) == (None, PAST, "ops")
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
+    # As tests/db/test_migrations.py: a sync fixture can resolve the async database fixtures.
+    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+
+
+async def test_0009_upgrade_keeps_rows_and_downgrade_removes_columns_and_triggers(
+    empty_db_url: str,
+) -> None:
+    await upgrade(empty_db_url, "0008_procrastinate_sent")
+    engine = create_engine(empty_db_url)
+    try:
+        await _sql(
+            engine,
+            "INSERT INTO periodic_jobs (name, spec, task_type, enabled) VALUES"
+            " ('r', '@daily', 't', true), ('p', '@daily', 't', false)",
+        )
+        await upgrade(empty_db_url)
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text("SELECT name, paused_note, paused_at, paused_by FROM periodic_jobs ORDER BY name")
+                )
+            ).all()
+        assert [tuple(r) for r in rows] == [("p", None, None, None), ("r", None, None, None)]
+        await _sql(engine, "UPDATE periodic_jobs SET enabled = false WHERE name = 'r'")
+        assert (await _paused(engine))[2] == "sql"
+
+        await downgrade(empty_db_url, "0008_procrastinate_sent")
+        async with engine.connect() as conn:
+            columns = {c["name"] for c in await conn.run_sync(lambda c: inspect(c).get_columns("periodic_jobs"))}
+        assert not {"paused_note", "paused_at", "paused_by"} & columns
+        await _sql(engine, "UPDATE periodic_jobs SET enabled = true")  # no trigger left behind
+        async with engine.connect() as conn:
+            count = (await conn.execute(text("SELECT count(*) FROM periodic_jobs"))).scalar()
+        assert count == 2
     finally:
         await engine.dispose()
