@@ -34,7 +34,9 @@ from periodic_manager.schedules.definition import UNKNOWN_START
 # manager judges, then ``effective_at`` (bookkeeping the manager reads, never a row error), then
 # the columns only people read. The manager's cache and its RowError hash cover all but DISPLAY.
 CONTENT = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options")
-DISPLAY = ("description", "created_at", "updated_at", "paused_note", "paused_at", "paused_by")
+# Who paused the row, when and why (migration 0009): shown by the API, never exported or imported.
+PAUSED = ("paused_note", "paused_at", "paused_by")
+DISPLAY = ("description", "created_at", "updated_at", *PAUSED)
 FIELDS = ("id", "enabled", *CONTENT, "effective_at", *DISPLAY)
 N_JUDGED = 3 + len(CONTENT)  # id, enabled, content, effective_at
 EFFECTIVE = N_JUDGED - 1

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.db import schedule_writer
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
+from periodic_manager.schedules.import_export import export_entries
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
 
@@ -124,5 +125,28 @@ async def test_0009_upgrade_keeps_rows_and_downgrade_removes_columns_and_trigger
         async with engine.connect() as conn:
             count = (await conn.execute(text("SELECT count(*) FROM periodic_jobs"))).scalar()
         assert count == 2
+    finally:
+        await engine.dispose()
+
+
+async def test_export_ignores_unreadable_pause_columns_and_an_import_pause_is_by_import(
+    db_url: str,
+) -> None:
+    engine = create_engine(db_url)
+    try:
+        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')")
+        schedule_id = await _id(engine)
+        await schedule_writer.write_import(
+            engine,
+            [schedule_writer.RowWrite({"enabled": False}, row_id=schedule_id, was_enabled=True)],
+            [],
+            PAST,
+        )
+        assert await _paused(engine) == (None, PAST, "import")
+        hostile = "'yesterday'" if engine.dialect.name == "sqlite" else "'infinity'"
+        await _sql(engine, f"UPDATE periodic_jobs SET paused_at = {hostile}")
+        export = await export_entries(engine)
+        assert export.invalid == []
+        assert export.entries == [{"name": "r", "spec": "@daily", "task_type": "t", "enabled": False}]
     finally:
         await engine.dispose()
