@@ -126,7 +126,7 @@ class PauseRequest(BaseModel):
 
 class PausedInfo(BaseModel):
     """Who paused a schedule, when and why. Each is null when unknown: paused before these were
-    kept, created paused, or a stored value that cannot be read (``errors`` names it)."""
+    kept, no note given, or a stored value that cannot be read (``errors`` names it)."""
 
     note: str | None = Field(description="the note given with the pause")
     at: datetime | None = Field(description="when it was paused")

@@ -7,13 +7,13 @@ them, so they are no part of a schedule's content (nor of what a sync compares) 
 never restarts an entry.
 
 The schedule writer sets them itself: a pause (``POST /schedules/{id}/pause``, a PATCH or an
-import that sets ``enabled`` to false) stamps ``paused_at`` with its clock and ``paused_by``
-(``api``, ``import``) and the note; a resume clears all three. For plain SQL, triggers do the
-same: an UPDATE that turns ``enabled`` from anything but false to false gets
-``paused_at = now`` and ``paused_by = 'sql'`` (and no note, unless the statement gives one), and
-one that turns it to true gets all three cleared, unless the statement sets ``paused_at`` or
-``paused_by`` itself (the writer does): a statement that sets a column keeps its value, as the
-triggers of 0004 do for ``effective_at``. Rows paused before this migration have no stamps
+import that sets ``enabled`` to false, a row created paused) stamps ``paused_at`` with its clock,
+``paused_by`` (``api``, ``import``) and the note; a resume clears all three. For plain SQL,
+triggers do the same: an INSERT of a paused row, and an UPDATE that turns ``enabled`` from
+anything but false to false, get ``paused_at = now`` and ``paused_by = 'sql'`` (and no note,
+unless the statement gives one); an UPDATE that turns it to true gets all three cleared. A
+statement that sets ``paused_at`` or ``paused_by`` itself (the writer does) keeps its values, as
+the triggers of 0004 do for ``effective_at``. Rows paused before this migration have no stamps
 (null: unknown).
 
 Revision ID: 0009_pause_note
@@ -36,6 +36,13 @@ depends_on: str | Sequence[str] | None = None
 PG_UP = [
     """CREATE FUNCTION pm_jobs_paused() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
+      IF TG_OP = 'INSERT' THEN
+        IF NEW.enabled IS FALSE AND NEW.paused_at IS NULL AND NEW.paused_by IS NULL THEN
+          NEW.paused_at := statement_timestamp();
+          NEW.paused_by := 'sql';
+        END IF;
+        RETURN NEW;
+      END IF;
       IF NEW.paused_at IS DISTINCT FROM OLD.paused_at
          OR NEW.paused_by IS DISTINCT FROM OLD.paused_by THEN
         RETURN NEW;  -- the statement stamps them itself (the schedule writer)
@@ -51,7 +58,7 @@ PG_UP = [
       END IF;
       RETURN NEW;
     END $$""",
-    """CREATE TRIGGER pm_jobs_paused BEFORE UPDATE ON periodic_jobs
+    """CREATE TRIGGER pm_jobs_paused BEFORE INSERT OR UPDATE ON periodic_jobs
     FOR EACH ROW EXECUTE FUNCTION pm_jobs_paused()""",
 ]
 PG_DOWN = [
@@ -65,6 +72,10 @@ _NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
 _UNSTAMPED = "NEW.paused_at IS OLD.paused_at AND NEW.paused_by IS OLD.paused_by"
 _NOTE = "CASE WHEN NEW.paused_note IS OLD.paused_note THEN NULL ELSE NEW.paused_note END"
 SQLITE_UP = [
+    f"""CREATE TRIGGER pm_jobs_paused_insert AFTER INSERT ON periodic_jobs
+    WHEN NEW.enabled IS 0 AND NEW.paused_at IS NULL AND NEW.paused_by IS NULL BEGIN
+      UPDATE periodic_jobs SET paused_at = {_NOW}, paused_by = 'sql' WHERE id = NEW.id;
+    END""",
     f"""CREATE TRIGGER pm_jobs_paused AFTER UPDATE ON periodic_jobs
     WHEN {_UNSTAMPED} AND NEW.enabled IS 0 AND OLD.enabled IS NOT 0 BEGIN
       UPDATE periodic_jobs SET paused_at = {_NOW}, paused_by = 'sql', paused_note = {_NOTE}
@@ -79,6 +90,7 @@ SQLITE_UP = [
 SQLITE_DOWN = [
     "DROP TRIGGER IF EXISTS pm_jobs_resumed",
     "DROP TRIGGER IF EXISTS pm_jobs_paused",
+    "DROP TRIGGER IF EXISTS pm_jobs_paused_insert",
 ]
 
 COLUMNS = ("paused_note", "paused_at", "paused_by")

@@ -2,7 +2,8 @@
 
 What every write of a row gets here, and nowhere else:
 
-* **stamps**: a new row is born at ``now`` (``created_at``, ``updated_at``, ``effective_at``);
+* **stamps**: a new row is born at ``now`` (``created_at``, ``updated_at``, ``effective_at``,
+  and ``paused_at`` with ``paused_by`` when it is created paused);
   a change gets ``updated_at = now``, and ``effective_at = now`` when it gives the schedule new
   slots or keys (a :data:`TIMING` column) or resumes it, so no look back of a manager (a
   takeover re-sending the last ``grace``, a ``fire_once`` catch-up) reaches before the edit.
@@ -45,9 +46,12 @@ T = PeriodicJob.__table__.c
 TIMING = frozenset({"name", "spec", "timezone", "anchor"})
 
 
-def born(now: datetime) -> dict[str, Any]:
-    """The stamps of a row inserted at ``now``."""
-    return {"created_at": now, "updated_at": now, "effective_at": now}
+def born(now: datetime, fields: Mapping[str, Any], *, by: str = "api") -> dict[str, Any]:
+    """The stamps of a row ``fields`` inserted at ``now`` (one created paused: paused by ``by``)."""
+    out: dict[str, Any] = {"created_at": now, "updated_at": now, "effective_at": now}
+    if fields.get("enabled") is False:
+        out.update(paused_at=now, paused_by=by)
+    return out
 
 
 def stamps(
@@ -100,7 +104,7 @@ async def create(conn: AsyncConnection, fields: Mapping[str, Any], now: datetime
     name = fields["name"]
     if await _name_taken(conn, name):
         raise NameConflict(name)
-    stmt = insert(PeriodicJob).values(**fields, **born(now)).returning(T.id)
+    stmt = insert(PeriodicJob).values(**fields, **born(now, fields)).returning(T.id)
     return int((await _commit(conn, stmt, name)).scalar_one())
 
 
@@ -214,7 +218,8 @@ async def write_import(
         for row in rows:
             stored = {c: bind(c, r, sqlite) for c, r in row.stored.items()}
             if row.row_id is None:
-                await conn.execute(insert(PeriodicJob).values(**{**row.values, **born(now), **stored}))
+                stamped = born(now, row.values, by="import")
+                await conn.execute(insert(PeriodicJob).values(**{**row.values, **stamped, **stored}))
                 continue
             written = {**row.values, **stored}
             # New slots or keys, or a resume: nothing before now may be looked back at.

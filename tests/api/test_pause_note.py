@@ -47,6 +47,9 @@ async def test_pause_with_a_note_is_stored_and_shown_and_resume_clears_it(
     r = await client.post(f"/schedules/{s['id']}/resume")
     r = await client.post(f"/schedules/{s['id']}/pause", json={})
     assert r.status_code == 200 and r.json()["paused"]["note"] is None
+    # Created paused: by the API, at its creation.
+    created = await create(client, name="born.paused", enabled=False)
+    assert created["paused"] == {"note": None, "at": iso(T0 + timedelta(seconds=5)), "by": "api"}
 
 
 @pytest.mark.parametrize(

@@ -150,3 +150,29 @@ async def test_export_ignores_unreadable_pause_columns_and_an_import_pause_is_by
         assert export.entries == [{"name": "r", "spec": "@daily", "task_type": "t", "enabled": False}]
     finally:
         await engine.dispose()
+
+
+async def test_a_row_created_paused_is_stamped(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type, enabled) VALUES ('r', '@daily', 't', false)"
+        )
+        note, at, by = await _paused(engine)
+        assert note is None and by == "sql" and at.astimezone(UTC) > PAST
+        await _sql(engine, "DELETE FROM periodic_jobs")
+        await _sql(
+            engine,
+            "INSERT INTO periodic_jobs (name, spec, task_type, enabled, paused_at, paused_by, paused_note)"
+            " VALUES ('r', '@daily', 't', false, :p, 'ops', 'n')",
+            p=PAST,
+        )
+        assert await _paused(engine) == ("n", PAST, "ops")
+        async with engine.connect() as conn:
+            await schedule_writer.create(
+                conn, {"name": "api", "spec": "@daily", "task_type": "t", "enabled": False}, PAST
+            )
+            row = (await conn.execute(text("SELECT paused_by FROM periodic_jobs WHERE name = 'api'"))).one()
+        assert row[0] == "api"
+    finally:
+        await engine.dispose()
