@@ -205,8 +205,19 @@ def stored_text(v: dbview.RowView, field: str) -> str | None:
     return raw
 
 
+PAUSED = {"paused_note": "note", "paused_at": "at", "paused_by": "by"}
+
+
 def schedule_body(v: dbview.RowView) -> dict[str, Any]:
-    body = {"id": v.id, **{k: v.values[k] for k in dbrows.FIELDS[1:] if k != "effective_at"}}
+    body = {
+        "id": v.id,
+        **{k: v.values[k] for k in dbrows.FIELDS[1:] if k != "effective_at" and k not in PAUSED},
+    }
+    # Who paused it, when and why: shown while it is paused (a value that cannot be read is null,
+    # and ``errors`` names its column).
+    body["paused"] = (
+        {shown: v.values[k] for k, shown in PAUSED.items()} if v.enabled is False else None
+    )
     body["errors"] = api_errors(v)
     return body
 

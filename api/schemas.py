@@ -3,6 +3,7 @@ database would refuse is a 422 here, never a driver error."""
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -97,6 +98,46 @@ class ScheduleUpdate(BaseModel):
     anchor: Anchor | None = _unchanged()
 
 
+NOTE_MAX = 500
+
+
+def _no_controls(value: Any) -> Any:
+    # A note is one line of text people read on the dashboard: no control characters (NUL,
+    # newlines, escapes, C1), which would also let a note pass itself off as other output.
+    if isinstance(value, str) and any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("must not contain control characters (one line of text)")
+    return value
+
+
+class PauseRequest(BaseModel):
+    """The optional body of ``POST /schedules/{id}/pause``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    note: Annotated[
+        str,
+        Field(max_length=NOTE_MAX, examples=["database maintenance until 14:00"]),
+        AfterValidator(_no_controls),
+    ] | None = Field(
+        None,
+        description=f"why the schedule is paused (up to {NOTE_MAX} characters, one line), "
+        "shown with the schedule until it resumes",
+    )
+
+
+class PausedInfo(BaseModel):
+    """Who paused a schedule, when and why. Each is null when unknown: paused before these were
+    kept, no note given, or a stored value that cannot be read (``errors`` names it)."""
+
+    note: str | None = Field(description="the note given with the pause")
+    at: datetime | None = Field(description="when it was paused")
+    by: str | None = Field(
+        description="`api` (the API: its tokens have no names), `import`, `sql` (a plain SQL "
+        "UPDATE of `enabled`), or whatever a SQL statement wrote",
+        examples=["api"],
+    )
+
+
 class ScheduleError(BaseModel):
     """Why a schedule cannot be used (or a column cannot be read)."""
 
@@ -146,6 +187,9 @@ class Schedule(BaseModel):
     description: str | None
     created_at: datetime | None
     updated_at: datetime | None
+    paused: PausedInfo | None = Field(
+        None, description="when `enabled` is false: who paused it, when and why; else null"
+    )
     errors: list[ScheduleError] = Field(description=ERRORS_DOC)
 
 

@@ -38,6 +38,7 @@ from ..runtime import (
 )
 from ..schemas import (
     NoNul,
+    PauseRequest,
     ScheduleCreate,
     ScheduleDetail,
     ScheduleError,
@@ -292,15 +293,19 @@ async def _set_enabled(
     conn: Connection,
     now: datetime,
     if_match: str | None,
+    note: str | None = None,
 ) -> ScheduleWithRuns:
     row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
-    if row.enabled is not enabled:  # idempotent: pausing a paused schedule changes nothing
+    # Idempotent: pausing a paused schedule changes nothing (not even its note: who paused it
+    # first, when and why stays), resuming an enabled one neither.
+    if row.enabled is not enabled:
         if enabled:
             # Resuming must not bring back a row that no manager could use.
             validate_write(request, {**merge_base(row), "enabled": True}, now)
+        # The API's tokens have no names: every pause through it is by "api".
         await schedule_writer.set_enabled(
-            conn, schedule_id, enabled, was_enabled=row.enabled, now=now
+            conn, schedule_id, enabled, was_enabled=row.enabled, now=now, note=note, by="api"
         )
         notify_manager(request)
         row = await _reread(request, conn, schedule_id)
@@ -315,6 +320,9 @@ async def _set_enabled(
     response_model=ScheduleWithRuns,
     responses={**NOT_FOUND, **STALE},
     summary="Pause a schedule (enabled = false; its entry is removed, the row stays)",
+    description="An optional body `{\"note\": \"...\"}` says why; the note, when and by whom "
+    "(`api`) are kept until the schedule resumes and shown as `paused`. Pausing a paused "
+    "schedule changes nothing, its note neither.",
 )
 async def pause_schedule(
     schedule_id: ScheduleId,
@@ -322,9 +330,11 @@ async def pause_schedule(
     response: Response,
     conn: Conn,
     now: Now,
+    body: PauseRequest | None = None,
     if_match: IfMatch = None,
 ) -> ScheduleWithRuns:
-    return await _set_enabled(schedule_id, False, request, response, conn, now, if_match)
+    note = body.note if body is not None else None
+    return await _set_enabled(schedule_id, False, request, response, conn, now, if_match, note)
 
 
 @router.post(

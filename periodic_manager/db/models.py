@@ -104,6 +104,12 @@ class PeriodicJob(Base):
     # commit order (writers of this table are serialized), so "rows with revision > watermark" is
     # exactly what changed since a sync. Never written by hand.
     revision: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0", index=True)
+    # Who paused the schedule, when and why (migration 0009): set by the schedule writer on a pause
+    # (``paused_by``: "api", "import"), by a trigger for plain SQL ("sql"), cleared on resume. Read
+    # by people only: no part of the schedule's content.
+    paused_note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    paused_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    paused_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class DeletedJob(Base):

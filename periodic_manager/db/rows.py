@@ -34,11 +34,13 @@ from periodic_manager.schedules.definition import UNKNOWN_START
 # manager judges, then ``effective_at`` (bookkeeping the manager reads, never a row error), then
 # the columns only people read. The manager's cache and its RowError hash cover all but DISPLAY.
 CONTENT = ("name", "spec", "timezone", "anchor", "task_type", "payload", "options")
-DISPLAY = ("description", "created_at", "updated_at")
+# Who paused the row, when and why (migration 0009): shown by the API, never exported or imported.
+PAUSED = ("paused_note", "paused_at", "paused_by")
+DISPLAY = ("description", "created_at", "updated_at", *PAUSED)
 FIELDS = ("id", "enabled", *CONTENT, "effective_at", *DISPLAY)
 N_JUDGED = 3 + len(CONTENT)  # id, enabled, content, effective_at
 EFFECTIVE = N_JUDGED - 1
-_INSTANTS = frozenset({"anchor", "effective_at", "created_at", "updated_at"})
+_INSTANTS = frozenset({"anchor", "effective_at", "created_at", "updated_at", "paused_at"})
 _JSON = frozenset({"payload", "options"})
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

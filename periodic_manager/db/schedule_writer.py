@@ -2,11 +2,14 @@
 
 What every write of a row gets here, and nowhere else:
 
-* **stamps**: a new row is born at ``now`` (``created_at``, ``updated_at``, ``effective_at``);
+* **stamps**: a new row is born at ``now`` (``created_at``, ``updated_at``, ``effective_at``,
+  and ``paused_at`` with ``paused_by`` when it is created paused);
   a change gets ``updated_at = now``, and ``effective_at = now`` when it gives the schedule new
   slots or keys (a :data:`TIMING` column) or resumes it, so no look back of a manager (a
   takeover re-sending the last ``grace``, a ``fire_once`` catch-up) reaches before the edit.
-  The triggers of migration 0004 keep values a statement sets, and stamp plain SQL edits alike.
+  A pause gets ``paused_at = now`` and ``paused_by`` (``api``, ``import``), a resume clears
+  them with ``paused_note``. The triggers of migrations 0004 and 0009 keep values a statement
+  sets, and stamp plain SQL edits alike.
 * **names**: a name another row holds is a :class:`~periodic_manager.errors.NameConflict`, found
   before the write, or raised by the unique index when a concurrent writer won the race.
 * **locking**: the API's check-merge-write (If-Match, a PATCH merged over the stored row) reads
@@ -43,18 +46,31 @@ T = PeriodicJob.__table__.c
 TIMING = frozenset({"name", "spec", "timezone", "anchor"})
 
 
-def born(now: datetime) -> dict[str, Any]:
-    """The stamps of a row inserted at ``now``."""
-    return {"created_at": now, "updated_at": now, "effective_at": now}
+def born(now: datetime, fields: Mapping[str, Any], *, by: str = "api") -> dict[str, Any]:
+    """The stamps of a row ``fields`` inserted at ``now`` (one created paused: paused by ``by``)."""
+    out: dict[str, Any] = {"created_at": now, "updated_at": now, "effective_at": now}
+    if fields.get("enabled") is False:
+        out.update(paused_at=now, paused_by=by)
+    return out
 
 
-def stamps(written: Mapping[str, Any], was_enabled: Any, now: datetime) -> dict[str, Any]:
+def stamps(
+    written: Mapping[str, Any], was_enabled: Any, now: datetime, *, by: str = "api"
+) -> dict[str, Any]:
     """``updated_at`` (and ``effective_at`` when the timing changes or the row resumes) of a write
     of the columns ``written``, by the writer's clock (the triggers of migration 0004 keep values
-    a statement sets). ``was_enabled``: the row's ``enabled`` before (None: unreadable)."""
+    a statement sets). ``was_enabled``: the row's ``enabled`` before (None: unreadable).
+
+    A pause (``enabled`` to false) is stamped ``paused_at = now``, ``paused_by = by`` and no note;
+    a resume clears the three (the triggers of migration 0009 keep values a statement sets)."""
     out: dict[str, Any] = {"updated_at": now}
-    if TIMING & written.keys() or (written.get("enabled") is True and was_enabled is not True):
+    enabled = written.get("enabled")
+    if TIMING & written.keys() or (enabled is True and was_enabled is not True):
         out["effective_at"] = now
+    if enabled is False and was_enabled is not False:
+        out.update(paused_note=None, paused_at=now, paused_by=by)
+    elif enabled is True and was_enabled is not True:
+        out.update(paused_note=None, paused_at=None, paused_by=None)
     return out
 
 
@@ -88,7 +104,7 @@ async def create(conn: AsyncConnection, fields: Mapping[str, Any], now: datetime
     name = fields["name"]
     if await _name_taken(conn, name):
         raise NameConflict(name)
-    stmt = insert(PeriodicJob).values(**fields, **born(now)).returning(T.id)
+    stmt = insert(PeriodicJob).values(**fields, **born(now, fields)).returning(T.id)
     return int((await _commit(conn, stmt, name)).scalar_one())
 
 
@@ -111,10 +127,20 @@ async def update_row(
 
 
 async def set_enabled(
-    conn: AsyncConnection, schedule_id: int, enabled: bool, *, was_enabled: Any, now: datetime
+    conn: AsyncConnection,
+    schedule_id: int,
+    enabled: bool,
+    *,
+    was_enabled: Any,
+    now: datetime,
+    note: str | None = None,
+    by: str = "api",
 ) -> None:
-    """Pause or resume the row (with its stamps), and commit."""
-    written = {"enabled": enabled, **stamps({"enabled": enabled}, was_enabled, now)}
+    """Pause (with ``note``, stamped as paused by ``by``) or resume the row (with its stamps),
+    and commit."""
+    written = {"enabled": enabled, **stamps({"enabled": enabled}, was_enabled, now, by=by)}
+    if not enabled:
+        written["paused_note"] = note
     await conn.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
     await conn.commit()
 
@@ -192,11 +218,12 @@ async def write_import(
         for row in rows:
             stored = {c: bind(c, r, sqlite) for c, r in row.stored.items()}
             if row.row_id is None:
-                await conn.execute(insert(PeriodicJob).values(**{**row.values, **born(now), **stored}))
+                stamped = born(now, row.values, by="import")
+                await conn.execute(insert(PeriodicJob).values(**{**row.values, **stamped, **stored}))
                 continue
             written = {**row.values, **stored}
             # New slots or keys, or a resume: nothing before now may be looked back at.
-            values = {**stamps(written, row.was_enabled, now), **written}
+            values = {**stamps(written, row.was_enabled, now, by="import"), **written}
             await conn.execute(update(PeriodicJob).where(T.id == row.row_id).values(**values))
             if row.updated_at is not None:
                 # Written again alone: the edit above has the triggers stamp it (0004).

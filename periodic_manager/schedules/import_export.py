@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db import schedule_writer
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Engine, on_sqlite
@@ -186,7 +187,9 @@ async def export_entries(
     stored = await _stored(engine, max_payload_bytes, targets)
     for row in sorted(stored, key=lambda r: (r.view.values["name"] or "", r.view.id)):
         v = row.view
-        if not v.errors:
+        # An unreadable pause column (not part of a file entry) makes no entry invalid; any
+        # other error comes before it (see dbview.view).
+        if all(f in dbrows.PAUSED for f, _ in v.errors):
             out.entries.append(_entry_of(v))
             continue
         out.entries.append(_stored_entry_of(row, nulls_as_stored))

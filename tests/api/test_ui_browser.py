@@ -174,6 +174,25 @@ def test_pause_resume_and_trigger_show_the_answer_and_the_run(
     assert [r["status"] for r in runs] == ["triggered"]
 
 
+def test_a_pause_note_is_sent_and_shown_beside_the_paused_badge(
+    driver: Any, server: browser.Server
+) -> None:
+    d = driver
+    sid = api_create(server, name="browser.note", spec="0 6 * * *")
+    open_page(d, f"{server.base}/ui/schedules/{sid}")
+    type_into(d, "#pause-note", "<b>db</b> maintenance")
+    d.find_element("css selector", "#pause").click()
+    wait_text(d, "#answer", f"POST /schedules/{sid}/pause → 200 OK: enabled = false")
+    info = wait_text(d, "#paused-info", "by api")
+    assert "<b>db</b> maintenance" in info  # as text, never HTML
+    assert d.find_elements("css selector", "#paused-info b") == []
+    paused = httpx.get(f"{server.base}/schedules/{sid}").json()["paused"]
+    assert (paused["note"], paused["by"]) == ("<b>db</b> maintenance", "api")
+    d.find_element("css selector", "#resume").click()
+    wait(d, lambda d: displayed(d, "#pause"), "the pause button")
+    assert d.find_elements("css selector", "#paused-info") == []
+
+
 def test_a_schedule_past_its_end_is_shown_ended_on_its_page_and_in_the_list(
     driver: Any, server: browser.Server
 ) -> None:

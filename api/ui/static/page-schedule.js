@@ -19,6 +19,15 @@ function column(s, field, value) {
     h("div", { class: "sub" }, `as stored; unusable: ${bad.reason}`));
 }
 
+// Who paused it, when and why (POST /schedules/{id}/pause with a note; "sql": a plain SQL UPDATE).
+function pausedInfo(s) {
+  const p = s.enabled === false ? s.paused : null;
+  if (!p || (!p.at && !p.by && !p.note)) return null;
+  return h("span", { class: "sub", id: "paused-info" },
+    " ", p.at ? `since ${utc(p.at)}` : "", p.by ? ` by ${p.by}` : "",
+    p.note ? [": ", h("q", { id: "paused-note" }, p.note)] : "");
+}
+
 function config(s) {
   const options = s.options && typeof s.options === "object" && !Array.isArray(s.options) ? s.options : null;
   const rows = [
@@ -30,7 +39,7 @@ function config(s) {
     ["Queue", options && (s.errors || []).every((e) => e.field !== "options") ? options.queue || "default" : "—"],
     ["Payload", column(s, "payload", s.payload)],
     ["Options", column(s, "options", s.options)],
-    ["State", stateBadge(s.enabled)],
+    ["State", h("span", {}, stateBadge(s.enabled), pausedInfo(s))],
     ["Description", s.description || "—"],
     ["Created", utc(s.created_at)],
     ["Updated", utc(s.updated_at)],
@@ -162,11 +171,15 @@ function actions(s, etag, reload) {
     show(what, answer, answer.ok ? describe(answer) : problemText(answer.data));
     return answer;
   };
+  // An optional note goes with a pause (the API keeps it, with when and by whom, until resumed).
+  const note = h("input", { type: "text", id: "pause-note", maxlength: "500", placeholder: "Pause note (optional)",
+    "aria-label": "Pause note (optional)" });
   const toggle = s.enabled
-    ? h("button", { type: "button", id: "pause", onclick: async () => {
-        const a = await run(`POST /schedules/${s.id}/pause`, "POST", `/schedules/${s.id}/pause`, {}, (x) => `enabled = ${x.data.enabled}`);
+    ? h("span", {}, note, " ", h("button", { type: "button", id: "pause", onclick: async () => {
+        const body = note.value.trim() ? { body: { note: note.value.trim() } } : {};
+        const a = await run(`POST /schedules/${s.id}/pause`, "POST", `/schedules/${s.id}/pause`, body, (x) => `enabled = ${x.data.enabled}`);
         if (a && a.ok) await reload(answerLine);
-      } }, "Pause")
+      } }, "Pause"))
     : h("button", { type: "button", id: "resume", onclick: async () => {
         const a = await run(`POST /schedules/${s.id}/resume`, "POST", `/schedules/${s.id}/resume`, {}, (x) => `enabled = ${x.data.enabled}`);
         if (a && a.ok) await reload(answerLine);
