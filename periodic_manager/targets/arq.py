@@ -37,13 +37,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Previous, Task
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import overlap_of, split_payload
+from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
-from periodic_manager.targets.redis.errors import KeyTypeError, redis_errors
-from periodic_manager.targets.redis.flags import BUSY, NEW, SENT, WRONGTYPE, wrong_type
+from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
@@ -179,100 +179,41 @@ class ArqTarget:
         return ArqJob(str(queue), bytes(body), enqueued_ms, expires_ms)
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim and write every task's job, one script per queue and chunk; report each task
-        in input order. Raises TargetError when Redis fails (what a script wrote stays, and a
-        retry finds it claimed)."""
-        if not tasks:
-            return []
-        results: list[EnqueueResult | None] = [None] * len(tasks)
-        jobs: dict[int, ArqJob] = {}
-        for index, task in enumerate(tasks):
-            try:
-                jobs[index] = self.job(task, now)
-            except (TypeError, ValueError) as exc:
-                results[index] = EnqueueResult(task, "failed", error=f"arq: {exc}")
-        send = [i for i in jobs if overlap_of(tasks[i]) == "allow"]
-        after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
-        decided: Decided | None = None
-        if after:  # options.overlap: written only where the previous job finished
-            with redis_errors("arq: previous jobs", self.timeout):
-                async with asyncio.timeout(self.timeout):
-                    decided = await self.previous.read(tasks, after, now, flag="1")
-            for index, result in decided.results.items():
-                results[index] = result
-            send += decided.free
-        flags = await self._write(tasks, jobs, send, decided, now)
-        for index, flag in flags.items():
-            task = tasks[index]
-            if flag == NEW:
-                results[index] = EnqueueResult(task, "enqueued", task.id)
-            elif flag == SENT:
-                results[index] = EnqueueResult(task, "duplicate", task.id)
-            elif flag == BUSY:  # another manager sent a job of this schedule since it was read
-                results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-            elif flag == WRONGTYPE:
-                assert decided is not None  # only the previous-job key may be of another type
-                error = wrong_type("arq", decided.written[index][0])
-                results[index] = EnqueueResult(task, "failed", error=error)
-            else:  # the error text of a call refused whole (KeyTypeError)
-                results[index] = EnqueueResult(task, "failed", error=str(flag))
-            if decided is not None and flag == NEW and index in decided.previous:
-                results[index].previous = decided.previous[index]  # type: ignore[union-attr]
-        return [r for r in results if r is not None]
+        """Claim and write every task's job, one script per queue and chunk of CHUNK (at most
+        ``concurrency`` at once); report each task in input order. Raises TargetError when Redis
+        fails (what a script wrote stays, and a retry finds it claimed)."""
+        batch = JobBatch(
+            "arq", self.job, self._call, self.previous, self.timeout, self.concurrency, CHUNK
+        )
+        return await batch.enqueue(tasks, now)
 
-    async def _write(
+    async def _call(
         self,
+        queue: str,
+        part: list[int],
         tasks: Sequence[Task],
         jobs: dict[int, ArqJob],
-        indices: list[int],
         decided: Decided | None,
         now: datetime,
-    ) -> dict[int, int | str]:
-        """Run the script for ``indices``, grouped by queue in chunks of CHUNK, at most
-        ``concurrency`` calls at once. Flags by index (redis/flags.py); a queue whose key holds
-        another type fails the tasks of its calls alone (flag: the error text, the script wrote
-        nothing). Raises TargetError for any other failure of Redis."""
-        by_queue: dict[str, list[int]] = {}
-        for index in indices:
-            by_queue.setdefault(jobs[index].queue, []).append(index)
-        calls = [
-            (queue, part[start : start + CHUNK])
-            for queue, part in by_queue.items()
-            for start in range(0, len(part), CHUNK)
-        ]
-        gate = asyncio.Semaphore(self.concurrency)
+    ) -> list[Any]:
+        """One script call for the jobs ``part`` of ``queue``: a flag per job."""
         from arq.constants import job_key_prefix, result_key_prefix
 
-        async def one(queue: str, part: list[int]) -> list[int | str]:
-            rows: list[list[Any]] = []
-            for index in part:
-                task, job = tasks[index], jobs[index]
-                row: list[Any] = [
-                    task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.score_ms,
-                    job.expires_ms, len(job.body),
-                ]  # fmt: skip
-                if decided is not None and index in decided.written:
-                    row += list(decided.written[index])
-                rows.append(row)
-            args = [
-                self.claims.key(""), job_key_prefix, result_key_prefix, json.dumps(rows),
-                b"".join(jobs[i].body for i in part),
+        rows: list[list[Any]] = []
+        for index in part:
+            task, job = tasks[index], jobs[index]
+            row: list[Any] = [
+                task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.score_ms,
+                job.expires_ms, len(job.body),
             ]  # fmt: skip
-            async with gate:
-                try:
-                    with redis_errors("arq: redis", self.timeout):
-                        async with asyncio.timeout(self.timeout):
-                            reply = await self._script(keys=[queue], args=args)
-                except KeyTypeError as exc:  # the queue's key is unusable: its tasks fail alone
-                    return [str(exc)] * len(part)
-            return [int(f) for f in reply]
-
-        replies = await asyncio.gather(*(one(q, part) for q, part in calls))
-        return {
-            index: flag
-            for (_, part), reply in zip(calls, replies, strict=True)
-            for index, flag in zip(part, reply, strict=True)
-        }
+            if decided is not None and index in decided.written:
+                row += list(decided.written[index])
+            rows.append(row)
+        args = [
+            self.claims.key(""), job_key_prefix, result_key_prefix, json.dumps(rows),
+            b"".join(jobs[i].body for i in part),
+        ]  # fmt: skip
+        return list(await self._script(keys=[queue], args=args))
 
     async def _states(self, job_ids: Sequence[str]) -> list[str]:
         """arq's status of each job: running (in progress), queued (its job key exists: queued,

@@ -42,13 +42,13 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Previous, Task
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
 from periodic_manager.errors import TargetError
-from periodic_manager.targets.base import overlap_of, split_payload
+from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
-from periodic_manager.targets.redis.errors import KeyTypeError, redis_errors
-from periodic_manager.targets.redis.flags import BUSY, NEW, SENT, WRONGTYPE, wrong_type
+from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
@@ -205,104 +205,39 @@ class RqTarget:
         return int(Queue.DEFAULT_TIMEOUT)
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim and enqueue every task's job, one script per queue and chunk; report each task
-        in input order. Raises TargetError when Redis fails (what a script wrote stays, and a
-        retry finds it claimed)."""
-        if not tasks:
-            return []
-        results: list[EnqueueResult | None] = [None] * len(tasks)
-        jobs: dict[int, RqJob] = {}
-        for index, task in enumerate(tasks):
-            try:
-                jobs[index] = self.job(task, now)
-            except (TypeError, ValueError) as exc:
-                results[index] = EnqueueResult(task, "failed", error=f"rq: {exc}")
-        send = [i for i in jobs if overlap_of(tasks[i]) == "allow"]
-        after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
-        decided: Decided | None = None
-        if after:  # options.overlap: written only where the previous job finished
-            with redis_errors("rq: previous jobs", self.timeout):
-                async with asyncio.timeout(self.timeout):
-                    decided = await self.previous.read(tasks, after, now, flag="1")
-            for index, result in decided.results.items():
-                results[index] = result
-            send += decided.free
-        flags = await self._write(tasks, jobs, send, decided, now)
-        for index, flag in flags.items():
-            task = tasks[index]
-            if flag == NEW:
-                results[index] = EnqueueResult(task, "enqueued", task.id)
-            elif flag == SENT:
-                results[index] = EnqueueResult(task, "duplicate", task.id)
-            elif flag == BUSY:  # another manager sent a job of this schedule since it was read
-                results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
-            elif flag == WRONGTYPE:
-                assert decided is not None  # only the previous-job key may be of another type
-                error = wrong_type("rq", decided.written[index][0])
-                results[index] = EnqueueResult(task, "failed", error=error)
-            else:  # the error text of a call refused whole (KeyTypeError)
-                results[index] = EnqueueResult(task, "failed", error=str(flag))
-            if decided is not None and flag == NEW and index in decided.previous:
-                results[index].previous = decided.previous[index]  # type: ignore[union-attr]
-        return [r for r in results if r is not None]
+        """Claim and enqueue every task's job, one script per queue and chunk of CHUNK (at most
+        ``concurrency`` at once); report each task in input order. A queue whose key (or RQ's
+        set of queues) holds another type fails its tasks alone. Raises TargetError when Redis
+        fails (what a script wrote stays, and a retry finds it claimed)."""
+        batch = JobBatch(
+            "rq", self.job, self._call, self.previous, self.timeout, self.concurrency, CHUNK
+        )
+        return await batch.enqueue(tasks, now)
 
-    async def _write(
+    async def _call(
         self,
+        queue: str,
+        part: list[int],
         tasks: Sequence[Task],
         jobs: dict[int, RqJob],
-        indices: list[int],
         decided: Decided | None,
         now: datetime,
-    ) -> dict[int, int | str]:
-        """Run the script for ``indices``, grouped by queue in chunks of CHUNK, at most
-        ``concurrency`` calls at once. Flags by index (redis/flags.py); a queue whose key (or
-        RQ's set of queues) holds another type fails the tasks of its calls alone (flag: the
-        error text, the script wrote nothing). Raises TargetError for any other failure."""
-        by_queue: dict[str, list[int]] = {}
-        for index in indices:
-            by_queue.setdefault(jobs[index].queue, []).append(index)
-        calls = [
-            (queue, part[start : start + CHUNK])
-            for queue, part in by_queue.items()
-            for start in range(0, len(part), CHUNK)
-        ]
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(queue: str, part: list[int]) -> list[int | str]:
-            rows: list[list[Any]] = []
-            fields: list[bytes | str] = []
-            for index in part:
-                task, job = tasks[index], jobs[index]
-                row: list[Any] = [
-                    task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.ttl,
-                    len(job.fields),
-                ]  # fmt: skip
-                if decided is not None and index in decided.written:
-                    row += list(decided.written[index])
-                rows.append(row)
-                fields += job.fields
-            args = [
-                self.claims.key(""),
-                self.job_prefix,
-                self.queues_key,
-                json.dumps(rows),
-                *fields,
-            ]
-            async with gate:
-                try:
-                    with redis_errors("rq: redis", self.timeout):
-                        async with asyncio.timeout(self.timeout):
-                            reply = await self._script(keys=[self.queue_prefix + queue], args=args)
-                except KeyTypeError as exc:  # the queue's key is unusable: its tasks fail alone
-                    return [str(exc)] * len(part)
-            return [int(f) for f in reply]
-
-        replies = await asyncio.gather(*(one(q, part) for q, part in calls))
-        return {
-            index: flag
-            for (_, part), reply in zip(calls, replies, strict=True)
-            for index, flag in zip(part, reply, strict=True)
-        }
+    ) -> list[Any]:
+        """One script call for the jobs ``part`` of ``queue``: a flag per job."""
+        rows: list[list[Any]] = []
+        fields: list[bytes | str] = []
+        for index in part:
+            task, job = tasks[index], jobs[index]
+            row: list[Any] = [
+                task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.ttl,
+                len(job.fields),
+            ]  # fmt: skip
+            if decided is not None and index in decided.written:
+                row += list(decided.written[index])
+            rows.append(row)
+            fields += job.fields
+        args = [self.claims.key(""), self.job_prefix, self.queues_key, json.dumps(rows), *fields]
+        return list(await self._script(keys=[self.queue_prefix + queue], args=args))
 
     async def _states(self, job_ids: Sequence[str]) -> list[str]:
         """RQ's status of each job (see the module docstring): running, queued or finished."""
