@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 from tests.support import ROOT
 
@@ -36,7 +37,29 @@ def _accepting(port: int) -> bool:
         return False
 
 
-class RedisServer:
+class Throwaway:
+    """A service a test starts and stops: as a context manager it is started, and stopped with
+    its files removed however the block ends (a start that fails half-way included)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RedisServer(Throwaway):
     """A ``redis-server`` process the caller kills, freezes and restarts at will.
 
     Use as a context manager (or call :meth:`close`): the process is stopped and its directory
@@ -115,13 +138,6 @@ class RedisServer:
         self.kill()  # SIGKILL ends a stopped (frozen) process too
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class ManagerProcess:
     """A ``python -m periodic_manager manager`` subprocess; its log goes to a file (no pipe fills)."""
@@ -183,7 +199,7 @@ def _postgres_binary(name: str) -> str:
     return found
 
 
-class PostgresServer:
+class PostgresServer(Throwaway):
     """A private PostgreSQL cluster (initdb + pg_ctl) on a free 127.0.0.1 port that requires a
     password (scram-sha-256) even on loopback, unlike the shared test server (trust).
 
@@ -235,14 +251,3 @@ class PostgresServer:
             finally:
                 self.started = False
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -127,17 +127,8 @@ async def test_celery_a_key_of_another_type_fails_its_task_alone_and_leaves_no_c
 
 
 @pytest.fixture
-async def arq(
-    redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
-) -> AsyncIterator[ArqTarget]:
-    target = ArqTarget.from_url(redis_url, prefix=redis_prefix)
-    made: list[str] = []
-    target.made = made  # type: ignore[attr-defined]
-    yield target
-    await target.close()
-    keys = [f"arq:{kind}:{i}" for i in made for kind in ("job", "in-progress", "result", "retry")]
-    if keys:
-        await redis_client.delete(*keys)
+def arq(arq_target: ArqTarget) -> ArqTarget:
+    return arq_target  # tests/targets/conftest.py
 
 
 async def test_arq_a_previous_job_key_of_another_type_fails_that_job_alone(

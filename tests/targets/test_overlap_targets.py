@@ -227,20 +227,6 @@ async def test_outbox_concurrent_managers_never_both_find_a_schedule_free(pg_url
 # -- arq ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def arq_target(
-    redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
-) -> AsyncIterator[ArqTarget]:
-    target = ArqTarget.from_url(redis_url, prefix=redis_prefix)
-    made: list[str] = []
-    target.made = made  # type: ignore[attr-defined]
-    yield target
-    await target.close()
-    keys = [f"arq:{kind}:{i}" for i in made for kind in ("job", "in-progress", "result", "retry")]
-    if keys:
-        await redis_client.delete(*keys)
-
-
 async def test_arq_finished_means_arq_holds_neither_the_job_nor_its_progress(
     arq_target: ArqTarget, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
