@@ -8,19 +8,22 @@ as the manager does (``periodic_manager.db.judge``), so no stored value can fail
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import Request
 
 from periodic_manager import cron
+from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection, on_sqlite
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules import calendars as calendar_rules
+from periodic_manager.schedules.calendars import CalendarSpec
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -53,12 +56,13 @@ COLUMNS = (
 # -- reading -------------------------------------------------------------------------------------
 
 
-def rules(request: Request, conn: Connection) -> dbjudge.Rules:
-    """How this deployment judges rows: backend, size limit, configured targets."""
+async def rules(request: Request, conn: Connection) -> dbjudge.Rules:
+    """How this deployment judges rows: backend, size limit, configured targets, and the
+    calendars options.exclude may name (read now, as the manager reads them at a sync)."""
     settings = state_of(request.app).settings
     return dbjudge.rules_for(
         on_sqlite(conn), settings.max_payload_bytes, settings.configured_targets()
-    )
+    ).with_calendars(await dbcalendars.specs(conn))
 
 
 # -- validating a write ------------------------------------------------------------------------
@@ -70,6 +74,7 @@ def validate_row(
     *,
     targets: Collection[str] | None = None,
     max_payload_bytes: int | None = None,
+    calendars: Mapping[str, CalendarSpec] | None = None,
 ) -> PeriodicTaskConfig:
     """Validate a complete row (a new one or the merge of a PATCH) exactly as the manager would,
     and check that it fires at least once after ``now``. Raises ConfigError naming the field
@@ -77,6 +82,7 @@ def validate_row(
 
     ``targets``: the targets the deployment runs (``Settings.configured_targets()``); a row whose
     ``options.target`` names another is refused, as the manager would refuse it at sync time.
+    ``calendars``: those ``options.exclude`` may name (one it names that is not there: refused).
     """
     for name, value in fields.items():
         if isinstance(value, dbview.Unreadable):
@@ -97,13 +103,16 @@ def validate_row(
             DEFAULT_MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes
         ),
     )
+    calendar_rules.resolve(cfg, calendars)
     # The spec itself must fire; a schedule whose options.end_at has passed is valid (ended).
     if not slot_bounds.slots(cfg.schedule, now, 1, slot_bounds.NO_BOUNDS):
         raise ConfigError("spec", "has no fire time after now")
     return cfg
 
 
-def validate_write(request: Request, fields: dict[str, Any], now: datetime) -> PeriodicTaskConfig:
+async def validate_write(
+    request: Request, conn: Connection, fields: dict[str, Any], now: datetime
+) -> PeriodicTaskConfig:
     """:func:`validate_row` with this deployment's settings; a payload or options over the size
     limit is a 413 problem, any other invalid field a 422."""
     settings = state_of(request.app).settings
@@ -113,6 +122,7 @@ def validate_write(request: Request, fields: dict[str, Any], now: datetime) -> P
             now,
             targets=settings.configured_targets(),
             max_payload_bytes=settings.max_payload_bytes,
+            calendars=await dbcalendars.specs(conn),
         )
     except ConfigError as exc:
         if exc.code != TOO_LARGE:
@@ -137,10 +147,14 @@ def merge_base(v: dbview.RowView) -> dict[str, Any]:
 
 def next_runs(config: PeriodicTaskConfig, now: datetime, n: int = NEXT_RUNS) -> list[datetime]:
     """The next ``n`` slots after ``now`` in UTC within the schedule's bounds (options.start_at,
-    options.end_at), fewer when it ends, ``[]`` if they cannot be computed. The engine's slots:
+    options.end_at) that are sent (none on a date of a calendar options.exclude names), fewer
+    when it ends, ``[]`` if they cannot be computed. The engine's slots:
     :func:`periodic_manager.schedules.bounds.slots`, shared with every preview."""
     try:
-        return slot_bounds.slots(config.schedule, now, n, slot_bounds.bounds_of(config.options))
+        return slot_bounds.slots(
+            config.schedule, now, n, slot_bounds.bounds_of(config.options),
+            config.exclusion, config.timezone,
+        )  # fmt: skip
     except SLOT_ERRORS:
         return []
 

@@ -4,7 +4,7 @@ database would refuse is a 422 here, never a driver error."""
 from __future__ import annotations
 
 import unicodedata
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -401,3 +401,48 @@ class CronPreview(BaseModel):
 class Readiness(BaseModel):
     status: str = Field(examples=["ready"])
     checks: dict[str, str] = Field(examples=[{"database": "ok", "manager": "leader"}])
+
+
+# -- calendars -------------------------------------------------------------------------------------
+
+
+class HolidaysSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    country: str = Field(max_length=3, examples=["DE"], description="ISO 3166 country code")
+    subdiv: str | None = Field(None, max_length=10, examples=["BY"], description="subdivision")
+
+
+class CalendarBody(BaseModel):
+    """The body of ``PUT /calendars/{name}``: exactly one of ``dates`` and ``holidays``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dates: list[str] | None = Field(
+        None, max_length=10_000, examples=[["2026-12-24", "2026-12-31"]],
+        description="dates as YYYY-MM-DD (at most 10,000)",
+    )  # fmt: skip
+    holidays: HolidaysSpec | None = Field(
+        None, description="the public holidays of a country (the holidays package), every year"
+    )
+
+
+class CalendarView(BaseModel):
+    name: str
+    kind: Literal["dates", "holidays"] | None = Field(
+        description="null when the stored calendar cannot be read (see error)"
+    )
+    dates: list[date] = Field(
+        default_factory=list,
+        description="its dates (holidays: those of this year and the next)",
+    )
+    holidays: dict[str, str | None] | None = None
+    updated_at: datetime | None = None
+    error: str | None = Field(None, description="why a stored calendar cannot be used")
+    used_by: list[str] | None = Field(
+        None, description="names of the schedules whose options.exclude names it (one calendar)"
+    )
+
+
+class CalendarList(BaseModel):
+    items: list[CalendarView]

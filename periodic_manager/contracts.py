@@ -388,7 +388,7 @@ class RunRecord:
     at: datetime
     message_id: str | None = None
     error: str | None = None
-    # Why a slot was skipped or held, for the metrics: late, overlap (skip policy), overlap
+    # Why a slot was skipped or held, for the metrics: late, excluded, overlap (skip policy), overlap
     # (held), overlap-replaced, overlap-expired, overlap-released, overlap-timeout.
     reason: str | None = None
 

@@ -99,7 +99,7 @@ async def _bounds(
     )  # fmt: skip
     if not ids:
         return {}
-    judged = rules(request, conn)
+    judged = await rules(request, conn)
     out: dict[str, slot_bounds.Bounds] = {}
     for raw in await schedule_reader.rows_of(conn, ids):
         config = dbview.view(judged, raw).config

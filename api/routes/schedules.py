@@ -101,7 +101,7 @@ async def load_row(
         raw = await schedule_reader.row(conn, schedule_id)
     if raw is None:
         raise ScheduleNotFound(schedule_id)
-    return dbview.view(rules(request, conn), raw)
+    return dbview.view(await rules(request, conn), raw)
 
 
 async def row_exists(conn: Connection, schedule_id: int) -> None:
@@ -162,7 +162,7 @@ async def create_schedule(
     body: ScheduleCreate, request: Request, response: Response, conn: Conn, now: Now
 ) -> ScheduleWithRuns:
     fields = body.model_dump()
-    validate_write(request, fields, now)
+    await validate_write(request, conn, fields, now)
     schedule_id = await schedule_writer.create(conn, fields, now)
     notify_manager(request)
     row = await _reread(request, conn, schedule_id)
@@ -196,7 +196,7 @@ async def list_schedules(
     )
     total = await schedule_reader.count(conn, filters)
     raws = await schedule_reader.page(conn, filters, limit=limit, offset=offset)
-    judged = rules(request, conn)
+    judged = await rules(request, conn)
     return SchedulePage(
         items=[to_schedule(dbview.view(judged, raw)) for raw in raws],
         total=total,
@@ -222,7 +222,7 @@ async def get_schedule_by_name(
     raw = await schedule_reader.row_named(conn, name)
     if raw is None:
         raise ScheduleNotFound(repr(name))
-    row = dbview.view(rules(request, conn), raw)
+    row = dbview.view(await rules(request, conn), raw)
     response.headers["ETag"] = row.etag
     return await detail(conn, row, now, settings)
 
@@ -266,7 +266,7 @@ async def update_schedule(
     stored = merge_base(row)
     asked = body.model_dump(exclude_unset=True)
     merged = {**stored, **asked}
-    validate_write(request, merged, now)
+    await validate_write(request, conn, merged, now)
     # Only what differs is written: a PATCH that changes nothing (empty, or the values already
     # stored) keeps the version (same ETag and updated_at); a column the PATCH leaves alone is
     # never rewritten, even one that cannot be read (a description that is not UTF-8, say).
@@ -302,7 +302,7 @@ async def _set_enabled(
     if row.enabled is not enabled:
         if enabled:
             # Resuming must not bring back a row that no manager could use.
-            validate_write(request, {**merge_base(row), "enabled": True}, now)
+            await validate_write(request, conn, {**merge_base(row), "enabled": True}, now)
         # The API's tokens have no names: every pause through it is by "api".
         await schedule_writer.set_enabled(
             conn, schedule_id, enabled, was_enabled=row.enabled, now=now, note=note, by="api"

@@ -105,7 +105,7 @@ async def schedule_rows(
     )
     state = get_state(request)
     if sort == "next":
-        keys = await state.order.snapshot(conn, now, row_rules(request, conn))
+        keys = await state.order.snapshot(conn, now, await row_rules(request, conn))
         ordered = [key[3] for key in keys]
         if filters.active:
             wanted = await schedule_reader.matching_ids(conn, filters)
@@ -115,7 +115,7 @@ async def schedule_rows(
         total = await schedule_reader.count(conn, filters)
         ids = await schedule_reader.page_ids(conn, filters, by=sort, limit=limit, offset=offset)
     items = await listing.page_rows(
-        conn, ids, now, cutoff, state.next_slots, row_rules(request, conn)
+        conn, ids, now, cutoff, state.next_slots, await row_rules(request, conn)
     )
     return ScheduleRowPage(items=items, total=total, limit=limit, offset=offset, sort=sort, now=now)
 
@@ -137,7 +137,7 @@ async def schedule_slots(
     if raw is None:
         raise ScheduleNotFound(schedule_id)
     # Read raw and judged as the manager judges it: a row written with SQL may hold anything.
-    row = dbview.view(row_rules(request, conn), raw)
+    row = dbview.view(await row_rules(request, conn), raw)
     v = row.values
     error: str | None = None
     views: list[SlotView] = []
@@ -147,7 +147,8 @@ async def schedule_slots(
             field, reason = row.errors[0]
             raise ValueError(f"{field}: {reason}")
         bounds = slot_bounds.bounds_of(row.config.options)
-        for slot in marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds):
+        exclusion = row.config.exclusion  # options.exclude: excluded slots shown, marked
+        for slot in marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds, exclusion):
             views.append(
                 SlotView(
                     at=slot.at,

@@ -10,7 +10,9 @@ The slots come from the cron engine; this module only explains them. A slot is m
   (02:30 -> 03:30, docs/cron.md §8); the nominal time is given;
 * ``repeated-hour``: its local time occurs twice (fall-back fold); ``first pass`` or
   ``second pass`` says which (fixed-hour schedules fire in the first pass only, wildcard-hour ones
-  in both).
+  in both);
+* ``excluded``: its local date is in a calendar ``options.exclude`` names: it is not sent (the
+  manager records it ``skipped``); the note names the calendar.
 
 Only ``zoneinfo`` and the parsed expression are used, never the engine's internals, so the marks
 are an independent reading of the engine's answer.
@@ -25,6 +27,7 @@ from zoneinfo import ZoneInfo
 from periodic_manager import cron
 from periodic_manager.cron.parser import CronSpec, parse_spec
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules.calendars import Exclusion, excluded_by, skip_reason
 
 # The largest offset change of any zone's transition is under a day (Apia 2011: 24 h).
 MAX_GAP = timedelta(days=1)
@@ -53,6 +56,7 @@ def marked_slots(
     after: datetime,
     n: int,
     bounds: slot_bounds.Bounds = slot_bounds.NO_BOUNDS,
+    exclusion: Exclusion | None = None,
 ) -> list[MarkedSlot]:
     """The first ``n`` slots strictly after ``after`` within ``bounds`` (options.start_at and
     options.end_at), marked: :func:`periodic_manager.schedules.bounds.slots`, as the engine and
@@ -66,6 +70,10 @@ def marked_slots(
     out: list[MarkedSlot] = []
     for at in slot_bounds.slots(schedule, after, n, bounds):
         slot = _mark(at.astimezone(UTC), zone, previous, fixed)
+        calendar = excluded_by(exclusion, at, timezone)
+        if calendar is not None:
+            slot.marks.append("excluded")
+            slot.notes.append(f"not sent: {skip_reason(at, timezone, calendar)}")
         previous = slot.local.utcoffset()
         out.append(slot)
     return out

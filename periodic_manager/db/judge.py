@@ -16,8 +16,8 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +33,7 @@ from periodic_manager.db.rows import (
     utf8,
 )
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules.calendars import CalendarSpec, resolve
 from periodic_manager.schedules.definition import PendingJson, PeriodicTaskConfig
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -58,6 +59,12 @@ class Rules:
     sqlite: bool
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     check: Check | None = None
+    # The usable calendars by name (db/calendars.py), read by whoever judges: a row whose
+    # options.exclude names another is a row error. None: not read (options.exclude unresolved).
+    calendars: Mapping[str, CalendarSpec] | None = None
+
+    def with_calendars(self, calendars: Mapping[str, CalendarSpec]) -> Rules:
+        return replace(self, calendars=calendars)
 
 
 def rules_for(sqlite: bool, max_payload_bytes: int, targets: Collection[str] | None) -> Rules:
@@ -112,6 +119,7 @@ def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowE
         )
         if rules.check is not None:
             rules.check(config)
+        resolve(config, rules.calendars)
         return config
     except ConfigError as exc:
         field, reason, code = exc.field, exc.reason, exc.code
@@ -225,6 +233,7 @@ class RowJudge:
                     )
                     if rules.check is not None:
                         rules.check(config)
+                    resolve(config, rules.calendars)
                     return config
         config = self._full(raw, name, spec, timezone, anchor, task_type, payload_raw, options_raw)
         if anchor is None and not rules.sqlite:
@@ -304,6 +313,7 @@ class RowJudge:
             check_jitter_gap(config.schedule, opts)  # only rows that set it pay for it
         if rules.check is not None:
             rules.check(config)
+        resolve(config, rules.calendars)
         return config
 
     def _text(self, name: str, value: Any) -> Any:

@@ -112,6 +112,21 @@ class PeriodicJob(Base):
     paused_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
+class Calendar(Base):
+    """An exclusion calendar (``options.exclude``): a name and its content, the canonical JSON
+    ``{"dates": [...]}`` or ``{"holidays": {"country": ..., "subdiv": ...}}``. Written by
+    ``db/calendars.py`` (the API, ``import``) or by plain SQL; untrusted like every column: read
+    as text and judged by ``schedules/calendars.py``. Triggers (migration 0011) give every row of
+    ``periodic_jobs`` that names a written or deleted calendar a new revision, so managers re-read
+    exactly those schedules."""
+
+    __tablename__ = "pm_calendars"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spec: Mapped[str] = mapped_column(Text, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False, server_default=func.now())
+
+
 class DeletedJob(Base):
     """Tombstone of a deleted ``periodic_jobs`` row (a trigger writes it), so a sync that reads only
     what changed also sees deletions. ``id`` 0 marks a TRUNCATE: everything must be re-read."""

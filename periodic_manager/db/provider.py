@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import ChangeSet, Known, ProviderSnapshot, RowError
+from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import changes
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
@@ -109,6 +110,7 @@ class DatabaseProvider:
         try:
             async with self.engine.connect() as conn:
                 revision = await changes.current_revision(conn)
+                await self._read_calendars(conn)
                 if self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
                     async for part in self._stream(conn, self._full):
@@ -171,7 +173,13 @@ class DatabaseProvider:
         """A last good version read back from the runtime store (``raw`` as a row: id, enabled,
         content, effective_at), judged as this provider judges a row: it is data like any other,
         so it runs only if it is still a usable schedule here (the target check included)."""
-        return dbjudge.judge_content(self.rules, raw)
+        return dbjudge.judge_content(self._judge.rules, raw)
+
+    async def _read_calendars(self, conn: AsyncConnection) -> None:
+        """The calendars rows are judged against (options.exclude), read after the revision and
+        before the rows: a calendar written after this read renews the revision of every row
+        that names it past the one read, so those rows are read again at the next sync."""
+        self._judge.rules = self.rules.with_calendars(await dbcalendars.specs(conn))
 
     async def get_changes(self, since: int) -> ChangeSet | None:
         """What changed after revision ``since``: None (one indexed query) when nothing did."""
@@ -186,6 +194,7 @@ class DatabaseProvider:
                     return None
                 if found.full:  # TRUNCATE: no tombstone per row, read everything
                     return ChangeSet(revision=found.revision, full=True)
+                await self._read_calendars(conn)
                 async for part in self._stream(conn, self._changed, {"since": since}):
                     for raw in part:
                         self._errors.pop(raw[0], None)

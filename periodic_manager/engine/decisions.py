@@ -9,6 +9,8 @@ is looked at again:
   back, an entry replaced at the same instant) is not sent again: the entry moves on;
 * a slot more than ``grace`` late is skipped (logged, counted, recorded) and never replayed: the
   entry jumps to the first slot after ``now - grace``, so a clock jumping forward causes no storm;
+* a slot on a date of a calendar the schedule's ``options.exclude`` names is skipped (recorded,
+  error ``excluded: ...``) and the entry moves on to its next slot;
 * every other is sent, all of one instant as one batch, and the entries advance to their next
   slot.
 
@@ -31,6 +33,7 @@ from periodic_manager.engine.history import RunWriter
 from periodic_manager.engine.overlap import OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
 from periodic_manager.pacing import in_turns
+from periodic_manager.schedules.calendars import excluded_by, skip_reason
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.jitter import offset_of
 
@@ -122,6 +125,10 @@ class Decisions:
                 self.entries.advance(entry, last)
             elif late:
                 skipped.append(self._skip(entry, slot, now))
+            elif entry.exclusion is not None and (
+                calendar := excluded_by(entry.exclusion, slot, entry.timezone)
+            ):
+                skipped.append(self._exclude(entry, slot, now, calendar, self.entries.advance))
             else:
                 send.append(entry)
         self.writer.report(skipped)
@@ -151,6 +158,11 @@ class Decisions:
                     self.entries.advance_jittered(entry, last)
                 elif late:
                     skipped.append(self._skip(entry, slot, now, since=at))
+                elif entry.exclusion is not None and (
+                    calendar := excluded_by(entry.exclusion, slot, entry.timezone)
+                ):
+                    move = self.entries.advance_jittered
+                    skipped.append(self._exclude(entry, slot, now, calendar, move))
                 else:
                     send.append(entry)
             self.writer.report(skipped)
@@ -213,10 +225,12 @@ class Decisions:
                 self.idle.set()
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
-        """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""
+        """Send missed slots once (misfire ``fire_once``), without moving the entries' timing
+        (a missed slot on an excluded date is not sent: it was never to be sent)."""
         by_slot: dict[datetime, list[ScheduledEntry]] = {}
         for entry, slot in items:
-            by_slot.setdefault(slot, []).append(entry)
+            if entry.exclusion is None or not excluded_by(entry.exclusion, slot, entry.timezone):
+                by_slot.setdefault(slot, []).append(entry)
         for slot in sorted(by_slot):
             entries = by_slot[slot]
             log.info(
@@ -243,6 +257,27 @@ class Decisions:
         return RunRecord(
             entry.key, entry.name, slot, "skipped", now, error=f"{late:.3f} s late", reason="late"
         )
+
+    def _exclude(
+        self,
+        entry: ScheduledEntry,
+        slot: datetime,
+        now: datetime,
+        calendar: str,
+        move: Callable[[ScheduledEntry, datetime], None],
+    ) -> RunRecord:
+        """Skip a slot on an excluded date (options.exclude): handled, not sent; the entry moves
+        on to its next slot (the one after may be excluded too: each is met at its own time)."""
+        reason = skip_reason(slot, entry.timezone, calendar)
+        log.info(
+            "not sending slot %s of %s: %s", slot.isoformat(), entry.name, reason,
+            extra={"schedule": entry.name, "slot": slot.isoformat()},
+        )  # fmt: skip
+        self.dispatcher.counts["skipped"] += 1
+        if entry.fired is None or slot > entry.fired:
+            entry.fired = slot
+        move(entry, slot)
+        return RunRecord(entry.key, entry.name, slot, "skipped", now, error=reason, reason="excluded")
 
 
 def _shifted(

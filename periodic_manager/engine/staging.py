@@ -90,6 +90,8 @@ class Stager:
         changes = self._changes()
         if any(e.fired is not None and at <= e.fired for e in entries):
             changes = -1  # some already sent (the clock stepped back): sort them out at the slot
+        elif any(e.exclusion is not None for e in entries):
+            changes = -1  # options.exclude: the slot's date is looked at, at the slot
         hold = contextlib.ExitStack()
         hold.enter_context(gcpolicy.paused())  # until the batch is sent
         started = time.process_time()  # a cost estimate for the lead, not a scheduling decision

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from periodic_manager import cron
+from periodic_manager.schedules.calendars import Exclusion, excluded_by
 
 TICK = timedelta(microseconds=1)  # datetime's resolution: "strictly after start - TICK" is ">= start"
 # The range of a bound, as of an anchor: far enough inside datetime's range that a bound minus a
@@ -23,6 +24,7 @@ TICK = timedelta(microseconds=1)  # datetime's resolution: "strictly after start
 BOUND_MIN = cron.ANCHOR_MIN
 BOUND_MAX = cron.ANCHOR_MAX
 MAX_TEXT = 64  # longer text is no instant
+MAX_SCAN = 10_000  # slots a preview looks at in all (excluded ones count): bounded work
 
 
 class Bounds(NamedTuple):
@@ -103,13 +105,24 @@ def bounded_next(schedule: cron.Schedule, after: datetime, bounds: Bounds) -> da
     return None if ended(slot, bounds) else slot
 
 
-def slots(schedule: cron.Schedule, after: datetime, n: int, bounds: Bounds) -> list[datetime]:
-    """The first ``n`` slots strictly after ``after`` within ``bounds`` (UTC), fewer when the
-    schedule ends or finds no slot before year 10000. The one preview of every surface: the
-    API's ``next_runs``, the dashboard's slots and ``periodic-manager next``."""
+def slots(
+    schedule: cron.Schedule,
+    after: datetime,
+    n: int,
+    bounds: Bounds,
+    exclusion: Exclusion | None = None,
+    zone: str = "UTC",
+) -> list[datetime]:
+    """The first ``n`` slots strictly after ``after`` within ``bounds`` (UTC) that are sent: not
+    on a date ``exclusion`` holds in ``zone`` (options.exclude; the schedule's zone). Fewer when
+    the schedule ends, finds no slot before year 10000, or when MAX_SCAN slots in a row are
+    excluded (a schedule whose every slot is excluded never spins). The one preview of every
+    surface: the API's ``next_runs``, the dashboard's slots and ``periodic-manager next``."""
     out: list[datetime] = []
     at = after
-    for _ in range(n):
+    scanned = 0
+    while len(out) < n and scanned < MAX_SCAN:
+        scanned += 1
         try:
             found = bounded_next(schedule, at, bounds)
         except (OverflowError, ValueError, ArithmeticError):
@@ -117,5 +130,7 @@ def slots(schedule: cron.Schedule, after: datetime, n: int, bounds: Bounds) -> l
         if found is None:
             break
         at = found
+        if exclusion is not None and excluded_by(exclusion, found, zone):
+            continue
         out.append(found.astimezone(cron.UTC))
     return out

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from periodic_manager import cron
+from periodic_manager.schedules.calendars import Exclusion
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_QUEUE,
@@ -68,6 +69,9 @@ class PeriodicTaskConfig:
         "schedule_id",
         "effective_at",
         "revision",
+        # options.exclude resolved against the calendars (schedules/calendars.py): set by whoever
+        # read the calendars (the provider, the API); None: no options.exclude, or not resolved.
+        "exclusion",
         "_payload",
         "_options_json",
     )
@@ -125,6 +129,7 @@ class PeriodicTaskConfig:
         # The row's revision when read (None: not from a row): an unchanged revision means an
         # unchanged row, so a sync reuses this config without reading the row again.
         self.revision = revision
+        self.exclusion: Exclusion | None = None
 
     @classmethod
     def of_row(
@@ -250,8 +255,9 @@ class PeriodicTaskConfig:
         return ident_of(self.key)
 
     def _content(self) -> tuple[Any, ...]:
+        ex = self.exclusion
         return (self.name, self.spec, self.task_type, self.payload_json, self.options_json,
-                self.timezone, self.anchor, self.schedule_id)
+                self.timezone, self.anchor, self.schedule_id, ex.digest if ex is not None else None)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PeriodicTaskConfig):
@@ -274,8 +280,8 @@ def ident_of(key: str) -> int | str:
 
 
 def content_hash(cfg: PeriodicTaskConfig) -> str:
-    """sha256 over spec, timezone, anchor, task type, canonical payload and canonical options
-    (computed on each call: it is needed when a row changed or an entry is published, not per
+    """sha256 over spec, timezone, anchor, task type, canonical payload and canonical options,
+    and the content of the calendars ``options.exclude`` names when resolved (computed on each call: it is needed when a row changed or an entry is published, not per
     slot, and storing it would cost every schedule 100 bytes)."""
     anchor = cfg.anchor.astimezone(cron.UTC).isoformat() if cfg.anchor is not None else "-"
     # Joined with a unit separator no field can hold (spec and task type are printable, the JSON
@@ -283,6 +289,8 @@ def content_hash(cfg: PeriodicTaskConfig) -> str:
     doc = "\x1f".join(
         (cfg.spec, cfg.timezone, anchor, cfg.task_type, cfg.payload_json, cfg.options_json)
     )
+    if cfg.exclusion is not None:  # a calendar edit replaces exactly the entries that name it
+        doc += "\x1f" + cfg.exclusion.digest
     return hashlib.sha256(doc.encode()).hexdigest()
 
 

@@ -19,6 +19,7 @@ from periodic_manager import cron
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import jitter as slot_jitter
 from periodic_manager.schedules.bounds import check_instant, parse_instant
+from periodic_manager.schedules.calendars import check_names
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
@@ -146,6 +147,9 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "end_at": check_instant,  # no slot at or after it
     # each slot sent at slot + [0, jitter) (schedules/jitter.py); under the shortest gap: check_gap
     "jitter": lambda v: slot_jitter.check_value(v, MAX_DURATION_S),
+    # no slot on a date of these calendars (schedules/calendars.py); each must exist: resolved
+    # against pm_calendars by the provider and the API (db/calendars.py), else a row error
+    "exclude": check_names,
 }
 
 

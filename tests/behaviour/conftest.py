@@ -1,12 +1,14 @@
 """Fixtures of the behaviour tests: throwaway ``redis-server`` processes to kill, freeze and
-restart (tests/support/servers.py), always stopped afterwards."""
+restart (tests/support/servers.py), always stopped afterwards; the API with a real manager in its
+process on each (database, target) pair (``rig``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from tests.support.e2e import Rig, e2e_rig
 from tests.support.servers import RedisServer
 
 
@@ -23,3 +25,22 @@ def forgetful() -> Iterator[RedisServer]:
     deployment, a failover to an empty replica)."""
     with RedisServer(persist=False) as server:
         yield server
+
+
+@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox"])
+def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(database URL, target); async fixtures are pulled in from this sync fixture."""
+    backend, target = str(request.param).split("+")
+    if target == "redis":
+        request.getfixturevalue("redis_client")  # cleans the test's keys afterwards
+    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")), target
+
+
+@pytest.fixture
+async def rig(combo: tuple[str, str], redis_prefix: str, redis_url: str) -> AsyncIterator[Rig]:
+    url, target = combo
+    from periodic_manager.db.migrate import upgrade
+
+    await upgrade(url)
+    async for r in e2e_rig(url, target, redis_prefix, redis_url):
+        yield r

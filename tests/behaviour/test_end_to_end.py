@@ -22,25 +22,6 @@ from tests.support.e2e import T0, Rig, at, e2e_rig, iso
 from tests.support.tcpproxy import TcpProxy
 
 
-@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox"])
-def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(database URL, target); async fixtures are pulled in from this sync fixture."""
-    backend, target = str(request.param).split("+")
-    if target == "redis":
-        request.getfixturevalue("redis_client")  # cleans the test's keys afterwards
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")), target
-
-
-@pytest.fixture
-async def rig(combo: tuple[str, str], redis_prefix: str, redis_url: str) -> AsyncIterator[Rig]:
-    url, target = combo
-    from periodic_manager.db.migrate import upgrade
-
-    await upgrade(url)
-    async for r in e2e_rig(url, target, redis_prefix, redis_url):
-        yield r
-
-
 async def test_http_create_fire_patch_delete(rig: Rig) -> None:
     body = {
         "name": "reports.daily", "spec": "* * * * *", "task_type": "reports.build",

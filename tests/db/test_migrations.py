@@ -35,6 +35,7 @@ APP_TABLES = {
     "pm_runs",
     "periodic_jobs_deleted",
     "pm_last_good",
+    "pm_calendars",
     "pm_procrastinate_sent",
 }
 

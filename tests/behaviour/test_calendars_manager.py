@@ -1,0 +1,134 @@
+"""Exclusion calendars (``options.exclude``) through a real manager in the API's process, on
+PostgreSQL (Redis Streams and outbox) and SQLite (outbox), on a VirtualClock: a slot whose local
+date (the schedule's zone) is in a calendar is not sent and is recorded ``skipped`` with an
+``excluded: ...`` error; previews leave it out; a calendar edited through the API or with plain
+SQL reaches the running manager; a missing calendar is a row error until it is created; the public
+holidays of a country and subdivision work."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.runtime.test_last_good import manager_errors, running
+from tests.support import rawsql
+from tests.support.e2e import Rig, at, iso
+
+
+def hour(day: int, hh: int) -> datetime:
+    return datetime(2024, 5, day, hh, tzinfo=UTC)
+
+
+async def runs(rig: Rig, sid: int) -> list[dict[str, Any]]:
+    body = (await rig.client.get(f"/schedules/{sid}/runs", params={"limit": 500})).json()
+    return sorted(body["items"], key=lambda r: r["slot_at"])
+
+
+async def test_slots_on_excluded_local_dates_are_not_sent_and_edits_reach_the_manager(
+    rig: Rig, combo: tuple[str, str]
+) -> None:
+    url, _ = combo
+    r = await rig.client.put("/calendars/maint", json={"dates": ["2024-05-01"]})
+    assert r.status_code == 201, r.text
+    job = {
+        "name": "berlin.hourly", "spec": "0 * * * *", "timezone": "Europe/Berlin",
+        "task_type": "t", "options": {"exclude": ["maint"]},
+    }  # fmt: skip
+    r = await rig.client.post("/schedules", json=job)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    # Berlin is at +02:00: 13:00Z-21:00Z are still 1 May there, 22:00Z is 2 May (sent, although
+    # its UTC date is 1 May).
+    assert r.json()["next_runs"] == [iso(hour(1, 22)), iso(hour(1, 23)), iso(hour(2, 0))]
+    slots = (await rig.client.get(f"/views/schedules/{sid}/slots", params={"n": 10})).json()
+    marked = {s["at"]: s["marks"] for s in slots["slots"]}
+    assert marked[iso(hour(1, 21))] == ["excluded"] and marked[iso(hour(1, 22))] == [], marked
+
+    await rig.advance_to(at(22, 30))
+    assert await rig.slots("berlin.hourly") == [iso(hour(1, 22))]
+    history = await runs(rig, sid)
+    skipped = [h for h in history if h["status"] == "skipped"]
+    assert [h["slot_at"] for h in skipped] == [iso(hour(1, h)) for h in range(13, 22)]
+    assert all(
+        h["error"] == "excluded: 2024-05-01 is in calendar 'maint'" for h in skipped
+    ), skipped
+
+    # An API edit of the calendar reaches the running manager: 2 May (Berlin) is excluded now.
+    r = await rig.client.put("/calendars/maint", json={"dates": ["2024-05-01", "2024-05-02"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["used_by"] == ["berlin.hourly"]
+    await rig.advance_to(at(23, 30))
+    assert await rig.slots("berlin.hourly") == [iso(hour(1, 22))]
+    assert (await runs(rig, sid))[-1]["error"] == "excluded: 2024-05-02 is in calendar 'maint'"
+
+    # So does a plain SQL edit (the trigger renews the revision of the rows that name it).
+    await rawsql.execute(
+        url, """UPDATE pm_calendars SET spec = '{"dates":["2024-05-01"]}' WHERE name = 'maint'"""
+    )
+    await rig.advance_to(hour(2, 1).replace(minute=30))
+    assert await rig.slots("berlin.hourly") == [iso(hour(1, 22)), iso(hour(2, 0)), iso(hour(2, 1))]
+
+
+async def test_a_missing_calendar_is_a_row_error_until_it_is_created(
+    rig: Rig, combo: tuple[str, str]
+) -> None:
+    url, _ = combo
+    r = await rig.client.post(
+        "/schedules",
+        json={"name": "api.nope", "spec": "* * * * *", "task_type": "t",
+              "options": {"exclude": ["nope"]}},
+    )  # fmt: skip
+    assert r.status_code == 422, r.text
+    [err] = r.json()["errors"]
+    assert err["field"] == "options.exclude" and "no calendar named 'nope'" in err["reason"], err
+
+    sid = await rawsql.insert(url, "sql.nope", options="""'{"exclude": ["later"]}'""")
+    await rig.advance_to(at(12, 2, 30))
+    assert await rig.slots("sql.nope") == []
+    [merr] = await manager_errors(rig, sid)
+    assert merr["field"] == "options.exclude" and "'later'" in merr["reason"], merr
+    api = (await rig.client.get(f"/schedules/{sid}")).json()
+    assert api["status"] == "error" and api["errors"][0]["field"] == "options.exclude"
+
+    # Creating the calendar (with SQL here) makes the row good: its slots are sent from then on.
+    await rawsql.execute(
+        url, """INSERT INTO pm_calendars (name, spec) VALUES ('later', '{"dates":["2030-01-01"]}')"""
+    )
+    await rig.advance_to(at(12, 4, 30))
+    assert await rig.slots("sql.nope") == [iso(at(12, 3)), iso(at(12, 4))]
+    assert await manager_errors(rig, sid) == []
+
+
+async def test_a_calendar_in_use_is_not_deleted(rig: Rig) -> None:
+    assert (await rig.client.put("/calendars/c1", json={"dates": []})).status_code == 201
+    assert (await rig.client.put("/calendars/c2", json={"dates": []})).status_code == 201
+    job = {"name": "uses.c1", "spec": "* * * * *", "task_type": "t", "options": {"exclude": ["c1"]}}
+    assert (await rig.client.post("/schedules", json=job)).status_code == 201
+    r = await rig.client.delete("/calendars/c1")
+    assert r.status_code == 409 and r.json()["used_by"] == ["uses.c1"], r.text
+    assert "uses.c1" in r.json()["detail"]
+    assert (await rig.client.get("/calendars/c1")).status_code == 200
+    assert (await rig.client.delete("/calendars/c2")).status_code == 204
+    assert (await rig.client.get("/calendars/c2")).status_code == 404
+    names = [c["name"] for c in (await rig.client.get("/calendars")).json()["items"]]
+    assert names == ["c1"]
+
+
+async def test_the_public_holidays_of_bavaria_are_not_sent(db_url: str) -> None:
+    start = datetime(2026, 12, 23, 12, tzinfo=UTC)
+    async with running(db_url, start) as rig:
+        r = await rig.client.put(
+            "/calendars/de-by", json={"holidays": {"country": "DE", "subdiv": "BY"}}
+        )
+        assert r.status_code == 201, r.text
+        assert {"2026-12-25", "2026-12-26"} <= set(r.json()["dates"])
+        job = {
+            "name": "daily.nine", "spec": "0 9 * * *", "timezone": "Europe/Berlin",
+            "task_type": "t", "options": {"exclude": ["de-by"]},
+        }  # fmt: skip
+        r = await rig.client.post("/schedules", json=job)
+        assert r.status_code == 201, r.text
+        nine = [datetime(2026, 12, d, 8, tzinfo=UTC) for d in (24, 27, 28)]  # 09:00 CET
+        assert r.json()["next_runs"] == [iso(t) for t in nine]
+        await rig.advance_to(datetime(2026, 12, 28, 8, 30, tzinfo=UTC))
+        assert await rig.slots("daily.nine") == [iso(t) for t in nine]
