@@ -91,8 +91,10 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
                         text = fh.read()
             except (OSError, UnicodeDecodeError) as exc:
                 raise FileError(f"{source}: {exc}") from None
+            entries, raw_calendars = sio.parse_document(text, fmt, source)
+            calendars = sio.validate_calendars(raw_calendars, source)
             desired = sio.validate(
-                sio.parse(text, fmt, source),
+                entries,
                 source,
                 settings.max_payload_bytes,
                 targets=settings.configured_targets(),
@@ -100,7 +102,7 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
             )
             # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
             asyncio.run(check_database(settings.database_url))
-            return asyncio.run(_import(desired, args, settings))
+            return asyncio.run(_import(desired, calendars, source, args, settings))
         asyncio.run(check_database(settings.database_url))
         return asyncio.run(_export(args, settings))
     except FileError as exc:
@@ -113,14 +115,24 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
 
 
 async def _import(
-    desired: list[dict[str, Any]], args: argparse.Namespace, settings: Settings
+    desired: list[dict[str, Any]],
+    calendars: dict[str, Any],
+    source: str,
+    args: argparse.Namespace,
+    settings: Settings,
 ) -> int:
     from periodic_manager.db.engine import create_engine
     from periodic_manager.schedules import import_export
+    from periodic_manager.schedules.files import check_excludes
 
     engine = create_engine(settings.database_url)
     try:
-        plan = await import_export.plan(engine, desired, args.prune, settings.max_payload_bytes)
+        # Every calendar an entry's options.exclude names: in the file, or already stored.
+        known = {*calendars, *await import_export.stored_calendars(engine)}
+        check_excludes(desired, known, source)
+        plan = await import_export.plan(
+            engine, desired, args.prune, settings.max_payload_bytes, calendars
+        )
         for line in import_export.render(plan):
             print(line)
         if args.dry_run:
@@ -147,7 +159,7 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
         )
     finally:
         await engine.dispose()
-    sys.stdout.write(sio.dump(export.entries, args.format))
+    sys.stdout.write(sio.dump(export.entries, args.format, export.calendars))
     for line in export.invalid:
         # Not a failure: the file restores them as they are. Said, so nobody is surprised.
         print(f"{PROG}: note: exported as stored (invalid): {line}", file=sys.stderr)

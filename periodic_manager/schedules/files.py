@@ -10,6 +10,11 @@ Every entry is validated as the manager would validate the row (one bad entry: n
 written); what an import then does to the database, and what an export reads from it, is
 :mod:`periodic_manager.schedules.import_export`.
 
+A file may also hold exclusion calendars (``options.exclude``): a ``calendars`` table by name beside
+the ``schedules`` list (``{"calendars": {"holidays-de": {"holidays": {"country": "DE"}}},
+"schedules": [...]}``), each checked as ``PUT /calendars/{name}`` checks it; an import writes them
+before the schedules, an export writes every calendar.
+
 A row with errors (one the manager rejects, or whose columns cannot all be read) is exported as
 stored, marked ``invalid``, and imported back as stored (:mod:`periodic_manager.schedules.as_stored`): an
 export restores every row the API lists, errors included.
@@ -27,6 +32,7 @@ from typing import Any
 from periodic_manager.db.stored import JSON_COLUMNS
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 from periodic_manager.schedules import as_stored
+from periodic_manager.schedules.calendars import CalendarSpec, check_name, check_spec
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, check_text
 
@@ -41,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "anchor": None,
 }
 FIELDS = (*REQUIRED, *DEFAULTS)
+MAX_CALENDARS = 10_000  # calendars one file may hold
 
 
 class FileError(PeriodicManagerError):
@@ -61,6 +68,11 @@ def format_of(path: str, given: str | None = None) -> str:
 
 def parse(text: str, fmt: str, source: str = "input") -> list[Any]:
     """The list of raw entries in ``text``."""
+    return parse_document(text, fmt, source)[0]
+
+
+def parse_document(text: str, fmt: str, source: str = "input") -> tuple[list[Any], Any]:
+    """The raw schedule entries in ``text`` and its raw ``calendars`` table (None: none)."""
     try:
         if fmt == "json":
             doc: Any = json.loads(text)
@@ -75,13 +87,51 @@ def parse(text: str, fmt: str, source: str = "input") -> list[Any]:
     except Exception as exc:  # every parser's error becomes one line naming the file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise FileError(f"{source}: not valid {fmt.upper()}: {first}") from None
-    if isinstance(doc, dict) and set(doc) == {"schedules"}:
-        doc = doc["schedules"]
+    calendars: Any = None
+    if isinstance(doc, dict) and set(doc) and set(doc) <= {"schedules", "calendars"}:
+        calendars = doc.get("calendars")
+        doc = doc.get("schedules", [])
     if doc is None:
         doc = []
     if not isinstance(doc, list):
-        raise FileError(f"{source}: expected a list of schedules (or a 'schedules' list)")
-    return doc
+        raise FileError(
+            f"{source}: expected a list of schedules (or a 'schedules' list and a 'calendars' table)"
+        )
+    return doc, calendars
+
+
+def validate_calendars(raw: Any, source: str = "input") -> dict[str, CalendarSpec]:
+    """The file's ``calendars`` table, each name and content checked as the API checks them;
+    FileError names the calendar and the field."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or len(raw) > MAX_CALENDARS:
+        raise FileError(f"{source}: calendars: must be a table of at most {MAX_CALENDARS} calendars by name")
+    out: dict[str, CalendarSpec] = {}
+    for name, content in raw.items():
+        try:
+            check_name(name, "calendars")
+            out[name] = check_spec(content)
+        except ConfigError as exc:
+            shown = name if isinstance(name, str) else repr(name)
+            raise FileError(f"{source}: calendar {shown[:70]!r}: {exc.field}: {exc.reason}") from None
+    return out
+
+
+def check_excludes(
+    entries: Sequence[dict[str, Any]], calendars: Collection[str], source: str = "input"
+) -> None:
+    """Every calendar a valid entry's ``options.exclude`` names is in ``calendars`` (the file's
+    and the database's); FileError names the entry and ``options.exclude`` otherwise."""
+    for i, entry in enumerate(entries, start=1):
+        options = entry.get("options") if as_stored.MARK not in entry else None
+        names = options.get("exclude") if isinstance(options, dict) else None
+        for name in names or ():
+            if name not in calendars:
+                raise FileError(
+                    f"{source}: entry {i} ({entry['name']!r}): options.exclude: no calendar named"
+                    f" {name!r} (in the file's calendars or the database)"
+                )
 
 
 def validate(
@@ -202,13 +252,17 @@ def _anchor(value: Any) -> datetime | None:
     return value
 
 
-def dump(entries: list[dict[str, Any]], fmt: str) -> str:
+def dump(
+    entries: list[dict[str, Any]], fmt: str, calendars: dict[str, Any] | None = None
+) -> str:
+    """The file of ``entries`` (and ``calendars`` by name: then a table beside the list)."""
+    doc: Any = {"calendars": calendars, "schedules": entries} if calendars else entries
     if fmt == "json":
-        return json.dumps(entries, indent=2, ensure_ascii=False) + "\n"
+        return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     if fmt == "yaml":
         import yaml
 
-        return str(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True))
+        return str(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     import tomli_w
 
     for entry in entries:
@@ -218,7 +272,9 @@ def dump(entries: list[dict[str, Any]], fmt: str) -> str:
                 "export as json or yaml"
             )
     try:
-        return tomli_w.dumps({"schedules": entries})
+        return tomli_w.dumps(
+            {"calendars": calendars, "schedules": entries} if calendars else {"schedules": entries}
+        )
     except (TypeError, ValueError) as exc:
         raise FileError(f"cannot write TOML: {exc}; export as json or yaml") from None
 

@@ -13,11 +13,12 @@ restores every row the API lists, errors included.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import schedule_writer
 from periodic_manager.db import view as dbview
@@ -25,6 +26,7 @@ from periodic_manager.db.engine import Engine, on_sqlite
 from periodic_manager.db.judge import rules_for
 from periodic_manager.db.stored import JSON_COLUMNS, StoredRow, read_stored
 from periodic_manager.schedules import as_stored
+from periodic_manager.schedules.calendars import CalendarSpec
 from periodic_manager.schedules.files import DEFAULTS, FIELDS, REQUIRED, has_null
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -40,10 +42,12 @@ class Plan:
     delete_ids: list[int] = field(default_factory=list)
     unchanged: int = 0
     kept: int = 0  # rows not in the file, left alone (no --prune)
+    # Calendars of the file to write (new or changed), by name, and whether each is new.
+    calendars: dict[str, tuple[CalendarSpec, bool]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return not (self.create or self.update or self.delete)
+        return not (self.create or self.update or self.delete or self.calendars)
 
 
 async def _stored(
@@ -53,7 +57,8 @@ async def _stored(
 ) -> list[StoredRow]:
     """Every row, judged like the API judges it with ``targets`` (the deployment's configured
     targets), with each column's stored form."""
-    return await read_stored(engine, rules_for(on_sqlite(engine), max_payload_bytes, targets))
+    rules = rules_for(on_sqlite(engine), max_payload_bytes, targets)
+    return await read_stored(engine, rules.with_calendars(await stored_calendars(engine)))
 
 
 def _changes(entry: dict[str, Any], row: StoredRow) -> dict[str, tuple[Any, Any]]:
@@ -71,15 +76,29 @@ def _changes(entry: dict[str, Any], row: StoredRow) -> dict[str, tuple[Any, Any]
     return out
 
 
+async def stored_calendars(engine: Engine) -> dict[str, CalendarSpec]:
+    """The database's usable calendars by name."""
+    async with engine.connect() as conn:
+        return await dbcalendars.specs(conn)
+
+
 async def plan(
     engine: Engine,
     desired: Sequence[dict[str, Any]],
     prune: bool,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    calendars: Mapping[str, CalendarSpec] | None = None,
 ) -> Plan:
+    """What importing ``desired`` (validated entries) and ``calendars`` (the file's, checked)
+    would do. Calendars are upserted, never deleted by an import."""
     stored = await _stored(engine, max_payload_bytes)
+    have = await stored_calendars(engine) if calendars else {}
     by_identity = {as_stored.row_identity(r): r for r in stored}
     out = Plan()
+    for name, spec in (calendars or {}).items():
+        old = have.get(name)
+        if old is None or old.text != spec.text:
+            out.calendars[name] = (spec, old is None)
     named = {as_stored.identity(e) for e in desired}
     for entry in desired:
         row = by_identity.get(as_stored.identity(entry))
@@ -126,13 +145,18 @@ def _short(value: Any) -> str:
 
 
 def render(p: Plan) -> list[str]:
-    lines = [f"+ create {_entry_label(e)}" for e in p.create]
+    lines = [
+        f"{'+ create' if new else '~ update'} calendar {name}: {spec.text[:60]}"
+        for name, (spec, new) in p.calendars.items()
+    ]
+    lines += [f"+ create {_entry_label(e)}" for e in p.create]
     for entry, changes in p.update:
         parts = [f"{k} {_short(old)} -> {_short(new)}" for k, (old, new) in changes.items()]
         lines.append(f"~ update {_entry_label(entry)}: " + "; ".join(parts))
     lines += [f"- delete {name}" for name in p.delete]
     summary = (
-        f"{len(p.create)} to create, {len(p.update)} to update, {len(p.delete)} to delete, "
+        (f"{len(p.calendars)} calendar(s) to write, " if p.calendars else "")
+        + f"{len(p.create)} to create, {len(p.update)} to update, {len(p.delete)} to delete, "
         f"{p.unchanged} unchanged"
     )
     if p.kept:
@@ -141,8 +165,13 @@ def render(p: Plan) -> list[str]:
 
 
 async def apply(engine: Engine, p: Plan, now: datetime) -> None:
-    """Write the plan in one transaction, through the schedule writer (stamps, columns as stored,
-    deletions with what is kept of the rows). Updates write only the columns that change."""
+    """Write the plan: its calendars first (db/calendars.py), then the schedules in one
+    transaction, through the schedule writer (stamps, columns as stored, deletions with what is
+    kept of the rows). Updates write only the columns that change."""
+    if p.calendars:
+        async with engine.connect() as conn:
+            for name, (spec, _) in p.calendars.items():
+                await dbcalendars.put(conn, name, spec, now)
     rows = [
         schedule_writer.RowWrite({k: e[k] for k in FIELDS if k in e}, as_stored.raws_of(e))
         for e in p.create
@@ -169,6 +198,8 @@ class Export:
     entries: list[dict[str, Any]]
     # One line per row exported as stored (it has errors): "schedule #7 ('name'): payload: ...".
     invalid: list[str] = field(default_factory=list)
+    # Every usable calendar by name, as a file holds it ({"dates": [...]} or {"holidays": {...}}).
+    calendars: dict[str, Any] = field(default_factory=dict)
 
 
 async def export_entries(
@@ -184,6 +215,7 @@ async def export_entries(
     ``nulls_as_stored`` (TOML, which has no null): such a row's payload or options holding a
     JSON null is given as its stored text (a schedule's is refused by :func:`dump`)."""
     out = Export([])
+    out.calendars = {n: s.as_json() for n, s in sorted((await stored_calendars(engine)).items())}
     stored = await _stored(engine, max_payload_bytes, targets)
     for row in sorted(stored, key=lambda r: (r.view.values["name"] or "", r.view.id)):
         v = row.view

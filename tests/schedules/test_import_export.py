@@ -355,3 +355,79 @@ def test_import_rewrites_unreadable_columns_and_prune_deletes_unreadable_names(
         assert lines[2].startswith("- delete #2 (name: not valid UTF-8 text)")
     code, out, _ = cli(capsys, "import", str(f), "--database-url", url)
     assert code == 0 and out.splitlines() == ["0 to create, 0 to update, 0 to delete, 2 unchanged"]
+
+
+CALENDARS_YAML = """\
+calendars:
+  closed: {dates: ["2030-12-24", "2030-12-31"]}
+  de-by: {holidays: {country: DE, subdiv: BY}}
+schedules:
+  - name: office
+    spec: "0 9 * * *"
+    timezone: Europe/Berlin
+    task_type: t
+    options: {exclude: [closed, de-by]}
+"""
+
+
+def calendars(url: str) -> dict[str, str]:
+    return {n: s for n, s in asyncio.run(rawsql.execute(url, "SELECT name, spec FROM pm_calendars"))}
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml", "toml"])
+def test_calendars_are_imported_and_exported_with_the_schedules(
+    fmt: str, url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(CALENDARS_YAML)
+    code, out, err = cli(capsys, "import", str(f), "--database-url", url)
+    assert code == 0, err
+    assert out.splitlines()[:2] == [
+        '+ create calendar closed: {"dates":["2030-12-24","2030-12-31"]}',
+        '+ create calendar de-by: {"holidays":{"country":"DE","subdiv":"BY"}}',
+    ]
+    assert calendars(url) == {
+        "closed": '{"dates":["2030-12-24","2030-12-31"]}',
+        "de-by": '{"holidays":{"country":"DE","subdiv":"BY"}}',
+    }
+    code, out, err = cli(capsys, "export", "--format", fmt, "--database-url", url)
+    assert code == 0 and err == "", err  # the row is valid: its calendars exist
+    if fmt == "json":
+        assert json.loads(out)["calendars"] == {
+            "closed": {"dates": ["2030-12-24", "2030-12-31"]},
+            "de-by": {"holidays": {"country": "DE", "subdiv": "BY"}},
+        }
+    exported = tmp_path / f"out.{fmt}"
+    exported.write_text(out)
+    code, out, _ = cli(capsys, "import", str(exported), "--database-url", url, "--prune")
+    assert code == 0 and out.splitlines() == ["0 to create, 0 to update, 0 to delete, 1 unchanged"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            '[{"name": "x", "spec": "@daily", "task_type": "t", "options": {"exclude": ["gone"]}}]',
+            "entry 1 ('x'): options.exclude: no calendar named 'gone'",
+        ),
+        (
+            '{"calendars": {"c": {"dates": ["2030-02-30"]}}, "schedules": []}',
+            "calendar 'c': dates[0]: must be a valid date",
+        ),
+        (
+            '{"calendars": {"c": {"holidays": {"country": "DE", "subdiv": "XX"}}}}',
+            "calendar 'c': holidays.subdiv: 'XX' is not a subdivision of DE",
+        ),
+        ('{"calendars": {"bad name": {"dates": []}}}', "calendar 'bad name': calendars: must be"),
+    ],
+)
+def test_a_bad_calendar_or_a_missing_one_is_one_line_exit_2(
+    content: str, message: str, url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    code, out, err = cli(capsys, "import", str(f), "--database-url", url)
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"periodic-manager: error: {f}: ") and message in line, line
+    assert rows(url) == {} and calendars(url) == {}
