@@ -1,0 +1,104 @@
+"""Exclusion calendars through the API, on both databases: ``PUT /calendars/{name}`` checks the
+name and the content (422 naming the field), ``GET`` shows dates (a holidays calendar: this year's
+and next year's) and who names it; ``options.exclude`` is a 422 naming the field when it names no
+calendar or is malformed, and a PATCH that breaks it keeps the old version; a calendar written
+badly with SQL is shown with its error and makes the schedules that name it row errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.support.api import T0, assert_error, create
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"dates": ["2026-13-01"]}, ["body", "dates[0]"]),
+        ({"dates": ["2026-12-24", "24.12.2026"]}, ["body", "dates[1]"]),
+        ({"dates": ["2026-12-24"], "holidays": {"country": "DE"}}, ["body", "calendar"]),
+        ({}, ["body", "calendar"]),
+        ({"holidays": {"country": "XX"}}, ["body", "holidays.country"]),
+        ({"holidays": {"country": "DE", "subdiv": "QQ"}}, ["body", "holidays.subdiv"]),
+        ({"dates": ["2026-01-01"] * 10_001}, ["body", "dates"]),
+        ({"holidays": {"country": "DE", "city": "x"}}, ["body", "holidays", "city"]),
+    ],
+)
+async def test_a_bad_calendar_is_a_422_naming_the_field(
+    client: httpx.AsyncClient, body: dict[str, Any], loc: list[str]
+) -> None:
+    r = await client.put("/calendars/c", json=body)
+    assert_error(r, 422, loc)
+    assert (await client.get("/calendars/c")).status_code == 404
+
+
+@pytest.mark.parametrize("name", ["-x", "a b", "x" * 65, "ü"])
+async def test_a_bad_calendar_name_is_a_422(client: httpx.AsyncClient, name: str) -> None:
+    r = await client.put(f"/calendars/{name}", json={"dates": []})
+    assert r.status_code == 422, r.text
+
+
+async def test_put_get_and_who_names_it(client: httpx.AsyncClient) -> None:
+    r = await client.put("/calendars/xmas", json={"dates": ["2024-12-25", "2024-12-24", "2024-12-25"]})
+    assert r.status_code == 201, r.text
+    assert r.json()["kind"] == "dates" and r.json()["dates"] == ["2024-12-24", "2024-12-25"]
+    r = await client.put("/calendars/de", json={"holidays": {"country": "DE"}})
+    assert r.status_code == 201
+    # T0 is in 2026: the dates of 2026 and 2027 are shown.
+    assert T0.year == 2026
+    assert {"2026-10-03", "2027-10-03"} <= set(r.json()["dates"])
+    assert "2025-10-03" not in r.json()["dates"]
+    made = await create(client, options={"exclude": ["xmas", "de"]})
+    assert made["options"] == {"exclude": ["xmas", "de"]}
+    assert (await client.get("/calendars/xmas")).json()["used_by"] == [made["name"]]
+    assert (await client.put("/calendars/xmas", json={"dates": []})).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("exclude", "loc", "words"),
+    [
+        (["nope"], ["body", "options", "exclude"], "no calendar named 'nope'"),
+        ("xmas", ["body", "options", "exclude"], "list of 1 to 20"),
+        ([], ["body", "options", "exclude"], "list of 1 to 20"),
+        (["xmas", "xmas"], ["body", "options", "exclude"], "twice"),
+        (["bad name"], ["body", "options", "exclude[0]"], "calendar name"),
+    ],
+)
+async def test_a_bad_exclude_is_a_422_naming_the_field(
+    client: httpx.AsyncClient, exclude: Any, loc: list[str], words: str
+) -> None:
+    assert (await client.put("/calendars/xmas", json={"dates": ["2024-12-25"]})).status_code == 201
+    r = await client.post(
+        "/schedules",
+        json={"name": "x", "spec": "@daily", "task_type": "t", "options": {"exclude": exclude}},
+    )
+    assert_error(r, 422, loc)
+    assert words in r.json()["errors"][0]["reason"], r.json()
+
+
+async def test_a_patch_naming_a_missing_calendar_keeps_the_old_version(
+    client: httpx.AsyncClient,
+) -> None:
+    assert (await client.put("/calendars/ok", json={"dates": []})).status_code == 201
+    made = await create(client, options={"exclude": ["ok"]})
+    r = await client.patch(f"/schedules/{made['id']}", json={"options": {"exclude": ["missing"]}})
+    assert_error(r, 422, ["body", "options", "exclude"])
+    assert (await client.get(f"/schedules/{made['id']}")).json()["options"] == {"exclude": ["ok"]}
+
+
+async def test_a_calendar_written_badly_with_sql_is_shown_and_its_schedules_are_row_errors(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    assert (await client.put("/calendars/cal", json={"dates": ["2024-12-25"]})).status_code == 201
+    made = await create(client, options={"exclude": ["cal"]})
+    async with engine.begin() as conn:
+        await conn.execute(text("""UPDATE pm_calendars SET spec = '{"dates": ["soon"]}'"""))
+    got = (await client.get("/calendars/cal")).json()
+    assert got["kind"] is None and "dates[0]" in got["error"], got
+    body = (await client.get(f"/schedules/{made['id']}")).json()
+    assert body["status"] == "error" and body["errors"][0]["field"] == "options.exclude"
