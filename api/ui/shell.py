@@ -27,7 +27,9 @@ MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
 }
 # Every URL the dashboard answers; anything else under /ui is the shell with a 404 status.
-PAGES = re.compile(r"/ui(/|/schedules/?|/schedules/new|/schedules/[0-9]{1,18}(/edit)?|/managers)?")
+PAGES = re.compile(
+    r"/ui(/|/schedules/?|/schedules/new|/schedules/[0-9]{1,18}(/edit)?|/managers|/calendars)?"
+)
 # frame-ancestors 'none' (and X-Frame-Options) are added to every HTML answer by api.guard.NoFraming.
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

@@ -452,3 +452,36 @@ def test_ten_thousand_schedules_page_and_filter(driver: Any, big_server: browser
     open_page(d, f"{s.base}/ui/schedules?enabled=false&task_type=task.1")
     paused = [i for i in range(10_000) if i % 10 == 9 and i % 4 == 1]
     assert text_of(d, "#schedules caption").startswith(f"{len(paused):,} schedules")
+
+
+def test_the_calendars_page_creates_shows_and_refuses_to_delete_a_named_calendar(
+    driver: Any, server: browser.Server
+) -> None:
+    d = driver
+    open_page(d, f"{server.base}/ui/calendars")
+    type_into(d, "#cal-name", "browser.cal")
+    type_into(d, "#cal-dates", "2030-12-24, 2030-13-01")
+    d.find_element("css selector", "#cal-save").click()
+    wait_text(d, "#answer", "PUT /calendars/browser.cal → 422")
+    assert "dates[1]" in text_of(d, "#answer")
+    type_into(d, "#cal-dates", "2030-12-24 2030-12-31")
+    d.find_element("css selector", "#cal-save").click()
+    wait_text(d, "#answer", "PUT /calendars/browser.cal → 201 Created")
+    row = wait_text(d, "#calendars tbody", "browser.cal")
+    assert "2 dates" in row and "2030-12-24, 2030-12-31" in row
+
+    sid = api_create(
+        server, name="browser.excluded", spec="0 6 24 12 *", timezone="Europe/Berlin",
+        options={"exclude": ["browser.cal"]},
+    )  # fmt: skip
+    # The schedule's page marks its excluded slots (24 December 2030 is in the calendar).
+    open_page(d, f"{server.base}/ui/schedules/{sid}")
+    wait_text(d, "main", "excluded: not sent")
+    assert "2030-12-24 is in calendar 'browser.cal'" in text_of(d, "main")
+    open_page(d, f"{server.base}/ui/calendars")
+    d.find_element("css selector", "button[data-calendar='browser.cal']").click()
+    wait(d, lambda d: displayed(d, "#confirm-dialog"), "the confirmation")
+    d.find_element("css selector", "#confirm-ok").click()
+    wait_text(d, "#answer", "DELETE /calendars/browser.cal → 409")
+    assert "browser.excluded" in text_of(d, "#answer")
+    assert httpx.get(f"{server.base}/calendars/browser.cal").status_code == 200

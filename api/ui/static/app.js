@@ -8,6 +8,7 @@ import { schedulesPage } from "./page-schedules.js";
 import { schedulePage } from "./page-schedule.js";
 import { formPage } from "./page-form.js";
 import { managersPage } from "./page-managers.js";
+import { calendarsPage } from "./page-calendars.js";
 
 // Each page gets `ready`, a promise of the caller's identity: pages fetch their data while the
 // token is checked and wait for it only before drawing (write buttons depend on it).
@@ -18,6 +19,7 @@ const ROUTES = [
   [/^\/ui\/schedules\/(\d+)$/, "schedules", (m, ready) => schedulePage(Number(m[1]), ready)],
   [/^\/ui\/schedules\/(\d+)\/edit$/, "schedules", (m, ready) => formPage(Number(m[1]), ready)],
   [/^\/ui\/managers$/, "managers", (m, ready) => managersPage(ready)],
+  [/^\/ui\/calendars$/, "calendars", (m, ready) => calendarsPage(ready)],
 ];
 
 // Who the caller is: {auth, can_write}. Asks for the token while the API answers 401.

@@ -94,7 +94,8 @@ function slotsSection(slots) {
     String(i + 1),
     h("div", {}, local(slot.local, slot.abbreviation),
       slot.marks.length
-        ? h("div", { class: "dst-notes" }, slot.marks.map((m) => badge(`DST: ${m}`, "dst")),
+        ? h("div", { class: "dst-notes" },
+            slot.marks.map((m) => (m === "excluded" ? badge("excluded: not sent", "warn") : badge(`DST: ${m}`, "dst"))),
             h("div", { class: "sub" }, slot.notes.join("; ")))
         : null),
     utc(slot.at),
