@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from periodic_manager.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 FIELD = "options.exclude"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -133,16 +136,26 @@ def _check_holidays(country: str, subdiv: str | None) -> None:
 
 @lru_cache(maxsize=4096)
 def holiday_dates(country: str, subdiv: str | None, year: int) -> frozenset[date]:
-    """The public holidays of ``country`` (and ``subdiv``) in ``year`` (cached per triple)."""
+    """The public holidays of ``country`` (and ``subdiv``) in ``year`` (cached per triple);
+    none outside YEAR_MIN..YEAR_MAX, and none (logged once) if the package fails for that year:
+    a slot is then sent rather than a scheduler's loop stopped."""
     import holidays
 
     if not YEAR_MIN <= year <= YEAR_MAX:
         return frozenset()
-    return frozenset(holidays.country_holidays(country, subdiv=subdiv, years=year))
+    try:
+        return frozenset(holidays.country_holidays(country, subdiv=subdiv, years=year))
+    except Exception:  # the package's answer is not ours to trust with the loop
+        log.exception("holidays of %s%s in %d could not be computed", country,
+                      f"-{subdiv}" if subdiv else "", year)
+        return frozenset()
 
 
 def parse_stored(text: Any) -> CalendarSpec:
-    """A calendar's stored text (untrusted: SQL may have written it), judged; ConfigError."""
+    """A calendar's stored text (untrusted: SQL may have written it), judged; ConfigError.
+    Texts are judged once (a manager reads every calendar at each sync that finds changes)."""
+    if isinstance(text, str) and len(text) <= MAX_TEXT:
+        return _parse_text(text)
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -150,6 +163,12 @@ def parse_stored(text: Any) -> CalendarSpec:
             raise ConfigError("calendar", "stored text is not valid UTF-8") from None
     if not isinstance(text, str) or len(text) > MAX_TEXT:
         raise ConfigError("calendar", f"stored text must be JSON text of at most {MAX_TEXT} characters")
+    return _parse_text(text)
+
+
+@lru_cache(maxsize=1024)
+def _parse_text(text: str) -> CalendarSpec:
+    """A stored text judged (a ConfigError is not remembered: judged again each time)."""
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):

@@ -102,3 +102,17 @@ async def test_a_calendar_written_badly_with_sql_is_shown_and_its_schedules_are_
     assert got["kind"] is None and "dates[0]" in got["error"], got
     body = (await client.get(f"/schedules/{made['id']}")).json()
     assert body["status"] == "error" and body["errors"][0]["field"] == "options.exclude"
+
+
+async def test_a_calendar_deleted_with_sql_under_its_schedules_makes_them_row_errors(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    assert (await client.put("/calendars/gone", json={"dates": []})).status_code == 201
+    made = await create(client, options={"exclude": ["gone"]})
+    assert (await client.get(f"/schedules/{made['id']}")).json()["status"] == "active"
+    async with engine.begin() as conn:
+        await conn.execute(text("DELETE FROM pm_calendars WHERE name = 'gone'"))
+    body = (await client.get(f"/schedules/{made['id']}")).json()
+    [error] = body["errors"]
+    assert error["field"] == "options.exclude" and "'gone'" in error["reason"], error
+    assert (await client.get("/calendars/gone")).status_code == 404
