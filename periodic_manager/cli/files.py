@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 from periodic_manager.clock import SystemClock
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules.calendars import CalendarSpec, Exclusion, check_spec, exclusion
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.schedules.rules import checked_options, validate_schedule
 from periodic_manager.settings import Settings
@@ -29,9 +30,29 @@ def _fail(message: str, status: int = 2) -> int:
 
 
 
+def _exclusion(args: argparse.Namespace) -> Exclusion | None:
+    """The calendars ``--exclude-dates`` and ``--exclude-holidays`` describe, judged as the API
+    judges a calendar (ConfigError naming the flag); None without them."""
+    found: dict[str, CalendarSpec] = {}
+    for flag, value in (("--exclude-dates", args.exclude_dates), ("--exclude-holidays", args.exclude_holidays)):
+        if value is None:
+            continue
+        if flag == "--exclude-dates":
+            doc: Any = {"dates": [d.strip() for d in value.split(",") if d.strip()]}
+        else:
+            country, _, subdiv = value.partition("-")
+            doc = {"holidays": {"country": country, **({"subdiv": subdiv} if subdiv else {})}}
+        try:
+            found[flag] = check_spec(doc)
+        except ConfigError as exc:
+            raise ConfigError(flag, f"{exc.field}: {exc.reason}") from None
+    return exclusion(list(found), found) if found else None
+
+
 def print_next(args: argparse.Namespace) -> int:
-    """``next SPEC [--tz ZONE] [-n N] [--start-at T] [--end-at T]``: one line per slot,
-    ``<UTC>  <local with offset> <abbr>``; within options.start_at/end_at as the engine sends."""
+    """``next SPEC [--tz ZONE] [-n N] [--start-at T] [--end-at T] [--exclude-dates D,..]
+    [--exclude-holidays CC-SUB]``: one line per slot, ``<UTC>  <local with offset> <abbr>``;
+    within options.start_at/end_at and without excluded dates, as the engine sends."""
     from periodic_manager.schedules.describe import describe
 
     if not 1 <= args.n <= 10_000:
@@ -57,11 +78,16 @@ def print_next(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         where = exc.field.replace("options.", "--").replace("_", "-")
         return _fail(f"{where}: {exc.reason}")
+    try:
+        excluded = _exclusion(args)
+    except ConfigError as exc:
+        return _fail(f"{exc.field}: {exc.reason}")
     zone = ZoneInfo(args.tz)
     if args.describe:
         print(f"# {describe(args.spec) or '(no description for this expression)'}")
     now = SystemClock().now()
-    for slot in slot_bounds.slots(schedule, now, args.n, slot_bounds.bounds_of(options)):
+    bounds = slot_bounds.bounds_of(options)
+    for slot in slot_bounds.slots(schedule, now, args.n, bounds, excluded, args.tz):
         local = slot.astimezone(zone)
         print(f"{slot_text(slot)}  {local.isoformat()} {local.tzname()}")
     return 0

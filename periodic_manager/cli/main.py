@@ -91,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     nxt.add_argument(
         "--end-at", default=None, help="options.end_at: no slot at or after it (ISO 8601 with offset)"
     )
+    nxt.add_argument(
+        "--exclude-dates", default=None, metavar="D1,D2",
+        help="as options.exclude naming a calendar of these dates (YYYY-MM-DD): no slot on them",
+    )
+    nxt.add_argument(
+        "--exclude-holidays", default=None, metavar="CC[-SUBDIV]",
+        help="as options.exclude naming the public holidays of a country (DE, DE-BY)",
+    )
     nxt.add_argument("--describe", action="store_true", help="first print a description")
     imp = subs["import"]
     imp.add_argument("file", help="JSON, YAML or TOML list of schedules ('-' reads stdin)")

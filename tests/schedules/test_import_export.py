@@ -255,6 +255,26 @@ def test_next_within_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     ]  # fmt: skip
 
 
+def test_next_without_excluded_dates(capsys: pytest.CaptureFixture[str]) -> None:
+    # 2030-12-25 and 26 are Bavarian holidays; 2030-12-27 is listed; 09:00 Berlin is 08:00Z.
+    code, out, err = cli(
+        capsys, "next", "0 9 * * *", "--tz", "Europe/Berlin", "-n", "3",
+        "--start-at", "2030-12-24T00:00:00Z", "--exclude-holidays", "DE-BY",
+        "--exclude-dates", "2030-12-27,2031-01-01",
+    )  # fmt: skip
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == [
+        "2030-12-24T08:00:00Z", "2030-12-28T08:00:00Z", "2030-12-29T08:00:00Z",
+    ]  # fmt: skip
+    code, out, err = cli(capsys, "next", "@daily", "--exclude-holidays", "DE-QQ")
+    [line] = err.strip().splitlines()
+    assert code == 2 and out == "" and line.startswith(
+        "periodic-manager: error: --exclude-holidays: holidays.subdiv: 'QQ' is not a subdivision of DE"
+    ), err
+    code, _, err = cli(capsys, "next", "@daily", "--exclude-dates", "2030-02-30")
+    assert code == 2 and "--exclude-dates: dates[0]: must be a valid date" in err, err
+
+
 def test_unknown_extension_needs_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "s.txt"
     f.write_text("[]")
