@@ -132,3 +132,21 @@ async def test_the_public_holidays_of_bavaria_are_not_sent(db_url: str) -> None:
         assert r.json()["next_runs"] == [iso(t) for t in nine]
         await rig.advance_to(datetime(2026, 12, 28, 8, 30, tzinfo=UTC))
         assert await rig.slots("daily.nine") == [iso(t) for t in nine]
+
+
+async def test_a_calendar_deleted_with_sql_leaves_the_running_version_running(
+    rig: Rig, combo: tuple[str, str]
+) -> None:
+    url, _ = combo
+    assert (await rig.client.put("/calendars/noon", json={"dates": ["2024-05-02"]})).status_code == 201
+    job = {"name": "minutely", "spec": "* * * * *", "task_type": "t", "options": {"exclude": ["noon"]}}
+    sid = (await rig.client.post("/schedules", json=job)).json()["id"]
+    await rig.advance_to(at(12, 1, 30))
+    assert await rig.slots("minutely") == [iso(at(12, 1))]
+    # The API refuses; SQL does it anyway: the row turns bad, the version held keeps running.
+    assert (await rig.client.delete("/calendars/noon")).status_code == 409
+    await rawsql.execute(url, "DELETE FROM pm_calendars WHERE name = 'noon'")
+    await rig.advance_to(at(12, 3, 30))
+    assert await rig.slots("minutely") == [iso(at(12, m)) for m in (1, 2, 3)]
+    [err] = await manager_errors(rig, sid)
+    assert err["field"] == "options.exclude" and err["last_good_since"] is not None, err
