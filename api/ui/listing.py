@@ -146,7 +146,15 @@ async def page_rows(
         if row.enabled and row.usable and row.config is not None:
             bounds = slot_bounds.bounds_of(row.config.options)
             slot = slots.get(v["spec"], v["timezone"], v["anchor"], now, bounds)
-            if isinstance(slot, str):
+            if row.config.exclusion is not None and isinstance(slot, datetime):
+                # options.exclude: the next slot that is sent (the rows that set it pay for it)
+                sent = slot_bounds.slots(
+                    row.config.schedule, now, 1, bounds, row.config.exclusion, row.config.timezone
+                )
+                slot = sent[0] if sent else ""  # "": the next 10,000 slots are all excluded
+            if slot == "":
+                pass  # active, no slot to show
+            elif isinstance(slot, str):
                 error = error or slot
                 status = "error"
             elif slot is None:

@@ -116,3 +116,28 @@ async def test_a_calendar_deleted_with_sql_under_its_schedules_makes_them_row_er
     [error] = body["errors"]
     assert error["field"] == "options.exclude" and "'gone'" in error["reason"], error
     assert (await client.get("/calendars/gone")).status_code == 404
+
+
+async def test_previews_skip_excluded_slots_and_an_all_excluded_schedule_shows_none(
+    client: httpx.AsyncClient,
+) -> None:
+    # T0 is 2026-03-01 12:00:30Z: 2 March is excluded, so the next daily 06:00 slot is 3 March.
+    assert (await client.put("/calendars/mar2", json={"dates": ["2026-03-02"]})).status_code == 201
+    made = await create(client, name="skips", spec="0 6 * * *", options={"exclude": ["mar2"]})
+    assert made["next_runs"] == ["2026-03-03T06:00:00Z", "2026-03-04T06:00:00Z", "2026-03-05T06:00:00Z"]
+    listed = {i["name"]: i for i in (await client.get("/views/schedules")).json()["items"]}
+    assert listed["skips"]["next"]["at"] == "2026-03-03T06:00:00Z"
+    # Every slot of a yearly 2 March schedule is on an excluded date in 2026, and only 2026 is
+    # excluded: previews look ahead a bounded number of slots and show the 2027 one.
+    yearly = await create(client, name="yearly", spec="0 6 2 3 *", options={"exclude": ["mar2"]})
+    assert yearly["next_runs"][0] == "2027-03-02T06:00:00Z"
+    # A calendar of every day of 2026-2027 under a minutely schedule: 10,000 slots looked at, none
+    # sent: no preview, no loop, the schedule is still active.
+    days = [f"{y}-{m:02d}-{d:02d}" for y in (2026, 2027) for m in range(1, 13) for d in range(1, 29)]
+    assert (await client.put("/calendars/all", json={"dates": days})).status_code == 201
+    every = await create(client, name="never", spec="* * * * *", options={"exclude": ["all"]})
+    assert every["next_runs"] == [] and every["status"] == "active"
+    listed = {i["name"]: i for i in (await client.get("/views/schedules")).json()["items"]}
+    assert listed["never"]["next"] is None and listed["never"]["error"] is None
+    slots = (await client.get(f"/views/schedules/{every['id']}/slots", params={"n": 3})).json()
+    assert [s["marks"] for s in slots["slots"]] == [["excluded"]] * 3
