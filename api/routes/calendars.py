@@ -14,7 +14,7 @@ from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules.calendars import (
     MAX_DATES,
-    NAME_RE,
+    NAME_PATTERN,
     CalendarSpec,
     check_name,
     check_spec,
@@ -29,7 +29,7 @@ router = APIRouter(prefix="/calendars", tags=["calendars"])
 
 Conn = Annotated[Connection, Depends(get_conn)]
 Now = Annotated[datetime, Depends(get_now)]
-Name = Annotated[str, Path(min_length=1, max_length=64, pattern=NAME_RE.pattern.replace("\\Z", "$"))]
+Name = Annotated[str, Path(min_length=1, max_length=64, pattern=f"^{NAME_PATTERN}$")]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such calendar"}}
 IN_USE: dict[int | str, dict[str, Any]] = {
     409: {"description": "Schedules name the calendar in options.exclude (listed)"}

@@ -269,10 +269,8 @@ class Decisions:
         """Skip a slot on an excluded date (options.exclude): handled, not sent; the entry moves
         on to its next slot (the one after may be excluded too: each is met at its own time)."""
         reason = skip_reason(slot, entry.timezone, calendar)
-        log.info(
-            "not sending slot %s of %s: %s", slot.isoformat(), entry.name, reason,
-            extra={"schedule": entry.name, "slot": slot.isoformat()},
-        )  # fmt: skip
+        # No log line per slot (a holiday may exclude a million): the run history has each one.
+        log.debug("not sending slot %s of %s: %s", slot.isoformat(), entry.name, reason)
         self.dispatcher.counts["skipped"] += 1
         if entry.fired is None or slot > entry.fired:
             entry.fired = slot

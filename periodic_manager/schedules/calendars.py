@@ -33,7 +33,8 @@ from periodic_manager.errors import ConfigError
 log = logging.getLogger(__name__)
 
 FIELD = "options.exclude"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+NAME_PATTERN = "[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+NAME_RE = re.compile(rf"^{NAME_PATTERN}\Z")
 NAME_RULE = "1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit"
 MAX_NAMES = 20  # calendars one schedule may name
 MAX_DATES = 10_000  # dates one calendar may list
