@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db.models import Calendar, PeriodicJob
@@ -74,7 +75,14 @@ async def put(conn: AsyncConnection, name: str, spec: CalendarSpec, now: datetim
     )
     created = not done.rowcount
     if created:
-        await conn.execute(insert(Calendar).values(name=name, spec=spec.text, updated_at=now))
+        try:
+            await conn.execute(insert(Calendar).values(name=name, spec=spec.text, updated_at=now))
+        except IntegrityError:  # created meanwhile by another writer: this write replaces it
+            await conn.rollback()
+            await conn.execute(
+                update(Calendar).where(C.name == name).values(spec=spec.text, updated_at=now)
+            )
+            created = False
     await conn.commit()
     return created
 

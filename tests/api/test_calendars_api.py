@@ -6,6 +6,7 @@ badly with SQL is shown with its error and makes the schedules that name it row 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -141,3 +142,11 @@ async def test_previews_skip_excluded_slots_and_an_all_excluded_schedule_shows_n
     assert listed["never"]["next"] is None and listed["never"]["error"] is None
     slots = (await client.get(f"/views/schedules/{every['id']}/slots", params={"n": 3})).json()
     assert [s["marks"] for s in slots["slots"]] == [["excluded"]] * 3
+
+
+async def test_concurrent_puts_of_a_new_calendar_create_it_once(client: httpx.AsyncClient) -> None:
+    answers = await asyncio.gather(
+        *(client.put("/calendars/race", json={"dates": [f"2030-01-{d:02d}"]}) for d in range(1, 9))
+    )
+    assert sorted(a.status_code for a in answers) == [200] * 7 + [201], [a.text for a in answers]
+    assert len((await client.get("/calendars/race")).json()["dates"]) == 1
