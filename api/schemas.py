@@ -53,7 +53,8 @@ OPTIONS_DOC = (
     "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
     "(allow, skip, hold), overlap_timeout, extra, start_at, end_at (ISO 8601 instants with "
     "offset: no slot before start_at nor at or after end_at), jitter (seconds under the "
-    "shortest gap: each slot sent at slot + [0, jitter), scheduled_at unchanged)"
+    "shortest gap: each slot sent at slot + [0, jitter), scheduled_at unchanged), exclude "
+    "(names of calendars, PUT /calendars/{name}: no slot on their dates in the schedule's zone)"
 )
 
 

@@ -565,6 +565,8 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
         "/schedules/{schedule_id}/resume",
         "/schedules/{schedule_id}/trigger",
         "/schedules/{schedule_id}/runs",
+        "/calendars",
+        "/calendars/{name}",
         "/entries",
         "/managers",
         "/cron/next",
