@@ -46,7 +46,10 @@ EXPECTED_FLAGS = {
     "import": {"--database-url", "--log-level", "--log-format", "--format", "--dry-run", "--prune"},
     "export": {"--database-url", "--log-level", "--log-format", "--format"},
     "health": {"--role", "--probe-dir", "--max-age"},
-    "next": {"--tz", "-n", "--anchor", "--start-at", "--end-at", "--describe"},
+    "next": {
+        "--tz", "-n", "--anchor", "--start-at", "--end-at", "--describe", "--exclude-dates",
+        "--exclude-holidays",
+    },
 }
 
 
