@@ -153,6 +153,18 @@ async def test_expires_becomes_the_jobs_ttl(
     assert rq_meta(task)["scheduled_at"] == "2024-05-01T12:01:00Z"
 
 
+async def test_timeout_becomes_the_jobs_timeout_rounded_up(
+    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    p, queue = redis_prefix, f"{redis_prefix}-q"
+    timed = make_task(p, "timed", None, queue, timeout=12.5)
+    plain = make_task(p, "plain", None, queue)
+    results = await target.enqueue([timed, plain], SLOT)
+    assert [r.status for r in results] == ["enqueued", "enqueued"]
+    assert await redis_client.hget(f"{p}:job:{timed.id}", "timeout") == "13"
+    assert await redis_client.hget(f"{p}:job:{plain.id}", "timeout") == "180"  # RQ's default
+
+
 async def test_a_queue_key_of_another_type_fails_its_batch_alone(
     target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
