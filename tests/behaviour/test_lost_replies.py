@@ -32,8 +32,8 @@ from arq.constants import in_progress_key_prefix
 from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets import arq as arq_target
-from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets import rq as rq_target
+from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.redis import claims as claims_module
 from periodic_manager.targets.rq import RqTarget
