@@ -73,7 +73,8 @@ async def test_leader_whose_session_is_killed_stops_and_the_standby_takes_over(
     try:
         await admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'periodic_manager leader' AND pid IN"
+            " WHERE application_name = 'periodic_manager leader' AND datname = current_database()"
+            " AND pid IN"
             " (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)"
         )
     finally:
