@@ -61,8 +61,12 @@ async def insert_schedules(
     url: str,
     rows: Iterable[tuple[str, str, dict[str, Any]]],
     effective_at: datetime | None = T0 - timedelta(days=1),
+    *,
+    task_type: str = "fault.task",
+    payload: Any = None,
 ) -> None:
-    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``.
+    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``, each with ``task_type``
+    and ``payload``.
 
     ``effective_at``: when the schedules began. By default a day before the tests' virtual start
     (they existed long before); None lets the database stamp its own time, as for any SQL insert.
@@ -72,8 +76,11 @@ async def insert_schedules(
         await conn.executemany(
             "INSERT INTO periodic_jobs"
             " (name, spec, timezone, task_type, payload, options, enabled, effective_at)"
-            " VALUES ($1, $2, 'UTC', 'fault.task', 'null', $3, true, $4)",
-            [(name, spec, json.dumps(opts), effective_at) for name, spec, opts in rows],
+            " VALUES ($1, $2, 'UTC', $5, $6, $3, true, $4)",
+            [
+                (name, spec, json.dumps(opts), effective_at, task_type, json.dumps(payload))
+                for name, spec, opts in rows
+            ],
         )
     finally:
         await conn.close()
