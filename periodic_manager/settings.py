@@ -11,13 +11,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
-TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "procrastinate"]
+TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate"]
 # The targets that can run with redis_cluster (the outbox and procrastinate need no Redis).
 CLUSTER_TARGETS = ("redis", "outbox", "procrastinate")
 # Targets that need an optional extra: target -> (module to import, extra to install).
 TARGET_EXTRAS = {
     "celery": ("celery", "celery"), "arq": ("arq", "arq"), "rq": ("rq", "rq"),
-    "procrastinate": ("procrastinate", "procrastinate"),
+    "dramatiq": ("dramatiq", "dramatiq"), "procrastinate": ("procrastinate", "procrastinate"),
 }
 
 
@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     )
     arq_redis_url: str | None = Field(None, description="Redis URL of the arq queues (default: redis_url)")
     rq_redis_url: str | None = Field(None, description="Redis URL of the RQ queues (default: redis_url)")
+    dramatiq_url: str | None = Field(
+        None,
+        description="Dramatiq's broker, redis:// or amqp:// (default: redis_url); on RabbitMQ the "
+        "claims live in redis_url",
+    )
+    dramatiq_namespace: str = Field(
+        "dramatiq", min_length=1, description="the namespace (key prefix) of Dramatiq's RedisBroker"
+    )
     redis_group: str | None = Field(
         None,
         description="consumer group your Redis Streams workers read with (consume_redis.py --group): "
@@ -139,6 +147,13 @@ class Settings(BaseSettings):
             return v.strip()
         return v
 
+    @field_validator("dramatiq_url")
+    @classmethod
+    def _dramatiq_url(cls, v: str | None) -> str | None:
+        from periodic_manager.targets.dramatiq import check_url
+
+        return None if v is None else check_url(v)
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, v: object) -> object:
@@ -229,11 +244,17 @@ class Settings(BaseSettings):
         missing: dict[str, str] = {}
         if "redis" in names and (why := completion.redis(self.redis_group)) is not None:
             missing["redis"] = why
+        if "dramatiq" in names:
+            missing["dramatiq"] = completion.dramatiq()
         if "celery" in names:
             why = completion.celery(self.celery_backend() is not None)
             if why is not None:
                 missing["celery"] = why
         return TargetSet(names, missing)
+
+    def dramatiq_broker(self) -> str:
+        """The broker the dramatiq target sends to: ``dramatiq_url``, else ``redis_url``."""
+        return self.dramatiq_url or self.redis_url
 
     def celery_broker(self) -> str:
         """The broker the celery target publishes to: ``celery_broker_url``, else the

@@ -30,7 +30,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
     "--database-url": ("database_url", "database URL (PM_DATABASE_URL)"),
     "--redis-url": ("redis_url", "Redis URL (PM_REDIS_URL)"),
-    "--target": ("target", "default target: redis, outbox, celery, arq, rq or procrastinate (PM_TARGET)"),
+    "--target": ("target", "default target: redis, outbox, celery, arq, rq, dramatiq or procrastinate (PM_TARGET)"),
     "--sync-interval": ("sync_interval", "seconds between syncs (PM_SYNC_INTERVAL)"),
     "--grace": ("grace", "seconds a slot may be late (PM_GRACE)"),
     "--host": ("host", "API bind address (PM_HOST)"),

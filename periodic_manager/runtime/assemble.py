@@ -53,6 +53,14 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
         from periodic_manager.targets.rq import RqTarget
 
         return RqTarget.from_url(settings.rq_redis_url or settings.redis_url, prefix=settings.stream_prefix)
+    if name == "dramatiq":
+        from periodic_manager.targets.dramatiq import AMQP_SCHEMES, DramatiqTarget
+
+        broker = settings.dramatiq_broker()
+        return DramatiqTarget.from_url(
+            broker, claims_url=settings.redis_url if broker.startswith(AMQP_SCHEMES) else None,
+            prefix=settings.stream_prefix, namespace=settings.dramatiq_namespace,
+        )  # fmt: skip
     if name == "procrastinate":
         from periodic_manager.targets.procrastinate import ProcrastinateTarget
 

@@ -27,7 +27,7 @@ SPEC_MAX = 200  # the periodic_jobs.spec column
 DEFAULT_QUEUE = "default"
 # Every target a schedule may name in ``options.target``; which of them a deployment runs is its
 # settings' business (see validate_target).
-TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq", "procrastinate")
+TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate")
 # skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
 # latest missed slot within the catch-up window is enqueued once.
 MISFIRE_POLICIES = ("skip", "fire_once")

@@ -362,3 +362,50 @@ async def test_a_resend_is_in_the_run_history_and_the_metrics(
     assert 'periodic_manager_slots_total{queue="pmlost.q",status="resent"} 10.0' in text
     copies = await messages_in(redis_server, "pmlost.q")
     assert sorted(set(copies.values())) == [1] and len(copies) == 30
+
+
+# -- Dramatiq on Redis: claim and message in one script ------------------------------------------
+
+
+async def dramatiq_queued(redis_server: RedisServer, queue: str) -> tuple[Counter[str], int]:
+    """The message ids on Dramatiq's list of ``queue`` (namespace pmlost), and its hash's size."""
+    client = aioredis.from_url(redis_server.url, decode_responses=True)
+    try:
+        ids = await client.lrange(f"pmlost:{queue}", 0, -1)
+        return Counter(ids), int(await client.hlen(f"pmlost:{queue}.msgs"))
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("fault", ["reply lost", "redis killed"])
+async def test_dramatiq_a_lost_reply_or_a_killed_redis_loses_no_message(
+    fault: str, redis_server: RedisServer, proxy: TcpProxy
+) -> None:
+    from periodic_manager.targets import dramatiq as dramatiq_target
+
+    target = dramatiq_target.DramatiqTarget.from_url(
+        proxied(proxy), prefix="pmlost", namespace="pmlost", timeout=1.0
+    )
+    tasks = batch("pmlost", "d", "dq")
+    try:
+        await target.enqueue(batch("pmlost", "warm", "dq", 1), SLOT)  # script loaded
+        script = sha(dramatiq_target.CLAIM_AND_ENQUEUE)
+        if fault == "reply lost":
+            proxy.drop_reply(script)
+        else:
+            proxy.on_request(script, redis_server.kill, after=True)
+        with pytest.raises(TargetError):
+            await target.enqueue(tasks, SLOT)
+        if fault == "redis killed":
+            redis_server.start()  # same port, same append-only file
+        else:
+            assert proxy.dropped == 1
+        again = await until_sent(target, tasks)
+    finally:
+        await target.close()
+    statuses = Counter(r.status for r in again)
+    # Claimed and written together: the retry finds both (or, killed before the script, neither).
+    assert set(statuses) <= ({"duplicate"} if fault == "reply lost" else {"enqueued", "duplicate"})
+    ids, stored = await dramatiq_queued(redis_server, "dq")
+    assert ids == Counter({t.id: 1 for t in batch("pmlost", "warm", "dq", 1) + tasks})
+    assert stored == N + 1

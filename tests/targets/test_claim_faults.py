@@ -79,6 +79,7 @@ SCRIPTS = [
     ("periodic_manager.targets.redis", "claim_and_add_after.lua"),
     ("periodic_manager.targets.celery", "claim_and_push.lua"),
     ("periodic_manager.targets", "arq_claim_and_write.lua"),
+    ("periodic_manager.targets", "dramatiq_claim_and_enqueue.lua"),
 ]
 
 
