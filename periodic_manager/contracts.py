@@ -545,6 +545,48 @@ class Leadership(Protocol):
         ...
 
 
+class PartitionHandler(Protocol):
+    """What a manager does when its partitions change (``PM_COORDINATION=partitions``)."""
+
+    async def gained(self, partitions: frozenset[int]) -> None:
+        """Leases on ``partitions`` were taken: read their rows, start after what is settled."""
+        ...
+
+    async def releasing(self, partitions: frozenset[int]) -> None:
+        """``partitions`` are handed over: stop sending for them, wait for a send under way and
+        flush what was sent to the store; the leases are released once this returns."""
+        ...
+
+    def lost(self, partitions: frozenset[int]) -> None:
+        """``partitions`` are no longer held (taken by another, or trust ran out): stop sending
+        for them at once (never blocks)."""
+        ...
+
+
+@runtime_checkable
+class PartitionLeadership(Leadership, Protocol):
+    """Leadership by partitions: this manager leads the partitions it holds (``is_leader``
+    while it holds one); :meth:`trusted` is whether it may still send for one now."""
+
+    @property
+    def count(self) -> int:
+        """The number of partitions (known once started)."""
+        ...
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The partitions whose lease is held and trusted."""
+        ...
+
+    def trusted(self, partition: int) -> bool:
+        """Whether ``partition``'s lease is held and still trusted at this instant."""
+        ...
+
+    def attach(self, handler: PartitionHandler) -> None:
+        """Tell ``handler`` about every change of the partitions held (before :meth:`start`)."""
+        ...
+
+
 class ChangeSignal(Protocol):
     """Tells the manager that schedules changed (PostgreSQL LISTEN, say), so it syncs at once."""
 
