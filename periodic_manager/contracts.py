@@ -128,6 +128,24 @@ class IncrementalProvider(ConfigProvider, Protocol):
         ...
 
 
+# The partitions a partitioned provider reads: (partition count, the partitions held now).
+HeldPartitions = Callable[[], tuple[int, frozenset[int]]]
+
+
+@runtime_checkable
+class PartitionedProvider(ConfigProvider, Protocol):
+    """A provider that can read only the rows of some partitions (``PM_COORDINATION=partitions``)."""
+
+    def restrict(self, held: HeldPartitions) -> None:
+        """From now on every read (full, changes) covers only the rows of the partitions
+        ``held()`` names at the time of the read."""
+        ...
+
+    async def get_partitions(self, partitions: frozenset[int]) -> ProviderSnapshot:
+        """Every enabled row of ``partitions`` (configs and row errors), read in full."""
+        ...
+
+
 # -- tasks out: targets ----------------------------------------------------------------------------
 
 
@@ -548,8 +566,10 @@ class Leadership(Protocol):
 class PartitionHandler(Protocol):
     """What a manager does when its partitions change (``PM_COORDINATION=partitions``)."""
 
-    async def gained(self, partitions: frozenset[int]) -> None:
-        """Leases on ``partitions`` were taken: read their rows, start after what is settled."""
+    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+        """Leases on ``partitions`` were taken: read their rows, start after what is settled.
+        ``fresh``: those of them no manager ever held (their schedules start as at a first
+        start, with no look back)."""
         ...
 
     async def releasing(self, partitions: frozenset[int]) -> None:
@@ -580,6 +600,11 @@ class PartitionLeadership(Leadership, Protocol):
 
     def trusted(self, partition: int) -> bool:
         """Whether ``partition``'s lease is held and still trusted at this instant."""
+        ...
+
+    @property
+    def handovers(self) -> int:
+        """Partitions handed over cleanly so far."""
         ...
 
     def attach(self, handler: PartitionHandler) -> None:

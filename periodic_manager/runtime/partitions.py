@@ -68,7 +68,7 @@ def fair_share(partitions: int, live: int) -> int:
 class _Quiet:
     """A handler that does nothing (the leases alone, as in their tests)."""
 
-    async def gained(self, partitions: frozenset[int]) -> None:
+    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
         return None
 
     async def releasing(self, partitions: frozenset[int]) -> None:
@@ -177,6 +177,11 @@ class PartitionLeases:
                 next_round = self.clock.now()
                 await self.round()
 
+    async def quiet(self) -> None:
+        """Return once no round is under way (tests drive rounds with a virtual clock)."""
+        async with self._round:
+            pass
+
     async def round(self) -> None:
         """One round: renew, count members, hand over or take (public for tests)."""
         async with self._round:
@@ -227,7 +232,8 @@ class PartitionLeases:
                     _show(gained), len(self._held), self._count, live,
                 )  # fmt: skip
                 await self._report()
-                await self._handler.gained(frozenset(gained))
+                fresh = frozenset(p for p, (epoch, _) in gained.items() if epoch == 1)
+                await self._handler.gained(frozenset(gained), fresh)
 
     async def _hand_over(self, leases: dict[int, tuple[int, datetime]]) -> None:
         """Stop sending for ``leases`` at once, let the handler flush, then release them."""

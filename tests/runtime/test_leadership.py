@@ -11,7 +11,7 @@ import pytest
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.runtime.leadership import PostgresLeadership
-from tests.runtime.conftest import dsn
+from tests.support.faults import dsn
 from tests.support.polling import eventually
 from tests.support.tcpproxy import TcpProxy
 
@@ -81,6 +81,7 @@ async def test_cut_off_leader_stops_and_the_standby_takes_over(
     proxied: tuple[str, TcpProxy], pg_url: str, clock: VirtualClock
 ) -> None:
     url, proxy = proxied
+    url = dsn(url)
     a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
     b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     try:
@@ -99,6 +100,7 @@ async def test_half_open_leader_steps_down_before_the_server_frees_the_lock(
     proxied: tuple[str, TcpProxy], pg_url: str, clock: VirtualClock
 ) -> None:
     url, proxy = proxied
+    url = dsn(url)
     a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)
     b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     events: list[str] = []

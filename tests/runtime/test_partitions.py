@@ -21,7 +21,7 @@ from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.partitions import partition_count, partition_sql
 from periodic_manager.runtime.partitions import PartitionLeases, fair_share
 from periodic_manager.schedules.partition import check_count, partition_of
-from tests.runtime.conftest import dsn
+from tests.support.faults import dsn
 from tests.support.tcpproxy import TcpProxy
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -37,8 +37,9 @@ class Recorder:
         self.leases: PartitionLeases | None = None
         self.events: list[tuple[str, frozenset[int]]] = []
 
-    async def gained(self, partitions: frozenset[int]) -> None:
+    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
         self.events.append(("gained", partitions))
+        self.events.append(("fresh", fresh))
 
     async def releasing(self, partitions: frozenset[int]) -> None:
         assert self.leases is not None and not partitions & self.leases.held  # stopped first
@@ -131,7 +132,7 @@ async def test_a_manager_alone_holds_every_partition(make, admin: asyncpg.Connec
     assert isinstance(a, PartitionLeadership)
     assert a.count == N and a.held == frozenset(range(N)) and a.is_leader
     assert changes == [True]
-    assert rec.of("gained") == set(range(N))
+    assert rec.of("gained") == rec.of("fresh") == set(range(N))  # never held before
     assert set((await holders(admin)).values()) == {"a"}
 
 
@@ -167,6 +168,7 @@ async def test_a_joining_manager_takes_its_share_by_a_clean_hand_over(
             assert_disjoint([a.held, b.held])  # never held twice, at any step
     assert len(a.held) == len(b.held) == 32
     assert ra.of("releasing") == set(b.held) == rb.of("gained")
+    assert not rb.of("fresh")  # held before: b looks back as a takeover does
     assert a.handovers == 32 and not ra.of("lost")
     after = {r[0]: r[1] for r in await admin.fetch("SELECT partition, epoch FROM pm_partitions")}
     assert all(after[p] == epochs[p] + 1 for p in b.held)  # a take bumps the fencing epoch
@@ -217,6 +219,7 @@ async def test_a_renewal_that_fails_ends_trust_at_its_start_plus_ttl_minus_margi
     make, proxied: tuple[str, TcpProxy], clock: VirtualClock
 ) -> None:
     url, proxy = proxied
+    url = dsn(url)
     a, rec = make("a", url, ttl=10.0, margin=2.0)  # rounds every 3.33 s, trust 8 s
     await a.start(lambda _v: None)
     assert a.held == frozenset(range(N))
