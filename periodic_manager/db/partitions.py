@@ -36,5 +36,7 @@ async def holders(conn: AsyncConnection) -> dict[str, list[int]]:
     )
     held: dict[str, list[int]] = {}
     for holder, partition in rows:
-        held.setdefault(str(holder), []).append(int(partition))
+        # Written by SQL too: a value that is not what the lease module writes is left out.
+        if isinstance(holder, str) and isinstance(partition, int):
+            held.setdefault(holder, []).append(partition)
     return held

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from periodic_manager.contracts import PartitionedProvider, PartitionLeadership
 from periodic_manager.engine.entry import ScheduledEntry
@@ -48,6 +49,7 @@ class PartitionHolding:
         leading: Leading,
         *,
         spawn: Spawn,
+        changed: Callable[[], None],
     ) -> None:
         self.leases = leases
         self.provider = provider
@@ -56,6 +58,7 @@ class PartitionHolding:
         self.scheduler = syncer.scheduler
         self.leading = leading
         self._spawn = spawn
+        self._changed = changed  # after every change of the entries held (the heartbeat tells)
         self.mine: set[int] = set()  # the partitions whose entries this manager keeps
         self.taking: set[asyncio.Task[object]] = set()  # takeovers under way
         # Before the first round (count unknown) nothing is held: no row is read.
@@ -103,6 +106,7 @@ class PartitionHolding:
             lambda ident: isinstance(ident, int) and partition_of(ident, count) in partitions
         )
         log.info("partitions %s: %d entries dropped", sorted(partitions)[:8], removed)
+        self._changed()
 
     async def _take_over(self, partitions: frozenset[int], look_back: bool) -> None:
         count = self.leases.count
@@ -121,6 +125,7 @@ class PartitionHolding:
             try:
                 async with self.syncer.lock:
                     if await self.leading.take_over_some(register, taken, look_back=look_back):
+                        self._changed()
                         return
                 # Leading ended during the read: the partitions still held are taken again.
             except Exception as exc:

@@ -149,7 +149,8 @@ class PeriodicTaskManager:
             if not isinstance(self.provider, PartitionedProvider):
                 raise ValueError("partition leases need a provider that reads by partition (the database's)")
             self.holding = PartitionHolding(
-                self.leadership, self.provider, self.syncer, self.leading, spawn=self.tasks.spawn
+                self.leadership, self.provider, self.syncer, self.leading, spawn=self.tasks.spawn,
+                changed=self.heartbeat.now.set,
             )
             self.leadership.attach(self.holding)
 

@@ -21,6 +21,7 @@ from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.partitions import PartitionLeases
 from periodic_manager.settings import Settings
+from tests.support.api import api_client
 from tests.support.faults import (
     T0,
     assert_exactly_once,
@@ -101,7 +102,7 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
     await insert_schedules(pg_url, [(f"p{i:03d}", "@every 1s", {}) for i in range(1, SCHEDULES + 1)])
     common = dict(
         target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
-        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=60, listen=False,
+        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
     )  # fmt: skip
     direct = Settings(database_url=pg_url, **common)  # type: ignore[arg-type]
     cut_url, proxy = proxied
@@ -118,10 +119,20 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
         await fleet.drive(10)
         fleet.assert_each_schedule_held_once(["a", "b"])
         assert a.partition_handovers == N // 2
+        assert a.registry.get_sample_value("periodic_manager_partition_handovers_total") == N // 2
+        assert a.registry.get_sample_value("periodic_manager_partitions") == len(a.partitions) == N // 2
 
         c = await fleet.start("c", through_proxy)
         await fleet.drive(10)
         fleet.assert_each_schedule_held_once(["a", "b", "c"])
+        async with api_client(pg_url, fleet.clock, fleet.engines[0]) as client:
+            shown = {m["manager_id"]: m for m in (await client.get("/managers")).json()["items"]}
+        assert {i: shown[m.manager_id]["partitions"] for i, m in fleet.managers.items()} == {
+            i: sorted(m.partitions) for i, m in fleet.managers.items()
+        }
+        assert {i: shown[m.manager_id]["entry_count"] for i, m in fleet.managers.items()} == {
+            i: len(m.entries()) for i, m in fleet.managers.items()
+        }
 
         b = fleet.managers["b"]
         await fleet.stop("b")  # a graceful leave: released at once, taken at the next rounds
