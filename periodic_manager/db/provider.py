@@ -258,7 +258,10 @@ class DatabaseProvider:
         return ChangeSet(revision=found.revision, configs=configs, errors=errors, removed=removed)
 
     async def prune_tombstones(self, older_than: datetime) -> int:
-        """Delete tombstones older than ``older_than`` (a full read makes up for any pruned)."""
+        """Delete tombstones older than ``older_than`` (a full read makes up for any pruned).
+        Restricted to partitions, only the holder of partition 0 prunes (work done once)."""
+        if self._held is not None and 0 not in self._held()[1]:
+            return 0
         return await changes.prune_tombstones(self.engine, older_than)
 
     async def _check_types(self, conn: AsyncConnection) -> None:
