@@ -64,6 +64,7 @@ class PartitionHolding:
         # Before the first round (count unknown) nothing is held: no row is read.
         provider.restrict(lambda: (max(1, self.leases.count), frozenset(self.mine)))
         self.reconciler.keep = self.holds
+        self.reconciler.keeper.scope = self.holds
 
     def holds(self, ident: int | str) -> bool:
         """Whether this manager keeps the schedule ``ident`` (code-registered ones: always)."""

@@ -11,6 +11,7 @@ expire (a manager stops trusting a lease before the database can let another tak
 from __future__ import annotations
 
 import asyncpg
+import pytest
 import redis.asyncio as aioredis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -169,3 +170,35 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
     assert_exactly_once(counts, expected)
     assert sum(counts.values()) == len(expected)  # nothing else either
     print(f"{len(expected)} slots audited, {len(counts)} keys on the stream")
+
+
+async def test_a_manager_leaves_the_last_good_versions_of_other_partitions_alone(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full read covers only the partitions held: a row of another manager's partition that
+    turned bad is unseen, not over being bad, so its stored last good version stays."""
+    monkeypatch.setenv("PM_PARTITIONS", "4")
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"g{i}", "@every 1s", {}) for i in range(1, 9)])
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
+        sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        a = await fleet.start("a", settings)
+        b = await fleet.start("b", settings)
+        await fleet.drive(10)  # a hands two partitions over at its next round, b takes them
+        bs = sorted(e.ident for e in b.entries())
+        assert bs and not {e.ident for e in a.entries()} & set(bs)
+        bad = bs[0]
+        await admin.execute("UPDATE periodic_jobs SET spec = '61 * * * *' WHERE id = $1", bad)
+        await b.sync()  # b sees it bad: it stores the version it runs
+        assert await admin.fetchval("SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)) == 1
+        await a.sync(full=True)  # a reads only its partitions
+        assert await admin.fetchval("SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)) == 1
+        assert b.entry(bad) is not None and b.entry(bad).spec == "@every 1s"  # type: ignore[union-attr]
+    finally:
+        await fleet.close()
+        await admin.close()
