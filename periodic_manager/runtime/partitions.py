@@ -167,15 +167,16 @@ class PartitionLeases:
     # -- rounds --------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        next_round = self.clock.now()
+        step = timedelta(seconds=self.interval)
+        next_round = self.clock.now() + step
         while True:
-            next_round += timedelta(seconds=self.interval)
+            # Wake for the next round, or earlier when the trust in a lease ends first.
             until = min([next_round, *(t for _, t in self._held.values())])
             await self.clock.sleep_until(until)
             self._expire()
             if self.clock.now() >= next_round:
-                next_round = self.clock.now()
                 await self.round()
+                next_round = max(next_round + step, self.clock.now())
 
     async def quiet(self) -> None:
         """Return once no round is under way (tests drive rounds with a virtual clock)."""
