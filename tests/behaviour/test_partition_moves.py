@@ -202,3 +202,32 @@ async def test_a_manager_leaves_the_last_good_versions_of_other_partitions_alone
     finally:
         await fleet.close()
         await admin.close()
+
+
+async def test_a_lone_manager_restarted_within_grace_sends_what_was_due_meanwhile_once(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"r{i:02d}", "@every 1s", {}) for i in range(1, 21)])
+    settings = Settings(
+        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
+        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
+        heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        await fleet.start("a", settings)
+        await fleet.drive(5)
+        await fleet.stop("a")  # SIGTERM: its partitions are released, what it sent recorded
+        await fleet.clock.advance(10)  # down for 10 s, within grace
+        again = await fleet.start("a2", settings)
+        assert again.partitions == frozenset(range(N))
+        await fleet.drive(5)
+        end = fleet.clock.now()
+        assert again.scheduler.counts["duplicate"] == 0  # it started after what a recorded
+    finally:
+        await fleet.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [k for i in range(1, 21) for k in expected_slots(f"r{i:02d}", "@every 1s", T0, end)]
+    assert_exactly_once(counts, expected)  # the 10 s it was down included
+    assert sum(counts.values()) == len(expected) == 20 * 20
