@@ -187,9 +187,10 @@ class PartitionLeases:
         """One round: renew, count members, hand over or take (public for tests)."""
         async with self._round:
             started = self.clock.now()
+            excess: dict[int, tuple[int, datetime]] = {}
             try:
                 # Bounded: a round that hangs must not outlive the trust of what is held.
-                await asyncio.wait_for(self._exchange(started), self.interval)
+                excess = await asyncio.wait_for(self._exchange(started), self.interval)
             except Exception as exc:  # noqa: BLE001 - any failure: nothing renewed this round
                 if cancelling():
                     self._drop_connection()
@@ -201,10 +202,14 @@ class PartitionLeases:
                 self._drop_connection()
             else:
                 self._last_error = None
+            if excess:
+                await self._hand_over(excess)  # bounded on its own (a flush takes its time)
             self._expire()
             await self._report()
 
-    async def _exchange(self, started: datetime) -> None:
+    async def _exchange(self, started: datetime) -> dict[int, tuple[int, datetime]]:
+        """Renew, count the members, take what is missing to the share; what is above it (to be
+        handed over, outside this round's budget)."""
         conn = await self._connect()
         trust = started + timedelta(seconds=self.ttl - self.margin)
         if self._held:
@@ -221,9 +226,8 @@ class PartitionLeases:
         await conn.execute(FORGET_DEAD, self.ttl * 10)
         share = fair_share(self._count, live)
         if len(self._held) > share:
-            excess = sorted(self._held)[share:]
-            await self._hand_over({p: self._held[p] for p in excess})
-        elif len(self._held) < share:
+            return {p: self._held[p] for p in sorted(self._held)[share:]}
+        if len(self._held) < share:
             taken = await conn.fetch(TAKE, self.member, self.ttl, share - len(self._held))
             gained = {int(r[0]): (int(r[1]), trust) for r in taken}
             if gained:
@@ -235,26 +239,40 @@ class PartitionLeases:
                 await self._report()
                 fresh = frozenset(p for p, (epoch, _) in gained.items() if epoch == 1)
                 await self._handler.gained(frozenset(gained), fresh)
+        return {}
 
     async def _hand_over(self, leases: dict[int, tuple[int, datetime]]) -> None:
-        """Stop sending for ``leases`` at once, let the handler flush, then release them."""
+        """Stop sending for ``leases`` at once, let the handler flush, then release them. A
+        flush that does not end within the trust left is not waited for: those leases are
+        left to expire (the next holder waits for the TTL instead)."""
         parts = frozenset(leases)
         for p in parts:
             self._held.pop(p, None)
         await self._report()
+        budget = self.ttl - self.margin - self.interval
         try:
-            await self._handler.releasing(parts)
-        finally:
-            # Released only at the epochs held; if the lease meanwhile passed to another manager,
-            # nothing changes.
-            if self._conn is not None:
-                ps, epochs = self._pairs(leases)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        self._conn.execute(RELEASE, self.member, ps, epochs), self.interval
-                    )
-            self.handovers += len(parts)
-            log.info("partition leases: handed over %s", _show(parts))
+            await asyncio.wait_for(self._handler.releasing(parts), budget)
+        except Exception as exc:  # noqa: BLE001 - the leases then expire instead
+            reraise_if_cancelled(exc)
+            log.error(
+                "partition leases: handing over %s did not finish (%s: %s); they expire instead",
+                _show(parts), type(exc).__name__, exc,
+            )  # fmt: skip
+            return
+        # Released only at the epochs held; if a lease meanwhile passed to another manager,
+        # nothing changes.
+        if self._conn is not None:
+            ps, epochs = self._pairs(leases)
+            try:
+                await asyncio.wait_for(
+                    self._conn.execute(RELEASE, self.member, ps, epochs), self.interval
+                )
+            except Exception as exc:  # noqa: BLE001 - they expire instead
+                reraise_if_cancelled(exc)
+                log.warning("partition leases: release failed (%s); they expire instead", exc)
+                return
+        self.handovers += len(parts)
+        log.info("partition leases: handed over %s", _show(parts))
 
     def _expire(self) -> None:
         """Drop every partition whose trust has ended (no renewal came in time)."""
