@@ -378,6 +378,10 @@ class ManagerOut(BaseModel):
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None
+    partitions: list[int] = Field(
+        description="the partitions whose lease names this manager (PM_COORDINATION=partitions; "
+        "empty with one leader)"
+    )
 
 
 class ManagerList(BaseModel):

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
@@ -73,6 +74,20 @@ class Settings(BaseSettings):
     leader_poll_interval: float = Field(1.0, gt=0, description="seconds between leadership tries/checks")
     leader_timeout: float = Field(
         3.0, gt=0, description="a silent leader's session ends after this; takeover <= timeout + poll"
+    )
+    coordination: Literal["leader", "partitions"] = Field(
+        "leader",
+        description="how managers on PostgreSQL share the work: one leader (advisory lock) or "
+        "every manager leasing a fair share of the partitions",
+    )
+    lease_ttl: float = Field(
+        10.0, ge=1, le=300, description="seconds a partition lease runs unrenewed (partitions mode)"
+    )
+    partitions: int = Field(
+        DEFAULT_PARTITIONS,
+        ge=1,
+        le=MAX_PARTITIONS,
+        description="number of partitions, read by `migrate` when it creates pm_partitions",
     )
     catchup_window: float = Field(
         3600.0,

@@ -19,7 +19,7 @@ from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from periodic_manager.db import schedule_reader, store_reads
+from periodic_manager.db import partitions, schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
@@ -211,9 +211,10 @@ async def managers(conn: Conn, now: Now, settings: AppSettings) -> ManagerViewLi
     cutoff = live_cutoff(now, settings.heartbeat_interval)
     live = await store_reads.live_managers(conn, cutoff)
     tally = await store_reads.entry_tallies(conn, [m.info.manager_id for m in live])
+    held = await partitions.holders(conn)
     items = [
         ManagerView(
-            **manager_fields(m, now),
+            **manager_fields(m, now, held),
             entries_active=tally.get(m.info.manager_id, (0, 0))[0],
             entries_error=tally.get(m.info.manager_id, (0, 0))[1],
         )

@@ -150,6 +150,31 @@ class Manager(Base):
     entry_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
 
 
+class Partition(Base):
+    """A partition of the schedules and its lease (``PM_COORDINATION=partitions``): who holds
+    it, the fencing epoch its holder took it at (bumped by every take), and until when the lease
+    runs (database time). One row per partition, made at ``migrate``: the row count is the
+    partition count."""
+
+    __tablename__ = "pm_partitions"
+
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    expires_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    renewed_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+
+
+class PartitionMember(Base):
+    """A manager taking part in the partition leases, alive until ``expires_at`` (database
+    time, renewed with its leases): the live members decide the fair share."""
+
+    __tablename__ = "pm_partition_members"
+
+    member: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+
+
 class Entry(Base):
     """What a manager registered: one row per entry, written only when the entry changes.
 

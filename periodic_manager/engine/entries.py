@@ -12,7 +12,7 @@ entry after what was settled (:meth:`Entries.rebase`); an entry whose next slot 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.contracts import Clock
@@ -188,6 +188,18 @@ class Entries:
                         self._rebase(entry, after, settled.get(ident), now)
         finally:
             self._rebasing = None
+        self._change()
+
+    def rebase_some(
+        self, entries: Sequence[ScheduledEntry], after: datetime, settled: Mapping[Ident, datetime]
+    ) -> None:
+        """:meth:`rebase` for ``entries`` only, while the others keep their timing (a partition
+        taken over by a manager that is sending for others). Their old filings go stale (an
+        entry is valid only under its ``next_slot``)."""
+        now = self.clock.now()
+        for entry in entries:
+            if not entry.dead:
+                self._rebase(entry, after, settled.get(entry.ident), now)
         self._change()
 
     def _rebase(

@@ -44,6 +44,7 @@ from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.history import Observer, RunsHook, RunWriter
 from periodic_manager.engine.overlap import HOLD_TICK_S, OverlapGuard
 from periodic_manager.engine.staging import Stager
+from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import overlap_policy
 from periodic_manager.targets.base import staged
@@ -221,6 +222,27 @@ class Scheduler:
             return
         self._stager.unstage()
         await self.registered.rebase(resume_after, settled or {})
+
+    async def rebase_some(
+        self, entries: Sequence[ScheduledEntry], resume_after: datetime,
+        settled: Mapping[int | str, datetime],
+    ) -> None:
+        """:meth:`rebase` for ``entries`` only, active or not (a partition taken over while this
+        scheduler sends for others), in turns with the other tasks."""
+        async for part in in_turns(entries):
+            self.registered.rebase_some(part, resume_after, settled)
+
+    async def flush_runs(self) -> bool:
+        """Wait until no dispatch is under way and every run reported so far is written to the
+        store (a hand-over: the next holder reads what was settled). False when the store is
+        failing and runs are left unwritten."""
+        await self.wait_idle()
+        if self._stopping:
+            return await self.writer.flush()  # the writer's loop has ended (or ends now)
+        self.writer.ready.set()
+        async with self._state:
+            await self._state.wait_for(lambda: self.writer.settled)
+        return not self.writer.pending
 
     async def wait_idle(self) -> None:
         """Return when no dispatch is under way (background writers go between dispatches), or

@@ -99,6 +99,9 @@ class LastGoodKeeper:
         self._unsaved: dict[str, RowError] = {}  # saves that failed, retried at the next sync
         self._looked: set[str] = set()  # bad rows without an entry whose store was looked at
         self._refused: set[tuple[str, str]] = set()  # (key, stored reason) already logged
+        # Partitions: whether this manager reads the row of an ident (a full read covers only
+        # its partitions: a stored version of another's row is not over because it was unseen).
+        self.scope: Callable[[int | str], bool] | None = None
 
     def since(self, key: str) -> datetime | None:
         """Since when this manager keeps the last good version of row ``key`` running, if it does."""
@@ -115,7 +118,11 @@ class LastGoodKeeper:
         index = await self._index()
         if index is not None:
             self.stored = index
-        over = [k for k, b in self.stored.items() if k not in bad and _over(b, revision)]
+        scope = self.scope
+        over = [
+            k for k, b in self.stored.items()
+            if k not in bad and _over(b, revision) and (scope is None or scope(ident_of(k)))
+        ]  # fmt: skip
         await self._forget(over, revision)
         for key in [k for k in self.kept if k not in bad]:
             del self.kept[key]

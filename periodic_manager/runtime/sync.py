@@ -36,6 +36,7 @@ from periodic_manager.contracts import (
     ProviderSnapshot,
     RowError,
 )
+from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.last_good import LastGoodKeeper
@@ -79,6 +80,9 @@ class Reconciler:
     ) -> None:
         self.scheduler = scheduler
         self.publisher = publisher
+        # Partitions: whether this manager holds the schedule of an ident now (a read that began
+        # before a partition was lost must not bring its entries back). None: it holds all.
+        self.keep: Callable[[int | str], bool] | None = None
         # Stores the last good version of rows that turn bad, and runs the stored one of bad rows
         # this manager holds nothing for.
         self.keeper = keeper
@@ -139,6 +143,30 @@ class Reconciler:
         await self._publish_row_errors(report.errors, now)
         return report
 
+    async def apply_some(self, snapshot: ProviderSnapshot, now: datetime) -> list[ScheduledEntry]:
+        """Register the rows of ``snapshot`` (partitions just taken: nothing of them is held),
+        publish its row errors; the entries registered."""
+        report = SyncReport(ok=True, errors=list(snapshot.errors))
+        async for configs in in_turns(snapshot.configs):
+            now_ = self.scheduler.clock.now()
+            for cfg in configs:
+                self._upsert(cfg, report, now_)
+        await self._publish_row_errors(report.errors, now)
+        held = self.scheduler.held()
+        return [e for c in snapshot.configs if (e := held.get(c.ident)) is not None]
+
+    def drop(self, gone: Callable[[int | str], bool]) -> int:
+        """Unregister the synced entries and forget the row errors of every ident ``gone``
+        accepts (partitions lost or handed over: sending for them stops at once); how many
+        entries."""
+        report = SyncReport(ok=True)
+        for ident, entry in list(self.scheduler.held().items()):
+            if entry.synced and gone(ident):
+                self._remove(ident, report)
+        for key in [k for k in self.row_errors if gone(ident_of(k))]:
+            self._clear_row_error(key)
+        return report.removed
+
     def _remove(self, key: int | str, report: SyncReport) -> None:
         entry = self.scheduler.get(key)
         if entry is not None and entry.synced:
@@ -152,6 +180,8 @@ class Reconciler:
         """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
         (then a row error is added to the report and any previous entry keeps running).
         ``entry``: the current entry of its key, when the caller looked it up already."""
+        if self.keep is not None and not self.keep(cfg.ident):
+            return True  # its partition is not held (any more): another manager's
         if entry is _LOOK_UP:
             entry = self.scheduler.get(cfg.ident)
         # The provider hands back the same object for an unchanged row: no hashing needed.

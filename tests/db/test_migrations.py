@@ -35,6 +35,8 @@ APP_TABLES = {
     "pm_runs",
     "periodic_jobs_deleted",
     "pm_last_good",
+    "pm_partitions",
+    "pm_partition_members",
     "pm_procrastinate_sent",
 }
 
