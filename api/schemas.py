@@ -353,6 +353,44 @@ class RunPage(BaseModel):
     offset: int
 
 
+class FieldChangeOut(BaseModel):
+    """One column's change. Values as stored (text cut to 2000 characters, `truncated` then),
+    shown as a person reads them: `enabled` a boolean, `payload` and `options` their JSON value,
+    `anchor` an ISO-8601 UTC instant, where the stored text is one; null: NULL or unreadable."""
+
+    before: Any = Field(examples=["*/5 * * * *"])
+    after: Any = Field(examples=["*/10 * * * *"])
+    truncated: bool = Field(description="a value was longer than 2000 characters and was cut")
+
+
+class ChangeOut(BaseModel):
+    """An entry of a schedule's change history; a value the table holds but that cannot be
+    read (written there with SQL) is null."""
+
+    id: int
+    at: datetime | None = Field(description="when the change was made")
+    action: str = Field(examples=["created", "updated", "paused", "resumed", "deleted"])
+    source: str = Field(
+        description="who wrote it: `api`, `import`, `manager`, or `sql` (any other writer)",
+        examples=["api", "sql", "import", "manager"],
+    )
+    actor: str | None = Field(
+        description="who, where known: the database role for `sql` on PostgreSQL, the manager "
+        "id for `manager`; null for `api` (tokens have no names) and `import`"
+    )
+    name: str | None = Field(description="the schedule's name after the change (before, deleted)")
+    changes: dict[str, FieldChangeOut] | None = Field(
+        description="each tracked column that changed; null when the stored entry is unreadable"
+    )
+
+
+class ChangePage(BaseModel):
+    items: list[ChangeOut]
+    total: int
+    limit: int
+    offset: int
+
+
 class TriggerResult(BaseModel):
     task_id: str
     idempotency_key: str = Field(

@@ -121,6 +121,12 @@ class Settings(BaseSettings):
     api_read_token: SecretStr | None = Field(None, description="bearer token allowing GET only")
     runs_retention: float = Field(7.0, gt=0, description="days of run history kept")
     runs_max_per_schedule: int = Field(100, ge=0, description="newest runs kept per schedule (0: none)")
+    changes_retention: float = Field(
+        90.0, gt=0, le=1_000_000, description="days of change history kept"
+    )
+    changes_max_per_schedule: int = Field(
+        1000, ge=1, le=1_000_000, description="newest changes kept per schedule"
+    )
     metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus port of `manager`")
     log_format: Literal["text", "json"] = Field("text", description="log lines as text or JSON")
     # -- operations: probes, exposure, limits

@@ -303,9 +303,9 @@ async def _set_enabled(
         if enabled:
             # Resuming must not bring back a row that no manager could use.
             validate_write(request, {**merge_base(row), "enabled": True}, now)
-        # The API's tokens have no names: every pause through it is by "api".
+        # The API's tokens have no names: every pause through it is by "api", no actor.
         await schedule_writer.set_enabled(
-            conn, schedule_id, enabled, was_enabled=row.enabled, now=now, note=note, by="api"
+            conn, schedule_id, enabled, was_enabled=row.enabled, now=now, note=note
         )
         notify_manager(request)
         row = await _reread(request, conn, schedule_id)
@@ -359,16 +359,17 @@ async def resume_schedule(
     status_code=status.HTTP_204_NO_CONTENT,
     response_class=Response,
     responses={**NOT_FOUND, **STALE},
-    summary="Delete a schedule, its runtime state and its run history",
+    summary="Delete a schedule, its runtime state and its run history (its changes stay)",
 )
 async def delete_schedule(
     schedule_id: ScheduleId,
     request: Request,
     conn: Conn,
+    now: Now,
     if_match: IfMatch = None,
 ) -> Response:
     row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
-    await schedule_writer.delete_row(conn, schedule_id)
+    await schedule_writer.delete_row(conn, schedule_id, now)
     notify_manager(request)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -309,6 +309,33 @@ what ``options.overlap`` looks at)."""
     expires_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 
+class ScheduleChange(Base):
+    """The change history of ``periodic_jobs``: one row per change of a schedule's tracked
+    columns (:data:`periodic_manager.db.change_history.TRACKED`): created, updated, paused,
+    resumed, deleted. Written by triggers on ``periodic_jobs`` (migration 0012) on both databases,
+    so plain SQL is seen too; the schedule writer marks its own statements' ``source`` (``api``,
+    ``import``, ``manager``; anything else is ``sql``) and ``actor``. ``changes`` is JSON text,
+    ``{column: {"before": text|null, "after": text|null}}`` with each value the column's stored
+    text cut to 2000 characters (``"truncated": true`` then). Kept after the row is deleted;
+    bounded by age and by a count per schedule, pruned by the manager's store."""
+
+    __tablename__ = "pm_schedule_changes"
+    __table_args__ = (
+        Index("ix_pm_schedule_changes_schedule_id_id", "schedule_id", "id"),
+        Index("ix_pm_schedule_changes_at", "at"),
+        NEVER_REUSED,
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    action: Mapped[str] = mapped_column(String(16), nullable=False)
+    source: Mapped[str] = mapped_column(String(16), nullable=False)
+    actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    changes: Mapped[str] = mapped_column(Text, nullable=False)  # JSON text
+
+
 class Run(Base):
     """History: one row per slot outcome (enqueued, duplicate, skipped, failed) or manual trigger.
 

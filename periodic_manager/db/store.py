@@ -23,6 +23,10 @@ its newest ``runs_per_schedule`` rows. The manager's heartbeat runs the prune, a
 ``prune_interval`` and off the enqueue path; a failing prune is logged and never fails the
 heartbeat.
 
+The change history (``pm_schedule_changes``, :mod:`periodic_manager.db.change_history`, written
+by triggers) is bounded by the same prune: entries older than ``changes_retention`` go, and each
+schedule keeps its newest ``changes_per_schedule``.
+
 The API reads what managers published through the store's read side,
 :mod:`periodic_manager.db.store_reads`, which :meth:`DatabaseRuntimeStore.get_state` uses too.
 """
@@ -48,7 +52,7 @@ from periodic_manager.contracts import (
     StateRecord,
     StoredVersion,
 )
-from periodic_manager.db import history, last_good, store_reads
+from periodic_manager.db import change_history, history, last_good, store_reads
 from periodic_manager.db.engine import chunks
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 from periodic_manager.db.store_reads import COUNT_COLUMNS
@@ -72,15 +76,22 @@ class DatabaseRuntimeStore:
         runs_retention: timedelta | None = timedelta(days=7),
         runs_per_schedule: int = 100,
         prune_interval: timedelta = timedelta(minutes=1),
+        changes_retention: timedelta | None = timedelta(days=90),
+        changes_per_schedule: int = 1000,
     ) -> None:
         """``runs_retention``: history rows older than this are pruned (None: no age limit);
-        ``runs_per_schedule``: newest rows kept per schedule (0: no history is written)."""
+        ``runs_per_schedule``: newest rows kept per schedule (0: no history is written);
+        ``changes_retention`` and ``changes_per_schedule``: the same for the change history."""
         if runs_per_schedule < 0:
             raise ValueError("runs_per_schedule must be >= 0")
+        if changes_per_schedule < 1:
+            raise ValueError("changes_per_schedule must be >= 1")
         self.engine = engine
         self.runs_retention = runs_retention
         self.runs_per_schedule = runs_per_schedule
         self.prune_interval = prune_interval
+        self.changes_retention = changes_retention
+        self.changes_per_schedule = changes_per_schedule
         self._touched: set[str] = set()  # schedule keys with history written since the last prune
         self._next_prune_at: datetime | None = None
         dialect = engine.dialect.name
@@ -138,9 +149,16 @@ class DatabaseRuntimeStore:
             removed = await self.prune_runs(now)
         except Exception as exc:  # history is housekeeping: never fail the heartbeat for it
             log.warning("pruning run history failed (retried later): %s", exc)
+        else:
+            if removed:
+                log.debug("pruned %d history row(s)", removed)
+        try:
+            removed = await self.prune_changes(now)
+        except Exception as exc:
+            log.warning("pruning change history failed (retried later): %s", exc)
             return
         if removed:
-            log.debug("pruned %d history row(s)", removed)
+            log.debug("pruned %d change history row(s)", removed)
 
     async def apply_entries(
         self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
@@ -217,6 +235,14 @@ class DatabaseRuntimeStore:
         if keys is None:
             keys, self._touched = self._touched, set()
         return removed + await history.cap(self.engine, keys, self.runs_per_schedule)
+
+    async def prune_changes(self, now: datetime) -> int:
+        """Apply the change history's bounds (entries older than ``now - changes_retention``,
+        beyond the newest ``changes_per_schedule`` of a schedule); the number deleted."""
+        removed = 0
+        if self.changes_retention is not None:
+            removed += await change_history.drop_old(self.engine, now - self.changes_retention)
+        return removed + await change_history.cap(self.engine, self.changes_per_schedule)
 
     def _state_upsert(self) -> Any:
         t = ScheduleState.__table__.c

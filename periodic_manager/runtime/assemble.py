@@ -115,6 +115,8 @@ def build_manager(
             engine,
             runs_retention=timedelta(days=settings.runs_retention),
             runs_per_schedule=settings.runs_max_per_schedule,
+            changes_retention=timedelta(days=settings.changes_retention),
+            changes_per_schedule=settings.changes_max_per_schedule,
         ),
         leadership=build_leadership(settings, clock, manager_id=manager_id),
         signals=[PostgresChangeListener(normalize_url(settings.database_url))] if listen else [],

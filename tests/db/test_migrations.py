@@ -33,6 +33,7 @@ APP_TABLES = {
     "pm_schedule_state",
     "pm_outbox",
     "pm_runs",
+    "pm_schedule_changes",
     "periodic_jobs_deleted",
     "pm_last_good",
     "pm_partitions",
