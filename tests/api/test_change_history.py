@@ -136,11 +136,10 @@ async def test_plain_sql_is_recorded_as_sql_without_bookkeeping_noise(
     assert [(i["action"], i["source"]) for i in gone] == [("deleted", "sql"), ("created", "sql")]
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])  # transaction-local settings are PostgreSQL's
 async def test_a_setting_naming_another_source_is_sql_unless_known(
     client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
-    if on_sqlite(engine):
-        pytest.skip("transaction-local settings are PostgreSQL's")
     s = await create(client)
     await sql(
         engine,
