@@ -10,7 +10,9 @@
   missed within grace are sent, none it settled is sent again, even when the broker's claims are
   gone. Nothing is sent until the settled slots are known (a failed read is retried while this
   term of leadership lasts; a read failing for ``SETTLED_STALL_S`` makes the manager unhealthy,
-  see :meth:`Leading.stalled`). The read happens off the leadership check.
+  see :meth:`Leading.stalled`). The read happens off the leadership check. Schedules with
+  ``options.max_runs`` take their runs left from the same read (runs counted and settled slot):
+  a standby's own view of them is stale.
 * Losing leadership: sending stops at once (a staged batch is put back, held slots dropped).
 """
 
@@ -23,8 +25,10 @@ from typing import Any
 
 from periodic_manager.contracts import Clock, Leadership, RuntimeStore
 from periodic_manager.engine import catchup
+from periodic_manager.engine.entries import Counted
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
+from periodic_manager.runtime.limited import limited, read_counted
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import ident_of
 
@@ -86,8 +90,8 @@ class Leading:
         # The look back (grace, and a fire_once schedule's catch-up window) is measured from when
         # the settled slots were read: a read retried for a while must not leave the latest
         # missed slot of a fire_once schedule to be skipped as late instead of caught up.
-        now, settled = read
-        await self.scheduler.rebase(now - self.scheduler.grace, settled)
+        now, settled, counted = read
+        await self.scheduler.rebase(now - self.scheduler.grace, settled, counted)
         if term != self._terms:
             return  # leadership changed during the rebase
         self.scheduler.set_active(True)
@@ -104,7 +108,9 @@ class Leading:
             return None
         return f"takeover cannot read the settled slots for {waited:.0f} s ({self._failure})"
 
-    async def _settled_after(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
+    async def _settled_after(
+        self, term: int
+    ) -> tuple[datetime, dict[int | str, datetime], dict[int | str, Counted]] | None:
         """When the read that succeeded started, and what the store records as settled after
         that instant minus grace, by ident, each capped at now (a value from the future only
         means nothing in the past may be sent). Retried while this term lasts; None once it
@@ -115,12 +121,17 @@ class Leading:
             if self._failing is not None and self._failing[0] == term:
                 self._failing = None  # read, or this term is over
 
-    async def _read_settled(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
+    async def _read_settled(
+        self, term: int
+    ) -> tuple[datetime, dict[int | str, datetime], dict[int | str, Counted]] | None:
         failed = False
         while term == self._terms:
             read_at = self.clock.now()
             try:
                 rows = await self.store.settled_after(read_at - self.scheduler.grace)
+                counted = await read_counted(
+                    self.store.get_state, limited(self.scheduler.entries())
+                )
             except Exception as exc:
                 reraise_if_cancelled(exc)
                 self._failure = f"{type(exc).__name__}: {exc}"
@@ -146,7 +157,7 @@ class Leading:
                     settled[ident_of(key)] = shared.setdefault(at, at)
             if term != self._terms:
                 break  # leadership changed meanwhile
-            return read_at, settled
+            return read_at, settled, counted
         return None
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:

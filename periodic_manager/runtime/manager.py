@@ -122,7 +122,8 @@ class PeriodicTaskManager:
             judge=incremental.judge_stored if incremental is not None else None,
         )  # fmt: skip
         self.syncer = Syncer(
-            self.provider, Reconciler(self.scheduler, self.publisher, keeper), clock=self.clock,
+            self.provider, Reconciler(self.scheduler, self.publisher, keeper, self.store.get_state),
+            clock=self.clock,
             timing=timing, metrics=self.metrics, prune=self.publisher.call,
         )  # fmt: skip
         self.heartbeat = Heartbeat(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,9 +36,11 @@ from periodic_manager.contracts import (
     ProviderSnapshot,
     RowError,
 )
+from periodic_manager.engine.entries import Counted
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.last_good import LastGoodKeeper
+from periodic_manager.runtime.limited import StateReader, limited, read_counted
 from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.publishing import EntryPublisher, error_record
 from periodic_manager.runtime.tasks import reraise_if_cancelled
@@ -75,9 +77,16 @@ class Reconciler:
     """Keeps the scheduler's sync-owned entries equal to the provider's rows."""
 
     def __init__(
-        self, scheduler: Scheduler, publisher: EntryPublisher, keeper: LastGoodKeeper
+        self,
+        scheduler: Scheduler,
+        publisher: EntryPublisher,
+        keeper: LastGoodKeeper,
+        read_state: StateReader | None = None,
     ) -> None:
         self.scheduler = scheduler
+        # options.max_runs: what the store records of a limited schedule registered afresh.
+        self.read_state = read_state
+        self._counted: dict[int | str, Counted] = {}
         self.publisher = publisher
         # Stores the last good version of rows that turn bad, and runs the stored one of bad rows
         # this manager holds nothing for.
@@ -101,6 +110,7 @@ class Reconciler:
                 # A row that turned bad keeps its last good entry running (nothing is lost).
                 if entry.synced and ident not in desired and ident not in bad:
                     self._remove(ident, report)
+        await self._read_counted(desired.values())
         unchanged = 0
         async for rows in in_turns(list(desired.items())):
             now_ = self.scheduler.clock.now()
@@ -128,6 +138,7 @@ class Reconciler:
             for key in keys:
                 self._remove(key, report)
                 self._clear_row_error(key)
+        await self._read_counted(changes.configs)
         # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the leadership
         # proof must not wait for all of it.
         async for configs in in_turns(changes.configs):
@@ -138,6 +149,21 @@ class Reconciler:
         await self.keeper.after_changes(report.errors, changes, now)
         await self._publish_row_errors(report.errors, now)
         return report
+
+    async def _read_counted(self, configs: Iterable[PeriodicTaskConfig]) -> None:
+        """Read what the store records of the limited configs that will not carry the runs left
+        of a limited entry (new, resumed, or newly limited). A failed read fails the sync (the
+        current entries keep running; it is retried): a limited schedule is never registered
+        without its count."""
+        held = self.scheduler.held()
+        fresh = []
+        for cfg in limited(configs):
+            entry = held.get(cfg.ident)
+            if entry is None or entry.runs_left is None:
+                fresh.append(cfg)
+        self._counted = {}
+        if fresh and self.read_state is not None:
+            self._counted = await read_counted(self.read_state, fresh)
 
     def _remove(self, key: int | str, report: SyncReport) -> None:
         entry = self.scheduler.get(key)
@@ -169,7 +195,9 @@ class Reconciler:
             return True
         old_id = entry.entry_id if entry is not None else None
         try:
-            new = self.scheduler.register(cfg, synced=True, now=now)
+            new = self.scheduler.register(
+                cfg, synced=True, now=now, counted=self._counted.get(cfg.ident)
+            )
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             reraise_if_cancelled(exc)
             report.errors.append(_unusable(cfg, exc))
