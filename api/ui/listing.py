@@ -133,7 +133,11 @@ async def page_rows(
         for key, run in (await history.last_runs(conn, keys)).items()
     }
     # options.max_runs: the runs the managers recorded, for rows that have it.
-    limited = [str(i) for i, r in rows.items() if r.config is not None and slot_runs.max_runs_of(r.config.options)]
+    limited = [
+        str(i)
+        for i, r in rows.items()
+        if r.config is not None and slot_runs.max_runs_of(r.config.options)
+    ]
     counted = {k: st.runs for k, st in (await store_reads.states(conn, limited)).items()}
     out: list[ScheduleRowView] = []
     for row_id in ids:
