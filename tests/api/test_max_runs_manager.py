@@ -206,3 +206,24 @@ async def test_a_leader_that_cannot_record_a_run_sends_no_further_slot_of_it(
         db_url, redis_url, redis_prefix, max_runs=5, lost_from=lost, dies_after=65, idle=60
     )
     assert sent == _slots(10, 20, 30, 100, 110)
+
+
+async def test_a_max_runs_turned_bad_with_sql_is_a_row_error_and_the_old_count_holds(
+    db_url: str,
+) -> None:
+    """The row turns bad (max_runs 'ten'): its last good version (max_runs 3) keeps running with
+    its count, in this manager and in the next one, which restores it from the database."""
+    async with running(db_url, T0) as rig:
+        sid = (await rig.client.post("/schedules", json=LIMITED)).json()["id"]
+        await rig.advance_to(at(12, 1, 30))
+        bad = '{"max_runs": "ten"}'
+        await rawsql.execute(db_url, f"UPDATE periodic_jobs SET options = '{bad}' WHERE id = {sid}")
+        await rig.advance_to(at(12, 2, 30))
+        assert await rig.slots("thrice") == [iso(at(12, 1)), iso(at(12, 2))]
+        body = (await rig.client.get(f"/schedules/{sid}")).json()
+        assert body["status"] == "error"
+        [err] = [e for e in body["errors"] if e["source"] == "manager"]
+        assert err["field"] == "options.max_runs" and err["last_good_since"] is not None
+    async with running(db_url, at(12, 2, 40)) as rig:
+        await rig.advance_to(at(12, 9, 30))
+        assert await rig.slots("thrice") == [iso(at(12, m)) for m in (1, 2, 3)]
