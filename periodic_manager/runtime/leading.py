@@ -130,7 +130,7 @@ class Leading:
             try:
                 rows = await self.store.settled_after(read_at - self.scheduler.grace)
                 counted = await read_counted(
-                    self.store.get_state, limited(self.scheduler.entries())
+                    self.store.get_state, await limited(self.scheduler.entries())
                 )
             except Exception as exc:
                 reraise_if_cancelled(exc)

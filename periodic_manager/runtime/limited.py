@@ -4,19 +4,23 @@ are taken from it (see :mod:`periodic_manager.schedules.runs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from periodic_manager.contracts import StateRecord
 from periodic_manager.engine.entries import Counted, Ident
+from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.runs import max_runs_of
 
 StateReader = Callable[[Iterable[str]], Awaitable[Mapping[str, StateRecord]]]
 
 
-def limited(configs: Iterable[PeriodicTaskConfig]) -> list[PeriodicTaskConfig]:
-    """The configs with ``options.max_runs``."""
-    return [c for c in configs if c.options and max_runs_of(c.options) is not None]
+async def limited(configs: Sequence[PeriodicTaskConfig]) -> list[PeriodicTaskConfig]:
+    """The configs with ``options.max_runs`` (in turns with the other tasks: a million rows)."""
+    out: list[PeriodicTaskConfig] = []
+    async for part in in_turns(configs):
+        out.extend(c for c in part if c.options and max_runs_of(c.options) is not None)
+    return out
 
 
 async def read_counted(read: StateReader, configs: list[PeriodicTaskConfig]) -> dict[Ident, Counted]:

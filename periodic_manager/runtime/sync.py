@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -110,7 +110,7 @@ class Reconciler:
                 # A row that turned bad keeps its last good entry running (nothing is lost).
                 if entry.synced and ident not in desired and ident not in bad:
                     self._remove(ident, report)
-        await self._read_counted(desired.values())
+        await self._read_counted(list(desired.values()))
         unchanged = 0
         async for rows in in_turns(list(desired.items())):
             now_ = self.scheduler.clock.now()
@@ -150,14 +150,14 @@ class Reconciler:
         await self._publish_row_errors(report.errors, now)
         return report
 
-    async def _read_counted(self, configs: Iterable[PeriodicTaskConfig]) -> None:
+    async def _read_counted(self, configs: Sequence[PeriodicTaskConfig]) -> None:
         """Read what the store records of the limited configs that will not carry the runs left
         of a limited entry (new, resumed, or newly limited). A failed read fails the sync (the
         current entries keep running; it is retried): a limited schedule is never registered
         without its count."""
         held = self.scheduler.held()
         fresh = []
-        for cfg in limited(configs):
+        for cfg in await limited(configs):
             entry = held.get(cfg.ident)
             if entry is None or entry.runs_left is None:
                 fresh.append(cfg)
