@@ -42,6 +42,12 @@ def manager_fields(
     }
 
 
+async def runs_counted(conn: Connection, schedule_key: str) -> int:
+    """The runs of a schedule with options.max_runs that the managers recorded (0: none)."""
+    st = (await store_reads.states(conn, [schedule_key])).get(schedule_key)
+    return st.runs if st is not None else 0
+
+
 async def schedule_state(conn: Connection, schedule_key: str) -> ScheduleStateOut | None:
     st = (await store_reads.states(conn, [schedule_key])).get(schedule_key)
     if st is None:

@@ -53,7 +53,8 @@ OPTIONS_DOC = (
     "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
     "(allow, skip, hold), overlap_timeout, extra, start_at, end_at (ISO 8601 instants with "
     "offset: no slot before start_at nor at or after end_at), jitter (seconds under the "
-    "shortest gap: each slot sent at slot + [0, jitter), scheduled_at unchanged)"
+    "shortest gap: each slot sent at slot + [0, jitter), scheduled_at unchanged), max_runs "
+    "(1 to 10^9: the schedule ends after that many scheduled slots were sent)"
 )
 
 
@@ -195,13 +196,20 @@ class Schedule(BaseModel):
 
 class ScheduleWithRuns(Schedule):
     next_runs: list[datetime] = Field(
-        description="the next 3 slots (UTC) within options.start_at and options.end_at; empty "
-        "when disabled, ended or when the row is unusable"
+        description="the next 3 slots (UTC) within options.start_at and options.end_at and the "
+        "runs left of options.max_runs; empty when disabled, ended or when the row is unusable"
     )
     status: Literal["active", "paused", "error", "ended"] = Field(
         "active",
         description="`paused`: enabled is false; `error`: the row is unusable; `ended`: "
-        "no slot is left before options.end_at; else `active`",
+        "no slot is left before options.end_at, or every run of options.max_runs was sent; "
+        "else `active`",
+    )
+    runs_left: int | None = Field(
+        None,
+        description="options.max_runs: scheduled slots still to send, as the managers recorded "
+        "(manual triggers do not count); null without options.max_runs",
+        examples=[3],
     )
 
 

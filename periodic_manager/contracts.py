@@ -409,6 +409,8 @@ class RunRecord:
     # Why a slot was skipped or held, for the metrics: late, overlap (skip policy), overlap
     # (held), overlap-replaced, overlap-expired, overlap-released, overlap-timeout.
     reason: str | None = None
+    # The schedule has options.max_runs: a sent slot is counted in StateRecord.runs.
+    limited: bool = False
 
 
 @dataclass(slots=True)
@@ -424,12 +426,19 @@ class StateRecord:
     last_status: str | None = None
     last_error: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    # Distinct slots of a limited schedule (options.max_runs) recorded sent after the settled
+    # slot of their time: each counts once, however often it is found duplicate.
+    runs: int = 0
 
     def fold(self, run: RunRecord) -> StateRecord:
         """Apply one run (every store folds with this, so they agree)."""
         self.name = run.name
         self.counts[run.status] = self.counts.get(run.status, 0) + 1
         self.last_status = run.status
+        if run.limited and run.status in SENT and (
+            self.last_done_at is None or run.slot > self.last_done_at
+        ):
+            self.runs += 1
         if run.status in SETTLED and (self.last_done_at is None or run.slot > self.last_done_at):
             self.last_done_at = run.slot
         if run.status in SENT:

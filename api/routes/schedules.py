@@ -32,6 +32,7 @@ from ..rows import (
 )
 from ..runtime import (
     live_cutoff,
+    runs_counted,
     schedule_errors,
     schedule_overlap,
     schedule_state,
@@ -131,7 +132,7 @@ async def detail(
     key = str(row.id)
     cutoff = live_cutoff(now, settings.heartbeat_interval)
     reported = await schedule_errors(conn, key, cutoff)
-    body = to_schedule_with_runs(row, now).model_dump()
+    body = to_schedule_with_runs(row, now, await runs_counted(conn, key)).model_dump()
     body["errors"] = [
         *api_errors(row),
         *(_manager_error(e.manager_id, e.message, e.last_good_since) for e in reported),
@@ -168,7 +169,7 @@ async def create_schedule(
     row = await _reread(request, conn, schedule_id)
     response.headers["Location"] = f"/schedules/{row.id}"
     response.headers["ETag"] = row.etag
-    return to_schedule_with_runs(row, now)
+    return to_schedule_with_runs(row, now, await runs_counted(conn, str(row.id)))
 
 
 @router.get("", response_model=SchedulePage, summary="List schedules (by id), with filters")
@@ -282,7 +283,7 @@ async def update_schedule(
     else:
         await schedule_writer.release(conn)  # ends the transaction (and its row lock)
     response.headers["ETag"] = row.etag
-    return to_schedule_with_runs(row, now)
+    return to_schedule_with_runs(row, now, await runs_counted(conn, str(row.id)))
 
 
 async def _set_enabled(
@@ -312,7 +313,7 @@ async def _set_enabled(
     else:
         await schedule_writer.release(conn)
     response.headers["ETag"] = row.etag
-    return to_schedule_with_runs(row, now)
+    return to_schedule_with_runs(row, now, await runs_counted(conn, str(row.id)))
 
 
 @router.post(

@@ -23,13 +23,15 @@ from periodic_manager.db import partitions, schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.settings import Settings
 
 from ..auth import bearer_token
 from ..deps import get_conn, get_now, get_settings, get_state
 from ..errors import ScheduleNotFound
 from ..rows import rules as row_rules
-from ..runtime import live_cutoff, manager_fields
+from ..rows import runs_left
+from ..runtime import live_cutoff, manager_fields, runs_counted
 from ..ui import listing, stats
 from ..ui.models import (
     Counts,
@@ -147,7 +149,10 @@ async def schedule_slots(
             field, reason = row.errors[0]
             raise ValueError(f"{field}: {reason}")
         bounds = slot_bounds.bounds_of(row.config.options)
-        for slot in marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds):
+        found = marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds)
+        # options.max_runs: no slot past the last run (as next_runs and the engine).
+        left = runs_left(row, await runs_counted(conn, str(row.id)))
+        for slot in slot_runs.limited(found, left):
             views.append(
                 SlotView(
                     at=slot.at,

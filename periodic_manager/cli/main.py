@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     nxt.add_argument(
         "--end-at", default=None, help="options.end_at: no slot at or after it (ISO 8601 with offset)"
     )
+    nxt.add_argument(
+        "--max-runs", default=None, help="options.max_runs: at most this many slots (1 to 10^9)"
+    )
     nxt.add_argument("--describe", action="store_true", help="first print a description")
     imp = subs["import"]
     imp.add_argument("file", help="JSON, YAML or TOML list of schedules ('-' reads stdin)")

@@ -230,6 +230,8 @@ class ScheduleState(Base):
     failed_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     held_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     resent_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    # options.max_runs: distinct slots recorded sent while the schedule had it (schedules/runs.py).
+    runs_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 

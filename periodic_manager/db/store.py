@@ -44,6 +44,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import (
+    SENT,
     EntryRecord,
     LastGoodVersion,
     ManagerInfo,
@@ -213,6 +214,9 @@ class DatabaseRuntimeStore:
         # Sorted so that concurrent writers lock rows in the same order (no deadlock).
         keys = sorted(deltas)
         async with self.engine.begin() as conn:
+            limited = [k for k in keys if deltas[k].runs]
+            if limited:  # options.max_runs: count each slot once, against the stored settled slot
+                await self._count_runs(conn, limited, runs, deltas)
             upsert = self._state_upsert()
             for i in range(0, len(keys), _STATE_UPSERT_CHUNK):  # slices: within the command timeout
                 part = keys[i : i + _STATE_UPSERT_CHUNK]
@@ -221,6 +225,31 @@ class DatabaseRuntimeStore:
                 await history.write(conn, runs, copy=self._copy)
         if self.runs_per_schedule:
             self._touched.update(deltas)
+
+    async def _count_runs(
+        self, conn: Any, keys: list[str], runs: Sequence[RunRecord], deltas: dict[str, StateRecord]
+    ) -> None:
+        """Set the delta's ``runs`` of each limited schedule in ``keys`` to its distinct slots
+        recorded sent after the stored settled slot (read under a row lock on PostgreSQL, in
+        the transaction that moves it): a slot found duplicate after a takeover, or recorded by
+        two managers, counts once."""
+        t = ScheduleState.__table__.c
+        done: dict[str, datetime | None] = {}
+        for chunk in chunks(keys):
+            stmt = select(t.schedule_key, t.last_done_at).where(t.schedule_key.in_(chunk))
+            if self.engine.dialect.name == "postgresql":
+                stmt = stmt.with_for_update()
+            done.update((k, at) for k, at in (await conn.execute(stmt)).all())
+        wanted = set(keys)
+        slots: dict[str, set[datetime]] = {}
+        for run in runs:
+            key = run.schedule_key
+            if run.limited and run.status in SENT and key in wanted:
+                at = done.get(key)
+                if at is None or run.slot > at:
+                    slots.setdefault(key, set()).add(run.slot)
+        for key in keys:
+            deltas[key].runs = len(slots.get(key, ()))
 
     async def prune_runs(self, now: datetime, keys: Iterable[str] | None = None) -> int:
         """Apply the history bounds; returns the number of rows deleted.
@@ -281,6 +310,7 @@ class DatabaseRuntimeStore:
         }
         for col in COUNT_COLUMNS.values():
             set_[col] = t[col] + new[col]
+        set_["runs_count"] = t.runs_count + new.runs_count
         return stmt.on_conflict_do_update(index_elements=[t.schedule_key], set_=set_)
 
     async def unregister_manager(self, manager_id: str) -> None:
@@ -383,5 +413,6 @@ def _state_values(delta: StateRecord, updated_at: datetime) -> dict[str, Any]:
     }
     for status, col in COUNT_COLUMNS.items():
         values[col] = delta.counts.get(status, 0)
+    values["runs_count"] = delta.runs
     return values
 

@@ -10,7 +10,9 @@
   missed within grace are sent, none it settled is sent again, even when the broker's claims are
   gone. Nothing is sent until the settled slots are known (a failed read is retried while this
   term of leadership lasts; a read failing for ``SETTLED_STALL_S`` makes the manager unhealthy,
-  see :meth:`Leading.stalled`). The read happens off the leadership check.
+  see :meth:`Leading.stalled`). The read happens off the leadership check. Schedules with
+  ``options.max_runs`` take their runs left from the same read (runs counted and settled slot):
+  a standby's own view of them is stale.
 * Losing leadership: sending stops at once (a staged batch is put back, held slots dropped).
 * By partitions (``partitioned``): leading only switches sending on and off; each partition
   taken is a takeover of its own (:meth:`Leading.take_over_some`, called by
@@ -28,9 +30,11 @@ from typing import Any
 
 from periodic_manager.contracts import Clock, Leadership, RuntimeStore
 from periodic_manager.engine import catchup
+from periodic_manager.engine.entries import Counted
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
+from periodic_manager.runtime.limited import limited, read_counted
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import ident_of
 
@@ -97,8 +101,8 @@ class Leading:
         # The look back (grace, and a fire_once schedule's catch-up window) is measured from when
         # the settled slots were read: a read retried for a while must not leave the latest
         # missed slot of a fire_once schedule to be skipped as late instead of caught up.
-        now, settled = read
-        await self.scheduler.rebase(now - self.scheduler.grace, settled)
+        now, settled, counted = read
+        await self.scheduler.rebase(now - self.scheduler.grace, settled, counted)
         if term != self._terms:
             return  # leadership changed during the rebase
         self.scheduler.set_active(True)
@@ -125,9 +129,11 @@ class Leading:
             read = await self._settled_after(self._terms, keep)
             if read is None:
                 return False
-            now, settled = read
+            now, settled, _ = read
             some = await register()
-            await self.scheduler.rebase_some(some, now - self.scheduler.grace, settled)
+            # options.max_runs: the runs left of what was just registered, from the store.
+            counted = await read_counted(self.store.get_state, await limited(some))
+            await self.scheduler.rebase_some(some, now - self.scheduler.grace, settled, counted)
         await catchup.catch_up(
             self.scheduler, self.store, now, takeover=look_back,
             still_leading=lambda: self.leadership.is_leader, entries=[e for e in some if not e.dead],
@@ -146,7 +152,7 @@ class Leading:
 
     async def _settled_after(
         self, term: int, keep: Callable[[int | str], bool] | None = None
-    ) -> tuple[datetime, dict[int | str, datetime]] | None:
+    ) -> tuple[datetime, dict[int | str, datetime], dict[int | str, Counted]] | None:
         """When the read that succeeded started, and what the store records as settled after
         that instant minus grace, by ident, each capped at now (a value from the future only
         means nothing in the past may be sent). Retried while this term lasts; None once it
@@ -159,12 +165,16 @@ class Leading:
 
     async def _read_settled(
         self, term: int, keep: Callable[[int | str], bool] | None
-    ) -> tuple[datetime, dict[int | str, datetime]] | None:
+    ) -> tuple[datetime, dict[int | str, datetime], dict[int | str, Counted]] | None:
         failed = False
         while term == self._terms:
             read_at = self.clock.now()
             try:
                 rows = await self.store.settled_after(read_at - self.scheduler.grace)
+                entries = self.scheduler.entries()
+                if keep is not None:
+                    entries = [e for e in entries if keep(e.ident)]
+                counted = await read_counted(self.store.get_state, await limited(entries))
             except Exception as exc:
                 reraise_if_cancelled(exc)
                 self._failure = f"{type(exc).__name__}: {exc}"
@@ -193,7 +203,7 @@ class Leading:
                     settled[ident] = shared.setdefault(at, at)
             if term != self._terms:
                 break  # leadership changed meanwhile
-            return read_at, settled
+            return read_at, settled, counted
         return None
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:

@@ -128,9 +128,11 @@ class PeriodicTaskManager:
             self.scheduler, self.publisher, self.manager_id,
             store=self.store if isinstance(self.store, LastGoodStore) else None,
             judge=incremental.judge_stored if incremental is not None else None,
+            read_state=self.store.get_state,
         )  # fmt: skip
         self.syncer = Syncer(
-            self.provider, Reconciler(self.scheduler, self.publisher, keeper), clock=self.clock,
+            self.provider, Reconciler(self.scheduler, self.publisher, keeper, self.store.get_state),
+            clock=self.clock,
             timing=timing, metrics=self.metrics, prune=self.publisher.call,
         )  # fmt: skip
         self.heartbeat = Heartbeat(

@@ -18,6 +18,7 @@ from typing import Any
 from periodic_manager import cron
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import jitter as slot_jitter
+from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.bounds import check_instant, parse_instant
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
@@ -146,6 +147,7 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "end_at": check_instant,  # no slot at or after it
     # each slot sent at slot + [0, jitter) (schedules/jitter.py); under the shortest gap: check_gap
     "jitter": lambda v: slot_jitter.check_value(v, MAX_DURATION_S),
+    "max_runs": slot_runs.check_value,  # at most that many scheduled slots sent (schedules/runs.py)
 }
 
 

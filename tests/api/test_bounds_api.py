@@ -124,7 +124,8 @@ def _cli_next(
     monkeypatch.setattr(cli_files, "SystemClock", lambda: clock)
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
     args = argparse.Namespace(
-        spec=spec, tz="UTC", n=10, anchor=None, describe=False, start_at=start, end_at=end
+        spec=spec, tz="UTC", n=10, anchor=None, describe=False, start_at=start, end_at=end,
+        max_runs=None,
     )
     try:
         assert cli_files.print_next(args) == 0
@@ -136,7 +137,7 @@ def _cli_next(
 def test_cli_next_refuses_a_naive_bound(capsys: pytest.CaptureFixture[str]) -> None:
     args = argparse.Namespace(
         spec="@hourly", tz="UTC", n=3, anchor=None, describe=False,
-        start_at="2026-03-01T13:00:00", end_at=None,
+        start_at="2026-03-01T13:00:00", end_at=None, max_runs=None,
     )  # fmt: skip
     assert cli_files.print_next(args) == 2
     assert "--start-at: must have an explicit UTC offset" in capsys.readouterr().err

@@ -46,7 +46,7 @@ EXPECTED_FLAGS = {
     "import": {"--database-url", "--log-level", "--log-format", "--format", "--dry-run", "--prune"},
     "export": {"--database-url", "--log-level", "--log-format", "--format"},
     "health": {"--role", "--probe-dir", "--max-age"},
-    "next": {"--tz", "-n", "--anchor", "--start-at", "--end-at", "--describe"},
+    "next": {"--tz", "-n", "--anchor", "--start-at", "--end-at", "--max-runs", "--describe"},
 }
 
 
