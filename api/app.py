@@ -30,6 +30,7 @@ from .guard import (
 from .limits import BodyLimit, HeadAsGet
 from .routes import (
     calendars,
+    changes,
     cron,
     docs,
     entries,
@@ -109,7 +110,7 @@ def create_app(
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(NoFraming)
     app.add_middleware(UnsentAnswers)
-    for module in (schedules, calendars, runs, entries, managers, cron, health, docs, views):
+    for module in (schedules, calendars, runs, changes, entries, managers, cron, health, docs, views):
         app.include_router(module.router)
     app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]

@@ -23,6 +23,7 @@ from periodic_manager.db.engine import Connection, on_sqlite
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import calendars as calendar_rules
+from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.calendars import CalendarSpec
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import (
@@ -145,27 +146,40 @@ def merge_base(v: dbview.RowView) -> dict[str, Any]:
 # -- slots and bodies ------------------------------------------------------------------------------
 
 
-def next_runs(config: PeriodicTaskConfig, now: datetime, n: int = NEXT_RUNS) -> list[datetime]:
+def next_runs(
+    config: PeriodicTaskConfig, now: datetime, n: int = NEXT_RUNS, left: int | None = None
+) -> list[datetime]:
     """The next ``n`` slots after ``now`` in UTC within the schedule's bounds (options.start_at,
-    options.end_at) that are sent (none on a date of a calendar options.exclude names), fewer
-    when it ends, ``[]`` if they cannot be computed. The engine's slots:
-    :func:`periodic_manager.schedules.bounds.slots`, shared with every preview."""
+    options.end_at) that are sent (none on a date of a calendar options.exclude names) and its
+    ``left`` runs (options.max_runs), fewer when it ends, ``[]`` if they cannot be computed. The
+    engine's slots: :func:`periodic_manager.schedules.bounds.slots`, shared with every preview."""
     try:
-        return slot_bounds.slots(
+        found = slot_bounds.slots(
             config.schedule, now, n, slot_bounds.bounds_of(config.options),
             config.exclusion, config.timezone,
         )  # fmt: skip
     except SLOT_ERRORS:
         return []
+    return slot_runs.limited(found, left)
 
 
-def status_of(v: dbview.RowView, now: datetime) -> Status:
+def runs_left(v: dbview.RowView, counted: int) -> int | None:
+    """Runs left of a schedule with options.max_runs (``counted``: the runs the managers
+    recorded), None without it (or an unusable row)."""
+    limit = slot_runs.max_runs_of(v.config.options) if v.config is not None else None
+    return None if limit is None else slot_runs.runs_left(limit, counted)
+
+
+def status_of(v: dbview.RowView, now: datetime, left: int | None = None) -> Status:
     """The schedule's state as its row says: ``paused`` (enabled false), ``error`` (unusable
-    row), ``ended`` (options.end_at not after now: no slot is left) or ``active``."""
+    row), ``ended`` (options.end_at not after now, or no run ``left`` of options.max_runs: no
+    slot is left) or ``active``."""
     if v.enabled is False:
         return "paused"
     if v.config is None or v.enabled is not True:
         return "error"
+    if left is not None and left <= 0:
+        return "ended"  # as the engine: every run of options.max_runs was sent
     try:
         bounds = slot_bounds.bounds_of(v.config.options)
     except ValueError:
@@ -240,6 +254,11 @@ def to_schedule(v: dbview.RowView) -> Schedule:
     return Schedule(**schedule_body(v))
 
 
-def to_schedule_with_runs(v: dbview.RowView, now: datetime) -> ScheduleWithRuns:
-    runs = next_runs(v.config, now) if v.enabled is True and v.config is not None else []
-    return ScheduleWithRuns(**schedule_body(v), next_runs=runs, status=status_of(v, now))
+def to_schedule_with_runs(v: dbview.RowView, now: datetime, counted: int) -> ScheduleWithRuns:
+    """The schedule with its next runs; ``counted``: its runs the managers recorded (read with
+    :func:`api.runtime.runs_counted`), for options.max_runs."""
+    left = runs_left(v, counted)
+    runs = next_runs(v.config, now, left=left) if v.enabled is True and v.config is not None else []
+    return ScheduleWithRuns(
+        **schedule_body(v), next_runs=runs, status=status_of(v, now, left), runs_left=left
+    )

@@ -3,6 +3,7 @@ as the API shows it; and which managers count as live."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,8 +21,11 @@ def live_cutoff(now: datetime, heartbeat_interval_s: float) -> datetime:
     return now - timedelta(seconds=LIVE_HEARTBEATS * heartbeat_interval_s)
 
 
-def manager_fields(m: store_reads.ManagerRecord, now: datetime) -> dict[str, Any]:
-    """A live manager as ``/managers`` and the dashboard show it (the fields of ``ManagerOut``)."""
+def manager_fields(
+    m: store_reads.ManagerRecord, now: datetime, held: Mapping[str, list[int]]
+) -> dict[str, Any]:
+    """A live manager as ``/managers`` and the dashboard show it (the fields of ``ManagerOut``);
+    ``held``: the partitions whose lease names each manager (``db.partitions.holders``)."""
     return {
         "manager_id": m.info.manager_id,
         "hostname": m.info.hostname,
@@ -34,7 +38,14 @@ def manager_fields(m: store_reads.ManagerRecord, now: datetime) -> dict[str, Any
         "last_sync_at": m.status.last_sync_at,
         "last_sync_error": m.status.last_sync_error,
         "entry_count": m.status.entry_count,
+        "partitions": held.get(m.info.manager_id, []),
     }
+
+
+async def runs_counted(conn: Connection, schedule_key: str) -> int:
+    """The runs of a schedule with options.max_runs that the managers recorded (0: none)."""
+    st = (await store_reads.states(conn, [schedule_key])).get(schedule_key)
+    return st.runs if st is not None else 0
 
 
 async def schedule_state(conn: Connection, schedule_key: str) -> ScheduleStateOut | None:

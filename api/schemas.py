@@ -53,7 +53,8 @@ OPTIONS_DOC = (
     "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
     "(allow, skip, hold), overlap_timeout, extra, start_at, end_at (ISO 8601 instants with "
     "offset: no slot before start_at nor at or after end_at), jitter (seconds under the "
-    "shortest gap: each slot sent at slot + [0, jitter), scheduled_at unchanged), exclude "
+    "shortest gap: each slot sent at slot + [0, jitter), scheduled_at unchanged), max_runs "
+    "(1 to 10^9: the schedule ends after that many scheduled slots were sent), exclude "
     "(names of calendars, PUT /calendars/{name}: no slot on their dates in the schedule's zone)"
 )
 
@@ -196,13 +197,20 @@ class Schedule(BaseModel):
 
 class ScheduleWithRuns(Schedule):
     next_runs: list[datetime] = Field(
-        description="the next 3 slots (UTC) within options.start_at and options.end_at; empty "
-        "when disabled, ended or when the row is unusable"
+        description="the next 3 slots (UTC) within options.start_at and options.end_at and the "
+        "runs left of options.max_runs; empty when disabled, ended or when the row is unusable"
     )
     status: Literal["active", "paused", "error", "ended"] = Field(
         "active",
         description="`paused`: enabled is false; `error`: the row is unusable; `ended`: "
-        "no slot is left before options.end_at; else `active`",
+        "no slot is left before options.end_at, or every run of options.max_runs was sent; "
+        "else `active`",
+    )
+    runs_left: int | None = Field(
+        None,
+        description="options.max_runs: scheduled slots still to send, as the managers recorded "
+        "(manual triggers do not count); null without options.max_runs",
+        examples=[3],
     )
 
 
@@ -354,6 +362,44 @@ class RunPage(BaseModel):
     offset: int
 
 
+class FieldChangeOut(BaseModel):
+    """One column's change. Values as stored (text cut to 2000 characters, `truncated` then),
+    shown as a person reads them: `enabled` a boolean, `payload` and `options` their JSON value,
+    `anchor` an ISO-8601 UTC instant, where the stored text is one; null: NULL or unreadable."""
+
+    before: Any = Field(examples=["*/5 * * * *"])
+    after: Any = Field(examples=["*/10 * * * *"])
+    truncated: bool = Field(description="a value was longer than 2000 characters and was cut")
+
+
+class ChangeOut(BaseModel):
+    """An entry of a schedule's change history; a value the table holds but that cannot be
+    read (written there with SQL) is null."""
+
+    id: int
+    at: datetime | None = Field(description="when the change was made")
+    action: str = Field(examples=["created", "updated", "paused", "resumed", "deleted"])
+    source: str = Field(
+        description="who wrote it: `api`, `import`, `manager`, or `sql` (any other writer)",
+        examples=["api", "sql", "import", "manager"],
+    )
+    actor: str | None = Field(
+        description="who, where known: the database role for `sql` on PostgreSQL, the manager "
+        "id for `manager`; null for `api` (tokens have no names) and `import`"
+    )
+    name: str | None = Field(description="the schedule's name after the change (before, deleted)")
+    changes: dict[str, FieldChangeOut] | None = Field(
+        description="each tracked column that changed; null when the stored entry is unreadable"
+    )
+
+
+class ChangePage(BaseModel):
+    items: list[ChangeOut]
+    total: int
+    limit: int
+    offset: int
+
+
 class TriggerResult(BaseModel):
     task_id: str
     idempotency_key: str = Field(
@@ -379,6 +425,10 @@ class ManagerOut(BaseModel):
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None
+    partitions: list[int] = Field(
+        description="the partitions whose lease names this manager (PM_COORDINATION=partitions; "
+        "empty with one leader)"
+    )
 
 
 class ManagerList(BaseModel):

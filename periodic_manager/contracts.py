@@ -128,6 +128,24 @@ class IncrementalProvider(ConfigProvider, Protocol):
         ...
 
 
+# The partitions a partitioned provider reads: (partition count, the partitions held now).
+HeldPartitions = Callable[[], tuple[int, frozenset[int]]]
+
+
+@runtime_checkable
+class PartitionedProvider(ConfigProvider, Protocol):
+    """A provider that can read only the rows of some partitions (``PM_COORDINATION=partitions``)."""
+
+    def restrict(self, held: HeldPartitions) -> None:
+        """From now on every read (full, changes) covers only the rows of the partitions
+        ``held()`` names at the time of the read."""
+        ...
+
+    async def get_partitions(self, partitions: frozenset[int]) -> ProviderSnapshot:
+        """Every enabled row of ``partitions`` (configs and row errors), read in full."""
+        ...
+
+
 # -- tasks out: targets ----------------------------------------------------------------------------
 
 
@@ -391,6 +409,8 @@ class RunRecord:
     # Why a slot was skipped or held, for the metrics: late, excluded, overlap (skip policy), overlap
     # (held), overlap-replaced, overlap-expired, overlap-released, overlap-timeout.
     reason: str | None = None
+    # The schedule has options.max_runs: a sent slot is counted in StateRecord.runs.
+    limited: bool = False
 
 
 @dataclass(slots=True)
@@ -406,12 +426,19 @@ class StateRecord:
     last_status: str | None = None
     last_error: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    # Distinct slots of a limited schedule (options.max_runs) recorded sent after the settled
+    # slot of their time: each counts once, however often it is found duplicate.
+    runs: int = 0
 
     def fold(self, run: RunRecord) -> StateRecord:
         """Apply one run (every store folds with this, so they agree)."""
         self.name = run.name
         self.counts[run.status] = self.counts.get(run.status, 0) + 1
         self.last_status = run.status
+        if run.limited and run.status in SENT and (
+            self.last_done_at is None or run.slot > self.last_done_at
+        ):
+            self.runs += 1
         if run.status in SETTLED and (self.last_done_at is None or run.slot > self.last_done_at):
             self.last_done_at = run.slot
         if run.status in SENT:
@@ -542,6 +569,55 @@ class Leadership(Protocol):
 
     async def stop(self) -> None:
         """Stop campaigning and release leadership (``on_change(False)`` first)."""
+        ...
+
+
+class PartitionHandler(Protocol):
+    """What a manager does when its partitions change (``PM_COORDINATION=partitions``)."""
+
+    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+        """Leases on ``partitions`` were taken: read their rows, start after what is settled.
+        ``fresh``: those of them no manager ever held (their schedules start as at a first
+        start, with no look back)."""
+        ...
+
+    async def releasing(self, partitions: frozenset[int]) -> None:
+        """``partitions`` are handed over: stop sending for them, wait for a send under way and
+        flush what was sent to the store; the leases are released once this returns."""
+        ...
+
+    def lost(self, partitions: frozenset[int]) -> None:
+        """``partitions`` are no longer held (taken by another, or trust ran out): stop sending
+        for them at once (never blocks)."""
+        ...
+
+
+@runtime_checkable
+class PartitionLeadership(Leadership, Protocol):
+    """Leadership by partitions: this manager leads the partitions it holds (``is_leader``
+    while it holds one); :meth:`trusted` is whether it may still send for one now."""
+
+    @property
+    def count(self) -> int:
+        """The number of partitions (known once started)."""
+        ...
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The partitions whose lease is held and trusted."""
+        ...
+
+    def trusted(self, partition: int) -> bool:
+        """Whether ``partition``'s lease is held and still trusted at this instant."""
+        ...
+
+    @property
+    def handovers(self) -> int:
+        """Partitions handed over cleanly so far."""
+        ...
+
+    def attach(self, handler: PartitionHandler) -> None:
+        """Tell ``handler`` about every change of the partitions held (before :meth:`start`)."""
         ...
 
 

@@ -8,16 +8,17 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
-TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "procrastinate"]
+TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate"]
 # The targets that can run with redis_cluster (the outbox and procrastinate need no Redis).
 CLUSTER_TARGETS = ("redis", "outbox", "procrastinate")
 # Targets that need an optional extra: target -> (module to import, extra to install).
 TARGET_EXTRAS = {
     "celery": ("celery", "celery"), "arq": ("arq", "arq"), "rq": ("rq", "rq"),
-    "procrastinate": ("procrastinate", "procrastinate"),
+    "dramatiq": ("dramatiq", "dramatiq"), "procrastinate": ("procrastinate", "procrastinate"),
 }
 
 
@@ -46,6 +47,14 @@ class Settings(BaseSettings):
     )
     arq_redis_url: str | None = Field(None, description="Redis URL of the arq queues (default: redis_url)")
     rq_redis_url: str | None = Field(None, description="Redis URL of the RQ queues (default: redis_url)")
+    dramatiq_url: str | None = Field(
+        None,
+        description="Dramatiq's broker, redis:// or amqp:// (default: redis_url); on RabbitMQ the "
+        "claims live in redis_url",
+    )
+    dramatiq_namespace: str = Field(
+        "dramatiq", min_length=1, description="the namespace (key prefix) of Dramatiq's RedisBroker"
+    )
     redis_group: str | None = Field(
         None,
         description="consumer group your Redis Streams workers read with (consume_redis.py --group): "
@@ -65,6 +74,20 @@ class Settings(BaseSettings):
     leader_poll_interval: float = Field(1.0, gt=0, description="seconds between leadership tries/checks")
     leader_timeout: float = Field(
         3.0, gt=0, description="a silent leader's session ends after this; takeover <= timeout + poll"
+    )
+    coordination: Literal["leader", "partitions"] = Field(
+        "leader",
+        description="how managers on PostgreSQL share the work: one leader (advisory lock) or "
+        "every manager leasing a fair share of the partitions",
+    )
+    lease_ttl: float = Field(
+        10.0, ge=1, le=300, description="seconds a partition lease runs unrenewed (partitions mode)"
+    )
+    partitions: int = Field(
+        DEFAULT_PARTITIONS,
+        ge=1,
+        le=MAX_PARTITIONS,
+        description="number of partitions, read by `migrate` when it creates pm_partitions",
     )
     catchup_window: float = Field(
         3600.0,
@@ -98,6 +121,12 @@ class Settings(BaseSettings):
     api_read_token: SecretStr | None = Field(None, description="bearer token allowing GET only")
     runs_retention: float = Field(7.0, gt=0, description="days of run history kept")
     runs_max_per_schedule: int = Field(100, ge=0, description="newest runs kept per schedule (0: none)")
+    changes_retention: float = Field(
+        90.0, gt=0, le=1_000_000, description="days of change history kept"
+    )
+    changes_max_per_schedule: int = Field(
+        1000, ge=1, le=1_000_000, description="newest changes kept per schedule"
+    )
     metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus port of `manager`")
     log_format: Literal["text", "json"] = Field("text", description="log lines as text or JSON")
     # -- operations: probes, exposure, limits
@@ -138,6 +167,13 @@ class Settings(BaseSettings):
             load_app(v.strip())  # fail at start, naming the setting, not at the first slot
             return v.strip()
         return v
+
+    @field_validator("dramatiq_url")
+    @classmethod
+    def _dramatiq_url(cls, v: str | None) -> str | None:
+        from periodic_manager.targets.dramatiq import check_url
+
+        return None if v is None else check_url(v)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -229,11 +265,17 @@ class Settings(BaseSettings):
         missing: dict[str, str] = {}
         if "redis" in names and (why := completion.redis(self.redis_group)) is not None:
             missing["redis"] = why
+        if "dramatiq" in names:
+            missing["dramatiq"] = completion.dramatiq()
         if "celery" in names:
             why = completion.celery(self.celery_backend() is not None)
             if why is not None:
                 missing["celery"] = why
         return TargetSet(names, missing)
+
+    def dramatiq_broker(self) -> str:
+        """The broker the dramatiq target sends to: ``dramatiq_url``, else ``redis_url``."""
+        return self.dramatiq_url or self.redis_url
 
     def celery_broker(self) -> str:
         """The broker the celery target publishes to: ``celery_broker_url``, else the

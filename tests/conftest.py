@@ -27,8 +27,10 @@ import asyncpg
 import pytest
 import redis
 import redis.asyncio as aioredis
+from sqlalchemy.engine import make_url
 
 from periodic_manager.db.migrate import upgrade
+from tests.support.tcpproxy import TcpProxy
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -66,6 +68,18 @@ async def pg_url() -> AsyncIterator[str]:
     """URL of a new, empty PostgreSQL database, dropped after the test."""
     async with new_pg_database() as url:
         yield url
+
+
+@pytest.fixture
+async def proxied(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
+    """``pg_url``'s database through a TcpProxy the test can cut or freeze: its URL, the proxy."""
+    u = make_url(pg_url)
+    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
+    port = await proxy.start()
+    try:
+        yield u.set(port=port).render_as_string(hide_password=False), proxy
+    finally:
+        await proxy.close()
 
 
 @pytest.fixture

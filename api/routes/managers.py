@@ -1,4 +1,5 @@
-"""Live managers: who leads, last sync, entry count, version, heartbeat age."""
+"""Live managers: who leads, the partitions each holds, last sync, entry count, version,
+heartbeat age."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
-from periodic_manager.db import store_reads
+from periodic_manager.db import partitions, store_reads
 from periodic_manager.db.engine import Connection
 from periodic_manager.settings import Settings
 
@@ -25,4 +26,5 @@ async def list_managers(
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> ManagerList:
     live = await store_reads.live_managers(conn, live_cutoff(now, settings.heartbeat_interval))
-    return ManagerList(items=[ManagerOut(**manager_fields(m, now)) for m in live])
+    held = await partitions.holders(conn)
+    return ManagerList(items=[ManagerOut(**manager_fields(m, now, held)) for m in live])

@@ -32,6 +32,7 @@ from ..rows import (
 )
 from ..runtime import (
     live_cutoff,
+    runs_counted,
     schedule_errors,
     schedule_overlap,
     schedule_state,
@@ -131,7 +132,7 @@ async def detail(
     key = str(row.id)
     cutoff = live_cutoff(now, settings.heartbeat_interval)
     reported = await schedule_errors(conn, key, cutoff)
-    body = to_schedule_with_runs(row, now).model_dump()
+    body = to_schedule_with_runs(row, now, await runs_counted(conn, key)).model_dump()
     body["errors"] = [
         *api_errors(row),
         *(_manager_error(e.manager_id, e.message, e.last_good_since) for e in reported),
@@ -168,7 +169,7 @@ async def create_schedule(
     row = await _reread(request, conn, schedule_id)
     response.headers["Location"] = f"/schedules/{row.id}"
     response.headers["ETag"] = row.etag
-    return to_schedule_with_runs(row, now)
+    return to_schedule_with_runs(row, now, await runs_counted(conn, str(row.id)))
 
 
 @router.get("", response_model=SchedulePage, summary="List schedules (by id), with filters")
@@ -282,7 +283,7 @@ async def update_schedule(
     else:
         await schedule_writer.release(conn)  # ends the transaction (and its row lock)
     response.headers["ETag"] = row.etag
-    return to_schedule_with_runs(row, now)
+    return to_schedule_with_runs(row, now, await runs_counted(conn, str(row.id)))
 
 
 async def _set_enabled(
@@ -303,16 +304,16 @@ async def _set_enabled(
         if enabled:
             # Resuming must not bring back a row that no manager could use.
             await validate_write(request, conn, {**merge_base(row), "enabled": True}, now)
-        # The API's tokens have no names: every pause through it is by "api".
+        # The API's tokens have no names: every pause through it is by "api", no actor.
         await schedule_writer.set_enabled(
-            conn, schedule_id, enabled, was_enabled=row.enabled, now=now, note=note, by="api"
+            conn, schedule_id, enabled, was_enabled=row.enabled, now=now, note=note
         )
         notify_manager(request)
         row = await _reread(request, conn, schedule_id)
     else:
         await schedule_writer.release(conn)
     response.headers["ETag"] = row.etag
-    return to_schedule_with_runs(row, now)
+    return to_schedule_with_runs(row, now, await runs_counted(conn, str(row.id)))
 
 
 @router.post(
@@ -359,16 +360,17 @@ async def resume_schedule(
     status_code=status.HTTP_204_NO_CONTENT,
     response_class=Response,
     responses={**NOT_FOUND, **STALE},
-    summary="Delete a schedule, its runtime state and its run history",
+    summary="Delete a schedule, its runtime state and its run history (its changes stay)",
 )
 async def delete_schedule(
     schedule_id: ScheduleId,
     request: Request,
     conn: Conn,
+    now: Now,
     if_match: IfMatch = None,
 ) -> Response:
     row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
-    await schedule_writer.delete_row(conn, schedule_id)
+    await schedule_writer.delete_row(conn, schedule_id, now)
     notify_manager(request)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -19,17 +19,19 @@ from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from periodic_manager.db import schedule_reader, store_reads
+from periodic_manager.db import partitions, schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.settings import Settings
 
 from ..auth import bearer_token
 from ..deps import get_conn, get_now, get_settings, get_state
 from ..errors import ScheduleNotFound
 from ..rows import rules as row_rules
-from ..runtime import live_cutoff, manager_fields
+from ..rows import runs_left
+from ..runtime import live_cutoff, manager_fields, runs_counted
 from ..ui import listing, stats
 from ..ui.models import (
     Counts,
@@ -148,7 +150,11 @@ async def schedule_slots(
             raise ValueError(f"{field}: {reason}")
         bounds = slot_bounds.bounds_of(row.config.options)
         exclusion = row.config.exclusion  # options.exclude: excluded slots shown, marked
-        for slot in marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds, exclusion):
+        found = marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds, exclusion)
+        # options.max_runs: no slot past the last run (as next_runs and the engine); an excluded
+        # slot is no run.
+        left = runs_left(row, await runs_counted(conn, str(row.id)))
+        for slot in slot_runs.limited_sent(found, left, lambda s: "excluded" in s.marks):
             views.append(
                 SlotView(
                     at=slot.at,
@@ -212,9 +218,10 @@ async def managers(conn: Conn, now: Now, settings: AppSettings) -> ManagerViewLi
     cutoff = live_cutoff(now, settings.heartbeat_interval)
     live = await store_reads.live_managers(conn, cutoff)
     tally = await store_reads.entry_tallies(conn, [m.info.manager_id for m in live])
+    held = await partitions.holders(conn)
     items = [
         ManagerView(
-            **manager_fields(m, now),
+            **manager_fields(m, now, held),
             entries_active=tally.get(m.info.manager_id, (0, 0))[0],
             entries_error=tally.get(m.info.manager_id, (0, 0))[1],
         )

@@ -23,6 +23,7 @@ from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.describe import describe
 from periodic_manager.schedules.rules import DEFAULT_QUEUE
 
@@ -131,6 +132,13 @@ async def page_rows(
         key: LastRun(status=run.status, slot_at=run.slot_at, at=run.at, lateness_ms=run.lateness_ms)
         for key, run in (await history.last_runs(conn, keys)).items()
     }
+    # options.max_runs: the runs the managers recorded, for rows that have it.
+    limited = [
+        str(i)
+        for i, r in rows.items()
+        if r.config is not None and slot_runs.max_runs_of(r.config.options)
+    ]
+    counted = {k: st.runs for k, st in (await store_reads.states(conn, limited)).items()}
     out: list[ScheduleRowView] = []
     for row_id in ids:
         row = rows.get(row_id)
@@ -138,6 +146,7 @@ async def page_rows(
             continue
         key = str(row_id)
         v = row.values
+        limit = slot_runs.max_runs_of(row.config.options) if row.config is not None else None
         error = errors.get(key) or (
             f"{row.errors[0][0]}: {row.errors[0][1]}" if row.errors else None
         )
@@ -157,7 +166,9 @@ async def page_rows(
             elif isinstance(slot, str):
                 error = error or slot
                 status = "error"
-            elif slot is None:
+            elif slot is None or (
+                limit is not None and slot_runs.runs_left(limit, counted.get(key, 0)) == 0
+            ):
                 status = "ended"
             else:
                 nxt = local_time(slot, v["timezone"])

@@ -138,6 +138,7 @@ class ManagerView(BaseModel):
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None = Field(description="as the manager reported it with its heartbeat")
+    partitions: list[int] = Field(description="the partitions whose lease names this manager")
     entries_active: int
     entries_error: int
 

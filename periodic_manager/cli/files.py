@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 from periodic_manager.clock import SystemClock
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
+from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.calendars import CalendarSpec, Exclusion, check_spec, exclusion
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.schedules.rules import checked_options, validate_schedule
@@ -50,9 +51,10 @@ def _exclusion(args: argparse.Namespace) -> Exclusion | None:
 
 
 def print_next(args: argparse.Namespace) -> int:
-    """``next SPEC [--tz ZONE] [-n N] [--start-at T] [--end-at T] [--exclude-dates D,..]
-    [--exclude-holidays CC-SUB]``: one line per slot, ``<UTC>  <local with offset> <abbr>``;
-    within options.start_at/end_at and without excluded dates, as the engine sends."""
+    """``next SPEC [--tz ZONE] [-n N] [--start-at T] [--end-at T] [--max-runs N]
+    [--exclude-dates D,..] [--exclude-holidays CC-SUB]``: one line per slot, ``<UTC>  <local
+    with offset> <abbr>``; within options.start_at/end_at, without excluded dates and at most
+    options.max_runs slots, as the engine sends (a new schedule: no run counted yet)."""
     from periodic_manager.schedules.describe import describe
 
     if not 1 <= args.n <= 10_000:
@@ -73,6 +75,11 @@ def print_next(args: argparse.Namespace) -> int:
         for key, value in (("start_at", args.start_at), ("end_at", args.end_at))
         if value is not None
     }
+    if args.max_runs is not None:
+        try:
+            window["max_runs"] = int(args.max_runs)
+        except ValueError:
+            return _fail(f"--max-runs: must be an integer from 1 to {slot_runs.MAX_RUNS}")
     try:  # the option checks of the row, so the CLI accepts what a schedule may hold
         options, _ = checked_options(window, slot_bounds.MAX_TEXT * 4)
     except ConfigError as exc:
@@ -86,8 +93,8 @@ def print_next(args: argparse.Namespace) -> int:
     if args.describe:
         print(f"# {describe(args.spec) or '(no description for this expression)'}")
     now = SystemClock().now()
-    bounds = slot_bounds.bounds_of(options)
-    for slot in slot_bounds.slots(schedule, now, args.n, bounds, excluded, args.tz):
+    found = slot_bounds.slots(schedule, now, args.n, slot_bounds.bounds_of(options), excluded, args.tz)
+    for slot in slot_runs.limited(found, slot_runs.max_runs_of(options)):
         local = slot.astimezone(zone)
         print(f"{slot_text(slot)}  {local.isoformat()} {local.tzname()}")
     return 0

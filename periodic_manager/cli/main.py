@@ -30,7 +30,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
     "--database-url": ("database_url", "database URL (PM_DATABASE_URL)"),
     "--redis-url": ("redis_url", "Redis URL (PM_REDIS_URL)"),
-    "--target": ("target", "default target: redis, outbox, celery, arq, rq or procrastinate (PM_TARGET)"),
+    "--target": ("target", "default target: redis, outbox, celery, arq, rq, dramatiq or procrastinate (PM_TARGET)"),
     "--sync-interval": ("sync_interval", "seconds between syncs (PM_SYNC_INTERVAL)"),
     "--grace": ("grace", "seconds a slot may be late (PM_GRACE)"),
     "--host": ("host", "API bind address (PM_HOST)"),
@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     nxt.add_argument(
         "--exclude-holidays", default=None, metavar="CC[-SUBDIV]",
         help="as options.exclude naming the public holidays of a country (DE, DE-BY)",
+    )
+    nxt.add_argument(
+        "--max-runs", default=None, help="options.max_runs: at most this many slots (1 to 10^9)"
     )
     nxt.add_argument("--describe", action="store_true", help="first print a description")
     imp = subs["import"]

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, select
+from sqlalchemy import ColumnElement, and_, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import RunRecord
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import chunks, on_sqlite
-from periodic_manager.db.models import Run
+from periodic_manager.db.models import Base, Run
 from periodic_manager.pacing import in_turns
 
 # pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
@@ -129,37 +129,59 @@ def _values(
 async def drop_old(engine: AsyncEngine, cutoff: datetime) -> int:
     """Delete rows with ``at`` before ``cutoff`` in bounded batches (at most ``_PRUNE_ROUNDS``
     per call; the rest goes at the next call); returns the number of rows deleted."""
+    return await drop_before(engine, Run, Run.__table__.c.id, Run.__table__.c.at, cutoff)
+
+
+async def cap(engine: AsyncEngine, keys: Iterable[str], per_schedule: int) -> int:
+    """Keep the newest ``per_schedule`` rows of every schedule in ``keys``, a bounded number of
+    schedules per statement; returns the number of rows deleted."""
+    c = Run.__table__.c
+    order = (c.slot_at.desc(), c.id.desc())
+    return await keep_newest(engine, Run, c.id, c.schedule_key, order, sorted(set(keys)), per_schedule)
+
+
+async def drop_before(
+    engine: AsyncEngine,
+    model: type[Base],
+    id_col: ColumnElement[Any],
+    at_col: ColumnElement[Any],
+    cutoff: datetime,
+) -> int:
+    """Delete the rows of a history table ``model`` (primary key ``id_col``) whose ``at_col`` is
+    before ``cutoff``, in bounded batches (at most ``_PRUNE_ROUNDS`` per call; the rest goes at
+    the next call); the number deleted."""
     removed = 0
     for _ in range(_PRUNE_ROUNDS):
-        old = select(Run.id).where(Run.at < cutoff).order_by(Run.at).limit(_PRUNE_BATCH)
+        old = select(id_col).where(at_col < cutoff).order_by(at_col).limit(_PRUNE_BATCH)
         async with engine.begin() as conn:
-            result = await conn.execute(delete(Run).where(Run.id.in_(old.scalar_subquery())))
+            result = await conn.execute(delete(model).where(id_col.in_(old.scalar_subquery())))
         removed += int(result.rowcount)
         if result.rowcount < _PRUNE_BATCH:
             break
     return removed
 
 
-async def cap(engine: AsyncEngine, keys: Iterable[str], per_schedule: int) -> int:
-    """Keep the newest ``per_schedule`` rows of every schedule in ``keys``, a bounded number of
-    schedules per statement; returns the number of rows deleted."""
+async def keep_newest(
+    engine: AsyncEngine,
+    model: type[Base],
+    id_col: ColumnElement[Any],
+    key_col: ColumnElement[Any],
+    order: Sequence[ColumnElement[Any]],
+    keys: Sequence[Any],
+    per_key: int,
+) -> int:
+    """Keep the first ``per_key`` rows by ``order`` of every ``key_col`` value in ``keys`` of a
+    history table ``model`` (primary key ``id_col``), a bounded number of keys per statement;
+    the number deleted."""
     removed = 0
-    for chunk in chunks(sorted(set(keys))):
-        removed += await _cap(engine, chunk, per_schedule)
+    for part in chunks(list(keys)):
+        rank = func.row_number().over(partition_by=key_col, order_by=order).label("rn")
+        ranked = select(id_col.label("id"), rank).where(key_col.in_(part)).subquery()
+        excess = select(ranked.c.id).where(ranked.c.rn > per_key)
+        async with engine.begin() as conn:
+            result = await conn.execute(delete(model).where(id_col.in_(excess.scalar_subquery())))
+        removed += int(result.rowcount)
     return removed
-
-
-async def _cap(engine: AsyncEngine, keys: Sequence[str], per_schedule: int) -> int:
-    rank = (
-        func.row_number()
-        .over(partition_by=Run.schedule_key, order_by=(Run.slot_at.desc(), Run.id.desc()))
-        .label("rn")
-    )
-    ranked = select(Run.id, rank).where(Run.schedule_key.in_(keys)).subquery()
-    excess = select(ranked.c.id).where(ranked.c.rn > per_schedule)
-    async with engine.begin() as conn:
-        result = await conn.execute(delete(Run).where(Run.id.in_(excess.scalar_subquery())))
-    return int(result.rowcount)
 
 
 # -- reading (the API) ----------------------------------------------------------------------------

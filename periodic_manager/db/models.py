@@ -116,7 +116,7 @@ class Calendar(Base):
     """An exclusion calendar (``options.exclude``): a name and its content, the canonical JSON
     ``{"dates": [...]}`` or ``{"holidays": {"country": ..., "subdiv": ...}}``. Written by
     ``db/calendars.py`` (the API, ``import``) or by plain SQL; untrusted like every column: read
-    as text and judged by ``schedules/calendars.py``. Triggers (migration 0011) give every row of
+    as text and judged by ``schedules/calendars.py``. Triggers (migration 0014) give every row of
     ``periodic_jobs`` that names a written or deleted calendar a new revision, so managers re-read
     exactly those schedules."""
 
@@ -163,6 +163,31 @@ class Manager(Base):
     last_sync_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     last_sync_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     entry_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+
+
+class Partition(Base):
+    """A partition of the schedules and its lease (``PM_COORDINATION=partitions``): who holds
+    it, the fencing epoch its holder took it at (bumped by every take), and until when the lease
+    runs (database time). One row per partition, made at ``migrate``: the row count is the
+    partition count."""
+
+    __tablename__ = "pm_partitions"
+
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    expires_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+    renewed_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
+
+
+class PartitionMember(Base):
+    """A manager taking part in the partition leases, alive until ``expires_at`` (database
+    time, renewed with its leases): the live members decide the fair share."""
+
+    __tablename__ = "pm_partition_members"
+
+    member: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 
 class Entry(Base):
@@ -220,6 +245,8 @@ class ScheduleState(Base):
     failed_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     held_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     resent_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    # options.max_runs: distinct slots recorded sent while the schedule had it (schedules/runs.py).
+    runs_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 
@@ -297,6 +324,33 @@ what ``options.overlap`` looks at)."""
     task_id: Mapped[str] = mapped_column(String(36), nullable=False)
     enqueued_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
     expires_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+
+
+class ScheduleChange(Base):
+    """The change history of ``periodic_jobs``: one row per change of a schedule's tracked
+    columns (:data:`periodic_manager.db.change_history.TRACKED`): created, updated, paused,
+    resumed, deleted. Written by triggers on ``periodic_jobs`` (migration 0012) on both databases,
+    so plain SQL is seen too; the schedule writer marks its own statements' ``source`` (``api``,
+    ``import``, ``manager``; anything else is ``sql``) and ``actor``. ``changes`` is JSON text,
+    ``{column: {"before": text|null, "after": text|null}}`` with each value the column's stored
+    text cut to 2000 characters (``"truncated": true`` then). Kept after the row is deleted;
+    bounded by age and by a count per schedule, pruned by the manager's store."""
+
+    __tablename__ = "pm_schedule_changes"
+    __table_args__ = (
+        Index("ix_pm_schedule_changes_schedule_id_id", "schedule_id", "id"),
+        Index("ix_pm_schedule_changes_at", "at"),
+        NEVER_REUSED,
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    at: Mapped[datetime] = mapped_column(Instant, nullable=False)
+    action: Mapped[str] = mapped_column(String(16), nullable=False)
+    source: Mapped[str] = mapped_column(String(16), nullable=False)
+    actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    changes: Mapped[str] = mapped_column(Text, nullable=False)  # JSON text
 
 
 class Run(Base):

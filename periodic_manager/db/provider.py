@@ -24,17 +24,18 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Select, any_, bindparam, select, text
+from sqlalchemy import BigInteger, ColumnElement, Integer, Select, any_, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from periodic_manager.contracts import ChangeSet, Known, ProviderSnapshot, RowError
+from periodic_manager.contracts import ChangeSet, HeldPartitions, Known, ProviderSnapshot, RowError
 from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import changes
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import on_sqlite
 from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.partitions import partition_sql
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
@@ -88,6 +89,55 @@ class DatabaseProvider:
         self._revisions = (
             select(t.id, t.revision).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
         )
+        self._held: HeldPartitions | None = None  # set by restrict()
+
+    def restrict(self, held: HeldPartitions) -> None:
+        """Read only the rows of the partitions ``held()`` names at each read (PostgreSQL; see
+        :mod:`periodic_manager.schedules.partition`). Tombstones are not filtered: removing a
+        schedule this manager does not hold changes nothing."""
+        if self._sqlite:
+            raise ValueError("partitions need PostgreSQL; on SQLite one manager holds every schedule")
+        self._held = held
+        mine = self._mine()
+        self._full = self._full.where(mine)
+        self._changed = self._changed.where(mine)
+        self._revisions = self._revisions.where(mine)
+
+    @staticmethod
+    def _mine(parts: str = "held_partitions") -> ColumnElement[bool]:
+        t = PeriodicJob.__table__.c
+        count = bindparam("partition_count", type_=Integer)
+        return partition_sql(t.id, count) == any_(bindparam(parts, type_=ARRAY(Integer)))
+
+    def _scope(self, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``params`` and, when restricted, the partitions held now."""
+        out = dict(params or {})
+        if self._held is not None:
+            count, held = self._held()
+            out.update(partition_count=count, held_partitions=sorted(held))
+        return out
+
+    async def get_partitions(self, partitions: frozenset[int]) -> ProviderSnapshot:
+        """Every enabled row of ``partitions``, read in full (a manager that has just taken them
+        holds nothing of them). ``revision``: the watermark before the rows were read."""
+        assert self._held is not None, "restrict() first"
+        configs: list[PeriodicTaskConfig] = []
+        errors: list[RowError] = []
+        count, _ = self._held()
+        query = self._full.where(self._mine("taken_partitions"))
+        params = self._scope({"taken_partitions": sorted(partitions)})
+        params["partition_count"] = count
+        try:
+            async with self.engine.connect() as conn:
+                revision = await changes.current_revision(conn)
+                await self._read_calendars(conn)
+                async for part in self._stream(conn, query, params):
+                    self._sort(part, configs, errors)
+                    await asyncio.sleep(0)
+        except Exception as exc:
+            raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
+        configs.sort(key=_row_id)
+        return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
     def adopt(self, build: type[PeriodicTaskConfig], known: Known) -> None:
         """Build valid rows as ``build`` (a manager's entry class: no copy per schedule), and
@@ -113,7 +163,7 @@ class DatabaseProvider:
                 await self._read_calendars(conn)
                 if self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
-                    async for part in self._stream(conn, self._full):
+                    async for part in self._stream(conn, self._full, self._scope()):
                         self._sort(part, configs, errors)
                         await asyncio.sleep(0)
                 else:
@@ -144,7 +194,7 @@ class DatabaseProvider:
         known = self.known
         assert known is not None
         stale: list[int] = []
-        async for part in self._stream(conn, self._revisions):
+        async for part in self._stream(conn, self._revisions, self._scope()):
             for row_id, revision in part:
                 config = known(row_id)
                 if config is not None and config.revision == revision:
@@ -195,7 +245,7 @@ class DatabaseProvider:
                 if found.full:  # TRUNCATE: no tombstone per row, read everything
                     return ChangeSet(revision=found.revision, full=True)
                 await self._read_calendars(conn)
-                async for part in self._stream(conn, self._changed, {"since": since}):
+                async for part in self._stream(conn, self._changed, self._scope({"since": since})):
                     for raw in part:
                         self._errors.pop(raw[0], None)
                         verdict = self._judge(raw)
@@ -218,7 +268,10 @@ class DatabaseProvider:
         return ChangeSet(revision=found.revision, configs=configs, errors=errors, removed=removed)
 
     async def prune_tombstones(self, older_than: datetime) -> int:
-        """Delete tombstones older than ``older_than`` (a full read makes up for any pruned)."""
+        """Delete tombstones older than ``older_than`` (a full read makes up for any pruned).
+        Restricted to partitions, only the holder of partition 0 prunes (work done once)."""
+        if self._held is not None and 0 not in self._held()[1]:
+            return 0
         return await changes.prune_tombstones(self.engine, older_than)
 
     async def _check_types(self, conn: AsyncConnection) -> None:

@@ -16,7 +16,11 @@ What every write of a row gets here, and nowhere else:
   the row with :func:`lock`: on PostgreSQL the row is locked until commit; SQLite has no row
   locks, so the database's write lock is taken first.
 * **deletion**: a deleted row takes its runtime state, its run history and its last good version
-  with it (nothing else keys them to the row, and ids are never reused).
+  with it (nothing else keys them to the row, and ids are never reused). Its change history
+  stays, until the manager prunes it.
+* **authorship**: every write is marked with its :class:`~periodic_manager.db.change_history.Author`
+  (``api``, ``import``, ``manager``), so the change history the triggers of migration 0012 write
+  says who made it (:func:`_authored`); a statement not written here is recorded as ``sql``.
 
 Writing a column *as stored* (:class:`RowWrite` ``stored``, the import of a row with errors) goes
 past the column's type: see :func:`periodic_manager.db.stored.bind`.
@@ -24,7 +28,8 @@ past the column's type: see :func:`periodic_manager.db.stored.bind`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,6 +38,8 @@ from sqlalchemy import delete, false, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from periodic_manager.db import change_history
+from periodic_manager.db.change_history import API, IMPORT, Author
 from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.db.schedule_reader import select_rows
@@ -87,10 +94,26 @@ async def lock(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | Non
     """
     sqlite = on_sqlite(conn)
     if sqlite:
-        await conn.execute(update(PeriodicJob).where(false()).values(id=PeriodicJob.id))
+        await _write_lock(conn)
     stmt = select_rows(sqlite, T.id == schedule_id).with_for_update()
     raws = [tuple(r) for r in (await conn.execute(stmt)).all()]
     return raws[0] if raws else None
+
+
+async def _write_lock(conn: AsyncConnection) -> None:
+    """SQLite: take the database's write lock (held to commit) with a write that touches nothing."""
+    await conn.execute(update(PeriodicJob).where(false()).values(id=PeriodicJob.id))
+
+
+@asynccontextmanager
+async def _authored(conn: AsyncConnection, author: Author, now: datetime) -> AsyncIterator[None]:
+    """The statements run inside are ``author``'s in the change history (before the commit).
+    SQLite: the write lock is taken first, so the entries added inside are this transaction's."""
+    if on_sqlite(conn):
+        await _write_lock(conn)
+    since = await change_history.mark(conn, author, now)
+    yield
+    await change_history.stamp(conn, author, now, since)
 
 
 async def release(conn: AsyncConnection) -> None:
@@ -98,14 +121,16 @@ async def release(conn: AsyncConnection) -> None:
     await conn.rollback()
 
 
-async def create(conn: AsyncConnection, fields: Mapping[str, Any], now: datetime) -> int:
+async def create(
+    conn: AsyncConnection, fields: Mapping[str, Any], now: datetime, *, author: Author = API
+) -> int:
     """Insert a validated row born at ``now`` and commit; its id. NameConflict when the name is
     taken."""
     name = fields["name"]
     if await _name_taken(conn, name):
         raise NameConflict(name)
-    stmt = insert(PeriodicJob).values(**fields, **born(now, fields)).returning(T.id)
-    return int((await _commit(conn, stmt, name)).scalar_one())
+    stmt = insert(PeriodicJob).values(**fields, **born(now, fields, by=author.source))
+    return int((await _commit(conn, stmt.returning(T.id), name, author, now)).scalar_one())
 
 
 async def update_row(
@@ -116,14 +141,16 @@ async def update_row(
     was_enabled: Any,
     name: str,
     now: datetime,
+    author: Author = API,
 ) -> None:
     """Write ``changes`` (validated, and only what differs) with their stamps, and commit.
     ``name``: the row's name after the write; a rename to a name another row holds is a
     NameConflict."""
     if "name" in changes and await _name_taken(conn, changes["name"], schedule_id):
         raise NameConflict(changes["name"])
-    written = {**changes, **stamps(changes, was_enabled, now)}
-    await _commit(conn, update(PeriodicJob).where(T.id == schedule_id).values(**written), name)
+    written = {**changes, **stamps(changes, was_enabled, now, by=author.source)}
+    stmt = update(PeriodicJob).where(T.id == schedule_id).values(**written)
+    await _commit(conn, stmt, name, author, now)
 
 
 async def set_enabled(
@@ -134,20 +161,26 @@ async def set_enabled(
     was_enabled: Any,
     now: datetime,
     note: str | None = None,
-    by: str = "api",
+    author: Author = API,
 ) -> None:
-    """Pause (with ``note``, stamped as paused by ``by``) or resume the row (with its stamps),
-    and commit."""
+    """Pause (with ``note``, stamped as paused by the author's source) or resume the row (with
+    its stamps), and commit."""
+    by = author.source
     written = {"enabled": enabled, **stamps({"enabled": enabled}, was_enabled, now, by=by)}
     if not enabled:
         written["paused_note"] = note
-    await conn.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
+    async with _authored(conn, author, now):
+        await conn.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
     await conn.commit()
 
 
-async def delete_row(conn: AsyncConnection, schedule_id: int) -> None:
-    """Delete the row with its runtime state, run history and last good version, and commit."""
-    await delete_rows(conn, [schedule_id])
+async def delete_row(
+    conn: AsyncConnection, schedule_id: int, now: datetime, *, author: Author = API
+) -> None:
+    """Delete the row with its runtime state, run history and last good version, and commit
+    (its change history stays)."""
+    async with _authored(conn, author, now):
+        await delete_rows(conn, [schedule_id])
     await conn.commit()
 
 
@@ -158,11 +191,12 @@ async def _name_taken(conn: AsyncConnection, name: str, other_than: int | None =
     return (await conn.execute(stmt.limit(1))).first() is not None
 
 
-async def _commit(conn: AsyncConnection, stmt: Any, name: str) -> Any:
-    """Execute and commit; a unique violation on the name (a concurrent writer won the race) is
-    a NameConflict."""
+async def _commit(conn: AsyncConnection, stmt: Any, name: str, author: Author, now: datetime) -> Any:
+    """Execute as ``author`` and commit; a unique violation on the name (a concurrent writer won
+    the race) is a NameConflict."""
     try:
-        result = await conn.execute(stmt)
+        async with _authored(conn, author, now):
+            result = await conn.execute(stmt)
         await conn.commit()
         return result
     except IntegrityError as exc:
@@ -174,7 +208,7 @@ async def _commit(conn: AsyncConnection, stmt: Any, name: str) -> Any:
 
 async def delete_rows(conn: AsyncConnection, ids: Sequence[int]) -> None:
     """Delete the rows ``ids`` and what is kept of them by schedule key: runtime state, run
-    history, last good versions (in the caller's transaction)."""
+    history, last good versions (in the caller's transaction; their change history stays)."""
     for part in chunks(list(dict.fromkeys(ids))):  # IN (...) lists within the driver's limit
         keys = [str(i) for i in part]
         await conn.execute(delete(PeriodicJob).where(T.id.in_(part)))
@@ -214,16 +248,16 @@ async def write_import(
     of them, in one transaction. A change writes only its columns (by id; no row is loaded, so no
     stored value can get in the way)."""
     sqlite = on_sqlite(engine)
-    async with engine.begin() as conn:
+    async with engine.begin() as conn, _authored(conn, IMPORT, now):
         for row in rows:
             stored = {c: bind(c, r, sqlite) for c, r in row.stored.items()}
             if row.row_id is None:
-                stamped = born(now, row.values, by="import")
+                stamped = born(now, row.values, by=IMPORT.source)
                 await conn.execute(insert(PeriodicJob).values(**{**row.values, **stamped, **stored}))
                 continue
             written = {**row.values, **stored}
             # New slots or keys, or a resume: nothing before now may be looked back at.
-            values = {**stamps(written, row.was_enabled, now, by="import"), **written}
+            values = {**stamps(written, row.was_enabled, now, by=IMPORT.source), **written}
             await conn.execute(update(PeriodicJob).where(T.id == row.row_id).values(**values))
             if row.updated_at is not None:
                 # Written again alone: the edit above has the triggers stamp it (0004).

@@ -23,6 +23,10 @@ its newest ``runs_per_schedule`` rows. The manager's heartbeat runs the prune, a
 ``prune_interval`` and off the enqueue path; a failing prune is logged and never fails the
 heartbeat.
 
+The change history (``pm_schedule_changes``, :mod:`periodic_manager.db.change_history`, written
+by triggers) is bounded by the same prune: entries older than ``changes_retention`` go, and each
+schedule keeps its newest ``changes_per_schedule``.
+
 The API reads what managers published through the store's read side,
 :mod:`periodic_manager.db.store_reads`, which :meth:`DatabaseRuntimeStore.get_state` uses too.
 """
@@ -40,6 +44,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import (
+    SENT,
     EntryRecord,
     LastGoodVersion,
     ManagerInfo,
@@ -48,7 +53,7 @@ from periodic_manager.contracts import (
     StateRecord,
     StoredVersion,
 )
-from periodic_manager.db import history, last_good, store_reads
+from periodic_manager.db import change_history, history, last_good, store_reads
 from periodic_manager.db.engine import chunks
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 from periodic_manager.db.store_reads import COUNT_COLUMNS
@@ -72,15 +77,22 @@ class DatabaseRuntimeStore:
         runs_retention: timedelta | None = timedelta(days=7),
         runs_per_schedule: int = 100,
         prune_interval: timedelta = timedelta(minutes=1),
+        changes_retention: timedelta | None = timedelta(days=90),
+        changes_per_schedule: int = 1000,
     ) -> None:
         """``runs_retention``: history rows older than this are pruned (None: no age limit);
-        ``runs_per_schedule``: newest rows kept per schedule (0: no history is written)."""
+        ``runs_per_schedule``: newest rows kept per schedule (0: no history is written);
+        ``changes_retention`` and ``changes_per_schedule``: the same for the change history."""
         if runs_per_schedule < 0:
             raise ValueError("runs_per_schedule must be >= 0")
+        if changes_per_schedule < 1:
+            raise ValueError("changes_per_schedule must be >= 1")
         self.engine = engine
         self.runs_retention = runs_retention
         self.runs_per_schedule = runs_per_schedule
         self.prune_interval = prune_interval
+        self.changes_retention = changes_retention
+        self.changes_per_schedule = changes_per_schedule
         self._touched: set[str] = set()  # schedule keys with history written since the last prune
         self._next_prune_at: datetime | None = None
         dialect = engine.dialect.name
@@ -138,9 +150,16 @@ class DatabaseRuntimeStore:
             removed = await self.prune_runs(now)
         except Exception as exc:  # history is housekeeping: never fail the heartbeat for it
             log.warning("pruning run history failed (retried later): %s", exc)
+        else:
+            if removed:
+                log.debug("pruned %d history row(s)", removed)
+        try:
+            removed = await self.prune_changes(now)
+        except Exception as exc:
+            log.warning("pruning change history failed (retried later): %s", exc)
             return
         if removed:
-            log.debug("pruned %d history row(s)", removed)
+            log.debug("pruned %d change history row(s)", removed)
 
     async def apply_entries(
         self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
@@ -195,6 +214,9 @@ class DatabaseRuntimeStore:
         # Sorted so that concurrent writers lock rows in the same order (no deadlock).
         keys = sorted(deltas)
         async with self.engine.begin() as conn:
+            limited = [k for k in keys if deltas[k].runs]
+            if limited:  # options.max_runs: count each slot once, against the stored settled slot
+                await self._count_runs(conn, limited, runs, deltas)
             upsert = self._state_upsert()
             for i in range(0, len(keys), _STATE_UPSERT_CHUNK):  # slices: within the command timeout
                 part = keys[i : i + _STATE_UPSERT_CHUNK]
@@ -203,6 +225,31 @@ class DatabaseRuntimeStore:
                 await history.write(conn, runs, copy=self._copy)
         if self.runs_per_schedule:
             self._touched.update(deltas)
+
+    async def _count_runs(
+        self, conn: Any, keys: list[str], runs: Sequence[RunRecord], deltas: dict[str, StateRecord]
+    ) -> None:
+        """Set the delta's ``runs`` of each limited schedule in ``keys`` to its distinct slots
+        recorded sent after the stored settled slot (read under a row lock on PostgreSQL, in
+        the transaction that moves it): a slot found duplicate after a takeover, or recorded by
+        two managers, counts once."""
+        t = ScheduleState.__table__.c
+        done: dict[str, datetime | None] = {}
+        for chunk in chunks(keys):
+            stmt = select(t.schedule_key, t.last_done_at).where(t.schedule_key.in_(chunk))
+            if self.engine.dialect.name == "postgresql":
+                stmt = stmt.with_for_update()
+            done.update((k, at) for k, at in (await conn.execute(stmt)).all())
+        wanted = set(keys)
+        slots: dict[str, set[datetime]] = {}
+        for run in runs:
+            key = run.schedule_key
+            if run.limited and run.status in SENT and key in wanted:
+                at = done.get(key)
+                if at is None or run.slot > at:
+                    slots.setdefault(key, set()).add(run.slot)
+        for key in keys:
+            deltas[key].runs = len(slots.get(key, ()))
 
     async def prune_runs(self, now: datetime, keys: Iterable[str] | None = None) -> int:
         """Apply the history bounds; returns the number of rows deleted.
@@ -217,6 +264,14 @@ class DatabaseRuntimeStore:
         if keys is None:
             keys, self._touched = self._touched, set()
         return removed + await history.cap(self.engine, keys, self.runs_per_schedule)
+
+    async def prune_changes(self, now: datetime) -> int:
+        """Apply the change history's bounds (entries older than ``now - changes_retention``,
+        beyond the newest ``changes_per_schedule`` of a schedule); the number deleted."""
+        removed = 0
+        if self.changes_retention is not None:
+            removed += await change_history.drop_old(self.engine, now - self.changes_retention)
+        return removed + await change_history.cap(self.engine, self.changes_per_schedule)
 
     def _state_upsert(self) -> Any:
         t = ScheduleState.__table__.c
@@ -255,6 +310,7 @@ class DatabaseRuntimeStore:
         }
         for col in COUNT_COLUMNS.values():
             set_[col] = t[col] + new[col]
+        set_["runs_count"] = t.runs_count + new.runs_count
         return stmt.on_conflict_do_update(index_elements=[t.schedule_key], set_=set_)
 
     async def unregister_manager(self, manager_id: str) -> None:
@@ -357,5 +413,6 @@ def _state_values(delta: StateRecord, updated_at: datetime) -> dict[str, Any]:
     }
     for status, col in COUNT_COLUMNS.items():
         values[col] = delta.counts.get(status, 0)
+    values["runs_count"] = delta.runs
     return values
 

@@ -386,4 +386,5 @@ def _state_record(sqlite: bool, m: RowMapping | dict[str, Any]) -> StateRecord:
         last_status=dbrows.text_of(m["last_status"]),
         last_error=dbrows.text_of(m["last_error"]),
         counts={s: n for s, n in counts.items() if n},
+        runs=dbrows.int_of(m["runs_count"]) or 0,
     )

@@ -64,10 +64,13 @@ def _missed(
 
 async def catch_up(
     scheduler: Scheduler, store: RuntimeStore, now: datetime, *, takeover: bool,
-    still_leading: Callable[[], bool],
+    still_leading: Callable[[], bool], entries: Sequence[ScheduledEntry] | None = None,
 ) -> None:
-    """Send the latest missed slot of each ``fire_once`` entry once (see the module doc)."""
-    candidates = await missed(scheduler.entries(), scheduler, now, takeover=takeover)
+    """Send the latest missed slot of each ``fire_once`` entry once (see the module doc);
+    ``entries``: only these (a partition taken over), default every entry."""
+    if entries is None:
+        entries = scheduler.entries()
+    candidates = await missed(entries, scheduler, now, takeover=takeover)
     if not candidates:
         return
     try:

@@ -105,6 +105,7 @@ class Decisions:
             and not residual
             and batch.changes == self.entries.changes
             and now - slot <= self.grace
+            and not self._waits(batch.entries)
         ):
             # Nothing registered, replaced or removed since staging, which also found every
             # entry unsent: only the sending is left.
@@ -120,6 +121,8 @@ class Decisions:
         late = now - slot > self.grace
         for entry in candidates:
             last = entry.fired
+            if entry.runs_left is not None and entry.runs_left <= 0:
+                continue  # options.max_runs used up since it was filed: it ends here
             if last is not None and slot <= last:
                 # Already handled (clock stepped back, or an entry replaced at the same instant).
                 self.entries.advance(entry, last)
@@ -131,6 +134,7 @@ class Decisions:
                 skipped.append(self._exclude(entry, slot, now, calendar, self.entries.advance))
             else:
                 send.append(entry)
+        send = await self._recorded_first(send, slot, now, skipped)
         self.writer.report(skipped)
         if not send:
             return
@@ -165,6 +169,7 @@ class Decisions:
                     skipped.append(self._exclude(entry, slot, now, calendar, move))
                 else:
                     send.append(entry)
+            send = await self._recorded_first(send, slot, now, skipped, since=at)
             self.writer.report(skipped)
             if not send:
                 continue
@@ -190,9 +195,17 @@ class Decisions:
             # replaced meanwhile may carry this slot over: it meets ``fired``, set below, when its
             # turn comes after this instant, and is not sent twice.)
             await asyncio.sleep(0)
+            ended = False
             for entry in entries:
                 if entry.fired is None or slot > entry.fired:
                     entry.fired = slot
+                    if entry.runs_left is not None:  # options.max_runs: one run used
+                        entry.runs_left -= 1
+                        if entry.runs_left <= 0 and not advance and entry.next_slot is not None:
+                            entry.next_slot = None  # its last run was a catch-up: none after
+                            ended = True
+            if ended:
+                self.entries.changed()  # a batch staged with such an entry is looked at again
             if advance:
                 async for part in in_turns(entries):
                     for entry in part:
@@ -239,6 +252,50 @@ class Decisions:
             )  # fmt: skip
             chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
             await self.send(slot, entries, chunks, advance=False)
+
+    def _waits(self, entries: list[ScheduledEntry]) -> bool:
+        """Whether one of ``entries`` has a sent run of options.max_runs not written yet."""
+        unrecorded = self.writer.unrecorded
+        return bool(unrecorded) and any(e.key in unrecorded for e in entries)
+
+    async def _recorded_first(
+        self,
+        send: list[ScheduledEntry],
+        slot: datetime,
+        now: datetime,
+        skipped: list[RunRecord],
+        since: datetime | None = None,
+    ) -> list[ScheduledEntry]:
+        """``send`` without the entries with options.max_runs whose previous sent run cannot be
+        written first (the store is down): their slot is skipped (it does not count). So at
+        most one run of a limited schedule is ever sent and unrecorded, the one a manager
+        that registers it counts as used (schedules/runs.py)."""
+        if not self._waits(send):
+            return send
+        stuck = await self.writer.unrecorded_of([e.key for e in send if e.runs_left is not None])
+        if not stuck:
+            return send
+        keep = []
+        for entry in send:
+            if entry.key in stuck:
+                skipped.append(self._skip_unrecorded(entry, slot, jittered=since is not None))
+            else:
+                keep.append(entry)
+        return keep
+
+    def _skip_unrecorded(self, entry: ScheduledEntry, slot: datetime, *, jittered: bool) -> RunRecord:
+        """Skip a slot of a limited schedule whose previous run cannot be recorded."""
+        log.warning(
+            "skipping slot %s of %s: its previous run (options.max_runs) is not recorded yet "
+            "(store: %s)", slot.isoformat(), entry.name, self.writer.failing,
+            extra={"schedule": entry.name, "slot": slot.isoformat()},
+        )  # fmt: skip
+        self.dispatcher.counts["skipped"] += 1
+        (self.entries.advance_jittered if jittered else self.entries.advance)(entry, slot)
+        return RunRecord(
+            entry.key, entry.name, slot, "skipped", self.entries.clock.now(),
+            error="previous run not recorded", reason="unrecorded",
+        )  # fmt: skip
 
     def _skip(
         self, entry: ScheduledEntry, slot: datetime, now: datetime, since: datetime | None = None

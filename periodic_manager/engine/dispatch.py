@@ -186,7 +186,10 @@ class Dispatcher:
                 continue
             counts[status] += 1
             runs.append(
-                RunRecord(entry.key, entry.name, slot, run_status(status), at, res.message_id, res.error)
+                RunRecord(
+                    entry.key, entry.name, slot, run_status(status), at, res.message_id, res.error,
+                    limited=entry.runs_left is not None,
+                )
             )
         log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
         await self._safe_hook(self.hooks.post_enqueue, results)

@@ -12,7 +12,7 @@ entry after what was settled (:meth:`Entries.rebase`); an entry whose next slot 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.contracts import Clock
@@ -23,11 +23,14 @@ from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.bounds import NO_BOUNDS, bounds_of, ended, floor_of
 from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
 from periodic_manager.schedules.jitter import jitter_of, send_at
+from periodic_manager.schedules.runs import max_runs_of, runs_left, uncounted
 
 log = logging.getLogger(__name__)
 
 MEMO_MAX = 100_000  # distinct schedules whose next slot is remembered (see next_after)
 Ident = int | str
+# options.max_runs: what the store records of a schedule, (runs counted, latest settled slot).
+Counted = tuple[int, datetime | None]
 
 
 class Entries:
@@ -64,16 +67,37 @@ class Entries:
         return self._entries
 
     def register(
-        self, config: PeriodicTaskConfig, *, synced: bool, now: datetime
+        self,
+        config: PeriodicTaskConfig,
+        *,
+        synced: bool,
+        now: datetime,
+        counted: Counted | None = None,
     ) -> tuple[ScheduledEntry, ScheduledEntry | None]:
-        """File the entry of ``config``; returns it and the entry it replaced (if any)."""
+        """File the entry of ``config``; returns it and the entry it replaced (if any).
+
+        ``counted``: for a schedule with ``options.max_runs``, what the store records of it
+        (needed unless it replaces a limited entry, whose runs left carry over)."""
         ident = config.ident
         old = self._entries.get(ident)
         last = old.fired if old is not None else self._retired.pop(ident, None)
         entry = ScheduledEntry.of(config, now, prev_slot=last, after=now, fired=last, synced=synced)
+        limit = max_runs_of(config.options)
+        if limit is not None:
+            if old is not None and old.runs_left is not None:
+                # Same schedule, same count: an edit of max_runs moves the end by the difference.
+                entry.runs_left = max(0, old.runs_left + limit - (max_runs_of(old.options) or 0))
+            else:
+                entry.runs_left = self._runs_left(entry, limit, counted, max(now, last) if last else now)
         if old is not None and same_slots(old, config):
             entry.next_slot, entry.after = old.next_slot, old.after
             entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
+            if entry.runs_left is not None:
+                if entry.runs_left <= 0:
+                    entry.next_slot = None  # max_runs lowered to what was sent: it ends now
+                elif old.next_slot is None and old.runs_left is not None and old.runs_left <= 0:
+                    # It had ended by max_runs, now raised: it goes on after what it sent.
+                    entry.next_slot = self.next_after(entry, max(now, last) if last else now)
         else:
             entry.next_slot = self.next_after(entry, max(now, last) if last is not None else now)
             pending = old.next_slot if old is not None else None
@@ -89,7 +113,7 @@ class Entries:
             # A takeover's rebase is under way and may already have passed (or skipped, as dead)
             # this ident: the entry looks back as every other one does.
             after, settled, at = self._rebasing
-            self._rebase(entry, after, settled.get(ident), at)
+            self._rebase(entry, after, settled.get(ident), at, counted, fresh=counted is not None)
         elif entry.next_slot is not None:
             self._file(entry, entry.next_slot)
         self._change()
@@ -105,6 +129,27 @@ class Entries:
                 self._retired[ident] = entry.fired
             self._change()
         return entry
+
+    def _runs_left(
+        self, entry: ScheduledEntry, limit: int, counted: Counted | None, start: datetime
+    ) -> int:
+        """Runs left of a limited entry that sends slots after ``start``: ``limit`` minus the
+        runs the store counts, minus one when a slot lies after its settled slot (and after
+        ``effective_at``) up to ``start``: this manager will not send it, and a manager that
+        died may have sent it without recording it (schedules/runs.py)."""
+        runs, settled = counted if counted is not None else (0, None)
+        left = runs_left(limit, runs)
+        floor = lookback_floor(entry, start)  # nothing before effective_at was sent
+        if floor is not None and (settled is None or floor > settled):
+            settled = floor
+        bounds = bounds_of(entry.options)
+        try:
+            schedule = entry.schedule
+        except Exception:  # noqa: BLE001 - a spec that does not parse fails later, with its error
+            return left
+        # A limited schedule sends a slot only once its previous run is recorded (engine/
+        # decisions.py): at most one sent run is unrecorded, if any slot lies in between.
+        return left - uncounted(schedule, settled, start, bounds, min(left, 1))
 
     def forget_retired(self, before: datetime) -> None:
         """Forget what was sent for schedules unregistered long ago (their last slot before
@@ -122,7 +167,10 @@ class Entries:
 
         The entry's bounds (``options.start_at``, ``options.end_at``) are its own, not its
         schedule's: they are applied outside the memo. No slot before ``start_at``; none at or
-        after ``end_at``: the entry has no next slot then and stops quietly (no error)."""
+        after ``end_at``: the entry has no next slot then and stops quietly (no error); nor
+        once it has used its ``options.max_runs``."""
+        if entry.runs_left is not None and entry.runs_left <= 0:
+            return None  # every run sent: the entry ends, as past end_at
         if entry.after is not None and entry.after > after:
             after = entry.after
         bounds = bounds_of(entry.options) if entry.options else NO_BOUNDS
@@ -170,29 +218,63 @@ class Entries:
         else:
             self.timetable.add(entry, slot)
 
-    async def rebase(self, after: datetime, settled: Mapping[Ident, datetime]) -> None:
+    async def rebase(
+        self,
+        after: datetime,
+        settled: Mapping[Ident, datetime],
+        counted: Mapping[Ident, Counted] | None = None,
+    ) -> None:
         """Restart every entry at its first slot after ``after`` that it has not handled itself,
         that is after the schedule's latest settled slot (``settled``, by ident) and after its
         ``effective_at``: a takeover looks back, never at a slot sent or from before the
         schedule (or its timing) existed. In turns with the other tasks (a million entries); an
         entry registered meanwhile (new, or replacing one) is rebased as it is registered, one
-        removed is left out."""
+        removed is left out. ``counted``: what the store records of every limited entry
+        (options.max_runs), whose runs left are taken from it again."""
         now = self.clock.now()
         self.timetable.clear()
         self.sends.clear()
         self._rebasing = (after, settled, now)
+        counts = counted or {}
         try:
             async for part in in_turns(list(self._entries.items())):
                 for ident, entry in part:
                     if not entry.dead:
-                        self._rebase(entry, after, settled.get(ident), now)
+                        self._rebase(entry, after, settled.get(ident), now, counts.get(ident))
         finally:
             self._rebasing = None
         self._change()
 
-    def _rebase(
-        self, entry: ScheduledEntry, after: datetime, done: datetime | None, now: datetime
+    def rebase_some(
+        self,
+        entries: Sequence[ScheduledEntry],
+        after: datetime,
+        settled: Mapping[Ident, datetime],
+        counted: Mapping[Ident, Counted] | None = None,
     ) -> None:
+        """:meth:`rebase` for ``entries`` only, while the others keep their timing (a partition
+        taken over by a manager that is sending for others). Their old filings go stale (an
+        entry is valid only under its ``next_slot``). ``counted`` as for :meth:`rebase`."""
+        now = self.clock.now()
+        counts = counted or {}
+        for entry in entries:
+            if not entry.dead:
+                self._rebase(entry, after, settled.get(entry.ident), now, counts.get(entry.ident))
+        self._change()
+
+    def _rebase(
+        self,
+        entry: ScheduledEntry,
+        after: datetime,
+        done: datetime | None,
+        now: datetime,
+        counted: Counted | None,
+        *,
+        fresh: bool = True,
+    ) -> None:
+        """Restart ``entry`` after ``after`` (see :meth:`rebase`); ``fresh``: a limited entry
+        takes its runs left from ``counted`` (an entry registered during the rebase already
+        did)."""
         opts = entry.options
         jitter = jitter_of(opts) if opts and "jitter" in opts else 0
         # With options.jitter a slot up to ``jitter`` before ``after`` may not be sent yet (its
@@ -207,6 +289,9 @@ class Entries:
         if floor is not None and floor > start:
             start = floor
         entry.after = start
+        limit = max_runs_of(opts)
+        if limit is not None and fresh:
+            entry.runs_left = self._runs_left(entry, limit, counted, start)
         slot = entry.next_slot = self.next_after(entry, start)
         if jitter:
             # ... but not one whose send instant is at or before ``after`` (it had its turn).
@@ -214,6 +299,11 @@ class Entries:
                 slot = entry.next_slot = self.next_after(entry, slot)
         if slot is not None:
             self._file(entry, slot)
+
+    def changed(self) -> None:
+        """Count a change made to an entry outside this class (a staged batch is looked at
+        again before it is sent)."""
+        self._change()
 
     def _change(self) -> None:
         self.changes += 1

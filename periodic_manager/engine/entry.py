@@ -35,6 +35,9 @@ class ScheduledEntry(PeriodicTaskConfig):
         # replaced that was already due (carried over so an edit never drops it).
         "after",
         "fired",  # the latest slot this scheduler handled for the schedule
+        # options.max_runs: scheduled slots this scheduler may still send (None: no limit);
+        # one less for every slot sent; 0: no next slot (see periodic_manager/schedules/runs.py).
+        "runs_left",
         # The timetable's per-take mark (an entry filed twice is taken once); DEAD once unregistered
         # or replaced (stale wherever the timetable still holds it); -1 while fresh.
         "mark",
@@ -49,6 +52,7 @@ class ScheduledEntry(PeriodicTaskConfig):
     last_error: str | None
     after: datetime | None
     fired: datetime | None
+    runs_left: int | None
     mark: int
 
     def _start(
@@ -65,6 +69,7 @@ class ScheduledEntry(PeriodicTaskConfig):
         self.last_error = None
         self.after = after
         self.fired = fired
+        self.runs_left = None
         self.mark = 0
         return self
 

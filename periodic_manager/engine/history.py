@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from datetime import datetime
 
-from periodic_manager.contracts import RunRecord
+from periodic_manager.contracts import SENT, RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,11 @@ class RunWriter:
         self.failing: str | None = None  # the store's error while history cannot be written
         self._dropped = 0  # runs dropped in this outage (the buffer was full)
         self._late = 0  # runs written late after this outage
+        # options.max_runs: schedule key -> its latest sent run not written yet. Such a schedule
+        # sends its next slot only once it is written (see unrecorded_of): a manager that dies
+        # has at most one sent run of it unrecorded, which the next one counts as used.
+        self.unrecorded: dict[str, datetime] = {}
+        self._written = asyncio.Event()
 
     def report(self, runs: Sequence[RunRecord]) -> None:
         """Count ``runs`` now and queue them for the store; never blocks, never raises."""
@@ -58,6 +64,9 @@ class RunWriter:
             except Exception:  # metrics must not stop the schedule
                 log.exception("observing %d run(s) failed", len(runs))
         if self.store is not None:
+            for run in runs:
+                if run.limited and run.status in SENT:
+                    self.unrecorded[run.schedule_key] = run.slot
             self.pending.extend(runs)
             self._trim()
             self.ready.set()
@@ -99,6 +108,16 @@ class RunWriter:
             delay = min(RETRY_MAX_S, delay * 2)
             self.ready.set()
 
+    async def unrecorded_of(self, keys: Collection[str]) -> set[str]:
+        """Those of ``keys`` whose latest sent limited run is still not written, after the write
+        under way (if any) and one more write of what is pending: normally none."""
+        while self.writing:
+            self._written.clear()
+            await self._written.wait()
+        if any(k in self.unrecorded for k in keys):
+            await self.flush()
+        return {k for k in keys if k in self.unrecorded}
+
     async def flush(self) -> bool:
         """One write of everything pending; False when the store failed (runs kept)."""
         if not self.pending or self.store is None:
@@ -119,6 +138,10 @@ class RunWriter:
             self.failing = f"{type(exc).__name__}: {exc}"
             return False
         else:
+            if self.unrecorded:
+                for run in runs:
+                    if run.limited and self.unrecorded.get(run.schedule_key) == run.slot:
+                        del self.unrecorded[run.schedule_key]
             if self.failing is not None:
                 self._late += len(runs)
                 log.warning(
@@ -130,5 +153,6 @@ class RunWriter:
             return True
         finally:
             self.writing = False
+            self._written.set()
             if self._changed is not None:
                 await self._changed()

@@ -295,4 +295,5 @@ def _run(
         message_id,
         error,
         reason=reason,
+        limited=entry.runs_left is not None,
     )

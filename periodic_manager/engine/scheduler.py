@@ -39,11 +39,12 @@ from periodic_manager.clock import SystemClock, sleep_unless
 from periodic_manager.contracts import Clock, Target
 from periodic_manager.engine.decisions import Decisions
 from periodic_manager.engine.dispatch import Dispatcher, Hooks, later
-from periodic_manager.engine.entries import Entries, window_of
+from periodic_manager.engine.entries import Counted, Entries, window_of
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.history import Observer, RunsHook, RunWriter
 from periodic_manager.engine.overlap import HOLD_TICK_S, OverlapGuard
 from periodic_manager.engine.staging import Stager
+from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import overlap_policy
 from periodic_manager.targets.base import staged
@@ -120,14 +121,20 @@ class Scheduler:
     # -- entries -----------------------------------------------------------------------------
 
     def register(
-        self, config: PeriodicTaskConfig, *, synced: bool = False, now: datetime | None = None
+        self,
+        config: PeriodicTaskConfig,
+        *,
+        synced: bool = False,
+        now: datetime | None = None,
+        counted: Counted | None = None,
     ) -> ScheduledEntry:
         """Add the entry of ``config``, replacing the one of the same key if any (see
         :meth:`Entries.register <periodic_manager.engine.entries.Entries.register>`).
 
-        ``now``: a sync registering many passes one instant (their next slots memoised)."""
+        ``now``: a sync registering many passes one instant (their next slots memoised);
+        ``counted``: for a schedule with ``options.max_runs``, what the store records of it."""
         entry, old = self.registered.register(
-            config, synced=synced, now=self.clock.now() if now is None else now
+            config, synced=synced, now=self.clock.now() if now is None else now, counted=counted
         )
         if old is not None and overlap_policy(config.options) == "allow":
             self.overlap.seen.pop(entry.ident, None)  # nothing left to show (a held slot stays)
@@ -208,19 +215,46 @@ class Scheduler:
         self._wake.set()
 
     async def rebase(
-        self, resume_after: datetime, settled: Mapping[int | str, datetime] | None = None
+        self,
+        resume_after: datetime,
+        settled: Mapping[int | str, datetime] | None = None,
+        counted: Mapping[int | str, Counted] | None = None,
     ) -> None:
         """Before a takeover activates this (inactive) scheduler: every entry restarts at its
         first slot after ``resume_after`` (typically ``now - grace``) that it has not sent itself
         and that is after the schedule's latest slot the database records as settled
         (``settled``, by ident), so slots the old leader may have missed within grace are still
         sent, and none it settled is sent again even when the target's claims are gone (a broker
-        that forgot its data). Runs in turns with the other tasks; does nothing while active.
+        that forgot its data). ``counted``: what the database records of every entry with
+        ``options.max_runs`` (runs counted, settled slot), by ident: its runs left are taken from
+        it again. Runs in turns with the other tasks; does nothing while active.
         """
         if self._active:
             return
         self._stager.unstage()
-        await self.registered.rebase(resume_after, settled or {})
+        await self.registered.rebase(resume_after, settled or {}, counted)
+
+    async def rebase_some(
+        self, entries: Sequence[ScheduledEntry], resume_after: datetime,
+        settled: Mapping[int | str, datetime], counted: Mapping[int | str, Counted] | None = None,
+    ) -> None:
+        """:meth:`rebase` for ``entries`` only, active or not (a partition taken over while this
+        scheduler sends for others), in turns with the other tasks; ``counted`` as for
+        :meth:`rebase`."""
+        async for part in in_turns(entries):
+            self.registered.rebase_some(part, resume_after, settled, counted)
+
+    async def flush_runs(self) -> bool:
+        """Wait until no dispatch is under way and every run reported so far is written to the
+        store (a hand-over: the next holder reads what was settled). False when the store is
+        failing and runs are left unwritten."""
+        await self.wait_idle()
+        if self._stopping:
+            return await self.writer.flush()  # the writer's loop has ended (or ends now)
+        self.writer.ready.set()
+        async with self._state:
+            await self._state.wait_for(lambda: self.writer.settled)
+        return not self.writer.pending
 
     async def wait_idle(self) -> None:
         """Return when no dispatch is under way (background writers go between dispatches), or

@@ -12,8 +12,9 @@ from periodic_manager.db.judge import target_check
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
-from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.manager import PeriodicTaskManager, new_manager_id
 from periodic_manager.runtime.notify import PostgresChangeListener
+from periodic_manager.runtime.partitions import PartitionLeases
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.settings import CLUSTER_TARGETS, Settings
 from periodic_manager.targets.routing import RoutingTarget
@@ -53,6 +54,14 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
         from periodic_manager.targets.rq import RqTarget
 
         return RqTarget.from_url(settings.rq_redis_url or settings.redis_url, prefix=settings.stream_prefix)
+    if name == "dramatiq":
+        from periodic_manager.targets.dramatiq import AMQP_SCHEMES, DramatiqTarget
+
+        broker = settings.dramatiq_broker()
+        return DramatiqTarget.from_url(
+            broker, claims_url=settings.redis_url if broker.startswith(AMQP_SCHEMES) else None,
+            prefix=settings.stream_prefix, namespace=settings.dramatiq_namespace,
+        )  # fmt: skip
     if name == "procrastinate":
         from periodic_manager.targets.procrastinate import ProcrastinateTarget
 
@@ -95,6 +104,7 @@ def build_manager(
     On PostgreSQL it also LISTENs for the change trigger's notifications (unless ``listen`` is off).
     """
     listen = settings.listen is not False and not is_sqlite(settings.database_url)
+    manager_id = new_manager_id()
     return PeriodicTaskManager(
         DatabaseProvider(
             engine, check=target_check(settings.configured_targets()), max_payload_bytes=settings.max_payload_bytes
@@ -105,8 +115,10 @@ def build_manager(
             engine,
             runs_retention=timedelta(days=settings.runs_retention),
             runs_per_schedule=settings.runs_max_per_schedule,
+            changes_retention=timedelta(days=settings.changes_retention),
+            changes_per_schedule=settings.changes_max_per_schedule,
         ),
-        leadership=build_leadership(settings, clock),
+        leadership=build_leadership(settings, clock, manager_id=manager_id),
         signals=[PostgresChangeListener(normalize_url(settings.database_url))] if listen else [],
         timing=Timing(
             sync_interval=settings.sync_interval,
@@ -115,12 +127,22 @@ def build_manager(
             heartbeat_interval=settings.heartbeat_interval,
             catchup_window=settings.catchup_window,
         ),
+        manager_id=manager_id,
         close_target=target is None,
     )
 
 
-def build_leadership(settings: Settings, clock: Clock | None = None) -> Leadership:
-    """Advisory-lock leader election on PostgreSQL (unless disabled); always leader otherwise."""
+def build_leadership(
+    settings: Settings, clock: Clock | None = None, *, manager_id: str | None = None
+) -> Leadership:
+    """Advisory-lock leader election on PostgreSQL (unless disabled), or partition leases with
+    ``coordination=partitions`` (the holder named ``manager_id``); always leader otherwise (and
+    on SQLite, where one manager holds every schedule)."""
+    if settings.coordination == "partitions" and not is_sqlite(settings.database_url):
+        return PartitionLeases(
+            normalize_url(settings.database_url), manager_id or new_manager_id(), clock=clock,
+            ttl=settings.lease_ttl,
+        )  # fmt: skip
     election = settings.leader_election
     if election is None:
         election = not is_sqlite(settings.database_url)

@@ -33,7 +33,9 @@ from periodic_manager.contracts import (
     RowError,
     StoredVersion,
 )
+from periodic_manager.engine.entries import Counted
 from periodic_manager.pacing import in_turns
+from periodic_manager.runtime.limited import StateReader
 from periodic_manager.runtime.publishing import EntryPublisher
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import (
@@ -86,19 +88,25 @@ class LastGoodKeeper:
         *,
         store: LastGoodStore | None = None,
         judge: Judge | None = None,
+        read_state: StateReader | None = None,
     ) -> None:
         """``store``: where versions are kept across restarts (None: in memory only); ``judge``:
-        the provider's judge of a stored version (None: nothing is restored)."""
+        the provider's judge of a stored version (None: nothing is restored); ``read_state``:
+        the runtime state of schedules, for a restored version with options.max_runs."""
         self.scheduler = scheduler
         self.publisher = publisher
         self.manager_id = manager_id
         self.store = store
         self.judge = judge
+        self.read_state = read_state
         self.kept: dict[str, _Kept] = {}  # key -> the last good version this manager runs
         self.stored: dict[str, int | None] = {}  # key -> bad_revision of a stored version
         self._unsaved: dict[str, RowError] = {}  # saves that failed, retried at the next sync
         self._looked: set[str] = set()  # bad rows without an entry whose store was looked at
         self._refused: set[tuple[str, str]] = set()  # (key, stored reason) already logged
+        # Partitions: whether this manager reads the row of an ident (a full read covers only
+        # its partitions: a stored version of another's row is not over because it was unseen).
+        self.scope: Callable[[int | str], bool] | None = None
 
     def since(self, key: str) -> datetime | None:
         """Since when this manager keeps the last good version of row ``key`` running, if it does."""
@@ -115,7 +123,11 @@ class LastGoodKeeper:
         index = await self._index()
         if index is not None:
             self.stored = index
-        over = [k for k, b in self.stored.items() if k not in bad and _over(b, revision)]
+        scope = self.scope
+        over = [
+            k for k, b in self.stored.items()
+            if k not in bad and _over(b, revision) and (scope is None or scope(ident_of(k)))
+        ]  # fmt: skip
         await self._forget(over, revision)
         for key in [k for k in self.kept if k not in bad]:
             del self.kept[key]
@@ -221,6 +233,8 @@ class LastGoodKeeper:
             return
         try:
             found = await self.store.load_last_good(keys)
+            # options.max_runs: a restored version takes its runs left from what was recorded.
+            states = await self.read_state(keys) if self.read_state is not None else {}
         except Exception as exc:  # the next full reconcile tries again
             reraise_if_cancelled(exc)
             log.warning("reading %d last good version(s) failed (retried): %r", len(keys), exc)
@@ -229,9 +243,10 @@ class LastGoodKeeper:
             for stored in part:
                 err = bad.get(stored.schedule_key)
                 if err is not None and self._unheld(stored.schedule_key):
-                    self._run(stored, err, now)
+                    st = states.get(stored.schedule_key)
+                    self._run(stored, err, now, (st.runs, st.last_done_at) if st else (0, None))
 
-    def _run(self, stored: StoredVersion, err: RowError, now: datetime) -> None:
+    def _run(self, stored: StoredVersion, err: RowError, now: datetime, counted: Counted) -> None:
         """Judge a stored version as a row (the bad row's id, enabled) and register it if good."""
         key = stored.schedule_key
         assert self.judge is not None
@@ -245,7 +260,7 @@ class LastGoodKeeper:
                 )  # fmt: skip
             return
         try:
-            entry = self.scheduler.register(verdict, synced=True, now=now)
+            entry = self.scheduler.register(verdict, synced=True, now=now, counted=counted)
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             reraise_if_cancelled(exc)
             log.error("the stored last good version of schedule row %s cannot be scheduled: %s", key, exc)

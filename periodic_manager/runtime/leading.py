@@ -10,21 +10,31 @@
   missed within grace are sent, none it settled is sent again, even when the broker's claims are
   gone. Nothing is sent until the settled slots are known (a failed read is retried while this
   term of leadership lasts; a read failing for ``SETTLED_STALL_S`` makes the manager unhealthy,
-  see :meth:`Leading.stalled`). The read happens off the leadership check.
+  see :meth:`Leading.stalled`). The read happens off the leadership check. Schedules with
+  ``options.max_runs`` take their runs left from the same read (runs counted and settled slot):
+  a standby's own view of them is stale.
 * Losing leadership: sending stops at once (a staged batch is put back, held slots dropped).
+* By partitions (``partitioned``): leading only switches sending on and off; each partition
+  taken is a takeover of its own (:meth:`Leading.take_over_some`, called by
+  :class:`~periodic_manager.runtime.holding.PartitionHolding`): the same read of what is settled
+  and the same look back, for the entries of that partition only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any
 
 from periodic_manager.contracts import Clock, Leadership, RuntimeStore
 from periodic_manager.engine import catchup
+from periodic_manager.engine.entries import Counted
+from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
+from periodic_manager.runtime.limited import limited, read_counted
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import ident_of
 
@@ -34,7 +44,7 @@ log = logging.getLogger(__name__)
 SETTLED_RETRY_S = 1.0
 # A takeover that has not read them for this long makes the manager unhealthy: it sends nothing.
 SETTLED_STALL_S = 60.0
-Spawn = Callable[[Coroutine[Any, Any, Any], str], None]
+Spawn = Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]
 
 
 class Leading:
@@ -51,6 +61,7 @@ class Leading:
         spawn: Spawn,
         running: Callable[[], bool],
         changed: Callable[[], None],
+        partitioned: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.store = store
@@ -60,6 +71,7 @@ class Leading:
         self._spawn = spawn
         self._running = running  # started (a leadership won now is a takeover)
         self._changed = changed  # called after every change (the heartbeat tells at once)
+        self._partitioned = partitioned  # each partition taken is a takeover of its own
         self._terms = 0  # counts leadership changes: a takeover still reading belongs to its term
         # Since when the takeover of which term has failed to read the settled slots, and why.
         self._failing: tuple[int, datetime] | None = None
@@ -68,7 +80,10 @@ class Leading:
     def changed(self, is_leader: bool) -> None:
         now = self.clock.now()
         self._terms += 1
-        if is_leader and self._running():
+        if self._partitioned:
+            self.scheduler.set_active(is_leader)  # the entries are the partitions' (rebased each)
+            log.info("manager %s %s", self.manager_id, "holds partitions" if is_leader else "holds none")
+        elif is_leader and self._running():
             self._spawn(self._take_over(self._terms), "takeover")
         elif is_leader:
             self.scheduler.set_active(True)
@@ -86,13 +101,44 @@ class Leading:
         # The look back (grace, and a fire_once schedule's catch-up window) is measured from when
         # the settled slots were read: a read retried for a while must not leave the latest
         # missed slot of a fire_once schedule to be skipped as late instead of caught up.
-        now, settled = read
-        await self.scheduler.rebase(now - self.scheduler.grace, settled)
+        now, settled, counted = read
+        await self.scheduler.rebase(now - self.scheduler.grace, settled, counted)
         if term != self._terms:
             return  # leadership changed during the rebase
         self.scheduler.set_active(True)
         log.info("manager %s leads (takeover)", self.manager_id)
         await self._catch_up(now, takeover=True)
+
+    async def take_over_some(
+        self,
+        register: Callable[[], Awaitable[Sequence[ScheduledEntry]]],
+        keep: Callable[[int | str], bool],
+        *,
+        look_back: bool = True,
+    ) -> bool:
+        """A takeover of part of the schedules (partitions just taken): read what the store
+        records as settled for the idents ``keep`` accepts, then ``register()`` their entries
+        (each starts strictly after its registration, so none sends before the look back is
+        set) and rebase and catch them up as a takeover does. Without ``look_back`` (schedules
+        no manager held before) they start as at a first start. False when leading ended before
+        the settled slots were read."""
+        if not look_back:
+            now = self.clock.now()
+            some = await register()
+        else:
+            read = await self._settled_after(self._terms, keep)
+            if read is None:
+                return False
+            now, settled, _ = read
+            some = await register()
+            # options.max_runs: the runs left of what was just registered, from the store.
+            counted = await read_counted(self.store.get_state, await limited(some))
+            await self.scheduler.rebase_some(some, now - self.scheduler.grace, settled, counted)
+        await catchup.catch_up(
+            self.scheduler, self.store, now, takeover=look_back,
+            still_leading=lambda: self.leadership.is_leader, entries=[e for e in some if not e.dead],
+        )  # fmt: skip
+        return True
 
     def stalled(self, now: datetime) -> str | None:
         """Why this manager is unhealthy because a takeover cannot read the settled slots (for
@@ -104,23 +150,31 @@ class Leading:
             return None
         return f"takeover cannot read the settled slots for {waited:.0f} s ({self._failure})"
 
-    async def _settled_after(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
+    async def _settled_after(
+        self, term: int, keep: Callable[[int | str], bool] | None = None
+    ) -> tuple[datetime, dict[int | str, datetime], dict[int | str, Counted]] | None:
         """When the read that succeeded started, and what the store records as settled after
         that instant minus grace, by ident, each capped at now (a value from the future only
         means nothing in the past may be sent). Retried while this term lasts; None once it
         ended."""
         try:
-            return await self._read_settled(term)
+            return await self._read_settled(term, keep)
         finally:
             if self._failing is not None and self._failing[0] == term:
                 self._failing = None  # read, or this term is over
 
-    async def _read_settled(self, term: int) -> tuple[datetime, dict[int | str, datetime]] | None:
+    async def _read_settled(
+        self, term: int, keep: Callable[[int | str], bool] | None
+    ) -> tuple[datetime, dict[int | str, datetime], dict[int | str, Counted]] | None:
         failed = False
         while term == self._terms:
             read_at = self.clock.now()
             try:
                 rows = await self.store.settled_after(read_at - self.scheduler.grace)
+                entries = self.scheduler.entries()
+                if keep is not None:
+                    entries = [e for e in entries if keep(e.ident)]
+                counted = await read_counted(self.store.get_state, await limited(entries))
             except Exception as exc:
                 reraise_if_cancelled(exc)
                 self._failure = f"{type(exc).__name__}: {exc}"
@@ -142,11 +196,14 @@ class Leading:
             shared: dict[datetime, datetime] = {}  # a burst settles many schedules at one slot
             async for part in in_turns(list(rows.items())):  # a million schedules
                 for key, at in part:
+                    ident = ident_of(key)
+                    if keep is not None and not keep(ident):
+                        continue
                     at = min(at, now)
-                    settled[ident_of(key)] = shared.setdefault(at, at)
+                    settled[ident] = shared.setdefault(at, at)
             if term != self._terms:
                 break  # leadership changed meanwhile
-            return read_at, settled
+            return read_at, settled, counted
         return None
 
     async def _catch_up(self, now: datetime, *, takeover: bool) -> None:

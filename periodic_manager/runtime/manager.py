@@ -35,6 +35,8 @@ from periodic_manager.contracts import (
     LastGoodStore,
     Leadership,
     ManagerStatus,
+    PartitionedProvider,
+    PartitionLeadership,
     RunRecord,
     RuntimeStore,
     Target,
@@ -46,6 +48,7 @@ from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.errors import ConfigError, NotFoundError
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.heartbeat import Heartbeat
+from periodic_manager.runtime.holding import PartitionHolding
 from periodic_manager.runtime.last_good import LastGoodKeeper
 from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.leading import Leading
@@ -59,10 +62,15 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PeriodicTaskManager", "SyncReport", "Timing"]
+__all__ = ["PeriodicTaskManager", "SyncReport", "Timing", "new_manager_id"]
 
 # A dispatch silent for this long is stuck: every target call is bounded far below it.
 HUNG_AFTER_S = 120.0
+
+
+def new_manager_id() -> str:
+    """A manager id unique among the managers of a database: host, pid and a random part."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class PeriodicTaskManager:
@@ -95,7 +103,7 @@ class PeriodicTaskManager:
         self.leadership: Leadership = leadership or AlwaysLeader()
         self.signals = list(signals)
         self.timing = timing
-        self.manager_id = manager_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.manager_id = manager_id or new_manager_id()
         self._close_target = close_target
         self._running = False
         self.started_at: datetime | None = None
@@ -120,20 +128,33 @@ class PeriodicTaskManager:
             self.scheduler, self.publisher, self.manager_id,
             store=self.store if isinstance(self.store, LastGoodStore) else None,
             judge=incremental.judge_stored if incremental is not None else None,
+            read_state=self.store.get_state,
         )  # fmt: skip
         self.syncer = Syncer(
-            self.provider, Reconciler(self.scheduler, self.publisher, keeper), clock=self.clock,
+            self.provider, Reconciler(self.scheduler, self.publisher, keeper, self.store.get_state),
+            clock=self.clock,
             timing=timing, metrics=self.metrics, prune=self.publisher.call,
         )  # fmt: skip
         self.heartbeat = Heartbeat(
             self.store, self.manager_id, status=self._status, records=self._records, clock=self.clock,
             interval=timing.heartbeat_interval, metrics=self.metrics,
         )  # fmt: skip
+        partitioned = isinstance(self.leadership, PartitionLeadership)
         self.leading = Leading(
             self.scheduler, self.store, self.leadership, clock=self.clock,
             manager_id=self.manager_id, spawn=self.tasks.spawn, running=lambda: self._running,
-            changed=self.heartbeat.now.set,
+            changed=self.heartbeat.now.set, partitioned=partitioned,
         )  # fmt: skip
+        # By partitions: entries only for the partitions held, each taken over on its own.
+        self.holding: PartitionHolding | None = None
+        if isinstance(self.leadership, PartitionLeadership):
+            if not isinstance(self.provider, PartitionedProvider):
+                raise ValueError("partition leases need a provider that reads by partition (the database's)")
+            self.holding = PartitionHolding(
+                self.leadership, self.provider, self.syncer, self.leading, spawn=self.tasks.spawn,
+                changed=self.heartbeat.now.set,
+            )
+            self.leadership.attach(self.holding)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -194,6 +215,18 @@ class PeriodicTaskManager:
     @property
     def is_leader(self) -> bool:
         return self.leadership.is_leader
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The partitions this manager holds (none unless it leases partitions)."""
+        leases = self.leadership
+        return leases.held if isinstance(leases, PartitionLeadership) else frozenset()
+
+    @property
+    def partition_handovers(self) -> int:
+        """Partitions this manager has handed over cleanly so far."""
+        leases = self.leadership
+        return leases.handovers if isinstance(leases, PartitionLeadership) else 0
 
     @property
     def registry(self) -> CollectorRegistry:

@@ -57,6 +57,12 @@ class ManagerView(Protocol):
     @property
     def last_sync_error(self) -> str | None: ...
 
+    @property
+    def partitions(self) -> frozenset[int]: ...
+
+    @property
+    def partition_handovers(self) -> int: ...
+
     def entries(self) -> Sequence[_Entry]: ...
 
     def entry(self, key: str) -> _Entry | None: ...
@@ -166,6 +172,7 @@ class ManagerMetrics(Collector):
         """The metric names, without reading the manager (it registers this while it is being
         built)."""
         yield from self._counters()
+        yield _handovers()
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text)
 
@@ -187,12 +194,14 @@ class ManagerMetrics(Collector):
             for target, n in sorted(self._lost.items()):
                 lost.add_metric([target], float(n))
         yield from (runs, by_reason, lateness, sync, syncs, lost)
+        yield _handovers(m.partition_handovers)
         last = m.last_sync_at
         values = {
             "entries": float(_entry_count(m)),
             "leader": float(m.is_leader),
             "last_sync_timestamp_seconds": last.timestamp() if last is not None else 0.0,
             "last_sync_ok": float(m.last_sync_error is None),
+            "partitions": float(len(m.partitions)),
         }
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=values[name])
@@ -235,7 +244,13 @@ _GAUGES = {
     "leader": "1 if this manager leads",
     "last_sync_timestamp_seconds": "Unix time of the last successful sync (0: none yet)",
     "last_sync_ok": "1 if the last sync succeeded",
+    "partitions": "Partitions this manager holds (PM_COORDINATION=partitions; 0 with one leader)",
 }
+
+
+def _handovers(value: int | None = None) -> CounterMetricFamily:
+    text = "Partitions this manager handed over cleanly (to a joining manager, or on stop)"
+    return CounterMetricFamily(f"{PREFIX}_partition_handovers", text, value=value)
 
 
 def _entry_count(manager: ManagerView) -> int:

@@ -154,6 +154,16 @@ def describe_targets(settings: Settings) -> str:
             where = redact_url(settings.arq_redis_url or settings.redis_url)
         elif name == "rq":
             where = redact_url(settings.rq_redis_url or settings.redis_url)
+        elif name == "dramatiq":
+            # The broker, and where the claims live when that broker is RabbitMQ.
+            from periodic_manager.targets.dramatiq import AMQP_SCHEMES
+
+            broker = settings.dramatiq_broker()
+            where = redact_url(broker)
+            if broker.startswith(AMQP_SCHEMES):
+                where += f", claims {redact_url(settings.redis_url)}"
+            else:
+                where += f", namespace {settings.dramatiq_namespace}"
         elif name == "procrastinate":
             where = f"procrastinate_jobs in {redact_url(settings.database_url)}"
         else:

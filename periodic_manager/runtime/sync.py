@@ -36,9 +36,12 @@ from periodic_manager.contracts import (
     ProviderSnapshot,
     RowError,
 )
+from periodic_manager.engine.entries import Counted
+from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.last_good import LastGoodKeeper
+from periodic_manager.runtime.limited import StateReader, limited, read_counted
 from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.publishing import EntryPublisher, error_record
 from periodic_manager.runtime.tasks import reraise_if_cancelled
@@ -75,10 +78,20 @@ class Reconciler:
     """Keeps the scheduler's sync-owned entries equal to the provider's rows."""
 
     def __init__(
-        self, scheduler: Scheduler, publisher: EntryPublisher, keeper: LastGoodKeeper
+        self,
+        scheduler: Scheduler,
+        publisher: EntryPublisher,
+        keeper: LastGoodKeeper,
+        read_state: StateReader | None = None,
     ) -> None:
         self.scheduler = scheduler
+        # options.max_runs: what the store records of a limited schedule registered afresh.
+        self.read_state = read_state
+        self._counted: dict[int | str, Counted] = {}
         self.publisher = publisher
+        # Partitions: whether this manager holds the schedule of an ident now (a read that began
+        # before a partition was lost must not bring its entries back). None: it holds all.
+        self.keep: Callable[[int | str], bool] | None = None
         # Stores the last good version of rows that turn bad, and runs the stored one of bad rows
         # this manager holds nothing for.
         self.keeper = keeper
@@ -101,6 +114,7 @@ class Reconciler:
                 # A row that turned bad keeps its last good entry running (nothing is lost).
                 if entry.synced and ident not in desired and ident not in bad:
                     self._remove(ident, report)
+        await self._read_counted(list(desired.values()))
         unchanged = 0
         async for rows in in_turns(list(desired.items())):
             now_ = self.scheduler.clock.now()
@@ -128,6 +142,7 @@ class Reconciler:
             for key in keys:
                 self._remove(key, report)
                 self._clear_row_error(key)
+        await self._read_counted(changes.configs)
         # A bulk INSERT of 100,000 rows arrives as one change set: dispatch and the leadership
         # proof must not wait for all of it.
         async for configs in in_turns(changes.configs):
@@ -138,6 +153,46 @@ class Reconciler:
         await self.keeper.after_changes(report.errors, changes, now)
         await self._publish_row_errors(report.errors, now)
         return report
+
+    async def apply_some(self, snapshot: ProviderSnapshot, now: datetime) -> list[ScheduledEntry]:
+        """Register the rows of ``snapshot`` (partitions just taken: nothing of them is held),
+        publish its row errors; the entries registered."""
+        report = SyncReport(ok=True, errors=list(snapshot.errors))
+        await self._read_counted(snapshot.configs)  # options.max_runs: their counts first
+        async for configs in in_turns(snapshot.configs):
+            now_ = self.scheduler.clock.now()
+            for cfg in configs:
+                self._upsert(cfg, report, now_)
+        await self._publish_row_errors(report.errors, now)
+        held = self.scheduler.held()
+        return [e for c in snapshot.configs if (e := held.get(c.ident)) is not None]
+
+    def drop(self, gone: Callable[[int | str], bool]) -> int:
+        """Unregister the synced entries and forget the row errors of every ident ``gone``
+        accepts (partitions lost or handed over: sending for them stops at once); how many
+        entries."""
+        report = SyncReport(ok=True)
+        for ident, entry in list(self.scheduler.held().items()):
+            if entry.synced and gone(ident):
+                self._remove(ident, report)
+        for key in [k for k in self.row_errors if gone(ident_of(k))]:
+            self._clear_row_error(key)
+        return report.removed
+
+    async def _read_counted(self, configs: Sequence[PeriodicTaskConfig]) -> None:
+        """Read what the store records of the limited configs that will not carry the runs left
+        of a limited entry (new, resumed, or newly limited). A failed read fails the sync (the
+        current entries keep running; it is retried): a limited schedule is never registered
+        without its count."""
+        held = self.scheduler.held()
+        fresh = []
+        for cfg in await limited(configs):
+            entry = held.get(cfg.ident)
+            if entry is None or entry.runs_left is None:
+                fresh.append(cfg)
+        self._counted = {}
+        if fresh and self.read_state is not None:
+            self._counted = await read_counted(self.read_state, fresh)
 
     def _remove(self, key: int | str, report: SyncReport) -> None:
         entry = self.scheduler.get(key)
@@ -152,6 +207,8 @@ class Reconciler:
         """Register ``cfg`` unless its entry is already current; False if it cannot be scheduled
         (then a row error is added to the report and any previous entry keeps running).
         ``entry``: the current entry of its key, when the caller looked it up already."""
+        if self.keep is not None and not self.keep(cfg.ident):
+            return True  # its partition is not held (any more): another manager's
         if entry is _LOOK_UP:
             entry = self.scheduler.get(cfg.ident)
         # The provider hands back the same object for an unchanged row: no hashing needed.
@@ -169,7 +226,9 @@ class Reconciler:
             return True
         old_id = entry.entry_id if entry is not None else None
         try:
-            new = self.scheduler.register(cfg, synced=True, now=now)
+            new = self.scheduler.register(
+                cfg, synced=True, now=now, counted=self._counted.get(cfg.ident)
+            )
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             reraise_if_cancelled(exc)
             report.errors.append(_unusable(cfg, exc))

@@ -42,11 +42,12 @@ class Supervisor:
         self.failed: BaseException | None = None
         self.failed_task: str | None = None
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         task.set_name(f"periodic-manager-{name}")
         task.add_done_callback(self._done)
         self._tasks.append(task)
+        return task
 
     def watch(self, task: asyncio.Task[Any] | None) -> None:
         """Watch a long-lived task of a collaborator (leadership, change listener) like our own."""

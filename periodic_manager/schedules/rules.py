@@ -18,6 +18,7 @@ from typing import Any
 from periodic_manager import cron
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import jitter as slot_jitter
+from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.bounds import check_instant, parse_instant
 from periodic_manager.schedules.calendars import check_names
 
@@ -28,7 +29,7 @@ SPEC_MAX = 200  # the periodic_jobs.spec column
 DEFAULT_QUEUE = "default"
 # Every target a schedule may name in ``options.target``; which of them a deployment runs is its
 # settings' business (see validate_target).
-TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq", "procrastinate")
+TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate")
 # skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
 # latest missed slot within the catch-up window is enqueued once.
 MISFIRE_POLICIES = ("skip", "fire_once")
@@ -150,6 +151,7 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     # no slot on a date of these calendars (schedules/calendars.py); each must exist: resolved
     # against pm_calendars by the provider and the API (db/calendars.py), else a row error
     "exclude": check_names,
+    "max_runs": slot_runs.check_value,  # at most that many scheduled slots sent (schedules/runs.py)
 }
 
 

@@ -19,6 +19,11 @@ CELERY_NO_BACKEND = (
     "the one your workers write to"
 )
 
+DRAMATIQ_NO_RESULTS = (
+    "Dramatiq deletes a message once a worker acknowledges it and records no outcome without its "
+    "Results middleware, whose backend the dramatiq target does not read"
+)
+
 
 def redis(group: str | None) -> str | None:
     """Redis Streams: the consumer group's acknowledgements (None: it can tell)."""
@@ -28,6 +33,11 @@ def redis(group: str | None) -> str | None:
 def celery(has_result_backend: bool) -> str | None:
     """Celery: the result backend's ready states (None: it can tell)."""
     return None if has_result_backend else CELERY_NO_BACKEND
+
+
+def dramatiq() -> str:
+    """Dramatiq: cannot tell (no broker record of a finished message)."""
+    return DRAMATIQ_NO_RESULTS
 
 
 def asks(options: Mapping[str, Any]) -> bool:

@@ -11,6 +11,8 @@ target is built, so the core runs without it.
 - the job id = the task id (uuid5 of the idempotency key: the same on every manager);
 - ``options.queue`` -> the RQ queue (``default`` without it); ``options.extra.expires`` (seconds
   after the slot) -> the job's ``ttl`` (RQ discards a job still queued by then);
+  ``options.timeout`` -> the job's ``timeout`` (whole seconds, rounded up: RQ stops the job after
+  it; RQ's default, 180 s, without it);
 - the job's ``meta``: ``scheduled_at`` (ISO 8601, UTC) and ``idempotency_key``.
 
 The job is built by rq itself (``Job.create``, serialized with rq's default serializer, the one a
@@ -88,6 +90,19 @@ def rq_ttl(task: Task, now: datetime) -> int | None:
         raise ValueError("options.extra.expires must be > 0")
     left = task.scheduled_at.astimezone(UTC).timestamp() + expires - now.timestamp()
     return max(1, math.ceil(left))
+
+
+def rq_timeout(task: Task, default: int) -> int:
+    """The job's ``timeout`` in whole seconds: ``options.timeout`` rounded up (the judge has
+    range-checked it; ValueError if it is not a positive number anyway), else ``default``."""
+    timeout = task.options.get("timeout")
+    if timeout is None:
+        return default
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValueError("options.timeout must be a number of seconds")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError("options.timeout must be > 0")
+    return math.ceil(timeout)
 
 
 def _field(value: object) -> bytes | str:
@@ -185,7 +200,7 @@ class RqTarget:
         job = self._job_class.create(
             task.task_type, args=args, kwargs=kwargs, connection=self._placeholder, id=task.id,
             origin=task.queue, meta=rq_meta(task), status=self._status, ttl=ttl,
-            timeout=self._default_timeout(),
+            timeout=rq_timeout(task, self._default_timeout()),
         )  # fmt: skip
         job.created_at = job.enqueued_at = now.astimezone(UTC)
         try:

@@ -567,6 +567,7 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
         "/schedules/{schedule_id}/runs",
         "/calendars",
         "/calendars/{name}",
+        "/schedules/{schedule_id}/changes",
         "/entries",
         "/managers",
         "/cron/next",

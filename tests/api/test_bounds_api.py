@@ -125,7 +125,7 @@ def _cli_next(
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
     args = argparse.Namespace(
         spec=spec, tz="UTC", n=10, anchor=None, describe=False, start_at=start, end_at=end,
-        exclude_dates=None, exclude_holidays=None,
+        exclude_dates=None, exclude_holidays=None, max_runs=None,
     )
     try:
         assert cli_files.print_next(args) == 0
@@ -137,7 +137,8 @@ def _cli_next(
 def test_cli_next_refuses_a_naive_bound(capsys: pytest.CaptureFixture[str]) -> None:
     args = argparse.Namespace(
         spec="@hourly", tz="UTC", n=3, anchor=None, describe=False,
-        start_at="2026-03-01T13:00:00", end_at=None, exclude_dates=None, exclude_holidays=None,
+        start_at="2026-03-01T13:00:00", end_at=None, max_runs=None, exclude_dates=None,
+        exclude_holidays=None,
     )  # fmt: skip
     assert cli_files.print_next(args) == 2
     assert "--start-at: must have an explicit UTC offset" in capsys.readouterr().err

@@ -215,6 +215,37 @@ def test_a_schedule_past_its_end_is_shown_ended_on_its_page_and_in_the_list(
             assert httpx.delete(f"{server.base}/schedules/{sid}").status_code == 204
 
 
+def test_the_changes_tab_lists_api_and_sql_changes_as_text(
+    driver: Any, server: browser.Server
+) -> None:
+    d = driver
+    sid = api_create(server, name="browser.changes", spec="0 6 * * *")
+    try:
+        r = httpx.patch(f"{server.base}/schedules/{sid}", json={"description": "<i>v2</i>"})
+        assert r.status_code == 200, r.text
+        asyncio.run(rawsql.execute(server.database_url, f"UPDATE periodic_jobs SET spec = '0 7 * * *' WHERE id = {sid}"))
+        open_page(d, f"{server.base}/ui/schedules/{sid}")
+        # The run history is the open tab; the changes are one click away.
+        assert displayed(d, "#runs") or displayed(d, "#panel-runs")
+        assert not displayed(d, "#changes")
+        d.find_element("css selector", "#tab-changes").click()
+        wait(d, lambda d: displayed(d, "#changes"), "the changes tab")
+        assert d.find_element("css selector", "#tab-changes").get_attribute("aria-selected") == "true"
+        assert "tab=changes" in d.current_url
+        rows = [r.text for r in d.find_elements("css selector", "#changes tbody tr")]
+        assert len(rows) == 3, rows
+        assert "updated" in rows[0] and "sql" in rows[0] and "0 6 * * *" in rows[0] and "0 7 * * *" in rows[0]
+        assert "api" in rows[1] and "<i>v2</i>" in rows[1]  # as text, never HTML
+        assert d.find_elements("css selector", "#changes i") == []
+        assert "created" in rows[2]
+        # The open tab is kept in the URL: a reload shows the changes again.
+        open_page(d, d.current_url)
+        wait(d, lambda d: displayed(d, "#changes"), "the changes tab after a reload")
+        assert not displayed(d, "#runs")
+    finally:
+        assert httpx.delete(f"{server.base}/schedules/{sid}").status_code == 204
+
+
 def reload_until(d: Any, url: str, css: str, needle: str) -> str:
     """Reload ``url`` until ``css`` shows ``needle`` (what a manager publishes arrives after its
     next sync and heartbeat; the page does not poll)."""

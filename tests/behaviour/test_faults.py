@@ -32,37 +32,23 @@ from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.settings import Settings
-from tests.support.faults import T0, dsn, expected_slots, insert_schedules, leaders
+from tests.support.faults import (
+    QUEUE,
+    T0,
+    assert_exactly_once,
+    dsn,
+    expected_slots,
+    insert_schedules,
+    leaders,
+    stream_keys,
+)
 from tests.support.polling import eventually
 from tests.support.servers import ManagerProcess, RedisServer
 from tests.support.tcpproxy import TcpProxy
 
-QUEUE = "default"
-
 
 def iso(dt: datetime) -> str:
     return idempotency_key("", dt)[1:]
-
-
-async def stream_keys(redis: aioredis.Redis, prefix: str, queue: str = QUEUE) -> Counter[str]:
-    """How many messages of the queue's stream carry each idempotency key."""
-    key, start, counts = f"{{{prefix}:{queue}}}:stream", "-", Counter[str]()
-    while True:
-        batch = await redis.xrange(key, min=start, count=10_000)
-        for _, fields in batch:
-            counts[fields["idempotency_key"]] += 1
-        if len(batch) < 10_000:
-            return counts
-        start = "(" + batch[-1][0]
-
-
-def assert_exactly_once(counts: Counter[str], expected: Iterable[str]) -> None:
-    twice = {k: n for k, n in counts.items() if n > 1}
-    assert not twice, (
-        f"{len(twice)} slot(s) enqueued more than once, e.g. {list(twice.items())[:5]}"
-    )
-    missing = [k for k in expected if k not in counts]
-    assert not missing, f"{len(missing)} slot(s) missing, e.g. {missing[:5]}"
 
 
 def settings_for(url: str, redis_url: str, prefix: str, **overrides: Any) -> Settings:

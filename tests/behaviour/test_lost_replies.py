@@ -32,17 +32,21 @@ from arq.constants import in_progress_key_prefix
 from periodic_manager.contracts import Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets import arq as arq_target
+from periodic_manager.targets import rq as rq_target
 from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.redis import claims as claims_module
+from periodic_manager.targets.rq import RqTarget
 from tests.conftest import amqp_address, amqp_through
-from tests.support.celery_arq_rig import WorkerProcess, arq_worker, records, wait_for
+from tests.support.celery_arq_rig import WorkerProcess, arq_worker, records, rq_burst, wait_for
 from tests.support.faults import SLOT, slot_tasks, until_sent
 from tests.support.servers import RedisServer
 from tests.support.tcpproxy import TcpProxy
 
 N = 100
 ARQ_QUEUE = "pmlost:arq"
+RQ_QUEUE = "pmlost-rq"
+RQ_RECORD = "tests.support.rq_worker_app.record"
 
 
 def sha(script: str) -> bytes:
@@ -138,6 +142,62 @@ async def test_arq_redis_killed_as_the_jobs_are_written_loses_no_job(
     arq_run.stop()  # the server was killed under it: a fresh worker takes the queue
     arq_run.start()
     await ran_once(redis_server, arq_run, batch("pmlost", "warm", ARQ_QUEUE, 1) + tasks)
+
+
+# -- RQ: claim and job in one script --------------------------------------------------------------
+
+
+def rq_batch(name: str, n: int = N) -> list[Task]:
+    return slot_tasks("pmlost", name, n, queue=RQ_QUEUE, task_type=RQ_RECORD)
+
+
+async def rq_ran_once(redis_server: RedisServer, tasks: list[Task], log: Path) -> None:
+    """A real ``rq worker --burst`` empties the queue; each job ran exactly once."""
+    rq_burst("pmlost", RQ_QUEUE, redis_server.url, log)
+    client = aioredis.from_url(redis_server.url)
+    try:
+        runs = Counter(r["id"] for r in await records(client, "pmlost"))
+        left = await client.llen(f"pmlost:queue:{RQ_QUEUE}")
+    finally:
+        await client.aclose()
+    assert left == 0
+    assert runs == Counter({t.id: 1 for t in tasks})
+
+
+async def test_rq_a_lost_reply_to_the_claim_loses_no_job(
+    redis_server: RedisServer, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    target = RqTarget.from_url(proxied(proxy), prefix="pmlost", key_prefix="pmlost", timeout=1.0)
+    warm, tasks = rq_batch("warm", 1), rq_batch("a")
+    try:
+        await target.enqueue(warm, SLOT)  # scripts loaded
+        proxy.drop_reply(sha(rq_target.CLAIM_AND_ENQUEUE))
+        with pytest.raises(TargetError):
+            await target.enqueue(tasks, SLOT)
+        assert proxy.dropped == 1
+        again = await until_sent(target, tasks)
+    finally:
+        await target.close()
+    assert {r.status for r in again} == {"duplicate"}  # claimed and written together
+    await rq_ran_once(redis_server, warm + tasks, tmp_path / "rq.log")
+
+
+async def test_rq_redis_killed_as_the_jobs_are_written_loses_no_job(
+    redis_server: RedisServer, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    target = RqTarget.from_url(proxied(proxy), prefix="pmlost", key_prefix="pmlost", timeout=1.0)
+    warm, tasks = rq_batch("warm", 1), rq_batch("k")
+    try:
+        await target.enqueue(warm, SLOT)
+        proxy.on_request(sha(rq_target.CLAIM_AND_ENQUEUE), redis_server.kill, after=True)
+        with pytest.raises(TargetError):
+            await target.enqueue(tasks, SLOT)
+        redis_server.start()  # same port, same append-only file
+        again = await until_sent(target, tasks)
+    finally:
+        await target.close()
+    assert set(Counter(r.status for r in again)) <= {"enqueued", "duplicate"}
+    await rq_ran_once(redis_server, warm + tasks, tmp_path / "rq.log")
 
 
 # -- Celery through kombu: pending claims, re-published with the same task id ------------------
@@ -302,3 +362,50 @@ async def test_a_resend_is_in_the_run_history_and_the_metrics(
     assert 'periodic_manager_slots_total{queue="pmlost.q",status="resent"} 10.0' in text
     copies = await messages_in(redis_server, "pmlost.q")
     assert sorted(set(copies.values())) == [1] and len(copies) == 30
+
+
+# -- Dramatiq on Redis: claim and message in one script ------------------------------------------
+
+
+async def dramatiq_queued(redis_server: RedisServer, queue: str) -> tuple[Counter[str], int]:
+    """The message ids on Dramatiq's list of ``queue`` (namespace pmlost), and its hash's size."""
+    client = aioredis.from_url(redis_server.url, decode_responses=True)
+    try:
+        ids = await client.lrange(f"pmlost:{queue}", 0, -1)
+        return Counter(ids), int(await client.hlen(f"pmlost:{queue}.msgs"))
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("fault", ["reply lost", "redis killed"])
+async def test_dramatiq_a_lost_reply_or_a_killed_redis_loses_no_message(
+    fault: str, redis_server: RedisServer, proxy: TcpProxy
+) -> None:
+    from periodic_manager.targets import dramatiq as dramatiq_target
+
+    target = dramatiq_target.DramatiqTarget.from_url(
+        proxied(proxy), prefix="pmlost", namespace="pmlost", timeout=1.0
+    )
+    tasks = batch("pmlost", "d", "dq")
+    try:
+        await target.enqueue(batch("pmlost", "warm", "dq", 1), SLOT)  # script loaded
+        script = sha(dramatiq_target.CLAIM_AND_ENQUEUE)
+        if fault == "reply lost":
+            proxy.drop_reply(script)
+        else:
+            proxy.on_request(script, redis_server.kill, after=True)
+        with pytest.raises(TargetError):
+            await target.enqueue(tasks, SLOT)
+        if fault == "redis killed":
+            redis_server.start()  # same port, same append-only file
+        else:
+            assert proxy.dropped == 1
+        again = await until_sent(target, tasks)
+    finally:
+        await target.close()
+    statuses = Counter(r.status for r in again)
+    # Claimed and written together: the retry finds both (or, killed before the script, neither).
+    assert set(statuses) <= ({"duplicate"} if fault == "reply lost" else {"enqueued", "duplicate"})
+    ids, stored = await dramatiq_queued(redis_server, "dq")
+    assert ids == Counter({t.id: 1 for t in batch("pmlost", "warm", "dq", 1) + tasks})
+    assert stored == N + 1

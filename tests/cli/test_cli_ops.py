@@ -47,8 +47,8 @@ EXPECTED_FLAGS = {
     "export": {"--database-url", "--log-level", "--log-format", "--format"},
     "health": {"--role", "--probe-dir", "--max-age"},
     "next": {
-        "--tz", "-n", "--anchor", "--start-at", "--end-at", "--describe", "--exclude-dates",
-        "--exclude-holidays",
+        "--tz", "-n", "--anchor", "--start-at", "--end-at", "--max-runs", "--describe",
+        "--exclude-dates", "--exclude-holidays",
     },
 }
 

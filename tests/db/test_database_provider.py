@@ -298,3 +298,38 @@ async def test_a_payload_column_altered_to_text_under_a_running_provider_is_noti
         assert [e.field for e in full.errors] == ["payload"]
     finally:
         await eng.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_provider_restricted_to_partitions_reads_only_their_rows(engine: AsyncEngine) -> None:
+    ids = [await insert_row(engine, f"p{i}") for i in range(8)]
+    held = frozenset({1, 3})
+    provider = DatabaseProvider(engine)
+    provider.restrict(lambda: (4, held))
+    snapshot = await provider.get_configs()
+    assert sorted(c.schedule_id for c in snapshot.configs) == [i for i in ids if i % 4 in held]
+    # A change to a row of a partition not held is not read; one of a held partition is.
+    other = next(i for i in ids if i % 4 == 0)
+    mine = next(i for i in ids if i % 4 == 1)
+    await update_row(engine, other, payload='{"v": 1}')
+    await update_row(engine, mine, payload='{"v": 2}')
+    changes = await provider.get_changes(snapshot.revision)
+    assert changes is not None and [c.schedule_id for c in changes.configs] == [mine]
+    taken = await provider.get_partitions(frozenset({1}))
+    assert sorted(c.schedule_id for c in taken.configs) == [i for i in ids if i % 4 == 1]
+    # Tombstones are pruned once, by the holder of partition 0.
+    async with engine.begin() as conn:
+        await conn.execute(text(f"DELETE FROM periodic_jobs WHERE id = {other}"))
+    assert await provider.prune_tombstones(datetime(2999, 1, 1, tzinfo=UTC)) == 0
+    held = frozenset({0, 1, 3})
+    assert await provider.prune_tombstones(datetime(2999, 1, 1, tzinfo=UTC)) == 1
+
+
+async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:
+    provider = DatabaseProvider(engine)
+    if backend == "sqlite":
+        with pytest.raises(ValueError, match="partitions need PostgreSQL"):
+            provider.restrict(lambda: (4, frozenset()))
+    else:
+        provider.restrict(lambda: (4, frozenset()))
+        assert (await provider.get_configs()).configs == []  # nothing held, nothing read

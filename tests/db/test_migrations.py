@@ -33,9 +33,12 @@ APP_TABLES = {
     "pm_schedule_state",
     "pm_outbox",
     "pm_runs",
+    "pm_schedule_changes",
     "periodic_jobs_deleted",
     "pm_last_good",
     "pm_calendars",
+    "pm_partitions",
+    "pm_partition_members",
     "pm_procrastinate_sent",
 }
 

@@ -72,7 +72,7 @@ async def test_the_writers_own_stamps_are_kept(db_url: str) -> None:
         schedule_id = await _id(engine)
         async with engine.connect() as conn:
             await schedule_writer.set_enabled(
-                conn, schedule_id, False, was_enabled=True, now=PAST, note="maintenance", by="api"
+                conn, schedule_id, False, was_enabled=True, now=PAST, note="maintenance"
             )
         assert await _paused(engine) == ("maintenance", PAST, "api")
         async with engine.connect() as conn:

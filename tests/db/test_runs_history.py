@@ -138,6 +138,36 @@ async def test_heartbeat_prunes_at_most_once_per_interval(engine: AsyncEngine) -
     assert await count(engine) == 0
 
 
+async def test_heartbeat_prunes_the_change_history_too(engine: AsyncEngine) -> None:
+    from periodic_manager.db.models import ScheduleChange
+
+    store = DatabaseRuntimeStore(
+        engine,
+        changes_retention=timedelta(seconds=30),
+        changes_per_schedule=1,
+        prune_interval=timedelta(seconds=60),
+    )
+    info = ManagerInfo("m1", "h", 1, "0", at(0))
+    await store.register_manager(info, ManagerStatus(at(0), True, None, None, 0))
+    values = {"name": "n", "action": "updated", "source": "sql", "changes": "{}"}
+    async with engine.begin() as conn:
+        await conn.execute(
+            ScheduleChange.__table__.insert(),
+            [{**values, "schedule_id": 1, "at": at(0)}, {**values, "schedule_id": 2, "at": at(40)},
+             {**values, "schedule_id": 2, "at": at(41)}],
+        )
+
+    async def left() -> list[Any]:
+        async with engine.connect() as conn:
+            stmt = select(ScheduleChange.schedule_id, ScheduleChange.at).order_by(ScheduleChange.id)
+            return [tuple(r) for r in (await conn.execute(stmt)).all()]
+
+    await store.heartbeat("m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
+    assert len(await left()) == 3
+    await store.heartbeat("m1", ManagerStatus(at(65), True, None, None, 0))
+    assert await left() == [(2, at(41))]  # too old (35 s > 30 s), and beyond the cap of one
+
+
 async def test_a_schedules_history_goes_with_its_row(engine: AsyncEngine) -> None:
     from periodic_manager.db import schedule_writer
 

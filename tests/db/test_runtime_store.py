@@ -469,3 +469,24 @@ async def test_sqlite_engine_enforces_foreign_keys(sqlite_url: str) -> None:
             assert (await conn.execute(text("PRAGMA foreign_keys"))).scalar_one() == 1
     finally:
         await engine.dispose()
+
+
+async def test_runs_of_a_limited_schedule_count_each_slot_once(harness: Harness) -> None:
+    """options.max_runs: a sent slot counts once, however often it is found duplicate (a
+    takeover's re-send, a second manager), in one batch or across batches; skipped, failed
+    and unlimited runs never count."""
+    store = harness.store
+    await store.record_runs([run("1", 10, "enqueued", limited=True), run("2", 10, "enqueued")])
+    await store.record_runs(
+        [
+            run("1", 10, "duplicate", limited=True),  # found sent again: no new run
+            run("1", 20, "enqueued", limited=True),
+            run("1", 20, "duplicate", limited=True),
+            run("1", 30, "skipped", limited=True),
+            run("1", 40, "failed", limited=True),
+        ]
+    )
+    await store.record_runs([run("1", 20, "resent", limited=True), run("1", 50, "resent", limited=True)])
+    state = await store.get_state(["1", "2"])
+    assert state["1"].runs == 3 and state["1"].last_done_at == at(50)  # slots 10, 20 and 50
+    assert state["2"].runs == 0  # not limited

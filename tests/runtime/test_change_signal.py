@@ -177,7 +177,7 @@ async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval
         admin = await asyncpg.connect(dsn(pg_url))
         await admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'periodic_manager listener'"
+            " WHERE application_name = 'periodic_manager listener' AND datname = current_database()"
         )
         await admin.close()
         await eventually(lambda: listener.reconnects == 1, "the listener reconnected", seconds=10)

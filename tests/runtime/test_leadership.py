@@ -8,18 +8,14 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
-from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.runtime.leadership import PostgresLeadership
+from tests.support.faults import dsn
 from tests.support.polling import eventually
 from tests.support.tcpproxy import TcpProxy
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
-
-
-def dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://")
 
 
 @pytest.fixture
@@ -73,7 +69,8 @@ async def test_leader_whose_session_is_killed_stops_and_the_standby_takes_over(
     try:
         await admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'periodic_manager leader' AND pid IN"
+            " WHERE application_name = 'periodic_manager leader' AND datname = current_database()"
+            " AND pid IN"
             " (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)"
         )
     finally:
@@ -81,21 +78,11 @@ async def test_leader_whose_session_is_killed_stops_and_the_standby_takes_over(
     await polls_until(clock, lambda: not a.is_leader and b.is_leader)
 
 
-@pytest.fixture
-async def proxied(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
-    u = make_url(pg_url)
-    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
-    port = await proxy.start()
-    try:
-        yield dsn(u.set(port=port).render_as_string(hide_password=False)), proxy
-    finally:
-        await proxy.close()
-
-
 async def test_cut_off_leader_stops_and_the_standby_takes_over(
     proxied: tuple[str, TcpProxy], pg_url: str, clock: VirtualClock
 ) -> None:
     url, proxy = proxied
+    url = dsn(url)
     a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
     b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     try:
@@ -114,6 +101,7 @@ async def test_half_open_leader_steps_down_before_the_server_frees_the_lock(
     proxied: tuple[str, TcpProxy], pg_url: str, clock: VirtualClock
 ) -> None:
     url, proxy = proxied
+    url = dsn(url)
     a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)
     b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     events: list[str] = []

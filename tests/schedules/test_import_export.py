@@ -211,6 +211,16 @@ def test_toml_cannot_express_null(
             "json",
             "entry 1 ('x'): options.jitter: must be a number of seconds > 0",
         ),
+        (
+            '[{"name": "x", "spec": "@hourly", "task_type": "t", "options": {"max_runs": true}}]',
+            "json",
+            "entry 1 ('x'): options.max_runs: must be an integer from 1 to 1000000000",
+        ),
+        (
+            '[{"name": "x", "spec": "@hourly", "task_type": "t", "options": {"max_runs": 0}}]',
+            "json",
+            "entry 1 ('x'): options.max_runs: must be an integer from 1 to 1000000000",
+        ),
         ("{", "json", "not valid JSON"),
         ("- [unclosed", "yaml", "not valid YAML"),
         ('{"name": "x"}', "json", "expected a list of schedules"),
@@ -273,6 +283,13 @@ def test_next_without_excluded_dates(capsys: pytest.CaptureFixture[str]) -> None
     ), err
     code, _, err = cli(capsys, "next", "@daily", "--exclude-dates", "2030-02-30")
     assert code == 2 and "--exclude-dates: dates[0]: must be a valid date" in err, err
+
+
+def test_next_stops_after_max_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "next", "0 6 * * *", "-n", "5", "--max-runs", "2")
+    assert code == 0 and len(out.splitlines()) == 2
+    code, _, err = cli(capsys, "next", "0 6 * * *", "--max-runs", "0")
+    assert code == 2 and "--max-runs: must be an integer from 1 to 1000000000" in err
 
 
 def test_unknown_extension_needs_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

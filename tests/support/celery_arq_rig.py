@@ -166,6 +166,37 @@ def arq_worker(prefix: str, queue: str, log: Path, redis_url: str) -> WorkerProc
     )
 
 
+def rq_burst(prefix: str, queue: str, redis_url: str, log: Path) -> None:
+    """``rq worker --burst`` on ``queue`` with RQ's key prefix ``prefix``: runs every queued job
+    (each records what it received, tests/support/rq_worker_app.py, in ``<prefix>:out``), then
+    exits."""
+    env = {
+        **os.environ, "RQ_KEY_PREFIX": prefix, "PM_TEST_REDIS": redis_url,
+        "PM_TEST_OUT": f"{prefix}:out",
+    }  # fmt: skip
+    argv = [
+        sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url,
+        "--name", f"{prefix}-worker", queue,
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        done = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=out, timeout=60)
+    assert done.returncode == 0, log.read_text(errors="replace")[-3000:]
+
+
+PROCRASTINATE_APP = "tests.support.procrastinate_app.app"
+
+
+def procrastinate_cli(url: str, out: Path, *args: str) -> str:
+    """The ``procrastinate`` CLI on the test app (tests/support/procrastinate_app.py) and the
+    database ``url`` (bounded); its output. The app's task records in the file ``out``."""
+    libpq = url.replace("postgresql+asyncpg://", "postgresql://")
+    env = {**os.environ, "PM_TEST_PG": libpq, "PM_TEST_OUT": str(out)}
+    argv = [sys.executable, "-m", "procrastinate", f"--app={PROCRASTINATE_APP}", *args]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done.stdout + done.stderr
+
+
 async def wait_for(
     check: Callable[[], Awaitable[bool]],
     what: str,

@@ -1,6 +1,7 @@
 """Shared by the fault tests (tests/behaviour/): one slot and batches of tasks due in it, the
 scheduler's bounded retry (test_lost_replies.py, test_celery_faults.py); schedules written with
-SQL, the slots they must send, and who leads (test_faults.py, test_broker_forgets.py).
+SQL, the slots they must send, and who leads (test_faults.py, test_broker_forgets.py); the audit
+of a Redis stream: how many messages carry each slot's key, and none twice, none missing.
 
 The throwaway Redis servers these tests break are fixtures of tests/behaviour/conftest.py.
 """
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import redis.asyncio as aioredis
 
 from periodic_manager.contracts import EnqueueResult, Target, Task
 from periodic_manager.errors import TargetError
@@ -22,6 +25,7 @@ from periodic_manager.targets.base import task_id_for
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, 500000, tzinfo=UTC)  # half a second past a minute
 SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
+QUEUE = "default"
 RETRIES = 40  # bound of until_sent: 40 tries, 0.25 s apart
 
 
@@ -61,8 +65,12 @@ async def insert_schedules(
     url: str,
     rows: Iterable[tuple[str, str, dict[str, Any]]],
     effective_at: datetime | None = T0 - timedelta(days=1),
+    *,
+    task_type: str = "fault.task",
+    payload: Any = None,
 ) -> None:
-    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``.
+    """Bulk-insert ``(name, spec, options)`` rows into ``periodic_jobs``, each with ``task_type``
+    and ``payload``.
 
     ``effective_at``: when the schedules began. By default a day before the tests' virtual start
     (they existed long before); None lets the database stamp its own time, as for any SQL insert.
@@ -72,8 +80,11 @@ async def insert_schedules(
         await conn.executemany(
             "INSERT INTO periodic_jobs"
             " (name, spec, timezone, task_type, payload, options, enabled, effective_at)"
-            " VALUES ($1, $2, 'UTC', 'fault.task', 'null', $3, true, $4)",
-            [(name, spec, json.dumps(opts), effective_at) for name, spec, opts in rows],
+            " VALUES ($1, $2, 'UTC', $5, $6, $3, true, $4)",
+            [
+                (name, spec, json.dumps(opts), effective_at, task_type, json.dumps(payload))
+                for name, spec, opts in rows
+            ],
         )
     finally:
         await conn.close()
@@ -97,3 +108,24 @@ async def leaders(url: str) -> dict[int, bool]:
     finally:
         await conn.close()
     return {r["pid"]: r["is_leader"] for r in rows}
+
+
+async def stream_keys(redis: aioredis.Redis, prefix: str, queue: str = QUEUE) -> Counter[str]:
+    """How many messages of the queue's stream carry each idempotency key."""
+    key, start, counts = f"{{{prefix}:{queue}}}:stream", "-", Counter[str]()
+    while True:
+        batch = await redis.xrange(key, min=start, count=10_000)
+        for _, fields in batch:
+            counts[fields["idempotency_key"]] += 1
+        if len(batch) < 10_000:
+            return counts
+        start = "(" + batch[-1][0]
+
+
+def assert_exactly_once(counts: Counter[str], expected: Iterable[str]) -> None:
+    twice = {k: n for k, n in counts.items() if n > 1}
+    assert not twice, (
+        f"{len(twice)} slot(s) enqueued more than once, e.g. {list(twice.items())[:5]}"
+    )
+    missing = [k for k in expected if k not in counts]
+    assert not missing, f"{len(missing)} slot(s) missing, e.g. {missing[:5]}"

@@ -26,6 +26,7 @@ from periodic_manager.targets.arq import ArqTarget
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.celery.target import CeleryTarget
 from periodic_manager.targets.redis import flags, lua
+from tests.support import ROOT
 
 SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 
@@ -73,13 +74,11 @@ async def claim_of(client: aioredis.Redis, prefix: str, task: Task) -> str | Non
 # -- one set of flags ------------------------------------------------------------------------
 
 
-SCRIPTS = [
-    ("periodic_manager.targets.redis", "claim.lua"),
-    ("periodic_manager.targets.redis", "claim_and_add.lua"),
-    ("periodic_manager.targets.redis", "claim_and_add_after.lua"),
-    ("periodic_manager.targets.celery", "claim_and_push.lua"),
-    ("periodic_manager.targets", "arq_claim_and_write.lua"),
-]
+# Every claiming script of every target, found on disk (a new target's script cannot be left out).
+SCRIPTS = sorted(
+    (".".join(path.parent.parent.relative_to(ROOT).parts), path.name)
+    for path in (ROOT / "periodic_manager" / "targets").rglob("*claim*.lua")
+)
 
 
 @pytest.mark.parametrize(("package", "name"), SCRIPTS, ids=[n for _, n in SCRIPTS])

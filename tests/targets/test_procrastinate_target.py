@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,10 +28,9 @@ from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.procrastinate import ProcrastinateTarget
 from tests.conftest import new_pg_database
-from tests.support import ROOT
+from tests.support.celery_arq_rig import procrastinate_cli as procrastinate
 
 SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
-APP = "tests.support.procrastinate_app.app"
 
 
 def make_task(name: str, payload: Any, queue: str = "default", **options: Any) -> Task:
@@ -48,15 +44,6 @@ def make_task(name: str, payload: Any, queue: str = "default", **options: Any) -
 
 def libpq(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://")
-
-
-def procrastinate(url: str, out: Path, *args: str) -> str:
-    """The ``procrastinate`` CLI on this app and database (bounded); its output."""
-    env = {**os.environ, "PM_TEST_PG": libpq(url), "PM_TEST_OUT": str(out)}
-    argv = [sys.executable, "-m", "procrastinate", f"--app={APP}", *args]
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    return done.stdout + done.stderr
 
 
 @pytest.fixture

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,7 @@ from periodic_manager.runtime.startup import describe_targets
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.rq import RqTarget, rq_meta
-from tests.support import ROOT
+from tests.support.celery_arq_rig import rq_burst
 
 SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 FUNC = "tests.support.rq_worker_app"
@@ -40,21 +37,6 @@ def make_task(prefix: str, name: str, payload: Any, queue: str, **options: Any) 
         payload=payload, queue=queue, options={"queue": queue, **options}, idempotency_key=key,
         scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
     )  # fmt: skip
-
-
-def run_worker(prefix: str, queue: str, redis_url: str, log: Path) -> None:
-    """``rq worker --burst`` on ``queue``: runs every queued job, then exits."""
-    env = {
-        **os.environ, "RQ_KEY_PREFIX": prefix, "PM_TEST_REDIS": redis_url,
-        "PM_TEST_OUT": f"{prefix}:out",
-    }  # fmt: skip
-    argv = [
-        sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url,
-        "--name", f"{prefix}-worker", queue,
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        done = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=out, timeout=60)
-    assert done.returncode == 0, log.read_text(errors="replace")[-3000:]
 
 
 @pytest.fixture
@@ -94,7 +76,7 @@ async def test_a_real_rq_worker_runs_each_job_once_with_its_arguments_and_meta(
     assert [r.status for r in again] == ["duplicate"] * len(tasks)
     assert await redis_client.llen(f"{p}:queue:{queue}") == len(tasks)
 
-    run_worker(p, queue, redis_url, tmp_path / "rq.log")
+    rq_burst(p, queue, redis_url, tmp_path / "rq.log")
 
     got = [json.loads(line) for line in await redis_client.lrange(f"{p}:out", 0, -1)]
     assert sorted(r["id"] for r in got) == sorted(t.id for t in tasks)  # each once
@@ -151,6 +133,18 @@ async def test_expires_becomes_the_jobs_ttl(
     assert 580 <= await redis_client.ttl(f"{p}:job:{task.id}") <= 590
     assert await redis_client.hget(f"{p}:job:{task.id}", "ttl") == "590"
     assert rq_meta(task)["scheduled_at"] == "2024-05-01T12:01:00Z"
+
+
+async def test_timeout_becomes_the_jobs_timeout_rounded_up(
+    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    p, queue = redis_prefix, f"{redis_prefix}-q"
+    timed = make_task(p, "timed", None, queue, timeout=12.5)
+    plain = make_task(p, "plain", None, queue)
+    results = await target.enqueue([timed, plain], SLOT)
+    assert [r.status for r in results] == ["enqueued", "enqueued"]
+    assert await redis_client.hget(f"{p}:job:{timed.id}", "timeout") == "13"
+    assert await redis_client.hget(f"{p}:job:{plain.id}", "timeout") == "180"  # RQ's default
 
 
 async def test_a_queue_key_of_another_type_fails_its_batch_alone(
@@ -291,9 +285,9 @@ async def test_overlap_skip_with_a_real_rq_worker(
     t0, t1, t2 = (overlap_task(p, n, queue, "skip") for n in range(3))
     assert outcome(await target.enqueue([t0], t0.scheduled_at)) == [("enqueued", "none")]
     assert outcome(await target.enqueue([t1], t1.scheduled_at)) == [("busy", "queued")]
-    run_worker(p, queue, redis_url, tmp_path / "rq.log")  # runs t0: RQ marks it finished
+    rq_burst(p, queue, redis_url, tmp_path / "rq.log")  # runs t0: RQ marks it finished
     assert await redis_client.hget(f"{p}:job:{t0.id}", "status") == "finished"
     assert outcome(await target.enqueue([t2], t2.scheduled_at)) == [("enqueued", "finished")]
-    run_worker(p, queue, redis_url, tmp_path / "rq2.log")
+    rq_burst(p, queue, redis_url, tmp_path / "rq2.log")
     got = [json.loads(line) for line in await redis_client.lrange(f"{p}:out", 0, -1)]
     assert [(r["id"], r["args"]) for r in got] == [(t0.id, [0]), (t2.id, [2])]

@@ -1,5 +1,6 @@
 // One schedule: its config, the next 10 slots (daylight-saving changes marked), what the managers
-// hold for it, its run history, and the write buttons, each showing the API's answer.
+// hold for it, its run history and its change history (two tabs), and the write buttons, each
+// showing the API's answer.
 
 import { api, getJson, problemText, statusText } from "./api.js";
 import {
@@ -8,6 +9,8 @@ import {
 } from "./dom.js";
 
 const RUNS_LIMIT = 20;
+const CHANGES_LIMIT = 20;
+const TABS = ["runs", "changes"];
 const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "held", "failed", "duplicate", "resent"];
 
 // A payload or options the API shows as null or {} because they cannot be used as they are
@@ -152,6 +155,67 @@ function runsSection(id, runs, statusFilter) {
     pager("History pages", runs, "runs_page"));
 }
 
+// A changed value as text: strings as they are, anything else as JSON; null (NULL, absent,
+// unreadable) as a dash. Untrusted like every column: shown as text, never as markup.
+function changed(value) {
+  if (value === null || value === undefined) return "—";
+  return typeof value === "string" ? value : JSON.stringify(value);
+}
+
+function changesSection(changes) {
+  const rows = changes.items.map((c) => [
+    utc(c.at),
+    badge(c.action),
+    c.source,
+    c.actor || "—",
+    c.changes === null
+      ? h("span", { class: "sub" }, "unreadable entry")
+      : h("ul", { class: "changes" }, Object.entries(c.changes).map(([field, d]) =>
+        h("li", {}, h("code", {}, field), ": ", h("span", { class: "before" }, changed(d.before)), " → ",
+          h("span", { class: "after" }, changed(d.after)), d.truncated ? h("span", { class: "sub" }, " (cut to 2000 characters)") : ""))),
+  ]);
+  return h("section", { "aria-labelledby": "changes-title" },
+    h("h2", { id: "changes-title" }, "Changes"),
+    table(`Changes, newest first (${changes.total})`, ["When", "Change", "Source", "Actor", "Fields (before → after)"], rows,
+      { empty: "No change recorded (or all pruned).", id: "changes" }),
+    pager("Change pages", changes, "changes_page"));
+}
+
+// Run history and change history as two tabs; the open one is kept in the URL (?tab=).
+function historyTabs(selected, panels) {
+  const labels = { runs: "Run history", changes: "Changes" };
+  const buttons = {};
+  const select = (name) => {
+    for (const tab of TABS) {
+      buttons[tab].setAttribute("aria-selected", String(tab === name));
+      buttons[tab].tabIndex = tab === name ? 0 : -1;
+      panels[tab].hidden = tab !== name;
+    }
+    const url = new URL(location.href);
+    url.searchParams.set("tab", name);
+    history.replaceState(null, "", url.pathname + url.search);
+  };
+  for (const tab of TABS) {
+    buttons[tab] = h("button", { type: "button", role: "tab", id: `tab-${tab}`, "aria-controls": `panel-${tab}`,
+      onclick: () => select(tab) }, labels[tab]);
+  }
+  const list = h("div", { role: "tablist", class: "tabs", "aria-label": "History" }, TABS.map((t) => buttons[t]));
+  list.addEventListener("keydown", (e) => {
+    if (e.key !== "ArrowRight" && e.key !== "ArrowLeft") return;
+    const next = TABS[(TABS.indexOf(TABS.find((t) => !panels[t].hidden)) + 1) % TABS.length];
+    select(next);
+    buttons[next].focus();
+  });
+  const wrapped = TABS.map((t) => h("div", { role: "tabpanel", id: `panel-${t}`, "aria-labelledby": `tab-${t}` }, panels[t]));
+  for (const [i, t] of TABS.entries()) panels[t] = wrapped[i];
+  for (const tab of TABS) {
+    buttons[tab].setAttribute("aria-selected", String(tab === selected));
+    buttons[tab].tabIndex = tab === selected ? 0 : -1;
+    panels[tab].hidden = tab !== selected;
+  }
+  return h("div", { class: "history" }, list, wrapped);
+}
+
 // The action buttons; each shows the API's answer in the status line.
 function actions(s, etag, reload) {
   const answerLine = h("p", { id: "answer", class: "answer", role: "status", "aria-live": "polite" });
@@ -214,11 +278,15 @@ export async function schedulePage(id, ready = null, keep = null) {
   const statusFilter = RUN_STATUSES.includes(params.get("runs_status")) ? params.get("runs_status") : "";
   const runsQuery = new URLSearchParams({ limit: RUNS_LIMIT, offset: (runsPage - 1) * RUNS_LIMIT });
   if (statusFilter) runsQuery.set("status", statusFilter);
-  const [detail, slots, entries, runs] = await Promise.all([
+  const changesPage = pageParam("changes_page");
+  const changesQuery = new URLSearchParams({ limit: CHANGES_LIMIT, offset: (changesPage - 1) * CHANGES_LIMIT });
+  const tab = TABS.includes(params.get("tab")) ? params.get("tab") : "runs";
+  const [detail, slots, entries, runs, changes] = await Promise.all([
     getJson(`/schedules/${id}`),
     getJson(`/views/schedules/${id}/slots?n=10`),
     getJson(`/entries?schedule_id=${id}`),
     getJson(`/schedules/${id}/runs?${runsQuery}`),
+    getJson(`/schedules/${id}/changes?${changesQuery}`),
   ]);
   await ready;
   const s = detail.data;
@@ -242,6 +310,6 @@ export async function schedulePage(id, ready = null, keep = null) {
     h("div", { class: "columns" }, config(s), slotsSection(slots.data)),
     state(s),
     entriesSection(entries.data.items),
-    runsSection(id, runs.data, statusFilter),
+    historyTabs(tab, { runs: runsSection(id, runs.data, statusFilter), changes: changesSection(changes.data) }),
   );
 }

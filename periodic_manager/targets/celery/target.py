@@ -9,7 +9,7 @@ exchanges are written by the manager itself (:mod:`~periodic_manager.targets.cel
 claim and LPUSH of each task in one Lua script, chunks of a batch in parallel, so a burst moves
 at Redis speed and a slot is claimed only with its message. Anything else is published with kombu
 under a pending claim that the broker's confirmation turns into sent
-(:mod:`~periodic_manager.targets.celery.kombu_way`). Both ways use the same claim keys, so
+(:mod:`~periodic_manager.targets.redis.pending`). Both ways use the same claim keys, so
 managers on either way never send a slot twice.
 
 ``options.overlap`` skip and hold need a result backend
@@ -35,8 +35,7 @@ from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_refused
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery.direct import DirectWay
-from periodic_manager.targets.celery.kombu import KombuPublisher
-from periodic_manager.targets.celery.kombu_way import KombuWay
+from periodic_manager.targets.celery.kombu import CeleryOutlet
 from periodic_manager.targets.celery.message import celery_message
 from periodic_manager.targets.celery.results import ResultStates
 from periodic_manager.targets.celery.wire import (
@@ -47,7 +46,9 @@ from periodic_manager.targets.celery.wire import (
     WireFormat,
 )
 from periodic_manager.targets.celery.writer import RedisWriter, ScriptCall
+from periodic_manager.targets.publisher import ThreadPublisher
 from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.pending import PendingWay
 from periodic_manager.targets.redis.previous import PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
@@ -117,8 +118,8 @@ class CeleryTarget:
             if results is not None
             else None
         )
-        self._publisher = KombuPublisher(app, timeout)
-        self.kombu = KombuWay(self._publisher, claims, self.previous)
+        self._publisher = ThreadPublisher(CeleryOutlet(app), timeout, "pm-celery-publish")
+        self.kombu = PendingWay("celery", self._publisher, claims, self.previous, celery_message)
         self.sentinel = Sentinel(claims.client, f"{claims.prefix}:sentinel", timeout=timeout)
         self._owned_clients: list[aioredis.Redis] = []
         self._owns_app = False
@@ -414,7 +415,7 @@ class CeleryTarget:
     async def close(self) -> None:
         """Stop the publishing thread; close the app and clients this target created."""
         if self._owns_app:
-            closing = asyncio.wrap_future(self._publisher.close_app())
+            closing = asyncio.wrap_future(self._publisher.close_outlet())
             # Behind a publish that never returned this would wait forever: bounded.
             await asyncio.wait({closing}, timeout=self.timeout)
         self._publisher.shutdown()

@@ -1,4 +1,4 @@
-"""One way for the job-queue targets on Redis (arq, RQ) to send a batch: build each task's job,
+"""One way for the job-queue targets on Redis (arq, RQ, Dramatiq) to send a batch: build each task's job,
 decide the overlap tasks against their previous jobs, claim and write the jobs with the target's
 script (one call per queue and chunk, a few calls at once), and report every task.
 
@@ -37,7 +37,7 @@ J = TypeVar("J", bound=Job)
 class JobBatch(Generic[J]):
     """What one target sends a batch with (see the module docstring)."""
 
-    name: str  # the target's name, in every error text ("arq", "rq")
+    name: str  # the target's name, in every error text ("arq", "rq", "dramatiq")
     build: Callable[[Task, datetime], J]
     # One script call for the jobs ``part`` (indices into tasks and jobs) of one queue: its
     # reply, a flag per job. Arguments: queue, part, tasks, jobs, decided, now.
@@ -45,7 +45,8 @@ class JobBatch(Generic[J]):
         [str, list[int], Sequence[Task], dict[int, J], Decided | None, datetime],
         Awaitable[list[Any]],
     ]
-    previous: PreviousTasks
+    # None: the target cannot tell when a job finished; it refuses overlap tasks before the batch.
+    previous: PreviousTasks | None
     timeout: float
     concurrency: int
     chunk: int
@@ -66,6 +67,7 @@ class JobBatch(Generic[J]):
         after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
         decided: Decided | None = None
         if after:  # options.overlap: written only where the previous job finished
+            assert self.previous is not None, "overlap tasks reach only a target that can tell"
             with redis_errors(f"{self.name}: previous jobs", self.timeout):
                 async with asyncio.timeout(self.timeout):
                     decided = await self.previous.read(tasks, after, now, flag="1")

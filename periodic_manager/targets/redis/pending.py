@@ -1,34 +1,34 @@
-"""kombu's way: Celery messages published with ``app.send_task`` (RabbitMQ or another broker, a
-topic or fanout exchange, publish signal receivers, ...) under a *pending* claim in Redis.
+"""Publishing under a *pending* claim in Redis, for messages that do not live in that Redis step
+for step with their claim: Celery through kombu (RabbitMQ or another broker, a topic or fanout
+exchange, publish signal receivers, ...) and Dramatiq on RabbitMQ.
 
 Each slot first takes a pending claim (:mod:`~periodic_manager.targets.redis.claims`); the
-publishing thread (:mod:`~periodic_manager.targets.celery.kombu`) publishes with publisher
-confirms (AMQP), and the claim becomes "sent" once the broker confirmed the message. A publish
-that failed, timed out or whose reply was lost leaves it pending, and the retry publishes the
-slot again with the same task id (reported ``resent``: the workers may see it twice when only
-the confirmation was lost; never lost). A publish never started frees its claim: nothing is
-read after the claims are taken, and a failure between them and the publish frees the claims
-this call took (a claim taken again to publish again stays pending: it was maybe published).
+publishing thread (:mod:`~periodic_manager.targets.publisher`) publishes with publisher confirms
+(AMQP), and the claim becomes "sent" once the broker confirmed the message. A publish that failed,
+timed out or whose reply was lost leaves it pending, and the retry publishes the slot again with
+the same task id (reported ``resent``: the workers may see it twice when only the confirmation was
+lost; never lost). A publish never started frees its claim: nothing is read after the claims are
+taken, and a failure between them and the publish frees the claims this call took (a claim taken
+again to publish again stays pending: it was maybe published).
 
-``options.overlap`` skip and hold: the previous tasks are read from the result backend first,
-then the same script call that takes the pending claims compares each schedule's previous-task
-key with what was read and records the new task (flag 0); the key is marked published after the
-broker confirmed.
+``options.overlap`` skip and hold (where the target can tell that a task finished: ``previous``):
+the previous tasks are read first, then the same script call that takes the pending claims
+compares each schedule's previous-task key with what was read and records the new task (flag 0);
+the key is marked published after the broker confirmed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of
-from periodic_manager.targets.celery.kombu import KombuPublisher
-from periodic_manager.targets.celery.message import celery_message
+from periodic_manager.targets.publisher import ThreadPublisher
 from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.flags import BUSY, ELSEWHERE, NEW, RESEND, SENT, wrong_type
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
@@ -36,15 +36,24 @@ from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 log = logging.getLogger(__name__)
 
 
-class KombuWay:
-    """Publishes through ``publisher`` under the pending claims of ``claims``."""
+class PendingWay:
+    """Publishes through ``publisher`` under the pending claims of ``claims``: ``build`` makes a
+    task's message at the instant (what ``publisher``'s outlet publishes); ``name`` (the target's)
+    starts every error text."""
 
     def __init__(
-        self, publisher: KombuPublisher, claims: RedisClaims, previous: PreviousTasks | None
+        self,
+        name: str,
+        publisher: ThreadPublisher,
+        claims: RedisClaims,
+        previous: PreviousTasks | None,
+        build: Callable[[Task, datetime], Any],
     ) -> None:
+        self.name = name
         self.publisher = publisher
         self.claims = claims
-        self.previous = previous  # None: no result backend (overlap tasks are refused earlier)
+        self.previous = previous  # None: cannot tell (overlap tasks are refused earlier)
+        self.build = build
 
     async def send(
         self,
@@ -61,8 +70,8 @@ class KombuWay:
         What is claimed is published at once; slots another publisher holds pending are asked
         for again meanwhile, each published once free, and reported failed if still held after
         :meth:`~periodic_manager.targets.redis.claims.RedisClaims.until_free`'s wait."""
-        # Built at the instant: send_task counts a relative expiry from its own clock.
-        messages = {index: celery_message(tasks[index], now) for index in indices}
+        # Built at the instant (Celery's send_task counts a relative expiry from its own clock).
+        messages = {index: self.build(tasks[index], now) for index in indices}
         # options.overlap: the previous tasks are read first (the result backend may fail), so
         # that nothing is claimed before a read that fails.
         decided = await self._read(tasks, indices, results, now)
@@ -73,7 +82,7 @@ class KombuWay:
         free = [i for i in indices if results[i] is None]
         for index in await self.claims.until_free(claim_and_publish, free):
             results[index] = EnqueueResult(
-                tasks[index], "failed", error=self.claims.held_error("celery")
+                tasks[index], "failed", error=self.claims.held_error(self.name)
             )
 
     async def _round(
@@ -83,7 +92,7 @@ class KombuWay:
         results: list[EnqueueResult | None],
         now: datetime,
         decided: Decided | None,
-        messages: dict[int, dict[str, Any]],
+        messages: dict[int, Any],
     ) -> list[int]:
         """Claim the tasks of ``indices``, publish those claimed and settle them; returns those
         another publisher holds pending (ask again). Raises as :meth:`send`."""
@@ -117,7 +126,7 @@ class KombuWay:
             return held
         unconfirmed = f" ({unknown} unconfirmed, published again by a retry)" if unknown else ""
         raise TargetError(
-            f"celery: published {taken} of {len(publish)} task(s){unconfirmed}: {error}"
+            f"{self.name}: published {taken} of {len(publish)} task(s){unconfirmed}: {error}"
         ) from error
 
     async def _read(
@@ -173,7 +182,7 @@ class KombuWay:
                 results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
             else:
                 keys = [self.claims.key(task.idempotency_key), *([prev[0]] if prev else [])]
-                results[index] = EnqueueResult(task, "failed", error=wrong_type("celery", *keys))
+                results[index] = EnqueueResult(task, "failed", error=wrong_type(self.name, *keys))
         return held
 
     async def _unclaim(
@@ -189,7 +198,7 @@ class KombuWay:
                 await self.previous.unpublished(decided, [i for i in new if i in decided.written])
         except TargetError as exc:
             # Left pending: a retry or a takeover publishes them, counted resent; none is lost.
-            log.error("celery: could not free %d claim(s) of unpublished tasks: %s", len(new), exc)
+            log.error("%s: could not free %d claim(s) of unpublished tasks: %s", self.name, len(new), exc)
 
     async def _settle(
         self,
@@ -210,7 +219,9 @@ class KombuWay:
         except TargetError as exc:
             # Pending claims are published again by a retry or a takeover (counted resent);
             # none is ever taken for sent.
-            log.error("celery: could not settle %d claim(s): %s", len(sent) + len(unsent), exc)
+            log.error(
+                "%s: could not settle %d claim(s): %s", self.name, len(sent) + len(unsent), exc
+            )
         if decided is None or self.previous is None:
             return
         try:
@@ -219,4 +230,4 @@ class KombuWay:
         except TargetError as exc:
             # Flag 0 keeps a sent task "queued" only for the publish window; a key not put back
             # names a task never sent, which Celery reports PENDING: overlap_timeout frees it.
-            log.error("celery: could not update previous-task keys: %s", exc)
+            log.error("%s: could not update previous-task keys: %s", self.name, exc)

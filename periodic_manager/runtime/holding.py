@@ -1,0 +1,138 @@
+"""What a change of the partitions held does to a manager (``PM_COORDINATION=partitions``).
+
+The manager holds entries only for the partitions it leases
+(:mod:`periodic_manager.runtime.partitions`); its provider reads only their rows.
+
+* **Taken** (at start, on a join's hand-over, after a dead manager's lease expired): a takeover
+  of those partitions alone (a partition no manager ever held starts as a first start does, with
+  no look back), as :class:`~periodic_manager.runtime.leading.Leading` does for a
+  whole scheduler: what the store records as settled for their schedules is read, their rows
+  are read and registered, and each entry resumes at its first slot after ``now - grace`` and
+  after its settled slot (a ``fire_once`` one is caught up). Runs beside the lease rounds (a
+  renewal never waits for it), under the sync lock (a sync never sees half of it); retried
+  while the partitions are held.
+* **Lost** (taken by another manager, or its trust ran out): its entries are unregistered at
+  once; a batch staged for them is not sent (a staged batch is re-checked when entries change).
+* **Handed over** (a join, a SIGTERM): the same, then a send under way finishes and the runs
+  reported so far are written to the store before the leases are released, so the next holder
+  reads them as settled.
+
+Schedules registered from code have no partition: every manager keeps them (the targets'
+claims keep one of each slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from periodic_manager.contracts import PartitionedProvider, PartitionLeadership
+from periodic_manager.engine.entry import ScheduledEntry
+from periodic_manager.runtime.leading import SETTLED_RETRY_S, Leading, Spawn
+from periodic_manager.runtime.sync import Syncer
+from periodic_manager.runtime.tasks import reraise_if_cancelled
+from periodic_manager.schedules.partition import partition_of
+
+log = logging.getLogger(__name__)
+
+
+class PartitionHolding:
+    """The :class:`~periodic_manager.contracts.PartitionHandler` of a manager (see the module
+    doc); :meth:`holds` is the reconciler's ``keep``."""
+
+    def __init__(
+        self,
+        leases: PartitionLeadership,
+        provider: PartitionedProvider,
+        syncer: Syncer,
+        leading: Leading,
+        *,
+        spawn: Spawn,
+        changed: Callable[[], None],
+    ) -> None:
+        self.leases = leases
+        self.provider = provider
+        self.syncer = syncer
+        self.reconciler = syncer.reconciler
+        self.scheduler = syncer.scheduler
+        self.leading = leading
+        self._spawn = spawn
+        self._changed = changed  # after every change of the entries held (the heartbeat tells)
+        self.mine: set[int] = set()  # the partitions whose entries this manager keeps
+        self.taking: set[asyncio.Task[object]] = set()  # takeovers under way
+        # Before the first round (count unknown) nothing is held: no row is read.
+        provider.restrict(lambda: (max(1, self.leases.count), frozenset(self.mine)))
+        self.reconciler.keep = self.holds
+        self.reconciler.keeper.scope = self.holds
+
+    def holds(self, ident: int | str) -> bool:
+        """Whether this manager keeps the schedule ``ident`` (code-registered ones: always)."""
+        if not isinstance(ident, int):
+            return True
+        return bool(self.mine) and partition_of(ident, self.leases.count) in self.mine
+
+    async def quiet(self) -> None:
+        """Return once no takeover of partitions is under way (tests)."""
+        while self.taking:
+            await asyncio.gather(*self.taking, return_exceptions=True)
+
+    # -- the PartitionHandler ------------------------------------------------------------------
+
+    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+        self.mine |= partitions
+        for part, look_back in ((partitions - fresh, True), (fresh, False)):
+            if part:
+                task = self._spawn(self._take_over(part, look_back), "partition-takeover")
+                self.taking.add(task)
+                task.add_done_callback(self.taking.discard)
+
+    async def releasing(self, partitions: frozenset[int]) -> None:
+        self._drop(partitions)
+        if not await self.scheduler.flush_runs():
+            log.error(
+                "handing over %d partition(s) with run records unwritten (the store fails): "
+                "the next holder relies on the targets' claims for them", len(partitions),
+            )  # fmt: skip
+
+    def lost(self, partitions: frozenset[int]) -> None:
+        self._drop(partitions)
+
+    # -- the work ------------------------------------------------------------------------------
+
+    def _drop(self, partitions: frozenset[int]) -> None:
+        self.mine -= partitions
+        count = self.leases.count
+        removed = self.reconciler.drop(
+            lambda ident: isinstance(ident, int) and partition_of(ident, count) in partitions
+        )
+        log.info("partitions %s: %d entries dropped", sorted(partitions)[:8], removed)
+        self._changed()
+
+    async def _take_over(self, partitions: frozenset[int], look_back: bool) -> None:
+        count = self.leases.count
+
+        def taken(ident: int | str) -> bool:
+            return isinstance(ident, int) and partition_of(ident, count) in partitions & self.mine
+
+        async def register() -> list[ScheduledEntry]:
+            still = frozenset(partitions & self.mine)
+            if not still:
+                return []
+            snapshot = await self.provider.get_partitions(still)
+            return await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
+
+        while partitions & self.mine:
+            try:
+                async with self.syncer.lock:
+                    if await self.leading.take_over_some(register, taken, look_back=look_back):
+                        self._changed()
+                        return
+                # Leading ended during the read: the partitions still held are taken again.
+            except Exception as exc:
+                reraise_if_cancelled(exc)
+                log.error(
+                    "taking over %d partition(s) failed, retrying: %s: %s",
+                    len(partitions), type(exc).__name__, exc,
+                )  # fmt: skip
+            await self.scheduler.clock.sleep(SETTLED_RETRY_S)

@@ -1,0 +1,331 @@
+"""Partition leases on PostgreSQL: every manager holds a fair share of the partitions.
+
+``pm_partitions`` has one row per partition: its ``holder``, a fencing ``epoch`` bumped by every
+take, and ``expires_at`` (database time). ``pm_partition_members`` has one row per manager taking
+part, alive until its ``expires_at``. :class:`PartitionLeases` runs one round every ``ttl / 3``
+on an asyncpg connection of its own:
+
+1. **renew** every held partition in one conditional UPDATE (holder = me and the epoch I took it
+   at): a partition not returned is lost at once. A lease is trusted only until the local clock
+   at the *start* of the renewal that returned it + ``ttl - margin``: the database's expiry is at
+   least ``ttl`` after that instant, so this manager stops sending for a partition (and drops
+   it) before any other manager may take it, even if every renewal fails from then on;
+2. **membership**: this manager's member row is renewed in the same round; the fair share is
+   ``ceil(partitions / live members)``, so no manager holds more than one above the even share;
+3. **hand over** what is above the share: those partitions stop at once, the handler's
+   ``releasing`` waits for a send under way and flushes what was sent, then one conditional
+   UPDATE clears the holder (only at the epoch held: a stale holder changes nothing);
+4. **take** what is missing to the share from free or expired partitions, in one conditional
+   UPDATE that bumps their epochs.
+
+On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
+manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
+clocks need not agree; the local clock measures only the trust window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import ChangeCallback, Clock, PartitionHandler
+from periodic_manager.runtime.tasks import cancelling, reraise_if_cancelled
+
+log = logging.getLogger(__name__)
+
+# The held (partition, epoch) pairs, passed as two arrays.
+_HELD = "(partition, epoch) IN (SELECT * FROM unnest($2::int[], $3::bigint[]))"
+RENEW = f"""UPDATE pm_partitions SET expires_at = now() + make_interval(secs => $4),
+    renewed_at = now() WHERE holder = $1 AND {_HELD} RETURNING partition"""
+RELEASE = f"""UPDATE pm_partitions SET holder = NULL, expires_at = NULL
+    WHERE holder = $1 AND {_HELD}"""
+TAKE = """UPDATE pm_partitions SET holder = $1, epoch = epoch + 1,
+    expires_at = now() + make_interval(secs => $2), renewed_at = now()
+    WHERE partition IN (
+        SELECT partition FROM pm_partitions WHERE holder IS NULL OR expires_at < now()
+        ORDER BY partition LIMIT $3 FOR UPDATE SKIP LOCKED)
+    AND (holder IS NULL OR expires_at < now())
+    RETURNING partition, epoch"""
+MEMBER = """INSERT INTO pm_partition_members (member, expires_at)
+    VALUES ($1, now() + make_interval(secs => $2))
+    ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at"""
+LIVE = "SELECT count(*) FROM pm_partition_members WHERE expires_at > now()"
+FORGET_DEAD = "DELETE FROM pm_partition_members WHERE expires_at < now() - make_interval(secs => $1)"
+LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
+COUNT = "SELECT count(*) FROM pm_partitions"
+
+
+def fair_share(partitions: int, live: int) -> int:
+    """How many partitions one of ``live`` managers may hold: at most one above the even share."""
+    return math.ceil(partitions / max(1, live))
+
+
+class _Quiet:
+    """A handler that does nothing (the leases alone, as in their tests)."""
+
+    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+        return None
+
+    async def releasing(self, partitions: frozenset[int]) -> None:
+        return None
+
+    def lost(self, partitions: frozenset[int]) -> None:
+        return None
+
+
+class PartitionLeases:
+    """A :class:`~periodic_manager.contracts.PartitionLeadership` on PostgreSQL (see the module
+    doc). ``member``: this manager's id (the holder written in the leases); ``ttl``: seconds a
+    lease runs unrenewed; ``margin``: seconds before the trusted end of a lease at which this
+    manager stops sending for it (default ``ttl / 5``)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        member: str,
+        *,
+        clock: Clock | None = None,
+        ttl: float = 10.0,
+        margin: float | None = None,
+    ) -> None:
+        margin = ttl / 5 if margin is None else margin
+        if not 0 < margin < ttl:
+            raise ValueError("the lease margin must be positive and shorter than the lease TTL")
+        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
+        self.member = member
+        self.clock: Clock = clock or SystemClock()
+        self.ttl = ttl
+        self.margin = margin
+        self.interval = ttl / 3
+        self.handovers = 0  # partitions handed over cleanly (stop included)
+        self._count = 0
+        self._held: dict[int, tuple[int, datetime]] = {}  # partition -> (epoch, trusted until)
+        self._handler: PartitionHandler = _Quiet()
+        self._on_change: ChangeCallback | None = None
+        self._leading = False
+        self._conn: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._round = asyncio.Lock()
+        self._last_error: str | None = None
+
+    # -- the contract --------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return bool(self.held)
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def held(self) -> frozenset[int]:
+        now = self.clock.now()
+        return frozenset(p for p, (_, until) in self._held.items() if now < until)
+
+    def trusted(self, partition: int) -> bool:
+        held = self._held.get(partition)
+        return held is not None and self.clock.now() < held[1]
+
+    def attach(self, handler: PartitionHandler) -> None:
+        self._handler = handler
+
+    async def start(self, on_change: ChangeCallback) -> None:
+        """Take part: one round (alone, this takes every partition), then one every ``ttl/3``."""
+        self._on_change = on_change
+        await self.round()
+        self._task = asyncio.ensure_future(self._loop())
+        self._task.set_name("periodic-manager-partitions")
+
+    async def stop(self) -> None:
+        """Hand every partition over at once and leave (the others take them at their next
+        round)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, self.ttl)
+            self._task = None
+        async with self._round:
+            held = dict(self._held)
+            if held:
+                await self._hand_over(held)
+            with contextlib.suppress(Exception):
+                if self._conn is not None:
+                    await asyncio.wait_for(self._conn.execute(LEAVE, self.member), self.interval)
+            await self._report()
+            self._drop_connection()
+
+    # -- rounds --------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        step = timedelta(seconds=self.interval)
+        next_round = self.clock.now() + step
+        while True:
+            # Wake for the next round, or earlier when the trust in a lease ends first.
+            until = min([next_round, *(t for _, t in self._held.values())])
+            await self.clock.sleep_until(until)
+            self._expire()
+            if self.clock.now() >= next_round:
+                await self.round()
+                next_round = max(next_round + step, self.clock.now())
+
+    async def quiet(self) -> None:
+        """Return once no round is under way (tests drive rounds with a virtual clock)."""
+        async with self._round:
+            pass
+
+    async def round(self) -> None:
+        """One round: renew, count members, hand over or take (public for tests)."""
+        async with self._round:
+            started = self.clock.now()
+            excess: dict[int, tuple[int, datetime]] = {}
+            try:
+                # Bounded: a round that hangs must not outlive the trust of what is held.
+                excess = await asyncio.wait_for(self._exchange(started), self.interval)
+            except Exception as exc:  # noqa: BLE001 - any failure: nothing renewed this round
+                if cancelling():
+                    self._drop_connection()
+                reraise_if_cancelled(exc)
+                msg = f"{type(exc).__name__}: {exc}"
+                if msg != self._last_error:
+                    log.warning("partition leases: round failed: %s", msg)
+                self._last_error = msg
+                self._drop_connection()
+            else:
+                self._last_error = None
+            if excess:
+                await self._hand_over(excess)  # bounded on its own (a flush takes its time)
+            self._expire()
+            await self._report()
+
+    async def _exchange(self, started: datetime) -> dict[int, tuple[int, datetime]]:
+        """Renew, count the members, take what is missing to the share; what is above it (to be
+        handed over, outside this round's budget)."""
+        conn = await self._connect()
+        trust = started + timedelta(seconds=self.ttl - self.margin)
+        if self._held:
+            parts, epochs = self._pairs(self._held)
+            renewed = {r[0] for r in await conn.fetch(RENEW, self.member, parts, epochs, self.ttl)}
+            lost = frozenset(p for p in self._held if p not in renewed)
+            for p in renewed:
+                self._held[p] = (self._held[p][0], trust)
+            if lost:
+                log.warning("partition leases: lost %s (taken by another manager)", _show(lost))
+                self._drop(lost)
+        await conn.execute(MEMBER, self.member, self.ttl)
+        live = int(await conn.fetchval(LIVE))
+        await conn.execute(FORGET_DEAD, self.ttl * 10)
+        share = fair_share(self._count, live)
+        if len(self._held) > share:
+            return {p: self._held[p] for p in sorted(self._held)[share:]}
+        if len(self._held) < share:
+            taken = await conn.fetch(TAKE, self.member, self.ttl, share - len(self._held))
+            gained = {int(r[0]): (int(r[1]), trust) for r in taken}
+            if gained:
+                self._held.update(gained)
+                log.info(
+                    "partition leases: took %s (%d held of %d, %d live)",
+                    _show(gained), len(self._held), self._count, live,
+                )  # fmt: skip
+                await self._report()
+                fresh = frozenset(p for p, (epoch, _) in gained.items() if epoch == 1)
+                await self._handler.gained(frozenset(gained), fresh)
+        return {}
+
+    async def _hand_over(self, leases: dict[int, tuple[int, datetime]]) -> None:
+        """Stop sending for ``leases`` at once, let the handler flush, then release them. A
+        flush that does not end within the trust left is not waited for: those leases are
+        left to expire (the next holder waits for the TTL instead)."""
+        parts = frozenset(leases)
+        for p in parts:
+            self._held.pop(p, None)
+        await self._report()
+        budget = self.ttl - self.margin - self.interval
+        try:
+            await asyncio.wait_for(self._handler.releasing(parts), budget)
+        except Exception as exc:  # noqa: BLE001 - the leases then expire instead
+            reraise_if_cancelled(exc)
+            log.error(
+                "partition leases: handing over %s did not finish (%s: %s); they expire instead",
+                _show(parts), type(exc).__name__, exc,
+            )  # fmt: skip
+            return
+        # Released only at the epochs held; if a lease meanwhile passed to another manager,
+        # nothing changes.
+        if self._conn is not None:
+            ps, epochs = self._pairs(leases)
+            try:
+                await asyncio.wait_for(
+                    self._conn.execute(RELEASE, self.member, ps, epochs), self.interval
+                )
+            except Exception as exc:  # noqa: BLE001 - they expire instead
+                reraise_if_cancelled(exc)
+                log.warning("partition leases: release failed (%s); they expire instead", exc)
+                return
+        self.handovers += len(parts)
+        log.info("partition leases: handed over %s", _show(parts))
+
+    def _expire(self) -> None:
+        """Drop every partition whose trust has ended (no renewal came in time)."""
+        now = self.clock.now()
+        ended = frozenset(p for p, (_, until) in self._held.items() if until <= now)
+        if ended:
+            log.error(
+                "partition leases: %s not renewed in time; sending for them stops", _show(ended)
+            )
+            self._drop(ended)
+
+    def _drop(self, parts: frozenset[int]) -> None:
+        for p in parts:
+            self._held.pop(p, None)
+        self._handler.lost(parts)
+
+    async def _report(self) -> None:
+        """Tell the leadership callback when holding any partition starts or ends."""
+        leading = bool(self._held)
+        if leading == self._leading or self._on_change is None:
+            self._leading = leading
+            return
+        self._leading = leading
+        result = self._on_change(leading)
+        if asyncio.iscoroutine(result):
+            await result
+
+    async def _connect(self) -> Any:
+        import asyncpg
+
+        if self._conn is None:
+            self._conn = await asyncpg.connect(
+                self.dsn,
+                timeout=self.interval,
+                server_settings={"application_name": "periodic_manager partitions"},
+            )
+            self._count = int(await self._conn.fetchval(COUNT))
+            if self._count == 0:
+                raise RuntimeError("pm_partitions has no rows: run `periodic-manager migrate`")
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.terminate()
+            self._conn = None
+
+    @staticmethod
+    def _pairs(leases: dict[int, tuple[int, datetime]]) -> tuple[list[int], list[int]]:
+        parts = sorted(leases)
+        return parts, [leases[p][0] for p in parts]
+
+
+def _show(parts: object) -> str:
+    items = sorted(parts)  # type: ignore[call-overload]
+    return f"{len(items)} partition(s) {items[:8]}{'...' if len(items) > 8 else ''}"

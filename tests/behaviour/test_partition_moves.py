@@ -1,0 +1,233 @@
+"""Partitions moving between in-process managers on one PostgreSQL database, sending to Redis
+Streams under a virtual clock: joins, a graceful leave and a manager cut off from PostgreSQL
+(still reaching Redis) never send a slot twice nor lose one, and every schedule is held by
+exactly one manager at each checkpoint. The audit counts the messages on the stream itself.
+
+The database's clock runs on real time; a lease that expires "after the TTL" is moved into the
+past with SQL once the cut-off manager has stopped trusting it, as the database would let it
+expire (a manager stops trusting a lease before the database can let another take it).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from periodic_manager.clock import VirtualClock
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.partitions import PartitionLeases
+from periodic_manager.settings import Settings
+from tests.support.api import api_client
+from tests.support.faults import (
+    T0,
+    assert_exactly_once,
+    dsn,
+    expected_slots,
+    insert_schedules,
+    stream_keys,
+)
+from tests.support.tcpproxy import TcpProxy
+
+SCHEDULES = 120
+N = 64
+
+
+class Fleet:
+    """Managers built from settings on a shared virtual clock, each with its own engine."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.managers: dict[str, PeriodicTaskManager] = {}
+        self.engines: list[AsyncEngine] = []
+
+    async def start(self, name: str, settings: Settings) -> PeriodicTaskManager:
+        engine = create_engine(settings.database_url)
+        self.engines.append(engine)
+        mgr = build_manager(settings, engine, clock=self.clock)
+        assert isinstance(mgr.leadership, PartitionLeases) and mgr.holding is not None
+        self.managers[name] = mgr
+        await mgr.start()
+        await self.settle()
+        return mgr
+
+    async def stop(self, name: str) -> None:
+        await self.managers.pop(name).stop()
+
+    async def settle(self) -> None:
+        """Every lease round and partition takeover under way is over, every slot due now is
+        handled."""
+        for _ in range(3):  # a round may start a takeover, a takeover ends before a round
+            for m in self.managers.values():
+                assert isinstance(m.leadership, PartitionLeases) and m.holding is not None
+                await m.leadership.quiet()
+                await m.holding.quiet()
+                await m.wait_settled(self.clock.now())
+
+    async def drive(self, seconds: int) -> None:
+        for _ in range(seconds * 2):
+            await self.clock.advance(0.5, settle=self.settle)
+
+    def held(self) -> dict[str, set[int]]:
+        return {n: {e.ident for e in m.entries()} for n, m in self.managers.items()}  # type: ignore[misc]
+
+    def assert_each_schedule_held_once(self, live: list[str]) -> None:
+        held = self.held()
+        seen: set[int] = set()
+        for name in live:
+            assert not held[name] & seen, f"schedules held twice: {sorted(held[name] & seen)[:5]}"
+            seen |= held[name]
+        assert seen == set(range(1, SCHEDULES + 1))
+        parts = [self.managers[n].partitions for n in live]
+        assert sum(len(p) for p in parts) == N and max(len(p) for p in parts) <= -(-N // len(live))
+
+    async def close(self) -> None:
+        for name in list(self.managers):
+            await self.stop(name)
+        for e in self.engines:
+            await e.dispose()
+
+
+async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_slot_once(
+    pg_url: str,
+    proxied: tuple[str, TcpProxy],
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+) -> None:
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"p{i:03d}", "@every 1s", {}) for i in range(1, SCHEDULES + 1)])
+    common = dict(
+        target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
+        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    direct = Settings(database_url=pg_url, **common)  # type: ignore[arg-type]
+    cut_url, proxy = proxied
+    through_proxy = Settings(database_url=cut_url, **common)  # type: ignore[arg-type]
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        a = await fleet.start("a", direct)
+        assert a.partitions == frozenset(range(N))  # alone: every partition
+        await fleet.drive(10)
+        fleet.assert_each_schedule_held_once(["a"])
+
+        await fleet.start("b", direct)  # a join: a hands half over
+        await fleet.drive(10)
+        fleet.assert_each_schedule_held_once(["a", "b"])
+        assert a.partition_handovers == N // 2
+        assert a.registry.get_sample_value("periodic_manager_partition_handovers_total") == N // 2
+        assert a.registry.get_sample_value("periodic_manager_partitions") == len(a.partitions) == N // 2
+
+        c = await fleet.start("c", through_proxy)
+        await fleet.drive(10)
+        fleet.assert_each_schedule_held_once(["a", "b", "c"])
+        async with api_client(pg_url, fleet.clock, fleet.engines[0]) as client:
+            shown = {m["manager_id"]: m for m in (await client.get("/managers")).json()["items"]}
+        assert {i: shown[m.manager_id]["partitions"] for i, m in fleet.managers.items()} == {
+            i: sorted(m.partitions) for i, m in fleet.managers.items()
+        }
+        assert {i: shown[m.manager_id]["entry_count"] for i, m in fleet.managers.items()} == {
+            i: len(m.entries()) for i, m in fleet.managers.items()
+        }
+
+        b = fleet.managers["b"]
+        await fleet.stop("b")  # a graceful leave: released at once, taken at the next rounds
+        await fleet.drive(10)
+        fleet.assert_each_schedule_held_once(["a", "c"])
+        # Clean hand-overs: no manager even tried a slot another had sent (no claim needed).
+        assert [m.scheduler.counts["duplicate"] for m in (a, b, c)] == [0, 0, 0]
+
+        cut_off = set(c.partitions)
+        await proxy.cut()  # c reaches Redis, not PostgreSQL: it stops sending within its trust
+        await fleet.drive(10)
+        assert not c.partitions and not c.entries()
+        assert not cut_off & a.partitions  # the database still has c's leases
+        await admin.execute(  # ... until their TTL passes
+            "UPDATE pm_partitions SET expires_at = now() - interval '1 second' WHERE holder = $1",
+            c.manager_id,
+        )
+        await admin.execute(
+            "UPDATE pm_partition_members SET expires_at = now() - interval '1 second'"
+            " WHERE member = $1", c.manager_id,
+        )  # fmt: skip
+        await fleet.drive(10)
+        assert a.partitions == frozenset(range(N))
+        assert {e.ident for e in a.entries()} == set(range(1, SCHEDULES + 1))
+        end = fleet.clock.now()
+    finally:
+        await fleet.close()
+        await admin.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [
+        k for i in range(1, SCHEDULES + 1) for k in expected_slots(f"p{i:03d}", "@every 1s", T0, end)
+    ]
+    assert len(expected) == SCHEDULES * int((end - T0).total_seconds() + 0.5)
+    assert_exactly_once(counts, expected)
+    assert sum(counts.values()) == len(expected)  # nothing else either
+    print(f"{len(expected)} slots audited, {len(counts)} keys on the stream")
+
+
+async def test_a_manager_leaves_the_last_good_versions_of_other_partitions_alone(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full read covers only the partitions held: a row of another manager's partition that
+    turned bad is unseen, not over being bad, so its stored last good version stays."""
+    monkeypatch.setenv("PM_PARTITIONS", "4")
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"g{i}", "@every 1s", {}) for i in range(1, 9)])
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
+        sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        a = await fleet.start("a", settings)
+        b = await fleet.start("b", settings)
+        await fleet.drive(10)  # a hands two partitions over at its next round, b takes them
+        bs = sorted(e.ident for e in b.entries())
+        assert bs and not {e.ident for e in a.entries()} & set(bs)
+        bad = bs[0]
+        await admin.execute("UPDATE periodic_jobs SET spec = '61 * * * *' WHERE id = $1", bad)
+        await b.sync()  # b sees it bad: it stores the version it runs
+        assert await admin.fetchval("SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)) == 1
+        await a.sync(full=True)  # a reads only its partitions
+        assert await admin.fetchval("SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)) == 1
+        assert b.entry(bad) is not None and b.entry(bad).spec == "@every 1s"  # type: ignore[union-attr]
+    finally:
+        await fleet.close()
+        await admin.close()
+
+
+async def test_a_lone_manager_restarted_within_grace_sends_what_was_due_meanwhile_once(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"r{i:02d}", "@every 1s", {}) for i in range(1, 21)])
+    settings = Settings(
+        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
+        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
+        heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        await fleet.start("a", settings)
+        await fleet.drive(5)
+        await fleet.stop("a")  # SIGTERM: its partitions are released, what it sent recorded
+        await fleet.clock.advance(10)  # down for 10 s, within grace
+        again = await fleet.start("a2", settings)
+        assert again.partitions == frozenset(range(N))
+        await fleet.drive(5)
+        end = fleet.clock.now()
+        assert again.scheduler.counts["duplicate"] == 0  # it started after what a recorded
+    finally:
+        await fleet.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [k for i in range(1, 21) for k in expected_slots(f"r{i:02d}", "@every 1s", T0, end)]
+    assert_exactly_once(counts, expected)  # the 10 s it was down included
+    assert sum(counts.values()) == len(expected) == 20 * 20

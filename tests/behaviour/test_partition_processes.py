@@ -1,0 +1,141 @@
+"""Partitions with real manager processes (PM_COORDINATION=partitions) sending 600 schedules of
+``@every 1s`` to a Redis stream: three managers share the partitions, one is SIGKILLed, one
+stopped with SIGTERM, one joins, and one is cut off from PostgreSQL through a proxy while it still
+reaches Redis; the audit counts every (schedule, slot) on the stream.
+
+The one place real time passes: real processes on the wall clock. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import redis.asyncio as aioredis
+
+from periodic_manager.db.migrate import upgrade
+from tests.support.faults import (
+    assert_exactly_once,
+    dsn,
+    expected_slots,
+    insert_schedules,
+    stream_keys,
+)
+from tests.support.polling import eventually
+from tests.support.servers import ManagerProcess
+from tests.support.tcpproxy import TcpProxy
+
+SCHEDULES = 600
+N = 64
+TTL = 3  # PM_LEASE_TTL: a killed manager's partitions are free after at most this
+
+
+async def holdings(url: str) -> dict[int, list[int]]:
+    """pid -> the partitions whose unexpired lease names that manager; -1: partitions held by
+    nobody (or by an expired lease)."""
+    conn = await asyncpg.connect(dsn(url))
+    try:
+        rows = await conn.fetch(
+            "SELECT p.partition, m.pid FROM pm_partitions p LEFT JOIN pm_managers m"
+            " ON m.manager_id = p.holder AND p.expires_at > now()"
+        )
+    finally:
+        await conn.close()
+    out: dict[int, list[int]] = {}
+    for r in rows:
+        out.setdefault(r["pid"] if r["pid"] is not None else -1, []).append(r["partition"])
+    return out
+
+
+def shared_by(held: dict[int, list[int]], managers: list[ManagerProcess]) -> bool:
+    """Every partition held by one of ``managers``, none above the fair share."""
+    pids = {m.pid for m in managers}
+    share = -(-N // len(managers))
+    return (
+        set(held) == pids
+        and sum(len(p) for p in held.values()) == N
+        and all(len(p) <= share for p in held.values())
+    )
+
+
+async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
+    pg_url: str,
+    proxied: tuple[str, TcpProxy],
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    tmp_path: Any,
+) -> None:
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"q{i:03d}", "@every 1s", {}) for i in range(SCHEDULES)])
+    env = {
+        "PM_DATABASE_URL": pg_url,
+        "PM_TARGET": "redis",
+        "PM_REDIS_URL": redis_url,
+        "PM_STREAM_PREFIX": redis_prefix,
+        "PM_COORDINATION": "partitions",
+        "PM_LEASE_TTL": str(TTL),
+        "PM_HEARTBEAT_INTERVAL": "1",
+        "PM_SYNC_INTERVAL": "30",
+    }
+    cut_url, proxy = proxied  # c reaches PostgreSQL through it (and Redis directly)
+    procs = {
+        name: ManagerProcess(env | ({"PM_DATABASE_URL": cut_url} if name == "c" else {}), tmp_path / f"{name}.log")
+        for name in "abcd"
+    }
+    a, b, c, d = procs.values()
+
+    def logs() -> str:
+        return "\n".join(f"--- {n}\n{p.log()[-2000:]}" for n, p in procs.items())
+
+    async def shared(managers: list[ManagerProcess], what: str, seconds: float) -> float:
+        started = time.monotonic()
+
+        async def check() -> bool:
+            return shared_by(await holdings(pg_url), managers)
+
+        await eventually(check, what, seconds=seconds, interval=0.1, detail=logs)
+        return time.monotonic() - started
+
+    try:
+        began = datetime.now(UTC)
+        for p in (a, b, c):
+            p.start()
+        start_s = await shared([a, b, c], "three managers share every partition", 15)
+        await eventually(lambda: a.alive() and b.alive() and c.alive(), "all run", seconds=1)
+        first = datetime.now(UTC)  # from here every slot must be sent once
+        await asyncio.sleep(3)  # the processes send on the wall clock meanwhile
+
+        a.kill()
+        kill_s = await shared([b, c], "the killed manager's partitions are held again", TTL + 5)
+
+        assert b.stop() == 0, logs()  # a graceful leave: handed over at once
+        leave_s = await shared([c], "the leaving manager's partitions are held again", 5)
+
+        d.start()
+        join_s = await shared([c, d], "a joining manager takes its share", 15)
+        await asyncio.sleep(2)
+        await proxy.cut()  # c still reaches Redis: it stops sending before its leases can expire
+        cut_s = await shared([d], "the cut-off manager's partitions are held again", TTL + 5)
+        await asyncio.sleep(2)
+        last = datetime.now(UTC) - timedelta(seconds=1)  # slots up to here were due while held
+        assert d.stop() == 0, logs()
+        assert "not renewed in time; sending for them stops" in c.log(), logs()
+    finally:
+        for p in procs.values():
+            p.kill()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [k for i in range(SCHEDULES) for k in expected_slots(f"q{i:03d}", "@every 1s", first, last)]
+    assert len(expected) >= SCHEDULES * 10
+    assert_exactly_once(counts, expected)  # also: no key anywhere on the stream twice
+    # Nothing from before the managers started: no look back for partitions never held.
+    assert min(datetime.fromisoformat(k.split(":", 1)[1]) for k in counts) > began - timedelta(seconds=1)
+    print(
+        f"shared by 3 in {start_s:.1f} s; after SIGKILL held again in {kill_s:.1f} s (TTL {TTL} s); "
+        f"after SIGTERM in {leave_s:.1f} s; join shared in {join_s:.1f} s; cut off, held again in "
+        f"{cut_s:.1f} s; {len(expected)} slots audited"
+    )
+    assert start_s < 10 and kill_s < TTL + 5 and cut_s < TTL + 5

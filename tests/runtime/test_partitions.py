@@ -1,0 +1,271 @@
+"""Partition leases on a real PostgreSQL: fair shares, clean hand-overs, expiry and fencing.
+
+Rounds are driven by the test (``round()``) or by a VirtualClock; lease expiry in the database
+is simulated by moving ``expires_at`` into the past, never by waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from sqlalchemy import BigInteger, literal, select
+
+from periodic_manager.clock import VirtualClock
+from periodic_manager.contracts import PartitionLeadership
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.partitions import partition_count, partition_sql
+from periodic_manager.runtime.partitions import PartitionLeases, fair_share
+from periodic_manager.schedules.partition import check_count, partition_of
+from tests.support.faults import dsn
+from tests.support.tcpproxy import TcpProxy
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+N = 64
+
+
+class Recorder:
+    """A PartitionHandler that notes what it was told, and the partitions its leases hold
+    (a hand-over is checked: the partitions are no longer held when ``releasing`` runs)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.leases: PartitionLeases | None = None
+        self.events: list[tuple[str, frozenset[int]]] = []
+
+    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+        self.events.append(("gained", partitions))
+        self.events.append(("fresh", fresh))
+
+    async def releasing(self, partitions: frozenset[int]) -> None:
+        assert self.leases is not None and not partitions & self.leases.held  # stopped first
+        self.events.append(("releasing", partitions))
+        await asyncio.sleep(0)  # a flush takes its time; the lease is released after it
+
+    def lost(self, partitions: frozenset[int]) -> None:
+        self.events.append(("lost", partitions))
+
+    def of(self, kind: str) -> set[int]:
+        return {p for k, ps in self.events if k == kind for p in ps}
+
+
+@pytest.fixture
+async def db(pg_url: str) -> str:
+    await upgrade(pg_url)
+    return pg_url
+
+
+@pytest.fixture
+async def admin(db: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(dsn(db))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(T0)
+
+
+@pytest.fixture
+async def make(db: str, clock: VirtualClock) -> AsyncIterator[object]:
+    made: list[PartitionLeases] = []
+
+    def build(name: str, url: str | None = None, **kw: float) -> tuple[PartitionLeases, Recorder]:
+        leases = PartitionLeases(url or dsn(db), name, clock=clock, ttl=kw.pop("ttl", 10.0), **kw)
+        rec = Recorder(name)
+        rec.leases = leases
+        leases.attach(rec)
+        made.append(leases)
+        return leases, rec
+
+    yield build
+    for leases in made:
+        await leases.stop()
+
+
+async def holders(admin: asyncpg.Connection) -> dict[int, str | None]:
+    return {r[0]: r[1] for r in await admin.fetch("SELECT partition, holder FROM pm_partitions")}
+
+
+async def rounds(*leases: PartitionLeases, times: int = 3) -> None:
+    for _ in range(times):
+        for x in leases:
+            await x.round()
+
+
+def assert_disjoint(sets: Iterable[frozenset[int]]) -> None:
+    seen: set[int] = set()
+    for s in sets:
+        assert not s & seen, f"partitions held twice: {sorted(s & seen)}"
+        seen |= s
+
+
+async def test_migrate_makes_the_partitions_and_the_rule_is_the_same_in_python_and_sql(
+    db: str, admin: asyncpg.Connection
+) -> None:
+    assert sorted((await holders(admin)).keys()) == list(range(N))
+    engine = create_engine(db)
+    try:
+        async with engine.connect() as conn:
+            for i in (1, 2, 63, 64, 65, 1000, 2**40 + 7):
+                got = (await conn.execute(select(partition_sql(literal(i, BigInteger), N)))).scalar_one()
+                assert got == partition_of(i, N)
+    finally:
+        await engine.dispose()
+    with pytest.raises(ValueError, match="PM_PARTITIONS: 0 is out of range"):
+        check_count("0")
+    with pytest.raises(ValueError, match="PM_PARTITIONS: 'x' is not a whole number"):
+        check_count("x")
+
+
+async def test_a_manager_alone_holds_every_partition(make, admin: asyncpg.Connection) -> None:
+    a, rec = make("a")
+    changes: list[bool] = []
+    await a.start(changes.append)
+    assert isinstance(a, PartitionLeadership)
+    assert a.count == N and a.held == frozenset(range(N)) and a.is_leader
+    assert changes == [True]
+    assert rec.of("gained") == rec.of("fresh") == set(range(N))  # never held before
+    assert set((await holders(admin)).values()) == {"a"}
+
+
+async def test_three_managers_share_fairly_and_each_partition_is_held_once(
+    make, admin: asyncpg.Connection
+) -> None:
+    managers = [make(name)[0] for name in "abc"]
+    for m in managers:
+        await m.start(lambda _v: None)
+    await rounds(*managers)
+    share = fair_share(N, 3)
+    assert share == 22
+    sizes = sorted(len(m.held) for m in managers)
+    assert sum(sizes) == N and sizes[-1] <= share  # at most one above the even share (21.3)
+    assert_disjoint(m.held for m in managers)
+    by_holder = await holders(admin)
+    for m in managers:
+        assert {p for p, h in by_holder.items() if h == m.member} == m.held
+
+
+async def test_a_joining_manager_takes_its_share_by_a_clean_hand_over(
+    make, admin: asyncpg.Connection
+) -> None:
+    a, ra = make("a")
+    b, rb = make("b")
+    await a.start(lambda _v: None)
+    epochs = {r[0]: r[1] for r in await admin.fetch("SELECT partition, epoch FROM pm_partitions")}
+    await b.start(lambda _v: None)
+    assert not b.held  # nothing free yet: a hands over at its next round
+    for _ in range(3):
+        for m in (a, b):
+            await m.round()
+            assert_disjoint([a.held, b.held])  # never held twice, at any step
+    assert len(a.held) == len(b.held) == 32
+    assert ra.of("releasing") == set(b.held) == rb.of("gained")
+    assert not rb.of("fresh")  # held before: b looks back as a takeover does
+    assert a.handovers == 32 and not ra.of("lost")
+    after = {r[0]: r[1] for r in await admin.fetch("SELECT partition, epoch FROM pm_partitions")}
+    assert all(after[p] == epochs[p] + 1 for p in b.held)  # a take bumps the fencing epoch
+
+
+async def test_a_stopping_manager_releases_at_once_and_the_others_take_over(
+    make, admin: asyncpg.Connection
+) -> None:
+    a, ra = make("a")
+    b, _ = make("b")
+    await a.start(lambda _v: None)
+    await b.start(lambda _v: None)
+    await rounds(a, b)
+    had = set(a.held)
+    await a.stop()
+    assert ra.of("releasing") >= had and not a.held
+    by_holder = await holders(admin)
+    assert all(by_holder[p] is None for p in had)  # released, not left to expire
+    assert await admin.fetchval("SELECT count(*) FROM pm_partition_members WHERE member = 'a'") == 0
+    await b.round()
+    assert b.held == frozenset(range(N))
+
+
+async def test_a_dead_managers_partitions_are_taken_only_after_their_lease_expires(
+    make, admin: asyncpg.Connection
+) -> None:
+    # A manager that died holding half the partitions (its leases and membership run on).
+    await admin.execute(
+        "UPDATE pm_partitions SET holder = 'dead', epoch = epoch + 1,"
+        " expires_at = now() + interval '1 hour' WHERE partition < 32"
+    )
+    await admin.execute(
+        "INSERT INTO pm_partition_members VALUES ('dead', now() + interval '1 hour')"
+    )
+    b, _ = make("b")
+    await b.start(lambda _v: None)
+    await rounds(b)
+    assert b.held == frozenset(range(32, N))  # the fair share of two, none of the dead one's
+    # Its TTL passes (database time): its leases and its membership have expired.
+    await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second' WHERE holder = 'dead'")
+    await admin.execute("UPDATE pm_partition_members SET expires_at = now() - interval '1 second'")
+    await b.round()
+    assert b.held == frozenset(range(N))
+    assert set((await holders(admin)).values()) == {"b"}
+
+
+async def test_a_renewal_that_fails_ends_trust_at_its_start_plus_ttl_minus_margin(
+    make, proxied: tuple[str, TcpProxy], clock: VirtualClock
+) -> None:
+    url, proxy = proxied
+    url = dsn(url)
+    a, rec = make("a", url, ttl=10.0, margin=2.0)  # rounds every 3.33 s, trust 8 s
+    await a.start(lambda _v: None)
+    assert a.held == frozenset(range(N))
+    await clock.advance(10 / 3)  # a renewal starting at T0 + 3.33 s: trusted until T0 + 11.33 s
+    await asyncio.sleep(0.05)
+    assert a.held == frozenset(range(N)) and not rec.of("lost")
+    await proxy.cut()  # every renewal from now on fails
+    for _ in range(79):  # up to T0 + 11.23 s: still trusted (the database keeps it till 13.33)
+        await clock.advance(0.1)
+        await asyncio.sleep(0.005)
+    assert a.trusted(0) and not rec.of("lost")
+    for _ in range(2):  # T0 + 11.43 s
+        await clock.advance(0.1)
+        await asyncio.sleep(0.005)
+    assert not a.trusted(0) and not a.held and not a.is_leader
+    assert rec.of("lost") == set(range(N))  # the loop dropped them when trust ended
+
+
+async def test_the_epoch_refuses_a_stale_holder(make, admin: asyncpg.Connection) -> None:
+    a, rec = make("a")
+    await a.start(lambda _v: None)
+    # Partition 0 was taken meanwhile by a successor under the same name (a restarted manager
+    # with a fixed id), partition 1 by another manager: both at a newer epoch.
+    await admin.execute("UPDATE pm_partitions SET epoch = epoch + 1 WHERE partition = 0")
+    await admin.execute("UPDATE pm_partitions SET holder = 'b', epoch = epoch + 1 WHERE partition = 1")
+    await a.round()
+    assert rec.of("lost") == {0, 1}
+    assert 0 not in a.held and 1 not in a.held
+    before = await admin.fetch("SELECT partition, holder, epoch, expires_at FROM pm_partitions WHERE partition < 2")
+    await a.stop()  # the release is fenced too: the newer leases are left alone
+    after = await admin.fetch("SELECT partition, holder, epoch, expires_at FROM pm_partitions WHERE partition < 2")
+    assert before == after
+
+
+async def test_the_partition_count_is_chosen_at_migrate(
+    pg_url: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PM_PARTITIONS", "5000")
+    with pytest.raises(ValueError, match=r"PM_PARTITIONS: 5000 is out of range \(1..4096\)"):
+        await upgrade(pg_url)
+    monkeypatch.setenv("PM_PARTITIONS", "7")
+    for url in (pg_url, sqlite_url):  # SQLite has the table too (its one manager holds all)
+        await upgrade(url)
+        engine = create_engine(url)
+        try:
+            async with engine.connect() as conn:
+                assert await partition_count(conn) == 7
+        finally:
+            await engine.dispose()
