@@ -5,10 +5,11 @@ process on each (database, target) pair (``rig``)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 
 import pytest
 
-from tests.support.e2e import Rig, e2e_rig
+from tests.support.e2e import T0, Rig, e2e_rig
 from tests.support.servers import RedisServer
 
 
@@ -37,10 +38,18 @@ def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
 
 
 @pytest.fixture
-async def rig(combo: tuple[str, str], redis_prefix: str, redis_url: str) -> AsyncIterator[Rig]:
+def rig_start() -> datetime:
+    """When the ``rig``'s virtual clock starts (a test module may override this fixture)."""
+    return T0
+
+
+@pytest.fixture
+async def rig(
+    combo: tuple[str, str], redis_prefix: str, redis_url: str, rig_start: datetime
+) -> AsyncIterator[Rig]:
     url, target = combo
     from periodic_manager.db.migrate import upgrade
 
     await upgrade(url)
-    async for r in e2e_rig(url, target, redis_prefix, redis_url):
+    async for r in e2e_rig(url, target, redis_prefix, redis_url, start=rig_start):
         yield r
