@@ -114,6 +114,7 @@ def build_manager(
             grace=settings.grace,
             heartbeat_interval=settings.heartbeat_interval,
             catchup_window=settings.catchup_window,
+            catchup_rate=settings.catchup_rate,
         ),
         close_target=target is None,
     )
