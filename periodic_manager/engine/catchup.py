@@ -15,8 +15,8 @@ recorded skipped (``late``), since its task would reach the workers expired.
 
 from __future__ import annotations
 
-import logging
 import heapq
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
