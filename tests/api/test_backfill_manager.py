@@ -1,5 +1,5 @@
-"""misfire "all" and backfill through a real manager (in the API's process, outbox target) on a
-VirtualClock, PostgreSQL and SQLite: after an outage every missed slot reaches the outbox once,
+"""misfire "all" and backfill through a real manager (in the API's process; the outbox on
+PostgreSQL and SQLite, Redis Streams on PostgreSQL) on a VirtualClock: after an outage every missed slot reaches the outbox once,
 oldest first, at the paced rate (by virtual instants), none before effective_at; a backfill sends
 every slot of its range never sent, with its nominal scheduled_at and key, paced, counts what was
 already sent, sends nothing the second time or in a dry run, and refuses bad ranges naming the
@@ -8,14 +8,44 @@ field (tests/cli/test_cli_backfill.py runs the CLI)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
+
+from periodic_manager.db.migrate import upgrade
 from tests.runtime.test_last_good import running
-from tests.support.e2e import T0, Rig, at, iso
+from tests.support.e2e import T0, Rig, at, e2e_rig, iso
 from tests.support.polling import eventually
 
 RATE = 10  # one slot every 0.1 s
+
+
+@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox"])
+def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(database URL, target); the Redis case cleans its keys afterwards."""
+    backend, target = str(request.param).split("+")
+    if target == "redis":
+        request.getfixturevalue("redis_client")
+    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")), target
+
+
+@pytest.fixture
+async def make(combo: tuple[str, str], redis_prefix: str, redis_url: str) -> Any:
+    """``make(start)``: a rig (API and manager on the combo's database and target) from
+    ``start``; each one a process that starts and ends, on one database and one broker."""
+    url, target = combo
+    await upgrade(url)
+
+    @asynccontextmanager
+    async def rig_at(start: datetime) -> AsyncIterator[Rig]:
+        async for rig in e2e_rig(url, target, redis_prefix, redis_url, start=start, catchup_rate=RATE):
+            yield rig
+
+    rig_at.url = url  # type: ignore[attr-defined]
+    return rig_at
 
 
 def instant(text: str) -> datetime:
@@ -43,8 +73,8 @@ async def paced_steps(rig: Rig, start: datetime, n: int) -> None:
         await eventually(sent, f"paced task {k + 1} of {n} in the outbox")
 
 
-async def test_misfire_all_sends_every_missed_slot_oldest_first_at_the_paced_rate(db_url: str) -> None:
-    async with running(db_url, T0, catchup_rate=RATE) as rig:
+async def test_misfire_all_sends_every_missed_slot_oldest_first_at_the_paced_rate(make: Any) -> None:
+    async with make(T0) as rig:
         r = await rig.client.post(
             "/schedules", json={"name": "a", "spec": "* * * * *", "task_type": "t", "options": {"misfire": "all"}}
         )
@@ -52,12 +82,12 @@ async def test_misfire_all_sends_every_missed_slot_oldest_first_at_the_paced_rat
         await rig.advance_to(at(12, 3, 30))
         assert await rig.slots("a") == [iso(at(12, m)) for m in (1, 2, 3)]
     # Every manager down; a schedule created meanwhile exists from 12:10:00.5 on.
-    async with running(db_url, half(12, 10), manager=False) as api:
+    async with running(make.url, half(12, 10), manager=False) as api:
         r = await api.client.post(
             "/schedules", json={"name": "b", "spec": "* * * * *", "task_type": "t", "options": {"misfire": "all"}}
         )
         assert r.status_code == 201, r.text
-    async with running(db_url, half(12, 20), catchup_rate=RATE) as rig:
+    async with make(half(12, 20)) as rig:
         await paced_steps(rig, half(12, 20), 27)
         messages = [m for m in await rig.messages() if instant(m["enqueued_at"]) >= half(12, 20)]
         expected = sorted(
@@ -83,12 +113,12 @@ async def backfill(rig: Rig, sid: int, body: dict[str, Any], n: int) -> Any:
     return await asyncio.wait_for(call, 30)
 
 
-async def test_backfill_sends_each_never_sent_slot_once_with_its_nominal_slot(db_url: str) -> None:
-    async with running(db_url, T0, catchup_rate=RATE) as rig:
+async def test_backfill_sends_each_never_sent_slot_once_with_its_nominal_slot(make: Any) -> None:
+    async with make(T0) as rig:
         r = await rig.client.post("/schedules", json={"name": "bf", "spec": "* * * * *", "task_type": "t"})
         sid = r.json()["id"]
         await rig.advance_to(at(12, 3, 30))
-    async with running(db_url, half(12, 10), catchup_rate=RATE) as rig:  # 12:04-12:10 missed
+    async with make(half(12, 10)) as rig:  # 12:04-12:10 missed
         rng = {"from": iso(at(12, 0)), "to": iso(at(12, 10))}
         r = await rig.client.post(f"/schedules/{sid}/backfill", json={**rng, "dry_run": True})
         assert r.status_code == 200, r.text

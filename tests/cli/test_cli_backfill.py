@@ -70,3 +70,11 @@ async def test_an_unknown_or_paused_schedule_is_refused(db_url: str) -> None:
     await rawsql.insert(db_url, "cli.paused", enabled="false")
     r = run_cli("backfill", "cli.paused", *RANGE, env=env(db_url))
     assert r.returncode == 2 and "paused" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("rate", ["0", "-5", "100001", "fast", "nan"])
+def test_a_bad_catchup_rate_is_one_line_naming_it(rate: str) -> None:
+    r = run_cli("backfill", "x", *RANGE, env={"PM_CATCHUP_RATE": rate})
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "PM_CATCHUP_RATE" in line, line
