@@ -375,7 +375,7 @@ class BackfillIn(BaseModel):
     )  # fmt: skip
     to: Any = Field(
         description="the end of the range (excluded), not after now",
-        examples=["2026-03-02T00:00:00Z"],
+        examples=["2026-03-01T01:00:00Z"],
     )
     dry_run: bool = Field(False, description="count only: send nothing, record nothing")
 

@@ -174,17 +174,17 @@ async def backfill(
     schedule_id: ScheduleId,
     body: BackfillIn,
     request: Request,
-    conn: Annotated[Connection, Depends(get_conn)],
     now: Annotated[datetime, Depends(get_now)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> BackfillResult:
     start, end = slot_backfill.parse_range(body.from_, body.to, now)
-    row = await load_row(request, conn, schedule_id)
+    # A connection of its own, returned before the slots go out (that may take minutes).
+    async with get_state(request).database.connect() as conn:
+        row = await load_row(request, conn, schedule_id)
     cfg = _usable(row)
     if row.enabled is False:
         raise ApiProblem(409, "paused", "the schedule is paused: resume it before a backfill")
     slots = slot_backfill.slots_in(cfg, start, end)
-    await conn.rollback()  # the request's connection is not held while the slots go out
     outcome = await slot_backfill.backfill(
         get_state(request).database, cfg, await get_target(request), get_clock(request), slots,
         dry_run=body.dry_run, rate=settings.catchup_rate, grace=settings.grace,

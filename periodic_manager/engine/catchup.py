@@ -82,8 +82,11 @@ async def catch_up(
 ) -> None:
     """Send the latest missed slot of each ``fire_once`` entry once, then every missed slot of
     each ``all`` entry, paced (see the module doc)."""
-    candidates = await missed(scheduler.entries(), scheduler, now, takeover=takeover)
-    every = [e for e in scheduler.entries() if not e.dead and e.options.get("misfire") == "all"]
+    entries = scheduler.entries()
+    candidates = await missed(entries, scheduler, now, takeover=takeover)
+    every: list[ScheduledEntry] = []
+    async for part in in_turns(entries):
+        every += [e for e in part if not e.dead and e.options.get("misfire") == "all"]
     if not candidates and not every:
         return
     try:
