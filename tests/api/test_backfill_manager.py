@@ -17,6 +17,7 @@ import pytest
 
 from periodic_manager.db.migrate import upgrade
 from tests.runtime.test_last_good import running
+from tests.support import rawsql
 from tests.support.e2e import T0, Rig, at, e2e_rig, iso
 from tests.support.polling import eventually
 
@@ -166,3 +167,19 @@ async def test_backfill_refuses_bad_ranges_naming_the_field_and_a_paused_schedul
         assert r.status_code == 409 and "paused" in r.text, r.text
         r = await rig.client.post("/schedules/999999/backfill", json={"from": iso(at(11, 0)), "to": iso(at(11, 1))})
         assert r.status_code == 404
+
+
+async def test_misfire_all_is_judged_like_every_option(db_url: str) -> None:
+    """Kept by the API, refused naming options.misfire, a row error when written with SQL."""
+    async with running(db_url, T0) as rig:
+        job = {"name": "ok", "spec": "@hourly", "task_type": "t", "options": {"misfire": "all"}}
+        r = await rig.client.post("/schedules", json=job)
+        assert r.status_code == 201 and r.json()["options"] == {"misfire": "all"}, r.text
+        r = await rig.client.post("/schedules", json={**job, "name": "bad", "options": {"misfire": "every"}})
+        assert r.status_code == 422, r.text
+        [err] = r.json()["errors"]
+        assert err["field"] == "options.misfire" and "skip, fire_once, all" in err["reason"]
+        sid = await rawsql.insert(db_url, "by.sql", options="""'{"misfire": "alll"}'""")
+        await rig.advance_to(at(12, 0, 31))  # the sync at 12:00:30 reads it
+        body = (await rig.client.get(f"/schedules/{sid}")).json()
+        assert body["status"] == "error" and body["errors"][0]["field"] == "options.misfire", body
