@@ -111,8 +111,9 @@ def _every_missed(
     entry: ScheduledEntry, scheduler: Scheduler, now: datetime, top: datetime,
     settled: datetime | None,
 ) -> Iterator[tuple[datetime, int, ScheduledEntry]]:
-    """Every missed slot of a ``misfire: "all"`` entry, oldest first, as ``(slot, ident
-    order, entry)`` (the middle item keeps ``heapq.merge`` from comparing entries)."""
+    """Every missed slot of a ``misfire: "all"`` entry, oldest first, as ``(slot, a number
+    unique to the entry, entry)`` (the middle item keeps ``heapq.merge`` from comparing
+    entries). Read lazily: a year of ``@every 1s`` is never a list."""
     earliest, last = _span(entry, scheduler, now)
     last = min(last, top)
     if settled is not None and settled > earliest:
