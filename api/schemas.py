@@ -338,7 +338,9 @@ class RunOut(BaseModel):
         description="the slot (for a manual trigger: when it was asked)"
     )
     status: str = Field(
-        examples=["enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered"]
+        examples=[
+            "enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered", "backfilled"
+        ]
     )
     at: datetime | None = Field(description="when the manager (or the API) handled it")
     lateness_ms: int | None = Field(description="at - slot_at, in milliseconds")

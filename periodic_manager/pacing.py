@@ -72,7 +72,8 @@ async def paced(clock: _Sleeper, rate: float, items: Iterable[T]) -> AsyncIterat
     """``items`` in batches, at most ``rate`` items a second on ``clock``'s time: batch ``k``
     (of ``ceil(rate / 10)`` items) is handed over at ``start + k * batch / rate`` seconds
     (``start``: the first batch, at once). ``items`` is read lazily, each batch at its instant
-    (a filter in ``items`` judges an item when it is sent, not a batch earlier)."""
+    (a filter in ``items`` judges an item when it is sent, not a batch earlier), so the end of
+    ``items`` is found one step after the last batch."""
     if not rate > 0:
         raise ValueError(f"rate must be > 0 (got {rate!r})")
     step = max(1, math.ceil(rate / STEPS_PER_S))
