@@ -20,7 +20,7 @@ const HINTS = {
   task_type: "The task's name as your workers know it",
   queue: "Empty: default",
   payload: "Any JSON value handed to the task; empty: null",
-  options: "max_retry, timeout, unique_ttl, target, misfire (skip, fire_once, all), catchup_window, overlap, overlap_timeout, extra, start_at, end_at, jitter",
+  options: "max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap, overlap_timeout, extra, start_at, end_at, jitter",
 };
 const DEBOUNCE_MS = 200;
 
