@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
+MAX_CATCHUP_RATE = 100_000  # slots per second of a paced catch-up or backfill
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
 TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate"]
 # The targets that can run with redis_cluster (the outbox and procrastinate need no Redis).
@@ -93,7 +95,13 @@ class Settings(BaseSettings):
         3600.0,
         gt=0,
         le=MAX_DURATION_S,
-        description="default window of misfire=fire_once catch-up, seconds (at most 366 days)",
+        description="default window of misfire=fire_once/all catch-up, seconds (at most 366 days)",
+    )
+    catchup_rate: float = Field(
+        50.0,
+        gt=0,
+        le=MAX_CATCHUP_RATE,
+        description="slots per second a misfire=all catch-up (per manager) and a backfill send",
     )
     max_payload_bytes: int = Field(
         DEFAULT_MAX_PAYLOAD_BYTES,

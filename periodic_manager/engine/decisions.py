@@ -226,7 +226,8 @@ class Decisions:
                 self.idle.set()
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
-        """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""
+        """Send missed slots once (misfire ``fire_once`` and ``all``), without moving the
+        entries' timing."""
         by_slot: dict[datetime, list[ScheduledEntry]] = {}
         for entry, slot in items:
             by_slot.setdefault(slot, []).append(entry)

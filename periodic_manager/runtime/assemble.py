@@ -126,6 +126,7 @@ def build_manager(
             grace=settings.grace,
             heartbeat_interval=settings.heartbeat_interval,
             catchup_window=settings.catchup_window,
+            catchup_rate=settings.catchup_rate,
         ),
         manager_id=manager_id,
         close_target=target is None,

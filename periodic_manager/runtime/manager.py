@@ -114,6 +114,7 @@ class PeriodicTaskManager:
         )  # fmt: skip
         self.scheduler = Scheduler(
             target, clock=self.clock, grace=timing.grace, catchup_window=timing.catchup_window,
+            catchup_rate=timing.catchup_rate,
             hooks=hooks, on_runs=self.store.record_runs, observe=self._observe_runs,
             view_changed=self.publisher.upsert,
         )  # fmt: skip

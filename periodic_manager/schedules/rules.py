@@ -30,8 +30,9 @@ DEFAULT_QUEUE = "default"
 # settings' business (see validate_target).
 TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate")
 # skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
-# latest missed slot within the catch-up window is enqueued once.
-MISFIRE_POLICIES = ("skip", "fire_once")
+# latest missed slot within the catch-up window is enqueued once. all: every missed slot within
+# it, oldest first, paced (PM_CATCHUP_RATE; engine/catchup.py).
+MISFIRE_POLICIES = ("skip", "fire_once", "all")
 # What a slot does while the previous task of its schedule is still queued or running: allow
 # (enqueue anyway, the default), skip (record it skipped) or hold (send it once that task has
 # finished, within grace). skip and hold need a target that can tell "finished".

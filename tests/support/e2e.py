@@ -79,15 +79,16 @@ class Rig:
 
 
 async def e2e_rig(
-    db_url: str, target: str, redis_prefix: str, redis_url: str, **overrides: Any
+    db_url: str, target: str, redis_prefix: str, redis_url: str, *, start: datetime = T0,
+    **overrides: Any,
 ) -> AsyncIterator[Rig]:
     """Yields one Rig: the API with its manager on ``db_url`` and ``target`` (outbox or redis),
-    from T0 (use as ``async for rig in e2e_rig(...)`` in a fixture)."""
+    from ``start`` (use as ``async for rig in e2e_rig(...)`` in a fixture)."""
     settings = Settings(
         database_url=db_url, target=target, redis_url=redis_url, stream_prefix=redis_prefix,
         sync_interval=30, grace=30, heartbeat_interval=5, **overrides,
     )
-    clock = VirtualClock(T0)
+    clock = VirtualClock(start)
     engine = create_engine(db_url)
     app = create_app(
         settings, clock=clock, engine=engine,
