@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from arq.jobs import serialize_result
 
+from periodic_manager.db.migrate import upgrade
 from periodic_manager.errors import ConfigError
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.schedules import failures
@@ -23,10 +24,14 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import TargetSet, validate_target
 from periodic_manager.settings import Settings
 from periodic_manager.targets.arq import result_success
+from periodic_manager.targets.celery.results import outcome_of
 from periodic_manager.targets.memory import MemoryTarget
+from periodic_manager.targets.procrastinate import ProcrastinateTarget
 from periodic_manager.targets.rq import RqTarget
+from tests.conftest import new_pg_database
 from tests.support import rawsql
-from tests.support.celery_arq_rig import Rig, api_rig, at, rq_burst
+from tests.support.celery_arq_rig import Rig, api_rig, at, procrastinate_cli, rq_burst
+from tests.targets.test_procrastinate_target import make_task
 
 FIELD = "options.pause_after_failures"
 
@@ -62,6 +67,33 @@ def test_arq_results_are_read_without_unpickling() -> None:
         raw = serialize_result("f", ("s", False), {"s": False}, 1, 1, success, result, 1, 2, "r", "q", "id")
         assert raw is not None and result_success(raw) is success
     assert result_success(b"not a pickle") is None and result_success(b"") is None
+
+
+def test_celery_statuses_as_outcomes() -> None:
+    assert [outcome_of(s) for s in ("SUCCESS", "FAILURE", "REVOKED", "PENDING", "STARTED", None)] == [
+        "succeeded", "failed", "unknown", "pending", "pending", "pending",
+    ]  # fmt: skip
+
+
+async def test_procrastinate_tells_failed_jobs_from_succeeded_ones_after_a_real_worker(
+    tmp_path: Path,
+) -> None:
+    async with new_pg_database() as url:
+        await upgrade(url)
+        await asyncio.to_thread(procrastinate_cli, url, tmp_path / "out", "schema", "--apply")
+        target = ProcrastinateTarget.from_url(url)
+        try:
+            ok, bad = make_task("ok", {}), make_task("bad", {}, task_type="fail")
+            results = await target.enqueue([ok, bad], at(12, 1))
+            assert all(r.status == "enqueued" and r.message_id for r in results)
+            asked = [str(r.message_id) for r in results] + ["123456789", "not-a-job"]
+            assert await target.outcomes({}, asked) == ["pending", "pending", "unknown", "unknown"]
+            await asyncio.to_thread(
+                procrastinate_cli, url, tmp_path / "out", "worker", "--one-shot", "--no-listen-notify"
+            )
+            assert await target.outcomes({}, asked) == ["succeeded", "failed", "unknown", "unknown"]
+        finally:
+            await target.close()
 
 
 # -- refused where the target cannot tell a failed task -----------------------------------------
