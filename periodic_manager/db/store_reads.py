@@ -248,15 +248,16 @@ async def failure_count(conn: AsyncConnection, schedule_key: str, limit: int) ->
     failures = dbrows.int_of(row[0]) if row is not None else None
     checked = dbrows.instant_or_none(sqlite, row[1]) if row is not None else None
     r = Run.__table__.c
-    runs = select(r.slot_at, dbrows.raw(sqlite, r.message_id)).where(
+    runs = select(dbrows.raw(sqlite, r.slot_at), dbrows.raw(sqlite, r.message_id)).where(
         r.schedule_key == schedule_key, r.status.in_(sorted(SENT))
     )
     if checked is not None:
         runs = runs.where(r.slot_at > checked)
     found: list[tuple[datetime, str | None]] = []
     seen: set[datetime] = set()
-    for slot, message_id in (await conn.execute(runs.order_by(r.slot_at, r.id).limit(limit))).all():
-        if isinstance(slot, datetime) and slot not in seen:  # a slot found duplicate is one task
+    for raw_slot, message_id in (await conn.execute(runs.order_by(r.slot_at, r.id).limit(limit))).all():
+        slot = dbrows.instant_or_none(sqlite, raw_slot)
+        if slot is not None and slot not in seen:  # a slot found duplicate is one task
             seen.add(slot)
             found.append((slot, dbrows.text_of(message_id)))
     bounded = failures if failures is not None and 0 <= failures <= 10**9 else 0

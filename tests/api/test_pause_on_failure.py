@@ -16,7 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 from arq.jobs import serialize_result
 
+from periodic_manager.contracts import FailureCount
+from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.errors import ConfigError
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.schedules import failures
@@ -250,3 +253,34 @@ async def test_a_failing_schedule_pauses_itself_after_n_failures_in_a_row(
         await rig.advance_to(at(12, 11, 30))
         await flaky.run_jobs(1)
         assert await until_paused(rig, sid, at(12, 12, 20)) is None
+
+
+async def test_the_store_reads_hostile_counts_and_runs_without_failing(db_url: str) -> None:
+    sqlite = db_url.startswith("sqlite")
+    ts = "'2024-05-01 12:0{}:00'" if sqlite else "'2024-05-01 12:0{}:00+00'"
+    await rawsql.execute(
+        db_url,
+        "INSERT INTO pm_schedule_state (schedule_key, name, updated_at, consecutive_failures)"
+        f" VALUES ('7', 'x', {ts.format(0)}, 4611686018427387904)",
+    )
+    rows = [(1, "enqueued", "'a'"), (2, "skipped", "NULL"), (3, "duplicate", "'b'"), (3, "enqueued", "'b'")]
+    if sqlite:  # SQLite keeps any text in any column
+        rows.append((None, "enqueued", "'c'"))
+    for minute, status, message_id in rows:
+        slot = ts.format(minute) if minute is not None else "'garbage'"
+        await rawsql.execute(
+            db_url,
+            "INSERT INTO pm_runs (schedule_key, name, slot_at, status, at, lateness_ms, message_id)"
+            f" VALUES ('7', 'x', {slot}, '{status}', {slot}, 0, {message_id})",
+        )
+    engine = create_engine(db_url)
+    try:
+        store = DatabaseRuntimeStore(engine)
+        stored = await store.failure_count("7", 10)
+        # An impossible count reads 0; a skipped slot is no task; a slot found twice is one task.
+        assert stored == FailureCount(0, None, [(at(12, 1), "a"), (at(12, 3), "b")])
+        await store.save_failure_count("7", 2, at(12, 3))
+        await store.save_failure_count("7", 9, at(12, 1))  # an older walk never moves it back
+        assert await store.failure_count("7", 10) == FailureCount(2, at(12, 3), [])
+    finally:
+        await engine.dispose()
