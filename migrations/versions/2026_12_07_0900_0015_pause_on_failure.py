@@ -1,7 +1,8 @@
 """options.pause_after_failures: how many tasks of a schedule failed in a row.
 
-- ``pm_schedule_state.consecutive_failures``: failed tasks in a row, counted up to the run of slot
-- ``pm_schedule_state.failures_checked_at`` (see periodic_manager/schedules/failures.py).
+- ``pm_schedule_state.consecutive_failures``: the schedule's failed tasks in a row;
+- ``pm_schedule_state.failures_checked_at``: the slot of the last task counted (the count goes
+  on from the runs after it; see periodic_manager/schedules/failures.py).
 
 Plain ALTER TABLE on both backends.
 
