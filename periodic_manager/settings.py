@@ -266,7 +266,8 @@ class Settings(BaseSettings):
 
     def configured_targets(self) -> TargetSet:
         """The targets this deployment runs: the default first, then ``targets`` (no repeats),
-        with why each one that cannot tell when a task finished cannot (``options.overlap``)."""
+        with why each one that cannot tell when a task finished cannot (``options.overlap``), and
+        why each one that cannot tell a failed task cannot (``options.pause_after_failures``)."""
         from periodic_manager.targets import completion
 
         names = tuple(dict.fromkeys((self.target, *self.targets)))
@@ -279,7 +280,14 @@ class Settings(BaseSettings):
             why = completion.celery(self.celery_backend() is not None)
             if why is not None:
                 missing["celery"] = why
-        return TargetSet(names, missing)
+        no_failure: dict[str, str] = {
+            "redis": completion.REDIS_NO_FAILURE,
+            "outbox": completion.OUTBOX_NO_FAILURE,
+            "dramatiq": completion.DRAMATIQ_NO_FAILURE,
+        }
+        if (why := completion.celery_failure(self.celery_backend() is not None)) is not None:
+            no_failure["celery"] = why
+        return TargetSet(names, missing, {n: w for n, w in no_failure.items() if n in names})
 
     def dramatiq_broker(self) -> str:
         """The broker the dramatiq target sends to: ``dramatiq_url``, else ``redis_url``."""

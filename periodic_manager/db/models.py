@@ -232,6 +232,12 @@ class ScheduleState(Base):
     resent_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     # options.max_runs: distinct slots recorded sent while the schedule had it (schedules/runs.py).
     runs_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    # options.pause_after_failures: failed tasks in a row, counted up to the run of slot
+    # failures_checked_at (schedules/failures.py).
+    consecutive_failures: Mapped[int] = mapped_column(
+        BigInteger, nullable=False, server_default="0"
+    )
+    failures_checked_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 

@@ -208,6 +208,11 @@ class Scheduler:
         self._stop_event.set()
         self._wake.set()
 
+    @property
+    def active(self) -> bool:
+        """Whether this scheduler sends (see :meth:`set_active`)."""
+        return self._active
+
     def set_active(self, active: bool) -> None:
         """Start or stop dispatching (leadership). A standby keeps its entries but sends nothing.
         A takeover :meth:`rebase` s the entries first."""
