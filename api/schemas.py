@@ -347,7 +347,9 @@ class RunOut(BaseModel):
         description="the slot (for a manual trigger: when it was asked)"
     )
     status: str = Field(
-        examples=["enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered"]
+        examples=[
+            "enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered", "backfilled"
+        ]
     )
     at: datetime | None = Field(description="when the manager (or the API) handled it")
     lateness_ms: int | None = Field(description="at - slot_at, in milliseconds")
@@ -409,6 +411,35 @@ class TriggerResult(BaseModel):
     status: str = Field(examples=["enqueued"])
     queue: str
     enqueued_at: datetime
+
+
+class BackfillIn(BaseModel):
+    """A range of slots to send: ``[from, to)``, ISO 8601 instants with a UTC offset."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    from_: Any = Field(
+        alias="from", description="the first instant of the range (included)",
+        examples=["2026-03-01T00:00:00Z"],
+    )  # fmt: skip
+    to: Any = Field(
+        description="the end of the range (excluded), not after now",
+        examples=["2026-03-01T01:00:00Z"],
+    )
+    dry_run: bool = Field(False, description="count only: send nothing, record nothing")
+
+
+class BackfillResult(BaseModel):
+    slots: int = Field(description="slots of the schedule in the range")
+    already_sent: int = Field(
+        description="slots known sent: in the run history, the latest recorded slot, or still "
+        "claimed by the target (a dry run does not ask the target)"
+    )
+    to_send: int = Field(description="slots not known sent before this run (a dry run: would send)")
+    sent: int = Field(description="slots sent now, recorded `backfilled` (0 in a dry run)")
+    skipped: int = Field(description="slots options.overlap refused (the previous task unfinished)")
+    failed: int = Field(description="slots the target did not take")
+    dry_run: bool
 
 
 class ManagerOut(BaseModel):

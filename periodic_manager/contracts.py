@@ -296,6 +296,37 @@ class Target(Protocol):
 
 
 @runtime_checkable
+class FailureSignal(Protocol):
+    """A target that can tell a failed task from one that succeeded, which
+    ``options.pause_after_failures`` needs (schedules/failures.py). A target without it refuses
+    the option (``targets.completion`` says why, for the settings' checks)."""
+
+    def failure_off(self, options: Mapping[str, Any]) -> str | None:
+        """Why this target cannot tell a failed task of a schedule with these options (None: it
+        can, or the options do not ask for it)."""
+        ...
+
+    async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
+        """The outcome of each task (``schedules.failures.OUTCOMES``: succeeded, failed,
+        unknown, pending), in order; raises TargetError when the target cannot be asked."""
+        ...
+
+
+NO_FAILURE_SIGNAL = "it reports no outcome of its tasks"
+
+
+def failure_off(target: object, options: Mapping[str, Any]) -> str | None:
+    """Why ``target`` cannot honour ``options.pause_after_failures`` (None: it can, or the
+    options do not ask for it): a target that is no :class:`FailureSignal` cannot tell a failed
+    task. The manager's code API and the routing target ask this."""
+    if "pause_after_failures" not in options:
+        return None
+    if not isinstance(target, FailureSignal):
+        return NO_FAILURE_SIGNAL
+    return target.failure_off(options)
+
+
+@runtime_checkable
 class Pingable(Protocol):
     """A target that can say whether its broker answers (``/readyz``); one that cannot counts as
     reachable."""
@@ -521,6 +552,45 @@ class StoredVersion:
     raw: tuple[Any, ...]
     since: datetime | None  # None: unreadable
     bad_revision: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureCount:
+    """``options.pause_after_failures``: a schedule's consecutive failed tasks as stored, and the
+    sent runs after the last one counted (slot, message id), oldest first."""
+
+    failures: int
+    checked_at: datetime | None
+    runs: list[tuple[datetime, str | None]]
+
+
+@runtime_checkable
+class FailureStore(Protocol):
+    """What a runtime store offers to count failed tasks (``DatabaseRuntimeStore`` does)."""
+
+    async def failure_count(self, schedule_key: str, limit: int) -> FailureCount:
+        """The stored count of ``schedule_key`` and at most ``limit`` sent runs after it."""
+        ...
+
+    async def save_failure_count(
+        self, schedule_key: str, failures: int, checked_at: datetime
+    ) -> None:
+        """Store the count up to the run of slot ``checked_at``, unless one at a later slot is
+        stored already (two managers never move it back)."""
+        ...
+
+    async def reset_failure_count(self, schedule_key: str) -> None:
+        """Count from 0 again (the manager paused the schedule for its failures)."""
+        ...
+
+
+class Pauser(Protocol):
+    """Pauses a schedule by the manager (``options.pause_after_failures``), through the one
+    schedule writer: the change history records the source ``manager``."""
+
+    async def pause(self, schedule_key: str, note: str, manager_id: str) -> bool:
+        """Pause the schedule with ``note`` unless it is gone or paused already (False)."""
+        ...
 
 
 @runtime_checkable

@@ -7,14 +7,21 @@ out. :func:`in_turns` hands a pass its items slice by slice and lets the event l
 slices. Each slice is sized from the time the previous one took, so every turn holds the loop for
 about :data:`TURN_S` however costly an item is (a lookup takes a microsecond, registering an entry
 ten): no pass has a tuned constant of its own.
+
+A pass that sends to the workers (a ``misfire: "all"`` catch-up, a backfill) goes at a rate
+instead: :func:`paced` hands it batches at most ``PM_CATCHUP_RATE`` items a second on the
+clock's time, so a long outage or a wide range does not flood the workers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import TypeVar
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -46,3 +53,39 @@ async def in_turns(items: Sequence[T]) -> AsyncIterator[Sequence[T]]:
             size = max(1, min(LARGEST, 2 * size, int(size * TURN_S / took)))
         else:
             size = min(LARGEST, 2 * size)
+
+
+# -- paced sends ---------------------------------------------------------------------------------
+
+# A paced pass sends at most ten steps a second: PM_CATCHUP_RATE slots a second as ten small
+# batches rather than one burst at the top of each second.
+STEPS_PER_S = 10
+
+
+class _Sleeper(Protocol):
+    def now(self) -> datetime: ...
+
+    async def sleep_until(self, instant: datetime) -> None: ...
+
+
+async def paced(clock: _Sleeper, rate: float, items: Iterable[T]) -> AsyncIterator[list[T]]:
+    """``items`` in batches, at most ``rate`` items a second on ``clock``'s time: batch ``k``
+    (of ``ceil(rate / 10)`` items) is handed over at ``start + k * batch / rate`` seconds
+    (``start``: the first batch, at once). ``items`` is read lazily, each batch at its instant
+    (a filter in ``items`` judges an item when it is sent, not a batch earlier), so the end of
+    ``items`` is found one step after the last batch."""
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 (got {rate!r})")
+    step = max(1, math.ceil(rate / STEPS_PER_S))
+    interval = step / rate
+    start = clock.now()
+    source = iter(items)
+    k = 0
+    while True:
+        if k:
+            await clock.sleep_until(start + timedelta(seconds=k * interval))
+        batch = list(itertools.islice(source, step))
+        if not batch:
+            return
+        yield batch
+        k += 1

@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
 
+MAX_CATCHUP_RATE = 100_000  # slots per second of a paced catch-up or backfill
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
 TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate"]
 # The targets that can run with redis_cluster (the outbox and procrastinate need no Redis).
@@ -93,7 +95,13 @@ class Settings(BaseSettings):
         3600.0,
         gt=0,
         le=MAX_DURATION_S,
-        description="default window of misfire=fire_once catch-up, seconds (at most 366 days)",
+        description="default window of misfire=fire_once/all catch-up, seconds (at most 366 days)",
+    )
+    catchup_rate: float = Field(
+        50.0,
+        gt=0,
+        le=MAX_CATCHUP_RATE,
+        description="slots per second a misfire=all catch-up (per manager) and a backfill send",
     )
     max_payload_bytes: int = Field(
         DEFAULT_MAX_PAYLOAD_BYTES,
@@ -258,7 +266,8 @@ class Settings(BaseSettings):
 
     def configured_targets(self) -> TargetSet:
         """The targets this deployment runs: the default first, then ``targets`` (no repeats),
-        with why each one that cannot tell when a task finished cannot (``options.overlap``)."""
+        with why each one that cannot tell when a task finished cannot (``options.overlap``), and
+        why each one that cannot tell a failed task cannot (``options.pause_after_failures``)."""
         from periodic_manager.targets import completion
 
         names = tuple(dict.fromkeys((self.target, *self.targets)))
@@ -271,7 +280,14 @@ class Settings(BaseSettings):
             why = completion.celery(self.celery_backend() is not None)
             if why is not None:
                 missing["celery"] = why
-        return TargetSet(names, missing)
+        no_failure: dict[str, str] = {
+            "redis": completion.REDIS_NO_FAILURE,
+            "outbox": completion.OUTBOX_NO_FAILURE,
+            "dramatiq": completion.DRAMATIQ_NO_FAILURE,
+        }
+        if (why := completion.celery_failure(self.celery_backend() is not None)) is not None:
+            no_failure["celery"] = why
+        return TargetSet(names, missing, {n: w for n, w in no_failure.items() if n in names})
 
     def dramatiq_broker(self) -> str:
         """The broker the dramatiq target sends to: ``dramatiq_url``, else ``redis_url``."""

@@ -7,6 +7,10 @@ schedules too (run it now, keep it paused) and is recorded in the history as ``t
 (``failed`` when the target refused it). A schedule with ``options.overlap`` skip or hold is no
 exception: while its previous task is queued or running the trigger is refused with 409 (and
 recorded ``skipped``), and a triggered task is the previous task of the next slot.
+
+A backfill (:mod:`periodic_manager.backfill`) sends every slot of a range that was never sent,
+with the slot's own key, through the same target, paced at ``PM_CATCHUP_RATE``; its sent slots
+are recorded ``backfilled``. A paused schedule is refused (409): resume it first.
 """
 
 from __future__ import annotations
@@ -18,23 +22,27 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, status
 
+from periodic_manager import backfill as slot_backfill
 from periodic_manager.contracts import EnqueueResult, Target
 from periodic_manager.db import history
 from periodic_manager.db.engine import Connection
+from periodic_manager.db.view import RowView
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_for
 
-from ..deps import get_conn, get_now, get_settings, get_target
+from ..deps import get_clock, get_conn, get_now, get_settings, get_state, get_target
 from ..errors import ApiProblem, config_error_item
 from ..routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
-from ..schemas import RunOut, RunPage, TriggerResult
+from ..schemas import BackfillIn, BackfillResult, RunOut, RunPage, TriggerResult
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/schedules", tags=["history"])
 
-RunStatus = Literal["enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered"]
+RunStatus = Literal[
+    "enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered", "backfilled"
+]
 
 
 @router.get(
@@ -91,16 +99,8 @@ async def trigger(
     now: Annotated[datetime, Depends(get_now)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> TriggerResult:
-    row = await load_row(request, conn, schedule_id)
-    cfg = row.config
-    if cfg is None or not row.usable:  # the same judgement a manager makes of the row
-        field, reason = row.errors[0]
-        raise ApiProblem(
-            409,
-            "unusable-schedule",
-            f"the stored schedule is unusable: {field}: {reason}",
-            errors=[config_error_item(ConfigError(field, reason))],
-        )
+    cfg = _usable(await load_row(request, conn, schedule_id))
+    row_id = schedule_id
     # The slot part of the key, followed by a random part: two triggers never share a key.
     key = f"{cfg.name}:trigger:{slot_text(now)}:{uuid.uuid4().hex[:12]}"
     task = task_for(cfg, key, now, now + timedelta(seconds=settings.grace))
@@ -117,7 +117,7 @@ async def trigger(
             why = _previous_text(result)
             log.info("manual trigger of %s refused: %s", cfg.name, why, extra=extra)
             await _record(
-                conn, settings, row.id, cfg.name, now, "skipped", None, f"trigger: overlap: {why}"
+                conn, settings, row_id, cfg.name, now, "skipped", None, f"trigger: overlap: {why}"
             )
             raise ApiProblem(
                 409,
@@ -127,11 +127,11 @@ async def trigger(
     if failure is not None:
         log.error("manual trigger of %s failed: %s", cfg.name, failure, extra=extra)
         await _record(
-            conn, settings, row.id, cfg.name, now, "failed", None, f"trigger: {failure}"
+            conn, settings, row_id, cfg.name, now, "failed", None, f"trigger: {failure}"
         )
         raise ApiProblem(503, "target-unavailable", f"the task was not enqueued: {failure}")
     log.info("manual trigger of %s enqueued as %s", cfg.name, key, extra=extra)
-    await _record(conn, settings, row.id, cfg.name, now, "triggered", result.message_id, None)
+    await _record(conn, settings, row_id, cfg.name, now, "triggered", result.message_id, None)
     return TriggerResult(
         task_id=task.id,
         idempotency_key=key,
@@ -140,6 +140,60 @@ async def trigger(
         queue=task.queue,
         enqueued_at=now,
     )
+
+
+def _usable(row: RowView) -> PeriodicTaskConfig:
+    """The row's config, or 409 when a manager would not run it (the same judgement)."""
+    cfg = row.config
+    if cfg is None or not row.usable:
+        field, reason = row.errors[0]
+        raise ApiProblem(
+            409,
+            "unusable-schedule",
+            f"the stored schedule is unusable: {field}: {reason}",
+            errors=[config_error_item(ConfigError(field, reason))],
+        )
+    return cfg
+
+
+BACKFILL_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **NOT_FOUND,
+    409: {"description": "The schedule is paused, or its stored row is unusable"},
+    422: {"description": "A bad `from` or `to`, `to` not after `from` or after now, or more "
+          "than 100,000 slots in the range (each error names the field)"},
+}
+
+
+@router.post(
+    "/{schedule_id}/backfill",
+    response_model=BackfillResult,
+    responses=BACKFILL_RESPONSES,
+    summary="Send every slot in [from, to) that was never sent, once, paced",
+)
+async def backfill(
+    schedule_id: ScheduleId,
+    body: BackfillIn,
+    request: Request,
+    now: Annotated[datetime, Depends(get_now)],
+    settings: Annotated[Settings, Depends(get_settings)],
+) -> BackfillResult:
+    start, end = slot_backfill.parse_range(body.from_, body.to, now)
+    # A connection of its own, returned before the slots go out (that may take minutes).
+    async with get_state(request).database.connect() as conn:
+        row = await load_row(request, conn, schedule_id)
+    cfg = _usable(row)
+    if row.enabled is False:
+        raise ApiProblem(409, "paused", "the schedule is paused: resume it before a backfill")
+    slots = slot_backfill.slots_in(cfg, start, end)
+    outcome = await slot_backfill.backfill(
+        get_state(request).database, cfg, await get_target(request), get_clock(request), slots,
+        dry_run=body.dry_run, rate=settings.catchup_rate, grace=settings.grace,
+        catchup_window=settings.catchup_window, record=bool(settings.runs_max_per_schedule),
+    )  # fmt: skip
+    return BackfillResult(
+        slots=outcome.slots, already_sent=outcome.already_sent, to_send=outcome.to_send,
+        sent=outcome.sent, skipped=outcome.skipped, failed=outcome.failed, dry_run=outcome.dry_run,
+    )  # fmt: skip
 
 
 def _previous_text(result: EnqueueResult) -> str:

@@ -100,6 +100,7 @@ class SeriesPoint(BaseModel):
     duplicate: int
     resent: int = Field(description="published again with the same task id: the broker never confirmed the first publish")
     triggered: int
+    backfilled: int = Field(description="missed slots sent by a backfill")
 
 
 class Lateness(BaseModel):

@@ -21,7 +21,9 @@ from periodic_manager.db.engine import Connection
 from ..ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 
 WINDOW_MINUTES = 60
-STATUSES = ("enqueued", "skipped", "held", "failed", "duplicate", "resent", "triggered")
+STATUSES = (
+    "enqueued", "skipped", "held", "failed", "duplicate", "resent", "triggered", "backfilled"
+)
 PERCENTILES = (0.5, 0.9, 0.99)
 LATENESS_SAMPLE = 10_000
 

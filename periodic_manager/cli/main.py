@@ -58,6 +58,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "migrate": ("upgrade the database schema to this version's head", (*_DB, *_LOG)),
     "import": ("upsert schedules from a JSON, YAML or TOML file by name", (*_DB, *_LOG)),
     "export": ("print every schedule as a JSON, YAML or TOML file", (*_DB, *_LOG)),
+    "backfill": (
+        "send every slot of a schedule in [--from, --to) that was never sent, once, paced",
+        (*_DB, *_TARGET, "--grace", *_LOG),
+    ),
 }
 
 
@@ -109,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
     imp.add_argument("--prune", action="store_true", help="delete schedules not in the file")
     subs["export"].add_argument("--format", choices=("json", "yaml", "toml"), default="json")
+    bf = subs["backfill"]
+    bf.add_argument("name", help="the schedule's name")
+    bf.add_argument("--from", dest="from_", required=True, help="first instant (ISO 8601 with offset)")
+    bf.add_argument("--to", required=True, help="end, excluded, not after now (ISO 8601 with offset)")
+    bf.add_argument("--dry-run", action="store_true", help="count only: send and record nothing")
     health = sub.add_parser(
         "health", help="liveness of a manager: exit 1 if its probe file is stale or missing",
         description="read <PM_PROBE_DIR>/<role>.json; exit 0 if fresh and healthy, 1 if it is "
@@ -172,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from periodic_manager.cli.files import run_file_command
 
             return run_file_command(command, args, settings)  # checks the database itself
+        if command == "backfill":
+            from periodic_manager.cli.files import run_backfill
+
+            return run_backfill(args, settings)
         if command == "manager":
             return asyncio.run(_run_manager(settings))
         return _serve(settings, role=command)

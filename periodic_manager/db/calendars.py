@@ -4,7 +4,7 @@ Rows are untrusted (plain SQL may write them): :func:`read_all` reads every cale
 judges it with :func:`periodic_manager.schedules.calendars.parse_stored`; a calendar that cannot
 be read is left out of :func:`specs` (so a schedule naming it is a row error, as for a missing
 one) and shown with its error by :func:`read_all`. Writes renew the revision of every schedule
-that names the calendar (triggers of migration 0014), so managers re-read exactly those.
+that names the calendar (triggers of migration 0016), so managers re-read exactly those.
 """
 
 from __future__ import annotations

@@ -93,6 +93,26 @@ async def record_trigger(
         raise
 
 
+async def record_api_runs(
+    conn: AsyncConnection,
+    schedule_key: str,
+    name: str,
+    runs: Sequence[tuple[datetime, str, datetime, str | None, str | None]],
+) -> None:
+    """Record runs the API (or the CLI) sent itself, ``(slot, status, at, message_id, error)``
+    each (a backfill: ``backfilled``), and commit; a failure rolls back and is raised."""
+    if not runs:
+        return
+    values = [_values(schedule_key, name, slot, st, at, mid or None, err or None) for slot, st, at, mid, err in runs]
+    try:
+        for i in range(0, len(values), _INSERT_CHUNK):
+            await conn.execute(insert(Run), values[i : i + _INSERT_CHUNK])
+        await conn.commit()
+    except Exception:
+        await conn.rollback()
+        raise
+
+
 def _run_values(run: RunRecord) -> dict[str, Any]:
     return _values(run.schedule_key, run.name, run.slot, run.status, run.at, run.message_id, run.error)
 
@@ -228,6 +248,25 @@ async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, Run
     for r in (await conn.execute(stmt)).all():  # ties on a slot: the newest row wins
         row = _row(sqlite, r)
         out[row.schedule_key] = row
+    return out
+
+
+async def slots_with(
+    conn: AsyncConnection, schedule_key: str, statuses: Iterable[str], start: datetime, end: datetime
+) -> set[datetime]:
+    """The slots in ``[start, end)`` the history records with one of ``statuses`` (UTC)."""
+    sqlite = on_sqlite(conn)
+    stmt = select(dbrows.raw_instant(sqlite, Run.__table__.c.slot_at).label("slot_at")).where(
+        Run.schedule_key == schedule_key,
+        Run.status.in_(list(statuses)),
+        Run.slot_at >= start.astimezone(UTC),
+        Run.slot_at < end.astimezone(UTC),
+    )
+    out: set[datetime] = set()
+    for r in (await conn.execute(stmt)).all():
+        at = dbrows.instant_or_none(sqlite, r.slot_at)
+        if at is not None:
+            out.add(at.astimezone(UTC))
     return out
 
 

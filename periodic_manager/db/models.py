@@ -116,7 +116,7 @@ class Calendar(Base):
     """An exclusion calendar (``options.exclude``): a name and its content, the canonical JSON
     ``{"dates": [...]}`` or ``{"holidays": {"country": ..., "subdiv": ...}}``. Written by
     ``db/calendars.py`` (the API, ``import``) or by plain SQL; untrusted like every column: read
-    as text and judged by ``schedules/calendars.py``. Triggers (migration 0014) give every row of
+    as text and judged by ``schedules/calendars.py``. Triggers (migration 0016) give every row of
     ``periodic_jobs`` that names a written or deleted calendar a new revision, so managers re-read
     exactly those schedules."""
 
@@ -247,6 +247,12 @@ class ScheduleState(Base):
     resent_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     # options.max_runs: distinct slots recorded sent while the schedule had it (schedules/runs.py).
     runs_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    # options.pause_after_failures: failed tasks in a row, counted up to the run of slot
+    # failures_checked_at (schedules/failures.py).
+    consecutive_failures: Mapped[int] = mapped_column(
+        BigInteger, nullable=False, server_default="0"
+    )
+    failures_checked_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
 
 

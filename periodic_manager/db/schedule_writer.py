@@ -28,7 +28,7 @@ past the column's type: see :func:`periodic_manager.db.stored.bind`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,14 +39,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db import change_history
+from periodic_manager.db import rows as dbrows
 from periodic_manager.db.change_history import API, IMPORT, Author
 from periodic_manager.db.engine import chunks, on_sqlite
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.db.schedule_reader import select_rows
 from periodic_manager.db.stored import Raw, bind
-from periodic_manager.errors import NameConflict
+from periodic_manager.errors import ConfigError, NameConflict
 
 T = PeriodicJob.__table__.c
+_ENABLED = dbrows.FIELDS.index("enabled")
 
 # Columns whose change gives a schedule new slots or keys: writing one (or resuming) moves the
 # row's ``effective_at`` to the writer's now, so no look back of a manager reaches before the edit.
@@ -172,6 +174,36 @@ async def set_enabled(
     async with _authored(conn, author, now):
         await conn.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
     await conn.commit()
+
+
+class ManagerPauser:
+    """Pauses a schedule on behalf of a manager (``options.pause_after_failures``): the
+    :class:`~periodic_manager.contracts.Pauser` of the database, written as every pause is
+    (stamped ``paused_by = 'manager'``, its note, the change history's source ``manager`` with the
+    manager's id as actor)."""
+
+    def __init__(self, engine: AsyncEngine, now: Callable[[], datetime]) -> None:
+        self.engine = engine
+        self.now = now
+
+    async def pause(self, schedule_key: str, note: str, manager_id: str) -> bool:
+        if not schedule_key.isdigit() or len(schedule_key) > 18:
+            return False  # not a row's key (a schedule registered from code)
+        schedule_id = int(schedule_key)
+        async with self.engine.connect() as conn:
+            raw = await lock(conn, schedule_id)
+            try:
+                enabled = raw is not None and dbrows.judge_enabled(on_sqlite(conn), raw[_ENABLED])
+            except ConfigError:
+                enabled = False  # a row error: no manager runs it
+            if not enabled:
+                await release(conn)
+                return False
+            await set_enabled(
+                conn, schedule_id, False, was_enabled=True, now=self.now(), note=note,
+                author=Author("manager", manager_id),
+            )  # fmt: skip
+        return True
 
 
 async def delete_row(

@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.contracts import (
     SENT,
     EntryRecord,
+    FailureCount,
     LastGoodVersion,
     ManagerInfo,
     ManagerStatus,
@@ -323,6 +324,41 @@ class DatabaseRuntimeStore:
         async with self.engine.begin() as conn:
             result = await conn.execute(delete(Manager).where(Manager.heartbeat_at < older_than))
         return int(result.rowcount)
+
+    # -- options.pause_after_failures (periodic_manager.runtime.failures) ----------------------
+
+    async def failure_count(self, schedule_key: str, limit: int) -> FailureCount:
+        """The stored count and the sent runs after it; see
+        :func:`periodic_manager.db.store_reads.failure_count`."""
+        async with self.engine.connect() as conn:
+            return await store_reads.failure_count(conn, schedule_key, limit)
+
+    async def save_failure_count(
+        self, schedule_key: str, failures: int, checked_at: datetime
+    ) -> None:
+        """Store the count up to the run of slot ``checked_at``, only forward."""
+        t = ScheduleState.__table__.c
+        stmt = (
+            update(ScheduleState)
+            .where(
+                t.schedule_key == schedule_key,
+                or_(t.failures_checked_at.is_(None), t.failures_checked_at < checked_at),
+            )
+            .values(consecutive_failures=failures, failures_checked_at=checked_at)
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(stmt)
+
+    async def reset_failure_count(self, schedule_key: str) -> None:
+        """Count from 0 again (the schedule was paused for its failures)."""
+        t = ScheduleState.__table__.c
+        stmt = (
+            update(ScheduleState)
+            .where(t.schedule_key == schedule_key)
+            .values(consecutive_failures=0)
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(stmt)
 
     # -- reads (the manager's) -----------------------------------------------------------------
 

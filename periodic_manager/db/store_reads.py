@@ -17,10 +17,17 @@ from typing import Any
 from sqlalchemy import RowMapping, Select, case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from periodic_manager.contracts import EntryRecord, ManagerInfo, ManagerStatus, StateRecord
+from periodic_manager.contracts import (
+    SENT,
+    EntryRecord,
+    FailureCount,
+    ManagerInfo,
+    ManagerStatus,
+    StateRecord,
+)
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import chunks, on_sqlite
-from periodic_manager.db.models import Entry, Manager, ScheduleState
+from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
 
 # Stored counters, one column per run status.
 COUNT_COLUMNS = {
@@ -226,6 +233,35 @@ async def states(conn: AsyncConnection, schedule_keys: Iterable[str]) -> dict[st
             record = _state_record(sqlite, row._mapping)
             out[record.schedule_key] = record
     return out
+
+
+async def failure_count(conn: AsyncConnection, schedule_key: str, limit: int) -> FailureCount:
+    """``options.pause_after_failures``: the stored count of ``schedule_key`` and at most
+    ``limit`` runs sent after the slot counted last, oldest first. Read raw: an unreadable count
+    is 0, an unreadable slot is not counted past, a run whose slot cannot be read is left out."""
+    sqlite = on_sqlite(conn)
+    s = ScheduleState.__table__.c
+    stmt = select(
+        dbrows.raw(sqlite, s.consecutive_failures), dbrows.raw(sqlite, s.failures_checked_at)
+    )
+    row = (await conn.execute(stmt.where(s.schedule_key == schedule_key))).first()
+    failures = dbrows.int_of(row[0]) if row is not None else None
+    checked = dbrows.instant_or_none(sqlite, row[1]) if row is not None else None
+    r = Run.__table__.c
+    runs = select(dbrows.raw(sqlite, r.slot_at), dbrows.raw(sqlite, r.message_id)).where(
+        r.schedule_key == schedule_key, r.status.in_(sorted(SENT))
+    )
+    if checked is not None:
+        runs = runs.where(r.slot_at > checked)
+    found: list[tuple[datetime, str | None]] = []
+    seen: set[datetime] = set()
+    for raw_slot, message_id in (await conn.execute(runs.order_by(r.slot_at, r.id).limit(limit))).all():
+        slot = dbrows.instant_or_none(sqlite, raw_slot)
+        if slot is not None and slot not in seen:  # a slot found duplicate is one task
+            seen.add(slot)
+            found.append((slot, dbrows.text_of(message_id)))
+    bounded = failures if failures is not None and 0 <= failures <= 10**9 else 0
+    return FailureCount(bounded, checked, found)
 
 
 async def rejections_of(

@@ -238,8 +238,8 @@ class Decisions:
                 self.idle.set()
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
-        """Send missed slots once (misfire ``fire_once``), without moving the entries' timing
-        (a missed slot on an excluded date is not sent: it was never to be sent)."""
+        """Send missed slots once (misfire ``fire_once`` and ``all``), without moving the
+        entries' timing (a missed slot on an excluded date is not sent: it was never to be sent)."""
         by_slot: dict[datetime, list[ScheduledEntry]] = {}
         for entry, slot in items:
             if entry.exclusion is None or not excluded_by(entry.exclusion, slot, entry.timezone):

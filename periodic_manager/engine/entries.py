@@ -318,12 +318,17 @@ def _within(slot: datetime, entry: ScheduledEntry) -> bool:
     return floor_of(slot, bounds) == slot and not ended(slot, bounds)
 
 
+# The misfire policies that send missed slots after an outage, within their catch-up window.
+CATCHING_UP = ("fire_once", "all")
+
+
 def window_of(config: PeriodicTaskConfig, grace: timedelta, catchup_window: timedelta) -> timedelta:
     """How long after its slot a task may still be sent: grace, or the catch-up window of a
-    ``fire_once`` schedule (targets keep their claim of the key that long), at most 366 days."""
+    ``fire_once`` or ``all`` schedule (targets keep their claim of the key that long), at most
+    366 days."""
     opts = config.options
     window = grace
-    if opts and opts.get("misfire") == "fire_once":
+    if opts and opts.get("misfire") in CATCHING_UP:
         seconds = opts.get("catchup_window", catchup_window.total_seconds())
         window = max(window, timedelta(seconds=seconds))
     return min(window, MAX_WINDOW)

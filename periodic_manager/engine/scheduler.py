@@ -70,6 +70,7 @@ class Scheduler:
         clock: Clock | None = None,
         grace: float = 30.0,
         catchup_window: float = 3600.0,
+        catchup_rate: float = 50.0,
         hooks: Hooks | None = None,
         on_runs: RunsHook | None = None,
         observe: Observer | None = None,
@@ -82,6 +83,7 @@ class Scheduler:
         self.clock: Clock = clock or SystemClock()
         self.grace = timedelta(seconds=grace)
         self.catchup_window = timedelta(seconds=catchup_window)
+        self.catchup_rate = catchup_rate  # slots a second of a misfire "all" catch-up
         self._wake = asyncio.Event()
         self._stopping = False
         self._stop_event = asyncio.Event()
@@ -171,7 +173,8 @@ class Scheduler:
         return window_of(config, self.grace, self.catchup_window)
 
     async def catch_up(self, items: Sequence[tuple[ScheduledEntry, datetime]]) -> None:
-        """Send missed slots once (misfire ``fire_once``), without moving the entries' timing."""
+        """Send missed slots once (misfire ``fire_once`` and ``all``), without moving the entries'
+        timing."""
         await self.decisions.catch_up(items)
 
     # -- lifecycle and leadership ------------------------------------------------------------
@@ -204,6 +207,11 @@ class Scheduler:
         self._stopping = True
         self._stop_event.set()
         self._wake.set()
+
+    @property
+    def active(self) -> bool:
+        """Whether this scheduler sends (see :meth:`set_active`)."""
+        return self._active
 
     def set_active(self, active: bool) -> None:
         """Start or stop dispatching (leadership). A standby keeps its entries but sends nothing.

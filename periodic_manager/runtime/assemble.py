@@ -6,10 +6,12 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import Clock, Leadership, Target
 from periodic_manager.db.engine import is_sqlite, normalize_url
 from periodic_manager.db.judge import target_check
 from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.db.schedule_writer import ManagerPauser
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager, new_manager_id
@@ -105,6 +107,7 @@ def build_manager(
     """
     listen = settings.listen is not False and not is_sqlite(settings.database_url)
     manager_id = new_manager_id()
+    clock = clock or SystemClock()
     return PeriodicTaskManager(
         DatabaseProvider(
             engine, check=target_check(settings.configured_targets()), max_payload_bytes=settings.max_payload_bytes
@@ -126,9 +129,11 @@ def build_manager(
             grace=settings.grace,
             heartbeat_interval=settings.heartbeat_interval,
             catchup_window=settings.catchup_window,
+            catchup_rate=settings.catchup_rate,
         ),
         manager_id=manager_id,
         close_target=target is None,
+        pauser=ManagerPauser(engine, clock.now),
     )
 
 

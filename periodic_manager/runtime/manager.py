@@ -30,6 +30,8 @@ from periodic_manager.contracts import (
     Clock,
     ConfigProvider,
     EntryRecord,
+    FailureSignal,
+    FailureStore,
     Forgetful,
     IncrementalProvider,
     LastGoodStore,
@@ -37,9 +39,11 @@ from periodic_manager.contracts import (
     ManagerStatus,
     PartitionedProvider,
     PartitionLeadership,
+    Pauser,
     RunRecord,
     RuntimeStore,
     Target,
+    failure_off,
 )
 from periodic_manager.engine.dispatch import Hooks
 from periodic_manager.engine.entry import ScheduledEntry
@@ -47,6 +51,7 @@ from periodic_manager.engine.overlap import View
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.errors import ConfigError, NotFoundError
 from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.failures import FailureWatch
 from periodic_manager.runtime.heartbeat import Heartbeat
 from periodic_manager.runtime.holding import PartitionHolding
 from periodic_manager.runtime.last_good import LastGoodKeeper
@@ -59,6 +64,7 @@ from periodic_manager.runtime.sync import Reconciler, Syncer, SyncReport
 from periodic_manager.runtime.tasks import Supervisor
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.rules import NO_FAILURE, failure_refusal
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,10 @@ class PeriodicTaskManager:
     ``store``: where the manager publishes itself, its entries and what happened to every slot
     (default: in memory); ``leadership``: whether this manager may send (default: always);
     ``signals``: what wakes a sync when schedules change; ``hooks``: code of your own around
-    every batch sent; ``close_target``: close the target on :meth:`stop`.
+    every batch sent; ``close_target``: close the target on :meth:`stop`; ``pauser``: how the
+    manager pauses a schedule whose ``options.pause_after_failures`` is reached (the database's:
+    ``db.schedule_writer.ManagerPauser``; without one, or without a store that counts failures,
+    nothing is counted).
     """
 
     def __init__(
@@ -95,6 +104,7 @@ class PeriodicTaskManager:
         hooks: Hooks | None = None,
         manager_id: str | None = None,
         close_target: bool = False,
+        pauser: Pauser | None = None,
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
@@ -114,6 +124,7 @@ class PeriodicTaskManager:
         )  # fmt: skip
         self.scheduler = Scheduler(
             target, clock=self.clock, grace=timing.grace, catchup_window=timing.catchup_window,
+            catchup_rate=timing.catchup_rate,
             hooks=hooks, on_runs=self.store.record_runs, observe=self._observe_runs,
             view_changed=self.publisher.upsert,
         )  # fmt: skip
@@ -145,6 +156,18 @@ class PeriodicTaskManager:
             manager_id=self.manager_id, spawn=self.tasks.spawn, running=lambda: self._running,
             changed=self.heartbeat.now.set, partitioned=partitioned,
         )  # fmt: skip
+        # options.pause_after_failures: counted where the store can, paused through the pauser.
+        self.failures: FailureWatch | None = None
+        if (
+            pauser is not None
+            and isinstance(self.store, FailureStore)
+            and isinstance(target, FailureSignal)
+        ):
+            self.failures = FailureWatch(
+                self.scheduler, self.store, target, pauser, clock=self.clock,
+                manager_id=self.manager_id, interval=timing.heartbeat_interval,
+                paused=self.request_sync,
+            )  # fmt: skip
         # By partitions: entries only for the partitions held, each taken over on its own.
         self.holding: PartitionHolding | None = None
         if isinstance(self.leadership, PartitionLeadership):
@@ -175,6 +198,8 @@ class PeriodicTaskManager:
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         if isinstance(self.target, Forgetful):
             self.tasks.spawn(self.heartbeat.watch(self.target), "broker-watch")
+        if self.failures is not None:
+            self.tasks.spawn(self.failures.run(), "failure-watch")
         log.info(
             "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),
             "leader" if self.is_leader else "standby",
@@ -257,7 +282,15 @@ class PeriodicTaskManager:
         """Register a schedule from code (kept across syncs until :meth:`unregister`).
 
         Raises ConfigError (``options.overlap``) when the schedule asks for skip or hold and its
-        target cannot tell when a task finished."""
+        target cannot tell when a task finished, or (``options.pause_after_failures``) when it
+        asks to pause on failure and its target cannot tell a failed task."""
+        why = failure_off(self.target, config.options)
+        if why is not None:
+            raise ConfigError(
+                "options.pause_after_failures",
+                failure_refusal(self.target.name, why),
+                code=NO_FAILURE,
+            )
         why = self.target.completion_off(config.options)
         if why is not None:
             raise ConfigError(

@@ -11,11 +11,13 @@ class Timing:
     edit in the same process); ``full_sync_interval``: a full reconcile at least this often;
     ``grace``: how late a slot may still be sent; ``heartbeat_interval``: how often this manager
     says it is alive (three missed: it is gone from ``/managers``); ``catchup_window``: how far
-    back a ``fire_once`` schedule's missed slot is caught up (its ``options.catchup_window``
-    wins)."""
+    back a ``fire_once`` or ``all`` schedule's missed slots are caught up (its
+    ``options.catchup_window`` wins); ``catchup_rate``: slots a second a ``misfire: "all"``
+    catch-up sends (and a backfill)."""
 
     sync_interval: float = 30.0
     full_sync_interval: float = 300.0
     grace: float = 30.0
     heartbeat_interval: float = 5.0
     catchup_window: float = 3600.0
+    catchup_rate: float = 50.0

@@ -17,6 +17,7 @@ from typing import Any
 
 from periodic_manager import cron
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules import failures as slot_failures
 from periodic_manager.schedules import jitter as slot_jitter
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.bounds import check_instant, parse_instant
@@ -31,8 +32,9 @@ DEFAULT_QUEUE = "default"
 # settings' business (see validate_target).
 TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate")
 # skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
-# latest missed slot within the catch-up window is enqueued once.
-MISFIRE_POLICIES = ("skip", "fire_once")
+# latest missed slot within the catch-up window is enqueued once. all: every missed slot within
+# it, oldest first, paced (PM_CATCHUP_RATE; engine/catchup.py).
+MISFIRE_POLICIES = ("skip", "fire_once", "all")
 # What a slot does while the previous task of its schedule is still queued or running: allow
 # (enqueue anyway, the default), skip (record it skipped) or hold (send it once that task has
 # finished, within grace). skip and hold need a target that can tell "finished".
@@ -152,6 +154,8 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     # against pm_calendars by the provider and the API (db/calendars.py), else a row error
     "exclude": check_names,
     "max_runs": slot_runs.check_value,  # at most that many scheduled slots sent (schedules/runs.py)
+    # paused by the manager after that many failed tasks in a row (schedules/failures.py)
+    "pause_after_failures": slot_failures.check_value,
 }
 
 
@@ -251,23 +255,31 @@ def overlap_policy(options: Mapping[str, Any]) -> str:
 class TargetSet(tuple[str, ...]):
     """The targets a deployment runs, the default first, and for each one that cannot tell when
     a task has finished, why (``no_completion``): ``options.overlap`` skip and hold are refused
-    there. Built by ``Settings.configured_targets()``; a plain tuple of names checks names only.
+    there; and for each one that cannot tell a failed task, why (``no_failure``):
+    ``options.pause_after_failures`` is refused there. Built by ``Settings.configured_targets()``;
+    a plain tuple of names checks names only.
     """
 
     no_completion: dict[str, str]
+    no_failure: dict[str, str]
 
     def __new__(
-        cls, names: Collection[str], no_completion: Mapping[str, str] | None = None
+        cls,
+        names: Collection[str],
+        no_completion: Mapping[str, str] | None = None,
+        no_failure: Mapping[str, str] | None = None,
     ) -> TargetSet:
         made = super().__new__(cls, names)
         made.no_completion = dict(no_completion or {})
+        made.no_failure = dict(no_failure or {})
         return made
 
 
 def validate_target(options: Mapping[str, Any], configured: Collection[str] | None) -> None:
     """Refuse a schedule whose ``options.target`` is not among the ``configured`` targets, or
     (when ``configured`` is a :class:`TargetSet`) whose ``options.overlap`` asks for skip or hold
-    on a target without a completion signal.
+    on a target without a completion signal, or whose ``options.pause_after_failures`` is set on
+    a target that cannot tell a failed task.
 
     ``configured=None`` skips the check (code that builds configs without a deployment). The API
     (a 422 at write time) and the manager (a row error at sync time) both use this one check.
@@ -282,10 +294,16 @@ def validate_target(options: Mapping[str, Any], configured: Collection[str] | No
             "see PM_TARGET and PM_TARGETS)",
             code="unconfigured-target",
         )
-    policy = overlap_policy(options)
-    if policy == "allow" or not isinstance(configured, TargetSet) or not configured:
+    if not isinstance(configured, TargetSet) or not configured:
         return
     chosen = name if name is not None else next(iter(configured))
+    if "pause_after_failures" in options and (why := configured.no_failure.get(chosen)):
+        raise ConfigError(
+            "options.pause_after_failures", failure_refusal(chosen, why), code=NO_FAILURE
+        )
+    policy = overlap_policy(options)
+    if policy == "allow":
+        return
     why = configured.no_completion.get(chosen)
     if why is not None:
         raise ConfigError(
@@ -294,6 +312,14 @@ def validate_target(options: Mapping[str, Any], configured: Collection[str] | No
             f"target cannot tell here: {why}",
             code="no-completion-signal",
         )
+
+
+NO_FAILURE = "no-failure-signal"  # ConfigError.code of pause_after_failures where it cannot work
+
+
+def failure_refusal(target: str, why: str) -> str:
+    """The reason ``options.pause_after_failures`` is refused on ``target`` (API, rows, code)."""
+    return f"needs to know whether a task failed, and the {target} target cannot tell a failed task: {why}"
 
 
 def validate_name(name: Any) -> str:

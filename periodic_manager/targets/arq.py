@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import pickletools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,7 @@ from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
 from periodic_manager.errors import TargetError
+from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
@@ -51,6 +53,61 @@ from periodic_manager.targets.redis.sentinel import Sentinel
 RESERVED_KWARGS = frozenset(
     {"function", "_job_id", "_queue_name", "_defer_until", "_defer_by", "_expires", "_job_try"}
 )
+
+
+_RESULT_MAX = 1 << 20  # bytes of a result read for its flag (arq writes small results)
+_NO_PUSH = frozenset({"MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "FRAME"})
+
+
+def result_success(raw: bytes) -> bool | None:
+    """The success flag of an arq job result, read from the pickle's opcodes without unpickling
+    (a result is data anyone with Redis access may write, and unpickling runs code). arq pickles
+    one dict whose items are pushed between one MARK and SETITEMS; the flag is the item of key
+    ``s`` there, a bool followed by the next key. The stack is counted, not built, so a nested
+    ``{"s": ...}`` (one level deeper, or taken by SETITEM) is not mistaken for it. None when there
+    is no such flag or the bytes are no pickle of that shape."""
+    length = 0
+    marks: list[int] = []
+    key: bool = False  # the previous opcode pushed a top-level key "s"
+    flag: bool | None = None  # ...and this one its bool
+    found: bool | None = None
+    memo: dict[object, object] = {}
+    pushed: object = None
+    try:
+        for op, arg, _ in pickletools.genops(raw[:_RESULT_MAX]):
+            name = op.name
+            if flag is not None and name not in _NO_PUSH:
+                if name != "SETITEM" and len(marks) == 1:
+                    found = flag
+                flag = None
+            if key and name in ("NEWTRUE", "NEWFALSE"):
+                flag = name == "NEWTRUE"
+            at_key = len(marks) == 1 and (length - marks[0]) % 2 == 0
+            if "UNICODE" in name or "STRING" in name:
+                pushed = arg
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                pushed = memo.get(arg)
+            elif name == "MEMOIZE":
+                memo[len(memo)] = pushed
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = pushed
+            if name not in _NO_PUSH:  # a memo write or a frame leaves the stack as it is
+                key = (
+                    at_key
+                    and pushed == "s"
+                    and ("UNICODE" in name or "STRING" in name or name.endswith("GET"))
+                )
+            if pickletools.markobject in op.stack_before:
+                length = marks.pop() - op.stack_before.index(pickletools.markobject)
+            else:
+                length -= len(op.stack_before)
+            if name == "MARK":
+                marks.append(length)
+            else:
+                length += len(op.stack_after)
+    except (ValueError, IndexError, KeyError, TypeError):  # no pickle, or one cut off
+        return None
+    return found
 
 
 def _import_arq() -> Any:
@@ -231,6 +288,30 @@ class ArqTarget:
             running, queued = replies[2 * k], replies[2 * k + 1]
             states.append(RUNNING if running else QUEUED if queued else FINISHED)
         return states
+
+    def failure_off(self, options: Mapping[str, Any]) -> str | None:
+        """arq's job result says whether the job succeeded, while arq keeps it."""
+        return None
+
+    async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
+        """Pending while the job is queued or running (:meth:`_states`); then its result's
+        success flag, while arq keeps the result (``keep_result``); unknown once it is gone or
+        cannot be read."""
+        from arq.constants import result_key_prefix
+
+        states = await self._states(task_ids)
+        with redis_errors("arq: job result"):
+            results = (
+                await self.pool.mget([result_key_prefix + i for i in task_ids]) if task_ids else []
+            )
+        out = []
+        for state, raw in zip(states, results, strict=True):
+            if state != FINISHED:
+                out.append(PENDING)
+                continue
+            success = result_success(raw) if isinstance(raw, bytes) else None
+            out.append(UNKNOWN if success is None else SUCCEEDED if success is True else FAILED)
+        return out
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """arq's own job status tells when a job finished (see the module docstring)."""

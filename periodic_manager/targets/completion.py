@@ -1,6 +1,7 @@
-"""Whether a target can tell that a task finished, which ``options.overlap`` skip and hold need:
-one answer per target, used by the targets themselves, by the settings (the checks of the API,
-the import and the provider) and by the manager's code API.
+"""Whether a target can tell that a task finished, which ``options.overlap`` skip and hold need,
+and whether it can tell that a task failed, which ``options.pause_after_failures`` needs: one
+answer per target, used by the targets themselves, by the settings (the checks of the API, the
+import and the provider) and by the manager's code API.
 
 Light on purpose: the settings ask it without building (or importing) any target.
 """
@@ -25,6 +26,14 @@ DRAMATIQ_NO_RESULTS = (
 )
 
 
+# Why a target cannot tell a failed task (options.pause_after_failures).
+REDIS_NO_FAILURE = "a consumer group acknowledges a message whether its task succeeded or failed"
+OUTBOX_NO_FAILURE = (
+    "an outbox row records when it was processed (processed_at), not whether its task failed"
+)
+DRAMATIQ_NO_FAILURE = DRAMATIQ_NO_RESULTS
+
+
 def redis(group: str | None) -> str | None:
     """Redis Streams: the consumer group's acknowledgements (None: it can tell)."""
     return None if group is not None else REDIS_NO_GROUP
@@ -43,3 +52,13 @@ def dramatiq() -> str:
 def asks(options: Mapping[str, Any]) -> bool:
     """Whether a schedule with these options needs a completion signal (overlap skip or hold)."""
     return options.get("overlap", "allow") != "allow"
+
+
+def fails(options: Mapping[str, Any]) -> bool:
+    """Whether a schedule with these options needs a failure signal (pause_after_failures)."""
+    return "pause_after_failures" in options
+
+
+def celery_failure(has_result_backend: bool) -> str | None:
+    """Celery: the result backend's FAILURE state (None: it can tell)."""
+    return None if has_result_backend else CELERY_NO_BACKEND

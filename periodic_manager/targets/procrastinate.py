@@ -52,6 +52,7 @@ from periodic_manager.contracts import (
 )
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import TargetError
+from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
 
 NAME_MAX = 128  # procrastinate_jobs.queue_name and task_name: character varying(128)
@@ -101,6 +102,18 @@ _NEWEST = text(
 )
 _STATES = {"todo": QUEUED, "doing": RUNNING, "aborting": RUNNING}
 _PING = text("SELECT 1 FROM procrastinate_jobs LIMIT 0")
+# options.pause_after_failures: the status of jobs by id.
+_STATUSES = text(
+    "SELECT id, CAST(status AS text) FROM procrastinate_jobs WHERE id = ANY(CAST(:ids AS bigint[]))"
+)
+
+
+def _outcome(status: str | None) -> str:
+    if status == "succeeded":
+        return SUCCEEDED
+    if status == "failed":
+        return FAILED
+    return PENDING if status in _STATES else UNKNOWN
 
 
 def job_args(task: Task) -> str:
@@ -245,6 +258,24 @@ class ProcrastinateTarget:
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """procrastinate's job status tells when a job finished (see the module docstring)."""
         return None
+
+    def failure_off(self, options: Mapping[str, Any]) -> str | None:
+        """procrastinate's job status tells a failed job (``failed``)."""
+        return None
+
+    async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
+        """Each job's outcome (the message id is the job id): ``succeeded``, ``failed``; still
+        to do or doing pending; cancelled, aborted, gone or not a job id unknown."""
+        ids = sorted({int(i) for i in task_ids if i.isdigit() and len(i) <= 18})
+        statuses: dict[str, str] = {}
+        if ids:
+            try:
+                async with self._engine.connect() as conn:
+                    rows = (await conn.execute(_STATUSES, {"ids": ids})).all()
+            except (SQLAlchemyError, OSError, TimeoutError) as exc:
+                raise TargetError(f"procrastinate: cannot read job statuses: {exc}") from exc
+            statuses = {str(job_id): str(status) for job_id, status in rows}
+        return [_outcome(statuses.get(i)) for i in task_ids]
 
     async def ping(self) -> None:
         """Raise unless the database answers and holds procrastinate's schema (``/readyz``)."""

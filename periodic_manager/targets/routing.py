@@ -14,7 +14,16 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from periodic_manager.contracts import EnqueueResult, Forgetful, Pingable, Prepared, Target, Task
+from periodic_manager.contracts import (
+    EnqueueResult,
+    FailureSignal,
+    Forgetful,
+    Pingable,
+    Prepared,
+    Target,
+    Task,
+    failure_off,
+)
 from periodic_manager.errors import TargetError
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import send_prepared, staged
@@ -52,6 +61,20 @@ class RoutingTarget:
             return None
         target = self.target_for(options)
         return "its target is not configured" if target is None else target.completion_off(options)
+
+    def failure_off(self, options: Mapping[str, Any]) -> str | None:
+        """The answer of the target a schedule with ``options`` goes to."""
+        if not completion.fails(options):
+            return None
+        target = self.target_for(options)
+        return "its target is not configured" if target is None else failure_off(target, options)
+
+    async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
+        """The outcomes as the schedule's target tells them (TargetError when it cannot)."""
+        target = self.target_for(options)
+        if not isinstance(target, FailureSignal):
+            raise TargetError("the schedule's target cannot tell a failed task")
+        return await target.outcomes(options, task_ids)
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         return await self.send(self.prepare(tasks), now)

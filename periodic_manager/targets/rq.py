@@ -31,6 +31,9 @@ job (its hash gone: done and expired, or never enqueued); ``started`` is running
 (queued, scheduled, deferred, waiting for a retry) queued. The same script then compares the
 schedule's previous-job key (:mod:`~periodic_manager.targets.redis.previous`) with what was read,
 so two managers never both start a job of one schedule.
+
+``options.pause_after_failures``: the same status read tells a ``failed`` job from a ``finished``
+one; a job stopped, canceled or no longer held (its result expired) is of unknown outcome.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
 from periodic_manager.errors import TargetError
+from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
@@ -61,6 +65,17 @@ CHUNK = 500  # jobs per script call (each passes its hash's fields as arguments)
 # status is queued (queued, scheduled, deferred, waiting for a retry, rate-limited, ...).
 DONE_STATUSES = frozenset({"finished", "failed", "stopped", "canceled"})
 RUNNING_STATUS = "started"
+
+
+def _outcome(status: str | None) -> str:
+    """options.pause_after_failures: the outcome of a job of RQ status ``status``."""
+    if status == "finished":
+        return SUCCEEDED
+    if status == "failed":
+        return FAILED
+    if status is None or status in DONE_STATUSES:
+        return UNKNOWN  # gone (expired), stopped or canceled
+    return PENDING
 
 
 def _import_rq() -> Any:
@@ -254,16 +269,19 @@ class RqTarget:
         args = [self.claims.key(""), self.job_prefix, self.queues_key, json.dumps(rows), *fields]
         return list(await self._script(keys=[self.queue_prefix + queue], args=args))
 
-    async def _states(self, job_ids: Sequence[str]) -> list[str]:
-        """RQ's status of each job (see the module docstring): running, queued or finished."""
+    async def _statuses(self, job_ids: Sequence[str]) -> list[str | None]:
+        """RQ's status of each job as stored (None: RQ no longer holds the job)."""
         with redis_errors("rq: job status"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
                     pipe.hget(self.job_prefix + job_id, "status")
                 replies = await pipe.execute()
+        return [lua.text(reply) or None for reply in replies]
+
+    async def _states(self, job_ids: Sequence[str]) -> list[str]:
+        """RQ's status of each job (see the module docstring): running, queued or finished."""
         states = []
-        for reply in replies:
-            status = lua.text(reply)
+        for status in await self._statuses(job_ids):
             if not status or status in DONE_STATUSES:
                 states.append(FINISHED)
             elif status == RUNNING_STATUS:
@@ -271,6 +289,15 @@ class RqTarget:
             else:
                 states.append(QUEUED)
         return states
+
+    def failure_off(self, options: Mapping[str, Any]) -> str | None:
+        """RQ's job status tells a failed job (``failed``) from a finished one."""
+        return None
+
+    async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
+        """``finished`` succeeded, ``failed`` failed, still queued or running pending, anything
+        else (stopped, canceled, or the job gone) unknown."""
+        return [_outcome(status) for status in await self._statuses(task_ids)]
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """RQ's own job status tells when a job finished (see the module docstring)."""

@@ -564,6 +564,7 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
         "/schedules/{schedule_id}/pause",
         "/schedules/{schedule_id}/resume",
         "/schedules/{schedule_id}/trigger",
+        "/schedules/{schedule_id}/backfill",
         "/schedules/{schedule_id}/runs",
         "/calendars",
         "/calendars/{name}",

@@ -3,8 +3,10 @@ check), and what is shown (/entries, GET /schedules/{id}, run history, metrics, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import TargetSet, validate_target
 from periodic_manager.settings import Settings
 from tests.support.celery_arq_rig import Rig, api_rig, at, iso
+from tests.support.polling import eventually
 
 GROUP = "workers"
 BASE: dict[str, Any] = {"spec": "* * * * *", "task_type": "t"}
@@ -262,3 +265,45 @@ async def test_registering_from_code_checks_the_target_too(
             )  # fmt: skip
         )
     manager.register(PeriodicTaskConfig.create(name="a", spec="@hourly", task_type="t"))
+
+
+async def test_a_backfill_follows_options_overlap_skip(
+    rig: Rig, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    """A backfilled slot whose previous task is unfinished is recorded skipped, not sent; once
+    the worker acknowledged it, the same backfill sends the slot."""
+    stream = f"{{{redis_prefix}:default}}:stream"
+    sid = (await rig.create(name="guarded", **BASE, options={"overlap": "skip"}))["id"]
+    await rig.advance_to(at(12, 1, 0))
+    [[_, [(first, _fields)]]] = await redis_client.xreadgroup(GROUP, "w1", {stream: ">"})
+    body = {"from": iso(at(11, 59)), "to": iso(at(12, 0, 30))}  # 11:59 and 12:00, never sent
+
+    async def recorded() -> int:
+        items = (await rig.client.get(f"/schedules/{sid}/runs")).json()["items"]
+        return len([r for r in items if r["status"] == "backfilled" or (r["error"] or "").startswith("backfill")])
+
+    async def backfill() -> dict[str, Any]:
+        """POST it; once both slots are recorded (the first pacing step), the clock moves the
+        one step that ends the pace."""
+        before = await recorded()
+        call = asyncio.ensure_future(rig.client.post(f"/schedules/{sid}/backfill", json=body))
+
+        async def both() -> bool:
+            return await recorded() == before + 2
+
+        await eventually(both, "the backfill's two slots recorded")
+        await rig.advance_to(rig.clock.now() + timedelta(seconds=0.1))
+        r = await asyncio.wait_for(call, 30)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    refused = await backfill()
+    assert (refused["sent"], refused["skipped"], refused["slots"]) == (0, 2, 2)
+    runs = (await rig.client.get(f"/schedules/{sid}/runs", params={"status": "skipped"})).json()
+    assert {r["slot_at"] for r in runs["items"]} == {iso(at(11, 59)), iso(at(12, 0))}
+    assert all(r["error"].startswith("backfill: overlap") for r in runs["items"])
+    await redis_client.xack(stream, GROUP, first)
+    done = await backfill()
+    assert done["sent"] == 1 and done["skipped"] == 1  # 11:59 goes out and is now unfinished
+    sent = [f for _, f in await redis_client.xrange(stream)]
+    assert [f["scheduled_at"] for f in sent] == [iso(at(12, 1)), iso(at(11, 59))]

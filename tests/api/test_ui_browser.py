@@ -174,6 +174,33 @@ def test_pause_resume_and_trigger_show_the_answer_and_the_run(
     assert [r["status"] for r in runs] == ["triggered"]
 
 
+def test_the_backfill_form_counts_in_a_dry_run_then_sends_and_shows_the_runs(
+    driver: Any, server: browser.Server
+) -> None:
+    d = driver
+    sid = api_create(server, name="browser.backfill", spec="0 6 * * *")
+    open_page(d, f"{server.base}/ui/schedules/{sid}")
+    type_into(d, "#backfill-from", "2024-01-01T00:00:00Z")
+    type_into(d, "#backfill-to", "2024-01-05T00:00:00Z")
+    d.find_element("css selector", "#backfill-dry-run").click()
+    d.find_element("css selector", "#backfill").click()
+    wait_text(d, "#answer", f"POST /schedules/{sid}/backfill → 200 OK: dry run: would send 4 of 4 slot(s)")
+    assert httpx.get(f"{server.base}/schedules/{sid}/runs").json()["items"] == []
+    d.find_element("css selector", "#backfill-dry-run").click()
+    d.find_element("css selector", "#backfill").click()
+    wait_text(d, "#answer", "200 OK: sent 4 of 4 slot(s); already sent 0")
+    wait_text(d, "#runs tbody", "backfilled")
+    runs = httpx.get(f"{server.base}/schedules/{sid}/runs").json()["items"]
+    assert sorted(r["slot_at"] for r in runs) == [f"2024-01-0{n}T06:00:00Z" for n in (1, 2, 3, 4)]
+    assert {r["status"] for r in runs} == {"backfilled"}
+    # The page was reloaded with the runs: the form is empty again.
+    type_into(d, "#backfill-from", "2024-01-02T00:00:00Z")
+    type_into(d, "#backfill-to", "2024-01-01T00:00:00Z")
+    d.find_element("css selector", "#backfill").click()
+    wait_text(d, "#answer", "422")
+    assert "to: must be after from" in d.find_element("css selector", "#answer").text
+
+
 def test_a_pause_note_is_sent_and_shown_beside_the_paused_badge(
     driver: Any, server: browser.Server
 ) -> None:

@@ -1,4 +1,4 @@
-"""Migration 0014's triggers, on both databases: every write of ``pm_calendars`` (insert, update,
+"""Migration 0016's triggers, on both databases: every write of ``pm_calendars`` (insert, update,
 rename, delete) gives a new revision to exactly the ``periodic_jobs`` rows whose options name the
 calendar (``"exclude"`` and the quoted name), so managers re-read them; other rows keep theirs."""
 

@@ -221,6 +221,11 @@ def test_toml_cannot_express_null(
             "json",
             "entry 1 ('x'): options.max_runs: must be an integer from 1 to 1000000000",
         ),
+        (
+            '[{"name": "x", "spec": "@hourly", "task_type": "t", "options": {"misfire": "every"}}]',
+            "json",
+            "entry 1 ('x'): options.misfire: must be one of skip, fire_once, all",
+        ),
         ("{", "json", "not valid JSON"),
         ("- [unclosed", "yaml", "not valid YAML"),
         ('{"name": "x"}', "json", "expected a list of schedules"),
@@ -243,10 +248,16 @@ def test_a_bad_file_is_one_line_exit_2_and_nothing_written(
     assert rows(url) == {}
 
 
-def test_import_keeps_bounds_as_written(
-    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"start_at": "2030-01-01T00:00:00+01:00", "end_at": "2030-02-01T00:00:00Z"},
+        {"misfire": "all", "catchup_window": 7200},
+    ],
+)
+def test_import_keeps_bounds_and_misfire_all_as_written(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], options: dict[str, Any]
 ) -> None:
-    options = {"start_at": "2030-01-01T00:00:00+01:00", "end_at": "2030-02-01T00:00:00Z"}
     f = tmp_path / "s.json"
     f.write_text(json.dumps([{"name": "x", "spec": "@daily", "task_type": "t", "options": options}]))
     code, _, err = cli(capsys, "import", str(f), "--database-url", url)

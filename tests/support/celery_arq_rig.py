@@ -76,12 +76,17 @@ class Rig:
 
 @asynccontextmanager
 async def api_rig(
-    db_url: str, settings: Settings, make_target: Callable[[], Target] | None = None
+    db_url: str,
+    settings: Settings,
+    make_target: Callable[[], Target] | None = None,
+    *,
+    start: datetime = T0,
 ) -> AsyncIterator[Rig]:
     """The API and one in-process manager (more on demand), each manager with ``make_target()``
-    (default: the target ``settings`` configure, built and closed by the manager)."""
+    (default: the target ``settings`` configure, built and closed by the manager), from
+    ``start`` on a VirtualClock."""
     await upgrade(db_url)
-    clock = VirtualClock(T0)
+    clock = VirtualClock(start)
     engine = create_engine(db_url)
     targets: list[Target] = []
     managers: list[PeriodicTaskManager] = []

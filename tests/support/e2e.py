@@ -79,7 +79,7 @@ class Rig:
 
 
 async def e2e_rig(
-    db_url: str, target: str, redis_prefix: str, redis_url: str, start: datetime = T0,
+    db_url: str, target: str, redis_prefix: str, redis_url: str, *, start: datetime = T0,
     **overrides: Any,
 ) -> AsyncIterator[Rig]:
     """Yields one Rig: the API with its manager on ``db_url`` and ``target`` (outbox or redis),

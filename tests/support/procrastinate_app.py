@@ -3,7 +3,7 @@
 
 The database comes from ``PM_TEST_PG`` (a libpq URL). The task ``record`` appends what it
 received (its keyword arguments, job id, queue and task name) as a JSON line to the file
-``PM_TEST_OUT``.
+``PM_TEST_OUT``; the task ``fail`` raises.
 """
 
 from __future__ import annotations
@@ -27,3 +27,9 @@ def record(context: procrastinate.JobContext, **kwargs: Any) -> None:
     entry = {"task": job.task_name, "kwargs": kwargs, "id": job.id, "queue": job.queue}
     with open(os.environ["PM_TEST_OUT"], "a", encoding="utf-8") as out:
         out.write(json.dumps(entry) + "\n")
+
+
+@app.task(name="fail")
+def fail(**kwargs: Any) -> None:
+    """Always fails (options.pause_after_failures)."""
+    raise RuntimeError("told to fail")

@@ -2,7 +2,8 @@
 (``tests.support.rq_worker_app.record``).
 
 Each records what it received (arguments, job id, queue, meta) as a JSON line in the Redis list
-``PM_TEST_OUT`` on ``PM_TEST_REDIS``.
+``PM_TEST_OUT`` on ``PM_TEST_REDIS``; :func:`flaky` raises instead while the key
+``<PM_TEST_OUT>:fail`` exists.
 """
 
 from __future__ import annotations
@@ -42,3 +43,15 @@ def record(*args: Any, **kwargs: Any) -> None:
 
 def other(*args: Any, **kwargs: Any) -> None:
     _record("other", args, kwargs)
+
+
+def flaky(*args: Any, **kwargs: Any) -> None:
+    """Fails (raises) while ``<PM_TEST_OUT>:fail`` exists, records otherwise."""
+    client = redis.Redis.from_url(REDIS)
+    try:
+        failing = client.exists(f"{OUT}:fail")
+    finally:
+        client.close()
+    if failing:
+        raise RuntimeError("told to fail")
+    _record("flaky", args, kwargs)

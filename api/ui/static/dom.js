@@ -111,7 +111,7 @@ export function endedBadge(item) {
 }
 
 export function statusBadge(status) {
-  const kinds = { enqueued: "ok", triggered: "info", duplicate: "muted", skipped: "warn", held: "info", failed: "bad" };
+  const kinds = { enqueued: "ok", triggered: "info", backfilled: "info", duplicate: "muted", skipped: "warn", held: "info", failed: "bad" };
   return badge(status, kinds[status] || "");
 }
 

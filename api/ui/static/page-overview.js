@@ -55,9 +55,9 @@ function chart(data) {
       h("ul", { class: "legend" }, SERIES.map(([, label, cls], i) =>
         h("li", {}, h("span", { class: `swatch ${cls}`, "aria-hidden": "true" }), `${label}: ${count(sums[i])}`))),
       h("details", {}, h("summary", {}, "The numbers per minute"),
-        table("Slots per minute (UTC)", ["Minute", "Enqueued", "Skipped", "Held", "Failed", "Duplicate", "Triggered"],
-          points.filter((p, i) => totals[i] || p.duplicate || p.triggered).map((p) =>
-            [utc(p.start_at).slice(0, 16), p.enqueued, p.skipped, p.held, p.failed, p.duplicate, p.triggered]),
+        table("Slots per minute (UTC)", ["Minute", "Enqueued", "Skipped", "Held", "Failed", "Duplicate", "Triggered", "Backfilled"],
+          points.filter((p, i) => totals[i] || p.duplicate || p.triggered || p.backfilled).map((p) =>
+            [utc(p.start_at).slice(0, 16), p.enqueued, p.skipped, p.held, p.failed, p.duplicate, p.triggered, p.backfilled]),
           { empty: "Nothing happened in the last hour." }))));
 }
 

@@ -11,7 +11,7 @@ import {
 const RUNS_LIMIT = 20;
 const CHANGES_LIMIT = 20;
 const TABS = ["runs", "changes"];
-const RUN_STATUSES = ["", "enqueued", "triggered", "skipped", "held", "failed", "duplicate", "resent"];
+const RUN_STATUSES = ["", "enqueued", "triggered", "backfilled", "skipped", "held", "failed", "duplicate", "resent"];
 
 // A payload or options the API shows as null or {} because they cannot be used as they are
 // (not JSON, not an object, ...): the stored text, when the API sends it, is what to repair.
@@ -254,6 +254,17 @@ function actions(s, etag, reload) {
       (x) => `${x.data.status} to queue ${x.data.queue}, key ${x.data.idempotency_key}, message ${x.data.message_id ?? "—"}`);
     if (a) await reload(answerLine);
   } }, "Trigger now");
+  // Backfill: every slot in [from, to) never sent, sent once (paced); a dry run only counts.
+  const from = h("input", { type: "text", id: "backfill-from", placeholder: "from (2026-03-01T00:00:00Z)", "aria-label": "Backfill from (ISO 8601 with offset)" });
+  const to = h("input", { type: "text", id: "backfill-to", placeholder: "to (excluded, not after now)", "aria-label": "Backfill to (ISO 8601 with offset, excluded)" });
+  const dry = h("input", { type: "checkbox", id: "backfill-dry-run" });
+  const backfill = h("span", { class: "backfill" }, from, " ", to, " ", h("label", {}, dry, " dry run"), " ",
+    h("button", { type: "button", id: "backfill", onclick: async () => {
+      const body = { body: { from: from.value.trim(), to: to.value.trim(), dry_run: dry.checked } };
+      const a = await run(`POST /schedules/${s.id}/backfill`, "POST", `/schedules/${s.id}/backfill`, body,
+        (x) => `${x.data.dry_run ? "dry run: would send" : "sent"} ${x.data.dry_run ? x.data.to_send : x.data.sent} of ${x.data.slots} slot(s); already sent ${x.data.already_sent}, skipped ${x.data.skipped}, failed ${x.data.failed}`);
+      if (a && a.ok && !dry.checked) await reload(answerLine);
+    } }, "Backfill"));
   const remove = h("button", { type: "button", id: "delete", class: "danger", onclick: async () => {
     const sure = await confirmDialog(`Delete ${s.name}?`, "The schedule, its runtime state and its run history are deleted. This cannot be undone.");
     if (!sure) return;
@@ -269,7 +280,7 @@ function actions(s, etag, reload) {
   if (!canWrite()) return h("div", { class: "actions" }, h("p", { class: "sub" }, "Read-only token: no changes can be made."));
   return h("div", { class: "actions write", role: "group", "aria-label": "Actions" },
     h("a", { class: "button", href: `/ui/schedules/${s.id}/edit`, id: "edit" }, "Edit"),
-    toggle, trigger, remove, answerLine);
+    toggle, trigger, backfill, remove, answerLine);
 }
 
 export async function schedulePage(id, ready = null, keep = null) {

@@ -25,10 +25,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, UNFINISHED
+from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, import_celery
 
 _READY = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 _WAITING = frozenset({"RECEIVED", "RETRY"})
+
+
+def outcome_of(status: object) -> str:
+    """options.pause_after_failures: SUCCESS succeeded, FAILURE failed, REVOKED unknown (stopped,
+    neither way), any other status pending (PENDING too: a result that expired stays PENDING,
+    which the count stops waiting for after ``schedules.failures.UNDECIDED_FOR``)."""
+    if status == "SUCCESS":
+        return SUCCEEDED
+    if status == "FAILURE":
+        return FAILED
+    if status == "REVOKED":
+        return UNKNOWN
+    return PENDING
 
 
 def state_of(status: object) -> str:
@@ -63,10 +77,13 @@ class ResultStates:
 
     async def __call__(self, task_ids: Sequence[str]) -> list[str]:
         """The state of each task; raises TimeoutError past ``timeout``, or the backend's error."""
+        return [state_of(status) for status in await self.statuses(task_ids)]
+
+    async def statuses(self, task_ids: Sequence[str]) -> list[object]:
+        """Celery's status of each task as the backend holds it (PENDING: unknown to it)."""
         ids = list(task_ids)
         async with asyncio.timeout(self.timeout):
-            statuses = await asyncio.to_thread(self._read, ids)
-        return [state_of(status) for status in statuses]
+            return await asyncio.to_thread(self._read, ids)
 
     def _read(self, task_ids: list[str]) -> list[object]:
         return [self.backend.get_task_meta(task_id).get("status") for task_id in task_ids]

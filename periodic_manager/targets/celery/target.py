@@ -37,7 +37,7 @@ from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, pub
 from periodic_manager.targets.celery.direct import DirectWay
 from periodic_manager.targets.celery.kombu import CeleryOutlet
 from periodic_manager.targets.celery.message import celery_message
-from periodic_manager.targets.celery.results import ResultStates
+from periodic_manager.targets.celery.results import ResultStates, outcome_of
 from periodic_manager.targets.celery.wire import (
     Delivery,
     Layout,
@@ -381,6 +381,27 @@ class CeleryTarget:
             if isinstance(outcome, BaseException):
                 raise outcome
         return [r for r in results if r is not None]
+
+    def failure_off(self, options: Mapping[str, Any]) -> str | None:
+        """The result backend tells a failed task (FAILURE); without one Celery cannot tell."""
+        return (
+            completion.celery_failure(self.results is not None)
+            if completion.fails(options)
+            else None
+        )
+
+    async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
+        """Each task's outcome from the result backend (:func:`results.outcome_of`); raises
+        TargetError without one, or when it cannot be read."""
+        if self.results is None:
+            raise TargetError(f"celery: {completion.CELERY_NO_BACKEND}")
+        try:
+            statuses = await self.results.statuses(task_ids)
+        except Exception as exc:  # noqa: BLE001 - the backend's own errors
+            raise TargetError(
+                f"celery: cannot read task results: {type(exc).__name__}: {exc}"
+            ) from exc
+        return [outcome_of(status) for status in statuses]
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A task is finished once the result backend holds a ready state for it: that needs the

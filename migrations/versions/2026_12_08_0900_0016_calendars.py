@@ -7,9 +7,9 @@ whose options name the calendar a new revision (a no-op ``UPDATE ... SET revisio
 which the triggers of 0003 renumber; on PostgreSQL it also NOTIFYs). The match is on the text of
 ``options`` (``"exclude"`` and the quoted name): a row matched by mistake is only read again.
 
-Revision ID: 0014_calendars
-Revises: 0013_max_runs
-Create Date: 2026-12-07 09:00:00+00:00
+Revision ID: 0016_calendars
+Revises: 0015_pause_on_failure
+Create Date: 2026-12-08 09:00:00+00:00
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0014_calendars"
-down_revision: str | None = "0013_max_runs"
+revision: str = "0016_calendars"
+down_revision: str | None = "0015_pause_on_failure"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
