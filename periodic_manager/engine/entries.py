@@ -73,22 +73,29 @@ class Entries:
         synced: bool,
         now: datetime,
         counted: Counted | None = None,
+        start: datetime | None = None,
     ) -> tuple[ScheduledEntry, ScheduledEntry | None]:
         """File the entry of ``config``; returns it and the entry it replaced (if any).
 
         ``counted``: for a schedule with ``options.max_runs``, what the store records of it
-        (needed unless it replaces a limited entry, whose runs left carry over)."""
+        (needed unless it replaces a limited entry, whose runs left carry over). ``start``: for
+        a schedule new to this manager, the instant its slots start after when that is before
+        ``now`` (a schedule created after the previous sync: the slots since its creation,
+        within grace, were previewed and are sent); default ``now``."""
         ident = config.ident
         old = self._entries.get(ident)
         last = old.fired if old is not None else self._retired.pop(ident, None)
-        entry = ScheduledEntry.of(config, now, prev_slot=last, after=now, fired=last, synced=synced)
+        begin = now if start is None or old is not None or start > now else start
+        entry = ScheduledEntry.of(config, now, prev_slot=last, after=begin, fired=last, synced=synced)
         limit = max_runs_of(config.options)
         if limit is not None:
             if old is not None and old.runs_left is not None:
                 # Same schedule, same count: an edit of max_runs moves the end by the difference.
                 entry.runs_left = max(0, old.runs_left + limit - (max_runs_of(old.options) or 0))
             else:
-                entry.runs_left = self._runs_left(entry, limit, counted, max(now, last) if last else now)
+                entry.runs_left = self._runs_left(
+                    entry, limit, counted, max(begin, last) if last else begin
+                )
         if old is not None and same_slots(old, config):
             entry.next_slot, entry.after = old.next_slot, old.after
             entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
@@ -99,7 +106,7 @@ class Entries:
                     # It had ended by max_runs, now raised: it goes on after what it sent.
                     entry.next_slot = self.next_after(entry, max(now, last) if last else now)
         else:
-            entry.next_slot = self.next_after(entry, max(now, last) if last is not None else now)
+            entry.next_slot = self.next_after(entry, max(begin, last) if last is not None else begin)
             pending = old.next_slot if old is not None else None
             if (
                 pending is not None and pending <= now and (last is None or pending > last)

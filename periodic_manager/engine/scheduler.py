@@ -129,14 +129,17 @@ class Scheduler:
         synced: bool = False,
         now: datetime | None = None,
         counted: Counted | None = None,
+        start: datetime | None = None,
     ) -> ScheduledEntry:
         """Add the entry of ``config``, replacing the one of the same key if any (see
         :meth:`Entries.register <periodic_manager.engine.entries.Entries.register>`).
 
         ``now``: a sync registering many passes one instant (their next slots memoised);
-        ``counted``: for a schedule with ``options.max_runs``, what the store records of it."""
+        ``counted``: for a schedule with ``options.max_runs``, what the store records of it;
+        ``start``: for a schedule new here, when its slots start (default ``now``)."""
         entry, old = self.registered.register(
-            config, synced=synced, now=self.clock.now() if now is None else now, counted=counted
+            config, synced=synced, now=self.clock.now() if now is None else now, counted=counted,
+            start=start,
         )
         if old is not None and overlap_policy(config.options) == "allow":
             self.overlap.seen.pop(entry.ident, None)  # nothing left to show (a held slot stays)

@@ -37,7 +37,7 @@ from periodic_manager.contracts import (
     RowError,
 )
 from periodic_manager.engine.entries import Counted
-from periodic_manager.engine.entry import ScheduledEntry
+from periodic_manager.engine.entry import ScheduledEntry, lookback_floor
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.last_good import LastGoodKeeper
@@ -88,6 +88,9 @@ class Reconciler:
         # options.max_runs: what the store records of a limited schedule registered afresh.
         self.read_state = read_state
         self._counted: dict[int | str, Counted] = {}
+        # When the previous successful read began (None before the first): a row that came into
+        # effect after it is new, and its slots start at its creation (see _created_start).
+        self.seen_before: datetime | None = None
         self.publisher = publisher
         # Partitions: whether this manager holds the schedule of an ident now (a read that began
         # before a partition was lost must not bring its entries back). None: it holds all.
@@ -227,8 +230,9 @@ class Reconciler:
         old_id = entry.entry_id if entry is not None else None
         try:
             new = self.scheduler.register(
-                cfg, synced=True, now=now, counted=self._counted.get(cfg.ident)
-            )
+                cfg, synced=True, now=now, counted=self._counted.get(cfg.ident),
+                start=self._created_start(cfg, now) if entry is None else None,
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             reraise_if_cancelled(exc)
             report.errors.append(_unusable(cfg, exc))
@@ -241,6 +245,18 @@ class Reconciler:
         else:
             report.added += 1
         return True
+
+    def _created_start(self, cfg: PeriodicTaskConfig, now: datetime) -> datetime | None:
+        """When the slots of a schedule new to this manager start: at its ``effective_at`` (at
+        most ``grace`` back) when it came into effect after the previous read began, so no read
+        could have seen it before: the slots previewed since its creation are sent, however long
+        the sync took to register it. None (start now) otherwise: at the first sync, and for a
+        row older than the previous read (nothing fires at start)."""
+        seen = self.seen_before
+        floor = lookback_floor(cfg, now) if seen is not None else None
+        if floor is None or seen is None or floor <= seen:
+            return None
+        return max(floor, now - self.scheduler.grace)
 
     def _clear_row_error(self, key: str) -> None:
         rec = self.row_errors.pop(key, None)
@@ -383,6 +399,7 @@ class Syncer:
         return self._finish(report, now)
 
     def _finish(self, report: SyncReport, now: datetime) -> SyncReport:
+        self.reconciler.seen_before = now
         if self.last_sync_error is not None:
             log.info("sync recovered")
         self.last_sync_error = None

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 
 from tests.support import ROOT
+from tests.support.servers import free_port
 
 CHROMIUM = os.environ.get("PM_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("PM_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -75,12 +75,6 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
