@@ -322,3 +322,39 @@ async def test_reading_the_settled_slots_of_a_takeover_goes_in_turns(monkeypatch
     monkeypatch.setattr(leading, "ident_of", counted)
     read = await seen_during(mgr.leading._settled_after(mgr.leading._terms), lambda: calls[0])
     assert midway(read)
+
+
+async def test_a_schedule_created_after_the_last_sync_starts_at_its_creation_not_its_registration(
+    rig,
+) -> None:
+    """The API previews a new schedule's slots from its creation; a sync that registers it a
+    little later still sends the slots since then (within grace), and only those. At the first
+    sync, a row created seconds before the start fires nothing old (nothing fires at start)."""
+    mgr, provider, clock, target, _ = rig
+    keys = lambda name: sorted(t.idempotency_key for t, _ in target.messages if t.name == name)  # noqa: E731
+    created = clock.now() + timedelta(seconds=0.5)
+    await advance(mgr, clock, 0.5)
+    provider.configs.append(row(2, "new", "@every 1s", effective_at=created))
+    await advance(mgr, clock, 2.7)  # the row is seen by a sync only now
+    await mgr.sync()
+    await advance(mgr, clock, 1)
+    # Slots since its creation: 12:00:01, :02, :03 (late, within grace), then :04 on time.
+    assert keys("new") == [f"new:2024-05-01T12:00:0{s}Z" for s in (1, 2, 3, 4)]
+    # A row already older than the previous read is not new: it starts at its registration.
+    provider.configs.append(row(3, "old", "@every 1s", effective_at=T0 - timedelta(days=1)))
+    await mgr.sync()
+    await advance(mgr, clock, 1.2)
+    assert keys("old") == ["old:2024-05-01T12:00:05Z"]
+
+
+async def test_the_first_sync_sends_nothing_from_before_the_start() -> None:
+    clock = VirtualClock(T0)
+    target = MemoryTarget()
+    provider = StaticProvider([row(1, "fresh", "@every 1s", effective_at=T0 - timedelta(seconds=5))])
+    mgr = PeriodicTaskManager(provider, target, clock=clock, timing=Timing(grace=30))
+    await mgr.start()
+    try:
+        await advance(mgr, clock, 1.5)
+    finally:
+        await mgr.stop()
+    assert [t.idempotency_key for t, _ in target.messages] == ["fresh:2024-05-01T12:00:01Z"]
