@@ -549,6 +549,8 @@ class LastGoodStore(Protocol):
 
 
 ChangeCallback = Callable[[bool], Awaitable[None] | None]
+# A change signal's callback: the partitions whose rows changed, or None when anything may have.
+SignalCallback = Callable[[frozenset[int] | None], None]
 
 
 class Leadership(Protocol):
@@ -629,9 +631,11 @@ class ChangeSignal(Protocol):
         """The background loop, if any (supervised as the manager's own)."""
         ...
 
-    async def start(self, on_change: Callable[[], None]) -> None:
-        """Begin listening, calling ``on_change()`` (never blocking) whenever schedules may
-        have changed, and after any gap in listening."""
+    async def start(self, on_change: SignalCallback) -> None:
+        """Begin listening, calling ``on_change(partitions)`` (never blocking) whenever
+        schedules may have changed: ``partitions`` names the partitions of the rows changed when
+        the signal knows them (``PM_COORDINATION=partitions``: a manager holding none of them
+        does not sync), None when anything may have changed (and after any gap in listening)."""
         ...
 
     async def stop(self) -> None: ...

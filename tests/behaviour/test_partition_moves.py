@@ -22,7 +22,9 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.partitions import PartitionLeases
+from periodic_manager.schedules.partition import partition_of
 from periodic_manager.settings import Settings
 from tests.support.api import api_client
 from tests.support.faults import (
@@ -33,6 +35,7 @@ from tests.support.faults import (
     insert_schedules,
     stream_keys,
 )
+from tests.support.polling import eventually
 from tests.support.tcpproxy import TcpProxy
 
 SCHEDULES = 120
@@ -273,3 +276,46 @@ async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leav
     ]  # fmt: skip
     assert_exactly_once(counts, expected)  # the first `runs` slots of each, once
     assert sum(counts.values()) == len(expected) == 16 * runs  # and nothing after them
+
+
+async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NOTIFY names the partitions of the rows changed (migration 0016): the manager holding
+    the row syncs, the other hears it and does not."""
+    monkeypatch.setenv("PM_PARTITIONS", "4")
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"n{i}", "@every 1h", {}) for i in range(1, 9)])
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
+        sync_interval=600, heartbeat_interval=5, listen=True,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+
+    def syncs(m: PeriodicTaskManager) -> float:
+        return m.registry.get_sample_value("periodic_manager_syncs_total", {"result": "ok"}) or 0.0
+
+    def idle(m: PeriodicTaskManager) -> bool:
+        listener = m.signals[0]
+        assert isinstance(listener, PostgresChangeListener)
+        return listener.connected.is_set() and not m.syncer.requested.is_set() and not m.syncer.lock.locked()
+
+    try:
+        a = await fleet.start("a", settings)
+        b = await fleet.start("b", settings)
+        await fleet.drive(10)  # a hands two partitions over, b takes them
+        assert a.partitions and b.partitions and not a.partitions & b.partitions
+        for m in (a, b):
+            await eventually(lambda m=m: idle(m), "the listener connected, its first sync done")
+        for holder, other in ((a, b), (b, a)):
+            row = min(i for i in range(1, 9) if partition_of(i, 4) in holder.partitions)
+            before = syncs(holder), syncs(other), other.signals_ignored
+            await admin.execute("UPDATE periodic_jobs SET spec = '@every 2h' WHERE id = $1", row)
+            await eventually(lambda h=holder, r=row: h.entry(r).spec == "@every 2h", "the holder synced")  # type: ignore[union-attr]
+            await eventually(lambda o=other, n=before[2]: o.signals_ignored > n, "the other heard it")
+            assert syncs(holder) == before[0] + 1
+            assert syncs(other) == before[1]  # not woken: it holds none of the row's partition
+    finally:
+        await fleet.close()
+        await admin.close()
