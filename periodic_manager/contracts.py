@@ -369,6 +369,10 @@ class ManagerStatus:
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None
+    # Whether this manager does the work done once for every manager (pruning run history by
+    # age, the change history): with PM_COORDINATION=partitions, the holder of partition 0 only.
+    # Not stored (read back: True).
+    shared_work: bool = True
 
 
 @dataclass(frozen=True, slots=True)

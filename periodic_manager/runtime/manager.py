@@ -224,6 +224,13 @@ class PeriodicTaskManager:
         return leases.held if isinstance(leases, PartitionLeadership) else frozenset()
 
     @property
+    def does_shared_work(self) -> bool:
+        """Whether this manager does the work done once for all (pruning tombstones, run
+        history by age, the change history): by partitions, the holder of partition 0 alone."""
+        leases = self.leadership
+        return leases.trusted(0) if isinstance(leases, PartitionLeadership) else True
+
+    @property
     def partition_handovers(self) -> int:
         """Partitions this manager has handed over cleanly so far."""
         leases = self.leadership
@@ -340,6 +347,7 @@ class PeriodicTaskManager:
             last_sync_at=self.syncer.last_sync_at,
             last_sync_error=self.syncer.last_sync_error,
             entry_count=len(self.scheduler),
+            shared_work=self.does_shared_work,
         )
 
     def _records(self) -> list[EntryRecord]:

@@ -306,6 +306,8 @@ async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition
         b = await fleet.start("b", settings)
         await fleet.drive(10)  # a hands two partitions over, b takes them
         assert a.partitions and b.partitions and not a.partitions & b.partitions
+        # The work done once (pruning by age) is the holder of partition 0's alone.
+        assert [m._status().shared_work for m in (a, b)] == [0 in a.partitions, 0 in b.partitions]
         for m in (a, b):
             await eventually(lambda m=m: idle(m), "the listener connected, its first sync done")
         for holder, other in ((a, b), (b, a)):
