@@ -214,6 +214,14 @@ class Scheduler:
         self._active = active
         self._wake.set()
 
+    def fence(self, fenced: Callable[[int | str], bool] | None) -> None:
+        """From now on send nothing for the idents ``fenced`` accepts (None: lift the fence):
+        entries on their way out in turns (partitions lost) stop at once, before the pass that
+        unregisters them; while a fence stands, a staged batch is looked at entry by entry
+        before it is sent (see :class:`~periodic_manager.engine.decisions.Decisions`). A fenced
+        entry that falls due leaves the timetable unsent: the caller unregisters it."""
+        self.decisions.fenced = fenced
+
     async def rebase(
         self,
         resume_after: datetime,

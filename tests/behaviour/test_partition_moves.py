@@ -10,6 +10,7 @@ expire (a manager stops trusting a lease before the database can let another tak
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import asyncpg
@@ -321,3 +322,35 @@ async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition
     finally:
         await fleet.close()
         await admin.close()
+
+
+async def test_a_lost_partition_is_fenced_at_once_and_its_entries_go_in_turns(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PM_PARTITIONS", "2")
+    many = 2000
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"l{i}", "@every 1s", {}) for i in range(1, many + 1)])
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
+        sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        a = await fleet.start("a", settings)
+        assert a.holding is not None and len(a.entries()) == many
+        a.holding.lost(frozenset({1}))  # as when its trust ran out
+        fenced = a.scheduler.decisions.fenced
+        assert fenced is not None and fenced(3) and not fenced(2)  # sending stops at once...
+        assert len(a.entries()) == many  # ... before any entry is unregistered
+        quiet = asyncio.ensure_future(a.holding.quiet())
+        seen: set[int] = set()
+        while not quiet.done():
+            seen.add(len(a.entries()))
+            await asyncio.sleep(0)
+        await quiet
+        assert any(many // 2 < n < many for n in seen)  # in turns: the loop ran between slices
+        assert {e.ident for e in a.entries()} == set(range(2, many + 1, 2))
+        assert a.scheduler.decisions.fenced is None  # lifted once they are gone
+    finally:
+        await fleet.close()

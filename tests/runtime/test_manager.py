@@ -322,3 +322,16 @@ async def test_reading_the_settled_slots_of_a_takeover_goes_in_turns(monkeypatch
     monkeypatch.setattr(leading, "ident_of", counted)
     read = await seen_during(mgr.leading._settled_after(mgr.leading._terms), lambda: calls[0])
     assert midway(read)
+
+
+async def test_dropping_the_entries_of_lost_partitions_goes_in_turns() -> None:
+    clock = VirtualClock(T0)
+    mgr = PeriodicTaskManager(StaticProvider([row(i, f"j{i}") for i in range(1, MANY + 1)]), MemoryTarget(), clock=clock)
+    await mgr.start()
+    try:
+        reconciler = mgr.syncer.reconciler
+        gone = lambda ident: isinstance(ident, int)  # noqa: E731
+        assert midway(await seen_during(reconciler.drop(gone), lambda: MANY - len(mgr.scheduler)))
+        assert len(mgr.scheduler) == 0
+    finally:
+        await mgr.stop()
