@@ -622,6 +622,11 @@ class PartitionLeadership(Leadership, Protocol):
         """Partitions handed over cleanly so far."""
         ...
 
+    def expire(self) -> None:
+        """Drop at once every partition whose trust has ended (the handler's ``lost``); called
+        right before every send."""
+        ...
+
     def attach(self, handler: PartitionHandler) -> None:
         """Tell ``handler`` about every change of the partitions held (before :meth:`start`)."""
         ...

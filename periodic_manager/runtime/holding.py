@@ -68,6 +68,8 @@ class PartitionHolding:
         # Before the first round (count unknown) nothing is held: no row is read.
         provider.restrict(lambda: (max(1, self.leases.count), frozenset(self.mine)))
         self.reconciler.keep = self.holds
+        # Before every send: a partition whose trust has ended is dropped and fenced off then.
+        self.scheduler.before_send = leases.expire
         self.reconciler.keeper.scope = self.holds
 
     def holds(self, ident: int | str) -> bool:

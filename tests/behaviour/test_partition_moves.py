@@ -11,7 +11,7 @@ expire (a manager stops trusting a lease before the database can let another tak
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
@@ -354,3 +354,68 @@ async def test_a_lost_partition_is_fenced_at_once_and_its_entries_go_in_turns(
         assert a.scheduler.decisions.fenced is None  # lifted once they are gone
     finally:
         await fleet.close()
+
+
+async def test_leases_expiring_under_load_stop_the_sending_at_trust_end_with_the_renewal_in_flight(
+    pg_url: str,
+    proxied: tuple[str, TcpProxy],
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A renewal hangs (PostgreSQL reached through a proxy that stops answering: the round is in
+    flight, so the lease loop cannot drop anything) while the scheduler keeps waking for slots:
+    nothing is sent for a partition after its trust ends (renewal start + TTL - margin). Another
+    manager takes the partitions once the database lets the leases expire, and every slot is on
+    the stream once."""
+    monkeypatch.setenv("PM_PARTITIONS", "4")
+    schedules = 40
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"x{i:02d}", "@every 1s", {}) for i in range(1, schedules + 1)])
+    common = dict(
+        target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
+        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    cut_url, proxy = proxied
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        a = await fleet.start("a", Settings(database_url=cut_url, **common))  # type: ignore[arg-type]
+        await fleet.drive(4)
+        assert isinstance(a.leadership, PartitionLeases) and a.partitions == frozenset(range(4))
+        proxy.freeze()  # the next renewal (and every store call) hangs
+        trust_end = min(until for _, until in a.leadership._held.values())
+        # The scheduler wakes every half second of virtual time, which passes in milliseconds:
+        # the round stays in flight (its bound is real time, 3.3 s), so only the send path can
+        # see that the trust has ended. (The run writer hangs on the store: not waited for.)
+        while fleet.clock.now() < trust_end + timedelta(seconds=6):
+            await fleet.clock.advance(0.5, settle=a.scheduler.wait_idle)
+        sent = await stream_keys(redis_client, redis_prefix)
+        late = sorted(k for k in sent if datetime.fromisoformat(k.split(":", 1)[1]) >= trust_end)
+        assert not late, f"sent after the trust ended: {late[:5]}"
+        assert sent  # it did send until then
+        assert not a.partitions and not [e for e in a.entries() if isinstance(e.ident, int)]
+        # The database lets the leases expire (moved into the past, as the TTL would), then b
+        # takes every partition and sends from after what was settled, within grace.
+        await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second'")
+        await admin.execute("UPDATE pm_partition_members SET expires_at = now() - interval '1 second'")
+        fleet.managers.pop("a")  # its store calls hang: not settled until the proxy is back
+        b = await fleet.start("b", Settings(database_url=pg_url, **common))  # type: ignore[arg-type]
+        assert b.partitions == frozenset(range(4))
+        await fleet.drive(5)
+        end = fleet.clock.now()
+        # a's run history hung with the store: b re-sends what a sent but could not record,
+        # and the claims keep one of each (the audit below).
+        assert b.scheduler.counts["duplicate"] > 0
+    finally:
+        await proxy.cut()  # a's hung calls fail at once
+        await a.stop()
+        await fleet.close()
+        await admin.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [
+        k for i in range(1, schedules + 1) for k in expected_slots(f"x{i:02d}", "@every 1s", T0, end)
+    ]
+    assert_exactly_once(counts, expected)
+    assert sum(counts.values()) == len(expected)
