@@ -20,7 +20,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.partitions import partition_count, partition_sql
 from periodic_manager.runtime.partitions import PartitionLeases, fair_share
-from periodic_manager.schedules.partition import check_count, partition_of
+from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
 from tests.support.faults import dsn
 from tests.support.tcpproxy import TcpProxy
 
@@ -269,3 +269,9 @@ async def test_the_partition_count_is_chosen_at_migrate(
                 assert await partition_count(conn) == 7
         finally:
             await engine.dispose()
+
+
+def test_partitions_read_as_compact_ranges() -> None:
+    assert ranges_text([40, *range(22), 40]) == "0-21, 40"
+    assert ranges_text([5, 7, 6, 9]) == "5-7, 9"
+    assert ranges_text([]) == ""
