@@ -352,6 +352,7 @@ async def test_a_lost_partition_is_fenced_at_once_and_its_entries_go_in_turns(
         assert any(many // 2 < n < many for n in seen)  # in turns: the loop ran between slices
         assert {e.ident for e in a.entries()} == set(range(2, many + 1, 2))
         assert a.scheduler.decisions.fenced is None  # lifted once they are gone
+        assert a.health() is None  # a drop is work that ends, not a loop that died
     finally:
         await fleet.close()
 
