@@ -400,6 +400,10 @@ class ManagerStatus:
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None
+    # Whether this manager does the work done once for every manager (pruning run history by
+    # age, the change history): with PM_COORDINATION=partitions, the holder of partition 0 only.
+    # Not stored (read back: True).
+    shared_work: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -619,6 +623,8 @@ class LastGoodStore(Protocol):
 
 
 ChangeCallback = Callable[[bool], Awaitable[None] | None]
+# A change signal's callback: the partitions whose rows changed, or None when anything may have.
+SignalCallback = Callable[[frozenset[int] | None], None]
 
 
 class Leadership(Protocol):
@@ -686,6 +692,11 @@ class PartitionLeadership(Leadership, Protocol):
         """Partitions handed over cleanly so far."""
         ...
 
+    def expire(self) -> None:
+        """Drop at once every partition whose trust has ended (the handler's ``lost``); called
+        right before every send."""
+        ...
+
     def attach(self, handler: PartitionHandler) -> None:
         """Tell ``handler`` about every change of the partitions held (before :meth:`start`)."""
         ...
@@ -699,9 +710,11 @@ class ChangeSignal(Protocol):
         """The background loop, if any (supervised as the manager's own)."""
         ...
 
-    async def start(self, on_change: Callable[[], None]) -> None:
-        """Begin listening, calling ``on_change()`` (never blocking) whenever schedules may
-        have changed, and after any gap in listening."""
+    async def start(self, on_change: SignalCallback) -> None:
+        """Begin listening, calling ``on_change(partitions)`` (never blocking) whenever
+        schedules may have changed: ``partitions`` names the partitions of the rows changed when
+        the signal knows them (``PM_COORDINATION=partitions``: a manager holding none of them
+        does not sync), None when anything may have changed (and after any gap in listening)."""
         ...
 
     async def stop(self) -> None: ...

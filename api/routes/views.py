@@ -24,6 +24,7 @@ from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
+from periodic_manager.schedules.partition import ranges_text
 from periodic_manager.settings import Settings
 
 from ..auth import bearer_token
@@ -222,6 +223,7 @@ async def managers(conn: Conn, now: Now, settings: AppSettings) -> ManagerViewLi
     items = [
         ManagerView(
             **manager_fields(m, now, held),
+            partition_ranges=ranges_text(held.get(m.info.manager_id, [])),
             entries_active=tally.get(m.info.manager_id, (0, 0))[0],
             entries_error=tally.get(m.info.manager_id, (0, 0))[1],
         )

@@ -140,6 +140,9 @@ class ManagerView(BaseModel):
     last_sync_error: str | None
     entry_count: int | None = Field(description="as the manager reported it with its heartbeat")
     partitions: list[int] = Field(description="the partitions whose lease names this manager")
+    partition_ranges: str = Field(
+        description="the same as compact ranges, e.g. '0-21, 40' (empty: none)"
+    )
     entries_active: int
     entries_error: int
 

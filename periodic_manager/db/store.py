@@ -21,7 +21,10 @@ there, in the same transaction as the state upsert. It is bounded two ways by :m
 rows older than ``runs_retention`` go, and each schedule written since the last prune keeps only
 its newest ``runs_per_schedule`` rows. The manager's heartbeat runs the prune, at most once per
 ``prune_interval`` and off the enqueue path; a failing prune is logged and never fails the
-heartbeat.
+heartbeat. What every manager would delete alike (rows past ``runs_retention``, the change
+history) is pruned only by the manager whose heartbeat says it does the shared work
+(``ManagerStatus.shared_work``: with ``PM_COORDINATION=partitions``, the holder of partition 0);
+each keeps trimming the schedules it wrote itself.
 
 The change history (``pm_schedule_changes``, :mod:`periodic_manager.db.change_history`, written
 by triggers) is bounded by the same prune: entries older than ``changes_retention`` go, and each
@@ -137,9 +140,9 @@ class DatabaseRuntimeStore:
             result = await conn.execute(stmt)
         if result.rowcount == 0:
             raise NotFoundError(manager_id)
-        await self._maybe_prune(status.heartbeat_at)
+        await self._maybe_prune(status.heartbeat_at, shared=status.shared_work)
 
-    async def _maybe_prune(self, now: datetime) -> None:
+    async def _maybe_prune(self, now: datetime, *, shared: bool) -> None:
         # The first heartbeat only sets the timer: a prune never delays a manager's start.
         if self._next_prune_at is None:
             self._next_prune_at = now + self.prune_interval
@@ -148,12 +151,14 @@ class DatabaseRuntimeStore:
             return
         self._next_prune_at = now + self.prune_interval
         try:
-            removed = await self.prune_runs(now)
+            removed = await self.prune_runs(now, shared=shared)
         except Exception as exc:  # history is housekeeping: never fail the heartbeat for it
             log.warning("pruning run history failed (retried later): %s", exc)
         else:
             if removed:
                 log.debug("pruned %d history row(s)", removed)
+        if not shared:
+            return  # another manager prunes the change history
         try:
             removed = await self.prune_changes(now)
         except Exception as exc:
@@ -252,15 +257,18 @@ class DatabaseRuntimeStore:
         for key in keys:
             deltas[key].runs = len(slots.get(key, ()))
 
-    async def prune_runs(self, now: datetime, keys: Iterable[str] | None = None) -> int:
+    async def prune_runs(
+        self, now: datetime, keys: Iterable[str] | None = None, *, shared: bool = True
+    ) -> int:
         """Apply the history bounds; returns the number of rows deleted.
 
         Rows with ``at`` older than ``now - runs_retention`` are deleted in bounded batches (see
-        :func:`periodic_manager.db.history.drop_old`). Then every schedule in ``keys`` (default:
-        those written since the last prune) keeps its newest ``runs_per_schedule`` rows.
+        :func:`periodic_manager.db.history.drop_old`; only with ``shared``: the work done once,
+        by one manager). Then every schedule in ``keys`` (default: those written since the last
+        prune, by this manager) keeps its newest ``runs_per_schedule`` rows.
         """
         removed = 0
-        if self.runs_retention is not None:
+        if shared and self.runs_retention is not None:
             removed += await history.drop_old(self.engine, now - self.runs_retention)
         if keys is None:
             keys, self._touched = self._touched, set()

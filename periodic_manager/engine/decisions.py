@@ -63,6 +63,9 @@ class Decisions:
         self.grace = grace
         self.window = window  # how long after its slot a schedule's task may still be sent
         self.idle = idle  # set while no dispatch is under way (background writers go between)
+        # The idents not to send for at all (entries being dropped in turns: their partitions
+        # were lost or handed over); None, the common case: every entry may be sent.
+        self.fenced: Callable[[int | str], bool] | None = None
 
     async def dispatch_due(self, now: datetime) -> None:
         """Send every instant due by ``now``, earliest first (a staged one included)."""
@@ -103,6 +106,7 @@ class Decisions:
         if (
             batch is not None
             and not residual
+            and self.fenced is None
             and batch.changes == self.entries.changes
             and now - slot <= self.grace
             and not self._waits(batch.entries)
@@ -116,6 +120,7 @@ class Decisions:
             # Entries replaced or removed since staging are dropped (a replacement due now is in
             # the residual, taken from the timetable).
             candidates = [e for e in batch.entries if not e.dead and e.next_slot == slot] + residual
+        candidates = self._unfenced(candidates)
         send: list[ScheduledEntry] = []
         skipped: list[RunRecord] = []
         late = now - slot > self.grace
@@ -149,9 +154,10 @@ class Decisions:
         nominal slot (tasks, keys and history carry the slot), lateness and expiry measured from
         ``at``. Never staged: jittered sends are spread out, so their batches are small."""
         by_slot: dict[datetime, list[ScheduledEntry]] = {}
-        for entry in self.entries.sends.take(at):
+        taken: list[ScheduledEntry] = self.entries.sends.take(at)  # type: ignore[assignment]
+        for entry in self._unfenced(taken):
             if entry.next_slot is not None:
-                by_slot.setdefault(entry.next_slot, []).append(entry)  # type: ignore[arg-type]
+                by_slot.setdefault(entry.next_slot, []).append(entry)
         late = now - at > self.grace
         for slot in sorted(by_slot):
             send: list[ScheduledEntry] = []
@@ -227,7 +233,9 @@ class Decisions:
         self.writer.report(expired)
         self.dispatcher.counts["skipped"] += len(expired)
         for slot in sorted(by_slot):
-            entries = by_slot[slot]
+            entries = self._unfenced(by_slot[slot])
+            if not entries:
+                continue
             self.idle.clear()
             try:
                 chunks = await prepare(
@@ -245,13 +253,20 @@ class Decisions:
             if entry.exclusion is None or not excluded_by(entry.exclusion, slot, entry.timezone):
                 by_slot.setdefault(slot, []).append(entry)
         for slot in sorted(by_slot):
-            entries = by_slot[slot]
+            entries = self._unfenced(by_slot[slot])
+            if not entries:
+                continue
             log.info(
                 "catching up %d missed slot(s) due %s", len(entries), slot.isoformat(),
                 extra={"slot": slot.isoformat(), "batch": len(entries)},
             )  # fmt: skip
             chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
             await self.send(slot, entries, chunks, advance=False)
+
+    def _unfenced(self, entries: list[ScheduledEntry]) -> list[ScheduledEntry]:
+        """``entries`` less those fenced off (all of them while nothing is fenced)."""
+        fenced = self.fenced
+        return entries if fenced is None else [e for e in entries if not fenced(e.ident)]
 
     def _waits(self, entries: list[ScheduledEntry]) -> bool:
         """Whether one of ``entries`` has a sent run of options.max_runs not written yet."""

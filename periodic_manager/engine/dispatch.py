@@ -119,8 +119,13 @@ class Dispatcher:
         retry_base: float = 0.2,
         retry_max: float = 5.0,
         overlap: OverlapGuard | None = None,
+        fence: Callable[[], Callable[[int | str], bool] | None] = lambda: None,
     ) -> None:
         self.target = target
+        # The idents not to send for, asked right before every attempt (None: all may be sent):
+        # partitions whose lease is no longer trusted are dropped and fenced off then, so a
+        # manager whose loop was held past its trust sends nothing for them, whatever ran first.
+        self.fence = fence
         self.overlap = overlap  # options.overlap: busy answers, held slots
         self.clock = clock
         self.writer = writer
@@ -153,11 +158,18 @@ class Dispatcher:
     async def _send_chunk_once(
         self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared
     ) -> None:
-        tasks = prepared.tasks
         try:
             async with self._inflight:
+                fenced = self.fence()
+                if fenced is not None and any(fenced(e.ident) for e in entries):
+                    kept = [i for i, e in enumerate(entries) if not fenced(e.ident)]
+                    if not kept:
+                        return
+                    entries = [entries[i] for i in kept]
+                    prepared = prepare_tasks(self.target, [prepared.tasks[i] for i in kept])
+                tasks = prepared.tasks
                 await _call(self.hooks.pre_enqueue, tasks)
-                results = await self._send(prepared, slot)
+                results = await self._send(prepared, slot, entries)
         except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
             self._gave_up(slot, entries, tasks, exc)
             await self._safe_hook(self.hooks.on_error, exc, tasks)
@@ -208,12 +220,15 @@ class Dispatcher:
         )
         self.writer.report([RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries])
 
-    async def _send(self, prepared: Prepared, slot: datetime) -> list[EnqueueResult]:
+    async def _send(
+        self, prepared: Prepared, slot: datetime, entries: list[ScheduledEntry]
+    ) -> list[EnqueueResult]:
         """Send, retrying with capped exponential backoff while the batch may still be sent.
 
         The first attempt sends the prepared batch; a failed call is retried whole, and tasks a
         target reports ``failed`` one by one are retried alone. Gives up once the next attempt
-        would fall after the deadline, on shutdown, or when leadership is lost: re-raising if
+        would fall after the deadline, on shutdown, when leadership is lost or one of ``entries``
+        is fenced off (its partition lost): re-raising if
         nothing was sent, else reporting the rest as failed. Logs once per outage.
         """
         tasks = prepared.tasks
@@ -256,7 +271,11 @@ class Dispatcher:
             delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
             if deadline is None:
                 deadline = min(t.expires_at for t in tasks)
-            if not self.may_send() or later(self.clock.now(), delay) > deadline:
+            if (
+                not self.may_send()
+                or later(self.clock.now(), delay) > deadline
+                or self._fenced_any(entries)
+            ):
                 if error is not None and all(r is None for r in final):
                     raise error
                 for i in todo:
@@ -264,6 +283,10 @@ class Dispatcher:
                         final[i] = EnqueueResult(tasks[i], "failed", None, error=str(error))
                 return [r for r in final if r is not None]
             await self.backoff(delay)
+
+    def _fenced_any(self, entries: list[ScheduledEntry]) -> bool:
+        fenced = self.fence()
+        return fenced is not None and any(fenced(e.ident) for e in entries)
 
     async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
         try:

@@ -91,6 +91,9 @@ class Scheduler:
         self._processed_until: datetime | None = None
         self._sleeping_until: datetime | None = None
         self._active = True
+        # Called right before every send attempt (partitions: the leases drop, and so fence
+        # off, every partition whose trust has ended, even while a renewal is in flight).
+        self.before_send: Callable[[], None] | None = None
         self._idle = asyncio.Event()  # set while no dispatch is under way
         self._idle.set()
         self.registered = Entries(self.clock, self._wake.set)
@@ -106,6 +109,7 @@ class Scheduler:
             retry_base=retry_base,
             retry_max=retry_max,
             overlap=self.overlap,
+            fence=self._fence_now,
         )
         self._stager = Stager(
             self.registered.timetable, self.dispatcher.target, self._window, lambda: self.registered.changes
@@ -224,6 +228,21 @@ class Scheduler:
             self.overlap.clear()
         self._active = active
         self._wake.set()
+
+    def _fence_now(self) -> Callable[[int | str], bool] | None:
+        """The fence right before a send, after ``before_send`` (the leases drop what is no
+        longer trusted)."""
+        if self.before_send is not None:
+            self.before_send()
+        return self.decisions.fenced
+
+    def fence(self, fenced: Callable[[int | str], bool] | None) -> None:
+        """From now on send nothing for the idents ``fenced`` accepts (None: lift the fence):
+        entries on their way out in turns (partitions lost) stop at once, before the pass that
+        unregisters them; while a fence stands, a staged batch is looked at entry by entry
+        before it is sent (see :class:`~periodic_manager.engine.decisions.Decisions`). A fenced
+        entry that falls due leaves the timetable unsent: the caller unregisters it."""
+        self.decisions.fenced = fenced
 
     async def rebase(
         self,

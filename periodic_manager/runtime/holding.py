@@ -11,8 +11,11 @@ The manager holds entries only for the partitions it leases
   after its settled slot (a ``fire_once`` one is caught up). Runs beside the lease rounds (a
   renewal never waits for it), under the sync lock (a sync never sees half of it); retried
   while the partitions are held.
-* **Lost** (taken by another manager, or its trust ran out): its entries are unregistered at
-  once; a batch staged for them is not sent (a staged batch is re-checked when entries change).
+* **Lost** (taken by another manager, or its trust ran out): sending for its entries stops at
+  once (the scheduler's fence: nothing of those partitions is sent, a staged batch included),
+  then they are unregistered in turns with the other tasks (a million entries must not hold the
+  event loop); the fence is lifted when they are gone. A takeover waits for the drops under way
+  (a partition lost and taken back is read afresh).
 * **Handed over** (a join, a SIGTERM): the same, then a send under way finishes and the runs
   reported so far are written to the store before the leases are released, so the next holder
   reads them as settled.
@@ -61,9 +64,12 @@ class PartitionHolding:
         self._changed = changed  # after every change of the entries held (the heartbeat tells)
         self.mine: set[int] = set()  # the partitions whose entries this manager keeps
         self.taking: set[asyncio.Task[object]] = set()  # takeovers under way
+        self.drops: dict[asyncio.Task[object], frozenset[int]] = {}  # drops under way (fenced)
         # Before the first round (count unknown) nothing is held: no row is read.
         provider.restrict(lambda: (max(1, self.leases.count), frozenset(self.mine)))
         self.reconciler.keep = self.holds
+        # Before every send: a partition whose trust has ended is dropped and fenced off then.
+        self.scheduler.before_send = leases.expire
         self.reconciler.keeper.scope = self.holds
 
     def holds(self, ident: int | str) -> bool:
@@ -73,9 +79,9 @@ class PartitionHolding:
         return bool(self.mine) and partition_of(ident, self.leases.count) in self.mine
 
     async def quiet(self) -> None:
-        """Return once no takeover of partitions is under way (tests)."""
-        while self.taking:
-            await asyncio.gather(*self.taking, return_exceptions=True)
+        """Return once no takeover nor drop of partitions is under way (tests)."""
+        while self.taking or self.drops:
+            await asyncio.gather(*self.taking, *self.drops, return_exceptions=True)
 
     # -- the PartitionHandler ------------------------------------------------------------------
 
@@ -88,7 +94,7 @@ class PartitionHolding:
                 task.add_done_callback(self.taking.discard)
 
     async def releasing(self, partitions: frozenset[int]) -> None:
-        self._drop(partitions)
+        await self._drop(partitions)
         if not await self.scheduler.flush_runs():
             log.error(
                 "handing over %d partition(s) with run records unwritten (the store fails): "
@@ -100,10 +106,32 @@ class PartitionHolding:
 
     # -- the work ------------------------------------------------------------------------------
 
-    def _drop(self, partitions: frozenset[int]) -> None:
+    def _drop(self, partitions: frozenset[int]) -> asyncio.Task[object]:
+        """Stop sending for ``partitions`` now (the fence), and unregister their entries in
+        turns (the task returned)."""
         self.mine -= partitions
+        task = self._spawn(self._dropping(partitions), "partition-drop")
+        self.drops[task] = partitions
+        self._fence()
+        task.add_done_callback(self._dropped)
+        return task
+
+    def _fence(self) -> None:
+        fenced = frozenset().union(*self.drops.values())
         count = self.leases.count
-        removed = self.reconciler.drop(
+        self.scheduler.fence(
+            (lambda ident: isinstance(ident, int) and partition_of(ident, count) in fenced)
+            if fenced
+            else None
+        )
+
+    def _dropped(self, task: asyncio.Task[object]) -> None:
+        self.drops.pop(task, None)
+        self._fence()
+
+    async def _dropping(self, partitions: frozenset[int]) -> None:
+        count = self.leases.count
+        removed = await self.reconciler.drop(
             lambda ident: isinstance(ident, int) and partition_of(ident, count) in partitions
         )
         log.info("partitions %s: %d entries dropped", sorted(partitions)[:8], removed)
@@ -122,6 +150,8 @@ class PartitionHolding:
             snapshot = await self.provider.get_partitions(still)
             return await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
 
+        while self.drops:  # a partition lost and taken back: its old entries go first
+            await asyncio.gather(*self.drops, return_exceptions=True)
         while partitions & self.mine:
             try:
                 async with self.syncer.lock:

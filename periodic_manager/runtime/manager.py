@@ -115,6 +115,7 @@ class PeriodicTaskManager:
         self.timing = timing
         self.manager_id = manager_id or new_manager_id()
         self._close_target = close_target
+        self.signals_ignored = 0  # change signals naming only partitions not held (no sync)
         self._running = False
         self.started_at: datetime | None = None
         self.tasks = Supervisor(lambda: self._running)
@@ -190,7 +191,7 @@ class PeriodicTaskManager:
         await self.leadership.start(self.leading.changed)
         self.tasks.watch(self.leadership.task)
         for signal in self.signals:
-            await signal.start(self.request_sync)
+            await signal.start(self.signalled)
             self.tasks.watch(signal.task)
         self._running = True
         self.tasks.spawn(self.scheduler.run(), "scheduler")
@@ -248,6 +249,13 @@ class PeriodicTaskManager:
         return leases.held if isinstance(leases, PartitionLeadership) else frozenset()
 
     @property
+    def does_shared_work(self) -> bool:
+        """Whether this manager does the work done once for all (pruning tombstones, run
+        history by age, the change history): by partitions, the holder of partition 0 alone."""
+        leases = self.leadership
+        return leases.trusted(0) if isinstance(leases, PartitionLeadership) else True
+
+    @property
     def partition_handovers(self) -> int:
         """Partitions this manager has handed over cleanly so far."""
         leases = self.leadership
@@ -262,6 +270,14 @@ class PeriodicTaskManager:
 
     def request_sync(self) -> None:
         """Ask for a sync as soon as possible (non-blocking; bursts coalesce into one sync)."""
+        self.syncer.request()
+
+    def signalled(self, partitions: frozenset[int] | None) -> None:
+        """A change signal: sync, unless it names only partitions this manager does not hold
+        (``PM_COORDINATION=partitions``: another manager's rows changed). None: any may have."""
+        if partitions is not None and self.holding is not None and not partitions & self.holding.mine:
+            self.signals_ignored += 1
+            return
         self.syncer.request()
 
     async def sync(self, *, full: bool = False) -> SyncReport:
@@ -364,6 +380,7 @@ class PeriodicTaskManager:
             last_sync_at=self.syncer.last_sync_at,
             last_sync_error=self.syncer.last_sync_error,
             entry_count=len(self.scheduler),
+            shared_work=self.does_shared_work,
         )
 
     def _records(self) -> list[EntryRecord]:

@@ -1,9 +1,11 @@
 """Change signals: PostgreSQL LISTEN on a dedicated connection, turned into sync requests.
 
-A trigger on ``periodic_jobs`` NOTIFYs channel ``periodic_jobs`` once per statement (migration
-0003), so API edits, raw SQL and bulk UPDATEs all wake the manager. Notifications carry no
-payload; the manager's sync reads what changed, and bursts coalesce into one sync because a
-request only sets an event.
+A trigger on ``periodic_jobs`` NOTIFYs channel ``periodic_jobs`` once per statement (migrations
+0003 and 0016), so API edits, raw SQL and bulk UPDATEs all wake the manager. The payload lists
+the partitions of the rows the statement changed (``3,17``), or is empty when anything may have
+changed (TRUNCATE, a list too long for one notification); the listener hands them on
+(:func:`partitions_of`) and the manager syncs only when it holds one of them. Its sync reads
+what changed, and bursts coalesce into one sync because a request only sets an event.
 
 LISTEN needs a long-lived connection of its own (not one borrowed from a pool). When it drops,
 the listener reconnects with capped backoff and asks for a sync at once, since notifications sent
@@ -15,11 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from periodic_manager.clock import SystemClock, sleep_unless
-from periodic_manager.contracts import Clock
+from periodic_manager.contracts import Clock, SignalCallback
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,19 @@ log = logging.getLogger(__name__)
 CHANNEL = "periodic_jobs"
 
 
+def partitions_of(payload: str) -> frozenset[int] | None:
+    """The partitions a notification's payload names; None (anything may have changed) when it
+    is empty or not a list of partition numbers (the payload is data: never trusted)."""
+    try:
+        parts = frozenset(int(p) for p in payload.split(","))
+    except ValueError:
+        return None
+    return parts if all(0 <= p for p in parts) else None
+
+
 class PostgresChangeListener:
-    """Calls ``on_change()`` (given to :meth:`start`) for every notification on ``channel`` and
-    after every reconnect."""
+    """Calls ``on_change(partitions)`` (given to :meth:`start`) for every notification on
+    ``channel``, and ``on_change(None)`` after every reconnect."""
 
     def __init__(
         self,
@@ -42,7 +53,7 @@ class PostgresChangeListener:
         max_backoff: float = 10.0,
     ) -> None:
         self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
-        self.on_change: Callable[[], None] = lambda: None
+        self.on_change: SignalCallback = lambda _parts: None
         self.channel = channel
         # Reconnect backoff and health checks use real time even under a virtual scheduler clock:
         # they wait for a server, not for a slot.
@@ -61,7 +72,7 @@ class PostgresChangeListener:
         """The background loop (the manager supervises it: its death is the manager's failure)."""
         return self._task
 
-    async def start(self, on_change: Callable[[], None]) -> None:
+    async def start(self, on_change: SignalCallback) -> None:
         """Start listening in the background (returns at once)."""
         self.on_change = on_change
         self._task = asyncio.ensure_future(self._run())
@@ -93,7 +104,7 @@ class PostgresChangeListener:
                 log.info("LISTEN %s: reconnected", self.channel)
             first = False
             # Anything may have changed while no connection was listening.
-            self.on_change()
+            self.on_change(None)
             await self._watch()
             await self._close()
 
@@ -109,8 +120,8 @@ class PostgresChangeListener:
         self._conn = conn
         self.connected.set()
 
-    def _notified(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
-        self.on_change()
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        self.on_change(partitions_of(payload))
 
     async def _watch(self) -> None:
         """Return when the connection is lost (termination callback, or a failed health check:

@@ -213,11 +213,15 @@ class PartitionLeases:
         conn = await self._connect()
         trust = started + timedelta(seconds=self.ttl - self.margin)
         if self._held:
-            parts, epochs = self._pairs(self._held)
+            asked = dict(self._held)
+            parts, epochs = self._pairs(asked)
             renewed = {r[0] for r in await conn.fetch(RENEW, self.member, parts, epochs, self.ttl)}
-            lost = frozenset(p for p in self._held if p not in renewed)
+            # A partition whose trust ended while the renewal was in flight (the send path
+            # dropped it, :meth:`expire`) stays dropped: its lease is left to expire.
+            lost = frozenset(p for p in asked if p in self._held and p not in renewed)
             for p in renewed:
-                self._held[p] = (self._held[p][0], trust)
+                if self._held.get(p) == asked[p]:
+                    self._held[p] = (asked[p][0], trust)
             if lost:
                 log.warning("partition leases: lost %s (taken by another manager)", _show(lost))
                 self._drop(lost)
@@ -273,6 +277,13 @@ class PartitionLeases:
                 return
         self.handovers += len(parts)
         log.info("partition leases: handed over %s", _show(parts))
+
+    def expire(self) -> None:
+        """Drop every partition whose trust has ended (no renewal came in time), now: the
+        scheduler calls it right before every send, so a manager whose event loop was held
+        past its trust (a CPU-bound pass, a frozen process) sends nothing for them even when
+        its send runs before this loop, or a renewal is still in flight."""
+        self._expire()
 
     def _expire(self) -> None:
         """Drop every partition whose trust has ended (no renewal came in time)."""

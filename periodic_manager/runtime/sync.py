@@ -170,16 +170,19 @@ class Reconciler:
         held = self.scheduler.held()
         return [e for c in snapshot.configs if (e := held.get(c.ident)) is not None]
 
-    def drop(self, gone: Callable[[int | str], bool]) -> int:
+    async def drop(self, gone: Callable[[int | str], bool]) -> int:
         """Unregister the synced entries and forget the row errors of every ident ``gone``
-        accepts (partitions lost or handed over: sending for them stops at once); how many
-        entries."""
+        accepts (partitions lost or handed over), in turns with the other tasks; how many
+        entries. The caller fences them off first (:meth:`Scheduler.fence`): their sending
+        stops at once, not when the pass reaches them."""
         report = SyncReport(ok=True)
-        for ident, entry in list(self.scheduler.held().items()):
-            if entry.synced and gone(ident):
-                self._remove(ident, report)
-        for key in [k for k in self.row_errors if gone(ident_of(k))]:
-            self._clear_row_error(key)
+        async for entries in in_turns(list(self.scheduler.held().items())):
+            for ident, entry in entries:
+                if entry.synced and gone(ident):
+                    self._remove(ident, report)
+        async for keys in in_turns([k for k in self.row_errors if gone(ident_of(k))]):
+            for key in keys:
+                self._clear_row_error(key)
         return report.removed
 
     async def _read_counted(self, configs: Sequence[PeriodicTaskConfig]) -> None:

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
 # Tasks that end by themselves once their work is done (any other ending is a failure).
-ONE_SHOT = ("catch-up", "takeover")
+ONE_SHOT = ("catch-up", "takeover", "drop")
 
 
 def cancelling() -> bool:

@@ -11,6 +11,8 @@ both on each database).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 # Bounds of the partition count (PM_PARTITIONS); the migration and the settings check them.
 DEFAULT_PARTITIONS = 64
 MAX_PARTITIONS = 4096
@@ -30,3 +32,14 @@ def check_count(value: object, field: str = "PM_PARTITIONS") -> int:
     if not 1 <= count <= MAX_PARTITIONS:
         raise ValueError(f"{field}: {count} is out of range (1..{MAX_PARTITIONS})")
     return count
+
+
+def ranges_text(partitions: Iterable[int]) -> str:
+    """Partitions as compact ranges, ascending: ``0-21, 40`` ("" for none)."""
+    runs: list[list[int]] = []
+    for p in sorted(set(partitions)):
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -366,6 +366,28 @@ def test_overview_and_managers_show_the_running_manager(
     assert "1 live manager" in text_of(d, "main")
 
 
+def test_the_managers_page_shows_who_holds_which_partitions(
+    driver: Any, server: browser.Server
+) -> None:
+    """PM_COORDINATION=partitions: each manager's leases as compact ranges, and the entries it
+    reports. (The leases are written here with SQL: the server's manager leads alone.)"""
+    d = driver
+    path = server.database_url.removeprefix("sqlite:///")
+    with closing(sqlite3.connect(path)) as conn, conn:
+        [manager] = conn.execute("SELECT manager_id FROM pm_managers").fetchone()
+        conn.execute(
+            "UPDATE pm_partitions SET holder = ? WHERE partition <= 21 OR partition = 40", (manager,)
+        )
+    try:
+        open_page(d, f"{server.base}/ui/managers")
+        row = wait_text(d, "#managers tbody", "0-21, 40")
+        held = httpx.get(f"{server.base}/managers").json()["items"][0]["entry_count"]
+        assert f"{held} held" in row
+    finally:
+        with closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("UPDATE pm_partitions SET holder = NULL")
+
+
 def test_broken_rows_show_what_is_stored_and_specs_stay_on_one_line(
     driver: Any, server: browser.Server
 ) -> None:

@@ -10,7 +10,8 @@ expire (a manager stops trusting a lease before the database can let another tak
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
@@ -22,7 +23,9 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.partitions import PartitionLeases
+from periodic_manager.schedules.partition import partition_of
 from periodic_manager.settings import Settings
 from tests.support.api import api_client
 from tests.support.faults import (
@@ -33,6 +36,7 @@ from tests.support.faults import (
     insert_schedules,
     stream_keys,
 )
+from tests.support.polling import eventually
 from tests.support.tcpproxy import TcpProxy
 
 SCHEDULES = 120
@@ -273,3 +277,146 @@ async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leav
     ]  # fmt: skip
     assert_exactly_once(counts, expected)  # the first `runs` slots of each, once
     assert sum(counts.values()) == len(expected) == 16 * runs  # and nothing after them
+
+
+async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NOTIFY names the partitions of the rows changed (migration 0016): the manager holding
+    the row syncs, the other hears it and does not."""
+    monkeypatch.setenv("PM_PARTITIONS", "4")
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"n{i}", "@every 1h", {}) for i in range(1, 9)])
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
+        sync_interval=600, heartbeat_interval=5, listen=True,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+
+    def syncs(m: PeriodicTaskManager) -> float:
+        return m.registry.get_sample_value("periodic_manager_syncs_total", {"result": "ok"}) or 0.0
+
+    def idle(m: PeriodicTaskManager) -> bool:
+        listener = m.signals[0]
+        assert isinstance(listener, PostgresChangeListener)
+        return listener.connected.is_set() and not m.syncer.requested.is_set() and not m.syncer.lock.locked()
+
+    try:
+        a = await fleet.start("a", settings)
+        b = await fleet.start("b", settings)
+        await fleet.drive(10)  # a hands two partitions over, b takes them
+        assert a.partitions and b.partitions and not a.partitions & b.partitions
+        # The work done once (pruning by age) is the holder of partition 0's alone.
+        assert [m._status().shared_work for m in (a, b)] == [0 in a.partitions, 0 in b.partitions]
+        for m in (a, b):
+            await eventually(lambda m=m: idle(m), "the listener connected, its first sync done")
+        for holder, other in ((a, b), (b, a)):
+            row = min(i for i in range(1, 9) if partition_of(i, 4) in holder.partitions)
+            before = syncs(holder), syncs(other), other.signals_ignored
+            await admin.execute("UPDATE periodic_jobs SET spec = '@every 2h' WHERE id = $1", row)
+            await eventually(lambda h=holder, r=row: h.entry(r).spec == "@every 2h", "the holder synced")  # type: ignore[union-attr]
+            await eventually(lambda o=other, n=before[2]: o.signals_ignored > n, "the other heard it")
+            assert syncs(holder) == before[0] + 1
+            assert syncs(other) == before[1]  # not woken: it holds none of the row's partition
+    finally:
+        await fleet.close()
+        await admin.close()
+
+
+async def test_a_lost_partition_is_fenced_at_once_and_its_entries_go_in_turns(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PM_PARTITIONS", "2")
+    many = 2000
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"l{i}", "@every 1s", {}) for i in range(1, many + 1)])
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
+        sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        a = await fleet.start("a", settings)
+        assert a.holding is not None and len(a.entries()) == many
+        a.holding.lost(frozenset({1}))  # as when its trust ran out
+        fenced = a.scheduler.decisions.fenced
+        assert fenced is not None and fenced(3) and not fenced(2)  # sending stops at once...
+        assert len(a.entries()) == many  # ... before any entry is unregistered
+        quiet = asyncio.ensure_future(a.holding.quiet())
+        seen: set[int] = set()
+        while not quiet.done():
+            seen.add(len(a.entries()))
+            await asyncio.sleep(0)
+        await quiet
+        assert any(many // 2 < n < many for n in seen)  # in turns: the loop ran between slices
+        assert {e.ident for e in a.entries()} == set(range(2, many + 1, 2))
+        assert a.scheduler.decisions.fenced is None  # lifted once they are gone
+        assert a.health() is None  # a drop is work that ends, not a loop that died
+    finally:
+        await fleet.close()
+
+
+async def test_leases_expiring_under_load_stop_the_sending_at_trust_end_with_the_renewal_in_flight(
+    pg_url: str,
+    proxied: tuple[str, TcpProxy],
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A renewal hangs (PostgreSQL reached through a proxy that stops answering: the round is in
+    flight, so the lease loop cannot drop anything) while the scheduler keeps waking for slots:
+    nothing is sent for a partition after its trust ends (renewal start + TTL - margin). Another
+    manager takes the partitions once the database lets the leases expire, and every slot is on
+    the stream once."""
+    monkeypatch.setenv("PM_PARTITIONS", "4")
+    schedules = 40
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"x{i:02d}", "@every 1s", {}) for i in range(1, schedules + 1)])
+    common = dict(
+        target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
+        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    cut_url, proxy = proxied
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        a = await fleet.start("a", Settings(database_url=cut_url, **common))  # type: ignore[arg-type]
+        await fleet.drive(4)
+        assert isinstance(a.leadership, PartitionLeases) and a.partitions == frozenset(range(4))
+        proxy.freeze()  # the next renewal (and every store call) hangs
+        trust_end = min(until for _, until in a.leadership._held.values())
+        # The scheduler wakes every half second of virtual time, which passes in milliseconds:
+        # the round stays in flight (its bound is real time, 3.3 s), so only the send path can
+        # see that the trust has ended. (The run writer hangs on the store: not waited for.)
+        while fleet.clock.now() < trust_end + timedelta(seconds=6):
+            await fleet.clock.advance(0.5, settle=a.scheduler.wait_idle)
+        sent = await stream_keys(redis_client, redis_prefix)
+        late = sorted(k for k in sent if datetime.fromisoformat(k.split(":", 1)[1]) >= trust_end)
+        assert not late, f"sent after the trust ended: {late[:5]}"
+        assert sent  # it did send until then
+        assert not a.partitions and not [e for e in a.entries() if isinstance(e.ident, int)]
+        # The database lets the leases expire (moved into the past, as the TTL would), then b
+        # takes every partition and sends from after what was settled, within grace.
+        await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second'")
+        await admin.execute("UPDATE pm_partition_members SET expires_at = now() - interval '1 second'")
+        fleet.managers.pop("a")  # its store calls hang: not settled until the proxy is back
+        b = await fleet.start("b", Settings(database_url=pg_url, **common))  # type: ignore[arg-type]
+        assert b.partitions == frozenset(range(4))
+        await fleet.drive(5)
+        end = fleet.clock.now()
+        # a's run history hung with the store: b re-sends what a sent but could not record,
+        # and the claims keep one of each (the audit below).
+        assert b.scheduler.counts["duplicate"] > 0
+    finally:
+        await proxy.cut()  # a's hung calls fail at once
+        await a.stop()
+        await fleet.close()
+        await admin.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [
+        k for i in range(1, schedules + 1) for k in expected_slots(f"x{i:02d}", "@every 1s", T0, end)
+    ]
+    assert_exactly_once(counts, expected)
+    assert sum(counts.values()) == len(expected)

@@ -9,11 +9,14 @@ The one place real time passes: real processes on the wall clock. Every wait is 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import httpx
 import redis.asyncio as aioredis
 
 from periodic_manager.db.migrate import upgrade
@@ -25,7 +28,7 @@ from tests.support.faults import (
     stream_keys,
 )
 from tests.support.polling import eventually
-from tests.support.servers import ManagerProcess
+from tests.support.servers import ManagerProcess, free_port
 from tests.support.tcpproxy import TcpProxy
 
 SCHEDULES = 600
@@ -139,3 +142,72 @@ async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
         f"{cut_s:.1f} s; {len(expected)} slots audited"
     )
     assert start_s < 10 and kill_s < TTL + 5 and cut_s < TTL + 5
+
+
+def slots_of(port: int, status: str) -> float:
+    """The manager's ``periodic_manager_slots_total`` of ``status``, summed over queues."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("periodic_manager_slots_total{") and f'status="{status}"' in line
+    )
+
+
+async def test_a_manager_frozen_past_its_lease_ttl_sends_nothing_for_what_it_lost(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, tmp_path: Any
+) -> None:
+    """SIGSTOP a manager for longer than the lease TTL, then SIGCONT it: the other manager took
+    its partitions once the database let the leases expire, and the resumed one sends nothing
+    for them (its overdue slots included) before it gets a share back by a clean hand-over.
+    Which of its timers runs first after SIGCONT is up to the event loop; the order where the
+    send comes first is pinned down under a virtual clock in test_partition_moves.py (leases
+    expiring under load)."""
+    schedules = 200
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"z{i:03d}", "@every 1s", {}) for i in range(schedules)])
+    env = {
+        "PM_DATABASE_URL": pg_url, "PM_TARGET": "redis", "PM_REDIS_URL": redis_url,
+        "PM_STREAM_PREFIX": redis_prefix, "PM_COORDINATION": "partitions",
+        "PM_LEASE_TTL": str(TTL), "PM_HEARTBEAT_INTERVAL": "1", "PM_SYNC_INTERVAL": "30",
+    }  # fmt: skip
+    port = free_port()
+    a = ManagerProcess(env | {"PM_METRICS_PORT": str(port)}, tmp_path / "a.log")
+    b = ManagerProcess(env, tmp_path / "b.log")
+
+    def logs() -> str:
+        return f"--- a\n{a.log()[-3000:]}\n--- b\n{b.log()[-3000:]}"
+
+    async def shared(managers: list[ManagerProcess], what: str, seconds: float) -> None:
+        async def check() -> bool:
+            return shared_by(await holdings(pg_url), managers)
+
+        await eventually(check, what, seconds=seconds, interval=0.1, detail=logs)
+
+    try:
+        a.start()
+        b.start()
+        await shared([a, b], "two managers share every partition", 15)
+        first = datetime.now(UTC)
+        await asyncio.sleep(2)
+        assert slots_of(port, "enqueued") > 0 and slots_of(port, "duplicate") == 0, logs()
+        os.kill(a.pid, signal.SIGSTOP)  # frozen: no renewal, no send, its leases run out
+        try:
+            await shared([b], "the frozen manager's partitions are held again", TTL + 5)
+            await asyncio.sleep(1)
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        # Resumed: its slots due while frozen are overdue, its trust long over.
+        await shared([a, b], "the resumed manager gets its share back", 15)
+        await asyncio.sleep(2)
+        last = datetime.now(UTC) - timedelta(seconds=1)
+        # b sent every slot of those partitions meanwhile: a send by a would meet b's claim.
+        assert slots_of(port, "duplicate") == 0, logs()
+        assert "not renewed in time; sending for them stops" in a.log(), logs()
+        assert a.stop() == 0 and b.stop() == 0, logs()
+    finally:
+        a.kill()
+        b.kill()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [k for i in range(schedules) for k in expected_slots(f"z{i:03d}", "@every 1s", first, last)]
+    assert_exactly_once(counts, expected)

@@ -182,3 +182,37 @@ async def test_a_burst_is_written_in_chunks(engine: AsyncEngine) -> None:
     store = DatabaseRuntimeStore(engine, runs_per_schedule=5)
     await store.record_runs([run(str(k), 60) for k in range(12_000)])
     assert await count(engine) == 12_000
+
+
+async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: AsyncEngine) -> None:
+    """PM_COORDINATION=partitions: rows past the retention and the change history are pruned by
+    one manager (the holder of partition 0); another trims only the schedules it wrote."""
+    from periodic_manager.db.models import ScheduleChange
+
+    def store() -> DatabaseRuntimeStore:
+        return DatabaseRuntimeStore(
+            engine, runs_retention=timedelta(seconds=30), runs_per_schedule=1,
+            changes_retention=timedelta(seconds=30), prune_interval=timedelta(seconds=60),
+        )  # fmt: skip
+
+    other, holder = store(), store()
+    for name, s in (("other", other), ("holder", holder)):
+        await s.register_manager(ManagerInfo(name, "h", 1, "0", at(0)), ManagerStatus(at(0), True, None, None, 0))
+    await other.record_runs([run("1", 0), run("2", 60), run("2", 61)])  # "1" old, "2" over its cap
+    async with engine.begin() as conn:
+        await conn.execute(
+            ScheduleChange.__table__.insert(),
+            [{"name": "n", "action": "updated", "source": "sql", "changes": "{}", "schedule_id": 1, "at": at(0)}],
+        )
+
+    async def changes() -> int:
+        async with engine.connect() as conn:
+            return int((await conn.execute(select(func.count()).select_from(ScheduleChange))).scalar_one())
+
+    for name, s, shared in (("other", other, False), ("holder", holder, True)):
+        await s.heartbeat(name, ManagerStatus(at(5), True, None, None, 0, shared_work=shared))
+    await other.heartbeat("other", ManagerStatus(at(65), True, None, None, 0, shared_work=False))
+    assert await count(engine) == 2  # its own "2" trimmed to one; the old row of "1" left
+    assert await changes() == 1
+    await holder.heartbeat("holder", ManagerStatus(at(65), True, None, None, 0, shared_work=True))
+    assert await count(engine) == 1 and await changes() == 0  # the holder of partition 0 did it

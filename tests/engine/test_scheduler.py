@@ -299,3 +299,21 @@ async def test_wait_idle_returns_when_the_scheduler_stops_during_a_dispatch() ->
     assert not waiter.done()
     sched.stop()
     await asyncio.wait_for(waiter, 5)
+
+
+async def test_a_fence_stops_sending_for_its_entries_at_once_a_staged_batch_included(rig) -> None:
+    """Partitions lost: their entries are fenced off before the pass that unregisters them."""
+    sched, clock, target = rig
+    a = sched.register(cfg("a", "@every 10s"))
+    sched.register(cfg("b", "@every 10s"))
+    await advance(sched, clock, 9.99)  # the batch of 10 s is staged (both entries in it)
+    assert sched._stager.staged is not None and len(sched._stager.staged.entries) == 2
+    sched.fence(lambda ident: ident == a.ident)
+    await advance(sched, clock, 0.01)
+    assert target.slots("a") == [] and target.slots("b") == [T0 + timedelta(seconds=10)]
+    await advance(sched, clock, 10)
+    assert target.slots("a") == []  # still fenced: never sent
+    sched.unregister(a.key)
+    sched.fence(None)
+    await advance(sched, clock, 10)
+    assert target.slots("a") == [] and len(target.slots("b")) == 3

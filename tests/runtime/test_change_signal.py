@@ -13,11 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
-from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.migrate import downgrade, upgrade
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
-from periodic_manager.runtime.notify import PostgresChangeListener
+from periodic_manager.runtime.notify import PostgresChangeListener, partitions_of
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.targets.memory import MemoryTarget
 from tests.support.polling import eventually
@@ -140,7 +140,17 @@ async def test_a_bulk_update_is_one_notification(pg_url: str) -> None:
         await writer.execute("UPDATE periodic_jobs SET spec = '*/2 * * * *'")
         await eventually(lambda: len(got) >= 2, "two notifications", seconds=5)
         await asyncio.sleep(0.2)
-        assert got == ["", ""]  # one per statement, empty payload
+        every = ",".join(str(p) for p in range(64))
+        assert got == [every, every]  # one per statement, naming the partitions written
+        del got[:]
+        await writer.execute("UPDATE periodic_jobs SET spec = '* * * * *' WHERE id IN (3, 67, 5)")
+        await writer.execute("DELETE FROM periodic_jobs WHERE id = 130")
+        await writer.execute("TRUNCATE periodic_jobs")
+        await eventually(lambda: len(got) >= 3, "three notifications", seconds=5)
+        await asyncio.sleep(0.2)
+        assert got == ["3,5", "2", ""]  # TRUNCATE: anything may have changed
+        assert [partitions_of(p) for p in got] == [frozenset({3, 5}), frozenset({2}), None]
+        assert partitions_of("3,x") is None and partitions_of("-1") is None  # data, not trusted
     finally:
         await listener.close()
         await writer.close()
@@ -206,3 +216,22 @@ async def test_a_row_turned_bad_keeps_its_last_good_schedule(engine: AsyncEngine
         assert mgr.entries() == []
     finally:
         await mgr.stop()
+
+
+async def test_downgrading_the_partition_signal_restores_the_empty_payload(pg_url: str) -> None:
+    await upgrade(pg_url)
+    await downgrade(pg_url, "0016_calendars")
+    listener = await asyncpg.connect(dsn(pg_url))
+    writer = await asyncpg.connect(dsn(pg_url))
+    got: list[str] = []
+    try:
+        await listener.add_listener("periodic_jobs", lambda *args: got.append(args[3]))
+        await writer.execute(
+            "INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ('d', '* * * * *', 't', '{}')"
+        )
+        await eventually(lambda: len(got) >= 1, "a notification", seconds=5)
+        assert got == [""]  # as migration 0003 made it: every manager reads
+    finally:
+        await listener.close()
+        await writer.close()
+    await upgrade(pg_url)

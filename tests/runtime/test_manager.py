@@ -358,3 +358,16 @@ async def test_the_first_sync_sends_nothing_from_before_the_start() -> None:
     finally:
         await mgr.stop()
     assert [t.idempotency_key for t, _ in target.messages] == ["fresh:2024-05-01T12:00:01Z"]
+
+
+async def test_dropping_the_entries_of_lost_partitions_goes_in_turns() -> None:
+    clock = VirtualClock(T0)
+    mgr = PeriodicTaskManager(StaticProvider([row(i, f"j{i}") for i in range(1, MANY + 1)]), MemoryTarget(), clock=clock)
+    await mgr.start()
+    try:
+        reconciler = mgr.syncer.reconciler
+        gone = lambda ident: isinstance(ident, int)  # noqa: E731
+        assert midway(await seen_during(reconciler.drop(gone), lambda: MANY - len(mgr.scheduler)))
+        assert len(mgr.scheduler) == 0
+    finally:
+        await mgr.stop()

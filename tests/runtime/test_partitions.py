@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -20,7 +20,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.partitions import partition_count, partition_sql
 from periodic_manager.runtime.partitions import PartitionLeases, fair_share
-from periodic_manager.schedules.partition import check_count, partition_of
+from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
 from tests.support.faults import dsn
 from tests.support.tcpproxy import TcpProxy
 
@@ -269,3 +269,48 @@ async def test_the_partition_count_is_chosen_at_migrate(
                 assert await partition_count(conn) == 7
         finally:
             await engine.dispose()
+
+
+def test_partitions_read_as_compact_ranges() -> None:
+    assert ranges_text([40, *range(22), 40]) == "0-21, 40"
+    assert ranges_text([5, 7, 6, 9]) == "5-7, 9"
+    assert ranges_text([]) == ""
+
+
+async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer_changes_nothing(
+    make, clock: VirtualClock
+) -> None:
+    """Leases expiring under load: the renewal hangs (held here until the test lets it answer),
+    the send path asks :meth:`expire` at the trust's end and every partition is dropped; the
+    renewal's late answer (the database did renew them) leaves them dropped and is no error."""
+    a, rec = make("a", ttl=10.0, margin=2.0)
+    await a.start(lambda _v: None)
+    await clock.advance(10 / 3)  # a renewal starting at T0 + 3.33 s: trusted until T0 + 11.33 s
+    await asyncio.sleep(0.05)
+    assert a.held == frozenset(range(N))
+    answer = asyncio.Event()
+
+    class Slow:
+        """The leases' connection, whose queries answer only once ``answer`` is set."""
+
+        def __init__(self, conn: asyncpg.Connection) -> None:
+            self.conn = conn
+
+        async def fetch(self, *args: object) -> object:
+            await answer.wait()
+            return await self.conn.fetch(*args)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.conn, name)
+
+    a._conn = Slow(a._conn)
+    in_flight = asyncio.ensure_future(a.round())
+    await asyncio.sleep(0.05)
+    clock.set(T0 + timedelta(seconds=11.4))  # the loop's own round waits behind this one
+    assert not a.held and not rec.of("lost")  # not trusted any more, not dropped yet
+    a.expire()  # as the scheduler does right before a send
+    assert rec.of("lost") == set(range(N))
+    answer.set()
+    await in_flight
+    assert a._last_error is None  # the late answer is no failure ...
+    assert not a.held and not a._held  # ... and brings nothing back: the leases expire

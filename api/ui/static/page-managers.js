@@ -1,5 +1,6 @@
-// Managers: the live ones (leader first) with heartbeat age, last sync and its error, and the
-// entries they hold (rejected rows first), paginated.
+// Managers: the live ones (leader first) with heartbeat age, last sync and its error, the
+// partitions each holds (PM_COORDINATION=partitions) and how many entries, and the entries they
+// hold (rejected rows first), paginated.
 
 import { getJson } from "./api.js";
 import { badge, count, duration, h, mount, pageParam, pager, setTitle, table, utc } from "./dom.js";
@@ -14,7 +15,11 @@ function managerRows(items) {
     utc(m.started_at),
     m.heartbeat_age_s < 1 ? "just now" : `${duration(m.heartbeat_age_s)} ago`,
     h("div", {}, utc(m.last_sync_at), m.last_sync_error ? h("div", { class: "error" }, m.last_sync_error) : null),
-    h("span", {}, `${count(m.entries_active)} active`, m.entries_error ? [", ", badge(`${m.entries_error} rejected`, "bad")] : ""),
+    m.partitions.length
+      ? h("span", { title: `${m.partitions.length} partition${m.partitions.length === 1 ? "" : "s"}` }, m.partition_ranges)
+      : "—",
+    h("span", {}, m.entry_count === null ? "" : `${count(m.entry_count)} held, `, `${count(m.entries_active)} active`,
+      m.entries_error ? [", ", badge(`${m.entries_error} rejected`, "bad")] : ""),
   ]);
 }
 
@@ -48,7 +53,7 @@ export async function managersPage(ready) {
     h("p", {}, items.length
       ? [`${items.length} live manager${items.length === 1 ? "" : "s"}; `, leader ? ["leader ", h("code", {}, leader.manager_id)] : "none leads right now", "."]
       : "No live manager: schedules are not being enqueued."),
-    table("Live managers, leader first", ["Manager", "Host", "Version", "Started", "Heartbeat", "Last sync", "Entries"],
+    table("Live managers, leader first", ["Manager", "Host", "Version", "Started", "Heartbeat", "Last sync", "Partitions", "Entries"],
       managerRows(items), { empty: "No live manager.", id: "managers" }),
     h("section", { "aria-labelledby": "entries-title" },
       h("h2", { id: "entries-title" }, "Entries"),
