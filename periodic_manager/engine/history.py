@@ -2,8 +2,9 @@
 
 The scheduler reports runs as they happen (:meth:`RunWriter.report`): metrics see them at once,
 and the store gets them in batches from a writer task that waits while a dispatch is under way
-(a burst's CPU goes to sending). While the store fails (a database outage), runs wait in memory,
-at most ``MAX_PENDING_RUNS`` (the oldest are dropped beyond), and are retried with backoff: one
+(a burst's CPU goes to sending), however many one instant sends. While the store fails (a
+database outage), runs wait in memory, at most ``MAX_PENDING_RUNS`` (the oldest are dropped
+beyond), and are retried with backoff: one
 log line when the outage starts, one when history is written again, with how many runs were
 written late and how many were dropped.
 """
@@ -68,7 +69,10 @@ class RunWriter:
                 if run.limited and run.status in SENT:
                     self.unrecorded[run.schedule_key] = run.slot
             self.pending.extend(runs)
-            self._trim()
+            if self.failing is not None:
+                # Bounded only while the store fails: a healthy store takes a burst of any size
+                # (every run of a 400,000-task instant is its settled slot for a takeover).
+                self._trim()
             self.ready.set()
 
     @property

@@ -365,6 +365,22 @@ async def test_history_buffer_is_bounded_and_says_what_it_dropped(
         await mgr.stop()
 
 
+async def test_a_burst_larger_than_the_outage_buffer_is_recorded_whole_by_a_healthy_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The buffer bound is for outages only: 25 schedules due at one instant with a bound of 10
+    are all recorded (before, a burst over 100,000 tasks lost the settled slot of the rest)."""
+    monkeypatch.setattr("periodic_manager.engine.history.MAX_PENDING_RUNS", 10)
+    clock, target, store = VirtualClock(T0), MemoryTarget(), FlakyStore()
+    mgr = await manager(StaticProvider([row(i, f"b{i}") for i in range(1, 26)]), clock, target, store)
+    try:
+        await clock.advance(1, settle=lambda: mgr.wait_settled(clock.now()))
+        assert len(target.messages) == 25
+        assert sorted(r.name for r in store.runs) == sorted(f"b{i}" for i in range(1, 26))
+    finally:
+        await mgr.stop()
+
+
 def test_runs_are_counted_once_even_when_their_recording_is_retried() -> None:
     """Metrics observe a run when it happens, not when the store finally takes it."""
     seen: list[RunRecord] = []
