@@ -7,13 +7,10 @@ manager having handled an instant, never on wall time.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.schedules.rules import canonical_json
@@ -121,21 +118,10 @@ async def test_bad_row_is_reported_while_the_others_fire(rig: Rig) -> None:
     assert bad["status"] == "error" and "out-of-range" in bad["last_error"]
 
 
-@pytest.fixture
-async def proxied_pg(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
-    u = make_url(pg_url)
-    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
-    port = await proxy.start()
-    try:
-        yield u.set(port=port).render_as_string(hide_password=False), proxy
-    finally:
-        await proxy.close()
-
-
 async def test_database_unreachable_during_a_sync_keeps_the_schedule_firing(
-    proxied_pg: tuple[str, TcpProxy], redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+    proxied: tuple[str, TcpProxy], redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
 ) -> None:
-    url, proxy = proxied_pg
+    url, proxy = proxied
     from periodic_manager.db.migrate import upgrade
 
     await upgrade(url)

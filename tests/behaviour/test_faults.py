@@ -20,7 +20,6 @@ from typing import Any
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
@@ -514,16 +513,10 @@ async def test_stop_returns_promptly_while_redis_never_answers(
 
 
 @pytest.fixture
-async def proxied_pg(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
-    """The test database behind a TCP proxy the test can cut: (URL through the proxy, proxy)."""
+async def proxied_pg(proxied: tuple[str, TcpProxy], pg_url: str) -> tuple[str, TcpProxy]:
+    """The migrated test database behind a TCP proxy the test can cut (conftest's ``proxied``)."""
     await upgrade(pg_url)
-    u = make_url(pg_url)
-    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
-    port = await proxy.start()
-    try:
-        yield u.set(port=port).render_as_string(hide_password=False), proxy
-    finally:
-        await proxy.close()
+    return proxied
 
 
 async def test_database_unreachable_without_election_keeps_firing_from_memory(
