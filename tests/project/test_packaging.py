@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,12 +21,20 @@ import pytest
 
 from tests.support import ROOT
 
+# What is not part of the sources (ignored by git, or a checkout's own state).
+IGNORED = (".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis",
+           ".ruff_cache", "*.db", "*.db-wal", "*.db-shm")
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the sources: setuptools keeps an in-tree build/ whose stale files (a
+    # migration renamed since) would end up in the wheel.
+    src = tmp_path_factory.mktemp("src") / "periodic_manager"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*IGNORED))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=300,
