@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
@@ -10,6 +9,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
+from periodic_manager.targets import extras
 
 MAX_CATCHUP_RATE = 100_000  # slots per second of a paced catch-up or backfill
 
@@ -17,11 +17,6 @@ DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
 TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate"]
 # The targets that can run with redis_cluster (the outbox and procrastinate need no Redis).
 CLUSTER_TARGETS = ("redis", "outbox", "procrastinate")
-# Targets that need an optional extra: target -> (module to import, extra to install).
-TARGET_EXTRAS = {
-    "celery": ("celery", "celery"), "arq": ("arq", "arq"), "rq": ("rq", "rq"),
-    "dramatiq": ("dramatiq", "dramatiq"), "procrastinate": ("procrastinate", "procrastinate"),
-}
 
 
 class Settings(BaseSettings):
@@ -230,11 +225,9 @@ class Settings(BaseSettings):
     @classmethod
     def _extras_installed(cls, v: str | tuple[str, ...]) -> str | tuple[str, ...]:
         for name in (v,) if isinstance(v, str) else v:
-            module, extra = TARGET_EXTRAS.get(name, (None, None))
-            if module is not None and importlib.util.find_spec(module) is None:
-                raise ValueError(
-                    f"the {name} target needs {module}: pip install 'periodic-manager[{extra}]'"
-                )
+            why = extras.missing(name)
+            if why is not None:
+                raise ValueError(why)
         return v
 
     @field_validator("target", "targets")

@@ -39,8 +39,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
-from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
+from periodic_manager.targets import extras
 from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
@@ -111,11 +111,7 @@ def result_success(raw: bytes) -> bool | None:
 
 
 def _import_arq() -> Any:
-    try:
-        import arq.connections
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise TargetError("the arq target needs arq: pip install 'periodic-manager[arq]'") from exc
-    return arq.connections
+    return extras.load("arq", "arq.connections")
 
 
 def arq_call(task: Task, now: datetime) -> tuple[list[Any], dict[str, Any]]:

@@ -47,7 +47,7 @@ from typing import Any
 from periodic_manager.contracts import EnqueueResult, Task
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
-from periodic_manager.targets import completion
+from periodic_manager.targets import completion, extras
 from periodic_manager.targets.base import overlap_refused, split_payload
 from periodic_manager.targets.publisher import ThreadPublisher
 from periodic_manager.targets.redis import lua
@@ -69,13 +69,7 @@ _QUEUE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9._-]*")
 
 
 def _import_dramatiq() -> Any:
-    try:
-        import dramatiq
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise TargetError(
-            "the dramatiq target needs dramatiq: pip install 'periodic-manager[dramatiq]'"
-        ) from exc
-    return dramatiq
+    return extras.load("dramatiq", "dramatiq")
 
 
 def check_url(url: str) -> str:

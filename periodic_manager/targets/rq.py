@@ -48,8 +48,8 @@ from enum import Enum
 from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
-from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
+from periodic_manager.targets import extras
 from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
@@ -79,11 +79,7 @@ def _outcome(status: str | None) -> str:
 
 
 def _import_rq() -> Any:
-    try:
-        import rq.job
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise TargetError("the rq target needs rq: pip install 'periodic-manager[rq]'") from exc
-    return rq.job
+    return extras.load("rq", "rq.job")
 
 
 def rq_meta(task: Task) -> dict[str, str]:

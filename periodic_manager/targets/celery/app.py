@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from periodic_manager.errors import TargetError
+from periodic_manager.targets import extras
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
@@ -32,13 +32,7 @@ FORCED = {
 
 
 def import_celery() -> Any:
-    try:
-        import celery
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise TargetError(
-            "the celery target needs Celery: pip install 'periodic-manager[celery]'"
-        ) from exc
-    return celery
+    return extras.load("celery", "celery")
 
 
 def check_app_path(path: str) -> str:
