@@ -278,7 +278,7 @@ class EntryOut(BaseModel):
     hash: str = Field(description="content hash of the schedule the entry was built from")
     status: str = Field(
         description="`active`, `error` (row rejected) or `ended` (active, no slot left before "
-        "options.end_at)",
+        "options.end_at, or every run of options.max_runs sent)",
         examples=["active", "error", "ended"],
     )
     spec: str | None

@@ -14,6 +14,7 @@ from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules.definition import content_hash
+from periodic_manager.schedules.runs import max_runs_of, runs_left
 from periodic_manager.settings import Settings
 
 from ..deps import get_conn, get_now, get_settings
@@ -25,13 +26,17 @@ router = APIRouter(tags=["entries"])
 DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(): that accepts non-ASCII digits
 
 
-def _entry(
-    live: store_reads.LiveEntry, now: datetime, bounds: slot_bounds.Bounds = slot_bounds.NO_BOUNDS
-) -> EntryOut:
-    """``bounds``: options.start_at and options.end_at of the version the entry runs (entry
-    records do not carry options; see :func:`_bounds`). An active entry past its end_at shows
-    status ``ended`` and no next slot, as the manager holds it."""
+Version = tuple[slot_bounds.Bounds, int | None]  # options.start_at/end_at, options.max_runs
+NO_LIMITS: Version = (slot_bounds.NO_BOUNDS, None)
+
+
+def _entry(live: store_reads.LiveEntry, now: datetime, version: Version = NO_LIMITS) -> EntryOut:
+    """``version``: the bounds (options.start_at, options.end_at) and options.max_runs of the
+    version the entry runs (entry records do not carry options; see :func:`_versions`). An
+    active entry past its end_at, or with every run of max_runs recorded, shows status
+    ``ended`` and no next slot, as the manager holds it."""
     entry, manager, state = live.entry, live.manager, live.state
+    bounds, max_runs = version
     key = entry.schedule_key
     active = entry.status == "active"
     nxt = next_slot(entry.spec, entry.timezone, entry.anchor, now) if active else None
@@ -40,6 +45,8 @@ def _entry(
         nxt = next_slot(entry.spec, entry.timezone, entry.anchor, slot_bounds.floor_of(now, bounds))
         if nxt is None or slot_bounds.ended(nxt, bounds):
             nxt, status = None, "ended"  # no slot left before options.end_at
+    if active and max_runs is not None and state is not None and runs_left(max_runs, state.runs) == 0:
+        nxt, status = None, "ended"  # every run of options.max_runs was sent
     return EntryOut(
         entry_id=entry.entry_id,
         schedule_id=int(key) if DIGITS.fullmatch(key) else None,
@@ -82,17 +89,16 @@ async def list_entries(
     cutoff = live_cutoff(now, settings.heartbeat_interval)
     key = str(schedule_id) if schedule_id is not None else None
     live = await store_reads.live_entries(conn, cutoff, key)
-    found = await _bounds(request, conn, live)
-    return EntryList(
-        items=[_entry(e, now, found.get(e.entry.content_hash, slot_bounds.NO_BOUNDS)) for e in live]
-    )
+    found = await _versions(request, conn, live)
+    return EntryList(items=[_entry(e, now, found.get(e.entry.content_hash, NO_LIMITS)) for e in live])
 
 
-async def _bounds(
+async def _versions(
     request: Request, conn: Connection, live: list[store_reads.LiveEntry]
-) -> dict[str, slot_bounds.Bounds]:
-    """The bounds of the rows behind the active entries, by content hash (the version an entry
-    runs: a row changed since, or a last-good version, has another hash and no bounds here)."""
+) -> dict[str, Version]:
+    """The bounds and max_runs of the rows behind the active entries, by content hash (the
+    version an entry runs: a row changed since, or a last-good version, has another hash and
+    none here)."""
     ids = sorted(
         {int(e.entry.schedule_key) for e in live
          if e.entry.status == "active" and DIGITS.fullmatch(e.entry.schedule_key)}
@@ -100,11 +106,11 @@ async def _bounds(
     if not ids:
         return {}
     judged = await rules(request, conn)
-    out: dict[str, slot_bounds.Bounds] = {}
+    out: dict[str, Version] = {}
     for raw in await schedule_reader.rows_of(conn, ids):
         config = dbview.view(judged, raw).config
         if config is not None and config.options:
-            bounds = slot_bounds.bounds_of(config.options)
-            if bounds is not slot_bounds.NO_BOUNDS:
-                out[content_hash(config)] = bounds
+            version = (slot_bounds.bounds_of(config.options), max_runs_of(config.options))
+            if version != NO_LIMITS:
+                out[content_hash(config)] = version
     return out

@@ -59,6 +59,8 @@ async def test_a_real_manager_sends_max_runs_slots_then_none_and_triggers_do_not
         assert shown["slots"] == []
         [listed] = [i for i in (await rig.client.get("/views/schedules")).json()["items"] if i["id"] == sid]
         assert listed["status"] == "ended"
+        [held] = (await rig.client.get("/entries", params={"schedule_id": sid})).json()["items"]
+        assert held["status"] == "ended" and held["next_slot"] is None  # as the manager holds it
         # Raising max_runs lets it go on where it stopped: two more runs, then none.
         p = await rig.client.patch(f"/schedules/{sid}", json={"options": {"max_runs": 5}})
         assert p.status_code == 200, p.text
