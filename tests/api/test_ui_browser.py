@@ -225,14 +225,18 @@ def test_a_schedule_past_its_end_is_shown_ended_on_its_page_and_in_the_list(
 ) -> None:
     d = driver
     ended = api_create(server, name="browser.over", options={"end_at": "2020-01-01T00:00:00Z"})
-    running = api_create(server, name="browser.running", options={"end_at": "9999-01-01T00:00:00Z"})
+    running = api_create(
+        server, name="browser.running", options={"end_at": "9999-01-01T00:00:00Z", "max_runs": 4}
+    )
     try:
         open_page(d, f"{server.base}/ui/schedules/{ended}")
         wait_text(d, "h1", "browser.over")
         wait_text(d, ".heading", "ended")
+        assert not d.find_elements("css selector", "#runs-left")  # no options.max_runs
         open_page(d, f"{server.base}/ui/schedules/{running}")
         wait_text(d, "h1", "browser.running")
         assert "ended" not in text_of(d, ".heading")
+        wait_text(d, "#runs-left", "4")  # options.max_runs, none sent yet
         open_page(d, f"{server.base}/ui/schedules?name_prefix=browser.")
         wait_text(d, "#schedules tbody", "browser.running")
         rows = {r.text.split("\n")[0]: r.text for r in d.find_elements("css selector", "#schedules tbody tr")}

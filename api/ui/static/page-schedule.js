@@ -43,6 +43,9 @@ function config(s) {
     ["Payload", column(s, "payload", s.payload)],
     ["Options", column(s, "options", s.options)],
     ["State", h("span", {}, stateBadge(s.enabled), pausedInfo(s))],
+    // options.max_runs: the runs the database records as left (null: no limit).
+    ...(s.runs_left === null || s.runs_left === undefined ? []
+      : [["Runs left", h("span", { id: "runs-left" }, String(s.runs_left))]]),
     ["Description", s.description || "—"],
     ["Created", utc(s.created_at)],
     ["Updated", utc(s.updated_at)],
