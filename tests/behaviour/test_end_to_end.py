@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.schedules.rules import canonical_json
 from periodic_manager.targets.base import task_id_for
+from tests.conftest import backend_url
 from tests.support.e2e import T0, Rig, at, e2e_rig, iso
 from tests.support.tcpproxy import TcpProxy
 
@@ -28,7 +29,7 @@ def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
     backend, target = str(request.param).split("+")
     if target == "redis":
         request.getfixturevalue("redis_client")  # cleans the test's keys afterwards
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")), target
+    return backend_url(request, backend), target
 
 
 @pytest.fixture

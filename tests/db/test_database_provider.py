@@ -21,13 +21,14 @@ from periodic_manager.db.models import PeriodicJob
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from tests.conftest import backend_url
 
 
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     # Overrides conftest's async version, which cannot resolve the async ``pg_url`` fixture
     # from inside a running event loop (pytest-asyncio 1.x); a sync fixture can.
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    return backend_url(request, backend)
 
 
 @pytest.fixture

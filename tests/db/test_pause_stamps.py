@@ -15,6 +15,7 @@ from periodic_manager.db import schedule_writer
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
 from periodic_manager.schedules.import_export import export_entries
+from tests.conftest import backend_url
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
 
@@ -92,7 +93,7 @@ async def test_the_writers_own_stamps_are_kept(db_url: str) -> None:
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     # As tests/db/test_migrations.py: a sync fixture can resolve the async database fixtures.
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    return backend_url(request, backend)
 
 
 async def test_0009_upgrade_keeps_rows_and_downgrade_removes_columns_and_triggers(

@@ -27,6 +27,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from tests.conftest import backend_url
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 EVER = datetime(1970, 1, 1, tzinfo=UTC)
@@ -138,7 +139,7 @@ def _url_of(request: pytest.FixtureRequest, backend: str) -> str | None:
     # ``pg_url`` fixture on demand (pytest-asyncio 1.x runs it on a loop already running).
     if backend == "memory":
         return None
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    return backend_url(request, backend)
 
 
 @pytest.fixture(params=["memory", "postgresql", "sqlite"])
