@@ -18,7 +18,7 @@ from periodic_manager import cron
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
-from periodic_manager.db.engine import Connection, on_sqlite
+from periodic_manager.db.engine import Connection, reads_bytes
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
@@ -58,7 +58,7 @@ def rules(request: Request, conn: Connection) -> dbjudge.Rules:
     """How this deployment judges rows: backend, size limit, configured targets."""
     settings = state_of(request.app).settings
     return dbjudge.rules_for(
-        on_sqlite(conn), settings.max_payload_bytes, settings.configured_targets()
+        reads_bytes(conn), settings.max_payload_bytes, settings.configured_targets()
     )
 
 

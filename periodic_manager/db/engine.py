@@ -105,6 +105,11 @@ def on_mysql(bind: AsyncEngine | AsyncConnection) -> bool:
     return bind.dialect.name in ("mysql", "mariadb")
 
 
+def backend(bind: AsyncEngine | AsyncConnection) -> str:
+    """``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too): the database ``bind`` talks to."""
+    return "mysql" if on_mysql(bind) else bind.dialect.name
+
+
 def reads_bytes(bind: AsyncEngine | AsyncConnection) -> bool:
     """Whether untrusted columns are read as their stored bytes (:mod:`periodic_manager.db.rows`):
     on SQLite and MariaDB/MySQL (instants as their ISO text); PostgreSQL enforces its types."""

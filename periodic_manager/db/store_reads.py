@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.contracts import EntryRecord, ManagerInfo, ManagerStatus, StateRecord
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import chunks, on_sqlite
+from periodic_manager.db.engine import chunks, reads_bytes
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 
 # Stored counters, one column per run status.
@@ -86,7 +86,7 @@ class OverlapReport:
 
 async def live_managers(conn: AsyncConnection, alive_after: datetime) -> list[ManagerRecord]:
     """Live managers, the leader first, then by id."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(*_cols(sqlite, Manager, "m_"))
         .where(Manager.heartbeat_at >= alive_after)
@@ -102,7 +102,7 @@ async def live_counts(conn: AsyncConnection, alive_after: datetime) -> tuple[int
     """How many managers are live, and how many of them lead (counted by the database: no row
     is read, so no stored value can fail the count). ``is_leader`` counts when judged true
     (:func:`periodic_manager.db.rows.bool_is`)."""
-    leads = dbrows.bool_is(on_sqlite(conn), Manager.__table__.c.is_leader, True)
+    leads = dbrows.bool_is(reads_bytes(conn), Manager.__table__.c.is_leader, True)
     stmt = select(func.count(), func.coalesce(func.sum(case((leads, 1), else_=0)), 0)).where(
         Manager.heartbeat_at >= alive_after
     )
@@ -116,7 +116,7 @@ async def live_entries(
     """Entries of live managers (of one schedule if ``schedule_key`` is given), each with its
     manager and its schedule's stored state. One query; ordered by schedule key, manager and entry
     id, so listings are stable."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(
             *_cols(sqlite, Entry, "e_"),
@@ -157,7 +157,7 @@ async def entry_page(
             .where(*conds)
         )
     ).scalar_one()
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(*_cols(sqlite, Entry, "e_"), *_cols(sqlite, Manager, "m_"))
         .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
@@ -216,7 +216,7 @@ async def states(conn: AsyncConnection, schedule_keys: Iterable[str]) -> dict[st
     ``counts`` holds only the statuses seen, as the memory store's does.
     """
     keys = list(dict.fromkeys(schedule_keys))
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     out: dict[str, StateRecord] = {}
     for chunk in chunks(keys):
         stmt = select(*_cols(sqlite, ScheduleState, "")).where(
@@ -232,7 +232,7 @@ async def rejections_of(
     conn: AsyncConnection, schedule_key: str, alive_after: datetime
 ) -> list[Rejection]:
     """The error records live managers published for a schedule, by manager."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(
             dbrows.raw(sqlite, _E.manager_id),
@@ -258,7 +258,7 @@ async def overlap_of(
 ) -> OverlapReport | None:
     """The held slot and previous task live managers publish for a schedule (options.overlap):
     the leader's first, else the manager that heard from its target last."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(
             dbrows.raw(sqlite, _E.manager_id),
@@ -305,7 +305,7 @@ async def rejections(
 ) -> list[tuple[str, str | None]]:
     """(schedule key, reason) of each rejection of these schedules by a live manager, by
     manager."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         rejected(alive_after)
         .with_only_columns(

@@ -35,6 +35,8 @@ async def _paused(engine: AsyncEngine) -> tuple[Any, Any, Any]:
     at = row[1]
     if isinstance(at, str):  # SQLite hands back text through raw SQL
         at = datetime.fromisoformat(at).replace(tzinfo=UTC)
+    elif isinstance(at, datetime) and at.tzinfo is None:  # MariaDB/MySQL: DATETIME, in UTC
+        at = at.replace(tzinfo=UTC)
     return row[0], at, row[2]
 
 
@@ -144,7 +146,10 @@ async def test_export_ignores_unreadable_pause_columns_and_an_import_pause_is_by
             PAST,
         )
         assert await _paused(engine) == (None, PAST, "import")
-        hostile = "'yesterday'" if engine.dialect.name == "sqlite" else "'infinity'"
+        # What each database holds that is no instant: text, infinity, a zero date.
+        hostile = {"sqlite": "'yesterday'", "postgresql": "'infinity'"}.get(
+            engine.dialect.name, "'0000-00-00 00:00:00'"
+        )
         await _sql(engine, f"UPDATE periodic_jobs SET paused_at = {hostile}")
         export = await export_entries(engine)
         assert export.invalid == []

@@ -118,11 +118,33 @@ async def execute(url: str, sql: str) -> list[tuple[Any, ...]]:
         # In a thread: a manager running in this event loop may hold the write lock, and must
         # be able to commit while this statement waits for it.
         return await asyncio.to_thread(_sqlite_execute, url.split(":///", 1)[1], sql)
+    if url.startswith("mysql"):
+        return await _mysql_execute(url, sql)
     conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"), timeout=5)
     try:
         return [tuple(r) for r in await conn.fetch(sql)]
     finally:
         await conn.close()
+
+
+async def _mysql_execute(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """MariaDB/MySQL through asyncmy, in a session of UTC (as the product's engine)."""
+    import asyncmy
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    conn = await asyncmy.connect(
+        host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root",
+        password=u.password or "", database=u.database, autocommit=True, connect_timeout=5,
+        charset="utf8mb4", init_command="SET time_zone = '+00:00'",
+    )  # fmt: skip
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(sql)
+            rows = await cur.fetchall() if cur.description else ()
+        return [tuple(r) for r in rows]
+    finally:
+        conn.close()
 
 
 def _sqlite_execute(path: str, sql: str) -> list[tuple[Any, ...]]:
