@@ -154,6 +154,13 @@ def _sqlite_execute(path: str, sql: str) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in rows]
 
 
+def instant(url: str, utc: str) -> str:
+    """The SQL literal of the UTC instant ``utc`` (``YYYY-MM-DD HH:MM:SS[.f]``) for the database
+    at ``url``: with an offset on PostgreSQL; as it is on SQLite and MariaDB/MySQL, which hold
+    UTC (MariaDB takes no offset in a literal)."""
+    return f"'{utc}+00'" if url.startswith("postgresql") else f"'{utc}'"
+
+
 async def insert(url: str, name: str, /, **columns: str) -> int:
     """Insert a row whose columns are SQL literals (defaults: a valid every-minute row)."""
     values = {"name": f"'{name}'", "spec": "'* * * * *'", "task_type": "'t'", **columns}
