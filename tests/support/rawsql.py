@@ -2,9 +2,10 @@
 themselves (asyncpg, sqlite3), no SQLAlchemy types, no JSON encoding, no validation.
 
 Each hostile case is a set of column literals that the database accepts but no manager can
-use, with the field its judgement must name. ``BOTH`` can be stored on either backend;
-``POSTGRESQL`` and ``SQLITE`` only there (SQLite columns take any value of any type;
-PostgreSQL takes timestamps far outside Python's range).
+use, with the field its judgement must name. ``BOTH`` can be stored on every backend;
+``POSTGRESQL``, ``SQLITE`` and ``MYSQL`` only there (SQLite columns take any value of any type;
+PostgreSQL takes timestamps far outside Python's range; MariaDB/MySQL zero dates and any text
+in a JSON column).
 """
 
 from __future__ import annotations
@@ -99,13 +100,28 @@ SQLITE = [
 ]
 
 
+# MariaDB/MySQL: JSON columns are LONGTEXT (any text), DATETIME takes zero dates and years a
+# schedule may not use, ``enabled`` is a TINYINT; text is checked as UTF-8 by the server.
+MYSQL = [
+    Case("payload-not-json", {"payload": "'not json {'"}, "payload", {"payload": None}),
+    Case("options-not-json", {"options": "'queue=x'"}, "options", {"options": {}}),
+    Case("options-array", {"options": "'[1]'"}, "options", {"options": {"queue": "q"}}),
+    Case("anchor-zero-date", {"anchor": "'0000-00-00 00:00:00'"}, "anchor", {"anchor": None}),
+    Case("anchor-zero-month", {"anchor": "'2024-00-10 00:00:00'"}, "anchor", {"anchor": None}),
+    Case("anchor-9999-12-31", {"anchor": "'9999-12-31 23:59:59'"}, "anchor", {"anchor": None}),
+    Case("enabled-2", {"enabled": "2"}, "enabled", {"enabled": True}),
+]
+EXTRA = {"postgresql": POSTGRESQL, "sqlite": SQLITE, "mysql": MYSQL}
+BACKENDS = tuple(EXTRA)
+
+
 def cases(backend: str) -> list[Case]:
-    return BOTH + (POSTGRESQL if backend == "postgresql" else SQLITE)
+    return BOTH + EXTRA[backend]
 
 
 def all_cases() -> list[tuple[str, Case]]:
     """(backend, case) for every case on every backend that can hold it."""
-    return [(b, c) for b in ("postgresql", "sqlite") for c in cases(b)]
+    return [(b, c) for b in BACKENDS for c in cases(b)]
 
 
 def case_id(pair: tuple[str, Case]) -> str:
