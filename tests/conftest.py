@@ -137,6 +137,13 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    """A new, empty database on each database server (PostgreSQL, MariaDB/MySQL): for what
+    SQLite cannot do (several processes writing at once, row locks)."""
+    return backend_url(request, request.param)
+
+
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     """An empty database on each backend (the test is run once per backend)."""

@@ -23,7 +23,7 @@ from tests.support.e2e import T0, Rig, at, e2e_rig, iso
 from tests.support.tcpproxy import TcpProxy
 
 
-@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox"])
+@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox", "mysql+outbox"])
 def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(database URL, target); async fixtures are pulled in from this sync fixture."""
     backend, target = str(request.param).split("+")
