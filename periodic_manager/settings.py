@@ -261,7 +261,7 @@ class Settings(BaseSettings):
         # database_url is declared first: a bad URL is reported, not this.
         url = info.data.get("database_url")
         names = (v,) if isinstance(v, str) else v
-        if "procrastinate" in names and isinstance(url, str) and url.startswith("sqlite"):
+        if "procrastinate" in names and isinstance(url, str) and not url.startswith("postgres"):
             raise ValueError(
                 "the procrastinate target needs PostgreSQL (procrastinate is PostgreSQL only): "
                 "set PM_DATABASE_URL to a postgresql:// database"

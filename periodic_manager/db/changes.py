@@ -46,6 +46,13 @@ async def current_revision(conn: AsyncConnection) -> int:
     return int(max(latest_row, latest_tombstone))
 
 
+async def revision_of(engine: AsyncEngine) -> int:
+    """:func:`current_revision` on a connection of ``engine``'s pool (what the MariaDB/MySQL
+    revision poller reads, ``runtime/poll.py``)."""
+    async with engine.connect() as conn:
+        return await current_revision(conn)
+
+
 async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
     """None (one indexed query) when nothing changed after revision ``since``; else the watermark
     and the tombstones since. The rows written since are read with :func:`rows_since`."""

@@ -2,7 +2,8 @@
 
 The triggers of migration 0003 give every write of ``periodic_jobs`` a fresh revision from one
 counter (and every DELETE a tombstone), so the watermark (:func:`periodic_manager.db.changes
-.current_revision`: one indexed query) moves exactly when something changed. The poller reads
+.revision_of`: one indexed query, handed in by ``assemble.py``) moves exactly when something
+changed. The poller reads
 it every ``interval`` seconds (``PM_POLL_INTERVAL``, default 1 s) and asks for a sync when it
 moved: a plain-SQL edit is live within about ``interval`` plus the sync. When nothing changed a
 poll costs that one query; the sync then reads only the rows written since.
@@ -16,13 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-
-from sqlalchemy.ext.asyncio import AsyncEngine
+from collections.abc import Awaitable, Callable
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import Clock
-from periodic_manager.db.changes import current_revision
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -30,14 +28,19 @@ log = logging.getLogger(__name__)
 
 class RevisionPoller:
     """A :class:`~periodic_manager.contracts.ChangeSignal` calling ``on_change()`` whenever the
-    change revision of ``periodic_jobs`` moved since the last poll."""
+    change revision of ``periodic_jobs`` (``read()``) moved since the last poll."""
 
     def __init__(
-        self, engine: AsyncEngine, *, interval: float = 1.0, clock: Clock | None = None, timeout: float = 5.0
+        self,
+        read: Callable[[], Awaitable[int]],
+        *,
+        interval: float = 1.0,
+        clock: Clock | None = None,
+        timeout: float = 5.0,
     ) -> None:
         if interval <= 0:
             raise ValueError("poll interval must be > 0")
-        self.engine = engine
+        self.read = read
         self.interval = interval
         # Polls wait for the database's changes, not for a slot: real time even under a virtual
         # scheduler clock (as the PostgreSQL listener's reconnects).
@@ -67,8 +70,7 @@ class RevisionPoller:
 
     async def poll(self) -> int:
         """The change revision now (one indexed query)."""
-        async with self.engine.connect() as conn:
-            return await asyncio.wait_for(current_revision(conn), self.timeout)
+        return await asyncio.wait_for(self.read(), self.timeout)
 
     async def _run(self) -> None:
         seen: int | None = None  # None: unknown (first poll, or after a failure)

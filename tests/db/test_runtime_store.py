@@ -142,12 +142,12 @@ def _url_of(request: pytest.FixtureRequest, backend: str) -> str | None:
     return backend_url(request, backend)
 
 
-@pytest.fixture(params=["memory", "postgresql", "sqlite"])
+@pytest.fixture(params=["memory", "postgresql", "sqlite", "mysql"])
 def any_store_url(request: pytest.FixtureRequest) -> str | None:
     return _url_of(request, str(request.param))
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=["postgresql", "sqlite", "mysql"])
 def db_store_url(request: pytest.FixtureRequest) -> str | None:
     return _url_of(request, str(request.param))
 
@@ -448,9 +448,10 @@ async def test_heartbeat_and_run_batches_are_one_statement(
             [run(str(k), s * 60, "enqueued") for s in range(10) for k in range(50)]
         )
         # The state upsert, then the history rows: one COPY on PostgreSQL (below the SQL layer,
-        # so not an executed statement here), one executemany into pm_runs on SQLite.
+        # so not an executed statement here), one executemany into pm_runs on SQLite and MariaDB.
         postgres = db_store.engine.dialect.name == "postgresql"
-        assert len(statements) == (1 if postgres else 2) and "ON CONFLICT" in statements[0].upper()
+        upsert = "ON DUPLICATE KEY UPDATE" if db_store.engine.dialect.name == "mysql" else "ON CONFLICT"
+        assert len(statements) == (1 if postgres else 2) and upsert in statements[0].upper()
         if not postgres:
             assert statements[1].upper().startswith("INSERT INTO PM_RUNS")
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from functools import partial
 
 import asyncpg
 import pytest
@@ -14,6 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db.changes import revision_of
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.provider import DatabaseProvider
@@ -262,7 +264,7 @@ async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(mar
     mgr = PeriodicTaskManager(
         DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
     )
-    poller = RevisionPoller(polled, interval=0.1, timeout=1)
+    poller = RevisionPoller(partial(revision_of, polled), interval=0.1, timeout=1)
     mgr.signals.append(poller)
     await mgr.start()
     try:
