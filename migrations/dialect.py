@@ -23,10 +23,14 @@ MariaDB/MySQL in short (docs/operations.md, "MariaDB and MySQL"):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy import PrimaryKeyConstraint
 from sqlalchemy.dialects import mysql, postgresql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import DDLCompiler
 
 # An instant: TIMESTAMP WITH TIME ZONE, SQLite's text, DATETIME(6) in UTC.
 INSTANT = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
@@ -44,6 +48,16 @@ TABLE = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": 
 # An instant "now" in a trigger, as each database stores it.
 SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
 MYSQL_NOW = "UTC_TIMESTAMP(6)"
+
+
+@compiles(PrimaryKeyConstraint, "mysql")
+@compiles(PrimaryKeyConstraint, "mariadb")
+def _primary_key(element: PrimaryKeyConstraint, compiler: DDLCompiler, **kw: Any) -> str:
+    """A primary key of MariaDB/MySQL is always named PRIMARY: its name is left out (given, the
+    server ignores it with a warning, one per table, that the driver logs)."""
+    if not element.columns:
+        return ""
+    return "PRIMARY KEY (" + ", ".join(compiler.preparer.quote(c.name) for c in element.columns) + ")"
 
 
 def name() -> str:

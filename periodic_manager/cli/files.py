@@ -78,7 +78,7 @@ def print_next(args: argparse.Namespace) -> int:
 def run_file_command(command: str, args: argparse.Namespace, settings: Settings) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from periodic_manager.db.engine import is_sqlite
+    from periodic_manager.db.engine import url_backend
     from periodic_manager.runtime.startup import StartupError, check_database
     from periodic_manager.schedules import files as sio
     from periodic_manager.schedules.files import FileError
@@ -104,7 +104,7 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
                 source,
                 settings.max_payload_bytes,
                 targets=settings.configured_targets(),
-                sqlite=is_sqlite(settings.database_url),
+                database=url_backend(settings.database_url),
             )
             # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
             asyncio.run(check_database(settings.database_url))

@@ -50,6 +50,11 @@ def is_mysql(url: str) -> bool:
     return make_url(url).get_backend_name() in ("mysql", "mariadb")
 
 
+def url_backend(url: str) -> str:
+    """``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too): the database ``url`` names."""
+    return "mysql" if is_mysql(url) else make_url(url).get_backend_name()
+
+
 def check_mysql_driver() -> None:
     """Raise ValueError (one line naming the extra) when asyncmy is not installed."""
     if importlib.util.find_spec("asyncmy") is None:
