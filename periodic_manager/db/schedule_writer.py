@@ -90,8 +90,8 @@ async def lock(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | Non
     check-merge-write is atomic against any other writer (another API process, plain SQL); None
     when there is no such row.
 
-    PostgreSQL: the row is locked. SQLite has no row locks and ignores FOR UPDATE: a write that
-    touches nothing takes the database's write lock first, held to commit.
+    PostgreSQL and MariaDB/MySQL: the row is locked. SQLite has no row locks and ignores FOR
+    UPDATE: a write that touches nothing takes the database's write lock first, held to commit.
     """
     if on_sqlite(conn):
         await _write_lock(conn)
