@@ -19,7 +19,7 @@ from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
-from periodic_manager.db.engine import Connection, on_sqlite
+from periodic_manager.db.engine import Connection, reads_bytes
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import calendars as calendar_rules
@@ -62,7 +62,7 @@ async def rules(request: Request, conn: Connection) -> dbjudge.Rules:
     calendars options.exclude may name (read now, as the manager reads them at a sync)."""
     settings = state_of(request.app).settings
     return dbjudge.rules_for(
-        on_sqlite(conn), settings.max_payload_bytes, settings.configured_targets()
+        reads_bytes(conn), settings.max_payload_bytes, settings.configured_targets()
     ).with_calendars(await dbcalendars.specs(conn))
 
 

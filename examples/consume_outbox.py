@@ -1,7 +1,7 @@
 """Consume periodic_manager tasks from the database outbox table ``pm_outbox``.
 
 Copy this into a worker and replace ``handle``. It needs only SQLAlchemy and the async driver
-(asyncpg or aiosqlite).
+(asyncpg, aiosqlite or asyncmy).
 
     python examples/consume_outbox.py --database-url postgresql://... --queue default
 
@@ -9,8 +9,8 @@ Each round takes up to ``--batch`` unprocessed rows of the queue in one transact
 (here: prints one JSON line per message), sets ``processed_at`` and commits. A worker that dies
 mid-batch rolls back, so its rows are taken again: at-least-once.
 
-PostgreSQL: rows are taken with ``SELECT ... FOR UPDATE SKIP LOCKED``, so any number of
-consumers can run side by side; each row goes to one of them.
+PostgreSQL, MariaDB >= 10.6 and MySQL 8: rows are taken with ``SELECT ... FOR UPDATE SKIP
+LOCKED``, so any number of consumers can run side by side; each row goes to one of them.
 
 SQLite has no row locks and no SKIP LOCKED: run ONE consumer at a time per database there (two
 would read the same rows before either commits).
@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, Text, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 # The columns this consumer reads and writes (the table itself is created by the migrations).
 outbox = Table(
@@ -53,17 +53,39 @@ outbox = Table(
 
 
 def async_url(url: str) -> str:
-    """Accept plain ``postgresql://`` / ``sqlite:///`` URLs and pick the async drivers."""
+    """Accept plain ``postgresql://`` / ``sqlite:///`` / ``mysql://`` / ``mariadb://`` URLs and
+    pick the async drivers."""
     u = make_url(url)
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+asyncpg")
     elif u.drivername == "sqlite":
         u = u.set(drivername="sqlite+aiosqlite")
+    elif u.drivername in ("mysql", "mariadb"):
+        u = u.set(drivername="mysql+asyncmy").update_query_dict({"charset": "utf8mb4"})
     return u.render_as_string(hide_password=False)
 
 
+def make_engine(database_url: str) -> AsyncEngine:
+    """The consumer's engine. MariaDB/MySQL: sessions in UTC, whatever the server's time zone,
+    and READ COMMITTED, so that a consumer's locks are its rows alone (no gap locks that would
+    block the others)."""
+    url = async_url(database_url)
+    if url.startswith("mysql"):
+        return create_async_engine(
+            url,
+            connect_args={"init_command": "SET time_zone = '+00:00'"},
+            isolation_level="READ COMMITTED",
+        )
+    return create_async_engine(url)
+
+
+def naive_utc(dialect: str) -> bool:
+    """SQLite and MariaDB/MySQL store instants as naive UTC (the manager writes them so)."""
+    return dialect != "postgresql"
+
+
 def utc_iso(value: datetime) -> str:
-    """SQLite returns naive datetimes: the outbox stores UTC there."""
+    """SQLite and MariaDB/MySQL return naive datetimes: the outbox stores UTC there."""
     utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
     return text.replace("+00:00", "Z")
@@ -80,7 +102,7 @@ async def claim_batch(conn: AsyncConnection, queue: str, limit: int) -> list[dic
         .order_by(outbox.c.seq)
         .limit(limit)
     )
-    if conn.dialect.name == "postgresql":
+    if conn.dialect.name != "sqlite":
         query = query.with_for_update(skip_locked=True)
     rows = (await conn.execute(query)).mappings().all()
     return [
@@ -102,7 +124,7 @@ async def claim_batch(conn: AsyncConnection, queue: str, limit: int) -> list[dic
 
 async def mark_processed(conn: AsyncConnection, seqs: list[int]) -> None:
     now = datetime.now(UTC)
-    if conn.dialect.name == "sqlite":
+    if naive_utc(conn.dialect.name):
         now = now.replace(tzinfo=None)  # stored as naive UTC, like the manager writes it
     await conn.execute(update(outbox).where(outbox.c.seq.in_(seqs)).values(processed_at=now))
 
@@ -121,7 +143,7 @@ async def handle(message: dict[str, Any], work_s: float) -> None:
 
 
 async def consume(args: argparse.Namespace) -> int:
-    engine = create_async_engine(async_url(args.database_url))
+    engine = make_engine(args.database_url)
     done = 0
     try:
         while args.count is None or done < args.count:

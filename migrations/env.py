@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.models import Base, UTCDateTime, include_object
+from periodic_manager.migrations import dialect  # noqa: F401 - its DDL rule for MariaDB/MySQL
 from periodic_manager.settings import DEFAULT_DATABASE_URL
 
 config = context.config
@@ -64,6 +65,9 @@ def _configure(connection: Connection) -> None:
             # lock is taken before Alembic reads the current revision and released at commit,
             # so the second upgrade sees the first one's result and applies nothing.
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        elif connection.dialect.name in ("mysql", "mariadb"):
+            # The same with a named lock of the session (freed when the connection closes).
+            connection.execute(text("SELECT GET_LOCK(:key, 600)"), {"key": f"pm-migrate-{MIGRATION_LOCK_KEY}"})
         context.run_migrations()
 
 

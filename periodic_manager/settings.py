@@ -66,7 +66,8 @@ class Settings(BaseSettings):
     grace: float = Field(30.0, ge=0, description="seconds a slot may be late and still be enqueued")
     heartbeat_interval: float = Field(5.0, gt=0, description="seconds between manager heartbeats")
     leader_election: bool | None = Field(
-        None, description="one leader among managers (default: on for PostgreSQL, off for SQLite)"
+        None,
+        description="one leader among managers (default: on for PostgreSQL and MariaDB/MySQL, off for SQLite)",
     )
     leader_poll_interval: float = Field(1.0, gt=0, description="seconds between leadership tries/checks")
     leader_timeout: float = Field(
@@ -108,6 +109,13 @@ class Settings(BaseSettings):
     )
     listen: bool | None = Field(
         None, description="LISTEN for the change trigger (default: on for PostgreSQL)"
+    )
+    poll_interval: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description="MariaDB/MySQL (no LISTEN): seconds between polls of the change revision "
+        "(one indexed query when nothing changed)",
     )
     host: str = Field("127.0.0.1", description="API bind address")
     port: int = Field(8000, ge=0, le=65535, description="API port")
@@ -193,8 +201,26 @@ class Settings(BaseSettings):
             backend = make_url(v).get_backend_name()
         except ArgumentError:
             raise ValueError("not a database URL (e.g. postgresql://user@host/db or sqlite:///file.db)") from None
-        if backend not in ("postgresql", "sqlite"):
-            raise ValueError(f"unsupported database {backend!r}: use postgresql or sqlite")
+        if backend in ("mysql", "mariadb"):
+            from periodic_manager.db.engine import check_mysql_driver
+
+            check_mysql_driver()
+        elif backend not in ("postgresql", "sqlite"):
+            raise ValueError(f"unsupported database {backend!r}: use postgresql, mysql/mariadb or sqlite")
+        return v
+
+    @field_validator("coordination")
+    @classmethod
+    def _partitions_database(cls, v: str, info: ValidationInfo) -> str:
+        # database_url is declared first: a bad URL is reported, not this.
+        url = info.data.get("database_url")
+        if v == "partitions" and isinstance(url, str):
+            from periodic_manager.db.engine import is_mysql
+
+            if is_mysql(url):
+                raise ValueError(
+                    "partitions need PostgreSQL; on MariaDB/MySQL use coordination=leader (GET_LOCK)"
+                )
         return v
 
     @field_validator("allowed_hosts", mode="before")
@@ -236,7 +262,7 @@ class Settings(BaseSettings):
         # database_url is declared first: a bad URL is reported, not this.
         url = info.data.get("database_url")
         names = (v,) if isinstance(v, str) else v
-        if "procrastinate" in names and isinstance(url, str) and url.startswith("sqlite"):
+        if "procrastinate" in names and isinstance(url, str) and not url.startswith("postgres"):
             raise ValueError(
                 "the procrastinate target needs PostgreSQL (procrastinate is PostgreSQL only): "
                 "set PM_DATABASE_URL to a postgresql:// database"

@@ -1,6 +1,8 @@
-"""Shared fixtures: fresh PostgreSQL databases, SQLite files and Redis key prefixes per test.
+"""Shared fixtures: fresh PostgreSQL and MariaDB/MySQL databases, SQLite files and Redis key
+prefixes per test.
 
-Tests talk to real services (PM_TEST_PG_DSN, PM_TEST_REDIS_URL; defaults: the local ones). A
+Tests talk to real services (PM_TEST_PG_DSN, PM_TEST_MYSQL_URL, PM_TEST_REDIS_URL; defaults: the
+local ones). A
 service that cannot be reached skips its tests locally, and fails them under CI=true.
 
 **Redis.** The tests use a database of their own, 15 by default (``redis://127.0.0.1:6379/15``),
@@ -29,10 +31,13 @@ import redis
 import redis.asyncio as aioredis
 from sqlalchemy.engine import make_url
 
+from periodic_manager.db.engine import normalize_url
 from periodic_manager.db.migrate import upgrade
 from tests.support.tcpproxy import TcpProxy
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
+# A MariaDB or MySQL server, as a URL without a database (root may create and drop databases).
+MYSQL_URL = os.environ.get("PM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306")
 REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("PM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -70,6 +75,37 @@ async def pg_url() -> AsyncIterator[str]:
         yield url
 
 
+@contextlib.asynccontextmanager
+async def new_mysql_database() -> AsyncIterator[str]:
+    """A new, empty MariaDB/MySQL database (its asyncmy URL), dropped on the way out."""
+    import asyncmy
+
+    name = f"pm_test_{uuid.uuid4().hex[:12]}"
+    u = make_url(MYSQL_URL)
+    try:
+        admin = await asyncmy.connect(
+            host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root",
+            password=u.password or "", connect_timeout=5,
+        )  # fmt: skip
+    except (OSError, asyncmy.errors.Error) as exc:
+        _unavailable("MariaDB/MySQL", exc)
+    try:
+        async with admin.cursor() as cur:
+            await cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        yield normalize_url(u.set(database=name).render_as_string(hide_password=False))
+    finally:
+        async with admin.cursor() as cur:
+            await cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.close()
+
+
+@pytest.fixture
+async def mariadb_url() -> AsyncIterator[str]:
+    """URL of a new, empty MariaDB/MySQL database, dropped after the test."""
+    async with new_mysql_database() as url:
+        yield url
+
+
 @pytest.fixture
 async def proxied(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
     """``pg_url``'s database through a TcpProxy the test can cut or freeze: its URL, the proxy."""
@@ -87,16 +123,31 @@ def sqlite_url(tmp_path: object) -> str:
     return f"sqlite+aiosqlite:///{tmp_path}/pm.db"  # type: ignore[str-bytes-safe]
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+# The URL fixture of each backend the per-backend tests run on.
+BACKEND_URLS = {"postgresql": "pg_url", "sqlite": "sqlite_url", "mysql": "mariadb_url"}
+
+
+def backend_url(request: pytest.FixtureRequest, backend: str) -> str:
+    """A new, empty database of ``backend`` (its URL fixture's value)."""
+    return str(request.getfixturevalue(BACKEND_URLS[backend]))
+
+
+@pytest.fixture(params=list(BACKEND_URLS))
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    """A new, empty database on each database server (PostgreSQL, MariaDB/MySQL): for what
+    SQLite cannot do (several processes writing at once, row locks)."""
+    return backend_url(request, request.param)
 
 
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     """An empty database on each backend (the test is run once per backend)."""
-    fixture = "pg_url" if backend == "postgresql" else "sqlite_url"
-    return str(request.getfixturevalue(fixture))
+    return backend_url(request, backend)
 
 
 @pytest.fixture

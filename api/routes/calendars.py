@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request, Response, status
 
 from periodic_manager.db import calendars as dbcalendars
-from periodic_manager.db.engine import Connection
+from periodic_manager.db.engine import Connection, retried
 from periodic_manager.schedules.calendars import (
     MAX_DATES,
     NAME_PATTERN,
@@ -83,13 +83,18 @@ async def put_calendar(
 ) -> CalendarView:
     check_name(name)
     spec = check_spec(body.model_dump(exclude_none=True))
-    created = await dbcalendars.put(conn, name, spec, now)
+    async def write() -> tuple[bool, dbcalendars.StoredCalendar, list[str]]:
+        created = await dbcalendars.put(conn, name, spec, now)
+        found = await dbcalendars.read_one(conn, name)
+        assert found is not None
+        return created, found, await dbcalendars.users(conn, name)
+
+    # Concurrent writers of one calendar may deadlock on MariaDB/MySQL: the write is run again.
+    created, found, users = await retried(conn, write)
     notify_manager(request)
     if created:
         response.status_code = status.HTTP_201_CREATED
-    found = await dbcalendars.read_one(conn, name)
-    assert found is not None
-    return _view(found, now, await dbcalendars.users(conn, name))
+    return _view(found, now, users)
 
 
 @router.delete(

@@ -9,6 +9,13 @@ commits later. SQLite serializes writers by itself. On PostgreSQL a statement-le
 transaction-level advisory lock first, so writers of ``periodic_jobs`` queue behind each other
 until commit (schedule edits are rare; one bulk statement takes the lock once).
 
+MariaDB/MySQL: the counter is the one row of ``pm_revision`` (as on SQLite), bumped by BEFORE
+INSERT/UPDATE row triggers that set ``NEW.revision`` and by an AFTER DELETE trigger that writes
+the tombstone. The row lock the bump takes is held to commit, so writers of ``periodic_jobs``
+queue behind each other there too. No trigger fires on TRUNCATE (a full sync, every
+``PM_FULL_SYNC_INTERVAL``, makes up for it), and there is no NOTIFY: managers poll the watermark
+(``PM_POLL_INTERVAL``).
+
 PostgreSQL also NOTIFYs channel ``periodic_jobs`` once per statement (empty payload: listeners
 re-read), so a bulk UPDATE of 10,000 rows is one notification.
 
@@ -23,6 +30,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from periodic_manager.migrations import dialect
 
 revision: str = "0003_change_signal"
 down_revision: str | None = "0002_runs_history"
@@ -97,6 +106,34 @@ SQLITE_UP = [
     END""",
 ]
 
+_MY_BUMP = "UPDATE pm_revision SET value = value + 1 WHERE id = 1;"
+MYSQL_UP = [
+    "CREATE TABLE pm_revision (id INTEGER NOT NULL PRIMARY KEY, value BIGINT NOT NULL)"
+    " ENGINE=InnoDB",
+    "INSERT INTO pm_revision (id, value) VALUES (1, 0)",
+    "UPDATE periodic_jobs SET revision = id",
+    "UPDATE pm_revision SET value = (SELECT coalesce(max(id), 0) FROM periodic_jobs)",
+    f"""CREATE TRIGGER pm_jobs_revision_insert BEFORE INSERT ON periodic_jobs FOR EACH ROW BEGIN
+      {_MY_BUMP}
+      SET NEW.revision = {_CURRENT};
+    END""",
+    f"""CREATE TRIGGER pm_jobs_revision_update BEFORE UPDATE ON periodic_jobs FOR EACH ROW BEGIN
+      {_MY_BUMP}
+      SET NEW.revision = {_CURRENT};
+    END""",
+    f"""CREATE TRIGGER pm_jobs_tombstone AFTER DELETE ON periodic_jobs FOR EACH ROW BEGIN
+      {_MY_BUMP}
+      INSERT INTO periodic_jobs_deleted (revision, id, deleted_at)
+      VALUES ({_CURRENT}, OLD.id, UTC_TIMESTAMP(6));
+    END""",
+]
+MYSQL_DOWN = [
+    "DROP TRIGGER IF EXISTS pm_jobs_tombstone",
+    "DROP TRIGGER IF EXISTS pm_jobs_revision_update",
+    "DROP TRIGGER IF EXISTS pm_jobs_revision_insert",
+    "DROP TABLE IF EXISTS pm_revision",
+]
+
 SQLITE_DOWN = [
     "DROP TRIGGER IF EXISTS pm_jobs_delete",
     "DROP TRIGGER IF EXISTS pm_jobs_update",
@@ -106,7 +143,6 @@ SQLITE_DOWN = [
 
 
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
     op.add_column(
         "periodic_jobs", sa.Column("revision", sa.BigInteger(), server_default="0", nullable=False)
     )
@@ -116,18 +152,16 @@ def upgrade() -> None:
         sa.Column("revision", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("id", sa.BigInteger(), nullable=False),
         sa.Column(
-            "deleted_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+            "deleted_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False
         ),
         sa.PrimaryKeyConstraint("revision", name=op.f("pk_periodic_jobs_deleted")),
+        **dialect.TABLE,
     )
-    for stmt in SQLITE_UP if sqlite else PG_UP:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_UP, sqlite=SQLITE_UP, mysql=MYSQL_UP)
 
 
 def downgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    for stmt in SQLITE_DOWN if sqlite else PG_DOWN:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_DOWN, sqlite=SQLITE_DOWN, mysql=MYSQL_DOWN)
     op.drop_table("periodic_jobs_deleted")
     op.drop_index("ix_periodic_jobs_revision", table_name="periodic_jobs")
     with op.batch_alter_table("periodic_jobs") as batch:

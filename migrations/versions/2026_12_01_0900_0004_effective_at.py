@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from periodic_manager.migrations import dialect
+
 revision: str = "0004_effective_at"
 down_revision: str | None = "0003_change_signal"
 branch_labels: str | Sequence[str] | None = None
@@ -70,6 +72,27 @@ PG_DOWN = [
     "DROP FUNCTION IF EXISTS pm_jobs_stamp()",
 ]
 
+# MariaDB/MySQL: BEFORE row triggers setting NEW (UTC_TIMESTAMP(6): the statement's time, in UTC).
+_MY_NOW = dialect.MYSQL_NOW
+MYSQL_UP = [
+    f"""CREATE TRIGGER pm_jobs_stamp_insert BEFORE INSERT ON periodic_jobs FOR EACH ROW BEGIN
+      IF NEW.effective_at IS NULL THEN SET NEW.effective_at = {_MY_NOW}; END IF;
+    END""",
+    f"""CREATE TRIGGER pm_jobs_stamp_update BEFORE UPDATE ON periodic_jobs FOR EACH ROW BEGIN
+      IF NEW.effective_at <=> OLD.effective_at
+         AND ({dialect.mysql_distinct(TIMING)} OR (NEW.enabled <=> 1 AND NOT OLD.enabled <=> 1)) THEN
+        SET NEW.effective_at = {_MY_NOW};
+      END IF;
+      IF NEW.updated_at <=> OLD.updated_at AND {dialect.mysql_distinct(VISIBLE)} THEN
+        SET NEW.updated_at = {_MY_NOW};
+      END IF;
+    END""",
+]
+MYSQL_DOWN = [
+    "DROP TRIGGER IF EXISTS pm_jobs_stamp_update",
+    "DROP TRIGGER IF EXISTS pm_jobs_stamp_insert",
+]
+
 # SQLite keeps instants as naive UTC text; six fractional digits, like SQLAlchemy writes them.
 _NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
 SQLITE_UP = [
@@ -95,19 +118,14 @@ SQLITE_DOWN = [
 
 
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    # Plain ALTER TABLE on both backends: SQLite's batch mode would rebuild the table and lose
+    # Plain ALTER TABLE on every backend: SQLite's batch mode would rebuild the table and lose
     # the triggers of 0003.
-    kind = "DATETIME" if sqlite else "TIMESTAMP WITH TIME ZONE"
-    op.execute(f"ALTER TABLE periodic_jobs ADD COLUMN effective_at {kind}")
+    op.execute(f"ALTER TABLE periodic_jobs ADD COLUMN effective_at {dialect.instant_sql()}")
     op.execute("UPDATE periodic_jobs SET effective_at = updated_at")
-    for stmt in SQLITE_UP if sqlite else PG_UP:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_UP, sqlite=SQLITE_UP, mysql=MYSQL_UP)
 
 
 def downgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    for stmt in SQLITE_DOWN if sqlite else PG_DOWN:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_DOWN, sqlite=SQLITE_DOWN, mysql=MYSQL_DOWN)
     op.execute("ALTER TABLE periodic_jobs DROP COLUMN effective_at")
 

@@ -6,7 +6,7 @@ newest row per schedule.
 - ``pm_schedule_state``: ``held_count``, beside the other counters.
 - ``pm_outbox``: index ``(name, seq)``, so the newest row of a schedule is one index lookup.
 
-Plain ALTER TABLE on both backends (SQLite's batch mode would rebuild tables).
+Plain ALTER TABLE on every backend (SQLite's batch mode would rebuild tables).
 
 Revision ID: 0005_overlap
 Revises: 0004_effective_at
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from periodic_manager.migrations import dialect
+
 revision: str = "0005_overlap"
 down_revision: str | None = "0004_effective_at"
 branch_labels: str | Sequence[str] | None = None
@@ -26,8 +28,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    instant = "DATETIME" if sqlite else "TIMESTAMP WITH TIME ZONE"
+    instant = dialect.instant_sql()
     op.execute(f"ALTER TABLE pm_entries ADD COLUMN held_slot_at {instant}")
     op.execute("ALTER TABLE pm_entries ADD COLUMN previous_task_id VARCHAR(128)")
     op.execute("ALTER TABLE pm_entries ADD COLUMN previous_task_state VARCHAR(32)")

@@ -6,7 +6,7 @@
 - ``pm_schedule_state.resent_count``: slots re-published with the same task id because the
   broker never confirmed the first publish (a delivery that may have happened twice).
 
-Plain ALTER TABLE on both backends.
+Plain ALTER TABLE on every backend.
 
 Revision ID: 0006_settled_slots
 Revises: 0005_overlap
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from periodic_manager.migrations import dialect
+
 revision: str = "0006_settled_slots"
 down_revision: str | None = "0005_overlap"
 branch_labels: str | Sequence[str] | None = None
@@ -26,8 +28,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    instant = "DATETIME" if sqlite else "TIMESTAMP WITH TIME ZONE"
+    instant = dialect.instant_sql()
     op.execute(f"ALTER TABLE pm_schedule_state ADD COLUMN last_done_at {instant}")
     op.execute("ALTER TABLE pm_schedule_state ADD COLUMN resent_count BIGINT DEFAULT '0' NOT NULL")
     # What was sent before this migration is settled too.

@@ -34,7 +34,7 @@ present, so an id deleted before this upgrade is not reused either:
   the run history and the schedule state;
 - ``pm_runs``: the largest id (nothing refers to a run by its id).
 
-PostgreSQL needs nothing: these columns are ``BIGSERIAL`` (a sequence, which never hands out a
+PostgreSQL and MariaDB/MySQL need nothing: these columns are ``BIGSERIAL`` or ``AUTO_INCREMENT`` (a sequence, which never hands out a
 value twice). Downgrading rebuilds the SQLite tables without AUTOINCREMENT.
 
 Last good versions (both backends):
@@ -57,6 +57,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy import text
+
+from periodic_manager.migrations import dialect
 
 revision: str = "0007_ids_last_good"
 down_revision: str | None = "0006_settled_slots"
@@ -231,17 +233,18 @@ def _create_last_good() -> None:
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("spec", sa.String(length=200), nullable=False),
         sa.Column("timezone", sa.String(length=64), nullable=False),
-        sa.Column("anchor", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("anchor", dialect.INSTANT, nullable=True),
         sa.Column("task_type", sa.String(length=200), nullable=False),
-        sa.Column("payload", sa.Text(), nullable=False),
-        sa.Column("options", sa.Text(), nullable=False),
-        sa.Column("effective_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("payload", dialect.LONG_TEXT, nullable=False),
+        sa.Column("options", dialect.LONG_TEXT, nullable=False),
+        sa.Column("effective_at", dialect.INSTANT, nullable=True),
         sa.Column("content_hash", sa.String(length=64), nullable=False),
         sa.Column("row_revision", sa.BigInteger(), nullable=True),
         sa.Column("bad_revision", sa.BigInteger(), nullable=True),
-        sa.Column("since", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("since", dialect.INSTANT, nullable=False),
         sa.Column("manager_id", sa.String(length=64), nullable=True),
         sa.PrimaryKeyConstraint("schedule_key", name=op.f("pk_pm_last_good")),
+        **dialect.TABLE,
     )
 
 
@@ -254,8 +257,7 @@ def upgrade() -> None:
             _start_sequence(table)
     _create_last_good()
     # Plain ALTER TABLE on both backends (SQLite's batch mode would rebuild the table).
-    instant = "DATETIME" if sqlite else "TIMESTAMP WITH TIME ZONE"
-    op.execute(f"ALTER TABLE pm_entries ADD COLUMN last_good_since {instant}")
+    op.execute(f"ALTER TABLE pm_entries ADD COLUMN last_good_since {dialect.instant_sql()}")
 
 
 def downgrade() -> None:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from periodic_manager.migrations import dialect
+
 revision: str = "0008_procrastinate_sent"
 down_revision: str | None = "0007_ids_last_good"
 branch_labels: str | Sequence[str] | None = None
@@ -33,9 +35,10 @@ def upgrade() -> None:
         sa.Column("job_id", sa.BigInteger(), nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("task_id", sa.String(length=36), nullable=False),
-        sa.Column("enqueued_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("enqueued_at", dialect.INSTANT, nullable=False),
+        sa.Column("expires_at", dialect.INSTANT, nullable=False),
         sa.PrimaryKeyConstraint("idempotency_key"),
+        **dialect.TABLE,
     )
     op.create_index(
         "ix_pm_procrastinate_sent_expires_at", "pm_procrastinate_sent", ["expires_at"]

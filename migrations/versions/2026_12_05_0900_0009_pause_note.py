@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from periodic_manager.migrations import dialect
+
 revision: str = "0009_pause_note"
 down_revision: str | None = "0008_procrastinate_sent"
 branch_labels: str | Sequence[str] | None = None
@@ -93,24 +95,45 @@ SQLITE_DOWN = [
     "DROP TRIGGER IF EXISTS pm_jobs_paused_insert",
 ]
 
+# MariaDB/MySQL: BEFORE row triggers setting NEW, as PostgreSQL's; ``enabled`` judged exactly 0 or 1.
+_MY_NOW = dialect.MYSQL_NOW
+_MY_UNSTAMPED = "NEW.paused_at <=> OLD.paused_at AND NEW.paused_by <=> OLD.paused_by"
+_MY_NOTE = "IF NEW.paused_note <=> OLD.paused_note THEN SET NEW.paused_note = NULL; END IF;"
+MYSQL_UP = [
+    f"""CREATE TRIGGER pm_jobs_paused_insert BEFORE INSERT ON periodic_jobs FOR EACH ROW BEGIN
+      IF NEW.enabled <=> 0 AND NEW.paused_at IS NULL AND NEW.paused_by IS NULL THEN
+        SET NEW.paused_at = {_MY_NOW}, NEW.paused_by = 'sql';
+      END IF;
+    END""",
+    f"""CREATE TRIGGER pm_jobs_paused BEFORE UPDATE ON periodic_jobs FOR EACH ROW BEGIN
+      -- A statement that stamps them itself (the schedule writer) keeps its values.
+      IF {_MY_UNSTAMPED} AND NEW.enabled <=> 0 AND NOT OLD.enabled <=> 0 THEN
+        SET NEW.paused_at = {_MY_NOW}, NEW.paused_by = 'sql';
+        {_MY_NOTE}
+      ELSEIF {_MY_UNSTAMPED} AND NEW.enabled <=> 1 AND NOT OLD.enabled <=> 1 THEN
+        SET NEW.paused_at = NULL, NEW.paused_by = NULL;
+        {_MY_NOTE}
+      END IF;
+    END""",
+]
+MYSQL_DOWN = [
+    "DROP TRIGGER IF EXISTS pm_jobs_paused",
+    "DROP TRIGGER IF EXISTS pm_jobs_paused_insert",
+]
+
 COLUMNS = ("paused_note", "paused_at", "paused_by")
 
 
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    # Plain ALTER TABLE on both backends: SQLite's batch mode would rebuild the table and lose
+    # Plain ALTER TABLE on every backend: SQLite's batch mode would rebuild the table and lose
     # its triggers (see 0004).
-    instant = "DATETIME" if sqlite else "TIMESTAMP WITH TIME ZONE"
     op.execute("ALTER TABLE periodic_jobs ADD COLUMN paused_note TEXT")
-    op.execute(f"ALTER TABLE periodic_jobs ADD COLUMN paused_at {instant}")
+    op.execute(f"ALTER TABLE periodic_jobs ADD COLUMN paused_at {dialect.instant_sql()}")
     op.execute("ALTER TABLE periodic_jobs ADD COLUMN paused_by VARCHAR(64)")
-    for stmt in SQLITE_UP if sqlite else PG_UP:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_UP, sqlite=SQLITE_UP, mysql=MYSQL_UP)
 
 
 def downgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    for stmt in SQLITE_DOWN if sqlite else PG_DOWN:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_DOWN, sqlite=SQLITE_DOWN, mysql=MYSQL_DOWN)
     for column in reversed(COLUMNS):
         op.execute(f"ALTER TABLE periodic_jobs DROP COLUMN {column}")

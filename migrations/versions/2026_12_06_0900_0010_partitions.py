@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import context, op
 
+from periodic_manager.migrations import dialect
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, check_count
 
 revision: str = "0010_partitions"
@@ -41,15 +42,17 @@ def upgrade() -> None:
         sa.Column("partition", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("holder", sa.String(length=64), nullable=True),
         sa.Column("epoch", sa.BigInteger(), server_default="0", nullable=False),
-        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("renewed_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("expires_at", dialect.INSTANT, nullable=True),
+        sa.Column("renewed_at", dialect.INSTANT, nullable=True),
         sa.PrimaryKeyConstraint("partition"),
+        **dialect.TABLE,
     )
     op.create_table(
         "pm_partition_members",
         sa.Column("member", sa.String(length=64), nullable=False),
-        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", dialect.INSTANT, nullable=False),
         sa.PrimaryKeyConstraint("member"),
+        **dialect.TABLE,
     )
     table = sa.table("pm_partitions", sa.column("partition", sa.Integer()))
     op.bulk_insert(table, [{"partition": p} for p in range(count)])

@@ -8,7 +8,7 @@ column's stored text, cut to 2000 characters with ``"truncated": true`` on the c
 SQLite blob is written ``x'<hex>'``). An UPDATE that changes no tracked column (the revision, the
 stamps ``updated_at``, ``effective_at``, ``paused_at``, ``paused_by``) writes nothing.
 
-Triggers on both databases, so plain SQL is recorded too (source ``sql``):
+Triggers on every database, so plain SQL is recorded too (source ``sql``):
 
 * PostgreSQL: AFTER statement triggers reading the statement's transition tables (one
   INSERT .. SELECT per statement; an UPDATE's rows are paired by id, so an UPDATE that changes
@@ -22,6 +22,13 @@ Triggers on both databases, so plain SQL is recorded too (source ``sql``):
   writer, which holds the database's write lock for its transaction, then sets source, actor and
   time on the rows its statements added. The follow-up UPDATE of 0009's triggers (stamping a
   plain SQL pause or resume) is not a change of its own.
+
+* MariaDB/MySQL: AFTER row triggers building the changed columns in a JSON object; the schedule
+  writer marks its transaction with session variables it clears after: ``@pm_source`` (``api``,
+  ``import``, ``manager``; anything else or unset is ``sql``, whose actor is ``CURRENT_USER()``),
+  ``@pm_actor`` and ``@pm_at`` (epoch microseconds, digits only; otherwise the statement's time).
+  Values are their text as ``CAST(.. AS CHAR)`` gives it (an instant ``2026-12-06 09:00:00.000000``
+  in UTC, a boolean ``1`` or ``0``).
 
 A TRUNCATE records nothing (no row triggers fire). History outlives the row: a deleted
 schedule's changes stay until the manager prunes them (``PM_CHANGES_RETENTION``,
@@ -38,6 +45,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from periodic_manager.migrations import dialect
 
 revision: str = "0012_change_history"
 down_revision: str | None = "0010_partitions"
@@ -207,8 +216,63 @@ SQLITE_DOWN = [
 ]
 
 
+# MariaDB/MySQL: one JSON object per row change, built column by column in the trigger.
+def _my_text(ref: str) -> str:
+    return f"CAST({ref} AS CHAR)"
+
+
+def _my_diff(before: bool, after: bool) -> str:
+    lines = []
+    for col in TRACKED:
+        b = _my_text(f"OLD.{col}") if before else "NULL"
+        a = _my_text(f"NEW.{col}") if after else "NULL"
+        if before and after:
+            changed = f"NOT (OLD.{col} <=> NEW.{col})"
+        else:
+            changed = f"{'OLD' if before else 'NEW'}.{col} IS NOT NULL"
+        long = f"coalesce(char_length({b}), 0) > {CUT} OR coalesce(char_length({a}), 0) > {CUT}"
+        item = (
+            f"IF({long}, JSON_OBJECT('before', LEFT({b}, {CUT}), 'after', LEFT({a}, {CUT}), "
+            f"'truncated', JSON_EXTRACT('true', '$')), JSON_OBJECT('before', {b}, 'after', {a}))"
+        )
+        lines.append(f"IF {changed} THEN SET d = JSON_SET(d, '$.{col}', {item}); END IF;")
+    return "\n      ".join(lines)
+
+
+def _my_trigger(event: str, ref: str, action: str, before: bool, after: bool) -> str:
+    return f"""CREATE TRIGGER pm_jobs_changes_{event.lower()} AFTER {event} ON periodic_jobs
+    FOR EACH ROW BEGIN
+      DECLARE d LONGTEXT DEFAULT JSON_OBJECT();
+      DECLARE src VARCHAR(16) DEFAULT 'sql';
+      DECLARE who VARCHAR(200) DEFAULT LEFT(CURRENT_USER(), 200);
+      DECLARE stamp DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
+      {_my_diff(before, after)}
+      IF @pm_source IN ('api', 'import', 'manager') THEN
+        SET src = @pm_source, who = LEFT(nullif(@pm_actor, ''), 200);
+      END IF;
+      IF @pm_at REGEXP '^[0-9]{{1,16}}$' THEN
+        SET stamp = TIMESTAMPADD(MICROSECOND, CAST(@pm_at AS UNSIGNED), '1970-01-01 00:00:00.000000');
+      END IF;
+      IF JSON_LENGTH(d) > 0 THEN
+        INSERT INTO pm_schedule_changes (schedule_id, name, at, action, source, actor, changes)
+        VALUES ({ref}.id, LEFT({ref}.name, 200), stamp, {action}, src, who, d);
+      END IF;
+    END"""
+
+
+_MY_ACTION = (
+    "CASE WHEN NEW.enabled <=> 0 AND NOT OLD.enabled <=> 0 THEN 'paused' "
+    "WHEN NEW.enabled <=> 1 AND NOT OLD.enabled <=> 1 THEN 'resumed' ELSE 'updated' END"
+)
+MYSQL_UP = [
+    _my_trigger("INSERT", "NEW", "'created'", False, True),
+    _my_trigger("UPDATE", "NEW", _MY_ACTION, True, True),
+    _my_trigger("DELETE", "OLD", "'deleted'", True, False),
+]
+MYSQL_DOWN = SQLITE_DOWN
+
+
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
     op.create_table(
         "pm_schedule_changes",
         sa.Column(
@@ -219,26 +283,24 @@ def upgrade() -> None:
         ),
         sa.Column("schedule_id", sa.BigInteger(), nullable=False),
         sa.Column("name", sa.String(length=200), nullable=True),
-        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("at", dialect.INSTANT, nullable=False),
         sa.Column("action", sa.String(length=16), nullable=False),
         sa.Column("source", sa.String(length=16), nullable=False),
         sa.Column("actor", sa.String(length=200), nullable=True),
-        sa.Column("changes", sa.Text(), nullable=False),
+        sa.Column("changes", dialect.LONG_TEXT, nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_pm_schedule_changes")),
-        sqlite_autoincrement=True,  # ids never reused
+        sqlite_autoincrement=True,  # ids never reused,
+        **dialect.TABLE,
     )
     op.create_index(
         "ix_pm_schedule_changes_schedule_id_id", "pm_schedule_changes", ["schedule_id", "id"]
     )
     op.create_index("ix_pm_schedule_changes_at", "pm_schedule_changes", ["at"])
-    for stmt in SQLITE_UP if sqlite else PG_UP:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_UP, sqlite=SQLITE_UP, mysql=MYSQL_UP)
 
 
 def downgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    for stmt in SQLITE_DOWN if sqlite else PG_DOWN:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_DOWN, sqlite=SQLITE_DOWN, mysql=MYSQL_DOWN)
     op.drop_index("ix_pm_schedule_changes_at", table_name="pm_schedule_changes")
     op.drop_index("ix_pm_schedule_changes_schedule_id_id", table_name="pm_schedule_changes")
     op.drop_table("pm_schedule_changes")

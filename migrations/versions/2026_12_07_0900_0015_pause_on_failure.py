@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
+from periodic_manager.migrations import dialect
+
 revision: str = "0015_pause_on_failure"
 down_revision: str | None = "0013_max_runs"
 branch_labels: str | Sequence[str] | None = None
@@ -24,8 +26,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    instant = "DATETIME" if sqlite else "TIMESTAMP WITH TIME ZONE"
+    instant = dialect.instant_sql()
     op.execute(
         "ALTER TABLE pm_schedule_state ADD COLUMN consecutive_failures BIGINT DEFAULT '0' NOT NULL"
     )

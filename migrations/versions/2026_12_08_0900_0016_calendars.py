@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from periodic_manager.migrations import dialect
+
 revision: str = "0016_calendars"
 down_revision: str | None = "0015_pause_on_failure"
 branch_labels: str | Sequence[str] | None = None
@@ -84,23 +86,42 @@ SQLITE_DOWN = [
 ]
 
 
+def _touch_mysql(name: str) -> str:
+    return (
+        "UPDATE periodic_jobs SET revision = revision WHERE LOCATE('\"exclude\"', options) > 0"
+        f" AND LOCATE(CONCAT('\"', {name}, '\"'), options) > 0;"
+    )
+
+
+# MariaDB/MySQL: row triggers as on SQLite (a TRUNCATE fires none there: the next full sync
+# reads every row again); periodic_jobs' own triggers (0003) renumber the rows touched.
+MYSQL_UP = [
+    f"""CREATE TRIGGER pm_calendars_insert AFTER INSERT ON pm_calendars FOR EACH ROW BEGIN
+      {_touch_mysql("NEW.name")}
+    END""",
+    f"""CREATE TRIGGER pm_calendars_update AFTER UPDATE ON pm_calendars FOR EACH ROW BEGIN
+      {_touch_mysql("OLD.name")}
+      {_touch_mysql("NEW.name")}
+    END""",
+    f"""CREATE TRIGGER pm_calendars_delete AFTER DELETE ON pm_calendars FOR EACH ROW BEGIN
+      {_touch_mysql("OLD.name")}
+    END""",
+]
+MYSQL_DOWN = SQLITE_DOWN
+
+
 def upgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
     op.create_table(
         "pm_calendars",
         sa.Column("name", sa.String(length=64), nullable=False),
-        sa.Column("spec", sa.Text(), nullable=False),
-        sa.Column(
-            "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
-        ),
+        sa.Column("spec", dialect.LONG_TEXT, nullable=False),
+        sa.Column("updated_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_pm_calendars")),
+        **dialect.TABLE,
     )
-    for stmt in SQLITE_UP if sqlite else PG_UP:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_UP, sqlite=SQLITE_UP, mysql=MYSQL_UP)
 
 
 def downgrade() -> None:
-    sqlite = op.get_bind().dialect.name == "sqlite"
-    for stmt in SQLITE_DOWN if sqlite else PG_DOWN:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_DOWN, sqlite=SQLITE_DOWN, mysql=MYSQL_DOWN)
     op.drop_table("pm_calendars")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alembic import op
+from periodic_manager.migrations import dialect
 
 revision: str = "0017_partition_signal"
 down_revision: str | None = "0016_calendars"
@@ -77,14 +77,9 @@ PG_DOWN = [
 
 
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "sqlite":
-        return
-    for stmt in PG_UP:
-        op.execute(stmt)
+    # SQLite and MariaDB/MySQL have no NOTIFY: their managers find changes by revision.
+    dialect.run(postgresql=PG_UP, sqlite=(), mysql=())
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "sqlite":
-        return
-    for stmt in PG_DOWN:
-        op.execute(stmt)
+    dialect.run(postgresql=PG_DOWN, sqlite=(), mysql=())

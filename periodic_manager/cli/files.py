@@ -104,7 +104,7 @@ def print_next(args: argparse.Namespace) -> int:
 def run_file_command(command: str, args: argparse.Namespace, settings: Settings) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from periodic_manager.db.engine import is_sqlite
+    from periodic_manager.db.engine import url_backend
     from periodic_manager.runtime.startup import StartupError, check_database
     from periodic_manager.schedules import files as sio
     from periodic_manager.schedules.files import FileError
@@ -132,7 +132,7 @@ def run_file_command(command: str, args: argparse.Namespace, settings: Settings)
                 source,
                 settings.max_payload_bytes,
                 targets=settings.configured_targets(),
-                sqlite=is_sqlite(settings.database_url),
+                database=url_backend(settings.database_url),
             )
             # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
             asyncio.run(check_database(settings.database_url))
@@ -224,7 +224,7 @@ def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
 async def _backfill(args: argparse.Namespace, settings: Settings) -> int:
     from periodic_manager import backfill
     from periodic_manager.db import judge, schedule_reader, view
-    from periodic_manager.db.engine import create_engine, is_sqlite
+    from periodic_manager.db.engine import create_engine, reads_bytes
     from periodic_manager.runtime.assemble import build_target
 
     clock = SystemClock()
@@ -237,7 +237,7 @@ async def _backfill(args: argparse.Namespace, settings: Settings) -> int:
         if raw is None:
             return _fail(f"NAME: no schedule named {args.name!r}")
         rules = judge.rules_for(
-            is_sqlite(settings.database_url), settings.max_payload_bytes, settings.configured_targets()
+            reads_bytes(engine), settings.max_payload_bytes, settings.configured_targets()
         )
         row = view.view(rules, raw)
         if row.config is None or not row.usable:

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import func, literal, select, update
+from sqlalchemy import func, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db import history
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import on_sqlite
+from periodic_manager.db.engine import on_mysql, on_sqlite, reads_bytes
 from periodic_manager.db.models import ScheduleChange
 
 # The columns whose change is an entry (migration 0012 holds the same list, frozen).
@@ -68,12 +68,19 @@ IMPORT = Author("import")
 
 async def mark(conn: AsyncConnection, author: Author, now: datetime) -> int | None:
     """Before the writer's statements, in its transaction. PostgreSQL: the settings the trigger
-    reads (to commit or rollback). SQLite (the caller holds the write lock): the largest entry
-    id, for :func:`stamp`."""
+    reads (to commit or rollback). MariaDB/MySQL: the session variables the trigger reads
+    (cleared by :func:`unmark`). SQLite (the caller holds the write lock): the largest entry id,
+    for :func:`stamp`."""
     if on_sqlite(conn):
         return int((await conn.execute(select(func.coalesce(func.max(C.id), 0)))).scalar_one())
     micros = (now - _EPOCH) // _US
     at = str(micros) if 0 <= micros <= _MAX_US else ""
+    if on_mysql(conn):
+        await conn.execute(
+            text("SET @pm_source = :source, @pm_actor = :actor, @pm_at = :at"),
+            {"source": author.source, "actor": author.actor or "", "at": at},
+        )
+        return None
     settings = [
         func.set_config(literal("periodic_manager.source"), literal(author.source), True),
         func.set_config(literal("periodic_manager.actor"), literal(author.actor or ""), True),
@@ -90,6 +97,13 @@ async def stamp(conn: AsyncConnection, author: Author, now: datetime, since: int
         return
     values = {"source": author.source, "actor": author.actor, "at": now}
     await conn.execute(update(ScheduleChange).where(C.id > since).values(**values))
+
+
+async def unmark(conn: AsyncConnection) -> None:
+    """MariaDB/MySQL: clear what :func:`mark` set (session variables outlive the transaction, and
+    the connection goes back to the pool). Elsewhere nothing."""
+    if on_mysql(conn):
+        await conn.execute(text("SET @pm_source = NULL, @pm_actor = NULL, @pm_at = NULL"))
 
 
 # -- bounds (the manager's store) -----------------------------------------------------------------
@@ -150,7 +164,7 @@ async def page(
     total = (
         await conn.execute(select(func.count()).select_from(ScheduleChange).where(where))
     ).scalar_one()
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     columns = [dbrows.raw(sqlite, c).label(c.name) for c in ScheduleChange.__table__.c]
     stmt = select(*columns).where(where).order_by(C.id.desc()).limit(limit).offset(offset)
     return int(total), [_row(sqlite, r) for r in (await conn.execute(stmt)).all()]

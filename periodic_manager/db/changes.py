@@ -24,7 +24,7 @@ from sqlalchemy import ColumnElement, Select, bindparam, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import on_sqlite
+from periodic_manager.db.engine import reads_bytes
 from periodic_manager.db.models import DeletedJob, PeriodicJob
 
 
@@ -44,6 +44,13 @@ async def current_revision(conn: AsyncConnection) -> int:
     tombs = select(func.coalesce(func.max(DeletedJob.revision), 0)).scalar_subquery()
     latest_row, latest_tombstone = (await conn.execute(select(rows, tombs))).one()
     return int(max(latest_row, latest_tombstone))
+
+
+async def revision_of(engine: AsyncEngine) -> int:
+    """:func:`current_revision` on a connection of ``engine``'s pool (what the MariaDB/MySQL
+    revision poller reads, ``runtime/poll.py``)."""
+    async with engine.connect() as conn:
+        return await current_revision(conn)
 
 
 async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
@@ -69,7 +76,7 @@ def rows_since(columns: Sequence[ColumnElement[Any]]) -> Select[Any]:
 async def read_rows(conn: AsyncConnection, since: int | None = None) -> list[Any]:
     """Every row, raw (:func:`periodic_manager.db.rows.columns`, without what only people read),
     or only those written after revision ``since``."""
-    columns = dbrows.columns(on_sqlite(conn))
+    columns = dbrows.columns(reads_bytes(conn))
     if since is None:
         return list(await conn.execute(select(*columns)))
     return list(await conn.execute(rows_since(columns), {"since": since}))
@@ -79,7 +86,7 @@ async def stream_rows(conn: AsyncConnection, partition: int = 1000) -> AsyncIter
     """Every row, raw, as :func:`read_rows` reads them, in partitions of ``partition`` rows
     fetched one after the other: a reader that keeps only what it makes of each row (the
     dashboard's order) never holds every row's payload at once."""
-    columns = dbrows.columns(on_sqlite(conn))
+    columns = dbrows.columns(reads_bytes(conn))
     result = await conn.stream(select(*columns).execution_options(yield_per=partition))
     async for part in result.partitions():
         yield part

@@ -1,14 +1,17 @@
-"""Engine setup for PostgreSQL (asyncpg) and SQLite (aiosqlite), and what code outside ``db/``
+"""Engine setup for PostgreSQL (asyncpg), SQLite (aiosqlite) and MariaDB/MySQL (asyncmy), and what
+code outside ``db/``
 holds of the database: an :data:`Engine`, and a :data:`Connection` it hands to the functions of
 ``periodic_manager.db`` (the API, one per request). It never builds a statement of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import importlib.util
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -21,18 +24,42 @@ Engine = AsyncEngine
 Connection = AsyncConnection
 
 
+# URL schemes of MariaDB and MySQL (both spoken by the asyncmy driver).
+MYSQL_SCHEMES = ("mysql", "mariadb", "mysql+asyncmy", "mariadb+asyncmy", "mysql+pymysql", "mysql+aiomysql")
+MYSQL_EXTRA = "the MariaDB/MySQL driver asyncmy is not installed: pip install 'periodic-manager[mysql]'"
+
+
 def normalize_url(url: str) -> str:
-    """Accept plain ``postgresql://`` and ``sqlite:///`` URLs and pick the async drivers."""
+    """Accept plain ``postgresql://``, ``sqlite:///``, ``mysql://`` and ``mariadb://`` URLs and pick
+    the async drivers (MariaDB/MySQL: asyncmy, charset utf8mb4)."""
     u = make_url(url)
     if u.drivername in ("postgresql", "postgres", "postgresql+psycopg2", "postgresql+psycopg"):
         u = u.set(drivername="postgresql+asyncpg")
     elif u.drivername in ("sqlite", "sqlite+pysqlite"):
         u = u.set(drivername="sqlite+aiosqlite")
+    elif u.drivername in MYSQL_SCHEMES:
+        u = u.set(drivername="mysql+asyncmy").update_query_dict({"charset": "utf8mb4"})
     return u.render_as_string(hide_password=False)
 
 
 def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
+
+
+def is_mysql(url: str) -> bool:
+    """Whether ``url`` names a MariaDB or MySQL database."""
+    return make_url(url).get_backend_name() in ("mysql", "mariadb")
+
+
+def url_backend(url: str) -> str:
+    """``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too): the database ``url`` names."""
+    return "mysql" if is_mysql(url) else make_url(url).get_backend_name()
+
+
+def check_mysql_driver() -> None:
+    """Raise ValueError (one line naming the extra) when asyncmy is not installed."""
+    if importlib.util.find_spec("asyncmy") is None:
+        raise ValueError(MYSQL_EXTRA)
 
 
 def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> AsyncEngine:
@@ -57,6 +84,17 @@ def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> 
             cur.close()
 
         return engine
+    if is_mysql(url):
+        check_mysql_driver()
+        # Sessions in UTC: DATETIME(6) columns hold UTC, and NOW() in the triggers is UTC too.
+        mysql_args: dict[str, Any] = {
+            "connect_timeout": command_timeout,
+            "init_command": "SET time_zone = '+00:00'",
+        }
+        mysql_args.update(kwargs.pop("connect_args", {}))
+        kwargs.setdefault("pool_pre_ping", True)
+        kwargs.setdefault("pool_recycle", 3600)
+        return create_async_engine(url, connect_args=mysql_args, **kwargs)
     connect_args = {"command_timeout": command_timeout, "timeout": command_timeout}
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_pre_ping", True)
@@ -64,8 +102,24 @@ def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> 
 
 
 def on_sqlite(bind: AsyncEngine | AsyncConnection) -> bool:
-    """Whether ``bind`` talks to SQLite (else PostgreSQL)."""
+    """Whether ``bind`` talks to SQLite (else PostgreSQL or MariaDB/MySQL)."""
     return bind.dialect.name == "sqlite"
+
+
+def on_mysql(bind: AsyncEngine | AsyncConnection) -> bool:
+    """Whether ``bind`` talks to MariaDB or MySQL."""
+    return bind.dialect.name in ("mysql", "mariadb")
+
+
+def backend(bind: AsyncEngine | AsyncConnection) -> str:
+    """``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too): the database ``bind`` talks to."""
+    return "mysql" if on_mysql(bind) else bind.dialect.name
+
+
+def reads_bytes(bind: AsyncEngine | AsyncConnection) -> bool:
+    """Whether untrusted columns are read as their stored bytes (:mod:`periodic_manager.db.rows`):
+    on SQLite and MariaDB/MySQL (instants as their ISO text); PostgreSQL enforces its types."""
+    return bind.dialect.name != "postgresql"
 
 
 def chunks(items: Sequence[_T], size: int = CHUNK) -> Iterator[Sequence[_T]]:
@@ -73,3 +127,30 @@ def chunks(items: Sequence[_T], size: int = CHUNK) -> Iterator[Sequence[_T]]:
     statement goes over a driver's bind-parameter limit however many values there are."""
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+# MariaDB/MySQL's answers that ask a transaction to be run again: a deadlock it broke, a lock wait
+# it gave up (InnoDB rolls the statement or the transaction back; the whole transaction is retried).
+RETRY_CODES = frozenset({1213, 1205})
+RETRIES = 5
+
+
+def must_retry(exc: BaseException) -> bool:
+    """Whether ``exc`` is MariaDB/MySQL asking for the transaction to be run again."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    args = exc.orig.args if isinstance(exc.orig, BaseException) else ()
+    return bool(args) and args[0] in RETRY_CODES
+
+
+async def retried(conn: AsyncConnection, work: Callable[[], Awaitable[_T]]) -> _T:
+    """``work()`` on ``conn``, run again (after a rollback) while MariaDB/MySQL answers that the
+    transaction must be retried (a deadlock between concurrent writers), at most RETRIES times."""
+    for attempt in range(RETRIES):
+        try:
+            return await work()
+        except Exception as exc:
+            if attempt == RETRIES - 1 or not must_retry(exc):
+                raise
+            await conn.rollback()
+    raise AssertionError("unreachable")

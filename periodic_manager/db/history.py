@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import RunRecord
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import chunks, on_sqlite
+from periodic_manager.db.engine import chunks, on_mysql, reads_bytes
 from periodic_manager.db.models import Base, Run
 from periodic_manager.pacing import in_turns
 
@@ -171,10 +171,13 @@ async def drop_before(
     before ``cutoff``, in bounded batches (at most ``_PRUNE_ROUNDS`` per call; the rest goes at
     the next call); the number deleted."""
     removed = 0
+    old = select(id_col).where(at_col < cutoff).order_by(at_col).limit(_PRUNE_BATCH)
+    stmt = delete(model).where(id_col.in_(old.scalar_subquery()))
+    if on_mysql(engine):  # no LIMIT in a subquery of IN there; a DELETE takes one itself
+        stmt = delete(model).where(at_col < cutoff).with_dialect_options(mysql_limit=_PRUNE_BATCH)
     for _ in range(_PRUNE_ROUNDS):
-        old = select(id_col).where(at_col < cutoff).order_by(at_col).limit(_PRUNE_BATCH)
         async with engine.begin() as conn:
-            result = await conn.execute(delete(model).where(id_col.in_(old.scalar_subquery())))
+            result = await conn.execute(stmt)
         removed += int(result.rowcount)
         if result.rowcount < _PRUNE_BATCH:
             break
@@ -216,7 +219,7 @@ async def page(
     if status is not None:
         where.append(Run.status == status)
     total = (await conn.execute(select(func.count()).select_from(Run).where(*where))).scalar_one()
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(*_raw(sqlite))
         .where(*where)
@@ -235,7 +238,7 @@ async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, Run
         .group_by(Run.schedule_key)
         .subquery()
     )
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(*_raw(sqlite))
         .join(
@@ -255,7 +258,7 @@ async def slots_with(
     conn: AsyncConnection, schedule_key: str, statuses: Iterable[str], start: datetime, end: datetime
 ) -> set[datetime]:
     """The slots in ``[start, end)`` the history records with one of ``statuses`` (UTC)."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = select(dbrows.raw_instant(sqlite, Run.__table__.c.slot_at).label("slot_at")).where(
         Run.schedule_key == schedule_key,
         Run.status.in_(list(statuses)),

@@ -8,7 +8,7 @@ the table holds, reading it cannot fail and using it needs the judge's word.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, LargeBinary, bindparam, case, cast, delete, or_, select
@@ -16,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import LastGoodVersion, StoredVersion
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import chunks, on_sqlite
+from periodic_manager.db.engine import chunks, reads_bytes
 from periodic_manager.db.models import LastGood
+from periodic_manager.db.upsert import upsert
 
 _T = LastGood.__table__
 # The columns of a version in the order the row judge reads a row's content (then effective_at).
@@ -43,32 +44,38 @@ def _values(v: LastGoodVersion) -> dict[str, Any]:
     }
 
 
-async def save(engine: AsyncEngine, insert: Callable[[Any], Any], versions: Sequence[LastGoodVersion]) -> None:
-    """Upsert ``versions`` (``insert``: the dialect's insert with ON CONFLICT). A stored version
-    seen bad at a later revision stays (a manager with an older view must not overwrite it); the
-    same content keeps its ``since``."""
+async def save(engine: AsyncEngine, versions: Sequence[LastGoodVersion]) -> None:
+    """Upsert ``versions``. A stored version seen bad at a later revision stays (a manager with an
+    older view must not overwrite it); the same content keeps its ``since``."""
     if not versions:
         return
-    stmt = insert(LastGood)
-    new = stmt.excluded
     t = _T.c
-    set_ = {c.name: new[c.name] for c in _T.c if c.name not in ("schedule_key", "since")}
-    set_["since"] = case((t.content_hash == new.content_hash, t.since), else_=new.since)
-    newer = or_(t.bad_revision.is_(None), new.bad_revision.is_(None), new.bad_revision >= t.bad_revision)
-    stmt = stmt.on_conflict_do_update(index_elements=[t.schedule_key], set_=set_, where=newer)
+
+    def assign(new: Any) -> list[tuple[str, Any]]:
+        # ``since`` reads the stored content_hash, the condition the stored bad_revision: both
+        # are assigned after what reads them (MariaDB/MySQL assign in order; see db/upsert.py).
+        out = [("since", case((t.content_hash == new.content_hash, t.since), else_=new.since))]
+        last = ("content_hash", "bad_revision")
+        out += [(c.name, new[c.name]) for c in _T.c if c.name not in ("schedule_key", "since", *last)]
+        return out + [(name, new[name]) for name in last]
+
+    def newer(new: Any) -> Any:
+        return or_(t.bad_revision.is_(None), new.bad_revision.is_(None), new.bad_revision >= t.bad_revision)
+
+    stmt = upsert(engine, LastGood, ["schedule_key"], assign, newer)
     async with engine.begin() as conn:
         await conn.execute(stmt, [_values(v) for v in versions])
 
 
 async def index(engine: AsyncEngine) -> dict[str, int | None]:
-    sqlite = on_sqlite(engine)
+    sqlite = reads_bytes(engine)
     async with engine.connect() as conn:
         rows = (await conn.execute(select(_key(sqlite), _T.c.bad_revision))).all()
     return {_text(key): _revision(rev) for key, rev in rows}
 
 
 async def load(engine: AsyncEngine, keys: Sequence[str]) -> list[StoredVersion]:
-    sqlite = on_sqlite(engine)
+    sqlite = reads_bytes(engine)
     query = select(
         _key(sqlite),
         *(dbrows.column(sqlite, name, _T) for name in _JUDGED),

@@ -1,9 +1,11 @@
 """SQLAlchemy models. The schema itself is owned by ``migrations/`` (Alembic); product code never
-calls ``create_all``. Works on PostgreSQL (asyncpg) and SQLite (aiosqlite).
+calls ``create_all``. Works on PostgreSQL (asyncpg), SQLite (aiosqlite) and MariaDB/MySQL
+(asyncmy; the types that differ there are listed in ``migrations/dialect.py``).
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +24,7 @@ from sqlalchemy import (
     func,
     true,
 )
+from sqlalchemy.dialects.mysql import DATETIME, LONGTEXT
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -32,17 +35,46 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 # Ids are never handed out twice: PostgreSQL's BIGSERIAL sequences never do; SQLite needs
 # AUTOINCREMENT, or it reuses the id of the newest row once that row is deleted (migration 0007).
 NEVER_REUSED = {"sqlite_autoincrement": True}
-JsonValue = JSON(none_as_null=False).with_variant(JSONB(none_as_null=False), "postgresql")
+
+
+class JsonText(TypeDecorator[Any]):
+    """MariaDB/MySQL: a JSON value kept as LONGTEXT with no JSON check, so that a row holding
+    invalid JSON text can be stored (by plain SQL) and then reported by the row judge."""
+
+    impl = LONGTEXT
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str:
+        return json.dumps(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+JsonValue = (
+    JSON(none_as_null=False)
+    .with_variant(JSONB(none_as_null=False), "postgresql")
+    .with_variant(JsonText(), "mysql", "mariadb")
+)
+# Text that may be longer than MySQL's TEXT (64 KiB): JSON of a payload, of a change.
+LongText = Text().with_variant(LONGTEXT(), "mysql", "mariadb")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
     """An instant: aware datetimes in, aware UTC datetimes out, on every backend.
 
-    SQLite has no zone-aware type; values are stored as UTC and read back tagged as UTC.
+    SQLite and MariaDB/MySQL have no zone-aware type; values are stored as UTC and read back
+    tagged as UTC.
     """
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        # MariaDB/MySQL: DATETIME(6), holding UTC (a plain DATETIME drops the microseconds).
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime(timezone=True))
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -50,7 +82,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError("naive datetime given for a timestamp column; pass an aware instant")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -123,7 +155,7 @@ class Calendar(Base):
     __tablename__ = "pm_calendars"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    spec: Mapped[str] = mapped_column(Text, nullable=False)
+    spec: Mapped[str] = mapped_column(LongText, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(Instant, nullable=False, server_default=func.now())
 
 
@@ -139,7 +171,8 @@ class DeletedJob(Base):
 
 
 # Tables that migrations create but the models do not describe (ignored by autogenerate):
-# SQLite's revision counter (PostgreSQL uses the sequence periodic_jobs_revision_seq instead).
+# the revision counter of SQLite and MariaDB/MySQL (PostgreSQL uses the sequence
+# periodic_jobs_revision_seq instead).
 UNMANAGED_TABLES = frozenset({"pm_revision"})
 
 
@@ -276,8 +309,8 @@ class LastGood(Base):
     timezone: Mapped[str] = mapped_column(String(64), nullable=False)
     anchor: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     task_type: Mapped[str] = mapped_column(String(200), nullable=False)
-    payload: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON text
-    options: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON text
+    payload: Mapped[str] = mapped_column(LongText, nullable=False)  # canonical JSON text
+    options: Mapped[str] = mapped_column(LongText, nullable=False)  # canonical JSON text
     effective_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
     content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
     row_revision: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -305,8 +338,8 @@ class OutboxMessage(Base):
     queue: Mapped[str] = mapped_column(String(100), nullable=False)
     name: Mapped[str] = mapped_column(String(200), nullable=False)
     task_type: Mapped[str] = mapped_column(String(200), nullable=False)
-    payload: Mapped[str] = mapped_column(Text, nullable=False)  # JSON text, as in the Redis stream
-    options: Mapped[str] = mapped_column(Text, nullable=False)  # JSON text
+    payload: Mapped[str] = mapped_column(LongText, nullable=False)  # JSON text, as in the Redis stream
+    options: Mapped[str] = mapped_column(LongText, nullable=False)  # JSON text
     scheduled_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
     enqueued_at: Mapped[datetime] = mapped_column(Instant, nullable=False)
     processed_at: Mapped[datetime | None] = mapped_column(Instant, nullable=True)
@@ -356,7 +389,7 @@ class ScheduleChange(Base):
     action: Mapped[str] = mapped_column(String(16), nullable=False)
     source: Mapped[str] = mapped_column(String(16), nullable=False)
     actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    changes: Mapped[str] = mapped_column(Text, nullable=False)  # JSON text
+    changes: Mapped[str] = mapped_column(LongText, nullable=False)  # JSON text
 
 
 class Run(Base):

@@ -33,7 +33,7 @@ from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import changes
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import on_sqlite
+from periodic_manager.db.engine import reads_bytes
 from periodic_manager.db.models import PeriodicJob
 from periodic_manager.db.partitions import partition_sql
 from periodic_manager.errors import ProviderError
@@ -67,8 +67,8 @@ class DatabaseProvider:
         row error (``PM_MAX_PAYLOAD_BYTES``, the limit the API enforces on writes)."""
         self.engine = engine
         self.check = check
-        self._sqlite = on_sqlite(engine)
-        self.rules = dbjudge.Rules(self._sqlite, max_payload_bytes, check)
+        self._bytes = reads_bytes(engine)
+        self.rules = dbjudge.Rules(self._bytes, max_payload_bytes, check)
         self._judge = dbjudge.RowJudge(self.rules)
         self.known: Known | None = None  # set by adopt()
         self._warm = False  # a full read has succeeded: from now on ``known`` is worth asking
@@ -77,17 +77,17 @@ class DatabaseProvider:
         # again until it changes (good rows are remembered by the manager's entries).
         self._errors: dict[int, tuple[int, RowError]] = {}
         t = PeriodicJob.__table__.c
-        cols = [*dbrows.columns(self._sqlite), t.revision]
-        self._full = select(*cols).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
+        cols = [*dbrows.columns(self._bytes), t.revision]
+        self._full = select(*cols).where(dbrows.not_disabled(self._bytes)).order_by(t.id)
         self._changed = changes.rows_since(cols)
         by_ids: ColumnElement[bool]
-        if self._sqlite:
+        if self._bytes:
             by_ids = t.id.in_(bindparam("ids", expanding=True))
         else:  # one array parameter: the statement text stays the same whatever the count
             by_ids = t.id == any_(bindparam("ids", type_=ARRAY(BigInteger)))
         self._by_ids = select(*cols).where(by_ids).order_by(t.id)
         self._revisions = (
-            select(t.id, t.revision).where(dbrows.not_disabled(self._sqlite)).order_by(t.id)
+            select(t.id, t.revision).where(dbrows.not_disabled(self._bytes)).order_by(t.id)
         )
         self._held: HeldPartitions | None = None  # set by restrict()
 
@@ -95,8 +95,10 @@ class DatabaseProvider:
         """Read only the rows of the partitions ``held()`` names at each read (PostgreSQL; see
         :mod:`periodic_manager.schedules.partition`). Tombstones are not filtered: removing a
         schedule this manager does not hold changes nothing."""
-        if self._sqlite:
-            raise ValueError("partitions need PostgreSQL; on SQLite one manager holds every schedule")
+        if self._bytes:
+            raise ValueError(
+                "partitions need PostgreSQL; on SQLite and MariaDB/MySQL one manager holds every schedule"
+            )
         self._held = held
         mine = self._mine()
         self._full = self._full.where(mine)
@@ -278,7 +280,7 @@ class DatabaseProvider:
         """Once per read of rows: whether ``payload`` is of type jsonb (then its text is valid
         JSON). Read again each time, so a column altered under a running manager is noticed at
         its next read (one catalog lookup; a sync that finds nothing changed reads no rows)."""
-        if self._sqlite or self._types_checked:
+        if self._bytes or self._types_checked:
             return
         kind = (
             await conn.execute(
@@ -297,9 +299,9 @@ class DatabaseProvider:
         """The rows of ``query`` in partitions of FETCH_PARTITION.
 
         PostgreSQL: the driver's own cursor (asyncpg records, no SQLAlchemy row objects: half
-        the cost per row); SQLite: SQLAlchemy's partitions."""
+        the cost per row); SQLite and MariaDB/MySQL: SQLAlchemy's partitions."""
         await self._check_types(conn)
-        if self._sqlite:
+        if self._bytes:
             result = await conn.stream(query.execution_options(yield_per=FETCH_PARTITION), params)
             async for part in result.partitions():
                 yield part

@@ -7,6 +7,12 @@ bytes or a non-ISO timestamp on SQLite, ...). :func:`columns` selects every colu
 driver always delivers:
 
 - SQLite: ``CAST(column AS BLOB)``: the stored bytes (or the text form of a number), undecoded.
+- MariaDB/MySQL: the bytes of the column's text in UTF-8 (``CONVERT(.. USING utf8mb4)``, so a
+  column in another character set reads right), undecoded: numbers as their digits, instants
+  as ``DATETIME`` text in UTC (a zero date ``0000-00-00`` is text like any other, judged bad).
+
+The parameter ``sqlite`` of the functions here means "read as bytes": SQLite and MariaDB/MySQL
+(:func:`periodic_manager.db.engine.reads_bytes`); PostgreSQL reads typed values.
 - PostgreSQL: text and boolean columns as they are (the server enforces their type and
   encoding), JSONB as text, timestamps as the text of their epoch seconds (independent of the
   session's ``TimeZone`` and ``DateStyle``, and defined for any year and for infinity).
@@ -24,6 +30,8 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from sqlalchemy import ColumnElement, FromClause, LargeBinary, Text, cast, extract, literal
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
 from periodic_manager.db.models import PeriodicJob, UTCDateTime
@@ -53,6 +61,27 @@ _RANGE = f"out-of-range: must be between {ANCHOR_MIN.date()} and {ANCHOR_MAX.dat
 # -- reading ------------------------------------------------------------------------------------
 
 
+class stored_bytes(FunctionElement[bytes]):  # noqa: N801 - used like a SQL function
+    """SQL: the stored bytes of a column, undecoded (SQLite), or the UTF-8 bytes of its text
+    (MariaDB/MySQL). Not for PostgreSQL, whose typed values are read as they are."""
+
+    type = LargeBinary()
+    inherit_cache = True
+    name = "stored_bytes"
+
+
+@compiles(stored_bytes)
+def _stored_sqlite(element: stored_bytes, compiler: Any, **kw: Any) -> str:
+    return f"CAST({compiler.process(element.clauses, **kw)} AS BLOB)"
+
+
+@compiles(stored_bytes, "mysql")
+@compiles(stored_bytes, "mariadb")
+def _stored_mysql(element: stored_bytes, compiler: Any, **kw: Any) -> str:
+    return f"CAST(CONVERT({compiler.process(element.clauses, **kw)} USING utf8mb4) AS BINARY)"
+
+
+
 def columns(sqlite: bool, *, display: bool = False) -> list[ColumnElement[Any]]:
     """The raw columns of a row (:data:`FIELDS` order; without DISPLAY unless asked)."""
     names = ("enabled", *CONTENT, "effective_at", *(DISPLAY if display else ()))
@@ -70,7 +99,7 @@ def column(sqlite: bool, name: str, table: FromClause | None = None) -> ColumnEl
     if sqlite:
         # CAST AS BLOB returns the stored bytes (or the text form of a number) without any
         # decoding by the driver; NULL stays NULL.
-        return cast(col, LargeBinary).label(name)
+        return stored_bytes(col).label(name)
     if name in _JSON:
         return cast(col, Text).label(name)
     return col
@@ -80,7 +109,7 @@ def raw_instant(sqlite: bool, col: ColumnElement[Any]) -> ColumnElement[Any]:
     """An instant column in its raw form: SQLite's stored bytes, PostgreSQL's epoch seconds as
     text (defined for any year and for infinity); decode it with :func:`decode`."""
     if sqlite:
-        return cast(col, LargeBinary)
+        return stored_bytes(col)
     return cast(extract("epoch", col), Text)
 
 
@@ -94,7 +123,7 @@ def bool_is(sqlite: bool, col: ColumnElement[Any], value: bool) -> ColumnElement
     """SQL condition "the boolean column ``col`` is judged ``value``": PostgreSQL's boolean, on
     SQLite exactly 1 or 0 (:func:`judge_enabled`); any other stored value matches neither."""
     if sqlite:
-        return cast(col, LargeBinary) == literal(b"1" if value else b"0", LargeBinary)
+        return stored_bytes(col) == literal(b"1" if value else b"0", LargeBinary)
     return col.is_(value)
 
 
@@ -105,7 +134,7 @@ def not_disabled(sqlite: bool) -> ColumnElement[bool]:
     if sqlite:
         # Any value but 0 must reach the judge: 1 is enabled, anything else ('yes', 2, a blob)
         # is a row error, reported rather than silently skipped.
-        return col.is_not(literal(0))
+        return col.is_distinct_from(literal(0))
     return col.is_not(False)
 
 
@@ -239,7 +268,7 @@ def raw(sqlite: bool, col: ColumnElement[Any]) -> ColumnElement[Any]:
     if isinstance(col.type, UTCDateTime):
         return raw_instant(sqlite, col)
     if sqlite:
-        return cast(col, LargeBinary)
+        return stored_bytes(col)
     return col
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Select, String, and_, case, cast, func, se
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import on_sqlite
+from periodic_manager.db.engine import reads_bytes
 from periodic_manager.db.models import Entry, PeriodicJob
 from periodic_manager.db.store_reads import rejected
 from periodic_manager.schedules.rules import DEFAULT_QUEUE
@@ -80,7 +80,7 @@ def _queue_is(sqlite: bool, queue: str) -> ColumnElement[bool]:
 
 
 def _where(conn: AsyncConnection, filters: Filters) -> ColumnElement[bool]:
-    return and_(true(), *_conditions(filters, on_sqlite(conn)))
+    return and_(true(), *_conditions(filters, reads_bytes(conn)))
 
 
 def select_rows(
@@ -105,19 +105,19 @@ async def _read(conn: AsyncConnection, stmt: Select[Any]) -> list[tuple[Any, ...
 
 async def row(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | None:
     """The raw row of ``schedule_id`` (None: there is none)."""
-    raws = await _read(conn, select_rows(on_sqlite(conn), T.id == schedule_id))
+    raws = await _read(conn, select_rows(reads_bytes(conn), T.id == schedule_id))
     return raws[0] if raws else None
 
 
 async def row_named(conn: AsyncConnection, name: str) -> tuple[Any, ...] | None:
     """The raw row named ``name`` (None: there is none)."""
-    raws = await _read(conn, select_rows(on_sqlite(conn), T.name == name))
+    raws = await _read(conn, select_rows(reads_bytes(conn), T.name == name))
     return raws[0] if raws else None
 
 
 async def rows_of(conn: AsyncConnection, ids: Sequence[int]) -> list[tuple[Any, ...]]:
     """The raw rows of ``ids`` that exist, by id."""
-    return await _read(conn, select_rows(on_sqlite(conn), T.id.in_(ids)))
+    return await _read(conn, select_rows(reads_bytes(conn), T.id.in_(ids)))
 
 
 async def exists(conn: AsyncConnection, schedule_id: int) -> bool:
@@ -136,7 +136,7 @@ async def page(
     conn: AsyncConnection, filters: Filters, *, limit: int, offset: int
 ) -> list[tuple[Any, ...]]:
     """A page of the raw rows ``filters`` lets through, by id."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     return await _read(conn, select_rows(sqlite, _where(conn, filters), limit=limit, offset=offset))
 
 

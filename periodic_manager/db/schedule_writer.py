@@ -28,6 +28,7 @@ past the column's type: see :func:`periodic_manager.db.stored.bind`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from periodic_manager.db import change_history
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.change_history import API, IMPORT, Author
-from periodic_manager.db.engine import chunks, on_sqlite
+from periodic_manager.db.engine import backend, chunks, on_sqlite, reads_bytes
 from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
 from periodic_manager.db.schedule_reader import select_rows
 from periodic_manager.db.stored import Raw, bind
@@ -91,13 +92,12 @@ async def lock(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | Non
     check-merge-write is atomic against any other writer (another API process, plain SQL); None
     when there is no such row.
 
-    PostgreSQL: the row is locked. SQLite has no row locks and ignores FOR UPDATE: a write that
-    touches nothing takes the database's write lock first, held to commit.
+    PostgreSQL and MariaDB/MySQL: the row is locked. SQLite has no row locks and ignores FOR
+    UPDATE: a write that touches nothing takes the database's write lock first, held to commit.
     """
-    sqlite = on_sqlite(conn)
-    if sqlite:
+    if on_sqlite(conn):
         await _write_lock(conn)
-    stmt = select_rows(sqlite, T.id == schedule_id).with_for_update()
+    stmt = select_rows(reads_bytes(conn), T.id == schedule_id).with_for_update()
     raws = [tuple(r) for r in (await conn.execute(stmt)).all()]
     return raws[0] if raws else None
 
@@ -110,12 +110,17 @@ async def _write_lock(conn: AsyncConnection) -> None:
 @asynccontextmanager
 async def _authored(conn: AsyncConnection, author: Author, now: datetime) -> AsyncIterator[None]:
     """The statements run inside are ``author``'s in the change history (before the commit).
-    SQLite: the write lock is taken first, so the entries added inside are this transaction's."""
+    SQLite: the write lock is taken first, so the entries added inside are this transaction's.
+    MariaDB/MySQL: the marks are session variables, cleared whatever happens inside."""
     if on_sqlite(conn):
         await _write_lock(conn)
     since = await change_history.mark(conn, author, now)
-    yield
-    await change_history.stamp(conn, author, now, since)
+    try:
+        yield
+        await change_history.stamp(conn, author, now, since)
+    finally:
+        with contextlib.suppress(Exception):  # a broken connection is not reused anyway
+            await change_history.unmark(conn)
 
 
 async def release(conn: AsyncConnection) -> None:
@@ -193,7 +198,7 @@ class ManagerPauser:
         async with self.engine.connect() as conn:
             raw = await lock(conn, schedule_id)
             try:
-                enabled = raw is not None and dbrows.judge_enabled(on_sqlite(conn), raw[_ENABLED])
+                enabled = raw is not None and dbrows.judge_enabled(reads_bytes(conn), raw[_ENABLED])
             except ConfigError:
                 enabled = False  # a row error: no manager runs it
             if not enabled:
@@ -279,10 +284,10 @@ async def write_import(
     """Write ``rows`` (new ones and changes, in order) and delete ``delete_ids`` with what is kept
     of them, in one transaction. A change writes only its columns (by id; no row is loaded, so no
     stored value can get in the way)."""
-    sqlite = on_sqlite(engine)
+    db = backend(engine)
     async with engine.begin() as conn, _authored(conn, IMPORT, now):
         for row in rows:
-            stored = {c: bind(c, r, sqlite) for c, r in row.stored.items()}
+            stored = {c: bind(c, r, db) for c, r in row.stored.items()}
             if row.row_id is None:
                 stamped = born(now, row.values, by=IMPORT.source)
                 await conn.execute(insert(PeriodicJob).values(**{**row.values, **stamped, **stored}))
@@ -293,7 +298,7 @@ async def write_import(
             await conn.execute(update(PeriodicJob).where(T.id == row.row_id).values(**values))
             if row.updated_at is not None:
                 # Written again alone: the edit above has the triggers stamp it (0004).
-                stamp = bind("updated_at", row.updated_at, sqlite)
+                stamp = bind("updated_at", row.updated_at, db)
                 await conn.execute(
                     update(PeriodicJob).where(T.id == row.row_id).values(updated_at=stamp)
                 )

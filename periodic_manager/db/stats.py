@@ -16,7 +16,7 @@ from sqlalchemy import String, bindparam, case, cast, func, literal_column, sele
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import on_sqlite
+from periodic_manager.db.engine import reads_bytes
 from periodic_manager.db.models import Entry, PeriodicJob, Run
 from periodic_manager.db.store_reads import rejected
 
@@ -33,7 +33,7 @@ async def schedule_counts(conn: AsyncConnection, alive_after: datetime) -> tuple
         .where(cast(PeriodicJob.id, String).in_(rejected_keys))
         .scalar_subquery()
     )
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     total, on, off, bad = (
         await conn.execute(
             select(func.count(), _tally(sqlite, True), _tally(sqlite, False), in_error)
@@ -47,7 +47,7 @@ async def enabled_counts(conn: AsyncConnection) -> dict[bool, int]:
     """Rows of ``periodic_jobs`` whose ``enabled`` is judged true, and false (as the list's
     ``enabled`` filter counts them): a row whose ``enabled`` is neither (SQL wrote ``'yes'`` or
     2 on SQLite) is in neither count."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     on, off = (
         await conn.execute(select(_tally(sqlite, True), _tally(sqlite, False)).select_from(PeriodicJob))
     ).one()
@@ -98,7 +98,7 @@ async def runs_per_minute(
     """(minute, status, runs) of the history in the ``minutes`` one-minute buckets from
     ``start``: the bucket's index from 0, and only the buckets and statuses that have runs."""
     dialect = conn.dialect
-    if on_sqlite(conn):
+    if reads_bytes(conn):
         bounds = {f"b{i}": start + timedelta(minutes=i) for i in range(minutes + 1)}
         result = await conn.execute(_per_minute_sqlite(minutes), bounds)
     else:

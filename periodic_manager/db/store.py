@@ -38,12 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import and_, case, delete, literal_column, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import (
@@ -58,9 +57,10 @@ from periodic_manager.contracts import (
     StoredVersion,
 )
 from periodic_manager.db import change_history, history, last_good, store_reads
-from periodic_manager.db.engine import chunks
+from periodic_manager.db.engine import backend, chunks, on_sqlite
 from periodic_manager.db.models import Entry, Manager, ScheduleState
 from periodic_manager.db.store_reads import COUNT_COLUMNS
+from periodic_manager.db.upsert import upsert
 from periodic_manager.errors import NotFoundError
 from periodic_manager.pacing import in_turns
 
@@ -99,16 +99,10 @@ class DatabaseRuntimeStore:
         self.changes_per_schedule = changes_per_schedule
         self._touched: set[str] = set()  # schedule keys with history written since the last prune
         self._next_prune_at: datetime | None = None
-        dialect = engine.dialect.name
-        # The two dialects' Insert share the on_conflict_do_update API but no base class.
-        self._insert: Callable[[Any], Any]
+        dialect = backend(engine)
         self._copy = dialect == "postgresql" and engine.dialect.driver == "asyncpg"
-        if dialect == "postgresql":
-            self._insert = postgresql.insert
-        elif dialect == "sqlite":
-            self._insert = sqlite.insert
-        else:
-            raise ValueError(f"unsupported database {dialect!r}: use postgresql or sqlite")
+        if dialect not in ("postgresql", "sqlite", "mysql"):
+            raise ValueError(f"unsupported database {dialect!r}: use postgresql, mysql/mariadb or sqlite")
 
     # -- writes (the manager) ------------------------------------------------------------------
 
@@ -122,11 +116,10 @@ class DatabaseRuntimeStore:
             "started_at": info.started_at,
             **_status_values(status),
         }
-        stmt = self._insert(Manager).values(values)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[Manager.manager_id],
-            set_={k: stmt.excluded[k] for k in values if k != "manager_id"},
-        )
+        stmt = upsert(
+            self.engine, Manager, ["manager_id"],
+            lambda new: [(k, new[k]) for k in values if k != "manager_id"],
+        ).values(values)  # fmt: skip
         async with self.engine.begin() as conn:
             await conn.execute(stmt)
             await conn.execute(delete(Entry).where(Entry.manager_id == info.manager_id))
@@ -183,15 +176,13 @@ class DatabaseRuntimeStore:
                     delete(Entry).where(Entry.manager_id == manager_id, Entry.entry_id.in_(chunk))
                 )
             if upserts:
-                stmt = self._insert(Entry)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=[Entry.manager_id, Entry.entry_id],
-                    set_={
-                        c.name: stmt.excluded[c.name]
-                        for c in Entry.__table__.c
+                stmt = upsert(
+                    self.engine, Entry, ["manager_id", "entry_id"],
+                    lambda new: [
+                        (c.name, new[c.name]) for c in Entry.__table__.c
                         if c.name not in ("manager_id", "entry_id")
-                    },
-                )
+                    ],
+                )  # fmt: skip
                 # In slices, each built just before it is sent: every statement stays well inside
                 # the driver's command timeout, and the event loop is never held for long, even
                 # when a cold start publishes 100,000 entries.
@@ -243,7 +234,7 @@ class DatabaseRuntimeStore:
         done: dict[str, datetime | None] = {}
         for chunk in chunks(keys):
             stmt = select(t.schedule_key, t.last_done_at).where(t.schedule_key.in_(chunk))
-            if self.engine.dialect.name == "postgresql":
+            if not on_sqlite(self.engine):
                 stmt = stmt.with_for_update()
             done.update((k, at) for k, at in (await conn.execute(stmt)).all())
         wanted = set(keys)
@@ -284,43 +275,7 @@ class DatabaseRuntimeStore:
 
     def _state_upsert(self) -> Any:
         t = ScheduleState.__table__.c
-        stmt = self._insert(ScheduleState)
-        new = stmt.excluded
-        # The batch moved the last slot iff it had an enqueued/duplicate run (then the delta's
-        # last_slot_at is set); like StateRecord.fold, an equal slot replaces (the later run wins).
-        moves = and_(
-            new.last_slot_at.is_not(None),
-            or_(t.last_slot_at.is_(None), new.last_slot_at >= t.last_slot_at),
-        )
-        # The batch decided last_error iff it had an enqueued, duplicate or failed run: the
-        # delta then holds the outcome of the last one (None clears); skipped runs leave it.
-        decides_error = (
-            new.enqueued_count + new.duplicate_count + new.resent_count + new.failed_count
-        ) > 0
-        set_: dict[str, Any] = {
-            "name": new.name,
-            "last_status": new.last_status,
-            "updated_at": new.updated_at,
-            "last_slot_at": case((moves, new.last_slot_at), else_=t.last_slot_at),
-            # The latest settled slot only ever moves forward.
-            "last_done_at": case(
-                (
-                    and_(
-                        new.last_done_at.is_not(None),
-                        or_(t.last_done_at.is_(None), new.last_done_at > t.last_done_at),
-                    ),
-                    new.last_done_at,
-                ),
-                else_=t.last_done_at,
-            ),
-            "last_enqueued_at": case((moves, new.last_enqueued_at), else_=t.last_enqueued_at),
-            "last_message_id": case((moves, new.last_message_id), else_=t.last_message_id),
-            "last_error": case((decides_error, new.last_error), else_=t.last_error),
-        }
-        for col in COUNT_COLUMNS.values():
-            set_[col] = t[col] + new[col]
-        set_["runs_count"] = t.runs_count + new.runs_count
-        return stmt.on_conflict_do_update(index_elements=[t.schedule_key], set_=set_)
+        return upsert(self.engine, ScheduleState, ["schedule_key"], lambda new: _state_assign(t, new))
 
     async def unregister_manager(self, manager_id: str) -> None:
         """Remove the manager; its entries go with it (ON DELETE CASCADE)."""
@@ -393,7 +348,7 @@ class DatabaseRuntimeStore:
 
     async def save_last_good(self, versions: Sequence[LastGoodVersion]) -> None:
         """Store the last good version of rows that turned bad (see ``db.last_good.save``)."""
-        await last_good.save(self.engine, self._insert, versions)
+        await last_good.save(self.engine, versions)
 
     async def last_good_index(self) -> dict[str, int | None]:
         """Keys with a stored last good version, each with the revision it was seen bad at."""
@@ -460,3 +415,45 @@ def _state_values(delta: StateRecord, updated_at: datetime) -> dict[str, Any]:
     values["runs_count"] = delta.runs
     return values
 
+
+def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
+    """The columns of a schedule's state merged with a batch's delta ``new``; ``last_slot_at``,
+    which the conditions of others read, is assigned last (db/upsert.py)."""
+    # The batch moved the last slot iff it had an enqueued/duplicate run (then the delta's
+    # last_slot_at is set); like StateRecord.fold, an equal slot replaces (the later run wins).
+    moves = and_(
+        new.last_slot_at.is_not(None),
+        or_(t.last_slot_at.is_(None), new.last_slot_at >= t.last_slot_at),
+    )
+    # The batch decided last_error iff it had an enqueued, duplicate or failed run: the
+    # delta then holds the outcome of the last one (None clears); skipped runs leave it.
+    # (No bound parameter in the update part: asyncmy's executemany cannot take one there.)
+    decides_error = (
+        new.enqueued_count + new.duplicate_count + new.resent_count + new.failed_count
+    ) > literal_column("0")
+    set_: list[tuple[str, Any]] = [
+        ("name", new.name),
+        ("last_status", new.last_status),
+        ("updated_at", new.updated_at),
+        # The latest settled slot only ever moves forward.
+        (
+            "last_done_at",
+            case(
+                (
+                    and_(
+                        new.last_done_at.is_not(None),
+                        or_(t.last_done_at.is_(None), new.last_done_at > t.last_done_at),
+                    ),
+                    new.last_done_at,
+                ),
+                else_=t.last_done_at,
+            ),
+        ),
+        ("last_enqueued_at", case((moves, new.last_enqueued_at), else_=t.last_enqueued_at)),
+        ("last_message_id", case((moves, new.last_message_id), else_=t.last_message_id)),
+        ("last_error", case((decides_error, new.last_error), else_=t.last_error)),
+    ]
+    set_ += [(col, t[col] + new[col]) for col in COUNT_COLUMNS.values()]
+    set_.append(("runs_count", t.runs_count + new.runs_count))
+    set_.append(("last_slot_at", case((moves, new.last_slot_at), else_=t.last_slot_at)))
+    return set_

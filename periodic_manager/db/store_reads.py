@@ -26,7 +26,7 @@ from periodic_manager.contracts import (
     StateRecord,
 )
 from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import chunks, on_sqlite
+from periodic_manager.db.engine import chunks, reads_bytes
 from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
 
 # Stored counters, one column per run status.
@@ -93,7 +93,7 @@ class OverlapReport:
 
 async def live_managers(conn: AsyncConnection, alive_after: datetime) -> list[ManagerRecord]:
     """Live managers, the leader first, then by id."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(*_cols(sqlite, Manager, "m_"))
         .where(Manager.heartbeat_at >= alive_after)
@@ -109,7 +109,7 @@ async def live_counts(conn: AsyncConnection, alive_after: datetime) -> tuple[int
     """How many managers are live, and how many of them lead (counted by the database: no row
     is read, so no stored value can fail the count). ``is_leader`` counts when judged true
     (:func:`periodic_manager.db.rows.bool_is`)."""
-    leads = dbrows.bool_is(on_sqlite(conn), Manager.__table__.c.is_leader, True)
+    leads = dbrows.bool_is(reads_bytes(conn), Manager.__table__.c.is_leader, True)
     stmt = select(func.count(), func.coalesce(func.sum(case((leads, 1), else_=0)), 0)).where(
         Manager.heartbeat_at >= alive_after
     )
@@ -123,7 +123,7 @@ async def live_entries(
     """Entries of live managers (of one schedule if ``schedule_key`` is given), each with its
     manager and its schedule's stored state. One query; ordered by schedule key, manager and entry
     id, so listings are stable."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(
             *_cols(sqlite, Entry, "e_"),
@@ -164,7 +164,7 @@ async def entry_page(
             .where(*conds)
         )
     ).scalar_one()
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(*_cols(sqlite, Entry, "e_"), *_cols(sqlite, Manager, "m_"))
         .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
@@ -223,7 +223,7 @@ async def states(conn: AsyncConnection, schedule_keys: Iterable[str]) -> dict[st
     ``counts`` holds only the statuses seen, as the memory store's does.
     """
     keys = list(dict.fromkeys(schedule_keys))
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     out: dict[str, StateRecord] = {}
     for chunk in chunks(keys):
         stmt = select(*_cols(sqlite, ScheduleState, "")).where(
@@ -239,7 +239,7 @@ async def failure_count(conn: AsyncConnection, schedule_key: str, limit: int) ->
     """``options.pause_after_failures``: the stored count of ``schedule_key`` and at most
     ``limit`` runs sent after the slot counted last, oldest first. Read raw: an unreadable count
     is 0, an unreadable slot is not counted past, a run whose slot cannot be read is left out."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     s = ScheduleState.__table__.c
     stmt = select(
         dbrows.raw(sqlite, s.consecutive_failures), dbrows.raw(sqlite, s.failures_checked_at)
@@ -268,7 +268,7 @@ async def rejections_of(
     conn: AsyncConnection, schedule_key: str, alive_after: datetime
 ) -> list[Rejection]:
     """The error records live managers published for a schedule, by manager."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(
             dbrows.raw(sqlite, _E.manager_id),
@@ -294,7 +294,7 @@ async def overlap_of(
 ) -> OverlapReport | None:
     """The held slot and previous task live managers publish for a schedule (options.overlap):
     the leader's first, else the manager that heard from its target last."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         select(
             dbrows.raw(sqlite, _E.manager_id),
@@ -341,7 +341,7 @@ async def rejections(
 ) -> list[tuple[str, str | None]]:
     """(schedule key, reason) of each rejection of these schedules by a live manager, by
     manager."""
-    sqlite = on_sqlite(conn)
+    sqlite = reads_bytes(conn)
     stmt = (
         rejected(alive_after)
         .with_only_columns(

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
-from periodic_manager.db.engine import on_sqlite
+from periodic_manager.db.engine import backend, reads_bytes
 from periodic_manager.db.judge import Rules
 from periodic_manager.db.models import PeriodicJob
 
@@ -39,20 +39,23 @@ Raw = tuple[bytes, bool]
 # -- reading ------------------------------------------------------------------------------------
 
 
-def extras(sqlite: bool) -> list[ColumnElement[Any]]:
+def extras(db: str) -> list[ColumnElement[Any]]:
     """Columns read beside :func:`dbrows.columns` to give each column's stored form: SQLite, the
     storage class of each column (a BLOB stays a BLOB); PostgreSQL, the text of each instant (the
-    judge reads epoch seconds, which cannot be written back exactly)."""
+    judge reads epoch seconds, which cannot be written back exactly); MariaDB/MySQL, none (every
+    column is read as the bytes of its text, instants as UTC ``DATETIME`` text)."""
     t = PeriodicJob.__table__.c
-    if sqlite:
+    if db == "sqlite":
         return [func.typeof(t[c]).label(f"typeof_{c}") for c in COLUMNS]
+    if db == "mysql":
+        return []
     return [cast(t[c], Text).label(f"text_{c}") for c in INSTANTS]
 
 
-async def prepare(conn: AsyncConnection, sqlite: bool) -> None:
+async def prepare(conn: AsyncConnection, db: str) -> None:
     """Fix how PostgreSQL writes instants as text for this transaction (UTC, ISO style), so the
     same stored instant always reads as the same text."""
-    if not sqlite:
+    if db == "postgresql":
         await conn.execute(text("SET LOCAL TimeZone = 'UTC'"))
         await conn.execute(text("SET LOCAL DateStyle = 'ISO, YMD'"))
 
@@ -63,15 +66,17 @@ class StoredRow:
 
     view: dbview.RowView
     more: tuple[Any, ...]  # the values of extras(), in order
-    sqlite: bool
+    db: str  # engine.backend()
 
     def raw(self, column: str) -> Raw | None:
         """The stored form of ``column`` (None: SQL NULL)."""
         value = self.view.raw[dbrows.FIELDS.index(column)]
         if value is None:
             return None
-        if self.sqlite:
+        if self.db == "sqlite":
             return bytes(value), self.more[COLUMNS.index(column)] == "blob"
+        if self.db == "mysql":
+            return bytes(value), False
         if column in INSTANTS:
             value = self.more[INSTANTS.index(column)]
         elif isinstance(value, bool):
@@ -82,13 +87,13 @@ class StoredRow:
 async def read_stored(engine: AsyncEngine, rules: Rules) -> list[StoredRow]:
     """Every row, read raw and judged like the API judges it (whatever a row holds), with each
     column's stored form."""
-    sqlite = on_sqlite(engine)
-    query = select(*dbrows.columns(sqlite, display=True), *extras(sqlite))
+    db = backend(engine)
+    query = select(*dbrows.columns(reads_bytes(engine), display=True), *extras(db))
     n = len(dbrows.FIELDS)
     async with engine.connect() as conn:
-        await prepare(conn, sqlite)
+        await prepare(conn, db)
         raws = (await conn.execute(query.order_by(PeriodicJob.id))).all()
-    return [StoredRow(dbview.view(rules, tuple(r[:n])), tuple(r[n:]), sqlite) for r in raws]
+    return [StoredRow(dbview.view(rules, tuple(r[:n])), tuple(r[n:]), db) for r in raws]
 
 
 def column_length(column: str) -> int | None:
@@ -100,15 +105,17 @@ def column_length(column: str) -> int | None:
 # -- writing --------------------------------------------------------------------------------------
 
 
-def bind(column: str, raw: Raw, sqlite: bool) -> ColumnElement[Any]:
+def bind(column: str, raw: Raw, db: str) -> ColumnElement[Any]:
     """The SQL value that stores ``raw`` in ``column`` as it was stored: past the column's type
-    (no JSON encoding, no instant conversion)."""
+    (no JSON encoding, no instant conversion). ``db``: :func:`engine.backend`."""
     data, blob = raw
-    if sqlite:
+    if db == "sqlite":
         # A BLOB stays a BLOB; text is stored as text (and gets the column's affinity, as it did
         # where it was read).
         return literal(data, LargeBinary) if blob else literal(data.decode("utf-8"), Text)
     stored = literal(data.decode("utf-8"), Text)
+    if db == "mysql":  # MariaDB/MySQL turn text into the column's type themselves
+        return stored
     if column in JSON_COLUMNS:
         return cast(stored, JSONB)
     if column in INSTANTS:

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import SystemClock
-from periodic_manager.contracts import Clock, Leadership, Target
-from periodic_manager.db.engine import is_sqlite, normalize_url
+from periodic_manager.contracts import ChangeSignal, Clock, Leadership, Target
+from periodic_manager.db.changes import revision_of
+from periodic_manager.db.engine import is_mysql, is_sqlite, normalize_url
 from periodic_manager.db.judge import target_check
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.schedule_writer import ManagerPauser
 from periodic_manager.db.store import DatabaseRuntimeStore
-from periodic_manager.runtime.leadership import AlwaysLeader, PostgresLeadership
+from periodic_manager.runtime.leadership import AlwaysLeader, MysqlLeadership, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager, new_manager_id
 from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.partitions import PartitionLeases
+from periodic_manager.runtime.poll import RevisionPoller
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.settings import CLUSTER_TARGETS, Settings
 from periodic_manager.targets.routing import RoutingTarget
@@ -103,9 +106,9 @@ def build_manager(
 ) -> PeriodicTaskManager:
     """A manager reading ``periodic_jobs`` through ``engine``; it closes the target it built on stop.
 
-    On PostgreSQL it also LISTENs for the change trigger's notifications (unless ``listen`` is off).
+    On PostgreSQL it also LISTENs for the change trigger's notifications (unless ``listen`` is off);
+    on MariaDB/MySQL it polls the change revision every ``poll_interval`` instead.
     """
-    listen = settings.listen is not False and not is_sqlite(settings.database_url)
     manager_id = new_manager_id()
     clock = clock or SystemClock()
     return PeriodicTaskManager(
@@ -122,7 +125,7 @@ def build_manager(
             changes_per_schedule=settings.changes_max_per_schedule,
         ),
         leadership=build_leadership(settings, clock, manager_id=manager_id),
-        signals=[PostgresChangeListener(normalize_url(settings.database_url))] if listen else [],
+        signals=change_signals(settings, engine),
         timing=Timing(
             sync_interval=settings.sync_interval,
             full_sync_interval=settings.full_sync_interval,
@@ -137,12 +140,25 @@ def build_manager(
     )
 
 
+def change_signals(settings: Settings, engine: AsyncEngine) -> list[ChangeSignal]:
+    """What wakes a sync when a row changes: LISTEN on PostgreSQL (unless ``listen`` is off), a
+    poll of the revision on MariaDB/MySQL (no LISTEN there); nothing on SQLite (one process: its
+    own writes sync at once, plain SQL at the next sync)."""
+    url = settings.database_url
+    if is_sqlite(url) or settings.listen is False:
+        return []
+    if is_mysql(url):
+        return [RevisionPoller(partial(revision_of, engine), interval=settings.poll_interval)]
+    return [PostgresChangeListener(normalize_url(url))]
+
+
 def build_leadership(
     settings: Settings, clock: Clock | None = None, *, manager_id: str | None = None
 ) -> Leadership:
-    """Advisory-lock leader election on PostgreSQL (unless disabled), or partition leases with
-    ``coordination=partitions`` (the holder named ``manager_id``); always leader otherwise (and
-    on SQLite, where one manager holds every schedule)."""
+    """Advisory-lock leader election on PostgreSQL and named-lock (``GET_LOCK``) election on
+    MariaDB/MySQL (unless disabled), or partition leases with ``coordination=partitions`` on
+    PostgreSQL (the holder named ``manager_id``); always leader otherwise (and on SQLite, where one
+    manager holds every schedule)."""
     if settings.coordination == "partitions" and not is_sqlite(settings.database_url):
         return PartitionLeases(
             normalize_url(settings.database_url), manager_id or new_manager_id(), clock=clock,
@@ -154,7 +170,12 @@ def build_leadership(
     if not election:
         return AlwaysLeader()
     if is_sqlite(settings.database_url):
-        raise ValueError("leader election needs PostgreSQL; run one manager on SQLite")
+        raise ValueError("leader election needs PostgreSQL or MariaDB/MySQL; run one manager on SQLite")
+    if is_mysql(settings.database_url):
+        return MysqlLeadership(
+            normalize_url(settings.database_url), clock=clock,
+            poll_interval=settings.leader_poll_interval, timeout=settings.leader_timeout,
+        )  # fmt: skip
     return PostgresLeadership(
         normalize_url(settings.database_url),
         clock=clock,

@@ -1,7 +1,9 @@
 """Leadership: at most one manager schedules at a time; the others wait as hot standbys.
 
 :class:`PostgresLeadership` holds a session-level advisory lock on a dedicated connection (never a
-pooled one: the lock belongs to the session). Standbys try to take the lock every
+pooled one: the lock belongs to the session); :class:`MysqlLeadership` holds a named lock
+(``GET_LOCK``, session-level too) of MariaDB/MySQL the same way. Both share one loop
+(:class:`SessionLockLeadership`). Standbys try to take the lock every
 ``poll_interval``; the leader proves it still holds it with a round trip every ``poll_interval``.
 
 Bounds (defaults: poll 1 s, timeout 3 s):
@@ -9,7 +11,8 @@ Bounds (defaults: poll 1 s, timeout 3 s):
 * the leader process dies: the server ends its session at once, the lock is free, a standby
   takes it at its next try: takeover <= ``poll_interval`` (+ connect time);
 * the leader is cut off (network, half-open connection): the server ends the silent session after
-  ``timeout`` (``idle_session_timeout``, plus TCP keepalives) and a standby takes over
+  ``timeout`` (PostgreSQL: ``idle_session_timeout``, plus TCP keepalives; MariaDB/MySQL:
+  ``wait_timeout``, whole seconds, at least 1) and a standby takes over
   <= ``timeout + poll_interval`` later. The cut-off leader stops enqueueing as soon as a check fails
   or takes longer than ``timeout - poll_interval`` — before the server can free the lock, since its
   last successful check was at most ``poll_interval`` earlier. It never enqueues on a lock it may
@@ -23,6 +26,8 @@ import contextlib
 import hashlib
 import logging
 from typing import Any
+
+from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock
@@ -64,29 +69,44 @@ class AlwaysLeader:
                 await result
 
 
-class PostgresLeadership(AlwaysLeader):
-    """Leader election with ``pg_try_advisory_lock`` on a dedicated asyncpg connection."""
+class SessionLockLeadership(AlwaysLeader):
+    """Leader election with a session-level lock on a dedicated connection: the loop, the checks
+    and the bounds (module doc); a subclass says how to connect, take the lock and prove it."""
 
-    def __init__(
-        self,
-        dsn: str,
-        *,
-        name: str = "periodic_manager:leader",
-        clock: Clock | None = None,
-        poll_interval: float = 1.0,
-        timeout: float = 3.0,
-    ) -> None:
+    def __init__(self, *, clock: Clock | None = None, poll_interval: float = 1.0, timeout: float = 3.0) -> None:
         super().__init__()
         if timeout <= poll_interval:
             raise ValueError("leader timeout must be longer than the poll interval")
-        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
-        self.key = lock_key(name)
         self.clock: Clock = clock or SystemClock()
         self.poll_interval = poll_interval
         self.timeout = timeout
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._last_error: str | None = None
+
+    # -- what a database gives ------------------------------------------------------------------
+
+    async def _connect(self) -> Any:
+        """A new dedicated connection whose server ends it once silent for ``timeout``."""
+        raise NotImplementedError
+
+    async def _try_lock(self) -> bool:
+        """Take the lock on ``self._conn`` without waiting; whether it is now held."""
+        raise NotImplementedError
+
+    async def _prove(self) -> None:
+        """A round trip on ``self._conn`` proving the session (and so the lock) is alive."""
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        """Close ``self._conn`` politely (the server frees the lock)."""
+        raise NotImplementedError
+
+    def _terminate(self) -> None:
+        """Drop ``self._conn`` at once, without a round trip."""
+        raise NotImplementedError
+
+    # -- the loop ---------------------------------------------------------------------------------
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -110,7 +130,7 @@ class PostgresLeadership(AlwaysLeader):
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 # Closing the session releases the lock; a standby takes over at its next try.
-                await asyncio.wait_for(self._conn.close(), self.poll_interval)
+                await asyncio.wait_for(self._close(), self.poll_interval)
             self._drop_connection()
 
     async def _loop(self) -> None:
@@ -125,7 +145,7 @@ class PostgresLeadership(AlwaysLeader):
             await asyncio.wait_for(self._check_or_acquire(), budget)
         except Exception as exc:  # noqa: BLE001 - any failure means: leadership not proven
             if cancelling():
-                # asyncpg may turn a cancellation into its own error: never swallow it, or
+                # A driver may turn a cancellation into its own error: never swallow it, or
                 # stop() would wait for this loop forever.
                 self._drop_connection()
             reraise_if_cancelled(exc)
@@ -141,32 +161,118 @@ class PostgresLeadership(AlwaysLeader):
         self._last_error = None
 
     async def _check_or_acquire(self) -> None:
-        import asyncpg
-
         if self._conn is None:
-            ms = int(self.timeout * 1000)
-            self._conn = await asyncpg.connect(
-                self.dsn,
-                timeout=self.timeout,
-                server_settings={
-                    "application_name": "periodic_manager leader",
-                    # The server ends our session (and frees the lock) when we go silent.
-                    "idle_session_timeout": str(ms),
-                    "tcp_keepalives_idle": str(max(1, int(self.timeout / 3))),
-                    "tcp_keepalives_interval": "1",
-                    "tcp_keepalives_count": "2",
-                },
-            )
+            self._conn = await self._connect()
         if self.is_leader:
             # A session-level lock lasts as long as the session: a round trip proves both.
-            await self._conn.fetchval("SELECT 1")
+            await self._prove()
             return
-        if await self._conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", self.key):
+        if await self._try_lock():
             log.info("became leader")
             await self._set(True)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):
-                self._conn.terminate()
+                self._terminate()
             self._conn = None
+
+
+class PostgresLeadership(SessionLockLeadership):
+    """Leader election with ``pg_try_advisory_lock`` on a dedicated asyncpg connection."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str = "periodic_manager:leader",
+        clock: Clock | None = None,
+        poll_interval: float = 1.0,
+        timeout: float = 3.0,
+    ) -> None:
+        super().__init__(clock=clock, poll_interval=poll_interval, timeout=timeout)
+        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
+        self.key = lock_key(name)
+
+    async def _connect(self) -> Any:
+        import asyncpg
+
+        ms = int(self.timeout * 1000)
+        return await asyncpg.connect(
+            self.dsn,
+            timeout=self.timeout,
+            server_settings={
+                "application_name": "periodic_manager leader",
+                # The server ends our session (and frees the lock) when we go silent.
+                "idle_session_timeout": str(ms),
+                "tcp_keepalives_idle": str(max(1, int(self.timeout / 3))),
+                "tcp_keepalives_interval": "1",
+                "tcp_keepalives_count": "2",
+            },
+        )
+
+    async def _try_lock(self) -> bool:
+        return bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", self.key))
+
+    async def _prove(self) -> None:
+        await self._conn.fetchval("SELECT 1")
+
+    async def _close(self) -> None:
+        await self._conn.close()
+
+    def _terminate(self) -> None:
+        self._conn.terminate()
+
+
+class MysqlLeadership(SessionLockLeadership):
+    """Leader election with ``GET_LOCK`` (a named lock of the session) on a dedicated asyncmy
+    connection to MariaDB/MySQL. Named locks belong to the server, not to a database: the lock's
+    name is derived from the database's name and ``name``, so deployments on other databases of
+    the same server do not share it."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "periodic_manager:leader",
+        clock: Clock | None = None,
+        poll_interval: float = 1.0,
+        timeout: float = 3.0,
+    ) -> None:
+        super().__init__(clock=clock, poll_interval=poll_interval, timeout=timeout)
+        self.url = make_url(url)
+        database = self.url.database or ""
+        # At most 64 characters (the servers' limit on a lock name).
+        self.lock_name = "pm:" + hashlib.sha256(f"{database}/{name}".encode()).hexdigest()[:40]
+
+    async def _connect(self) -> Any:
+        import asyncmy
+
+        u = self.url
+        # The server ends our session (and frees the lock) once we are silent this long.
+        wait = max(1, int(self.timeout))
+        return await asyncmy.connect(
+            host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "",
+            password=u.password or "", database=u.database, connect_timeout=self.timeout,
+            autocommit=True, init_command=f"SET SESSION wait_timeout = {wait}",
+        )  # fmt: skip
+
+    async def _fetch(self, sql: str, *args: Any) -> Any:
+        async with self._conn.cursor() as cur:
+            await cur.execute(sql, args)
+            row = await cur.fetchone()
+        return None if row is None else row[0]
+
+    async def _try_lock(self) -> bool:
+        return await self._fetch("SELECT GET_LOCK(%s, 0)", self.lock_name) == 1
+
+    async def _prove(self) -> None:
+        # Stronger than a round trip: the lock is this session's.
+        if await self._fetch("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", self.lock_name) != 1:
+            raise RuntimeError("the named lock is no longer this session's")
+
+    async def _close(self) -> None:
+        await self._conn.ensure_closed()
+
+    def _terminate(self) -> None:
+        self._conn.close()

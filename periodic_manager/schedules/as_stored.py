@@ -24,6 +24,7 @@ This module is the files' side; reading each column's stored form and writing it
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from periodic_manager.db.stored import COLUMNS, JSON_COLUMNS, Raw, StoredRow, column_length
@@ -105,11 +106,15 @@ def check_json_value(field: str, value: Any) -> None:
         raise ConfigError(field, f"must be a JSON value: {exc}") from None
 
 
-def check_storable(entry: dict[str, Any], sqlite: bool) -> None:
-    """Refuse what the backend cannot hold (ConfigError naming the field): everything SQLite
-    stores goes; PostgreSQL holds UTF-8 text without NUL, JSON in jsonb, booleans, and texts no
-    longer than their columns."""
-    if sqlite:
+def check_storable(entry: dict[str, Any], database: str) -> None:
+    """Refuse what the backend (``postgresql``, ``sqlite``, ``mysql``) cannot hold (ConfigError
+    naming the field): everything SQLite stores goes; PostgreSQL holds UTF-8 text without NUL,
+    JSON in jsonb, booleans, and texts no longer than their columns; MariaDB/MySQL hold UTF-8
+    text (JSON columns any text), ``enabled`` a TINYINT, texts no longer than their columns."""
+    if database == "sqlite":
+        return
+    if database == "mysql":
+        _check_mysql(entry)
         return
     for column, (data, blob) in entry.get(RAW, {}).items():
         where = f"{RAW}.{column}"
@@ -137,6 +142,27 @@ def check_storable(entry: dict[str, Any], sqlite: bool) -> None:
     for column in JSON_COLUMNS:
         if column in entry and "\\u0000" in canonical_json(entry[column]):
             raise ConfigError(column, "PostgreSQL cannot store NUL characters")
+
+
+def _check_mysql(entry: dict[str, Any]) -> None:
+    for column, (data, blob) in entry.get(RAW, {}).items():
+        where = f"{RAW}.{column}"
+        if blob:
+            raise ConfigError(where, "bytes given in hex cannot be stored in MariaDB/MySQL (UTF-8 text)")
+        try:
+            stored = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(where, "not UTF-8, which these MariaDB/MySQL columns cannot store") from None
+        if column == "enabled" and not (_TINYINT.fullmatch(stored) and -128 <= int(stored) <= 127):
+            raise ConfigError(where, "a MariaDB/MySQL TINYINT holds only whole numbers from -128 to 127")
+        _check_length(column, stored, where)
+    for column in TEXTS:
+        value = entry.get(column)
+        if isinstance(value, str):
+            _check_length(column, value, column)
+
+
+_TINYINT = re.compile(r"-?[0-9]{1,3}")
 
 
 def _check_length(column: str, value: str, where: str) -> None:

@@ -139,13 +139,13 @@ def validate(
     source: str = "input",
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     targets: Collection[str] | None = None,
-    sqlite: bool | None = None,
+    database: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every entry complete with defaults and validated as the manager validates a row (payload
     and options at most ``max_payload_bytes`` of canonical JSON each; ``targets``: the deployment's
     ``Settings.configured_targets()``, checked as the API checks them); FileError names the entry
     and field. An entry marked ``invalid`` is a row as stored: only checked for what its columns
-    can hold (on the backend ``sqlite`` says, when given)."""
+    can hold (on ``database``: ``postgresql``, ``sqlite`` or ``mysql``, when given)."""
     out: list[dict[str, Any]] = []
     seen: set[tuple[str, Any]] = set()
     for i, raw in enumerate(entries, start=1):
@@ -154,8 +154,8 @@ def validate(
         try:
             if isinstance(raw, dict) and as_stored.MARK in raw:
                 entry = _validate_stored(raw)
-                if sqlite is not None:
-                    as_stored.check_storable(entry, sqlite)
+                if database is not None:
+                    as_stored.check_storable(entry, database)
             else:
                 entry = _validate_entry(raw, max_payload_bytes, targets)
         except ConfigError as exc:

@@ -22,7 +22,7 @@ from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import schedule_writer
 from periodic_manager.db import view as dbview
-from periodic_manager.db.engine import Engine, on_sqlite
+from periodic_manager.db.engine import Engine, reads_bytes
 from periodic_manager.db.judge import rules_for
 from periodic_manager.db.stored import JSON_COLUMNS, StoredRow, read_stored
 from periodic_manager.schedules import as_stored
@@ -57,7 +57,7 @@ async def _stored(
 ) -> list[StoredRow]:
     """Every row, judged like the API judges it with ``targets`` (the deployment's configured
     targets), with each column's stored form."""
-    rules = rules_for(on_sqlite(engine), max_payload_bytes, targets)
+    rules = rules_for(reads_bytes(engine), max_payload_bytes, targets)
     return await read_stored(engine, rules.with_calendars(await stored_calendars(engine)))
 
 

@@ -5,14 +5,21 @@ and enqueues in one statement: a key that comes back was enqueued now; one that 
 already there (its ``seq`` is looked up in the same transaction). PostgreSQL and SQLite >= 3.35
 (RETURNING). The message id is ``str(seq)``.
 
-Consumers take rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL and set
-``processed_at`` (see ``examples/consume_outbox.py``).
+MariaDB/MySQL have no RETURNING here: in a REPEATABLE READ transaction the keys already there are
+read first (which fixes the transaction's snapshot), the others inserted with ``ON DUPLICATE KEY
+UPDATE`` doing nothing, and read again: the snapshot shows this transaction's own rows and none
+that another manager committed meanwhile, so the rows read are exactly the ones inserted now;
+the seq of the others is read with a locking (current) read.
+
+Consumers take rows with ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL, MariaDB >= 10.6
+and MySQL 8, and set ``processed_at`` (see ``examples/consume_outbox.py``).
 
 ``options.overlap`` skip and hold: the previous task of a schedule is its newest row (by
 ``seq``, whatever its key: a manual trigger counts too); it is finished once ``processed_at`` is
 set, or when there is no row left. Such tasks are inserted one by one after the batch, each
-behind a transaction-level advisory lock on its schedule's name (PostgreSQL), so two managers
-never both find the schedule free. SQLite serialises writers: a decision read before another
+behind a transaction-level advisory lock on its schedule's name (PostgreSQL; on MariaDB/MySQL a
+named lock, ``GET_LOCK``, released once the transaction ends, with locking reads), so two
+managers never both find the schedule free. SQLite serialises writers: a decision read before another
 manager's write fails to commit (SQLITE_BUSY) and the batch is retried.
 """
 
@@ -25,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, text
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningInsert
@@ -39,7 +46,7 @@ from periodic_manager.contracts import (
     Previous,
     Task,
 )
-from periodic_manager.db.engine import create_engine
+from periodic_manager.db.engine import backend, create_engine
 from periodic_manager.db.models import OutboxMessage
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
@@ -56,15 +63,18 @@ class OutboxTarget:
     name = "outbox"
 
     def __init__(self, engine: AsyncEngine) -> None:
-        dialect = engine.dialect.name
+        dialect = backend(engine)
         if dialect == "sqlite":
             if sqlite3.sqlite_version_info < SQLITE_MIN_RETURNING:
                 raise TargetError(
                     f"the outbox needs SQLite >= 3.35 (RETURNING); this runtime has "
                     f"{sqlite3.sqlite_version}"
                 )
+        elif dialect == "mysql":
+            # The reads that tell inserted rows from others need REPEATABLE READ (module doc).
+            engine = engine.execution_options(isolation_level="REPEATABLE READ")
         elif dialect != "postgresql":
-            raise TargetError(f"the outbox supports PostgreSQL and SQLite, not {dialect}")
+            raise TargetError(f"the outbox supports PostgreSQL, MariaDB/MySQL and SQLite, not {dialect}")
         self._engine = engine
         self._dialect = dialect
         self._owns_engine = False
@@ -112,14 +122,20 @@ class OutboxTarget:
             return []
         plain, after = prepared.data
         after_keys = {row["idempotency_key"] for _, row in after}
+        mine = self._dialect == "mysql"
         try:
-            async with self._engine.begin() as conn:
-                inserted = await self._insert_rows(conn, plain, now) if plain else {}
-                missing = {t.idempotency_key for t in tasks} - inserted.keys() - after_keys
-                existing = await _lookup(conn, missing)
-                decided = {
-                    i: await self._insert_after(conn, tasks[i], row, now) for i, row in after
-                }
+            async with self._engine.connect() as conn:
+                try:
+                    async with conn.begin():
+                        inserted = await self._insert_rows(conn, plain, now) if plain else {}
+                        missing = {t.idempotency_key for t in tasks} - inserted.keys() - after_keys
+                        existing = await _lookup(conn, missing, current=mine)
+                        decided = {
+                            i: await self._insert_after(conn, tasks[i], row, now) for i, row in after
+                        }
+                finally:
+                    if mine and after:  # the named locks of _insert_after
+                        await conn.execute(_MY_UNLOCK)
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
             raise TargetError(f"outbox: {type(exc).__name__}: {exc}") from exc
         results = []
@@ -143,12 +159,17 @@ class OutboxTarget:
         self, conn: AsyncConnection, task: Task, row: dict[str, Any], now: datetime
     ) -> EnqueueResult:
         """Insert ``task`` unless its schedule's newest row is unprocessed (options.overlap)."""
+        mine = self._dialect == "mysql"
         if self._dialect == "postgresql":
             await conn.execute(_LOCK, {"key": _lock_key(task.name)})
-        found = (await conn.execute(_BY_KEY, {"key": task.idempotency_key})).first()
+        elif mine:
+            got = (await conn.execute(_MY_LOCK, {"key": task.name, "timeout": _MY_LOCK_WAIT_S})).scalar()
+            if got != 1:
+                raise TargetError(f"outbox: schedule {task.name!r} stayed locked {_MY_LOCK_WAIT_S} s")
+        found = (await conn.execute(_MY_BY_KEY if mine else _BY_KEY, {"key": task.idempotency_key})).first()
         if found is not None:
             return EnqueueResult(task, "duplicate", str(found[0]))
-        prev = (await conn.execute(_NEWEST, {"name": task.name})).first()
+        prev = (await conn.execute(_MY_NEWEST if mine else _NEWEST, {"name": task.name})).first()
         previous = Previous(None, NONE)
         if prev is not None:
             task_id, processed_at, enqueued_at = prev
@@ -158,8 +179,11 @@ class OutboxTarget:
                 if not timeout or not _older(enqueued_at, now, timeout):
                     return EnqueueResult(task, "busy", previous=previous)
                 previous.timed_out = True
-        insert = self._insert_statement([{**row, "enqueued_at": now}])
-        inserted = (await conn.execute(insert)).first()
+        if mine:
+            await conn.execute(self._mysql_insert([{**row, "enqueued_at": now}]))
+            inserted = (await conn.execute(_BY_KEY, {"key": task.idempotency_key})).first()
+        else:
+            inserted = (await conn.execute(self._insert_statement([{**row, "enqueued_at": now}]))).first()
         if inserted is None:  # cannot happen behind the lock; a duplicate if it ever does
             return EnqueueResult(task, "duplicate", None, previous=previous)
         return EnqueueResult(task, "enqueued", str(inserted[0]), previous=previous)
@@ -172,6 +196,14 @@ class OutboxTarget:
                 inserted[key] = seq
             return inserted
         rows: list[dict[str, Any]] = [{**r, "enqueued_at": now} for r in data]
+        if self._dialect == "mysql":
+            # Read first (this fixes the snapshot), insert the others, read them again: what the
+            # snapshot shows of them is this transaction's own (module doc).
+            there = await _lookup(conn, {r["idempotency_key"] for r in rows})
+            fresh = [r for r in rows if r["idempotency_key"] not in there]
+            for start in range(0, len(fresh), CHUNK_ROWS):
+                await conn.execute(self._mysql_insert(fresh[start : start + CHUNK_ROWS]))
+            return await _lookup(conn, {r["idempotency_key"] for r in fresh})
         for start in range(0, len(rows), CHUNK_ROWS):
             stmt = self._insert_statement(rows[start : start + CHUNK_ROWS])
             for seq, key in (await conn.execute(stmt)).all():
@@ -187,6 +219,12 @@ class OutboxTarget:
             )
         lite = sqlite.insert(OutboxMessage).values(rows)
         return lite.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(*returned)
+
+    @staticmethod
+    def _mysql_insert(rows: list[dict[str, Any]]) -> Any:
+        """MariaDB/MySQL: insert ``rows``, a key already there left as it is (no error)."""
+        stmt = mysql.insert(OutboxMessage).values(rows)
+        return stmt.on_duplicate_key_update(seq=OutboxMessage.seq)
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A row is finished once ``processed_at`` is set (see the module docstring)."""
@@ -217,10 +255,22 @@ _PG_UNNEST_INSERT = text(
 
 _LOCK = text("SELECT pg_advisory_xact_lock(:key)")
 _BY_KEY = text("SELECT seq FROM pm_outbox WHERE idempotency_key = :key")
+# MariaDB/MySQL: a named lock per schedule (named locks are the server's: the database's name is
+# part of it), held until the transaction has ended; locking reads see what others committed.
+_MY_LOCK_WAIT_S = 10
+_MY_LOCK = text(
+    "SELECT GET_LOCK(CONCAT('pm:o:', LEFT(SHA2(CONCAT(DATABASE(), '/', :key), 256), 40)), :timeout)"
+)
+_MY_UNLOCK = text("DO RELEASE_ALL_LOCKS()")
+_MY_BY_KEY = text("SELECT seq FROM pm_outbox WHERE idempotency_key = :key LOCK IN SHARE MODE")
 # The newest row of a schedule (index ix_pm_outbox_name_seq).
 _NEWEST = text(
     "SELECT task_id, processed_at, enqueued_at FROM pm_outbox WHERE name = :name "
     "ORDER BY seq DESC LIMIT 1"
+)
+_MY_NEWEST = text(
+    "SELECT task_id, processed_at, enqueued_at FROM pm_outbox WHERE name = :name "
+    "ORDER BY seq DESC LIMIT 1 LOCK IN SHARE MODE"
 )
 
 
@@ -258,8 +308,9 @@ def _row(task: Task) -> dict[str, Any]:
     }
 
 
-async def _lookup(conn: AsyncConnection, keys: set[str]) -> dict[str, int]:
-    """``seq`` of rows that already hold these keys (same transaction as the insert)."""
+async def _lookup(conn: AsyncConnection, keys: set[str], *, current: bool = False) -> dict[str, int]:
+    """``seq`` of rows that already hold these keys (same transaction as the insert); ``current``:
+    a locking read, which sees what other transactions committed (MariaDB/MySQL)."""
     found: dict[str, int] = {}
     ordered = sorted(keys)
     for start in range(0, len(ordered), CHUNK_ROWS):
@@ -267,6 +318,8 @@ async def _lookup(conn: AsyncConnection, keys: set[str]) -> dict[str, int]:
         stmt = select(OutboxMessage.seq, OutboxMessage.idempotency_key).where(
             OutboxMessage.idempotency_key.in_(chunk)
         )
+        if current:
+            stmt = stmt.with_for_update(read=True)
         for seq, key in (await conn.execute(stmt)).all():
             found[key] = seq
     return found

@@ -113,8 +113,12 @@ async def test_plain_sql_is_recorded_as_sql_without_bookkeeping_noise(
     items = (await changes(client, sid))["items"]
     assert [i["action"] for i in items] == ["resumed", "updated", "paused", "updated", "created"]
     assert [i["source"] for i in items[:-1]] == ["sql"] * 4 and items[-1]["source"] == "api"
-    # The actor of plain SQL: the database role on PostgreSQL; SQLite has none.
+    # The actor of plain SQL: the database role on PostgreSQL, the account on MariaDB/MySQL;
+    # SQLite has none.
     actor = None if on_sqlite(engine) else "postgres"
+    if engine.dialect.name == "mysql":
+        async with engine.connect() as conn:
+            actor = (await conn.execute(text("SELECT CURRENT_USER()"))).scalar_one()
     assert {i["actor"] for i in items[:-1]} == {actor}
     resumed, noted, paused, edited = items[:4]
     assert edited["changes"] == {

@@ -101,7 +101,7 @@ async def _takeover(
     claims are flushed, nobody leads for ``idle`` seconds, then the standby takes over. Every
     slot that reached the stream, in order."""
     # Created at T0 (as the API would stamp it): no slot of it went by unrecorded before.
-    before = "'2024-05-01 12:00:00.5'" if db_url.startswith("sqlite") else "'2024-05-01 12:00:00.5+00'"
+    before = rawsql.instant(db_url, "2024-05-01 12:00:00.5")
     options = f"""'{{"max_runs": {max_runs}}}'"""
     await rawsql.insert(db_url, "limited", spec="'@every 10s'", options=options, effective_at=before)
     clock = VirtualClock(T0)

@@ -109,10 +109,9 @@ async def test_hostile_pause_columns_read_as_null_with_an_error(
                     " paused_by = 7"
                 )
             )
-        else:
-            await conn.execute(
-                text("UPDATE periodic_jobs SET paused_at = 'infinity', paused_by = 'ops'")
-            )
+        else:  # no instant: infinity, or MariaDB/MySQL's zero date
+            at = "'infinity'" if engine.dialect.name == "postgresql" else "'0000-00-00 00:00:00'"
+            await conn.execute(text(f"UPDATE periodic_jobs SET paused_at = {at}, paused_by = 'ops'"))
     r = await client.get(f"/schedules/{s['id']}")
     assert r.status_code == 200, r.text
     body = r.json()

@@ -262,7 +262,7 @@ async def test_a_failing_schedule_pauses_itself_after_n_failures_in_a_row(
 
 async def test_the_store_reads_hostile_counts_and_runs_without_failing(db_url: str) -> None:
     sqlite = db_url.startswith("sqlite")
-    ts = "'2024-05-01 12:0{}:00'" if sqlite else "'2024-05-01 12:0{}:00+00'"
+    ts = rawsql.instant(db_url, "2024-05-01 12:0{}:00")
     await rawsql.execute(
         db_url,
         "INSERT INTO pm_schedule_state (schedule_key, name, updated_at, consecutive_failures)"

@@ -29,6 +29,16 @@ def _hostile(backend: str) -> dict[str, str]:
             "text": "X'FF00C3'",  # not UTF-8
             "bool": "'yes'",
         }
+    if backend == "mysql":  # zero dates; a TINYINT that is neither 0 nor 1
+        return {
+            "instant": "'0000-00-00 00:00:00'",
+            "instant2": "'2024-00-00 00:00:00'",
+            "int": "9223372036854775807",
+            "int4": "-2147483648",
+            "huge": "2147483647",
+            "text": "'x'",
+            "bool": "2",
+        }
     return {  # PostgreSQL enforces types, not Python's ranges
         "instant": "'infinity'",
         "instant2": "'20000-01-01 00:00:00+00'",
@@ -123,7 +133,7 @@ async def test_hostile_runtime_rows_are_shown_never_a_500(
         assert sum(r["lateness_ms"] is None for r in runs["items"]) == 2
     (m,) = managers
     assert m["started_at"] is None and m["last_sync_at"] is None
-    assert m["is_leader"] is (backend == "postgresql")  # SQLite's 'yes' is not true
+    assert m["is_leader"] is (backend == "postgresql")  # SQLite's 'yes', MySQL's 2 are not true
     by_id = {e["entry_id"]: e for e in entries}
     assert by_id["e1"]["registered_at"] is None and by_id["e2"]["registered_at"] is None
     state = (await client.get(f"/schedules/{schedule_id}")).json()["state"]

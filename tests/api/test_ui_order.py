@@ -13,7 +13,7 @@ from periodic_manager.api.ui.listing import NextSlots
 from periodic_manager.api.ui.order import ENABLED, NextSlotOrder
 from periodic_manager.db import changes
 from periodic_manager.db import judge as dbjudge
-from periodic_manager.db.engine import create_engine, on_sqlite
+from periodic_manager.db.engine import create_engine, on_mysql, on_sqlite, reads_bytes
 
 ROWS = 8000
 PAYLOAD_CHARS = 16_000  # 128 MB of payloads in all, 16 MB per partition of 1000 rows
@@ -30,6 +30,9 @@ async def test_full_read_does_not_hold_every_payload(
                 rows = "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
                 payload = "'\"' || replace(hex(zeroblob(:c / 2)), '0', 'x') || '\"'"
                 sql = f"{rows} SELECT 'job.' || i, '* * * * *', 't', {payload} FROM g"
+            elif on_mysql(conn):  # MariaDB's sequence tables (seq_1_to_N)
+                payload = "CONCAT('\"', REPEAT('x', :c), '\"')"
+                sql = f"SELECT CONCAT('job.', seq), '* * * * *', 't', {payload} FROM seq_1_to_{ROWS}"
             else:
                 payload = "to_jsonb(repeat('x', :c))"
                 sql = f"SELECT 'job.' || i, '* * * * *', 't', {payload} FROM generate_series(1, :n) i"
@@ -37,7 +40,7 @@ async def test_full_read_does_not_hold_every_payload(
                 text(f"INSERT INTO periodic_jobs (name, spec, task_type, payload) {sql}"),
                 {"n": ROWS, "c": PAYLOAD_CHARS},
             )
-        rules = dbjudge.Rules(engine.dialect.name == "sqlite")
+        rules = dbjudge.Rules(reads_bytes(engine))
         order = NextSlotOrder(NextSlots())
         async with engine.connect() as conn:
             tracemalloc.start()

@@ -535,8 +535,9 @@ async def test_managers_and_entries_rejected_first(
     assert [e["schedule_key"] for e in only["items"]] == ["3"]
     # PM_COORDINATION=partitions: the leases naming each manager, as numbers and ranges.
     async with engine.begin() as conn:
-        await conn.execute(text("UPDATE pm_partitions SET holder = 'm2' WHERE partition <= 21 OR partition = 40"))
-        await conn.execute(text("UPDATE pm_partitions SET holder = 'm1' WHERE partition = 63"))
+        p = conn.dialect.identifier_preparer.quote("partition")  # a reserved word on MySQL
+        await conn.execute(text(f"UPDATE pm_partitions SET holder = 'm2' WHERE {p} <= 21 OR {p} = 40"))
+        await conn.execute(text(f"UPDATE pm_partitions SET holder = 'm1' WHERE {p} = 63"))
     shown = {m["manager_id"]: m for m in (await client.get("/views/managers")).json()["items"]}
     assert shown["m2"]["partition_ranges"] == "0-21, 40" and len(shown["m2"]["partitions"]) == 23
     assert (shown["m1"]["partition_ranges"], shown["m1"]["entry_count"]) == ("63", 2)

@@ -9,6 +9,7 @@ from datetime import datetime
 
 import pytest
 
+from tests.conftest import backend_url
 from tests.support.e2e import T0, Rig, e2e_rig
 from tests.support.servers import RedisServer
 
@@ -28,13 +29,13 @@ def forgetful() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox"])
+@pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox", "mysql+outbox"])
 def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
     """(database URL, target); async fixtures are pulled in from this sync fixture."""
     backend, target = str(request.param).split("+")
     if target == "redis":
         request.getfixturevalue("redis_client")  # cleans the test's keys afterwards
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")), target
+    return backend_url(request, backend), target
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
-from tests.conftest import new_pg_database
+from tests.conftest import new_mysql_database, new_pg_database
 from tests.support import rawsql
 from tests.support.api import T0
 
@@ -37,7 +37,6 @@ EXTRA = {
             "payload": """'{"n": 1.5, "s": "\\u00e9\\t"}'""",
             "options": """'{"queue": "q", "max_retry": 3}'""",
             "description": "'a\\b'",
-            "anchor": "'2026-01-01 00:00:00+00'",
         },
     },
     "sqlite": {
@@ -51,6 +50,13 @@ EXTRA = {
         "payload.nan": {"payload": "'NaN'"},
         "spec.nul": {"spec": "'a' || char(0) || 'b'"},
     },
+    "mysql": {
+        "created.zero": {"created_at": "'0000-00-00 00:00:00'"},
+        "updated.zero.day": {"updated_at": "'2024-05-00 00:00:00'"},
+        "enabled.minus": {"enabled": "-3"},
+        "payload.nan": {"payload": "'NaN'"},
+        "description.accents": {"description": "'caf\u00e9 cr\u00e8me'"},
+    },
     "postgresql": {
         "anchor.infinity.minus": {"anchor": "'-infinity'"},
         "created.year.10000": {"created_at": "'10000-01-01 00:00:00+00'"},
@@ -59,14 +65,16 @@ EXTRA = {
 
 
 def backend_of(url: str) -> str:
-    return "sqlite" if url.startswith("sqlite") else "postgresql"
+    return next(b for b in rawsql.BACKENDS if url.startswith(b))
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
 def two(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     """Two migrated databases of one backend: A (to back up) and B (empty, to restore into)."""
     if request.param == "sqlite":
         urls = (f"sqlite+aiosqlite:///{tmp_path}/a.db", f"sqlite+aiosqlite:///{tmp_path}/b.db")
+    elif request.param == "mysql":
+        urls = (str(request.getfixturevalue("mariadb_url")), str(request.getfixturevalue("mariadb_url_b")))
     else:
         urls = (str(request.getfixturevalue("pg_url")), str(request.getfixturevalue("pg_url_b")))
     for u in urls:
@@ -81,6 +89,13 @@ async def pg_url_b() -> AsyncIterator[str]:
         yield url
 
 
+@pytest.fixture
+async def mariadb_url_b() -> AsyncIterator[str]:
+    """A second new MariaDB/MySQL database, dropped after the test."""
+    async with new_mysql_database() as url:
+        yield url
+
+
 def seed(url: str) -> int:
     """Good and hostile rows, written with SQL; returns how many."""
     backend = backend_of(url)
@@ -88,6 +103,7 @@ def seed(url: str) -> int:
     for i, case in enumerate(rawsql.cases(backend)):
         rows[case.columns.get("name", f"'hostile.{i}'").strip("'")] = dict(case.columns)
     rows |= EXTRA["both"] | EXTRA[backend]
+    rows["valid.full"] = {**rows["valid.full"], "anchor": rawsql.instant(url, "2026-01-01 00:00:00")}
     for name, columns in rows.items():
         asyncio.run(rawsql.insert(url, name, **columns))
     return len(rows)
@@ -132,6 +148,8 @@ async def _stored(url: str) -> list[tuple[Any, ...]]:
         cols = [r[1] for r in await rawsql.execute(url, "PRAGMA table_info(periodic_jobs)")]
         listed = ", ".join(f"typeof({c}), quote({c})" for c in cols)
         return await rawsql.execute(url, f"SELECT {listed} FROM periodic_jobs ORDER BY id")
+    if backend_of(url) == "mysql":
+        return await rawsql.execute(url, "SELECT * FROM periodic_jobs ORDER BY id")
     return await rawsql.execute(url, "SELECT t::text FROM periodic_jobs t ORDER BY id")
 
 
@@ -282,3 +300,32 @@ def test_a_marked_entry_changed_in_the_file_updates_the_row_as_stored(
         rawsql.execute(a, "SELECT spec, description FROM periodic_jobs")
     )
     assert (spec, description) == ("62 * * * *", "note")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"raw": {"payload": {"hex": "fffe"}}}, "raw.payload: bytes given in hex cannot be stored"),
+        ({"raw": {"enabled": "yes"}}, "raw.enabled: a MariaDB/MySQL TINYINT holds only whole numbers"),
+        ({"raw": {"enabled": "300"}}, "raw.enabled: a MariaDB/MySQL TINYINT holds only whole numbers"),
+        ({"spec": "*" * 201}, "spec: longer than the column's 200 characters"),
+    ],
+)
+def test_what_mysql_cannot_hold_is_refused_before_anything_is_written(
+    entry: dict[str, Any],
+    message: str,
+    mariadb_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    upgrade_sync(mariadb_url)
+    base = {"name": "x", "spec": "61 * * * *", "task_type": "t", "invalid": "spec: bad"}
+    f = tmp_path / "f.json"
+    f.write_text(
+        json.dumps([{"name": "ok", "spec": "@daily", "task_type": "t"}, {**base, **entry}])
+    )
+    code, out, err = cli(capsys, "import", str(f), "--database-url", mariadb_url)
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert f"entry 2 ('x'): {message}" in line, line
+    assert asyncio.run(rawsql.execute(mariadb_url, "SELECT count(*) FROM periodic_jobs")) == [(0,)]

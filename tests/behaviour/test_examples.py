@@ -20,6 +20,7 @@ from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
+from tests.conftest import BACKEND_URLS, backend_url
 from tests.support import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -116,10 +117,10 @@ async def test_consume_redis_prints_and_acks_each_message(
     assert (await redis_client.xpending(stream, "workers"))["pending"] == 0  # all acked
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=list(BACKEND_URLS))
 def fresh_db_url(request: pytest.FixtureRequest) -> str:
     """A fresh, empty database (a plain fixture, so it can pick an async one by name)."""
-    return str(request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url"))
+    return backend_url(request, request.param)
 
 
 async def test_consume_outbox_prints_and_marks_each_message(fresh_db_url: str) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
+from tests.conftest import backend_url
 from tests.support import rawsql
 from tests.support.api import T0, api_client
 from tests.support.rawsql import Case
@@ -25,7 +26,7 @@ PAIRS = rawsql.all_cases()
 def hostile(request: pytest.FixtureRequest) -> tuple[str, Case]:
     """(database URL, case): a fresh, migrated database of the case's backend."""
     backend, case = request.param
-    url = str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    url = backend_url(request, backend)
     return url, case
 
 

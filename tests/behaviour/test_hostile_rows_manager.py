@@ -16,17 +16,18 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.schedules.definition import UNKNOWN_START
+from tests.conftest import backend_url
 from tests.support import rawsql
 from tests.support.e2e import Rig, at, e2e_rig, iso
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=rawsql.BACKENDS)
 def url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url"))
+    return backend_url(request, request.param)
 
 
 def backend_of(url: str) -> str:
-    return "sqlite" if url.startswith("sqlite") else "postgresql"
+    return next(b for b in rawsql.BACKENDS if url.startswith(b))
 
 
 async def seed(url: str) -> tuple[dict[str, int], dict[int, str]]:
@@ -137,13 +138,11 @@ async def test_effective_at_is_read_as_an_instant_or_unknown_never_a_row_error(
     url: str, engine: AsyncEngine
 ) -> None:
     await upgrade(url)
-    values = {
-        "given": "'2024-05-01 10:00:00.250000+00'"
-        if backend_of(url) == "postgresql"
-        else "'2024-05-01 10:00:00.250000'"
-    }
+    values = {"given": rawsql.instant(url, "2024-05-01 10:00:00.250000")}
     if backend_of(url) == "postgresql":
         values |= {"infinity": "'infinity'", "year10000": "'10000-01-01 00:00:00+00'"}
+    elif backend_of(url) == "mysql":
+        values |= {"zero": "'0000-00-00 00:00:00'", "zero.day": "'2024-05-00 00:00:00'"}
     else:
         values |= {"junk": "'soon'", "blob": "X'FF'", "plus14": "'0001-01-01T00:00:00+14:00'"}
     for label, sql in values.items():

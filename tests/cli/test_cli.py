@@ -38,7 +38,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         (["migrate"], {"PM_SYNC_INTERVAL": "soon"}, "PM_SYNC_INTERVAL"),
         (["manager", "--grace", "-1"], {}, "--grace"),
         (["run", "--target", "kafka"], {}, "PM_TARGET"),
-        (["api"], {"PM_DATABASE_URL": "mysql://u@h/db"}, "PM_DATABASE_URL"),
+        (["api"], {"PM_DATABASE_URL": "oracle://u@h/db"}, "PM_DATABASE_URL"),
+        (["manager"], {"PM_DATABASE_URL": "mysql://u@h/db", "PM_COORDINATION": "partitions"}, "PM_COORDINATION"),
         (["run", "--port", "70000"], {}, "--port"),
         (["migrate", "--log-level", "LOUD"], {}, "PM_LOG_LEVEL"),
     ],
@@ -48,6 +49,34 @@ def test_bad_setting_is_one_line_and_exit_2(args: list[str], env: dict[str, str]
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and names in lines[0] and lines[0].startswith("periodic-manager: error:")
+
+
+def test_a_mysql_url_without_asyncmy_names_the_extra_in_one_line() -> None:
+    hide = "import sys; sys.modules['asyncmy'] = None; from periodic_manager.cli.main import main; sys.exit(main())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PM_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", hide, "api", "--database-url", "mariadb://u@h/db"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "PM_DATABASE_URL" in line and "pip install 'periodic-manager[mysql]'" in line, line
+
+
+def test_migrate_upgrades_a_fresh_mariadb_database(mariadb_url: str) -> None:
+    url = mariadb_url.replace("mysql+asyncmy://", "mysql://").split("?")[0]  # as a user writes it
+    proc = run_cli("migrate", "--database-url", url)
+    assert proc.returncode == 0, proc.stderr
+    assert "0013_max_runs" in proc.stderr + proc.stdout
+
+    async def tables() -> set[str]:
+        engine = create_engine(url)
+        async with engine.connect() as conn:
+            names = set((await conn.execute(text("SHOW TABLES"))).scalars())
+        await engine.dispose()
+        return names
+
+    assert {"periodic_jobs", "pm_outbox", "pm_revision", "alembic_version"} <= asyncio.run(tables())
 
 
 def test_migrate_upgrades_a_fresh_postgresql_database(pg_url: str) -> None:

@@ -21,13 +21,14 @@ from periodic_manager.db.models import PeriodicJob
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from tests.conftest import backend_url
 
 
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     # Overrides conftest's async version, which cannot resolve the async ``pg_url`` fixture
     # from inside a running event loop (pytest-asyncio 1.x); a sync fixture can.
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    return backend_url(request, backend)
 
 
 @pytest.fixture
@@ -40,13 +41,16 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
         await eng.dispose()
 
 
-def _lit(value: Any) -> str:
-    """A SQL literal, so rows go in exactly as typed (no driver-side typing or JSON encoding)."""
+def _lit(value: Any, mysql: bool = False) -> str:
+    """A SQL literal, so rows go in exactly as typed (no driver-side typing or JSON encoding).
+    ``mysql``: MariaDB/MySQL read a backslash in a literal as an escape; it is doubled."""
     if value is None:
         return "NULL"
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
     if isinstance(value, str):
+        if mysql:
+            value = value.replace("\\", "\\\\")
         return "'" + value.replace("'", "''") + "'"
     return str(value)  # raw SQL such as X'FF'
 
@@ -58,14 +62,16 @@ class Raw(str):
 async def insert_row(engine: AsyncEngine, name: Any, **cols: Any) -> int:
     values: dict[str, Any] = {"name": name, "spec": "0 0 * * *", "task_type": "t", **cols}
     names = ", ".join(values)
-    lits = ", ".join(v if isinstance(v, Raw) else _lit(v) for v in values.values())
+    mysql = engine.dialect.name != "postgresql" and engine.dialect.name != "sqlite"
+    lits = ", ".join(v if isinstance(v, Raw) else _lit(v, mysql) for v in values.values())
     async with engine.begin() as conn:
         await conn.execute(text(f"INSERT INTO periodic_jobs ({names}) VALUES ({lits})"))
         return int((await conn.execute(text("SELECT max(id) FROM periodic_jobs"))).scalar_one())
 
 
 async def update_row(engine: AsyncEngine, row_id: int, **cols: Any) -> None:
-    sets = ", ".join(f"{k} = {_lit(v)}" for k, v in cols.items())
+    mysql = engine.dialect.name not in ("postgresql", "sqlite")
+    sets = ", ".join(f"{k} = {_lit(v, mysql)}" for k, v in cols.items())
     async with engine.begin() as conn:
         await conn.execute(text(f"UPDATE periodic_jobs SET {sets} WHERE id = {row_id}"))
 
@@ -87,9 +93,9 @@ async def test_valid_rows_become_configs(engine: AsyncEngine) -> None:
         options='{"queue": "reports", "max_retry": 3, "timeout": 1.5, "extra": {"k": "v"}}',
         description="built every morning",
     )
-    every = await insert_row(
-        engine, "ticks", spec="@every 90s", anchor="2024-01-01T02:00:00+02:00", payload="7"
-    )
+    # MariaDB takes no offset in a literal (its DATETIME holds UTC).
+    anchor = "2024-01-01 00:00:00" if engine.dialect.name == "mysql" else "2024-01-01T02:00:00+02:00"
+    every = await insert_row(engine, "ticks", spec="@every 90s", anchor=anchor, payload="7")
     bare = await insert_row(engine, "bare")  # payload NULL, options by server default
     await insert_row(engine, "paused", enabled=False)
 
@@ -148,10 +154,25 @@ SQLITE_BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+# What MariaDB/MySQL let a row hold: JSON columns are LONGTEXT, DATETIME takes a zero date and
+# the years beyond what a schedule may use, a boolean is a TINYINT.
+MYSQL_BAD_ROWS: list[tuple[str, dict[str, Any], str]] = [
+    ("bad.payload.text", {"payload": "not json {"}, "payload"),
+    ("bad.options.text", {"options": "queue=x"}, "options"),
+    ("bad.anchor.zero", {"anchor": "0000-00-00 00:00:00"}, "anchor"),
+    ("bad.anchor.zero.day", {"anchor": "2024-00-00 00:00:00"}, "anchor"),
+    ("bad.anchor.9999", {"anchor": "9999-12-31 23:59:59.999999"}, "anchor"),
+    ("bad.anchor.year.1", {"anchor": "0001-01-01 00:00:00"}, "anchor"),
+    ("bad.enabled.2", {"enabled": Raw("2")}, "enabled"),
+    ("bad.enabled.minus", {"enabled": Raw("-1")}, "enabled"),
+]
+EXTRA_BAD_ROWS = {"sqlite": SQLITE_BAD_ROWS, "mysql": MYSQL_BAD_ROWS}
+
+
 async def test_each_bad_row_is_reported_and_the_others_are_returned(
     engine: AsyncEngine, backend: str
 ) -> None:
-    cases = BAD_ROWS + (SQLITE_BAD_ROWS if backend == "sqlite" else [])
+    cases = BAD_ROWS + EXTRA_BAD_ROWS.get(backend, [])
     good_before = await insert_row(engine, "good.before")
     ids = {name: await insert_row(engine, name, **cols) for name, cols, _ in cases}
     good_after = await insert_row(engine, "good.after", spec="@every 30s")
@@ -327,9 +348,28 @@ async def test_a_provider_restricted_to_partitions_reads_only_their_rows(engine:
 
 async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:
     provider = DatabaseProvider(engine)
-    if backend == "sqlite":
+    if backend != "postgresql":
         with pytest.raises(ValueError, match="partitions need PostgreSQL"):
             provider.restrict(lambda: (4, frozenset()))
     else:
         provider.restrict(lambda: (4, frozenset()))
         assert (await provider.get_configs()).configs == []  # nothing held, nothing read
+
+
+async def test_mysql_columns_in_another_character_set_read_as_their_text(mariadb_url: str) -> None:
+    """MariaDB/MySQL: a column an operator moved to another character set (latin1 here) is read
+    as its text, converted to UTF-8 by the server (a manager never sees the stored bytes)."""
+    await upgrade(mariadb_url)
+    engine = create_engine(mariadb_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("ALTER TABLE periodic_jobs MODIFY payload LONGTEXT CHARACTER SET latin1")
+            )
+        row = await insert_row(engine, "latin", payload='{"city": "Zürich", "café": "crème"}')
+        snap = await DatabaseProvider(engine).get_configs()
+        assert snap.errors == []
+        [config] = snap.configs
+        assert (config.schedule_id, config.payload) == (row, {"city": "Zürich", "café": "crème"})
+    finally:
+        await engine.dispose()

@@ -1,4 +1,4 @@
-"""Migrations against the models, on PostgreSQL and SQLite.
+"""Migrations against the models, on PostgreSQL, SQLite and MariaDB/MySQL.
 
 Empty database -> ``upgrade head`` -> autogenerate finds no difference from ``Base.metadata``;
 downgrade to base removes every table but Alembic's own bookkeeping; upgrading again works.
@@ -17,13 +17,14 @@ from sqlalchemy.engine import Connection
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
 from periodic_manager.db.models import Base, UTCDateTime, include_object
+from tests.conftest import backend_url
 
 
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     # Overrides conftest's async version, which cannot resolve the async ``pg_url`` fixture
     # from inside a running event loop (pytest-asyncio 1.x); a sync fixture can.
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    return backend_url(request, backend)
 
 
 APP_TABLES = {
@@ -72,7 +73,7 @@ async def test_upgrade_matches_models_and_downgrade_removes_everything(empty_db_
     try:
         await upgrade(empty_db_url)
         async with engine.connect() as conn:
-            unmanaged = {"pm_revision"} if engine.dialect.name == "sqlite" else set()
+            unmanaged = set() if engine.dialect.name == "postgresql" else {"pm_revision"}
             assert await conn.run_sync(_tables) == APP_TABLES | {"alembic_version"} | unmanaged
             assert await conn.run_sync(_diff) == []
 
@@ -84,7 +85,7 @@ async def test_upgrade_matches_models_and_downgrade_removes_everything(empty_db_
 
         await upgrade(empty_db_url)
         async with engine.connect() as conn:
-            unmanaged = {"pm_revision"} if engine.dialect.name == "sqlite" else set()
+            unmanaged = set() if engine.dialect.name == "postgresql" else {"pm_revision"}
             assert await conn.run_sync(_tables) == APP_TABLES | {"alembic_version"} | unmanaged
             assert await conn.run_sync(_diff) == []
     finally:

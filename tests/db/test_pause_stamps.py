@@ -15,6 +15,7 @@ from periodic_manager.db import schedule_writer
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
 from periodic_manager.schedules.import_export import export_entries
+from tests.conftest import backend_url
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
 
@@ -34,6 +35,8 @@ async def _paused(engine: AsyncEngine) -> tuple[Any, Any, Any]:
     at = row[1]
     if isinstance(at, str):  # SQLite hands back text through raw SQL
         at = datetime.fromisoformat(at).replace(tzinfo=UTC)
+    elif isinstance(at, datetime) and at.tzinfo is None:  # MariaDB/MySQL: DATETIME, in UTC
+        at = at.replace(tzinfo=UTC)
     return row[0], at, row[2]
 
 
@@ -92,7 +95,7 @@ async def test_the_writers_own_stamps_are_kept(db_url: str) -> None:
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     # As tests/db/test_migrations.py: a sync fixture can resolve the async database fixtures.
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    return backend_url(request, backend)
 
 
 async def test_0009_upgrade_keeps_rows_and_downgrade_removes_columns_and_triggers(
@@ -143,7 +146,10 @@ async def test_export_ignores_unreadable_pause_columns_and_an_import_pause_is_by
             PAST,
         )
         assert await _paused(engine) == (None, PAST, "import")
-        hostile = "'yesterday'" if engine.dialect.name == "sqlite" else "'infinity'"
+        # What each database holds that is no instant: text, infinity, a zero date.
+        hostile = {"sqlite": "'yesterday'", "postgresql": "'infinity'"}.get(
+            engine.dialect.name, "'0000-00-00 00:00:00'"
+        )
         await _sql(engine, f"UPDATE periodic_jobs SET paused_at = {hostile}")
         export = await export_entries(engine)
         assert export.invalid == []

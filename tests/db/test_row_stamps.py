@@ -70,7 +70,7 @@ async def test_timing_edits_and_resume_move_effective_at_but_payload_edits_do_no
         for edit in (
             "spec = '@hourly'",
             "timezone = 'Europe/Berlin'",
-            "anchor = '2024-01-01 00:00:00+00:00'",
+            "anchor = '2024-01-01 00:00:00'",  # (MariaDB takes no offset in a literal)
             "name = 'r2'",
         ):
             await _sql(engine, base)

@@ -27,6 +27,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
+from tests.conftest import backend_url
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 EVER = datetime(1970, 1, 1, tzinfo=UTC)
@@ -138,15 +139,15 @@ def _url_of(request: pytest.FixtureRequest, backend: str) -> str | None:
     # ``pg_url`` fixture on demand (pytest-asyncio 1.x runs it on a loop already running).
     if backend == "memory":
         return None
-    return str(request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url"))
+    return backend_url(request, backend)
 
 
-@pytest.fixture(params=["memory", "postgresql", "sqlite"])
+@pytest.fixture(params=["memory", "postgresql", "sqlite", "mysql"])
 def any_store_url(request: pytest.FixtureRequest) -> str | None:
     return _url_of(request, str(request.param))
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=["postgresql", "sqlite", "mysql"])
 def db_store_url(request: pytest.FixtureRequest) -> str | None:
     return _url_of(request, str(request.param))
 
@@ -447,9 +448,10 @@ async def test_heartbeat_and_run_batches_are_one_statement(
             [run(str(k), s * 60, "enqueued") for s in range(10) for k in range(50)]
         )
         # The state upsert, then the history rows: one COPY on PostgreSQL (below the SQL layer,
-        # so not an executed statement here), one executemany into pm_runs on SQLite.
+        # so not an executed statement here), one executemany into pm_runs on SQLite and MariaDB.
         postgres = db_store.engine.dialect.name == "postgresql"
-        assert len(statements) == (1 if postgres else 2) and "ON CONFLICT" in statements[0].upper()
+        upsert = "ON DUPLICATE KEY UPDATE" if db_store.engine.dialect.name == "mysql" else "ON CONFLICT"
+        assert len(statements) == (1 if postgres else 2) and upsert in statements[0].upper()
         if not postgres:
             assert statements[1].upper().startswith("INSERT INTO PM_RUNS")
     finally:

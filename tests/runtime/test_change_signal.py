@@ -1,26 +1,32 @@
-"""Change signal: revisions and tombstones by trigger, NOTIFY, incremental reads, LISTEN."""
+"""Change signal: revisions and tombstones by trigger, NOTIFY, incremental reads, LISTEN; on
+MariaDB the counter row's lock and the revision poller."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from functools import partial
 
 import asyncpg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db.changes import revision_of
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.notify import PostgresChangeListener, partitions_of
+from periodic_manager.runtime.poll import RevisionPoller
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.targets.memory import MemoryTarget
 from tests.support.polling import eventually
+from tests.support.tcpproxy import TcpProxy
 
 INSERT = (
     "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled)"
@@ -235,3 +241,87 @@ async def test_downgrading_the_partition_signal_restores_the_empty_payload(pg_ur
         await listener.close()
         await writer.close()
     await upgrade(pg_url)
+
+
+# -- MariaDB/MySQL: the counter row's lock and the poller --------------------------------------
+
+
+async def test_mysql_writers_are_serialized_so_revisions_appear_in_commit_order(mariadb_url: str) -> None:
+    import asyncmy
+
+    await upgrade(mariadb_url)
+    u = make_url(mariadb_url)
+    args = {"host": u.host, "port": u.port or 3306, "user": u.username, "password": u.password or "",
+            "database": u.database}  # fmt: skip
+    first = await asyncmy.connect(**args, autocommit=False)
+    second = await asyncmy.connect(**args, autocommit=True)
+    try:
+        async with first.cursor() as cur:
+            await cur.execute(
+                "INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ('slow', '* * * * *', 't', '{}')"
+            )
+
+        async def fast() -> None:
+            async with second.cursor() as cur:
+                await cur.execute(
+                    "INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ('fast', '* * * * *', 't', '{}')"
+                )
+
+        other = asyncio.ensure_future(fast())
+        await asyncio.sleep(0.3)
+        assert not other.done()  # waits for the first writer's commit (the counter row's lock)
+        await first.commit()
+        await asyncio.wait_for(other, 5)
+        async with first.cursor() as cur:
+            await cur.execute("SELECT name, revision FROM periodic_jobs")
+            revs = dict(await cur.fetchall())
+        assert revs["slow"] < revs["fast"]
+    finally:
+        first.close()
+        second.close()
+
+
+async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(mariadb_url: str) -> None:
+    await upgrade(mariadb_url)
+    eng = create_engine(mariadb_url)
+    u = make_url(mariadb_url)
+    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 3306)
+    port = await proxy.start()
+    # The poller reads through a proxy the test can cut; the manager reads directly.
+    polled = create_engine(u.set(port=port).render_as_string(hide_password=False), command_timeout=1)
+    clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
+    mgr = PeriodicTaskManager(
+        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
+    )
+    poller = RevisionPoller(partial(revision_of, polled), interval=0.1, timeout=1)
+    mgr.signals.append(poller)
+    await mgr.start()
+    try:
+        await eventually(lambda: poller.polls > 0, "the poller polled", seconds=5)
+
+        def names() -> list[str]:
+            return sorted(e.config.name for e in mgr.entries())
+
+        await sql(eng, INSERT, name="raw.sql", spec="* * * * *")
+        await eventually(lambda: names() == ["raw.sql"], "the inserted row synced", seconds=5)
+        await sql(eng, "UPDATE periodic_jobs SET spec = '*/2 * * * *'")
+        await eventually(
+            lambda: [e.config.spec for e in mgr.entries()] == ["*/2 * * * *"],
+            "the updated spec synced",
+            seconds=5,
+        )
+        await sql(eng, "DELETE FROM periodic_jobs")
+        await eventually(lambda: names() == [], "the deletion synced", seconds=5)
+
+        # Polls fail while the proxy is cut; a change made meanwhile is synced once they work.
+        await proxy.cut()
+        await sql(eng, INSERT, name="during.gap", spec="* * * * *")
+        await asyncio.sleep(0.5)
+        assert names() == []  # nothing polled it yet (the sync interval is an hour)
+        await proxy.restore()
+        await eventually(lambda: names() == ["during.gap"], "the row synced after the gap", seconds=10)
+    finally:
+        await mgr.stop()
+        await polled.dispose()
+        await eng.dispose()
+        await proxy.close()

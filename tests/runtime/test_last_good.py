@@ -248,18 +248,18 @@ async def test_hostile_rows_in_pm_last_good_never_fail_a_sync(db_url: str) -> No
             db_url, f"UPDATE periodic_jobs SET spec = '61 * * * *' WHERE id = {sid}"
         )
         await rig.advance_to(at(12, 3, 30))
-    sqlite = db_url.startswith("sqlite")
-    junk = (
-        "since = 'soon', anchor = X'FF', bad_revision = 'x', effective_at = 'never'"
-        if sqlite
-        else "since = 'infinity', anchor = '10000-01-01 00:00:00+00', effective_at = '-infinity'"
-    )
+    if db_url.startswith("sqlite"):
+        junk = "since = 'soon', anchor = X'FF', bad_revision = 'x', effective_at = 'never'"
+    elif db_url.startswith("mysql"):  # zero dates
+        junk = "since = '0000-00-00', anchor = '2024-00-00', effective_at = '0000-00-00'"
+    else:
+        junk = "since = 'infinity', anchor = '10000-01-01 00:00:00+00', effective_at = '-infinity'"
     await rawsql.execute(db_url, f"UPDATE pm_last_good SET {junk}")
     await rawsql.execute(
         db_url,
         "INSERT INTO pm_last_good (schedule_key, name, spec, timezone, task_type, payload, options,"
         " content_hash, since) VALUES ('name:x', 'x', '@daily', 'UTC', 't', 'null', '{}', 'h',"
-        " '2024-05-01 12:00:00+00')",
+        f" {rawsql.instant(db_url, '2024-05-01 12:00:00')})",
     )
     async with running(db_url, at(12, 5, 0)) as rig:
         await rig.advance_to(at(12, 7, 30))
@@ -285,7 +285,7 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
     and runs it when it takes over (re-sending the last grace, as any takeover)."""
     clock, target = VirtualClock(T0), MemoryTarget()
     engine = create_engine(db_url)
-    before = "'2024-04-30 12:00:00'" if db_url.startswith("sqlite") else "'2024-04-30 12:00:00+00'"
+    before = rawsql.instant(db_url, "2024-04-30 12:00:00")
     sid = await rawsql.insert(
         db_url, "keep.me", spec="'@every 10s'", payload="""'{"v": 1}'""", effective_at=before
     )

@@ -1,4 +1,5 @@
-"""Leader election on a real PostgreSQL: one leader, takeover on death, cut-off and half-open."""
+"""Leader election on a real PostgreSQL and a real MariaDB: one leader, takeover on death,
+cut-off and half-open."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
+from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.runtime.leadership import PostgresLeadership
+from periodic_manager.runtime.leadership import MysqlLeadership, PostgresLeadership
+from tests.support import rawsql
 from tests.support.faults import dsn
 from tests.support.polling import eventually
 from tests.support.tcpproxy import TcpProxy
@@ -125,6 +128,84 @@ async def test_half_open_leader_steps_down_before_the_server_frees_the_lock(
         assert events == ["a:True", "a:False", "b:True"]  # never two leaders at once
         print(f"stepped down after {stepped_down:.2f} s, standby took over after {took_over:.2f} s")
         assert stepped_down < took_over < 6.0  # the old leader stopped before the lock was free
+    finally:
+        proxy.thaw()
+        await a.stop()
+        await b.stop()
+
+
+# -- MariaDB/MySQL: the same loop on GET_LOCK ---------------------------------------------------
+
+
+@pytest.fixture
+async def mysql_proxied(mariadb_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
+    """``mariadb_url``'s database through a TcpProxy the test can cut or freeze."""
+    u = make_url(mariadb_url)
+    proxy = TcpProxy(u.host or "127.0.0.1", u.port or 3306)
+    port = await proxy.start()
+    try:
+        yield u.set(port=port).render_as_string(hide_password=False), proxy
+    finally:
+        await proxy.close()
+
+
+async def test_mysql_one_leader_a_standby_that_takes_over_and_a_killed_session(
+    mariadb_url: str, clock: VirtualClock
+) -> None:
+    a = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+    b = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+    elsewhere = make_url(mariadb_url).set(database="another_db").render_as_string(hide_password=False)
+    other = MysqlLeadership(elsewhere, clock=clock)  # named locks are the server's: not shared
+    assert other.lock_name != a.lock_name and len(a.lock_name) <= 64
+    changes: list[tuple[str, bool]] = []
+    try:
+        await a.start(lambda v: changes.append(("a", v)))
+        await b.start(lambda v: changes.append(("b", v)))
+        assert a.is_leader and not b.is_leader
+        await clock.advance(1)
+        assert a.is_leader and not b.is_leader  # checks do not flap
+        await a.stop()
+        await polls_until(clock, lambda: b.is_leader)
+        assert changes == [("a", True), ("a", False), ("b", True)]
+        # The leader's session is killed: it steps down, and a new standby takes over.
+        c = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+        await c.start(lambda v: changes.append(("c", v)))
+        assert not c.is_leader
+        await rawsql.execute(mariadb_url, f"KILL {b._conn.thread_id()}")
+        await polls_until(clock, lambda: not b.is_leader and c.is_leader)
+        await c.stop()
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_mysql_half_open_leader_steps_down_before_the_server_frees_the_lock(
+    mysql_proxied: tuple[str, TcpProxy], mariadb_url: str, clock: VirtualClock
+) -> None:
+    url, proxy = mysql_proxied
+    a = MysqlLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
+    b = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+    events: list[str] = []
+    try:
+        await a.start(lambda v: events.append(f"a:{v}"))
+        await b.start(lambda v: events.append(f"b:{v}"))
+        assert a.is_leader and not b.is_leader
+        proxy.freeze()  # the leader's connection stays open but nothing gets through
+        loop = asyncio.get_running_loop()
+        frozen_at = loop.time()
+        await clock.advance(1)  # the leader's check hangs until its budget (2 s) runs out
+        await eventually(lambda: not a.is_leader, "the frozen leader steps down", seconds=5)
+        stepped_down = loop.time() - frozen_at
+        # The server ends the silent session after wait_timeout (3 s); keep trying.
+        for _ in range(100):
+            if b.is_leader:
+                break
+            await clock.advance(1)
+            await asyncio.sleep(0.1)
+        took_over = loop.time() - frozen_at
+        assert b.is_leader
+        assert events == ["a:True", "a:False", "b:True"]  # never two leaders at once
+        assert stepped_down < took_over < 8.0  # the old leader stopped before the lock was free
     finally:
         proxy.thaw()
         await a.stop()

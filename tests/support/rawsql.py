@@ -2,9 +2,10 @@
 themselves (asyncpg, sqlite3), no SQLAlchemy types, no JSON encoding, no validation.
 
 Each hostile case is a set of column literals that the database accepts but no manager can
-use, with the field its judgement must name. ``BOTH`` can be stored on either backend;
-``POSTGRESQL`` and ``SQLITE`` only there (SQLite columns take any value of any type;
-PostgreSQL takes timestamps far outside Python's range).
+use, with the field its judgement must name. ``BOTH`` can be stored on every backend;
+``POSTGRESQL``, ``SQLITE`` and ``MYSQL`` only there (SQLite columns take any value of any type;
+PostgreSQL takes timestamps far outside Python's range; MariaDB/MySQL zero dates and any text
+in a JSON column).
 """
 
 from __future__ import annotations
@@ -99,13 +100,28 @@ SQLITE = [
 ]
 
 
+# MariaDB/MySQL: JSON columns are LONGTEXT (any text), DATETIME takes zero dates and years a
+# schedule may not use, ``enabled`` is a TINYINT; text is checked as UTF-8 by the server.
+MYSQL = [
+    Case("payload-not-json", {"payload": "'not json {'"}, "payload", {"payload": None}),
+    Case("options-not-json", {"options": "'queue=x'"}, "options", {"options": {}}),
+    Case("options-array", {"options": "'[1]'"}, "options", {"options": {"queue": "q"}}),
+    Case("anchor-zero-date", {"anchor": "'0000-00-00 00:00:00'"}, "anchor", {"anchor": None}),
+    Case("anchor-zero-month", {"anchor": "'2024-00-10 00:00:00'"}, "anchor", {"anchor": None}),
+    Case("anchor-9999-12-31", {"anchor": "'9999-12-31 23:59:59'"}, "anchor", {"anchor": None}),
+    Case("enabled-2", {"enabled": "2"}, "enabled", {"enabled": True}),
+]
+EXTRA = {"postgresql": POSTGRESQL, "sqlite": SQLITE, "mysql": MYSQL}
+BACKENDS = tuple(EXTRA)
+
+
 def cases(backend: str) -> list[Case]:
-    return BOTH + (POSTGRESQL if backend == "postgresql" else SQLITE)
+    return BOTH + EXTRA[backend]
 
 
 def all_cases() -> list[tuple[str, Case]]:
     """(backend, case) for every case on every backend that can hold it."""
-    return [(b, c) for b in ("postgresql", "sqlite") for c in cases(b)]
+    return [(b, c) for b in BACKENDS for c in cases(b)]
 
 
 def case_id(pair: tuple[str, Case]) -> str:
@@ -118,6 +134,8 @@ async def execute(url: str, sql: str) -> list[tuple[Any, ...]]:
         # In a thread: a manager running in this event loop may hold the write lock, and must
         # be able to commit while this statement waits for it.
         return await asyncio.to_thread(_sqlite_execute, url.split(":///", 1)[1], sql)
+    if url.startswith("mysql"):
+        return await _mysql_execute(url, sql)
     conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"), timeout=5)
     try:
         return [tuple(r) for r in await conn.fetch(sql)]
@@ -125,11 +143,38 @@ async def execute(url: str, sql: str) -> list[tuple[Any, ...]]:
         await conn.close()
 
 
+async def _mysql_execute(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """MariaDB/MySQL through asyncmy, in a session of UTC (as the product's engine)."""
+    import asyncmy
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    conn = await asyncmy.connect(
+        host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root",
+        password=u.password or "", database=u.database, autocommit=True, connect_timeout=5,
+        charset="utf8mb4", init_command="SET time_zone = '+00:00'",
+    )  # fmt: skip
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute(sql)
+            rows = await cur.fetchall() if cur.description else ()
+        return [tuple(r) for r in rows]
+    finally:
+        conn.close()
+
+
 def _sqlite_execute(path: str, sql: str) -> list[tuple[Any, ...]]:
     with closing(sqlite3.connect(path, timeout=10)) as db:
         rows = db.execute(sql).fetchall()
         db.commit()
     return [tuple(r) for r in rows]
+
+
+def instant(url: str, utc: str) -> str:
+    """The SQL literal of the UTC instant ``utc`` (``YYYY-MM-DD HH:MM:SS[.f]``) for the database
+    at ``url``: with an offset on PostgreSQL; as it is on SQLite and MariaDB/MySQL, which hold
+    UTC (MariaDB takes no offset in a literal)."""
+    return f"'{utc}+00'" if url.startswith("postgresql") else f"'{utc}'"
 
 
 async def insert(url: str, name: str, /, **columns: str) -> int:

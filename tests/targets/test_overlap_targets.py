@@ -209,11 +209,12 @@ async def test_outbox_overlap_timeout(outbox: OutboxTarget) -> None:
     ]
 
 
-async def test_outbox_concurrent_managers_never_both_find_a_schedule_free(pg_url: str) -> None:
+async def test_outbox_concurrent_managers_never_both_find_a_schedule_free(server_url: str) -> None:
     from periodic_manager.db.migrate import upgrade
 
-    await upgrade(pg_url)
-    targets = [OutboxTarget.from_url(pg_url) for _ in range(6)]
+    url = server_url
+    await upgrade(url)
+    targets = [OutboxTarget.from_url(url) for _ in range(6)]
     try:
         replies = await asyncio.gather(
             *(t.enqueue([task("race", n, overlap="hold")], slot(n)) for n, t in enumerate(targets))

@@ -33,6 +33,7 @@ from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
 from periodic_manager.targets.redis.streams import CLAIM_AND_ADD, RedisStreamsTarget
+from tests.conftest import backend_url
 from tests.support import ROOT
 
 SLOT = datetime(2024, 3, 31, 1, 30, tzinfo=UTC)
@@ -114,7 +115,7 @@ def _utc_text(value: datetime) -> str:
     return text.replace("+00:00", "Z")
 
 
-@pytest.fixture(params=["redis", "outbox-postgresql", "outbox-sqlite"])
+@pytest.fixture(params=["redis", "outbox-postgresql", "outbox-sqlite", "outbox-mysql"])
 def source(request: pytest.FixtureRequest) -> tuple[str, Any]:
     """What the target under test talks to. A plain fixture: pytest-asyncio cannot resolve async
     fixtures through ``getfixturevalue`` from inside an async fixture."""
@@ -123,8 +124,7 @@ def source(request: pytest.FixtureRequest) -> tuple[str, Any]:
             request.getfixturevalue("redis_client"),
             request.getfixturevalue("redis_prefix"),
         )
-    fixture = "pg_url" if request.param == "outbox-postgresql" else "sqlite_url"
-    return "outbox", request.getfixturevalue(fixture)
+    return "outbox", backend_url(request, request.param.removeprefix("outbox-"))
 
 
 @pytest.fixture
@@ -464,13 +464,13 @@ def load_example(name: str) -> ModuleType:
 
 
 @pytest.mark.parametrize("order", ["same", "reversed"])
-async def test_concurrent_double_enqueue_on_postgresql_enqueues_each_key_once(
-    pg_url: str, order: str
+async def test_concurrent_double_enqueue_on_a_database_server_enqueues_each_key_once(
+    server_url: str, order: str
 ) -> None:
-    await upgrade(pg_url)
+    await upgrade(server_url)
     tasks = [make_task(f"job{i}", QUEUES[i % 2]) for i in range(200)]
     other = tasks if order == "same" else tasks[::-1]  # overlapping batches in any order
-    a, b = OutboxTarget.from_url(pg_url), OutboxTarget.from_url(pg_url)
+    a, b = OutboxTarget.from_url(server_url), OutboxTarget.from_url(server_url)
     try:
         ra, rb = await asyncio.gather(a.enqueue(tasks, NOW), b.enqueue(other, NOW))
     finally:
@@ -481,11 +481,11 @@ async def test_concurrent_double_enqueue_on_postgresql_enqueues_each_key_once(
     assert_exactly_once(tasks, ra, [by_task[t.idempotency_key] for t in tasks])
 
 
-async def test_skip_locked_consumers_take_disjoint_rows(pg_url: str) -> None:
-    await upgrade(pg_url)
+async def test_skip_locked_consumers_take_disjoint_rows(server_url: str) -> None:
+    await upgrade(server_url)
     consumer = load_example("consume_outbox")
-    target = OutboxTarget.from_url(pg_url)
-    engine = create_engine(pg_url)
+    target = OutboxTarget.from_url(server_url)
+    engine = consumer.make_engine(server_url)
     try:
         results = await target.enqueue([make_task(f"job{i}", "alpha") for i in range(5)], NOW)
         async with engine.connect() as c1, engine.connect() as c2, asyncio.timeout(5):

@@ -1,0 +1,95 @@
+"""Change signal by polling: for MariaDB/MySQL, which have no LISTEN/NOTIFY.
+
+The triggers of migration 0003 give every write of ``periodic_jobs`` a fresh revision from one
+counter (and every DELETE a tombstone), so the watermark (:func:`periodic_manager.db.changes
+.revision_of`: one indexed query, handed in by ``assemble.py``) moves exactly when something
+changed. The poller reads
+it every ``interval`` seconds (``PM_POLL_INTERVAL``, default 1 s) and asks for a sync when it
+moved: a plain-SQL edit is live within about ``interval`` plus the sync. When nothing changed a
+poll costs that one query; the sync then reads only the rows written since.
+
+A failed poll is logged once (until one succeeds again); the first poll that succeeds after a
+failure asks for a sync, since anything may have changed meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import Clock, SignalCallback
+from periodic_manager.runtime.tasks import reraise_if_cancelled
+
+log = logging.getLogger(__name__)
+
+
+class RevisionPoller:
+    """A :class:`~periodic_manager.contracts.ChangeSignal` calling ``on_change(None)`` whenever the
+    change revision of ``periodic_jobs`` (``read()``) moved since the last poll."""
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[int]],
+        *,
+        interval: float = 1.0,
+        clock: Clock | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError("poll interval must be > 0")
+        self.read = read
+        self.interval = interval
+        # Polls wait for the database's changes, not for a slot: real time even under a virtual
+        # scheduler clock (as the PostgreSQL listener's reconnects).
+        self.clock: Clock = clock or SystemClock()
+        self.timeout = timeout
+        self.on_change: SignalCallback = lambda _partitions: None
+        self.polls = 0  # polls that answered
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The background loop (the manager supervises it: its death is the manager's failure)."""
+        return self._task
+
+    async def start(self, on_change: SignalCallback) -> None:
+        """Start polling in the background (returns at once)."""
+        self.on_change = on_change
+        self._task = asyncio.ensure_future(self._run())
+        self._task.set_name("periodic-manager-poller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, self.timeout)
+            self._task = None
+
+    async def poll(self) -> int:
+        """The change revision now (one indexed query)."""
+        return await asyncio.wait_for(self.read(), self.timeout)
+
+    async def _run(self) -> None:
+        seen: int | None = None  # None: unknown (first poll, or after a failure)
+        first, failing = True, False
+        while True:
+            try:
+                revision = await self.poll()
+            except Exception as exc:  # noqa: BLE001 - keep polling; the sync loop is the backstop
+                reraise_if_cancelled(exc)
+                if not failing:
+                    log.warning("polling periodic_jobs for changes failed (retrying): %s", exc)
+                failing, seen = True, None
+            else:
+                self.polls += 1
+                if failing:
+                    log.info("polling periodic_jobs for changes works again")
+                # The first poll of all needs no sync (the manager syncs as it starts); a poll
+                # after a failure does, as does any move of the revision.
+                if revision != seen and not first:
+                    self.on_change(None)  # a revision says nothing of partitions
+                first, failing, seen = False, False, revision
+            await self.clock.sleep(self.interval)
