@@ -23,6 +23,7 @@ import re
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -33,7 +34,9 @@ from sqlalchemy.engine import make_url
 
 from periodic_manager.db.engine import normalize_url
 from periodic_manager.db.migrate import upgrade
-from tests.support.tcpproxy import TcpProxy
+
+if TYPE_CHECKING:
+    from tests.support.tcpproxy import TcpProxy
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 # A MariaDB or MySQL server, as a URL without a database (root may create and drop databases).
@@ -109,6 +112,9 @@ async def mariadb_url() -> AsyncIterator[str]:
 @pytest.fixture
 async def proxied(pg_url: str) -> AsyncIterator[tuple[str, TcpProxy]]:
     """``pg_url``'s database through a TcpProxy the test can cut or freeze: its URL, the proxy."""
+    # Imported here: this file stands alone (tests/support/test_redis_hygiene.py runs a copy).
+    from tests.support.tcpproxy import TcpProxy
+
     u = make_url(pg_url)
     proxy = TcpProxy(u.host or "127.0.0.1", u.port or 5432)
     port = await proxy.start()
