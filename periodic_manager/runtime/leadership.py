@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock
-from periodic_manager.runtime.tasks import cancelling, reraise_if_cancelled
+from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,8 @@ class SessionLockLeadership(AlwaysLeader):
     async def stop(self) -> None:
         # Step down first (enqueueing stops), then release the lock: never two leaders at once.
         await self._set(False)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, self.timeout + self.poll_interval)
-            self._task = None
+        await cancel_loop(self._task, self.timeout + self.poll_interval)
+        self._task = None
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 # Closing the session releases the lock; a standby takes over at its next try.

@@ -21,7 +21,7 @@ from typing import Any
 
 from periodic_manager.clock import SystemClock, sleep_unless
 from periodic_manager.contracts import Clock, SignalCallback
-from periodic_manager.runtime.tasks import reraise_if_cancelled
+from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,8 @@ class PostgresChangeListener:
         self._task.set_name("periodic-manager-listener")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, self.timeout)
-            self._task = None
+        await cancel_loop(self._task, self.timeout)
+        self._task = None
         await self._close()
 
     async def _run(self) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock, PartitionHandler
-from periodic_manager.runtime.tasks import cancelling, reraise_if_cancelled
+from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +149,8 @@ class PartitionLeases:
     async def stop(self) -> None:
         """Hand every partition over at once and leave (the others take them at their next
         round)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, self.ttl)
-            self._task = None
+        await cancel_loop(self._task, self.ttl)
+        self._task = None
         async with self._round:
             held = dict(self._held)
             if held:

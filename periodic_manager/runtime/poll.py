@@ -15,13 +15,12 @@ failure asks for a sync, since anything may have changed meanwhile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import Clock, SignalCallback
-from periodic_manager.runtime.tasks import reraise_if_cancelled
+from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +61,8 @@ class RevisionPoller:
         self._task.set_name("periodic-manager-poller")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, self.timeout)
-            self._task = None
+        await cancel_loop(self._task, self.timeout)
+        self._task = None
 
     async def poll(self) -> int:
         """The change revision now (one indexed query)."""

@@ -9,6 +9,7 @@ ends with an error, or ends at all while the manager runs, the manager is unheal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -31,6 +32,17 @@ def reraise_if_cancelled(exc: BaseException) -> None:
     catches Exception must not swallow it, or ``stop()`` would wait for it forever."""
     if cancelling():
         raise asyncio.CancelledError() from exc
+
+
+async def cancel_loop(task: asyncio.Task[Any] | None, wait_s: float) -> None:
+    """Cancel a collaborator's background loop and wait for it to end, at most ``wait_s``
+    seconds (a loop stuck in a call that ignores the cancellation is left behind, not waited
+    for forever)."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+        await asyncio.wait_for(task, wait_s)
 
 
 class Supervisor:

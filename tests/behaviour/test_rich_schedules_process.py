@@ -78,12 +78,13 @@ async def test_bounds_limits_jitter_and_calendars_in_a_running_process(
             assert bad.status_code == 422 and "options.exclude" in bad.text
 
             async def done() -> bool:
+                # Six seconds past creation: the end of the bounded window (5 s) and of a fourth
+                # run of the limited schedule (its slots are 1 s apart) are both behind.
                 got = await sent(redis_client, redis_prefix)
                 return len(got.get("rich.limited", [])) >= 3 and len(got.get("rich.jittered", [])) >= 3 \
                     and datetime.now(UTC) > now + timedelta(seconds=6)  # fmt: skip
 
             await eventually(done, "three runs of the limited schedule", seconds=30, detail=server.output)
-            await asyncio.sleep(1.5)  # a fourth run of the limited schedule would be out by now
             got = await sent(redis_client, redis_prefix)
             limited_after = (await api.get(f"/schedules/{limited['id']}")).json()
             bounded_after = (await api.get(f"/schedules/{bounded['id']}")).json()
