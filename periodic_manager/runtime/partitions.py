@@ -44,7 +44,10 @@ RENEW = f"""UPDATE pm_partitions SET expires_at = now() + make_interval(secs => 
     renewed_at = now() WHERE holder = $1 AND {_HELD} RETURNING partition"""
 RELEASE = f"""UPDATE pm_partitions SET holder = NULL, expires_at = NULL
     WHERE holder = $1 AND {_HELD}"""
-TAKE = """UPDATE pm_partitions SET holder = $1, epoch = epoch + 1,
+# The epoch is untrusted like any column: one written at bigint's maximum starts again at 1 (a
+# holder of that partition's old epoch lost it long ago), instead of failing every take.
+TAKE = """UPDATE pm_partitions SET holder = $1,
+    epoch = CASE WHEN epoch >= 9223372036854775807 THEN 1 ELSE epoch + 1 END,
     expires_at = now() + make_interval(secs => $2), renewed_at = now()
     WHERE partition IN (
         SELECT partition FROM pm_partitions WHERE holder IS NULL OR expires_at < now()

@@ -136,6 +136,18 @@ async def test_a_manager_alone_holds_every_partition(make, admin: asyncpg.Connec
     assert set((await holders(admin)).values()) == {"a"}
 
 
+async def test_an_epoch_written_at_its_maximum_starts_again_instead_of_failing_every_take(
+    make, admin: asyncpg.Connection
+) -> None:
+    """A hand-written epoch is untrusted: at bigint's maximum, ``epoch + 1`` overflowed and the
+    one UPDATE that takes partitions failed for all of them (no schedule ran)."""
+    await admin.execute("UPDATE pm_partitions SET epoch = 9223372036854775807 WHERE partition = 3")
+    a, _ = make("a")
+    await a.start(lambda _v: None)
+    assert a.held == frozenset(range(N))
+    assert await admin.fetchval("SELECT epoch FROM pm_partitions WHERE partition = 3") == 1
+
+
 async def test_three_managers_share_fairly_and_each_partition_is_held_once(
     make, admin: asyncpg.Connection
 ) -> None:
