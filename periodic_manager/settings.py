@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     # -- API, history, operations
     api_token: SecretStr | None = Field(None, description="bearer token required by the API")
     api_read_token: SecretStr | None = Field(None, description="bearer token allowing GET only")
-    runs_retention: float = Field(7.0, gt=0, description="days of run history kept")
+    runs_retention: float = Field(7.0, gt=0, le=1_000_000, description="days of run history kept")
     runs_max_per_schedule: int = Field(100, ge=0, description="newest runs kept per schedule (0: none)")
     changes_retention: float = Field(
         90.0, gt=0, le=1_000_000, description="days of change history kept"

@@ -145,7 +145,12 @@ def load_settings(args: argparse.Namespace) -> Settings:
         field = str(err["loc"][0]) if err["loc"] else "settings"
         flag = next((f for f, (name, _) in FLAGS.items() if name == field), None)
         where = f"{flag} / PM_{field.upper()}" if flag else f"PM_{field.upper()}"
-        raise UsageError(f"{where}: {err['msg']} (got {err.get('input')!r})") from None
+        got = err.get("input")
+        if isinstance(got, str) and field.endswith("_url"):
+            from periodic_manager.runtime.startup import redact_url
+
+            got = redact_url(got)  # a rejected URL may still carry a real password
+        raise UsageError(f"{where}: {err['msg']} (got {got!r})") from None
 
 
 def _fail(message: str, status: int) -> int:

@@ -29,10 +29,31 @@ def build_target(settings: Settings, engine: AsyncEngine) -> Target:
     """The target ``settings.target`` names; a RoutingTarget when ``settings.targets`` adds more."""
     names = settings.configured_targets()
     # Building opens no connection, so targets built before one that fails need no cleanup.
-    built = {name: _build_one(name, settings, engine) for name in names}
+    built = {}
+    for name in names:
+        try:
+            built[name] = _build_one(name, settings, engine)
+        except ValueError as exc:
+            message = str(exc)
+            if "PM_" not in message:  # say which setting holds the value refused
+                message = f"{_url_setting(name, settings)}: {message}"
+            raise ValueError(message) from None
     if len(built) == 1:
         return built[settings.target]
     return RoutingTarget(built, default=settings.target)
+
+
+def _url_setting(name: str, settings: Settings) -> str:
+    """The setting whose URL the ``name`` target was built from (what an error names)."""
+    chosen = {
+        "celery": "PM_CELERY_BROKER_URL" if settings.celery_broker_url else None,
+        "arq": "PM_ARQ_REDIS_URL" if settings.arq_redis_url else None,
+        "rq": "PM_RQ_REDIS_URL" if settings.rq_redis_url else None,
+        "dramatiq": "PM_DRAMATIQ_URL" if settings.dramatiq_url else None,
+    }.get(name)
+    if name == "celery" and chosen is None and settings.celery_app:
+        return "PM_CELERY_APP"
+    return chosen or ("PM_DATABASE_URL" if name in ("outbox", "procrastinate") else "PM_REDIS_URL")
 
 
 def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:

@@ -42,6 +42,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         (["manager"], {"PM_DATABASE_URL": "mysql://u@h/db", "PM_COORDINATION": "partitions"}, "PM_COORDINATION"),
         (["run", "--port", "70000"], {}, "--port"),
         (["migrate", "--log-level", "LOUD"], {}, "PM_LOG_LEVEL"),
+        (["manager"], {"PM_RUNS_RETENTION": "1e12"}, "PM_RUNS_RETENTION"),
     ],
 )
 def test_bad_setting_is_one_line_and_exit_2(args: list[str], env: dict[str, str], names: str) -> None:
@@ -49,6 +50,21 @@ def test_bad_setting_is_one_line_and_exit_2(args: list[str], env: dict[str, str]
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and names in lines[0] and lines[0].startswith("periodic-manager: error:")
+
+
+@pytest.mark.parametrize(
+    "setting", ["PM_DATABASE_URL", "PM_REDIS_URL", "PM_CELERY_BROKER_URL", "PM_DRAMATIQ_URL"]
+)
+def test_a_rejected_url_is_echoed_without_its_password(setting: str, tmp_path: Path) -> None:
+    env = {"PM_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/pm.db"}
+    assert run_cli("migrate", env=env).returncode == 0
+    env[setting] = "oracle://admin:hunter2@db.example:1521/prod"
+    env["PM_TARGET"] = "dramatiq" if "DRAMATIQ" in setting else "celery" if "CELERY" in setting else "redis"
+    proc = run_cli("manager", env=env)
+    assert proc.returncode in (1, 2)  # 2: refused by the settings, 1: by the target at start
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("periodic-manager: error: ") and f"{setting}: " in line, line
+    assert "hunter2" not in line, line
 
 
 def test_a_mysql_url_without_asyncmy_names_the_extra_in_one_line() -> None:

@@ -81,6 +81,22 @@ def app_settings(app: Any) -> dict[str, Any]:
     return table
 
 
+def _check_transport(broker: str) -> None:
+    """A broker URL kombu has no transport for fails at start, not at the first due slot."""
+    from kombu.transport import resolve_transport
+    from kombu.utils.url import url_to_parts
+
+    scheme = url_to_parts(broker).scheme
+    try:
+        resolve_transport(scheme)
+    except KeyError:
+        raise ValueError(f"kombu has no transport for the broker URL scheme {scheme!r}") from None
+    except ImportError as exc:
+        raise ValueError(
+            f"the broker URL scheme {scheme!r} needs {exc.name or exc}, which is not installed"
+        ) from None
+
+
 def publishing_app(
     main: str, settings: Mapping[str, Any], *, broker_url: str | None, timeout: float
 ) -> Any:
@@ -99,6 +115,7 @@ def publishing_app(
     broker = conf.get("broker_url")
     if not isinstance(broker, str) or not broker:
         raise ValueError("the Celery app has no broker_url (set it, or PM_CELERY_BROKER_URL)")
+    _check_transport(broker)
     transport: dict[str, Any] = {}
     if broker.startswith(REDIS_SCHEMES):
         transport = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
