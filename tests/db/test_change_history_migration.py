@@ -56,3 +56,43 @@ async def test_0012_upgrade_keeps_rows_records_sql_and_downgrade_removes_everyth
         assert await _all(engine, "SELECT name, action FROM pm_schedule_changes") == [("n", "updated")]
     finally:
         await engine.dispose()
+
+
+async def test_0021_plans_each_statement_for_its_own_row_count(pg_url: str) -> None:
+    """The change trigger's INSERT is planned for the statement it records: after single-row
+    updates (whose plan, cached by 0012's static SQL, paired a large UPDATE's rows by a nested
+    loop: a 20,000-row UPDATE took a minute), a 2,000-row UPDATE's plan expects 2,000 rows and
+    compiles nothing (JIT cost a second per statement). Read from the server's own plans."""
+    await upgrade(pg_url)
+    engine = create_engine(pg_url)
+    try:
+        await _sql(
+            engine,
+            "INSERT INTO periodic_jobs (name, spec, task_type)"
+            " SELECT 'j' || g, '@daily', 't' FROM generate_series(1, 2000) g",
+        )
+        async with engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            plans: list[str] = []
+            raw.add_log_listener(lambda _c, message: plans.append(message.message))
+            for stmt in (
+                "LOAD 'auto_explain'",
+                "SET auto_explain.log_min_duration = 0",
+                "SET auto_explain.log_nested_statements = on",
+                "SET auto_explain.log_level = notice",
+                "SET jit_above_cost = 0",  # would compile every plan, unless the trigger says no
+            ):
+                await raw.execute(stmt)
+            for n in range(6):
+                await raw.execute(f"UPDATE periodic_jobs SET description = 'd{n}' WHERE name = 'j1'")
+            plans.clear()
+            await raw.execute("UPDATE periodic_jobs SET spec = '@hourly'")
+        [insert] = [p for p in plans if "INSERT INTO pm_schedule_changes" in p]
+        scans = [line for line in insert.splitlines() if "Named Tuplestore Scan" in line]
+        assert scans and all("rows=2000 " in line for line in scans), insert
+        assert "JIT:" not in insert, insert
+        assert await _all(engine, "SELECT count(*) FROM pm_schedule_changes WHERE action = 'updated'") == [
+            (2006,)
+        ]
+    finally:
+        await engine.dispose()
