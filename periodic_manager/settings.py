@@ -182,9 +182,11 @@ class Settings(BaseSettings):
     @field_validator("dramatiq_url")
     @classmethod
     def _dramatiq_url(cls, v: str | None) -> str | None:
+        if v is None:  # defaults are validated too: importing the target for nothing costs ~70 ms
+            return None
         from periodic_manager.targets.dramatiq import check_url
 
-        return None if v is None else check_url(v)
+        return check_url(v)
 
     @field_validator("log_level", mode="before")
     @classmethod
