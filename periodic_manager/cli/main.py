@@ -247,14 +247,18 @@ async def _run_manager(settings: Settings) -> int:
     from periodic_manager.runtime.startup import StartupError, check_database, check_probe_dir
 
     check_probe_dir(settings)
-    revision = await check_database(settings.database_url)
-    gcpolicy.enable()  # this process exists to hold the schedule: collect around its work
+    # One engine: the schema check's connection is the first sync's.
     engine = create_engine(settings.database_url)
     try:
+        revision = await check_database(settings.database_url, engine=engine)
+        gcpolicy.enable()  # this process exists to hold the schedule: collect around its work
         manager = build_manager(settings, engine)
     except ValueError as exc:
         await engine.dispose()
         raise StartupError(str(exc)) from None
+    except BaseException:
+        await engine.dispose()
+        raise
     metrics_server = None
     try:
         metrics_server = _start_metrics(settings, manager)
@@ -311,6 +315,9 @@ async def _supervise(manager: Any, probe: Any) -> int:
     reason: str | None = None
     try:
         await manager.start()
+        from periodic_manager import gcpolicy
+
+        gcpolicy.settle()  # what start-up left behind is freed once, the rest never walked again
         if probe is not None:
             try:
                 probe.write()  # a directory that cannot be written is a start-up error
