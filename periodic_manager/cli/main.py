@@ -25,6 +25,9 @@ from periodic_manager.settings import Settings
 
 log = logging.getLogger("periodic_manager.cli.main")
 PROG = "periodic-manager"
+# Seconds between looks at a running manager's health beyond its loops dying (which is seen at
+# once): its thresholds are a minute and more (HUNG_AFTER_S, SETTLED_STALL_S).
+HEALTH_EVERY_S = 5.0
 
 FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
@@ -325,7 +328,9 @@ async def _supervise(manager: Any, probe: Any) -> int:
                 raise StartupError(f"PM_PROBE_DIR: cannot write {probe.path}: {exc}") from None
             probe_task = asyncio.create_task(probe.run(), name="periodic-manager-probe")
         while not stop.is_set() and (reason := manager.health()) is None:
-            await sleep_unless(manager.clock, stop, seconds=1.0)  # health looked at every second
+            # A loop that dies wakes this at once; what only time shows (a dispatch hung for
+            # minutes, a takeover stalled for a minute) is looked at every HEALTH_EVERY_S.
+            await sleep_unless(manager.clock, stop, manager.tasks.died, seconds=HEALTH_EVERY_S)
     finally:
         if probe_task is not None:
             probe_task.cancel()
