@@ -495,8 +495,12 @@ class RuntimeStore(Protocol):
         """Create or replace the manager's row and drop any entries it had published before."""
         ...
 
-    async def heartbeat(self, manager_id: str, status: ManagerStatus) -> None:
-        """Update the manager's row (one write)."""
+    async def heartbeat(
+        self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
+    ) -> None:
+        """Update the manager's row (one write); with ``reap_before``, also remove the managers
+        whose heartbeat is older, as :meth:`reap` does, in the same transaction (a beat at rest
+        costs one round of statements, not two)."""
         ...
 
     async def apply_entries(

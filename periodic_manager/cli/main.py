@@ -25,6 +25,9 @@ from periodic_manager.settings import Settings
 
 log = logging.getLogger("periodic_manager.cli.main")
 PROG = "periodic-manager"
+# Seconds between looks at a running manager's health beyond its loops dying (which is seen at
+# once): its thresholds are a minute and more (HUNG_AFTER_S, SETTLED_STALL_S).
+HEALTH_EVERY_S = 5.0
 
 FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
@@ -252,14 +255,18 @@ async def _run_manager(settings: Settings) -> int:
     from periodic_manager.runtime.startup import StartupError, check_database, check_probe_dir
 
     check_probe_dir(settings)
-    revision = await check_database(settings.database_url)
-    gcpolicy.enable()  # this process exists to hold the schedule: collect around its work
+    # One engine: the schema check's connection is the first sync's.
     engine = create_engine(settings.database_url)
     try:
+        revision = await check_database(settings.database_url, engine=engine)
+        gcpolicy.enable()  # this process exists to hold the schedule: collect around its work
         manager = build_manager(settings, engine)
     except ValueError as exc:
         await engine.dispose()
         raise StartupError(str(exc)) from None
+    except BaseException:
+        await engine.dispose()
+        raise
     metrics_server = None
     try:
         metrics_server = _start_metrics(settings, manager)
@@ -316,6 +323,9 @@ async def _supervise(manager: Any, probe: Any) -> int:
     reason: str | None = None
     try:
         await manager.start()
+        from periodic_manager import gcpolicy
+
+        gcpolicy.settle()  # what start-up left behind is freed once, the rest never walked again
         if probe is not None:
             try:
                 probe.write()  # a directory that cannot be written is a start-up error
@@ -323,7 +333,9 @@ async def _supervise(manager: Any, probe: Any) -> int:
                 raise StartupError(f"PM_PROBE_DIR: cannot write {probe.path}: {exc}") from None
             probe_task = asyncio.create_task(probe.run(), name="periodic-manager-probe")
         while not stop.is_set() and (reason := manager.health()) is None:
-            await sleep_unless(manager.clock, stop, seconds=1.0)  # health looked at every second
+            # A loop that dies wakes this at once; what only time shows (a dispatch hung for
+            # minutes, a takeover stalled for a minute) is looked at every HEALTH_EVERY_S.
+            await sleep_unless(manager.clock, stop, manager.tasks.died, seconds=HEALTH_EVERY_S)
     finally:
         if probe_task is not None:
             probe_task.cancel()

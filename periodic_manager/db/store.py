@@ -124,15 +124,21 @@ class DatabaseRuntimeStore:
             await conn.execute(stmt)
             await conn.execute(delete(Entry).where(Entry.manager_id == info.manager_id))
 
-    async def heartbeat(self, manager_id: str, status: ManagerStatus) -> None:
-        """Update the manager's row (one UPDATE). NotFoundError if the row is gone (reaped)."""
+    async def heartbeat(
+        self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
+    ) -> None:
+        """Update the manager's row (one UPDATE), and with ``reap_before`` remove the managers
+        whose heartbeat is older (:meth:`reap`) in the same transaction: one checkout and one
+        commit per beat. NotFoundError if the row is gone (reaped)."""
         stmt = (
             update(Manager).where(Manager.manager_id == manager_id).values(_status_values(status))
         )
         async with self.engine.begin() as conn:
             result = await conn.execute(stmt)
-        if result.rowcount == 0:
-            raise NotFoundError(manager_id)
+            if result.rowcount == 0:
+                raise NotFoundError(manager_id)
+            if reap_before is not None:
+                await conn.execute(_reap(reap_before))
         await self._maybe_prune(status.heartbeat_at, shared=status.shared_work)
 
     async def _maybe_prune(self, now: datetime, *, shared: bool) -> None:
@@ -285,7 +291,7 @@ class DatabaseRuntimeStore:
     async def reap(self, older_than: datetime) -> int:
         """Remove managers whose heartbeat is older than ``older_than`` (entries cascade)."""
         async with self.engine.begin() as conn:
-            result = await conn.execute(delete(Manager).where(Manager.heartbeat_at < older_than))
+            result = await conn.execute(_reap(older_than))
         return int(result.rowcount)
 
     # -- options.pause_after_failures (periodic_manager.runtime.failures) ----------------------
@@ -457,3 +463,8 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
     set_.append(("runs_count", t.runs_count + new.runs_count))
     set_.append(("last_slot_at", case((moves, new.last_slot_at), else_=t.last_slot_at)))
     return set_
+
+
+def _reap(older_than: datetime) -> Any:
+    """The statement that removes managers whose heartbeat is older than ``older_than``."""
+    return delete(Manager).where(Manager.heartbeat_at < older_than)

@@ -91,9 +91,9 @@ class Heartbeat:
                 await self.store.apply_entries(self.manager_id, self._records(), [])
                 self.registered = True
             status = self._status()
-            await self.store.heartbeat(self.manager_id, status)
-            # Reap relative to the instant just written, so this manager never reaps itself.
-            await self.store.reap(status.heartbeat_at - timedelta(seconds=3 * self.interval))
+            # Reap relative to the instant written, so this manager never reaps itself.
+            reap_before = status.heartbeat_at - timedelta(seconds=3 * self.interval)
+            await self.store.heartbeat(self.manager_id, status, reap_before=reap_before)
         except Exception as exc:
             reraise_if_cancelled(exc)
             if self.registered:

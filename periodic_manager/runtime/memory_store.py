@@ -32,9 +32,13 @@ class MemoryRuntimeStore:
         self.managers[info.manager_id] = (info, status)
         self.entries[info.manager_id] = {}
 
-    async def heartbeat(self, manager_id: str, status: ManagerStatus) -> None:
+    async def heartbeat(
+        self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
+    ) -> None:
         info, _ = self.managers[manager_id]
         self.managers[manager_id] = (info, status)
+        if reap_before is not None:
+            await self.reap(reap_before)
 
     async def apply_entries(
         self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]

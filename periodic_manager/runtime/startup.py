@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.db.engine import create_engine, is_sqlite
 from periodic_manager.db.migrate import database_revision, schema_problem
@@ -90,24 +91,30 @@ def _missing_sqlite_file(url: str) -> bool:
     return path is not None and path not in ("", ":memory:") and not Path(path).exists()
 
 
-async def check_database(url: str, *, must_exist: bool = True) -> str | None:
+async def check_database(
+    url: str, *, must_exist: bool = True, engine: AsyncEngine | None = None
+) -> str | None:
     """Connect once and read the schema revision; raise :class:`StartupError` unless the schema
     is at this version's head. ``must_exist=False`` (``migrate``) only checks the connection and
-    returns the revision found (None: never migrated)."""
+    returns the revision found (None: never migrated). ``engine``: the engine of ``url`` the
+    process goes on with (its connection stays in the pool, ready for the first sync); without
+    one, a throwaway engine."""
     where = f"database {redact_url(url)}"
     if must_exist and _missing_sqlite_file(url):
         raise StartupError(
             f"{where}: the file does not exist: run `periodic-manager migrate` "
             "(`periodic-manager run` creates it on SQLite)"
         )
-    engine = create_engine(url, command_timeout=CONNECT_TIMEOUT_S)
+    own = engine is None
+    bind = create_engine(url, command_timeout=CONNECT_TIMEOUT_S) if engine is None else engine
     try:
-        async with asyncio.timeout(CONNECT_TIMEOUT_S + 1), engine.connect() as conn:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S + 1), bind.connect() as conn:
             revision = await database_revision(conn)
     except Exception as exc:
         raise StartupError(f"{where}: {explain(exc)}") from exc
     finally:
-        await engine.dispose()
+        if own:
+            await bind.dispose()
     if must_exist:
         problem = schema_problem(revision)
         if problem is not None:

@@ -53,6 +53,7 @@ class Supervisor:
         self._tasks: list[asyncio.Task[Any]] = []
         self.failed: BaseException | None = None
         self.failed_task: str | None = None
+        self.died = asyncio.Event()  # set with ``failed``: whoever watches health wakes at once
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -93,5 +94,6 @@ class Supervisor:
         if self.failed is None:
             self.failed = exc
             self.failed_task = name
+            self.died.set()
         log.critical("%s died: %s: %s", name, type(exc).__name__, exc)
         log.debug("%s traceback", name, exc_info=exc)

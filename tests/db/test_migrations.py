@@ -110,3 +110,11 @@ async def test_upgrade_is_idempotent(empty_db_url: str) -> None:
         assert jobs == ["a"]
     finally:
         await engine.dispose()
+
+
+def test_head_constant_is_the_head_of_the_shipped_migrations() -> None:
+    # Start-up compares the database with HEAD_REVISION without importing Alembic: a migration
+    # added without moving the constant would let a manager run on a schema one step behind.
+    from periodic_manager.db.migrate import HEAD_REVISION, shipped_head
+
+    assert shipped_head() == HEAD_REVISION

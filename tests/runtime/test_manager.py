@@ -371,3 +371,21 @@ async def test_dropping_the_entries_of_lost_partitions_goes_in_turns() -> None:
         assert len(mgr.scheduler) == 0
     finally:
         await mgr.stop()
+
+
+async def test_a_loop_that_dies_sets_the_event_its_health_watcher_waits_on() -> None:
+    # The manager command waits on it (besides a look every few seconds), so a dead loop ends
+    # the process at once, without a wake-up every second at rest.
+    from periodic_manager.runtime.tasks import Supervisor
+
+    tasks = Supervisor(lambda: True)
+
+    async def dies() -> None:
+        raise RuntimeError("boom")
+
+    tasks.spawn(asyncio.sleep(3600), "sleeper")
+    assert not tasks.died.is_set()
+    tasks.spawn(dies(), "dier")
+    await asyncio.wait_for(tasks.died.wait(), 5)
+    assert tasks.failed_task == "periodic-manager-dier" and isinstance(tasks.failed, RuntimeError)
+    await tasks.stop()

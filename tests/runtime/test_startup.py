@@ -9,6 +9,7 @@ is bounded.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -24,7 +25,7 @@ import httpx
 import pytest
 
 from periodic_manager.db.migrate import head_revision, pending, upgrade
-from tests.conftest import PG_DSN, _unavailable
+from tests.conftest import PG_DSN, REDIS_URL, _unavailable
 from tests.support.servers import PostgresServer, free_port
 
 CLI = [sys.executable, "-m", "periodic_manager"]
@@ -230,3 +231,56 @@ def test_the_start_up_line_names_the_redis_consumer_group_and_hides_passwords() 
     assert describe_targets(celery) == (
         "celery (redis://127.0.0.1:6379/1, results redis://:***@127.0.0.1:6379/2)"
     )
+
+
+# What a manager-only process never loads: the API with its web stack and dashboard, Alembic (the
+# schema is compared with HEAD_REVISION) and every target it does not send to.
+NOT_IN_A_MANAGER = (
+    "fastapi", "starlette", "uvicorn", "jinja2", "alembic", "mako", "dramatiq", "celery",
+    "kombu", "arq", "rq", "procrastinate", "aiosqlite", "asyncmy", "pydantic_settings",
+)  # fmt: skip
+NOT_IN_A_MANAGER_OF_OURS = (
+    "periodic_manager.api", "periodic_manager.migrations.", "periodic_manager.targets.dramatiq",
+    "periodic_manager.targets.celery", "periodic_manager.targets.arq", "periodic_manager.targets.rq",
+    "periodic_manager.targets.procrastinate", "periodic_manager.targets.outbox",
+    "periodic_manager.cli.files", "periodic_manager.schedules.import_export",
+)  # fmt: skip
+# The real `manager` command, stopped once started: what it imported to get there.
+MODULES_OF_A_STARTED_MANAGER = """
+import json, sys
+from periodic_manager.cli import main
+
+async def started(manager, probe):
+    await manager.start()
+    try:
+        print(json.dumps(sorted(sys.modules)), flush=True)
+    finally:
+        await manager.stop()
+    return 0
+
+main._supervise = started
+sys.exit(main.main(["manager"]))
+"""
+
+
+async def test_a_manager_loads_neither_the_api_nor_alembic_nor_a_target_it_does_not_use(
+    pg_url: str, redis_prefix: str
+) -> None:
+    await upgrade(pg_url)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", MODULES_OF_A_STARTED_MANAGER,
+        env=clean_env(
+            PM_DATABASE_URL=pg_url, PM_REDIS_URL=REDIS_URL, PM_TARGET="redis", PM_STREAM_PREFIX=redis_prefix
+        ),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    loaded = set(json.loads(out))
+    assert "periodic_manager.targets.redis.streams" in loaded  # it did start a manager
+    assert "started with 0 entries" in err.decode()
+    unwanted = sorted(
+        name for name in loaded
+        if name.partition(".")[0] in NOT_IN_A_MANAGER or name.startswith(NOT_IN_A_MANAGER_OF_OURS)
+    )  # fmt: skip
+    assert unwanted == []
