@@ -1,18 +1,11 @@
-"""Settings from ``PM_*`` environment variables (and CLI flags, which override them).
-
-A variable names a field, whatever the case (``PM_SYNC_INTERVAL`` or ``pm_sync_interval``); its
-text is validated as the field's type, and lists are comma-separated. Reading them takes a few
-lines here rather than pydantic-settings, which every process start paid for (~60 ms and ~8 MB:
-its sources for files and secrets that these settings never read).
-"""
+"""Settings from ``PM_*`` environment variables (and CLI flags, which override them)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
@@ -26,37 +19,15 @@ TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "dramatiq", "proc
 CLUSTER_TARGETS = ("redis", "outbox", "procrastinate")
 
 
-ENV_PREFIX = "PM_"
+class Settings(BaseSettings):
+    """Every setting of the service. Defaults run embedded: SQLite file, outbox, 127.0.0.1:8000."""
 
-
-def from_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The values of ``environ`` (default: this process's) that name a field of :class:`Settings`,
-    by field name: ``PM_`` and the field's name in any case."""
-    fields = Settings.model_fields
-    values: dict[str, str] = {}
-    for key, value in (os.environ if environ is None else environ).items():
-        if key[: len(ENV_PREFIX)].upper() == ENV_PREFIX:
-            name = key[len(ENV_PREFIX) :].lower()
-            if name in fields:
-                values[name] = value
-    return values
-
-
-class Settings(BaseModel):
-    """Every setting of the service. Defaults run embedded: SQLite file, outbox, 127.0.0.1:8000.
-
-    ``Settings(**overrides)`` reads the ``PM_*`` environment variables; ``overrides`` (the CLI's
-    flags) win over them. Defaults are validated as well."""
-
-    model_config = ConfigDict(extra="ignore", validate_default=True)
-
-    def __init__(self, **overrides: Any) -> None:
-        super().__init__(**{**from_environment(), **overrides})
+    model_config = SettingsConfigDict(env_prefix="PM_", extra="ignore")
 
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL of the schedule database")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for the redis target")
     target: TargetName = Field("outbox", description="default target: where due slots are enqueued")
-    targets: tuple[TargetName, ...] = Field(
+    targets: Annotated[tuple[TargetName, ...], NoDecode] = Field(
         (), description="more targets to run beside the default (comma-separated in PM_TARGETS)"
     )
     celery_broker_url: str | None = Field(
@@ -177,7 +148,7 @@ class Settings(BaseModel):
         None, description="directory of the liveness probe file `<role>.json` (manager and run)"
     )
     probe_interval: float = Field(5.0, gt=0, le=3600, description="seconds between probe writes")
-    allowed_hosts: tuple[str, ...] = Field(
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
         (),
         description="Host names the API answers (comma-separated; `*` for any); default: loopback "
         "names and the bind address",

@@ -237,7 +237,7 @@ def test_the_start_up_line_names_the_redis_consumer_group_and_hides_passwords() 
 # schema is compared with HEAD_REVISION) and every target it does not send to.
 NOT_IN_A_MANAGER = (
     "fastapi", "starlette", "uvicorn", "jinja2", "alembic", "mako", "dramatiq", "celery",
-    "kombu", "arq", "rq", "procrastinate", "aiosqlite", "asyncmy", "pydantic_settings",
+    "kombu", "arq", "rq", "procrastinate", "aiosqlite", "asyncmy",
 )  # fmt: skip
 NOT_IN_A_MANAGER_OF_OURS = (
     "periodic_manager.api", "periodic_manager.migrations.", "periodic_manager.targets.dramatiq",
