@@ -208,3 +208,17 @@ async def test_manager_in_another_process_is_visible_and_disappears_when_killed(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_settings_read_pm_variables_in_any_case_and_arguments_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("pm_sync_interval", "7.5")
+    monkeypatch.setenv("PM_GRACE", "12")
+    monkeypatch.setenv("PM_NOT_A_SETTING", "ignored")
+    monkeypatch.setenv("XPM_HEARTBEAT_INTERVAL", "99")
+    settings = Settings(grace=3)
+    assert (settings.sync_interval, settings.grace, settings.heartbeat_interval) == (7.5, 3, 5.0)
+    monkeypatch.setenv("PM_GRACE", "-1")
+    with pytest.raises(ValidationError, match="grace"):
+        Settings()
