@@ -46,9 +46,10 @@ REDIS = os.environ.get("PM_BENCH_MEM_REDIS_URL", "redis://127.0.0.1:6379/12")
 TARGETS = ("redis", "celery", "arq", "rq", "dramatiq", "procrastinate", "outbox")
 SETTLE_S = 3.0  # after the burst and its history written
 PRUNED_S = 70.0  # after the next prune of the run history (every minute, at a heartbeat)
+PERIOD_S = 120  # between bursts, with --bursts
 
 
-async def _prepare(b: Bench, target: str, n: int, slot: datetime) -> None:
+async def _prepare(b: Bench, target: str, n: int, slot: datetime, spec: str) -> None:
     conn = await asyncpg.connect(f"{PG}/{b.name}")
     try:
         if target == "procrastinate":
@@ -57,9 +58,9 @@ async def _prepare(b: Bench, target: str, n: int, slot: datetime) -> None:
             await conn.execute(SchemaManager.get_schema())
         await conn.execute(
             "INSERT INTO periodic_jobs (name, spec, anchor, timezone, task_type, payload, options)"
-            " SELECT 'job' || g, '@every 1h', $2, 'UTC', 'bench.task', jsonb_build_object('n', g),"
+            " SELECT 'job' || g, $4, $2, 'UTC', 'bench.task', jsonb_build_object('n', g),"
             " jsonb_build_object('queue', $3::text) FROM generate_series(1, $1) g",
-            n, slot, f"{b.prefix}q",
+            n, slot, f"{b.prefix}q", spec,
         )  # fmt: skip
     finally:
         await conn.close()
@@ -71,8 +72,9 @@ async def _sampled(until: asyncio.Event, samples: list[int]) -> None:
         await asyncio.sleep(0.02)
 
 
-async def one(target_name: str, n: int) -> dict[str, Any]:
-    """One target's burst in this process (see the module doc)."""
+async def one(target_name: str, n: int, bursts: int = 1) -> dict[str, Any]:
+    """One target's burst in this process (see the module doc); with ``bursts`` > 1, that many
+    bursts ``PERIOD_S`` apart, and the RSS before each of the next ones."""
     from periodic_manager.runtime.assemble import build_manager
 
     flush = aioredis.from_url(REDIS)
@@ -82,7 +84,8 @@ async def one(target_name: str, n: int) -> dict[str, Any]:
     slot = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
     try:
         async with Bench() as b:
-            await _prepare(b, target_name, n, slot)
+            spec = "@every 1h" if bursts == 1 else f"@every {PERIOD_S}s"
+            await _prepare(b, target_name, n, slot, spec)
             settings = Settings(
                 database_url=b.url, target=target_name, redis_url=REDIS, stream_prefix=b.prefix,
                 leader_election=False, listen=False, sync_interval=3600, grace=60, _env_file=None,
@@ -115,11 +118,17 @@ async def one(target_name: str, n: int) -> dict[str, Any]:
             # The history prune (every minute, at a heartbeat) lets go of the burst's last keys.
             await asyncio.sleep(PRUNED_S - SETTLE_S)
             pruned = rss_kb()
+            nexts = []
+            for k in range(1, bursts):
+                at = slot + timedelta(seconds=k * PERIOD_S)
+                await asyncio.sleep((at - datetime.now(UTC)).total_seconds() - LEAD_MAX_S - 2)
+                nexts.append(rss_kb())
+                await asyncio.wait_for(mgr.wait_settled(at), 300)
             if trace is not None:
                 _trace_report(trace)
             await mgr.stop()
             conn = await asyncpg.connect(f"{PG}/{b.name}")
-            sent = await conn.fetchval("SELECT count(*) FROM pm_runs WHERE status = 'enqueued'")
+            sent = await conn.fetchval("SELECT count(*) FROM pm_runs WHERE status IN ('enqueued', 'duplicate', 'resent')")
             await conn.close()
     finally:
         await flush.flushdb()
@@ -127,6 +136,7 @@ async def one(target_name: str, n: int) -> dict[str, Any]:
     return {
         "target": target_name, "n": n, "sent": sent, "start_s": start_s, "burst_s": burst_s,
         "before_kb": before, "peak_kb": max(samples), "after_kb": after, "pruned_kb": pruned,
+        "nexts_kb": nexts,
     }  # fmt: skip
 
 
@@ -154,19 +164,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument("--bursts", type=int, default=1, help="bursts per target (RSS before each)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(asyncio.run(one(args.one, args.n))), flush=True)
+        print(json.dumps(asyncio.run(one(args.one, args.n, args.bursts))), flush=True)
         return
     load = os.getloadavg()[0]
     print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}, "
           f"load average {load:.2f}; {args.n:,} schedules due at one instant, one process per target\n")  # fmt: skip
+    nexts = "".join(f" before burst {k + 1} |" for k in range(1, args.bursts))
     print("| target | sent | start | burst (slot -> history written) | RSS before | peak | after "
-          f"(+{SETTLE_S:g} s) | per due task | after the next prune (+{PRUNED_S:g} s) | per due task |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+          f"(+{SETTLE_S:g} s) | per due task | after the next prune (+{PRUNED_S:g} s) | per due task |{nexts}")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|" + "---|" * (args.bursts - 1), flush=True)
     for name in args.targets.split(","):
-        cmd = [sys.executable, __file__, "--one", name, "--n", str(args.n)]
+        cmd = [sys.executable, __file__, "--one", name, "--n", str(args.n), "--bursts", str(args.bursts)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(f"| {name} | failed: {done.stderr.strip().splitlines()[-1:]} |", flush=True)
@@ -179,7 +191,8 @@ def main() -> None:
         print(
             f"| {name} | {r['sent']:,} | {r['start_s']:.1f} s | {r['burst_s']:.1f} s | "
             f"{r['before_kb'] / 1024:.0f} MB | {r['peak_kb'] / 1024:.0f} MB | {r['after_kb'] / 1024:.0f} MB | "
-            f"{kept * 1024 / r['n']:+,.0f} B | {r['pruned_kb'] / 1024:.0f} MB | {left * 1024 / r['n']:+,.0f} B |",
+            f"{kept * 1024 / r['n']:+,.0f} B | {r['pruned_kb'] / 1024:.0f} MB | {left * 1024 / r['n']:+,.0f} B |"
+            + "".join(f" {kb / 1024:.0f} MB |" for kb in r["nexts_kb"]),
             flush=True,
         )
 
