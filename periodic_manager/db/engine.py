@@ -5,6 +5,7 @@ holds of the database: an :data:`Engine`, and a :data:`Connection` it hands to t
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -95,10 +96,39 @@ def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> 
         kwargs.setdefault("pool_pre_ping", True)
         kwargs.setdefault("pool_recycle", 3600)
         return create_async_engine(url, connect_args=mysql_args, **kwargs)
-    connect_args = {"command_timeout": command_timeout, "timeout": command_timeout}
+    connect_args: dict[str, Any] = {
+        "command_timeout": command_timeout, "timeout": command_timeout, "async_creator_fn": pg_connect,
+    }  # fmt: skip
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(url, connect_args=connect_args, **kwargs)
+
+
+async def pg_connect(*args: Any, **kwargs: Any) -> Any:
+    """``asyncpg.connect``, safe to cancel: every PostgreSQL connection of the manager (the
+    engine's pool, leadership, partition leases, LISTEN) is opened through it.
+
+    asyncpg's connect cancelled at one point of its opening (the socket connected, the TLS probe
+    not yet answered: ``sslmode=prefer``, the default, always probes) leaves a future that
+    later fails with nobody to read it, and asyncio logs that at ERROR ("Future exception was
+    never retrieved"). A stop cancels whatever is connecting at that moment, so a clean stop
+    logged an ERROR now and then. Here the connect itself is never cancelled: the caller's
+    cancellation is raised at once, and the connect left behind ends by itself (bounded by its
+    ``timeout``) and its connection is dropped."""
+    import asyncpg
+
+    connecting = asyncio.ensure_future(asyncpg.connect(*args, **kwargs))
+    try:
+        return await asyncio.shield(connecting)
+    except asyncio.CancelledError:
+        connecting.add_done_callback(_drop_abandoned)
+        raise
+
+
+def _drop_abandoned(connecting: asyncio.Future[Any]) -> None:
+    if connecting.cancelled() or connecting.exception() is not None:
+        return  # the exception is read: nothing is logged for a connect nobody waits for
+    connecting.result().terminate()
 
 
 def on_sqlite(bind: AsyncEngine | AsyncConnection) -> bool:

@@ -45,6 +45,7 @@ from typing import Any
 from sqlalchemy import and_, case, delete, literal_column, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager import gcpolicy
 from periodic_manager.contracts import (
     SENT,
     EntryRecord,
@@ -66,6 +67,8 @@ from periodic_manager.pacing import in_turns
 
 _UPSERT_CHUNK = 5000  # entry rows per executemany
 _STATE_UPSERT_CHUNK = 1000  # state rows per statement (each is built and bound in one go)
+# A prune of at least this many schedules' history follows a burst: memory is given back after it.
+RELEASE_AFTER_KEYS = 1000
 _STREAM_ROWS = 5000  # rows fetched per round trip when a read is streamed
 
 log = logging.getLogger(__name__)
@@ -267,9 +270,15 @@ class DatabaseRuntimeStore:
         removed = 0
         if shared and self.runs_retention is not None:
             removed += await history.drop_old(self.engine, now - self.runs_retention)
-        if keys is None:
-            keys, self._touched = self._touched, set()
-        return removed + await history.cap(self.engine, keys, self.runs_per_schedule)
+        if keys is not None:
+            return removed + await history.cap(self.engine, keys, self.runs_per_schedule)
+        touched, self._touched = self._touched, set()
+        removed += await history.cap(self.engine, touched, self.runs_per_schedule)
+        if len(touched) >= RELEASE_AFTER_KEYS:
+            # The key of every schedule of a burst, kept since: the last of what it held.
+            del touched
+            gcpolicy.release()
+        return removed
 
     async def prune_changes(self, now: datetime) -> int:
         """Apply the change history's bounds (entries older than ``now - changes_retention``,

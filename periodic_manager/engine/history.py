@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 
+from periodic_manager import gcpolicy
 from periodic_manager.contracts import SENT, RunRecord
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ Observer = Callable[[Sequence[RunRecord]], None]
 Sleeper = Callable[[float], Awaitable[None]]
 
 MAX_PENDING_RUNS = 100_000
+# A write of at least this many runs ends a burst: then the memory it used is given back.
+RELEASE_AFTER_RUNS = 1000
 RETRY_MAX_S = 30.0
 
 
@@ -96,7 +99,12 @@ class RunWriter:
             await self.ready.wait()
             await idle.wait()
             self.ready.clear()
+            size = len(self.pending)
             ok = await self.flush()
+            if ok and size >= RELEASE_AFTER_RUNS and not self.pending:
+                # A burst is over once its history is written: what it built and freed (tasks,
+                # messages, script arguments, results, these rows) goes back to the system.
+                gcpolicy.release()
             if stopping() and (ok or not self.pending):
                 return
             if ok:

@@ -83,6 +83,7 @@ class SessionLockLeadership(AlwaysLeader):
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._last_error: str | None = None
+        self._stopping = False  # stop() under way: a failed check is no loss to report
 
     # -- what a database gives ------------------------------------------------------------------
 
@@ -121,6 +122,7 @@ class SessionLockLeadership(AlwaysLeader):
 
     async def stop(self) -> None:
         # Step down first (enqueueing stops), then release the lock: never two leaders at once.
+        self._stopping = True
         await self._set(False)
         await cancel_loop(self._task, self.timeout + self.poll_interval)
         self._task = None
@@ -139,7 +141,10 @@ class SessionLockLeadership(AlwaysLeader):
         # A check must answer well before the server could free the lock of a silent session.
         budget = self.timeout - self.poll_interval
         try:
-            await asyncio.wait_for(self._check_or_acquire(), budget)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that
+            # arrives as the check completes, and the loop would outlive stop()'s wait for it.
+            async with asyncio.timeout(budget):
+                await self._check_or_acquire()
         except Exception as exc:  # noqa: BLE001 - any failure means: leadership not proven
             if cancelling():
                 # A driver may turn a cancellation into its own error: never swallow it, or
@@ -147,6 +152,11 @@ class SessionLockLeadership(AlwaysLeader):
                 self._drop_connection()
             reraise_if_cancelled(exc)
             msg = f"{type(exc).__name__}: {exc}"
+            if self._stopping:
+                # stop() steps down and closes the session itself: nothing was lost.
+                log.debug("leadership check failed while stopping: %s", msg)
+                self._drop_connection()
+                return
             if msg != self._last_error:
                 log.warning("leadership check failed: %s", msg)
             self._last_error = msg
@@ -192,10 +202,10 @@ class PostgresLeadership(SessionLockLeadership):
         self.key = lock_key(name)
 
     async def _connect(self) -> Any:
-        import asyncpg
+        from periodic_manager.db.engine import pg_connect
 
         ms = int(self.timeout * 1000)
-        return await asyncpg.connect(
+        return await pg_connect(
             self.dsn,
             timeout=self.timeout,
             server_settings={

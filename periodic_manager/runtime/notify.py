@@ -106,10 +106,10 @@ class PostgresChangeListener:
             await self._close()
 
     async def _connect(self) -> None:
-        import asyncpg
+        from periodic_manager.db.engine import pg_connect
 
         self._lost.clear()
-        conn = await asyncpg.connect(
+        conn = await pg_connect(
             self.dsn, timeout=self.timeout, server_settings={"application_name": "periodic_manager listener"}
         )
         conn.add_termination_listener(lambda _c: self._lost.set())

@@ -189,8 +189,10 @@ class PartitionLeases:
             started = self.clock.now()
             excess: dict[int, tuple[int, datetime]] = {}
             try:
-                # Bounded: a round that hangs must not outlive the trust of what is held.
-                excess = await asyncio.wait_for(self._exchange(started), self.interval)
+                # Bounded: a round that hangs must not outlive the trust of what is held
+                # (asyncio.timeout: 3.11's wait_for may drop the cancellation of a stop).
+                async with asyncio.timeout(self.interval):
+                    excess = await self._exchange(started)
             except Exception as exc:  # noqa: BLE001 - any failure: nothing renewed this round
                 if cancelling():
                     self._drop_connection()
@@ -312,10 +314,10 @@ class PartitionLeases:
             await result
 
     async def _connect(self) -> Any:
-        import asyncpg
+        from periodic_manager.db.engine import pg_connect
 
         if self._conn is None:
-            self._conn = await asyncpg.connect(
+            self._conn = await pg_connect(
                 self.dsn,
                 timeout=self.interval,
                 server_settings={"application_name": "periodic_manager partitions"},
