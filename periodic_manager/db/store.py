@@ -201,16 +201,17 @@ class DatabaseRuntimeStore:
         published its 100,000 entries."""
         await conn.execute(text(_ENTRY_STAGE))  # through SQLAlchemy: its transaction begins
         raw = await conn.get_raw_connection()
-        records = [
-            (manager_id, r.entry_id, r.schedule_key, r.name, r.content_hash, r.status, r.spec,
-             r.timezone, r.anchor, r.task_type, r.queue, r.last_error, r.registered_at,
-             r.held_slot, r.previous_task_id[:128] if r.previous_task_id else None,
-             r.previous_task_state, r.last_good_since)
-            for r in upserts
-        ]  # fmt: skip
-        await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
-            _ENTRY_STAGED, records=records, columns=_ENTRY_COLUMNS
-        )
+        for i in range(0, len(upserts), _UPSERT_CHUNK):  # a republication of everything in slices
+            records = [
+                (manager_id, r.entry_id, r.schedule_key, r.name, r.content_hash, r.status, r.spec,
+                 r.timezone, r.anchor, r.task_type, r.queue, r.last_error, r.registered_at,
+                 r.held_slot, r.previous_task_id[:128] if r.previous_task_id else None,
+                 r.previous_task_state, r.last_good_since)
+                for r in upserts[i : i + _UPSERT_CHUNK]
+            ]  # fmt: skip
+            await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
+                _ENTRY_STAGED, records=records, columns=_ENTRY_COLUMNS
+            )
         await conn.execute(text(_ENTRY_MERGE))
 
     async def record_runs(self, runs: Sequence[RunRecord]) -> None:

@@ -15,7 +15,7 @@ from periodic_manager.contracts import ChangeSet, ProviderSnapshot, RowError, St
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.errors import NotFoundError, ProviderError
 from periodic_manager.providers import StaticProvider
-from periodic_manager.runtime import leading
+from periodic_manager.runtime import leading, publishing
 from periodic_manager.runtime.last_good import LastGoodKeeper
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
@@ -267,6 +267,26 @@ async def seen_during(coro: Any, count: Callable[[], int]) -> set[int]:
 
 def midway(seen: set[int]) -> bool:
     return any(0 < n < MANY for n in seen)
+
+
+async def test_publishing_builds_its_records_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write's records are built in turns even when the store answers at once (in memory):
+    publishing a cold start's entries never holds the event loop for the whole slice."""
+    built = [0]
+    real = publishing.entry_record
+
+    def counted(entry: Any, view: Any = None) -> Any:
+        built[0] += 1
+        return real(entry, view)
+
+    monkeypatch.setattr(publishing, "entry_record", counted)
+    store = MemoryRuntimeStore()
+    publisher = EntryPublisher(store, "m1", on_failure=lambda exc: None)
+    assert SLICE >= MANY  # one slice: only turns inside it can let the others run
+    for i in range(1, MANY + 1):
+        publisher.upsert(ScheduledEntry.of(row(i, f"job{i}"), T0, synced=True))
+    assert midway(await seen_during(publisher.flush(), lambda: built[0]))
+    assert len(store.entries["m1"]) == MANY
 
 
 async def test_removals_and_row_errors_of_a_change_set_go_in_turns() -> None:
