@@ -48,7 +48,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.scale import PG, REDIS, Bench, machine, timed, verdict  # noqa: E402
-from periodic_manager.db.migrate import upgrade  # noqa: E402
 from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
 
 COMMAND = [str(Path(sys.executable).with_name("periodic-manager")), "manager"]
@@ -64,12 +63,30 @@ YEARLY = "(g % 60) || ' ' || (g / 60 % 24) || ' 1 1 *'"  # 1 January: none due i
 # -- databases and floors ----------------------------------------------------------------------
 
 
-async def make_db(name: str, n: int, spec_sql: str) -> None:
+def db_url(name: str) -> str:
+    return f"{PG.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
+
+
+def make_db(name: str, n: int, spec_sql: str) -> None:
+    asyncio.run(drop_db(name))
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    # Migrated by the command measured (its schema head, whatever version it is).
+    subprocess.run(
+        [COMMAND[0], "migrate"], env={**os.environ, "PM_DATABASE_URL": db_url(name)},
+        check=True, capture_output=True,
+    )  # fmt: skip
+    asyncio.run(_fill(name, n, spec_sql))
+
+
+async def _admin(sql: str) -> None:
     admin = await asyncpg.connect(f"{PG}/postgres")
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    await upgrade(f"{PG.replace('postgresql://', 'postgresql+asyncpg://')}/{name}")
+    try:
+        await admin.execute(sql)
+    finally:
+        await admin.close()
+
+
+async def _fill(name: str, n: int, spec_sql: str) -> None:
     conn = await asyncpg.connect(f"{PG}/{name}")
     try:
         await conn.execute(
@@ -84,9 +101,7 @@ async def make_db(name: str, n: int, spec_sql: str) -> None:
 
 
 async def drop_db(name: str) -> None:
-    admin = await asyncpg.connect(f"{PG}/postgres")
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def fetch_floor(name: str) -> float:
@@ -151,13 +166,13 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
     prefix = f"pmlean{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
-        "PM_DATABASE_URL": f"{PG.replace('postgresql://', 'postgresql+asyncpg://')}/{db}",
+        "PM_DATABASE_URL": db_url(db),
         "PM_TARGET": "redis",
         "PM_REDIS_URL": REDIS,
         "PM_STREAM_PREFIX": prefix,
         "PM_LOG_LEVEL": "INFO",
     }
-    lines: queue.Queue[tuple[float, str]] = queue.Queue()
+    lines: queue.Queue[tuple[float, str | None]] = queue.Queue()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         COMMAND, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -167,18 +182,21 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
         assert proc.stderr is not None
         for line in proc.stderr:
             lines.put((time.perf_counter(), line))
+        lines.put((time.perf_counter(), None))  # the command ended
 
     threading.Thread(target=drain, daemon=True).start()
     out: dict[str, Any] = {"db": db}
     try:
+        said: list[str] = []
         while True:
             at, line = lines.get(timeout=timeout)
+            if line is None:
+                raise RuntimeError("the command ended before it started:\n" + "".join(said[-10:]))
+            said.append(line)
             if "started with" in line:
                 out["start"] = at - t0
                 out["entries"] = int(line.split("started with ")[1].split()[0])
                 break
-            if proc.poll() is not None:
-                raise RuntimeError(f"the command ended before it started: {line}")
         started = time.perf_counter()
         out["cpu_at_start"] = cpu_s(proc.pid)
         out["rss_start"] = rss_mb(proc.pid)
@@ -225,9 +243,9 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
 
 def coldstart(sizes: list[int], repeat: int, db_prefix: str) -> None:
     empty_db = f"{db_prefix}_1"
-    asyncio.run(make_db(empty_db, 1, DAILY))
+    make_db(empty_db, 1, DAILY)
     for n in sizes:
-        asyncio.run(make_db(f"{db_prefix}_{n}", n, DAILY))
+        make_db(f"{db_prefix}_{n}", n, DAILY)
     print(f"`python -c pass`: {python_floor() * 1000:.0f} ms (median of 5)\n")
     print(
         "| schedules | start (spawn -> \"started\") | empty start (1 row) | fetch floor | goal: <= empty + 2x floor"
@@ -279,7 +297,7 @@ def row(n: int, r: dict[str, Any], label: str | None = None) -> str:
 
 def rest(repeat: int, db_prefix: str, seconds: float) -> None:
     db = f"{db_prefix}_rest"
-    asyncio.run(make_db(db, REST_ROWS, YEARLY))
+    make_db(db, REST_ROWS, YEARLY)
     print(
         f"| schedules, none due | CPU at rest (over {seconds:.0f} s) | goal | verdict | RSS at rest"
         " | start | quiet after \"started\" |"
