@@ -1,33 +1,43 @@
-"""Step 9 goals on real PostgreSQL and Redis: cold start, memory, sync and idle CPU at 100,000 and
-1,000,000 schedules (bursts: bench/burst.py).
+"""Step 17 goals, measured from outside on the real command `periodic-manager manager` (PostgreSQL
+provider and store, Redis Streams target), as an operator starts it.
 
-    .venv/bin/python bench/lean.py [coldstart|sync|idle|all] [--sizes 100000,1000000]
+    .venv/bin/python bench/lean.py [coldstart|rest|sync|all] [--sizes 100000,1000000] [--repeat 3]
 
-Each case runs in a fresh interpreter (memory figures are not skewed by an earlier case), with
-its own database. Prints markdown tables with the goal and PASS/MISS.
+Each case spawns the command with its own database (``<prefix>_<rows>``, made once per run and
+dropped at the end) and its own Redis key prefix (Redis: PM_BENCH_REDIS_URL), and times it beside
+floors measured in the same run:
 
-- coldstart: N rows (daily specs spread over the day, payload {"n": i}, the schema's defaults)
-  plus one ``@every 1s`` row; a real manager (database provider and store, Redis Streams
-  target). Time from start() to every entry registered; the lateness of the ``@every 1s`` row's
-  first slot after the start, from Redis's own entry id; memory = RSS after start and the
-  publication of every entry (then a collection and the manager's own release of freed memory,
-  as after each large sync) minus RSS before, per schedule; traced = the same measured by
-  tracemalloc in a separate run (what Python objects hold, without allocator overhead).
-- sync: 100,000 rows: a sync when nothing changed, when 1% changed, and a full reconcile.
-- idle: CPU used over 60 s by a manager holding N entries none of which is due.
+- start: spawn until the log line ``started with N entries`` (the line operators and benches time
+  starts by); ``empty``: the same command on a table of one row; floors: ``python -c pass`` and a
+  fresh asyncpg connection reading ``SELECT * FROM periodic_jobs`` of the same table (timed
+  before and after each start, the better of the two).
+- quiet: from "started" until the command's CPU, read from /proc/<pid>/stat every 0.1 s, stays
+  below 10 % of a core over 3 s (the publishing of the entries for the API is done; a 3 s
+  window is not fooled by a wait on the database between two busy moments).
+- RSS (/proc/<pid>/status) at "started" and at rest (1 s after quiet).
+- rest: 10,000 schedules none of which is due during the run; CPU-seconds the command uses per
+  minute once quiet (after 5 s more), and its RSS.
+- sync (in-process, kept because no command exposes it): the cost of a sync of 100,000 rows when
+  nothing changed, when 1 % changed and a full reconcile, inside one manager.
+
+Rows: daily specs spread over the day (a cold start) or yearly ones on 1 January (at rest, none
+due), payload {"n": i}, the schema's defaults. Goals: 100k start <= empty + 2x its fetch floor;
+quiet within 2 s of "started" (100k); 1M start <= empty + 2x its fetch floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
-import resource
+import queue
+import signal
+import statistics
 import subprocess
 import sys
+import threading
 import time
-import tracemalloc
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,85 +45,295 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from bench.scale import PG, REDIS, Bench, machine, rss_kb, timed, verdict  # noqa: E402
-from periodic_manager import gcpolicy  # noqa: E402
+from bench.scale import PG, REDIS, Bench, machine, timed, verdict  # noqa: E402
 from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
 
+COMMAND = [str(Path(sys.executable).with_name("periodic-manager")), "manager"]
+TICK = os.sysconf("SC_CLK_TCK")
+QUIET_SHARE = 0.10  # of a core
+QUIET_WINDOW = 3.0  # s: longer than a wait on the database between two busy moments
+SAMPLE = 0.1  # s
+REST_ROWS = 10_000
+DAILY = "(g % 60) || ' ' || (g / 60 % 24) || ' * * *'"
+YEARLY = "(g % 60) || ' ' || (g / 60 % 24) || ' 1 1 *'"  # 1 January: none due in a run
 
-async def seed(b: Bench, n: int, *, tick: bool = True) -> None:
-    """n daily rows spread over the day (none due during a run), and (``tick``) one @every 1s
-    row."""
-    conn = await asyncpg.connect(f"{PG}/{b.name}")
+
+# -- databases and floors ----------------------------------------------------------------------
+
+
+def db_url(name: str) -> str:
+    return f"{PG.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
+
+
+def make_db(name: str, n: int, spec_sql: str) -> None:
+    asyncio.run(drop_db(name))
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    # Migrated by the command measured (its schema head, whatever version it is).
+    subprocess.run(
+        [COMMAND[0], "migrate"], env={**os.environ, "PM_DATABASE_URL": db_url(name)},
+        check=True, capture_output=True,
+    )  # fmt: skip
+    asyncio.run(_fill(name, n, spec_sql))
+
+
+async def _admin(sql: str) -> None:
+    admin = await asyncpg.connect(f"{PG}/postgres")
+    try:
+        await admin.execute(sql)
+    finally:
+        await admin.close()
+
+
+async def _fill(name: str, n: int, spec_sql: str) -> None:
+    conn = await asyncpg.connect(f"{PG}/{name}")
     try:
         await conn.execute(
             "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload)"
-            " SELECT 'job.' || g, (g % 60) || ' ' || (g / 60 % 24) || ' * * *', 'UTC',"
-            " 'bench.task', jsonb_build_object('n', g) FROM generate_series(1, $1) g",
+            f" SELECT 'job.' || g, {spec_sql}, 'UTC', 'bench.task', jsonb_build_object('n', g)"
+            " FROM generate_series(1, $1) g",
             n,
         )
-        if tick:
-            await conn.execute(
-                "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('tick', '@every 1s', 't')"
-            )
         await conn.execute("VACUUM ANALYZE periodic_jobs")
     finally:
         await conn.close()
 
 
-async def coldstart(n: int, traced: bool) -> dict[str, Any]:
-    async with Bench() as b:
-        await seed(b, n)
-        target = RedisStreamsTarget.from_url(REDIS, prefix=b.prefix)
-        mgr = b.manager(target, close_target=True)
-        client = aioredis.from_url(REDIS)
-        gc.collect()
-        gcpolicy.release()
-        if traced:
-            tracemalloc.start()
-        before = rss_kb()
+async def drop_db(name: str) -> None:
+    await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def fetch_floor(name: str) -> float:
+    """A fresh asyncpg connection reading every row of periodic_jobs (connect included)."""
+    t0 = time.perf_counter()
+    conn = await asyncpg.connect(f"{PG}/{name}")
+    rows = await conn.fetch("SELECT * FROM periodic_jobs")
+    took = time.perf_counter() - t0
+    await conn.close()
+    del rows
+    return took
+
+
+def python_floor(times: int = 5) -> float:
+    runs = []
+    for _ in range(times):
         t0 = time.perf_counter()
-        started_at = time.time()
-        await mgr.start()
-        took = time.perf_counter() - t0
-        registered = len(mgr.entries())
-        # The first slot of the @every 1s row after start() returned, as Redis stamped it.
-        first_slot = int(time.time()) + 1
-        stream = target.stream_key("default")
-        late_ms = None
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            ids = await client.xrange(stream, min=f"{first_slot * 1000}-0", count=1)
-            if ids:
-                late_ms = int(ids[0][0].split(b"-")[0]) - first_slot * 1000
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+async def redis_floor(times: int = 200) -> float:
+    """Median PING round trip, in ms."""
+    client = aioredis.from_url(REDIS)
+    runs = []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        await client.ping()
+        runs.append(time.perf_counter() - t0)
+    await client.aclose()
+    return statistics.median(runs) * 1000
+
+
+async def clear_prefix(prefix: str) -> None:
+    client = aioredis.from_url(REDIS)
+    keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+    for i in range(0, len(keys), 1000):
+        await client.delete(*keys[i : i + 1000])
+    await client.aclose()
+
+
+# -- the spawned command ----------------------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str, Any]:
+    """Run the command on ``db`` until it is quiet (and ``rest_seconds`` more), then SIGTERM."""
+    prefix = f"pmlean{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "PM_DATABASE_URL": db_url(db),
+        "PM_TARGET": "redis",
+        "PM_REDIS_URL": REDIS,
+        "PM_STREAM_PREFIX": prefix,
+        "PM_LOG_LEVEL": "INFO",
+    }
+    lines: queue.Queue[tuple[float, str | None]] = queue.Queue()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        COMMAND, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put((time.perf_counter(), line))
+        lines.put((time.perf_counter(), None))  # the command ended
+
+    threading.Thread(target=drain, daemon=True).start()
+    out: dict[str, Any] = {"db": db}
+    try:
+        said: list[str] = []
+        while True:
+            at, line = lines.get(timeout=timeout)
+            if line is None:
+                raise RuntimeError("the command ended before it started:\n" + "".join(said[-10:]))
+            said.append(line)
+            if "started with" in line:
+                out["start"] = at - t0
+                out["entries"] = int(line.split("started with ")[1].split()[0])
                 break
-        await mgr.flush()
-        gc.collect()
-        gcpolicy.release()
-        after = rss_kb()
-        per_entry = (after - before) * 1024 / registered
-        if traced:
-            current, _ = tracemalloc.get_traced_memory()
-            per_entry = current / registered
-            tracemalloc.stop()
-        await mgr.stop()
-        await client.aclose()
-    return {"n": n, "took": took, "registered": registered, "late_ms": late_ms,
-            "per_entry": per_entry, "started_at": started_at}
+        started = time.perf_counter()
+        out["cpu_at_start"] = cpu_s(proc.pid)
+        out["rss_start"] = rss_mb(proc.pid)
+        samples: list[tuple[float, float]] = []
+        quiet_at = None
+        while time.perf_counter() - started < timeout:
+            samples.append((time.perf_counter(), cpu_s(proc.pid)))
+            # The first sample from which the next QUIET_WINDOW used < QUIET_SHARE of a core.
+            for i, (t, c) in enumerate(samples):
+                later = [(t2, c2) for t2, c2 in samples[i:] if t2 - t >= QUIET_WINDOW]
+                if later:
+                    t2, c2 = later[0]
+                    if (c2 - c) / (t2 - t) < QUIET_SHARE:
+                        quiet_at = t
+                        break
+            if quiet_at is not None:
+                break
+            samples = samples[-int(3 * QUIET_WINDOW / SAMPLE):]
+            time.sleep(SAMPLE)
+        out["quiet"] = None if quiet_at is None else max(0.0, quiet_at - started)
+        out["cpu_to_quiet"] = cpu_s(proc.pid) - out["cpu_at_start"]
+        time.sleep(1.0)
+        out["rss_rest"] = rss_mb(proc.pid)
+        if rest_seconds:
+            time.sleep(5.0)
+            c0, w0 = cpu_s(proc.pid), time.perf_counter()
+            time.sleep(rest_seconds)
+            c1, w1 = cpu_s(proc.pid), time.perf_counter()
+            out["cpu_per_min"] = (c1 - c0) / (w1 - w0) * 60
+            out["rss_rest"] = rss_mb(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        asyncio.run(clear_prefix(prefix))
+    return out
+
+
+# -- parts --------------------------------------------------------------------------------------
+
+
+def coldstart(sizes: list[int], repeat: int, db_prefix: str) -> None:
+    empty_db = f"{db_prefix}_1"
+    make_db(empty_db, 1, DAILY)
+    for n in sizes:
+        make_db(f"{db_prefix}_{n}", n, DAILY)
+    print(f"`python -c pass`: {python_floor() * 1000:.0f} ms (median of 5)\n")
+    print(
+        "| schedules | start (spawn -> \"started\") | empty start (1 row) | fetch floor | goal: <= empty + 2x floor"
+        " | (start - empty) / floor | verdict | quiet after \"started\" | goal | verdict"
+        " | CPU-s after \"started\" | RSS at start / at rest |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    results: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    for _ in range(repeat):
+        for n in sizes:
+            db = f"{db_prefix}_{n}"
+            empty = spawn(empty_db)
+            floor_before = asyncio.run(fetch_floor(db))
+            r = spawn(db)
+            floor = min(floor_before, asyncio.run(fetch_floor(db)))
+            r.update(empty=empty["start"], floor=floor)
+            results[n].append(r)
+            print(row(n, r), flush=True)
+    if repeat > 1:
+        for n in sizes:
+            runs = results[n]
+            med = {k: statistics.median(x[k] for x in runs) for k in ("start", "empty", "floor", "rss_start", "rss_rest", "cpu_to_quiet")}
+            quiets = [x["quiet"] for x in runs]
+            med["quiet"] = None if None in quiets else statistics.median(quiets)
+            med["entries"] = runs[0]["entries"]
+            print(row(n, med, label=f"{n:,} (median of {len(runs)})"), flush=True)
+    print()
+    for n in sizes:
+        asyncio.run(drop_db(f"{db_prefix}_{n}"))
+    asyncio.run(drop_db(empty_db))
+
+
+def row(n: int, r: dict[str, Any], label: str | None = None) -> str:
+    goal = r["empty"] + 2 * r["floor"]
+    ok = r["start"] <= goal and r["entries"] == n
+    ratio = (r["start"] - r["empty"]) / r["floor"]
+    quiet = r["quiet"]
+    quiet_text = "not within the timeout" if quiet is None else f"{quiet:.2f} s"
+    if n <= 100_000:
+        quiet_goal, quiet_ok = "<= 2 s", verdict(quiet is not None and quiet <= 2.0)
+    else:
+        quiet_goal, quiet_ok = "(none)", "-"
+    return (
+        f"| {label or f'{n:,}'} | {r['start']:.2f} s | {r['empty']:.2f} s | {r['floor']:.2f} s | <= {goal:.2f} s"
+        f" | {ratio:.2f} | {verdict(ok)} | {quiet_text} | {quiet_goal} | {quiet_ok}"
+        f" | {r['cpu_to_quiet']:.2f} | {r['rss_start']:.0f} / {r['rss_rest']:.0f} MB |"
+    )
+
+
+def rest(repeat: int, db_prefix: str, seconds: float) -> None:
+    db = f"{db_prefix}_rest"
+    make_db(db, REST_ROWS, YEARLY)
+    print(
+        f"| schedules, none due | CPU at rest (over {seconds:.0f} s) | goal | verdict | RSS at rest"
+        " | start | quiet after \"started\" |"
+    )
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for _ in range(repeat):
+        r = spawn(db, rest_seconds=seconds)
+        cpu = r["cpu_per_min"]
+        quiet = "-" if r["quiet"] is None else f"{r['quiet']:.2f} s"
+        print(
+            f"| {REST_ROWS:,} | {cpu:.2f} CPU-s per minute ({cpu / 60 * 100:.2f} % of a core)"
+            f" | < 0.6 CPU-s per minute (1 % of a core) | {verdict(cpu < 0.6)} | {r['rss_rest']:.0f} MB"
+            f" | {r['start']:.2f} s | {quiet} |",
+            flush=True,
+        )
+    print()
+    asyncio.run(drop_db(db))
 
 
 async def sync_cost(n: int) -> list[str]:
     rows = []
     async with Bench() as b:
-        await seed(b, n)
+        conn = await asyncpg.connect(f"{PG}/{b.name}")
+        await conn.execute(
+            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload)"
+            f" SELECT 'job.' || g, {DAILY}, 'UTC', 'bench.task', jsonb_build_object('n', g)"
+            " FROM generate_series(1, $1) g",
+            n,
+        )
         mgr = b.manager(RedisStreamsTarget.from_url(REDIS, prefix=b.prefix), close_target=True)
         await mgr.start()
         await mgr.flush()
         try:
             nothing = await timed(lambda: mgr.sync(), 5)
             rows.append(f"| {n:,} | nothing changed | {nothing * 1000:.1f} ms | <= 10 ms | {verdict(nothing <= 0.01)} |")
-            conn = await asyncpg.connect(f"{PG}/{b.name}")
             counter = iter(range(100))
 
             async def one_percent() -> None:
@@ -122,87 +342,45 @@ async def sync_cost(n: int) -> list[str]:
 
             changed = await timed(one_percent, 3)
             rows.append(f"| {n:,} | 1% changed (includes the UPDATE) | {changed * 1000:.1f} ms | (proportional) | - |")
-            await conn.close()
             await mgr.flush()
             full = await timed(lambda: mgr.sync(full=True), 3)
             rows.append(f"| {n:,} | full reconcile | {full * 1000:.1f} ms | <= 300 ms | {verdict(full <= 0.3)} |")
         finally:
+            await conn.close()
             await mgr.stop()
     return rows
 
 
-async def idle(n: int, seconds: float = 60) -> dict[str, Any]:
-    async with Bench() as b:
-        await seed(b, n, tick=False)  # nothing due at all (the tick's history would be work)
-        mgr = b.manager(RedisStreamsTarget.from_url(REDIS, prefix=b.prefix), close_target=True, sync_interval=30)
-        await mgr.start()
-        await mgr.flush()
-        await asyncio.sleep(5)  # the start-up's background writes are done
-        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-        wall0 = time.perf_counter()
-        await asyncio.sleep(seconds)
-        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-        wall = time.perf_counter() - wall0
-        await mgr.stop()
-    cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / wall
-    return {"n": n, "cpu": cpu, "seconds": seconds}
-
-
-def child(case: str, n: int) -> None:
-    if case == "coldstart":
-        print(repr(asyncio.run(coldstart(n, traced=False))))
-    elif case == "traced":
-        print(repr(asyncio.run(coldstart(n, traced=True))))
-    elif case == "sync":
-        print(repr(asyncio.run(sync_cost(n))))
-    elif case == "idle":
-        print(repr(asyncio.run(idle(n))))
-
-
-def run_child(case: str, n: int) -> Any:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", case, "--sizes", str(n)],
-        capture_output=True, text=True, check=True, env={**os.environ},
-    )
-    return eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own child's repr
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("part", nargs="?", default="all", choices=["coldstart", "sync", "idle", "all"])
+    parser.add_argument("part", nargs="?", default="all", choices=["coldstart", "rest", "sync", "all"])
     parser.add_argument("--sizes", default="100000,1000000")
-    parser.add_argument("--child", default=None)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rest-seconds", type=float, default=60.0)
+    parser.add_argument("--command", default=None, help="the periodic-manager executable (default: this venv's)")
+    parser.add_argument("--db-prefix", default="pm_lean", help="databases made (and dropped): <prefix>_<rows>")
     args = parser.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    if args.child:
-        child(args.child, sizes[0])
-        return
-    print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n", flush=True)
+    if args.command:
+        COMMAND[0] = args.command
+    load = os.getloadavg()
+    print(
+        f"machine: {machine()}; Redis floor (PING round trip, median of 200): {asyncio.run(redis_floor()):.3f} ms\n"
+        f"run at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+        f"\ncommand: {' '.join(COMMAND)}\n",
+        flush=True,
+    )
     if args.part in ("coldstart", "all"):
-        print("| schedules | start() until all registered | first slot after start, late by | goal (time) | memory per schedule (RSS) | traced by Python | goal (memory) | verdict |")
-        print("|---|---|---|---|---|---|---|---|", flush=True)
-        for n in sizes:
-            r = run_child("coldstart", n)
-            t = run_child("traced", n)
-            time_goal = 1.0 if n <= 100_000 else 10.0
-            ok = r["took"] <= time_goal and r["per_entry"] <= 600 and r["registered"] == n + 1
-            ok = ok and r["late_ms"] is not None and r["late_ms"] < 1000
-            print(
-                f"| {n:,} | {r['took']:.2f} s | {r['late_ms']} ms | <= {time_goal:g} s, on time | "
-                f"{r['per_entry']:,.0f} B | {t['per_entry']:,.0f} B | <= 600 B | {verdict(ok)} |",
-                flush=True,
-            )
-        print()
+        coldstart(sizes, args.repeat, args.db_prefix)
+    if args.part in ("rest", "all"):
+        rest(args.repeat, args.db_prefix, args.rest_seconds)
     if args.part in ("sync", "all"):
+        print("In-process (one manager, no command): a sync of 100,000 rows.\n")
         print("| schedules | sync | time (best of 3-5) | goal | verdict |\n|---|---|---|---|---|")
-        for line in run_child("sync", 100_000):
+        for line in asyncio.run(sync_cost(100_000)):
             print(line, flush=True)
         print()
-    if args.part in ("idle", "all"):
-        print("| schedules, none due | CPU over 60 s | goal | verdict |\n|---|---|---|---|")
-        n = max(sizes)
-        r = run_child("idle", n)
-        print(f"| {n:,} | {r['cpu'] * 100:.2f} % of a core | < 1 % | {verdict(r['cpu'] < 0.01)} |", flush=True)
+    print(f"finished at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -406,7 +406,7 @@ class ManagerStatus:
     shared_work: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a cold start builds one per entry, and frozen __init__ is slow
 class EntryRecord:
     """An entry as published: ``status`` ``active`` (registered) or ``error`` (row rejected).
     Read back from a store, ``status`` is the stored text and an unreadable instant is None."""

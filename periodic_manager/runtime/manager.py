@@ -15,6 +15,7 @@ A manager is built whole from its parts, each with one job:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -118,6 +119,9 @@ class PeriodicTaskManager:
         self.signals_ignored = 0  # change signals naming only partitions not held (no sync)
         self._running = False
         self.started_at: datetime | None = None
+        # Set once start() has said "started": the publisher waits for it (a cold start's
+        # entries are published after the start, never in the middle of it).
+        self._up = asyncio.Event()
         self.tasks = Supervisor(lambda: self._running)
         self.publisher = EntryPublisher(
             self.store, self.manager_id, on_failure=self._store_failed, quiet=self._quiet,
@@ -205,10 +209,12 @@ class PeriodicTaskManager:
             "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),
             "leader" if self.is_leader else "standby",
         )  # fmt: skip
+        self._up.set()
 
     async def stop(self) -> None:
         """Stop the loops (an enqueue under way finishes first) and unpublish this manager."""
         self._running = False
+        self._up.clear()
         self.scheduler.stop()
         for signal in self.signals:
             await signal.stop()
@@ -366,7 +372,10 @@ class PeriodicTaskManager:
         self.heartbeat.store_failed(exc)  # republish this manager and its entries next beat
 
     async def _quiet(self) -> None:
-        await self.syncer.quiet()  # a cold start registers first, then publishes
+        # A cold start registers first, then publishes: not while start() still awaits the
+        # leadership or the change signals (the publisher's slices would delay "started").
+        await self._up.wait()
+        await self.syncer.quiet()
 
     async def _between(self) -> None:
         await self.scheduler.wait_idle()  # a slot due meanwhile goes before the next slice

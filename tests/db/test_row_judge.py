@@ -79,3 +79,26 @@ def test_repeated_texts_are_shared_between_configs() -> None:
     b = fast((2, True, "b", "".join(["*/5", " * * * *"]), "UTC", None, "t", "2", '{"queue": "q"}', None, 1))
     assert isinstance(a, PeriodicTaskConfig) and isinstance(b, PeriodicTaskConfig)
     assert a.spec is b.spec and a.options is b.options
+
+
+def test_the_deployment_check_is_asked_once_per_shape_and_its_verdict_holds_for_the_shape() -> None:
+    """Rules.check reads a row's shape (spec, zone, task type, options): rows of a shape already
+    found valid are not checked again (a cold start of 100,000 alike rows asked 100,000 times),
+    and a shape the check refuses is refused on every row, as judge() says."""
+    asked: list[object] = []
+    inner = dbjudge.target_check(["redis"])
+
+    def check(config: PeriodicTaskConfig) -> None:
+        asked.append(config.schedule_id)
+        inner(config)
+
+    rules = dbjudge.Rules(False, check=check)
+    fast = dbjudge.RowJudge(rules)
+    fast.jsonb = True
+    good = [(i, True, f"j{i}", "*/5 * * * *", "UTC", None, "t", f'{{"n": {i}}}', "{}", None, i) for i in range(1, 101)]
+    refused = [(i, True, f"j{i}", "*/5 * * * *", "UTC", None, "t", "1", '{"target": "celery"}', None, i) for i in range(101, 111)]
+    verdicts = [fast(r) for r in good + refused]
+    assert all(isinstance(v, PeriodicTaskConfig) for v in verdicts[:100])
+    assert len([x for x in asked if x in range(1, 101)]) == 1
+    assert all(isinstance(v, RowError) and v.field == "options.target" for v in verdicts[100:])
+    assert all(same(dbjudge.judge(rules, r), v) for r, v in zip(good + refused, verdicts, strict=True))

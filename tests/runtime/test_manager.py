@@ -15,8 +15,9 @@ from periodic_manager.contracts import ChangeSet, ProviderSnapshot, RowError, St
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.errors import NotFoundError, ProviderError
 from periodic_manager.providers import StaticProvider
-from periodic_manager.runtime import leading
+from periodic_manager.runtime import leading, publishing
 from periodic_manager.runtime.last_good import LastGoodKeeper
+from periodic_manager.runtime.leadership import AlwaysLeader
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.publishing import SLICE, EntryPublisher
@@ -267,6 +268,63 @@ async def seen_during(coro: Any, count: Callable[[], int]) -> set[int]:
 
 def midway(seen: set[int]) -> bool:
     return any(0 < n < MANY for n in seen)
+
+
+async def test_a_cold_start_publishes_its_entries_only_once_started() -> None:
+    """The background publisher waits for start() to finish: a leadership that takes a while to
+    start (round trips to the database) is not slowed by the publishing of every entry."""
+    up = [False]
+    written_before_up: list[int] = []
+
+    class Store(MemoryRuntimeStore):
+        async def apply_entries(self, manager_id: str, upserts: Sequence[Any], removed: Sequence[str]) -> None:
+            if not up[0]:
+                written_before_up.append(len(upserts))
+            await super().apply_entries(manager_id, upserts, removed)
+
+    class SlowLeader(AlwaysLeader):
+        async def start(self, on_change: Any) -> None:
+            for _ in range(50):  # round trips: the event loop runs other tasks meanwhile
+                await asyncio.sleep(0)
+            await super().start(on_change)
+
+    clock = VirtualClock(T0)
+    store = Store()
+    mgr = PeriodicTaskManager(
+        StaticProvider([row(i, f"j{i}") for i in range(1, 11)]), MemoryTarget(), clock=clock,
+        store=store, leadership=SlowLeader(),
+    )  # fmt: skip
+    await mgr.start()
+    up[0] = True
+    try:
+        for _ in range(100):
+            if len(store.entries.get(mgr.manager_id, {})) == 10:
+                break
+            await asyncio.sleep(0)
+        assert len(store.entries[mgr.manager_id]) == 10  # published in the background
+        assert written_before_up == []
+    finally:
+        await mgr.stop()
+
+
+async def test_publishing_builds_its_records_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write's records are built in turns even when the store answers at once (in memory):
+    publishing a cold start's entries never holds the event loop for the whole slice."""
+    built = [0]
+    real = publishing.entry_record
+
+    def counted(entry: Any, view: Any = None) -> Any:
+        built[0] += 1
+        return real(entry, view)
+
+    monkeypatch.setattr(publishing, "entry_record", counted)
+    store = MemoryRuntimeStore()
+    publisher = EntryPublisher(store, "m1", on_failure=lambda exc: None)
+    assert SLICE >= MANY  # one slice: only turns inside it can let the others run
+    for i in range(1, MANY + 1):
+        publisher.upsert(ScheduledEntry.of(row(i, f"job{i}"), T0, synced=True))
+    assert midway(await seen_during(publisher.flush(), lambda: built[0]))
+    assert len(store.entries["m1"]) == MANY
 
 
 async def test_removals_and_row_errors_of_a_change_set_go_in_turns() -> None:
