@@ -11,7 +11,16 @@ on an asyncpg connection of its own:
    least ``ttl`` after that instant, so this manager stops sending for a partition (and drops
    it) before any other manager may take it, even if every renewal fails from then on;
 2. **membership**: this manager's member row is renewed in the same round; the fair share is
-   ``ceil(partitions / live members)``, so no manager holds more than one above the even share;
+   ``ceil(partitions / managers)``, so no manager holds more than one above the even share. The
+   managers counted are the live members and the *coming* ones: managers registered in
+   ``pm_managers`` less than ``ttl`` ago that are not members yet (between their registration
+   and their first round). At its first round a manager that finds another one registered less
+   than ``ttl`` ago (managers starting together, or joining together) takes nothing and waits
+   one round (``ttl / 3``) for the others to register; then each takes only its share, instead
+   of the first one through a round taking, reading and registering every partition and then
+   handing most of them over. A manager alone (no other registered lately) takes every
+   partition at its first round, without waiting. A manager that registered and died before
+   its first round holds the others back for at most ``ttl`` after it registered;
 3. **hand over** what is above the share: those partitions stop at once, the handler's
    ``releasing`` waits for a send under way and flushes what was sent, then one conditional
    UPDATE clears the holder (only at the epoch held: a stale holder changes nothing);
@@ -58,6 +67,15 @@ MEMBER = """INSERT INTO pm_partition_members (member, expires_at)
     VALUES ($1, now() + make_interval(secs => $2))
     ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at"""
 LIVE = "SELECT count(*) FROM pm_partition_members WHERE expires_at > now()"
+# Managers registered lately that are not members yet (their first round is still to come). Their
+# started_at is their own clock: a skewed clock only makes this count wrong for a while, never a
+# lease (fair shares are an economy of memory, the epochs are the safety).
+# (recent, coming): other managers registered less than $2 seconds ago, and those of them that
+# are not members yet.
+COMING = """SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pm_partition_members p
+        WHERE p.member = m.manager_id AND p.expires_at > now()))
+    FROM pm_managers m WHERE m.manager_id <> $1
+    AND m.started_at > now() - make_interval(secs => $2)"""
 FORGET_DEAD = "DELETE FROM pm_partition_members WHERE expires_at < now() - make_interval(secs => $1)"
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
@@ -115,6 +133,7 @@ class PartitionLeases:
         self._task: asyncio.Task[None] | None = None
         self._round = asyncio.Lock()
         self._last_error: str | None = None
+        self._first = True  # no round has counted the managers yet
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -227,8 +246,13 @@ class PartitionLeases:
                 self._drop(lost)
         await conn.execute(MEMBER, self.member, self.ttl)
         live = int(await conn.fetchval(LIVE))
+        recent, coming = await conn.fetchrow(COMING, self.member, self.ttl)
         await conn.execute(FORGET_DEAD, self.ttl * 10)
-        share = fair_share(self._count, live)
+        first, self._first = self._first, False
+        if first and recent:
+            log.info("partition leases: %d other manager(s) starting; taking a share next round", recent)
+            return {}
+        share = fair_share(self._count, live + coming)
         if len(self._held) > share:
             return {p: self._held[p] for p in sorted(self._held)[share:]}
         if len(self._held) < share:
@@ -237,8 +261,8 @@ class PartitionLeases:
             if gained:
                 self._held.update(gained)
                 log.info(
-                    "partition leases: took %s (%d held of %d, %d live)",
-                    _show(gained), len(self._held), self._count, live,
+                    "partition leases: took %s (%d held of %d, %d live, %d coming)",
+                    _show(gained), len(self._held), self._count, live, coming,
                 )  # fmt: skip
                 await self._report()
                 fresh = frozenset(p for p, (epoch, _) in gained.items() if epoch == 1)
