@@ -27,6 +27,12 @@ on an asyncpg connection of its own:
 4. **take** what is missing to the share from free or expired partitions, in one conditional
    UPDATE that bumps their epochs.
 
+Every manager of a database must use the same coordination. A manager of this kind that finds
+the leader lock of ``PM_COORDINATION=leader`` held (a manager of the other kind leads, e.g. an
+older one during a rolling upgrade to the ``auto`` default) hands over what it holds and takes
+nothing until that lock is free, so the two kinds never send side by side for long (the targets'
+claims drop the duplicates of the one round in between).
+
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
 clocks need not agree; the local clock measures only the trust window.
@@ -43,6 +49,7 @@ from typing import Any
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock, PartitionHandler
+from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -79,6 +86,10 @@ COMING = """SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pm
 FORGET_DEAD = "DELETE FROM pm_partition_members WHERE expires_at < now() - make_interval(secs => $1)"
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
+# Whether a session holds the advisory lock of leader mode (a bigint key: its high and low halves).
+LEADER_LOCKED = """SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+    AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2
+    AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"""
 
 
 def fair_share(partitions: int, live: int) -> int:
@@ -134,6 +145,7 @@ class PartitionLeases:
         self._round = asyncio.Lock()
         self._last_error: str | None = None
         self._first = True  # no round has counted the managers yet
+        self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -249,6 +261,18 @@ class PartitionLeases:
         recent, coming = await conn.fetchrow(COMING, self.member, self.ttl)
         await conn.execute(FORGET_DEAD, self.ttl * 10)
         first, self._first = self._first, False
+        key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
+        if await conn.fetchval(LEADER_LOCKED, key >> 32, key & 0xFFFFFFFF):
+            if not self._leader_seen:
+                log.warning(
+                    "partition leases: a manager with PM_COORDINATION=leader leads this database; "
+                    "taking no partitions until it stops (every manager must use the same coordination)"
+                )
+            self._leader_seen = True
+            return dict(self._held)
+        if self._leader_seen:
+            log.info("partition leases: no leader-mode manager any more; taking a share")
+        self._leader_seen = False
         if first and recent:
             log.info("partition leases: %d other manager(s) starting; taking a share next round", recent)
             return {}

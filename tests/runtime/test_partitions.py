@@ -19,6 +19,7 @@ from periodic_manager.contracts import PartitionLeadership
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.partitions import partition_count, partition_sql
+from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.partitions import PartitionLeases, fair_share
 from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
 from tests.support.faults import dsn
@@ -381,3 +382,26 @@ async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer
     await in_flight
     assert a._last_error is None  # the late answer is no failure ...
     assert not a.held and not a._held  # ... and brings nothing back: the leases expire
+
+
+async def test_no_partition_is_taken_while_a_leader_mode_manager_leads(
+    make, admin: asyncpg.Connection
+) -> None:
+    """Every manager of a database must use one coordination; a leader-mode manager (an older
+    one during a rolling upgrade to the auto default) holding the leader lock makes a partitions
+    manager hand over what it holds and take nothing until the lock is free."""
+    a, rec = make("a")
+    await a.start(lambda _v: None)
+    assert a.held == frozenset(range(N))
+    key = lock_key(LEADER_LOCK_NAME)
+    assert await admin.fetchval("SELECT pg_try_advisory_lock($1::bigint)", key)  # as a leader does
+    try:
+        await a.round()
+        assert not a.held and rec.of("releasing") == set(range(N))
+        assert set((await holders(admin)).values()) == {None}
+        await a.round()
+        assert not a.held
+    finally:
+        await admin.execute("SELECT pg_advisory_unlock($1::bigint)", key)
+    await a.round()
+    assert a.held == frozenset(range(N))
