@@ -19,9 +19,17 @@ from periodic_manager.contracts import PartitionLeadership
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.partitions import partition_count, partition_sql
-from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
+from periodic_manager.runtime.assemble import build_leadership
+from periodic_manager.runtime.leadership import (
+    LEADER_LOCK_NAME,
+    AlwaysLeader,
+    MysqlLeadership,
+    PostgresLeadership,
+    lock_key,
+)
 from periodic_manager.runtime.partitions import PartitionLeases, fair_share
 from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
+from periodic_manager.settings import Settings
 from tests.support.faults import dsn
 from tests.support.tcpproxy import TcpProxy
 
@@ -405,3 +413,25 @@ async def test_no_partition_is_taken_while_a_leader_mode_manager_leads(
         await admin.execute("SELECT pg_advisory_unlock($1::bigint)", key)
     await a.round()
     assert a.held == frozenset(range(N))
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "mode", "kind"),
+    [
+        ("postgresql://u@h/db", {}, "partitions", PartitionLeases),
+        ("postgresql://u@h/db", {"coordination": "leader"}, "leader", PostgresLeadership),
+        ("postgresql://u@h/db", {"leader_election": True}, "leader", PostgresLeadership),
+        ("postgresql://u@h/db", {"leader_election": False}, "leader", AlwaysLeader),
+        ("mysql+asyncmy://u@h/db", {}, "leader", MysqlLeadership),
+        ("sqlite:///x.db", {}, "leader", AlwaysLeader),
+        ("sqlite:///x.db", {"coordination": "partitions"}, "partitions", AlwaysLeader),
+    ],
+)
+def test_the_default_coordination_is_partitions_on_postgresql_alone(
+    url: str, env: dict[str, object], mode: str, kind: type
+) -> None:
+    """``auto`` (the default): partitions on PostgreSQL unless the leader election was set,
+    leader elsewhere (MariaDB/MySQL: GET_LOCK; SQLite: one manager, always leader)."""
+    settings = Settings(database_url=url, **env)  # type: ignore[arg-type]
+    assert settings.coordination_mode == mode
+    assert isinstance(build_leadership(settings), kind)
