@@ -74,11 +74,10 @@ MEMBER = """INSERT INTO pm_partition_members (member, expires_at)
     VALUES ($1, now() + make_interval(secs => $2))
     ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at"""
 LIVE = "SELECT count(*) FROM pm_partition_members WHERE expires_at > now()"
-# Managers registered lately that are not members yet (their first round is still to come). Their
-# started_at is their own clock: a skewed clock only makes this count wrong for a while, never a
-# lease (fair shares are an economy of memory, the epochs are the safety).
-# (recent, coming): other managers registered less than $2 seconds ago, and those of them that
-# are not members yet.
+# (recent, coming): the other managers registered less than $2 seconds ago, and those of them
+# that are not members yet (their first round is still to come). started_at is their own clock: a
+# skewed clock only makes these counts wrong for a while, never a lease (fair shares are an
+# economy of memory; the epochs are the safety).
 COMING = """SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pm_partition_members p
         WHERE p.member = m.manager_id AND p.expires_at > now()))
     FROM pm_managers m WHERE m.manager_id <> $1
