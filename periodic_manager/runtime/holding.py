@@ -8,10 +8,7 @@ The manager holds entries only for the partitions it leases
   no look back), as :class:`~periodic_manager.runtime.leading.Leading` does for a
   whole scheduler: what the store records as settled for their schedules is read, their rows
   are read and registered, and each entry resumes at its first slot after ``now - grace`` and
-  after its settled slot (a ``fire_once`` one is caught up). The rows are read in up to
-  ``TAKEOVER_PARTS`` parts in partition order, each only if its partitions are still held: a
-  manager that took every partition alone and then hands most of them over to managers started
-  just after it never reads those. Runs beside the lease rounds (a
+  after its settled slot (a ``fire_once`` one is caught up). Runs beside the lease rounds (a
   renewal never waits for it), under the sync lock (a sync never sees half of it); retried
   while the partitions are held.
 * **Lost** (taken by another manager, or its trust ran out): sending for its entries stops at
@@ -43,9 +40,6 @@ from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.partition import partition_of
 
 log = logging.getLogger(__name__)
-
-# A takeover reads its partitions' rows in up to this many parts, one after the other.
-TAKEOVER_PARTS = 8
 
 
 class PartitionHolding:
@@ -154,18 +148,11 @@ class PartitionHolding:
             return isinstance(ident, int) and partition_of(ident, count) in partitions & self.mine
 
         async def register() -> list[ScheduledEntry]:
-            # In parts, in partition order: what is handed over meanwhile (a manager that took
-            # every partition alone, and the others then started) is not read at all.
-            ordered = sorted(partitions)
-            size = -(-len(ordered) // TAKEOVER_PARTS)
-            registered: list[ScheduledEntry] = []
-            for i in range(0, len(ordered), size):
-                still = frozenset(ordered[i : i + size]) & self.mine
-                if still:
-                    snapshot = await self.provider.get_partitions(still)
-                    now = self.scheduler.clock.now()
-                    registered += await self.reconciler.apply_some(snapshot, now)
-            return registered
+            still = frozenset(partitions & self.mine)
+            if not still:
+                return []
+            snapshot = await self.provider.get_partitions(still)
+            return await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
 
         while self.drops:  # a partition lost and taken back: its old entries go first
             await asyncio.gather(*self.drops, return_exceptions=True)
