@@ -11,9 +11,9 @@ spawned at once. Measured, per K:
   process is up; with partitions it registers its rows after that line, in the background), and
   to *settled*: the last change of its entry count and partitions (``pm_managers``,
   ``pm_partitions``) before the whole set settled, that is every partition held, none above the
-  fair share, and the entry counts summing to N. Spawned together, the first manager through a
-  lease round may take every partition, then hand the excess over as the others join: that
-  hand-over is inside the figure;
+  fair share, and the entry counts summing to N. Spawned together, the managers wait one lease
+  round for one another before taking their shares; one whose first round came before any other
+  registered takes every partition, then hands the excess over: both are inside the figure;
 * **memory**: each manager's RSS (``/proc/<pid>/status``) once settled and after the burst, next
   to the RSS of one manager holding no schedule at all;
 * **burst**: the next slot at least ``--lead`` s after settling: the first and the last of the N

@@ -73,10 +73,11 @@ class Settings(BaseSettings):
     leader_timeout: float = Field(
         3.0, gt=0, description="a silent leader's session ends after this; takeover <= timeout + poll"
     )
-    coordination: Literal["leader", "partitions"] = Field(
-        "leader",
-        description="how managers on PostgreSQL share the work: one leader (advisory lock) or "
-        "every manager leasing a fair share of the partitions",
+    coordination: Literal["auto", "leader", "partitions"] = Field(
+        "auto",
+        description="how managers share the work: one leader (advisory lock, GET_LOCK) or every "
+        "manager leasing a fair share of the partitions (PostgreSQL); auto: partitions on "
+        "PostgreSQL unless leader_election is set, leader elsewhere",
     )
     lease_ttl: float = Field(
         10.0, ge=1, le=300, description="seconds a partition lease runs unrenewed (partitions mode)"
@@ -224,6 +225,20 @@ class Settings(BaseSettings):
                     "partitions need PostgreSQL; on MariaDB/MySQL use coordination=leader (GET_LOCK)"
                 )
         return v
+
+    @property
+    def coordination_mode(self) -> Literal["leader", "partitions"]:
+        """The coordination in effect. ``auto``: partitions on PostgreSQL, unless
+        ``leader_election`` is set (a deployment that chose its election keeps it); leader on
+        MariaDB/MySQL (no partitions there) and SQLite (one manager, always leader)."""
+        if self.coordination != "auto":
+            return self.coordination
+        from periodic_manager.db.engine import is_mysql, is_sqlite
+
+        url = self.database_url
+        if self.leader_election is not None or is_mysql(url) or is_sqlite(url):
+            return "leader"
+        return "partitions"
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -176,11 +176,12 @@ def change_signals(settings: Settings, engine: AsyncEngine) -> list[ChangeSignal
 def build_leadership(
     settings: Settings, clock: Clock | None = None, *, manager_id: str | None = None
 ) -> Leadership:
-    """Advisory-lock leader election on PostgreSQL and named-lock (``GET_LOCK``) election on
-    MariaDB/MySQL (unless disabled), or partition leases with ``coordination=partitions`` on
-    PostgreSQL (the holder named ``manager_id``); always leader otherwise (and on SQLite, where one
-    manager holds every schedule)."""
-    if settings.coordination == "partitions" and not is_sqlite(settings.database_url):
+    """Partition leases on PostgreSQL by default (``coordination`` auto or partitions; the holder
+    named ``manager_id``); with ``coordination=leader`` (or ``leader_election`` set under auto)
+    advisory-lock leader election on PostgreSQL, and named-lock (``GET_LOCK``) election on
+    MariaDB/MySQL (unless disabled); always leader otherwise (and on SQLite, where one manager
+    holds every schedule)."""
+    if settings.coordination_mode == "partitions" and not is_sqlite(settings.database_url):
         return PartitionLeases(
             normalize_url(settings.database_url), manager_id or new_manager_id(), clock=clock,
             ttl=settings.lease_ttl,

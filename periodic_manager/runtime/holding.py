@@ -14,7 +14,8 @@ The manager holds entries only for the partitions it leases
 * **Lost** (taken by another manager, or its trust ran out): sending for its entries stops at
   once (the scheduler's fence: nothing of those partitions is sent, a staged batch included),
   then they are unregistered in turns with the other tasks (a million entries must not hold the
-  event loop); the fence is lifted when they are gone. A takeover waits for the drops under way
+  event loop); the fence is lifted when they are gone, and the memory they freed is given back
+  to the system (:func:`periodic_manager.gcpolicy.release`). A takeover waits for the drops under way
   (a partition lost and taken back is read afresh).
 * **Handed over** (a join, a SIGTERM): the same, then a send under way finishes and the runs
   reported so far are written to the store before the leases are released, so the next holder
@@ -30,6 +31,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from periodic_manager import gcpolicy
 from periodic_manager.contracts import PartitionedProvider, PartitionLeadership
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.runtime.leading import SETTLED_RETRY_S, Leading, Spawn
@@ -135,6 +137,8 @@ class PartitionHolding:
             lambda ident: isinstance(ident, int) and partition_of(ident, count) in partitions
         )
         log.info("partitions %s: %d entries dropped", sorted(partitions)[:8], removed)
+        if removed:
+            gcpolicy.release()  # a share handed over gives its memory back (see gcpolicy)
         self._changed()
 
     async def _take_over(self, partitions: frozenset[int], look_back: bool) -> None:

@@ -36,6 +36,9 @@ from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_c
 log = logging.getLogger(__name__)
 
 
+LEADER_LOCK_NAME = "periodic_manager:leader"  # the lock of PM_COORDINATION=leader on PostgreSQL
+
+
 def lock_key(name: str) -> int:
     """A signed 64-bit advisory-lock key derived from ``name``."""
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
@@ -192,7 +195,7 @@ class PostgresLeadership(SessionLockLeadership):
         self,
         dsn: str,
         *,
-        name: str = "periodic_manager:leader",
+        name: str = LEADER_LOCK_NAME,
         clock: Clock | None = None,
         poll_interval: float = 1.0,
         timeout: float = 3.0,
@@ -241,7 +244,7 @@ class MysqlLeadership(SessionLockLeadership):
         self,
         url: str,
         *,
-        name: str = "periodic_manager:leader",
+        name: str = LEADER_LOCK_NAME,
         clock: Clock | None = None,
         poll_interval: float = 1.0,
         timeout: float = 3.0,

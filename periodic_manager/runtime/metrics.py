@@ -64,6 +64,9 @@ class ManagerView(Protocol):
     @property
     def partition_handovers(self) -> int: ...
 
+    @property
+    def signals_ignored(self) -> int: ...
+
     def entries(self) -> Sequence[_Entry]: ...
 
     def entry(self, key: str) -> _Entry | None: ...
@@ -177,7 +180,8 @@ class ManagerMetrics(Collector):
         """The metric names, without reading the manager (it registers this while it is being
         built)."""
         yield from self._counters()
-        yield _handovers()
+        for name, text in _READ_COUNTERS.items():
+            yield CounterMetricFamily(f"{PREFIX}_{name}", text)
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text)
 
@@ -199,7 +203,9 @@ class ManagerMetrics(Collector):
             for target, n in sorted(self._lost.items()):
                 lost.add_metric([target], float(n))
         yield from (runs, by_reason, lateness, sync, syncs, lost)
-        yield _handovers(m.partition_handovers)
+        read = {"partition_handovers": m.partition_handovers, "change_signals_ignored": m.signals_ignored}
+        for name, text in _READ_COUNTERS.items():
+            yield CounterMetricFamily(f"{PREFIX}_{name}", text, value=float(read[name]))
         last = m.last_sync_at
         values = {
             "entries": float(_entry_count(m)),
@@ -253,9 +259,12 @@ _GAUGES = {
 }
 
 
-def _handovers(value: int | None = None) -> CounterMetricFamily:
-    text = "Partitions this manager handed over cleanly (to a joining manager, or on stop)"
-    return CounterMetricFamily(f"{PREFIX}_partition_handovers", text, value=value)
+# Counters the manager keeps itself, read when scraped.
+_READ_COUNTERS = {
+    "partition_handovers": "Partitions this manager handed over cleanly (to a joining manager, or on stop)",
+    "change_signals_ignored": "Change signals this manager did not sync on: they named only "
+    "partitions it does not hold (PM_COORDINATION=partitions)",
+}
 
 
 def _entry_count(manager: ManagerView) -> int:

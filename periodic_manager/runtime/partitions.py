@@ -11,12 +11,27 @@ on an asyncpg connection of its own:
    least ``ttl`` after that instant, so this manager stops sending for a partition (and drops
    it) before any other manager may take it, even if every renewal fails from then on;
 2. **membership**: this manager's member row is renewed in the same round; the fair share is
-   ``ceil(partitions / live members)``, so no manager holds more than one above the even share;
+   ``ceil(partitions / managers)``, so no manager holds more than one above the even share. The
+   managers counted are the live members and the *coming* ones: managers registered in
+   ``pm_managers`` less than ``ttl`` ago that are not members yet (between their registration
+   and their first round). At its first round a manager that finds another one registered less
+   than ``ttl`` ago (managers starting together, or joining together) takes nothing and waits
+   one round (``ttl / 3``) for the others to register; then each takes only its share, instead
+   of the first one through a round taking, reading and registering every partition and then
+   handing most of them over. A manager alone (no other registered lately) takes every
+   partition at its first round, without waiting. A manager that registered and died before
+   its first round holds the others back for at most ``ttl`` after it registered;
 3. **hand over** what is above the share: those partitions stop at once, the handler's
    ``releasing`` waits for a send under way and flushes what was sent, then one conditional
    UPDATE clears the holder (only at the epoch held: a stale holder changes nothing);
 4. **take** what is missing to the share from free or expired partitions, in one conditional
    UPDATE that bumps their epochs.
+
+Every manager of a database must use the same coordination. A manager of this kind that finds
+the leader lock of ``PM_COORDINATION=leader`` held (a manager of the other kind leads, e.g. an
+older one during a rolling upgrade to the ``auto`` default) hands over what it holds and takes
+nothing until that lock is free, so the two kinds never send side by side for long (the targets'
+claims drop the duplicates of the one round in between).
 
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
@@ -34,6 +49,7 @@ from typing import Any
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock, PartitionHandler
+from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -58,9 +74,21 @@ MEMBER = """INSERT INTO pm_partition_members (member, expires_at)
     VALUES ($1, now() + make_interval(secs => $2))
     ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at"""
 LIVE = "SELECT count(*) FROM pm_partition_members WHERE expires_at > now()"
+# (recent, coming): the other managers registered less than $2 seconds ago, and those of them
+# that are not members yet (their first round is still to come). started_at is their own clock: a
+# skewed clock only makes these counts wrong for a while, never a lease (fair shares are an
+# economy of memory; the epochs are the safety).
+COMING = """SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pm_partition_members p
+        WHERE p.member = m.manager_id AND p.expires_at > now()))
+    FROM pm_managers m WHERE m.manager_id <> $1
+    AND m.started_at > now() - make_interval(secs => $2)"""
 FORGET_DEAD = "DELETE FROM pm_partition_members WHERE expires_at < now() - make_interval(secs => $1)"
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
+# Whether a session holds the advisory lock of leader mode (a bigint key: its high and low halves).
+LEADER_LOCKED = """SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+    AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2
+    AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"""
 
 
 def fair_share(partitions: int, live: int) -> int:
@@ -115,6 +143,8 @@ class PartitionLeases:
         self._task: asyncio.Task[None] | None = None
         self._round = asyncio.Lock()
         self._last_error: str | None = None
+        self._first = True  # no round has counted the managers yet
+        self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -229,8 +259,25 @@ class PartitionLeases:
                 self._drop(lost)
         await conn.execute(MEMBER, self.member, self.ttl)
         live = int(await conn.fetchval(LIVE))
+        recent, coming = await conn.fetchrow(COMING, self.member, self.ttl)
         await conn.execute(FORGET_DEAD, self.ttl * 10)
-        share = fair_share(self._count, live)
+        first, self._first = self._first, False
+        key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
+        if await conn.fetchval(LEADER_LOCKED, key >> 32, key & 0xFFFFFFFF):
+            if not self._leader_seen:
+                log.warning(
+                    "partition leases: a manager with PM_COORDINATION=leader leads this database; "
+                    "taking no partitions until it stops (every manager must use the same coordination)"
+                )
+            self._leader_seen = True
+            return dict(self._held)
+        if self._leader_seen:
+            log.info("partition leases: no leader-mode manager any more; taking a share")
+        self._leader_seen = False
+        if first and recent:
+            log.info("partition leases: %d other manager(s) starting; taking a share next round", recent)
+            return {}
+        share = fair_share(self._count, live + coming)
         if len(self._held) > share:
             return {p: self._held[p] for p in sorted(self._held)[share:]}
         if len(self._held) < share:
@@ -239,8 +286,8 @@ class PartitionLeases:
             if gained:
                 self._held.update(gained)
                 log.info(
-                    "partition leases: took %s (%d held of %d, %d live)",
-                    _show(gained), len(self._held), self._count, live,
+                    "partition leases: took %s (%d held of %d, %d live, %d coming)",
+                    _show(gained), len(self._held), self._count, live, coming,
                 )  # fmt: skip
                 await self._report()
                 fresh = frozenset(p for p, (epoch, _) in gained.items() if epoch == 1)

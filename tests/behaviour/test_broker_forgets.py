@@ -157,6 +157,7 @@ async def test_redis_restarted_without_persistence_then_a_takeover_sends_at_most
         "PM_HEARTBEAT_INTERVAL": "1",
         "PM_LEADER_POLL_INTERVAL": "1",
         "PM_LEADER_TIMEOUT": "3",
+        "PM_COORDINATION": "leader",  # a leader and its standby
     }
     a = ManagerProcess(env, tmp_path / "a.log")
     b = ManagerProcess(env, tmp_path / "b.log")

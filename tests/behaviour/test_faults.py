@@ -59,6 +59,9 @@ def settings_for(url: str, redis_url: str, prefix: str, **overrides: Any) -> Set
         sync_interval=30,
         grace=30,
         heartbeat_interval=5,
+        # These faults are those of one leader and its standby; those of partitions are in
+        # test_partition_moves.py and test_partition_processes.py.
+        coordination="leader",
     )
     base.update(overrides)
     return Settings(**base)
@@ -223,6 +226,7 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
         "PM_HEARTBEAT_INTERVAL": "1",
         "PM_LEADER_POLL_INTERVAL": "1",
         "PM_LEADER_TIMEOUT": "3",  # the defaults, stated
+        "PM_COORDINATION": "leader",  # a leader and a standby (partitions: test_partition_processes)
     }
     a = ManagerProcess(env, tmp_path / "a.log")
     b = ManagerProcess(env, tmp_path / "b.log")

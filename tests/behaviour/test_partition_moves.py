@@ -319,6 +319,8 @@ async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition
             await eventually(lambda o=other, n=before[2]: o.signals_ignored > n, "the other heard it")
             assert syncs(holder) == before[0] + 1
             assert syncs(other) == before[1]  # not woken: it holds none of the row's partition
+            ignored = other.registry.get_sample_value("periodic_manager_change_signals_ignored_total")
+            assert ignored == other.signals_ignored > before[2]
     finally:
         await fleet.close()
         await admin.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from datetime import UTC, datetime, timedelta
@@ -51,6 +52,26 @@ async def holdings(url: str) -> dict[int, list[int]]:
     for r in rows:
         out.setdefault(r["pid"] if r["pid"] is not None else -1, []).append(r["partition"])
     return out
+
+
+def most_held(log: str) -> int:
+    """The most partitions a manager held at once, from its "took" lines (it registers the
+    schedules of those alone)."""
+    return max((int(n) for n in re.findall(r"\((\d+) held of", log)), default=0)
+
+
+def started_fairly(managers: list[ManagerProcess]) -> bool:
+    """Managers started together each took only their share: none that found another one
+    registered ever held (and registered the schedules of) more, nor had anything to hand over.
+    The one exception is inherent: a manager whose first round came before any other manager
+    registered was alone then, and took everything at once (as a lone manager must)."""
+    share = -(-N // len(managers))
+    alone = [m for m in managers if "(64 held of 64, 1 live, 0 coming)" in m.log()]
+    return len(alone) <= 1 and all(
+        most_held(m.log()) <= share and "handed over" not in m.log()
+        for m in managers
+        if m not in alone
+    )
 
 
 def shared_by(held: dict[int, list[int]], managers: list[ManagerProcess]) -> bool:
@@ -108,6 +129,7 @@ async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
         for p in (a, b, c):
             p.start()
         start_s = await shared([a, b, c], "three managers share every partition", 15)
+        assert started_fairly([a, b, c]), logs()
         await eventually(lambda: a.alive() and b.alive() and c.alive(), "all run", seconds=1)
         first = datetime.now(UTC)  # from here every slot must be sent once
         await asyncio.sleep(3)  # the processes send on the wall clock meanwhile
@@ -188,6 +210,7 @@ async def test_a_manager_frozen_past_its_lease_ttl_sends_nothing_for_what_it_los
         a.start()
         b.start()
         await shared([a, b], "two managers share every partition", 15)
+        assert started_fairly([a, b]), logs()
         first = datetime.now(UTC)
         await asyncio.sleep(2)
         assert slots_of(port, "enqueued") > 0 and slots_of(port, "duplicate") == 0, logs()
@@ -211,3 +234,28 @@ async def test_a_manager_frozen_past_its_lease_ttl_sends_nothing_for_what_it_los
     counts = await stream_keys(redis_client, redis_prefix)
     expected = [k for i in range(schedules) for k in expected_slots(f"z{i:03d}", "@every 1s", first, last)]
     assert_exactly_once(counts, expected)
+
+
+async def test_a_manager_alone_holds_every_partition_when_it_reports_started(
+    pg_url: str, redis_prefix: str, redis_url: str, tmp_path: Any
+) -> None:
+    """Alone (no other manager registered), a manager takes every partition at its first round,
+    before its "started with" line: it does not wait for peers that are not there."""
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"l{i:02d}", "@every 1s", {}) for i in range(50)])
+    env = {
+        "PM_DATABASE_URL": pg_url, "PM_TARGET": "redis", "PM_REDIS_URL": redis_url,
+        "PM_STREAM_PREFIX": redis_prefix, "PM_COORDINATION": "partitions",
+        "PM_LEASE_TTL": "30", "PM_SYNC_INTERVAL": "30",
+    }  # fmt: skip
+    a = ManagerProcess(env, tmp_path / "a.log")
+    try:
+        a.start()
+        await eventually(lambda: "started with" in a.log(), "a started", seconds=30, detail=a.log)
+        held = await holdings(pg_url)
+        assert sorted(held.get(a.pid, [])) == list(range(N)), a.log()
+        took = a.log().split("started with")[0]
+        assert "(64 held of 64, 1 live, 0 coming)" in took, a.log()
+        assert a.stop() == 0, a.log()
+    finally:
+        a.kill()

@@ -41,9 +41,11 @@ async def running(
     """The API with a manager in its process (outbox target; ``manager=False``: the API alone),
     from ``start`` on a VirtualClock; stopped (the manager too) on exit, like a process that
     ends."""
+    # One leader: this VirtualClock jumps minutes at once, past the trust of partition leases
+    # (their expiry is the database's real time); partitions run in test_partition_moves.py.
     settings = Settings(
         database_url=url, target="outbox", sync_interval=30, grace=30, heartbeat_interval=5,
-        **overrides,
+        **{"coordination": "leader", **overrides},
     )  # fmt: skip
     clock = VirtualClock(start)
     engine = create_engine(url)

@@ -19,8 +19,17 @@ from periodic_manager.contracts import PartitionLeadership
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.partitions import partition_count, partition_sql
+from periodic_manager.runtime.assemble import build_leadership
+from periodic_manager.runtime.leadership import (
+    LEADER_LOCK_NAME,
+    AlwaysLeader,
+    MysqlLeadership,
+    PostgresLeadership,
+    lock_key,
+)
 from periodic_manager.runtime.partitions import PartitionLeases, fair_share
 from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
+from periodic_manager.settings import Settings
 from tests.support.faults import dsn
 from tests.support.tcpproxy import TcpProxy
 
@@ -163,6 +172,61 @@ async def test_three_managers_share_fairly_and_each_partition_is_held_once(
     by_holder = await holders(admin)
     for m in managers:
         assert {p for p, h in by_holder.items() if h == m.member} == m.held
+
+
+async def register(admin: asyncpg.Connection, name: str, started_ago: float = 0.0) -> None:
+    """A manager row as a manager's start writes it (before its first lease round)."""
+    await admin.execute(
+        "INSERT INTO pm_managers (manager_id, hostname, pid, version, started_at, heartbeat_at)"
+        " VALUES ($1, 'h', 1, 'v', now() - make_interval(secs => $2), now())",
+        name, started_ago,
+    )  # fmt: skip
+
+
+async def test_managers_started_together_take_only_their_share_from_the_first_round(
+    make, admin: asyncpg.Connection
+) -> None:
+    """Three managers registered (as their start does) before any lease round: at their first
+    round they wait for one another, then the first one through a round takes a third, not
+    everything to hand over later; none ever holds more than its share."""
+    managers = [make(name)[0] for name in "abc"]
+    for m in managers:
+        await register(admin, m.member)
+    await register(admin, "d")  # registered too, but it never takes part
+    for m in managers:
+        await m.start(lambda _v: None)
+        assert not m.held  # others are starting: one round's wait
+    for m in managers:
+        await m.round()
+        assert len(m.held) == fair_share(N, 4)  # "d" is coming
+    await admin.execute("UPDATE pm_managers SET started_at = now() - interval '11 seconds' WHERE manager_id = 'd'")
+    await rounds(*managers, times=1)
+    assert sorted(len(m.held) for m in managers) == [20, 22, 22]
+    await rounds(*managers)
+    assert sorted(len(m.held) for m in managers) == [20, 22, 22]
+    assert all(m.handovers == 0 for m in managers)  # nothing taken had to be handed over
+    assert_disjoint(m.held for m in managers)
+
+
+async def test_a_manager_that_never_comes_holds_the_others_back_at_most_one_ttl(
+    make, admin: asyncpg.Connection
+) -> None:
+    """A manager row registered long ago (a dead one not yet reaped) is not waited for; one
+    registered now but never taking part is waited for until its registration is ``ttl`` old."""
+    await register(admin, "dead", started_ago=60)
+    a, _ = make("a", ttl=3.0)
+    await a.start(lambda _v: None)
+    assert a.held == frozenset(range(N))  # alone: everything at once
+    await a.stop()
+    await register(admin, "late")
+    b, _ = make("b", ttl=3.0)
+    await b.start(lambda _v: None)
+    assert not b.held  # another manager is starting: b waits one round
+    await b.round()
+    assert len(b.held) == 32  # "late" is coming
+    await admin.execute("UPDATE pm_managers SET started_at = now() - interval '4 seconds' WHERE manager_id = 'late'")
+    await b.round()
+    assert b.held == frozenset(range(N))
 
 
 async def test_a_joining_manager_takes_its_share_by_a_clean_hand_over(
@@ -326,3 +390,48 @@ async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer
     await in_flight
     assert a._last_error is None  # the late answer is no failure ...
     assert not a.held and not a._held  # ... and brings nothing back: the leases expire
+
+
+async def test_no_partition_is_taken_while_a_leader_mode_manager_leads(
+    make, admin: asyncpg.Connection
+) -> None:
+    """Every manager of a database must use one coordination; a leader-mode manager (an older
+    one during a rolling upgrade to the auto default) holding the leader lock makes a partitions
+    manager hand over what it holds and take nothing until the lock is free."""
+    a, rec = make("a")
+    await a.start(lambda _v: None)
+    assert a.held == frozenset(range(N))
+    key = lock_key(LEADER_LOCK_NAME)
+    assert await admin.fetchval("SELECT pg_try_advisory_lock($1::bigint)", key)  # as a leader does
+    try:
+        await a.round()
+        assert not a.held and rec.of("releasing") == set(range(N))
+        assert set((await holders(admin)).values()) == {None}
+        await a.round()
+        assert not a.held
+    finally:
+        await admin.execute("SELECT pg_advisory_unlock($1::bigint)", key)
+    await a.round()
+    assert a.held == frozenset(range(N))
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "mode", "kind"),
+    [
+        ("postgresql://u@h/db", {}, "partitions", PartitionLeases),
+        ("postgresql://u@h/db", {"coordination": "leader"}, "leader", PostgresLeadership),
+        ("postgresql://u@h/db", {"leader_election": True}, "leader", PostgresLeadership),
+        ("postgresql://u@h/db", {"leader_election": False}, "leader", AlwaysLeader),
+        ("mysql+asyncmy://u@h/db", {}, "leader", MysqlLeadership),
+        ("sqlite:///x.db", {}, "leader", AlwaysLeader),
+        ("sqlite:///x.db", {"coordination": "partitions"}, "partitions", AlwaysLeader),
+    ],
+)
+def test_the_default_coordination_is_partitions_on_postgresql_alone(
+    url: str, env: dict[str, object], mode: str, kind: type
+) -> None:
+    """``auto`` (the default): partitions on PostgreSQL unless the leader election was set,
+    leader elsewhere (MariaDB/MySQL: GET_LOCK; SQLite: one manager, always leader)."""
+    settings = Settings(database_url=url, **env)  # type: ignore[arg-type]
+    assert settings.coordination_mode == mode
+    assert isinstance(build_leadership(settings), kind)

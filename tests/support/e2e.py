@@ -84,9 +84,11 @@ async def e2e_rig(
 ) -> AsyncIterator[Rig]:
     """Yields one Rig: the API with its manager on ``db_url`` and ``target`` (outbox or redis),
     from ``start`` (use as ``async for rig in e2e_rig(...)`` in a fixture)."""
+    # One leader: this VirtualClock jumps minutes at once, past the trust of partition leases
+    # (their expiry is the database's real time); partitions run in test_partition_moves.py.
     settings = Settings(
         database_url=db_url, target=target, redis_url=redis_url, stream_prefix=redis_prefix,
-        sync_interval=30, grace=30, heartbeat_interval=5, **overrides,
+        sync_interval=30, grace=30, heartbeat_interval=5, **{"coordination": "leader", **overrides},
     )
     clock = VirtualClock(start)
     engine = create_engine(db_url)
