@@ -23,6 +23,7 @@ from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_QUEUE,
     canonical_json,
+    canonical_text,
     check_jitter_gap,
     checked_options,
     validate_name,
@@ -211,7 +212,7 @@ class PeriodicTaskConfig:
         if type(text) is not str:
             # A document already proven valid and within every limit (PendingJson): its
             # canonical form is made when first needed (staging, hashing), not on a cold start.
-            text = self._payload = canonical_json(json.loads(text.text))  # type: ignore[union-attr]
+            text = self._payload = canonical_text(text.text)  # type: ignore[union-attr]
         return text
 
     @property

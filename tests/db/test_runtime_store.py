@@ -203,7 +203,7 @@ async def test_apply_entries_adds_replaces_and_removes(harness: Harness) -> None
         "m2": {"1-aaa": e1},
     }
 
-    changed = replace(e1, content_hash="b" * 64, spec="0 * * * *", registered_at=at(60))
+    changed = e1._replace(content_hash="b" * 64, spec="0 * * * *", registered_at=at(60))
     await store.apply_entries("m1", [changed], ["2-bbb", "no-such-entry"])
     await store.apply_entries("m1", [], [])
     # m2's entry with the same id is another manager's: untouched.
