@@ -210,16 +210,16 @@ class DatabaseRuntimeStore:
         published its 100,000 entries."""
         await conn.execute(text(_ENTRY_STAGE))  # through SQLAlchemy: its transaction begins
         raw = await conn.get_raw_connection()
+        mine = (manager_id,)
         for i in range(0, len(upserts), _UPSERT_CHUNK):  # a republication of everything in slices
+            # A record is the row (its fields in _ENTRY_COPIED's order), after the manager id.
             records = [
-                (manager_id, r.entry_id, r.schedule_key, r.name, r.content_hash, r.status, r.spec,
-                 r.timezone, r.anchor, r.task_type, r.queue, r.last_error, r.registered_at,
-                 r.held_slot, r.previous_task_id[:128] if r.previous_task_id else None,
-                 r.previous_task_state, r.last_good_since)
+                mine + r if r.previous_task_id is None or 0 < len(r.previous_task_id) <= _TASK_ID
+                else mine + r._replace(previous_task_id=r.previous_task_id[:_TASK_ID] or None)
                 for r in upserts[i : i + _UPSERT_CHUNK]
             ]  # fmt: skip
             await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
-                _ENTRY_STAGED, records=records, columns=_ENTRY_COLUMNS
+                _ENTRY_STAGED, records=records, columns=_ENTRY_COPIED
             )
         await conn.execute(text(_ENTRY_MERGE))
 
@@ -418,6 +418,10 @@ def _status_values(status: ManagerStatus) -> dict[str, Any]:
 # The cold-start path of apply_entries on PostgreSQL: COPY into a table dropped at commit, then
 # one INSERT .. ON CONFLICT from it (COPY alone cannot replace a row already there).
 _ENTRY_COLUMNS = tuple(c.name for c in Entry.__table__.c)
+# The columns of a copied row: the manager id, then an EntryRecord's fields.
+_ENTRY_COPIED = ("manager_id", *("held_slot_at" if f == "held_slot" else f for f in EntryRecord._fields))
+assert sorted(_ENTRY_COPIED) == sorted(_ENTRY_COLUMNS), "pm_entries and EntryRecord disagree"
+_TASK_ID: int = Entry.__table__.c.previous_task_id.type.length  # type: ignore[attr-defined]  # cut to it
 _ENTRY_STAGED = "pm_entries_in"
 _ENTRY_STAGE = f"CREATE TEMP TABLE {_ENTRY_STAGED} (LIKE {Entry.__tablename__}) ON COMMIT DROP"
 _ENTRY_MERGE = (
@@ -443,7 +447,7 @@ def _entry_values(manager_id: str, rec: EntryRecord) -> dict[str, Any]:
         "last_error": rec.last_error,
         "registered_at": rec.registered_at,
         "held_slot_at": rec.held_slot,
-        "previous_task_id": rec.previous_task_id[:128] if rec.previous_task_id else None,
+        "previous_task_id": rec.previous_task_id[:_TASK_ID] if rec.previous_task_id else None,
         "previous_task_state": rec.previous_task_state,
         "last_good_since": rec.last_good_since,
     }

@@ -35,27 +35,18 @@ def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
     (options.overlap skip and hold), if any."""
     cfg = entry.config
     key, digest = cfg.key, content_hash(cfg)
-    if view is not None:
+    # Positional, in EntryRecord's field order: a cold start builds one per entry, and keywords
+    # would double the cost of the tuple.
+    if view is None:
         return EntryRecord(
-            entry_id=f"{key}-{digest[:12]}", schedule_key=key, name=cfg.name,
-            content_hash=digest, status="active", registered_at=entry.registered_at,
-            spec=cfg.spec, timezone=cfg.timezone, anchor=cfg.anchor, task_type=cfg.task_type,
-            queue=cfg.queue, held_slot=view.held_slot, previous_task_id=view.previous_task_id,
-            previous_task_state=view.previous_task_state,
+            f"{key}-{digest[:12]}", key, cfg.name, digest, "active", entry.registered_at,
+            cfg.spec, cfg.timezone, cfg.anchor, cfg.task_type, cfg.queue,
         )  # fmt: skip
     return EntryRecord(
-        entry_id=f"{key}-{digest[:12]}",
-        schedule_key=key,
-        name=cfg.name,
-        content_hash=digest,
-        status="active",
-        registered_at=entry.registered_at,
-        spec=cfg.spec,
-        timezone=cfg.timezone,
-        anchor=cfg.anchor,
-        task_type=cfg.task_type,
-        queue=cfg.queue,
-    )
+        f"{key}-{digest[:12]}", key, cfg.name, digest, "active", entry.registered_at,
+        cfg.spec, cfg.timezone, cfg.anchor, cfg.task_type, cfg.queue, None,
+        view.held_slot, view.previous_task_id, view.previous_task_state,
+    )  # fmt: skip
 
 
 class EntryPublisher:

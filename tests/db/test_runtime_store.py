@@ -203,7 +203,7 @@ async def test_apply_entries_adds_replaces_and_removes(harness: Harness) -> None
         "m2": {"1-aaa": e1},
     }
 
-    changed = replace(e1, content_hash="b" * 64, spec="0 * * * *", registered_at=at(60))
+    changed = e1._replace(content_hash="b" * 64, spec="0 * * * *", registered_at=at(60))
     await store.apply_entries("m1", [changed], ["2-bbb", "no-such-entry"])
     await store.apply_entries("m1", [], [])
     # m2's entry with the same id is another manager's: untouched.
@@ -403,6 +403,23 @@ async def test_list_entries_only_of_live_managers(db_store: DatabaseRuntimeStore
         managers = await store_reads.live_managers(conn, alive_after=at(50))
         assert [m.info.manager_id for m in managers] == ["empty", "new"]
         assert len(await store_reads.live_entries(conn, alive_after=at(0))) == 3
+
+
+async def test_every_field_of_an_entry_is_stored_in_its_column(db_store: DatabaseRuntimeStore) -> None:
+    # PostgreSQL copies a record as the row it is: each field must land in its own column (a
+    # field out of order lands in another column of the same type unnoticed by the driver).
+    await db_store.register_manager(info("m1"), status(100))
+    held = entry(
+        "1-a", "1", anchor=at(-7), registered_at=at(2), held_slot=at(3), last_error="late",
+        previous_task_id="t" * 200, previous_task_state="running", last_good_since=at(4),
+    )  # fmt: skip
+    blank = entry("2-b", "2", previous_task_id="", previous_task_state="finished")
+    await db_store.apply_entries("m1", [held, blank], [])
+    async with db_store.engine.connect() as conn:
+        got = {x.entry.entry_id: x.entry for x in await store_reads.live_entries(conn, EVER)}
+    # The task id is cut to the column's 128 characters, an empty one stored as none.
+    assert got["1-a"] == held._replace(previous_task_id="t" * 128)
+    assert got["2-b"] == blank._replace(previous_task_id=None)
 
 
 async def test_live_entries_carry_their_schedules_state(db_store: DatabaseRuntimeStore) -> None:

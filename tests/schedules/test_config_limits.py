@@ -4,15 +4,22 @@ the manager and the import share (``PeriodicTaskConfig.create``)."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.rules import MAX_DURATION_S, MAX_JSON_DEPTH
+from periodic_manager.schedules.definition import PendingJson, PeriodicTaskConfig, content_hash
+from periodic_manager.schedules.rules import (
+    MAX_DURATION_S,
+    MAX_JSON_DEPTH,
+    canonical_json,
+    canonical_text,
+)
 
 HUGE = 10**400
 DAY = 86_400
@@ -151,3 +158,45 @@ def test_canonical_texts_are_computed_once_and_kept_as_the_only_payload_form() -
 def test_a_null_extra_key_means_not_set_as_the_targets_read_it() -> None:
     extra = {"priority": None, "expires": None, "soft_time_limit": None, "routing_key": None}
     assert make(options={"extra": extra}).options["extra"] == extra
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"n": 1}',
+        ' {"b": 1, "a": [1.50, 1e3, -0, "\\u00e9\\n", null, true, {"z": {}, "y": []}]} \n',
+        '"x"',
+        "3",
+        "[]",
+        '{"long": 123456789012345678901234567890}',
+        '{"é": "ü", "a": "\\"\\\\"}',
+    ],
+)
+def test_canonical_text_of_a_json_text_is_its_canonical_json(text: str) -> None:
+    # The cold start's path (a payload text a database gave): the same text as parsing and
+    # encoding it canonically, blanks around the document included.
+    assert canonical_text(text) == canonical_json(json.loads(text))
+    config = PeriodicTaskConfig("x", "* * * * *", "t", payload_json=PendingJson(text))
+    assert config.payload_json == canonical_json(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["", "[1] x", '{"a": 1', "  ", '{"a": NaN}'])
+def test_canonical_text_refuses_what_json_refuses(text: str) -> None:
+    with pytest.raises(ValueError) as expected:
+        canonical_json(json.loads(text))
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        canonical_text(text)
+
+
+def test_content_hash_is_the_digest_stored_and_compared_elsewhere() -> None:
+    # Stored (pm_entries, last good versions) and recomputed by the API from rows: its text
+    # must not change with how it is computed. Digests of the previous implementation.
+    plain = PeriodicTaskConfig(
+        "x", "*/5 * * * *", "reports.build", payload={"b": [1, "é"], "a": None},
+        options={"queue": "q1"}, timezone="Europe/Berlin",
+    )  # fmt: skip
+    anchored = PeriodicTaskConfig(
+        "y", "@every 90m", "t", anchor=datetime(2030, 1, 2, 3, 4, 5, 6, tzinfo=timezone(timedelta(hours=2)))
+    )
+    assert content_hash(plain) == "37e32fda0801934f85084f3ffcd779ec03264eac26d01d62d819f1787600a3e6"
+    assert content_hash(anchored) == "2f4dc44a009a3bfe64788d89b439c11723cf5776f21ddf8143dffee0f2186632"
