@@ -80,6 +80,16 @@ class PartitionHolding:
             return True
         return bool(self.mine) and partition_of(ident, self.leases.count) in self.mine
 
+    async def taken(self, bound_s: float) -> None:
+        """Return once the takeovers under way have ended, or after ``bound_s`` on the clock
+        (a takeover that keeps failing retries on; the start does not wait for it)."""
+        timer = asyncio.ensure_future(self.scheduler.clock.sleep(bound_s))
+        try:
+            while self.taking and not timer.done():
+                await asyncio.wait({*self.taking, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+
     async def quiet(self) -> None:
         """Return once no takeover nor drop of partitions is under way (tests)."""
         while self.taking or self.drops:

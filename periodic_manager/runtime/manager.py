@@ -73,6 +73,8 @@ __all__ = ["PeriodicTaskManager", "SyncReport", "Timing", "new_manager_id"]
 
 # A dispatch silent for this long is stuck: every target call is bounded far below it.
 HUNG_AFTER_S = 120.0
+# A start waits this long at most for the rows of the partitions its first round took.
+FIRST_TAKEOVER_BOUND_S = 120.0
 
 
 def new_manager_id() -> str:
@@ -194,6 +196,10 @@ class PeriodicTaskManager:
         await self.syncer.sync()
         await self.leadership.start(self.leading.changed)
         self.tasks.watch(self.leadership.task)
+        if self.holding is not None:
+            # The partitions of the first round are read before "started with N entries", so a
+            # lone manager says it with every schedule registered, as a leader does.
+            await self.holding.taken(FIRST_TAKEOVER_BOUND_S)
         for signal in self.signals:
             await signal.start(self.signalled)
             self.tasks.watch(signal.task)

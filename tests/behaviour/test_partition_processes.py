@@ -240,7 +240,9 @@ async def test_a_manager_alone_holds_every_partition_when_it_reports_started(
     pg_url: str, redis_prefix: str, redis_url: str, tmp_path: Any
 ) -> None:
     """Alone (no other manager registered), a manager takes every partition at its first round,
-    before its "started with" line: it does not wait for peers that are not there."""
+    before its "started with" line: it does not wait for peers that are not there, and that line
+    counts every schedule (the rows of the partitions taken are read before it, as a leader's
+    first sync is: operators and benches time a start by it)."""
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"l{i:02d}", "@every 1s", {}) for i in range(50)])
     env = {
@@ -256,6 +258,7 @@ async def test_a_manager_alone_holds_every_partition_when_it_reports_started(
         assert sorted(held.get(a.pid, [])) == list(range(N)), a.log()
         took = a.log().split("started with")[0]
         assert "(64 held of 64, 1 live, 0 coming)" in took, a.log()
+        assert "started with 50 entries" in a.log(), a.log()
         assert a.stop() == 0, a.log()
     finally:
         a.kill()
