@@ -136,9 +136,7 @@ class EntryPublisher:
                         await sending
                     if self._between is not None:
                         await self._between()
-                    sending = asyncio.ensure_future(
-                        self.call(self.store.apply_entries(self.manager_id, part, []), "publishing entries")
-                    )
+                    sending = asyncio.ensure_future(self._write(part))
                     del part
                 if sending is not None:
                     await sending
@@ -155,6 +153,11 @@ class EntryPublisher:
                 )
         if len(live) >= SLICE:
             gcpolicy.release()
+
+    async def _write(self, part: list[EntryRecord]) -> None:
+        # The store's call is made here, in the task: a task cancelled before it ran (a stop
+        # right after start) leaves no call made and never awaited.
+        await self.call(self.store.apply_entries(self.manager_id, part, []), "publishing entries")
 
     async def call(self, op: Awaitable[object], what: str) -> None:
         """Await a store call; a failure is logged and marks everything for republishing."""
