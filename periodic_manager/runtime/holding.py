@@ -35,7 +35,7 @@ from periodic_manager import gcpolicy
 from periodic_manager.contracts import PartitionedProvider, PartitionLeadership
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.runtime.leading import SETTLED_RETRY_S, Leading, Spawn
-from periodic_manager.runtime.sync import Syncer
+from periodic_manager.runtime.sync import Syncer, settle_after
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.partition import partition_of
 
@@ -157,19 +157,28 @@ class PartitionHolding:
         def taken(ident: int | str) -> bool:
             return isinstance(ident, int) and partition_of(ident, count) in partitions & self.mine
 
+        registered = 0
+
         async def register() -> list[ScheduledEntry]:
+            nonlocal registered
             still = frozenset(partitions & self.mine)
             if not still:
                 return []
             snapshot = await self.provider.get_partitions(still)
-            return await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
+            entries = await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
+            registered = len(entries)
+            return entries
 
         while self.drops:  # a partition lost and taken back: its old entries go first
             await asyncio.gather(*self.drops, return_exceptions=True)
         while partitions & self.mine:
             try:
                 async with self.syncer.lock:
-                    if await self.leading.take_over_some(register, taken, look_back=look_back):
+                    # As a sync: a million rows read and registered with the collector paused.
+                    with gcpolicy.paused():
+                        done = await self.leading.take_over_some(register, taken, look_back=look_back)
+                    if done:
+                        settle_after(registered)
                         self._changed()
                         return
                 # Leading ended during the read: the partitions still held are taken again.

@@ -61,6 +61,15 @@ RETIRED_MEMORY = timedelta(days=1)
 FREEZE_AFTER = 10_000
 
 
+def settle_after(registered: int) -> None:
+    """After ``registered`` entries came in one go (a sync, a takeover of partitions), done with
+    the cyclic collector paused: from ``FREEZE_AFTER`` on, the survivors are frozen (see gcpolicy:
+    never walked again) and the garbage given back."""
+    if registered >= FREEZE_AFTER:
+        gcpolicy.freeze()
+        gcpolicy.release()
+
+
 @dataclass(slots=True)
 class SyncReport:
     """What one sync did (schedules by key)."""
@@ -359,9 +368,7 @@ class Syncer:
         async with self.lock:
             with self.metrics.time_sync(), gcpolicy.paused():
                 report = await self._sync(full=full)
-                if report.added + report.replaced >= FREEZE_AFTER:
-                    gcpolicy.freeze()  # see gcpolicy: the survivors are never walked again
-                    gcpolicy.release()
+                settle_after(report.added + report.replaced)
                 return report
 
     async def _sync(self, *, full: bool) -> SyncReport:
