@@ -310,7 +310,8 @@ def rest(repeat: int, db_prefix: str, seconds: float) -> None:
         quiet = "-" if r["quiet"] is None else f"{r['quiet']:.2f} s"
         print(
             f"| {REST_ROWS:,} | {cpu:.2f} CPU-s per minute ({cpu / 60 * 100:.2f} % of a core)"
-            f" | < 0.6 CPU-s per minute (1 % of a core) | {verdict(cpu < 0.6)} | {r['rss_rest']:.0f} MB"
+            f" | <= 0.02 CPU-s per minute, <= 55 MB | {verdict(cpu <= 0.02 and r['rss_rest'] <= 55)}"
+            f" | {r['rss_rest']:.0f} MB"
             f" | {r['start']:.2f} s | {quiet} |",
             flush=True,
         )
