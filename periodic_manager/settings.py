@@ -230,13 +230,16 @@ class Settings(BaseSettings):
     def coordination_mode(self) -> Literal["leader", "partitions"]:
         """The coordination in effect. ``auto``: partitions on PostgreSQL, unless
         ``leader_election`` is set (a deployment that chose its election keeps it); leader on
-        MariaDB/MySQL (no partitions there) and SQLite (one manager, always leader)."""
-        if self.coordination != "auto":
-            return self.coordination
+        MariaDB/MySQL (no partitions there). SQLite: leader whatever was named (one manager
+        holds every schedule there)."""
         from periodic_manager.db.engine import is_mysql, is_sqlite
 
         url = self.database_url
-        if self.leader_election is not None or is_mysql(url) or is_sqlite(url):
+        if is_sqlite(url):
+            return "leader"
+        if self.coordination != "auto":
+            return self.coordination
+        if self.leader_election is not None or is_mysql(url):
             return "leader"
         return "partitions"
 
@@ -324,6 +327,22 @@ class Settings(BaseSettings):
         if (why := completion.celery_failure(self.celery_backend() is not None)) is not None:
             no_failure["celery"] = why
         return TargetSet(names, missing, {n: w for n, w in no_failure.items() if n in names})
+
+    def url_setting(self, target: str) -> str:
+        """The setting that holds the URL ``target`` connects to (what an error about it names):
+        the target's own URL setting when set, else the one it falls back to, as
+        :meth:`dramatiq_broker` and :meth:`celery_broker` resolve them."""
+        own = {
+            "celery": ("PM_CELERY_BROKER_URL", self.celery_broker_url),
+            "arq": ("PM_ARQ_REDIS_URL", self.arq_redis_url),
+            "rq": ("PM_RQ_REDIS_URL", self.rq_redis_url),
+            "dramatiq": ("PM_DRAMATIQ_URL", self.dramatiq_url),
+        }.get(target)
+        if own is not None and own[1] is not None:
+            return own[0]
+        if target == "celery" and self.celery_app is not None:
+            return "PM_CELERY_APP"
+        return "PM_DATABASE_URL" if target in ("outbox", "procrastinate") else "PM_REDIS_URL"
 
     def dramatiq_broker(self) -> str:
         """The broker the dramatiq target sends to: ``dramatiq_url``, else ``redis_url``."""

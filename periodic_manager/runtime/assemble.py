@@ -15,6 +15,7 @@ from periodic_manager.db.judge import target_check
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.schedule_writer import ManagerPauser
 from periodic_manager.db.store import DatabaseRuntimeStore
+from periodic_manager.errors import ConfigError
 from periodic_manager.runtime.leadership import AlwaysLeader, MysqlLeadership, PostgresLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager, new_manager_id
 from periodic_manager.runtime.notify import PostgresChangeListener
@@ -33,27 +34,13 @@ def build_target(settings: Settings, engine: AsyncEngine) -> Target:
     for name in names:
         try:
             built[name] = _build_one(name, settings, engine)
-        except ValueError as exc:
-            message = str(exc)
-            if "PM_" not in message:  # say which setting holds the value refused
-                message = f"{_url_setting(name, settings)}: {message}"
-            raise ValueError(message) from None
+        except ConfigError:
+            raise
+        except ValueError as exc:  # say which setting holds the value refused
+            raise ConfigError(settings.url_setting(name), str(exc)) from None
     if len(built) == 1:
         return built[settings.target]
     return RoutingTarget(built, default=settings.target)
-
-
-def _url_setting(name: str, settings: Settings) -> str:
-    """The setting whose URL the ``name`` target was built from (what an error names)."""
-    chosen = {
-        "celery": "PM_CELERY_BROKER_URL" if settings.celery_broker_url else None,
-        "arq": "PM_ARQ_REDIS_URL" if settings.arq_redis_url else None,
-        "rq": "PM_RQ_REDIS_URL" if settings.rq_redis_url else None,
-        "dramatiq": "PM_DRAMATIQ_URL" if settings.dramatiq_url else None,
-    }.get(name)
-    if name == "celery" and chosen is None and settings.celery_app:
-        return "PM_CELERY_APP"
-    return chosen or ("PM_DATABASE_URL" if name in ("outbox", "procrastinate") else "PM_REDIS_URL")
 
 
 def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
@@ -181,7 +168,7 @@ def build_leadership(
     advisory-lock leader election on PostgreSQL, and named-lock (``GET_LOCK``) election on
     MariaDB/MySQL (unless disabled); always leader otherwise (and on SQLite, where one manager
     holds every schedule)."""
-    if settings.coordination_mode == "partitions" and not is_sqlite(settings.database_url):
+    if settings.coordination_mode == "partitions":
         return PartitionLeases(
             normalize_url(settings.database_url), manager_id or new_manager_id(), clock=clock,
             ttl=settings.lease_ttl,

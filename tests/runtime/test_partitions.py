@@ -424,14 +424,15 @@ async def test_no_partition_is_taken_while_a_leader_mode_manager_leads(
         ("postgresql://u@h/db", {"leader_election": False}, "leader", AlwaysLeader),
         ("mysql+asyncmy://u@h/db", {}, "leader", MysqlLeadership),
         ("sqlite:///x.db", {}, "leader", AlwaysLeader),
-        ("sqlite:///x.db", {"coordination": "partitions"}, "partitions", AlwaysLeader),
+        ("sqlite:///x.db", {"coordination": "partitions"}, "leader", AlwaysLeader),
     ],
 )
 def test_the_default_coordination_is_partitions_on_postgresql_alone(
     url: str, env: dict[str, object], mode: str, kind: type
 ) -> None:
     """``auto`` (the default): partitions on PostgreSQL unless the leader election was set,
-    leader elsewhere (MariaDB/MySQL: GET_LOCK; SQLite: one manager, always leader)."""
+    leader elsewhere (MariaDB/MySQL: GET_LOCK; SQLite, whatever was named: one manager, always
+    leader)."""
     settings = Settings(database_url=url, **env)  # type: ignore[arg-type]
     assert settings.coordination_mode == mode
     assert isinstance(build_leadership(settings), kind)

@@ -258,3 +258,23 @@ async def test_a_task_failed_alone_is_counted_and_reported_on_its_entry() -> Non
     state = manager.store.state  # type: ignore[attr-defined]
     assert state[entries["fine"].key].counts == {"enqueued": 1}
     assert state[entries["down"].key].counts == {"failed": 1}
+
+
+@pytest.mark.parametrize(
+    ("target", "urls", "setting"),
+    [
+        ("redis", {"redis_url": "oracle://h/0"}, "PM_REDIS_URL"),
+        ("rq", {"rq_redis_url": "oracle://h/0"}, "PM_RQ_REDIS_URL"),
+        ("rq", {"redis_url": "oracle://h/0"}, "PM_REDIS_URL"),  # rq falls back to redis_url
+        ("arq", {"arq_redis_url": "oracle://h/0"}, "PM_ARQ_REDIS_URL"),
+        ("arq", {"redis_url": "oracle://h/0"}, "PM_REDIS_URL"),
+    ],
+)
+def test_a_url_refused_when_the_target_is_built_names_the_setting_it_came_from(
+    target: str, urls: dict[str, str], setting: str, sqlite_url: str
+) -> None:
+    settings = Settings(database_url=sqlite_url, target=target, **urls)  # type: ignore[arg-type]
+    assert settings.url_setting(target) == setting
+    with pytest.raises(ConfigError) as caught:
+        build_target(settings, engine=None)  # type: ignore[arg-type]
+    assert caught.value.field == setting and str(caught.value).startswith(f"{setting}: "), caught.value
