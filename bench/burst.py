@@ -1,6 +1,6 @@
 """Burst latency measured by Redis itself, next to the Redis-only floor of the same run.
 
-    .venv/bin/python bench/burst.py [--sizes 10000,100000] [--slots 3]
+    .venv/bin/python bench/burst.py [--sizes 10000,100000] [--slots 3] [--coordination both]
 
 For each N: N rows of ``periodic_jobs`` (PostgreSQL) due at the same instant every 10 s (30 s
 above 20,000), a real
@@ -11,6 +11,10 @@ clock (the same machine's), when the first and the last task landed, minus the s
 The floor: the same N tasks, prepared exactly as the manager prepares them (one script argument
 per 1,000 tasks, 4 pipelines), sent to Redis by a bare loop at a known instant: the time Redis
 alone needs to claim and add them. Medians over the slots; the floor is measured between slots.
+
+``--coordination``: the manager alone without leases (``none``), alone holding every partition
+by lease as the default coordination on PostgreSQL has it (``partitions``), or ``both``, one after
+the other in the same run (default): a lone manager's burst must not depend on it.
 """
 
 from __future__ import annotations
@@ -77,14 +81,14 @@ async def floor(n: int, prefix: str) -> float:
         await client.aclose()
 
 
-async def one_size(n: int, slots: int) -> dict[str, Any]:
+async def one_size(n: int, slots: int, partitions: bool) -> dict[str, Any]:
     period = period_of(n)
     async with Bench() as b:
         await b.insert(n, f"@every {period}s")
         target = RedisStreamsTarget.from_url(REDIS, prefix=b.prefix)
         client = aioredis.from_url(REDIS)
         stream = target.stream_key("default")
-        mgr = b.manager(target, grace=60)
+        mgr = b.manager(target, grace=60, partitions=partitions)
         firsts, lasts, rates, floors = [], [], [], []
         await mgr.start()
         try:
@@ -119,12 +123,16 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-async def main(sizes: list[int], slots: int) -> None:
+async def main(sizes: list[int], slots: int, coordination: str) -> None:
     print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n")
-    print("| N | first task after slot | last task after slot | tasks/s | Redis-only floor | last / floor | goal | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
-    for n in sizes:
-        r = await one_size(n, slots)
+    print(
+        "| N | coordination | first task after slot | last task after slot | tasks/s | Redis-only floor"
+        " | last / floor | goal | verdict |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    modes = ["none", "partitions"] if coordination == "both" else [coordination]
+    for n, mode in [(n, mode) for n in sizes for mode in modes]:
+        r = await one_size(n, slots, partitions=mode == "partitions")
         ratio = r["last"] / r["floor"] if r["floor"] > 0 else float("inf")
         if n <= 10_000:
             goal = "first <= 20 ms, last <= 150 ms and <= 2x floor"
@@ -134,7 +142,7 @@ async def main(sizes: list[int], slots: int) -> None:
             ok = r["rate"] >= 75_000
         lasts = ", ".join(f"{x * 1000:.0f}" for x in r["lasts"])
         print(
-            f"| {n:,} | {r['first'] * 1000:.0f} ms | {r['last'] * 1000:.0f} ms ({lasts}) | {r['rate']:,.0f} | "
+            f"| {n:,} | {mode} | {r['first'] * 1000:.0f} ms | {r['last'] * 1000:.0f} ms ({lasts}) | {r['rate']:,.0f} | "
             f"{r['floor'] * 1000:.0f} ms | {ratio:.2f} | {goal} | {verdict(ok)} |",
             flush=True,
         )
@@ -144,5 +152,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--slots", type=int, default=3)
+    parser.add_argument("--coordination", choices=["none", "partitions", "both"], default="both")
     args = parser.parse_args()
-    asyncio.run(main([int(x) for x in args.sizes.split(",")], args.slots))
+    asyncio.run(main([int(x) for x in args.sizes.split(",")], args.slots, args.coordination))

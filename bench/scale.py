@@ -39,8 +39,9 @@ from periodic_manager.db.migrate import upgrade  # noqa: E402
 from periodic_manager.db.provider import DatabaseProvider  # noqa: E402
 from periodic_manager.db.store import DatabaseRuntimeStore  # noqa: E402
 from periodic_manager.engine.dispatch import Hooks  # noqa: E402
-from periodic_manager.runtime.manager import PeriodicTaskManager  # noqa: E402
+from periodic_manager.runtime.manager import PeriodicTaskManager, new_manager_id  # noqa: E402
 from periodic_manager.runtime.notify import PostgresChangeListener  # noqa: E402
+from periodic_manager.runtime.partitions import PartitionLeases  # noqa: E402
 from periodic_manager.runtime.timing import Timing  # noqa: E402
 from periodic_manager.settings import Settings  # noqa: E402
 from periodic_manager.targets.outbox import OutboxTarget  # noqa: E402
@@ -106,9 +107,15 @@ class Bench:
             await conn.close()
 
     def manager(
-        self, target: Any, *, sync_interval: float = 3600, grace: float = 30, **kw: Any
+        self, target: Any, *, sync_interval: float = 3600, grace: float = 30,
+        partitions: bool = False, **kw: Any,
     ) -> PeriodicTaskManager:
+        """A manager on this database; with ``partitions``, it leases the partitions as the
+        default coordination on PostgreSQL does (alone, it takes all of them)."""
         gcpolicy.enable()  # as the periodic-manager commands do: the process holds the schedule
+        if partitions:
+            member = new_manager_id()
+            kw.update(manager_id=member, leadership=PartitionLeases(self.url, member, clock=SystemClock()))
         return PeriodicTaskManager(
             DatabaseProvider(self.engine), target, clock=SystemClock(),
             store=DatabaseRuntimeStore(self.engine),
