@@ -4,8 +4,8 @@ provider and store, Redis Streams target), as an operator starts it.
     .venv/bin/python bench/lean.py [coldstart|rest|sync|all] [--sizes 100000,1000000] [--repeat 3]
 
 Each case spawns the command with its own database (``<prefix>_<rows>``, made once per run and
-dropped at the end) and its own Redis key prefix (Redis: PM_BENCH_REDIS_URL), and times it beside
-floors measured in the same run:
+dropped at the end) and its own Redis key prefix (Redis: --redis-url, else PM_BENCH_REDIS_URL),
+and times it beside floors measured in the same run:
 
 - start: spawn until the log line ``started with N entries`` (the line operators and benches time
   starts by); ``empty``: the same command on a table of one row; floors: ``python -c pass`` and a
@@ -48,6 +48,7 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import scale  # noqa: E402
 from bench.scale import PG, REDIS, Bench, machine, timed, verdict  # noqa: E402
 from periodic_manager.targets.redis.streams import RedisStreamsTarget  # noqa: E402
 
@@ -360,7 +361,13 @@ def main() -> None:
     parser.add_argument("--rest-seconds", type=float, default=60.0)
     parser.add_argument("--command", default=None, help="the periodic-manager executable (default: this venv's)")
     parser.add_argument("--db-prefix", default="pm_lean", help="databases made (and dropped): <prefix>_<rows>")
+    parser.add_argument(
+        "--redis-url", default=None, help="Redis of the target (default: PM_BENCH_REDIS_URL, else DB 0)"
+    )
     args = parser.parse_args()
+    if args.redis_url:
+        global REDIS
+        REDIS = scale.REDIS = args.redis_url
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.command:
         COMMAND[0] = args.command
