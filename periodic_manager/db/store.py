@@ -212,12 +212,13 @@ class DatabaseRuntimeStore:
         raw = await conn.get_raw_connection()
         mine = (manager_id,)
         for i in range(0, len(upserts), _UPSERT_CHUNK):  # a republication of everything in slices
-            # A record is the row (its fields in _ENTRY_COPIED's order), after the manager id.
-            records = [
+            # A record is the row (its fields in _ENTRY_COPIED's order), after the manager id,
+            # made as COPY encodes it (a list of them would double the publisher's peak).
+            records = (
                 mine + r if r.previous_task_id is None or 0 < len(r.previous_task_id) <= _TASK_ID
                 else mine + r._replace(previous_task_id=r.previous_task_id[:_TASK_ID] or None)
                 for r in upserts[i : i + _UPSERT_CHUNK]
-            ]  # fmt: skip
+            )  # fmt: skip
             await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
                 _ENTRY_STAGED, records=records, columns=_ENTRY_COPIED
             )
