@@ -140,7 +140,8 @@ async def redis_floor(times: int = 200) -> float:
 
 async def clear_prefix(prefix: str) -> None:
     client = aioredis.from_url(REDIS)
-    keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+    # The target's keys carry the prefix in a hash tag: {prefix}:sentinel, {prefix:queue}:stream.
+    keys = [k async for k in client.scan_iter(match=f"*{prefix}*", count=1000)]
     for i in range(0, len(keys), 1000):
         await client.delete(*keys[i : i + 1000])
     await client.aclose()
