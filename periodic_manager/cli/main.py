@@ -255,8 +255,9 @@ async def _run_manager(settings: Settings) -> int:
     from periodic_manager.runtime.startup import StartupError, check_database, check_probe_dir
 
     check_probe_dir(settings)
-    # One engine: the schema check's connection is the first sync's.
-    engine = create_engine(settings.database_url)
+    # One engine: the schema check's connection is the first sync's. No pre-ping: at rest it
+    # was most of the heartbeat's round trips, and every loop of the manager retries anyway.
+    engine = create_engine(settings.database_url, ping=False)
     try:
         revision = await check_database(settings.database_url, engine=engine)
         gcpolicy.enable()  # this process exists to hold the schedule: collect around its work

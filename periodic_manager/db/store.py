@@ -104,6 +104,10 @@ class DatabaseRuntimeStore:
         self._next_prune_at: datetime | None = None
         dialect = backend(engine)
         self._copy = dialect == "postgresql" and engine.dialect.driver == "asyncpg"
+        # The heartbeat on PostgreSQL: its one statement needs no transaction around it.
+        self._beat_pg = (
+            engine.execution_options(isolation_level="AUTOCOMMIT") if dialect == "postgresql" else None
+        )
         if dialect not in ("postgresql", "sqlite", "mysql"):
             raise ValueError(f"unsupported database {dialect!r}: use postgresql, mysql/mariadb or sqlite")
 
@@ -132,7 +136,16 @@ class DatabaseRuntimeStore:
     ) -> None:
         """Update the manager's row (one UPDATE), and with ``reap_before`` remove the managers
         whose heartbeat is older (:meth:`reap`) in the same transaction: one checkout and one
-        commit per beat. NotFoundError if the row is gone (reaped)."""
+        commit per beat (on PostgreSQL one statement in autocommit: a single round trip, the
+        cost of a manager at rest). NotFoundError if the row is gone (reaped)."""
+        if self._beat_pg is not None:
+            values = {**_status_values(status), "manager_id": manager_id, "reap_before": reap_before}
+            async with self._beat_pg.connect() as conn:
+                beaten = (await conn.execute(_BEAT_PG, values)).scalar()
+            if not beaten:
+                raise NotFoundError(manager_id)
+            await self._maybe_prune(status.heartbeat_at, shared=status.shared_work)
+            return
         stmt = (
             update(Manager).where(Manager.manager_id == manager_id).values(_status_values(status))
         )
@@ -512,6 +525,19 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
     set_.append(("runs_count", t.runs_count + new.runs_count))
     set_.append(("last_slot_at", case((moves, new.last_slot_at), else_=t.last_slot_at)))
     return set_
+
+
+# A heartbeat on PostgreSQL in one statement: the manager's row updated and, with a
+# ``reap_before``, the managers whose heartbeat is older removed (never this one: both parts see
+# the same snapshot, in which its own row may still be old). The number of rows beaten (0: gone).
+_BEAT_PG = text(
+    f"WITH beat AS (UPDATE {Manager.__tablename__} SET heartbeat_at = :heartbeat_at,"
+    " is_leader = :is_leader, last_sync_at = :last_sync_at, last_sync_error = :last_sync_error,"
+    " entry_count = :entry_count WHERE manager_id = :manager_id RETURNING 1),"
+    f" reaped AS (DELETE FROM {Manager.__tablename__} WHERE heartbeat_at < :reap_before"
+    " AND manager_id <> :manager_id)"
+    " SELECT count(*) FROM beat"
+)
 
 
 def _reap(older_than: datetime) -> Any:
