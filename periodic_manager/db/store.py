@@ -20,8 +20,9 @@ History (``pm_runs``, :mod:`periodic_manager.db.history`): every batch of runs i
 there, in the same transaction as the state upsert. It is bounded two ways by :meth:`prune_runs`:
 rows older than ``runs_retention`` go, and each schedule written since the last prune keeps only
 its newest ``runs_per_schedule`` rows. The manager's heartbeat runs the prune, at most once per
-``prune_interval`` and off the enqueue path; a failing prune is logged and never fails the
-heartbeat. What every manager would delete alike (rows past ``runs_retention``, the change
+``prune_interval`` and off the enqueue path (once per ``idle_prune_interval`` while this manager
+records no runs: at rest, what is left to prune only ages out, over days); a failing prune is
+logged and never fails the heartbeat. What every manager would delete alike (rows past ``runs_retention``, the change
 history) is pruned only by the manager whose heartbeat says it does the shared work
 (``ManagerStatus.shared_work``: with ``PM_COORDINATION=partitions``, the holder of partition 0);
 each keeps trimming the schedules it wrote itself.
@@ -86,10 +87,13 @@ class DatabaseRuntimeStore:
         prune_interval: timedelta = timedelta(minutes=1),
         changes_retention: timedelta | None = timedelta(days=90),
         changes_per_schedule: int = 1000,
+        idle_prune_interval: timedelta = timedelta(minutes=10),
     ) -> None:
         """``runs_retention``: history rows older than this are pruned (None: no age limit);
         ``runs_per_schedule``: newest rows kept per schedule (0: no history is written);
-        ``changes_retention`` and ``changes_per_schedule``: the same for the change history."""
+        ``changes_retention`` and ``changes_per_schedule``: the same for the change history;
+        ``prune_interval``: the heartbeat prunes at most this often, and every
+        ``idle_prune_interval`` when this manager recorded no run since the last prune."""
         if runs_per_schedule < 0:
             raise ValueError("runs_per_schedule must be >= 0")
         if changes_per_schedule < 1:
@@ -98,10 +102,11 @@ class DatabaseRuntimeStore:
         self.runs_retention = runs_retention
         self.runs_per_schedule = runs_per_schedule
         self.prune_interval = prune_interval
+        self.idle_prune_interval = max(prune_interval, idle_prune_interval)
         self.changes_retention = changes_retention
         self.changes_per_schedule = changes_per_schedule
         self._touched: set[str] = set()  # schedule keys with history written since the last prune
-        self._next_prune_at: datetime | None = None
+        self._last_prune_at: datetime | None = None
         dialect = backend(engine)
         self._copy = dialect == "postgresql" and engine.dialect.driver == "asyncpg"
         # The heartbeat on PostgreSQL: its one statement needs no transaction around it.
@@ -159,12 +164,13 @@ class DatabaseRuntimeStore:
 
     async def _maybe_prune(self, now: datetime, *, shared: bool) -> None:
         # The first heartbeat only sets the timer: a prune never delays a manager's start.
-        if self._next_prune_at is None:
-            self._next_prune_at = now + self.prune_interval
+        if self._last_prune_at is None:
+            self._last_prune_at = now
             return
-        if now < self._next_prune_at:
+        every = self.prune_interval if self._touched else self.idle_prune_interval
+        if now < self._last_prune_at + every:
             return
-        self._next_prune_at = now + self.prune_interval
+        self._last_prune_at = now
         try:
             removed = await self.prune_runs(now, shared=shared)
         except Exception as exc:  # history is housekeeping: never fail the heartbeat for it
