@@ -313,7 +313,7 @@ def _start_metrics(settings: Settings, manager: Any) -> Any:
 
 async def _supervise(manager: Any, probe: Any) -> int:
     """Start ``manager``, keep its probe file fresh, stop on SIGINT/SIGTERM or when a loop died."""
-    from periodic_manager.clock import sleep_unless
+    from periodic_manager.clock import next_tick, sleep_unless
     from periodic_manager.runtime.startup import StartupError
 
     stop = asyncio.Event()
@@ -336,7 +336,9 @@ async def _supervise(manager: Any, probe: Any) -> int:
         while not stop.is_set() and (reason := manager.health()) is None:
             # A loop that dies wakes this at once; what only time shows (a dispatch hung for
             # minutes, a takeover stalled for a minute) is looked at every HEALTH_EVERY_S.
-            await sleep_unless(manager.clock, stop, manager.tasks.died, seconds=HEALTH_EVERY_S)
+            await sleep_unless(
+                manager.clock, stop, manager.tasks.died, until=next_tick(manager.clock.now(), HEALTH_EVERY_S)
+            )
     finally:
         if probe_task is not None:
             probe_task.cancel()

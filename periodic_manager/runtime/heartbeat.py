@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from periodic_manager import __version__
-from periodic_manager.clock import sleep_unless
+from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import (
     Clock,
     EntryRecord,
@@ -77,7 +77,7 @@ class Heartbeat:
 
     async def run(self) -> None:
         while True:
-            await sleep_unless(self.clock, self.now, seconds=self.interval)
+            await sleep_unless(self.clock, self.now, until=next_tick(self.clock.now(), self.interval))
             self.now.clear()
             async with self.lock:
                 await self.beat()
@@ -106,7 +106,7 @@ class Heartbeat:
         restarted without persistence): its claims of recent slots are gone (see
         ``targets.redis.sentinel``)."""
         while True:
-            await self.clock.sleep(self.interval)
+            await self.clock.sleep_until(next_tick(self.clock.now(), self.interval))
             try:
                 lost = await target.forgotten()
             except Exception as exc:
