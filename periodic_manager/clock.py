@@ -51,8 +51,12 @@ class SystemClock:
 
     async def sleep_until(self, instant: datetime) -> None:
         loop = asyncio.get_running_loop()
+        when = _deadline(loop, instant)
+        if when is None:
+            await asyncio.sleep(0)
+            return
         fut: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_at(_deadline(loop, instant), _wake, fut)
+        timer = loop.call_at(when, _wake, fut)
         try:
             await fut
         finally:
@@ -61,21 +65,27 @@ class SystemClock:
     async def wait_until(self, event: asyncio.Event, instant: datetime) -> bool:
         """Wait for ``event`` until ``instant`` at most; True when it was set. No task of its
         own (:func:`sleep_unless` waits so for one event: the loops of a manager at rest)."""
+        when = _deadline(asyncio.get_running_loop(), instant)
+        if when is None:
+            await asyncio.sleep(0)
+            return event.is_set()
         try:
-            async with asyncio.timeout_at(_deadline(asyncio.get_running_loop(), instant)):
+            async with asyncio.timeout_at(when):
                 await event.wait()
         except TimeoutError:
             return event.is_set()
         return True
 
 
-def _deadline(loop: asyncio.AbstractEventLoop, instant: datetime) -> float:
-    """``instant`` in the loop's time. now() is read here, in the step that arms the timer; the
-    deadline is rounded up to the millisecond, so sleepers until one instant share one deadline
-    and wake in one pass of the loop (asyncio.sleep would arm each a few microseconds apart,
-    then wake the process once for each)."""
+def _deadline(loop: asyncio.AbstractEventLoop, instant: datetime) -> float | None:
+    """``instant`` in the loop's time (None: it has come). now() is read here, in the step that
+    arms the timer; the deadline is rounded up to the millisecond, so sleepers until one instant
+    share one deadline and wake in one pass of the loop (asyncio.sleep would arm each a few
+    microseconds apart, then wake the process once for each)."""
     left = (instant - datetime.now(UTC)).total_seconds()
-    return math.ceil((loop.time() + max(0.0, left)) * 1000) / 1000
+    if left <= 0:
+        return None
+    return math.ceil((loop.time() + left) * 1000) / 1000
 
 
 def _as_utc(instant: datetime) -> datetime:

@@ -60,6 +60,9 @@ async def test_the_wall_clock_arms_one_deadline_for_sleepers_until_one_instant(
     await asyncio.gather(clock.sleep_until(instant), sleeper(), sleeper())
     assert len(whens) == 3 and len(set(whens)) == 1
     assert clock.now() >= instant
+    whens.clear()
+    await clock.sleep_until(clock.now())  # an instant that has come: a yield, no timer
+    assert whens == []
 
 
 async def test_waiting_for_one_event_on_the_wall_clock_makes_no_task() -> None:
