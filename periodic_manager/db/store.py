@@ -22,10 +22,10 @@ rows older than ``runs_retention`` go, and each schedule written since the last 
 its newest ``runs_per_schedule`` rows. The manager's heartbeat runs the prune, at most once per
 ``prune_interval`` and off the enqueue path (once per ``idle_prune_interval`` while this manager
 records no runs: at rest, what is left to prune only ages out, over days); a failing prune is
-logged and never fails the heartbeat. What every manager would delete alike (rows past ``runs_retention``, the change
-history) is pruned only by the manager whose heartbeat says it does the shared work
-(``ManagerStatus.shared_work``: with ``PM_COORDINATION=partitions``, the holder of partition 0);
-each keeps trimming the schedules it wrote itself.
+logged and never fails the heartbeat. What every manager would delete alike (rows past
+``runs_retention``, the change history) is pruned only by the manager whose heartbeat says it
+does the shared work (``ManagerStatus.shared_work``: with ``PM_COORDINATION=partitions``, the
+holder of partition 0); each keeps trimming the schedules it wrote itself.
 
 The change history (``pm_schedule_changes``, :mod:`periodic_manager.db.change_history`, written
 by triggers) is bounded by the same prune: entries older than ``changes_retention`` go, and each
