@@ -199,3 +199,49 @@ async def test_the_failure_watch_walks_the_entries_again_only_after_they_changed
     scheduler.unregister(5000)
     await watch.round()
     assert store.asked == ["5000"] * 3  # gone from the watch at once
+
+
+class Broker:
+    """A Forgetful target: notes when it is asked; down at first, then its data lost once."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.asked: list[datetime] = []
+
+    async def forgotten(self) -> list[str]:
+        self.asked.append(self.clock.now())
+        if len(self.asked) == 1:
+            from periodic_manager.errors import TargetError
+
+            raise TargetError("down")
+        return ["redis"] if len(self.asked) == 3 else []
+
+
+async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ticks() -> None:
+    """A manager stopped within its first interval writes nothing to the broker (as before the
+    ticks); a broker that cannot be asked is asked again at the next tick, not at once."""
+    from periodic_manager.runtime.heartbeat import Heartbeat
+
+    start = T0 + timedelta(seconds=1.3)
+    clock = VirtualClock(start)
+    lost: list[str] = []
+
+    class Metrics:
+        def broker_data_lost(self, name: str) -> None:
+            lost.append(name)
+
+    beat = Heartbeat(
+        MemoryRuntimeStore(), "m", status=lambda: None, records=list, clock=clock, interval=5,  # type: ignore[arg-type, return-value]
+        metrics=Metrics(),  # type: ignore[arg-type]
+    )  # fmt: skip
+    broker = Broker(clock)
+    watching = asyncio.ensure_future(beat.watch(broker))
+    try:
+        await clock.advance(4.9)
+        assert broker.asked == []
+        await clock.advance(20)
+        assert broker.asked == [start + timedelta(seconds=5)] + [T0 + timedelta(seconds=s) for s in (10, 15, 20, 25)]
+        assert lost == ["redis"]
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
