@@ -4,7 +4,8 @@ Everything else takes ``now`` from an injected :class:`~periodic_manager.contrac
 :class:`SystemClock` is the real one; :class:`VirtualClock` is a deterministic clock for tests and
 demos whose ``sleep`` waits for virtual time, which a driver moves forward with
 :meth:`VirtualClock.advance_to`. :func:`sleep_unless` is the one way to wait on a clock for a
-while, or until something happens first.
+while, or until something happens first; :func:`next_tick` is when a periodic loop wakes next
+(periodic loops of one period wake together).
 """
 
 from __future__ import annotations
@@ -12,12 +13,31 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from periodic_manager.contracts import Clock
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def next_tick(now: datetime, every: float) -> datetime:
+    """The first instant after ``now`` that is a whole number of ``every`` seconds (to the
+    microsecond) since the Unix epoch. Loops that wait for ticks of one period (or of periods
+    that are multiples of each other) wake at the same instants: on :class:`SystemClock`, in
+    one wakeup of the process, which is most of what a manager at rest costs."""
+    step = max(1, round(every * 1_000_000))
+    return EPOCH + _US * ((now - EPOCH) // _US // step + 1) * step
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class SystemClock:
@@ -30,8 +50,42 @@ class SystemClock:
         await asyncio.sleep(max(0.0, seconds))
 
     async def sleep_until(self, instant: datetime) -> None:
-        # now() is read here, in the same step that arms the timer.
-        await asyncio.sleep(max(0.0, (instant - datetime.now(UTC)).total_seconds()))
+        loop = asyncio.get_running_loop()
+        when = _deadline(loop, instant)
+        if when is None:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_at(when, _wake, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
+    async def wait_until(self, event: asyncio.Event, instant: datetime) -> bool:
+        """Wait for ``event`` until ``instant`` at most; True when it was set. No task of its
+        own (:func:`sleep_unless` waits so for one event: the loops of a manager at rest)."""
+        when = _deadline(asyncio.get_running_loop(), instant)
+        if when is None:
+            await asyncio.sleep(0)
+            return event.is_set()
+        try:
+            async with asyncio.timeout_at(when):
+                await event.wait()
+        except TimeoutError:
+            return event.is_set()
+        return True
+
+
+def _deadline(loop: asyncio.AbstractEventLoop, instant: datetime) -> float | None:
+    """``instant`` in the loop's time (None: it has come). now() is read here, in the step that
+    arms the timer; the deadline is rounded up to the millisecond, so sleepers until one instant
+    share one deadline and wake in one pass of the loop (asyncio.sleep would arm each a few
+    microseconds apart, then wake the process once for each)."""
+    left = (instant - datetime.now(UTC)).total_seconds()
+    if left <= 0:
+        return None
+    return math.ceil((loop.time() + left) * 1000) / 1000
 
 
 def _as_utc(instant: datetime) -> datetime:
@@ -153,6 +207,10 @@ async def sleep_unless(
     the time left when its timer is armed, so work queued before it first runs cannot make it
     late. Whatever ends the wait, nothing of it is left running.
     """
+    if len(events) == 1 and isinstance(clock, SystemClock) and (until is not None or seconds is not None):
+        # The common case (a periodic loop and its wake-up event) without a task per waiter.
+        instant = until if until is not None else clock.now() + timedelta(seconds=seconds or 0.0)
+        return await clock.wait_until(events[0], instant)
     waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(e.wait()) for e in events]
     if until is not None:
         waiters.append(asyncio.ensure_future(clock.sleep_until(until)))

@@ -255,8 +255,9 @@ async def _run_manager(settings: Settings) -> int:
     from periodic_manager.runtime.startup import StartupError, check_database, check_probe_dir
 
     check_probe_dir(settings)
-    # One engine: the schema check's connection is the first sync's.
-    engine = create_engine(settings.database_url)
+    # One engine: the schema check's connection is the first sync's. No pre-ping: at rest it
+    # was most of the heartbeat's round trips, and every loop of the manager retries anyway.
+    engine = create_engine(settings.database_url, ping=False)
     try:
         revision = await check_database(settings.database_url, engine=engine)
         gcpolicy.enable()  # this process exists to hold the schedule: collect around its work
@@ -312,7 +313,7 @@ def _start_metrics(settings: Settings, manager: Any) -> Any:
 
 async def _supervise(manager: Any, probe: Any) -> int:
     """Start ``manager``, keep its probe file fresh, stop on SIGINT/SIGTERM or when a loop died."""
-    from periodic_manager.clock import sleep_unless
+    from periodic_manager.clock import next_tick, sleep_unless
     from periodic_manager.runtime.startup import StartupError
 
     stop = asyncio.Event()
@@ -335,7 +336,9 @@ async def _supervise(manager: Any, probe: Any) -> int:
         while not stop.is_set() and (reason := manager.health()) is None:
             # A loop that dies wakes this at once; what only time shows (a dispatch hung for
             # minutes, a takeover stalled for a minute) is looked at every HEALTH_EVERY_S.
-            await sleep_unless(manager.clock, stop, manager.tasks.died, seconds=HEALTH_EVERY_S)
+            await sleep_unless(
+                manager.clock, stop, manager.tasks.died, until=next_tick(manager.clock.now(), HEALTH_EVERY_S)
+            )
     finally:
         if probe_task is not None:
             probe_task.cancel()

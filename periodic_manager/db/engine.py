@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -63,11 +63,18 @@ def check_mysql_driver() -> None:
         raise ValueError(MYSQL_EXTRA)
 
 
-def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> AsyncEngine:
+def create_engine(
+    url: str, *, command_timeout: float = 10.0, ping: bool = True, **kwargs: Any
+) -> AsyncEngine:
     """An async engine with sane production defaults.
 
     SQLite: WAL and a busy timeout so the API and the manager can write from one process.
     PostgreSQL: a command timeout so a half-open connection cannot freeze the schedule.
+    ``ping`` False (PostgreSQL, the manager's own pool): no round trips before each checkout
+    (a pre-ping is three: BEGIN, SELECT 1, ROLLBACK, at every heartbeat); a pooled connection
+    the server closed (a restart, a terminated backend) is still replaced at checkout, seen
+    without a round trip, and any other failure is the caller's to retry, as every loop of the
+    manager does.
     """
     url = normalize_url(url)
     if is_sqlite(url):
@@ -100,8 +107,18 @@ def create_engine(url: str, *, command_timeout: float = 10.0, **kwargs: Any) -> 
         "command_timeout": command_timeout, "timeout": command_timeout, "async_creator_fn": pg_connect,
     }  # fmt: skip
     connect_args.update(kwargs.pop("connect_args", {}))
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_async_engine(url, connect_args=connect_args, **kwargs)
+    kwargs.setdefault("pool_pre_ping", ping)
+    engine = create_async_engine(url, connect_args=connect_args, **kwargs)
+    if not kwargs["pool_pre_ping"]:
+        event.listen(engine.sync_engine.pool, "checkout", _closed_is_stale)
+    return engine
+
+
+def _closed_is_stale(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """A pooled asyncpg connection that the server closed is replaced at checkout (the pool
+    retries with a new one), without a round trip."""
+    if dbapi_conn.driver_connection.is_closed():
+        raise DisconnectionError("the server closed this pooled connection")
 
 
 async def pg_connect(*args: Any, **kwargs: Any) -> Any:

@@ -20,11 +20,12 @@ History (``pm_runs``, :mod:`periodic_manager.db.history`): every batch of runs i
 there, in the same transaction as the state upsert. It is bounded two ways by :meth:`prune_runs`:
 rows older than ``runs_retention`` go, and each schedule written since the last prune keeps only
 its newest ``runs_per_schedule`` rows. The manager's heartbeat runs the prune, at most once per
-``prune_interval`` and off the enqueue path; a failing prune is logged and never fails the
-heartbeat. What every manager would delete alike (rows past ``runs_retention``, the change
-history) is pruned only by the manager whose heartbeat says it does the shared work
-(``ManagerStatus.shared_work``: with ``PM_COORDINATION=partitions``, the holder of partition 0);
-each keeps trimming the schedules it wrote itself.
+``prune_interval`` and off the enqueue path (once per ``idle_prune_interval`` while this manager
+records no runs: at rest, what is left to prune only ages out, over days); a failing prune is
+logged and never fails the heartbeat. What every manager would delete alike (rows past
+``runs_retention``, the change history) is pruned only by the manager whose heartbeat says it
+does the shared work (``ManagerStatus.shared_work``: with ``PM_COORDINATION=partitions``, the
+holder of partition 0); each keeps trimming the schedules it wrote itself.
 
 The change history (``pm_schedule_changes``, :mod:`periodic_manager.db.change_history`, written
 by triggers) is bounded by the same prune: entries older than ``changes_retention`` go, and each
@@ -86,10 +87,13 @@ class DatabaseRuntimeStore:
         prune_interval: timedelta = timedelta(minutes=1),
         changes_retention: timedelta | None = timedelta(days=90),
         changes_per_schedule: int = 1000,
+        idle_prune_interval: timedelta = timedelta(minutes=10),
     ) -> None:
         """``runs_retention``: history rows older than this are pruned (None: no age limit);
         ``runs_per_schedule``: newest rows kept per schedule (0: no history is written);
-        ``changes_retention`` and ``changes_per_schedule``: the same for the change history."""
+        ``changes_retention`` and ``changes_per_schedule``: the same for the change history;
+        ``prune_interval``: the heartbeat prunes at most this often, and every
+        ``idle_prune_interval`` when this manager recorded no run since the last prune."""
         if runs_per_schedule < 0:
             raise ValueError("runs_per_schedule must be >= 0")
         if changes_per_schedule < 1:
@@ -98,12 +102,17 @@ class DatabaseRuntimeStore:
         self.runs_retention = runs_retention
         self.runs_per_schedule = runs_per_schedule
         self.prune_interval = prune_interval
+        self.idle_prune_interval = max(prune_interval, idle_prune_interval)
         self.changes_retention = changes_retention
         self.changes_per_schedule = changes_per_schedule
         self._touched: set[str] = set()  # schedule keys with history written since the last prune
-        self._next_prune_at: datetime | None = None
+        self._last_prune_at: datetime | None = None
         dialect = backend(engine)
         self._copy = dialect == "postgresql" and engine.dialect.driver == "asyncpg"
+        # The heartbeat on PostgreSQL: one statement, sent by the driver of a pooled connection
+        # (no transaction around it, none of SQLAlchemy's work per statement: a third of the
+        # cost of a beat, every 5 s of a manager at rest).
+        self._beat_pg = self._copy
         if dialect not in ("postgresql", "sqlite", "mysql"):
             raise ValueError(f"unsupported database {dialect!r}: use postgresql, mysql/mariadb or sqlite")
 
@@ -132,7 +141,20 @@ class DatabaseRuntimeStore:
     ) -> None:
         """Update the manager's row (one UPDATE), and with ``reap_before`` remove the managers
         whose heartbeat is older (:meth:`reap`) in the same transaction: one checkout and one
-        commit per beat. NotFoundError if the row is gone (reaped)."""
+        commit per beat (on PostgreSQL one statement in autocommit: a single round trip, the
+        cost of a manager at rest). NotFoundError if the row is gone (reaped)."""
+        if self._beat_pg:
+            async with self.engine.connect() as conn:
+                driver = (await conn.get_raw_connection()).driver_connection
+                assert driver is not None
+                beaten = await driver.fetchval(
+                    _BEAT_PG, status.heartbeat_at, status.is_leader, status.last_sync_at,
+                    status.last_sync_error, status.entry_count, manager_id, reap_before,
+                )  # fmt: skip
+            if not beaten:
+                raise NotFoundError(manager_id)
+            await self._maybe_prune(status.heartbeat_at, shared=status.shared_work)
+            return
         stmt = (
             update(Manager).where(Manager.manager_id == manager_id).values(_status_values(status))
         )
@@ -146,12 +168,13 @@ class DatabaseRuntimeStore:
 
     async def _maybe_prune(self, now: datetime, *, shared: bool) -> None:
         # The first heartbeat only sets the timer: a prune never delays a manager's start.
-        if self._next_prune_at is None:
-            self._next_prune_at = now + self.prune_interval
+        if self._last_prune_at is None:
+            self._last_prune_at = now
             return
-        if now < self._next_prune_at:
+        every = self.prune_interval if self._touched else self.idle_prune_interval
+        if now < self._last_prune_at + every:
             return
-        self._next_prune_at = now + self.prune_interval
+        self._last_prune_at = now
         try:
             removed = await self.prune_runs(now, shared=shared)
         except Exception as exc:  # history is housekeeping: never fail the heartbeat for it
@@ -513,6 +536,17 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
     set_.append(("runs_count", t.runs_count + new.runs_count))
     set_.append(("last_slot_at", case((moves, new.last_slot_at), else_=t.last_slot_at)))
     return set_
+
+
+# A heartbeat on PostgreSQL in one statement: the manager's row updated and, with a
+# ``reap_before``, the managers whose heartbeat is older removed (never this one: both parts see
+# the same snapshot, in which its own row may still be old). The number of rows beaten (0: gone).
+_BEAT_PG = (
+    f"WITH beat AS (UPDATE {Manager.__tablename__} SET heartbeat_at = $1, is_leader = $2,"
+    " last_sync_at = $3, last_sync_error = $4, entry_count = $5 WHERE manager_id = $6 RETURNING 1),"
+    f" reaped AS (DELETE FROM {Manager.__tablename__} WHERE heartbeat_at < $7 AND manager_id <> $6)"
+    " SELECT count(*) FROM beat"
+)
 
 
 def _reap(older_than: datetime) -> Any:

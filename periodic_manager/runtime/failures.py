@@ -1,8 +1,9 @@
 """``options.pause_after_failures``: the loop that counts a schedule's failed tasks and pauses it.
 
 Every ``interval`` seconds, while this manager sends (it leads, or holds partitions), for the
-entries it holds whose options ask for it (at most :data:`SCHEDULES_PER_ROUND` a round, in turns
-so that every one comes round): read the stored count and the runs sent since the last one
+entries it holds whose options ask for it (found again only after the entries changed: at rest a
+round walks none of them; at most :data:`SCHEDULES_PER_ROUND` a round, in turns so that every
+one comes round): read the stored count and the runs sent since the last one
 counted (the run history's message ids, at most :data:`RUNS_PER_SCHEDULE`), ask the target for
 their outcomes (:class:`~periodic_manager.contracts.FailureSignal`), walk them
 (:func:`periodic_manager.schedules.failures.count`) and store where the walk ended. Once the count
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from periodic_manager.clock import next_tick
 from periodic_manager.contracts import Clock, FailureSignal, FailureStore, Pauser
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.scheduler import Scheduler
@@ -58,18 +60,18 @@ class FailureWatch:
         self.interval = interval
         self.paused = paused  # asks for a sync (the paused entry goes)
         self._next = 0  # where the next round starts among the schedules with the option
+        self._watched: list[ScheduledEntry] = []  # the entries with the option...
+        self._watched_at = -1  # ... as of this count of the scheduler's entry changes
 
     async def run(self) -> None:
         while True:
-            await self.clock.sleep(self.interval)
+            await self.clock.sleep_until(next_tick(self.clock.now(), self.interval))
             if self.scheduler.active:
                 await self.round()
 
     async def round(self) -> int:
         """Check one round of schedules; the number paused."""
-        watched: list[ScheduledEntry] = []
-        async for part in in_turns(self.scheduler.entries()):
-            watched += [e for e in part if failures.limit_of(e.options) is not None]
+        watched = await self._watched_entries()
         if not watched:
             return 0
         start = self._next % len(watched)
@@ -90,6 +92,17 @@ class FailureWatch:
         if paused:
             self.paused()
         return paused
+
+    async def _watched_entries(self) -> list[ScheduledEntry]:
+        """The entries whose options ask for a count, walked again only when an entry was
+        registered or removed since the last walk (an entry's options never change)."""
+        changes = self.scheduler.registered.changes  # read first: a change during the walk counts
+        if changes != self._watched_at:
+            watched: list[ScheduledEntry] = []
+            async for part in in_turns(self.scheduler.entries()):
+                watched += [e for e in part if failures.limit_of(e.options) is not None]
+            self._watched, self._watched_at = watched, changes
+        return self._watched
 
     async def check(self, entry: ScheduledEntry) -> bool:
         """Count the new outcomes of one schedule; True when it was paused."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from periodic_manager import __version__
-from periodic_manager.clock import sleep_unless
+from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import (
     Clock,
     EntryRecord,
@@ -77,7 +77,7 @@ class Heartbeat:
 
     async def run(self) -> None:
         while True:
-            await sleep_unless(self.clock, self.now, seconds=self.interval)
+            await sleep_unless(self.clock, self.now, until=next_tick(self.clock.now(), self.interval))
             self.now.clear()
             async with self.lock:
                 await self.beat()
@@ -105,13 +105,15 @@ class Heartbeat:
         heartbeat): say once, loudly, when a broker of ``target`` lost its data (a Redis
         restarted without persistence): its claims of recent slots are gone (see
         ``targets.redis.sentinel``)."""
+        # The first look a whole interval after the start, as ever (a manager stopped sooner
+        # writes nothing to the broker); then on the ticks of the heartbeat.
+        await self.clock.sleep(self.interval)
         while True:
-            await self.clock.sleep(self.interval)
             try:
                 lost = await target.forgotten()
             except Exception as exc:
                 reraise_if_cancelled(exc)
-                continue  # the broker is down: the sends and /readyz say so
+                lost = []  # the broker is down: the sends and /readyz say so
             for name in lost:
                 self.metrics.broker_data_lost(name)
                 log.error(
@@ -120,3 +122,4 @@ class Heartbeat:
                     "gone. A takeover still sends no slot the database records as settled; a slot "
                     "in flight may be sent twice.", name,
                 )  # fmt: skip
+            await self.clock.sleep_until(next_tick(self.clock.now(), self.interval))

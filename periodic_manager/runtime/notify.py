@@ -19,7 +19,7 @@ import contextlib
 import logging
 from typing import Any
 
-from periodic_manager.clock import SystemClock, sleep_unless
+from periodic_manager.clock import SystemClock, next_tick, sleep_unless
 from periodic_manager.contracts import Clock, SignalCallback
 from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
 
@@ -124,10 +124,11 @@ class PostgresChangeListener:
         """Return when the connection is lost (termination callback, or a failed health check:
         a half-open socket gives no termination event, so probe it now and then)."""
         while not self._lost.is_set():
-            if await sleep_unless(self.clock, self._lost, seconds=self.check_interval):
+            if await sleep_unless(self.clock, self._lost, until=next_tick(self.clock.now(), self.check_interval)):
                 break
             try:
-                await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self.timeout)
+                async with asyncio.timeout(self.timeout):  # no task of its own, as wait_for makes
+                    await self._conn.fetchval("SELECT 1")
             except Exception as exc:  # noqa: BLE001
                 reraise_if_cancelled(exc)
                 log.warning("LISTEN %s: connection lost: %s", self.channel, exc)

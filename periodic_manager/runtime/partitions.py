@@ -70,25 +70,35 @@ TAKE = """UPDATE pm_partitions SET holder = $1,
         ORDER BY partition LIMIT $3 FOR UPDATE SKIP LOCKED)
     AND (holder IS NULL OR expires_at < now())
     RETURNING partition, epoch"""
-MEMBER = """INSERT INTO pm_partition_members (member, expires_at)
-    VALUES ($1, now() + make_interval(secs => $2))
-    ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at"""
-LIVE = "SELECT count(*) FROM pm_partition_members WHERE expires_at > now()"
-# (recent, coming): the other managers registered less than $2 seconds ago, and those of them
-# that are not members yet (their first round is still to come). started_at is their own clock: a
-# skewed clock only makes these counts wrong for a while, never a lease (fair shares are an
-# economy of memory; the epochs are the safety).
-COMING = """SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM pm_partition_members p
-        WHERE p.member = m.manager_id AND p.expires_at > now()))
-    FROM pm_managers m WHERE m.manager_id <> $1
-    AND m.started_at > now() - make_interval(secs => $2)"""
-FORGET_DEAD = "DELETE FROM pm_partition_members WHERE expires_at < now() - make_interval(secs => $1)"
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
-# Whether a session holds the advisory lock of leader mode (a bigint key: its high and low halves).
-LEADER_LOCKED = """SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
-    AND objsubid = 1 AND classid::bigint = $1 AND objid::bigint = $2
-    AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"""
+# A round's renewal and counts in one statement (one round trip at rest). It renews ($1 member,
+# $2/$3 the held pairs, $4 the TTL), renews this member's row, forgets members dead for $5
+# seconds, and reads: the partitions renewed; the live members; (recent, coming): the other
+# managers registered less than the TTL ago, and those of them that are not members yet (their
+# first round is still to come); whether a session holds the advisory lock of leader mode ($6,
+# $7: its bigint key's high and low halves). Every part sees the snapshot the statement started
+# from: this member counts itself once among the live whether its row is there yet or not, and
+# is never among the dead forgotten. started_at is the other managers' own clock: a skewed clock
+# only makes these counts wrong for a while, never a lease (fair shares are an economy of
+# memory; the epochs are the safety).
+ROUND = f"""WITH renewed AS ({RENEW}),
+    joined AS (INSERT INTO pm_partition_members (member, expires_at)
+        VALUES ($1, now() + make_interval(secs => $4))
+        ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at),
+    forgot AS (DELETE FROM pm_partition_members
+        WHERE expires_at < now() - make_interval(secs => $5) AND member <> $1)
+    SELECT ARRAY(SELECT partition FROM renewed),
+    1 + (SELECT count(*) FROM pm_partition_members WHERE expires_at > now() AND member <> $1),
+    c.recent, c.coming,
+    EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+        AND objsubid = 1 AND classid::bigint = $6 AND objid::bigint = $7
+        AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+    FROM (SELECT count(*) AS recent, count(*) FILTER (WHERE NOT EXISTS (
+        SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id AND p.expires_at > now()))
+        AS coming
+        FROM pm_managers m WHERE m.manager_id <> $1
+        AND m.started_at > now() - make_interval(secs => $4)) c"""
 
 
 def fair_share(partitions: int, live: int) -> int:
@@ -244,10 +254,14 @@ class PartitionLeases:
         handed over, outside this round's budget)."""
         conn = await self._connect()
         trust = started + timedelta(seconds=self.ttl - self.margin)
-        if self._held:
-            asked = dict(self._held)
-            parts, epochs = self._pairs(asked)
-            renewed = {r[0] for r in await conn.fetch(RENEW, self.member, parts, epochs, self.ttl)}
+        asked = dict(self._held)
+        parts, epochs = self._pairs(asked)
+        key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
+        row = await conn.fetchrow(
+            ROUND, self.member, parts, epochs, self.ttl, self.ttl * 10, key >> 32, key & 0xFFFFFFFF
+        )
+        renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
+        if asked:
             # A partition whose trust ended while the renewal was in flight (the send path
             # dropped it, :meth:`expire`) stays dropped: its lease is left to expire.
             lost = frozenset(p for p in asked if p in self._held and p not in renewed)
@@ -257,13 +271,8 @@ class PartitionLeases:
             if lost:
                 log.warning("partition leases: lost %s (taken by another manager)", _show(lost))
                 self._drop(lost)
-        await conn.execute(MEMBER, self.member, self.ttl)
-        live = int(await conn.fetchval(LIVE))
-        recent, coming = await conn.fetchrow(COMING, self.member, self.ttl)
-        await conn.execute(FORGET_DEAD, self.ttl * 10)
         first, self._first = self._first, False
-        key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
-        if await conn.fetchval(LEADER_LOCKED, key >> 32, key & 0xFFFFFFFF):
+        if leader_locked:
             if not self._leader_seen:
                 log.warning(
                     "partition leases: a manager with PM_COORDINATION=leader leads this database; "

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from periodic_manager.clock import next_tick
 from periodic_manager.contracts import Clock, ManagerHandle, Pingable, Target
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class ProbeWriter:
                 if text != self._last_error:
                     log.error("cannot write the probe file %s: %s", self.path, text)
                 self._last_error = text
-            await self.clock.sleep(self.interval_s)
+            await self.clock.sleep_until(next_tick(self.clock.now(), self.interval_s))
 
     def remove(self) -> None:
         """Remove the file (a clean stop): a stopped process is not "alive but stale"."""

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager import gcpolicy
-from periodic_manager.clock import sleep_unless
+from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import (
     ChangeSet,
     Clock,
@@ -353,7 +353,7 @@ class Syncer:
 
     async def run(self) -> None:
         while True:
-            await sleep_unless(self.clock, self.requested, seconds=self.interval)
+            await sleep_unless(self.clock, self.requested, until=next_tick(self.clock.now(), self.interval))
             self.requested.clear()
             await self.sync()
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import ManagerInfo, ManagerStatus, RunRecord
@@ -138,6 +138,38 @@ async def test_heartbeat_prunes_at_most_once_per_interval(engine: AsyncEngine) -
     assert await count(engine) == 0
 
 
+async def test_a_manager_recording_no_runs_prunes_ten_times_less_often(engine: AsyncEngine) -> None:
+    """At rest (no run recorded since the last prune) only age is left to prune, over days: the
+    heartbeat prunes every ``idle_prune_interval`` (10 minutes), not every minute."""
+    store = DatabaseRuntimeStore(engine, runs_retention=timedelta(seconds=30))
+    assert store.prune_interval == timedelta(minutes=1)
+    assert store.idle_prune_interval == timedelta(minutes=10)
+    statements: list[str] = []
+
+    def count_deletes(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            statements.append(statement)
+
+    await store.register_manager(ManagerInfo("m1", "h", 1, "0", at(0)), ManagerStatus(at(0), True, None, None, 0))
+    await DatabaseRuntimeStore(engine).record_runs([run("1", -60)])  # another manager's, aged out
+    await store.heartbeat("m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
+    event.listen(engine.sync_engine, "before_cursor_execute", count_deletes)
+    try:
+        for s in range(10, 600, 5):  # nine minutes of beats at rest
+            await store.heartbeat("m1", ManagerStatus(at(s), True, None, None, 0))
+        assert statements == [] and await count(engine) == 1
+        await store.heartbeat("m1", ManagerStatus(at(605), True, None, None, 0))
+        assert statements and await count(engine) == 0
+        statements.clear()
+        await store.record_runs([run("2", 600)])  # recording again: once a minute
+        await store.heartbeat("m1", ManagerStatus(at(660), True, None, None, 0))
+        assert statements == []
+        await store.heartbeat("m1", ManagerStatus(at(665), True, None, None, 0))
+        assert statements
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count_deletes)
+
+
 async def test_heartbeat_prunes_the_change_history_too(engine: AsyncEngine) -> None:
     from periodic_manager.db.models import ScheduleChange
 
@@ -146,6 +178,7 @@ async def test_heartbeat_prunes_the_change_history_too(engine: AsyncEngine) -> N
         changes_retention=timedelta(seconds=30),
         changes_per_schedule=1,
         prune_interval=timedelta(seconds=60),
+        idle_prune_interval=timedelta(seconds=60),  # this manager records no runs
     )
     info = ManagerInfo("m1", "h", 1, "0", at(0))
     await store.register_manager(info, ManagerStatus(at(0), True, None, None, 0))
@@ -193,6 +226,7 @@ async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: Asyn
         return DatabaseRuntimeStore(
             engine, runs_retention=timedelta(seconds=30), runs_per_schedule=1,
             changes_retention=timedelta(seconds=30), prune_interval=timedelta(seconds=60),
+            idle_prune_interval=timedelta(seconds=60),  # the holder records no runs
         )  # fmt: skip
 
     other, holder = store(), store()

@@ -3,6 +3,7 @@ PostgreSQL and SQLite; then the database store's read helpers and its round trip
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +27,7 @@ from periodic_manager.db import schedule_writer, store_reads
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.store import DatabaseRuntimeStore
+from periodic_manager.errors import NotFoundError
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from tests.conftest import backend_url
 
@@ -364,6 +366,17 @@ async def test_reap_removes_dead_managers_and_their_entries(harness: Harness) ->
     assert await store.reap(older_than=at(60)) == 0
 
 
+async def test_a_late_heartbeat_reaps_the_others_never_itself(harness: Harness) -> None:
+    # Its own row is older than reap_before until the beat lands (PostgreSQL does both in one
+    # statement, on one snapshot): the beat must win.
+    store = harness.store
+    await store.register_manager(info("late"), status(0))
+    await store.register_manager(info("dead"), status(0))
+    await store.heartbeat("late", status(100), reap_before=at(50))
+    managers = await harness.managers()
+    assert set(managers) == {"late"} and managers["late"][1].heartbeat_at == at(100)
+
+
 async def test_unregister_removes_manager_and_entries(harness: Harness) -> None:
     store = harness.store
     await store.register_manager(info("m1"), status(0))
@@ -459,7 +472,12 @@ async def test_heartbeat_and_run_batches_are_one_statement(
     event.listen(db_store.engine.sync_engine, "before_cursor_execute", count)
     try:
         await db_store.heartbeat("m1", status(5))
-        assert len(statements) == 1 and statements[0].lstrip().upper().startswith("UPDATE")
+        # PostgreSQL: the update and the reap in one statement sent by the driver itself (see
+        # the round-trip test below).
+        if db_store.engine.dialect.name == "postgresql":
+            assert statements == []
+        else:
+            assert len(statements) == 1 and statements[0].lstrip().upper().startswith("UPDATE")
         statements.clear()
         await db_store.record_runs(
             [run(str(k), s * 60, "enqueued") for s in range(10) for k in range(50)]
@@ -477,6 +495,63 @@ async def test_heartbeat_and_run_batches_are_one_statement(
     assert s.counts == {"enqueued": 10} and s.last_slot_at == at(540)
     async with db_store.engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM pm_runs"))).scalar() == 500
+
+
+async def test_a_heartbeat_on_the_managers_engine_is_one_round_trip(pg_url: str) -> None:
+    """The manager's engine (no pre-ping) and the PostgreSQL heartbeat (one statement, no
+    transaction around it): a manager at rest beats every 5 s, so each round trip counts."""
+    await upgrade(pg_url)
+    engine = create_engine(pg_url, ping=False)
+    sent: list[str] = []  # what the driver sends: statements, BEGIN, COMMIT, pings
+
+    @event.listens_for(engine.sync_engine.pool, "connect")
+    def log_queries(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.driver_connection.add_query_logger(lambda q: sent.append(q.query))
+
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    store = DatabaseRuntimeStore(engine)
+    try:
+        await store.register_manager(info("m1"), status(0))
+        await store.register_manager(info("dead"), status(0))
+        event.listen(engine.sync_engine, "before_cursor_execute", count)
+        for beat in (5, 10):
+            sent.clear()
+            statements.clear()
+            await store.heartbeat("m1", status(beat), reap_before=at(beat - 3))
+            await asyncio.sleep(0)  # the driver calls its query loggers soon after each query
+            assert statements == [] and len(sent) == 1 and sent[0].startswith("WITH beat AS (UPDATE")
+        assert set(await Harness(store).managers()) == {"m1"}
+        with pytest.raises(NotFoundError):
+            await store.heartbeat("dead", status(15), reap_before=at(12))
+    finally:
+        await engine.dispose()
+
+
+async def test_a_pooled_connection_the_server_closed_is_replaced_without_a_ping(pg_url: str) -> None:
+    await upgrade(pg_url)
+    engine = create_engine(pg_url, ping=False, pool_size=1, max_overflow=0)
+    store = DatabaseRuntimeStore(engine)
+    try:
+        await store.register_manager(info("m1"), status(0))
+        closed = asyncio.get_running_loop().create_future()
+        async with engine.connect() as conn:
+            pooled = (await conn.get_raw_connection()).driver_connection
+            pooled.add_termination_listener(lambda _c: closed.done() or closed.set_result(None))
+            pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar()
+        killer = create_engine(pg_url)
+        async with killer.connect() as other:
+            await other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        await killer.dispose()
+        async with asyncio.timeout(10):  # a bound: the loop reads the server's goodbye
+            await closed
+        assert pooled.is_closed()
+        await store.heartbeat("m1", status(5))  # on a new connection, not the closed one
+    finally:
+        await engine.dispose()
 
 
 async def test_sqlite_engine_enforces_foreign_keys(sqlite_url: str) -> None:

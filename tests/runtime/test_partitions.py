@@ -436,3 +436,28 @@ def test_the_default_coordination_is_partitions_on_postgresql_alone(
     settings = Settings(database_url=url, **env)  # type: ignore[arg-type]
     assert settings.coordination_mode == mode
     assert isinstance(build_leadership(settings), kind)
+
+
+async def test_a_round_at_rest_is_one_round_trip(make, admin: asyncpg.Connection) -> None:
+    """A manager holding its share renews, counts and checks for a leader-mode manager in one
+    statement: it does so every ``ttl / 3`` for as long as it runs."""
+    a, _ = make("a")
+    await a.start(lambda _leading: None)
+    b, _ = make("b")
+    await b.round()  # b joins: it is counted (a hands over half) but takes nothing yet
+    await rounds(a, b)
+    assert len(a.held) == len(b.held) == N // 2
+    sent: list[str] = []
+    a._conn.add_query_logger(lambda q: sent.append(q.query))
+    await a.round()
+    await asyncio.sleep(0)  # the driver calls its query loggers soon after each query
+    assert len(sent) == 1 and len(a.held) == N // 2
+    # b dies (its membership and leases lapse): the statement counts it gone, a takes its share.
+    for table, column in (("pm_partition_members", "member"), ("pm_partitions", "holder")):
+        await admin.execute(
+            f"UPDATE {table} SET expires_at = now() - interval '1 s' WHERE {column} = 'b'"
+        )
+    sent.clear()
+    await a.round()
+    await asyncio.sleep(0)
+    assert len(sent) == 2 and len(a.held) == N  # the statement, then the take of b's share
