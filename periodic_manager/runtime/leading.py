@@ -130,10 +130,15 @@ class Leading:
             if read is None:
                 return False
             now, settled, _ = read
-            some = await register()
-            # options.max_runs: the runs left of what was just registered, from the store.
-            counted = await read_counted(self.store.get_state, await limited(some))
-            await self.scheduler.rebase_some(some, now - self.scheduler.grace, settled, counted)
+            after = now - self.scheduler.grace
+            # The entries new here are filed rebased as they are registered (one slot each).
+            with self.scheduler.resuming(after, settled, keep) as rebased:
+                some = await register()
+            rest = [e for e in some if e.ident not in rebased] if rebased else list(some)
+            if rest:
+                # options.max_runs: the runs left of what was just registered, from the store.
+                counted = await read_counted(self.store.get_state, await limited(rest))
+                await self.scheduler.rebase_some(rest, after, settled, counted)
         await catchup.catch_up(
             self.scheduler, self.store, now, takeover=look_back,
             still_leading=lambda: self.leadership.is_leader, entries=[e for e in some if not e.dead],
