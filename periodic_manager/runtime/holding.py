@@ -78,7 +78,10 @@ class PartitionHolding:
         """Whether this manager keeps the schedule ``ident`` (code-registered ones: always)."""
         if not isinstance(ident, int):
             return True
-        return bool(self.mine) and partition_of(ident, self.leases.count) in self.mine
+        count = self.leases.count
+        if len(self.mine) >= count:
+            return True  # every partition (a manager alone): asked once per row registered
+        return bool(self.mine) and partition_of(ident, count) in self.mine
 
     async def taken(self, bound_s: float) -> None:
         """Return once the takeovers under way have ended, or after ``bound_s`` on the clock
@@ -154,8 +157,11 @@ class PartitionHolding:
     async def _take_over(self, partitions: frozenset[int], look_back: bool) -> None:
         count = self.leases.count
 
-        def taken(ident: int | str) -> bool:
-            return isinstance(ident, int) and partition_of(ident, count) in partitions & self.mine
+        def taken(ident: int | str) -> bool:  # asked once per row registered: no set built
+            if not isinstance(ident, int):
+                return False
+            part = partition_of(ident, count)
+            return part in partitions and part in self.mine
 
         registered = 0
 
