@@ -78,10 +78,13 @@ class PartitionHolding:
         """Whether this manager keeps the schedule ``ident`` (code-registered ones: always)."""
         if not isinstance(ident, int):
             return True
+        mine = self.mine
+        if not mine:
+            return False  # none held (before the first round, the count is not even known)
         count = self.leases.count
-        if len(self.mine) >= count:
+        if len(mine) >= count:
             return True  # every partition (a manager alone): asked once per row registered
-        return bool(self.mine) and partition_of(ident, count) in self.mine
+        return partition_of(ident, count) in mine
 
     async def taken(self, bound_s: float) -> None:
         """Return once the takeovers under way have ended, or after ``bound_s`` on the clock

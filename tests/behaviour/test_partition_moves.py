@@ -289,8 +289,10 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
         engine = create_engine(pg_url)
         mgr = build_manager(settings, engine, clock=clock)
         try:
+            assert mgr.holding is not None and not mgr.holding.holds(1)  # no round yet: none
             await mgr.start()  # returns at "started with N entries"; nothing sent before
             assert len(mgr.scheduler) == count and mgr.partitions == frozenset(range(N)), run
+            assert mgr.holding.holds(1) and mgr.holding.holds(N + 1)
             rows = [r for r in reads if "FROM periodic_jobs" in r]
             assert len(rows) == 1 and "%" not in rows[0], (run, rows)
             assert slots == count and not any(rebased), (run, slots, rebased)
