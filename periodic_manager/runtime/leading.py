@@ -118,10 +118,11 @@ class Leading:
     ) -> bool:
         """A takeover of part of the schedules (partitions just taken): read what the store
         records as settled for the idents ``keep`` accepts, then ``register()`` their entries
-        (each starts strictly after its registration, so none sends before the look back is
-        set) and rebase and catch them up as a takeover does. Without ``look_back`` (schedules
-        no manager held before) they start as at a first start. False when leading ended before
-        the settled slots were read."""
+        rebased as a takeover rebases them: each one new here is filed at its resumed slot as
+        it is registered (:meth:`Scheduler.resuming`: one slot computed, none sent before the
+        look back is set), any other is rebased next; then catch them up. Without
+        ``look_back`` (schedules no manager held before) they start as at a first start. False
+        when leading ended before the settled slots were read."""
         if not look_back:
             now = self.clock.now()
             some = await register()
