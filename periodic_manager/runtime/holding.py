@@ -178,6 +178,12 @@ class PartitionHolding:
             registered = len(entries)
             return entries
 
+        def settle() -> None:
+            # Registered and rebased, the collector still paused: the survivors are frozen
+            # before it runs again (re-enabled first, its next pass walked a million young
+            # objects: ~1 s of a lone manager's 1M start, before "started").
+            settle_after(registered)
+
         while self.drops:  # a partition lost and taken back: its old entries go first
             await asyncio.gather(*self.drops, return_exceptions=True)
         while partitions & self.mine:
@@ -185,9 +191,10 @@ class PartitionHolding:
                 async with self.syncer.lock:
                     # As a sync: a million rows read and registered with the collector paused.
                     with gcpolicy.paused():
-                        done = await self.leading.take_over_some(register, taken, look_back=look_back)
+                        done = await self.leading.take_over_some(
+                            register, taken, look_back=look_back, registered=settle
+                        )
                     if done:
-                        settle_after(registered)
                         self._changed()
                         return
                 # Leading ended during the read: the partitions still held are taken again.
