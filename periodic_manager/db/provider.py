@@ -90,6 +90,10 @@ class DatabaseProvider:
             select(t.id, t.revision).where(dbrows.not_disabled(self._bytes)).order_by(t.id)
         )
         self._held: HeldPartitions | None = None  # set by restrict()
+        # Restricted: the unfiltered reads, used while every partition is held (see _every).
+        self._every_full = self._full
+        self._every_revisions = self._revisions
+        self._some = self._full  # the rows of the partitions taken (set by restrict())
 
     def restrict(self, held: HeldPartitions) -> None:
         """Read only the rows of the partitions ``held()`` names at each read (PostgreSQL; see
@@ -104,12 +108,27 @@ class DatabaseProvider:
         self._full = self._full.where(mine)
         self._changed = self._changed.where(mine)
         self._revisions = self._revisions.where(mine)
+        # Not ordered: the planner cannot tell how many rows ``id % n`` keeps and sorted a
+        # whole table before the first row came (a takeover's read then did not overlap its
+        # judging); the configs are sorted once read.
+        self._some = self._full.where(self._mine("taken_partitions")).order_by(None)
 
     @staticmethod
     def _mine(parts: str = "held_partitions") -> ColumnElement[bool]:
         t = PeriodicJob.__table__.c
         count = bindparam("partition_count", type_=Integer)
         return partition_sql(t.id, count) == any_(bindparam(parts, type_=ARRAY(Integer)))
+
+    def _every(self) -> bool | None:
+        """None when not restricted; else whether every partition is held now (a manager
+        alone): its reads are then those of an unrestricted provider, without the filter."""
+        if self._held is None:
+            return None
+        count, held = self._held()
+        return len(held) >= count and held >= frozenset(range(count))
+
+    def _nothing_held(self) -> bool:
+        return self._held is not None and not self._held()[1]
 
     def _scope(self, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """``params`` and, when restricted, the partitions held now."""
@@ -126,9 +145,16 @@ class DatabaseProvider:
         configs: list[PeriodicTaskConfig] = []
         errors: list[RowError] = []
         count, _ = self._held()
-        query = self._full.where(self._mine("taken_partitions"))
-        params = self._scope({"taken_partitions": sorted(partitions)})
-        params["partition_count"] = count
+        query: Select[Any]
+        if partitions >= frozenset(range(count)):
+            # Every partition (a manager alone, at its start): the read of a first sync, one
+            # index scan streamed as it is judged; rows of partitions lost meanwhile are
+            # left out by the caller (the reconciler's ``keep``).
+            query, params = self._every_full, {}
+        else:
+            query = self._some
+            params = self._scope({"taken_partitions": sorted(partitions)})
+            params["partition_count"] = count
         try:
             async with self.engine.connect() as conn:
                 revision = await changes.current_revision(conn)
@@ -139,6 +165,7 @@ class DatabaseProvider:
         except Exception as exc:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
         configs.sort(key=_row_id)
+        errors.sort(key=_error_id)
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
     def adopt(self, build: type[PeriodicTaskConfig], known: Known) -> None:
@@ -163,9 +190,13 @@ class DatabaseProvider:
             async with self.engine.connect() as conn:
                 revision = await changes.current_revision(conn)
                 await self._read_calendars(conn)
-                if self.known is None or not self._warm:
+                every = self._every()
+                full = self._every_full if every else self._full
+                if self._nothing_held():
+                    pass  # no partition held (a start before its first round): no row is mine
+                elif self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
-                    async for part in self._stream(conn, self._full, self._scope()):
+                    async for part in self._stream(conn, full, {} if every else self._scope()):
                         self._sort(part, configs, errors)
                         await asyncio.sleep(0)
                 else:
@@ -196,7 +227,9 @@ class DatabaseProvider:
         known = self.known
         assert known is not None
         stale: list[int] = []
-        async for part in self._stream(conn, self._revisions, self._scope()):
+        every = self._every()
+        query = self._every_revisions if every else self._revisions
+        async for part in self._stream(conn, query, {} if every else self._scope()):
             for row_id, revision in part:
                 config = known(row_id)
                 if config is not None and config.revision == revision:
@@ -323,3 +356,7 @@ class DatabaseProvider:
 
 def _row_id(config: PeriodicTaskConfig) -> Any:
     return config.schedule_id
+
+
+def _error_id(error: RowError) -> tuple[bool, Any]:
+    return (isinstance(error.schedule_id, str), error.schedule_id)

@@ -11,8 +11,10 @@ entry after what was settled (:meth:`Entries.rebase`); an entry whose next slot 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from periodic_manager.contracts import Clock
@@ -31,6 +33,16 @@ MEMO_MAX = 100_000  # distinct schedules whose next slot is remembered (see next
 Ident = int | str
 # options.max_runs: what the store records of a schedule, (runs counted, latest settled slot).
 Counted = tuple[int, datetime | None]
+
+
+@dataclass(slots=True)
+class _Resuming:
+    """A takeover of some schedules registering them (see :meth:`Entries.resuming`)."""
+
+    after: datetime
+    settled: Mapping[Ident, datetime]
+    keep: Callable[[Ident], bool]
+    rebased: set[Ident] = field(default_factory=set)
 
 
 class Entries:
@@ -54,6 +66,8 @@ class Entries:
         self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see next_after
         # While a rebase runs in turns: its (after, settled, now), for entries registered meanwhile.
         self._rebasing: tuple[datetime, Mapping[Ident, datetime], datetime] | None = None
+        # While a takeover of some schedules registers them: see resuming().
+        self._resuming: _Resuming | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -88,6 +102,18 @@ class Entries:
         begin = now if start is None or old is not None or start > now else start
         entry = ScheduledEntry.of(config, now, prev_slot=last, after=begin, fired=last, synced=synced)
         limit = max_runs_of(config.options)
+        resume = self._resuming
+        if (
+            resume is not None and old is None and self._rebasing is None
+            and (counted is not None or limit is None) and resume.keep(ident)
+        ):
+            # A takeover registering a schedule new here: filed already rebased, as
+            # rebase_some would do next (one slot computed, one filing).
+            self._entries[ident] = entry
+            self._rebase(entry, resume.after, resume.settled.get(ident), now, counted)
+            resume.rebased.add(ident)
+            self._change()
+            return entry, None
         if limit is not None:
             if old is not None and old.runs_left is not None:
                 # Same schedule, same count: an edit of max_runs moves the end by the difference.
@@ -251,6 +277,23 @@ class Entries:
         finally:
             self._rebasing = None
         self._change()
+
+    @contextlib.contextmanager
+    def resuming(
+        self, after: datetime, settled: Mapping[Ident, datetime], keep: Callable[[Ident], bool]
+    ) -> Iterator[set[Ident]]:
+        """While open, an entry registered new to this manager (none of its ident held) whose
+        ident ``keep`` accepts is filed already rebased as :meth:`rebase_some` would (``now``:
+        its registration's), with the ``counted`` of its registration (a limited one registered
+        without it is not: it is left to rebase_some). Yields the set of the idents so
+        registered: the caller rebases the others (a takeover of partitions registering a
+        million rows computes each one's slot once, not twice)."""
+        assert self._resuming is None, "one takeover registers at a time"
+        self._resuming = _Resuming(after, settled, keep)
+        try:
+            yield self._resuming.rebased
+        finally:
+            self._resuming = None
 
     def rebase_some(
         self,

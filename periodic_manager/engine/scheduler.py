@@ -31,8 +31,9 @@ on a :mod:`~periodic_manager.engine.timetable`); the next instant's batch built 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.clock import SystemClock, sleep_unless
@@ -263,6 +264,17 @@ class Scheduler:
             return
         self._stager.unstage()
         await self.registered.rebase(resume_after, settled or {}, counted)
+
+    @contextlib.contextmanager
+    def resuming(
+        self, resume_after: datetime, settled: Mapping[int | str, datetime],
+        keep: Callable[[int | str], bool],
+    ) -> Iterator[set[int | str]]:
+        """While open, the entries registered new whose ident ``keep`` accepts are filed as
+        :meth:`rebase_some` would file them; yields their idents (see
+        :meth:`Entries.resuming <periodic_manager.engine.entries.Entries.resuming>`)."""
+        with self.registered.resuming(resume_after, settled, keep) as rebased:
+            yield rebased
 
     async def rebase_some(
         self, entries: Sequence[ScheduledEntry], resume_after: datetime,

@@ -78,7 +78,13 @@ class PartitionHolding:
         """Whether this manager keeps the schedule ``ident`` (code-registered ones: always)."""
         if not isinstance(ident, int):
             return True
-        return bool(self.mine) and partition_of(ident, self.leases.count) in self.mine
+        mine = self.mine
+        if not mine:
+            return False  # none held (before the first round, the count is not even known)
+        count = self.leases.count
+        if len(mine) >= count:
+            return True  # every partition (a manager alone): asked once per row registered
+        return partition_of(ident, count) in mine
 
     async def taken(self, bound_s: float) -> None:
         """Return once the takeovers under way have ended, or after ``bound_s`` on the clock
@@ -154,8 +160,11 @@ class PartitionHolding:
     async def _take_over(self, partitions: frozenset[int], look_back: bool) -> None:
         count = self.leases.count
 
-        def taken(ident: int | str) -> bool:
-            return isinstance(ident, int) and partition_of(ident, count) in partitions & self.mine
+        def taken(ident: int | str) -> bool:  # asked once per row registered: no set built
+            if not isinstance(ident, int):
+                return False
+            part = partition_of(ident, count)
+            return part in partitions and part in self.mine
 
         registered = 0
 
@@ -169,6 +178,12 @@ class PartitionHolding:
             registered = len(entries)
             return entries
 
+        def settle() -> None:
+            # Registered and rebased, the collector still paused: the survivors are frozen
+            # before it runs again (re-enabled first, its next pass walked a million young
+            # objects: ~1 s of a lone manager's 1M start, before "started").
+            settle_after(registered)
+
         while self.drops:  # a partition lost and taken back: its old entries go first
             await asyncio.gather(*self.drops, return_exceptions=True)
         while partitions & self.mine:
@@ -176,9 +191,10 @@ class PartitionHolding:
                 async with self.syncer.lock:
                     # As a sync: a million rows read and registered with the collector paused.
                     with gcpolicy.paused():
-                        done = await self.leading.take_over_some(register, taken, look_back=look_back)
+                        done = await self.leading.take_over_some(
+                            register, taken, look_back=look_back, registered=settle
+                        )
                     if done:
-                        settle_after(registered)
                         self._changed()
                         return
                 # Leading ended during the read: the partitions still held are taken again.

@@ -115,13 +115,16 @@ class Leading:
         keep: Callable[[int | str], bool],
         *,
         look_back: bool = True,
+        registered: Callable[[], None] | None = None,
     ) -> bool:
         """A takeover of part of the schedules (partitions just taken): read what the store
         records as settled for the idents ``keep`` accepts, then ``register()`` their entries
-        (each starts strictly after its registration, so none sends before the look back is
-        set) and rebase and catch them up as a takeover does. Without ``look_back`` (schedules
-        no manager held before) they start as at a first start. False when leading ended before
-        the settled slots were read."""
+        rebased as a takeover rebases them: each one new here is filed at its resumed slot as
+        it is registered (:meth:`Scheduler.resuming`: one slot computed, none sent before the
+        look back is set), any other is rebased next; then catch them up. Without
+        ``look_back`` (schedules no manager held before) they start as at a first start.
+        ``registered()`` is called once they are registered and rebased, before the catch-up.
+        False when leading ended before the settled slots were read."""
         if not look_back:
             now = self.clock.now()
             some = await register()
@@ -130,10 +133,17 @@ class Leading:
             if read is None:
                 return False
             now, settled, _ = read
-            some = await register()
-            # options.max_runs: the runs left of what was just registered, from the store.
-            counted = await read_counted(self.store.get_state, await limited(some))
-            await self.scheduler.rebase_some(some, now - self.scheduler.grace, settled, counted)
+            after = now - self.scheduler.grace
+            # The entries new here are filed rebased as they are registered (one slot each).
+            with self.scheduler.resuming(after, settled, keep) as rebased:
+                some = await register()
+            rest = [e for e in some if e.ident not in rebased] if rebased else list(some)
+            if rest:
+                # options.max_runs: the runs left of what was just registered, from the store.
+                counted = await read_counted(self.store.get_state, await limited(rest))
+                await self.scheduler.rebase_some(rest, after, settled, counted)
+        if registered is not None:
+            registered()
         await catchup.catch_up(
             self.scheduler, self.store, now, takeover=look_back,
             still_leading=lambda: self.leadership.is_leader, entries=[e for e in some if not e.dead],

@@ -171,12 +171,12 @@ class Reconciler:
         publish its row errors; the entries registered."""
         report = SyncReport(ok=True, errors=list(snapshot.errors))
         await self._read_counted(snapshot.configs)  # options.max_runs: their counts first
+        held = self.scheduler.held()
         async for configs in in_turns(snapshot.configs):
             now_ = self.scheduler.clock.now()
             for cfg in configs:
-                self._upsert(cfg, report, now_)
+                self._upsert(cfg, report, now_, held.get(cfg.ident))
         await self._publish_row_errors(report.errors, now)
-        held = self.scheduler.held()
         return [e for c in snapshot.configs if (e := held.get(c.ident)) is not None]
 
     async def drop(self, gone: Callable[[int | str], bool]) -> int:

@@ -11,16 +11,23 @@ expire (a manager stops trusting a lease before the database can let another tak
 from __future__ import annotations
 
 import asyncio
+import gc
 from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager import gcpolicy
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.engine.entries import Entries
+from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.runtime import sync
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.notify import PostgresChangeListener
@@ -237,6 +244,75 @@ async def test_a_lone_manager_restarted_within_grace_sends_what_was_due_meanwhil
     expected = [k for i in range(1, 21) for k in expected_slots(f"r{i:02d}", "@every 1s", T0, end)]
     assert_exactly_once(counts, expected)  # the 10 s it was down included
     assert sum(counts.values()) == len(expected) == 20 * 20
+
+
+async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes_each_slot_once(
+    pg_url: str, redis_prefix: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager alone takes every partition at its first round: its start reads the rows in
+    one statement without the partition filter (``id % n`` over every row made PostgreSQL sort
+    the whole table before the first row came), its first sync before that round reads none,
+    and the takeover files each entry once, already rebased (not registered, then rebased: two
+    slots computed per schedule). Both at a first start (partitions never held) and at a
+    restart (a takeover that looks back after what is settled). Counted, not timed."""
+    await upgrade(pg_url)
+    count = 30
+    await insert_schedules(pg_url, [(f"c{i:02d}", "@every 1s", {}) for i in range(1, count + 1)])
+    settings = Settings(
+        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
+        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
+        heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    reads: list[str] = []  # the statements that read rows of periodic_jobs
+    slots = 0  # next slots computed
+    rebased: list[int] = []  # entries rebased after their registration
+    stream, next_after, rebase_some = DatabaseProvider._stream, Entries.next_after, Scheduler.rebase_some
+
+    def counted_stream(self: DatabaseProvider, conn: object, query: object, params: object = None) -> object:
+        reads.append(str(query.compile(dialect=postgresql.dialect())))  # type: ignore[attr-defined]
+        return stream(self, conn, query, params)  # type: ignore[arg-type]
+
+    def counted_next_after(self: Entries, entry: object, after: datetime) -> datetime | None:
+        nonlocal slots
+        slots += 1
+        return next_after(self, entry, after)  # type: ignore[arg-type]
+
+    async def counted_rebase_some(self: Scheduler, entries: list[object], *args: object) -> None:
+        rebased.append(len(entries))
+        await rebase_some(self, entries, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DatabaseProvider, "_stream", counted_stream)
+    monkeypatch.setattr(Entries, "next_after", counted_next_after)
+    monkeypatch.setattr(Scheduler, "rebase_some", counted_rebase_some)
+    # The collector policy of the command, freezing from the first entry: the takeover freezes
+    # what it registered before the collector runs again (a first pass over a million young
+    # objects cost ~1 s of a 1M start).
+    collecting: list[bool] = []  # whether the collector was on at each freeze
+    monkeypatch.setattr(gcpolicy, "_enabled", True)
+    monkeypatch.setattr(gcpolicy, "_trim", None)
+    monkeypatch.setattr(gcpolicy, "freeze", lambda: collecting.append(gc.isenabled()))
+    monkeypatch.setattr(sync, "FREEZE_AFTER", 1)
+    clock = VirtualClock(T0)
+    for run in ("first start", "restart"):
+        reads.clear()
+        rebased.clear()
+        collecting.clear()
+        slots = 0
+        engine = create_engine(pg_url)
+        mgr = build_manager(settings, engine, clock=clock)
+        try:
+            assert mgr.holding is not None and not mgr.holding.holds(1)  # no round yet: none
+            await mgr.start()  # returns at "started with N entries"; nothing sent before
+            assert len(mgr.scheduler) == count and mgr.partitions == frozenset(range(N)), run
+            assert mgr.holding.holds(1) and mgr.holding.holds(N + 1)
+            rows = [r for r in reads if "FROM periodic_jobs" in r]
+            assert len(rows) == 1 and "%" not in rows[0], (run, rows)
+            assert slots == count and not any(rebased), (run, slots, rebased)
+            assert collecting == [False], (run, collecting)  # frozen once, still paused
+        finally:
+            await mgr.stop()
+            await engine.dispose()
+        await clock.advance(10)
 
 
 async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leave(

@@ -346,6 +346,44 @@ async def test_a_provider_restricted_to_partitions_reads_only_their_rows(engine:
     assert await provider.prune_tombstones(datetime(2999, 1, 1, tzinfo=UTC)) == 1
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition_is_unfiltered(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some partitions are read without ORDER BY (the planner cannot estimate ``id % n`` and
+    sorted the whole table before the first row came): the configs and the row errors still
+    come in id order. Every partition is read as an unrestricted read is, without the filter;
+    and a provider holding no partition reads no row (a start before its first lease round)."""
+    ids = [await insert_row(engine, f"o{i}") for i in range(12)]
+    bad = [await insert_row(engine, f"bad{i}", spec="not a spec") for i in range(6)]
+    held = frozenset[int]()
+    provider = DatabaseProvider(engine)
+    provider.restrict(lambda: (4, held))
+    statements: list[str] = []
+    stream = DatabaseProvider._stream
+
+    def counted(self: DatabaseProvider, conn: Any, query: Any, params: Any = None) -> Any:
+        statements.append(str(query.compile(dialect=engine.dialect)))
+        return stream(self, conn, query, params)
+
+    monkeypatch.setattr(DatabaseProvider, "_stream", counted)
+    nothing = await provider.get_configs()
+    assert not nothing.configs and not nothing.errors and nothing.revision is not None
+    assert statements == []
+    held = frozenset({1, 2, 3})
+    some = await provider.get_partitions(frozenset({1, 3}))
+    assert [c.schedule_id for c in some.configs] == [i for i in ids if i % 4 in (1, 3)]
+    assert [e.schedule_id for e in some.errors] == [i for i in bad if i % 4 in (1, 3)]
+    assert "%" in statements[-1]
+    held = frozenset(range(4))
+    every = await provider.get_partitions(held)
+    assert [c.schedule_id for c in every.configs] == ids
+    assert [e.schedule_id for e in every.errors] == bad
+    assert "%" not in statements[-1]
+    full = await provider.get_configs()  # a full read holding every partition: no filter either
+    assert [c.schedule_id for c in full.configs] == ids and "%" not in statements[-1]
+
+
 async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:
     provider = DatabaseProvider(engine)
     if backend != "postgresql":

@@ -317,3 +317,61 @@ async def test_a_fence_stops_sending_for_its_entries_at_once_a_staged_batch_incl
     sched.fence(None)
     await advance(sched, clock, 10)
     assert target.slots("a") == [] and len(target.slots("b")) == 3
+
+
+async def test_a_takeover_registering_its_entries_rebased_files_them_as_register_then_rebase_did() -> None:
+    """A takeover of partitions registers its entries inside ``resuming()``: each one new here
+    that the takeover keeps is filed already rebased (one slot computed, not two), at exactly
+    the slot, lower bound and runs left that registering and then ``rebase_some`` give; a
+    code-registered one, an entry replaced and a limited one without its count are left to
+    ``rebase_some``, as before."""
+    clock = VirtualClock(T0 + timedelta(minutes=5))
+    after = clock.now() - timedelta(seconds=30)
+    now = clock.now()
+    recent = now - timedelta(seconds=12)  # effective within grace: nothing before it is sent
+    configs = [
+        cfg("plain", "@every 10s", schedule_id=1),
+        cfg("settled", "@every 10s", schedule_id=2),
+        cfg("settled-later", "*/1 * * * *", schedule_id=3),
+        cfg("jittered", "@every 20s", schedule_id=4, options={"jitter": 15}),
+        cfg("limited", "@every 10s", schedule_id=5, options={"max_runs": 40}),
+        cfg("recent", "@every 7s", schedule_id=6, effective_at=recent),
+        cfg("code", "@every 10s"),  # no row: registered from code, not the takeover's
+        cfg("not-kept", "@every 10s", schedule_id=7),
+    ]
+    settled = {2: now - timedelta(seconds=15), 3: now - timedelta(seconds=1), 5: now - timedelta(seconds=25)}
+    counted = {5: (12, now - timedelta(seconds=25))}
+
+    def keep(ident: int | str) -> bool:
+        return isinstance(ident, int) and ident != 7
+
+    def built() -> Scheduler:
+        sched = Scheduler(MemoryTarget(), clock=clock, grace=30)
+        sched.set_active(False)
+        return sched
+
+    before = built()  # registered, then rebased
+    some = [before.register(c, synced=True, now=now, counted=counted.get(c.ident)) for c in configs]
+    await before.rebase_some([e for e in some if keep(e.ident)], after, settled, counted)
+    resumed = built()
+    with resumed.resuming(after, settled, keep) as rebased:
+        for c in configs:
+            resumed.register(c, synced=True, now=now, counted=counted.get(c.ident))
+    assert rebased == {1, 2, 3, 4, 5, 6}
+    for c in configs:
+        if not keep(c.ident):
+            continue
+        a, b = before.get(c.ident), resumed.get(c.ident)
+        assert a is not None and b is not None
+        assert (b.next_slot, b.after, b.runs_left) == (a.next_slot, a.after, a.runs_left), c.name
+    for table in ("timetable", "sends"):
+        a_t, b_t = getattr(before.registered, table), getattr(resumed.registered, table)
+        assert b_t.next_instant() == a_t.next_instant()
+    # Outside the takeover's idents, nothing changes: filed as registered (after now).
+    assert resumed.get(configs[6].ident).next_slot == now + timedelta(seconds=10)  # type: ignore[union-attr]
+    assert resumed.get(7).next_slot == now + timedelta(seconds=10)  # type: ignore[union-attr]
+    # A limited entry registered without its count is left to rebase_some.
+    other = built()
+    with other.resuming(after, settled, keep) as rebased:
+        other.register(configs[4], synced=True, now=now)
+    assert rebased == set()
