@@ -105,13 +105,13 @@ class DatabaseProvider:
             )
         self._held = held
         mine = self._mine()
-        self._full = self._full.where(mine)
-        self._changed = self._changed.where(mine)
-        self._revisions = self._revisions.where(mine)
         # Not ordered: the planner cannot tell how many rows ``id % n`` keeps and sorted a
-        # whole table before the first row came (a takeover's read then did not overlap its
-        # judging); the configs are sorted once read.
-        self._some = self._full.where(self._mine("taken_partitions")).order_by(None)
+        # whole table before the first row came (a read then did not overlap its judging); the
+        # configs and errors are sorted once read.
+        self._full = self._full.where(mine).order_by(None)
+        self._changed = self._changed.where(mine)
+        self._revisions = self._revisions.where(mine).order_by(None)
+        self._some = self._full.where(self._mine("taken_partitions"))
 
     @staticmethod
     def _mine(parts: str = "held_partitions") -> ColumnElement[bool]:
@@ -213,6 +213,7 @@ class DatabaseProvider:
             self._errors = errors_before
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
         configs.sort(key=_row_id)
+        errors.sort(key=_error_id)
         self._warm = True
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
