@@ -225,12 +225,12 @@ class PeriodicTaskManager:
         for signal in self.signals:
             await signal.stop()
         await self.tasks.stop(keep="scheduler")
-        # Nothing is sent any more: leadership goes next, before the last publish of entries
-        # (seconds after a large start). Its checks (or lease renewals) must not run on while
-        # the rest of the stop takes its time: one failing then said "lost leadership" at ERROR
-        # (or a lease "not renewed in time") on a clean stop.
+        # Nothing is sent any more: leadership goes next, before the last calls to the store
+        # (unregistering removes a large start's entries). Its checks (or lease renewals) must
+        # not run on while the rest of the stop takes its time: one failing then said "lost
+        # leadership" at ERROR (or a lease "not renewed in time") on a clean stop.
         await self.leadership.stop()
-        await self.publisher.flush()
+        await self.publisher.discard()  # unregistering removes every entry published
         try:
             await self.store.unregister_manager(self.manager_id)
         except Exception as exc:

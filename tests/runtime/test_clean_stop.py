@@ -50,23 +50,30 @@ class SessionThatEnds(SessionLockLeadership):
         return None
 
 
-class SlowLastPublish(MemoryRuntimeStore):
-    """The stop's last publish of entries takes its time (a large start's entries): while it
-    runs, the session ends and a leadership poll comes round (virtual time)."""
+class SlowLastCall(MemoryRuntimeStore):
+    """The stop's last call to the store takes its time (unregistering removes a large start's
+    entries): while it runs, the session ends and a leadership poll comes round (virtual time).
+    Entries written while stopping are counted (a stop writes none: they would only be removed)."""
 
     def __init__(self, clock: VirtualClock, leadership: SessionThatEnds) -> None:
         super().__init__()
         self.clock = clock
         self.leadership = leadership
         self.stopping = False
+        self.written_while_stopping = 0
 
     async def apply_entries(
         self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
     ) -> None:
         if self.stopping:
+            self.written_while_stopping += len(upserts) + len(removed)
+        await super().apply_entries(manager_id, upserts, removed)
+
+    async def unregister_manager(self, manager_id: str) -> None:
+        if self.stopping:
             self.leadership.ended = True
             await self.clock.advance(2)  # two polls of the leadership loop, if it still runs
-        await super().apply_entries(manager_id, upserts, removed)
+        await super().unregister_manager(manager_id)
 
 
 async def test_a_stop_whose_last_publish_is_slow_logs_no_lost_leadership(
@@ -74,19 +81,41 @@ async def test_a_stop_whose_last_publish_is_slow_logs_no_lost_leadership(
 ) -> None:
     clock = VirtualClock(T0)
     leadership = SessionThatEnds(clock)
-    store = SlowLastPublish(clock, leadership)
+    store = SlowLastCall(clock, leadership)
     mgr = PeriodicTaskManager(None, MemoryTarget(), clock=clock, store=store, leadership=leadership)
     await mgr.start()
     assert mgr.is_leader
     await clock.advance(1)  # a check that proves the session
     mgr.register(PeriodicTaskConfig.create(name="late", spec="0 6 * * *", task_type="t"))
-    store.stopping = True  # the change just queued is published by the stop itself
+    store.stopping = True  # the change just queued is dropped by the stop, not written
     with caplog.at_level(logging.DEBUG):
         await mgr.stop()  # awaited here: the publisher gets no turn before the stop cancels it
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert loud == [], loud
     assert leadership.checks_failed == 0  # the loop had ended before the session did
+    assert leadership.ended  # the slow last call did run, after the leadership loop had ended
     assert not mgr.is_leader
+    assert store.written_while_stopping == 0 and mgr.manager_id not in store.entries
+
+
+async def test_a_stop_writes_no_entries_its_unregistering_removes() -> None:
+    """A stop during a large takeover had a million upserts and removals queued and wrote them
+    all (minutes at 1M) before unregistering, which removes the manager's entries anyway: a stop
+    drops what is queued, and what was published goes with the manager's row."""
+    clock = VirtualClock(T0)
+    store = SlowLastCall(clock, SessionThatEnds(clock))
+    mgr = PeriodicTaskManager(None, MemoryTarget(), clock=clock, store=store)
+    await mgr.start()
+    for i in range(50):
+        mgr.register(PeriodicTaskConfig.create(name=f"s{i}", spec="0 6 * * *", task_type="t"))
+    await mgr.publisher.flush()
+    assert len(store.entries[mgr.manager_id]) == 50
+    for i in range(50, 80):  # queued, not yet written
+        mgr.register(PeriodicTaskConfig.create(name=f"s{i}", spec="0 6 * * *", task_type="t"))
+    store.stopping = True
+    await mgr.stop()
+    assert store.written_while_stopping == 0
+    assert mgr.manager_id not in store.entries and mgr.manager_id not in store.managers
 
 
 async def test_a_connect_cancelled_at_any_point_leaves_nothing_logged(pg_url: str) -> None:
