@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import REDIS_URL, _unavailable
+from tests.conftest import _unavailable
 from tests.support import ROOT
+from tests.support.servers import RedisServer
 
 INNER = '''
 import redis
@@ -100,12 +101,15 @@ def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
     tmp_path: Path, files: dict[str, str], options: list[str]
 ) -> None:
     """In one process the session fixture checks; on pytest-xdist workers (each of which sees the
-    others write) the controller checks once they have all finished, and reports it the same way."""
+    others write) the controller checks once they have all finished, and reports it the same way.
+    The inner run has a Redis of its own: this run's tests on other workers write meanwhile."""
     try:
-        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        server = RedisServer(persist=False)
+        server.start()
+        client = redis.Redis.from_url(server.url, socket_connect_timeout=2)
         client.ping()
-    except (OSError, redis.RedisError) as exc:
-        _unavailable("Redis", exc)
+    except (RuntimeError, OSError, redis.RedisError) as exc:
+        _unavailable("redis-server", exc)
     tag = uuid.uuid4().hex[:12]
     suite = tmp_path / "tests"
     suite.mkdir()
@@ -121,7 +125,7 @@ def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", *options, "tests"],
             cwd=tmp_path, capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PM_TEST_REDIS_URL": REDIS_URL},
+            env={**os.environ, "PM_TEST_REDIS_URL": server.url},
         )  # fmt: skip
         out = done.stdout + done.stderr
         assert done.returncode == 1, out
@@ -136,3 +140,4 @@ def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
     finally:
         client.delete(leaked, other)
         client.close()
+        server.close()
