@@ -18,6 +18,7 @@ runs in parallel do not fail each other.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import socket
@@ -231,27 +232,95 @@ def _sync_redis() -> redis.Redis | None:
     return client
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_stray_redis_keys() -> Iterator[None]:
-    """Fail the run when it leaves keys in the test Redis (see the module docstring): the keys
-    present at the end but not at the start that are this run's or carry no run's marker."""
+def _snapshot() -> set[bytes] | None:
+    """Every key of the test Redis now, or None when it does not answer."""
     client = _sync_redis()
     if client is None:
-        yield
-        return
+        return None
     with client:
-        before = set(client.scan_iter(count=1000))
-        yield
-        after = set(client.scan_iter(count=1000))
+        return set(client.scan_iter(count=1000))
+
+
+def _stray(before: set[bytes]) -> str | None:
+    """What is wrong with the keys present now but not ``before`` that are this run's or carry no
+    run's marker (None when there are none, or the Redis does not answer)."""
+    after = _snapshot()
+    if after is None:
+        return None
     stray = sorted(
         key.decode(errors="replace")
         for key in after - before
         if RUN_MARKER.encode() in key or not ANY_RUN.search(key.decode(errors="replace"))
     )
-    if stray:
-        shown = ", ".join(stray[:30]) + (f" ... ({len(stray)} in all)" if len(stray) > 30 else "")
-        pytest.fail(
-            f"the tests left {len(stray)} key(s) in the test Redis ({REDIS_URL}): {shown}. "
-            "A test must write only keys containing its redis_prefix (and delete what it writes).",
-            pytrace=False,
-        )
+    if not stray:
+        return None
+    shown = ", ".join(stray[:30]) + (f" ... ({len(stray)} in all)" if len(stray) > 30 else "")
+    return (
+        f"the tests left {len(stray)} key(s) in the test Redis ({REDIS_URL}): {shown}. "
+        "A test must write only keys containing its redis_prefix (and delete what it writes)."
+    )
+
+
+# -- pytest-xdist: the workers of one run share its marker, and the controller checks the keys --
+
+
+def _marker_of(testrunuid: str) -> str:
+    return f"pmt{hashlib.sha256(testrunuid.encode()).hexdigest()[:4]}"
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    """The process that hands the tests out to xdist workers (and runs none itself)."""
+    return config.pluginmanager.has_plugin("dsession")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist every worker makes RUN_MARKER from the run's id (``--testrunuid``, which the
+    controller sets when it is not given), so the whole run writes one marker."""
+    global RUN_MARKER
+    if _is_worker(config):
+        RUN_MARKER = _marker_of(config.workerinput["testrunuid"])  # type: ignore[attr-defined]
+    elif hasattr(config.option, "testrunuid"):  # xdist is installed: this may be a controller
+        config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
+        RUN_MARKER = _marker_of(config.option.testrunuid)
+
+
+_KEYS_BEFORE = pytest.StashKey[set[bytes]]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the workers start
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _is_controller(session.config):
+        before = _snapshot()
+        if before is not None:
+            session.config.stash[_KEYS_BEFORE] = before
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller's check, once every worker has finished: reported as an error of
+    :func:`no_stray_redis_keys`, as a run without workers reports it."""
+    before = session.config.stash.get(_KEYS_BEFORE, None)
+    problem = None if before is None else _stray(before)
+    if problem is None:
+        return
+    report = pytest.TestReport(
+        nodeid="tests/conftest.py::no_stray_redis_keys", location=("tests/conftest.py", 0, "no_stray_redis_keys"),
+        keywords={}, outcome="failed", longrepr=problem, when="teardown",
+    )  # fmt: skip
+    session.config.hook.pytest_runtest_logreport(report=report)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_redis_keys(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the run when it leaves keys in the test Redis (see the module docstring): the keys
+    present at the end but not at the start that are this run's or carry no run's marker. Under
+    pytest-xdist a worker cannot tell (the others are still writing): the controller checks."""
+    before = None if _is_worker(request.config) else _snapshot()
+    yield
+    problem = None if before is None else _stray(before)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)

@@ -122,10 +122,13 @@ def test_targets_that_cannot_tell_a_failed_task_refuse_the_option() -> None:
     assert e.value.field == FIELD
 
 
-async def test_a_422_on_the_outbox_and_redis_and_a_row_error_for_sql(db_url: str, redis_url: str) -> None:
+async def test_a_422_on_the_outbox_and_redis_and_a_row_error_for_sql(
+    db_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    # The redis target's keys (its sentinel) go under the test's prefix, and with the test.
     settings = Settings(
         database_url=db_url, target="outbox", targets=("redis",), redis_url=redis_url,
-        redis_group="workers", grace=30, heartbeat_interval=5,
+        stream_prefix=redis_prefix, redis_group="workers", grace=30, heartbeat_interval=5,
     )  # fmt: skip
     async with api_rig(db_url, settings) as rig:
         for options in ({}, {"target": "redis"}):

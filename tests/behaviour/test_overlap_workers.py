@@ -150,7 +150,18 @@ def check(executions: list[Execution], runs: list[RunRecord]) -> None:
         assert b.started - a.finished <= TICK_S + PICKUP_S, f"hold: {b} started late after {a}"
     reasons = {(r.name.rsplit("-", 1)[1], r.status, r.reason) for r in runs}
     assert ("skip", "skipped", "overlap") in reasons
-    assert {("hold", "held", "overlap"), ("hold", "enqueued", "overlap-released")} <= reasons
+    assert ("hold", "held", "overlap") in reasons
+    # The hold tick sends a held slot once the previous task finished (overlap-released), unless
+    # the next slot fell due within that tick: then that one is sent and the held one replaced
+    # (checked above: b.slot < a.finished + TICK_S). Which comes first depends on how soon a worker
+    # picked the task up, hence on the machine's load: every cycle may go the second way, so the
+    # history need not show a release (tested on a virtual clock in test_overlap_scheduler.py).
+    # A hold schedule's slot is never sent for any other reason.
+    assert all(
+        reason in (None, "overlap-released")
+        for policy, status, reason in reasons
+        if policy == "hold" and status == "enqueued"
+    ), reasons
     assert not any(
         policy == "allow" and status in ("skipped", "held") for policy, status, _ in reasons
     )

@@ -31,6 +31,7 @@ from periodic_manager.runtime.partitions import PartitionLeases, fair_share
 from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
 from periodic_manager.settings import Settings
 from tests.support.faults import dsn
+from tests.support.polling import eventually
 from tests.support.tcpproxy import TcpProxy
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -300,7 +301,11 @@ async def test_a_renewal_that_fails_ends_trust_at_its_start_plus_ttl_minus_margi
     await a.start(lambda _v: None)
     assert a.held == frozenset(range(N))
     await clock.advance(10 / 3)  # a renewal starting at T0 + 3.33 s: trusted until T0 + 11.33 s
-    await asyncio.sleep(0.05)
+
+    def renewed() -> bool:  # its answer comes from the real database, on the wall clock
+        return len(a._held) == N and all(t > T0 + timedelta(seconds=8) for _, t in a._held.values())
+
+    await eventually(renewed, "the renewal that started at T0 + 3.33 s")
     assert a.held == frozenset(range(N)) and not rec.of("lost")
     await proxy.cut()  # every renewal from now on fails
     for _ in range(79):  # up to T0 + 11.23 s: still trusted (the database keeps it till 13.33)
@@ -311,7 +316,8 @@ async def test_a_renewal_that_fails_ends_trust_at_its_start_plus_ttl_minus_margi
         await clock.advance(0.1)
         await asyncio.sleep(0.005)
     assert not a.trusted(0) and not a.held and not a.is_leader
-    assert rec.of("lost") == set(range(N))  # the loop dropped them when trust ended
+    # The loop drops them when trust ends (it wakes at that instant of the virtual clock).
+    await eventually(lambda: rec.of("lost") == set(range(N)), "every partition dropped")
 
 
 async def test_the_epoch_refuses_a_stale_holder(make, admin: asyncpg.Connection) -> None:

@@ -14,10 +14,12 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 import redis
 
-from tests.conftest import REDIS_URL, _unavailable
+from tests.conftest import _unavailable
 from tests.support import ROOT
+from tests.support.servers import RedisServer
 
 INNER = '''
 import redis
@@ -41,32 +43,94 @@ def test_leaks_a_default_key():
     client.set("pm:claim:TAG", 1)
 '''
 
+# The same run on two pytest-xdist workers, one file each (``--dist loadfile``): worker b's first
+# test has begun (and so its session) before worker a leaks the key, and b's tests end after it.
+# Both workers' sessions span the leak; the run must report it once. (A worker runs a test once it
+# knows the next, so each file ends with a test that waits for nothing.)
+XDIST_HEAD = '''
+import time
+from pathlib import Path
 
-def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(tmp_path: Path) -> None:
+import redis
+
+from tests.conftest import REDIS_URL
+
+client = redis.Redis.from_url(REDIS_URL)
+
+
+def wait_for(condition, what):
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within 30 s"
+        time.sleep(0.05)
+'''
+INNER_XDIST_A = XDIST_HEAD + '''
+
+def test_leaks_a_default_key():
+    wait_for(lambda: Path("b-started").exists(), "worker b's start")
+    client.set("pm:claim:TAG", 1)
+
+
+def test_nothing_after():
+    pass
+'''
+INNER_XDIST_B = XDIST_HEAD + '''
+
+def test_writes_under_its_prefix(redis_prefix):
+    open("prefix.txt", "w").write(redis_prefix)
+    client.set(f"{redis_prefix}:claim:x", 1)
+    client.rpush(f"_kombu.binding.{redis_prefix}.q", "x")
+    Path("b-started").touch()
+    wait_for(lambda: client.exists("pm:claim:TAG"), "the leak")
+
+
+def test_another_run_writes_meanwhile():
+    client.set("pmtffffffffffff:TAG:other-run", 1)
+'''
+
+
+@pytest.mark.parametrize(
+    ("files", "options"),
+    [
+        ({"test_inner.py": INNER}, []),
+        ({"test_inner_a.py": INNER_XDIST_A, "test_inner_b.py": INNER_XDIST_B}, ["-n", "2", "--dist", "loadfile"]),
+    ],
+    ids=["one-process", "xdist"],
+)  # fmt: skip
+def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
+    tmp_path: Path, files: dict[str, str], options: list[str]
+) -> None:
+    """In one process the session fixture checks; on pytest-xdist workers (each of which sees the
+    others write) the controller checks once they have all finished, and reports it the same way.
+    The inner run has a Redis of its own: this run's tests on other workers write meanwhile."""
     try:
-        client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+        server = RedisServer(persist=False)
+        server.start()
+        client = redis.Redis.from_url(server.url, socket_connect_timeout=2)
         client.ping()
-    except (OSError, redis.RedisError) as exc:
-        _unavailable("Redis", exc)
+    except (RuntimeError, OSError, redis.RedisError) as exc:
+        _unavailable("redis-server", exc)
     tag = uuid.uuid4().hex[:12]
     suite = tmp_path / "tests"
     suite.mkdir()
     shutil.copy(ROOT / "tests" / "conftest.py", suite / "conftest.py")
     (suite / "__init__.py").write_text("")
-    (suite / "test_inner.py").write_text(INNER.replace("TAG", tag))
+    for name, text in files.items():
+        (suite / name).write_text(text.replace("TAG", tag))
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
     )
     leaked, other = f"pm:claim:{tag}", f"pmtffffffffffff:{tag}:other-run"
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", "tests"],
+            [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", *options, "tests"],
             cwd=tmp_path, capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PM_TEST_REDIS_URL": REDIS_URL},
+            env={**os.environ, "PM_TEST_REDIS_URL": server.url},
         )  # fmt: skip
         out = done.stdout + done.stderr
         assert done.returncode == 1, out
-        assert "3 passed, 1 error" in out, out
+        tests = sum(text.count("\ndef test_") for text in files.values())
+        assert f"{tests} passed, 1 error" in out, out
         line = next(ln for ln in out.splitlines() if "left 1 key(s) in the test Redis" in ln)
         assert f": {leaked}. A test must" in line, out  # the leak, and nothing else
         assert client.exists(leaked, other) == 2  # the guard reports; it deletes nothing
@@ -76,3 +140,4 @@ def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(tmp_path: Path) -
     finally:
         client.delete(leaked, other)
         client.close()
+        server.close()
