@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager import gcpolicy
-from periodic_manager.clock import next_tick, sleep_unless
+from periodic_manager.clock import sleep_unless
 from periodic_manager.contracts import (
     ChangeSet,
     Clock,
@@ -353,7 +353,9 @@ class Syncer:
 
     async def run(self) -> None:
         while True:
-            await sleep_unless(self.clock, self.requested, until=next_tick(self.clock.now(), self.interval))
+            # ``interval`` after the last sync ended, not on the clock's ticks: a change is seen
+            # at a steady phase from the start (what docs/operations.md and the tests promise).
+            await sleep_unless(self.clock, self.requested, seconds=self.interval)
             self.requested.clear()
             await self.sync()
 

@@ -422,6 +422,24 @@ async def test_a_redis_that_never_answers_fails_every_target_in_the_same_words(k
         await server.wait_closed()
 
 
+@pytest.mark.parametrize("kind", ["own bound", "socket timeout"])
+def test_either_bound_running_out_reads_no_answer_within(kind: str) -> None:
+    """The call's own bound and the client's socket timeout are the same ``timeout``: whichever
+    runs out first under load, the failure reads the same (it read "TimeoutError: Timeout
+    reading from ..." when the socket's came first, and a test matching the words failed)."""
+    from redis.exceptions import TimeoutError as SocketTimeout
+
+    from periodic_manager.targets.redis.errors import redis_errors
+
+    raised = TimeoutError() if kind == "own bound" else SocketTimeout("Timeout reading from 127.0.0.1:1")
+    with pytest.raises(TargetError, match="^celery: redis: no answer within 0.5 s$"):
+        with redis_errors("celery: redis", 0.5):
+            raise raised
+    with pytest.raises(TargetError, match="^claims: "):  # no bound known here: the error itself
+        with redis_errors("claims"):
+            raise raised
+
+
 async def test_concurrent_double_enqueue_on_redis_enqueues_each_key_once(
     redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
 ) -> None:

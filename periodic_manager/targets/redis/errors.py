@@ -4,7 +4,8 @@ Every target that talks to Redis wraps its awaited calls (not its per-task work)
 :func:`redis_errors`, so a failure reads the same wherever it happened::
 
     <what>: <Type>: <message>          a Redis error, or the connection's (refused, reset, ...)
-    <what>: no answer within <t> s     the call's own bound (``asyncio.timeout``) ran out
+    <what>: no answer within <t> s     the call's own bound (``asyncio.timeout``) or the client's
+                                       socket timeout (the same bound) ran out
     <what>: WRONGTYPE <key> is a <type>, not a <type>
                                        a script's up-front type check refused the whole call
                                        (:class:`KeyTypeError`)
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import TimeoutError as SocketTimeout
 
 from periodic_manager.errors import TargetError
 
@@ -39,7 +41,9 @@ def redis_errors(what: str, timeout: float | None = None) -> Iterator[None]:
     in the message when it runs out (None: not known here)."""
     try:
         yield
-    except TimeoutError as exc:  # before OSError, whose subclass it is
+    except (TimeoutError, SocketTimeout) as exc:  # before OSError and RedisError, their bases
+        # The client's socket timeout is the same bound as the call's (the targets set both to
+        # ``timeout``): whichever runs out first, the message is the same.
         if timeout is None:
             raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc
         raise TargetError(f"{what}: no answer within {timeout:g} s") from exc
