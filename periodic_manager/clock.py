@@ -138,6 +138,18 @@ class VirtualClock:
             if not fut.done():
                 fut.cancel()
 
+    async def wait_until(self, event: asyncio.Event, instant: datetime) -> bool:
+        """Wait for ``event`` until virtual time reaches ``instant`` at most; True when it was set."""
+        waiter = asyncio.ensure_future(event.wait())
+        sleeper = asyncio.ensure_future(self.sleep_until(instant))
+        try:
+            await asyncio.wait((waiter, sleeper), return_when=asyncio.FIRST_COMPLETED)
+            return event.is_set()
+        finally:
+            for task in (waiter, sleeper):
+                task.cancel()
+            await asyncio.gather(waiter, sleeper, return_exceptions=True)
+
     def set(self, instant: datetime) -> None:
         """Step the clock to ``instant`` (earlier or later) without waking sleepers."""
         self._now = _as_utc(instant)
@@ -207,8 +219,8 @@ async def sleep_unless(
     the time left when its timer is armed, so work queued before it first runs cannot make it
     late. Whatever ends the wait, nothing of it is left running.
     """
-    if len(events) == 1 and isinstance(clock, SystemClock) and (until is not None or seconds is not None):
-        # The common case (a periodic loop and its wake-up event) without a task per waiter.
+    if len(events) == 1 and (until is not None or seconds is not None):
+        # The common case (a periodic loop and its wake-up event): the clock's own wait.
         instant = until if until is not None else clock.now() + timedelta(seconds=seconds or 0.0)
         return await clock.wait_until(events[0], instant)
     waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(e.wait()) for e in events]

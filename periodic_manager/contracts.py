@@ -49,6 +49,11 @@ class Clock(Protocol):
         make it late."""
         ...
 
+    async def wait_until(self, event: asyncio.Event, instant: datetime) -> bool:
+        """Wait for ``event`` until this clock reaches ``instant`` at most; True when the event
+        was set (cancellable). The real clock waits without a task of its own."""
+        ...
+
 
 # -- schedules in: providers -----------------------------------------------------------------------
 

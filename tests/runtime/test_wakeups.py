@@ -83,6 +83,30 @@ async def test_waiting_for_one_event_on_the_wall_clock_makes_no_task() -> None:
     assert await sleep_unless(clock, event, seconds=0) is True  # already set
 
 
+async def test_the_virtual_clock_waits_for_an_event_until_an_instant_of_its_own_time() -> None:
+    """sleep_unless asks the clock for its wait (a contract method, not a type check): on the
+    virtual clock, the wait ends when the event is set or when virtual time reaches the instant,
+    and leaves no sleeper behind."""
+    from periodic_manager.clock import sleep_unless
+
+    clock = VirtualClock(T0)
+    event = asyncio.Event()
+    waiting = asyncio.ensure_future(sleep_unless(clock, event, until=T0 + timedelta(seconds=10)))
+    await clock.advance(9.999)
+    assert not waiting.done()
+    event.set()
+    await clock.settle()
+    assert waiting.done() and waiting.result() is True
+    assert clock.next_deadline() is None  # its timer is gone with it
+    event.clear()
+    timed_out = asyncio.ensure_future(sleep_unless(clock, event, seconds=10))
+    await clock.advance(10)
+    assert timed_out.done() and timed_out.result() is False
+    assert await clock.wait_until(event, T0) is False  # an instant that has come
+    event.set()
+    assert await clock.wait_until(event, T0 + timedelta(days=1)) is True
+
+
 class Recording(VirtualClock):
     """A virtual clock that notes every deadline it is asked to wake a sleeper at."""
 
