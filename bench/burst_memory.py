@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.scale import PG, Bench, machine, rss_kb  # noqa: E402
+from bench.scale import PG, Bench, machine, rss_kb, seed  # noqa: E402
 from periodic_manager import gcpolicy  # noqa: E402
 from periodic_manager.engine.staging import LEAD_MAX_S  # noqa: E402
 from periodic_manager.runtime.assemble import build_target  # noqa: E402
@@ -56,12 +56,7 @@ async def _prepare(b: Bench, target: str, n: int, slot: datetime, spec: str) -> 
             from procrastinate.schema import SchemaManager
 
             await conn.execute(SchemaManager.get_schema())
-        await conn.execute(
-            "INSERT INTO periodic_jobs (name, spec, anchor, timezone, task_type, payload, options)"
-            " SELECT 'job' || g, $4, $2, 'UTC', 'bench.task', jsonb_build_object('n', g),"
-            " jsonb_build_object('queue', $3::text) FROM generate_series(1, $1) g",
-            n, slot, f"{b.prefix}q", spec,
-        )  # fmt: skip
+        await seed(conn, n, spec, anchor=slot, queue=f"{b.prefix}q")
     finally:
         await conn.close()
 

@@ -91,12 +91,7 @@ async def _admin(sql: str) -> None:
 async def _fill(name: str, n: int, spec_sql: str) -> None:
     conn = await asyncpg.connect(f"{PG}/{name}")
     try:
-        await conn.execute(
-            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload)"
-            f" SELECT 'job.' || g, {spec_sql}, 'UTC', 'bench.task', jsonb_build_object('n', g)"
-            " FROM generate_series(1, $1) g",
-            n,
-        )
+        await scale.seed(conn, n, spec_sql, by_row=True, prefix="job.")
         await conn.execute("VACUUM ANALYZE periodic_jobs")
     finally:
         await conn.close()
@@ -325,12 +320,7 @@ async def sync_cost(n: int) -> list[str]:
     rows = []
     async with Bench() as b:
         conn = await asyncpg.connect(f"{PG}/{b.name}")
-        await conn.execute(
-            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload)"
-            f" SELECT 'job.' || g, {DAILY}, 'UTC', 'bench.task', jsonb_build_object('n', g)"
-            " FROM generate_series(1, $1) g",
-            n,
-        )
+        await scale.seed(conn, n, DAILY, by_row=True, prefix="job.")
         mgr = b.manager(RedisStreamsTarget.from_url(REDIS, prefix=b.prefix), close_target=True)
         await mgr.start()
         await mgr.flush()

@@ -28,7 +28,7 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.lean import DAILY  # noqa: E402
-from bench.scale import PG, Bench, machine  # noqa: E402
+from bench.scale import PG, Bench, machine, seed  # noqa: E402
 from periodic_manager import gcpolicy  # noqa: E402
 from periodic_manager.contracts import ManagerInfo, ManagerStatus  # noqa: E402
 from periodic_manager.db.provider import DatabaseProvider  # noqa: E402
@@ -74,12 +74,7 @@ async def main() -> None:
     gcpolicy.enable()  # as the periodic-manager commands do
     async with Bench() as b:
         conn = await asyncpg.connect(f"{PG}/{b.name}")
-        await conn.execute(
-            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload)"
-            f" SELECT 'job.' || g, {DAILY}, 'UTC', 'bench.task', jsonb_build_object('n', g)"
-            " FROM generate_series(1, $1) g",
-            n,
-        )
+        await seed(conn, n, DAILY, by_row=True, prefix="job.")
         await conn.close()
         store = DatabaseRuntimeStore(b.engine)
         ratios = []

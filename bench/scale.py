@@ -67,6 +67,31 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}; Python {platform.python_version()}; {pg}; Redis {rs}"
 
 
+async def seed(
+    conn: asyncpg.Connection, n: int, spec: str, *, by_row: bool = False, prefix: str = "job",
+    anchor: datetime | None = None, queue: str | None = None,
+) -> None:
+    """The benches' one way to fill ``periodic_jobs``: ``n`` schedules ``<prefix>1`` .. ``<prefix>n``
+    of task type ``bench.task`` in UTC with payload ``{"n": g}`` (``g``: the row's number).
+    ``spec`` is every row's spec, or with ``by_row`` an SQL expression over ``g`` (spreading
+    the rows over the day, say); ``anchor`` and ``queue`` (the ``queue`` option) when given."""
+    params: list[Any] = [n, prefix]
+
+    def param(value: object) -> str:
+        params.append(value)
+        return f"${len(params)}"
+
+    spec_sql = f"({spec})" if by_row else f"{param(spec)}::text"
+    anchor_sql = param(anchor) if anchor is not None else "NULL"
+    options_sql = f"jsonb_build_object('queue', {param(queue)}::text)" if queue is not None else "'{}'"
+    await conn.execute(
+        "INSERT INTO periodic_jobs (name, spec, anchor, timezone, task_type, payload, options)"
+        f" SELECT $2 || g, {spec_sql}, {anchor_sql}, 'UTC', 'bench.task', jsonb_build_object('n', g),"
+        f" {options_sql} FROM generate_series(1, $1) g",
+        *params,
+    )
+
+
 class Bench:
     """A fresh database (and Redis prefix) per part."""
 
@@ -97,12 +122,7 @@ class Bench:
     async def insert(self, n: int, spec: str = "@every 10s", prefix: str = "job") -> None:
         conn = await asyncpg.connect(f"{PG}/{self.name}")
         try:
-            await conn.execute(
-                "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options)"
-                " SELECT $1 || g, $2, 'UTC', 'bench.task', jsonb_build_object('n', g), '{}'"
-                " FROM generate_series(1, $3) g",
-                prefix, spec, n,
-            )
+            await seed(conn, n, spec, prefix=prefix)
         finally:
             await conn.close()
 
