@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
+_LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def later(instant: datetime, seconds: float | timedelta) -> datetime:
+    """``instant`` + ``seconds``, saturating at the last representable instant."""
+    step = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+    return instant + step if _LATEST - instant > step else _LATEST
 
 
 def next_tick(now: datetime, every: float) -> datetime:
@@ -221,7 +228,7 @@ async def sleep_unless(
     """
     if len(events) == 1 and (until is not None or seconds is not None):
         # The common case (a periodic loop and its wake-up event): the clock's own wait.
-        instant = until if until is not None else clock.now() + timedelta(seconds=seconds or 0.0)
+        instant = until if until is not None else later(clock.now(), seconds or 0.0)
         return await clock.wait_until(events[0], instant)
     waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(e.wait()) for e in events]
     if until is not None:

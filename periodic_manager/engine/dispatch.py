@@ -14,9 +14,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from periodic_manager.clock import later
 from periodic_manager.contracts import (
     Clock,
     EnqueueResult,
@@ -53,16 +54,9 @@ class Hooks:
 
 SEND_CHUNK = 10000  # slots per sub-batch of a large instant
 MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
-_LATEST = datetime.max.replace(tzinfo=UTC)
 
 # A sub-batch: the entries and their prepared tasks, in the same order.
 Chunk = tuple[list["ScheduledEntry"], Prepared]
-
-
-def later(instant: datetime, seconds: float | timedelta) -> datetime:
-    """``instant`` + ``seconds``, saturating at the last representable instant."""
-    step = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
-    return instant + step if _LATEST - instant > step else _LATEST
 
 
 async def prepare(

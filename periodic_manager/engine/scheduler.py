@@ -36,10 +36,10 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from periodic_manager.clock import SystemClock, sleep_unless
+from periodic_manager.clock import SystemClock, later, sleep_unless
 from periodic_manager.contracts import Clock, Target
 from periodic_manager.engine.decisions import Decisions
-from periodic_manager.engine.dispatch import Dispatcher, Hooks, later
+from periodic_manager.engine.dispatch import Dispatcher, Hooks
 from periodic_manager.engine.entries import Counted, Entries, window_of
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.history import Observer, RunsHook, RunWriter
