@@ -11,6 +11,12 @@ revisions become visible in commit order and a watermark never skips a slow tran
   two index lookups, and when it has not moved nothing changed;
 * what changed after revision N (:func:`changes_since`) is the tombstones newer than N and the
   rows whose revision is larger than N (:func:`rows_since`); a TRUNCATE asks for a full read.
+
+MariaDB and MySQL fire no trigger on a TRUNCATE, so it leaves no tombstone there. It still shows:
+no row read at N is left (the oldest row revision is past N, or there is no row), and a full read
+then costs what reading the changed rows would; the watermark going backwards says the same of
+rows gone without a tombstone. The poller (``runtime/poll.py``) compares both figures
+(:class:`Watermark`), so a TRUNCATE alone wakes it too.
 """
 
 from __future__ import annotations
@@ -38,26 +44,49 @@ class Changes:
     full: bool = False
 
 
-async def current_revision(conn: AsyncConnection) -> int:
-    """The largest revision of a row or a tombstone: two index lookups."""
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Where the change feed stands: ``revision``, the largest revision of a row or a tombstone,
+    and ``oldest``, the smallest revision of a row (None: no row)."""
+
+    revision: int
+    oldest: int | None
+
+
+async def watermark(conn: AsyncConnection) -> Watermark:
+    """The :class:`Watermark` now: one statement, three index lookups."""
     rows = select(func.coalesce(func.max(PeriodicJob.revision), 0)).scalar_subquery()
+    oldest = select(func.min(PeriodicJob.revision)).scalar_subquery()
     tombs = select(func.coalesce(func.max(DeletedJob.revision), 0)).scalar_subquery()
-    latest_row, latest_tombstone = (await conn.execute(select(rows, tombs))).one()
-    return int(max(latest_row, latest_tombstone))
+    latest_row, oldest_row, latest_tombstone = (await conn.execute(select(rows, oldest, tombs))).one()
+    return Watermark(int(max(latest_row, latest_tombstone)), None if oldest_row is None else int(oldest_row))
 
 
-async def revision_of(engine: AsyncEngine) -> int:
-    """:func:`current_revision` on a connection of ``engine``'s pool (what the MariaDB/MySQL
-    revision poller reads, ``runtime/poll.py``)."""
+async def current_revision(conn: AsyncConnection) -> int:
+    """The largest revision of a row or a tombstone."""
+    return (await watermark(conn)).revision
+
+
+async def revision_of(engine: AsyncEngine) -> Watermark:
+    """:func:`watermark` on a connection of ``engine``'s pool (what the MariaDB/MySQL revision
+    poller reads, ``runtime/poll.py``)."""
     async with engine.connect() as conn:
-        return await current_revision(conn)
+        return await watermark(conn)
 
 
 async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
     """None (one indexed query) when nothing changed after revision ``since``; else the watermark
-    and the tombstones since. The rows written since are read with :func:`rows_since`."""
-    revision = await current_revision(conn)
-    if revision <= since:
+    and the tombstones since. The rows written since are read with :func:`rows_since`.
+
+    ``full`` when only a full read tells what is there: a TRUNCATE's tombstone (PostgreSQL), or
+    rows gone without one (a TRUNCATE on MariaDB/MySQL): no row read at ``since`` is left, or
+    the watermark went back. A table that stays empty is read in full at each sync then (a read
+    of no row)."""
+    mark = await watermark(conn)
+    revision = mark.revision
+    if revision < since or mark.oldest is None or mark.oldest > since:
+        return Changes(revision, full=True)
+    if revision == since:
         return None
     deleted = (
         (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since))).scalars().all()

@@ -2,8 +2,8 @@
 
 The triggers of migration 0003 give every write of ``periodic_jobs`` a fresh revision from one
 counter (and every DELETE a tombstone), so the watermark (:func:`periodic_manager.db.changes
-.revision_of`: one indexed query, handed in by ``assemble.py``) moves exactly when something
-changed. The poller reads
+.revision_of`: one indexed query, handed in by ``assemble.py``; with the oldest row's revision,
+which a TRUNCATE moves, as it fires no trigger) moves exactly when something changed. The poller reads
 it every ``interval`` seconds (``PM_POLL_INTERVAL``, default 1 s) and asks for a sync when it
 moved: a plain-SQL edit is live within about ``interval`` plus the sync. When nothing changed a
 poll costs that one query; the sync then reads only the rows written since.
@@ -17,21 +17,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import Clock, SignalCallback
 from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
+
+if TYPE_CHECKING:
+    from periodic_manager.db.changes import Watermark
 
 log = logging.getLogger(__name__)
 
 
 class RevisionPoller:
     """A :class:`~periodic_manager.contracts.ChangeSignal` calling ``on_change(None)`` whenever the
-    change revision of ``periodic_jobs`` (``read()``) moved since the last poll."""
+    watermark of ``periodic_jobs`` (``read()``) moved since the last poll."""
 
     def __init__(
         self,
-        read: Callable[[], Awaitable[int]],
+        read: Callable[[], Awaitable[Watermark]],
         *,
         interval: float = 1.0,
         clock: Clock | None = None,
@@ -64,12 +68,12 @@ class RevisionPoller:
         await cancel_loop(self._task, self.timeout)
         self._task = None
 
-    async def poll(self) -> int:
-        """The change revision now (one indexed query)."""
+    async def poll(self) -> Watermark:
+        """The watermark now (one indexed query)."""
         return await asyncio.wait_for(self.read(), self.timeout)
 
     async def _run(self) -> None:
-        seen: int | None = None  # None: unknown (first poll, or after a failure)
+        seen: Watermark | None = None  # None: unknown (first poll, or after a failure)
         first, failing = True, False
         while True:
             try:

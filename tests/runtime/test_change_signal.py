@@ -71,10 +71,11 @@ async def test_every_write_gets_a_new_revision_and_deletes_leave_tombstones(engi
 
 async def test_provider_reads_only_what_changed(engine: AsyncEngine) -> None:
     provider = DatabaseProvider(engine)
+    await sql(engine, INSERT, name="kept", spec="* * * * *")  # a row read before, never changed
     await sql(engine, INSERT, name="a", spec="* * * * *")
     await sql(engine, INSERT, name="b", spec="* * * * *")
     snap = await provider.get_configs()
-    assert snap.revision is not None and len(snap.configs) == 2
+    assert snap.revision is not None and len(snap.configs) == 3
     assert await provider.get_changes(snap.revision) is None  # nothing changed: one cheap query
 
     await sql(engine, "UPDATE periodic_jobs SET spec = '0 * * * *' WHERE name = 'a'")
@@ -90,6 +91,18 @@ async def test_provider_reads_only_what_changed(engine: AsyncEngine) -> None:
     await sql(engine, "DELETE FROM periodic_jobs WHERE name = 'a'")
     later = await provider.get_changes(changes.revision)
     assert later is not None and list(later.removed) == [ids["a"]] and not later.configs
+
+    # No row read before is left (every one changed since, or gone without a tombstone): only a
+    # full read tells what is there, and it reads what reading the changes would.
+    await sql(engine, "UPDATE periodic_jobs SET spec = '5 * * * *'")
+    assert (every := await provider.get_changes(later.revision)) is not None and every.full
+    await sql(engine, "DELETE FROM periodic_jobs")
+    assert (empty := await provider.get_changes(every.revision)) is not None and empty.full
+    await sql(engine, INSERT, name="d", spec="* * * * *")
+    snap = await provider.get_configs()
+    assert snap.revision is not None
+    back = await provider.get_changes(snap.revision + 5)  # a watermark past the one now: gone back
+    assert back is not None and back.full
 
 
 async def test_truncate_asks_for_a_full_read(pg_url: str) -> None:
@@ -325,3 +338,45 @@ async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(mar
         await polled.dispose()
         await eng.dispose()
         await proxy.close()
+
+
+async def test_mysql_truncate_is_seen_at_the_next_poll_not_at_the_next_full_reconcile(mariadb_url: str) -> None:
+    """MariaDB/MySQL fire no trigger on a TRUNCATE: no tombstone. The poller still sees it (the
+    oldest row's revision moved, or there is no row), and the sync reads everything, because no
+    row it read before is left. Before, the truncated schedules kept running until the full
+    reconcile (PM_FULL_SYNC_INTERVAL, five minutes), also when rows were inserted right after."""
+    await upgrade(mariadb_url)
+    eng = create_engine(mariadb_url)
+    clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
+    mgr = PeriodicTaskManager(
+        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
+    )
+    poller = RevisionPoller(partial(revision_of, eng), interval=0.05, timeout=2)
+    mgr.signals.append(poller)
+
+    def names() -> list[str]:
+        return sorted(e.config.name for e in mgr.entries())
+
+    await mgr.start()
+    try:
+        await eventually(lambda: poller.polls > 0, "the poller polled", seconds=5)
+        for name in ("a", "b", "c"):
+            await sql(eng, INSERT, name=name, spec="* * * * *")
+        await eventually(lambda: names() == ["a", "b", "c"], "the inserted rows synced", seconds=5)
+        # The last write a DELETE: its tombstone holds the watermark, which a TRUNCATE leaves as is.
+        await sql(eng, "DELETE FROM periodic_jobs WHERE name = 'c'")
+        await eventually(lambda: names() == ["a", "b"], "the deletion synced", seconds=5)
+        await sql(eng, "TRUNCATE TABLE periodic_jobs")
+        await eventually(lambda: names() == [], "the truncated rows removed", seconds=5)
+
+        # The usual reload: TRUNCATE, then INSERT, within one poll.
+        for name in ("d", "e"):
+            await sql(eng, INSERT, name=name, spec="* * * * *")
+        await eventually(lambda: names() == ["d", "e"], "the inserted rows synced", seconds=5)
+        async with eng.begin() as conn:
+            await conn.execute(text("TRUNCATE TABLE periodic_jobs"))
+        await sql(eng, INSERT, name="f", spec="* * * * *")
+        await eventually(lambda: names() == ["f"], "the reloaded table synced", seconds=5)
+    finally:
+        await mgr.stop()
+        await eng.dispose()
