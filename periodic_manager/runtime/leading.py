@@ -76,6 +76,10 @@ class Leading:
         # Since when the takeover of which term has failed to read the settled slots, and why.
         self._failing: tuple[int, datetime] | None = None
         self._failure = ""
+        # Set unless a takeover is reading what the store records (set while it waits on the
+        # clock to retry, and once it is active): what :meth:`settled` waits for.
+        self._read = asyncio.Event()
+        self._read.set()
 
     def changed(self, is_leader: bool) -> None:
         now = self.clock.now()
@@ -84,7 +88,8 @@ class Leading:
             self.scheduler.set_active(is_leader)  # the entries are the partitions' (rebased each)
             log.info("manager %s %s", self.manager_id, "holds partitions" if is_leader else "holds none")
         elif is_leader and self._running():
-            self._spawn(self._take_over(self._terms), "takeover")
+            read = self._read = asyncio.Event()
+            self._spawn(self._take_over(self._terms), "takeover").add_done_callback(lambda _: read.set())
         elif is_leader:
             self.scheduler.set_active(True)
             log.info("manager %s leads (start)", self.manager_id)
@@ -94,19 +99,27 @@ class Leading:
             log.info("manager %s is standby", self.manager_id)
         self._changed()
 
+    async def settled(self) -> None:
+        """Wait while a takeover reads what the store records (for tests that drive a virtual
+        clock: its reads take real time, its retries wait on the clock)."""
+        await self._read.wait()
+
     async def _take_over(self, term: int) -> None:
-        read = await self._settled_after(term)
-        if read is None:
-            return  # no longer leading: the next term decides
-        # The look back (grace, and a fire_once schedule's catch-up window) is measured from when
-        # the settled slots were read: a read retried for a while must not leave the latest
-        # missed slot of a fire_once schedule to be skipped as late instead of caught up.
-        now, settled, counted = read
-        await self.scheduler.rebase(now - self.scheduler.grace, settled, counted)
-        if term != self._terms:
-            return  # leadership changed during the rebase
-        self.scheduler.set_active(True)
-        log.info("manager %s leads (takeover)", self.manager_id)
+        try:
+            read = await self._settled_after(term)
+            if read is None:
+                return  # no longer leading: the next term decides
+            # The look back (grace, and a fire_once schedule's catch-up window) is measured from
+            # when the settled slots were read: a read retried for a while must not leave the
+            # latest missed slot of a fire_once schedule to be skipped as late instead of caught up.
+            now, settled, counted = read
+            await self.scheduler.rebase(now - self.scheduler.grace, settled, counted)
+            if term != self._terms:
+                return  # leadership changed during the rebase
+            self.scheduler.set_active(True)
+            log.info("manager %s leads (takeover)", self.manager_id)
+        finally:
+            self._read.set()
         await self._catch_up(now, takeover=True)
 
     async def take_over_some(
@@ -195,7 +208,14 @@ class Leading:
                         "sent until they are known", type(exc).__name__, exc,
                     )  # fmt: skip
                 failed = True
-                await self.clock.sleep(SETTLED_RETRY_S)
+                reading = self._read  # clear: this is the read of a (whole) takeover
+                was_reading = not reading.is_set()
+                reading.set()  # waiting on the clock, not reading
+                try:
+                    await self.clock.sleep(SETTLED_RETRY_S)
+                finally:
+                    if was_reading and reading is self._read and term == self._terms:
+                        reading.clear()
                 continue
             if term != self._terms:
                 break  # leadership changed during the read

@@ -358,7 +358,9 @@ class PeriodicTaskManager:
     # -- waiting (tests, benchmarks) ---------------------------------------------------------
 
     async def wait_settled(self, instant: datetime) -> None:
-        """Wait until slots due by ``instant`` are handled and no sync is running (for tests)."""
+        """Wait until slots due by ``instant`` are handled, no takeover is reading and no sync
+        is running (for tests)."""
+        await self.leading.settled()
         await self.scheduler.wait_processed(instant)
         async with self.syncer.lock, self.heartbeat.lock:
             pass

@@ -17,7 +17,7 @@ from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import RunRecord, StateRecord
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.providers import StaticProvider
-from periodic_manager.runtime.leading import SETTLED_STALL_S
+from periodic_manager.runtime.leading import SETTLED_RETRY_S, SETTLED_STALL_S
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.timing import Timing
@@ -567,3 +567,50 @@ async def test_a_takeover_looks_back_from_when_the_settled_slots_were_read() -> 
     finally:
         await standby.stop()
         await leader.stop()  # if an assert came before its stop (a second stop does nothing)
+
+
+async def test_settling_a_manager_waits_for_its_takeovers_read_but_not_for_its_retries() -> None:
+    """A takeover's read of the settled slots takes real time (a database), not the virtual
+    clock's: a test that settles a manager and then moves the clock must not move it while the
+    read is still in flight (the slots due meanwhile would be found late and skipped; it made
+    test_max_runs_manager fail under load). A read that failed and waits on the clock to retry
+    must not hold the settling up (the clock would never move)."""
+
+    class Gated(MemoryRuntimeStore):
+        failing = False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+
+        async def settled_after(self, since: datetime) -> dict[str, datetime]:
+            if self.failing:
+                raise ConnectionError("database unreachable")
+            await self.gate.wait()
+            return await super().settled_after(since)
+
+    clock, target, store = VirtualClock(T0), MemoryTarget(), Gated()
+    provider = StaticProvider([row(1, "s1", effective_at=T0 - timedelta(days=1))])
+    standby = await manager(provider, clock, target, store, leader=False)
+    try:
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        settling = asyncio.ensure_future(settle(clock, standby))
+        for _ in range(1000):  # far more turns of the loop than settling takes (about 100)
+            await asyncio.sleep(0)
+        assert not settling.done()  # the read is in flight
+        store.gate.set()
+        await asyncio.wait_for(settling, 5)
+        assert standby.scheduler.active
+        await clock.advance(1, settle=lambda: standby.wait_settled(clock.now()))
+        assert target.slots("s1")[-1] == seconds(1)[0]  # due since, sent on time
+
+        # A read that fails waits on the clock: settling goes on, and the clock can move.
+        await standby.leadership._set(False)  # type: ignore[attr-defined]
+        store.failing = True
+        await standby.leadership._set(True)  # type: ignore[attr-defined]
+        await asyncio.wait_for(settle(clock, standby), 5)
+        store.failing = False
+        await asyncio.wait_for(clock.advance(SETTLED_RETRY_S, settle=lambda: standby.wait_settled(clock.now())), 5)
+        assert standby.scheduler.active
+    finally:
+        await standby.stop()
