@@ -109,14 +109,18 @@ async def engine(url: str) -> AsyncIterator[AsyncEngine]:
 
 
 async def test_the_provider_judges_each_hostile_row_alone(url: str, engine: AsyncEngine) -> None:
-    good, hostile = await seed(url)
+    await upgrade(url)
+    kept = await rawsql.insert(url, "kept")  # older than the seed: what follows is read as changes
     provider = DatabaseProvider(engine)
+    before = (await provider.get_configs()).revision
+    assert before is not None
+    good, hostile = await seed(url)
     for _ in range(2):  # the second read comes from the cache of unchanged rows
         snap = await provider.get_configs()
-        assert sorted(c.schedule_id for c in snap.configs) == sorted(good.values())
+        assert sorted(c.schedule_id for c in snap.configs) == sorted([*good.values(), kept])
         assert {e.schedule_id: e.field for e in snap.errors} == hostile
-    changes = await provider.get_changes(0)
-    assert changes is not None
+    changes = await provider.get_changes(before)
+    assert changes is not None and not changes.full
     assert sorted(c.schedule_id for c in changes.configs) == sorted(good.values())
     assert {e.schedule_id: e.field for e in changes.errors} == hostile
 
