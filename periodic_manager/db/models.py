@@ -24,7 +24,6 @@ from sqlalchemy import (
     func,
     true,
 )
-from sqlalchemy.dialects.mysql import DATETIME, LONGTEXT
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -37,12 +36,24 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 NEVER_REUSED = {"sqlite_autoincrement": True}
 
 
-class JsonText(TypeDecorator[Any]):
+class _LongTextImpl(TypeDecorator[Any]):
+    """TEXT, LONGTEXT on MariaDB/MySQL. The MySQL dialect is imported by a process that talks to
+    MySQL, not by every process that imports the models (a manager on PostgreSQL)."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name in ("mysql", "mariadb"):
+            from sqlalchemy.dialects.mysql import LONGTEXT
+
+            return dialect.type_descriptor(LONGTEXT())
+        return super().load_dialect_impl(dialect)
+
+
+class JsonText(_LongTextImpl):
     """MariaDB/MySQL: a JSON value kept as LONGTEXT with no JSON check, so that a row holding
     invalid JSON text can be stored (by plain SQL) and then reported by the row judge."""
-
-    impl = LONGTEXT
-    cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> str:
         return json.dumps(value)
@@ -56,8 +67,10 @@ JsonValue = (
     .with_variant(JSONB(none_as_null=False), "postgresql")
     .with_variant(JsonText(), "mysql", "mariadb")
 )
+
+
 # Text that may be longer than MySQL's TEXT (64 KiB): JSON of a payload, of a change.
-LongText = Text().with_variant(LONGTEXT(), "mysql", "mariadb")
+LongText = _LongTextImpl()
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -73,6 +86,8 @@ class UTCDateTime(TypeDecorator[datetime]):
     def load_dialect_impl(self, dialect: Dialect) -> Any:
         # MariaDB/MySQL: DATETIME(6), holding UTC (a plain DATETIME drops the microseconds).
         if dialect.name in ("mysql", "mariadb"):
+            from sqlalchemy.dialects.mysql import DATETIME
+
             return dialect.type_descriptor(DATETIME(fsp=6))
         return dialect.type_descriptor(DateTime(timezone=True))
 

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, case
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db.engine import backend
@@ -37,7 +36,10 @@ def upsert(
     ``assign`` says (only where ``where`` holds, given the new row's columns)."""
     db = backend(bind)
     table = model.__table__
+    # Each dialect's insert is imported by a process on that database only.
     if db == "mysql":
+        from sqlalchemy.dialects import mysql
+
         stmt = mysql.insert(model)
         new = stmt.inserted
         pairs = list(assign(new))
@@ -47,7 +49,15 @@ def upsert(
         return stmt.on_duplicate_key_update(pairs)
     if db not in ("postgresql", "sqlite"):
         raise ValueError(f"unsupported database {db!r}: use postgresql, mysql/mariadb or sqlite")
-    ins = postgresql.insert(model) if db == "postgresql" else sqlite.insert(model)
+    ins: Any
+    if db == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        ins = postgresql.insert(model)
+    else:
+        from sqlalchemy.dialects import sqlite
+
+        ins = sqlite.insert(model)
     new = ins.excluded
     return ins.on_conflict_do_update(
         index_elements=[table.c[k] for k in keys],
