@@ -11,12 +11,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from periodic_manager.db.engine import create_engine
-from periodic_manager.db.models import Base, UTCDateTime, include_object
+from periodic_manager.db.models import UTCDateTime, include_object, metadata
 from periodic_manager.migrations import dialect  # noqa: F401 - its DDL rule for MariaDB/MySQL
 from periodic_manager.settings import DEFAULT_DATABASE_URL
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def _url() -> str:

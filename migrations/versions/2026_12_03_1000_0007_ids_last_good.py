@@ -41,7 +41,7 @@ Last good versions (both backends):
 
 - ``pm_last_good``: per schedule key, the last good version of a row that turned bad, written by
   the manager that ran it, so that a manager that starts or takes over while the row is still bad
-  runs that version too (and judges it again first). See ``models.LastGood``.
+  runs that version too (and judges it again first). See ``models.last_good_table``.
 - ``pm_entries.last_good_since``: on a manager's error record for a row, since when it keeps the
   row's last good version running (null: none runs), for the API and the dashboard.
 

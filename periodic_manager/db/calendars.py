@@ -18,12 +18,12 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from periodic_manager.db.models import Calendar, PeriodicJob
+from periodic_manager.db.models import calendars_table, jobs_table
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.calendars import CalendarSpec, parse_stored
 
-C = Calendar.__table__.c
-J = PeriodicJob.__table__.c
+C = calendars_table.c
+J = jobs_table.c
 MAX_CALENDARS = 10_000  # read at most this many (a manager reads them at every sync that reads rows)
 
 
@@ -71,16 +71,16 @@ async def specs(conn: AsyncConnection) -> dict[str, CalendarSpec]:
 async def put(conn: AsyncConnection, name: str, spec: CalendarSpec, now: datetime) -> bool:
     """Write calendar ``name`` (checked name and content) and commit; True when it was created."""
     done = await conn.execute(
-        update(Calendar).where(C.name == name).values(spec=spec.text, updated_at=now)
+        update(calendars_table).where(C.name == name).values(spec=spec.text, updated_at=now)
     )
     created = not done.rowcount
     if created:
         try:
-            await conn.execute(insert(Calendar).values(name=name, spec=spec.text, updated_at=now))
+            await conn.execute(insert(calendars_table).values(name=name, spec=spec.text, updated_at=now))
         except IntegrityError:  # created meanwhile by another writer: this write replaces it
             await conn.rollback()
             await conn.execute(
-                update(Calendar).where(C.name == name).values(spec=spec.text, updated_at=now)
+                update(calendars_table).where(C.name == name).values(spec=spec.text, updated_at=now)
             )
             created = False
     await conn.commit()
@@ -90,7 +90,7 @@ async def put(conn: AsyncConnection, name: str, spec: CalendarSpec, now: datetim
 async def users(conn: AsyncConnection, name: str) -> list[str]:
     """Names of the schedules whose ``options.exclude`` names calendar ``name`` (rows are
     untrusted: options that cannot be read name nothing)."""
-    text = J.options.cast(Calendar.spec.type)
+    text = J.options.cast(calendars_table.c.spec.type)
     rows = await conn.execute(
         select(J.name, text).where(
             text.contains('"exclude"', autoescape=True), text.contains(f'"{name}"', autoescape=True)
@@ -116,6 +116,6 @@ async def remove(conn: AsyncConnection, name: str) -> list[str] | None:
     if found:
         await conn.rollback()
         return found
-    await conn.execute(delete(Calendar).where(C.name == name))
+    await conn.execute(delete(calendars_table).where(C.name == name))
     await conn.commit()
     return None

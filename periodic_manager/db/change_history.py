@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from periodic_manager.db import history
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import on_mysql, on_sqlite, reads_bytes
-from periodic_manager.db.models import ScheduleChange
+from periodic_manager.db.models import schedule_changes_table
 
 # The columns whose change is an entry (migration 0012 holds the same list, frozen).
 TRACKED = (*dbrows.CONTENT, "enabled", "description", "paused_note")
@@ -47,7 +47,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX_US = 10**16 - 1  # the trigger reads at most 16 digits
 
 Source = Literal["api", "import", "manager"]
-C = ScheduleChange.__table__.c
+C = schedule_changes_table.c
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,7 @@ async def stamp(conn: AsyncConnection, author: Author, now: datetime, since: int
     if since is None:
         return
     values = {"source": author.source, "actor": author.actor, "at": now}
-    await conn.execute(update(ScheduleChange).where(C.id > since).values(**values))
+    await conn.execute(update(schedule_changes_table).where(C.id > since).values(**values))
 
 
 async def unmark(conn: AsyncConnection) -> None:
@@ -111,7 +111,7 @@ async def unmark(conn: AsyncConnection) -> None:
 
 async def drop_old(engine: AsyncEngine, cutoff: datetime) -> int:
     """Delete entries with ``at`` before ``cutoff`` in bounded batches; the number deleted."""
-    return await history.drop_before(engine, ScheduleChange, C.id, C.at, cutoff)
+    return await history.drop_before(engine, schedule_changes_table, C.id, C.at, cutoff)
 
 
 async def cap(engine: AsyncEngine, per_schedule: int) -> int:
@@ -126,7 +126,7 @@ async def cap(engine: AsyncEngine, per_schedule: int) -> int:
     async with engine.connect() as conn:
         ids = [i for v in (await conn.execute(over)).scalars() if (i := dbrows.int_of(v)) is not None]
     return await history.keep_newest(
-        engine, ScheduleChange, C.id, C.schedule_id, (C.id.desc(),), ids, per_schedule
+        engine, schedule_changes_table, C.id, C.schedule_id, (C.id.desc(),), ids, per_schedule
     )
 
 
@@ -162,10 +162,10 @@ async def page(
     """How many entries the schedule has, and a page of them, the newest first."""
     where = C.schedule_id == schedule_id
     total = (
-        await conn.execute(select(func.count()).select_from(ScheduleChange).where(where))
+        await conn.execute(select(func.count()).select_from(schedule_changes_table).where(where))
     ).scalar_one()
     sqlite = reads_bytes(conn)
-    columns = [dbrows.raw(sqlite, c).label(c.name) for c in ScheduleChange.__table__.c]
+    columns = [dbrows.raw(sqlite, c).label(c.name) for c in schedule_changes_table.c]
     stmt = select(*columns).where(where).order_by(C.id.desc()).limit(limit).offset(offset)
     return int(total), [_row(sqlite, r) for r in (await conn.execute(stmt)).all()]
 

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import reads_bytes
-from periodic_manager.db.models import DeletedJob, PeriodicJob
+from periodic_manager.db.models import deleted_jobs_table, jobs_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +55,9 @@ class Watermark:
 
 async def watermark(conn: AsyncConnection) -> Watermark:
     """The :class:`Watermark` now: one statement, three index lookups."""
-    rows = select(func.coalesce(func.max(PeriodicJob.revision), 0)).scalar_subquery()
-    oldest = select(func.min(PeriodicJob.revision)).scalar_subquery()
-    tombs = select(func.coalesce(func.max(DeletedJob.revision), 0)).scalar_subquery()
+    rows = select(func.coalesce(func.max(jobs_table.c.revision), 0)).scalar_subquery()
+    oldest = select(func.min(jobs_table.c.revision)).scalar_subquery()
+    tombs = select(func.coalesce(func.max(deleted_jobs_table.c.revision), 0)).scalar_subquery()
     latest_row, oldest_row, latest_tombstone = (await conn.execute(select(rows, oldest, tombs))).one()
     return Watermark(int(max(latest_row, latest_tombstone)), None if oldest_row is None else int(oldest_row))
 
@@ -89,7 +89,7 @@ async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
     if revision == since:
         return None
     deleted = (
-        (await conn.execute(select(DeletedJob.id).where(DeletedJob.revision > since))).scalars().all()
+        (await conn.execute(select(deleted_jobs_table.c.id).where(deleted_jobs_table.c.revision > since))).scalars().all()
     )
     if 0 in deleted:  # TRUNCATE: no tombstone per row, read everything
         return Changes(revision, full=True)
@@ -98,7 +98,7 @@ async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
 
 def rows_since(columns: Sequence[ColumnElement[Any]]) -> Select[Any]:
     """``columns`` of the rows written after the revision bound as ``since``, by id."""
-    t = PeriodicJob.__table__.c
+    t = jobs_table.c
     return select(*columns).where(t.revision > bindparam("since")).order_by(t.id)
 
 
@@ -124,5 +124,5 @@ async def stream_rows(conn: AsyncConnection, partition: int = 1000) -> AsyncIter
 async def prune_tombstones(engine: AsyncEngine, older_than: datetime) -> int:
     """Delete tombstones older than ``older_than`` (a full read makes up for any pruned)."""
     async with engine.begin() as conn:
-        result = await conn.execute(delete(DeletedJob).where(DeletedJob.deleted_at < older_than))
+        result = await conn.execute(delete(deleted_jobs_table).where(deleted_jobs_table.c.deleted_at < older_than))
     return int(result.rowcount or 0)

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, func, insert, select
+from sqlalchemy import ColumnElement, Table, and_, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import RunRecord
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import chunks, on_mysql, reads_bytes
-from periodic_manager.db.models import Base, Run
+from periodic_manager.db.models import runs_table
 from periodic_manager.pacing import in_turns
 
 # pm_runs: rows per executemany, rows per age-based DELETE, DELETE rounds per prune.
@@ -65,12 +65,12 @@ async def write(conn: AsyncConnection, runs: Sequence[RunRecord], *, copy: bool)
                 records.append(tuple(h[c] for c in _RUN_COLUMNS))
         raw = await conn.get_raw_connection()
         await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
-            Run.__tablename__, records=records, columns=_RUN_COLUMNS
+            runs_table.name, records=records, columns=_RUN_COLUMNS
         )
         return
     for i in range(0, len(runs), _INSERT_CHUNK):
         part = runs[i : i + _INSERT_CHUNK]
-        await conn.execute(insert(Run), [_run_values(run) for run in part])
+        await conn.execute(insert(runs_table), [_run_values(run) for run in part])
 
 
 async def record_trigger(
@@ -86,7 +86,7 @@ async def record_trigger(
     rolls the transaction back and is raised."""
     values = _values(schedule_key, name, at, status, at, message_id or None, error or None)
     try:
-        await conn.execute(insert(Run).values(values))
+        await conn.execute(insert(runs_table).values(values))
         await conn.commit()
     except Exception:
         await conn.rollback()
@@ -106,7 +106,7 @@ async def record_api_runs(
     values = [_values(schedule_key, name, slot, st, at, mid or None, err or None) for slot, st, at, mid, err in runs]
     try:
         for i in range(0, len(values), _INSERT_CHUNK):
-            await conn.execute(insert(Run), values[i : i + _INSERT_CHUNK])
+            await conn.execute(insert(runs_table), values[i : i + _INSERT_CHUNK])
         await conn.commit()
     except Exception:
         await conn.rollback()
@@ -149,32 +149,32 @@ def _values(
 async def drop_old(engine: AsyncEngine, cutoff: datetime) -> int:
     """Delete rows with ``at`` before ``cutoff`` in bounded batches (at most ``_PRUNE_ROUNDS``
     per call; the rest goes at the next call); returns the number of rows deleted."""
-    return await drop_before(engine, Run, Run.__table__.c.id, Run.__table__.c.at, cutoff)
+    return await drop_before(engine, runs_table, runs_table.c.id, runs_table.c.at, cutoff)
 
 
 async def cap(engine: AsyncEngine, keys: Iterable[str], per_schedule: int) -> int:
     """Keep the newest ``per_schedule`` rows of every schedule in ``keys``, a bounded number of
     schedules per statement; returns the number of rows deleted."""
-    c = Run.__table__.c
+    c = runs_table.c
     order = (c.slot_at.desc(), c.id.desc())
-    return await keep_newest(engine, Run, c.id, c.schedule_key, order, sorted(set(keys)), per_schedule)
+    return await keep_newest(engine, runs_table, c.id, c.schedule_key, order, sorted(set(keys)), per_schedule)
 
 
 async def drop_before(
     engine: AsyncEngine,
-    model: type[Base],
+    table: Table,
     id_col: ColumnElement[Any],
     at_col: ColumnElement[Any],
     cutoff: datetime,
 ) -> int:
-    """Delete the rows of a history table ``model`` (primary key ``id_col``) whose ``at_col`` is
+    """Delete the rows of a history table ``table`` (primary key ``id_col``) whose ``at_col`` is
     before ``cutoff``, in bounded batches (at most ``_PRUNE_ROUNDS`` per call; the rest goes at
     the next call); the number deleted."""
     removed = 0
     old = select(id_col).where(at_col < cutoff).order_by(at_col).limit(_PRUNE_BATCH)
-    stmt = delete(model).where(id_col.in_(old.scalar_subquery()))
+    stmt = delete(table).where(id_col.in_(old.scalar_subquery()))
     if on_mysql(engine):  # no LIMIT in a subquery of IN there; a DELETE takes one itself
-        stmt = delete(model).where(at_col < cutoff).with_dialect_options(mysql_limit=_PRUNE_BATCH)
+        stmt = delete(table).where(at_col < cutoff).with_dialect_options(mysql_limit=_PRUNE_BATCH)
     for _ in range(_PRUNE_ROUNDS):
         async with engine.begin() as conn:
             result = await conn.execute(stmt)
@@ -186,7 +186,7 @@ async def drop_before(
 
 async def keep_newest(
     engine: AsyncEngine,
-    model: type[Base],
+    table: Table,
     id_col: ColumnElement[Any],
     key_col: ColumnElement[Any],
     order: Sequence[ColumnElement[Any]],
@@ -194,7 +194,7 @@ async def keep_newest(
     per_key: int,
 ) -> int:
     """Keep the first ``per_key`` rows by ``order`` of every ``key_col`` value in ``keys`` of a
-    history table ``model`` (primary key ``id_col``), a bounded number of keys per statement;
+    history table ``table`` (primary key ``id_col``), a bounded number of keys per statement;
     the number deleted."""
     removed = 0
     for part in chunks(list(keys)):
@@ -202,7 +202,7 @@ async def keep_newest(
         ranked = select(id_col.label("id"), rank).where(key_col.in_(part)).subquery()
         excess = select(ranked.c.id).where(ranked.c.rn > per_key)
         async with engine.begin() as conn:
-            result = await conn.execute(delete(model).where(id_col.in_(excess.scalar_subquery())))
+            result = await conn.execute(delete(table).where(id_col.in_(excess.scalar_subquery())))
         removed += int(result.rowcount)
     return removed
 
@@ -215,15 +215,15 @@ async def page(
 ) -> tuple[int, list[RunRow]]:
     """How many runs the schedule has (with ``status``, when given), and a page of them, the
     newest slot first."""
-    where = [Run.schedule_key == schedule_key]
+    where = [runs_table.c.schedule_key == schedule_key]
     if status is not None:
-        where.append(Run.status == status)
-    total = (await conn.execute(select(func.count()).select_from(Run).where(*where))).scalar_one()
+        where.append(runs_table.c.status == status)
+    total = (await conn.execute(select(func.count()).select_from(runs_table).where(*where))).scalar_one()
     sqlite = reads_bytes(conn)
     stmt = (
         select(*_raw(sqlite))
         .where(*where)
-        .order_by(Run.slot_at.desc(), Run.id.desc())
+        .order_by(runs_table.c.slot_at.desc(), runs_table.c.id.desc())
         .limit(limit)
         .offset(offset)
     )
@@ -233,9 +233,9 @@ async def page(
 async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, RunRow]:
     """The newest history row (by slot) of each key."""
     newest = (
-        select(Run.schedule_key, func.max(Run.slot_at).label("slot_at"))
-        .where(Run.schedule_key.in_(keys))
-        .group_by(Run.schedule_key)
+        select(runs_table.c.schedule_key, func.max(runs_table.c.slot_at).label("slot_at"))
+        .where(runs_table.c.schedule_key.in_(keys))
+        .group_by(runs_table.c.schedule_key)
         .subquery()
     )
     sqlite = reads_bytes(conn)
@@ -243,9 +243,9 @@ async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, Run
         select(*_raw(sqlite))
         .join(
             newest,
-            and_(Run.schedule_key == newest.c.schedule_key, Run.slot_at == newest.c.slot_at),
+            and_(runs_table.c.schedule_key == newest.c.schedule_key, runs_table.c.slot_at == newest.c.slot_at),
         )
-        .order_by(Run.id)
+        .order_by(runs_table.c.id)
     )
     out: dict[str, RunRow] = {}
     for r in (await conn.execute(stmt)).all():  # ties on a slot: the newest row wins
@@ -259,11 +259,11 @@ async def slots_with(
 ) -> set[datetime]:
     """The slots in ``[start, end)`` the history records with one of ``statuses`` (UTC)."""
     sqlite = reads_bytes(conn)
-    stmt = select(dbrows.raw_instant(sqlite, Run.__table__.c.slot_at).label("slot_at")).where(
-        Run.schedule_key == schedule_key,
-        Run.status.in_(list(statuses)),
-        Run.slot_at >= start.astimezone(UTC),
-        Run.slot_at < end.astimezone(UTC),
+    stmt = select(dbrows.raw_instant(sqlite, runs_table.c.slot_at).label("slot_at")).where(
+        runs_table.c.schedule_key == schedule_key,
+        runs_table.c.status.in_(list(statuses)),
+        runs_table.c.slot_at >= start.astimezone(UTC),
+        runs_table.c.slot_at < end.astimezone(UTC),
     )
     out: set[datetime] = set()
     for r in (await conn.execute(stmt)).all():
@@ -275,7 +275,7 @@ async def slots_with(
 
 def _raw(sqlite: bool) -> list[Any]:
     """Every column of ``pm_runs`` raw (:func:`periodic_manager.db.rows.raw`)."""
-    return [dbrows.raw(sqlite, c).label(c.name) for c in Run.__table__.c]
+    return [dbrows.raw(sqlite, c).label(c.name) for c in runs_table.c]
 
 
 def _row(sqlite: bool, r: Any) -> RunRow:

@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.contracts import LastGoodVersion, StoredVersion
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import chunks, reads_bytes
-from periodic_manager.db.models import LastGood
+from periodic_manager.db.models import last_good_table
 from periodic_manager.db.upsert import upsert
 
-_T = LastGood.__table__
+_T = last_good_table
 # The columns of a version in the order the row judge reads a row's content (then effective_at).
 _JUDGED = (*dbrows.CONTENT, "effective_at")
 
@@ -62,7 +62,7 @@ async def save(engine: AsyncEngine, versions: Sequence[LastGoodVersion]) -> None
     def newer(new: Any) -> Any:
         return or_(t.bad_revision.is_(None), new.bad_revision.is_(None), new.bad_revision >= t.bad_revision)
 
-    stmt = upsert(engine, LastGood, ["schedule_key"], assign, newer)
+    stmt = upsert(engine, last_good_table, ["schedule_key"], assign, newer)
     async with engine.begin() as conn:
         await conn.execute(stmt, [_values(v) for v in versions])
 
@@ -115,7 +115,7 @@ async def forget(engine: AsyncEngine, keys: Sequence[str], revision: int | None)
     stale: ColumnElement[bool] = _T.c.schedule_key.in_(bindparam("keys", expanding=True))
     if revision is not None:
         stale = stale & or_(_T.c.bad_revision.is_(None), _T.c.bad_revision <= revision)
-    stmt = delete(LastGood).where(stale)
+    stmt = delete(last_good_table).where(stale)
     async with engine.begin() as conn:
         for part in chunks(keys):
             await conn.execute(stmt, {"keys": list(part)})

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from periodic_manager.db.models import Partition
+from periodic_manager.db.models import partitions_table
 
 
 def partition_sql(column: ColumnElement[Any], count: Any) -> ColumnElement[Any]:
@@ -23,16 +23,16 @@ def partition_sql(column: ColumnElement[Any], count: Any) -> ColumnElement[Any]:
 
 async def partition_count(conn: AsyncConnection) -> int:
     """How many partitions the database has (its rows of ``pm_partitions``)."""
-    return int((await conn.execute(select(func.count()).select_from(Partition))).scalar_one())
+    return int((await conn.execute(select(func.count()).select_from(partitions_table))).scalar_one())
 
 
 async def holders(conn: AsyncConnection) -> dict[str, list[int]]:
     """The partitions each holder's lease names, by holder (ascending); a lease past its
     ``expires_at`` still names its holder until another manager takes it."""
     rows = await conn.execute(
-        select(Partition.holder, Partition.partition)
-        .where(Partition.holder.is_not(None))
-        .order_by(Partition.partition)
+        select(partitions_table.c.holder, partitions_table.c.partition)
+        .where(partitions_table.c.holder.is_not(None))
+        .order_by(partitions_table.c.partition)
     )
     held: dict[str, list[int]] = {}
     for holder, partition in rows:

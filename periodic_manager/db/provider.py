@@ -34,7 +34,7 @@ from periodic_manager.db import changes
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import reads_bytes
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import jobs_table
 from periodic_manager.db.partitions import partition_sql
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -76,7 +76,7 @@ class DatabaseProvider:
         # Rejected rows by id, with the revision they were judged at: a bad row is not judged
         # again until it changes (good rows are remembered by the manager's entries).
         self._errors: dict[int, tuple[int, RowError]] = {}
-        t = PeriodicJob.__table__.c
+        t = jobs_table.c
         cols = [*dbrows.columns(self._bytes), t.revision]
         self._full = select(*cols).where(dbrows.not_disabled(self._bytes)).order_by(t.id)
         self._changed = changes.rows_since(cols)
@@ -115,7 +115,7 @@ class DatabaseProvider:
 
     @staticmethod
     def _mine(parts: str = "held_partitions") -> ColumnElement[bool]:
-        t = PeriodicJob.__table__.c
+        t = jobs_table.c
         count = bindparam("partition_count", type_=Integer)
         return partition_sql(t.id, count) == any_(bindparam(parts, type_=ARRAY(Integer)))
 

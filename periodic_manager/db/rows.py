@@ -34,7 +34,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
-from periodic_manager.db.models import PeriodicJob, UTCDateTime
+from periodic_manager.db.models import UTCDateTime, jobs_table
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import UNKNOWN_START
 
@@ -85,13 +85,13 @@ def _stored_mysql(element: stored_bytes, compiler: Any, **kw: Any) -> str:
 def columns(sqlite: bool, *, display: bool = False) -> list[ColumnElement[Any]]:
     """The raw columns of a row (:data:`FIELDS` order; without DISPLAY unless asked)."""
     names = ("enabled", *CONTENT, "effective_at", *(DISPLAY if display else ()))
-    return [PeriodicJob.__table__.c.id, *(column(sqlite, n) for n in names)]
+    return [jobs_table.c.id, *(column(sqlite, n) for n in names)]
 
 
 def column(sqlite: bool, name: str, table: FromClause | None = None) -> ColumnElement[Any]:
     """One column of ``periodic_jobs`` (or of ``table``, which holds a row's columns under the
     same names) in its raw form (decode it with :func:`decode`)."""
-    col = (table if table is not None else PeriodicJob.__table__).c[name]
+    col = (table if table is not None else jobs_table).c[name]
     if name == "id":
         return col
     if name in _INSTANTS:
@@ -116,7 +116,7 @@ def raw_instant(sqlite: bool, col: ColumnElement[Any]) -> ColumnElement[Any]:
 def enabled_is(sqlite: bool, value: bool) -> ColumnElement[bool]:
     """SQL condition "``enabled`` is judged ``value``" (exactly what :func:`judge_enabled` says;
     a row whose ``enabled`` is neither matches neither)."""
-    return bool_is(sqlite, PeriodicJob.__table__.c.enabled, value)
+    return bool_is(sqlite, jobs_table.c.enabled, value)
 
 
 def bool_is(sqlite: bool, col: ColumnElement[Any], value: bool) -> ColumnElement[bool]:
@@ -129,7 +129,7 @@ def bool_is(sqlite: bool, col: ColumnElement[Any], value: bool) -> ColumnElement
 
 def not_disabled(sqlite: bool) -> ColumnElement[bool]:
     """SQL condition for the rows a full read must judge: all but those surely disabled."""
-    t = PeriodicJob.__table__.c
+    t = jobs_table.c
     col: ColumnElement[Any] = t.enabled
     if sqlite:
         # Any value but 0 must reach the judge: 1 is enabled, anything else ('yes', 2, a blob)

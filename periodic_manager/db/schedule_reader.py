@@ -19,11 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import reads_bytes
-from periodic_manager.db.models import Entry, PeriodicJob
+from periodic_manager.db.models import entries_table, jobs_table
 from periodic_manager.db.store_reads import rejected
 from periodic_manager.schedules.rules import DEFAULT_QUEUE
 
-T = PeriodicJob.__table__.c
+T = jobs_table.c
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ def _conditions(f: Filters, sqlite: bool) -> list[ColumnElement[bool]]:
     if f.in_error is not None:
         assert f.alive_after is not None, "in_error needs alive_after"
         rejected_ids = cast(T.id, String).in_(
-            rejected(f.alive_after).with_only_columns(Entry.schedule_key)
+            rejected(f.alive_after).with_only_columns(entries_table.c.schedule_key)
         )
         conds.append(rejected_ids if f.in_error else ~rejected_ids)
     return conds
@@ -72,10 +72,10 @@ def _conditions(f: Filters, sqlite: bool) -> list[ColumnElement[bool]]:
 
 def _queue_is(sqlite: bool, queue: str) -> ColumnElement[bool]:
     """Rows whose ``options.queue`` is ``queue`` (absent means the default queue)."""
-    value: ColumnElement[Any] = func.coalesce(PeriodicJob.options["queue"].as_string(), DEFAULT_QUEUE)
+    value: ColumnElement[Any] = func.coalesce(jobs_table.c.options["queue"].as_string(), DEFAULT_QUEUE)
     if sqlite:
         # Rows written with SQL may hold text that is not JSON, which json_extract refuses.
-        value = case((func.json_valid(PeriodicJob.options) == 1, value), else_=None)
+        value = case((func.json_valid(jobs_table.c.options) == 1, value), else_=None)
     return value == queue
 
 
@@ -128,7 +128,7 @@ async def exists(conn: AsyncConnection, schedule_id: int) -> bool:
 
 async def count(conn: AsyncConnection, filters: Filters) -> int:
     """How many rows ``filters`` lets through."""
-    stmt = select(func.count()).select_from(PeriodicJob).where(_where(conn, filters))
+    stmt = select(func.count()).select_from(jobs_table).where(_where(conn, filters))
     return int((await conn.execute(stmt)).scalar_one())
 
 

@@ -43,12 +43,12 @@ from periodic_manager.db import change_history
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.change_history import API, IMPORT, Author
 from periodic_manager.db.engine import backend, chunks, on_sqlite, reads_bytes
-from periodic_manager.db.models import LastGood, PeriodicJob, Run, ScheduleState
+from periodic_manager.db.models import jobs_table, last_good_table, runs_table, schedule_state_table
 from periodic_manager.db.schedule_reader import select_rows
 from periodic_manager.db.stored import Raw, bind
 from periodic_manager.errors import ConfigError, NameConflict
 
-T = PeriodicJob.__table__.c
+T = jobs_table.c
 _ENABLED = dbrows.FIELDS.index("enabled")
 
 # Columns whose change gives a schedule new slots or keys: writing one (or resuming) moves the
@@ -104,7 +104,7 @@ async def lock(conn: AsyncConnection, schedule_id: int) -> tuple[Any, ...] | Non
 
 async def _write_lock(conn: AsyncConnection) -> None:
     """SQLite: take the database's write lock (held to commit) with a write that touches nothing."""
-    await conn.execute(update(PeriodicJob).where(false()).values(id=PeriodicJob.id))
+    await conn.execute(update(jobs_table).where(false()).values(id=jobs_table.c.id))
 
 
 @asynccontextmanager
@@ -136,7 +136,7 @@ async def create(
     name = fields["name"]
     if await _name_taken(conn, name):
         raise NameConflict(name)
-    stmt = insert(PeriodicJob).values(**fields, **born(now, fields, by=author.source))
+    stmt = insert(jobs_table).values(**fields, **born(now, fields, by=author.source))
     return int((await _commit(conn, stmt.returning(T.id), name, author, now)).scalar_one())
 
 
@@ -156,7 +156,7 @@ async def update_row(
     if "name" in changes and await _name_taken(conn, changes["name"], schedule_id):
         raise NameConflict(changes["name"])
     written = {**changes, **stamps(changes, was_enabled, now, by=author.source)}
-    stmt = update(PeriodicJob).where(T.id == schedule_id).values(**written)
+    stmt = update(jobs_table).where(T.id == schedule_id).values(**written)
     await _commit(conn, stmt, name, author, now)
 
 
@@ -177,7 +177,7 @@ async def set_enabled(
     if not enabled:
         written["paused_note"] = note
     async with _authored(conn, author, now):
-        await conn.execute(update(PeriodicJob).where(T.id == schedule_id).values(**written))
+        await conn.execute(update(jobs_table).where(T.id == schedule_id).values(**written))
     await conn.commit()
 
 
@@ -248,10 +248,10 @@ async def delete_rows(conn: AsyncConnection, ids: Sequence[int]) -> None:
     history, last good versions (in the caller's transaction; their change history stays)."""
     for part in chunks(list(dict.fromkeys(ids))):  # IN (...) lists within the driver's limit
         keys = [str(i) for i in part]
-        await conn.execute(delete(PeriodicJob).where(T.id.in_(part)))
-        await conn.execute(delete(ScheduleState).where(ScheduleState.schedule_key.in_(keys)))
-        await conn.execute(delete(Run).where(Run.schedule_key.in_(keys)))
-        await conn.execute(delete(LastGood).where(LastGood.schedule_key.in_(keys)))
+        await conn.execute(delete(jobs_table).where(T.id.in_(part)))
+        await conn.execute(delete(schedule_state_table).where(schedule_state_table.c.schedule_key.in_(keys)))
+        await conn.execute(delete(runs_table).where(runs_table.c.schedule_key.in_(keys)))
+        await conn.execute(delete(last_good_table).where(last_good_table.c.schedule_key.in_(keys)))
 
 
 # -- the import: many rows, one transaction -------------------------------------------------------
@@ -290,17 +290,17 @@ async def write_import(
             stored = {c: bind(c, r, db) for c, r in row.stored.items()}
             if row.row_id is None:
                 stamped = born(now, row.values, by=IMPORT.source)
-                await conn.execute(insert(PeriodicJob).values(**{**row.values, **stamped, **stored}))
+                await conn.execute(insert(jobs_table).values(**{**row.values, **stamped, **stored}))
                 continue
             written = {**row.values, **stored}
             # New slots or keys, or a resume: nothing before now may be looked back at.
             values = {**stamps(written, row.was_enabled, now, by=IMPORT.source), **written}
-            await conn.execute(update(PeriodicJob).where(T.id == row.row_id).values(**values))
+            await conn.execute(update(jobs_table).where(T.id == row.row_id).values(**values))
             if row.updated_at is not None:
                 # Written again alone: the edit above has the triggers stamp it (0004).
                 stamp = bind("updated_at", row.updated_at, db)
                 await conn.execute(
-                    update(PeriodicJob).where(T.id == row.row_id).values(updated_at=stamp)
+                    update(jobs_table).where(T.id == row.row_id).values(updated_at=stamp)
                 )
         if delete_ids:
             await delete_rows(conn, delete_ids)

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import reads_bytes
-from periodic_manager.db.models import Entry, PeriodicJob, Run
+from periodic_manager.db.models import entries_table, jobs_table, runs_table
 from periodic_manager.db.store_reads import rejected
 
 
@@ -26,18 +26,18 @@ async def schedule_counts(conn: AsyncConnection, alive_after: datetime) -> tuple
     list's filter it links to (``enabled=true``, ``enabled=false``, ``in_error=true``). A row whose
     ``enabled`` is neither true nor false (SQL wrote ``'yes'``) is neither enabled nor paused: it
     is a row error, "in error" once a live manager reports it."""
-    rejected_keys = rejected(alive_after).with_only_columns(Entry.schedule_key)
+    rejected_keys = rejected(alive_after).with_only_columns(entries_table.c.schedule_key)
     in_error = (
         select(func.count())
-        .select_from(PeriodicJob)
-        .where(cast(PeriodicJob.id, String).in_(rejected_keys))
+        .select_from(jobs_table)
+        .where(cast(jobs_table.c.id, String).in_(rejected_keys))
         .scalar_subquery()
     )
     sqlite = reads_bytes(conn)
     total, on, off, bad = (
         await conn.execute(
             select(func.count(), _tally(sqlite, True), _tally(sqlite, False), in_error)
-            .select_from(PeriodicJob)
+            .select_from(jobs_table)
         )
     ).one()
     return int(total), int(on), int(off), int(bad)
@@ -49,7 +49,7 @@ async def enabled_counts(conn: AsyncConnection) -> dict[bool, int]:
     2 on SQLite) is in neither count."""
     sqlite = reads_bytes(conn)
     on, off = (
-        await conn.execute(select(_tally(sqlite, True), _tally(sqlite, False)).select_from(PeriodicJob))
+        await conn.execute(select(_tally(sqlite, True), _tally(sqlite, False)).select_from(jobs_table))
     ).one()
     return {True: int(on), False: int(off)}
 
@@ -67,9 +67,9 @@ def _per_minute_sqlite(minutes: int) -> Any:
     the parameters ``b0`` .. ``b<minutes>``."""
     return union_all(
         *(
-            select(literal_column(str(i)), Run.status, func.count())
-            .where(Run.at >= bindparam(f"b{i}"), Run.at < bindparam(f"b{i + 1}"))
-            .group_by(Run.status)
+            select(literal_column(str(i)), runs_table.c.status, func.count())
+            .where(runs_table.c.at >= bindparam(f"b{i}"), runs_table.c.at < bindparam(f"b{i + 1}"))
+            .group_by(runs_table.c.status)
             for i in range(minutes)
         )
     )
@@ -79,16 +79,16 @@ def _per_minute_postgres(start: datetime, minutes: int, version: tuple[Any, ...]
     """Grouped by minute and status, counted (PostgreSQL aggregates by hash; 60 range scans were
     1.4x slower). ``date_bin`` (PostgreSQL 14) cuts the minute 1.6x cheaper than ``date_trunc``,
     which converts every instant to the session's zone; both give the same UTC minutes."""
-    since = bindparam("start", start, type_=Run.at.type)
+    since = bindparam("start", start, type_=runs_table.c.at.type)
     if version >= (14,):
-        minute = func.date_bin(literal_column("interval '1 minute'"), Run.at, since)
+        minute = func.date_bin(literal_column("interval '1 minute'"), runs_table.c.at, since)
     else:
-        minute = func.date_trunc("minute", Run.at)
+        minute = func.date_trunc("minute", runs_table.c.at)
     end = start + timedelta(minutes=minutes)
     return (
-        select(minute, Run.status, func.count())
-        .where(Run.at >= since, Run.at < end)
-        .group_by(minute, Run.status)
+        select(minute, runs_table.c.status, func.count())
+        .where(runs_table.c.at >= since, runs_table.c.at < end)
+        .group_by(minute, runs_table.c.status)
     )
 
 
@@ -119,9 +119,9 @@ async def lateness_counts(
     (whole milliseconds) with how many slots had it, smallest first. The bound keeps the cost
     flat however busy the window was."""
     newest = (
-        select(Run.lateness_ms)
-        .where(Run.status == "enqueued", Run.at >= start)
-        .order_by(Run.at.desc())
+        select(runs_table.c.lateness_ms)
+        .where(runs_table.c.status == "enqueued", runs_table.c.at >= start)
+        .order_by(runs_table.c.at.desc())
         .limit(sample)
         .subquery()
     )

@@ -60,7 +60,7 @@ from periodic_manager.contracts import (
 )
 from periodic_manager.db import change_history, history, last_good, store_reads
 from periodic_manager.db.engine import backend, chunks, on_sqlite
-from periodic_manager.db.models import Entry, Manager, ScheduleState
+from periodic_manager.db.models import entries_table, managers_table, schedule_state_table
 from periodic_manager.db.store_reads import COUNT_COLUMNS
 from periodic_manager.db.upsert import upsert
 from periodic_manager.errors import NotFoundError
@@ -129,12 +129,12 @@ class DatabaseRuntimeStore:
             **_status_values(status),
         }
         stmt = upsert(
-            self.engine, Manager, ["manager_id"],
+            self.engine, managers_table, ["manager_id"],
             lambda new: [(k, new[k]) for k in values if k != "manager_id"],
         ).values(values)  # fmt: skip
         async with self.engine.begin() as conn:
             await conn.execute(stmt)
-            await conn.execute(delete(Entry).where(Entry.manager_id == info.manager_id))
+            await conn.execute(delete(entries_table).where(entries_table.c.manager_id == info.manager_id))
 
     async def heartbeat(
         self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
@@ -156,7 +156,7 @@ class DatabaseRuntimeStore:
             await self._maybe_prune(status.heartbeat_at, shared=status.shared_work)
             return
         stmt = (
-            update(Manager).where(Manager.manager_id == manager_id).values(_status_values(status))
+            update(managers_table).where(managers_table.c.manager_id == manager_id).values(_status_values(status))
         )
         async with self.engine.begin() as conn:
             result = await conn.execute(stmt)
@@ -205,15 +205,15 @@ class DatabaseRuntimeStore:
         async with self.engine.begin() as conn:
             for chunk in chunks(removed):
                 await conn.execute(
-                    delete(Entry).where(Entry.manager_id == manager_id, Entry.entry_id.in_(chunk))
+                    delete(entries_table).where(entries_table.c.manager_id == manager_id, entries_table.c.entry_id.in_(chunk))
                 )
             if upserts and self._copy:
                 await self._upsert_entries_pg(conn, manager_id, upserts)
             elif upserts:
                 stmt = upsert(
-                    self.engine, Entry, ["manager_id", "entry_id"],
+                    self.engine, entries_table, ["manager_id", "entry_id"],
                     lambda new: [
-                        (c.name, new[c.name]) for c in Entry.__table__.c
+                        (c.name, new[c.name]) for c in entries_table.c
                         if c.name not in ("manager_id", "entry_id")
                     ],
                 )  # fmt: skip
@@ -287,7 +287,7 @@ class DatabaseRuntimeStore:
         recorded sent after the stored settled slot (read under a row lock on PostgreSQL, in
         the transaction that moves it): a slot found duplicate after a takeover, or recorded by
         two managers, counts once."""
-        t = ScheduleState.__table__.c
+        t = schedule_state_table.c
         done: dict[str, datetime | None] = {}
         for chunk in chunks(keys):
             stmt = select(t.schedule_key, t.last_done_at).where(t.schedule_key.in_(chunk))
@@ -337,13 +337,13 @@ class DatabaseRuntimeStore:
         return removed + await change_history.cap(self.engine, self.changes_per_schedule)
 
     def _state_upsert(self) -> Any:
-        t = ScheduleState.__table__.c
-        return upsert(self.engine, ScheduleState, ["schedule_key"], lambda new: _state_assign(t, new))
+        t = schedule_state_table.c
+        return upsert(self.engine, schedule_state_table, ["schedule_key"], lambda new: _state_assign(t, new))
 
     async def unregister_manager(self, manager_id: str) -> None:
         """Remove the manager; its entries go with it (ON DELETE CASCADE)."""
         async with self.engine.begin() as conn:
-            await conn.execute(delete(Manager).where(Manager.manager_id == manager_id))
+            await conn.execute(delete(managers_table).where(managers_table.c.manager_id == manager_id))
 
     async def reap(self, older_than: datetime) -> int:
         """Remove managers whose heartbeat is older than ``older_than`` (entries cascade)."""
@@ -363,9 +363,9 @@ class DatabaseRuntimeStore:
         self, schedule_key: str, failures: int, checked_at: datetime
     ) -> None:
         """Store the count up to the run of slot ``checked_at``, only forward."""
-        t = ScheduleState.__table__.c
+        t = schedule_state_table.c
         stmt = (
-            update(ScheduleState)
+            update(schedule_state_table)
             .where(
                 t.schedule_key == schedule_key,
                 or_(t.failures_checked_at.is_(None), t.failures_checked_at < checked_at),
@@ -377,9 +377,9 @@ class DatabaseRuntimeStore:
 
     async def reset_failure_count(self, schedule_key: str) -> None:
         """Count from 0 again (the schedule was paused for its failures)."""
-        t = ScheduleState.__table__.c
+        t = schedule_state_table.c
         stmt = (
-            update(ScheduleState)
+            update(schedule_state_table)
             .where(t.schedule_key == schedule_key)
             .values(consecutive_failures=0)
         )
@@ -397,7 +397,7 @@ class DatabaseRuntimeStore:
     async def settled_after(self, since: datetime) -> dict[str, datetime]:
         """The latest settled slot of each schedule settled after ``since`` (read once per
         takeover, in slices)."""
-        t = ScheduleState.__table__.c
+        t = schedule_state_table.c
         stmt = select(t.schedule_key, t.last_done_at).where(t.last_done_at > since)
         async with self.engine.connect() as conn:
             result = await conn.stream(stmt.execution_options(yield_per=_STREAM_ROWS))
@@ -441,15 +441,15 @@ def _status_values(status: ManagerStatus) -> dict[str, Any]:
 
 # The cold-start path of apply_entries on PostgreSQL: COPY into a table dropped at commit, then
 # one INSERT .. ON CONFLICT from it (COPY alone cannot replace a row already there).
-_ENTRY_COLUMNS = tuple(c.name for c in Entry.__table__.c)
+_ENTRY_COLUMNS = tuple(c.name for c in entries_table.c)
 # The columns of a copied row: the manager id, then an EntryRecord's fields.
 _ENTRY_COPIED = ("manager_id", *("held_slot_at" if f == "held_slot" else f for f in EntryRecord._fields))
 assert sorted(_ENTRY_COPIED) == sorted(_ENTRY_COLUMNS), "pm_entries and EntryRecord disagree"
-_TASK_ID: int = Entry.__table__.c.previous_task_id.type.length  # type: ignore[attr-defined]  # cut to it
+_TASK_ID: int = entries_table.c.previous_task_id.type.length  # type: ignore[attr-defined]  # cut to it
 _ENTRY_STAGED = "pm_entries_in"
-_ENTRY_STAGE = f"CREATE TEMP TABLE {_ENTRY_STAGED} (LIKE {Entry.__tablename__}) ON COMMIT DROP"
+_ENTRY_STAGE = f"CREATE TEMP TABLE {_ENTRY_STAGED} (LIKE {entries_table.name}) ON COMMIT DROP"
 _ENTRY_MERGE = (
-    f"INSERT INTO {Entry.__tablename__} SELECT * FROM {_ENTRY_STAGED}"
+    f"INSERT INTO {entries_table.name} SELECT * FROM {_ENTRY_STAGED}"
     " ON CONFLICT (manager_id, entry_id) DO UPDATE SET "
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ENTRY_COLUMNS if c not in ("manager_id", "entry_id"))
 )
@@ -542,13 +542,13 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
 # ``reap_before``, the managers whose heartbeat is older removed (never this one: both parts see
 # the same snapshot, in which its own row may still be old). The number of rows beaten (0: gone).
 _BEAT_PG = (
-    f"WITH beat AS (UPDATE {Manager.__tablename__} SET heartbeat_at = $1, is_leader = $2,"
+    f"WITH beat AS (UPDATE {managers_table.name} SET heartbeat_at = $1, is_leader = $2,"
     " last_sync_at = $3, last_sync_error = $4, entry_count = $5 WHERE manager_id = $6 RETURNING 1),"
-    f" reaped AS (DELETE FROM {Manager.__tablename__} WHERE heartbeat_at < $7 AND manager_id <> $6)"
+    f" reaped AS (DELETE FROM {managers_table.name} WHERE heartbeat_at < $7 AND manager_id <> $6)"
     " SELECT count(*) FROM beat"
 )
 
 
 def _reap(older_than: datetime) -> Any:
     """The statement that removes managers whose heartbeat is older than ``older_than``."""
-    return delete(Manager).where(Manager.heartbeat_at < older_than)
+    return delete(managers_table).where(managers_table.c.heartbeat_at < older_than)

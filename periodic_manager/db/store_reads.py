@@ -27,7 +27,12 @@ from periodic_manager.contracts import (
 )
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import chunks, reads_bytes
-from periodic_manager.db.models import Entry, Manager, Run, ScheduleState
+from periodic_manager.db.models import (
+    entries_table,
+    managers_table,
+    runs_table,
+    schedule_state_table,
+)
 
 # Stored counters, one column per run status.
 COUNT_COLUMNS = {
@@ -38,15 +43,15 @@ COUNT_COLUMNS = {
     "held": "held_count",
     "resent": "resent_count",
 }
-_STATE_NAMES = [c.name for c in ScheduleState.__table__.c]
-_E = Entry.__table__.c
+_STATE_NAMES = [c.name for c in schedule_state_table.c]
+_E = entries_table.c
 
 
 def _cols(sqlite: bool, table: Any, prefix: str) -> list[Any]:
     """Every column of ``table`` raw (:func:`periodic_manager.db.rows.raw`: anyone with SQL
     access writes these tables too, so each row is decoded alone), labelled ``prefix`` + name so
     that one joined row names every table's columns without clashes."""
-    return [dbrows.raw(sqlite, c).label(f"{prefix}{c.name}") for c in table.__table__.c]
+    return [dbrows.raw(sqlite, c).label(f"{prefix}{c.name}") for c in table.c]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +100,9 @@ async def live_managers(conn: AsyncConnection, alive_after: datetime) -> list[Ma
     """Live managers, the leader first, then by id."""
     sqlite = reads_bytes(conn)
     stmt = (
-        select(*_cols(sqlite, Manager, "m_"))
-        .where(Manager.heartbeat_at >= alive_after)
-        .order_by(Manager.is_leader.desc(), Manager.manager_id)
+        select(*_cols(sqlite, managers_table, "m_"))
+        .where(managers_table.c.heartbeat_at >= alive_after)
+        .order_by(managers_table.c.is_leader.desc(), managers_table.c.manager_id)
     )
     found = [_manager_record(sqlite, r._mapping) for r in (await conn.execute(stmt)).all()]
     live = [m for m in found if m is not None]
@@ -109,9 +114,9 @@ async def live_counts(conn: AsyncConnection, alive_after: datetime) -> tuple[int
     """How many managers are live, and how many of them lead (counted by the database: no row
     is read, so no stored value can fail the count). ``is_leader`` counts when judged true
     (:func:`periodic_manager.db.rows.bool_is`)."""
-    leads = dbrows.bool_is(reads_bytes(conn), Manager.__table__.c.is_leader, True)
+    leads = dbrows.bool_is(reads_bytes(conn), managers_table.c.is_leader, True)
     stmt = select(func.count(), func.coalesce(func.sum(case((leads, 1), else_=0)), 0)).where(
-        Manager.heartbeat_at >= alive_after
+        managers_table.c.heartbeat_at >= alive_after
     )
     live, leaders = (await conn.execute(stmt)).one()
     return int(live), int(leaders)
@@ -126,17 +131,17 @@ async def live_entries(
     sqlite = reads_bytes(conn)
     stmt = (
         select(
-            *_cols(sqlite, Entry, "e_"),
-            *_cols(sqlite, Manager, "m_"),
-            *_cols(sqlite, ScheduleState, "s_"),
+            *_cols(sqlite, entries_table, "e_"),
+            *_cols(sqlite, managers_table, "m_"),
+            *_cols(sqlite, schedule_state_table, "s_"),
         )
-        .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
-        .outerjoin(ScheduleState, ScheduleState.schedule_key == Entry.schedule_key)
-        .where(Manager.heartbeat_at >= alive_after)
+        .join_from(entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
+        .outerjoin(schedule_state_table, schedule_state_table.c.schedule_key == entries_table.c.schedule_key)
+        .where(managers_table.c.heartbeat_at >= alive_after)
     )
     if schedule_key is not None:
-        stmt = stmt.where(Entry.schedule_key == schedule_key)
-    stmt = stmt.order_by(Entry.schedule_key, Entry.manager_id, Entry.entry_id)
+        stmt = stmt.where(entries_table.c.schedule_key == schedule_key)
+    stmt = stmt.order_by(entries_table.c.schedule_key, entries_table.c.manager_id, entries_table.c.entry_id)
     return _live_entries(sqlite, (await conn.execute(stmt)).all(), with_state=True)
 
 
@@ -151,29 +156,29 @@ async def entry_page(
 ) -> tuple[int, list[LiveEntry]]:
     """How many entries of live managers (of ``manager_id``, with ``status``, when given) there
     are, and a page of them: rejected rows first, then by name, manager and entry id."""
-    conds = [Manager.heartbeat_at >= alive_after]
+    conds = [managers_table.c.heartbeat_at >= alive_after]
     if manager_id is not None:
-        conds.append(Entry.manager_id == manager_id)
+        conds.append(entries_table.c.manager_id == manager_id)
     if status is not None:
-        conds.append(Entry.status == status)
+        conds.append(entries_table.c.status == status)
     total = (
         await conn.execute(
             select(func.count())
-            .select_from(Entry)
-            .join(Manager, Manager.manager_id == Entry.manager_id)
+            .select_from(entries_table)
+            .join(managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
             .where(*conds)
         )
     ).scalar_one()
     sqlite = reads_bytes(conn)
     stmt = (
-        select(*_cols(sqlite, Entry, "e_"), *_cols(sqlite, Manager, "m_"))
-        .join_from(Entry, Manager, Manager.manager_id == Entry.manager_id)
+        select(*_cols(sqlite, entries_table, "e_"), *_cols(sqlite, managers_table, "m_"))
+        .join_from(entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
         .where(*conds)
         .order_by(
-            case((Entry.status == "error", 0), else_=1),
-            Entry.name,
-            Entry.manager_id,
-            Entry.entry_id,
+            case((entries_table.c.status == "error", 0), else_=1),
+            entries_table.c.name,
+            entries_table.c.manager_id,
+            entries_table.c.entry_id,
         )
         .limit(limit)
         .offset(offset)
@@ -204,12 +209,12 @@ async def entry_tallies(
     """Per manager: how many of its entries are active, and how many are rejected rows."""
     by_status = (
         select(
-            Entry.manager_id,
-            func.sum(case((Entry.status == "error", 0), else_=1)),
-            func.sum(case((Entry.status == "error", 1), else_=0)),
+            entries_table.c.manager_id,
+            func.sum(case((entries_table.c.status == "error", 0), else_=1)),
+            func.sum(case((entries_table.c.status == "error", 1), else_=0)),
         )
-        .where(Entry.manager_id.in_(manager_ids))
-        .group_by(Entry.manager_id)
+        .where(entries_table.c.manager_id.in_(manager_ids))
+        .group_by(entries_table.c.manager_id)
     )
     return {m: (int(a), int(e)) for m, a, e in await conn.execute(by_status)}
 
@@ -226,8 +231,8 @@ async def states(conn: AsyncConnection, schedule_keys: Iterable[str]) -> dict[st
     sqlite = reads_bytes(conn)
     out: dict[str, StateRecord] = {}
     for chunk in chunks(keys):
-        stmt = select(*_cols(sqlite, ScheduleState, "")).where(
-            ScheduleState.schedule_key.in_(chunk)
+        stmt = select(*_cols(sqlite, schedule_state_table, "")).where(
+            schedule_state_table.c.schedule_key.in_(chunk)
         )
         for row in (await conn.execute(stmt)).all():
             record = _state_record(sqlite, row._mapping)
@@ -240,14 +245,14 @@ async def failure_count(conn: AsyncConnection, schedule_key: str, limit: int) ->
     ``limit`` runs sent after the slot counted last, oldest first. Read raw: an unreadable count
     is 0, an unreadable slot is not counted past, a run whose slot cannot be read is left out."""
     sqlite = reads_bytes(conn)
-    s = ScheduleState.__table__.c
+    s = schedule_state_table.c
     stmt = select(
         dbrows.raw(sqlite, s.consecutive_failures), dbrows.raw(sqlite, s.failures_checked_at)
     )
     row = (await conn.execute(stmt.where(s.schedule_key == schedule_key))).first()
     failures = dbrows.int_of(row[0]) if row is not None else None
     checked = dbrows.instant_or_none(sqlite, row[1]) if row is not None else None
-    r = Run.__table__.c
+    r = runs_table.c
     runs = select(dbrows.raw(sqlite, r.slot_at), dbrows.raw(sqlite, r.message_id)).where(
         r.schedule_key == schedule_key, r.status.in_(sorted(SENT))
     )
@@ -275,13 +280,13 @@ async def rejections_of(
             dbrows.raw(sqlite, _E.last_error),
             dbrows.raw(sqlite, _E.last_good_since),
         )
-        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .join(managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
         .where(
-            Entry.schedule_key == schedule_key,
-            Entry.status == "error",
-            Manager.heartbeat_at >= alive_after,
+            entries_table.c.schedule_key == schedule_key,
+            entries_table.c.status == "error",
+            managers_table.c.heartbeat_at >= alive_after,
         )
-        .order_by(Entry.manager_id, Entry.entry_id)
+        .order_by(entries_table.c.manager_id, entries_table.c.entry_id)
     )
     return [
         Rejection(_str(m), dbrows.text_of(msg), dbrows.instant_or_none(sqlite, since))
@@ -302,14 +307,14 @@ async def overlap_of(
             dbrows.raw(sqlite, _E.previous_task_id),
             dbrows.raw(sqlite, _E.previous_task_state),
         )
-        .join(Manager, Manager.manager_id == Entry.manager_id)
+        .join(managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
         .where(
-            Entry.schedule_key == schedule_key,
-            Entry.status == "active",
-            Manager.heartbeat_at >= alive_after,
-            or_(Entry.held_slot_at.is_not(None), Entry.previous_task_state.is_not(None)),
+            entries_table.c.schedule_key == schedule_key,
+            entries_table.c.status == "active",
+            managers_table.c.heartbeat_at >= alive_after,
+            or_(entries_table.c.held_slot_at.is_not(None), entries_table.c.previous_task_state.is_not(None)),
         )
-        .order_by(Manager.is_leader.desc(), Entry.manager_id)
+        .order_by(managers_table.c.is_leader.desc(), entries_table.c.manager_id)
         .limit(1)
     )
     row = (await conn.execute(stmt)).first()
@@ -330,9 +335,9 @@ async def overlap_of(
 def rejected(alive_after: datetime) -> Select:
     """Schedule keys (with the reason) that a live manager rejected."""
     return (
-        select(Entry.schedule_key, Entry.last_error)
-        .join(Manager, Manager.manager_id == Entry.manager_id)
-        .where(Entry.status == "error", Manager.heartbeat_at >= alive_after)
+        select(entries_table.c.schedule_key, entries_table.c.last_error)
+        .join(managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
+        .where(entries_table.c.status == "error", managers_table.c.heartbeat_at >= alive_after)
     )
 
 
@@ -347,8 +352,8 @@ async def rejections(
         .with_only_columns(
             dbrows.raw(sqlite, _E.schedule_key), dbrows.raw(sqlite, _E.last_error)
         )
-        .where(Entry.schedule_key.in_(schedule_keys))
-        .order_by(Entry.manager_id)
+        .where(entries_table.c.schedule_key.in_(schedule_keys))
+        .order_by(entries_table.c.manager_id)
     )
     return [(_str(key), dbrows.text_of(message)) for key, message in await conn.execute(stmt)]
 

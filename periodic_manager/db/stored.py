@@ -21,7 +21,7 @@ from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import backend, reads_bytes
 from periodic_manager.db.judge import Rules
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import jobs_table
 
 # The columns a stored row may give as stored (the columns people see; the id and effective_at
 # are the database's own).
@@ -44,7 +44,7 @@ def extras(db: str) -> list[ColumnElement[Any]]:
     storage class of each column (a BLOB stays a BLOB); PostgreSQL, the text of each instant (the
     judge reads epoch seconds, which cannot be written back exactly); MariaDB/MySQL, none (every
     column is read as the bytes of its text, instants as UTC ``DATETIME`` text)."""
-    t = PeriodicJob.__table__.c
+    t = jobs_table.c
     if db == "sqlite":
         return [func.typeof(t[c]).label(f"typeof_{c}") for c in COLUMNS]
     if db == "mysql":
@@ -92,13 +92,13 @@ async def read_stored(engine: AsyncEngine, rules: Rules) -> list[StoredRow]:
     n = len(dbrows.FIELDS)
     async with engine.connect() as conn:
         await prepare(conn, db)
-        raws = (await conn.execute(query.order_by(PeriodicJob.id))).all()
+        raws = (await conn.execute(query.order_by(jobs_table.c.id))).all()
     return [StoredRow(dbview.view(rules, tuple(r[:n])), tuple(r[n:]), db) for r in raws]
 
 
 def column_length(column: str) -> int | None:
     """The most characters ``column`` holds (None: no limit)."""
-    limit: int | None = getattr(PeriodicJob.__table__.c[column].type, "length", None)
+    limit: int | None = getattr(jobs_table.c[column].type, "length", None)
     return limit
 
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, case
-from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy import ColumnElement, Table, case
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.db.engine import backend
-from periodic_manager.db.models import Base
 
 # The new row's columns (``excluded`` / ``inserted``) -> (column name, value) in order.
 Assign = Callable[[Any], Sequence[tuple[str, Any]]]
@@ -28,17 +26,19 @@ Where = Callable[[Any], ColumnElement[bool]]
 
 def upsert(
     bind: AsyncEngine | AsyncConnection,
-    model: type[Base],
+    table: Table,
     keys: Sequence[str],
     assign: Assign,
     where: Where | None = None,
 ) -> Any:
-    """An INSERT into ``model``'s table that, when a row with the same ``keys`` is there, updates it as
+    """An INSERT into ``table`` that, when a row with the same ``keys`` is there, updates it as
     ``assign`` says (only where ``where`` holds, given the new row's columns)."""
     db = backend(bind)
-    table = model.__table__
+    # Each dialect's insert is imported by a process on that database only.
     if db == "mysql":
-        stmt = mysql.insert(model)
+        from sqlalchemy.dialects import mysql
+
+        stmt = mysql.insert(table)
         new = stmt.inserted
         pairs = list(assign(new))
         if where is not None:
@@ -47,7 +47,15 @@ def upsert(
         return stmt.on_duplicate_key_update(pairs)
     if db not in ("postgresql", "sqlite"):
         raise ValueError(f"unsupported database {db!r}: use postgresql, mysql/mariadb or sqlite")
-    ins = postgresql.insert(model) if db == "postgresql" else sqlite.insert(model)
+    ins: Any
+    if db == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        ins = postgresql.insert(table)
+    else:
+        from sqlalchemy.dialects import sqlite
+
+        ins = sqlite.insert(table)
     new = ins.excluded
     return ins.on_conflict_do_update(
         index_elements=[table.c[k] for k in keys],

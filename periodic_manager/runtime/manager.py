@@ -22,8 +22,7 @@ import socket
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import (
@@ -66,6 +65,9 @@ from periodic_manager.runtime.tasks import Supervisor
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import NO_FAILURE, failure_refusal
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,9 @@ each sync. Gauges (entries, leader flag, last sync) are read from the manager wh
 Counters and the lateness histogram are kept in plain dicts and folded per batch: a burst of
 100,000 slots due at one instant costs one dict update per (queue, status) and per lateness
 bucket, not one lock per slot as a ``prometheus_client.Histogram.observe`` per task would.
+
+``prometheus_client`` is imported when the registry is first asked for (a metrics port, the API's
+``/metrics``, a test): a manager nobody scrapes counts in its dicts and never loads it.
 """
 
 from __future__ import annotations
@@ -17,18 +20,13 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Protocol
-
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING, Any, Protocol
 
 from periodic_manager.contracts import SENT, RunRecord
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 PREFIX = "periodic_manager"
 QUEUE_MEMO_MAX = 100_000  # schedule keys whose queue is remembered between syncs
@@ -95,8 +93,9 @@ class _Histogram:
         return out, self.total
 
 
-class ManagerMetrics(Collector):
-    """Metrics of one manager; ``registry`` is what ``/metrics`` or a metrics port serves."""
+class ManagerMetrics:
+    """Metrics of one manager (a prometheus ``Collector``); ``registry`` is what ``/metrics`` or a
+    metrics port serves."""
 
     def __init__(self, manager: ManagerView, registry: CollectorRegistry | None = None) -> None:
         self._manager = manager
@@ -108,8 +107,21 @@ class ManagerMetrics(Collector):
         self._syncs: dict[str, int] = {"ok": 0, "error": 0}
         self._lost: dict[str, int] = {}  # target -> times its broker lost its data
         self._queues: dict[str, str] = {}  # schedule key -> queue, forgotten after syncs
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        self.registry.register(self)
+        self._registry = registry
+        if registry is not None:
+            registry.register(self)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The registry serving these metrics, made (and ``prometheus_client`` imported) at the
+        first call."""
+        with self._lock:
+            if self._registry is None:
+                from prometheus_client import CollectorRegistry
+
+                self._registry = CollectorRegistry(auto_describe=True)
+                self._registry.register(self)
+            return self._registry
 
     # -- hooks called by the manager -------------------------------------------------------------
 
@@ -177,8 +189,9 @@ class ManagerMetrics(Collector):
         return queue
 
     def describe(self) -> Iterator[Metric]:
-        """The metric names, without reading the manager (it registers this while it is being
-        built)."""
+        """The metric names, without reading the manager."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         yield from self._counters()
         for name, text in _READ_COUNTERS.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", text)
@@ -186,6 +199,8 @@ class ManagerMetrics(Collector):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text)
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         m = self._manager
         runs, by_reason, lateness, sync, syncs, lost = self._counters()
         with self._lock:
@@ -222,6 +237,8 @@ class ManagerMetrics(Collector):
         CounterMetricFamily, CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily,
         CounterMetricFamily, CounterMetricFamily,
     ]:  # fmt: skip
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
         runs = CounterMetricFamily(
             f"{PREFIX}_slots",
             "Slots handled by this manager, by queue and outcome "

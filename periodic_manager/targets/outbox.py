@@ -47,7 +47,7 @@ from periodic_manager.contracts import (
     Task,
 )
 from periodic_manager.db.engine import backend, create_engine
-from periodic_manager.db.models import OutboxMessage
+from periodic_manager.db.models import outbox_table
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
 
@@ -211,20 +211,20 @@ class OutboxTarget:
         return inserted
 
     def _insert_statement(self, rows: list[dict[str, Any]]) -> ReturningInsert[int, str]:
-        returned = (OutboxMessage.seq, OutboxMessage.idempotency_key)
+        returned = (outbox_table.c.seq, outbox_table.c.idempotency_key)
         if self._dialect == "postgresql":
-            pg = postgresql.insert(OutboxMessage).values(rows)
+            pg = postgresql.insert(outbox_table).values(rows)
             return pg.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(
                 *returned
             )
-        lite = sqlite.insert(OutboxMessage).values(rows)
+        lite = sqlite.insert(outbox_table).values(rows)
         return lite.on_conflict_do_nothing(index_elements=["idempotency_key"]).returning(*returned)
 
     @staticmethod
     def _mysql_insert(rows: list[dict[str, Any]]) -> Any:
         """MariaDB/MySQL: insert ``rows``, a key already there left as it is (no error)."""
-        stmt = mysql.insert(OutboxMessage).values(rows)
-        return stmt.on_duplicate_key_update(seq=OutboxMessage.seq)
+        stmt = mysql.insert(outbox_table).values(rows)
+        return stmt.on_duplicate_key_update(seq=outbox_table.c.seq)
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A row is finished once ``processed_at`` is set (see the module docstring)."""
@@ -315,8 +315,8 @@ async def _lookup(conn: AsyncConnection, keys: set[str], *, current: bool = Fals
     ordered = sorted(keys)
     for start in range(0, len(ordered), CHUNK_ROWS):
         chunk = ordered[start : start + CHUNK_ROWS]
-        stmt = select(OutboxMessage.seq, OutboxMessage.idempotency_key).where(
-            OutboxMessage.idempotency_key.in_(chunk)
+        stmt = select(outbox_table.c.seq, outbox_table.c.idempotency_key).where(
+            outbox_table.c.idempotency_key.in_(chunk)
         )
         if current:
             stmt = stmt.with_for_update(read=True)

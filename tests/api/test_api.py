@@ -15,7 +15,12 @@ from periodic_manager.api import create_app
 from periodic_manager.api.state import state_of
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db import schedule_writer
-from periodic_manager.db.models import Entry, Manager, PeriodicJob, ScheduleState
+from periodic_manager.db.models import (
+    entries_table,
+    jobs_table,
+    managers_table,
+    schedule_state_table,
+)
 from tests.support.api import (
     HEARTBEAT_S,
     JOB,
@@ -154,7 +159,7 @@ async def test_delete_then_404_and_state_removed(
     job = await create(client)
     async with engine.begin() as conn:
         await conn.execute(
-            insert(ScheduleState).values(
+            insert(schedule_state_table).values(
                 schedule_key=str(job["id"]), name=job["name"], updated_at=T0
             )
         )
@@ -165,7 +170,7 @@ async def test_delete_then_404_and_state_removed(
     assert (await client.delete(f"/schedules/{job['id']}")).status_code == 404
     async with engine.connect() as conn:
         assert (
-            await conn.execute(select(func.count()).select_from(ScheduleState))
+            await conn.execute(select(func.count()).select_from(schedule_state_table))
         ).scalar_one() == 0
 
 
@@ -367,7 +372,7 @@ async def test_entries_show_live_managers_only(
     async with engine.begin() as conn:
         bad_id = (
             await conn.execute(
-                insert(PeriodicJob)
+                insert(jobs_table)
                 .values(
                     name="bad.sql",
                     spec="not cron",
@@ -376,11 +381,11 @@ async def test_entries_show_live_managers_only(
                     created_at=T0,
                     updated_at=T0,
                 )
-                .returning(PeriodicJob.id)
+                .returning(jobs_table.c.id)
             )
         ).scalar_one()
         await conn.execute(
-            insert(Manager),
+            insert(managers_table),
             [
                 manager_row("live", T0 - timedelta(seconds=3 * HEARTBEAT_S), leader=True),
                 manager_row("dead", T0 - timedelta(seconds=3 * HEARTBEAT_S + 1), leader=False),
@@ -388,7 +393,7 @@ async def test_entries_show_live_managers_only(
         )
         gk, bk = str(good["id"]), str(bad_id)
         await conn.execute(
-            insert(Entry),
+            insert(entries_table),
             [
                 entry_row(
                     "live",
@@ -407,7 +412,7 @@ async def test_entries_show_live_managers_only(
             ],
         )
         await conn.execute(
-            insert(ScheduleState).values(
+            insert(schedule_state_table).values(
                 schedule_key=gk,
                 name=good["name"],
                 last_slot_at=T0 - timedelta(seconds=30),
@@ -544,7 +549,7 @@ async def test_given_engine_is_not_disposed(db_url: str, engine: AsyncEngine) ->
             assert (await c.get("/healthz")).json() == {"status": "ok"}
             await create(c)  # SystemClock by default
     async with engine.connect() as conn:
-        assert (await conn.execute(select(func.count()).select_from(PeriodicJob))).scalar_one() == 1
+        assert (await conn.execute(select(func.count()).select_from(jobs_table))).scalar_one() == 1
 
 
 async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:

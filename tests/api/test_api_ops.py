@@ -19,7 +19,7 @@ from periodic_manager.api.auth import is_loopback, warn_if_exposed
 from periodic_manager.cli.logs import JsonFormatter
 from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import EnqueueResult, RunRecord
-from periodic_manager.db.models import Manager, OutboxMessage, PeriodicJob, Run
+from periodic_manager.db.models import jobs_table, managers_table, outbox_table, runs_table
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.timing import Timing
@@ -142,7 +142,7 @@ async def test_list_filters_and_pagination(client: httpx.AsyncClient, engine: As
     await create(client, name="a_x", task_type="t1")
     async with engine.begin() as conn:  # a row written with SQL whose options are not an object
         await conn.execute(
-            insert(PeriodicJob).values(
+            insert(jobs_table).values(
                 name="a.bad",
                 spec="* * * * *",
                 task_type="t1",
@@ -179,12 +179,12 @@ async def test_list_filters_and_pagination(client: httpx.AsyncClient, engine: As
 
 async def outbox(engine: AsyncEngine) -> list[Any]:
     async with engine.connect() as conn:
-        return list((await conn.execute(select(OutboxMessage).order_by(OutboxMessage.seq))).all())
+        return list((await conn.execute(select(outbox_table).order_by(outbox_table.c.seq))).all())
 
 
 async def history(engine: AsyncEngine) -> list[Any]:
     async with engine.connect() as conn:
-        return list((await conn.execute(select(Run).order_by(Run.id))).all())
+        return list((await conn.execute(select(runs_table).order_by(runs_table.c.id))).all())
 
 
 async def test_trigger_enqueues_now_with_its_own_key(
@@ -214,7 +214,7 @@ async def test_trigger_of_an_unusable_row_is_409(
     async with engine.begin() as conn:
         bad_id = (
             await conn.execute(
-                insert(PeriodicJob)
+                insert(jobs_table)
                 .values(
                     name="bad",
                     spec="* * * * *",
@@ -223,7 +223,7 @@ async def test_trigger_of_an_unusable_row_is_409(
                     created_at=T0,
                     updated_at=T0,
                 )
-                .returning(PeriodicJob.id)
+                .returning(jobs_table.c.id)
             )
         ).scalar_one()
     r = await client.post(f"/schedules/{bad_id}/trigger")
@@ -398,7 +398,7 @@ async def test_managers_lists_live_ones_leader_first(
 ) -> None:
     async with engine.begin() as conn:
         await conn.execute(
-            insert(Manager),
+            insert(managers_table),
             [
                 {**mrow("b-standby", T0 - timedelta(seconds=2), leader=False), "entry_count": 3},
                 {
@@ -511,7 +511,7 @@ async def test_metrics_count_schedules_as_judged_and_managers_by_the_database(
                 )
             )
         await conn.execute(
-            insert(Manager),
+            insert(managers_table),
             [
                 mrow("lead", T0 - timedelta(seconds=1), leader=True),
                 mrow("stand", T0 - timedelta(seconds=1), leader=False),

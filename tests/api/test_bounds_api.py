@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.cli import files as cli_files
 from periodic_manager.clock import VirtualClock
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import jobs_table
 from tests.support.api import JOB, T0, assert_error, create, iso
 
 START = T0.replace(minute=0, second=0) + timedelta(hours=1)  # 13:00
@@ -59,10 +59,10 @@ async def test_a_row_written_with_sql_with_a_naive_bound_is_a_row_error(
     async with engine.begin() as conn:
         row_id = (
             await conn.execute(
-                insert(PeriodicJob)
+                insert(jobs_table)
                 .values(name="by.sql", spec="@hourly", task_type="t", created_at=T0, updated_at=T0,
                         options={"start_at": "2026-03-01T13:00:00"})
-                .returning(PeriodicJob.id)
+                .returning(jobs_table.c.id)
             )
         ).scalar_one()  # fmt: skip
     body = (await client.get(f"/schedules/{row_id}")).json()

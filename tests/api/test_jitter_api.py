@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import jobs_table
 from tests.support.api import JOB, T0, assert_error, create
 
 
@@ -55,10 +55,10 @@ async def test_a_row_written_with_sql_with_a_bad_jitter_is_a_row_error(
     async with engine.begin() as conn:
         row_id = (
             await conn.execute(
-                insert(PeriodicJob)
+                insert(jobs_table)
                 .values(name="by.sql", spec="@every 10s", task_type="t", created_at=T0, updated_at=T0,
                         options={"jitter": 10})
-                .returning(PeriodicJob.id)
+                .returning(jobs_table.c.id)
             )
         ).scalar_one()  # fmt: skip
     body = (await client.get(f"/schedules/{row_id}")).json()

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.db.models import PeriodicJob, ScheduleState
+from periodic_manager.db.models import jobs_table, schedule_state_table
 from tests.support.api import JOB, T0, assert_error, create
 
 
@@ -51,10 +51,10 @@ async def test_a_row_written_with_sql_with_a_bad_max_runs_is_a_row_error(
     async with engine.begin() as conn:
         row_id = (
             await conn.execute(
-                insert(PeriodicJob)
+                insert(jobs_table)
                 .values(name="by.sql", spec="@hourly", task_type="t", created_at=T0, updated_at=T0,
                         options={"max_runs": "ten"})
-                .returning(PeriodicJob.id)
+                .returning(jobs_table.c.id)
             )
         ).scalar_one()  # fmt: skip
     body = (await client.get(f"/schedules/{row_id}")).json()
@@ -73,7 +73,7 @@ async def test_every_preview_stops_after_the_last_run(
     # Three runs recorded, as a manager writes them.
     async with engine.begin() as conn:
         await conn.execute(
-            insert(ScheduleState).values(
+            insert(schedule_state_table).values(
                 schedule_key=str(sid), name=JOB["name"], updated_at=T0, runs_count=3,
                 last_done_at=T0,
             )
@@ -85,7 +85,7 @@ async def test_every_preview_stops_after_the_last_run(
     [row] = (await client.get("/views/schedules")).json()["items"]
     assert row["status"] == "active"
     async with engine.begin() as conn:
-        await conn.execute(ScheduleState.__table__.update().values(runs_count=5))
+        await conn.execute(schedule_state_table.update().values(runs_count=5))
     got = (await client.get(f"/schedules/{sid}")).json()
     assert got["runs_left"] == 0 and got["next_runs"] == [] and got["status"] == "ended"
     slots = (await client.get(f"/views/schedules/{sid}/slots")).json()

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api import create_app
 from periodic_manager.clock import VirtualClock
-from periodic_manager.db.models import Entry, Manager, PeriodicJob, Run
+from periodic_manager.db.models import entries_table, jobs_table, managers_table, runs_table
 from periodic_manager.settings import Settings
 from tests.support.api import HEARTBEAT_S, T0
 
@@ -41,7 +41,7 @@ async def live_manager(
     """A manager whose last heartbeat was ``age_s`` before T0 (dead after 3 heartbeats)."""
     async with engine.begin() as conn:
         await conn.execute(
-            insert(Manager).values(
+            insert(managers_table).values(
                 manager_id=manager_id,
                 hostname="host",
                 pid=1,
@@ -69,12 +69,12 @@ async def add_entry(
         **extra,
     }
     async with engine.begin() as conn:
-        await conn.execute(insert(Entry).values(values))
+        await conn.execute(insert(entries_table).values(values))
 
 
 async def add_runs(engine: AsyncEngine, rows: list[dict[str, Any]]) -> None:
     async with engine.begin() as conn:
-        await conn.execute(insert(Run), rows)
+        await conn.execute(insert(runs_table), rows)
 
 
 def run(
@@ -105,9 +105,9 @@ async def test_list_is_sorted_by_next_slot_then_unusable_then_paused(
     async with engine.begin() as conn:  # a row written with SQL that no manager can use
         bad = (
             await conn.execute(
-                insert(PeriodicJob)
+                insert(jobs_table)
                 .values(name="e.bad", spec="not cron", task_type="t", created_at=T0, updated_at=T0)
-                .returning(PeriodicJob.id)
+                .returning(jobs_table.c.id)
             )
         ).scalar_one()
 
@@ -116,9 +116,9 @@ async def test_list_is_sorted_by_next_slot_then_unusable_then_paused(
         broken = [
             (
                 await conn.execute(
-                    insert(PeriodicJob)
+                    insert(jobs_table)
                     .values(name=name, spec="* * * * *", created_at=T0, updated_at=T0, **fields)
-                    .returning(PeriodicJob.id)
+                    .returning(jobs_table.c.id)
                 )
             ).scalar_one()
             for name, fields in (
@@ -151,9 +151,9 @@ async def test_list_is_sorted_by_next_slot_then_unusable_then_paused(
     # The order follows edits: a repaired row takes its slot, a broken one leaves its place.
     async with engine.begin() as conn:
         await conn.execute(
-            update(PeriodicJob).where(PeriodicJob.id == broken[0]).values(task_type="t")
+            update(jobs_table).where(jobs_table.c.id == broken[0]).values(task_type="t")
         )
-        await conn.execute(update(PeriodicJob).where(PeriodicJob.id == minute).values(options=[1]))
+        await conn.execute(update(jobs_table).where(jobs_table.c.id == minute).values(options=[1]))
     after = (await client.get("/views/schedules")).json()["items"]
     assert [i["id"] for i in after] == [broken[0], hourly, daily, minute, bad, broken[1], paused]
 
@@ -243,13 +243,13 @@ async def test_the_order_follows_edits_deletes_sql_writes_and_time(
     assert await names() == ["b"]
     async with engine.begin() as conn:  # plain SQL, seen through the revision like any write
         await conn.execute(
-            insert(PeriodicJob).values(
+            insert(jobs_table).values(
                 name="c", spec="*/2 * * * *", task_type="t", created_at=T0, updated_at=T0
             )
         )
     assert await names() == ["c", "b"]
     async with engine.begin() as conn:
-        await conn.execute(delete(PeriodicJob).where(PeriodicJob.name == "c"))
+        await conn.execute(delete(jobs_table).where(jobs_table.c.name == "c"))
     assert await names() == ["b"]
     await create(client, "d", "0 13 * * *")
     assert await names() == ["b", "d"]
@@ -306,7 +306,7 @@ async def test_slots_of_an_unusable_row_say_why(
     async with engine.begin() as conn:
         bad = (
             await conn.execute(
-                insert(PeriodicJob)
+                insert(jobs_table)
                 .values(
                     name="bad",
                     spec="* * * * *",
@@ -315,7 +315,7 @@ async def test_slots_of_an_unusable_row_say_why(
                     created_at=T0,
                     updated_at=T0,
                 )
-                .returning(PeriodicJob.id)
+                .returning(jobs_table.c.id)
             )
         ).scalar_one()
     body = (await client.get(f"/views/schedules/{bad}/slots")).json()
@@ -440,7 +440,7 @@ async def test_overview_numbers_match_the_history_counted_here(
     ids = [await create(client, f"job.{i:02d}", "* * * * *", enabled=i % 4 != 0) for i in range(12)]
     async with engine.begin() as conn:  # unusable for the API's judge, but rejected by no manager
         await conn.execute(
-            insert(PeriodicJob).values(
+            insert(jobs_table).values(
                 name="sql.bad", spec="not cron", task_type="t", created_at=T0, updated_at=T0
             )
         )

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from periodic_manager.contracts import EnqueueResult, Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.models import OutboxMessage
+from periodic_manager.db.models import outbox_table
 from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import task_id_for
 from periodic_manager.targets.outbox import OutboxTarget
@@ -138,7 +138,7 @@ async def test_consume_outbox_prints_and_marks_each_message(fresh_db_url: str) -
         assert_messages(printed, results)
         assert [str(m["seq"]) for m in printed] == [r.message_id for r in results]
         async with engine.connect() as conn:
-            pending = select(func.count()).where(OutboxMessage.processed_at.is_(None))
+            pending = select(func.count()).where(outbox_table.c.processed_at.is_(None))
             assert await conn.scalar(pending) == 1  # only the other queue's message
     finally:
         await engine.dispose()

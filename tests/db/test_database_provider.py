@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.contracts import ConfigProvider, ProviderSnapshot
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import jobs_table
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -275,7 +275,7 @@ async def test_sqlite_anchor_as_written_by_sqlalchemy_or_by_hand(sqlite_url: str
     try:
         async with eng.begin() as conn:
             await conn.execute(
-                insert(PeriodicJob).values(
+                insert(jobs_table).values(
                     name="orm",
                     spec="@every 60s",
                     task_type="t",

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.models import Base
+from periodic_manager.db.models import metadata
 from periodic_manager.schedules import files as sio
 from periodic_manager.schedules import import_export
 from tests.support import rawsql
@@ -222,12 +222,12 @@ async def test_sqlite_tables_are_autoincrement_exactly_where_the_models_say(
 ) -> None:
     await upgrade(sqlite_url)
     path = sqlite_url.split(":///", 1)[1]
-    for table in Base.metadata.sorted_tables:
+    for table in metadata.sorted_tables:
         [(sql,)] = _sqlite(path, f"SELECT sql FROM sqlite_master WHERE name = '{table.name}'")
         wanted = bool(table.dialect_options["sqlite"]["autoincrement"])
         assert ("AUTOINCREMENT" in str(sql)) == wanted, table.name
     assert {
-        t.name for t in Base.metadata.sorted_tables if t.dialect_options["sqlite"]["autoincrement"]
+        t.name for t in metadata.sorted_tables if t.dialect_options["sqlite"]["autoincrement"]
     } == {*REBUILT, "pm_schedule_changes"}  # 0007 rebuilt three; 0012's table is born so
 
 

@@ -1,6 +1,6 @@
 """Migrations against the models, on PostgreSQL, SQLite and MariaDB/MySQL.
 
-Empty database -> ``upgrade head`` -> autogenerate finds no difference from ``Base.metadata``;
+Empty database -> ``upgrade head`` -> autogenerate finds no difference from ``metadata``;
 downgrade to base removes every table but Alembic's own bookkeeping; upgrading again works.
 """
 
@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
-from periodic_manager.db.models import Base, UTCDateTime, include_object
+from periodic_manager.db.models import UTCDateTime, include_object, metadata
 from tests.conftest import backend_url
 
 
@@ -57,11 +57,11 @@ def _diff(conn: Connection) -> list[Any]:
         opts={
             "compare_type": True,
             "render_item": _render_item,
-            "target_metadata": Base.metadata,
+            "target_metadata": metadata,
             "include_object": include_object,
         },
     )
-    return list(compare_metadata(ctx, Base.metadata))
+    return list(compare_metadata(ctx, metadata))
 
 
 def _tables(conn: Connection) -> set[str]:

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import ManagerInfo, ManagerStatus, RunRecord
 from periodic_manager.db.engine import create_engine
-from periodic_manager.db.models import Run
+from periodic_manager.db.models import runs_table
 from periodic_manager.db.store import DatabaseRuntimeStore
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -39,16 +39,16 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 async def rows(engine: AsyncEngine, key: str | None = None) -> list[Any]:
-    stmt = select(Run).order_by(Run.schedule_key, Run.slot_at, Run.id)
+    stmt = select(runs_table).order_by(runs_table.c.schedule_key, runs_table.c.slot_at, runs_table.c.id)
     if key is not None:
-        stmt = stmt.where(Run.schedule_key == key)
+        stmt = stmt.where(runs_table.c.schedule_key == key)
     async with engine.connect() as conn:
         return list((await conn.execute(stmt)).all())
 
 
 async def count(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
-        return int((await conn.execute(select(func.count()).select_from(Run))).scalar_one())
+        return int((await conn.execute(select(func.count()).select_from(runs_table))).scalar_one())
 
 
 async def test_every_run_is_a_row_with_its_lateness(engine: AsyncEngine) -> None:
@@ -171,7 +171,7 @@ async def test_a_manager_recording_no_runs_prunes_ten_times_less_often(engine: A
 
 
 async def test_heartbeat_prunes_the_change_history_too(engine: AsyncEngine) -> None:
-    from periodic_manager.db.models import ScheduleChange
+    from periodic_manager.db.models import schedule_changes_table
 
     store = DatabaseRuntimeStore(
         engine,
@@ -185,14 +185,14 @@ async def test_heartbeat_prunes_the_change_history_too(engine: AsyncEngine) -> N
     values = {"name": "n", "action": "updated", "source": "sql", "changes": "{}"}
     async with engine.begin() as conn:
         await conn.execute(
-            ScheduleChange.__table__.insert(),
+            schedule_changes_table.insert(),
             [{**values, "schedule_id": 1, "at": at(0)}, {**values, "schedule_id": 2, "at": at(40)},
              {**values, "schedule_id": 2, "at": at(41)}],
         )
 
     async def left() -> list[Any]:
         async with engine.connect() as conn:
-            stmt = select(ScheduleChange.schedule_id, ScheduleChange.at).order_by(ScheduleChange.id)
+            stmt = select(schedule_changes_table.c.schedule_id, schedule_changes_table.c.at).order_by(schedule_changes_table.c.id)
             return [tuple(r) for r in (await conn.execute(stmt)).all()]
 
     await store.heartbeat("m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
@@ -220,7 +220,7 @@ async def test_a_burst_is_written_in_chunks(engine: AsyncEngine) -> None:
 async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: AsyncEngine) -> None:
     """PM_COORDINATION=partitions: rows past the retention and the change history are pruned by
     one manager (the holder of partition 0); another trims only the schedules it wrote."""
-    from periodic_manager.db.models import ScheduleChange
+    from periodic_manager.db.models import schedule_changes_table
 
     def store() -> DatabaseRuntimeStore:
         return DatabaseRuntimeStore(
@@ -235,13 +235,13 @@ async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: Asyn
     await other.record_runs([run("1", 0), run("2", 60), run("2", 61)])  # "1" old, "2" over its cap
     async with engine.begin() as conn:
         await conn.execute(
-            ScheduleChange.__table__.insert(),
+            schedule_changes_table.insert(),
             [{"name": "n", "action": "updated", "source": "sql", "changes": "{}", "schedule_id": 1, "at": at(0)}],
         )
 
     async def changes() -> int:
         async with engine.connect() as conn:
-            return int((await conn.execute(select(func.count()).select_from(ScheduleChange))).scalar_one())
+            return int((await conn.execute(select(func.count()).select_from(schedule_changes_table))).scalar_one())
 
     for name, s, shared in (("other", other, False), ("holder", holder, True)):
         await s.heartbeat(name, ManagerStatus(at(5), True, None, None, 0, shared_work=shared))

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from periodic_manager.cli.main import main
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade_sync
-from periodic_manager.db.models import PeriodicJob
+from periodic_manager.db.models import jobs_table
 from tests.support import rawsql
 
 YAML = """\
@@ -54,7 +54,7 @@ def rows(url: str) -> dict[str, Any]:
         engine = create_engine(url)
         try:
             async with engine.connect() as conn:
-                result = await conn.execute(select(PeriodicJob))
+                result = await conn.execute(select(jobs_table))
                 return {r.name: r for r in result.all()}
         finally:
             await engine.dispose()

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from periodic_manager.contracts import EnqueueResult, Target, Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.models import OutboxMessage
+from periodic_manager.db.models import outbox_table
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import idempotency_key
 from periodic_manager.targets.base import task_id_for
@@ -158,7 +158,7 @@ async def _outbox_env(url: str) -> AsyncIterator[Env]:
 
     async def read() -> list[dict[str, Any]]:
         async with engine.connect() as conn:
-            rows = (await conn.execute(select(OutboxMessage.__table__))).mappings().all()
+            rows = (await conn.execute(select(outbox_table))).mappings().all()
         return [
             {
                 "message_id": str(r["seq"]),
