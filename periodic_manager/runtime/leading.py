@@ -111,7 +111,7 @@ class Leading:
 
     async def take_over_some(
         self,
-        register: Callable[[], Awaitable[Sequence[ScheduledEntry]]],
+        register: Callable[[], Awaitable[Sequence[ScheduledEntry] | None]],
         keep: Callable[[int | str], bool],
         *,
         look_back: bool = True,
@@ -123,11 +123,13 @@ class Leading:
         it is registered (:meth:`Scheduler.resuming`: one slot computed, none sent before the
         look back is set), any other is rebased next; then catch them up. Without
         ``look_back`` (schedules no manager held before) they start as at a first start.
+        ``register()`` returns the entries it registered, or None when it registered every
+        row held (a full sync: every entry of a row is then one of them).
         ``registered()`` is called once they are registered and rebased, before the catch-up.
         False when leading ended before the settled slots were read."""
         if not look_back:
             now = self.clock.now()
-            some = await register()
+            some = _of_rows(self.scheduler, await register())
         else:
             read = await self._settled_after(self._terms, keep)
             if read is None:
@@ -136,8 +138,8 @@ class Leading:
             after = now - self.scheduler.grace
             # The entries new here are filed rebased as they are registered (one slot each).
             with self.scheduler.resuming(after, settled, keep) as rebased:
-                some = await register()
-            rest = [e for e in some if e.ident not in rebased] if rebased else list(some)
+                some = _of_rows(self.scheduler, await register())
+            rest = [e for e in some if e.ident not in rebased] if len(rebased) < len(some) else []
             if rest:
                 # options.max_runs: the runs left of what was just registered, from the store.
                 counted = await read_counted(self.store.get_state, await limited(rest))
@@ -222,3 +224,11 @@ class Leading:
             self.scheduler, self.store, now, takeover=takeover,
             still_leading=lambda: self.leadership.is_leader,
         )  # fmt: skip
+
+
+def _of_rows(scheduler: Scheduler, registered: Sequence[ScheduledEntry] | None) -> Sequence[ScheduledEntry]:
+    """The entries ``register()`` registered: None, every entry of a row (not those registered
+    from code, which every manager keeps outside the partitions)."""
+    if registered is not None:
+        return registered
+    return [e for e in scheduler.held().values() if type(e.ident) is int]
