@@ -8,7 +8,9 @@ The manager holds entries only for the partitions it leases
   no look back), as :class:`~periodic_manager.runtime.leading.Leading` does for a
   whole scheduler: what the store records as settled for their schedules is read, their rows
   are read and registered, and each entry resumes at its first slot after ``now - grace`` and
-  after its settled slot (a ``fire_once`` one is caught up). Runs beside the lease rounds (a
+  after its settled slot (a ``fire_once`` or ``all`` one is caught up beside, as after a leader's
+  start). A manager holding nothing that takes every partition (alone) registers its rows by a
+  full sync, the path of a leader's first sync. Runs beside the lease rounds (a
   renewal never waits for it), under the sync lock (a sync never sees half of it); retried
   while the partitions are held.
 * **Lost** (taken by another manager, or its trust ran out): sending for its entries stops at

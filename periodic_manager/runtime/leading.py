@@ -125,8 +125,8 @@ class Leading:
         ``look_back`` (schedules no manager held before) they start as at a first start.
         ``register()`` returns the entries it registered, or None when it registered every
         row held (a full sync: every entry of a row is then one of them).
-        ``registered()`` is called once they are registered and rebased, before the catch-up.
-        False when leading ended before the settled slots were read."""
+        ``registered()`` is called once they are registered and rebased. Their catch-up is
+        spawned (not awaited). False when leading ended before the settled slots were read."""
         if not look_back:
             now = self.clock.now()
             some = _of_rows(self.scheduler, await register())
@@ -146,10 +146,13 @@ class Leading:
                 await self.scheduler.rebase_some(rest, after, settled, counted)
         if registered is not None:
             registered()
-        await catchup.catch_up(
+        # The catch-up runs beside, as a leader's after its start: a paced one (misfire "all")
+        # holds neither the sync lock nor a start waiting for its first takeover.
+        caught = catchup.catch_up(
             self.scheduler, self.store, now, takeover=look_back,
             still_leading=lambda: self.leadership.is_leader, entries=[e for e in some if not e.dead],
         )  # fmt: skip
+        self._spawn(caught, "catch-up")
         return True
 
     def stalled(self, now: datetime) -> str | None:

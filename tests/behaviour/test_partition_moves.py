@@ -315,6 +315,34 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
         await clock.advance(10)
 
 
+async def test_a_lone_managers_start_does_not_wait_for_its_catch_up_nor_holds_the_syncs_back(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    """The catch-up of what a takeover took runs beside it, as a leader's does after its start:
+    a misfire "all" catch-up paced over a minute (60 missed slots at 1 a second) neither holds
+    "started" back (the start waited for it, up to its 120 s bound) nor the syncs (it ran under
+    the sync lock). Every missed slot is still sent once, oldest first. The clock does not move
+    until start() has returned."""
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [("all", "@every 1s", {"misfire": "all", "catchup_window": 60})])
+    settings = Settings(
+        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
+        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
+        heartbeat_interval=5, listen=False, catchup_rate=1,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        mgr = await asyncio.wait_for(fleet.start("a", settings), 60)  # a hang guard, not a timing
+        assert fleet.clock.now() == T0 and len(mgr.scheduler) == 1
+        assert not mgr.syncer.lock.locked()  # a sync may run while the catch-up paces
+        await fleet.drive(65)
+    finally:
+        await fleet.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    missed = expected_slots("all", "@every 1s", T0 - timedelta(seconds=60), T0)
+    assert all(counts[k] == 1 for k in missed), [k for k in missed if counts[k] != 1][:5]
+
+
 async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leave(
     pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str,
     monkeypatch: pytest.MonkeyPatch,
