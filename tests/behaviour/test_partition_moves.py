@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -252,8 +253,9 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     """A manager alone takes every partition at its first round: its start reads the rows in
     one statement without the partition filter (``id % n`` over every row made PostgreSQL sort
     the whole table before the first row came), its first sync before that round reads none,
-    and the takeover files each entry once, already rebased (not registered, then rebased: two
-    slots computed per schedule). Both at a first start (partitions never held) and at a
+    and the takeover registers them by a full sync, the path of a leader's first sync (not the
+    path of a takeover of some partitions), filing each entry once, already rebased (not
+    registered, then rebased: two slots computed per schedule). Both at a first start (partitions never held) and at a
     restart (a takeover that looks back after what is settled). Counted, not timed."""
     await upgrade(pg_url)
     count = 30
@@ -266,7 +268,13 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     reads: list[str] = []  # the statements that read rows of periodic_jobs
     slots = 0  # next slots computed
     rebased: list[int] = []  # entries rebased after their registration
+    some: list[int] = []  # partitions' rows registered by the path of a takeover of some
     stream, next_after, rebase_some = DatabaseProvider._stream, Entries.next_after, Scheduler.rebase_some
+    apply_some = sync.Reconciler.apply_some
+
+    async def counted_apply_some(self: sync.Reconciler, snapshot: Any, now: datetime) -> Any:
+        some.append(len(snapshot.configs))
+        return await apply_some(self, snapshot, now)
 
     def counted_stream(self: DatabaseProvider, conn: object, query: object, params: object = None) -> object:
         reads.append(str(query.compile(dialect=postgresql.dialect())))  # type: ignore[attr-defined]
@@ -284,6 +292,7 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     monkeypatch.setattr(DatabaseProvider, "_stream", counted_stream)
     monkeypatch.setattr(Entries, "next_after", counted_next_after)
     monkeypatch.setattr(Scheduler, "rebase_some", counted_rebase_some)
+    monkeypatch.setattr(sync.Reconciler, "apply_some", counted_apply_some)
     # The collector policy of the command, freezing from the first entry: the takeover freezes
     # what it registered before the collector runs again (a first pass over a million young
     # objects cost ~1 s of a 1M start).
@@ -296,6 +305,7 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     for run in ("first start", "restart"):
         reads.clear()
         rebased.clear()
+        some.clear()
         collecting.clear()
         slots = 0
         engine = create_engine(pg_url)
@@ -308,6 +318,7 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
             rows = [r for r in reads if "FROM periodic_jobs" in r]
             assert len(rows) == 1 and "%" not in rows[0], (run, rows)
             assert slots == count and not any(rebased), (run, slots, rebased)
+            assert some == [], (run, some)  # registered by a full sync, as a leader's first one
             assert collecting == [False], (run, collecting)  # frozen once, still paused
         finally:
             await mgr.stop()

@@ -394,6 +394,33 @@ async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition
     assert [c.schedule_id for c in full.configs] == ids and "%" not in statements[-1]
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_read_holding_no_partition_leaves_the_next_one_a_full_read_of_every_column(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sync of a manager before its first lease round reads nothing: the read after
+    it took every partition (a manager alone) is then one streamed read of every column, as a
+    first sync's, not the revisions and then the rows by id of a warm reconcile."""
+    ids = [await insert_row(engine, f"w{i}") for i in range(6)]
+    held = frozenset[int]()
+    provider = DatabaseProvider(engine)
+    provider.restrict(lambda: PartitionsHeld(4, held))
+    provider.adopt(PeriodicTaskConfig, lambda row_id: None)  # a manager's: nothing registered
+    statements: list[str] = []
+    stream = DatabaseProvider._stream
+
+    def counted(self: DatabaseProvider, conn: Any, query: Any, params: Any = None) -> Any:
+        statements.append(str(query.compile(dialect=engine.dialect)))
+        return stream(self, conn, query, params)
+
+    monkeypatch.setattr(DatabaseProvider, "_stream", counted)
+    assert (await provider.get_configs()).configs == [] and statements == []
+    held = frozenset(range(4))
+    read = await provider.get_configs()
+    assert [c.schedule_id for c in read.configs] == ids
+    assert len(statements) == 1 and "payload" in statements[0] and "%" not in statements[0]
+
+
 async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:
     provider = DatabaseProvider(engine)
     if backend != "postgresql":
