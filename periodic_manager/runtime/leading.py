@@ -150,7 +150,7 @@ class Leading:
         # holds neither the sync lock nor a start waiting for its first takeover.
         caught = catchup.catch_up(
             self.scheduler, self.store, now, takeover=look_back,
-            still_leading=lambda: self.leadership.is_leader, entries=[e for e in some if not e.dead],
+            still_leading=lambda: self.leadership.is_leader, entries=some,
         )  # fmt: skip
         self._spawn(caught, "catch-up")
         return True
@@ -234,4 +234,4 @@ def _of_rows(scheduler: Scheduler, registered: Sequence[ScheduledEntry] | None) 
     from code, which every manager keeps outside the partitions)."""
     if registered is not None:
         return registered
-    return [e for e in scheduler.held().values() if type(e.ident) is int]
+    return [e for ident, e in scheduler.held().items() if type(ident) is int]
