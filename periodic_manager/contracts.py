@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.partition import every_partition
 from periodic_manager.schedules.rules import canonical_json
 
 # -- time ------------------------------------------------------------------------------------------
@@ -133,8 +134,21 @@ class IncrementalProvider(ConfigProvider, Protocol):
         ...
 
 
-# The partitions a partitioned provider reads: (partition count, the partitions held now).
-HeldPartitions = Callable[[], tuple[int, frozenset[int]]]
+@dataclass(frozen=True, slots=True)
+class PartitionsHeld:
+    """The partitions a manager holds now, out of ``count`` (the rows of ``pm_partitions``)."""
+
+    count: int
+    partitions: frozenset[int]
+
+    @property
+    def every(self) -> bool:
+        """Every partition is held (a manager alone): reads need no partition filter."""
+        return every_partition(self.partitions, self.count)
+
+
+# The partitions a partitioned provider reads, asked at each read.
+HeldPartitions = Callable[[], PartitionsHeld]
 
 
 @runtime_checkable

@@ -38,6 +38,7 @@ from periodic_manager.db.models import jobs_table
 from periodic_manager.db.partitions import partition_sql
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.partition import every_partition
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 # Rows are read in partitions of this many, each judged before the next is read.
@@ -122,20 +123,17 @@ class DatabaseProvider:
     def _every(self) -> bool | None:
         """None when not restricted; else whether every partition is held now (a manager
         alone): its reads are then those of an unrestricted provider, without the filter."""
-        if self._held is None:
-            return None
-        count, held = self._held()
-        return len(held) >= count and held >= frozenset(range(count))
+        return None if self._held is None else self._held().every
 
     def _nothing_held(self) -> bool:
-        return self._held is not None and not self._held()[1]
+        return self._held is not None and not self._held().partitions
 
     def _scope(self, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """``params`` and, when restricted, the partitions held now."""
         out = dict(params or {})
         if self._held is not None:
-            count, held = self._held()
-            out.update(partition_count=count, held_partitions=sorted(held))
+            held = self._held()
+            out.update(partition_count=held.count, held_partitions=sorted(held.partitions))
         return out
 
     async def get_partitions(self, partitions: frozenset[int]) -> ProviderSnapshot:
@@ -144,9 +142,9 @@ class DatabaseProvider:
         assert self._held is not None, "restrict() first"
         configs: list[PeriodicTaskConfig] = []
         errors: list[RowError] = []
-        count, _ = self._held()
+        count = self._held().count
         query: Select[Any]
-        if partitions >= frozenset(range(count)):
+        if every_partition(partitions, count):
             # Every partition (a manager alone, at its start): the read of a first sync, one
             # index scan streamed as it is judged; rows of partitions lost meanwhile are
             # left out by the caller (the reconciler's ``keep``).
@@ -166,6 +164,7 @@ class DatabaseProvider:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
         configs.sort(key=_row_id)
         errors.sort(key=_error_id)
+        self._warm = True  # their rows are registered: later reads ask ``known`` first
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
     def adopt(self, build: type[PeriodicTaskConfig], known: Known) -> None:
@@ -192,7 +191,8 @@ class DatabaseProvider:
                 await self._read_calendars(conn)
                 every = self._every()
                 full = self._every_full if every else self._full
-                if self._nothing_held():
+                nothing = self._nothing_held()
+                if nothing:
                     pass  # no partition held (a start before its first round): no row is mine
                 elif self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
@@ -214,7 +214,9 @@ class DatabaseProvider:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
         configs.sort(key=_row_id)
         errors.sort(key=_error_id)
-        self._warm = True
+        # A read of nothing warms nothing: the read that follows the first round of a manager
+        # alone is then one streamed read of every row, as a first sync's.
+        self._warm = self._warm or not nothing
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
     async def _reuse(
@@ -306,7 +308,7 @@ class DatabaseProvider:
     async def prune_tombstones(self, older_than: datetime) -> int:
         """Delete tombstones older than ``older_than`` (a full read makes up for any pruned).
         Restricted to partitions, only the holder of partition 0 prunes (work done once)."""
-        if self._held is not None and 0 not in self._held()[1]:
+        if self._held is not None and 0 not in self._held().partitions:
             return 0
         return await changes.prune_tombstones(self.engine, older_than)
 

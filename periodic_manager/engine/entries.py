@@ -36,13 +36,20 @@ Counted = tuple[int, datetime | None]
 
 
 @dataclass(slots=True)
-class _Resuming:
-    """A takeover of some schedules registering them (see :meth:`Entries.resuming`)."""
+class _LookBack:
+    """A takeover under way: the entries of the schedules it takes (``keep``; None: every one)
+    that are registered meanwhile are filed at their resumed slot (see :meth:`Entries.rebase`
+    and :meth:`Entries.resuming`). ``at``: the instant the look back is judged at (None: each
+    registration's own ``now``); ``rebased``: the idents so filed with their runs left read."""
 
     after: datetime
     settled: Mapping[Ident, datetime]
-    keep: Callable[[Ident], bool]
+    at: datetime | None
+    keep: Callable[[Ident], bool] | None
     rebased: set[Ident] = field(default_factory=set)
+
+    def covers(self, ident: Ident) -> bool:
+        return self.keep is None or self.keep(ident)
 
 
 class Entries:
@@ -64,10 +71,9 @@ class Entries:
         # schedule that comes back soon never resends it. Entries keep their own (``fired``).
         self._retired: dict[Ident, datetime] = {}
         self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see next_after
-        # While a rebase runs in turns: its (after, settled, now), for entries registered meanwhile.
-        self._rebasing: tuple[datetime, Mapping[Ident, datetime], datetime] | None = None
-        # While a takeover of some schedules registers them: see resuming().
-        self._resuming: _Resuming | None = None
+        # While a takeover rebases in turns (rebase) or registers what it took (resuming): the
+        # look back an entry registered meanwhile is filed with.
+        self._back: _LookBack | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -102,19 +108,9 @@ class Entries:
         begin = now if start is None or old is not None or start > now else start
         entry = ScheduledEntry.of(config, now, prev_slot=last, after=begin, fired=last, synced=synced)
         limit = max_runs_of(config.options)
-        resume = self._resuming
-        if (
-            resume is not None and old is None and self._rebasing is None
-            and (counted is not None or limit is None) and resume.keep(ident)
-        ):
-            # A takeover registering a schedule new here: filed already rebased, as
-            # rebase_some would do next (one slot computed, one filing).
-            self._entries[ident] = entry
-            self._rebase(entry, resume.after, resume.settled.get(ident), now, counted)
-            resume.rebased.add(ident)
-            self._change()
-            return entry, None
-        if limit is not None:
+        back = self._back if self._back is not None and self._back.covers(ident) else None
+        # Under a look back with its count, the runs left are the rebase's (read afresh).
+        if limit is not None and (back is None or counted is None):
             if old is not None and old.runs_left is not None:
                 # Same schedule, same count: an edit of max_runs moves the end by the difference.
                 entry.runs_left = max(0, old.runs_left + limit - (max_runs_of(old.options) or 0))
@@ -122,6 +118,20 @@ class Entries:
                 entry.runs_left = self._runs_left(
                     entry, limit, counted, max(begin, last) if last else begin
                 )
+        if back is not None:
+            # A takeover under way: filed at its resumed slot, as the rebase files every entry
+            # it takes (one slot computed, one filing). One path: :meth:`_rebase`.
+            if old is not None:
+                if same_slots(old, config):
+                    entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
+                old.kill()
+            self._entries[ident] = entry
+            at = now if back.at is None else back.at
+            self._rebase(entry, back.after, back.settled.get(ident), at, counted, fresh=counted is not None)
+            if counted is not None or limit is None:
+                back.rebased.add(ident)
+            self._change()
+            return entry, old
         if old is not None and same_slots(old, config):
             entry.next_slot, entry.after = old.next_slot, old.after
             entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
@@ -142,12 +152,7 @@ class Entries:
         if old is not None:
             old.kill()
         self._entries[ident] = entry
-        if self._rebasing is not None:
-            # A takeover's rebase is under way and may already have passed (or skipped, as dead)
-            # this ident: the entry looks back as every other one does.
-            after, settled, at = self._rebasing
-            self._rebase(entry, after, settled.get(ident), at, counted, fresh=counted is not None)
-        elif entry.next_slot is not None:
+        if entry.next_slot is not None:
             self._file(entry, entry.next_slot)
         self._change()
         return entry, old
@@ -267,33 +272,39 @@ class Entries:
         now = self.clock.now()
         self.timetable.clear()
         self.sends.clear()
-        self._rebasing = (after, settled, now)
         counts = counted or {}
-        try:
+        # An entry registered meanwhile (the pass may have passed, or skipped as dead, its
+        # ident) looks back as every other one does.
+        with self._looking_back(_LookBack(after, settled, now, None)):
             async for part in in_turns(list(self._entries.items())):
                 for ident, entry in part:
                     if not entry.dead:
                         self._rebase(entry, after, settled.get(ident), now, counts.get(ident))
-        finally:
-            self._rebasing = None
         self._change()
 
     @contextlib.contextmanager
     def resuming(
         self, after: datetime, settled: Mapping[Ident, datetime], keep: Callable[[Ident], bool]
     ) -> Iterator[set[Ident]]:
-        """While open, an entry registered new to this manager (none of its ident held) whose
-        ident ``keep`` accepts is filed already rebased as :meth:`rebase_some` would (``now``:
-        its registration's), with the ``counted`` of its registration (a limited one registered
-        without it is not: it is left to rebase_some). Yields the set of the idents so
-        registered: the caller rebases the others (a takeover of partitions registering a
-        million rows computes each one's slot once, not twice)."""
-        assert self._resuming is None, "one takeover registers at a time"
-        self._resuming = _Resuming(after, settled, keep)
+        """While open, an entry registered (new here, or replacing one) whose ident ``keep``
+        accepts is filed at its resumed slot as :meth:`rebase_some` files it (``now``: its
+        registration's), its runs left from the ``counted`` of its registration. Yields the set
+        of the idents so registered, less the limited ones registered without their count
+        (their runs left are the caller's to read): the caller rebases the others, held
+        already (a takeover of partitions registering a million rows computes each one's slot
+        once, not twice)."""
+        back = _LookBack(after, settled, None, keep)
+        with self._looking_back(back):
+            yield back.rebased
+
+    @contextlib.contextmanager
+    def _looking_back(self, back: _LookBack) -> Iterator[None]:
+        assert self._back is None, "one takeover looks back at a time"
+        self._back = back
         try:
-            yield self._resuming.rebased
+            yield
         finally:
-            self._resuming = None
+            self._back = None
 
     def rebase_some(
         self,

@@ -8,7 +8,9 @@ The manager holds entries only for the partitions it leases
   no look back), as :class:`~periodic_manager.runtime.leading.Leading` does for a
   whole scheduler: what the store records as settled for their schedules is read, their rows
   are read and registered, and each entry resumes at its first slot after ``now - grace`` and
-  after its settled slot (a ``fire_once`` one is caught up). Runs beside the lease rounds (a
+  after its settled slot (a ``fire_once`` or ``all`` one is caught up beside, as after a leader's
+  start). A manager holding nothing that takes every partition (alone) registers its rows by a
+  full sync, the path of a leader's first sync. Runs beside the lease rounds (a
   renewal never waits for it), under the sync lock (a sync never sees half of it); retried
   while the partitions are held.
 * **Lost** (taken by another manager, or its trust ran out): sending for its entries stops at
@@ -29,15 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from periodic_manager import gcpolicy
-from periodic_manager.contracts import PartitionedProvider, PartitionLeadership
+from periodic_manager.contracts import PartitionedProvider, PartitionLeadership, PartitionsHeld
 from periodic_manager.engine.entry import ScheduledEntry
+from periodic_manager.errors import ProviderError
 from periodic_manager.runtime.leading import SETTLED_RETRY_S, Leading, Spawn
 from periodic_manager.runtime.sync import Syncer, settle_after
 from periodic_manager.runtime.tasks import reraise_if_cancelled
-from periodic_manager.schedules.partition import partition_of
+from periodic_manager.schedules.partition import every_partition, partition_of
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class PartitionHolding:
         self.taking: set[asyncio.Task[object]] = set()  # takeovers under way
         self.drops: dict[asyncio.Task[object], frozenset[int]] = {}  # drops under way (fenced)
         # Before the first round (count unknown) nothing is held: no row is read.
-        provider.restrict(lambda: (max(1, self.leases.count), frozenset(self.mine)))
+        provider.restrict(lambda: PartitionsHeld(max(1, self.leases.count), frozenset(self.mine)))
         self.reconciler.keep = self.holds
         # Before every send: a partition whose trust has ended is dropped and fenced off then.
         self.scheduler.before_send = leases.expire
@@ -82,8 +85,8 @@ class PartitionHolding:
         if not mine:
             return False  # none held (before the first round, the count is not even known)
         count = self.leases.count
-        if len(mine) >= count:
-            return True  # every partition (a manager alone): asked once per row registered
+        if every_partition(mine, count):
+            return True  # a manager alone: asked once per row registered
         return partition_of(ident, count) in mine
 
     async def taken(self, bound_s: float) -> None:
@@ -147,6 +150,10 @@ class PartitionHolding:
         self.drops.pop(task, None)
         self._fence()
 
+    def _synced(self) -> bool:
+        """Whether any entry of a row is held (a partition's, still being dropped included)."""
+        return any(type(ident) is int for ident in self.scheduler.held())
+
     async def _dropping(self, partitions: frozenset[int]) -> None:
         count = self.leases.count
         removed = await self.reconciler.drop(
@@ -168,11 +175,19 @@ class PartitionHolding:
 
         registered = 0
 
-        async def register() -> list[ScheduledEntry]:
+        async def register() -> Sequence[ScheduledEntry] | None:
             nonlocal registered
             still = frozenset(partitions & self.mine)
             if not still:
                 return []
+            if still == self.mine and every_partition(still, count) and not self._synced():
+                # Every partition taken by a manager that held none (a manager alone, at its
+                # start or after the others stopped): its rows are read and registered by a
+                # full sync, the path of a leader's first sync (one streamed read, one pass).
+                report = await self.syncer.sync_held(full=True)
+                if not report.ok:
+                    raise ProviderError(report.error or "the sync failed")
+                return None  # every entry
             snapshot = await self.provider.get_partitions(still)
             entries = await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
             registered = len(entries)

@@ -124,7 +124,7 @@ class Leading:
 
     async def take_over_some(
         self,
-        register: Callable[[], Awaitable[Sequence[ScheduledEntry]]],
+        register: Callable[[], Awaitable[Sequence[ScheduledEntry] | None]],
         keep: Callable[[int | str], bool],
         *,
         look_back: bool = True,
@@ -136,11 +136,13 @@ class Leading:
         it is registered (:meth:`Scheduler.resuming`: one slot computed, none sent before the
         look back is set), any other is rebased next; then catch them up. Without
         ``look_back`` (schedules no manager held before) they start as at a first start.
-        ``registered()`` is called once they are registered and rebased, before the catch-up.
-        False when leading ended before the settled slots were read."""
+        ``register()`` returns the entries it registered, or None when it registered every
+        row held (a full sync: every entry of a row is then one of them).
+        ``registered()`` is called once they are registered and rebased. Their catch-up is
+        spawned (not awaited). False when leading ended before the settled slots were read."""
         if not look_back:
             now = self.clock.now()
-            some = await register()
+            some = _of_rows(self.scheduler, await register())
         else:
             read = await self._settled_after(self._terms, keep)
             if read is None:
@@ -149,18 +151,21 @@ class Leading:
             after = now - self.scheduler.grace
             # The entries new here are filed rebased as they are registered (one slot each).
             with self.scheduler.resuming(after, settled, keep) as rebased:
-                some = await register()
-            rest = [e for e in some if e.ident not in rebased] if rebased else list(some)
+                some = _of_rows(self.scheduler, await register())
+            rest = [e for e in some if e.ident not in rebased] if len(rebased) < len(some) else []
             if rest:
                 # options.max_runs: the runs left of what was just registered, from the store.
                 counted = await read_counted(self.store.get_state, await limited(rest))
                 await self.scheduler.rebase_some(rest, after, settled, counted)
         if registered is not None:
             registered()
-        await catchup.catch_up(
+        # The catch-up runs beside, as a leader's after its start: a paced one (misfire "all")
+        # holds neither the sync lock nor a start waiting for its first takeover.
+        caught = catchup.catch_up(
             self.scheduler, self.store, now, takeover=look_back,
-            still_leading=lambda: self.leadership.is_leader, entries=[e for e in some if not e.dead],
+            still_leading=lambda: self.leadership.is_leader, entries=some,
         )  # fmt: skip
+        self._spawn(caught, "catch-up")
         return True
 
     def stalled(self, now: datetime) -> str | None:
@@ -242,3 +247,11 @@ class Leading:
             self.scheduler, self.store, now, takeover=takeover,
             still_leading=lambda: self.leadership.is_leader,
         )  # fmt: skip
+
+
+def _of_rows(scheduler: Scheduler, registered: Sequence[ScheduledEntry] | None) -> Sequence[ScheduledEntry]:
+    """The entries ``register()`` registered: None, every entry of a row (not those registered
+    from code, which every manager keeps outside the partitions)."""
+    if registered is not None:
+        return registered
+    return [e for ident, e in scheduler.held().items() if type(ident) is int]

@@ -368,10 +368,16 @@ class Syncer:
         """Reconcile the entries with the provider: only what changed when the provider can tell
         (and a full read at least every ``full_sync_interval``), or everything with ``full``."""
         async with self.lock:
-            with self.metrics.time_sync(), gcpolicy.paused():
-                report = await self._sync(full=full)
-                settle_after(report.added + report.replaced)
-                return report
+            return await self.sync_held(full=full)
+
+    async def sync_held(self, *, full: bool = False) -> SyncReport:
+        """:meth:`sync` for a caller that holds :attr:`lock` (a takeover of every partition
+        by a manager holding none: its rows are read and registered by the first sync's path)."""
+        assert self.lock.locked(), "sync_held() under the sync lock"
+        with self.metrics.time_sync(), gcpolicy.paused():
+            report = await self._sync(full=full)
+            settle_after(report.added + report.replaced)
+            return report
 
     async def _sync(self, *, full: bool) -> SyncReport:
         now = self.clock.now()

@@ -11,7 +11,7 @@ both on each database).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 # Bounds of the partition count (PM_PARTITIONS); the migration and the settings check them.
 DEFAULT_PARTITIONS = 64
@@ -21,6 +21,12 @@ MAX_PARTITIONS = 4096
 def partition_of(schedule_id: int, count: int) -> int:
     """The partition of the schedule with row id ``schedule_id`` out of ``count``."""
     return schedule_id % count
+
+
+def every_partition(partitions: Collection[int], count: int) -> bool:
+    """Whether ``partitions`` (partitions out of ``count``, as leases hold them: each one below
+    ``count``) are every partition: a manager alone. One test, no set of every partition built."""
+    return count > 0 and len(partitions) >= count
 
 
 def check_count(value: object, field: str = "PM_PARTITIONS") -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from datetime import datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -252,8 +253,9 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     """A manager alone takes every partition at its first round: its start reads the rows in
     one statement without the partition filter (``id % n`` over every row made PostgreSQL sort
     the whole table before the first row came), its first sync before that round reads none,
-    and the takeover files each entry once, already rebased (not registered, then rebased: two
-    slots computed per schedule). Both at a first start (partitions never held) and at a
+    and the takeover registers them by a full sync, the path of a leader's first sync (not the
+    path of a takeover of some partitions), filing each entry once, already rebased (not
+    registered, then rebased: two slots computed per schedule). Both at a first start (partitions never held) and at a
     restart (a takeover that looks back after what is settled). Counted, not timed."""
     await upgrade(pg_url)
     count = 30
@@ -266,7 +268,13 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     reads: list[str] = []  # the statements that read rows of periodic_jobs
     slots = 0  # next slots computed
     rebased: list[int] = []  # entries rebased after their registration
+    some: list[int] = []  # partitions' rows registered by the path of a takeover of some
     stream, next_after, rebase_some = DatabaseProvider._stream, Entries.next_after, Scheduler.rebase_some
+    apply_some = sync.Reconciler.apply_some
+
+    async def counted_apply_some(self: sync.Reconciler, snapshot: Any, now: datetime) -> Any:
+        some.append(len(snapshot.configs))
+        return await apply_some(self, snapshot, now)
 
     def counted_stream(self: DatabaseProvider, conn: object, query: object, params: object = None) -> object:
         reads.append(str(query.compile(dialect=postgresql.dialect())))  # type: ignore[attr-defined]
@@ -284,6 +292,7 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     monkeypatch.setattr(DatabaseProvider, "_stream", counted_stream)
     monkeypatch.setattr(Entries, "next_after", counted_next_after)
     monkeypatch.setattr(Scheduler, "rebase_some", counted_rebase_some)
+    monkeypatch.setattr(sync.Reconciler, "apply_some", counted_apply_some)
     # The collector policy of the command, freezing from the first entry: the takeover freezes
     # what it registered before the collector runs again (a first pass over a million young
     # objects cost ~1 s of a 1M start).
@@ -296,6 +305,7 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     for run in ("first start", "restart"):
         reads.clear()
         rebased.clear()
+        some.clear()
         collecting.clear()
         slots = 0
         engine = create_engine(pg_url)
@@ -308,11 +318,40 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
             rows = [r for r in reads if "FROM periodic_jobs" in r]
             assert len(rows) == 1 and "%" not in rows[0], (run, rows)
             assert slots == count and not any(rebased), (run, slots, rebased)
+            assert some == [], (run, some)  # registered by a full sync, as a leader's first one
             assert collecting == [False], (run, collecting)  # frozen once, still paused
         finally:
             await mgr.stop()
             await engine.dispose()
         await clock.advance(10)
+
+
+async def test_a_lone_managers_start_does_not_wait_for_its_catch_up_nor_holds_the_syncs_back(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    """The catch-up of what a takeover took runs beside it, as a leader's does after its start:
+    a misfire "all" catch-up paced over a minute (60 missed slots at 1 a second) neither holds
+    "started" back (the start waited for it, up to its 120 s bound) nor the syncs (it ran under
+    the sync lock). Every missed slot is still sent once, oldest first. The clock does not move
+    until start() has returned."""
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [("all", "@every 1s", {"misfire": "all", "catchup_window": 60})])
+    settings = Settings(
+        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
+        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
+        heartbeat_interval=5, listen=False, catchup_rate=1,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        mgr = await asyncio.wait_for(fleet.start("a", settings), 60)  # a hang guard, not a timing
+        assert fleet.clock.now() == T0 and len(mgr.scheduler) == 1
+        assert not mgr.syncer.lock.locked()  # a sync may run while the catch-up paces
+        await fleet.drive(65)
+    finally:
+        await fleet.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    missed = expected_slots("all", "@every 1s", T0 - timedelta(seconds=60), T0)
+    assert all(counts[k] == 1 for k in missed), [k for k in missed if counts[k] != 1][:5]
 
 
 async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leave(

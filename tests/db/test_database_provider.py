@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.contracts import ConfigProvider, ProviderSnapshot
+from periodic_manager.contracts import ConfigProvider, PartitionsHeld, ProviderSnapshot
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import jobs_table
@@ -326,7 +326,7 @@ async def test_a_provider_restricted_to_partitions_reads_only_their_rows(engine:
     ids = [await insert_row(engine, f"p{i}") for i in range(8)]
     held = frozenset({1, 3})
     provider = DatabaseProvider(engine)
-    provider.restrict(lambda: (4, held))
+    provider.restrict(lambda: PartitionsHeld(4, held))
     snapshot = await provider.get_configs()
     assert sorted(c.schedule_id for c in snapshot.configs) == [i for i in ids if i % 4 in held]
     # A change to a row of a partition not held is not read; one of a held partition is.
@@ -358,7 +358,7 @@ async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition
     bad = [await insert_row(engine, f"bad{i}", spec="not a spec") for i in range(6)]
     held = frozenset[int]()
     provider = DatabaseProvider(engine)
-    provider.restrict(lambda: (4, held))
+    provider.restrict(lambda: PartitionsHeld(4, held))
     statements: list[str] = []
     stream = DatabaseProvider._stream
 
@@ -376,7 +376,7 @@ async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition
     assert [e.schedule_id for e in some.errors] == [i for i in bad if i % 4 in (1, 3)]
     assert "%" in statements[-1] and "ORDER BY" not in statements[-1]
     subset = DatabaseProvider(engine)  # a full read of some partitions: filtered, not ordered
-    subset.restrict(lambda: (4, held))
+    subset.restrict(lambda: PartitionsHeld(4, held))
     read = await subset.get_configs()
     assert [c.schedule_id for c in read.configs] == [i for i in ids if i % 4 in (1, 2, 3)]
     assert [e.schedule_id for e in read.errors] == [i for i in bad if i % 4 in (1, 2, 3)]
@@ -394,13 +394,40 @@ async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition
     assert [c.schedule_id for c in full.configs] == ids and "%" not in statements[-1]
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_read_holding_no_partition_leaves_the_next_one_a_full_read_of_every_column(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sync of a manager before its first lease round reads nothing: the read after
+    it took every partition (a manager alone) is then one streamed read of every column, as a
+    first sync's, not the revisions and then the rows by id of a warm reconcile."""
+    ids = [await insert_row(engine, f"w{i}") for i in range(6)]
+    held = frozenset[int]()
+    provider = DatabaseProvider(engine)
+    provider.restrict(lambda: PartitionsHeld(4, held))
+    provider.adopt(PeriodicTaskConfig, lambda row_id: None)  # a manager's: nothing registered
+    statements: list[str] = []
+    stream = DatabaseProvider._stream
+
+    def counted(self: DatabaseProvider, conn: Any, query: Any, params: Any = None) -> Any:
+        statements.append(str(query.compile(dialect=engine.dialect)))
+        return stream(self, conn, query, params)
+
+    monkeypatch.setattr(DatabaseProvider, "_stream", counted)
+    assert (await provider.get_configs()).configs == [] and statements == []
+    held = frozenset(range(4))
+    read = await provider.get_configs()
+    assert [c.schedule_id for c in read.configs] == ids
+    assert len(statements) == 1 and "payload" in statements[0] and "%" not in statements[0]
+
+
 async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:
     provider = DatabaseProvider(engine)
     if backend != "postgresql":
         with pytest.raises(ValueError, match="partitions need PostgreSQL"):
-            provider.restrict(lambda: (4, frozenset()))
+            provider.restrict(lambda: PartitionsHeld(4, frozenset()))
     else:
-        provider.restrict(lambda: (4, frozenset()))
+        provider.restrict(lambda: PartitionsHeld(4, frozenset()))
         assert (await provider.get_configs()).configs == []  # nothing held, nothing read
 
 

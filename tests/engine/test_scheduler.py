@@ -320,11 +320,11 @@ async def test_a_fence_stops_sending_for_its_entries_at_once_a_staged_batch_incl
 
 
 async def test_a_takeover_registering_its_entries_rebased_files_them_as_register_then_rebase_did() -> None:
-    """A takeover of partitions registers its entries inside ``resuming()``: each one new here
-    that the takeover keeps is filed already rebased (one slot computed, not two), at exactly
-    the slot, lower bound and runs left that registering and then ``rebase_some`` give; a
-    code-registered one, an entry replaced and a limited one without its count are left to
-    ``rebase_some``, as before."""
+    """A takeover of partitions registers its entries inside ``resuming()``: each one that the
+    takeover keeps (new here, or replacing an entry) is filed already rebased (one slot
+    computed, not two; one path, ``Entries._rebase``), at exactly the slot, lower bound and runs
+    left that registering and then ``rebase_some`` give; a code-registered one and a limited one
+    without its count are left to ``rebase_some``, as before."""
     clock = VirtualClock(T0 + timedelta(minutes=5))
     after = clock.now() - timedelta(seconds=30)
     now = clock.now()
@@ -350,14 +350,18 @@ async def test_a_takeover_registering_its_entries_rebased_files_them_as_register
         sched.set_active(False)
         return sched
 
+    replaced = cfg("replaced", "@every 13s", schedule_id=8)  # held before, replaced during
+    configs.append(cfg("replaced", "@every 10s", schedule_id=8))
     before = built()  # registered, then rebased
+    before.register(replaced, synced=True, now=now)
     some = [before.register(c, synced=True, now=now, counted=counted.get(c.ident)) for c in configs]
     await before.rebase_some([e for e in some if keep(e.ident)], after, settled, counted)
     resumed = built()
+    resumed.register(replaced, synced=True, now=now)
     with resumed.resuming(after, settled, keep) as rebased:
         for c in configs:
             resumed.register(c, synced=True, now=now, counted=counted.get(c.ident))
-    assert rebased == {1, 2, 3, 4, 5, 6}
+    assert rebased == {1, 2, 3, 4, 5, 6, 8}
     for c in configs:
         if not keep(c.ident):
             continue
