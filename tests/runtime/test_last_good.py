@@ -43,9 +43,11 @@ async def running(
     ends."""
     # One leader: this VirtualClock jumps minutes at once, past the trust of partition leases
     # (their expiry is the database's real time); partitions run in test_partition_moves.py.
+    # No change signal: it runs on the wall clock and would sync SQL edits at a virtual instant
+    # of its own (tests/support/e2e.py says more).
     settings = Settings(
         database_url=url, target="outbox", sync_interval=30, grace=30, heartbeat_interval=5,
-        **{"coordination": "leader", **overrides},
+        **{"coordination": "leader", "listen": False, **overrides},
     )  # fmt: skip
     clock = VirtualClock(start)
     engine = create_engine(url)
