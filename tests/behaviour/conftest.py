@@ -16,7 +16,7 @@ from tests.support.servers import RedisServer
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    """A private Redis with an append-only file: a SIGKILL keeps what was written."""
+    """A private Redis with an append-only file, fsynced: a SIGKILL keeps what was written."""
     with RedisServer() as server:
         yield server
 
@@ -31,12 +31,11 @@ def forgetful() -> Iterator[RedisServer]:
 
 @pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox", "mysql+outbox"])
 def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(URL of a database migrated to head, target); async fixtures are pulled in from this
-    sync fixture."""
+    """(database URL, target); async fixtures are pulled in from this sync fixture."""
     backend, target = str(request.param).split("+")
     if target == "redis":
         request.getfixturevalue("redis_client")  # cleans the test's keys afterwards
-    return backend_url(request, backend, migrated=True), target
+    return backend_url(request, backend), target
 
 
 @pytest.fixture
@@ -50,5 +49,8 @@ async def rig(
     combo: tuple[str, str], redis_prefix: str, redis_url: str, rig_start: datetime
 ) -> AsyncIterator[Rig]:
     url, target = combo
+    from periodic_manager.db.migrate import upgrade
+
+    await upgrade(url)
     async for r in e2e_rig(url, target, redis_prefix, redis_url, start=rig_start):
         yield r

@@ -1,11 +1,8 @@
 """Throwaway servers for fault-injection tests and benchmarks: loopback only, always stopped.
 
 :class:`RedisServer` runs a private ``redis-server`` on a free 127.0.0.1 port with an append-only
-file, so a SIGKILL followed by :meth:`RedisServer.start` on the same port keeps the streams and
-the claims (what a restarted production Redis with AOF would keep). ``appendfsync no``: Redis
-writes the file before it answers (never postponed under this policy), and a killed process leaves
-what it wrote in the kernel; an fsync per write would only add the disk's latency to every answer
-(more than half a second now and then when the machine is busy).
+file fsynced on every write, so a SIGKILL followed by :meth:`RedisServer.start` on the same port
+keeps the streams and the claims (what a restarted production Redis with AOF would keep).
 """
 
 from __future__ import annotations
@@ -101,7 +98,7 @@ class RedisServer(Throwaway):
                 "--appendonly",
                 "yes" if self.persist else "no",
                 "--appendfsync",
-                "no",
+                "always",
                 "--dir",
                 str(self.dir),
                 "--protected-mode",
