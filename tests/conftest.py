@@ -17,14 +17,19 @@ runs in parallel do not fail each other.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import re
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -56,17 +61,23 @@ def _unavailable(what: str, exc: BaseException) -> None:
     pytest.skip(msg)
 
 
+def _pg_url(name: str) -> str:
+    return f"{PG_DSN.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
+
+
 @contextlib.asynccontextmanager
-async def new_pg_database() -> AsyncIterator[str]:
-    """A new, empty PostgreSQL database (its asyncpg URL), dropped on the way out."""
+async def new_pg_database(*, migrated: bool = False) -> AsyncIterator[str]:
+    """A new PostgreSQL database (its asyncpg URL), dropped on the way out: empty, or with
+    ``migrated`` a copy of this process's migrated template (:func:`_templates`)."""
     name = f"pm_test_{uuid.uuid4().hex[:12]}"
     try:
         admin = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
     except (OSError, asyncpg.PostgresError) as exc:
         _unavailable("PostgreSQL", exc)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"{PG_DSN.replace('postgresql://', 'postgresql+asyncpg://')}/{name}"
+        template = f' TEMPLATE "{await _templates.pg(admin)}"' if migrated else ""
+        await admin.execute(f'CREATE DATABASE "{name}"{template}')
+        yield _pg_url(name)
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
@@ -79,24 +90,35 @@ async def pg_url() -> AsyncIterator[str]:
         yield url
 
 
-@contextlib.asynccontextmanager
-async def new_mysql_database() -> AsyncIterator[str]:
-    """A new, empty MariaDB/MySQL database (its asyncmy URL), dropped on the way out."""
+def _mysql_url(name: str) -> str:
+    return normalize_url(make_url(MYSQL_URL).set(database=name).render_as_string(hide_password=False))
+
+
+async def _mysql_admin() -> Any:
     import asyncmy
 
-    name = f"pm_test_{uuid.uuid4().hex[:12]}"
     u = make_url(MYSQL_URL)
     try:
-        admin = await asyncmy.connect(
+        return await asyncmy.connect(
             host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root",
             password=u.password or "", connect_timeout=5,
         )  # fmt: skip
     except (OSError, asyncmy.errors.Error) as exc:
         _unavailable("MariaDB/MySQL", exc)
+
+
+@contextlib.asynccontextmanager
+async def new_mysql_database(*, migrated: bool = False) -> AsyncIterator[str]:
+    """A new MariaDB/MySQL database (its asyncmy URL), dropped on the way out: empty, or with
+    ``migrated`` a copy of this process's migrated template (:func:`_templates`)."""
+    name = f"pm_test_{uuid.uuid4().hex[:12]}"
+    admin = await _mysql_admin()
     try:
         async with admin.cursor() as cur:
             await cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        yield normalize_url(u.set(database=name).render_as_string(hide_password=False))
+        if migrated:
+            await _templates.mysql_copy(admin, name)
+        yield _mysql_url(name)
     finally:
         async with admin.cursor() as cur:
             await cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
@@ -130,13 +152,136 @@ def sqlite_url(tmp_path: object) -> str:
     return f"sqlite+aiosqlite:///{tmp_path}/pm.db"  # type: ignore[str-bytes-safe]
 
 
-# The URL fixture of each backend the per-backend tests run on.
+@pytest.fixture
+async def migrated_pg_url() -> AsyncIterator[str]:
+    """URL of a new PostgreSQL database migrated to head (a copy of the template)."""
+    async with new_pg_database(migrated=True) as url:
+        yield url
+
+
+@pytest.fixture
+async def migrated_mariadb_url() -> AsyncIterator[str]:
+    """URL of a new MariaDB/MySQL database migrated to head (a copy of the template)."""
+    async with new_mysql_database(migrated=True) as url:
+        yield url
+
+
+@pytest.fixture
+async def migrated_sqlite_url(tmp_path: Path) -> str:
+    """URL of a new SQLite file migrated to head (a copy of the template's file)."""
+    shutil.copyfile(await _templates.sqlite(), tmp_path / "pm.db")
+    return f"sqlite+aiosqlite:///{tmp_path}/pm.db"
+
+
+# The URL fixture of each backend the per-backend tests run on: an empty database, and one
+# migrated to head.
 BACKEND_URLS = {"postgresql": "pg_url", "sqlite": "sqlite_url", "mysql": "mariadb_url"}
+MIGRATED_URLS = {"postgresql": "migrated_pg_url", "sqlite": "migrated_sqlite_url", "mysql": "migrated_mariadb_url"}
 
 
-def backend_url(request: pytest.FixtureRequest, backend: str) -> str:
-    """A new, empty database of ``backend`` (its URL fixture's value)."""
-    return str(request.getfixturevalue(BACKEND_URLS[backend]))
+def backend_url(request: pytest.FixtureRequest, backend: str, *, migrated: bool = False) -> str:
+    """A new database of ``backend`` (its URL fixture's value): empty, or migrated to head."""
+    return str(request.getfixturevalue((MIGRATED_URLS if migrated else BACKEND_URLS)[backend]))
+
+
+class _Templates:
+    """This process's databases migrated to head once, which the ``migrated_*`` fixtures copy:
+    running the migrations takes about 2 s a database (PostgreSQL, MariaDB), a copy a tenth of
+    that. PostgreSQL copies its template itself (``CREATE DATABASE ... TEMPLATE``); MariaDB has
+    no templates, so the template's tables (as ``SHOW CREATE TABLE`` writes them), their rows
+    (the migrations' own: the Alembic revision, counters) and then its triggers are made again;
+    SQLite's file is copied. One set per process (an xdist worker has its own), dropped at its
+    end. The migrations themselves run on empty databases (tests/db/test_migrations.py)."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self._mysql_script: list[str] | None = None
+        self._dir: Path | None = None
+
+    async def pg(self, admin: asyncpg.Connection) -> str:
+        if "postgresql" not in self.names:
+            name = f"pm_test_tpl_{uuid.uuid4().hex[:8]}"
+            await admin.execute(f'CREATE DATABASE "{name}"')
+            self.names["postgresql"] = name  # dropped at the end even if the upgrade fails
+            await upgrade(_pg_url(name))
+        return self.names["postgresql"]
+
+    async def sqlite(self) -> Path:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="pm-test-tpl-"))
+            await upgrade(f"sqlite+aiosqlite:///{self._dir}/pm.db")
+        return self._dir / "pm.db"
+
+    async def mysql_copy(self, admin: Any, name: str) -> None:
+        script = await self._mysql(admin)
+        async with admin.cursor() as cur:
+            await cur.execute(f"USE `{name}`")
+            for statement in script:
+                await cur.execute(statement)
+            await cur.execute("USE mysql")
+
+    async def _mysql(self, admin: Any) -> list[str]:
+        """The statements that make the template again in the current database."""
+        if self._mysql_script is not None:
+            return self._mysql_script
+        name = f"pm_test_tpl_{uuid.uuid4().hex[:8]}"
+        async with admin.cursor() as cur:
+            await cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+            self.names["mysql"] = name
+            await upgrade(_mysql_url(name))
+            script = ["SET @pm_fk = @@foreign_key_checks, foreign_key_checks = 0"]
+            await cur.execute(
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = %s AND table_type = 'BASE TABLE' ORDER BY table_name",
+                (name,),
+            )
+            tables = [row[0] for row in await cur.fetchall()]
+            for table in tables:
+                await cur.execute(f"SHOW CREATE TABLE `{name}`.`{table}`")
+                script.append((await cur.fetchone())[1])
+            for table in tables:
+                await cur.execute(f"SELECT COUNT(*) FROM `{name}`.`{table}`")
+                if (await cur.fetchone())[0] == 0:
+                    continue
+                await cur.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s"
+                    " AND table_name = %s AND extra NOT LIKE '%%GENERATED%%' ORDER BY ordinal_position",
+                    (name, table),
+                )
+                columns = ", ".join(f"`{row[0]}`" for row in await cur.fetchall())
+                script.append(f"INSERT INTO `{table}` ({columns}) SELECT {columns} FROM `{name}`.`{table}`")
+            await cur.execute(
+                "SELECT trigger_name FROM information_schema.triggers WHERE trigger_schema = %s"
+                " ORDER BY event_object_table, action_order",
+                (name,),
+            )
+            for (trigger,) in await cur.fetchall():
+                await cur.execute(f"SHOW CREATE TRIGGER `{name}`.`{trigger}`")
+                _, sql_mode, statement, *_ = await cur.fetchone()
+                script += [f"SET SESSION sql_mode = '{sql_mode}'", statement]
+            script += ["SET SESSION sql_mode = DEFAULT", "SET foreign_key_checks = @pm_fk"]
+        self._mysql_script = script
+        return script
+
+    async def drop(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        if "postgresql" in self.names:
+            admin = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{self.names["postgresql"]}" WITH (FORCE)')
+            finally:
+                await admin.close()
+        if "mysql" in self.names:
+            admin = await _mysql_admin()
+            try:
+                async with admin.cursor() as cur:
+                    await cur.execute(f"DROP DATABASE IF EXISTS `{self.names['mysql']}`")
+            finally:
+                admin.close()
+
+
+_templates = _Templates()
 
 
 @pytest.fixture(params=list(BACKEND_URLS))
@@ -158,10 +303,27 @@ def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def db_url(empty_db_url: str) -> str:
-    """A database migrated to head, on each backend."""
-    await upgrade(empty_db_url)
-    return empty_db_url
+def db_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """A database migrated to head, on each backend (a copy of the migrated template)."""
+    return backend_url(request, backend, migrated=True)
+
+
+@pytest.fixture(autouse=True)
+def cli_logging_undone() -> Iterator[None]:
+    """A test that runs the CLI in its process (``main([...])``) has it configure logging: a
+    handler on the root logger writing to ``sys.stderr`` as it was then, the test's captured
+    stream, which pytest closes after the test. Left there, it made every later log line of the
+    process print "--- Logging error --- ... I/O operation on closed file". Undone after each
+    test (the handler, the root's level, alembic's level)."""
+    from periodic_manager.cli import logs
+
+    root, alembic = logging.getLogger(), logging.getLogger("alembic")
+    levels = root.level, alembic.level
+    yield
+    for handler in [h for h in root.handlers if h.get_name() == logs._HANDLER]:
+        root.removeHandler(handler)
+    root.setLevel(levels[0])
+    alembic.setLevel(levels[1])
 
 
 @pytest.fixture
@@ -300,8 +462,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The controller's check, once every worker has finished: reported as an error of
-    :func:`no_stray_redis_keys`, as a run without workers reports it."""
+    """This process's template databases are dropped. Then the controller's check, once every
+    worker has finished: reported as an error of :func:`no_stray_redis_keys`, as a run without
+    workers reports it."""
+    if _templates.names or _templates._dir is not None:
+        asyncio.run(_templates.drop())
     before = session.config.stash.get(_KEYS_BEFORE, None)
     problem = None if before is None else _stray(before)
     if problem is None:

@@ -108,11 +108,14 @@ class PostgresChangeListener:
     async def _connect(self) -> None:
         from periodic_manager.db.engine import pg_connect
 
-        self._lost.clear()
+        # An event per connection: asyncpg calls a connection's termination callbacks a loop turn
+        # after it ends (the one this listener dropped included), by then this connect is under
+        # way, and a shared event would end the next connection too (then each the next).
+        lost = self._lost = asyncio.Event()
         conn = await pg_connect(
             self.dsn, timeout=self.timeout, server_settings={"application_name": "periodic_manager listener"}
         )
-        conn.add_termination_listener(lambda _c: self._lost.set())
+        conn.add_termination_listener(lambda _c: lost.set())
         await conn.add_listener(self.channel, self._notified)
         self._conn = conn
         self.connected.set()

@@ -31,11 +31,12 @@ def forgetful() -> Iterator[RedisServer]:
 
 @pytest.fixture(params=["postgresql+redis", "postgresql+outbox", "sqlite+outbox", "mysql+outbox"])
 def combo(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(database URL, target); async fixtures are pulled in from this sync fixture."""
+    """(URL of a database migrated to head, target); async fixtures are pulled in from this
+    sync fixture."""
     backend, target = str(request.param).split("+")
     if target == "redis":
         request.getfixturevalue("redis_client")  # cleans the test's keys afterwards
-    return backend_url(request, backend), target
+    return backend_url(request, backend, migrated=True), target
 
 
 @pytest.fixture
@@ -49,8 +50,5 @@ async def rig(
     combo: tuple[str, str], redis_prefix: str, redis_url: str, rig_start: datetime
 ) -> AsyncIterator[Rig]:
     url, target = combo
-    from periodic_manager.db.migrate import upgrade
-
-    await upgrade(url)
     async for r in e2e_rig(url, target, redis_prefix, redis_url, start=rig_start):
         yield r

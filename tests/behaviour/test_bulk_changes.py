@@ -66,7 +66,7 @@ async def test_a_100k_row_insert_never_stalls_dispatch_or_loses_leadership(pg_ur
         inner = manager.leadership._on_change  # type: ignore[attr-defined]
         manager.leadership._on_change = lambda leads: (changes.append(leads), inner(leads))[1]  # type: ignore[attr-defined]
         dog = asyncio.create_task(watchdog())
-        started = datetime.now(UTC)
+        started, started_waited = datetime.now(UTC), waited()
         await conn.execute(
             "INSERT INTO periodic_jobs (name, spec, task_type, payload)"
             " SELECT 'bulk.' || i, '0 3 * * *', 'bulk.task', jsonb_build_object('i', i)"
@@ -83,7 +83,7 @@ async def test_a_100k_row_insert_never_stalls_dispatch_or_loses_leadership(pg_ur
         while not [s for s in target.slots("heartbeat") if s >= started + synced_in]:
             assert time.monotonic() < deadline, "no heartbeat after the sync"
             await asyncio.sleep(0.05)
-        finished = datetime.now(UTC)
+        finished, denied = datetime.now(UTC), waited() - started_waited
         stop.set()
         await dog
         held = list(changes)  # before stop(), which steps down
@@ -101,8 +101,11 @@ async def test_a_100k_row_insert_never_stalls_dispatch_or_loses_leadership(pg_ur
     print(
         f"sync of {ROWS} new rows: {synced_in.total_seconds():.2f} s, worst loop stall"
         f" {worst * 1000:.0f} ms, {len(sent)} heartbeat slots meanwhile, worst lateness"
-        f" {max(late, default=0) * 1000:.0f} ms"
+        f" {max(late, default=0) * 1000:.0f} ms ({denied * 1000:.0f} ms waiting for a CPU)"
     )
     assert held == []  # leadership held throughout
     assert worst < STALL_BOUND_S
-    assert sent and max(late) < STALL_BOUND_S  # the other schedule kept firing on time
+    # The other schedule kept firing on time: late by no more than the bound, plus the time the
+    # loop's thread was kept off the CPUs in the window (0 on a quiet machine; other tests' and
+    # processes' doing on a loaded one, as the watchdog's stalls leave out).
+    assert sent and max(late) < STALL_BOUND_S + denied, f"{max(late):.2f} s late, {denied:.2f} s denied the CPU"

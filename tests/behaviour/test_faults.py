@@ -307,7 +307,12 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
     print(
         f"takeover {takeover_s:.2f} s, slots after the kill flowing again after {resumed_s:.2f} s"
     )
-    assert takeover_s < 5.0  # the bound with the default poll interval and timeout
+    # The product's bound (docs/operations.md): a standby leads within leader_timeout + poll
+    # of the kill, and says so in pm_managers by its next heartbeat; twice that (10 s) leaves
+    # room for a busy machine's scheduling and this test's own polls (a connection each), and
+    # still fails a takeover that waits for anything else (a session's TCP timeout, grace).
+    bound = 2 * sum(float(env[k]) for k in ("PM_LEADER_TIMEOUT", "PM_LEADER_POLL_INTERVAL", "PM_HEARTBEAT_INTERVAL"))
+    assert takeover_s < bound, f"the standby led {takeover_s:.1f} s after the kill (bound {bound} s)"
 
 
 # -- 3. Redis killed and restarted; 5. a Redis that accepts connections but never answers ---------

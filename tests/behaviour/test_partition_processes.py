@@ -128,7 +128,9 @@ async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
         began = datetime.now(UTC)
         for p in (a, b, c):
             p.start()
-        start_s = await shared([a, b, c], "three managers share every partition", 15)
+        # Three interpreters start at once (seconds of CPU each on a busy 2-core machine): how
+        # soon they share is bounded by the poll, and printed, not asserted (no product bound).
+        start_s = await shared([a, b, c], "three managers share every partition", 60)
         assert started_fairly([a, b, c]), logs()
         await eventually(lambda: a.alive() and b.alive() and c.alive(), "all run", seconds=1)
         first = datetime.now(UTC)  # from here every slot must be sent once
@@ -163,7 +165,7 @@ async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
         f"after SIGTERM in {leave_s:.1f} s; join shared in {join_s:.1f} s; cut off, held again in "
         f"{cut_s:.1f} s; {len(expected)} slots audited"
     )
-    assert start_s < 10 and kill_s < TTL + 5 and cut_s < TTL + 5
+    assert kill_s < TTL + 5 and cut_s < TTL + 5  # the leases' TTL, and 5 s to notice and take
 
 
 def slots_of(port: int, status: str) -> float:

@@ -118,3 +118,49 @@ def test_head_constant_is_the_head_of_the_shipped_migrations() -> None:
     from periodic_manager.db.migrate import HEAD_REVISION, shipped_head
 
     assert shipped_head() == HEAD_REVISION
+
+
+def _schema(conn: Connection) -> dict[str, Any]:
+    """What a migrated database holds, as comparable data: per table its columns, indexes,
+    foreign keys and rows (the migrations' own: the revision, counters), and the triggers."""
+    insp = inspect(conn)
+    out: dict[str, Any] = {}
+    for table in sorted(insp.get_table_names()):
+        out[table] = (
+            [(c["name"], str(c["type"]), c["nullable"], str(c.get("default"))) for c in insp.get_columns(table)],
+            sorted(str(sorted(i.items())) for i in insp.get_indexes(table)),
+            sorted(str(sorted(fk.items())) for fk in insp.get_foreign_keys(table)),
+            sorted(map(str, conn.execute(text(f"SELECT * FROM {table}")).all())),
+        )
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        query = "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal"
+    elif dialect == "sqlite":
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"
+    else:
+        query = (
+            "SELECT trigger_name, CONCAT_WS(' ', action_timing, event_manipulation,"
+            " event_object_table, action_order, sql_mode, action_statement)"
+            " FROM information_schema.triggers WHERE trigger_schema = DATABASE()"
+        )
+    out["triggers"] = sorted(map(tuple, conn.execute(text(query)).all()))
+    return out
+
+
+async def test_the_migrated_databases_the_tests_get_are_what_the_migrations_make(
+    db_url: str, empty_db_url: str
+) -> None:
+    # db_url is a copy of a template migrated once per process (tests/conftest.py): on MariaDB
+    # made again from the template's DDL, rows and triggers; it must equal a fresh migration.
+    await upgrade(empty_db_url)
+    schemas = []
+    for url in (db_url, empty_db_url):
+        engine = create_engine(url)
+        try:
+            async with engine.connect() as conn:
+                schemas.append(await conn.run_sync(_schema))
+        finally:
+            await engine.dispose()
+    copied, migrated = schemas
+    assert copied["triggers"] and set(copied) >= APP_TABLES
+    assert copied == migrated

@@ -183,24 +183,25 @@ async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval
         DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
     )
     listener = PostgresChangeListener(dsn(pg_url), check_interval=0.2)
+    # The sync interval is on the virtual clock, which never moves here: only the signal can
+    # bring an edit in, however long the polls below wait (their bound is no measure of speed).
     mgr.signals.append(listener)
     await mgr.start()
     try:
-        await eventually(listener.connected.is_set, "the listener connected", seconds=5)
+        await eventually(listener.connected.is_set, "the listener connected")
 
         def names() -> list[str]:
             return sorted(e.config.name for e in mgr.entries())
 
         await sql(eng, INSERT, name="raw.sql", spec="* * * * *")
-        await eventually(lambda: names() == ["raw.sql"], "the inserted row synced", seconds=5)
+        await eventually(lambda: names() == ["raw.sql"], "the inserted row synced")
         await sql(eng, "UPDATE periodic_jobs SET spec = '*/2 * * * *'")
         await eventually(
             lambda: [e.config.spec for e in mgr.entries()] == ["*/2 * * * *"],
             "the updated spec synced",
-            seconds=5,
         )
         await sql(eng, "DELETE FROM periodic_jobs")
-        await eventually(lambda: names() == [], "the deletion synced", seconds=5)
+        await eventually(lambda: names() == [], "the deletion synced")
 
         # The listener's connection is killed: it reconnects and asks for a sync at once.
         admin = await asyncpg.connect(dsn(pg_url))
@@ -209,14 +210,42 @@ async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval
             " WHERE application_name = 'periodic_manager listener' AND datname = current_database()"
         )
         await admin.close()
-        await eventually(lambda: listener.reconnects == 1, "the listener reconnected", seconds=10)
+        await eventually(lambda: listener.reconnects == 1, "the listener reconnected")
         await sql(eng, INSERT, name="after.reconnect", spec="* * * * *")
-        await eventually(
-            lambda: names() == ["after.reconnect"], "a row synced after the reconnect", seconds=5
-        )
+        await eventually(lambda: names() == ["after.reconnect"], "a row synced after the reconnect")
+        assert listener.reconnects == 1
     finally:
         await mgr.stop()
         await eng.dispose()
+
+
+async def test_a_listener_that_found_its_connection_dead_reconnects_once(
+    proxied: tuple[str, TcpProxy],
+) -> None:
+    # A half-open connection (the proxy forwards nothing) fails the health check; the listener
+    # drops it and reconnects. Dropping it ends that connection, and asyncpg calls its
+    # termination callbacks a loop turn later, while the next connection is being opened: the
+    # dead connection's callback must not end the new one (it did, and each close then ended
+    # the next: a loop of reconnects, which made "reconnects == 1" flaky under load).
+    url, proxy = proxied
+    await upgrade(url)
+    got: list[frozenset[int] | None] = []
+    listener = PostgresChangeListener(dsn(url), check_interval=0.1, timeout=2.0)
+    await listener.start(got.append)
+    writer = await asyncpg.connect(dsn(url))
+    try:
+        await eventually(listener.connected.is_set, "the listener connected")
+        proxy.freeze()
+        await eventually(lambda: not listener.connected.is_set(), "the health check failed")
+        proxy.thaw()
+        await eventually(lambda: listener.reconnects >= 1, "the listener reconnected")
+        del got[:]
+        await writer.execute(INSERT.replace(":name", "'x'").replace(":spec", "'* * * * *'"))
+        await eventually(lambda: len(got) >= 1, "the insert's notification")
+        assert listener.reconnects == 1 and listener.connected.is_set()
+    finally:
+        await listener.stop()
+        await writer.close()
 
 
 async def test_a_row_turned_bad_keeps_its_last_good_schedule(engine: AsyncEngine) -> None:

@@ -30,6 +30,7 @@ from periodic_manager.targets.memory import MemoryTarget
 from tests.support import rawsql
 from tests.support.e2e import T0, Rig, at, iso
 from tests.support.managers import ManualLeader, settle
+from tests.support.polling import eventually
 
 JOB = {"name": "keep.me", "spec": "* * * * *", "task_type": "t", "payload": {"v": 1}}
 
@@ -43,9 +44,11 @@ async def running(
     ends."""
     # One leader: this VirtualClock jumps minutes at once, past the trust of partition leases
     # (their expiry is the database's real time); partitions run in test_partition_moves.py.
+    # No change signal: it runs on the wall clock and would sync SQL edits at a virtual instant
+    # of its own (tests/support/e2e.py says more).
     settings = Settings(
         database_url=url, target="outbox", sync_interval=30, grace=30, heartbeat_interval=5,
-        **{"coordination": "leader", **overrides},
+        **{"coordination": "leader", "listen": False, **overrides},
     )  # fmt: skip
     clock = VirtualClock(start)
     engine = create_engine(url)
@@ -316,6 +319,9 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
         await leader.stop()  # dies at 12:00:35.5; nobody leads for 20 s
         await clock.advance(20)
         await standby.leadership._set(True)  # type: ignore[attr-defined]
+        # The takeover reads the settled slots from the database (real I/O, in a task of its
+        # own that a settle does not wait for) before its scheduler sends: polled for.
+        await eventually(lambda: standby.scheduler.active, "the standby took over")
         await settle(clock, standby)
         # 12:00:10-30 by the leader; 12:00:40 and :50 re-sent by the standby (within grace).
         assert target.slots("keep.me") == [

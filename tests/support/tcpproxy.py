@@ -76,7 +76,8 @@ class TcpProxy:
 
     def on_request(self, marker: bytes, action: Callable[[], None], *, after: bool = False) -> None:
         """Run ``action`` when the next request holding ``marker`` passes: before it is
-        forwarded (the server never sees it), or ``after`` (the server got it)."""
+        forwarded (the server never sees it), or ``after`` (the server got it; then no reply to
+        it reaches the client: a server killed so may have answered before the kill landed)."""
         self._rules.append(_Rule(marker, action, after))
 
     def _match(self, data: bytes) -> _Rule | None:
@@ -124,6 +125,8 @@ class TcpProxy:
                 rule = proxy._match(data) if upward and proxy._rules else None
                 if rule is not None and rule.action is not None and not rule.after:
                     rule.action()
+                if rule is not None and (rule.action is None or rule.after):
+                    link.drop = True  # set before the server can answer
                 if not upward and link.drop:
                     proxy.dropped += 1
                     for w in link.writers:  # the reply is lost: so is the connection
@@ -131,11 +134,8 @@ class TcpProxy:
                     return
                 writer.write(data)
                 await writer.drain()
-                if rule is not None:
-                    if rule.action is None:
-                        link.drop = True
-                    elif rule.after:
-                        rule.action()
+                if rule is not None and rule.action is not None and rule.after:
+                    rule.action()
             # A frozen link does not pass a close on either: the far end keeps a half-open socket.
             while proxy.frozen:  # noqa: ASYNC110 - a test helper, polls its own flag
                 await asyncio.sleep(0.05)
