@@ -388,24 +388,24 @@ async def test_mysql_truncate_is_seen_at_the_next_poll_not_at_the_next_full_reco
 
     await mgr.start()
     try:
-        await eventually(lambda: poller.polls > 0, "the poller polled", seconds=5)
+        await eventually(lambda: poller.polls > 0, "the poller polled")
         for name in ("a", "b", "c"):
             await sql(eng, INSERT, name=name, spec="* * * * *")
-        await eventually(lambda: names() == ["a", "b", "c"], "the inserted rows synced", seconds=5)
+        await eventually(lambda: names() == ["a", "b", "c"], "the inserted rows synced")
         # The last write a DELETE: its tombstone holds the watermark, which a TRUNCATE leaves as is.
         await sql(eng, "DELETE FROM periodic_jobs WHERE name = 'c'")
-        await eventually(lambda: names() == ["a", "b"], "the deletion synced", seconds=5)
+        await eventually(lambda: names() == ["a", "b"], "the deletion synced")
         await sql(eng, "TRUNCATE TABLE periodic_jobs")
-        await eventually(lambda: names() == [], "the truncated rows removed", seconds=5)
+        await eventually(lambda: names() == [], "the truncated rows removed")
 
         # The usual reload: TRUNCATE, then INSERT, within one poll.
         for name in ("d", "e"):
             await sql(eng, INSERT, name=name, spec="* * * * *")
-        await eventually(lambda: names() == ["d", "e"], "the inserted rows synced", seconds=5)
+        await eventually(lambda: names() == ["d", "e"], "the inserted rows synced")
         async with eng.begin() as conn:
             await conn.execute(text("TRUNCATE TABLE periodic_jobs"))
         await sql(eng, INSERT, name="f", spec="* * * * *")
-        await eventually(lambda: names() == ["f"], "the reloaded table synced", seconds=5)
+        await eventually(lambda: names() == ["f"], "the reloaded table synced")
     finally:
         await mgr.stop()
         await eng.dispose()
