@@ -27,6 +27,8 @@ from prometheus_client import CollectorRegistry
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import (
+    BeatCarrier,
+    BeatStore,
     ChangeSignal,
     Clock,
     ConfigProvider,
@@ -185,6 +187,16 @@ class PeriodicTaskManager:
                 changed=self.heartbeat.now.set,
             )
             self.leadership.attach(self.holding)
+        # The lease rounds write the heartbeat in their own statement (one round trip per round
+        # at rest, none for the heartbeat) when they reach the store's database and come at
+        # least as often as the heartbeats must.
+        if (
+            isinstance(self.leadership, BeatCarrier)
+            and isinstance(self.store, BeatStore)
+            and self.store.carries_beat
+            and self.leadership.interval <= timing.heartbeat_interval
+        ):
+            self.heartbeat.carried_by(self.leadership, self.store)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -208,7 +220,7 @@ class PeriodicTaskManager:
         self.tasks.spawn(self.syncer.run(), "sync-loop")
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         if isinstance(self.target, Forgetful):
-            self.tasks.spawn(self.heartbeat.watch(self.target), "broker-watch")
+            self.tasks.spawn(self.heartbeat.watch(self.target, self._sends), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
         log.info(
@@ -401,6 +413,11 @@ class PeriodicTaskManager:
             entry_count=len(self.scheduler),
             shared_work=self.does_shared_work,
         )
+
+    def _sends(self) -> int:
+        """Tasks handed to the target so far (whatever their outcome)."""
+        counts = self.scheduler.counts
+        return sum(counts.values()) - counts["skipped"] - counts["held"]
 
     def _records(self) -> list[EntryRecord]:
         view = self.scheduler.overlap.view

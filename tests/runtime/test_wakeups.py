@@ -5,6 +5,7 @@ clock arms one timer for sleepers until one instant (one wakeup of the process f
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -221,9 +222,10 @@ class Broker:
         return ["redis"] if len(self.asked) == 3 else []
 
 
-async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ticks() -> None:
+async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ticks_while_sending() -> None:
     """A manager stopped within its first interval writes nothing to the broker (as before the
-    ticks); a broker that cannot be asked is asked again at the next tick, not at once."""
+    ticks); a broker that cannot be asked is asked again at the next tick, not at once; while
+    tasks are sent, it looks at every tick."""
     from periodic_manager.runtime.heartbeat import Heartbeat
 
     start = T0 + timedelta(seconds=1.3)
@@ -239,13 +241,49 @@ async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ti
         metrics=Metrics(),  # type: ignore[arg-type]
     )  # fmt: skip
     broker = Broker(clock)
-    watching = asyncio.ensure_future(beat.watch(broker))
+    sends = itertools.count()  # a send between every two looks
+    watching = asyncio.ensure_future(beat.watch(broker, lambda: next(sends)))
     try:
         await clock.advance(4.9)
         assert broker.asked == []
         await clock.advance(20)
         assert broker.asked == [start + timedelta(seconds=5)] + [T0 + timedelta(seconds=s) for s in (10, 15, 20, 25)]
         assert lost == ["redis"]
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_the_broker_watch_of_a_manager_at_rest_looks_once_a_minute() -> None:
+    """A round trip to the broker every 5 s bought nothing while nothing is sent: at rest the
+    watch looks once a minute, and at the next tick after a send."""
+    from periodic_manager.runtime.heartbeat import Heartbeat
+
+    clock = VirtualClock(T0)
+
+    class Metrics:
+        def broker_data_lost(self, name: str) -> None:
+            raise AssertionError("nothing lost")
+
+    class Calm(Broker):
+        async def forgotten(self) -> list[str]:
+            self.asked.append(self.clock.now())
+            return []
+
+    beat = Heartbeat(
+        MemoryRuntimeStore(), "m", status=lambda: None, records=list, clock=clock, interval=5,  # type: ignore[arg-type, return-value]
+        metrics=Metrics(),  # type: ignore[arg-type]
+    )  # fmt: skip
+    broker = Calm(clock)
+    sent = 0
+    watching = asyncio.ensure_future(beat.watch(broker, lambda: sent))
+    try:
+        await clock.advance(5 * 60 + 5)
+        assert broker.asked == [T0 + timedelta(seconds=s) for s in (5, 65, 125, 185, 245, 305)]  # 61 before
+        broker.asked.clear()
+        sent = 3  # a slot was sent
+        await clock.advance(10)
+        assert broker.asked == [T0 + timedelta(seconds=310)]  # the next tick; then at rest again
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
