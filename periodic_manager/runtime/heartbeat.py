@@ -162,28 +162,25 @@ class Heartbeat:
                 log.warning("heartbeat failed (will retry): %r", exc)
             self.registered = False
 
-    async def watch(self, target: Forgetful, sent: Callable[[], int], *, rest: float = 60.0) -> None:
+    async def watch(self, target: Forgetful, sent: asyncio.Event, *, rest: float = 60.0) -> None:
         """In a loop of its own (a broker slow to answer never delays the heartbeat): say once,
         loudly, when a broker of ``target`` lost its data (a Redis restarted without
         persistence): its claims of recent slots are gone (see ``targets.redis.sentinel``).
 
-        It looks at the heartbeat's ticks when something was sent since the previous look
-        (``sent()``: the count of sends so far moved), and otherwise every ``rest`` seconds: the
-        claims matter to sends, and a manager at rest makes no round trip to the broker every
-        interval for them (what a broker that lost its data still holds for the next send is
-        the database's record of settled slots, read by every takeover)."""
+        It looks at the first of the heartbeat's ticks after something was sent (``sent`` is
+        set by every batch of runs), and otherwise at the ticks of ``rest`` seconds: the claims
+        matter to sends, and a manager at rest neither wakes nor asks the broker every interval
+        for them (what a broker that lost its data cannot hold for the next send is the
+        database's record of settled slots, read by every takeover)."""
         # The first look a whole interval after the start, as ever (a manager stopped sooner
-        # writes nothing to the broker); then on the ticks of the heartbeat.
+        # writes nothing to the broker).
         await self.clock.sleep(self.interval)
-        seen: int | None = None
-        looked = self.clock.now()
         while True:
-            now = self.clock.now()
-            count = sent()
-            if seen is None or count != seen or (now - looked).total_seconds() >= rest:
-                if await self._look(target):
-                    seen, looked = count, now
-                # (a broker that could not be asked is asked again at the next tick)
+            sent.clear()
+            if await self._look(target):
+                if not await sleep_unless(self.clock, sent, until=next_tick(self.clock.now(), rest)):
+                    continue  # at rest: the next look a rest later
+            # After a send, or a broker that could not be asked: the next tick.
             await self.clock.sleep_until(next_tick(self.clock.now(), self.interval))
 
     async def _look(self, target: Forgetful) -> bool:

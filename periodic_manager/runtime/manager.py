@@ -126,6 +126,7 @@ class PeriodicTaskManager:
         # Set once start() has said "started": the publisher waits for it (a cold start's
         # entries are published after the start, never in the middle of it).
         self._up = asyncio.Event()
+        self._sent = asyncio.Event()  # a batch of runs since the broker watch last looked
         self.tasks = Supervisor(lambda: self._running)
         self.publisher = EntryPublisher(
             self.store, self.manager_id, on_failure=self._store_failed, quiet=self._quiet,
@@ -220,7 +221,7 @@ class PeriodicTaskManager:
         self.tasks.spawn(self.syncer.run(), "sync-loop")
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         if isinstance(self.target, Forgetful):
-            self.tasks.spawn(self.heartbeat.watch(self.target, self._sends), "broker-watch")
+            self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
         log.info(
@@ -403,6 +404,7 @@ class PeriodicTaskManager:
 
     def _observe_runs(self, runs: Sequence[RunRecord]) -> None:
         self.metrics.observe_runs(runs)
+        self._sent.set()  # the broker watch looks at its next tick
 
     def _status(self) -> ManagerStatus:
         return ManagerStatus(
@@ -413,11 +415,6 @@ class PeriodicTaskManager:
             entry_count=len(self.scheduler),
             shared_work=self.does_shared_work,
         )
-
-    def _sends(self) -> int:
-        """Tasks handed to the target so far (whatever their outcome)."""
-        counts = self.scheduler.counts
-        return sum(counts.values()) - counts["skipped"] - counts["held"]
 
     def _records(self) -> list[EntryRecord]:
         view = self.scheduler.overlap.view

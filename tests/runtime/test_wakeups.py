@@ -5,7 +5,6 @@ clock arms one timer for sleepers until one instant (one wakeup of the process f
 from __future__ import annotations
 
 import asyncio
-import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -212,9 +211,12 @@ class Broker:
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
         self.asked: list[datetime] = []
+        self.sent: asyncio.Event | None = None  # set at every look: tasks are being sent
 
     async def forgotten(self) -> list[str]:
         self.asked.append(self.clock.now())
+        if self.sent is not None:
+            self.sent.set()
         if len(self.asked) == 1:
             from periodic_manager.errors import TargetError
 
@@ -241,8 +243,9 @@ async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ti
         metrics=Metrics(),  # type: ignore[arg-type]
     )  # fmt: skip
     broker = Broker(clock)
-    sends = itertools.count()  # a send between every two looks
-    watching = asyncio.ensure_future(beat.watch(broker, lambda: next(sends)))
+    sent = asyncio.Event()
+    broker.sent = sent  # a send between every two looks
+    watching = asyncio.ensure_future(beat.watch(broker, sent))
     try:
         await clock.advance(4.9)
         assert broker.asked == []
@@ -275,15 +278,55 @@ async def test_the_broker_watch_of_a_manager_at_rest_looks_once_a_minute() -> No
         metrics=Metrics(),  # type: ignore[arg-type]
     )  # fmt: skip
     broker = Calm(clock)
-    sent = 0
-    watching = asyncio.ensure_future(beat.watch(broker, lambda: sent))
+    sent = asyncio.Event()
+    watching = asyncio.ensure_future(beat.watch(broker, sent))
     try:
-        await clock.advance(5 * 60 + 5)
-        assert broker.asked == [T0 + timedelta(seconds=s) for s in (5, 65, 125, 185, 245, 305)]  # 61 before
+        await clock.advance(5 * 60 + 1)
+        assert broker.asked == [T0 + timedelta(seconds=s) for s in (5, 60, 120, 180, 240, 300)]  # 61 before
+        assert clock.next_deadline() == T0 + timedelta(seconds=360)  # no wake-up at the 5 s ticks
         broker.asked.clear()
-        sent = 3  # a slot was sent
-        await clock.advance(10)
-        assert broker.asked == [T0 + timedelta(seconds=310)]  # the next tick; then at rest again
+        sent.set()  # a batch was sent
+        await clock.advance(20)
+        assert broker.asked == [T0 + timedelta(seconds=305)]  # the next tick; then at rest again
+        assert clock.next_deadline() == T0 + timedelta(seconds=360)
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_the_command_looks_at_a_running_managers_health_four_times_a_minute() -> None:
+    """``periodic-manager manager`` looks at the time-based reasons (thresholds of a minute and
+    more) every 15 s, not at every 5 s tick; a loop that dies still wakes it at once."""
+    from periodic_manager.cli.main import _supervise
+
+    clock = Recording(T0)
+    looks: list[datetime] = []
+
+    class Tasks:
+        died = asyncio.Event()
+
+    class Stub:
+        def __init__(self) -> None:
+            self.clock = clock
+            self.tasks = Tasks()
+
+        async def start(self) -> None:
+            return None
+
+        async def stop(self) -> None:
+            return None
+
+        def health(self) -> str | None:
+            looks.append(clock.now())
+            return "a loop died" if Tasks.died.is_set() else None
+
+    supervising = asyncio.ensure_future(_supervise(Stub(), None))
+    try:
+        await clock.advance(60)
+        assert looks == [T0 + timedelta(seconds=s) for s in (0, 15, 30, 45, 60)]
+        Tasks.died.set()
+        await clock.advance(0)
+        assert await asyncio.wait_for(supervising, 5) == 1 and looks[-1] == T0 + timedelta(seconds=60)
+    finally:
+        supervising.cancel()
+        await asyncio.gather(supervising, return_exceptions=True)
