@@ -553,6 +553,63 @@ class RuntimeStore(Protocol):
         ...
 
 
+@runtime_checkable
+class BeatStore(Protocol):
+    """A runtime store whose heartbeat another statement of the manager can write (PostgreSQL:
+    the lease round's, ``PM_COORDINATION=partitions``), so a manager at rest makes one round
+    trip per round instead of two (``db.store.beat_ctes`` is that heartbeat's SQL)."""
+
+    @property
+    def carries_beat(self) -> bool:
+        """Whether this store's heartbeat can be carried (its database is PostgreSQL)."""
+        ...
+
+    def beat_values(
+        self, manager_id: str, status: ManagerStatus, reap_before: datetime | None
+    ) -> tuple[Any, ...]:
+        """The carried heartbeat's parameters, in the order of its SQL's."""
+        ...
+
+    async def beaten(self, status: ManagerStatus) -> None:
+        """What follows a heartbeat written (the history prune, when due)."""
+        ...
+
+    def prune_due(self, now: datetime) -> bool:
+        """Whether :meth:`beaten` at ``now`` has work to do."""
+        ...
+
+
+class CarriedBeat(Protocol):
+    """A manager's heartbeat, written by a statement of another part (a lease round)."""
+
+    def values(self) -> tuple[Any, ...] | None:
+        """The heartbeat's parameters now (:meth:`BeatStore.beat_values`); None: write none
+        this time (the heartbeat writes its own)."""
+        ...
+
+    def written(self, beaten: bool) -> None:
+        """The statement carrying the values ran; ``beaten`` False: the manager's row was gone."""
+        ...
+
+    def missed(self) -> None:
+        """The statement that was to carry the heartbeat failed."""
+        ...
+
+
+@runtime_checkable
+class BeatCarrier(Protocol):
+    """A part whose periodic statement can carry the manager's heartbeat (partition leases)."""
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two of its statements."""
+        ...
+
+    def carry(self, beat: CarriedBeat) -> None:
+        """Write ``beat`` in each of its statements from now on."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class LastGoodVersion:
     """A version to store: the entry's content, and when and at which revision the row was bad."""

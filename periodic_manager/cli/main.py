@@ -26,8 +26,9 @@ from periodic_manager.settings import Settings
 log = logging.getLogger("periodic_manager.cli.main")
 PROG = "periodic-manager"
 # Seconds between looks at a running manager's health beyond its loops dying (which is seen at
-# once): its thresholds are a minute and more (HUNG_AFTER_S, SETTLED_STALL_S).
-HEALTH_EVERY_S = 5.0
+# once): its thresholds are a minute and more (HUNG_AFTER_S, SETTLED_STALL_S), so four looks a
+# minute are enough: a manager at rest wakes no more often for them.
+HEALTH_EVERY_S = 15.0
 
 FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)

@@ -43,7 +43,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, literal_column, or_, select, text, update
+from sqlalchemy import and_, bindparam, case, delete, literal_column, or_, select, text, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager import gcpolicy
@@ -142,37 +143,56 @@ class DatabaseRuntimeStore:
         """Update the manager's row (one UPDATE), and with ``reap_before`` remove the managers
         whose heartbeat is older (:meth:`reap`) in the same transaction: one checkout and one
         commit per beat (on PostgreSQL one statement in autocommit: a single round trip, the
-        cost of a manager at rest). NotFoundError if the row is gone (reaped)."""
+        cost of a manager at rest). NotFoundError if the row is gone (reaped). The statements
+        are :func:`beat_statements` (on PostgreSQL folded into one, :data:`BEAT_PG`)."""
+        params = beat_params(manager_id, status, reap_before)
         if self._beat_pg:
             async with self.engine.connect() as conn:
                 driver = (await conn.get_raw_connection()).driver_connection
                 assert driver is not None
-                beaten = await driver.fetchval(
-                    _BEAT_PG, status.heartbeat_at, status.is_leader, status.last_sync_at,
-                    status.last_sync_error, status.entry_count, manager_id, reap_before,
-                )  # fmt: skip
-            if not beaten:
-                raise NotFoundError(manager_id)
-            await self._maybe_prune(status.heartbeat_at, shared=status.shared_work)
-            return
-        stmt = (
-            update(managers_table).where(managers_table.c.manager_id == manager_id).values(_status_values(status))
-        )
-        async with self.engine.begin() as conn:
-            result = await conn.execute(stmt)
-            if result.rowcount == 0:
-                raise NotFoundError(manager_id)
-            if reap_before is not None:
-                await conn.execute(_reap(reap_before))
+                beaten = await driver.fetchval(BEAT_PG, *params.values())
+        else:
+            beat, reap = beat_statements()
+            async with self.engine.begin() as conn:
+                beaten = (await conn.execute(beat, params)).rowcount
+                if beaten and reap_before is not None:
+                    await conn.execute(reap, params)
+        if not beaten:
+            raise NotFoundError(manager_id)
+        await self.beaten(status)
+
+    @property
+    def carries_beat(self) -> bool:
+        """Whether a statement of this manager's own on the same PostgreSQL database (a lease
+        round, :mod:`periodic_manager.runtime.partitions`) can write the heartbeat: its
+        :func:`beat_ctes`, with :func:`beat_params`, then :meth:`beaten`."""
+        return self._beat_pg
+
+    def beat_values(
+        self, manager_id: str, status: ManagerStatus, reap_before: datetime | None
+    ) -> tuple[Any, ...]:
+        """The parameters of :func:`beat_ctes` (a heartbeat carried by another statement)."""
+        return tuple(beat_params(manager_id, status, reap_before).values())
+
+    async def beaten(self, status: ManagerStatus) -> None:
+        """What follows a heartbeat written (here or carried by another statement): the history
+        prune when it is due (at most every ``prune_interval``; a no-op otherwise)."""
         await self._maybe_prune(status.heartbeat_at, shared=status.shared_work)
+
+    def prune_due(self, now: datetime) -> bool:
+        """Whether :meth:`beaten` at ``now`` would do more than note the time (the first beat
+        sets the timer)."""
+        if self._last_prune_at is None:
+            return True
+        every = self.prune_interval if self._touched else self.idle_prune_interval
+        return now >= self._last_prune_at + every
 
     async def _maybe_prune(self, now: datetime, *, shared: bool) -> None:
         # The first heartbeat only sets the timer: a prune never delays a manager's start.
         if self._last_prune_at is None:
             self._last_prune_at = now
             return
-        every = self.prune_interval if self._touched else self.idle_prune_interval
-        if now < self._last_prune_at + every:
+        if not self.prune_due(now):
             return
         self._last_prune_at = now
         try:
@@ -538,15 +558,60 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
     return set_
 
 
-# A heartbeat on PostgreSQL in one statement: the manager's row updated and, with a
-# ``reap_before``, the managers whose heartbeat is older removed (never this one: both parts see
-# the same snapshot, in which its own row may still be old). The number of rows beaten (0: gone).
-_BEAT_PG = (
-    f"WITH beat AS (UPDATE {managers_table.name} SET heartbeat_at = $1, is_leader = $2,"
-    " last_sync_at = $3, last_sync_error = $4, entry_count = $5 WHERE manager_id = $6 RETURNING 1),"
-    f" reaped AS (DELETE FROM {managers_table.name} WHERE heartbeat_at < $7 AND manager_id <> $6)"
-    " SELECT count(*) FROM beat"
-)
+# The heartbeat, one builder for every database: the manager's row updated and, with a
+# ``reap_before``, the managers whose heartbeat is older removed (never this one). The parameters
+# are named (BEAT_PARAMS, in the order of :func:`beat_params`): SQLite and MariaDB/MySQL run the
+# two statements in one transaction; PostgreSQL runs them as one statement (BEAT_PG, or inside a
+# lease round: :func:`beat_ctes`), in which both parts see the same snapshot, where this
+# manager's own row may still be old. A ``reap_before`` of None reaps nothing.
+BEAT_PARAMS = ("b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_manager", "b_reap")
+
+
+def beat_params(manager_id: str, status: ManagerStatus, reap_before: datetime | None) -> dict[str, Any]:
+    """The parameters of :func:`beat_statements`, by name, in the order of BEAT_PARAMS."""
+    values = (
+        status.heartbeat_at, status.is_leader, status.last_sync_at, status.last_sync_error,
+        status.entry_count, manager_id, reap_before,
+    )  # fmt: skip
+    return dict(zip(BEAT_PARAMS, values, strict=True))
+
+
+def beat_statements() -> tuple[Any, Any]:
+    """The heartbeat's UPDATE of the manager's row (RETURNING 1 where it is folded) and its
+    reap (DELETE), with the named parameters BEAT_PARAMS."""
+    beat = (
+        update(managers_table)
+        .where(managers_table.c.manager_id == bindparam("b_manager"))
+        .values(
+            heartbeat_at=bindparam("b_at"), is_leader=bindparam("b_leader"),
+            last_sync_at=bindparam("b_sync_at"), last_sync_error=bindparam("b_sync_error"),
+            entry_count=bindparam("b_entries"),
+        )  # fmt: skip
+    )
+    reap = delete(managers_table).where(
+        managers_table.c.heartbeat_at < bindparam("b_reap"), managers_table.c.manager_id != bindparam("b_manager")
+    )
+    return beat, reap
+
+
+def beat_ctes(first: int) -> str:
+    """The heartbeat on PostgreSQL as two CTEs of a statement: ``beat`` (one row per row
+    beaten: none when this manager's row is gone) and ``reaped``, with the parameters
+    BEAT_PARAMS as ``$first`` onwards (asyncpg's numbered parameters)."""
+    beat, reap = beat_statements()
+    dialect = postgresql.dialect()
+    sql = (
+        f"beat AS ({beat.returning(literal_column('1')).compile(dialect=dialect)}),"
+        f" reaped AS ({reap.compile(dialect=dialect)})"
+    )
+    for n, name in enumerate(BEAT_PARAMS, start=first):
+        sql = sql.replace(f"%({name})s", f"${n}")
+    assert "%(" not in sql, sql
+    return sql
+
+
+# The heartbeat on PostgreSQL in one statement: the number of rows beaten (0: the row is gone).
+BEAT_PG = f"WITH {beat_ctes(1)} SELECT count(*) FROM beat"
 
 
 def _reap(older_than: datetime) -> Any:

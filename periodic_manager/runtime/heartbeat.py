@@ -2,6 +2,11 @@
 its leadership changes), everything published again after the store failed, dead managers reaped;
 and, in a loop of its own, the target's brokers watched for data they lost.
 
+With partition leases on PostgreSQL (the default), the heartbeat is carried by the lease rounds
+(:meth:`Heartbeat.carried_by`): every round's one statement writes this manager's row too, and
+the heartbeat's own loop writes only what a round cannot (registering again, a beat at once when
+the leadership changed or a round failed) and runs the store's prune when it is due.
+
 The API reads the store, so ``/managers`` and ``/entries`` show managers in any process; one that
 misses three heartbeats disappears from them (and is reaped by the next live one).
 """
@@ -18,6 +23,8 @@ from datetime import datetime, timedelta
 from periodic_manager import __version__
 from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import (
+    BeatCarrier,
+    BeatStore,
     Clock,
     EntryRecord,
     Forgetful,
@@ -57,6 +64,38 @@ class Heartbeat:
         self.registered = False
         self.now = asyncio.Event()  # beat at once (leadership changed)
         self.lock = asyncio.Lock()  # held during a beat
+        self._beats: BeatStore | None = None  # set by carried_by(): the rounds write the beats
+        self._carried: ManagerStatus | None = None  # the status a round is writing
+        self._prune: ManagerStatus | None = None  # a carried beat after which a prune is due
+        self._woken = asyncio.Event()  # carried: a prune is due
+
+    def carried_by(self, carrier: BeatCarrier, store: BeatStore) -> None:
+        """Let ``carrier``'s statements (lease rounds, on the database of ``store``) write the
+        beats from now on: this loop then writes one only when a round cannot."""
+        self._beats = store
+        carrier.carry(self)
+
+    # -- a beat carried by a round (contracts.CarriedBeat) -------------------------------------
+
+    def values(self) -> tuple[object, ...] | None:
+        if self._beats is None or not self.registered or self.lock.locked():
+            return None  # this loop (re)registers, or beats on its own right now
+        status = self._carried = self._status()
+        return self._beats.beat_values(self.manager_id, status, self._reap_before(status))
+
+    def written(self, beaten: bool) -> None:
+        status, self._carried = self._carried, None
+        if not beaten:
+            log.warning("manager %s was reaped: registering again", self.manager_id)
+            self.registered = False
+            self.now.set()
+        elif status is not None and self._beats is not None and self._beats.prune_due(status.heartbeat_at):
+            self._prune = status
+            self._woken.set()
+
+    def missed(self) -> None:
+        self._carried = None
+        self.now.set()  # the round failed: beat on its own (and republish if that fails too)
 
     async def register(self, started_at: datetime) -> None:
         """Publish this manager, started at ``started_at`` (a failure is retried by the
@@ -74,13 +113,38 @@ class Heartbeat:
     def store_failed(self, exc: BaseException) -> None:
         """A write to the store failed: publish this manager and its entries again next beat."""
         self.registered = False
+        if self._beats is not None:
+            self.now.set()  # no round would: this loop registers again
 
     async def run(self) -> None:
         while True:
-            await sleep_unless(self.clock, self.now, until=next_tick(self.clock.now(), self.interval))
+            if self._beats is not None and self.registered:
+                # Carried: wake only when asked (a leadership change, a failed round, a prune).
+                await sleep_unless(self.clock, self.now, self._woken)
+                if not self.now.is_set():
+                    self._woken.clear()
+                    status, self._prune = self._prune, None
+                    if status is not None:
+                        await self._prune_after(status)
+                    continue
+            else:
+                await sleep_unless(self.clock, self.now, until=next_tick(self.clock.now(), self.interval))
             self.now.clear()
             async with self.lock:
                 await self.beat()
+
+    async def _prune_after(self, status: ManagerStatus) -> None:
+        assert self._beats is not None
+        async with self.lock:
+            try:
+                await self._beats.beaten(status)
+            except Exception as exc:  # the store logs its own prune failures; never fail the loop
+                reraise_if_cancelled(exc)
+                log.warning("history prune after a heartbeat failed: %r", exc)
+
+    def _reap_before(self, status: ManagerStatus) -> datetime:
+        # Reap relative to the instant written, so this manager never reaps itself.
+        return status.heartbeat_at - timedelta(seconds=3 * self.interval)
 
     async def beat(self) -> None:
         assert self.info is not None, "register() first"
@@ -91,35 +155,47 @@ class Heartbeat:
                 await self.store.apply_entries(self.manager_id, self._records(), [])
                 self.registered = True
             status = self._status()
-            # Reap relative to the instant written, so this manager never reaps itself.
-            reap_before = status.heartbeat_at - timedelta(seconds=3 * self.interval)
-            await self.store.heartbeat(self.manager_id, status, reap_before=reap_before)
+            await self.store.heartbeat(self.manager_id, status, reap_before=self._reap_before(status))
         except Exception as exc:
             reraise_if_cancelled(exc)
             if self.registered:
                 log.warning("heartbeat failed (will retry): %r", exc)
             self.registered = False
 
-    async def watch(self, target: Forgetful) -> None:
-        """Every interval, in a loop of its own (a broker slow to answer never delays the
-        heartbeat): say once, loudly, when a broker of ``target`` lost its data (a Redis
-        restarted without persistence): its claims of recent slots are gone (see
-        ``targets.redis.sentinel``)."""
+    async def watch(self, target: Forgetful, sent: asyncio.Event, *, rest: float = 60.0) -> None:
+        """In a loop of its own (a broker slow to answer never delays the heartbeat): say once,
+        loudly, when a broker of ``target`` lost its data (a Redis restarted without
+        persistence): its claims of recent slots are gone (see ``targets.redis.sentinel``).
+
+        It looks at the first of the heartbeat's ticks after something was sent (``sent`` is
+        set by every batch of runs), and otherwise at the ticks of ``rest`` seconds: the claims
+        matter to sends, and a manager at rest neither wakes nor asks the broker every interval
+        for them (what a broker that lost its data cannot hold for the next send is the
+        database's record of settled slots, read by every takeover)."""
         # The first look a whole interval after the start, as ever (a manager stopped sooner
-        # writes nothing to the broker); then on the ticks of the heartbeat.
+        # writes nothing to the broker).
         await self.clock.sleep(self.interval)
         while True:
-            try:
-                lost = await target.forgotten()
-            except Exception as exc:
-                reraise_if_cancelled(exc)
-                lost = []  # the broker is down: the sends and /readyz say so
-            for name in lost:
-                self.metrics.broker_data_lost(name)
-                log.error(
-                    "the %s target's broker lost its data (restarted without persistence, "
-                    "flushed or failed over to an empty replica): its claims of recent slots are "
-                    "gone. A takeover still sends no slot the database records as settled; a slot "
-                    "in flight may be sent twice.", name,
-                )  # fmt: skip
+            sent.clear()
+            if await self._look(target):
+                if not await sleep_unless(self.clock, sent, until=next_tick(self.clock.now(), rest)):
+                    continue  # at rest: the next look a rest later
+            # After a send, or a broker that could not be asked: the next tick.
             await self.clock.sleep_until(next_tick(self.clock.now(), self.interval))
+
+    async def _look(self, target: Forgetful) -> bool:
+        """Ask ``target`` once; False when it could not be asked."""
+        try:
+            lost = await target.forgotten()
+        except Exception as exc:
+            reraise_if_cancelled(exc)
+            return False  # the broker is down: the sends and /readyz say so
+        for name in lost:
+            self.metrics.broker_data_lost(name)
+            log.error(
+                "the %s target's broker lost its data (restarted without persistence, "
+                "flushed or failed over to an empty replica): its claims of recent slots are "
+                "gone. A takeover still sends no slot the database records as settled; a slot "
+                "in flight may be sent twice.", name,
+            )  # fmt: skip
+        return True

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import (
+    BeatCarrier,
+    BeatStore,
     ChangeSignal,
     Clock,
     ConfigProvider,
@@ -126,6 +128,7 @@ class PeriodicTaskManager:
         # Set once start() has said "started": the publisher waits for it (a cold start's
         # entries are published after the start, never in the middle of it).
         self._up = asyncio.Event()
+        self._sent = asyncio.Event()  # a batch of runs since the broker watch last looked
         self.tasks = Supervisor(lambda: self._running)
         self.publisher = EntryPublisher(
             self.store, self.manager_id, on_failure=self._store_failed, quiet=self._quiet,
@@ -187,6 +190,16 @@ class PeriodicTaskManager:
                 changed=self.heartbeat.now.set,
             )
             self.leadership.attach(self.holding)
+        # The lease rounds write the heartbeat in their own statement (one round trip per round
+        # at rest, none for the heartbeat) when they reach the store's database and come at
+        # least as often as the heartbeats must.
+        if (
+            isinstance(self.leadership, BeatCarrier)
+            and isinstance(self.store, BeatStore)
+            and self.store.carries_beat
+            and self.leadership.interval <= timing.heartbeat_interval
+        ):
+            self.heartbeat.carried_by(self.leadership, self.store)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -210,7 +223,7 @@ class PeriodicTaskManager:
         self.tasks.spawn(self.syncer.run(), "sync-loop")
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         if isinstance(self.target, Forgetful):
-            self.tasks.spawn(self.heartbeat.watch(self.target), "broker-watch")
+            self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
         log.info(
@@ -395,6 +408,7 @@ class PeriodicTaskManager:
 
     def _observe_runs(self, runs: Sequence[RunRecord]) -> None:
         self.metrics.observe_runs(runs)
+        self._sent.set()  # the broker watch looks at its next tick
 
     def _status(self) -> ManagerStatus:
         return ManagerStatus(

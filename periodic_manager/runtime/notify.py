@@ -10,6 +10,14 @@ what changed, and bursts coalesce into one sync because a request only sets an e
 LISTEN needs a long-lived connection of its own (not one borrowed from a pool). When it drops,
 the listener reconnects with capped backoff and asks for a sync at once, since notifications sent
 while it was away are lost.
+
+A lost connection is noticed without a round trip of the manager's: a connection closed by the
+server or by a reset ends with asyncpg's termination callback, and a half-open one (the server's
+host or the network gone silent) is ended by the kernel's TCP keepalives on that socket
+(:data:`KEEPALIVE`: within about 25 s of silence), which ends it the same way. A ``SELECT 1``
+probe every ``check_interval`` (60 s) remains as the backstop (a socket whose options could not
+be set, a server that answers the keepalives but no query); the sync loop's periodic read is the
+last one.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from typing import Any
 
 from periodic_manager.clock import SystemClock, next_tick, sleep_unless
@@ -26,6 +35,25 @@ from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
 log = logging.getLogger(__name__)
 
 CHANNEL = "periodic_jobs"
+# The LISTEN socket's TCP keepalives (Linux names; those the platform lacks are skipped): the first
+# probe after 10 s of silence, then every 5 s, the connection dropped after 3 unanswered (and any
+# data unacknowledged for 25 s ends it too). The kernel sends them: the process never wakes.
+KEEPALIVE = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 25_000}
+
+
+def keep_alive(conn: Any) -> bool:
+    """Turn on TCP keepalives (:data:`KEEPALIVE`) on an asyncpg connection's socket; False when
+    it has none to set them on (a Unix socket, or a driver that does not expose it)."""
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    return True
 
 
 def partitions_of(payload: str) -> frozenset[int] | None:
@@ -48,7 +76,7 @@ class PostgresChangeListener:
         *,
         channel: str = CHANNEL,
         clock: Clock | None = None,
-        check_interval: float = 5.0,
+        check_interval: float = 60.0,
         timeout: float = 5.0,
         max_backoff: float = 10.0,
     ) -> None:
@@ -63,6 +91,7 @@ class PostgresChangeListener:
         self.max_backoff = max_backoff
         self.connected = asyncio.Event()
         self.reconnects = 0
+        self.kept_alive = False  # the connection's socket has TCP keepalives (keep_alive)
         self._conn: Any = None
         self._task: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
@@ -116,6 +145,11 @@ class PostgresChangeListener:
             self.dsn, timeout=self.timeout, server_settings={"application_name": "periodic_manager listener"}
         )
         conn.add_termination_listener(lambda _c: lost.set())
+        try:
+            self.kept_alive = keep_alive(conn)
+        except OSError as exc:  # the probe is the backstop
+            log.warning("LISTEN %s: cannot set TCP keepalives: %s", self.channel, exc)
+            self.kept_alive = False
         await conn.add_listener(self.channel, self._notified)
         self._conn = conn
         self.connected.set()
@@ -124,8 +158,8 @@ class PostgresChangeListener:
         self.on_change(partitions_of(payload))
 
     async def _watch(self) -> None:
-        """Return when the connection is lost (termination callback, or a failed health check:
-        a half-open socket gives no termination event, so probe it now and then)."""
+        """Return when the connection is lost (termination callback, which TCP keepalives
+        bring on a half-open socket too, or a failed probe every ``check_interval``)."""
         while not self._lost.is_set():
             if await sleep_unless(self.clock, self._lost, until=next_tick(self.clock.now(), self.check_interval)):
                 break

@@ -48,7 +48,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager.clock import SystemClock
-from periodic_manager.contracts import ChangeCallback, Clock, PartitionHandler
+from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
 from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
@@ -81,8 +81,20 @@ COUNT = "SELECT count(*) FROM pm_partitions"
 # from: this member counts itself once among the live whether its row is there yet or not, and
 # is never among the dead forgotten. started_at is the other managers' own clock: a skewed clock
 # only makes these counts wrong for a while, never a lease (fair shares are an economy of
-# memory; the epochs are the safety).
-ROUND = f"""WITH renewed AS ({RENEW}),
+# memory; the epochs are the safety). The manager's heartbeat row in pm_managers is read as the
+# statement's snapshot saw it, before the heartbeat it may carry.
+def _round(beat: bool) -> str:
+    """The round's statement; with ``beat``, the manager's heartbeat too (``db.store.beat_ctes``,
+    its parameters from $8 on), and its sixth column is the number of manager rows beaten (0:
+    this manager's row is gone)."""
+    beat_ctes = ""
+    beaten = ""
+    if beat:
+        from periodic_manager.db.store import beat_ctes as ctes
+
+        beat_ctes = f"{ctes(8)},"
+        beaten = ", (SELECT count(*) FROM beat)"
+    return f"""WITH renewed AS ({RENEW}), {beat_ctes}
     joined AS (INSERT INTO pm_partition_members (member, expires_at)
         VALUES ($1, now() + make_interval(secs => $4))
         ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at),
@@ -93,12 +105,18 @@ ROUND = f"""WITH renewed AS ({RENEW}),
     c.recent, c.coming,
     EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
         AND objsubid = 1 AND classid::bigint = $6 AND objid::bigint = $7
-        AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())){beaten}
     FROM (SELECT count(*) AS recent, count(*) FILTER (WHERE NOT EXISTS (
         SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id AND p.expires_at > now()))
         AS coming
         FROM pm_managers m WHERE m.manager_id <> $1
         AND m.started_at > now() - make_interval(secs => $4)) c"""
+
+
+ROUND = _round(beat=False)
+# The same round carrying the manager's heartbeat (PartitionLeases.carry): in partitions mode a
+# manager at rest makes one round trip per round, and none for its heartbeat.
+ROUND_BEAT = _round(beat=True)
 
 
 def fair_share(partitions: int, live: int) -> int:
@@ -155,6 +173,7 @@ class PartitionLeases:
         self._last_error: str | None = None
         self._first = True  # no round has counted the managers yet
         self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
+        self._beat: CarriedBeat | None = None  # the manager's heartbeat, written by every round
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -181,6 +200,12 @@ class PartitionLeases:
 
     def attach(self, handler: PartitionHandler) -> None:
         self._handler = handler
+
+    def carry(self, beat: CarriedBeat) -> None:
+        """Write the manager's heartbeat ``beat`` in every round's statement (ROUND_BEAT): the
+        manager then writes no heartbeat of its own while the rounds do (the rounds come every
+        ``ttl / 3``, no less often than its heartbeats must)."""
+        self._beat = beat
 
     async def start(self, on_change: ChangeCallback) -> None:
         """Take part: one round (alone, this takes every partition), then one every ``ttl/3``."""
@@ -257,9 +282,19 @@ class PartitionLeases:
         asked = dict(self._held)
         parts, epochs = self._pairs(asked)
         key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
-        row = await conn.fetchrow(
-            ROUND, self.member, parts, epochs, self.ttl, self.ttl * 10, key >> 32, key & 0xFFFFFFFF
-        )
+        args = (self.member, parts, epochs, self.ttl, self.ttl * 10, key >> 32, key & 0xFFFFFFFF)
+        beat = self._beat.values() if self._beat is not None else None
+        try:
+            if beat is None:
+                row = await conn.fetchrow(ROUND, *args)
+            else:
+                row = await conn.fetchrow(ROUND_BEAT, *args, *beat)
+        except BaseException:
+            if beat is not None and self._beat is not None:
+                self._beat.missed()
+            raise
+        if beat is not None and self._beat is not None:
+            self._beat.written(bool(row[5]))
         renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
         if asked:
             # A partition whose trust ended while the renewal was in flight (the send path

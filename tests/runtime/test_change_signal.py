@@ -248,6 +248,49 @@ async def test_a_listener_that_found_its_connection_dead_reconnects_once(
         await writer.close()
 
 
+async def test_the_listener_probes_its_connection_once_a_minute_and_notices_a_loss_without_one(
+    pg_url: str,
+) -> None:
+    """At rest the LISTEN connection costs no round trip every 5 s: its socket has TCP
+    keepalives (the kernel ends a half-open one, which asyncpg reports like any loss), a probe
+    runs once a minute as the backstop, and a lost connection is noticed at once (the
+    termination callback) with no probe at all: the listener reconnects and asks for a sync."""
+    import socket
+
+    from periodic_manager.runtime.notify import KEEPALIVE
+
+    await upgrade(pg_url)
+    clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
+    listener = PostgresChangeListener(dsn(pg_url), clock=clock)
+    asked: list[frozenset[int] | None] = []
+    await listener.start(asked.append)
+    try:
+        await eventually(listener.connected.is_set, "the listener connected", seconds=5)
+        sock = listener._conn._transport.get_extra_info("socket")
+        assert listener.kept_alive
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE["TCP_KEEPIDLE"]
+        probes: list[str] = []
+        listener._conn.add_query_logger(lambda q: probes.append(q.query))
+        for _ in range(60):  # five minutes, in the steps of the manager's 5 s ticks
+            await clock.advance(5)
+            await asyncio.sleep(0.001)  # a probe under way answers (real I/O)
+        await eventually(lambda: len(probes) >= 5, "five probes", seconds=5)
+        assert probes == ["SELECT 1"] * 5  # one a minute (60 before)
+        asked.clear()
+        admin = await asyncpg.connect(dsn(pg_url))
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'periodic_manager listener' AND datname = current_database()"
+        )
+        await admin.close()
+        # The clock stands still: no probe runs; the loss is seen all the same.
+        await eventually(lambda: listener.reconnects == 1, "the listener reconnected", seconds=10)
+        assert asked == [None]  # anything may have changed meanwhile: a sync
+    finally:
+        await listener.stop()
+
+
 async def test_a_row_turned_bad_keeps_its_last_good_schedule(engine: AsyncEngine) -> None:
     clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
     mgr = PeriodicTaskManager(DatabaseProvider(engine), MemoryTarget(), clock=clock, store=MemoryRuntimeStore())

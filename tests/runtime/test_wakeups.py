@@ -235,9 +235,12 @@ class Broker:
     def __init__(self, clock: VirtualClock) -> None:
         self.clock = clock
         self.asked: list[datetime] = []
+        self.sent: asyncio.Event | None = None  # set at every look: tasks are being sent
 
     async def forgotten(self) -> list[str]:
         self.asked.append(self.clock.now())
+        if self.sent is not None:
+            self.sent.set()
         if len(self.asked) == 1:
             from periodic_manager.errors import TargetError
 
@@ -245,9 +248,10 @@ class Broker:
         return ["redis"] if len(self.asked) == 3 else []
 
 
-async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ticks() -> None:
+async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ticks_while_sending() -> None:
     """A manager stopped within its first interval writes nothing to the broker (as before the
-    ticks); a broker that cannot be asked is asked again at the next tick, not at once."""
+    ticks); a broker that cannot be asked is asked again at the next tick, not at once; while
+    tasks are sent, it looks at every tick."""
     from periodic_manager.runtime.heartbeat import Heartbeat
 
     start = T0 + timedelta(seconds=1.3)
@@ -263,7 +267,9 @@ async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ti
         metrics=Metrics(),  # type: ignore[arg-type]
     )  # fmt: skip
     broker = Broker(clock)
-    watching = asyncio.ensure_future(beat.watch(broker))
+    sent = asyncio.Event()
+    broker.sent = sent  # a send between every two looks
+    watching = asyncio.ensure_future(beat.watch(broker, sent))
     try:
         await clock.advance(4.9)
         assert broker.asked == []
@@ -273,3 +279,78 @@ async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ti
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_the_broker_watch_of_a_manager_at_rest_looks_once_a_minute() -> None:
+    """A round trip to the broker every 5 s bought nothing while nothing is sent: at rest the
+    watch looks once a minute, and at the next tick after a send."""
+    from periodic_manager.runtime.heartbeat import Heartbeat
+
+    clock = VirtualClock(T0)
+
+    class Metrics:
+        def broker_data_lost(self, name: str) -> None:
+            raise AssertionError("nothing lost")
+
+    class Calm(Broker):
+        async def forgotten(self) -> list[str]:
+            self.asked.append(self.clock.now())
+            return []
+
+    beat = Heartbeat(
+        MemoryRuntimeStore(), "m", status=lambda: None, records=list, clock=clock, interval=5,  # type: ignore[arg-type, return-value]
+        metrics=Metrics(),  # type: ignore[arg-type]
+    )  # fmt: skip
+    broker = Calm(clock)
+    sent = asyncio.Event()
+    watching = asyncio.ensure_future(beat.watch(broker, sent))
+    try:
+        await clock.advance(5 * 60 + 1)
+        assert broker.asked == [T0 + timedelta(seconds=s) for s in (5, 60, 120, 180, 240, 300)]  # 61 before
+        assert clock.next_deadline() == T0 + timedelta(seconds=360)  # no wake-up at the 5 s ticks
+        broker.asked.clear()
+        sent.set()  # a batch was sent
+        await clock.advance(20)
+        assert broker.asked == [T0 + timedelta(seconds=305)]  # the next tick; then at rest again
+        assert clock.next_deadline() == T0 + timedelta(seconds=360)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_the_command_looks_at_a_running_managers_health_four_times_a_minute() -> None:
+    """``periodic-manager manager`` looks at the time-based reasons (thresholds of a minute and
+    more) every 15 s, not at every 5 s tick; a loop that dies still wakes it at once."""
+    from periodic_manager.cli.main import _supervise
+
+    clock = Recording(T0)
+    looks: list[datetime] = []
+
+    class Tasks:
+        died = asyncio.Event()
+
+    class Stub:
+        def __init__(self) -> None:
+            self.clock = clock
+            self.tasks = Tasks()
+
+        async def start(self) -> None:
+            return None
+
+        async def stop(self) -> None:
+            return None
+
+        def health(self) -> str | None:
+            looks.append(clock.now())
+            return "a loop died" if Tasks.died.is_set() else None
+
+    supervising = asyncio.ensure_future(_supervise(Stub(), None))
+    try:
+        await clock.advance(60)
+        assert looks == [T0 + timedelta(seconds=s) for s in (0, 15, 30, 45, 60)]
+        Tasks.died.set()
+        await clock.advance(0)
+        assert await asyncio.wait_for(supervising, 5) == 1 and looks[-1] == T0 + timedelta(seconds=60)
+    finally:
+        supervising.cancel()
+        await asyncio.gather(supervising, return_exceptions=True)

@@ -1,0 +1,134 @@
+"""A manager at rest on PostgreSQL (``PM_COORDINATION=partitions``, the default): what it sends
+to the database, counted on a virtual clock (never timed). Its lease rounds carry its heartbeat:
+one statement every ``ttl / 3`` does both, and nothing else reaches the database in a quiet
+minute."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from asyncpg.connection import Connection
+from sqlalchemy import event
+
+from periodic_manager.clock import VirtualClock
+from periodic_manager.db.engine import create_engine
+from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.store import BEAT_PG, DatabaseRuntimeStore
+from periodic_manager.runtime.assemble import build_manager
+from periodic_manager.runtime.manager import PeriodicTaskManager
+from periodic_manager.runtime.partitions import ROUND, ROUND_BEAT, PartitionLeases
+from periodic_manager.settings import Settings
+from tests.support.faults import dsn, insert_schedules
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+class Statements:
+    """Every statement sent to PostgreSQL by any connection of this process: asyncpg's own
+    (fetch*, execute) and SQLAlchemy's (prepared through the driver)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def of(self, text: str) -> int:
+        return sum(1 for q in self.sent if q == text)
+
+    def others(self, *texts: str) -> list[str]:
+        return [q for q in self.sent if q not in texts]
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Statements]:
+    seen = Statements()
+    execute, run = Connection.execute, Connection._execute
+
+    async def counted_execute(self: Connection, query: str, *args: Any, **kw: Any) -> Any:
+        if not args:  # with arguments it goes through _execute (counted there)
+            seen.sent.append(query)
+        return await execute(self, query, *args, **kw)
+
+    async def counted_run(self: Connection, query: str, args: Any, *rest: Any, **kw: Any) -> Any:
+        seen.sent.append(query)
+        return await run(self, query, args, *rest, **kw)
+
+    monkeypatch.setattr(Connection, "execute", counted_execute)
+    monkeypatch.setattr(Connection, "_execute", counted_run)
+    yield seen
+
+
+@pytest.fixture
+async def rest(pg_url: str, statements: Statements) -> AsyncIterator[tuple[PeriodicTaskManager, VirtualClock]]:
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"y{i}", "0 0 1 1 *", {}) for i in range(1, 21)])  # none due
+    settings = Settings(
+        database_url=pg_url, target="outbox", lease_ttl=10, heartbeat_interval=5,
+        sync_interval=3600, full_sync_interval=3600, listen=False,
+    )  # fmt: skip
+    clock = VirtualClock(T0)
+    engine = create_engine(pg_url)
+    mgr = build_manager(settings, engine, clock=clock)
+    assert isinstance(mgr.leadership, PartitionLeases) and isinstance(mgr.store, DatabaseRuntimeStore)
+    await mgr.start()
+    try:
+        yield mgr, clock
+    finally:
+        await mgr.stop()
+        await engine.dispose()
+
+
+async def drive(mgr: PeriodicTaskManager, clock: VirtualClock, seconds: float) -> None:
+    async def settle() -> None:
+        assert isinstance(mgr.leadership, PartitionLeases)
+        await mgr.leadership.quiet()
+        await mgr.wait_settled(clock.now())
+
+    for _ in range(int(seconds * 2)):
+        await clock.advance(0.5, settle=settle)
+
+
+async def test_the_lease_rounds_carry_the_heartbeat_one_statement_a_round(
+    rest: tuple[PeriodicTaskManager, VirtualClock], statements: Statements, pg_url: str
+) -> None:
+    mgr, clock = rest
+    await drive(mgr, clock, 30)  # the start's publishing and its first prune timer are behind
+    sent_sql: list[str] = []
+
+    def sa(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent_sql.append(statement)
+
+    assert isinstance(mgr.store, DatabaseRuntimeStore)
+    event.listen(mgr.store.engine.sync_engine, "before_cursor_execute", sa)
+    statements.sent.clear()
+    await drive(mgr, clock, 60)
+    # 18 rounds in a minute (every 10/3 s), each one statement with the heartbeat in it; no
+    # heartbeat of its own (12 a minute before), nothing else.
+    assert statements.of(ROUND_BEAT) == 18, statements.sent
+    assert statements.of(BEAT_PG) == statements.of(ROUND) == 0
+    assert statements.others(ROUND_BEAT) == [] and sent_sql == []
+    # What the heartbeat row carries is right (the managers page reads it).
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        row = await admin.fetchrow(
+            "SELECT heartbeat_at, is_leader, entry_count, last_sync_at FROM pm_managers"
+            " WHERE manager_id = $1", mgr.manager_id,
+        )  # fmt: skip
+        assert row is not None
+        assert clock.now() - row["heartbeat_at"] < timedelta(seconds=10 / 3)
+        assert row["is_leader"] is True and row["entry_count"] == 20
+        assert row["last_sync_at"] == mgr.last_sync_at
+        # A manager that was reaped (its row gone, its entries with it) registers again at the
+        # next round: the round finds no row to beat.
+        await admin.execute("DELETE FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
+        await drive(mgr, clock, 4)
+        assert await admin.fetchval(
+            "SELECT count(*) FROM pm_entries WHERE manager_id = $1", mgr.manager_id
+        ) == 20
+        statements.sent.clear()
+        await drive(mgr, clock, 10)
+        assert statements.of(BEAT_PG) == 0 and statements.of(ROUND_BEAT) == 3  # carried again
+    finally:
+        await admin.close()
