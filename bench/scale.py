@@ -135,7 +135,7 @@ class Bench:
         gcpolicy.enable()  # as the periodic-manager commands do: the process holds the schedule
         if partitions:
             member = new_manager_id()
-            kw.update(manager_id=member, leadership=PartitionLeases(self.url, member, clock=SystemClock()))
+            kw.update(manager_id=member, leadership=PartitionLeases(self.url, member, ttl=Settings.model_fields["lease_ttl"].default, clock=SystemClock()))
         return PeriodicTaskManager(
             DatabaseProvider(self.engine), target, clock=SystemClock(),
             store=DatabaseRuntimeStore(self.engine),

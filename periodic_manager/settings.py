@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         "PostgreSQL unless leader_election is set, leader elsewhere",
     )
     lease_ttl: float = Field(
-        10.0, ge=1, le=300, description="seconds a partition lease runs unrenewed (partitions mode)"
+        15.0, ge=1, le=300, description="seconds a partition lease runs unrenewed (partitions mode)"
     )
     partitions: int = Field(
         DEFAULT_PARTITIONS,

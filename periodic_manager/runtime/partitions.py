@@ -148,8 +148,8 @@ class PartitionLeases:
         dsn: str,
         member: str,
         *,
+        ttl: float,
         clock: Clock | None = None,
-        ttl: float = 10.0,
         margin: float | None = None,
     ) -> None:
         margin = ttl / 5 if margin is None else margin

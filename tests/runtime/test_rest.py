@@ -65,7 +65,7 @@ async def rest(pg_url: str, statements: Statements) -> AsyncIterator[tuple[Perio
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"y{i}", "0 0 1 1 *", {}) for i in range(1, 21)])  # none due
     settings = Settings(
-        database_url=pg_url, target="outbox", lease_ttl=10, heartbeat_interval=5,
+        database_url=pg_url, target="outbox",  # the default lease TTL (15 s) and heartbeat (5 s)
         sync_interval=3600, full_sync_interval=3600, listen=False,
     )  # fmt: skip
     clock = VirtualClock(T0)
@@ -104,9 +104,9 @@ async def test_the_lease_rounds_carry_the_heartbeat_one_statement_a_round(
     event.listen(mgr.store.engine.sync_engine, "before_cursor_execute", sa)
     statements.sent.clear()
     await drive(mgr, clock, 60)
-    # 18 rounds in a minute (every 10/3 s), each one statement with the heartbeat in it; no
-    # heartbeat of its own (12 a minute before), nothing else.
-    assert statements.of(ROUND_BEAT) == 18, statements.sent
+    # 12 rounds in a minute (every 15/3 s, the heartbeat's period), each one statement with the
+    # heartbeat in it; no heartbeat of its own (12 a minute before), nothing else.
+    assert statements.of(ROUND_BEAT) == 12, statements.sent
     assert statements.of(BEAT_PG) == statements.of(ROUND) == 0
     assert statements.others(ROUND_BEAT) == [] and sent_sql == []
     # What the heartbeat row carries is right (the managers page reads it).
@@ -117,18 +117,18 @@ async def test_the_lease_rounds_carry_the_heartbeat_one_statement_a_round(
             " WHERE manager_id = $1", mgr.manager_id,
         )  # fmt: skip
         assert row is not None
-        assert clock.now() - row["heartbeat_at"] < timedelta(seconds=10 / 3)
+        assert clock.now() - row["heartbeat_at"] < timedelta(seconds=5)
         assert row["is_leader"] is True and row["entry_count"] == 20
         assert row["last_sync_at"] == mgr.last_sync_at
         # A manager that was reaped (its row gone, its entries with it) registers again at the
         # next round: the round finds no row to beat.
         await admin.execute("DELETE FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
-        await drive(mgr, clock, 4)
+        await drive(mgr, clock, 6)  # the next round (5 s at most), then the heartbeat registers
         assert await admin.fetchval(
             "SELECT count(*) FROM pm_entries WHERE manager_id = $1", mgr.manager_id
         ) == 20
         statements.sent.clear()
-        await drive(mgr, clock, 10)
+        await drive(mgr, clock, 15)
         assert statements.of(BEAT_PG) == 0 and statements.of(ROUND_BEAT) == 3  # carried again
     finally:
         await admin.close()
