@@ -67,11 +67,19 @@ async def current_revision(conn: AsyncConnection) -> int:
     return (await watermark(conn)).revision
 
 
-async def revision_of(engine: AsyncEngine) -> Watermark:
-    """:func:`watermark` on a connection of ``engine``'s pool (what the MariaDB/MySQL revision
-    poller reads, ``runtime/poll.py``)."""
+
+
+def unchanged(mark: Watermark, since: int) -> bool:
+    """Whether nothing is to be read after revision ``since``: the watermark has not moved and a
+    row read then is still there (an empty table is read again: a TRUNCATE may have emptied it)."""
+    return mark.revision == since and mark.oldest is not None and mark.oldest <= since
+
+
+async def peek(engine: AsyncEngine) -> Watermark:
+    """:func:`watermark` read outside a transaction: one round trip, where a read in one costs
+    three (BEGIN, the read, ROLLBACK): what a sync that finds nothing changed costs."""
     async with engine.connect() as conn:
-        return await watermark(conn)
+        return await watermark(await conn.execution_options(isolation_level="AUTOCOMMIT"))
 
 
 async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
@@ -83,11 +91,11 @@ async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
     the watermark went back. A table that stays empty is read in full at each sync then (a read
     of no row)."""
     mark = await watermark(conn)
+    if unchanged(mark, since):
+        return None
     revision = mark.revision
     if revision < since or mark.oldest is None or mark.oldest > since:
         return Changes(revision, full=True)
-    if revision == since:
-        return None
     deleted = (
         (await conn.execute(select(deleted_jobs_table.c.id).where(deleted_jobs_table.c.revision > since))).scalars().all()
     )

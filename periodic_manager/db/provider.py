@@ -276,6 +276,9 @@ class DatabaseProvider:
         removed: list[str] = []
         self._types_checked = False
         try:
+            # At rest nothing changed: one round trip outside a transaction says so.
+            if changes.unchanged(await changes.peek(self.engine), since):
+                return None
             async with self.engine.connect() as conn:
                 found = await changes.changes_since(conn, since)
                 if found is None:

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeSignal, Clock, Leadership, Target
-from periodic_manager.db.changes import revision_of
+from periodic_manager.db.changes import peek
 from periodic_manager.db.engine import is_mysql, is_sqlite, normalize_url
 from periodic_manager.db.judge import target_check
 from periodic_manager.db.provider import DatabaseProvider
@@ -156,7 +156,7 @@ def change_signals(settings: Settings, engine: AsyncEngine) -> list[ChangeSignal
     if is_sqlite(url) or settings.listen is False:
         return []
     if is_mysql(url):
-        return [RevisionPoller(partial(revision_of, engine), interval=settings.poll_interval)]
+        return [RevisionPoller(partial(peek, engine), interval=settings.poll_interval)]
     return [PostgresChangeListener(normalize_url(url))]
 
 

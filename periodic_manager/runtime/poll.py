@@ -2,7 +2,7 @@
 
 The triggers of migration 0003 give every write of ``periodic_jobs`` a fresh revision from one
 counter (and every DELETE a tombstone), so the watermark (:func:`periodic_manager.db.changes
-.revision_of`: one indexed query, handed in by ``assemble.py``; with the oldest row's revision,
+.peek`: one indexed query, handed in by ``assemble.py``; with the oldest row's revision,
 which a TRUNCATE moves, as it fires no trigger) moves exactly when something changed. The poller reads
 it every ``interval`` seconds (``PM_POLL_INTERVAL``, default 1 s) and asks for a sync when it
 moved: a plain-SQL edit is live within about ``interval`` plus the sync. When nothing changed a

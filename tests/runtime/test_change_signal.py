@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.db.changes import revision_of
+from periodic_manager.db.changes import peek
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
 from periodic_manager.db.provider import DatabaseProvider
@@ -67,6 +67,38 @@ async def test_every_write_gets_a_new_revision_and_deletes_leave_tombstones(engi
     async with engine.connect() as conn:
         [(rev, _)] = (await conn.execute(text("SELECT revision, id FROM periodic_jobs_deleted"))).all()
     assert rev > second["a"]
+
+
+async def test_a_sync_that_finds_nothing_changed_makes_one_round_trip(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At rest every sync finds nothing changed: the watermark is read outside a transaction
+    (it was BEGIN, the read, ROLLBACK: three round trips, three wake-ups of the process). The
+    manager command's engine, which pings no connection at checkout."""
+    await upgrade(pg_url)
+    eng = create_engine(pg_url, ping=False)
+    try:
+        await sql(eng, INSERT, name="a", spec="* * * * *")
+        provider = DatabaseProvider(eng)
+        snap = await provider.get_configs()
+        assert snap.revision is not None
+        sent: list[str] = []
+        execute = asyncpg.Connection.execute
+
+        async def counted(self: asyncpg.Connection, query: str, *args: object, **kw: object) -> str:
+            sent.append(query)  # BEGIN and ROLLBACK come this way (asyncpg's transactions)
+            return await execute(self, query, *args, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(asyncpg.Connection, "execute", counted)
+        assert await provider.get_changes(snap.revision) is None
+        assert sent == []
+        await sql(eng, INSERT, name="b", spec="* * * * *")
+        sent.clear()
+        changes = await provider.get_changes(snap.revision)  # something did: read in a transaction
+        assert changes is not None and [c.name for c in changes.configs] == ["b"]
+        assert any(q.startswith("BEGIN") for q in sent)
+    finally:
+        await eng.dispose()
 
 
 async def test_provider_reads_only_what_changed(engine: AsyncEngine) -> None:
@@ -378,7 +410,7 @@ async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(mar
     mgr = PeriodicTaskManager(
         DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
     )
-    poller = RevisionPoller(partial(revision_of, polled), interval=0.1, timeout=1)
+    poller = RevisionPoller(partial(peek, polled), interval=0.1, timeout=1)
     mgr.signals.append(poller)
     await mgr.start()
     try:
@@ -423,7 +455,7 @@ async def test_mysql_truncate_is_seen_at_the_next_poll_not_at_the_next_full_reco
     mgr = PeriodicTaskManager(
         DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
     )
-    poller = RevisionPoller(partial(revision_of, eng), interval=0.05, timeout=2)
+    poller = RevisionPoller(partial(peek, eng), interval=0.05, timeout=2)
     mgr.signals.append(poller)
 
     def names() -> list[str]:
