@@ -24,6 +24,19 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 from tests.conftest import backend_url
 
 
+def streamed(engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SQL of every read the providers stream from now on, compiled for ``engine``."""
+    statements: list[str] = []
+    stream = DatabaseProvider._stream
+
+    def counted(self: DatabaseProvider, conn: Any, query: Any, params: Any = None) -> Any:
+        statements.append(str(query.compile(dialect=engine.dialect)))
+        return stream(self, conn, query, params)
+
+    monkeypatch.setattr(DatabaseProvider, "_stream", counted)
+    return statements
+
+
 @pytest.fixture
 def empty_db_url(backend: str, request: pytest.FixtureRequest) -> str:
     # Overrides conftest's async version, which cannot resolve the async ``pg_url`` fixture
@@ -359,14 +372,7 @@ async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition
     held = frozenset[int]()
     provider = DatabaseProvider(engine)
     provider.restrict(lambda: PartitionsHeld(4, held))
-    statements: list[str] = []
-    stream = DatabaseProvider._stream
-
-    def counted(self: DatabaseProvider, conn: Any, query: Any, params: Any = None) -> Any:
-        statements.append(str(query.compile(dialect=engine.dialect)))
-        return stream(self, conn, query, params)
-
-    monkeypatch.setattr(DatabaseProvider, "_stream", counted)
+    statements = streamed(engine, monkeypatch)
     nothing = await provider.get_configs()
     assert not nothing.configs and not nothing.errors and nothing.revision is not None
     assert statements == []
@@ -406,14 +412,7 @@ async def test_a_read_holding_no_partition_leaves_the_next_one_a_full_read_of_ev
     provider = DatabaseProvider(engine)
     provider.restrict(lambda: PartitionsHeld(4, held))
     provider.adopt(PeriodicTaskConfig, lambda row_id: None)  # a manager's: nothing registered
-    statements: list[str] = []
-    stream = DatabaseProvider._stream
-
-    def counted(self: DatabaseProvider, conn: Any, query: Any, params: Any = None) -> Any:
-        statements.append(str(query.compile(dialect=engine.dialect)))
-        return stream(self, conn, query, params)
-
-    monkeypatch.setattr(DatabaseProvider, "_stream", counted)
+    statements = streamed(engine, monkeypatch)
     assert (await provider.get_configs()).configs == [] and statements == []
     held = frozenset(range(4))
     read = await provider.get_configs()
