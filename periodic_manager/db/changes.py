@@ -53,12 +53,17 @@ class Watermark:
     oldest: int | None
 
 
+# The watermark's statement, built once: it is read at every sync and every poll.
+_WATERMARK = select(
+    select(func.coalesce(func.max(jobs_table.c.revision), 0)).scalar_subquery(),
+    select(func.min(jobs_table.c.revision)).scalar_subquery(),
+    select(func.coalesce(func.max(deleted_jobs_table.c.revision), 0)).scalar_subquery(),
+)
+
+
 async def watermark(conn: AsyncConnection) -> Watermark:
     """The :class:`Watermark` now: one statement, three index lookups."""
-    rows = select(func.coalesce(func.max(jobs_table.c.revision), 0)).scalar_subquery()
-    oldest = select(func.min(jobs_table.c.revision)).scalar_subquery()
-    tombs = select(func.coalesce(func.max(deleted_jobs_table.c.revision), 0)).scalar_subquery()
-    latest_row, oldest_row, latest_tombstone = (await conn.execute(select(rows, oldest, tombs))).one()
+    latest_row, oldest_row, latest_tombstone = (await conn.execute(_WATERMARK)).one()
     return Watermark(int(max(latest_row, latest_tombstone)), None if oldest_row is None else int(oldest_row))
 
 

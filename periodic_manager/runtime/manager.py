@@ -162,7 +162,12 @@ class PeriodicTaskManager:
             self.store, self.manager_id, status=self._status, records=self._records, clock=self.clock,
             interval=timing.heartbeat_interval, metrics=self.metrics,
         )  # fmt: skip
-        partitioned = isinstance(self.leadership, PartitionLeadership)
+        # Partition leases, or None: probed once here (a Protocol's isinstance walks its members,
+        # too slow for the properties the heartbeat reads at every lease round).
+        self.leases: PartitionLeadership | None = (
+            self.leadership if isinstance(self.leadership, PartitionLeadership) else None
+        )
+        partitioned = self.leases is not None
         self.leading = Leading(
             self.scheduler, self.store, self.leadership, clock=self.clock,
             manager_id=self.manager_id, spawn=self.tasks.spawn, running=lambda: self._running,
@@ -182,14 +187,14 @@ class PeriodicTaskManager:
             )  # fmt: skip
         # By partitions: entries only for the partitions held, each taken over on its own.
         self.holding: PartitionHolding | None = None
-        if isinstance(self.leadership, PartitionLeadership):
+        if self.leases is not None:
             if not isinstance(self.provider, PartitionedProvider):
                 raise ValueError("partition leases need a provider that reads by partition (the database's)")
             self.holding = PartitionHolding(
-                self.leadership, self.provider, self.syncer, self.leading, spawn=self.tasks.spawn,
+                self.leases, self.provider, self.syncer, self.leading, spawn=self.tasks.spawn,
                 changed=self.heartbeat.now.set,
             )
-            self.leadership.attach(self.holding)
+            self.leases.attach(self.holding)
         # The lease rounds write the heartbeat in their own statement (one round trip per round
         # at rest, none for the heartbeat) when they reach the store's database and come at
         # least as often as the heartbeats must.
@@ -276,21 +281,18 @@ class PeriodicTaskManager:
     @property
     def partitions(self) -> frozenset[int]:
         """The partitions this manager holds (none unless it leases partitions)."""
-        leases = self.leadership
-        return leases.held if isinstance(leases, PartitionLeadership) else frozenset()
+        return self.leases.held if self.leases is not None else frozenset()
 
     @property
     def does_shared_work(self) -> bool:
         """Whether this manager does the work done once for all (pruning tombstones, run
         history by age, the change history): by partitions, the holder of partition 0 alone."""
-        leases = self.leadership
-        return leases.trusted(0) if isinstance(leases, PartitionLeadership) else True
+        return self.leases.trusted(0) if self.leases is not None else True
 
     @property
     def partition_handovers(self) -> int:
         """Partitions this manager has handed over cleanly so far."""
-        leases = self.leadership
-        return leases.handovers if isinstance(leases, PartitionLeadership) else 0
+        return self.leases.handovers if self.leases is not None else 0
 
     @property
     def registry(self) -> CollectorRegistry:

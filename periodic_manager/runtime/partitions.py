@@ -179,7 +179,8 @@ class PartitionLeases:
 
     @property
     def is_leader(self) -> bool:
-        return bool(self.held)
+        now = self.clock.now()
+        return any(now < until for _, until in self._held.values())
 
     @property
     def task(self) -> asyncio.Task[None] | None:
