@@ -3,7 +3,8 @@
 ``pm_partitions`` has one row per partition: its ``holder``, a fencing ``epoch`` bumped by every
 take, and ``expires_at`` (database time). ``pm_partition_members`` has one row per manager taking
 part, alive until its ``expires_at``. :class:`PartitionLeases` runs one round every ``ttl / 3``
-on an asyncpg connection of its own:
+(on the clock's ticks, :func:`~periodic_manager.clock.next_tick`: the process's other periodic
+looks wake with a round) on an asyncpg connection of its own:
 
 1. **renew** every held partition in one conditional UPDATE (holder = me and the epoch I took it
    at): a partition not returned is lost at once. A lease is trusted only until the local clock
@@ -47,7 +48,7 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from periodic_manager.clock import SystemClock
+from periodic_manager.clock import SystemClock, next_tick
 from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
 from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
@@ -233,8 +234,10 @@ class PartitionLeases:
     # -- rounds --------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        step = timedelta(seconds=self.interval)
-        next_round = self.clock.now() + step
+        # Rounds on the clock's ticks (next_tick): at rest the process's other periodic loops
+        # (the health look every 15 s, the broker and LISTEN looks every minute) wake with a
+        # round instead of on their own.
+        next_round = next_tick(self.clock.now(), self.interval)
         while True:
             # Wake for the next round, or earlier when the trust in a lease ends first.
             until = min([next_round, *(t for _, t in self._held.values())])
@@ -242,7 +245,7 @@ class PartitionLeases:
             self._expire()
             if self.clock.now() >= next_round:
                 await self.round()
-                next_round = max(next_round + step, self.clock.now())
+                next_round = next_tick(self.clock.now(), self.interval)
 
     async def quiet(self) -> None:
         """Return once no round is under way (tests drive rounds with a virtual clock)."""

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from sqlalchemy import BigInteger, literal, select
 
-from periodic_manager.clock import VirtualClock
+from periodic_manager.clock import VirtualClock, next_tick
 from periodic_manager.contracts import PartitionLeadership
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
@@ -300,19 +300,22 @@ async def test_a_renewal_that_fails_ends_trust_at_its_start_plus_ttl_minus_margi
     a, rec = make("a", url, ttl=10.0, margin=2.0)  # rounds every 3.33 s, trust 8 s
     await a.start(lambda _v: None)
     assert a.held == frozenset(range(N))
-    await clock.advance(10 / 3)  # a renewal starting at T0 + 3.33 s: trusted until T0 + 11.33 s
+    # Rounds come on the clock's ticks of 3.33 s: the first tick after the start renews,
+    # trusted until that tick + 8 s.
+    tick = next_tick(T0, 10 / 3)
+    await clock.advance_to(tick)
 
     def renewed() -> bool:  # its answer comes from the real database, on the wall clock
-        return len(a._held) == N and all(t > T0 + timedelta(seconds=8) for _, t in a._held.values())
+        return len(a._held) == N and all(t >= tick + timedelta(seconds=8) for _, t in a._held.values())
 
-    await eventually(renewed, "the renewal that started at T0 + 3.33 s")
+    await eventually(renewed, "the renewal that started at the first tick")
     assert a.held == frozenset(range(N)) and not rec.of("lost")
     await proxy.cut()  # every renewal from now on fails
-    for _ in range(79):  # up to T0 + 11.23 s: still trusted (the database keeps it till 13.33)
+    for _ in range(79):  # up to the tick + 7.9 s: still trusted (the database keeps it till + 10)
         await clock.advance(0.1)
         await asyncio.sleep(0.005)
     assert a.trusted(0) and not rec.of("lost")
-    for _ in range(2):  # T0 + 11.43 s
+    for _ in range(2):  # the tick + 8.1 s
         await clock.advance(0.1)
         await asyncio.sleep(0.005)
     assert not a.trusted(0) and not a.held and not a.is_leader
