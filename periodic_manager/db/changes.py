@@ -81,10 +81,15 @@ def unchanged(mark: Watermark, since: int) -> bool:
 
 
 async def peek(engine: AsyncEngine) -> Watermark:
-    """:func:`watermark` read outside a transaction: one round trip, where a read in one costs
-    three (BEGIN, the read, ROLLBACK): what a sync that finds nothing changed costs."""
+    """:func:`watermark` in the fewest round trips: what a sync that finds nothing changed
+    costs, and what the MariaDB/MySQL poller asks every second. On PostgreSQL outside a
+    transaction (one round trip, where BEGIN, the read and ROLLBACK are three); on MariaDB/MySQL
+    in the implicit transaction of the read (the read and ROLLBACK: switching the session to
+    autocommit and back would add two ``SET autocommit`` round trips)."""
     async with engine.connect() as conn:
-        return await watermark(await conn.execution_options(isolation_level="AUTOCOMMIT"))
+        if conn.dialect.name == "postgresql":
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        return await watermark(conn)
 
 
 async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.db.changes import peek
+from periodic_manager.db.changes import peek, watermark
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
 from periodic_manager.db.provider import DatabaseProvider
@@ -442,6 +442,36 @@ async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(mar
         await polled.dispose()
         await eng.dispose()
         await proxy.close()
+
+
+async def test_a_mysql_peek_costs_no_more_statements_than_a_read_in_a_transaction(
+    migrated_mariadb_url: str,
+) -> None:
+    """The poller peeks every second. On MariaDB/MySQL a read in the session's implicit
+    transaction is the read and a ROLLBACK; switching the session to autocommit for it (what
+    saves BEGIN and ROLLBACK on PostgreSQL) would add a ``SET autocommit`` each way. Counted on
+    the server, by the pool's one connection's own ``Questions``."""
+    eng = create_engine(migrated_mariadb_url, pool_size=1, max_overflow=0)
+
+    async def questions() -> int:
+        async with eng.connect() as conn:
+            return int((await conn.execute(text("SHOW SESSION STATUS LIKE 'Questions'"))).one()[1])
+
+    async def in_a_transaction() -> None:
+        async with eng.connect() as conn:
+            await watermark(conn)
+
+    try:
+        await peek(eng)  # the pool's one connection, opened and set up
+        cost: dict[str, int] = {}
+        for name, read in (("peek", partial(peek, eng)), ("in a transaction", in_a_transaction)):
+            before = await questions()
+            for _ in range(10):
+                await read()
+            cost[name] = await questions() - before
+        assert cost["peek"] <= cost["in a transaction"], cost
+    finally:
+        await eng.dispose()
 
 
 async def test_mysql_truncate_is_seen_at_the_next_poll_not_at_the_next_full_reconcile(mariadb_url: str) -> None:
