@@ -173,10 +173,10 @@ class PartitionHolding:
             part = partition_of(ident, count)
             return part in partitions and part in self.mine
 
-        registered = 0
+        registered = synced = 0  # entries registered (a full sync's: synced, settled by it)
 
         async def register() -> Sequence[ScheduledEntry] | None:
-            nonlocal registered
+            nonlocal registered, synced
             still = frozenset(partitions & self.mine)
             if not still:
                 return []
@@ -187,6 +187,7 @@ class PartitionHolding:
                 report = await self.syncer.sync_held(full=True)
                 if not report.ok:
                     raise ProviderError(report.error or "the sync failed")
+                synced = report.added + report.replaced + report.unchanged
                 return None  # every entry
             snapshot = await self.provider.get_partitions(still)
             entries = await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
@@ -210,6 +211,13 @@ class PartitionHolding:
                             register, taken, look_back=look_back, registered=settle
                         )
                     if done:
+                        # The instant a takeover's entries are registered (a fresh partition's
+                        # first slot comes after it), the counterpart of "entries dropped".
+                        how = "looking back" if look_back else "never held before"
+                        log.info(
+                            "partitions %s: %d entries registered (%s)",
+                            sorted(partitions)[:8], registered or synced, how,
+                        )  # fmt: skip
                         self._changed()
                         return
                 # Leading ended during the read: the partitions still held are taken again.

@@ -186,6 +186,68 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
     print(f"{len(expected)} slots audited, {len(counts)} keys on the stream")
 
 
+async def test_a_share_taken_over_and_registered_late_still_gets_every_slot_due_meanwhile_once(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    """A joining manager takes its share by a clean hand-over, and its takeover reads their rows
+    late (a starved machine): the holder stopped sending for them at the hand-over, the new one
+    registers them seconds later, and the slots due in between are sent once, by its look back
+    (after what the old holder recorded as sent). Only a partition no manager held before starts
+    at its registration, as a first start does (test_partition_processes waits for it)."""
+    await upgrade(pg_url)
+    names = [f"s{i:03d}" for i in range(1, SCHEDULES + 1)]
+    await insert_schedules(pg_url, [(name, "@every 1s", {}) for name in names])
+    settings = Settings(
+        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
+        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
+        heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    clock = VirtualClock(T0)
+    fleet = Fleet(clock)
+    read = asyncio.Event()  # b's takeover may read its rows
+    try:
+        a = await fleet.start("a", settings)
+        await fleet.drive(5)
+        engine = create_engine(settings.database_url)
+        fleet.engines.append(engine)
+        b = build_manager(settings, engine, clock=clock)
+        assert b.holding is not None and isinstance(b.provider, DatabaseProvider)
+        rows = b.provider.get_partitions
+
+        async def late(partitions: frozenset[int]) -> Any:
+            await read.wait()
+            return await rows(partitions)
+
+        b.provider.get_partitions = late  # type: ignore[method-assign]
+        fleet.managers["b"] = b
+        await b.start()
+
+        async def settle() -> None:  # b's takeover waits for ``read``: not waited for
+            for m in fleet.managers.values():
+                assert isinstance(m.leadership, PartitionLeases) and m.holding is not None
+                await m.leadership.quiet()
+                if m is not b:
+                    await m.holding.quiet()
+                    await m.wait_settled(clock.now())
+
+        for _ in range(20):  # 10 s: a hands half over, b takes it and waits to read it
+            await clock.advance(0.5, settle=settle)
+        # b holds its share, and a sends nothing for it since it handed it over, seconds ago.
+        assert len(b.partitions) == N // 2 and not b.entries() and b.holding.taking
+        assert a.partition_handovers == N // 2
+        read.set()
+        await fleet.drive(5)
+        fleet.assert_each_schedule_held_once(["a", "b"])
+        end = clock.now()
+    finally:
+        read.set()  # a failure above must not leave b's stop waiting for it
+        await fleet.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [k for name in names for k in expected_slots(name, "@every 1s", T0, end)]
+    assert_exactly_once(counts, expected)  # the seconds b's share waited for its rows included
+    assert sum(counts.values()) == len(expected)
+
+
 async def test_a_manager_leaves_the_last_good_versions_of_other_partitions_alone(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
