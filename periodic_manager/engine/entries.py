@@ -168,6 +168,19 @@ class Entries:
             self._change()
         return entry
 
+    async def compact(self) -> int:
+        """Give up what unregistered entries still hold, after many went at once (a manager
+        handing partitions over): their stale filings on the timetables (see
+        :meth:`Timetable.compact`), and the room of the map of entries by ident, which never
+        shrinks as keys are deleted (rebuilt in place: the same map, sized for what is left).
+        How many filings were forgotten."""
+        dropped = await self.timetable.compact() + await self.sends.compact()
+        entries = self._entries
+        left = dict(entries)  # one pass in C: ~10 ms for 250,000
+        entries.clear()  # frees the table sized for the entries that went
+        entries.update(left)
+        return dropped
+
     def _runs_left(
         self, entry: ScheduledEntry, limit: int, counted: Counted | None, start: datetime
     ) -> int:

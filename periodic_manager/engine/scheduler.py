@@ -156,6 +156,11 @@ class Scheduler:
         self.overlap.forget(entry.ident if entry is not None else key)
         return entry
 
+    async def compact(self) -> int:
+        """After many entries were unregistered at once: what they still held is given up
+        (see :meth:`Entries.compact <periodic_manager.engine.entries.Entries.compact>`)."""
+        return await self.registered.compact()
+
     def get(self, key: int | str) -> ScheduledEntry | None:
         """The entry of schedule ``key`` (a key string, or an ident)."""
         return self.registered.get(key)

@@ -6,7 +6,9 @@ instant is O(log d) for d distinct instants and taking an instant's entries is O
 
 Entries are never searched for and removed: one that moves (advanced, replaced, unregistered) is
 simply no longer valid in its old bucket, and is skipped when that bucket is taken (an entry is
-valid in a bucket while its mark is not DEAD and its ``next_slot`` is that instant). Each bucket
+valid in a bucket while its mark is not DEAD and its ``next_slot`` is that instant). After many
+entries went at once (partitions handed over) :meth:`Timetable.compact` forgets their filings
+then, not at their instants. Each bucket
 also keeps its instant object, which its entries share (one datetime per instant, not per entry).
 """
 
@@ -16,6 +18,8 @@ import heapq
 import itertools
 from datetime import datetime
 from typing import Protocol
+
+from periodic_manager.pacing import in_turns
 
 # An entry's mark once it is unregistered or replaced: never valid in any bucket again.
 DEAD = -2
@@ -92,6 +96,32 @@ class Timetable:
         self._buckets.clear()
         self._instants.clear()
 
+    async def compact(self) -> int:
+        """Forget the stale filings (entries moved, replaced or unregistered) now rather than
+        when their instant comes, in turns with the other tasks; how many were forgotten.
+
+        Lazy forgetting is right for the few entries a sync moves, not after a manager handed
+        over most of its partitions: their entries, unregistered, stayed filed (and in memory)
+        until their next slot, hours away for most. An entry filed during the pass is kept;
+        what is valid is kept as it is (an entry filed twice under one instant included)."""
+        dropped = 0
+        for at, bucket in list(self._buckets.items()):
+            kept: list[Timed] = []
+            filed = bucket.entries
+            seen = len(filed)  # filings appended meanwhile are after these
+            async for span in in_turns(range(seen)):
+                kept.extend(e for e in filed[span[0] : span[-1] + 1] if _valid(e, at))
+            if self._buckets.get(at) is bucket:  # not taken meanwhile
+                dropped += seen - len(kept)
+                bucket.entries = kept + bucket.entries[seen:]
+        empty = [at for at, bucket in self._buckets.items() if not bucket.entries]
+        if empty:
+            for at in empty:
+                del self._buckets[at]
+            self._instants = list(self._buckets)
+            heapq.heapify(self._instants)
+        return dropped
+
     def __len__(self) -> int:
         """Distinct instants filed (including ones whose entries all moved)."""
         return len(self._instants)
@@ -154,6 +184,25 @@ class SendTable:
     def clear(self) -> None:
         self._buckets.clear()
         self._instants.clear()
+
+    async def compact(self) -> int:
+        """:meth:`Timetable.compact` for the send instants."""
+        dropped = 0
+        for at, bucket in list(self._buckets.items()):
+            kept: list[tuple[Timed, datetime]] = []
+            seen = len(bucket)
+            async for span in in_turns(range(seen)):
+                kept.extend(item for item in bucket[span[0] : span[-1] + 1] if _valid(*item))
+            if self._buckets.get(at) is bucket:
+                dropped += seen - len(kept)
+                bucket[:] = kept + bucket[seen:]
+        empty = [at for at, bucket in self._buckets.items() if not bucket]
+        if empty:
+            for at in empty:
+                del self._buckets[at]
+            self._instants = list(self._buckets)
+            heapq.heapify(self._instants)
+        return dropped
 
     def __len__(self) -> int:
         return len(self._instants)

@@ -161,6 +161,9 @@ class PartitionHolding:
         )
         log.info("partitions %s: %d entries dropped", sorted(partitions)[:8], removed)
         if removed:
+            # Their timetable filings and the map's room went with them (else the entries
+            # stayed in memory until their next slot), then the memory is given back.
+            await self.scheduler.compact()
             gcpolicy.release()  # a share handed over gives its memory back (see gcpolicy)
         self._changed()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -532,6 +533,36 @@ async def test_a_lost_partition_is_fenced_at_once_and_its_entries_go_in_turns(
         assert {e.ident for e in a.entries()} == set(range(2, many + 1, 2))
         assert a.scheduler.decisions.fenced is None  # lifted once they are gone
         assert a.health() is None  # a drop is work that ends, not a loop that died
+    finally:
+        await fleet.close()
+
+
+async def test_a_dropped_partitions_entries_leave_the_timetable_and_the_map_at_once(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unregistered entries used to stay filed (and in memory) until their next slot: a manager
+    that handed over most of its partitions kept their memory for hours."""
+    monkeypatch.setenv("PM_PARTITIONS", "4")
+    many = 2000
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"l{i}", "@every 3600s", {}) for i in range(1, many + 1)])
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
+        sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        a = await fleet.start("a", settings)
+        assert a.holding is not None and len(a.entries()) == many
+        timetable = a.scheduler.registered.timetable
+        at = timetable.next_instant()
+        assert at is not None and timetable.size(at) == many
+        room = sys.getsizeof(a.scheduler.held())
+        a.holding.lost(frozenset({1, 2, 3}))
+        await a.holding.quiet()
+        assert {e.ident for e in a.entries()} == set(range(4, many + 1, 4))
+        assert timetable.size(at) == many // 4  # their filings went with them
+        assert sys.getsizeof(a.scheduler.held()) < room / 2
     finally:
         await fleet.close()
 
