@@ -16,8 +16,11 @@ The manager holds entries only for the partitions it leases
 * **Lost** (taken by another manager, or its trust ran out): sending for its entries stops at
   once (the scheduler's fence: nothing of those partitions is sent, a staged batch included),
   then they are unregistered in turns with the other tasks (a million entries must not hold the
-  event loop); the fence is lifted when they are gone, and the memory they freed is given back
-  to the system (:func:`periodic_manager.gcpolicy.release`). A takeover waits for the drops under way
+  event loop); the fence is lifted when they are gone, their timetable filings and the room
+  they took in the map of entries go too (:meth:`Scheduler.compact
+  <periodic_manager.engine.scheduler.Scheduler.compact>`), and the memory they freed is given
+  back to the system (:func:`periodic_manager.gcpolicy.release`; what the allocator can give
+  back: bench/handover_memory.txt). A takeover waits for the drops under way
   (a partition lost and taken back is read afresh).
 * **Handed over** (a join, a SIGTERM): the same, then a send under way finishes and the runs
   reported so far are written to the store before the leases are released, so the next holder
