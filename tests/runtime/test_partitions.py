@@ -230,6 +230,24 @@ async def test_a_manager_that_never_comes_holds_the_others_back_at_most_one_ttl(
     assert b.held == frozenset(range(N))
 
 
+async def test_a_first_round_that_took_nothing_is_followed_a_whole_interval_later(
+    make, admin: asyncpg.Connection, clock: VirtualClock
+) -> None:
+    """Rounds come on the clock's ticks, but the wait for managers starting together is a whole
+    round at least: a tick a moment after the first round would not give them time to register."""
+    await register(admin, "late")  # another manager starting: b's first round takes nothing
+    b, _ = make("b", ttl=3.0)  # rounds every second, on whole seconds
+    clock.set(T0 + timedelta(seconds=0.9))  # the next tick is 0.1 s away
+    await b.start(lambda _v: None)
+    assert not b.held
+    await clock.advance_to(T0 + timedelta(seconds=1.5))  # past a tick, not a whole round yet
+    await asyncio.sleep(0.1)  # a round would answer from the real database meanwhile
+    assert not b.held
+    await clock.advance_to(T0 + timedelta(seconds=2))  # the first tick a whole round later
+
+    await eventually(lambda: len(b.held) == 32, "b takes its share at the round after the wait")
+
+
 async def test_a_joining_manager_takes_its_share_by_a_clean_hand_over(
     make, admin: asyncpg.Connection
 ) -> None:
@@ -370,7 +388,8 @@ async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer
     renewal's late answer (the database did renew them) leaves them dropped and is no error."""
     a, rec = make("a", ttl=10.0, margin=2.0)
     await a.start(lambda _v: None)
-    await clock.advance(10 / 3)  # a renewal starting at T0 + 3.33 s: trusted until T0 + 11.33 s
+    tick = next_tick(T0, 10 / 3)  # the loop's first round: trusted until tick + 8 s
+    await clock.advance_to(tick)
     await asyncio.sleep(0.05)
     assert a.held == frozenset(range(N))
     answer = asyncio.Event()
@@ -391,7 +410,7 @@ async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer
     a._conn = Slow(a._conn)
     in_flight = asyncio.ensure_future(a.round())
     await asyncio.sleep(0.05)
-    clock.set(T0 + timedelta(seconds=11.4))  # the loop's own round waits behind this one
+    clock.set(tick + timedelta(seconds=8.1))  # the loop's own round waits behind this one
     assert not a.held and not rec.of("lost")  # not trusted any more, not dropped yet
     a.expire()  # as the scheduler does right before a send
     assert rec.of("lost") == set(range(N))
