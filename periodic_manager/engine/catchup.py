@@ -7,7 +7,7 @@ scheduler's ``catchup_rate`` slots a second (:func:`periodic_manager.pacing.pace
 only slots strictly after the schedule's ``effective_at`` (and within ``options.start_at`` /
 ``end_at``) and strictly after the latest one the runtime state records as settled are sent. On
 a takeover, the slots after the instant its rebase resumes the entries at (``resumed``: ``now -
-grace``) are left to the normal path (the scheduler
+grace``, or later for a partition first held since) are left to the normal path (the scheduler
 re-sends them).
 
 A paced ``all`` catch-up stops when this manager stops leading; a slot of a schedule edited,

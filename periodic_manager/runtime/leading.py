@@ -17,7 +17,8 @@
 * By partitions (``partitioned``): leading only switches sending on and off; each partition
   taken is a takeover of its own (:meth:`Leading.take_over_some`, called by
   :class:`~periodic_manager.runtime.holding.PartitionHolding`): the same read of what is settled
-  and the same look back, for the entries of that partition only.
+  and the same look back, for the entries of that partition only, and never before a manager
+  first held it (slots due earlier are owed by nobody).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class Leading:
         keep: Callable[[int | str], bool],
         *,
         look_back: bool = True,
+        since: datetime | None = None,
         registered: Callable[[], None] | None = None,
     ) -> bool:
         """A takeover of part of the schedules (partitions just taken): read what the store
@@ -136,7 +138,9 @@ class Leading:
         rebased as a takeover rebases them: each one new here is filed at its resumed slot as
         it is registered (:meth:`Scheduler.resuming`: one slot computed, none sent before the
         look back is set), any other is rebased next; then catch them up. Without
-        ``look_back`` (schedules no manager held before) they start as at a first start.
+        ``look_back`` (schedules no manager held before) they start as at a first start. With
+        ``since`` (when a manager first held them) the look back stops there: slots due until
+        then are owed by nobody.
         ``register()`` returns the entries it registered, or None when it registered every
         row held (a full sync: every entry of a row is then one of them).
         ``registered()`` is called once they are registered and rebased. Their catch-up is
@@ -151,6 +155,8 @@ class Leading:
                 return False
             now, settled, _ = read
             after = now - self.scheduler.grace
+            if since is not None and since > after:
+                after = since  # held first since: nothing before it is owed
             resumed = after
             # The entries new here are filed rebased as they are registered (one slot each).
             with self.scheduler.resuming(after, settled, keep) as rebased:
