@@ -734,10 +734,18 @@ class Leadership(Protocol):
 class PartitionHandler(Protocol):
     """What a manager does when its partitions change (``PM_COORDINATION=partitions``)."""
 
-    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+    async def gained(
+        self,
+        partitions: frozenset[int],
+        fresh: frozenset[int],
+        first_held: Mapping[int, datetime],
+    ) -> None:
         """Leases on ``partitions`` were taken: read their rows, start after what is settled.
         ``fresh``: those of them no manager ever held (their schedules start as at a first
-        start, with no look back)."""
+        start, with no look back). ``first_held``: for the others, the instant a manager first
+        took each one (that manager's clock): slots due until then are owed by nobody, so their
+        takeover looks back no further than it; one held before that instant was recorded
+        (before migration 0022) is missing, and looks back the full grace."""
         ...
 
     async def releasing(self, partitions: frozenset[int]) -> None:

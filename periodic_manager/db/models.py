@@ -213,9 +213,10 @@ managers_table = Table(
 
 
 # A partition of the schedules and its lease (``PM_COORDINATION=partitions``): who holds
-# it, the fencing epoch its holder took it at (bumped by every take), and until when the lease
-# runs (database time). One row per partition, made at ``migrate``: the row count is the
-# partition count.
+# it, the fencing epoch its holder took it at (bumped by every take), until when the lease
+# runs (database time), and when a manager first took it (that manager's clock: a takeover
+# looks back no further; null for a partition never held, or held before migration 0022).
+# One row per partition, made at ``migrate``: the row count is the partition count.
 partitions_table = Table(
     "pm_partitions",
     metadata,
@@ -224,6 +225,7 @@ partitions_table = Table(
     Column("epoch", BigInteger, nullable=False, server_default="0"),
     Column("expires_at", Instant, nullable=True),
     Column("renewed_at", Instant, nullable=True),
+    Column("first_held_at", Instant, nullable=True),
 )
 
 

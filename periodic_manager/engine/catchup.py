@@ -6,7 +6,9 @@ once; ``all`` sends every one of them, oldest first across all schedules, paced 
 scheduler's ``catchup_rate`` slots a second (:func:`periodic_manager.pacing.paced`). Either way
 only slots strictly after the schedule's ``effective_at`` (and within ``options.start_at`` /
 ``end_at``) and strictly after the latest one the runtime state records as settled are sent. On
-a takeover, slots within grace are left to the normal path (the scheduler re-sends them).
+a takeover, the slots after the instant its rebase resumes the entries at (``resumed``: ``now -
+grace``, or later for a partition first held since) are left to the normal path (the scheduler
+re-sends them).
 
 A paced ``all`` catch-up stops when this manager stops leading; a slot of a schedule edited,
 paused or deleted meanwhile is dropped, and one whose catch-up window has passed by its turn is
@@ -32,21 +34,23 @@ _TICK = timedelta(microseconds=1)
 
 
 async def missed(
-    entries: Sequence[ScheduledEntry], scheduler: Scheduler, now: datetime, *, takeover: bool
+    entries: Sequence[ScheduledEntry], scheduler: Scheduler, now: datetime, *,
+    resumed: datetime | None,
 ) -> list[tuple[ScheduledEntry, datetime]]:
     """The latest missed slot of every ``fire_once`` entry that has one (in turns with the other
-    tasks: a takeover with a million entries must not hold up the first slots)."""
+    tasks: a takeover with a million entries must not hold up the first slots); ``resumed`` as
+    for :func:`catch_up`."""
     out: list[tuple[ScheduledEntry, datetime]] = []
     async for part in in_turns(entries):
         for entry in part:
-            found = _missed(entry, scheduler, now, takeover=takeover)
+            found = _missed(entry, scheduler, now, resumed=resumed)
             if found is not None:
                 out.append((entry, found))
     return out
 
 
 def _missed(
-    entry: ScheduledEntry, scheduler: Scheduler, now: datetime, *, takeover: bool
+    entry: ScheduledEntry, scheduler: Scheduler, now: datetime, *, resumed: datetime | None
 ) -> datetime | None:
     if entry.dead or entry.options.get("misfire") != "fire_once":
         return None
@@ -56,7 +60,7 @@ def _missed(
     except (OverflowError, ValueError) as exc:
         log.error("catch-up of %s skipped: %s", entry.config.name, exc)
         return None
-    if slot is None or (takeover and slot > now - scheduler.grace):
+    if slot is None or (resumed is not None and slot > resumed):
         return None  # nothing missed, or the normal path sends it
     return slot
 
@@ -77,15 +81,17 @@ def _span(entry: ScheduledEntry, scheduler: Scheduler, now: datetime) -> tuple[d
 
 
 async def catch_up(
-    scheduler: Scheduler, store: RuntimeStore, now: datetime, *, takeover: bool,
+    scheduler: Scheduler, store: RuntimeStore, now: datetime, *, resumed: datetime | None,
     still_leading: Callable[[], bool], entries: Sequence[ScheduledEntry] | None = None,
 ) -> None:
     """Send the latest missed slot of each ``fire_once`` entry once, then every missed slot of
     each ``all`` entry, paced (see the module doc); ``entries``: only these (a partition taken
-    over), default every entry."""
+    over), default every entry. ``resumed``: on a takeover, the instant its rebase resumed the
+    entries after (their later slots are the normal path's); None at a start (every missed slot
+    up to ``now`` is the catch-up's)."""
     if entries is None:
         entries = scheduler.entries()
-    candidates = await missed(entries, scheduler, now, takeover=takeover)
+    candidates = await missed(entries, scheduler, now, resumed=resumed)
     every: list[ScheduledEntry] = []
     async for part in in_turns(entries):
         every += [e for e in part if not e.dead and e.options.get("misfire") == "all"]
@@ -103,8 +109,8 @@ async def catch_up(
     if todo and still_leading():
         await scheduler.catch_up(todo)
     if every:
-        # On a takeover the slots within grace are the normal path's (the rebase resumes there).
-        top = now - scheduler.grace if takeover else now
+        # On a takeover the slots after ``resumed`` are the normal path's (the rebase's).
+        top = resumed if resumed is not None else now
         streams = [_every_missed(e, scheduler, now, top, _settled(state.get(e.key))) for e in every]
         await _send_paced(scheduler, heapq.merge(*streams), still_leading)
 

@@ -7,12 +7,15 @@ The manager holds entries only for the partitions it leases
   of those partitions alone (a partition no manager ever held starts as a first start does, with
   no look back), as :class:`~periodic_manager.runtime.leading.Leading` does for a
   whole scheduler: what the store records as settled for their schedules is read, their rows
-  are read and registered, and each entry resumes at its first slot after ``now - grace`` and
-  after its settled slot (a ``fire_once`` or ``all`` one is caught up beside, as after a leader's
-  start). A manager holding nothing that takes every partition (alone) registers its rows by a
-  full sync, the path of a leader's first sync. Runs beside the lease rounds (a
-  renewal never waits for it), under the sync lock (a sync never sees half of it); retried
-  while the partitions are held.
+  are read and registered, and each entry resumes at its first slot after ``now - grace``, after
+  the instant a manager first held its partition (slots due before are owed by nobody: a share
+  handed over a round after a cluster's first start looks back over nothing older) and after
+  its settled slot (a ``fire_once`` or ``all`` one is caught up beside, as after a leader's
+  start). Partitions first held at different instants within grace are taken over apart. A
+  manager holding nothing that takes every partition (alone) registers its rows by a full sync,
+  the path of a leader's first sync. Runs beside the lease rounds (a renewal never waits for
+  it), under the sync lock (a sync never sees half of it); retried while the partitions are
+  held.
 * **Lost** (taken by another manager, or its trust ran out): sending for its entries stops at
   once (the scheduler's fence: nothing of those partitions is sent, a staged batch included),
   then they are unregistered in turns with the other tasks (a million entries must not hold the
@@ -34,7 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 
 from periodic_manager import gcpolicy
 from periodic_manager.contracts import PartitionedProvider, PartitionLeadership, PartitionsHeld
@@ -109,13 +113,22 @@ class PartitionHolding:
 
     # -- the PartitionHandler ------------------------------------------------------------------
 
-    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+    async def gained(
+        self, partitions: frozenset[int], fresh: frozenset[int], first_held: Mapping[int, datetime]
+    ) -> None:
         self.mine |= partitions
-        for part, look_back in ((partitions - fresh, True), (fresh, False)):
-            if part:
-                task = self._spawn(self._take_over(part, look_back), "partition-takeover")
-                self.taking.add(task)
-                task.add_done_callback(self.taking.discard)
+        # One takeover per bound of the look back: those first held longer than grace ago (or
+        # before it was recorded) look back the full grace, together; the look back is judged
+        # later than now, so a bound older than grace now never matters.
+        oldest = self.scheduler.clock.now() - self.scheduler.grace
+        bounds: dict[datetime | None, set[int]] = {}
+        for p in partitions - fresh:
+            since = first_held.get(p)
+            bounds.setdefault(since if since is not None and since > oldest else None, set()).add(p)
+        for since, part in bounds.items():
+            self._start_takeover(frozenset(part), look_back=True, since=since)
+        if fresh:
+            self._start_takeover(fresh, look_back=False, since=None)
 
     async def releasing(self, partitions: frozenset[int]) -> None:
         await self._drop(partitions)
@@ -129,6 +142,13 @@ class PartitionHolding:
         self._drop(partitions)
 
     # -- the work ------------------------------------------------------------------------------
+
+    def _start_takeover(
+        self, partitions: frozenset[int], *, look_back: bool, since: datetime | None
+    ) -> None:
+        task = self._spawn(self._take_over(partitions, look_back, since), "partition-takeover")
+        self.taking.add(task)
+        task.add_done_callback(self.taking.discard)
 
     def _drop(self, partitions: frozenset[int]) -> asyncio.Task[object]:
         """Stop sending for ``partitions`` now (the fence), and unregister their entries in
@@ -170,7 +190,9 @@ class PartitionHolding:
             gcpolicy.release()  # a share handed over gives its memory back (see gcpolicy)
         self._changed()
 
-    async def _take_over(self, partitions: frozenset[int], look_back: bool) -> None:
+    async def _take_over(
+        self, partitions: frozenset[int], look_back: bool, since: datetime | None
+    ) -> None:
         count = self.leases.count
 
         def taken(ident: int | str) -> bool:  # asked once per row registered: no set built
@@ -214,12 +236,14 @@ class PartitionHolding:
                     # As a sync: a million rows read and registered with the collector paused.
                     with gcpolicy.paused():
                         done = await self.leading.take_over_some(
-                            register, taken, look_back=look_back, registered=settle
+                            register, taken, look_back=look_back, since=since, registered=settle
                         )
                     if done:
                         # The instant a takeover's entries are registered (a fresh partition's
                         # first slot comes after it), the counterpart of "entries dropped".
-                        how = "looking back" if look_back else "never held before"
+                        how = "never held before"
+                        if look_back:
+                            how = "looking back" if since is None else f"first held at {since:%H:%M:%S}"
                         log.info(
                             "partitions %s: %d entries registered (%s)",
                             sorted(partitions)[:8], registered or synced, how,

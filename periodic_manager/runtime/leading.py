@@ -17,7 +17,8 @@
 * By partitions (``partitioned``): leading only switches sending on and off; each partition
   taken is a takeover of its own (:meth:`Leading.take_over_some`, called by
   :class:`~periodic_manager.runtime.holding.PartitionHolding`): the same read of what is settled
-  and the same look back, for the entries of that partition only.
+  and the same look back, for the entries of that partition only, and never before a manager
+  first held it (slots due earlier are owed by nobody).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class Leading:
         elif is_leader:
             self.scheduler.set_active(True)
             log.info("manager %s leads (start)", self.manager_id)
-            self._spawn(self._catch_up(now, takeover=False), "catch-up")
+            self._spawn(self._catch_up(now, resumed=None), "catch-up")
         else:
             self.scheduler.set_active(False)
             log.info("manager %s is standby", self.manager_id)
@@ -113,14 +114,15 @@ class Leading:
             # when the settled slots were read: a read retried for a while must not leave the
             # latest missed slot of a fire_once schedule to be skipped as late instead of caught up.
             now, settled, counted = read
-            await self.scheduler.rebase(now - self.scheduler.grace, settled, counted)
+            after = now - self.scheduler.grace
+            await self.scheduler.rebase(after, settled, counted)
             if term != self._terms:
                 return  # leadership changed during the rebase
             self.scheduler.set_active(True)
             log.info("manager %s leads (takeover)", self.manager_id)
         finally:
             self._read.set()
-        await self._catch_up(now, takeover=True)
+        await self._catch_up(now, resumed=after)
 
     async def take_over_some(
         self,
@@ -128,6 +130,7 @@ class Leading:
         keep: Callable[[int | str], bool],
         *,
         look_back: bool = True,
+        since: datetime | None = None,
         registered: Callable[[], None] | None = None,
     ) -> bool:
         """A takeover of part of the schedules (partitions just taken): read what the store
@@ -135,11 +138,14 @@ class Leading:
         rebased as a takeover rebases them: each one new here is filed at its resumed slot as
         it is registered (:meth:`Scheduler.resuming`: one slot computed, none sent before the
         look back is set), any other is rebased next; then catch them up. Without
-        ``look_back`` (schedules no manager held before) they start as at a first start.
+        ``look_back`` (schedules no manager held before) they start as at a first start. With
+        ``since`` (when a manager first held them) the look back stops there: slots due until
+        then are owed by nobody.
         ``register()`` returns the entries it registered, or None when it registered every
         row held (a full sync: every entry of a row is then one of them).
         ``registered()`` is called once they are registered and rebased. Their catch-up is
         spawned (not awaited). False when leading ended before the settled slots were read."""
+        resumed: datetime | None = None  # a first start: the catch-up's up to now
         if not look_back:
             now = self.clock.now()
             some = _of_rows(self.scheduler, await register())
@@ -149,6 +155,9 @@ class Leading:
                 return False
             now, settled, _ = read
             after = now - self.scheduler.grace
+            if since is not None and since > after:
+                after = since  # held first since: nothing before it is owed
+            resumed = after
             # The entries new here are filed rebased as they are registered (one slot each).
             with self.scheduler.resuming(after, settled, keep) as rebased:
                 some = _of_rows(self.scheduler, await register())
@@ -162,7 +171,7 @@ class Leading:
         # The catch-up runs beside, as a leader's after its start: a paced one (misfire "all")
         # holds neither the sync lock nor a start waiting for its first takeover.
         caught = catchup.catch_up(
-            self.scheduler, self.store, now, takeover=look_back,
+            self.scheduler, self.store, now, resumed=resumed,
             still_leading=lambda: self.leadership.is_leader, entries=some,
         )  # fmt: skip
         self._spawn(caught, "catch-up")
@@ -241,10 +250,11 @@ class Leading:
             return read_at, settled, counted
         return None
 
-    async def _catch_up(self, now: datetime, *, takeover: bool) -> None:
-        """misfire=fire_once: send the latest missed slot within the catch-up window, once."""
+    async def _catch_up(self, now: datetime, *, resumed: datetime | None) -> None:
+        """misfire=fire_once: send the latest missed slot within the catch-up window, once
+        (``resumed``: see :func:`catchup.catch_up`)."""
         await catchup.catch_up(
-            self.scheduler, self.store, now, takeover=takeover,
+            self.scheduler, self.store, now, resumed=resumed,
             still_leading=lambda: self.leadership.is_leader,
         )  # fmt: skip
 

@@ -26,7 +26,15 @@ looks wake with a round) on an asyncpg connection of its own:
    ``releasing`` waits for a send under way and flushes what was sent, then one conditional
    UPDATE clears the holder (only at the epoch held: a stale holder changes nothing);
 4. **take** what is missing to the share from free or expired partitions, in one conditional
-   UPDATE that bumps their epochs.
+   UPDATE that bumps their epochs. A partition taken for the first time (epoch 0) records
+   ``first_held_at``: this manager's clock at the take, the clock its first slots are judged
+   by. The handler's ``gained`` learns which partitions are taken for the first time
+   (``fresh``: they start as at a first start, with no look back) and, for the others, when
+   they were first held: a takeover looks back up to the grace window but never before that
+   instant, since slots due before any manager held a partition are owed by nobody (at a
+   cluster's first start the first manager takes every partition and hands most of them over a
+   round later, before any of their slots came due). A partition held before that instant was
+   recorded (migration 0022) looks back the full grace.
 
 Every manager of a database must use the same coordination. A manager of this kind that finds
 the leader lock of ``PM_COORDINATION=leader`` held (a manager of the other kind leads, e.g. an
@@ -36,7 +44,9 @@ claims drop the duplicates of the one round in between).
 
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
-clocks need not agree; the local clock measures only the trust window.
+clocks need not agree; the local clock measures only the trust window, and ``first_held_at``
+(an instant of the slots' timeline, not of the leases': compared with slots, never with
+``now()``).
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -62,15 +73,18 @@ RENEW = f"""UPDATE pm_partitions SET expires_at = now() + make_interval(secs => 
 RELEASE = f"""UPDATE pm_partitions SET holder = NULL, expires_at = NULL
     WHERE holder = $1 AND {_HELD}"""
 # The epoch is untrusted like any column: one written at bigint's maximum starts again at 1 (a
-# holder of that partition's old epoch lost it long ago), instead of failing every take.
+# holder of that partition's old epoch lost it long ago), instead of failing every take. A
+# partition never held (epoch 0) gets its first_held_at: $4, the taking manager's clock (the
+# clock its first slots are judged by); later takes keep it (null: held before migration 0022).
 TAKE = """UPDATE pm_partitions SET holder = $1,
     epoch = CASE WHEN epoch >= 9223372036854775807 THEN 1 ELSE epoch + 1 END,
-    expires_at = now() + make_interval(secs => $2), renewed_at = now()
+    expires_at = now() + make_interval(secs => $2), renewed_at = now(),
+    first_held_at = COALESCE(first_held_at, CASE WHEN epoch = 0 THEN $4::timestamptz END)
     WHERE partition IN (
         SELECT partition FROM pm_partitions WHERE holder IS NULL OR expires_at < now()
         ORDER BY partition LIMIT $3 FOR UPDATE SKIP LOCKED)
     AND (holder IS NULL OR expires_at < now())
-    RETURNING partition, epoch"""
+    RETURNING partition, epoch, first_held_at"""
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
 # A round's renewal and counts in one statement (one round trip at rest). It renews ($1 member,
@@ -128,7 +142,9 @@ def fair_share(partitions: int, live: int) -> int:
 class _Quiet:
     """A handler that does nothing (the leases alone, as in their tests)."""
 
-    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+    async def gained(
+        self, partitions: frozenset[int], fresh: frozenset[int], first_held: Mapping[int, datetime]
+    ) -> None:
         return None
 
     async def releasing(self, partitions: frozenset[int]) -> None:
@@ -332,8 +348,14 @@ class PartitionLeases:
         if len(self._held) > share:
             return {p: self._held[p] for p in sorted(self._held)[share:]}
         if len(self._held) < share:
-            taken = await conn.fetch(TAKE, self.member, self.ttl, share - len(self._held))
+            taken = await conn.fetch(
+                TAKE, self.member, self.ttl, share - len(self._held), self.clock.now()
+            )
             gained = {int(r[0]): (int(r[1]), trust) for r in taken}
+            # Untrusted like any column: only an aware instant bounds a look back.
+            first_held = {
+                int(r[0]): r[2] for r in taken if isinstance(r[2], datetime) and r[2].tzinfo
+            }
             if gained:
                 self._held.update(gained)
                 log.info(
@@ -342,7 +364,8 @@ class PartitionLeases:
                 )  # fmt: skip
                 await self._report()
                 fresh = frozenset(p for p, (epoch, _) in gained.items() if epoch == 1)
-                await self._handler.gained(frozenset(gained), fresh)
+                since = {p: at for p, at in first_held.items() if p not in fresh}
+                await self._handler.gained(frozenset(gained), fresh, since)
         return {}
 
     async def _hand_over(self, leases: dict[int, tuple[int, datetime]]) -> None:

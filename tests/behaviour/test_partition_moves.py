@@ -249,6 +249,88 @@ async def test_a_share_taken_over_and_registered_late_still_gets_every_slot_due_
     assert sum(counts.values()) == len(expected)
 
 
+async def test_a_share_handed_over_before_its_first_slot_sends_nothing_due_before_it_was_held(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str
+) -> None:
+    """At a cluster's first start the first manager is alone: it takes every partition (never
+    held before: no look back) and hands half of them over a round later, as the second one
+    joins, before any of their slots came due. The new holder looks back for what the first
+    may have missed, but no further than when the first took them: slots due before any manager
+    held a partition are owed by nobody (it sent the grace's worth of them: 27 slots here)."""
+    await upgrade(pg_url)
+    names = [f"t{i:02d}" for i in range(1, 41)]
+    await insert_schedules(pg_url, [(name, "@every 10s", {}) for name in names])
+    settings = Settings(
+        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
+        coordination="partitions", lease_ttl=3, grace=30, sync_interval=600,
+        heartbeat_interval=1, listen=False,
+    )  # fmt: skip
+    fleet = Fleet(VirtualClock(T0))
+    try:
+        a = await fleet.start("a", settings)  # alone: every partition, never held before
+        assert a.partitions == frozenset(range(N))
+        b = await fleet.start("b", settings)  # before a's first slot (12:00:10)
+        await fleet.drive(5)  # a hands half over at its next round, b takes it (epoch 2)
+        assert a.partition_handovers == N // 2 and len(b.partitions) == N // 2
+        assert {e.ident for e in b.entries()} == set(range(N // 2, len(names) + 1))
+        await fleet.drive(30)
+        end = fleet.clock.now()
+    finally:
+        await fleet.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [k for name in names for k in expected_slots(name, "@every 10s", T0, end)]
+    assert_exactly_once(counts, expected)  # every slot after the first hold, once
+    old = sorted(set(counts) - set(expected))
+    assert not old, f"{len(old)} slot(s) from before any manager held them, e.g. {old[:4]}"
+
+
+async def test_a_share_taken_after_its_first_holder_was_cut_off_looks_back_to_its_first_hold(
+    pg_url: str,
+    proxied: tuple[str, TcpProxy],
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+) -> None:
+    """A lone first manager is cut off from PostgreSQL seconds after it took every partition;
+    once its leases expire the next manager takes them over and looks back: every slot due
+    since the first hold that the first did not send is sent, once (the look back still covers
+    a move after the first hold), and none due before it (the first hold bounds it, not grace):
+    the ``@every 10s`` schedules had no slot sent yet, so nothing recorded bounds theirs."""
+    await upgrade(pg_url)
+    specs = {f"k{i:02d}": "@every 1s" if i <= 20 else "@every 10s" for i in range(1, 41)}
+    await insert_schedules(pg_url, [(name, spec, {}) for name, spec in specs.items()])
+    common = dict(
+        target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
+        lease_ttl=3, grace=30, sync_interval=600, heartbeat_interval=1, listen=False,
+    )  # fmt: skip
+    cut_url, proxy = proxied
+    fleet = Fleet(VirtualClock(T0))
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        a = await fleet.start("a", Settings(database_url=cut_url, **common))  # type: ignore[arg-type]
+        assert a.partitions == frozenset(range(N))
+        await fleet.drive(3)
+        await proxy.cut()  # a stops sending within its trust, its leases stay in the database
+        await fleet.drive(5)
+        assert not a.partitions and not a.entries()
+        await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second'")
+        await admin.execute(
+            "UPDATE pm_partition_members SET expires_at = now() - interval '1 second'"
+        )
+        b = await fleet.start("b", Settings(database_url=pg_url, **common))  # type: ignore[arg-type]
+        assert b.partitions == frozenset(range(N))  # taken over at epoch 2, first held at T0
+        await fleet.drive(5)
+        end = fleet.clock.now()
+    finally:
+        await fleet.close()
+        await admin.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    expected = [k for name, spec in specs.items() for k in expected_slots(name, spec, T0, end)]
+    assert_exactly_once(counts, expected)  # the seconds nobody sent included
+    old = sorted(set(counts) - set(expected))
+    assert not old, f"{len(old)} slot(s) from before any manager held them, e.g. {old[:4]}"
+
+
 async def test_a_manager_leaves_the_last_good_versions_of_other_partitions_alone(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

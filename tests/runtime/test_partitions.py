@@ -7,7 +7,7 @@ is simulated by moving ``expires_at`` into the past, never by waiting.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -46,10 +46,14 @@ class Recorder:
         self.name = name
         self.leases: PartitionLeases | None = None
         self.events: list[tuple[str, frozenset[int]]] = []
+        self.first_held: dict[int, datetime] = {}
 
-    async def gained(self, partitions: frozenset[int], fresh: frozenset[int]) -> None:
+    async def gained(
+        self, partitions: frozenset[int], fresh: frozenset[int], first_held: Mapping[int, datetime]
+    ) -> None:
         self.events.append(("gained", partitions))
         self.events.append(("fresh", fresh))
+        self.first_held.update(first_held)
 
     async def releasing(self, partitions: frozenset[int]) -> None:
         assert self.leases is not None and not partitions & self.leases.held  # stopped first
@@ -143,7 +147,10 @@ async def test_a_manager_alone_holds_every_partition(make, admin: asyncpg.Connec
     assert a.count == N and a.held == frozenset(range(N)) and a.is_leader
     assert changes == [True]
     assert rec.of("gained") == rec.of("fresh") == set(range(N))  # never held before
+    assert not rec.first_held  # told for partitions held before only
     assert set((await holders(admin)).values()) == {"a"}
+    first = await admin.fetch("SELECT first_held_at FROM pm_partitions")
+    assert {r[0] for r in first} == {T0}  # the taking manager's clock, for every partition
 
 
 async def test_an_epoch_written_at_its_maximum_starts_again_instead_of_failing_every_take(
@@ -264,9 +271,28 @@ async def test_a_joining_manager_takes_its_share_by_a_clean_hand_over(
     assert len(a.held) == len(b.held) == 32
     assert ra.of("releasing") == set(b.held) == rb.of("gained")
     assert not rb.of("fresh")  # held before: b looks back as a takeover does
+    # ... but no further than when a first took them (a's clock then): nobody owes older slots.
+    assert rb.first_held == {p: T0 for p in b.held}
     assert a.handovers == 32 and not ra.of("lost")
     after = {r[0]: r[1] for r in await admin.fetch("SELECT partition, epoch FROM pm_partitions")}
     assert all(after[p] == epochs[p] + 1 for p in b.held)  # a take bumps the fencing epoch
+    first = await admin.fetch("SELECT first_held_at FROM pm_partitions")
+    assert {r[0] for r in first} == {T0}  # a later take keeps the first one's instant
+
+
+async def test_a_partition_held_before_its_first_hold_was_recorded_looks_back_unbounded(
+    make, admin: asyncpg.Connection, clock: VirtualClock
+) -> None:
+    """A partition held before migration 0022 (an epoch, no first_held_at) is neither fresh
+    nor bounded: its next holder looks back the full grace, and nothing is recorded for it."""
+    await admin.execute("UPDATE pm_partitions SET epoch = 7 WHERE partition IN (3, 4)")
+    await clock.advance(5)
+    a, rec = make("a")
+    await a.start(lambda _v: None)
+    assert a.held == frozenset(range(N))
+    assert rec.of("fresh") == set(range(N)) - {3, 4} and not rec.first_held
+    first = {r[0]: r[1] for r in await admin.fetch("SELECT partition, first_held_at FROM pm_partitions")}
+    assert first == {p: None if p in (3, 4) else T0 + timedelta(seconds=5) for p in range(N)}
 
 
 async def test_a_stopping_manager_releases_at_once_and_the_others_take_over(
