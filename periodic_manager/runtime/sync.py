@@ -2,7 +2,11 @@
 
 :class:`Syncer` decides when and how much to read: the first sync runs before the scheduler
 starts, so the database's schedule is live at once; then a sync every ``sync_interval`` and
-whenever one is requested (a change signal, an API edit in the same process); only what changed
+whenever one is requested (a change signal, an API edit in the same process). Where a change
+signal carries the edits (``on_ticks``: LISTEN, MariaDB/MySQL's poll) that periodic sync is a
+safety net and comes on the clock's ticks (:func:`~periodic_manager.clock.next_tick`), in the
+wake-ups of the lease rounds at rest; without one it is how plain-SQL edits are seen, and comes
+``sync_interval`` after the last sync ended (a steady phase from the start). Only what changed
 when the provider can tell (an :class:`~periodic_manager.contracts.IncrementalProvider`), and a
 full read at least every ``full_sync_interval`` and after any failed sync. A provider failure
 keeps every entry and is retried.
@@ -26,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from periodic_manager import gcpolicy
-from periodic_manager.clock import sleep_unless
+from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import (
     ChangeSet,
     Clock,
@@ -341,6 +345,7 @@ class Syncer:
         self._prune = prune  # runs a store call, a failure logged (the publisher's call)
         self.incremental = provider if isinstance(provider, IncrementalProvider) else None
         self.requested = asyncio.Event()
+        self.on_ticks = False  # set by the manager when a change signal carries the edits
         self.lock = asyncio.Lock()  # one sync at a time
         self.last_sync_at: datetime | None = None
         self.last_sync_error: str | None = None
@@ -353,9 +358,12 @@ class Syncer:
 
     async def run(self) -> None:
         while True:
-            # ``interval`` after the last sync ended, not on the clock's ticks: a change is seen
-            # at a steady phase from the start (what docs/operations.md and the tests promise).
-            await sleep_unless(self.clock, self.requested, seconds=self.interval)
+            if self.on_ticks:  # a safety net: with the process's other periodic wake-ups
+                await sleep_unless(self.clock, self.requested, until=next_tick(self.clock.now(), self.interval))
+            else:
+                # ``interval`` after the last sync ended: a plain-SQL edit is seen at a steady
+                # phase from the start (what docs/operations.md and the tests promise).
+                await sleep_unless(self.clock, self.requested, seconds=self.interval)
             self.requested.clear()
             await self.sync()
 

@@ -155,6 +155,43 @@ async def test_an_idle_managers_periodic_loops_wake_together_on_ticks() -> None:
         await mgr.stop()
 
 
+class SilentSignal:
+    """A change signal that never fires (LISTEN on a quiet database)."""
+
+    task = None
+
+    async def start(self, on_change: Any) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+async def test_with_a_change_signal_the_sync_loop_is_on_the_ticks_too() -> None:
+    """Where a change signal carries the edits (LISTEN, MariaDB's poll) the periodic sync is a
+    safety net: it comes on the ticks of its period, in the wake-ups the other loops share,
+    instead of 30 s after the last sync (two wake-ups a minute of its own)."""
+    start = T0 + timedelta(seconds=1.3)
+    clock = Recording(start)
+    yearly = PeriodicTaskConfig.create(name="y", spec="0 0 1 1 *", task_type="t", schedule_id=1)
+    mgr = PeriodicTaskManager(
+        StaticProvider([yearly]), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(),
+        signals=[SilentSignal()], timing=Timing(sync_interval=30, heartbeat_interval=5),
+    )  # fmt: skip
+    await mgr.start()
+    try:
+        await clock.advance(1.2)  # T0 + 2.5
+        mgr.request_sync()  # an edit: sync at once
+        await clock.advance(0)
+        clock.deadlines.clear()
+        await clock.advance(60)
+        window = {d for d in clock.deadlines if d <= T0 + timedelta(seconds=62.5)}
+        assert window == {T0 + timedelta(seconds=5 * k) for k in range(2, 13)}
+        assert mgr.syncer.last_sync_at == T0 + timedelta(seconds=60)  # the tick, not 62.5
+    finally:
+        await mgr.stop()
+
+
 class CountingStore:
     """A FailureStore that answers "no run yet" and counts the schedules it was asked about."""
 
