@@ -348,13 +348,16 @@ class PartitionLeases:
         if len(self._held) > share:
             return {p: self._held[p] for p in sorted(self._held)[share:]}
         if len(self._held) < share:
-            taken = await conn.fetch(
-                TAKE, self.member, self.ttl, share - len(self._held), self.clock.now()
-            )
+            now = self.clock.now()
+            taken = await conn.fetch(TAKE, self.member, self.ttl, share - len(self._held), now)
             gained = {int(r[0]): (int(r[1]), trust) for r in taken}
-            # Untrusted like any column: only an aware instant bounds a look back.
+            # Untrusted like any column: only an aware instant before this take bounds a look
+            # back (a later one, written by hand, would skip the slots up to it: ignored, the
+            # look back is the full grace then).
             first_held = {
-                int(r[0]): r[2] for r in taken if isinstance(r[2], datetime) and r[2].tzinfo
+                int(r[0]): r[2]
+                for r in taken
+                if isinstance(r[2], datetime) and r[2].tzinfo is not None and r[2] <= now
             }
             if gained:
                 self._held.update(gained)

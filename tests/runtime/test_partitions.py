@@ -295,6 +295,22 @@ async def test_a_partition_held_before_its_first_hold_was_recorded_looks_back_un
     assert first == {p: None if p in (3, 4) else T0 + timedelta(seconds=5) for p in range(N)}
 
 
+async def test_a_first_hold_written_in_the_future_bounds_no_look_back(
+    make, admin: asyncpg.Connection, clock: VirtualClock
+) -> None:
+    """``first_held_at`` is data like any column: one later than the take itself (written by
+    hand) would make the takeover skip every slot up to it. It is ignored: the full grace."""
+    await admin.execute(
+        "UPDATE pm_partitions SET epoch = 7, first_held_at = '9999-01-01T00:00:00Z' WHERE partition = 3"
+    )
+    await admin.execute("UPDATE pm_partitions SET epoch = 7, first_held_at = $1 WHERE partition = 4", T0)
+    await clock.advance(5)
+    a, rec = make("a")
+    await a.start(lambda _v: None)
+    assert a.held == frozenset(range(N))
+    assert 3 not in rec.of("fresh") and rec.first_held == {4: T0}
+
+
 async def test_a_stopping_manager_releases_at_once_and_the_others_take_over(
     make, admin: asyncpg.Connection
 ) -> None:
