@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from periodic_manager.pacing import in_turns
 
 # An entry's mark once it is unregistered or replaced: never valid in any bucket again.
 DEAD = -2
+
+
+_B = TypeVar("_B")  # a bucket of filings
+_F = TypeVar("_F")  # a filing
 
 
 class Timed(Protocol):
@@ -104,20 +109,11 @@ class Timetable:
         over most of its partitions: their entries, unregistered, stayed filed (and in memory)
         until their next slot, hours away for most. An entry filed during the pass is kept;
         what is valid is kept as it is (an entry filed twice under one instant included)."""
-        dropped = 0
-        for at, bucket in list(self._buckets.items()):
-            kept: list[Timed] = []
-            filed = bucket.entries
-            seen = len(filed)  # filings appended meanwhile are after these
-            async for span in in_turns(range(seen)):
-                kept.extend(e for e in filed[span[0] : span[-1] + 1] if _valid(e, at))
-            if self._buckets.get(at) is bucket:  # not taken meanwhile
-                dropped += seen - len(kept)
-                bucket.entries = kept + bucket.entries[seen:]
-        empty = [at for at, bucket in self._buckets.items() if not bucket.entries]
-        if empty:
-            for at in empty:
-                del self._buckets[at]
+        def refile(bucket: Bucket, kept: list[Timed]) -> None:
+            bucket.entries = kept
+
+        dropped, emptied = await _forget_stale(self._buckets, lambda b: b.entries, refile, _valid)
+        if emptied:
             self._instants = list(self._buckets)
             heapq.heapify(self._instants)
         return dropped
@@ -125,6 +121,32 @@ class Timetable:
     def __len__(self) -> int:
         """Distinct instants filed (including ones whose entries all moved)."""
         return len(self._instants)
+
+
+async def _forget_stale(
+    buckets: dict[datetime, _B],
+    filed: Callable[[_B], list[_F]],
+    refile: Callable[[_B, list[_F]], None],
+    valid: Callable[[_F, datetime], bool],
+) -> tuple[int, bool]:
+    """The pass of :meth:`Timetable.compact` and :meth:`SendTable.compact`: keep the valid
+    filings of every bucket, in turns with the other tasks. A bucket taken meanwhile is left
+    alone; filings appended to one meanwhile are kept; buckets left empty go. How many filings
+    were forgotten, and whether a bucket went (the heap of instants is rebuilt then)."""
+    dropped = 0
+    for at, bucket in list(buckets.items()):
+        kept: list[_F] = []
+        items = filed(bucket)
+        seen = len(items)  # filings appended meanwhile are after these
+        async for span in in_turns(range(seen)):
+            kept.extend(x for x in items[span[0] : span[-1] + 1] if valid(x, at))
+        if buckets.get(at) is bucket:  # not taken meanwhile
+            dropped += seen - len(kept)
+            refile(bucket, kept + filed(bucket)[seen:])
+    empty = [at for at, bucket in buckets.items() if not filed(bucket)]
+    for at in empty:
+        del buckets[at]
+    return dropped, bool(empty)
 
 
 def _valid(entry: Timed, instant: datetime) -> bool:
@@ -187,19 +209,13 @@ class SendTable:
 
     async def compact(self) -> int:
         """:meth:`Timetable.compact` for the send instants."""
-        dropped = 0
-        for at, bucket in list(self._buckets.items()):
-            kept: list[tuple[Timed, datetime]] = []
-            seen = len(bucket)
-            async for span in in_turns(range(seen)):
-                kept.extend(item for item in bucket[span[0] : span[-1] + 1] if _valid(*item))
-            if self._buckets.get(at) is bucket:
-                dropped += seen - len(kept)
-                bucket[:] = kept + bucket[seen:]
-        empty = [at for at, bucket in self._buckets.items() if not bucket]
-        if empty:
-            for at in empty:
-                del self._buckets[at]
+        def refile(bucket: list[tuple[Timed, datetime]], kept: list[tuple[Timed, datetime]]) -> None:
+            bucket[:] = kept
+
+        dropped, emptied = await _forget_stale(
+            self._buckets, lambda b: b, refile, lambda item, _at: _valid(*item)
+        )
+        if emptied:
             self._instants = list(self._buckets)
             heapq.heapify(self._instants)
         return dropped

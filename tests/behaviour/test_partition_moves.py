@@ -586,20 +586,32 @@ async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition
         await admin.close()
 
 
-async def test_a_lost_partition_is_fenced_at_once_and_its_entries_go_in_turns(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PM_PARTITIONS", "2")
-    many = 2000
+async def lone_manager(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, *, partitions: int, spec: str, many: int
+) -> tuple[Fleet, PeriodicTaskManager]:
+    """A manager alone over ``partitions`` partitions and ``many`` schedules of ``spec`` named
+    l1, l2, ... (ids 1..many), started on a virtual clock: the fleet (to close) and the manager."""
+    monkeypatch.setenv("PM_PARTITIONS", str(partitions))
     await upgrade(pg_url)
-    await insert_schedules(pg_url, [(f"l{i}", "@every 1s", {}) for i in range(1, many + 1)])
+    await insert_schedules(pg_url, [(f"l{i}", spec, {}) for i in range(1, many + 1)])
     settings = Settings(
         database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
         sync_interval=600, heartbeat_interval=5, listen=False,
     )  # fmt: skip
     fleet = Fleet(VirtualClock(T0))
     try:
-        a = await fleet.start("a", settings)
+        return fleet, await fleet.start("a", settings)
+    except BaseException:
+        await fleet.close()
+        raise
+
+
+async def test_a_lost_partition_is_fenced_at_once_and_its_entries_go_in_turns(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    many = 2000
+    fleet, a = await lone_manager(pg_url, monkeypatch, partitions=2, spec="@every 1s", many=many)
+    try:
         assert a.holding is not None and len(a.entries()) == many
         a.holding.lost(frozenset({1}))  # as when its trust ran out
         fenced = a.scheduler.decisions.fenced
@@ -624,17 +636,9 @@ async def test_a_dropped_partitions_entries_leave_the_timetable_and_the_map_at_o
 ) -> None:
     """Unregistered entries used to stay filed (and in memory) until their next slot: a manager
     that handed over most of its partitions kept their memory for hours."""
-    monkeypatch.setenv("PM_PARTITIONS", "4")
     many = 2000
-    await upgrade(pg_url)
-    await insert_schedules(pg_url, [(f"l{i}", "@every 3600s", {}) for i in range(1, many + 1)])
-    settings = Settings(
-        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
-        sync_interval=600, heartbeat_interval=5, listen=False,
-    )  # fmt: skip
-    fleet = Fleet(VirtualClock(T0))
+    fleet, a = await lone_manager(pg_url, monkeypatch, partitions=4, spec="@every 3600s", many=many)
     try:
-        a = await fleet.start("a", settings)
         assert a.holding is not None and len(a.entries()) == many
         timetable = a.scheduler.registered.timetable
         at = timetable.next_instant()
