@@ -19,9 +19,10 @@ looks wake with a round) on an asyncpg connection of its own:
    than ``ttl`` ago (managers starting together, or joining together) takes nothing and waits
    at least one round (``ttl / 3``, then to the next tick) for the others to register; then
    each takes only its share, instead of the first one through a round taking, reading and
-   registering every partition and then handing most of them over. A manager alone (no other registered lately) takes every
-   partition at its first round, without waiting. A manager that registered and died before
-   its first round holds the others back for at most ``ttl`` after it registered;
+   registering every partition and then handing most of them over. A manager alone (no other
+   registered lately) takes every partition at its first round, without waiting. A manager
+   that registered and died before its first round holds the others back for at most ``ttl``
+   after it registered;
 3. **hand over** what is above the share: those partitions stop at once, the handler's
    ``releasing`` waits for a send under way and flushes what was sent, then one conditional
    UPDATE clears the holder (only at the epoch held: a stale holder changes nothing);
