@@ -56,9 +56,10 @@ def is_loopback(host: str) -> bool:
 
 
 def _root_cause(exc: BaseException) -> BaseException:
-    """The most specific error behind SQLAlchemy's and the drivers' wrappers."""
+    """The most specific error behind SQLAlchemy's and the drivers' wrappers. A TimeoutError is
+    a cause of its own: what it wraps (the CancelledError of ``asyncio.timeout``) says less."""
     seen: set[int] = set()
-    while id(exc) not in seen:
+    while id(exc) not in seen and not isinstance(exc, TimeoutError):
         seen.add(id(exc))
         inner = getattr(exc, "orig", None) or exc.__cause__
         if not isinstance(inner, BaseException):

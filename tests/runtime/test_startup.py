@@ -25,8 +25,9 @@ import httpx
 import pytest
 
 from periodic_manager.db.migrate import head_revision, pending, upgrade
+from periodic_manager.runtime import startup
 from tests.conftest import PG_DSN, REDIS_URL, _unavailable
-from tests.support.servers import PostgresServer, free_port
+from tests.support.servers import PostgresServer
 
 CLI = [sys.executable, "-m", "periodic_manager"]
 SERVING = ("run", "api")
@@ -112,11 +113,15 @@ async def test_unusable_database_is_one_line_and_exit_1_for_every_command() -> N
         server.close()
         _unavailable("a private PostgreSQL (initdb, pg_ctl)", exc)
     try:
+        # The refused port stays bound (not listening) until the end: nothing else can take it.
+        refused = socket.socket()
+        refused.bind(("127.0.0.1", 0))
         cases = [
             ('password authentication failed for user "postgres"',
              server.url(password="hidden-secret"), EVERY_COMMAND),
             ("does not exist", f"{PG_DSN}/pm_test_missing_{uuid.uuid4().hex[:8]}", ("migrate", "run")),
-            ("connection refused", f"postgresql://postgres:hidden-secret@127.0.0.1:{free_port()}/x",
+            ("connection refused",
+             f"postgresql://postgres:hidden-secret@127.0.0.1:{refused.getsockname()[1]}/x",
              ("manager", "api")),
         ]
         runs = [
@@ -127,11 +132,25 @@ async def test_unusable_database_is_one_line_and_exit_1_for_every_command() -> N
         results = await asyncio.gather(*(run for *_, run in runs))
     finally:
         server.close()
+        refused.close()
     for (cause, url, command, _), (rc, _, err) in zip(runs, results, strict=True):
         line = assert_one_line_failure(rc, err, cause)
         assert "hidden-secret" not in err, (command, line)
         shown = url.replace("hidden-secret", "***")
         assert f"database {shown}:" in line, (command, line)
+
+
+async def test_a_server_that_never_answers_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port that accepts and never speaks: the check gives up after its bound and says so
+    (not the name of the CancelledError behind the timeout)."""
+    monkeypatch.setattr(startup, "CONNECT_TIMEOUT_S", 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"postgresql://postgres:hidden-secret@127.0.0.1:{silent.getsockname()[1]}/x"
+        with pytest.raises(startup.StartupError) as caught:
+            await startup.check_database(url)
+    assert str(caught.value) == f"database {url.replace('hidden-secret', '***')}: no answer within 1 s"
 
 
 async def test_two_migrate_at_once_on_an_empty_database_both_succeed(admin: asyncpg.Connection) -> None:
