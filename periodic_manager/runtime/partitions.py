@@ -17,12 +17,12 @@ looks wake with a round) on an asyncpg connection of its own:
    ``pm_managers`` less than ``ttl`` ago that are not members yet (between their registration
    and their first round). At its first round a manager that finds another one registered less
    than ``ttl`` ago (managers starting together, or joining together) takes nothing and waits
-   at least one round (``ttl / 3``, then to the next tick) for the others to register; then
-   each takes only its share, instead of the first one through a round taking, reading and
-   registering every partition and then handing most of them over. A manager alone (no other
-   registered lately) takes every partition at its first round, without waiting. A manager
-   that registered and died before its first round holds the others back for at most ``ttl``
-   after it registered;
+   one round (``ttl / 3``, to the instant; its rounds come on ticks after that) for the others
+   to register; then each takes only its share, instead of the first one through a round
+   taking, reading and registering every partition and then handing most of them over. A
+   manager alone (no other registered lately) takes every partition at its first round,
+   without waiting. A manager that registered and died before its first round holds the others
+   back for at most ``ttl`` after it registered;
 3. **hand over** what is above the share: those partitions stop at once, the handler's
    ``releasing`` waits for a send under way and flushes what was sent, then one conditional
    UPDATE clears the holder (only at the epoch held: a stale holder changes nothing);
@@ -254,10 +254,14 @@ class PartitionLeases:
         # Rounds on the clock's ticks (next_tick): at rest the process's other periodic loops
         # (the health look every 15 s, the broker and LISTEN looks every minute) wake with a
         # round instead of on their own. A first round that took nothing (it waits for managers
-        # starting beside it to register) is followed a whole interval later at least, not at a
-        # tick that may be a moment away.
-        first_wait = timedelta(seconds=0 if self._held else self.interval)
-        next_round = next_tick(self.clock.now() + first_wait, self.interval)
+        # starting beside it to register) is followed exactly one interval later: not at a tick
+        # that may be a moment away (too soon for them to register), nor at the tick after the
+        # interval (up to one more interval with no partition held, at every fleet start).
+        now = self.clock.now()
+        if self._held:
+            next_round = next_tick(now, self.interval)
+        else:
+            next_round = now + timedelta(seconds=self.interval)
         while True:
             # Wake for the next round, or earlier when the trust in a lease ends first.
             until = min([next_round, *(t for _, t in self._held.values())])

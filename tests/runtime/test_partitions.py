@@ -237,11 +237,13 @@ async def test_a_manager_that_never_comes_holds_the_others_back_at_most_one_ttl(
     assert b.held == frozenset(range(N))
 
 
-async def test_a_first_round_that_took_nothing_is_followed_a_whole_interval_later(
+async def test_a_first_round_that_took_nothing_is_followed_exactly_one_interval_later(
     make, admin: asyncpg.Connection, clock: VirtualClock
 ) -> None:
-    """Rounds come on the clock's ticks, but the wait for managers starting together is a whole
-    round at least: a tick a moment after the first round would not give them time to register."""
+    """Rounds come on the clock's ticks, but the wait for managers starting together is one
+    whole round, to the instant: a tick a moment after the first round would not give them time
+    to register, and the tick after the whole round would leave every partition unheld for up to
+    one more round at every fleet start."""
     await register(admin, "late")  # another manager starting: b's first round takes nothing
     b, _ = make("b", ttl=3.0)  # rounds every second, on whole seconds
     clock.set(T0 + timedelta(seconds=0.9))  # the next tick is 0.1 s away
@@ -250,7 +252,7 @@ async def test_a_first_round_that_took_nothing_is_followed_a_whole_interval_late
     await clock.advance_to(T0 + timedelta(seconds=1.5))  # past a tick, not a whole round yet
     await asyncio.sleep(0.1)  # a round would answer from the real database meanwhile
     assert not b.held
-    await clock.advance_to(T0 + timedelta(seconds=2))  # the first tick a whole round later
+    await clock.advance_to(T0 + timedelta(seconds=1.9))  # a whole round later, before a tick
 
     await eventually(lambda: len(b.held) == 32, "b takes its share at the round after the wait")
 
