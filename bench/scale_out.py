@@ -72,6 +72,7 @@ class Result:
     managers: int
     schedules: int
     started_s: list[float] = field(default_factory=list)  # spawn -> "started with" line
+    held_s: float = math.nan  # first spawn -> every partition held under a live lease
     settled_s: list[float] = field(default_factory=list)  # spawn -> last change before settled
     entries: list[int] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
@@ -95,15 +96,17 @@ def rss_mb(pid: int) -> float:
     return math.nan
 
 
-def manager_env(db: str, prefix: str, ttl: float) -> dict[str, str]:
-    return {
+def manager_env(db: str, prefix: str, ttl: float | None) -> dict[str, str]:
+    env = {
         "PM_DATABASE_URL": db,
         "PM_TARGET": "redis",
         "PM_REDIS_URL": REDIS,
         "PM_STREAM_PREFIX": prefix,
         "PM_COORDINATION": "partitions",
-        "PM_LEASE_TTL": str(ttl),
     }
+    if ttl is not None:
+        env["PM_LEASE_TTL"] = str(ttl)
+    return env
 
 
 async def wait_until(what: str, seconds: float, check, every: float = POLL_S) -> float:  # type: ignore[no-untyped-def]
@@ -119,13 +122,15 @@ async def wait_until(what: str, seconds: float, check, every: float = POLL_S) ->
 
 async def settle(
     conn: asyncpg.Connection, procs: list[ManagerProcess], n: int, parts: int
-) -> dict[int, tuple[float, int, int]]:
+) -> tuple[dict[int, tuple[float, int, int]], float]:
     """Poll until every partition is held fairly and the entries sum to ``n``; per pid, when its
-    (entries, partitions) last changed and their final values."""
+    (entries, partitions) last changed and their final values; and when every partition was
+    first held (by any of them)."""
     pids = {p.pid for p in procs}
     share = math.ceil(parts / len(procs))
     seen: dict[int, tuple[int, int]] = {}
     changed: dict[int, float] = {}
+    all_held = [math.nan]
 
     async def settled() -> bool:
         now = time.time()
@@ -138,6 +143,8 @@ async def settle(
             if seen.get(pid) != value:
                 seen[pid] = value
                 changed[pid] = now
+        if math.isnan(all_held[0]) and sum(h for _, h in rows.values()) == parts:
+            all_held[0] = now
         return (
             set(rows) == pids
             and sum(h for _, h in rows.values()) == parts
@@ -147,7 +154,7 @@ async def settle(
         )
 
     await wait_until("every partition held fairly and every schedule registered", 300, settled)
-    return {pid: (changed[pid], *seen[pid]) for pid in pids}
+    return {pid: (changed[pid], *seen[pid]) for pid in pids}, all_held[0]
 
 
 async def stream_len(client: aioredis.Redis, stream: str) -> int:
@@ -179,7 +186,8 @@ async def one(k: int, n: int, args: argparse.Namespace, tmp: Path) -> Result:
                 spawned_at = time.time()
                 p.start()
                 spawned[p.pid] = spawned_at
-            final = await settle(conn, procs, n, args.partitions)
+            final, all_held = await settle(conn, procs, n, args.partitions)
+            res.held_s = all_held - min(spawned.values())
             for p in procs:
                 line = next(ln for ln in p.log().splitlines() if "started with" in ln)
                 res.started_s.append(log_time(line).timestamp() - spawned[p.pid])
@@ -324,10 +332,10 @@ def describe() -> list[str]:
 
 def table(results: list[Result], empty_mb: float, args: argparse.Namespace) -> list[str]:
     out = [
-        '| managers | schedules per manager | partitions per manager | spawn -> "started with" | spawn -> settled (entries and partitions final) '
+        '| managers | schedules per manager | partitions per manager | spawn -> "started with" | first spawn -> every partition held | spawn -> settled (entries and partitions final) '
         "| RSS per manager settled | RSS above an empty manager | RSS after the burst | burst: first / last message after the slot "
         "| tasks/s | Redis-only floor | last / floor | state rows of the slot written (+ as many history rows), slot -> last | SIGKILL -> every partition held | SIGKILL -> every schedule registered |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         ok = r.sent == r.schedules
@@ -339,7 +347,7 @@ def table(results: list[Result], empty_mb: float, args: argparse.Namespace) -> l
         reregistered = "-" if r.managers < 2 else f"{r.reregistered_s:.2f} s"
         out.append(
             f"| {r.managers} | {span([float(e) for e in r.entries], '{:,.0f}')} | {span([float(p) for p in r.partitions], '{:.0f}')} "
-            f"| {span(r.started_s)} s | {span(r.settled_s)} s | {span(r.rss_mb, '{:.0f}')} MB "
+            f"| {span(r.started_s)} s | {r.held_s:.2f} s | {span(r.settled_s)} s | {span(r.rss_mb, '{:.0f}')} MB "
             f"| {span([x - empty_mb for x in r.rss_mb], '{:.0f}')} MB | {span(r.rss_burst_mb, '{:.0f}')} MB | {burst} "
             f"| {r.schedules / r.last_s:,.0f} | {r.floor_s:.2f} s | {r.last_s / r.floor_s:.2f} | {stored} "
             f"| {handover} | {reregistered} |"
@@ -347,7 +355,7 @@ def table(results: list[Result], empty_mb: float, args: argparse.Namespace) -> l
     out += [
         "",
         f"{args.schedules:,} schedules `@every {args.period}s` (all due at one instant), {args.partitions} partitions, "
-        f"PM_LEASE_TTL={args.lease_ttl:g}; one manager holding no schedule: {empty_mb:.0f} MB RSS.",
+        f"PM_LEASE_TTL={'default' if args.lease_ttl is None else f'{args.lease_ttl:g}'}; one manager holding no schedule: {empty_mb:.0f} MB RSS.",
         "Per manager figures are ranges over the managers of the run (min-max).",
     ]
     return out
@@ -384,7 +392,10 @@ if __name__ == "__main__":
         "--partitions", type=int, default=64, help="PM_PARTITIONS at migrate (default 64)"
     )
     parser.add_argument(
-        "--lease-ttl", type=float, default=10.0, help="PM_LEASE_TTL, seconds (default 10)"
+        "--lease-ttl",
+        type=float,
+        default=None,
+        help="PM_LEASE_TTL, seconds (default: not set, the product's default)",
     )
     parser.add_argument(
         "--period",

@@ -88,12 +88,14 @@ TAKE = """UPDATE pm_partitions SET holder = $1,
     RETURNING partition, epoch, first_held_at"""
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
+EXPIRY_MARGIN_S = 0.05  # a round for another holder's expiry comes this long after it
 # A round's renewal and counts in one statement (one round trip at rest). It renews ($1 member,
 # $2/$3 the held pairs, $4 the TTL), renews this member's row, forgets members dead for $5
 # seconds, and reads: the partitions renewed; the live members; (recent, coming): the other
 # managers registered less than the TTL ago, and those of them that are not members yet (their
 # first round is still to come); whether a session holds the advisory lock of leader mode ($6,
-# $7: its bigint key's high and low halves). Every part sees the snapshot the statement started
+# $7: its bigint key's high and low halves); the seconds until the next expiry of a lease held by
+# another manager (a dead holder's stops moving: a round comes right after it). Every part sees the snapshot the statement started
 # from: this member counts itself once among the live whether its row is there yet or not, and
 # is never among the dead forgotten. started_at is the other managers' own clock: a skewed clock
 # only makes these counts wrong for a while, never a lease (fair shares are an economy of
@@ -101,7 +103,7 @@ COUNT = "SELECT count(*) FROM pm_partitions"
 # statement's snapshot saw it, before the heartbeat it may carry.
 def _round(beat: bool) -> str:
     """The round's statement; with ``beat``, the manager's heartbeat too (``db.store.beat_ctes``,
-    its parameters from $8 on), and its sixth column is the number of manager rows beaten (0:
+    its parameters from $8 on), and its seventh column is the number of manager rows beaten (0:
     this manager's row is gone)."""
     beat_ctes = ""
     beaten = ""
@@ -121,7 +123,9 @@ def _round(beat: bool) -> str:
     c.recent, c.coming,
     EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
         AND objsubid = 1 AND classid::bigint = $6 AND objid::bigint = $7
-        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())){beaten}
+        AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+    (SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM pm_partitions
+        WHERE holder <> $1 AND expires_at > now()){beaten}
     FROM (SELECT count(*) AS recent, count(*) FILTER (WHERE NOT EXISTS (
         SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id AND p.expires_at > now()))
         AS coming
@@ -192,6 +196,7 @@ class PartitionLeases:
         self._first = True  # no round has counted the managers yet
         self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
         self._beat: CarriedBeat | None = None  # the manager's heartbeat, written by every round
+        self._next_expiry: datetime | None = None  # another holder's next lease expiry (local clock)
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -257,6 +262,9 @@ class PartitionLeases:
         # starting beside it to register) is followed exactly one interval later: not at a tick
         # that may be a moment away (too soon for them to register), nor at the tick after the
         # interval (up to one more interval with no partition held, at every fleet start).
+        # Another holder's lease that expires before the next round brings a round right after
+        # it: a dead manager's partitions are taken at its TTL, not up to one round later (a
+        # live holder renews before: its expiry moves on and this never comes at rest).
         now = self.clock.now()
         if self._held:
             next_round = next_tick(now, self.interval)
@@ -264,10 +272,12 @@ class PartitionLeases:
             next_round = now + timedelta(seconds=self.interval)
         while True:
             # Wake for the next round, or earlier when the trust in a lease ends first.
-            until = min([next_round, *(t for _, t in self._held.values())])
+            expiry = self._next_expiry
+            until = min([next_round, *(t for _, t in self._held.values()), *([expiry] if expiry else [])])
             await self.clock.sleep_until(until)
             self._expire()
-            if self.clock.now() >= next_round:
+            now = self.clock.now()
+            if now >= next_round or (expiry is not None and now >= expiry):
                 await self.round()
                 next_round = next_tick(self.clock.now(), self.interval)
 
@@ -280,6 +290,7 @@ class PartitionLeases:
         """One round: renew, count members, hand over or take (public for tests)."""
         async with self._round:
             started = self.clock.now()
+            self._next_expiry = None  # a round that fails waits for no expiry (no busy loop)
             excess: dict[int, tuple[int, datetime]] = {}
             try:
                 # Bounded: a round that hangs must not outlive the trust of what is held
@@ -322,8 +333,16 @@ class PartitionLeases:
                 self._beat.missed()
             raise
         if beat is not None and self._beat is not None:
-            self._beat.written(bool(row[5]))
+            self._beat.written(bool(row[6]))
         renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
+        # Measured from after the answer, so the database's expiry has passed when the round
+        # comes; an expiry further than one TTL away was written by hand and is not waited for.
+        until = row[5]
+        self._next_expiry = (
+            self.clock.now() + timedelta(seconds=float(until) + EXPIRY_MARGIN_S)
+            if isinstance(until, float) and 0 <= until <= self.ttl
+            else None
+        )
         if asked:
             # A partition whose trust ended while the renewal was in flight (the send path
             # dropped it, :meth:`expire`) stays dropped: its lease is left to expire.

@@ -424,6 +424,31 @@ def test_partitions_read_as_compact_ranges() -> None:
     assert ranges_text([]) == ""
 
 
+async def test_a_dead_managers_partitions_are_taken_right_after_their_expiry_not_a_round_later(
+    make, admin: asyncpg.Connection, clock: VirtualClock
+) -> None:
+    """A round comes right after another holder's lease expires (what the last round read), not
+    at the next tick: after a SIGKILL the partitions are held again at TTL + a moment, not TTL +
+    up to one round."""
+    await admin.execute(
+        "UPDATE pm_partitions SET holder = 'dead', epoch = epoch + 1,"
+        " expires_at = now() + interval '2 seconds' WHERE partition < 32"
+    )
+    await admin.execute("INSERT INTO pm_partition_members VALUES ('dead', now() + interval '2 seconds')")
+    b, _ = make("b", ttl=9.0)  # rounds every 3 s, on the clock's ticks: T0 + 3 s is the next
+    await b.start(lambda _v: None)
+    assert b.held == frozenset(range(32, N))
+    # The database's time passes the dead manager's expiry (moved there: no test waits for it).
+    await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second' WHERE holder = 'dead'")
+    await admin.execute("UPDATE pm_partition_members SET expires_at = now() - interval '1 second'")
+    await clock.advance_to(T0 + timedelta(seconds=1.5))
+    await asyncio.sleep(0.1)  # a round would answer from the real database meanwhile
+    assert b.held == frozenset(range(32, N))  # before the expiry the last round read: no round
+    await clock.advance_to(T0 + timedelta(seconds=2.5))  # after it, before the tick at 3 s
+
+    await eventually(lambda: b.held == frozenset(range(N)), "b takes them right after the expiry")
+
+
 async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer_changes_nothing(
     make, clock: VirtualClock
 ) -> None:
