@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +21,7 @@ from periodic_manager.api.app import create_app
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.settings import Settings
+from tests.support.servers import free_port
 
 CLI = [sys.executable, "-m", "periodic_manager"]
 
@@ -108,12 +108,6 @@ def test_migrate_upgrades_a_fresh_postgresql_database(pg_url: str) -> None:
         return names
 
     assert {"periodic_jobs", "pm_outbox", "pm_entries", "pm_managers", "alembic_version"} <= asyncio.run(tables())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def poll(check: Callable[[], Awaitable[bool]], seconds: float = 20.0) -> None:

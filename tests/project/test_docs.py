@@ -40,7 +40,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import sqlite3
 import subprocess
 import symtable
@@ -64,6 +63,7 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import EXTRA_CHECKS, OPTION_CHECKS
 from periodic_manager.settings import Settings
 from tests.support import ROOT
+from tests.support.servers import free_port
 
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
@@ -961,12 +961,6 @@ def check_checker(name: str, args: list[str], where: str) -> None:
 
 EXAMPLE_LANGS = ("sh", "json", "sql", "yaml", "toml")
 EXAMPLE_PAGES = [p for p in CHECKED_PAGES if any(b.lang in EXAMPLE_LANGS for b in blocks(p))]
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
