@@ -25,7 +25,10 @@ looks wake with a round) on an asyncpg connection of its own:
    back for at most ``ttl`` after it registered;
 3. **hand over** what is above the share: those partitions stop at once, the handler's
    ``releasing`` waits for a send under way and flushes what was sent, then one conditional
-   UPDATE clears the holder (only at the epoch held: a stale holder changes nothing);
+   UPDATE clears the holder (only at the epoch held: a stale holder changes nothing) and
+   NOTIFYs ``pm_partitions_freed``: the other managers' lease connections listen, and a round
+   comes at once, so a joiner's share or a leaver's partitions are taken within a round trip,
+   not at the next tick (without LISTEN, e.g. CockroachDB, at the next tick);
 4. **take** what is missing to the share from free or expired partitions, in one conditional
    UPDATE that bumps their epochs. A partition taken for the first time (epoch 0) records
    ``first_held_at``: this manager's clock at the take, the clock its first slots are judged
@@ -60,7 +63,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from periodic_manager.clock import SystemClock, next_tick
+from periodic_manager.clock import SystemClock, next_tick, sleep_unless
 from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
 from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
@@ -71,8 +74,12 @@ log = logging.getLogger(__name__)
 _HELD = "(partition, epoch) IN (SELECT * FROM unnest($2::int[], $3::bigint[]))"
 RENEW = f"""UPDATE pm_partitions SET expires_at = now() + make_interval(secs => $4),
     renewed_at = now() WHERE holder = $1 AND {_HELD} RETURNING partition"""
-RELEASE = f"""UPDATE pm_partitions SET holder = NULL, expires_at = NULL
-    WHERE holder = $1 AND {_HELD}"""
+# Partitions handed over are announced on FREED (payload: the manager that freed them): the other
+# managers' lease connections listen, and a round comes at once instead of at their next tick.
+FREED = "pm_partitions_freed"
+RELEASE = f"""WITH released AS (UPDATE pm_partitions SET holder = NULL, expires_at = NULL
+    WHERE holder = $1 AND {_HELD} RETURNING partition)
+    SELECT pg_notify('{FREED}', $1) FROM released LIMIT 1"""
 # The epoch is untrusted like any column: one written at bigint's maximum starts again at 1 (a
 # holder of that partition's old epoch lost it long ago), instead of failing every take. A
 # partition never held (epoch 0) gets its first_held_at: $4, the taking manager's clock (the
@@ -197,6 +204,8 @@ class PartitionLeases:
         self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
         self._beat: CarriedBeat | None = None  # the manager's heartbeat, written by every round
         self._next_expiry: datetime | None = None  # another holder's next lease expiry (local clock)
+        self._freed = asyncio.Event()  # another manager handed partitions over (FREED)
+        self._listen_failed = False  # LISTEN refused (e.g. CockroachDB): rounds on ticks alone
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -244,12 +253,14 @@ class PartitionLeases:
         await cancel_loop(self._task, self.ttl)
         self._task = None
         async with self._round:
-            held = dict(self._held)
-            if held:
-                await self._hand_over(held)
+            # Leave first: the round that the hand-over's notification brings the others counts
+            # this manager out already, and takes every partition it freed.
             with contextlib.suppress(Exception):
                 if self._conn is not None:
                     await asyncio.wait_for(self._conn.execute(LEAVE, self.member), self.interval)
+            held = dict(self._held)
+            if held:
+                await self._hand_over(held)
             await self._report()
             self._drop_connection()
 
@@ -270,14 +281,16 @@ class PartitionLeases:
             next_round = next_tick(now, self.interval)
         else:
             next_round = now + timedelta(seconds=self.interval)
+        # Partitions handed over by another manager (FREED) bring a round at once too.
         while True:
             # Wake for the next round, or earlier when the trust in a lease ends first.
             expiry = self._next_expiry
             until = min([next_round, *(t for _, t in self._held.values()), *([expiry] if expiry else [])])
-            await self.clock.sleep_until(until)
+            freed = await sleep_unless(self.clock, self._freed, until=until)
+            self._freed.clear()
             self._expire()
             now = self.clock.now()
-            if now >= next_round or (expiry is not None and now >= expiry):
+            if freed or now >= next_round or (expiry is not None and now >= expiry):
                 await self.round()
                 next_round = next_tick(self.clock.now(), self.interval)
 
@@ -473,7 +486,17 @@ class PartitionLeases:
             self._count = int(await self._conn.fetchval(COUNT))
             if self._count == 0:
                 raise RuntimeError("pm_partitions has no rows: run `periodic-manager migrate`")
+            try:
+                await self._conn.add_listener(FREED, self._on_freed)
+            except Exception as exc:  # noqa: BLE001 - a server without LISTEN: rounds on ticks
+                if not self._listen_failed:
+                    log.info("partition leases: no LISTEN (%s); freed partitions are taken at the next round", exc)
+                self._listen_failed = True
         return self._conn
+
+    def _on_freed(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload != self.member:  # a manager's own hand-over wakes only the others
+            self._freed.set()
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
