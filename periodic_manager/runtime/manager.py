@@ -225,8 +225,8 @@ class PeriodicTaskManager:
             self.tasks.watch(signal.task)
         self._running = True
         self.tasks.spawn(self.scheduler.run(), "scheduler")
-        self.syncer.on_ticks = bool(self.signals)  # edits come by signal: the loop is a safety net
-        self.tasks.spawn(self.syncer.run(), "sync-loop")
+        # Edits come by signal: the loop is a safety net.
+        self.tasks.spawn(self.syncer.run(on_ticks=bool(self.signals)), "sync-loop")
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         if isinstance(self.target, Forgetful):
             self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")

@@ -345,7 +345,6 @@ class Syncer:
         self._prune = prune  # runs a store call, a failure logged (the publisher's call)
         self.incremental = provider if isinstance(provider, IncrementalProvider) else None
         self.requested = asyncio.Event()
-        self.on_ticks = False  # set by the manager when a change signal carries the edits
         self.lock = asyncio.Lock()  # one sync at a time
         self.last_sync_at: datetime | None = None
         self.last_sync_error: str | None = None
@@ -356,9 +355,11 @@ class Syncer:
         """Ask for a sync as soon as possible (non-blocking; bursts coalesce into one sync)."""
         self.requested.set()
 
-    async def run(self) -> None:
+    async def run(self, *, on_ticks: bool = False) -> None:
+        """Sync every ``interval`` (and at once when asked). ``on_ticks``: a change signal
+        carries the edits, so this loop is a safety net and comes on the clock's ticks."""
         while True:
-            if self.on_ticks:  # a safety net: with the process's other periodic wake-ups
+            if on_ticks:  # a safety net: with the process's other periodic wake-ups
                 await sleep_unless(self.clock, self.requested, until=next_tick(self.clock.now(), self.interval))
             else:
                 # ``interval`` after the last sync ended: a plain-SQL edit is seen at a steady
