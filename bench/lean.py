@@ -17,6 +17,12 @@ and times it beside floors measured in the same run:
 - RSS (/proc/<pid>/status) at "started" and at rest (1 s after quiet).
 - CPU-s to "started": the command's own CPU from spawn to the line (less moved by a loaded
   machine than the wall times: compare two commands by it there).
+- ``--probe`` (coldstart): the machine's own speed during each start. This VM's CPUs run the same
+  work 1.3-1.7x slower for seconds at a time (the host's other guests; no ``steal`` shows it,
+  no work in the guest causes it), and a start's CPU-s follow (bench/lean.txt, "two kinds of
+  start"). A process pinned to each CPU times a fixed loop every 50 ms (~5 % of each core);
+  the row gives that loop's CPU time during the start and the start's CPU in such loops (the
+  work, whatever the machine's speed of the moment: compare commands by it).
 - rest: 10,000 schedules none of which is due during the run; CPU-seconds the command uses per
   minute once quiet (after 5 s more), and its RSS.
 - sync (in-process, kept because no command exposes it): the cost of a sync of 100,000 rows when
@@ -38,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -61,6 +68,21 @@ QUIET_SHARE = 0.10  # of a core
 QUIET_WINDOW = 3.0  # s: longer than a wait on the database between two busy moments
 SAMPLE = 0.1  # s
 REST_ROWS = 10_000
+PROBE_EVERY = 0.05  # s
+# Pinned to one CPU, time (CPU-s) a fixed loop every PROBE_EVERY s; one line "<epoch> <CPU-s>"
+# per loop, flushed, to the file named.
+PROBE_CODE = f"""
+import os, sys, time
+os.sched_setaffinity(0, {{int(sys.argv[1])}})
+with open(sys.argv[2], "a", buffering=1) as out:
+    while True:
+        t, c0 = time.time(), time.process_time()
+        x = 0
+        for i in range(15_000):
+            x += i ^ 5
+        out.write(f"{{t}} {{time.process_time() - c0}}\\n")
+        time.sleep({PROBE_EVERY})
+"""
 DAILY = "(g % 60) || ' ' || (g / 60 % 24) || ' * * *'"
 YEARLY = "(g % 60) || ' ' || (g / 60 % 24) || ' 1 1 *'"  # 1 January: none due in a run
 
@@ -145,6 +167,37 @@ async def clear_prefix(prefix: str) -> None:
     await client.aclose()
 
 
+class SpeedProbe:
+    """The machine's speed as one fixed loop's CPU time, timed on every CPU (see --probe)."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="pmlean-probe")
+        self.procs = [
+            subprocess.Popen([sys.executable, "-c", PROBE_CODE, str(cpu), f"{self.dir}/{cpu}"])
+            for cpu in sorted(os.sched_getaffinity(0))
+        ]
+        time.sleep(1.0)  # started and looping
+
+    def loop_ms(self, since: float, until: float) -> float:
+        """The mean CPU time of the loop, in ms, over the samples taken between two epochs."""
+        taken = []
+        for name in os.listdir(self.dir):
+            with open(f"{self.dir}/{name}") as f:
+                for line in f:
+                    t, c = line.split()
+                    if since <= float(t) <= until:
+                        taken.append(float(c))
+        return statistics.mean(taken) * 1000 if taken else float("nan")
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        for name in os.listdir(self.dir):
+            os.unlink(f"{self.dir}/{name}")
+        os.rmdir(self.dir)
+
+
 # -- the spawned command ----------------------------------------------------------------------
 
 
@@ -186,6 +239,7 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
         "PM_LOG_LEVEL": "INFO",
     }
     lines: queue.Queue[tuple[float, str | None]] = queue.Queue()
+    out: dict[str, Any] = {"db": db, "since": time.time()}
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         COMMAND, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -198,7 +252,6 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
         lines.put((time.perf_counter(), None))  # the command ended
 
     threading.Thread(target=drain, daemon=True).start()
-    out: dict[str, Any] = {"db": db}
     try:
         said: list[str] = []
         while True:
@@ -208,6 +261,7 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
             said.append(line)
             if "started with" in line:
                 out["start"] = at - t0
+                out["until"] = out["since"] + out["start"]
                 out["entries"] = int(line.split("started with ")[1].split()[0])
                 break
         started = time.perf_counter()
@@ -254,7 +308,7 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
 # -- parts --------------------------------------------------------------------------------------
 
 
-def coldstart(sizes: list[int], repeat: int, db_prefix: str) -> None:
+def coldstart(sizes: list[int], repeat: int, db_prefix: str, probe: bool = False) -> None:
     empty_db = f"{db_prefix}_1"
     make_db(empty_db, 1, DAILY)
     for n in sizes:
@@ -264,8 +318,10 @@ def coldstart(sizes: list[int], repeat: int, db_prefix: str) -> None:
         "| schedules | start (spawn -> \"started\") | empty start (1 row) | fetch floor | goal: <= empty + 2x floor"
         " | (start - empty) / floor | verdict | quiet after \"started\" | goal | verdict"
         " | CPU-s to \"started\" | CPU-s after \"started\" | RSS at start / at rest |"
+        + (" probe loop during the start | CPU to \"started\" in probe loops |" if probe else "")
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if probe else ""), flush=True)
+    speed = SpeedProbe() if probe else None
     results: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
     for _ in range(repeat):
         for n in sizes:
@@ -275,6 +331,8 @@ def coldstart(sizes: list[int], repeat: int, db_prefix: str) -> None:
             r = spawn(db)
             floor = min(floor_before, asyncio.run(fetch_floor(db)))
             r.update(empty=empty["start"], floor=floor)
+            if speed is not None:
+                r["probe_ms"] = speed.loop_ms(r["since"], r["until"])
             results[n].append(r)
             print(row(n, r), flush=True)
     if repeat > 1:
@@ -284,7 +342,12 @@ def coldstart(sizes: list[int], repeat: int, db_prefix: str) -> None:
             quiets = [x["quiet"] for x in runs]
             med["quiet"] = None if None in quiets else statistics.median(quiets)
             med["entries"] = runs[0]["entries"]
+            if speed is not None:
+                med["probe_ms"] = statistics.median(x["probe_ms"] for x in runs)
+                med["loops"] = statistics.median(x["cpu_at_start"] / x["probe_ms"] for x in runs)
             print(row(n, med, label=f"{n:,} (median of {len(runs)})"), flush=True)
+    if speed is not None:
+        speed.close()
     print()
     for n in sizes:
         asyncio.run(drop_db(f"{db_prefix}_{n}"))
@@ -297,6 +360,10 @@ def row(n: int, r: dict[str, Any], label: str | None = None) -> str:
     ratio = (r["start"] - r["empty"]) / r["floor"]
     quiet = r["quiet"]
     quiet_text = "not within the timeout" if quiet is None else f"{quiet:.2f} s"
+    probe = ""
+    if "probe_ms" in r:
+        loops = r.get("loops", r["cpu_at_start"] / r["probe_ms"])  # CPU-s / ms: thousands
+        probe = f" {r['probe_ms']:.2f} ms | {loops * 1000:,.0f} |"
     if n <= 100_000:
         quiet_goal, quiet_ok = "<= 2 s", verdict(quiet is not None and quiet <= 2.0)
     else:
@@ -305,6 +372,7 @@ def row(n: int, r: dict[str, Any], label: str | None = None) -> str:
         f"| {label or f'{n:,}'} | {r['start']:.2f} s | {r['empty']:.2f} s | {r['floor']:.2f} s | <= {goal:.2f} s"
         f" | {ratio:.2f} | {verdict(ok)} | {quiet_text} | {quiet_goal} | {quiet_ok}"
         f" | {r['cpu_at_start']:.2f} | {r['cpu_to_quiet']:.2f} | {r['rss_start']:.0f} / {r['rss_rest']:.0f} MB |"
+        + probe
     )
 
 
@@ -365,6 +433,10 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rest-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--probe", action="store_true",
+        help="coldstart: time a fixed loop on every CPU during each start (the machine's speed; ~5 %% of each core)",
+    )
     parser.add_argument("--command", default=None, help="the periodic-manager executable (default: this venv's)")
     parser.add_argument("--db-prefix", default="pm_lean", help="databases made (and dropped): <prefix>_<rows>")
     parser.add_argument(
@@ -385,7 +457,7 @@ def main() -> None:
         flush=True,
     )
     if args.part in ("coldstart", "all"):
-        coldstart(sizes, args.repeat, args.db_prefix)
+        coldstart(sizes, args.repeat, args.db_prefix, probe=args.probe)
     if args.part in ("rest", "all"):
         rest(args.repeat, args.db_prefix, args.rest_seconds)
     if args.part in ("sync", "all"):
