@@ -102,8 +102,10 @@ EXPIRY_MARGIN_S = 0.05  # a round for another holder's expiry comes this long af
 # managers registered less than the TTL ago, and those of them that are not members yet (their
 # first round is still to come); whether a session holds the advisory lock of leader mode ($6,
 # $7: its bigint key's high and low halves); the seconds until the next expiry of a lease held by
-# another manager (a dead holder's stops moving: a round comes right after it). Every part sees the snapshot the statement started
-# from: this member counts itself once among the live whether its row is there yet or not, and
+# another manager within the TTL (a dead holder's stops moving: a round comes right after it;
+# expires_at is a column like any: one far off, or 'infinity', which no subtraction takes, is
+# left out before it is subtracted). Every part sees the snapshot the statement started from:
+# this member counts itself once among the live whether its row is there yet or not, and
 # is never among the dead forgotten. started_at is the other managers' own clock: a skewed clock
 # only makes these counts wrong for a while, never a lease (fair shares are an economy of
 # memory; the epochs are the safety). The manager's heartbeat row in pm_managers is read as the
@@ -132,7 +134,8 @@ def _round(beat: bool) -> str:
         AND objsubid = 1 AND classid::bigint = $6 AND objid::bigint = $7
         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
     (SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM pm_partitions
-        WHERE holder <> $1 AND expires_at > now()){beaten}
+        WHERE holder <> $1 AND expires_at > now()
+        AND expires_at <= now() + make_interval(secs => $4)){beaten}
     FROM (SELECT count(*) AS recent, count(*) FILTER (WHERE NOT EXISTS (
         SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id AND p.expires_at > now()))
         AS coming
@@ -349,7 +352,7 @@ class PartitionLeases:
             self._beat.written(bool(row[6]))
         renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
         # Measured from after the answer, so the database's expiry has passed when the round
-        # comes; an expiry further than one TTL away was written by hand and is not waited for.
+        # comes (the statement reads only expiries within the TTL: checked here once more).
         until = row[5]
         self._next_expiry = (
             self.clock.now() + timedelta(seconds=float(until) + EXPIRY_MARGIN_S)

@@ -468,6 +468,22 @@ async def test_a_dead_managers_partitions_are_taken_right_after_their_expiry_not
     await eventually(lambda: b.held == frozenset(range(N)), "b takes them right after the expiry")
 
 
+async def test_a_lease_written_to_expire_at_infinity_stops_no_round(
+    make, admin: asyncpg.Connection
+) -> None:
+    """expires_at is a column like any: 'infinity' (which no subtraction takes) in another
+    holder's leases leaves the rounds working; those partitions stay that holder's."""
+    await admin.execute(
+        "UPDATE pm_partitions SET holder = 'ghost', epoch = epoch + 1, expires_at = 'infinity'"
+        " WHERE partition < 2"
+    )
+    b, _ = make("b")
+    await b.start(lambda _v: None)
+    await rounds(b)
+    assert b._last_error is None
+    assert b.held == frozenset(range(2, N))
+
+
 async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer_changes_nothing(
     make, clock: VirtualClock
 ) -> None:
