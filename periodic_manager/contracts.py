@@ -519,10 +519,11 @@ class RuntimeStore(Protocol):
 
     async def heartbeat(
         self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
-    ) -> None:
-        """Update the manager's row (one write); with ``reap_before``, also remove the managers
-        whose heartbeat is older, as :meth:`reap` does, in the same transaction (a beat at rest
-        costs one round of statements, not two)."""
+    ) -> int:
+        """Update the manager's row (one write); with ``reap_before``, also count the other
+        managers whose heartbeat is older (a beat at rest costs one round of statements, not
+        two). The count is returned: the caller removes them apart, with :meth:`reap` (a dead
+        manager's entries never weigh on a heartbeat)."""
         ...
 
     async def apply_entries(
@@ -587,8 +588,9 @@ class CarriedBeat(Protocol):
         this time (the heartbeat writes its own)."""
         ...
 
-    def written(self, beaten: bool) -> None:
-        """The statement carrying the values ran; ``beaten`` False: the manager's row was gone."""
+    def written(self, beaten: bool, dead: int) -> None:
+        """The statement carrying the values ran; ``beaten`` False: the manager's row was gone;
+        ``dead``: how many other managers are due for reaping (removed apart)."""
         ...
 
     def missed(self) -> None:

@@ -43,7 +43,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, literal_column, or_, select, text, update
+from sqlalchemy import (
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -139,27 +150,30 @@ class DatabaseRuntimeStore:
 
     async def heartbeat(
         self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
-    ) -> None:
-        """Update the manager's row (one UPDATE), and with ``reap_before`` remove the managers
-        whose heartbeat is older (:meth:`reap`) in the same transaction: one checkout and one
-        commit per beat (on PostgreSQL one statement in autocommit: a single round trip, the
-        cost of a manager at rest). NotFoundError if the row is gone (reaped). The statements
-        are :func:`beat_statements` (on PostgreSQL folded into one, :data:`BEAT_PG`)."""
+    ) -> int:
+        """Update the manager's row (one UPDATE) and, with ``reap_before``, count the other
+        managers whose heartbeat is older: one checkout and one commit per beat (on PostgreSQL
+        one statement in autocommit: a single round trip, the cost of a manager at rest). The
+        count is returned: the caller removes them apart (:meth:`reap`), so that a dead
+        manager's entries, however many, never weigh on a heartbeat. NotFoundError if the row
+        is gone (reaped). The statements are :func:`beat_statements` (on PostgreSQL folded into
+        one, :data:`BEAT_PG`)."""
         params = beat_params(manager_id, status, reap_before)
         if self._beat_pg:
             async with self.engine.connect() as conn:
                 driver = (await conn.get_raw_connection()).driver_connection
                 assert driver is not None
-                beaten = await driver.fetchval(BEAT_PG, *params.values())
+                beaten, dead = await driver.fetchrow(BEAT_PG, *params.values())
         else:
-            beat, reap = beat_statements()
+            beat, due = beat_statements()
             async with self.engine.begin() as conn:
                 beaten = (await conn.execute(beat, params)).rowcount
-                if beaten and reap_before is not None:
-                    await conn.execute(reap, params)
+                counted = beaten and reap_before is not None
+                dead = (await conn.execute(due, params)).scalar_one() if counted else 0
         if not beaten:
             raise NotFoundError(manager_id)
         await self.beaten(status)
+        return int(dead)
 
     @property
     def carries_beat(self) -> bool:
@@ -366,10 +380,33 @@ class DatabaseRuntimeStore:
             await conn.execute(delete(managers_table).where(managers_table.c.manager_id == manager_id))
 
     async def reap(self, older_than: datetime) -> int:
-        """Remove managers whose heartbeat is older than ``older_than`` (entries cascade)."""
-        async with self.engine.begin() as conn:
-            result = await conn.execute(_reap(older_than))
-        return int(result.rowcount)
+        """Remove managers whose heartbeat is older than ``older_than`` and their entries. A
+        dead manager may have published hundreds of thousands: they go in short transactions
+        of REAP_CHUNK (each a moment's lock), then its row (whatever entries are left go with
+        it, ON DELETE CASCADE). A manager that comes back meanwhile loses its row too: it
+        finds it gone at its next heartbeat and publishes itself and its entries again."""
+        m, e = managers_table.c, entries_table.c
+        async with self.engine.connect() as conn:
+            dead = list((await conn.execute(
+                select(m.manager_id).where(m.heartbeat_at < older_than).limit(REAP_MANAGERS)
+            )).scalars())  # fmt: skip
+        removed = 0
+        for manager_id in dead:
+            while True:
+                async with self.engine.begin() as conn:
+                    ids = list((await conn.execute(
+                        select(e.entry_id).where(e.manager_id == manager_id).limit(REAP_CHUNK)
+                    )).scalars())  # fmt: skip
+                    for part in chunks(ids):
+                        await conn.execute(
+                            delete(entries_table).where(e.manager_id == manager_id, e.entry_id.in_(part))
+                        )
+                if len(ids) < REAP_CHUNK:
+                    break
+            async with self.engine.begin() as conn:
+                result = await conn.execute(delete(managers_table).where(m.manager_id == manager_id))
+            removed += int(result.rowcount)
+        return removed
 
     # -- options.pause_after_failures (periodic_manager.runtime.failures) ----------------------
 
@@ -559,11 +596,14 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
 
 
 # The heartbeat, one builder for every database: the manager's row updated and, with a
-# ``reap_before``, the managers whose heartbeat is older removed (never this one). The parameters
-# are named (BEAT_PARAMS, in the order of :func:`beat_params`): SQLite and MariaDB/MySQL run the
-# two statements in one transaction; PostgreSQL runs them as one statement (BEAT_PG, or inside a
-# lease round: :func:`beat_ctes`), in which both parts see the same snapshot, where this
-# manager's own row may still be old. A ``reap_before`` of None reaps nothing.
+# ``reap_before``, the managers whose heartbeat is older counted (never this one): they are
+# removed apart (:meth:`DatabaseRuntimeStore.reap`), never inside a heartbeat, which a lease round
+# may carry under its own short bound (a dead manager's entries cascading in the round's
+# statement made every round of the survivors time out: they lost their partitions). The
+# parameters are named (BEAT_PARAMS, in the order of :func:`beat_params`): SQLite and
+# MariaDB/MySQL run the two statements in one transaction; PostgreSQL runs them as one statement
+# (BEAT_PG, or inside a lease round: :func:`beat_ctes`), in which both parts see the same
+# snapshot, where this manager's own row may still be old. A ``reap_before`` of None counts none.
 BEAT_PARAMS = ("b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_manager", "b_reap")
 
 
@@ -577,8 +617,8 @@ def beat_params(manager_id: str, status: ManagerStatus, reap_before: datetime | 
 
 
 def beat_statements() -> tuple[Any, Any]:
-    """The heartbeat's UPDATE of the manager's row (RETURNING 1 where it is folded) and its
-    reap (DELETE), with the named parameters BEAT_PARAMS."""
+    """The heartbeat's UPDATE of the manager's row (RETURNING 1 where it is folded) and the
+    count of the managers due for reaping (SELECT), with the named parameters BEAT_PARAMS."""
     beat = (
         update(managers_table)
         .where(managers_table.c.manager_id == bindparam("b_manager"))
@@ -588,21 +628,27 @@ def beat_statements() -> tuple[Any, Any]:
             entry_count=bindparam("b_entries"),
         )  # fmt: skip
     )
-    reap = delete(managers_table).where(
-        managers_table.c.heartbeat_at < bindparam("b_reap"), managers_table.c.manager_id != bindparam("b_manager")
+    due = (
+        select(func.count())
+        .select_from(managers_table)
+        .where(
+            managers_table.c.heartbeat_at < bindparam("b_reap"),
+            managers_table.c.manager_id != bindparam("b_manager"),
+        )
     )
-    return beat, reap
+    return beat, due
 
 
 def beat_ctes(first: int) -> str:
     """The heartbeat on PostgreSQL as two CTEs of a statement: ``beat`` (one row per row
-    beaten: none when this manager's row is gone) and ``reaped``, with the parameters
-    BEAT_PARAMS as ``$first`` onwards (asyncpg's numbered parameters)."""
-    beat, reap = beat_statements()
+    beaten: none when this manager's row is gone) and ``due`` (one row: the number of managers
+    due for reaping), with the parameters BEAT_PARAMS as ``$first`` onwards (asyncpg's numbered
+    parameters)."""
+    beat, due = beat_statements()
     dialect = postgresql.dialect()
     sql = (
         f"beat AS ({beat.returning(literal_column('1')).compile(dialect=dialect)}),"
-        f" reaped AS ({reap.compile(dialect=dialect)})"
+        f" due AS ({due.compile(dialect=dialect)})"
     )
     for n, name in enumerate(BEAT_PARAMS, start=first):
         sql = sql.replace(f"%({name})s", f"${n}")
@@ -610,10 +656,8 @@ def beat_ctes(first: int) -> str:
     return sql
 
 
-# The heartbeat on PostgreSQL in one statement: the number of rows beaten (0: the row is gone).
-BEAT_PG = f"WITH {beat_ctes(1)} SELECT count(*) FROM beat"
-
-
-def _reap(older_than: datetime) -> Any:
-    """The statement that removes managers whose heartbeat is older than ``older_than``."""
-    return delete(managers_table).where(managers_table.c.heartbeat_at < older_than)
+# The heartbeat on PostgreSQL in one statement: the number of rows beaten (0: the row is gone) and
+# of the managers due for reaping.
+BEAT_PG = f"WITH {beat_ctes(1)} SELECT (SELECT count(*) FROM beat), (SELECT * FROM due)"
+REAP_MANAGERS = 100  # managers removed by one reap at most (the next heartbeat finds the rest)
+REAP_CHUNK = 5_000  # entries of a dead manager removed per transaction

@@ -67,6 +67,7 @@ class Heartbeat:
         self._beats: BeatStore | None = None  # set by carried_by(): the rounds write the beats
         self._carried: ManagerStatus | None = None  # the status a round is writing
         self._prune: ManagerStatus | None = None  # a carried beat after which a prune is due
+        self._reap: datetime | None = None  # dead managers to remove: heartbeat older than this
         self._woken = asyncio.Event()  # carried: a prune is due
 
     def carried_by(self, carrier: BeatCarrier, store: BeatStore) -> None:
@@ -83,13 +84,17 @@ class Heartbeat:
         status = self._carried = self._status()
         return self._beats.beat_values(self.manager_id, status, self._reap_before(status))
 
-    def written(self, beaten: bool) -> None:
+    def written(self, beaten: bool, dead: int) -> None:
         status, self._carried = self._carried, None
         if not beaten:
             log.warning("manager %s was reaped: registering again", self.manager_id)
             self.registered = False
             self.now.set()
-        elif status is not None and self._beats is not None and self._beats.prune_due(status.heartbeat_at):
+            return
+        if status is not None and dead:
+            self._reap = self._reap_before(status)
+            self._woken.set()
+        if status is not None and self._beats is not None and self._beats.prune_due(status.heartbeat_at):
             self._prune = status
             self._woken.set()
 
@@ -123,6 +128,7 @@ class Heartbeat:
                 await sleep_unless(self.clock, self.now, self._woken)
                 if not self.now.is_set():
                     self._woken.clear()
+                    await self._reap_dead()
                     status, self._prune = self._prune, None
                     if status is not None:
                         await self._prune_after(status)
@@ -132,6 +138,7 @@ class Heartbeat:
             self.now.clear()
             async with self.lock:
                 await self.beat()
+            await self._reap_dead()
 
     async def _prune_after(self, status: ManagerStatus) -> None:
         assert self._beats is not None
@@ -141,6 +148,21 @@ class Heartbeat:
             except Exception as exc:  # the store logs its own prune failures; never fail the loop
                 reraise_if_cancelled(exc)
                 log.warning("history prune after a heartbeat failed: %r", exc)
+
+    async def _reap_dead(self) -> None:
+        """Remove the managers a heartbeat found dead, apart from any heartbeat (their entries
+        may be many); a failure is logged, and the next heartbeat finds them again."""
+        older_than, self._reap = self._reap, None
+        if older_than is None:
+            return
+        try:
+            removed = await self.store.reap(older_than)
+        except Exception as exc:
+            reraise_if_cancelled(exc)
+            log.warning("removing dead managers failed (will retry): %r", exc)
+            return
+        if removed:
+            log.info("removed %d dead manager(s) and their published entries", removed)
 
     def _reap_before(self, status: ManagerStatus) -> datetime:
         # Reap relative to the instant written, so this manager never reaps itself.
@@ -155,7 +177,9 @@ class Heartbeat:
                 await self.store.apply_entries(self.manager_id, self._records(), [])
                 self.registered = True
             status = self._status()
-            await self.store.heartbeat(self.manager_id, status, reap_before=self._reap_before(status))
+            before = self._reap_before(status)
+            if await self.store.heartbeat(self.manager_id, status, reap_before=before):
+                self._reap = before
         except Exception as exc:
             reraise_if_cancelled(exc)
             if self.registered:

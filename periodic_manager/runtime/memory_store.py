@@ -34,11 +34,14 @@ class MemoryRuntimeStore:
 
     async def heartbeat(
         self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
-    ) -> None:
+    ) -> int:
         info, _ = self.managers[manager_id]
         self.managers[manager_id] = (info, status)
-        if reap_before is not None:
-            await self.reap(reap_before)
+        if reap_before is None:
+            return 0
+        return sum(
+            1 for m, (_, st) in self.managers.items() if m != manager_id and st.heartbeat_at < reap_before
+        )
 
     async def apply_entries(
         self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]

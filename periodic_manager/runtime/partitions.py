@@ -112,15 +112,16 @@ EXPIRY_MARGIN_S = 0.05  # a round for another holder's expiry comes this long af
 # statement's snapshot saw it, before the heartbeat it may carry.
 def _round(beat: bool) -> str:
     """The round's statement; with ``beat``, the manager's heartbeat too (``db.store.beat_ctes``,
-    its parameters from $8 on), and its seventh column is the number of manager rows beaten (0:
-    this manager's row is gone)."""
+    its parameters from $8 on), its seventh column is the number of manager rows beaten (0:
+    this manager's row is gone) and its eighth the number of other managers due for reaping
+    (the heartbeat's loop removes them, never this round: its bound is the leases')."""
     beat_ctes = ""
     beaten = ""
     if beat:
         from periodic_manager.db.store import beat_ctes as ctes
 
         beat_ctes = f"{ctes(8)},"
-        beaten = ", (SELECT count(*) FROM beat)"
+        beaten = ", (SELECT count(*) FROM beat), (SELECT * FROM due)"
     return f"""WITH renewed AS ({RENEW}), {beat_ctes}
     joined AS (INSERT INTO pm_partition_members (member, expires_at)
         VALUES ($1, now() + make_interval(secs => $4))
@@ -349,7 +350,7 @@ class PartitionLeases:
                 self._beat.missed()
             raise
         if beat is not None and self._beat is not None:
-            self._beat.written(bool(row[6]))
+            self._beat.written(bool(row[6]), int(row[7]))
         renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
         # Measured from after the answer, so the database's expiry has passed when the round
         # comes (the statement reads only expiries within the TTL: checked here once more).
@@ -481,10 +482,15 @@ class PartitionLeases:
         from periodic_manager.db.engine import pg_connect
 
         if self._conn is None:
+            # The server bounds a statement as this manager bounds a round: one it gave up on
+            # (and whose connection it dropped) holds no lock for longer on the server.
             self._conn = await pg_connect(
                 self.dsn,
                 timeout=self.interval,
-                server_settings={"application_name": "periodic_manager partitions"},
+                server_settings={
+                    "application_name": "periodic_manager partitions",
+                    "statement_timeout": str(max(1, int(self.interval * 1000))),
+                },
             )
             self._count = int(await self._conn.fetchval(COUNT))
             if self._count == 0:

@@ -26,7 +26,7 @@ from periodic_manager.contracts import (
 from periodic_manager.db import schedule_writer, store_reads
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.store import DatabaseRuntimeStore
+from periodic_manager.db.store import REAP_CHUNK, DatabaseRuntimeStore
 from periodic_manager.errors import NotFoundError
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from tests.conftest import backend_url
@@ -366,15 +366,35 @@ async def test_reap_removes_dead_managers_and_their_entries(harness: Harness) ->
     assert await store.reap(older_than=at(60)) == 0
 
 
-async def test_a_late_heartbeat_reaps_the_others_never_itself(harness: Harness) -> None:
+async def test_a_late_heartbeat_counts_the_others_due_never_itself(harness: Harness) -> None:
     # Its own row is older than reap_before until the beat lands (PostgreSQL does both in one
-    # statement, on one snapshot): the beat must win.
+    # statement, on one snapshot): the beat must win. The heartbeat only counts the dead; the
+    # reap that follows removes them (never inside a heartbeat: their entries may be many).
     store = harness.store
     await store.register_manager(info("late"), status(0))
     await store.register_manager(info("dead"), status(0))
-    await store.heartbeat("late", status(100), reap_before=at(50))
+    assert await store.heartbeat("late", status(100), reap_before=at(50)) == 1
+    assert set(await harness.managers()) == {"late", "dead"}
+    assert await store.heartbeat("late", status(100)) == 0  # no reap_before: nothing counted
+    assert await store.reap(older_than=at(50)) == 1
     managers = await harness.managers()
     assert set(managers) == {"late"} and managers["late"][1].heartbeat_at == at(100)
+
+
+async def test_a_reap_removes_a_dead_managers_many_entries_in_short_transactions(
+    harness: Harness,
+) -> None:
+    """More entries than one reap transaction takes (REAP_CHUNK): all go, with the manager."""
+    store = harness.store
+    await store.register_manager(info("dead"), status(0))
+    await store.register_manager(info("alive"), status(100))
+    n = REAP_CHUNK * 2 + 7
+    await store.apply_entries("dead", [entry(f"{k}-x", str(k)) for k in range(n)], [])
+    await store.apply_entries("alive", [entry("1-a", "1")], [])
+    assert await harness.entry_rows() == n + 1
+    assert await store.reap(older_than=at(50)) == 1
+    assert set(await harness.managers()) == {"alive"}
+    assert await harness.entry_rows() == 1
 
 
 async def test_unregister_removes_manager_and_entries(harness: Harness) -> None:
@@ -521,9 +541,10 @@ async def test_a_heartbeat_on_the_managers_engine_is_one_round_trip(pg_url: str)
         for beat in (5, 10):
             sent.clear()
             statements.clear()
-            await store.heartbeat("m1", status(beat), reap_before=at(beat - 3))
+            assert await store.heartbeat("m1", status(beat), reap_before=at(beat - 3)) == 1
             await asyncio.sleep(0)  # the driver calls its query loggers soon after each query
             assert statements == [] and len(sent) == 1 and sent[0].startswith("WITH beat AS (UPDATE")
+        assert await store.reap(at(7)) == 1  # apart from the heartbeat
         assert set(await Harness(store).managers()) == {"m1"}
         with pytest.raises(NotFoundError):
             await store.heartbeat("dead", status(15), reap_before=at(12))

@@ -132,3 +132,39 @@ async def test_the_lease_rounds_carry_the_heartbeat_one_statement_a_round(
         assert statements.of(BEAT_PG) == 0 and statements.of(ROUND_BEAT) == 3  # carried again
     finally:
         await admin.close()
+
+
+async def test_a_dead_managers_reap_never_holds_up_a_lease_round(
+    rest: tuple[PeriodicTaskManager, VirtualClock], statements: Statements, pg_url: str
+) -> None:
+    """A manager killed with many entries is reaped apart from the rounds: here its row stays
+    locked (a slow reap, as under load the cascade of 137,500 entries was) while the rounds go
+    on renewing every partition. When the reap ran inside the round's statement, every round
+    of the survivors waited on it past its bound and they lost every partition."""
+    mgr, clock = rest
+    assert isinstance(mgr.leadership, PartitionLeases)
+    await drive(mgr, clock, 6)
+    admin = await asyncpg.connect(dsn(pg_url))
+    blocker = await asyncpg.connect(dsn(pg_url))
+    try:
+        await admin.execute(
+            "INSERT INTO pm_managers (manager_id, hostname, pid, version, started_at, heartbeat_at)"
+            " VALUES ('dead', 'h', 1, 'v', $1, $1)", T0 - timedelta(hours=1),
+        )  # fmt: skip
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM pm_managers WHERE manager_id = 'dead' FOR UPDATE")
+        statements.sent.clear()
+        await drive(mgr, clock, 30)  # six rounds; a lease is trusted 12 s after its renewal
+        assert mgr.leadership.held == frozenset(range(64))
+        assert statements.of(ROUND_BEAT) == 6
+        assert await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'") == 1
+        await tx.rollback()  # the reap goes through
+        for _ in range(100):
+            if not await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'"):
+                break
+            await drive(mgr, clock, 0.5)
+        assert not await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'")
+    finally:
+        await blocker.close()
+        await admin.close()
