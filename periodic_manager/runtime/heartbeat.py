@@ -68,7 +68,7 @@ class Heartbeat:
         self._carried: ManagerStatus | None = None  # the status a round is writing
         self._prune: ManagerStatus | None = None  # a carried beat after which a prune is due
         self._reap: datetime | None = None  # dead managers to remove: heartbeat older than this
-        self._woken = asyncio.Event()  # carried: a prune is due
+        self._woken = asyncio.Event()  # carried: a prune or a reap is due
 
     def carried_by(self, carrier: BeatCarrier, store: BeatStore) -> None:
         """Let ``carrier``'s statements (lease rounds, on the database of ``store``) write the
@@ -141,13 +141,15 @@ class Heartbeat:
             await self._reap_dead()
 
     async def _prune_after(self, status: ManagerStatus) -> None:
+        # Not under ``lock``: the rounds go on carrying the beats while a prune runs (after a
+        # burst of 100,000 a prune took longer than three heartbeats under load, and the other
+        # managers reaped this one, alive). The store's prune timer keeps prunes from overlapping.
         assert self._beats is not None
-        async with self.lock:
-            try:
-                await self._beats.beaten(status)
-            except Exception as exc:  # the store logs its own prune failures; never fail the loop
-                reraise_if_cancelled(exc)
-                log.warning("history prune after a heartbeat failed: %r", exc)
+        try:
+            await self._beats.beaten(status)
+        except Exception as exc:  # the store logs its own prune failures; never fail the loop
+            reraise_if_cancelled(exc)
+            log.warning("history prune after a heartbeat failed: %r", exc)
 
     async def _reap_dead(self) -> None:
         """Remove the managers a heartbeat found dead, apart from any heartbeat (their entries

@@ -5,6 +5,7 @@ minute."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -167,4 +168,37 @@ async def test_a_dead_managers_reap_never_holds_up_a_lease_round(
         assert not await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'")
     finally:
         await blocker.close()
+        await admin.close()
+
+
+async def test_a_long_history_prune_never_stops_the_rounds_carrying_the_heartbeat(
+    rest: tuple[PeriodicTaskManager, VirtualClock], statements: Statements, pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The prune that follows a carried beat may take long (after a burst, under load): the
+    rounds go on writing the heartbeat meanwhile, or the other managers would reap this one."""
+    mgr, clock = rest
+    assert isinstance(mgr.store, DatabaseRuntimeStore)
+    await drive(mgr, clock, 6)  # the first carried beat set the prune timer
+    release = asyncio.Event()
+    pruning = asyncio.Event()
+
+    async def slow_prune(*_args: Any, **_kw: Any) -> int:
+        pruning.set()
+        await release.wait()
+        return 0
+
+    monkeypatch.setattr(mgr.store, "prune_due", lambda _now: True)
+    monkeypatch.setattr(mgr.store, "prune_runs", slow_prune)
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        await drive(mgr, clock, 6)
+        assert pruning.is_set()
+        statements.sent.clear()
+        await drive(mgr, clock, 30)  # the prune still runs
+        assert statements.of(ROUND_BEAT) == 6
+        beat = await admin.fetchval("SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
+        assert clock.now() - beat < timedelta(seconds=5)
+    finally:
+        release.set()
         await admin.close()
