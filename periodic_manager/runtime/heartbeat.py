@@ -5,7 +5,9 @@ and, in a loop of its own, the target's brokers watched for data they lost.
 With partition leases on PostgreSQL (the default), the heartbeat is carried by the lease rounds
 (:meth:`Heartbeat.carried_by`): every round's one statement writes this manager's row too, and
 the heartbeat's own loop writes only what a round cannot (registering again, a beat at once when
-the leadership changed or a round failed) and runs the store's prune when it is due.
+the leadership changed or a round failed) and runs the store's prune when it is due. A beat only
+counts the managers silent for three heartbeats; this loop removes them after it (their entries
+in short transactions), so neither a heartbeat nor a round ever waits on a dead manager's rows.
 
 The API reads the store, so ``/managers`` and ``/entries`` show managers in any process; one that
 misses three heartbeats disappears from them (and is reaped by the next live one).
