@@ -393,15 +393,18 @@ class DatabaseRuntimeStore:
         removed = 0
         for manager_id in dead:
             while True:
+                deleted = 0
                 async with self.engine.begin() as conn:
                     ids = list((await conn.execute(
                         select(e.entry_id).where(e.manager_id == manager_id).limit(REAP_CHUNK)
                     )).scalars())  # fmt: skip
                     for part in chunks(ids):
-                        await conn.execute(
+                        deleted += (await conn.execute(
                             delete(entries_table).where(e.manager_id == manager_id, e.entry_id.in_(part))
-                        )
-                if len(ids) < REAP_CHUNK:
+                        )).rowcount  # fmt: skip
+                # A chunk that removed nothing (ids the database does not match back as read)
+                # ends the loop: the manager's row below takes whatever is left with it.
+                if len(ids) < REAP_CHUNK or not deleted:
                     break
             async with self.engine.begin() as conn:
                 result = await conn.execute(delete(managers_table).where(m.manager_id == manager_id))

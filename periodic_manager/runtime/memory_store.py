@@ -39,9 +39,7 @@ class MemoryRuntimeStore:
         self.managers[manager_id] = (info, status)
         if reap_before is None:
             return 0
-        return sum(
-            1 for m, (_, st) in self.managers.items() if m != manager_id and st.heartbeat_at < reap_before
-        )
+        return sum(1 for m in self._dead(reap_before) if m != manager_id)
 
     async def apply_entries(
         self, manager_id: str, upserts: Sequence[EntryRecord], removed: Sequence[str]
@@ -71,8 +69,11 @@ class MemoryRuntimeStore:
             if st.last_done_at is not None and st.last_done_at > since
         }
 
+    def _dead(self, older_than: datetime) -> list[str]:
+        return [m for m, (_, st) in self.managers.items() if st.heartbeat_at < older_than]
+
     async def reap(self, older_than: datetime) -> int:
-        dead = [m for m, (_, st) in self.managers.items() if st.heartbeat_at < older_than]
+        dead = self._dead(older_than)
         for manager_id in dead:
             await self.unregister_manager(manager_id)
         return len(dead)
