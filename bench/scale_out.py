@@ -5,7 +5,8 @@
 For each manager count K: a fresh PostgreSQL database with ``--partitions`` partitions and N rows
 ``@every <period>s`` (every row due at the same instant, once per period; default 90 s), then K
 ``periodic-manager manager`` processes (``PM_COORDINATION=partitions``, Redis Streams target)
-spawned at once. Measured, per K:
+spawned at once (``--stagger S``: S seconds apart, as a manager started after the others).
+Measured, per K:
 
 * **cold start**: per manager, from its spawn to the "started with N entries" log line (the
   process is up; with partitions it registers its rows after that line, in the background), and
@@ -14,8 +15,8 @@ spawned at once. Measured, per K:
   fair share, and the entry counts summing to N. Spawned together, the managers wait one lease
   round for one another before taking their shares; one whose first round came before any other
   registered takes every partition, then hands the excess over: both are inside the figure;
-* **memory**: each manager's RSS (``/proc/<pid>/status``) once settled and after the burst, next
-  to the RSS of one manager holding no schedule at all;
+* **memory**: each manager's RSS (``/proc/<pid>/status``) once settled (and its peak so far,
+  VmHWM) and after the burst, next to the RSS of one manager holding no schedule at all;
 * **burst**: the next slot at least ``--lead`` s after settling: the first and the last of the N
   messages on the stream, by Redis's own entry ids, minus the slot; the count must be N;
 * **Redis-only floor**: the same N tasks, prepared as the manager prepares them, sent by one
@@ -77,6 +78,7 @@ class Result:
     entries: list[int] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
     rss_mb: list[float] = field(default_factory=list)
+    peak_mb: list[float] = field(default_factory=list)  # VmHWM once settled
     rss_burst_mb: list[float] = field(default_factory=list)
     first_s: float = math.nan
     last_s: float = math.nan
@@ -88,10 +90,11 @@ class Result:
     reregistered_s: float = math.nan  # SIGKILL -> the survivors' entries sum to N
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory now (VmHWM: its peak so far), MB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return math.nan
 
@@ -182,7 +185,9 @@ async def one(k: int, n: int, args: argparse.Namespace, tmp: Path) -> Result:
         try:
             await conn.execute("VACUUM ANALYZE periodic_jobs")
             spawned: dict[int, float] = {}
-            for p in procs:
+            for i, p in enumerate(procs):
+                if i and args.stagger:
+                    await asyncio.sleep(args.stagger)  # a manager started later than the others
                 spawned_at = time.time()
                 p.start()
                 spawned[p.pid] = spawned_at
@@ -197,8 +202,10 @@ async def one(k: int, n: int, args: argparse.Namespace, tmp: Path) -> Result:
                 res.partitions.append(held)
             await asyncio.sleep(2)  # the hand-overs' garbage collected, the heartbeats written
             res.rss_mb = [rss_mb(p.pid) for p in procs]
+            res.peak_mb = [rss_mb(p.pid, "VmHWM") for p in procs]
             print(
-                f"  {k} manager(s): settled, entries {res.entries}, RSS {[round(x) for x in res.rss_mb]} MB",
+                f"  {k} manager(s): settled, entries {res.entries}, RSS {[round(x) for x in res.rss_mb]} MB"
+                f" (peak {[round(x) for x in res.peak_mb]} MB)",
                 flush=True,
             )
 
@@ -333,9 +340,9 @@ def describe() -> list[str]:
 def table(results: list[Result], empty_mb: float, args: argparse.Namespace) -> list[str]:
     out = [
         '| managers | schedules per manager | partitions per manager | spawn -> "started with" | first spawn -> every partition held | spawn -> settled (entries and partitions final) '
-        "| RSS per manager settled | RSS above an empty manager | RSS after the burst | burst: first / last message after the slot "
+        "| RSS per manager settled | peak RSS per manager before the burst | RSS above an empty manager | RSS after the burst | burst: first / last message after the slot "
         "| tasks/s | Redis-only floor | last / floor | state rows of the slot written (+ as many history rows), slot -> last | SIGKILL -> every partition held | SIGKILL -> every schedule registered |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         ok = r.sent == r.schedules
@@ -347,7 +354,7 @@ def table(results: list[Result], empty_mb: float, args: argparse.Namespace) -> l
         reregistered = "-" if r.managers < 2 else f"{r.reregistered_s:.2f} s"
         out.append(
             f"| {r.managers} | {span([float(e) for e in r.entries], '{:,.0f}')} | {span([float(p) for p in r.partitions], '{:.0f}')} "
-            f"| {span(r.started_s)} s | {r.held_s:.2f} s | {span(r.settled_s)} s | {span(r.rss_mb, '{:.0f}')} MB "
+            f"| {span(r.started_s)} s | {r.held_s:.2f} s | {span(r.settled_s)} s | {span(r.rss_mb, '{:.0f}')} MB | {span(r.peak_mb, '{:.0f}')} MB "
             f"| {span([x - empty_mb for x in r.rss_mb], '{:.0f}')} MB | {span(r.rss_burst_mb, '{:.0f}')} MB | {burst} "
             f"| {r.schedules / r.last_s:,.0f} | {r.floor_s:.2f} s | {r.last_s / r.floor_s:.2f} | {stored} "
             f"| {handover} | {reregistered} |"
@@ -355,7 +362,8 @@ def table(results: list[Result], empty_mb: float, args: argparse.Namespace) -> l
     out += [
         "",
         f"{args.schedules:,} schedules `@every {args.period}s` (all due at one instant), {args.partitions} partitions, "
-        f"PM_LEASE_TTL={'default' if args.lease_ttl is None else f'{args.lease_ttl:g}'}; one manager holding no schedule: {empty_mb:.0f} MB RSS.",
+        f"PM_LEASE_TTL={'default' if args.lease_ttl is None else f'{args.lease_ttl:g}'}; "
+        f"{f'managers spawned {args.stagger:g} s apart' if args.stagger else 'managers spawned at once'}; one manager holding no schedule: {empty_mb:.0f} MB RSS.",
         "Per manager figures are ranges over the managers of the run (min-max).",
     ]
     return out
@@ -408,6 +416,12 @@ if __name__ == "__main__":
         type=float,
         default=8.0,
         help="the burst's slot at least this long after settling (default 8 s)",
+    )
+    parser.add_argument(
+        "--stagger",
+        type=float,
+        default=0.0,
+        help="seconds between the managers' spawns (default 0: spawned at once)",
     )
     parser.add_argument("--out", default=None, help="also write the table to this file")
     parsed = parser.parse_args()

@@ -38,7 +38,7 @@ from periodic_manager.db.models import jobs_table
 from periodic_manager.db.partitions import partition_sql
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.partition import every_partition
+from periodic_manager.schedules.partition import every_partition, partition_of
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 # Rows are read in partitions of this many, each judged before the next is read.
@@ -125,6 +125,13 @@ class DatabaseProvider:
         alone): its reads are then those of an unrestricted provider, without the filter."""
         return None if self._held is None else self._held().every
 
+    def _held_now(self) -> Callable[[object], bool]:
+        """Whether a row id is in a partition held now (restricted reads only)."""
+        assert self._held is not None
+        held = self._held()
+        count, partitions = held.count, held.partitions
+        return lambda ident: isinstance(ident, int) and partition_of(ident, count) in partitions
+
     def _nothing_held(self) -> bool:
         return self._held is not None and not self._held().partitions
 
@@ -196,7 +203,19 @@ class DatabaseProvider:
                     pass  # no partition held (a start before its first round): no row is mine
                 elif self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
+                    handed = False  # partitions handed over during this read of every row
                     async for part in self._stream(conn, full, {} if every else self._scope()):
+                        if every and (handed or not self._every()):
+                            # A manager joined while every row is read: what was read of the
+                            # partitions handed over goes now, and the rest of the read keeps
+                            # only the rows of those still held, so the read's high-water mark
+                            # is about this manager's share, not every row.
+                            mine = self._held_now()
+                            part = [raw for raw in part if mine(raw[0])]
+                            if not handed:
+                                handed = True
+                                configs[:] = [c for c in configs if mine(c.schedule_id)]
+                                errors[:] = [e for e in errors if mine(e.schedule_id)]
                         self._sort(part, configs, errors)
                         await asyncio.sleep(0)
                 else:

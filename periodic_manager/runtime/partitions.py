@@ -22,7 +22,12 @@ looks wake with a round) on an asyncpg connection of its own:
    taking, reading and registering every partition and then handing most of them over. A
    manager alone (no other registered lately) takes every partition at its first round,
    without waiting. A manager that registered and died before its first round holds the others
-   back for at most ``ttl`` after it registered;
+   back for at most ``ttl`` after it registered. A first round among other managers announces
+   the join (NOTIFY ``pm_partitions_freed``, payload ``joined <id>``): a holder of more than the
+   new share runs a round at once (managers holding nothing ignore it: they are waiting for the
+   ones still starting). One manager through its first round before any other registered has
+   taken every partition and is reading every row; it hands the excess over within a round
+   trip of the others' joins, and its read keeps no more of those partitions' rows;
 3. **hand over** what is above the share: those partitions stop at once, the handler's
    ``releasing`` waits for a send under way and flushes what was sent, then one conditional
    UPDATE clears the holder (only at the epoch held: a stale holder changes nothing) and
@@ -75,8 +80,13 @@ _HELD = "(partition, epoch) IN (SELECT * FROM unnest($2::int[], $3::bigint[]))"
 RENEW = f"""UPDATE pm_partitions SET expires_at = now() + make_interval(secs => $4),
     renewed_at = now() WHERE holder = $1 AND {_HELD} RETURNING partition"""
 # Partitions handed over are announced on FREED (payload: the manager that freed them): the other
-# managers' lease connections listen, and a round comes at once instead of at their next tick.
+# managers' lease connections listen, and a round comes at once instead of at their next tick. A
+# manager's first round among others announces its join there too (payload: JOINED + its id): a
+# holder of more than the new share hands the excess over at once (one first through its round
+# before the others registered is reading every row then, and stops reading theirs).
 FREED = "pm_partitions_freed"
+JOINED = "joined "
+ANNOUNCE = "SELECT pg_notify($1, $2)"
 RELEASE = f"""WITH released AS (UPDATE pm_partitions SET holder = NULL, expires_at = NULL
     WHERE holder = $1 AND {_HELD} RETURNING partition)
     SELECT pg_notify('{FREED}', $1) FROM released LIMIT 1"""
@@ -208,7 +218,7 @@ class PartitionLeases:
         self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
         self._beat: CarriedBeat | None = None  # the manager's heartbeat, written by every round
         self._next_expiry: datetime | None = None  # another holder's next lease expiry (local clock)
-        self._freed = asyncio.Event()  # another manager handed partitions over (FREED)
+        self._freed = asyncio.Event()  # another manager handed partitions over or joined (FREED)
         self._listen_failed = False  # LISTEN refused (e.g. CockroachDB): rounds on ticks alone
 
     # -- the contract --------------------------------------------------------------------------
@@ -371,6 +381,8 @@ class PartitionLeases:
                 log.warning("partition leases: lost %s (taken by another manager)", _show(lost))
                 self._drop(lost)
         first, self._first = self._first, False
+        if first and (recent or live > 1) and not self._listen_failed:
+            await conn.execute(ANNOUNCE, FREED, JOINED + self.member)
         if leader_locked:
             if not self._leader_seen:
                 log.warning(
@@ -504,8 +516,12 @@ class PartitionLeases:
         return self._conn
 
     def _on_freed(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        if payload != self.member:  # a manager's own hand-over wakes only the others
-            self._freed.set()
+        joined = payload.startswith(JOINED)
+        if (payload[len(JOINED) :] if joined else payload) == self.member:
+            return  # a manager's own hand-over or join wakes only the others
+        if joined and not self._held:
+            return  # a join matters to a holder alone (it may hold more than the new share)
+        self._freed.set()
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

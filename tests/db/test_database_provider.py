@@ -420,6 +420,38 @@ async def test_a_read_holding_no_partition_leaves_the_next_one_a_full_read_of_ev
     assert len(statements) == 1 and "payload" in statements[0] and "%" not in statements[0]
 
 
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_partitions_handed_over_during_a_read_of_every_row_are_read_no_further(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager alone reads every row at its start; a manager joining meanwhile makes it hand
+    half of them over. What it read of those goes at once, and the rest of the read keeps only
+    the rows of the partitions it still holds: its memory never holds much more than its share
+    (a manager first through its lease round before the others registered)."""
+    monkeypatch.setattr("periodic_manager.db.provider.FETCH_PARTITION", 4)
+    ids = [await insert_row(engine, f"h{i}") for i in range(16)]
+    bad = [await insert_row(engine, f"hbad{i}", spec="not a spec") for i in range(4)]
+    held = frozenset(range(4))
+    provider = DatabaseProvider(engine)
+    provider.restrict(lambda: PartitionsHeld(4, held))
+    sort = provider._sort
+    parts: list[list[int]] = []
+
+    def sorting(part: Any, configs: list[Any], errors: list[Any]) -> None:
+        nonlocal held
+        parts.append([raw[0] for raw in part])
+        sort(part, configs, errors)
+        held = frozenset({0, 1})  # after the first part: partitions 2 and 3 are handed over
+
+    monkeypatch.setattr(provider, "_sort", sorting)
+    read = await provider.get_configs()
+    assert [c.schedule_id for c in read.configs] == [i for i in ids if i % 4 in (0, 1)]
+    assert [e.schedule_id for e in read.errors] == [i for i in bad if i % 4 in (0, 1)]
+    assert len(parts[0]) == 4  # read before the hand-over: every partition's rows ...
+    assert {i % 4 for i in parts[0]} == {0, 1, 2, 3}
+    assert all(i % 4 in (0, 1) for part in parts[1:] for i in part)  # ... and none after it
+
+
 async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:
     provider = DatabaseProvider(engine)
     if backend != "postgresql":

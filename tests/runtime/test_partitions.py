@@ -333,21 +333,43 @@ async def test_a_stopping_manager_releases_at_once_and_the_others_take_over(
     assert b.held == frozenset(range(N))
 
 
-async def test_partitions_handed_over_are_taken_at_once_not_at_the_next_round(
+async def test_a_join_and_a_hand_over_are_announced_and_answered_at_once_not_at_the_next_round(
     make, clock: VirtualClock
 ) -> None:
-    """A hand-over is announced (NOTIFY): the others' loops run a round at once. The virtual
-    clock stands still here, so no round comes on a tick."""
-    a, _ = make("a")
+    """A manager's first round among others announces its join (NOTIFY): a holder of more than
+    the new share runs a round at once and hands the excess over, which is announced too, and
+    the joiner takes it. The virtual clock stands still here, so no round comes on a tick: a
+    manager alone first through its round (the others not registered yet) stops reading every
+    row within a round trip of their join."""
+    a, ra = make("a")
     b, _ = make("b")
     await a.start(lambda _v: None)
     assert a.held == frozenset(range(N))
     await b.start(lambda _v: None)
-    assert not b.held  # nothing free: a hands its excess over at its next round
-    await a.round()
-    await eventually(lambda: len(b.held) == 32, "b takes its share when a's hand-over is announced")
+    await eventually(lambda: len(b.held) == 32, "b's join brings a's hand-over, and b takes it")
+    assert len(a.held) == 32 and ra.of("releasing") == set(b.held)
+    assert_disjoint([a.held, b.held])
     await a.stop()
     await eventually(lambda: b.held == frozenset(range(N)), "b takes the rest when a leaves")
+
+
+async def test_a_join_wakes_no_manager_that_holds_nothing(
+    make, admin: asyncpg.Connection, clock: VirtualClock
+) -> None:
+    """Managers starting together wait one round for one another; each one's join is announced,
+    but a manager holding nothing has nothing to hand over: it keeps waiting (a round then would
+    take a share before the managers still starting had registered)."""
+    a, _ = make("a")
+    b, _ = make("b")
+    for m in (a, b):
+        await register(admin, m.member)
+    await a.start(lambda _v: None)
+    await b.start(lambda _v: None)  # b's join is announced to a, which holds nothing
+    await asyncio.sleep(0.3)  # a round would answer from the real database meanwhile
+    assert not a.held and not b.held
+    await clock.advance(a.interval)  # the round after the wait: the shares
+    await eventually(lambda: len(a.held) == len(b.held) == 32, "both take their share")
+    assert a.handovers == b.handovers == 0
 
 
 async def test_a_dead_managers_partitions_are_taken_only_after_their_lease_expires(
