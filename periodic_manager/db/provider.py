@@ -125,12 +125,9 @@ class DatabaseProvider:
         alone): its reads are then those of an unrestricted provider, without the filter."""
         return None if self._held is None else self._held().every
 
-    def _held_now(self) -> Callable[[object], bool]:
-        """Whether a row id is in a partition held now (restricted reads only)."""
-        assert self._held is not None
-        held = self._held()
-        count, partitions = held.count, held.partitions
-        return lambda ident: isinstance(ident, int) and partition_of(ident, count) in partitions
+    def _reading(self) -> _Reading:
+        """A read of rows beginning now (see :class:`_Reading`)."""
+        return _Reading(self._held)
 
     def _nothing_held(self) -> bool:
         return self._held is not None and not self._held().partitions
@@ -164,8 +161,9 @@ class DatabaseProvider:
             async with self.engine.connect() as conn:
                 revision = await changes.current_revision(conn)
                 await self._read_calendars(conn)
+                read = self._reading()
                 async for part in self._stream(conn, query, params):
-                    self._sort(part, configs, errors)
+                    self._sort(read.still_held(part, configs, errors), configs, errors)
                     await asyncio.sleep(0)
         except Exception as exc:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
@@ -203,20 +201,9 @@ class DatabaseProvider:
                     pass  # no partition held (a start before its first round): no row is mine
                 elif self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
-                    handed = False  # partitions handed over during this read of every row
+                    read = self._reading()
                     async for part in self._stream(conn, full, {} if every else self._scope()):
-                        if every and (handed or not self._every()):
-                            # A manager joined while every row is read: what was read of the
-                            # partitions handed over goes now, and the rest of the read keeps
-                            # only the rows of those still held, so the read's high-water mark
-                            # is about this manager's share, not every row.
-                            mine = self._held_now()
-                            part = [raw for raw in part if mine(raw[0])]
-                            if not handed:
-                                handed = True
-                                configs[:] = [c for c in configs if mine(c.schedule_id)]
-                                errors[:] = [e for e in errors if mine(e.schedule_id)]
-                        self._sort(part, configs, errors)
+                        self._sort(read.still_held(part, configs, errors), configs, errors)
                         await asyncio.sleep(0)
                 else:
                     stale = await self._reuse(conn, configs, errors, errors_before)
@@ -377,6 +364,41 @@ class DatabaseProvider:
             cursor = await driver.cursor(str(compiled), *args)
             while part := await cursor.fetch(FETCH_PARTITION):
                 yield part
+
+
+class _Reading:
+    """A read of the rows of the partitions held when it began. A partition handed over while
+    it runs (a manager joined: a manager alone reading every row at its start, a takeover
+    reading its share) is read no further: what was read of it goes at once, and the rest of
+    the read keeps only the rows of the partitions still held, so the read never holds much
+    more than this manager's share (the reconciler's ``keep`` would drop them anyway, but only
+    after every row was read)."""
+
+    def __init__(self, held: HeldPartitions | None) -> None:
+        self._held = held  # None: not restricted (every row is this manager's)
+        # The partitions the read covers, and those whose rows it keeps since the last part.
+        self._began = self._kept = held().partitions if held is not None else frozenset[int]()
+
+    def still_held(
+        self, part: Sequence[Any], configs: list[PeriodicTaskConfig], errors: list[RowError]
+    ) -> Sequence[Any]:
+        """``part`` (raw rows, the id first) less the rows of partitions handed over since the
+        read began; when one is, ``configs`` and ``errors`` lose what was read of it too."""
+        if self._held is None:
+            return part
+        now = self._held()
+        if now.partitions >= self._began:
+            return part  # none handed over (at rest: one comparison per part of rows)
+        count, mine = now.count, now.partitions
+
+        def kept(ident: object) -> bool:
+            return isinstance(ident, int) and partition_of(ident, count) in mine
+
+        if mine != self._kept:
+            self._kept = mine
+            configs[:] = [c for c in configs if kept(c.schedule_id)]
+            errors[:] = [e for e in errors if kept(e.schedule_id)]
+        return [raw for raw in part if kept(raw[0])]
 
 
 def _row_id(config: PeriodicTaskConfig) -> Any:

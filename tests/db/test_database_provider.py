@@ -450,6 +450,14 @@ async def test_partitions_handed_over_during_a_read_of_every_row_are_read_no_fur
     assert len(parts[0]) == 4  # read before the hand-over: every partition's rows ...
     assert {i % 4 for i in parts[0]} == {0, 1, 2, 3}
     assert all(i % 4 in (0, 1) for part in parts[1:] for i in part)  # ... and none after it
+    # The same in a takeover's read of some partitions (a third manager joins meanwhile).
+    parts.clear()
+    held = frozenset({0, 1, 2, 3})
+    monkeypatch.setattr(provider, "_sort", sorting)
+    taken = await provider.get_partitions(frozenset({2, 3}))
+    assert [c.schedule_id for c in taken.configs] == []  # 2 and 3 handed over after the first part
+    assert parts[0] and {i % 4 for i in parts[0]} == {2, 3}
+    assert all(not part for part in parts[1:])
 
 
 async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:
