@@ -523,7 +523,8 @@ class RuntimeStore(Protocol):
         """Update the manager's row (one write); with ``reap_before``, also count the other
         managers whose heartbeat is older (a beat at rest costs one round of statements, not
         two). The count is returned: the caller removes them apart, with :meth:`reap` (a dead
-        manager's entries never weigh on a heartbeat)."""
+        manager's entries never weigh on a heartbeat). A store with a history to prune does
+        that in :meth:`BeatStore.beaten`, which the heartbeat runs apart after the beat."""
         ...
 
     async def apply_entries(
@@ -572,7 +573,9 @@ class BeatStore(Protocol):
         ...
 
     async def beaten(self, status: ManagerStatus) -> None:
-        """What follows a heartbeat written (the history prune, when due)."""
+        """What follows a heartbeat written, by :meth:`RuntimeStore.heartbeat` or carried (the
+        history prune, when due): the heartbeat runs it in a task of its own, so neither its
+        next beat nor a round carrying one waits for it."""
         ...
 
     def prune_due(self, now: datetime) -> bool:

@@ -45,6 +45,11 @@ from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 FETCH_PARTITION = 2000
 # Ids per query when the columns of changed rows are read by id.
 IDS_PER_QUERY = 5000
+# A manager holding every partition reads every row at its start in this many runs, each a
+# range of partitions, in partition order: the partitions it hands over when other managers
+# join (the highest first) are read last, so a join during the read skips their runs, and after
+# it their entries lie together in memory and are given back (not interleaved with those kept).
+EVERY_RUNS = 4
 Verdict = PeriodicTaskConfig | RowError | None
 
 
@@ -95,6 +100,7 @@ class DatabaseProvider:
         self._every_full = self._full
         self._every_revisions = self._revisions
         self._some = self._full  # the rows of the partitions taken (set by restrict())
+        self._run = self._full  # the rows of a range of partitions (set by restrict())
 
     def restrict(self, held: HeldPartitions) -> None:
         """Read only the rows of the partitions ``held()`` names at each read (PostgreSQL; see
@@ -113,6 +119,10 @@ class DatabaseProvider:
         self._changed = self._changed.where(mine)
         self._revisions = self._revisions.where(mine).order_by(None)
         self._some = self._full.where(self._mine("taken_partitions"))
+        part = partition_sql(jobs_table.c.id, bindparam("partition_count", type_=Integer))
+        self._run = self._every_full.where(
+            part >= bindparam("run_from", type_=Integer), part < bindparam("run_to", type_=Integer)
+        ).order_by(None)
 
     @staticmethod
     def _mine(parts: str = "held_partitions") -> ColumnElement[bool]:
@@ -124,6 +134,18 @@ class DatabaseProvider:
         """None when not restricted; else whether every partition is held now (a manager
         alone): its reads are then those of an unrestricted provider, without the filter."""
         return None if self._held is None else self._held().every
+
+    def _cold_reads(self, every: bool | None, full: Select[Any]) -> list[tuple[Select[Any], dict[str, Any]]]:
+        """The queries (and their parameters) of a read of every column: with every partition
+        held, EVERY_RUNS runs of partitions in partition order; else one query."""
+        if not every or self._held is None:
+            return [(full, {} if every else self._scope())]
+        count = self._held().count
+        size = -(-count // EVERY_RUNS)
+        return [
+            (self._run, {"partition_count": count, "run_from": lo, "run_to": min(count, lo + size)})
+            for lo in range(0, count, size)
+        ]
 
     def _reading(self) -> _Reading:
         """A read of rows beginning now (see :class:`_Reading`)."""
@@ -202,9 +224,12 @@ class DatabaseProvider:
                 elif self.known is None or not self._warm:
                     # Nothing held yet (a cold start): one read of every column.
                     read = self._reading()
-                    async for part in self._stream(conn, full, {} if every else self._scope()):
-                        self._sort(read.still_held(part, configs, errors), configs, errors)
-                        await asyncio.sleep(0)
+                    for query, params in self._cold_reads(every, full):
+                        if not read.any_held(params):
+                            continue  # a run of partitions handed over before it began
+                        async for part in self._stream(conn, query, params):
+                            self._sort(read.still_held(part, configs, errors), configs, errors)
+                            await asyncio.sleep(0)
                 else:
                     stale = await self._reuse(conn, configs, errors, errors_before)
                     for i in range(0, len(stale), IDS_PER_QUERY):
@@ -378,6 +403,14 @@ class _Reading:
         self._held = held  # None: not restricted (every row is this manager's)
         # The partitions the read covers, and those whose rows it keeps since the last part.
         self._began = self._kept = held().partitions if held is not None else frozenset[int]()
+
+    def any_held(self, params: dict[str, Any]) -> bool:
+        """Whether a run of partitions (``run_from`` .. ``run_to``, else any query) still covers
+        a partition held."""
+        if self._held is None or "run_from" not in params:
+            return True
+        mine = self._held().partitions
+        return any(params["run_from"] <= p < params["run_to"] for p in mine)
 
     def still_held(
         self, part: Sequence[Any], configs: list[PeriodicTaskConfig], errors: list[RowError]

@@ -157,7 +157,8 @@ class DatabaseRuntimeStore:
         count is returned: the caller removes them apart (:meth:`reap`), so that a dead
         manager's entries, however many, never weigh on a heartbeat. NotFoundError if the row
         is gone (reaped). The statements are :func:`beat_statements` (on PostgreSQL folded into
-        one, :data:`BEAT_PG`)."""
+        one, :data:`BEAT_PG`). The history prune is not run here: the caller runs :meth:`beaten`
+        after it, apart (a long prune must not delay the next beat)."""
         params = beat_params(manager_id, status, reap_before)
         if self._beat_pg:
             async with self.engine.connect() as conn:
@@ -172,7 +173,6 @@ class DatabaseRuntimeStore:
                 dead = (await conn.execute(due, params)).scalar_one() if counted else 0
         if not beaten:
             raise NotFoundError(manager_id)
-        await self.beaten(status)
         return int(dead)
 
     @property

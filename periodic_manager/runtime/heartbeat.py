@@ -35,7 +35,7 @@ from periodic_manager.contracts import (
     RuntimeStore,
 )
 from periodic_manager.runtime.metrics import ManagerMetrics
-from periodic_manager.runtime.tasks import reraise_if_cancelled
+from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,11 @@ class Heartbeat:
         self.now = asyncio.Event()  # beat at once (leadership changed)
         self.lock = asyncio.Lock()  # held during a beat
         self._beats: BeatStore | None = None  # set by carried_by(): the rounds write the beats
+        # The store's history prune after a beat (a database store's; the memory store has none).
+        self._pruner: BeatStore | None = store if isinstance(store, BeatStore) else None
         self._carried: ManagerStatus | None = None  # the status a round is writing
-        self._prune: ManagerStatus | None = None  # a carried beat after which a prune is due
+        self._prune: ManagerStatus | None = None  # a beat after which a prune is due
+        self._pruning: asyncio.Task[None] | None = None  # the prune under way
         self._reap: datetime | None = None  # dead managers to remove: heartbeat older than this
         self._woken = asyncio.Event()  # carried: a prune or a reap is due
 
@@ -96,8 +99,7 @@ class Heartbeat:
         if status is not None and dead:
             self._reap = self._reap_before(status)
             self._woken.set()
-        if status is not None and self._beats is not None and self._beats.prune_due(status.heartbeat_at):
-            self._prune = status
+        if status is not None and self._prune_due(status):
             self._woken.set()
 
     def missed(self) -> None:
@@ -124,6 +126,12 @@ class Heartbeat:
             self.now.set()  # no round would: this loop registers again
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            await cancel_loop(self._pruning, self.interval)  # a prune under way ends with it
+
+    async def _run(self) -> None:
         while True:
             if self._beats is not None and self.registered:
                 # Carried: wake only when asked (a leadership change, a failed round, a prune).
@@ -131,9 +139,7 @@ class Heartbeat:
                 if not self.now.is_set():
                     self._woken.clear()
                     await self._reap_dead()
-                    status, self._prune = self._prune, None
-                    if status is not None:
-                        await self._prune_after(status)
+                    self._start_prune()
                     continue
             else:
                 await sleep_unless(self.clock, self.now, until=next_tick(self.clock.now(), self.interval))
@@ -141,14 +147,30 @@ class Heartbeat:
             async with self.lock:
                 await self.beat()
             await self._reap_dead()
+            self._start_prune()
+
+    def _prune_due(self, status: ManagerStatus) -> bool:
+        """Note a prune due after the beat of ``status`` (run by :meth:`_start_prune`)."""
+        if self._pruner is None or not self._pruner.prune_due(status.heartbeat_at):
+            return False
+        self._prune = status
+        return True
+
+    def _start_prune(self) -> None:
+        """The history prune due, in a task of its own: neither the rounds carrying the beats nor
+        this loop's own beats wait for it (after a burst of 100,000 a prune took longer than
+        three heartbeats under load, and the other managers reaped this one, alive). One at a
+        time: one due meanwhile runs after it (the store's timer keeps them apart anyway)."""
+        if self._prune is None or (self._pruning is not None and not self._pruning.done()):
+            return
+        status, self._prune = self._prune, None
+        self._pruning = asyncio.ensure_future(self._prune_after(status))
+        self._pruning.set_name("periodic-manager-history-prune")
 
     async def _prune_after(self, status: ManagerStatus) -> None:
-        # Not under ``lock``: the rounds go on carrying the beats while a prune runs (after a
-        # burst of 100,000 a prune took longer than three heartbeats under load, and the other
-        # managers reaped this one, alive). The store's prune timer keeps prunes from overlapping.
-        assert self._beats is not None
+        assert self._pruner is not None
         try:
-            await self._beats.beaten(status)
+            await self._pruner.beaten(status)
         except Exception as exc:  # the store logs its own prune failures; never fail the loop
             reraise_if_cancelled(exc)
             log.warning("history prune after a heartbeat failed: %r", exc)
@@ -184,6 +206,7 @@ class Heartbeat:
             before = self._reap_before(status)
             if await self.store.heartbeat(self.manager_id, status, reap_before=before):
                 self._reap = before
+            self._prune_due(status)
         except Exception as exc:
             reraise_if_cancelled(exc)
             if self.registered:

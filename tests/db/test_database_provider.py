@@ -18,7 +18,7 @@ from periodic_manager.contracts import ConfigProvider, PartitionsHeld, ProviderS
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import jobs_table
-from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.db.provider import EVERY_RUNS, DatabaseProvider
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from tests.conftest import backend_url
@@ -365,8 +365,9 @@ async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition
 ) -> None:
     """Some partitions are read without ORDER BY (the planner cannot estimate ``id % n`` and
     sorted the whole table before the first row came): the configs and the row errors still
-    come in id order. Every partition is read as an unrestricted read is, without the filter;
-    and a provider holding no partition reads no row (a start before its first lease round)."""
+    come in id order. A takeover of every partition is read as an unrestricted read is, without
+    the filter, a cold read of every partition in runs of them; and a provider holding no
+    partition reads no row (a start before its first lease round)."""
     ids = [await insert_row(engine, f"o{i}") for i in range(12)]
     bad = [await insert_row(engine, f"bad{i}", spec="not a spec") for i in range(6)]
     held = frozenset[int]()
@@ -396,8 +397,9 @@ async def test_a_read_of_partitions_comes_in_id_order_and_one_of_every_partition
     assert [c.schedule_id for c in every.configs] == ids
     assert [e.schedule_id for e in every.errors] == bad
     assert "%" not in statements[-1]
-    full = await provider.get_configs()  # a full read holding every partition: no filter either
-    assert [c.schedule_id for c in full.configs] == ids and "%" not in statements[-1]
+    before = len(statements)
+    full = await provider.get_configs()  # a cold read holding every partition: runs of them
+    assert [c.schedule_id for c in full.configs] == ids and len(statements) == before + EVERY_RUNS
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
@@ -417,23 +419,26 @@ async def test_a_read_holding_no_partition_leaves_the_next_one_a_full_read_of_ev
     held = frozenset(range(4))
     read = await provider.get_configs()
     assert [c.schedule_id for c in read.configs] == ids
-    assert len(statements) == 1 and "payload" in statements[0] and "%" not in statements[0]
+    # Every column, in runs of partitions (see the test of partitions handed over meanwhile).
+    assert len(statements) == EVERY_RUNS and all("payload" in q for q in statements)
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
 async def test_partitions_handed_over_during_a_read_of_every_row_are_read_no_further(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A manager alone reads every row at its start; a manager joining meanwhile makes it hand
-    half of them over. What it read of those goes at once, and the rest of the read keeps only
-    the rows of the partitions it still holds: its memory never holds much more than its share
-    (a manager first through its lease round before the others registered)."""
-    monkeypatch.setattr("periodic_manager.db.provider.FETCH_PARTITION", 4)
+    """A manager alone reads every row at its start, in runs of partitions in partition order
+    (those it would hand over first, the highest, come last); a manager joining meanwhile makes
+    it hand some over. What it read of those goes at once, the rest of the read keeps only the
+    rows of the partitions still held, and a run of partitions all handed over is not read: its
+    memory never holds much more than its share."""
+    monkeypatch.setattr("periodic_manager.db.provider.FETCH_PARTITION", 3)
     ids = [await insert_row(engine, f"h{i}") for i in range(16)]
     bad = [await insert_row(engine, f"hbad{i}", spec="not a spec") for i in range(4)]
     held = frozenset(range(4))
     provider = DatabaseProvider(engine)
     provider.restrict(lambda: PartitionsHeld(4, held))
+    statements = streamed(engine, monkeypatch)
     sort = provider._sort
     parts: list[list[int]] = []
 
@@ -441,23 +446,22 @@ async def test_partitions_handed_over_during_a_read_of_every_row_are_read_no_fur
         nonlocal held
         parts.append([raw[0] for raw in part])
         sort(part, configs, errors)
-        held = frozenset({0, 1})  # after the first part: partitions 2 and 3 are handed over
+        held = frozenset({1, 3})  # after the first part: partitions 0 and 2 are handed over
 
     monkeypatch.setattr(provider, "_sort", sorting)
     read = await provider.get_configs()
-    assert [c.schedule_id for c in read.configs] == [i for i in ids if i % 4 in (0, 1)]
-    assert [e.schedule_id for e in read.errors] == [i for i in bad if i % 4 in (0, 1)]
-    assert len(parts[0]) == 4  # read before the hand-over: every partition's rows ...
-    assert {i % 4 for i in parts[0]} == {0, 1, 2, 3}
-    assert all(i % 4 in (0, 1) for part in parts[1:] for i in part)  # ... and none after it
+    assert [c.schedule_id for c in read.configs] == [i for i in ids if i % 4 in (1, 3)]
+    assert [e.schedule_id for e in read.errors] == [i for i in bad if i % 4 in (1, 3)]
+    assert len(parts[0]) == 3 and {i % 4 for i in parts[0]} == {0}  # the first run: partition 0
+    assert all(i % 4 in (1, 3) for part in parts[1:] for i in part)  # none handed over after it
+    assert len(statements) == 3  # the runs of partitions 0, 1 and 3: partition 2's is not read
     # The same in a takeover's read of some partitions (a third manager joins meanwhile).
     parts.clear()
     held = frozenset({0, 1, 2, 3})
-    monkeypatch.setattr(provider, "_sort", sorting)
     taken = await provider.get_partitions(frozenset({2, 3}))
-    assert [c.schedule_id for c in taken.configs] == []  # 2 and 3 handed over after the first part
-    assert parts[0] and {i % 4 for i in parts[0]} == {2, 3}
-    assert all(not part for part in parts[1:])
+    assert [c.schedule_id for c in taken.configs] == [i for i in ids if i % 4 == 3]
+    assert parts[0] and {i % 4 for i in parts[0]} <= {2, 3}
+    assert all(i % 4 == 3 for part in parts[1:] for i in part)
 
 
 async def test_partitions_need_postgresql(engine: AsyncEngine, backend: str) -> None:

@@ -120,6 +120,12 @@ async def test_age_prune_is_bounded_per_call(
     assert await count(engine) == 0
 
 
+async def heartbeat(store: DatabaseRuntimeStore, manager_id: str, status: ManagerStatus) -> None:
+    """A heartbeat as the manager's heartbeat loop writes it: the beat, then the prune after it."""
+    await store.heartbeat(manager_id, status)
+    await store.beaten(status)
+
+
 async def test_heartbeat_prunes_at_most_once_per_interval(engine: AsyncEngine) -> None:
     store = DatabaseRuntimeStore(
         engine, runs_retention=timedelta(seconds=30), prune_interval=timedelta(seconds=60)
@@ -131,10 +137,10 @@ async def test_heartbeat_prunes_at_most_once_per_interval(engine: AsyncEngine) -
 
     await store.register_manager(info, beat(0))
     await store.record_runs([run("1", 0)])
-    await store.heartbeat("m1", beat(5))  # the first heartbeat only starts the timer
-    await store.heartbeat("m1", beat(50))
+    await heartbeat(store, "m1", beat(5))  # the first heartbeat only starts the timer
+    await heartbeat(store, "m1", beat(50))
     assert await count(engine) == 1
-    await store.heartbeat("m1", beat(65))  # due: the row is 65 s old, retention 30 s
+    await heartbeat(store, "m1", beat(65))  # due: the row is 65 s old, retention 30 s
     assert await count(engine) == 0
 
 
@@ -152,19 +158,19 @@ async def test_a_manager_recording_no_runs_prunes_ten_times_less_often(engine: A
 
     await store.register_manager(ManagerInfo("m1", "h", 1, "0", at(0)), ManagerStatus(at(0), True, None, None, 0))
     await DatabaseRuntimeStore(engine).record_runs([run("1", -60)])  # another manager's, aged out
-    await store.heartbeat("m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
+    await heartbeat(store, "m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
     event.listen(engine.sync_engine, "before_cursor_execute", count_deletes)
     try:
         for s in range(10, 600, 5):  # nine minutes of beats at rest
-            await store.heartbeat("m1", ManagerStatus(at(s), True, None, None, 0))
+            await heartbeat(store, "m1", ManagerStatus(at(s), True, None, None, 0))
         assert statements == [] and await count(engine) == 1
-        await store.heartbeat("m1", ManagerStatus(at(605), True, None, None, 0))
+        await heartbeat(store, "m1", ManagerStatus(at(605), True, None, None, 0))
         assert statements and await count(engine) == 0
         statements.clear()
         await store.record_runs([run("2", 600)])  # recording again: once a minute
-        await store.heartbeat("m1", ManagerStatus(at(660), True, None, None, 0))
+        await heartbeat(store, "m1", ManagerStatus(at(660), True, None, None, 0))
         assert statements == []
-        await store.heartbeat("m1", ManagerStatus(at(665), True, None, None, 0))
+        await heartbeat(store, "m1", ManagerStatus(at(665), True, None, None, 0))
         assert statements
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", count_deletes)
@@ -195,9 +201,9 @@ async def test_heartbeat_prunes_the_change_history_too(engine: AsyncEngine) -> N
             stmt = select(schedule_changes_table.c.schedule_id, schedule_changes_table.c.at).order_by(schedule_changes_table.c.id)
             return [tuple(r) for r in (await conn.execute(stmt)).all()]
 
-    await store.heartbeat("m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
+    await heartbeat(store, "m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
     assert len(await left()) == 3
-    await store.heartbeat("m1", ManagerStatus(at(65), True, None, None, 0))
+    await heartbeat(store, "m1", ManagerStatus(at(65), True, None, None, 0))
     assert await left() == [(2, at(41))]  # too old (35 s > 30 s), and beyond the cap of one
 
 
@@ -244,9 +250,9 @@ async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: Asyn
             return int((await conn.execute(select(func.count()).select_from(schedule_changes_table))).scalar_one())
 
     for name, s, shared in (("other", other, False), ("holder", holder, True)):
-        await s.heartbeat(name, ManagerStatus(at(5), True, None, None, 0, shared_work=shared))
-    await other.heartbeat("other", ManagerStatus(at(65), True, None, None, 0, shared_work=False))
+        await heartbeat(s, name, ManagerStatus(at(5), True, None, None, 0, shared_work=shared))
+    await heartbeat(other, "other", ManagerStatus(at(65), True, None, None, 0, shared_work=False))
     assert await count(engine) == 2  # its own "2" trimmed to one; the old row of "1" left
     assert await changes() == 1
-    await holder.heartbeat("holder", ManagerStatus(at(65), True, None, None, 0, shared_work=True))
+    await heartbeat(holder, "holder", ManagerStatus(at(65), True, None, None, 0, shared_work=True))
     assert await count(engine) == 1 and await changes() == 0  # the holder of partition 0 did it

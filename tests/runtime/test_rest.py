@@ -195,10 +195,60 @@ async def test_a_long_history_prune_never_stops_the_rounds_carrying_the_heartbea
         await drive(mgr, clock, 6)
         assert pruning.is_set()
         statements.sent.clear()
-        await drive(mgr, clock, 30)  # the prune still runs
+        async with asyncio.timeout(30):  # a round waiting on the prune would wait forever
+            await drive(mgr, clock, 30)  # the prune still runs
         assert statements.of(ROUND_BEAT) == 6
         beat = await admin.fetchval("SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
         assert clock.now() - beat < timedelta(seconds=5)
     finally:
         release.set()
         await admin.close()
+
+
+async def test_a_long_history_prune_never_delays_a_leader_mode_heartbeat(
+    pg_url: str, statements: Statements, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In leader mode the heartbeat loop writes the beats itself: a prune after one (long after a
+    burst, under load) runs apart, so the next beats come on time (while it ran inside the beat,
+    three missed beats got this manager reaped by another one, alive)."""
+    await upgrade(pg_url)
+    settings = Settings(
+        database_url=pg_url, target="outbox", coordination="leader",
+        sync_interval=3600, full_sync_interval=3600, listen=False,
+    )  # fmt: skip
+    clock = VirtualClock(T0)
+    engine = create_engine(pg_url)
+    mgr = build_manager(settings, engine, clock=clock)
+    assert isinstance(mgr.store, DatabaseRuntimeStore) and mgr.heartbeat.interval == 5
+    release = asyncio.Event()
+    pruning = asyncio.Event()
+
+    async def slow_prune(*_args: Any, **_kw: Any) -> int:
+        pruning.set()
+        await release.wait()
+        return 0
+
+    async def drive(seconds: float) -> None:
+        for _ in range(int(seconds * 2)):
+            await clock.advance(0.5, settle=lambda: mgr.wait_settled(clock.now()))
+            await asyncio.sleep(0.01)  # the beat's statement answers from the real database
+
+    await mgr.start()
+    admin = await asyncpg.connect(dsn(pg_url))
+    try:
+        await drive(6)  # the first beat set the prune timer
+        monkeypatch.setattr(mgr.store, "prune_due", lambda _now: True)
+        monkeypatch.setattr(mgr.store, "prune_runs", slow_prune)
+        async with asyncio.timeout(30):  # a beat waiting on the prune would wait forever
+            await drive(6)
+            assert pruning.is_set()
+            statements.sent.clear()
+            await drive(30)  # the prune still runs
+        assert statements.of(BEAT_PG) >= 5
+        beat = await admin.fetchval("SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
+        assert clock.now() - beat < timedelta(seconds=6)
+    finally:
+        release.set()
+        await admin.close()
+        await mgr.stop()
+        await engine.dispose()
