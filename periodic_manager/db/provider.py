@@ -222,7 +222,7 @@ class DatabaseProvider:
                 if nothing:
                     pass  # no partition held (a start before its first round): no row is mine
                 elif self.known is None or not self._warm:
-                    # Nothing held yet (a cold start): one read of every column.
+                    # Nothing held yet (a cold start): every column read once (_cold_reads).
                     read = self._reading()
                     for query, params in self._cold_reads(every, full):
                         if not read.any_held(params):

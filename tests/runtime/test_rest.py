@@ -81,6 +81,19 @@ async def rest(pg_url: str, statements: Statements) -> AsyncIterator[tuple[Perio
         await engine.dispose()
 
 
+class SlowPrune:
+    """A history prune that runs until released (after a burst, under load)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, *_args: Any, **_kw: Any) -> int:
+        self.started.set()
+        await self.release.wait()
+        return 0
+
+
 async def drive(mgr: PeriodicTaskManager, clock: VirtualClock, seconds: float) -> None:
     async def settle() -> None:
         assert isinstance(mgr.leadership, PartitionLeases)
@@ -180,20 +193,14 @@ async def test_a_long_history_prune_never_stops_the_rounds_carrying_the_heartbea
     mgr, clock = rest
     assert isinstance(mgr.store, DatabaseRuntimeStore)
     await drive(mgr, clock, 6)  # the first carried beat set the prune timer
-    release = asyncio.Event()
-    pruning = asyncio.Event()
-
-    async def slow_prune(*_args: Any, **_kw: Any) -> int:
-        pruning.set()
-        await release.wait()
-        return 0
+    prune = SlowPrune()
 
     monkeypatch.setattr(mgr.store, "prune_due", lambda _now: True)
-    monkeypatch.setattr(mgr.store, "prune_runs", slow_prune)
+    monkeypatch.setattr(mgr.store, "prune_runs", prune)
     admin = await asyncpg.connect(dsn(pg_url))
     try:
         await drive(mgr, clock, 6)
-        assert pruning.is_set()
+        assert prune.started.is_set()
         statements.sent.clear()
         async with asyncio.timeout(30):  # a round waiting on the prune would wait forever
             await drive(mgr, clock, 30)  # the prune still runs
@@ -201,7 +208,7 @@ async def test_a_long_history_prune_never_stops_the_rounds_carrying_the_heartbea
         beat = await admin.fetchval("SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
         assert clock.now() - beat < timedelta(seconds=5)
     finally:
-        release.set()
+        prune.release.set()
         await admin.close()
 
 
@@ -220,13 +227,7 @@ async def test_a_long_history_prune_never_delays_a_leader_mode_heartbeat(
     engine = create_engine(pg_url)
     mgr = build_manager(settings, engine, clock=clock)
     assert isinstance(mgr.store, DatabaseRuntimeStore) and mgr.heartbeat.interval == 5
-    release = asyncio.Event()
-    pruning = asyncio.Event()
-
-    async def slow_prune(*_args: Any, **_kw: Any) -> int:
-        pruning.set()
-        await release.wait()
-        return 0
+    prune = SlowPrune()
 
     async def drive(seconds: float) -> None:
         for _ in range(int(seconds * 2)):
@@ -238,17 +239,17 @@ async def test_a_long_history_prune_never_delays_a_leader_mode_heartbeat(
     try:
         await drive(6)  # the first beat set the prune timer
         monkeypatch.setattr(mgr.store, "prune_due", lambda _now: True)
-        monkeypatch.setattr(mgr.store, "prune_runs", slow_prune)
+        monkeypatch.setattr(mgr.store, "prune_runs", prune)
         async with asyncio.timeout(30):  # a beat waiting on the prune would wait forever
             await drive(6)
-            assert pruning.is_set()
+            assert prune.started.is_set()
             statements.sent.clear()
             await drive(30)  # the prune still runs
         assert statements.of(BEAT_PG) >= 5
         beat = await admin.fetchval("SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
         assert clock.now() - beat < timedelta(seconds=6)
     finally:
-        release.set()
+        prune.release.set()
         await admin.close()
         await mgr.stop()
         await engine.dispose()
