@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import logging
 import os
 import re
@@ -324,6 +325,50 @@ def cli_logging_undone() -> Iterator[None]:
         root.removeHandler(handler)
     root.setLevel(levels[0])
     alembic.setLevel(levels[1])
+
+
+DUMP_BEFORE_TIMEOUT_S = 5.0  # the tasks' stacks are printed this long before pytest-timeout
+
+
+@pytest.fixture
+async def tasks_dumped_on_timeout(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """An async test that hangs shows where its tasks wait: shortly before pytest-timeout ends
+    it, every task of its loop prints its stack (pytest-timeout prints only the threads', and
+    a hung test's main thread just waits in the selector). Added to every coroutine test by
+    :func:`pytest_collection_modifyitems`; a watchdog on the loop, it waits for no slot."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = float(marker.args[0] if marker and marker.args else request.config.getini("timeout") or 0)
+    if limit <= 2 * DUMP_BEFORE_TIMEOUT_S:
+        yield
+        return
+    handle = asyncio.get_running_loop().call_later(limit - DUMP_BEFORE_TIMEOUT_S, _print_tasks)
+    try:
+        yield
+    finally:
+        handle.cancel()
+
+
+def _print_tasks() -> None:
+    tasks = asyncio.all_tasks()
+    print(f"\n{'~' * 20} {len(tasks)} asyncio task(s), shortly before the timeout {'~' * 20}")
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        print(f"{task.get_name()}: {task.get_coro()!r}")
+        # The whole chain of awaits (a task's own stack holds only its outermost frame).
+        link: Any = task.get_coro()
+        for _ in range(40):
+            frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None)
+            if frame is None:
+                break
+            print(f"    {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+            link = getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
+        if link is not None:
+            print(f"    awaiting {link!r}"[:300])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.function):
+            item.fixturenames.append("tasks_dumped_on_timeout")
 
 
 @pytest.fixture
