@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import BigInteger, ColumnElement, Integer, Select, any_, bindparam, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -135,16 +135,17 @@ class DatabaseProvider:
         alone): its reads are then those of an unrestricted provider, without the filter."""
         return None if self._held is None else self._held().every
 
-    def _cold_reads(self, every: bool | None, full: Select[Any]) -> list[tuple[Select[Any], dict[str, Any]]]:
-        """The queries (and their parameters) of a read of every column: with every partition
-        held, EVERY_RUNS runs of partitions in partition order; else one query."""
+    def _cold_reads(self, every: bool | None, full: Select[Any]) -> list[_ColdRead]:
+        """The queries of a read of every column: with every partition held, EVERY_RUNS runs of
+        partitions in partition order; else one query."""
         if not every or self._held is None:
-            return [(full, {} if every else self._scope())]
+            return [_ColdRead(full, {} if every else self._scope(), None)]
         count = self._held().count
         size = -(-count // EVERY_RUNS)
+        runs = [range(lo, min(count, lo + size)) for lo in range(0, count, size)]
         return [
-            (self._run, {"partition_count": count, "run_from": lo, "run_to": min(count, lo + size)})
-            for lo in range(0, count, size)
+            _ColdRead(self._run, {"partition_count": count, "run_from": r.start, "run_to": r.stop}, r)
+            for r in runs
         ]
 
     def _reading(self) -> _Reading:
@@ -224,10 +225,10 @@ class DatabaseProvider:
                 elif self.known is None or not self._warm:
                     # Nothing held yet (a cold start): every column read once (_cold_reads).
                     read = self._reading()
-                    for query, params in self._cold_reads(every, full):
-                        if not read.any_held(params):
+                    for cold in self._cold_reads(every, full):
+                        if not read.any_held(cold.partitions):
                             continue  # a run of partitions handed over before it began
-                        async for part in self._stream(conn, query, params):
+                        async for part in self._stream(conn, cold.query, cold.params):
                             self._sort(read.still_held(part, configs, errors), configs, errors)
                             await asyncio.sleep(0)
                 else:
@@ -391,6 +392,15 @@ class DatabaseProvider:
                 yield part
 
 
+class _ColdRead(NamedTuple):
+    """One query of a read of every column: its parameters, and the run of partitions it reads
+    (None: the partitions held, or every row)."""
+
+    query: Select[Any]
+    params: dict[str, Any]
+    partitions: range | None
+
+
 class _Reading:
     """A read of the rows of the partitions held when it began. A partition handed over while
     it runs (a manager joined: a manager alone reading every row at its start, a takeover
@@ -404,13 +414,12 @@ class _Reading:
         # The partitions the read covers, and those whose rows it keeps since the last part.
         self._began = self._kept = held().partitions if held is not None else frozenset[int]()
 
-    def any_held(self, params: dict[str, Any]) -> bool:
-        """Whether a run of partitions (``run_from`` .. ``run_to``, else any query) still covers
-        a partition held."""
-        if self._held is None or "run_from" not in params:
+    def any_held(self, partitions: range | None) -> bool:
+        """Whether a read of ``partitions`` (None: of whatever is held) still covers a
+        partition held."""
+        if self._held is None or partitions is None:
             return True
-        mine = self._held().partitions
-        return any(params["run_from"] <= p < params["run_to"] for p in mine)
+        return any(p in partitions for p in self._held().partitions)
 
     def still_held(
         self, part: Sequence[Any], configs: list[PeriodicTaskConfig], errors: list[RowError]
