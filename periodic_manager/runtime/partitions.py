@@ -33,7 +33,9 @@ looks wake with a round) on an asyncpg connection of its own:
    UPDATE clears the holder (only at the epoch held: a stale holder changes nothing) and
    NOTIFYs ``pm_partitions_freed``: the other managers' lease connections listen, and a round
    comes at once, so a joiner's share or a leaver's partitions are taken within a round trip,
-   not at the next tick (without LISTEN, e.g. CockroachDB, at the next tick);
+   not at the next tick (without LISTEN, e.g. CockroachDB, at the next tick); anyone may NOTIFY
+   that channel, so notifications bring ``FREED_ROUNDS_PER_INTERVAL`` rounds at most between two
+   rounds on ticks;
 4. **take** what is missing to the share from free or expired partitions, in one conditional
    UPDATE that bumps their epochs. A partition taken for the first time (epoch 0) records
    ``first_held_at``: this manager's clock at the take, the clock its first slots are judged
@@ -87,6 +89,11 @@ RENEW = f"""UPDATE pm_partitions SET expires_at = now() + make_interval(secs => 
 FREED = "pm_partitions_freed"
 JOINED = "joined "
 ANNOUNCE = "SELECT pg_notify($1, $2)"
+# Rounds that notifications on FREED may bring between two rounds on the clock's ticks. Anyone
+# who can connect may NOTIFY any channel: a flood of them must not make every manager renew its
+# leases in a loop. A fleet's joins and hand-overs need one each; past this budget a
+# notification waits for the next round on a tick (said once per interval, at WARNING).
+FREED_ROUNDS_PER_INTERVAL = 16
 RELEASE = f"""WITH released AS (UPDATE pm_partitions SET holder = NULL, expires_at = NULL
     WHERE holder = $1 AND {_HELD} RETURNING partition)
     SELECT pg_notify('{FREED}', $1) FROM released LIMIT 1"""
@@ -295,7 +302,9 @@ class PartitionLeases:
             next_round = next_tick(now, self.interval)
         else:
             next_round = now + timedelta(seconds=self.interval)
-        # Partitions handed over by another manager (FREED) bring a round at once too.
+        # Partitions handed over by another manager (FREED) bring a round at once too, up to
+        # FREED_ROUNDS_PER_INTERVAL of them between two rounds on ticks.
+        budget = FREED_ROUNDS_PER_INTERVAL
         while True:
             # Wake for the next round, or earlier when the trust in a lease ends first.
             expiry = self._next_expiry
@@ -304,7 +313,20 @@ class PartitionLeases:
             self._freed.clear()
             self._expire()
             now = self.clock.now()
-            if freed or now >= next_round or (expiry is not None and now >= expiry):
+            ticked = now >= next_round
+            if ticked:
+                budget = FREED_ROUNDS_PER_INTERVAL
+            elif freed and not (expiry is not None and now >= expiry):
+                if budget == 0:
+                    continue  # spent: this notification waits for the round on the next tick
+                budget -= 1
+                if budget == 0:
+                    log.warning(
+                        "partition leases: %d notifications on %s brought a round each since "
+                        "the last round on a tick; more wait for the next one (%.0f s at most)",
+                        FREED_ROUNDS_PER_INTERVAL, FREED, (next_round - now).total_seconds(),
+                    )  # fmt: skip
+            if freed or ticked or (expiry is not None and now >= expiry):
                 await self.round()
                 next_round = next_tick(self.clock.now(), self.interval)
 

@@ -27,7 +27,12 @@ from periodic_manager.runtime.leadership import (
     PostgresLeadership,
     lock_key,
 )
-from periodic_manager.runtime.partitions import PartitionLeases, fair_share
+from periodic_manager.runtime.partitions import (
+    FREED,
+    FREED_ROUNDS_PER_INTERVAL,
+    PartitionLeases,
+    fair_share,
+)
 from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
 from periodic_manager.settings import Settings
 from tests.support.faults import dsn
@@ -370,6 +375,41 @@ async def test_a_join_wakes_no_manager_that_holds_nothing(
     await clock.advance(a.interval)  # the round after the wait: the shares
     await eventually(lambda: len(a.held) == len(b.held) == 32, "both take their share")
     assert a.handovers == b.handovers == 0
+
+
+async def test_a_flood_of_notifications_brings_a_bounded_number_of_rounds(
+    make, admin: asyncpg.Connection, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone who can connect may NOTIFY the channel of freed partitions: between two rounds on
+    the clock's ticks, notifications bring FREED_ROUNDS_PER_INTERVAL rounds at most (said once,
+    at WARNING), not one each; the round on the next tick restores the budget. The virtual
+    clock stands still meanwhile, so every round counted here was brought by a notification."""
+    a, _ = make("a")
+    await a.start(lambda _v: None)
+    count = 0
+    real = a.round
+
+    async def counted() -> None:
+        nonlocal count
+        count += 1
+        await real()
+
+    a.round = counted  # type: ignore[method-assign]
+    for i in range(FREED_ROUNDS_PER_INTERVAL):  # each waited for: none coalesced with another
+        await admin.execute("SELECT pg_notify($1, $2)", FREED, f"someone-{i}")
+        await eventually(lambda i=i: count == i + 1, f"notification {i} brings a round")
+    for i in range(FREED_ROUNDS_PER_INTERVAL):
+        await admin.execute("SELECT pg_notify($1, $2)", FREED, f"flood-{i}")
+    await admin.execute("SELECT pg_notify($1, $2)", FREED, "last")
+    await asyncio.sleep(0.3)  # rounds would come from the real database meanwhile
+    await a.quiet()
+    assert count == FREED_ROUNDS_PER_INTERVAL
+    spent = [r for r in caplog.records if "notifications on pm_partitions_freed" in r.getMessage()]
+    assert len(spent) == 1 and spent[0].levelname == "WARNING"
+    await clock.advance(a.interval)  # the round on the next tick: the budget is back
+    await eventually(lambda: count == FREED_ROUNDS_PER_INTERVAL + 1, "the round on the tick")
+    await admin.execute("SELECT pg_notify($1, $2)", FREED, "after the tick")
+    await eventually(lambda: count == FREED_ROUNDS_PER_INTERVAL + 2, "a notification brings a round again")
 
 
 async def test_a_dead_managers_partitions_are_taken_only_after_their_lease_expires(
