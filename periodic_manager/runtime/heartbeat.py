@@ -66,28 +66,32 @@ class Heartbeat:
         self.registered = False
         self.now = asyncio.Event()  # beat at once (leadership changed)
         self.lock = asyncio.Lock()  # held during a beat
-        self._beats: BeatStore | None = None  # set by carried_by(): the rounds write the beats
-        # The store's history prune after a beat (a database store's; the memory store has none).
-        self._pruner: BeatStore | None = store if isinstance(store, BeatStore) else None
+        # The store as a BeatStore (a database store's: the values a round writes, the history
+        # prune after a beat; the memory store has neither).
+        self._beat_store: BeatStore | None = store if isinstance(store, BeatStore) else None
+        self._by_rounds = False  # set by carried_by(): the rounds write the beats
         self._carried: ManagerStatus | None = None  # the status a round is writing
         self._prune: ManagerStatus | None = None  # a beat after which a prune is due
         self._pruning: asyncio.Task[None] | None = None  # the prune under way
         self._reap: datetime | None = None  # dead managers to remove: heartbeat older than this
         self._woken = asyncio.Event()  # carried: a prune or a reap is due
 
-    def carried_by(self, carrier: BeatCarrier, store: BeatStore) -> None:
-        """Let ``carrier``'s statements (lease rounds, on the database of ``store``) write the
-        beats from now on: this loop then writes one only when a round cannot."""
-        self._beats = store
+    def carried_by(self, carrier: BeatCarrier) -> None:
+        """Let ``carrier``'s statements (lease rounds, on the database of this heartbeat's store,
+        a BeatStore) write the beats from now on: this loop then writes one only when a round
+        cannot."""
+        assert self._beat_store is not None, "a carried heartbeat needs a BeatStore"
+        self._by_rounds = True
         carrier.carry(self)
 
     # -- a beat carried by a round (contracts.CarriedBeat) -------------------------------------
 
     def values(self) -> tuple[object, ...] | None:
-        if self._beats is None or not self.registered or self.lock.locked():
+        store = self._beat_store if self._by_rounds else None
+        if store is None or not self.registered or self.lock.locked():
             return None  # this loop (re)registers, or beats on its own right now
         status = self._carried = self._status()
-        return self._beats.beat_values(self.manager_id, status, self._reap_before(status))
+        return store.beat_values(self.manager_id, status, self._reap_before(status))
 
     def written(self, beaten: bool, dead: int) -> None:
         status, self._carried = self._carried, None
@@ -122,7 +126,7 @@ class Heartbeat:
     def store_failed(self, exc: BaseException) -> None:
         """A write to the store failed: publish this manager and its entries again next beat."""
         self.registered = False
-        if self._beats is not None:
+        if self._by_rounds:
             self.now.set()  # no round would: this loop registers again
 
     async def run(self) -> None:
@@ -133,7 +137,7 @@ class Heartbeat:
 
     async def _run(self) -> None:
         while True:
-            if self._beats is not None and self.registered:
+            if self._by_rounds and self.registered:
                 # Carried: wake only when asked (a leadership change, a failed round, a prune).
                 await sleep_unless(self.clock, self.now, self._woken)
                 if not self.now.is_set():
@@ -151,7 +155,7 @@ class Heartbeat:
 
     def _prune_due(self, status: ManagerStatus) -> bool:
         """Note a prune due after the beat of ``status`` (run by :meth:`_start_prune`)."""
-        if self._pruner is None or not self._pruner.prune_due(status.heartbeat_at):
+        if self._beat_store is None or not self._beat_store.prune_due(status.heartbeat_at):
             return False
         self._prune = status
         return True
@@ -168,9 +172,9 @@ class Heartbeat:
         self._pruning.set_name("periodic-manager-history-prune")
 
     async def _prune_after(self, status: ManagerStatus) -> None:
-        assert self._pruner is not None
+        assert self._beat_store is not None
         try:
-            await self._pruner.beaten(status)
+            await self._beat_store.beaten(status)
         except Exception as exc:  # the store logs its own prune failures; never fail the loop
             reraise_if_cancelled(exc)
             log.warning("history prune after a heartbeat failed: %r", exc)

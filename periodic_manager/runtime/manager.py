@@ -204,7 +204,7 @@ class PeriodicTaskManager:
             and self.store.carries_beat
             and self.leadership.interval <= timing.heartbeat_interval
         ):
-            self.heartbeat.carried_by(self.leadership, self.store)
+            self.heartbeat.carried_by(self.leadership)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

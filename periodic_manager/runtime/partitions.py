@@ -314,9 +314,10 @@ class PartitionLeases:
             self._expire()
             now = self.clock.now()
             ticked = now >= next_round
+            expired = expiry is not None and now >= expiry
             if ticked:
                 budget = FREED_ROUNDS_PER_INTERVAL
-            elif freed and not (expiry is not None and now >= expiry):
+            elif freed and not expired:
                 if budget == 0:
                     continue  # spent: this notification waits for the round on the next tick
                 budget -= 1
@@ -326,7 +327,7 @@ class PartitionLeases:
                         "the last round on a tick; more wait for the next one (%.0f s at most)",
                         FREED_ROUNDS_PER_INTERVAL, FREED, (next_round - now).total_seconds(),
                     )  # fmt: skip
-            if freed or ticked or (expiry is not None and now >= expiry):
+            if freed or ticked or expired:
                 await self.round()
                 next_round = next_tick(self.clock.now(), self.interval)
 

@@ -231,8 +231,9 @@ async def test_a_long_history_prune_never_delays_a_leader_mode_heartbeat(
 
     async def drive(seconds: float) -> None:
         for _ in range(int(seconds * 2)):
+            # wait_settled waits for a beat under way (the heartbeat's lock), answered by the
+            # real database, before the clock moves on.
             await clock.advance(0.5, settle=lambda: mgr.wait_settled(clock.now()))
-            await asyncio.sleep(0.01)  # the beat's statement answers from the real database
 
     await mgr.start()
     admin = await asyncpg.connect(dsn(pg_url))
