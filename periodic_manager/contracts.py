@@ -123,6 +123,12 @@ class IncrementalProvider(ConfigProvider, Protocol):
         """Forget deletions older than ``older_than`` (a full read makes up for any pruned)."""
         ...
 
+    async def unchanged_since_full(self) -> bool:
+        """Whether the rows a full read would go through now are exactly those of the last full
+        read, same scope (one aggregate query; False when the provider cannot tell): a full
+        reconcile due at rest then stands as it was, and nothing is listed."""
+        ...
+
     def adopt(self, build: type[PeriodicTaskConfig], known: Known) -> None:
         """Build valid rows as ``build`` (the manager's entry class, adopted without a copy), and
         after the first full read reuse ``known(row_id)`` for a row whose revision it holds."""

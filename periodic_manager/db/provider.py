@@ -11,9 +11,11 @@ Cost follows change. Every row carries a ``revision`` (a trigger bumps it on eac
 each config keeps the revision it was read at. A manager hands the provider ``known`` (the
 config it holds for a row id): a full read first lists ``(id, revision)`` and reads the columns
 only of rows whose revision differs from what is known, so a full reconcile of 100,000 unchanged
-rows is one narrow query. On PostgreSQL the rows are read with the driver itself, through a
-cursor in partitions that are judged as they arrive: no result of a million rows is ever held,
-and the event loop is never held for long.
+rows is one narrow query; on PostgreSQL, when nothing was written since the last full read, not
+even that: one aggregate query says so (:meth:`DatabaseProvider.unchanged_since_full`). On
+PostgreSQL the rows are read with the driver itself, through a cursor in partitions that are
+judged as they arrive: no result of a million rows is ever held, and the event loop is never
+held for long.
 """
 
 from __future__ import annotations
@@ -24,7 +26,17 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import BigInteger, ColumnElement, Integer, Select, any_, bindparam, select, text
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Select,
+    any_,
+    bindparam,
+    func,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -95,6 +107,10 @@ class DatabaseProvider:
         self._revisions = (
             select(t.id, t.revision).where(dbrows.not_disabled(self._bytes)).order_by(t.id)
         )
+        # PostgreSQL: the digest of what a full reconcile lists (see unchanged_since_full), and
+        # the scope and digest of the last full read (None: none to compare with).
+        self._digest = self._every_digest = _digest_of(self._revisions)
+        self._digested: tuple[_Scope, tuple[Any, ...]] | None = None
         self._held: HeldPartitions | None = None  # set by restrict()
         # Restricted: the unfiltered reads, used while every partition is held (see _every).
         self._every_full = self._full
@@ -118,6 +134,7 @@ class DatabaseProvider:
         self._full = self._full.where(mine).order_by(None)
         self._changed = self._changed.where(mine)
         self._revisions = self._revisions.where(mine).order_by(None)
+        self._digest = _digest_of(self._revisions)
         self._some = self._full.where(self._mine("taken_partitions"))
         part = partition_sql(jobs_table.c.id, bindparam("partition_count", type_=Integer))
         self._run = self._every_full.where(
@@ -147,6 +164,42 @@ class DatabaseProvider:
             _ColdRead(self._run, {"partition_count": count, "run_from": r.start, "run_to": r.stop}, r)
             for r in runs
         ]
+
+    def _scope_now(self) -> _Scope:
+        """What a full read covers now: None (every row), or the partitions held of how many."""
+        if self._held is None:
+            return None
+        held = self._held()
+        return (held.count, held.partitions)
+
+    async def _digest_now(self, conn: AsyncConnection, every: bool | None) -> tuple[Any, ...]:
+        query = self._every_digest if every else self._digest
+        return tuple((await conn.execute(query, {} if every else self._scope())).one())
+
+    async def unchanged_since_full(self) -> bool:
+        """Whether the rows a full reconcile would list now (``id`` and ``revision`` of every
+        row not disabled, of the partitions held) are exactly those the last full read listed,
+        over the same partitions: one aggregate query, outside a transaction, whose work is the
+        database's (at rest with a million rows the manager would otherwise receive and compare
+        a million pairs every ``full_sync_interval``). False on SQLite and MariaDB/MySQL (no
+        digest: their full reconcile lists the rows), before a first full read, after a failed
+        one, and when the partitions held have changed since.
+
+        The digest is the count of those rows and the sum of a 64-bit hash of each pair
+        (PostgreSQL's ``hashint8extended``: the id hashed with the revision as seed). A write
+        through the triggers gives a row a new revision, and one that bypasses them (triggers
+        disabled, ``session_replication_role = replica``) changes a pair, adds one or removes one:
+        a change goes unseen only if its hashes cancel out exactly, one chance in 2**64."""
+        seen = self._digested
+        if seen is None or seen[0] != self._scope_now():
+            return False
+        try:
+            async with self.engine.connect() as conn:
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                digest = await self._digest_now(conn, self._every())
+        except Exception as exc:
+            raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
+        return digest == seen[1]
 
     def _reading(self) -> _Reading:
         """A read of rows beginning now (see :class:`_Reading`)."""
@@ -213,13 +266,21 @@ class DatabaseProvider:
         errors: list[RowError] = []
         errors_before, self._errors = self._errors, {}
         self._types_checked = False  # the column types are read again by every read of rows
+        scope, self._digested = self._scope_now(), None
+        digest: tuple[Any, ...] | None = None
         try:
             async with self.engine.connect() as conn:
+                if not self._bytes:
+                    # One snapshot for the watermark, the calendars, the digest and the rows:
+                    # the digest is exactly that of the rows listed.
+                    conn = await conn.execution_options(isolation_level="REPEATABLE READ")
                 revision = await changes.current_revision(conn)
                 await self._read_calendars(conn)
                 every = self._every()
                 full = self._every_full if every else self._full
                 nothing = self._nothing_held()
+                if not self._bytes and not nothing:
+                    digest = await self._digest_now(conn, every)
                 if nothing:
                     pass  # no partition held (a start before its first round): no row is mine
                 elif self.known is None or not self._warm:
@@ -249,6 +310,8 @@ class DatabaseProvider:
         # A read of nothing warms nothing: the read that follows the first round of a manager
         # alone is then one streamed read of every row, as a first sync's.
         self._warm = self._warm or not nothing
+        if digest is not None:
+            self._digested = (scope, digest)
         return ProviderSnapshot(configs=configs, errors=errors, revision=revision)
 
     async def _reuse(
@@ -390,6 +453,18 @@ class DatabaseProvider:
             cursor = await driver.cursor(str(compiled), *args)
             while part := await cursor.fetch(FETCH_PARTITION):
                 yield part
+
+
+# What a full read covered: None (every row, not restricted), or (partition count, held).
+_Scope = tuple[int, frozenset[int]] | None
+
+
+def _digest_of(listing: Select[Any]) -> Select[Any]:
+    """The count and the sum of ``hashint8extended(id, revision)`` of the rows ``listing``
+    lists (its filters by construction: the digest and the listing cannot drift apart)."""
+    pairs = listing.order_by(None).subquery()
+    hashed = func.hashint8extended(pairs.c.id, pairs.c.revision)
+    return select(func.count(), func.coalesce(func.sum(hashed), 0))
 
 
 class _ColdRead(NamedTuple):

@@ -8,8 +8,9 @@ safety net and comes on the clock's ticks (:func:`~periodic_manager.clock.next_t
 wake-ups of the lease rounds at rest; without one it is how plain-SQL edits are seen, and comes
 ``sync_interval`` after the last sync ended (a steady phase from the start). Only what changed
 when the provider can tell (an :class:`~periodic_manager.contracts.IncrementalProvider`), and a
-full read at least every ``full_sync_interval`` and after any failed sync. A provider failure
-keeps every entry and is retried.
+full read at least every ``full_sync_interval`` and after any failed sync, unless the provider
+can tell that nothing changed since the last full read (then that one stands). A provider
+failure keeps every entry and is retried.
 
 :class:`Reconciler` applies what was read: a schedule whose content hash and name are unchanged
 keeps its entry and its timing; a changed one is replaced (:meth:`Scheduler.register` keeps or
@@ -397,15 +398,20 @@ class Syncer:
                 and provider is not None
                 and self._revision is not None
                 and self._last_full is not None
-                and now - self._last_full < self.full_interval
             ):
-                changes = await provider.get_changes(self._revision)
-                if changes is None:
-                    return self._finish(SyncReport(ok=True), now)
-                if not changes.full:
-                    report = await self.reconciler.apply_changes(changes, now)
-                    self._revision = changes.revision
-                    return self._finish(report, now)
+                if now - self._last_full < self.full_interval:
+                    changes = await provider.get_changes(self._revision)
+                    if changes is None:
+                        return self._finish(SyncReport(ok=True), now)
+                    if not changes.full:
+                        report = await self.reconciler.apply_changes(changes, now)
+                        self._revision = changes.revision
+                        return self._finish(report, now)
+                elif await provider.unchanged_since_full():
+                    # A full reconcile due while nothing changed since the last one: that one
+                    # stands (it found what a new one would), and its housekeeping is done.
+                    self._last_full = now
+                    return await self._after_full(SyncReport(ok=True), now)
             snapshot = await self.provider.get_configs()
         except Exception as exc:
             reraise_if_cancelled(exc)
@@ -418,10 +424,13 @@ class Syncer:
         report = await self.reconciler.apply_snapshot(snapshot, now)
         self._revision = snapshot.revision
         self._last_full = now
+        return await self._after_full(report, now)
+
+    async def _after_full(self, report: SyncReport, now: datetime) -> SyncReport:
         self.scheduler.forget_retired(now - RETIRED_MEMORY)
-        if provider is not None:
+        if self.incremental is not None:
             await self._prune(
-                provider.prune_tombstones(now - TOMBSTONE_RETENTION), "pruning tombstones"
+                self.incremental.prune_tombstones(now - TOMBSTONE_RETENTION), "pruning tombstones"
             )
         return self._finish(report, now)
 

@@ -18,6 +18,7 @@ from sqlalchemy import event
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
+from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import BEAT_PG, DatabaseRuntimeStore
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
@@ -252,5 +253,58 @@ async def test_a_long_history_prune_never_delays_a_leader_mode_heartbeat(
     finally:
         prune.release.set()
         await admin.close()
+        await mgr.stop()
+        await engine.dispose()
+
+
+async def test_a_full_reconcile_due_at_rest_lists_no_row_and_still_finds_one_written_past_the_triggers(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await upgrade(pg_url)
+    await insert_schedules(pg_url, [(f"y{i}", "0 0 1 1 *", {}) for i in range(1, 21)])  # none due
+    reads: list[str] = []
+
+    def counted(name: str) -> Any:
+        method = getattr(DatabaseProvider, name)
+
+        async def call(self: DatabaseProvider, *args: Any) -> Any:
+            reads.append(name)
+            return await method(self, *args)
+
+        return call
+
+    for name in ("get_configs", "unchanged_since_full"):
+        monkeypatch.setattr(DatabaseProvider, name, counted(name))
+    settings = Settings(
+        database_url=pg_url, target="outbox", sync_interval=30, full_sync_interval=60, listen=False
+    )
+    clock = VirtualClock(T0)
+    engine = create_engine(pg_url)
+    mgr = build_manager(settings, engine, clock=clock)
+    await mgr.start()
+    try:
+        await drive(mgr, clock, 10)
+        reads.clear()
+        await drive(mgr, clock, 240)
+        # Four full reconciles were due (one a minute); nothing changed, so each was one
+        # digest, and no row was listed or read.
+        assert reads.count("unchanged_since_full") == 4 and "get_configs" not in reads, reads
+        # A row written past the triggers (no new revision, no notification): the change feed
+        # cannot see it, the next full reconcile's digest does, and the row is read and runs.
+        admin = await asyncpg.connect(dsn(pg_url))
+        try:
+            async with admin.transaction():
+                await admin.execute("SET LOCAL session_replication_role = replica")
+                await admin.execute(
+                    "INSERT INTO periodic_jobs (name, spec, timezone, task_type, enabled)"
+                    " VALUES ('past-triggers', '*/5 * * * *', 'UTC', 'fault.task', true)"
+                )
+        finally:
+            await admin.close()
+        reads.clear()
+        await drive(mgr, clock, 61)
+        assert reads.count("get_configs") == 1, reads
+        assert "past-triggers" in {e.name for e in mgr.entries()}
+    finally:
         await mgr.stop()
         await engine.dispose()
