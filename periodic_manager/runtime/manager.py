@@ -426,4 +426,4 @@ class PeriodicTaskManager:
     def _records(self) -> list[EntryRecord]:
         view = self.scheduler.overlap.view
         records = [entry_record(e, view(e.ident)) for e in self.scheduler.entries()]
-        return records + list(self.syncer.reconciler.row_errors.values())
+        return records + [bad.record for bad in self.syncer.reconciler.row_errors.values()]

@@ -88,6 +88,15 @@ class SyncReport:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A row the reconciler knows to be bad: the provider's verdict, and the error record
+    published for it (the API shows it)."""
+
+    error: RowError
+    record: EntryRecord
+
+
 class Reconciler:
     """Keeps the scheduler's sync-owned entries equal to the provider's rows."""
 
@@ -112,7 +121,7 @@ class Reconciler:
         # Stores the last good version of rows that turn bad, and runs the stored one of bad rows
         # this manager holds nothing for.
         self.keeper = keeper
-        self.row_errors: dict[str, EntryRecord] = {}  # schedule key -> published error record
+        self.row_errors: dict[str, BadRow] = {}  # schedule key -> its error, as published
         self._logged: set[tuple[str, str]] = set()  # (schedule key, content hash) already logged
 
     async def apply_snapshot(self, snapshot: ProviderSnapshot, now: datetime) -> SyncReport:
@@ -148,9 +157,18 @@ class Reconciler:
         async for keys in in_turns(list(self.row_errors)):
             for key in keys:
                 if key not in current:
-                    self.publisher.remove(self.row_errors.pop(key).entry_id)
+                    self.publisher.remove(self.row_errors.pop(key).record.entry_id)
         self._logged = {(k, h) for (k, h) in self._logged if k in current}
         return report
+
+    async def reaffirm(self, revision: int | None, now: datetime) -> None:
+        """A full reconcile due when nothing was written since the last one (the provider said
+        so): the rows and the bad rows are those already known, and the housekeeping of a full
+        reconcile runs on them (the last good versions: stored ones forgotten or restored,
+        unsaved ones saved; the row errors published with what they say now)."""
+        errors = [bad.error for bad in self.row_errors.values()]
+        await self.keeper.after_full(errors, revision, now)
+        await self._publish_row_errors(errors, now)
 
     async def apply_changes(self, changes: ChangeSet, now: datetime) -> SyncReport:
         """Incremental: only what changed since the last revision read."""
@@ -276,9 +294,9 @@ class Reconciler:
         return max(floor, now - self.scheduler.grace)
 
     def _clear_row_error(self, key: str) -> None:
-        rec = self.row_errors.pop(key, None)
-        if rec is not None:
-            self.publisher.remove(rec.entry_id)
+        bad = self.row_errors.pop(key, None)
+        if bad is not None:
+            self.publisher.remove(bad.record.entry_id)
 
     async def _publish_row_errors(self, errors: Sequence[RowError], now: datetime) -> None:
         """Log each bad row once per content and publish it (visible through the API)."""
@@ -300,11 +318,13 @@ class Reconciler:
             )
         rec = error_record(err.schedule_id, err.name, err.content_hash, err.message, now, since)
         old = self.row_errors.get(key)
-        if old is None or old.entry_id != rec.entry_id or old.last_good_since != since:
+        if old is None or old.record.entry_id != rec.entry_id or old.record.last_good_since != since:
             if old is not None:
-                self.publisher.remove(old.entry_id)
-            self.row_errors[key] = rec
+                self.publisher.remove(old.record.entry_id)
             self.publisher.upsert(rec)
+            self.row_errors[key] = BadRow(err, rec)
+        elif old.error is not err:
+            self.row_errors[key] = BadRow(err, old.record)  # published as it was
 
     def _kept_since(self, key: str) -> datetime | None:
         """Since when the last good version of row ``key`` keeps running here (None: none does)."""
@@ -410,6 +430,7 @@ class Syncer:
                 elif await provider.unchanged_since_full():
                     # A full reconcile due while nothing changed since the last one: that one
                     # stands (it found what a new one would), and its housekeeping is done.
+                    await self.reconciler.reaffirm(self._revision, now)
                     self._last_full = now
                     return await self._after_full(SyncReport(ok=True), now)
             snapshot = await self.provider.get_configs()

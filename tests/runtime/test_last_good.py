@@ -328,7 +328,7 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
             T0.replace(microsecond=0) + timedelta(seconds=s) for s in (10, 20, 30, 40, 50)
         ]
         assert {t.payload_json for t, _ in target.messages} == {'{"v":1}'}
-        [err] = [r for r in standby.syncer.reconciler.row_errors.values()]
+        [err] = [bad.record for bad in standby.syncer.reconciler.row_errors.values()]
         assert err.last_error is not None and err.last_error.startswith("spec: ")
         assert err.last_good_since == T0 + timedelta(seconds=25)  # when the leader saw it bad
     finally:
@@ -367,7 +367,56 @@ async def test_a_manager_that_never_saw_the_row_good_runs_the_version_another_on
         assert [e.schedule_id for e in report.errors] == [sid]
         entry = b.entry(sid)
         assert entry is not None and entry.spec == "@every 10s"
-        assert b.syncer.reconciler.row_errors[str(sid)].last_good_since == T0
+        assert b.syncer.reconciler.row_errors[str(sid)].record.last_good_since == T0
+    finally:
+        await a.stop()
+        await b.stop()
+        await engine.dispose()
+
+
+async def test_a_full_reconcile_due_with_nothing_written_still_restores_a_version_stored_since(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B reads the row already bad, when nothing is stored yet; A stores its version after.
+    Nothing is written to periodic_jobs since B's read, so B's next full reconcile is the
+    digest alone on PostgreSQL (no row listed): it still looks at what is stored, and B runs
+    A's version (as a full reconcile that lists the rows does on SQLite and MariaDB/MySQL)."""
+    clock, target = VirtualClock(T0), MemoryTarget()
+    engine = create_engine(db_url)
+    listed: list[str] = []
+    get_configs = DatabaseProvider.get_configs
+
+    async def counted(self: DatabaseProvider) -> Any:
+        listed.append("get_configs")
+        return await get_configs(self)
+
+    monkeypatch.setattr(DatabaseProvider, "get_configs", counted)
+
+    def make() -> PeriodicTaskManager:
+        return PeriodicTaskManager(
+            DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
+            timing=Timing(grace=30, sync_interval=3600, full_sync_interval=60),
+            leadership=ManualLeader(True),
+        )  # fmt: skip
+
+    a, b = make(), make()
+    await a.start()
+    await b.start()
+    try:
+        sid = await rawsql.insert(db_url, "quick", spec="'@every 10s'")
+        await a.sync()
+        await rawsql.execute(db_url, f"UPDATE periodic_jobs SET spec = '@every 0s' WHERE id = {sid}")
+        report = await b.sync(full=True)  # bad, and no version stored: nothing runs in B
+        assert [e.schedule_id for e in report.errors] == [sid] and b.entry(sid) is None
+        await a.sync()  # A sees it bad and stores the version it ran
+        assert [r[0] for r in await stored(db_url)] == [str(sid)]
+        await clock.advance(61)
+        listed.clear()
+        await b.sync()  # a full reconcile is due
+        assert listed == ([] if engine.dialect.name == "postgresql" else ["get_configs"])
+        entry = b.entry(sid)
+        assert entry is not None and entry.spec == "@every 10s"
+        assert b.syncer.reconciler.row_errors[str(sid)].record.last_good_since is not None
     finally:
         await a.stop()
         await b.stop()
