@@ -189,7 +189,9 @@ class DatabaseProvider:
         (PostgreSQL's ``hashint8extended``: the id hashed with the revision as seed). A write
         through the triggers gives a row a new revision, and one that bypasses them (triggers
         disabled, ``session_replication_role = replica``) changes a pair, adds one or removes one:
-        a change goes unseen only if its hashes cancel out exactly, one chance in 2**64."""
+        a change goes unseen only if its hashes cancel out exactly, one chance in 2**64. A
+        change read since (:meth:`get_changes`) ends the digest's use until the next full read:
+        from then on the manager holds more than that read."""
         seen = self._digested
         if seen is None or seen[0] != self._scope_now():
             return False
@@ -378,6 +380,10 @@ class DatabaseProvider:
                 found = await changes.changes_since(conn, since)
                 if found is None:
                     return None
+                # The manager's rows move on from the last full read's: its digest no longer
+                # says what the manager holds (the very pairs of that read written back past
+                # the triggers, as by restoring an old backup, must not pass for no change).
+                self._digested = None
                 if found.full:  # TRUNCATE: no tombstone per row, read everything
                     return ChangeSet(revision=found.revision, full=True)
                 await self._read_calendars(conn)

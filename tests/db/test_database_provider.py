@@ -391,6 +391,20 @@ async def test_a_full_reconcile_can_tell_that_nothing_changed_since_the_last_one
         assert not await provider.unchanged_since_full(), sql
         await provider.get_configs()
         assert await provider.unchanged_since_full(), sql
+    # A change read through the change feed since: the rows held are no longer those of the
+    # last full read, so even that read's very pairs coming back past the triggers (an older
+    # backup restored) are not taken for no change.
+    snapshot = await provider.get_configs()
+    async with engine.begin() as conn:
+        old = (await conn.execute(text(f"SELECT revision FROM periodic_jobs WHERE id = {ids[4]}"))).scalar()
+    await update_row(engine, ids[4], payload='{"v": 2}')
+    assert await provider.get_changes(snapshot.revision) is not None
+    async with engine.begin() as conn:
+        await conn.execute(text("SET LOCAL session_replication_role = replica"))
+        await conn.execute(text(f"UPDATE periodic_jobs SET revision = {old}, payload = NULL WHERE id = {ids[4]}"))
+    assert not await provider.unchanged_since_full()
+    await provider.get_configs()
+    assert await provider.unchanged_since_full()
     # The table cannot be read: the question fails as a read does (a failed sync, retried),
     # and a read that failed leaves nothing to compare with.
     async with engine.begin() as conn:
