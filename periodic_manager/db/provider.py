@@ -182,8 +182,9 @@ class DatabaseProvider:
         over the same partitions: one aggregate query, outside a transaction, whose work is the
         database's (at rest with a million rows the manager would otherwise receive and compare
         a million pairs every ``full_sync_interval``). False on SQLite and MariaDB/MySQL (no
-        digest: their full reconcile lists the rows), before a first full read, after a failed
-        one, and when the partitions held have changed since.
+        digest: their full reconcile lists the rows), before the first full read that lists the
+        pairs (a start's read of every column takes no digest), after a failed one, and when
+        the partitions held have changed since.
 
         The digest is the count of those rows and the sum of a 64-bit hash of each pair
         (PostgreSQL's ``hashint8extended``: the id hashed with the revision as seed). A write
@@ -272,20 +273,23 @@ class DatabaseProvider:
         digest: tuple[Any, ...] | None = None
         try:
             async with self.engine.connect() as conn:
-                if not self._bytes:
+                listing = self.known is not None and self._warm
+                if listing and not self._bytes:
                     # One snapshot for the watermark, the calendars, the digest and the rows:
-                    # the digest is exactly that of the rows listed.
+                    # the digest is exactly that of the pairs listed. (Not at a cold read: the
+                    # database would hash every row before the first one is sent, and a start
+                    # waits for that; the first full reconcile due takes it.)
                     conn = await conn.execution_options(isolation_level="REPEATABLE READ")
                 revision = await changes.current_revision(conn)
                 await self._read_calendars(conn)
                 every = self._every()
                 full = self._every_full if every else self._full
                 nothing = self._nothing_held()
-                if not self._bytes and not nothing:
+                if listing and not self._bytes and not nothing:
                     digest = await self._digest_now(conn, every)
                 if nothing:
                     pass  # no partition held (a start before its first round): no row is mine
-                elif self.known is None or not self._warm:
+                elif not listing:
                     # Nothing held yet (a cold start): every column read once (_cold_reads).
                     read = self._reading()
                     for cold in self._cold_reads(every, full):

@@ -364,7 +364,12 @@ async def test_a_full_reconcile_can_tell_that_nothing_changed_since_the_last_one
 ) -> None:
     ids = [await insert_row(engine, f"d{i}") for i in range(6)]
     provider = DatabaseProvider(engine)
+    provider.adopt(PeriodicTaskConfig, lambda _id: None)  # as a manager does (holding nothing)
     assert not await provider.unchanged_since_full()  # no full read yet: nothing to compare
+    await provider.get_configs()
+    # A cold read (a start) takes no digest: the database would hash every row before sending
+    # the first, and the start would wait for it. The first listing takes it.
+    assert not await provider.unchanged_since_full()
     await provider.get_configs()
     if backend != "postgresql":
         assert not await provider.unchanged_since_full()  # no digest here: the rows are listed
@@ -428,6 +433,8 @@ async def test_a_digest_compares_only_reads_of_the_same_partitions(engine: Async
     held = frozenset({1, 3})
     provider = DatabaseProvider(engine)
     provider.restrict(lambda: PartitionsHeld(4, held))
+    provider.adopt(PeriodicTaskConfig, lambda _id: None)
+    await provider.get_configs()  # cold: no digest
     await provider.get_configs()
     assert await provider.unchanged_since_full()
     # A change to a row of a partition not held changes nothing of what this manager lists.
