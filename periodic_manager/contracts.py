@@ -123,12 +123,6 @@ class IncrementalProvider(ConfigProvider, Protocol):
         """Forget deletions older than ``older_than`` (a full read makes up for any pruned)."""
         ...
 
-    async def unchanged_since_full(self) -> bool:
-        """Whether the rows a full read would go through now are exactly those of the last full
-        read, same scope (one aggregate query; False when the provider cannot tell): a full
-        reconcile due at rest then stands as it was, and nothing is listed."""
-        ...
-
     def adopt(self, build: type[PeriodicTaskConfig], known: Known) -> None:
         """Build valid rows as ``build`` (the manager's entry class, adopted without a copy), and
         after the first full read reuse ``known(row_id)`` for a row whose revision it holds."""
@@ -137,6 +131,18 @@ class IncrementalProvider(ConfigProvider, Protocol):
     def judge_stored(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
         """Judge a stored copy of a row (a last good version read back from a runtime store:
         ``raw`` as a row) exactly as this provider judges rows: it is data like any other."""
+        ...
+
+
+@runtime_checkable
+class DigestingProvider(IncrementalProvider, Protocol):
+    """An incremental provider that can tell, with one cheap question, that nothing was written
+    since its last full read: a full reconcile due at rest then stands as that read left it."""
+
+    async def unchanged_since_full(self) -> bool:
+        """Whether the rows a full read would go through now are exactly those of the last full
+        read, over the same scope, with no change read since (False when it cannot tell).
+        Raises ProviderError when the source cannot be read (a failed sync)."""
         ...
 
 

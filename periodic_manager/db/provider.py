@@ -66,7 +66,8 @@ Verdict = PeriodicTaskConfig | RowError | None
 
 
 class DatabaseProvider:
-    """An :class:`~periodic_manager.contracts.IncrementalProvider` reading ``periodic_jobs``.
+    """An :class:`~periodic_manager.contracts.IncrementalProvider` reading ``periodic_jobs``
+    (and a :class:`~periodic_manager.contracts.DigestingProvider`: on PostgreSQL it can tell).
 
     A manager :meth:`adopt` s it: valid rows become its entries, and after the first full read the
     rows whose revision matches the config it holds are not read again (see the module doc).

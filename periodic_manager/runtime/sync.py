@@ -36,6 +36,7 @@ from periodic_manager.contracts import (
     ChangeSet,
     Clock,
     ConfigProvider,
+    DigestingProvider,
     EntryRecord,
     IncrementalProvider,
     ProviderSnapshot,
@@ -365,6 +366,7 @@ class Syncer:
         self.metrics = metrics
         self._prune = prune  # runs a store call, a failure logged (the publisher's call)
         self.incremental = provider if isinstance(provider, IncrementalProvider) else None
+        self.digesting = provider if isinstance(provider, DigestingProvider) else None
         self.requested = asyncio.Event()
         self.lock = asyncio.Lock()  # one sync at a time
         self.last_sync_at: datetime | None = None
@@ -427,7 +429,7 @@ class Syncer:
                         report = await self.reconciler.apply_changes(changes, now)
                         self._revision = changes.revision
                         return self._finish(report, now)
-                elif await provider.unchanged_since_full():
+                elif self.digesting is not None and await self.digesting.unchanged_since_full():
                     # A full reconcile due while nothing changed since the last one: that one
                     # stands (it found what a new one would), and its housekeeping is done.
                     await self.reconciler.reaffirm(self._revision, now)

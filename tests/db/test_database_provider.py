@@ -14,7 +14,12 @@ import pytest
 from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.contracts import ConfigProvider, PartitionsHeld, ProviderSnapshot
+from periodic_manager.contracts import (
+    ConfigProvider,
+    DigestingProvider,
+    PartitionsHeld,
+    ProviderSnapshot,
+)
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import jobs_table
@@ -93,6 +98,8 @@ def test_provider_satisfies_protocol() -> None:
     def accepts(_p: ConfigProvider) -> None: ...
 
     accepts(DatabaseProvider.__new__(DatabaseProvider))
+    # Its capabilities beyond get_configs, as the syncer checks them once.
+    assert isinstance(DatabaseProvider.__new__(DatabaseProvider), DigestingProvider)
 
 
 async def test_valid_rows_become_configs(engine: AsyncEngine) -> None:
