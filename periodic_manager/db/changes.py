@@ -21,6 +21,7 @@ rows gone without a tombstone. The poller (``runtime/poll.py``) compares both fi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -62,10 +63,11 @@ _WATERMARK = select(
 )
 
 
-# The same statement as PostgreSQL's text, for the driver's own connection (see peek).
-_WATERMARK_PG = str(
-    _WATERMARK.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
-)
+@functools.cache
+def _watermark_pg() -> str:
+    """The same statement as PostgreSQL's text, for the driver's own connection (see peek);
+    compiled at the first peek, not when the module is imported."""
+    return str(_WATERMARK.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
 
 
 async def watermark(conn: AsyncConnection) -> Watermark:
@@ -104,7 +106,7 @@ async def peek(engine: AsyncEngine) -> Watermark:
             raw = await conn.get_raw_connection()
             driver = raw.driver_connection
             assert driver is not None
-            return _mark(await driver.fetchrow(_WATERMARK_PG))
+            return _mark(await driver.fetchrow(_watermark_pg()))
         return await watermark(conn)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.api.app import create_app
 from periodic_manager.api.state import state_of
@@ -62,6 +63,32 @@ async def running(
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
                 yield Rig(c, state_of(app).manager, clock, engine, settings, None)
     finally:
+        await engine.dispose()
+
+
+@asynccontextmanager
+async def two_managers(
+    url: str, timing: Timing
+) -> AsyncIterator[tuple[PeriodicTaskManager, PeriodicTaskManager, AsyncEngine]]:
+    """Two started managers on ``url`` (both leading, database provider and store, one memory
+    target, one VirtualClock from T0), and their engine; stopped on exit."""
+    clock, target = VirtualClock(T0), MemoryTarget()
+    engine = create_engine(url)
+
+    def make() -> PeriodicTaskManager:
+        return PeriodicTaskManager(
+            DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
+            timing=timing, leadership=ManualLeader(True),
+        )  # fmt: skip
+
+    a, b = make(), make()
+    await a.start()
+    await b.start()
+    try:
+        yield a, b, engine
+    finally:
+        await a.stop()
+        await b.stop()
         await engine.dispose()
 
 
@@ -343,19 +370,7 @@ async def test_a_manager_that_never_saw_the_row_good_runs_the_version_another_on
 ) -> None:
     """Created and broken between two of B's syncs: B never held it, A did and stored it. B's
     next (incremental) sync finds the row bad and the stored version, and runs that."""
-    clock, target = VirtualClock(T0), MemoryTarget()
-    engine = create_engine(db_url)
-
-    def make() -> PeriodicTaskManager:
-        return PeriodicTaskManager(
-            DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
-            timing=Timing(grace=30, sync_interval=3600), leadership=ManualLeader(True),
-        )  # fmt: skip
-
-    a, b = make(), make()
-    await a.start()
-    await b.start()
-    try:
+    async with two_managers(db_url, Timing(grace=30, sync_interval=3600)) as (a, b, _):
         sid = await rawsql.insert(db_url, "quick", spec="'@every 10s'")
         await a.sync()
         await rawsql.execute(
@@ -368,10 +383,6 @@ async def test_a_manager_that_never_saw_the_row_good_runs_the_version_another_on
         entry = b.entry(sid)
         assert entry is not None and entry.spec == "@every 10s"
         assert b.syncer.reconciler.row_errors[str(sid)].record.last_good_since == T0
-    finally:
-        await a.stop()
-        await b.stop()
-        await engine.dispose()
 
 
 async def test_a_full_reconcile_due_with_nothing_written_still_restores_a_version_stored_since(
@@ -381,8 +392,6 @@ async def test_a_full_reconcile_due_with_nothing_written_still_restores_a_versio
     Nothing is written to periodic_jobs since B's read, so B's next full reconcile is the
     digest alone on PostgreSQL (no row listed): it still looks at what is stored, and B runs
     A's version (as a full reconcile that lists the rows does on SQLite and MariaDB/MySQL)."""
-    clock, target = VirtualClock(T0), MemoryTarget()
-    engine = create_engine(db_url)
     listed: list[str] = []
     get_configs = DatabaseProvider.get_configs
 
@@ -392,17 +401,8 @@ async def test_a_full_reconcile_due_with_nothing_written_still_restores_a_versio
 
     monkeypatch.setattr(DatabaseProvider, "get_configs", counted)
 
-    def make() -> PeriodicTaskManager:
-        return PeriodicTaskManager(
-            DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
-            timing=Timing(grace=30, sync_interval=3600, full_sync_interval=60),
-            leadership=ManualLeader(True),
-        )  # fmt: skip
-
-    a, b = make(), make()
-    await a.start()
-    await b.start()
-    try:
+    timing = Timing(grace=30, sync_interval=3600, full_sync_interval=60)
+    async with two_managers(db_url, timing) as (a, b, engine):
         sid = await rawsql.insert(db_url, "quick", spec="'@every 10s'")
         await a.sync()
         await rawsql.execute(db_url, f"UPDATE periodic_jobs SET spec = '@every 0s' WHERE id = {sid}")
@@ -410,14 +410,11 @@ async def test_a_full_reconcile_due_with_nothing_written_still_restores_a_versio
         assert [e.schedule_id for e in report.errors] == [sid] and b.entry(sid) is None
         await a.sync()  # A sees it bad and stores the version it ran
         assert [r[0] for r in await stored(db_url)] == [str(sid)]
-        await clock.advance(61)
+        assert isinstance(b.clock, VirtualClock)
+        await b.clock.advance(61)
         listed.clear()
         await b.sync()  # a full reconcile is due
         assert listed == ([] if engine.dialect.name == "postgresql" else ["get_configs"])
         entry = b.entry(sid)
         assert entry is not None and entry.spec == "@every 10s"
         assert b.syncer.reconciler.row_errors[str(sid)].record.last_good_since is not None
-    finally:
-        await a.stop()
-        await b.stop()
-        await engine.dispose()
