@@ -33,6 +33,7 @@ from ..errors import ScheduleNotFound
 from ..rows import rules as row_rules
 from ..rows import runs_left
 from ..runtime import live_cutoff, manager_fields, runs_counted
+from ..schemas import NoNul
 from ..ui import listing, stats
 from ..ui.models import (
     Counts,
@@ -58,7 +59,8 @@ Now = Annotated[datetime, Depends(get_now)]
 AppSettings = Annotated[Settings, Depends(get_settings)]
 Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0, le=2**63 - 1)]
-Text = Annotated[str | None, Query(max_length=200)]
+# Filters reach the database: NUL refused with a 422, as /schedules refuses it (schemas.NoNul).
+Text = Annotated[str | None, Query(max_length=200), NoNul]
 DIGITS = re.compile(r"[0-9]{1,18}")  # a schedule key that is a row id (str.isdigit takes more)
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such schedule"}}
 
@@ -93,7 +95,7 @@ async def schedule_rows(
     ] = "next",
     name_prefix: Text = None,
     task_type: Text = None,
-    queue: Annotated[str | None, Query(max_length=100)] = None,
+    queue: Annotated[str | None, Query(max_length=100), NoNul] = None,
     enabled: bool | None = None,
     in_error: Annotated[bool | None, Query(description="rejected by a live manager")] = None,
 ) -> ScheduleRowPage:
@@ -243,7 +245,7 @@ async def entries(
     settings: AppSettings,
     limit: Limit = 50,
     offset: Offset = 0,
-    manager_id: Annotated[str | None, Query(max_length=64)] = None,
+    manager_id: Annotated[str | None, Query(max_length=64), NoNul] = None,
     status: Annotated[Literal["active", "error"] | None, Query()] = None,
 ) -> EntryViewPage:
     cutoff = live_cutoff(now, settings.heartbeat_interval)

@@ -16,7 +16,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from tests.conftest import backend_url
 from tests.support import rawsql
-from tests.support.api import T0, api_client
+from tests.support.api import JOB, T0, api_client
 from tests.support.rawsql import Case
 
 PAIRS = rawsql.all_cases()
@@ -162,6 +162,25 @@ async def test_nul_in_a_query_or_path_value_is_422_naming_it(client: httpx.Async
     assert r.json()["errors"][0]["location"] == "path"
     r = await client.get("/cron/next", params={"spec": "* * * * *", "tz": "UTC\x00"})
     names_field(r, 422, "tz")
+
+
+async def test_nul_in_a_dashboard_filter_is_422_naming_it_never_500(client: httpx.AsyncClient) -> None:
+    """The dashboard's filters reach the database as /schedules' do: NUL is refused the same way
+    (PostgreSQL's driver failed the query: a 500), whatever the order asked for."""
+    ok(await client.post("/schedules", json=JOB), 201)  # a row: the filters are applied
+    for sort in ("next", "name", "id"):
+        for param in ("name_prefix", "task_type", "queue"):
+            r = await client.get("/views/schedules", params={param: "a\x00b", "sort": sort})
+            names_field(r, 422, param)
+            assert r.json()["errors"][0]["location"] == "query"
+    r = await client.get("/views/entries", params={"manager_id": "m\x00"})
+    names_field(r, 422, "manager_id")
+    # What a URL can carry otherwise is taken (an invalid UTF-8 escape arrives as U+FFFD).
+    for value in ("\u00e9t\u00e9", "\U0001f600", "%", "_", "'"):
+        for param in ("name_prefix", "task_type", "queue"):
+            ok(await client.get("/views/schedules", params={param: value}), 200)
+        ok(await client.get("/views/entries", params={"manager_id": value}), 200)
+    ok(await client.get("/views/schedules?name_prefix=%ED%A0%80&task_type=%FF"), 200)
 
 
 async def test_cron_preview_with_an_anchor_at_year_1_east_of_utc_is_422(
