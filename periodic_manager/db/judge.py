@@ -39,16 +39,21 @@ from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_JSON_DEPTH,
     NAME_RE,
+    TargetSet,
     check_jitter_gap,
     checked_options,
     validate_name,
     validate_payload,
     validate_schedule,
     validate_target,
+    validate_task,
     validate_task_type,
 )
+from periodic_manager.targets import task_rules
 
 Check = Callable[[PeriodicTaskConfig], None]
+# Reads a row's task type, payload text and options: what its target refuses (validate_task).
+TaskCheck = Callable[[str, str, Mapping[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,9 @@ class Rules:
     # The usable calendars by name (db/calendars.py), read by whoever judges: a row whose
     # options.exclude names another is a row error. None: not read (options.exclude unresolved).
     calendars: Mapping[str, CalendarSpec] | None = None
+    # What the row's target refuses in its task (targets/task_rules.py): asked for every row, a
+    # row of a known shape too (it reads the payload). None: no configured target has a rule.
+    task_check: TaskCheck | None = None
 
     def with_calendars(self, calendars: Mapping[str, CalendarSpec]) -> Rules:
         return replace(self, calendars=calendars)
@@ -74,11 +82,13 @@ class Rules:
 def rules_for(sqlite: bool, max_payload_bytes: int, targets: Collection[str] | None) -> Rules:
     """The rules of a deployment that runs ``targets`` (``Settings.configured_targets()``): a
     row whose ``options.target`` names another, or whose ``options.overlap`` needs a completion
-    signal its target lacks there, is a row error, as the manager and the API both say. None:
-    any target (no deployment check)."""
+    signal its target lacks there, or whose task its target refuses (:func:`task_check`), is a
+    row error, as the manager and the API both say. None: any target (no deployment check)."""
     if targets is None:
         return Rules(sqlite, max_payload_bytes)
-    return Rules(sqlite, max_payload_bytes, target_check(targets))
+    return Rules(
+        sqlite, max_payload_bytes, target_check(targets), task_check=task_check(targets)
+    )
 
 
 def target_check(targets: Collection[str]) -> Check:
@@ -90,6 +100,25 @@ def target_check(targets: Collection[str]) -> Check:
         validate_target(config.options, targets)
 
     return check
+
+
+def task_check(targets: Collection[str]) -> TaskCheck | None:
+    """The task check of :func:`rules_for`: raises ConfigError for a row whose target (its
+    ``options.target``, else the default) refuses its task whenever it is sent
+    (:func:`~periodic_manager.schedules.rules.validate_task`); None when none of ``targets``
+    declares a rule (nothing to ask per row)."""
+    if not isinstance(targets, TargetSet) or not task_rules.has_rules(targets):
+        return None
+
+    def check(task_type: str, payload_json: str, options: Mapping[str, Any]) -> None:
+        validate_task(task_type, payload_json, options, targets)
+
+    return check
+
+
+def _payload_text(payload: str | PendingJson) -> str:
+    """The JSON text of a config's payload, canonical or as stored (both valid JSON)."""
+    return payload if type(payload) is str else payload.text  # type: ignore[union-attr]
 
 
 def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
@@ -123,6 +152,8 @@ def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowE
         )
         if rules.check is not None:
             rules.check(config)
+        if rules.task_check is not None:
+            rules.task_check(config.task_type, config.payload_json, config.options)
         resolve(config, rules.calendars)
         return config
     except ConfigError as exc:
@@ -236,7 +267,9 @@ class RowJudge:
                         raw[N_JUDGED] if len(raw) > N_JUDGED else None,
                     )
                     # No rules.check: it reads the shape alone (see Rules), and this shape
-                    # passed it when it was remembered.
+                    # passed it when it was remembered. The task check reads the payload.
+                    if rules.task_check is not None:
+                        rules.task_check(task_type, pending.text, opts)
                     resolve(config, rules.calendars)
                     return config
         config = self._full(raw, name, spec, timezone, anchor, task_type, payload_raw, options_raw)
@@ -317,6 +350,8 @@ class RowJudge:
             check_jitter_gap(config.schedule, opts)  # only rows that set it pay for it
         if rules.check is not None:
             rules.check(config)
+        if rules.task_check is not None:
+            rules.task_check(task_type, _payload_text(payload_json), opts)
         resolve(config, rules.calendars)
         return config
 

@@ -79,15 +79,18 @@ class DatabaseProvider:
         *,
         check: Callable[[PeriodicTaskConfig], None] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        task_check: dbjudge.TaskCheck | None = None,
     ) -> None:
         """``check`` may reject a valid config for deployment reasons (e.g. an unconfigured
         target) by raising ConfigError; the row is then reported like any bad row.
+        ``task_check``: what the row's target refuses in its task (``judge.task_check``), reported
+        the same way.
         ``max_payload_bytes``: a row whose payload or options (canonical JSON) is larger is a
         row error (``PM_MAX_PAYLOAD_BYTES``, the limit the API enforces on writes)."""
         self.engine = engine
         self.check = check
         self._bytes = reads_bytes(engine)
-        self.rules = dbjudge.Rules(self._bytes, max_payload_bytes, check)
+        self.rules = dbjudge.Rules(self._bytes, max_payload_bytes, check, task_check=task_check)
         self._judge = dbjudge.RowJudge(self.rules)
         self.known: Known | None = None  # set by adopt()
         self._warm = False  # a full read has succeeded: from now on ``known`` is worth asking

@@ -11,7 +11,7 @@ from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeSignal, Clock, Leadership, Target
 from periodic_manager.db.changes import peek
 from periodic_manager.db.engine import is_mysql, is_sqlite, normalize_url
-from periodic_manager.db.judge import target_check
+from periodic_manager.db.judge import target_check, task_check
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.schedule_writer import ManagerPauser
 from periodic_manager.db.store import DatabaseRuntimeStore
@@ -119,10 +119,12 @@ def build_manager(
     """
     manager_id = new_manager_id()
     clock = clock or SystemClock()
+    targets = settings.configured_targets()
     return PeriodicTaskManager(
         DatabaseProvider(
-            engine, check=target_check(settings.configured_targets()), max_payload_bytes=settings.max_payload_bytes
-        ),
+            engine, check=target_check(targets), max_payload_bytes=settings.max_payload_bytes,
+            task_check=task_check(targets),
+        ),  # fmt: skip
         target or build_target(settings, engine),
         clock=clock,
         store=DatabaseRuntimeStore(

@@ -30,6 +30,7 @@ from periodic_manager.schedules.rules import (
     validate_payload,
     validate_schedule,
     validate_target,
+    validate_task,
     validate_task_type,
 )
 
@@ -180,14 +181,18 @@ class PeriodicTaskConfig:
         """Validate every field and return the config; raises ConfigError.
 
         ``allowed_targets``: the targets this deployment runs; ``options.target`` must name one
-        of them (None: any known target is accepted). ``max_payload_bytes`` bounds the canonical
-        JSON of payload and of options each (ConfigError code ``too-large`` beyond it).
+        of them (None: any known target is accepted), and, when it is a
+        :class:`~periodic_manager.schedules.rules.TargetSet`, the schedule's target must take
+        the task (:func:`~periodic_manager.schedules.rules.validate_task`).
+        ``max_payload_bytes`` bounds the canonical JSON of payload and of options each
+        (ConfigError code ``too-large`` beyond it).
         """
         validate_name(name)
         validate_task_type(task_type)
         payload_json = validate_payload(payload, max_payload_bytes)
         opts, options_json = checked_options(options, max_payload_bytes)
         validate_target(opts, allowed_targets)
+        validate_task(task_type, payload_json, opts, allowed_targets)
         schedule = validate_schedule(spec, timezone, anchor)
         if "jitter" in opts:
             check_jitter_gap(schedule, opts)

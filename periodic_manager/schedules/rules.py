@@ -1,6 +1,8 @@
 """The rules a schedule must follow, whoever wrote it: its name, task type, spec and zone, payload
-and options (every option key with its check), the limits of every number and JSON document, and
-which targets a deployment runs (:class:`TargetSet`, :func:`validate_target`).
+and options (every option key with its check), the limits of every number and JSON document,
+which targets a deployment runs (:class:`TargetSet`, :func:`validate_target`), and what the
+schedule's target refuses in its task whenever it is sent (:func:`validate_task`: the rules each
+target declares, :mod:`periodic_manager.targets.task_rules`).
 
 Each check raises :class:`~periodic_manager.errors.ConfigError` naming the field and the reason.
 :meth:`periodic_manager.schedules.definition.PeriodicTaskConfig.create` applies them all; the row
@@ -22,6 +24,7 @@ from periodic_manager.schedules import jitter as slot_jitter
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.bounds import check_instant, parse_instant
 from periodic_manager.schedules.calendars import check_names
+from periodic_manager.targets import task_rules
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
@@ -342,6 +345,33 @@ def validate_target(options: Mapping[str, Any], configured: Collection[str] | No
         )
 
 
+def validate_task(
+    task_type: str, payload_json: str, options: Mapping[str, Any], configured: Collection[str] | None
+) -> None:
+    """Refuse a task the schedule's target (``options.target``, else the default: the first of
+    ``configured``) refuses whenever it is sent: the rule that target declares
+    (:mod:`periodic_manager.targets.task_rules`). ConfigError names the field the target names
+    (``task_type``, ``payload``, ``options.queue``) and the target, code ``target-refuses``.
+
+    Checked, like :func:`validate_target`, only when ``configured`` is a :class:`TargetSet` (a
+    deployment), after it: ``options.target`` is one of them. ``payload_json``: the payload's
+    JSON text (canonical or as stored).
+    """
+    if not isinstance(configured, TargetSet) or not configured:
+        return
+    name = options.get("target")
+    chosen = name if isinstance(name, str) else next(iter(configured))
+    rule = task_rules.rule_of(chosen)
+    if rule is None:
+        return
+    problem = rule(task_type, payload_json, options)
+    if problem is not None:
+        raise ConfigError(
+            problem.field, f"the {chosen} target refuses it: {problem.reason}", code=TARGET_REFUSES
+        )
+
+
+TARGET_REFUSES = "target-refuses"  # ConfigError.code of a task its target would always refuse
 NO_FAILURE = "no-failure-signal"  # ConfigError.code of pause_after_failures where it cannot work
 
 

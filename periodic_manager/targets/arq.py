@@ -48,6 +48,7 @@ from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.task_rules import TaskProblem
 
 # Keyword names enqueue_job keeps for itself; a payload key among them would be swallowed.
 RESERVED_KWARGS = frozenset(
@@ -327,3 +328,24 @@ class ArqTarget:
         if self._owns_pool:
             await self.pool.aclose()
             await self.pool.connection_pool.disconnect()
+
+
+def task_problem(
+    task_type: str, payload_json: str, options: Mapping[str, Any]
+) -> TaskProblem | None:
+    """What arq refuses whenever the task is sent (:mod:`~periodic_manager.targets.task_rules`):
+    a payload object with a key ``enqueue_job`` keeps for itself (:data:`RESERVED_KWARGS`), as
+    :func:`arq_call` refuses it. The text is parsed only when it may hold one."""
+    if not payload_json.lstrip().startswith("{"):
+        return None
+    if "\\u" not in payload_json and not any(key in payload_json for key in RESERVED_KWARGS):
+        return None
+    payload = json.loads(payload_json)
+    reserved = sorted(RESERVED_KWARGS & payload.keys()) if isinstance(payload, dict) else []
+    if reserved:
+        return TaskProblem(
+            "payload",
+            f"key(s) {', '.join(reserved)} are reserved by arq's enqueue_job (an object's keys "
+            "become the job's keyword arguments)",
+        )
+    return None

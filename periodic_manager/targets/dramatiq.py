@@ -56,6 +56,7 @@ from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.pending import PendingWay
 from periodic_manager.targets.redis.previous import Decided
 from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.task_rules import TaskProblem
 
 # Claims each message's slot and enqueues it (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "dramatiq_claim_and_enqueue.lua")
@@ -366,3 +367,23 @@ class DramatiqTarget:
         if self._owns_client:
             await self.claims.client.aclose()
             await self.claims.client.connection_pool.disconnect()
+
+
+def task_problem(
+    task_type: str, payload_json: str, options: Mapping[str, Any]
+) -> TaskProblem | None:
+    """What Dramatiq refuses whenever the task is sent
+    (:mod:`~periodic_manager.targets.task_rules`): an ``options.queue`` that is no Dramatiq
+    queue name, or names a delay or dead-letter queue, as :func:`dramatiq_queue` refuses it."""
+    queue = options.get("queue") or DEFAULT_QUEUE
+    if not isinstance(queue, str) or not _QUEUE_NAME.fullmatch(queue):
+        return TaskProblem(
+            "options.queue",
+            f"{queue!r} is not a Dramatiq queue name (a letter or '_', then letters, digits, "
+            "'.', '_' or '-')",
+        )
+    if queue.endswith((".DQ", ".XQ")):
+        return TaskProblem(
+            "options.queue", f"{queue!r} names a Dramatiq delay (.DQ) or dead-letter (.XQ) queue"
+        )
+    return None

@@ -54,6 +54,7 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
+from periodic_manager.targets.task_rules import TaskProblem
 
 NAME_MAX = 128  # procrastinate_jobs.queue_name and task_name: character varying(128)
 PRUNE_ROWS = 1000  # expired keys deleted per batch sent
@@ -302,3 +303,32 @@ def _lock_key(name: str) -> int:
 
 async def _rows(conn: AsyncConnection, statement: Any, params: Mapping[str, Any]) -> dict[str, int]:
     return {key: int(job_id) for key, job_id in (await conn.execute(statement, params)).all()}
+
+
+def task_problem(
+    task_type: str, payload_json: str, options: Mapping[str, Any]
+) -> TaskProblem | None:
+    """What procrastinate refuses whenever the task is sent
+    (:mod:`~periodic_manager.targets.task_rules`), as :func:`job_args` refuses it: a
+    ``task_type`` or queue longer than its columns hold, a payload that is neither a JSON object
+    (the task's keyword arguments) nor null. The payload's kind is read from its first
+    character: the text is valid JSON."""
+    if len(task_type) > NAME_MAX:
+        return TaskProblem(
+            "task_type",
+            f"at most {NAME_MAX} characters (procrastinate's task_name), not {len(task_type)}",
+        )
+    queue = options.get("queue")
+    if isinstance(queue, str) and len(queue) > NAME_MAX:
+        return TaskProblem(
+            "options.queue", f"at most {NAME_MAX} characters (procrastinate's queue_name)"
+        )
+    text = payload_json.lstrip()
+    if not text.startswith("{") and text.rstrip() != "null":
+        kinds = {"[": "an array", '"': "a string", "t": "true", "f": "false"}
+        kind = kinds.get(text[:1], "a number")
+        return TaskProblem(
+            "payload",
+            f"must be a JSON object of keyword arguments or null, not {kind} (the job's args)",
+        )
+    return None

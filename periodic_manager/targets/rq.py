@@ -57,6 +57,7 @@ from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.task_rules import TaskProblem
 
 # Claims each job's slot and enqueues the job (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "rq_claim_and_enqueue.lua")
@@ -313,3 +314,19 @@ class RqTarget:
         if self._owns_client:
             await self.client.aclose()
             await self.client.connection_pool.disconnect()
+
+
+def task_problem(
+    task_type: str, payload_json: str, options: Mapping[str, Any]
+) -> TaskProblem | None:
+    """What RQ refuses whenever the task is sent (:mod:`~periodic_manager.targets.task_rules`):
+    a ``task_type`` that is no dotted path ``module.function`` (the worker imports it), as
+    :meth:`RqTarget.job` refuses it."""
+    module, dot, function = task_type.rpartition(".")
+    if not dot or not module or not function:
+        return TaskProblem(
+            "task_type",
+            f"must be the function's dotted path 'module.function' (RQ's worker imports it), "
+            f"not {task_type!r}",
+        )
+    return None

@@ -156,7 +156,8 @@ def test_import_refuses_the_option_on_the_outbox(
     from periodic_manager.db.migrate import upgrade_sync
 
     upgrade_sync(sqlite_url)
-    doc = [{"name": "n", "spec": "@daily", "task_type": "t", "options": {"pause_after_failures": 2}}]
+    # a dotted task_type: RQ refuses any other at write time (targets/task_rules.py)
+    doc = [{"name": "n", "spec": "@daily", "task_type": "jobs.t", "options": {"pause_after_failures": 2}}]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))
     monkeypatch.setenv("PM_TARGET", "outbox")
