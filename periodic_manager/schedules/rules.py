@@ -362,13 +362,15 @@ def validate_task(
     name = options.get("target")
     chosen = name if isinstance(name, str) else next(iter(configured))
     rule = task_rules.rule_of(chosen)
-    if rule is None:
-        return
-    problem = rule(task_type, payload_json, options)
-    if problem is not None:
-        raise ConfigError(
-            problem.field, f"the {chosen} target refuses it: {problem.reason}", code=TARGET_REFUSES
-        )
+    if rule is not None and (problem := rule(task_type, payload_json, options)) is not None:
+        raise target_refusal(chosen, problem)
+
+
+def target_refusal(target: str, problem: task_rules.TaskProblem) -> ConfigError:
+    """The error of a task ``target`` refuses (:func:`validate_task`, the row judge)."""
+    return ConfigError(
+        problem.field, f"the {target} target refuses it: {problem.reason}", code=TARGET_REFUSES
+    )
 
 
 TARGET_REFUSES = "target-refuses"  # ConfigError.code of a task its target would always refuse

@@ -33,6 +33,7 @@ import asyncio
 import json
 import math
 import pickletools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -54,6 +55,8 @@ from periodic_manager.targets.task_rules import TaskProblem
 RESERVED_KWARGS = frozenset(
     {"function", "_job_id", "_queue_name", "_defer_until", "_defer_by", "_expires", "_job_try"}
 )
+# A JSON text that may hold one of them as a key (task_problem parses only such a text).
+_MAY_RESERVE = re.compile("|".join([*map(re.escape, sorted(RESERVED_KWARGS)), r"\\u"]))
 
 
 _RESULT_MAX = 1 << 20  # bytes of a result read for its flag (arq writes small results)
@@ -336,9 +339,7 @@ def task_problem(
     """What arq refuses whenever the task is sent (:mod:`~periodic_manager.targets.task_rules`):
     a payload object with a key ``enqueue_job`` keeps for itself (:data:`RESERVED_KWARGS`), as
     :func:`arq_call` refuses it. The text is parsed only when it may hold one."""
-    if not payload_json.lstrip().startswith("{"):
-        return None
-    if "\\u" not in payload_json and not any(key in payload_json for key in RESERVED_KWARGS):
+    if _MAY_RESERVE.search(payload_json) is None:  # no such name, not even escaped
         return None
     payload = json.loads(payload_json)
     reserved = sorted(RESERVED_KWARGS & payload.keys()) if isinstance(payload, dict) else []

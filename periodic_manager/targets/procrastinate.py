@@ -323,12 +323,14 @@ def task_problem(
         return TaskProblem(
             "options.queue", f"at most {NAME_MAX} characters (procrastinate's queue_name)"
         )
-    text = payload_json.lstrip()
-    if not text.startswith("{") and text.rstrip() != "null":
-        kinds = {"[": "an array", '"': "a string", "t": "true", "f": "false"}
-        kind = kinds.get(text[:1], "a number")
-        return TaskProblem(
-            "payload",
-            f"must be a JSON object of keyword arguments or null, not {kind} (the job's args)",
-        )
-    return None
+    if payload_json[:1] == "{" or payload_json == "null":  # as stored or canonical: no blanks
+        return None
+    text = payload_json.strip()
+    if text[:1] == "{" or text == "null":
+        return None
+    kinds = {"[": "an array", '"': "a string", "t": "true", "f": "false"}
+    return TaskProblem(
+        "payload",
+        f"must be a JSON object of keyword arguments or null, not "
+        f"{kinds.get(text[:1], 'a number')} (the job's args)",
+    )
