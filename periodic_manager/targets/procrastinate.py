@@ -310,18 +310,13 @@ def task_problem(
 ) -> TaskProblem | None:
     """What procrastinate refuses whenever the task is sent
     (:mod:`~periodic_manager.targets.task_rules`), as :func:`job_args` refuses it: a
-    ``task_type`` or queue longer than its columns hold, a payload that is neither a JSON object
-    (the task's keyword arguments) nor null. The payload's kind is read from its first
-    character: the text is valid JSON."""
+    ``task_type`` longer than its column holds, a payload that is neither a JSON object (the
+    task's keyword arguments) nor null (its kind is read from its first character: the text is
+    valid JSON). A queue name is at most 100 characters for every schedule (rules.QUEUE_RE)."""
     if len(task_type) > NAME_MAX:
         return TaskProblem(
             "task_type",
             f"at most {NAME_MAX} characters (procrastinate's task_name), not {len(task_type)}",
-        )
-    queue = options.get("queue")
-    if isinstance(queue, str) and len(queue) > NAME_MAX:
-        return TaskProblem(
-            "options.queue", f"at most {NAME_MAX} characters (procrastinate's queue_name)"
         )
     if payload_json[:1] == "{" or payload_json == "null":  # as stored or canonical: no blanks
         return None

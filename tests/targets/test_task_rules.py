@@ -186,6 +186,21 @@ def test_a_row_the_target_refuses_is_a_row_error_on_every_path_of_the_judge(
     )
 
 
+def test_a_payload_text_with_blanks_around_is_judged_by_its_value() -> None:
+    """A json (not jsonb) column keeps the text as written: blanks around it change nothing."""
+    rules = dbjudge.rules_for(False, 65_536, deployment().configured_targets())
+    fast = dbjudge.RowJudge(rules)
+    options = json.dumps({"target": "procrastinate"})
+    texts = [' {"a": 1}', "\n null ", "{}", " [1, 2]", '\t"x" ', " 3", "null"]
+    rows = [
+        (i, True, f"j{i}", "* * * * *", "UTC", None, "t", text, options, None, i)
+        for i, text in enumerate(texts, 1)
+    ]
+    for verdicts in ([dbjudge.judge(rules, r) for r in rows], [fast(r) for r in rows + rows]):
+        kinds = [v.field if isinstance(v, RowError) else "ok" for v in verdicts]
+        assert kinds[:7] == ["ok", "ok", "ok", "payload", "payload", "payload", "ok"], verdicts
+
+
 def test_a_deployment_whose_targets_declare_no_rule_asks_nothing_per_row() -> None:
     assert (
         dbjudge.rules_for(
