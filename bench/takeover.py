@@ -14,7 +14,9 @@ measured from the signal:
   (``pm_partitions``, polled every 50 ms);
 * *registered*: until the two others' published entry counts sum to 300;
 * *max late*: the worst lateness (``enqueued_at - scheduled_at`` on the stream) of the slots due
-  from 2 s before to 10 s after the signal; *dup* / *lost*: those slots twice / missing.
+  from 2 s before to 10 s after the signal; *dup* / *lost*: those slots twice / missing on the
+  stream; *claims dropped*: sends of those slots the target's claims dropped as duplicates (the
+  run history's ``duplicate``: a slot the killed manager sent that a survivor sent again).
 
 Then a new manager is started in its place and the next round waits for the three to share
 again (joins are clean hand-overs). Over the whole run every slot of every schedule is counted
@@ -69,6 +71,7 @@ class Round:
     max_late_s: float = math.nan
     duplicates: int = 0
     lost: int = 0
+    dropped: int = 0  # sends of those slots the target's claims dropped (pm_runs 'duplicate')
 
 
 async def caught_up(db: str, since: datetime) -> bool:
@@ -114,6 +117,20 @@ class Fleet:
         finally:
             await conn.close()
         return {r["pid"]: (r["manager_id"], int(r["entry_count"]), int(r["held"])) for r in rows}
+
+    async def dropped(self, at: datetime) -> int:
+        """Sends of the slots due from 2 s before to 10 s after ``at`` that the target's claims
+        dropped as duplicates (the run history keeps the last 100 per schedule: read at once)."""
+        conn = await asyncpg.connect(self.db)
+        try:
+            n = await conn.fetchval(
+                "SELECT count(*) FROM pm_runs WHERE status = 'duplicate' AND slot_at BETWEEN $1 AND $2",
+                at - timedelta(seconds=2),
+                at + timedelta(seconds=10),
+            )
+        finally:
+            await conn.close()
+        return int(n)
 
     async def shared(self, procs: list[ManagerProcess], parts: int) -> tuple[bool, bool]:
         """(every partition held by ``procs``, their entries sum to every schedule)."""
@@ -170,6 +187,7 @@ class Fleet:
             60,
             "every schedule past the fault",
         )
+        r.dropped = await self.dropped(at)
         self.spawn()
         return r
 
@@ -203,12 +221,12 @@ def analyse(
 
 def table(rounds: list[Round]) -> list[str]:
     out = [
-        f"{'round':>5} {'fault':<8} {'held s':>7} {'registered s':>12} {'max late s':>10} {'dup':>4} {'lost':>5}"
+        f"{'round':>5} {'fault':<8} {'held s':>7} {'registered s':>12} {'max late s':>10} {'dup':>4} {'lost':>5} {'claims dropped':>14}"
     ]
     for i, r in enumerate(rounds, 1):
         out.append(
             f"{i:>5} {r.fault:<8} {r.held_s:>7.2f} {r.registered_s:>12.2f} {r.max_late_s:>10.2f}"
-            f" {r.duplicates:>4} {r.lost:>5}"
+            f" {r.duplicates:>4} {r.lost:>5} {r.dropped:>14}"
         )
     for fault in dict.fromkeys(r.fault for r in rounds):
         of = [r for r in rounds if r.fault == fault]

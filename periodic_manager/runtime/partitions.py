@@ -53,6 +53,12 @@ older one during a rolling upgrade to the ``auto`` default) hands over what it h
 nothing until that lock is free, so the two kinds never send side by side for long (the targets'
 claims drop the duplicates of the one round in between).
 
+A manager that died (SIGKILL, the OOM killer) is taken over within about a second, not at its
+leases' expiry: :mod:`periodic_manager.runtime.liveness_lock` (each manager holds an advisory
+lock of its session on the lease connection; a member whose lock is free is counted out of the
+share and its leases are claimable in TAKE; a watch asks for them every 0.5 s; a manager whose
+lease connection ends stops sending for every partition at once).
+
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
 clocks need not agree; the local clock measures only the trust window, and ``first_held_at``
@@ -285,8 +291,11 @@ class PartitionLeases:
 
     async def _orphaned(self) -> list[int] | None:
         """The live leases of dead holders, asked on the lease connection between rounds (None:
-        no connection, or a round under way). A failure is this connection's: dropped, with
-        every partition (the lock may be gone with it)."""
+        no connection, a round under way, or every partition held here: a manager alone asks
+        nothing). A failure is this connection's: dropped, with every partition (the lock may
+        be gone with it)."""
+        if len(self._held) == self._count:
+            return None
         if self._conn is None or self._round.locked():
             if self._conn is None:
                 await self._report()  # the connection ended meanwhile (termination callback)
