@@ -17,7 +17,7 @@ import pytest
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.runtime.liveness_lock import ORPHANS, POLL_S
+from periodic_manager.runtime.liveness_lock import ORPHANS, POLL_S, SEED
 from periodic_manager.runtime.partitions import PartitionLeases
 from tests.runtime.test_partitions import Recorder
 from tests.support.faults import dsn
@@ -172,3 +172,28 @@ async def test_a_manager_whose_lease_connection_ends_stops_sending_at_once_and_t
     assert a.held == frozenset(range(N))
     epochs = {r[0] for r in await admin.fetch("SELECT epoch FROM pm_partitions")}
     assert epochs == {2}  # taken again: a new epoch fences anything of the first hold
+
+
+async def test_a_manager_whose_lock_a_lingering_session_holds_is_judged_by_its_ttl_alone(
+    make: Make, admin: asyncpg.Connection, clock: VirtualClock
+) -> None:
+    """A session of a manager's last connection the server has not ended yet still holds its
+    lock when it connects again: its rounds say it holds none (``liveness_lock`` false), so when
+    that session ends its live leases are not taken as a dead manager's; its next round takes
+    the lock and says so."""
+    key = f"hashtextextended('a', {SEED})"
+    assert await admin.fetchval(f"SELECT pg_try_advisory_lock({key})")  # the lingering session
+    a, b = await two(make)
+    assert not await admin.fetchval(
+        "SELECT liveness_lock FROM pm_partition_members WHERE member = 'a'"
+    )
+    await admin.execute(f"SELECT pg_advisory_unlock({key})")  # that session ends
+    for _ in range(4):
+        await clock.advance(POLL_S)
+        await asyncio.sleep(0.02)
+    await b.round()
+    assert len(a.held) == len(b.held) == N // 2  # a's leases are its own still
+    await a.round()  # takes its lock now, and says so
+    assert await admin.fetchval("SELECT liveness_lock FROM pm_partition_members WHERE member = 'a'")
+    await b.round()
+    assert len(a.held) == len(b.held) == N // 2
