@@ -236,6 +236,9 @@ partition_members_table = Table(
     metadata,
     Column("member", String(64), primary_key=True),
     Column("expires_at", Instant, nullable=False),
+    # The member said, at its last round, that its session holds its liveness lock
+    # (runtime.liveness_lock): its leases are free at once when that lock is.
+    Column("liveness_lock", Boolean, nullable=False, server_default=false()),
 )
 
 

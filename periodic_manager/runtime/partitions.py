@@ -53,6 +53,12 @@ older one during a rolling upgrade to the ``auto`` default) hands over what it h
 nothing until that lock is free, so the two kinds never send side by side for long (the targets'
 claims drop the duplicates of the one round in between).
 
+A manager that died (SIGKILL, the OOM killer) is taken over within about a second, not at its
+leases' expiry: :mod:`periodic_manager.runtime.liveness_lock` (each manager holds an advisory
+lock of its session on the lease connection; a member whose lock is free is counted out of the
+share and its leases are claimable in TAKE; a watch asks for them every 0.5 s; a manager whose
+lease connection ends stops sending for every partition at once).
+
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
 clocks need not agree; the local clock measures only the trust window, and ``first_held_at``
@@ -73,6 +79,8 @@ from typing import Any
 from periodic_manager.clock import SystemClock, next_tick, sleep_unless
 from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
 from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
+from periodic_manager.runtime.liveness_lock import ORPHANS, LivenessLock, holds_own
+from periodic_manager.runtime.notify import keep_alive
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -101,14 +109,16 @@ RELEASE = f"""WITH released AS (UPDATE pm_partitions SET holder = NULL, expires_
 # holder of that partition's old epoch lost it long ago), instead of failing every take. A
 # partition never held (epoch 0) gets its first_held_at: $4, the taking manager's clock (the
 # clock its first slots are judged by); later takes keep it (null: held before migration 0022).
-TAKE = """UPDATE pm_partitions SET holder = $1,
+# Free, expired, or held by a dead manager (its liveness lock is free: runtime.liveness_lock).
+_CLAIMABLE = f"holder IS NULL OR expires_at < now() OR holder IN ({ORPHANS})"
+TAKE = f"""UPDATE pm_partitions SET holder = $1,
     epoch = CASE WHEN epoch >= 9223372036854775807 THEN 1 ELSE epoch + 1 END,
     expires_at = now() + make_interval(secs => $2), renewed_at = now(),
     first_held_at = COALESCE(first_held_at, CASE WHEN epoch = 0 THEN $4::timestamptz END)
     WHERE partition IN (
-        SELECT partition FROM pm_partitions WHERE holder IS NULL OR expires_at < now()
+        SELECT partition FROM pm_partitions WHERE {_CLAIMABLE}
         ORDER BY partition LIMIT $3 FOR UPDATE SKIP LOCKED)
-    AND (holder IS NULL OR expires_at < now())
+    AND ({_CLAIMABLE})
     RETURNING partition, epoch, first_held_at"""
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
@@ -140,13 +150,15 @@ def _round(beat: bool) -> str:
         beat_ctes = f"{ctes(8)},"
         beaten = ", (SELECT count(*) FROM beat), (SELECT * FROM due)"
     return f"""WITH renewed AS ({RENEW}), {beat_ctes}
-    joined AS (INSERT INTO pm_partition_members (member, expires_at)
-        VALUES ($1, now() + make_interval(secs => $4))
-        ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at),
+    joined AS (INSERT INTO pm_partition_members (member, expires_at, liveness_lock)
+        VALUES ($1, now() + make_interval(secs => $4), {holds_own("$1::text")})
+        ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at,
+        liveness_lock = EXCLUDED.liveness_lock),
     forgot AS (DELETE FROM pm_partition_members
         WHERE expires_at < now() - make_interval(secs => $5) AND member <> $1)
     SELECT ARRAY(SELECT partition FROM renewed),
-    1 + (SELECT count(*) FROM pm_partition_members WHERE expires_at > now() AND member <> $1),
+    1 + (SELECT count(*) FROM pm_partition_members WHERE expires_at > now() AND member <> $1
+        AND member NOT IN ({ORPHANS})),
     c.recent, c.coming,
     EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
         AND objsubid = 1 AND classid::bigint = $6 AND objid::bigint = $7
@@ -227,6 +239,8 @@ class PartitionLeases:
         self._next_expiry: datetime | None = None  # another holder's next lease expiry (local clock)
         self._freed = asyncio.Event()  # another manager handed partitions over or joined (FREED)
         self._listen_failed = False  # LISTEN refused (e.g. CockroachDB): rounds on ticks alone
+        # This manager's liveness lock on the lease connection, and the watch of the others'.
+        self._liveness = LivenessLock(member, ttl=ttl, clock=self.clock)
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -265,8 +279,39 @@ class PartitionLeases:
         """Take part: one round (alone, this takes every partition), then one every ``ttl/3``."""
         self._on_change = on_change
         await self.round()
-        self._task = asyncio.ensure_future(self._loop())
+        self._task = asyncio.ensure_future(self._loops())
         self._task.set_name("periodic-manager-partitions")
+
+    async def _loops(self) -> None:
+        """The rounds, and the watch for dead holders (liveness locks): one fails, both end."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._loop(), name="periodic-manager-partition-rounds")
+            watch = self._liveness.watch(self._orphaned, self.round)
+            group.create_task(watch, name="periodic-manager-liveness-watch")
+
+    async def _orphaned(self) -> list[int] | None:
+        """The live leases of dead holders, asked on the lease connection between rounds (None:
+        no connection, a round under way, or every partition held here: a manager alone asks
+        nothing). A failure is this connection's: dropped, with every partition (the lock may
+        be gone with it)."""
+        if len(self._held) == self._count:
+            return None
+        if self._conn is None or self._round.locked():
+            if self._conn is None:
+                await self._report()  # the connection ended meanwhile (termination callback)
+            return None
+        async with self._round:
+            try:
+                async with asyncio.timeout(self.interval):
+                    return await self._liveness.orphaned(self._conn)
+            except Exception as exc:  # noqa: BLE001 - the next round reconnects
+                if cancelling():
+                    self._drop_connection()
+                reraise_if_cancelled(exc)
+                log.warning("partition leases: liveness watch failed: %s: %s", type(exc).__name__, exc)
+                self._drop_connection()
+            await self._report()
+            return None
 
     async def stop(self) -> None:
         """Hand every partition over at once and leave (the others take them at their next
@@ -367,6 +412,7 @@ class PartitionLeases:
         """Renew, count the members, take what is missing to the share; what is above it (to be
         handed over, outside this round's budget)."""
         conn = await self._connect()
+        await self._liveness.ensure(conn, holding=bool(self._held), freed=FREED)
         trust = started + timedelta(seconds=self.ttl - self.margin)
         asked = dict(self._held)
         parts, epochs = self._pairs(asked)
@@ -527,6 +573,11 @@ class PartitionLeases:
                     "statement_timeout": str(max(1, int(self.interval * 1000))),
                 },
             )
+            # The liveness lock lives as long as this session: its end is watched both ways.
+            self._conn.add_termination_listener(self._on_terminated)
+            with contextlib.suppress(OSError):
+                keep_alive(self._conn)
+            await self._liveness.prepare(self._conn)
             self._count = int(await self._conn.fetchval(COUNT))
             if self._count == 0:
                 raise RuntimeError("pm_partitions has no rows: run `periodic-manager migrate`")
@@ -551,6 +602,23 @@ class PartitionLeases:
             with contextlib.suppress(Exception):
                 self._conn.terminate()
             self._conn = None
+        self._lock_gone()
+
+    def _on_terminated(self, conn: object) -> None:
+        if conn is self._conn:  # ended by the server or the network, not dropped here
+            log.warning("partition leases: the lease connection ended")
+            self._conn = None
+            self._lock_gone()
+
+    def _lock_gone(self) -> None:
+        """The lease connection ended: if it held the liveness lock, the others may take every
+        lease of this manager at once, so sending for all of them stops now."""
+        if self._liveness.lost() and self._held:
+            log.error(
+                "partition leases: the lease connection ended with this manager's liveness lock; "
+                "the others may take %s at once: sending for them stops", _show(self._held),
+            )  # fmt: skip
+            self._drop(frozenset(self._held))
 
     @staticmethod
     def _pairs(leases: dict[int, tuple[int, datetime]]) -> tuple[list[int], list[int]]:
