@@ -2,7 +2,7 @@
 
 A backfill (:mod:`periodic_manager.backfill`) claims each slot here just before it sends it
 (:func:`claim`): an INSERT that does nothing where the slot is there already (ON CONFLICT DO
-NOTHING on PostgreSQL and SQLite, INSERT IGNORE on MariaDB/MySQL), so of two backfills racing over
+NOTHING on PostgreSQL and SQLite, a no-op ON DUPLICATE KEY UPDATE on MariaDB/MySQL), so of two backfills racing over
 one range only one sends a slot, whatever their rates and however long the target keeps its
 claims. A claim is ``sending`` until the target answered (:func:`finish`): ``sent`` when it took
 the task (or held its key already), deleted when it did not (another backfill may send it later).
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, insert, or_, select, update
+from sqlalchemy import and_, case, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import SENT
@@ -189,8 +189,10 @@ async def drop_old(engine: AsyncEngine, cutoff: datetime) -> int:
 
 def _insert(conn: AsyncConnection) -> Any:
     db = backend(conn)
-    if db == "mysql":
-        return insert(backfill_slots_table).prefix_with("IGNORE")
+    if db == "mysql":  # not INSERT IGNORE: its driver logs a warning for every slot there
+        from sqlalchemy.dialects import mysql
+
+        return mysql.insert(backfill_slots_table).on_duplicate_key_update(id=T.id)
     if db == "postgresql":
         from sqlalchemy.dialects import postgresql
 
