@@ -76,7 +76,7 @@ async def claim(
     now: datetime,
     max_runs: int | None,
 ) -> Claimed:
-    """Claim for ``owner`` each of ``slots`` (sorted, UTC) that no backfill claimed and the
+    """Claim for ``owner`` each of ``slots`` (UTC) that no backfill claimed and the
     history does not record sent, at most the runs left of ``max_runs`` (None: no limit)."""
     if not slots:
         return Claimed([], set(), 0)
@@ -105,9 +105,10 @@ async def _claim(
             upsert(conn, schedule_state_table, ["schedule_key"], lambda new: [("runs_count", S.runs_count)]),
             {"schedule_key": key, "name": name, "updated_at": now},
         )
+    # Sorted: concurrent claims lock their index entries in one order (no deadlock).
     await conn.execute(_insert(conn), [{"schedule_key": key, "slot_at": s, "state": SENDING,
-                                        "owner": owner, "at": now} for s in slots])  # fmt: skip
-    lo, hi = slots[0], slots[-1] + _TICK
+                                        "owner": owner, "at": now} for s in sorted(slots)])  # fmt: skip
+    lo, hi = min(slots), max(slots) + _TICK
     in_batch = [T.schedule_key == key, T.slot_at >= lo, T.slot_at < hi]
     stale = and_(*in_batch, T.state == SENDING, T.owner != owner, T.at < now - STALE)
     await conn.execute(update(backfill_slots_table).where(stale).values(owner=owner, at=now))
