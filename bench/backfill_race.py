@@ -70,7 +70,9 @@ async def run(args: argparse.Namespace) -> str:
             end = datetime.now(UTC).replace(microsecond=0)
             start = end - timedelta(seconds=args.slots)
             rng = {"from": iso(start), "to": iso(end)}
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=3600) as client:
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}", timeout=3600
+            ) as client:
                 for _ in range(200):
                     try:
                         if (await client.get("/healthz")).status_code == 200:
@@ -108,7 +110,9 @@ def main() -> None:
     parser.add_argument("--api-rate", type=float, default=20)
     parser.add_argument("--cli-rate", type=float, default=10)
     args = parser.parse_args()
-    print("| slots | rates | slots in the stream | sent twice | sent (API + CLI) | sent again after Redis forgot | took |")
+    print(
+        "| slots | rates | slots in the stream | sent twice | sent (API + CLI) | sent again after Redis forgot | took |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     print(asyncio.run(run(args)), flush=True)
 

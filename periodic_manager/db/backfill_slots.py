@@ -102,7 +102,12 @@ async def _claim(
     # Writes first: on SQLite a transaction that read before it writes may not write at all.
     if max_runs is not None:  # the state row, locked by this write until the commit
         await conn.execute(
-            upsert(conn, schedule_state_table, ["schedule_key"], lambda new: [("runs_count", S.runs_count)]),
+            upsert(
+                conn,
+                schedule_state_table,
+                ["schedule_key"],
+                lambda new: [("runs_count", S.runs_count)],
+            ),
             {"schedule_key": key, "name": name, "updated_at": now},
         )
     # Sorted: concurrent claims lock their index entries in one order (no deadlock).
@@ -235,5 +240,7 @@ async def _set(
 async def _add_runs(conn: AsyncConnection, key: str, n: int) -> None:
     if n:
         await conn.execute(
-            update(schedule_state_table).where(S.schedule_key == key).values(runs_count=S.runs_count + n)
+            update(schedule_state_table)
+            .where(S.schedule_key == key)
+            .values(runs_count=S.runs_count + n)
         )

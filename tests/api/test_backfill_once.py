@@ -50,7 +50,9 @@ async def url(database: str, redis_client: aioredis.Redis) -> str:
 
 
 @asynccontextmanager
-async def rig_at(url: str, prefix: str, redis_url: str, start: datetime, **overrides: Any) -> AsyncIterator[Rig]:
+async def rig_at(
+    url: str, prefix: str, redis_url: str, start: datetime, **overrides: Any
+) -> AsyncIterator[Rig]:
     async for rig in e2e_rig(url, "redis", prefix, redis_url, start=start, **overrides):
         yield rig
 
@@ -62,7 +64,9 @@ def cli_settings(url: str, prefix: str, redis_url: str, rate: float) -> Settings
     )  # fmt: skip
 
 
-def cli_args(name: str, start: datetime, end: datetime, *, force: bool = False) -> argparse.Namespace:
+def cli_args(
+    name: str, start: datetime, end: datetime, *, force: bool = False
+) -> argparse.Namespace:
     return argparse.Namespace(name=name, from_=iso(start), to=iso(end), dry_run=False, force=force)
 
 
@@ -111,7 +115,9 @@ async def forget_everything(redis: aioredis.Redis, prefix: str) -> None:
 
 
 def scheduled(messages: list[dict[str, Any]], name: str, before: datetime) -> Counter[str]:
-    return Counter(m["scheduled_at"] for m in messages if m["name"] == name and m["scheduled_at"] < iso(before))
+    return Counter(
+        m["scheduled_at"] for m in messages if m["name"] == name and m["scheduled_at"] < iso(before)
+    )
 
 
 async def create(rig: Rig, body: dict[str, Any]) -> int:
@@ -121,22 +127,31 @@ async def create(rig: Rig, body: dict[str, Any]) -> int:
 
 
 async def test_two_racing_backfills_api_and_cli_send_each_slot_once(
-    url: str, redis_prefix: str, redis_url: str, redis_client: aioredis.Redis,
+    url: str,
+    redis_prefix: str,
+    redis_url: str,
+    redis_client: aioredis.Redis,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     async with rig_at(url, redis_prefix, redis_url, T0, catchup_rate=20) as rig:
         sid = await create(rig, {"name": "race", "spec": "* * * * *"})
         start, end = at(10, 0), at(12, 0)  # 120 slots, all before the row was created
-        api = rig.client.post(f"/schedules/{sid}/backfill", json={"from": iso(start), "to": iso(end)})
+        api = rig.client.post(
+            f"/schedules/{sid}/backfill", json={"from": iso(start), "to": iso(end)}
+        )
         cli = backfill_command(
-            cli_args("race", start, end), cli_settings(url, redis_prefix, redis_url, 5), clock=rig.clock
+            cli_args("race", start, end),
+            cli_settings(url, redis_prefix, redis_url, 5),
+            clock=rig.clock,
         )
 
         async def expire(k: int) -> None:
             if k % 5 == 0:  # every half second of the race, the claims of the broker run out
                 await forget_claims(redis_client, redis_prefix)
 
-        answer, status = await drive(rig.clock, [api, cli], advance=rig.advance_to, every_step=expire)
+        answer, status = await drive(
+            rig.clock, [api, cli], advance=rig.advance_to, every_step=expire
+        )
         assert answer.status_code == 200, answer.text
         assert status == 0
         got = scheduled(await rig.messages(), "race", end)
@@ -155,14 +170,20 @@ async def test_backfilled_slots_are_settled_and_not_sent_again_after_redis_forgo
         await rig.advance_to(at(12, 3, 30))  # 12:01-12:03 sent; then no manager runs
     clock = VirtualClock(at(12, 10) + timedelta(seconds=0.2))
     settings = cli_settings(url, redis_prefix, redis_url, 50)
-    [status] = await drive(clock, [backfill_command(cli_args("gap", at(12, 4), at(12, 10)), settings, clock)])
+    [status] = await drive(
+        clock, [backfill_command(cli_args("gap", at(12, 4), at(12, 10)), settings, clock)]
+    )
     assert status == 0
     await forget_everything(redis_client, redis_prefix)  # the broker lost its data
     async with rig_at(url, redis_prefix, redis_url, at(12, 10, 0) + timedelta(seconds=0.5)) as rig:
         await rig.advance_to(at(12, 10, 5))  # the start's catch-up (misfire: all) is done
         assert await rig.slots("gap") == [iso(at(12, 10))]  # 12:04-12:09 were settled
         rng = {"from": iso(at(12, 0)), "to": iso(at(12, 10))}
-        [r] = await drive(rig.clock, [rig.client.post(f"/schedules/{sid}/backfill", json=rng)], advance=rig.advance_to)
+        [r] = await drive(
+            rig.clock,
+            [rig.client.post(f"/schedules/{sid}/backfill", json=rng)],
+            advance=rig.advance_to,
+        )
         assert r.status_code == 200, r.text
         assert (r.json()["sent"], r.json()["already_sent"]) == (1, 9), r.json()  # 12:00 only
         assert await rig.slots("gap") == [iso(at(12, 10)), iso(at(12, 0))]
@@ -174,12 +195,26 @@ async def test_a_backfill_after_the_history_was_capped_sends_nothing_again(
     async with rig_at(url, redis_prefix, redis_url, T0, catchup_rate=100) as rig:
         sid = await create(rig, {"name": "cap", "spec": "* * * * *"})
         rng = {"from": iso(at(11, 0)), "to": iso(at(11, 30))}
-        [first] = await drive(rig.clock, [rig.client.post(f"/schedules/{sid}/backfill", json=rng)], advance=rig.advance_to)
+        [first] = await drive(
+            rig.clock,
+            [rig.client.post(f"/schedules/{sid}/backfill", json=rng)],
+            advance=rig.advance_to,
+        )
         assert first.json()["sent"] == 30, first.text
-        assert await history.cap(rig.engine, [str(sid)], 5) == 25  # PM_RUNS_MAX_PER_SCHEDULE at work
+        assert (
+            await history.cap(rig.engine, [str(sid)], 5) == 25
+        )  # PM_RUNS_MAX_PER_SCHEDULE at work
         await forget_claims(redis_client, redis_prefix)
-        [again] = await drive(rig.clock, [rig.client.post(f"/schedules/{sid}/backfill", json=rng)], advance=rig.advance_to)
-        assert (again.json()["sent"], again.json()["already_sent"], again.json()["unchecked"]) == (0, 30, 0)
+        [again] = await drive(
+            rig.clock,
+            [rig.client.post(f"/schedules/{sid}/backfill", json=rng)],
+            advance=rig.advance_to,
+        )
+        assert (again.json()["sent"], again.json()["already_sent"], again.json()["unchecked"]) == (
+            0,
+            30,
+            0,
+        )
         assert len(scheduled(await rig.messages(), "cap", at(12, 0))) == 30
         assert sum(scheduled(await rig.messages(), "cap", at(12, 0)).values()) == 30
 
@@ -202,7 +237,9 @@ async def test_a_range_older_than_what_is_remembered_is_counted_and_sent_only_wi
         )  # fmt: skip
         assert r.status_code == 200, r.text
         body = r.json()
-        assert (body["slots"], body["unchecked"], body["to_send"], body["sent"]) == (5, 5, 0, 0), body
+        assert (body["slots"], body["unchecked"], body["to_send"], body["sent"]) == (5, 5, 0, 0), (
+            body
+        )
         assert (fresh.json()["sent"], fresh.json()["unchecked"]) == (3, 0), fresh.text
         assert scheduled(await rig.messages(), "old", at(0, 0)) == {}
         [forced] = await drive(
@@ -214,11 +251,15 @@ async def test_a_range_older_than_what_is_remembered_is_counted_and_sent_only_wi
         assert sum(scheduled(await rig.messages(), "old", at(0, 0)).values()) == 5
 
 
-async def test_a_backfill_obeys_exclude_and_max_runs(url: str, redis_prefix: str, redis_url: str) -> None:
+async def test_a_backfill_obeys_exclude_and_max_runs(
+    url: str, redis_prefix: str, redis_url: str
+) -> None:
     async with rig_at(url, redis_prefix, redis_url, T0, catchup_rate=100) as rig:
         r = await rig.client.put("/calendars/holiday", json={"dates": ["2024-04-30"]})
         assert r.status_code in (200, 201), r.text
-        ex = await create(rig, {"name": "ex", "spec": "@hourly", "options": {"exclude": ["holiday"]}})
+        ex = await create(
+            rig, {"name": "ex", "spec": "@hourly", "options": {"exclude": ["holiday"]}}
+        )
         lim = await create(rig, {"name": "lim", "spec": "* * * * *", "options": {"max_runs": 3}})
         on_holiday = {"from": "2024-04-29T22:00:00Z", "to": "2024-05-01T00:00:00Z"}
         first = {"from": iso(at(11, 0)), "to": iso(at(11, 30))}
@@ -231,12 +272,17 @@ async def test_a_backfill_obeys_exclude_and_max_runs(url: str, redis_prefix: str
         assert (a.json()["slots"], a.json()["excluded"], a.json()["sent"]) == (26, 24, 2), a.text
         assert (b.json()["sent"], b.json()["over_limit"]) == (3, 27), b.text
         messages = await rig.messages()
-        assert sorted(scheduled(messages, "ex", at(12, 0))) == ["2024-04-29T22:00:00Z", "2024-04-29T23:00:00Z"]
+        assert sorted(scheduled(messages, "ex", at(12, 0))) == [
+            "2024-04-29T22:00:00Z",
+            "2024-04-29T23:00:00Z",
+        ]
         assert sorted(scheduled(messages, "lim", at(12, 0))) == [iso(at(11, m)) for m in range(3)]
         [c] = await drive(
             rig.clock, [rig.client.post(f"/schedules/{lim}/backfill", json={"from": iso(at(10, 0)), "to": iso(at(11, 0))})],
             advance=rig.advance_to,
         )  # fmt: skip
         assert (c.json()["sent"], c.json()["over_limit"]) == (0, 60), c.text
-        state = await rawsql.execute(url, f"SELECT runs_count FROM pm_schedule_state WHERE schedule_key = '{lim}'")
+        state = await rawsql.execute(
+            url, f"SELECT runs_count FROM pm_schedule_state WHERE schedule_key = '{lim}'"
+        )
         assert [int(v) for (v,) in state] == [3]

@@ -29,7 +29,9 @@ async def engines(db_url: str) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]
         await b.dispose()
 
 
-async def test_racing_claims_share_the_slots_none_twice(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+async def test_racing_claims_share_the_slots_none_twice(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
     a, b = engines
     for _ in range(3):  # rounds: the interleaving differs each time
         key = f"k{_}"
@@ -42,11 +44,15 @@ async def test_racing_claims_share_the_slots_none_twice(engines: tuple[AsyncEngi
         assert all(len(g.mine) + len(g.known) == 100 for g in got)
 
 
-async def test_a_claim_of_a_dead_backfill_is_taken_over_after_stale(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+async def test_a_claim_of_a_dead_backfill_is_taken_over_after_stale(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
     a, _ = engines
     first = await backfill_slots.claim(a, "k", "j", SLOTS[:10], "dead", T0, None)
     assert first.mine == SLOTS[:10]  # never finished: the backfill died
-    soon = await backfill_slots.claim(a, "k", "j", SLOTS[:10], "next", T0 + timedelta(minutes=1), None)
+    soon = await backfill_slots.claim(
+        a, "k", "j", SLOTS[:10], "next", T0 + timedelta(minutes=1), None
+    )
     assert (soon.mine, soon.known) == ([], set(SLOTS[:10]))
     later = T0 + backfill_slots.STALE + timedelta(seconds=1)
     taken = await backfill_slots.claim(a, "k", "j", SLOTS[:10], "next", later, None)
@@ -66,9 +72,16 @@ async def test_racing_claims_of_a_limited_schedule_share_its_runs_left(
         backfill_slots.claim(b, "lim", "j", SLOTS[25:75], "y", T0, 3),
     )
     assert sum(len(g.mine) for g in got) == 3
-    assert sum(g.over_limit for g in got) + sum(len(g.mine) for g in got) + sum(len(g.known) for g in got) == 100
+    assert (
+        sum(g.over_limit for g in got)
+        + sum(len(g.mine) for g in got)
+        + sum(len(g.known) for g in got)
+        == 100
+    )
     mine = [s for g in got for s in g.mine]
-    await backfill_slots.finish(a, "lim", "x", [s for s in mine if s in got[0].mine], [], T0, limited=True)
+    await backfill_slots.finish(
+        a, "lim", "x", [s for s in mine if s in got[0].mine], [], T0, limited=True
+    )
     failed = got[1].mine
     await backfill_slots.finish(b, "lim", "y", [], failed, T0, limited=True)  # their runs come back
     more = await backfill_slots.claim(a, "lim", "j", SLOTS[100:110], "z", T0, 3)
