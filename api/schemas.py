@@ -427,19 +427,39 @@ class BackfillIn(BaseModel):
         examples=["2026-03-01T01:00:00Z"],
     )
     dry_run: bool = Field(False, description="count only: send nothing, record nothing")
+    force: bool = Field(
+        False,
+        description="also send the slots older than what is remembered (`unchecked`: before "
+        "PM_RUNS_RETENTION, or before the oldest slot of a history at its cap), which may have "
+        "been sent already",
+    )
 
 
 class BackfillResult(BaseModel):
-    slots: int = Field(description="slots of the schedule in the range")
+    slots: int = Field(description="slots of the schedule in the range (excluded ones too)")
+    excluded: int = Field(description="slots on a date `options.exclude` holds: never sent")
     already_sent: int = Field(
-        description="slots known sent: in the run history, the latest recorded slot, or still "
-        "claimed by the target (a dry run does not ask the target)"
+        description="slots known sent: in the run history or the backfill records, the latest "
+        "recorded slot, claimed by another backfill, or still claimed by the target (a dry run "
+        "does not ask the target)"
     )
-    to_send: int = Field(description="slots not known sent before this run (a dry run: would send)")
+    unchecked: int = Field(
+        description="slots older than what is remembered, so not known sent or not: sent only "
+        "with `force`"
+    )
+    to_send: int = Field(
+        description="slots not known sent before this run, `unchecked` ones with `force` (a dry "
+        "run: would send)"
+    )
     sent: int = Field(description="slots sent now, recorded `backfilled` (0 in a dry run)")
+    over_limit: int = Field(
+        description="slots not sent: `options.max_runs` has no run left for them (a dry run: "
+        "would not be sent)"
+    )
     skipped: int = Field(description="slots options.overlap refused (the previous task unfinished)")
     failed: int = Field(description="slots the target did not take")
     dry_run: bool
+    forced: bool = Field(description="`force` was given")
 
 
 class ManagerOut(BaseModel):

@@ -15,6 +15,7 @@ are recorded ``backfilled``. A paused schedule is refused (409): resume it first
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from datetime import datetime, timedelta
@@ -159,8 +160,8 @@ def _usable(row: RowView) -> PeriodicTaskConfig:
 BACKFILL_RESPONSES: dict[int | str, dict[str, Any]] = {
     **NOT_FOUND,
     409: {"description": "The schedule is paused, or its stored row is unusable"},
-    422: {"description": "A bad `from` or `to`, `to` not after `from` or after now, or more "
-          "than 100,000 slots in the range (each error names the field)"},
+    422: {"description": "A bad `from`, `to`, `dry_run` or `force`, `to` not after `from` or "
+          "after now, or more than 100,000 slots in the range (each error names the field)"},
 }
 
 
@@ -184,16 +185,17 @@ async def backfill(
     cfg = _usable(row)
     if row.enabled is False:
         raise ApiProblem(409, "paused", "the schedule is paused: resume it before a backfill")
-    slots = slot_backfill.slots_in(cfg, start, end)
+    found = slot_backfill.slots_in(cfg, start, end)
+    policy = slot_backfill.Policy.of(settings, dry_run=body.dry_run, force=body.force)
     outcome = await slot_backfill.backfill(
-        get_state(request).database, cfg, await get_target(request), get_clock(request), slots,
-        dry_run=body.dry_run, rate=settings.catchup_rate, grace=settings.grace,
-        catchup_window=settings.catchup_window, record=bool(settings.runs_max_per_schedule),
+        get_state(request).database, cfg, await get_target(request), get_clock(request), found,
+        policy, created_at=_instant(row.values.get("created_at")),
     )  # fmt: skip
-    return BackfillResult(
-        slots=outcome.slots, already_sent=outcome.already_sent, to_send=outcome.to_send,
-        sent=outcome.sent, skipped=outcome.skipped, failed=outcome.failed, dry_run=outcome.dry_run,
-    )  # fmt: skip
+    return BackfillResult(**dataclasses.asdict(outcome))
+
+
+def _instant(value: Any) -> datetime | None:
+    return value if isinstance(value, datetime) and value.tzinfo is not None else None
 
 
 def _previous_text(result: EnqueueResult) -> str:

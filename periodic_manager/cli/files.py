@@ -15,6 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from periodic_manager.clock import SystemClock
+from periodic_manager.contracts import Clock
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
@@ -201,17 +202,18 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
-    """``backfill NAME --from T --to T [--dry-run]``: every slot of the schedule in [from, to)
-    never sent, sent once through the configured target, paced (``PM_CATCHUP_RATE``); prints
-    the counts. Bad input: one line, status 2; a paused or unusable schedule: status 2; the
-    database unusable: status 1."""
+    """``backfill NAME --from T --to T [--dry-run] [--force]``: every slot of the schedule in
+    [from, to) never sent, sent once through the configured target, paced (``PM_CATCHUP_RATE``);
+    prints the counts. Bad input: one line, status 2; a paused or unusable schedule: status 2;
+    the database unusable: status 1; slots older than what is remembered left unsent (no
+    ``--force``): a note on stderr, status 3."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from periodic_manager.runtime.startup import StartupError, check_database
 
     try:
         asyncio.run(check_database(settings.database_url))
-        return asyncio.run(_backfill(args, settings))
+        return asyncio.run(backfill_command(args, settings))
     except ConfigError as exc:
         return _fail(f"--{exc.field.replace('_', '-')}: {exc.reason}")
     except StartupError as exc:
@@ -221,49 +223,72 @@ def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
         return _fail(f"database: {first}", 1)
 
 
-async def _backfill(args: argparse.Namespace, settings: Settings) -> int:
+async def backfill_command(
+    args: argparse.Namespace, settings: Settings, clock: Clock | None = None
+) -> int:
+    """The backfill command's work (``clock``: the system's unless given, as by tests)."""
     from periodic_manager import backfill
-    from periodic_manager.db import judge, schedule_reader, view
+    from periodic_manager.db import calendars, judge, schedule_reader, view
     from periodic_manager.db.engine import create_engine, reads_bytes
     from periodic_manager.runtime.assemble import build_target
 
-    clock = SystemClock()
+    clock = clock or SystemClock()
     start, end = backfill.parse_range(args.from_, args.to, clock.now())
     engine = create_engine(settings.database_url)
     target = None
     try:
         async with engine.connect() as conn:
             raw = await schedule_reader.row_named(conn, args.name)
+            known_calendars = await calendars.specs(conn)
         if raw is None:
             return _fail(f"NAME: no schedule named {args.name!r}")
         rules = judge.rules_for(
             reads_bytes(engine), settings.max_payload_bytes, settings.configured_targets()
-        )
+        ).with_calendars(known_calendars)  # options.exclude: judged as the manager judges it
         row = view.view(rules, raw)
         if row.config is None or not row.usable:
             field, reason = row.errors[0]
             return _fail(f"the stored schedule is unusable: {field}: {reason}")
         if row.enabled is False:
             return _fail(f"{args.name}: the schedule is paused: resume it before a backfill")
-        slots = backfill.slots_in(row.config, start, end)
+        found = backfill.slots_in(row.config, start, end)
         target = build_target(settings, engine)
+        created = row.values.get("created_at")
         outcome = await backfill.backfill(
-            engine, row.config, target, clock, slots, dry_run=args.dry_run,
-            rate=settings.catchup_rate, grace=settings.grace,
-            catchup_window=settings.catchup_window, record=bool(settings.runs_max_per_schedule),
+            engine, row.config, target, clock, found,
+            backfill.Policy.of(settings, dry_run=args.dry_run, force=bool(args.force)),
+            created_at=created if isinstance(created, datetime) and created.tzinfo else None,
         )  # fmt: skip
     finally:
         if target is not None:
             await target.close()
         await engine.dispose()
+    return _report(outcome)
+
+
+def _report(outcome: Any) -> int:
+    more = f", {outcome.excluded} excluded" if outcome.excluded else ""
+    if outcome.over_limit:
+        more += f", {outcome.over_limit} over options.max_runs"
     if outcome.dry_run:
         print(
             f"dry run: {outcome.slots} slot(s) in the range, {outcome.already_sent} already sent, "
-            f"{outcome.to_send} would be sent (the target's claims are not asked in a dry run)"
+            f"{outcome.to_send} would be sent{more} (the target's claims are not asked in a dry run)"
         )
-        return 0
-    print(
-        f"{outcome.slots} slot(s) in the range: {outcome.sent} sent, {outcome.already_sent} "
-        f"already sent, {outcome.skipped} skipped (overlap), {outcome.failed} failed"
-    )
-    return 1 if outcome.failed else 0
+    else:
+        print(
+            f"{outcome.slots} slot(s) in the range: {outcome.sent} sent, {outcome.already_sent} "
+            f"already sent, {outcome.skipped} skipped (overlap), {outcome.failed} failed{more}"
+        )
+    if outcome.unchecked and not outcome.forced:
+        print(
+            f"{PROG}: note: {outcome.unchecked} slot(s) older than what is remembered "
+            "(PM_RUNS_RETENTION, PM_RUNS_MAX_PER_SCHEDULE) cannot be checked and were not sent: "
+            "--force sends them",
+            file=sys.stderr,
+        )
+    elif outcome.unchecked:
+        print(f"{PROG}: note: {outcome.unchecked} slot(s) that could not be checked were sent (--force)", file=sys.stderr)
+    if outcome.failed:
+        return 1
+    return 3 if outcome.unchecked and not outcome.forced and not outcome.dry_run else 0

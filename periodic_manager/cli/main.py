@@ -122,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
     bf.add_argument("--from", dest="from_", required=True, help="first instant (ISO 8601 with offset)")
     bf.add_argument("--to", required=True, help="end, excluded, not after now (ISO 8601 with offset)")
     bf.add_argument("--dry-run", action="store_true", help="count only: send and record nothing")
+    bf.add_argument(
+        "--force", action="store_true",
+        help="also send the slots older than what is remembered (PM_RUNS_RETENTION, "
+        "PM_RUNS_MAX_PER_SCHEDULE), which may have been sent already",
+    )  # fmt: skip
     health = sub.add_parser(
         "health", help="liveness of a manager: exit 1 if its probe file is stale or missing",
         description="read <PM_PROBE_DIR>/<role>.json; exit 0 if fresh and healthy, 1 if it is "

@@ -273,6 +273,19 @@ async def slots_with(
     return out
 
 
+async def kept(conn: AsyncConnection, schedule_key: str) -> tuple[int, datetime | None]:
+    """How many rows the schedule's history holds and the oldest slot among them: with as many
+    rows as its cap, slots at or before that one may have been dropped (:func:`cap` keeps the
+    newest slots)."""
+    sqlite = reads_bytes(conn)
+    c = runs_table.c
+    stmt = select(func.count(), dbrows.raw_instant(sqlite, func.min(c.slot_at))).where(
+        c.schedule_key == schedule_key
+    )
+    n, oldest = (await conn.execute(stmt)).one()
+    return int(n or 0), dbrows.instant_or_none(sqlite, oldest)
+
+
 def _raw(sqlite: bool) -> list[Any]:
     """Every column of ``pm_runs`` raw (:func:`periodic_manager.db.rows.raw`)."""
     return [dbrows.raw(sqlite, c).label(c.name) for c in runs_table.c]

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     false,
     func,
     true,
@@ -418,4 +419,23 @@ runs_table = Table(
     Index("ix_pm_runs_schedule_key_slot_at", "schedule_key", "slot_at"),
     Index("ix_pm_runs_at", "at"),
     sqlite_autoincrement=True,
+)
+
+
+# What backfills sent, one row per slot (periodic_manager/backfill.py): claimed before a slot
+# goes out (``state`` 'sending', ``owner`` the backfill run), 'sent' once the target took it,
+# deleted again when it did not. Unique on (schedule_key, slot_at): of two racing backfills only
+# one claims a slot. Remembered for PM_RUNS_RETENTION from ``at`` whatever the history's cap per
+# schedule; pruned with the run history; deleted with its schedule.
+backfill_slots_table = Table(
+    "pm_backfill_slots",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("schedule_key", String(128), nullable=False),
+    Column("slot_at", Instant, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("owner", String(64), nullable=False),
+    Column("at", Instant, nullable=False),
+    UniqueConstraint("schedule_key", "slot_at"),
+    Index("ix_pm_backfill_slots_at", "at"),
 )

@@ -43,7 +43,13 @@ from periodic_manager.db import change_history
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.change_history import API, IMPORT, Author
 from periodic_manager.db.engine import backend, chunks, on_sqlite, reads_bytes
-from periodic_manager.db.models import jobs_table, last_good_table, runs_table, schedule_state_table
+from periodic_manager.db.models import (
+    backfill_slots_table,
+    jobs_table,
+    last_good_table,
+    runs_table,
+    schedule_state_table,
+)
 from periodic_manager.db.schedule_reader import select_rows
 from periodic_manager.db.stored import Raw, bind
 from periodic_manager.errors import ConfigError, NameConflict
@@ -245,12 +251,13 @@ async def _commit(conn: AsyncConnection, stmt: Any, name: str, author: Author, n
 
 async def delete_rows(conn: AsyncConnection, ids: Sequence[int]) -> None:
     """Delete the rows ``ids`` and what is kept of them by schedule key: runtime state, run
-    history, last good versions (in the caller's transaction; their change history stays)."""
+    history, backfill records, last good versions (in the caller's transaction; their change history stays)."""
     for part in chunks(list(dict.fromkeys(ids))):  # IN (...) lists within the driver's limit
         keys = [str(i) for i in part]
         await conn.execute(delete(jobs_table).where(T.id.in_(part)))
         await conn.execute(delete(schedule_state_table).where(schedule_state_table.c.schedule_key.in_(keys)))
         await conn.execute(delete(runs_table).where(runs_table.c.schedule_key.in_(keys)))
+        await conn.execute(delete(backfill_slots_table).where(backfill_slots_table.c.schedule_key.in_(keys)))
         await conn.execute(delete(last_good_table).where(last_good_table.c.schedule_key.in_(keys)))
 
 

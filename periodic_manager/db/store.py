@@ -70,7 +70,7 @@ from periodic_manager.contracts import (
     StateRecord,
     StoredVersion,
 )
-from periodic_manager.db import change_history, history, last_good, store_reads
+from periodic_manager.db import backfill_slots, change_history, history, last_good, store_reads
 from periodic_manager.db.engine import backend, chunks, on_sqlite
 from periodic_manager.db.models import entries_table, managers_table, schedule_state_table
 from periodic_manager.db.store_reads import COUNT_COLUMNS
@@ -352,6 +352,8 @@ class DatabaseRuntimeStore:
         removed = 0
         if shared and self.runs_retention is not None:
             removed += await history.drop_old(self.engine, now - self.runs_retention)
+            # What backfills sent is kept as long, whatever the cap per schedule below.
+            removed += await backfill_slots.drop_old(self.engine, now - self.runs_retention)
         if keys is not None:
             return removed + await history.cap(self.engine, keys, self.runs_per_schedule)
         touched, self._touched = self._touched, set()

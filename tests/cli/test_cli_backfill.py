@@ -1,7 +1,8 @@
-"""``periodic-manager backfill NAME --from --to [--dry-run]`` on PostgreSQL and SQLite (a real
-process, the outbox target): counts, a dry run sends nothing, a second run sends nothing, every
-slot reaches the outbox with its nominal scheduled_at and key; bad input is one line naming the
-flag, exit 2."""
+"""``periodic-manager backfill NAME --from --to [--dry-run] [--force]`` on PostgreSQL, SQLite and
+MariaDB (a real process, the outbox target): counts, a dry run sends nothing, a second run sends
+nothing, every slot reaches the outbox with its nominal scheduled_at and key; slots older than
+what is remembered are sent only with --force (exit 3 and a note without); bad input is one line
+naming the flag, exit 2."""
 
 from __future__ import annotations
 
@@ -45,6 +46,23 @@ async def test_backfill_sends_the_range_once_and_a_dry_run_sends_nothing(db_url:
     assert again.returncode == 0, again.stderr
     assert "0 sent, 5 already sent" in again.stdout
     assert len(await outbox(db_url)) == 5
+
+
+async def test_slots_older_than_what_is_remembered_are_sent_only_with_force(db_url: str) -> None:
+    # A row created long before the retention (7 days): what was sent of it then is forgotten.
+    await rawsql.insert(db_url, "cli.old", created_at=rawsql.instant(db_url, "2024-01-01 00:00:00"))
+    r = run_cli("backfill", "cli.old", *RANGE, env=env(db_url))
+    assert r.returncode == 3, r.stderr
+    assert "5 slot(s) in the range: 0 sent, 0 already sent" in r.stdout
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("periodic-manager: note:")]
+    assert "5 slot(s) older than what is remembered" in line and "--force sends them" in line, line
+    assert await outbox(db_url) == []
+    forced = run_cli("backfill", "cli.old", *RANGE, "--force", env=env(db_url))
+    assert forced.returncode == 0, forced.stderr
+    assert "5 sent" in forced.stdout and "were sent (--force)" in forced.stderr
+    assert len(await outbox(db_url)) == 5
+    again = run_cli("backfill", "cli.old", *RANGE, env=env(db_url))  # recorded now: known sent
+    assert again.returncode == 0 and "0 sent, 5 already sent" in again.stdout, again.stdout + again.stderr
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ APP_TABLES = {
     "pm_schedule_state",
     "pm_outbox",
     "pm_runs",
+    "pm_backfill_slots",
     "pm_schedule_changes",
     "periodic_jobs_deleted",
     "pm_last_good",

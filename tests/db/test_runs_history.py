@@ -256,3 +256,28 @@ async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: Asyn
     assert await changes() == 1
     await heartbeat(holder, "holder", ManagerStatus(at(65), True, None, None, 0, shared_work=True))
     assert await count(engine) == 1 and await changes() == 0  # the holder of partition 0 did it
+
+
+async def test_backfill_records_are_pruned_by_age_alone_and_go_with_their_row(engine: AsyncEngine) -> None:
+    """What backfills sent (pm_backfill_slots) is kept PM_RUNS_RETENTION whatever the cap per
+    schedule (a backfill's slots are a schedule's oldest: the cap would drop them first), and is
+    deleted with its schedule."""
+    from periodic_manager.db import backfill_slots, schedule_writer
+
+    slots = [at(60 * k) for k in range(5)]
+
+    async def kept(key: str) -> int:
+        async with engine.connect() as conn:
+            return len(await backfill_slots.recorded(conn, key, at(-1), at(3600)))
+
+    for key, when in (("1", at(10)), ("2", at(10)), ("3", at(7200))):
+        claimed = await backfill_slots.claim(engine, key, f"job.{key}", slots, "b", when, None)
+        await backfill_slots.finish(engine, key, "b", claimed.mine, [], when, limited=False)
+    store = DatabaseRuntimeStore(engine, runs_retention=timedelta(hours=1), runs_per_schedule=1)
+    await store.prune_runs(at(3700), keys=["1", "2", "3"])  # the cap of 1 per schedule: no effect
+    assert [await kept(k) for k in "123"] == [0, 0, 5]  # 1 and 2 sent at 10 s: past the hour
+    claimed = await backfill_slots.claim(engine, "1", "job.1", slots, "c", at(3700), None)
+    assert claimed.mine == slots  # forgotten: claimable again
+    async with engine.begin() as conn:
+        await schedule_writer.delete_rows(conn, [3])
+    assert await kept("3") == 0

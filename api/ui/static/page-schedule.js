@@ -265,7 +265,7 @@ function actions(s, etag, reload) {
     h("button", { type: "button", id: "backfill", onclick: async () => {
       const body = { body: { from: from.value.trim(), to: to.value.trim(), dry_run: dry.checked } };
       const a = await run(`POST /schedules/${s.id}/backfill`, "POST", `/schedules/${s.id}/backfill`, body,
-        (x) => `${x.data.dry_run ? "dry run: would send" : "sent"} ${x.data.dry_run ? x.data.to_send : x.data.sent} of ${x.data.slots} slot(s); already sent ${x.data.already_sent}, skipped ${x.data.skipped}, failed ${x.data.failed}`);
+        (x) => `${x.data.dry_run ? "dry run: would send" : "sent"} ${x.data.dry_run ? x.data.to_send : x.data.sent} of ${x.data.slots} slot(s); already sent ${x.data.already_sent}, skipped ${x.data.skipped}, failed ${x.data.failed}${x.data.unchecked ? `; ${x.data.unchecked} older than what is remembered, not sent (force it with the API or the CLI's --force)` : ""}`);
       if (a && a.ok && !dry.checked) await reload(answerLine);
     } }, "Backfill"));
   const remove = h("button", { type: "button", id: "delete", class: "danger", onclick: async () => {
