@@ -32,7 +32,7 @@ from periodic_manager.contracts import (
 )
 from periodic_manager.engine.history import RunWriter
 from periodic_manager.engine.retries import Retries
-from periodic_manager.errors import TargetError
+from periodic_manager.errors import TargetError, TaskRefused
 from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
 from periodic_manager.targets.base import send_prepared, task_for
 
@@ -209,7 +209,15 @@ class Dispatcher:
         self._no_attempt.clear()
         self.progress_at = self.clock.now()
         try:
-            return await send
+            results = await send
+        except TaskRefused:
+            raise
+        except Exception:
+            self.retries.note(answered=False)  # down: the retries probe it one at a time
+            raise
+        else:
+            self.retries.note(answered=True)
+            return results
         finally:
             self.progress_at = self.clock.now()
             self._attempting -= 1
@@ -225,7 +233,7 @@ class Dispatcher:
     def recovered(self, retrying: int = 0) -> None:
         """A send went through whole: the outage ended, unless other retries (``retrying``
         besides the caller) still go on."""
-        if self.failing and len(self.retries.tasks) <= retrying:
+        if self.failing and self.retries.active <= retrying:
             log.warning("target recovered after %d failed attempt(s)", self.failing)
             self.failing = 0
 

@@ -14,6 +14,12 @@ recording what is left ``failed`` with the last error, when:
 - the scheduler stops or no longer sends (leadership lost): quietly, a warning;
 - the target refuses the tasks for good (``TaskRefused``, or results marked ``permanent``).
 
+While the target is down (its last call raised), the retries do not each call it: one of them
+probes it at a time, the probes spaced like one retry's backoff (0.2 s doubling to ``retry_max``),
+and the others wait for the target to answer (or for their slots to leave grace). So an outage
+costs one call per due instant (the first attempts, which the loop makes at each instant whatever
+the target did last) and one probe per backoff, however many slots wait.
+
 Tasks whose partition is fenced off (lost, handed over) are given up right before the next
 attempt, as the first attempt would: the fence is asked before every call. At most ``limit``
 retry calls run at once, apart from the first attempts (a retry never queues a new instant's
@@ -47,8 +53,37 @@ class Retries:
     def __init__(self, dispatcher: Dispatcher, *, limit: int) -> None:
         self.dispatcher = dispatcher
         self.tasks: set[asyncio.Task[None]] = set()
+        self.active = 0  # retries not ended (a task's end is seen by its callback a step later)
         self.pending: set[tuple[int | str, datetime]] = set()  # (ident, slot) under retry
         self._gate = asyncio.Semaphore(limit)
+        self._down_until: datetime | None = None  # the target is down: no retry calls it before
+        self._probe_delay = dispatcher.retry_base  # the pause after the next failed probe
+
+    def note(self, answered: bool) -> None:
+        """A call of the target answered (True) or raised (False; a refusal for good aside)."""
+        d = self.dispatcher
+        if answered:
+            self._down_until = None
+            self._probe_delay = d.retry_base
+        else:
+            self._down_until = later(d.clock.now(), self._probe_delay)
+            self._probe_delay = min(d.retry_max, self._probe_delay * 2)
+
+    async def _turn(self, deadline: datetime) -> bool:
+        """Wait while the target is down and another retry's probe is due first. True when this
+        retry may call now (while down, as the probe: the next one waits for its outcome);
+        False when it is to give up (its slots' expiry comes before the next probe, or the
+        scheduler no longer sends)."""
+        d = self.dispatcher
+        while self._down_until is not None and d.clock.now() < self._down_until:
+            if self._down_until > deadline:
+                return False
+            await d.backoff((self._down_until - d.clock.now()).total_seconds())
+            if not d.may_send():
+                return False
+        if self._down_until is not None:
+            self._down_until = later(d.clock.now(), self._probe_delay)
+        return True
 
     def take(
         self,
@@ -80,6 +115,7 @@ class Retries:
             self._retry(slot, entries, tasks, error), name=f"retry {slot.isoformat()}"
         )
         self.tasks.add(task)
+        self.active += 1
         task.add_done_callback(self._done)
         return True
 
@@ -107,7 +143,7 @@ class Retries:
                 if not d.may_send() or later(d.clock.now(), delay) > deadline:
                     break
                 await d.backoff(delay)
-                if not d.may_send():
+                if not d.may_send() or not await self._turn(deadline):
                     break
                 entries, tasks, failed = await self._unfenced(slot, entries, tasks, failed, error)
                 if not entries:
@@ -131,6 +167,7 @@ class Retries:
                 attempt += 1
             await self._give_up(slot, entries, tasks, failed, error)
         finally:
+            self.active -= 1
             self.pending.difference_update(keys)
             d.end()
 

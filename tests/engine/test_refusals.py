@@ -19,6 +19,7 @@ from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import EnqueueResult, RunRecord, Task, refused
 from periodic_manager.engine.dispatch import Hooks
 from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets.memory import MemoryTarget
 
@@ -39,6 +40,8 @@ class Picky(MemoryTarget):
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         self.calls.append([t.name for t in tasks])
+        if self.fail_with is not None:
+            raise TargetError(self.fail_with)
         out: list[EnqueueResult | None] = [None] * len(tasks)
         send = []
         for i, task in enumerate(tasks):
@@ -184,3 +187,21 @@ async def test_a_fenced_entry_is_not_retried(rig: Any) -> None:
     assert len(target.calls) == calls  # no call after the fence
     assert sched.dispatcher.retries.tasks == set()
     assert [r.status for r in sched.runs] == ["failed"]
+
+
+async def test_while_the_target_is_down_the_retries_probe_it_one_at_a_time(rig: Any) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("a"))
+    target.fail_with = "redis down"
+    await advance(sched, clock, 120)
+    # One first attempt per instant, and the retries of ~30 slots within grace share one probe
+    # spaced like one retry's backoff (each retrying alone: 9 calls a second).
+    assert len(target.calls) <= 1.1 * 120
+    assert len(sched.dispatcher.retries.tasks) >= 25
+    target.fail_with = None
+    await advance(sched, clock, 30)
+    # Back: every slot still within grace was sent, once each.
+    sent = target.slots("a")
+    assert len(sent) == len(set(sent)) and T0 + timedelta(seconds=100) in sent
+    assert sched.dispatcher.retries.tasks == set()
+
