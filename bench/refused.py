@@ -130,7 +130,9 @@ async def main() -> None:
         top = late[-1] if late else float("nan")
         task_type, payload, options = CASES[target]
         what = f"task_type={task_type} payload={payload} options={options}"
-        print(f"| {target} | {what} | {len(late)} | {med:.3f} | {p99:.3f} | {top:.3f} | {failed} ({other}) |")
+        print(
+            f"| {target} | {what} | {len(late)} | {med:.3f} | {p99:.3f} | {top:.3f} | {failed} ({other}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -92,7 +92,9 @@ async def test_a_refused_task_fails_at_once_and_the_others_stay_on_time(
 ) -> None:
     sched, clock, target = rig
     errors: list[tuple[str, list[str]]] = []
-    sched.dispatcher.hooks = Hooks(on_error=lambda exc, tasks: errors.append((str(exc), [t.name for t in tasks])))
+    sched.dispatcher.hooks = Hooks(
+        on_error=lambda exc, tasks: errors.append((str(exc), [t.name for t in tasks]))
+    )
     target.refuse = {"bad"}
     sched.register(cfg("good"))
     sched.register(cfg("good.minute", "* * * * *"))
@@ -156,7 +158,9 @@ async def test_a_transient_failure_past_grace_is_given_up_and_the_others_go_on(r
     assert len(sched.dispatcher.retries.tasks) == 1
 
 
-async def test_a_stop_during_a_retry_records_it_quietly(rig: Any, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_stop_during_a_retry_records_it_quietly(
+    rig: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     sched, clock, target = rig
     target.flaky = {"flaky"}
     target.flaky_until = T0 + timedelta(hours=1)
@@ -172,7 +176,9 @@ async def test_a_stop_during_a_retry_records_it_quietly(rig: Any, caplog: pytest
         await clock.settle()
     assert sched.dispatcher.retries.tasks == set()
     assert [r.levelno for r in caplog.records if r.levelno >= logging.ERROR] == []
-    assert [(r.status, r.error) for r in sched.runs] == [("failed", "picky: ConnectionError: reset")]
+    assert [(r.status, r.error) for r in sched.runs] == [
+        ("failed", "picky: ConnectionError: reset")
+    ]
 
 
 async def test_a_fenced_entry_is_not_retried(rig: Any) -> None:
@@ -205,3 +211,25 @@ async def test_while_the_target_is_down_the_retries_probe_it_one_at_a_time(rig: 
     assert len(sent) == len(set(sent)) and T0 + timedelta(seconds=100) in sent
     assert sched.dispatcher.retries.tasks == set()
 
+
+async def test_a_hand_over_waits_for_a_retry_call_under_way(rig: Any) -> None:
+    sched, clock, target = rig
+    target.flaky = {"flaky"}
+    target.flaky_until = T0 + timedelta(seconds=60, milliseconds=100)
+    sched.register(cfg("flaky", "@every 60s"))
+    gate = asyncio.Event()
+    plain = target.enqueue
+
+    async def held(tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        if len(target.calls) >= 1:  # the retry's call hangs until the gate opens
+            await gate.wait()
+        return await plain(tasks, now)
+
+    target.enqueue = held  # type: ignore[method-assign]
+    await advance(sched, clock, 60.5)  # the first attempt failed, the retry's call is under way
+    flush = asyncio.create_task(sched.flush_runs())
+    await clock.settle()
+    assert not flush.done()  # a hand-over records what was sent after that call ends
+    gate.set()
+    assert await asyncio.wait_for(flush, 5)
+    assert [(r.name, r.status) for r in sched.runs] == [("flaky", "enqueued")]

@@ -124,7 +124,9 @@ async def arq_case(url: str, prefix: str, client: aioredis.Redis) -> AsyncIterat
         )  # fmt: skip
     finally:
         await target.close()
-        keys = [f"arq:{kind}:{i}" for i in sent for kind in ("job", "in-progress", "result", "retry")]
+        keys = [
+            f"arq:{kind}:{i}" for i in sent for kind in ("job", "in-progress", "result", "retry")
+        ]
         for start in range(0, len(keys), 500):
             await client.delete(*keys[start : start + 500])
 
@@ -209,7 +211,8 @@ async def run_for(
         case.sent.extend(r.task.id for r in results if r.status == "enqueued")
 
     hooks = Hooks(
-        post_enqueue=sent, on_error=lambda exc, tasks: errors.append((str(exc), [t.name for t in tasks]))
+        post_enqueue=sent,
+        on_error=lambda exc, tasks: errors.append((str(exc), [t.name for t in tasks])),
     )
     sched = Scheduler(case.target, clock=clock, grace=30, on_runs=on_runs, hooks=hooks)
     loop = asyncio.create_task(sched.run())
@@ -245,4 +248,3 @@ async def test_a_good_schedule_beside_a_refused_one_stays_on_time(case: Case) ->
     assert sched.get(case.bad.key) is not None
     assert case.why in (sched.get(case.bad.key).last_error or "")  # type: ignore[union-attr]
     assert sched.dispatcher.retries.tasks == set()
-
