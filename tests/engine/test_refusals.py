@@ -233,3 +233,32 @@ async def test_a_hand_over_waits_for_a_retry_call_under_way(rig: Any) -> None:
     gate.set()
     assert await asyncio.wait_for(flush, 5)
     assert [(r.name, r.status) for r in sched.runs] == [("flaky", "enqueued")]
+
+
+async def test_a_held_slot_under_retry_is_not_sent_again_by_its_hold_tick(rig: Any) -> None:
+    sched, clock, target = rig
+    busy = {"on": True}
+    plain = target.enqueue
+
+    async def hold_then_fail(tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        if busy["on"]:
+            target.calls.append([t.name for t in tasks])
+            return [EnqueueResult(t, "busy") for t in tasks]
+        return await plain(tasks, now)
+
+    target.enqueue = hold_then_fail  # type: ignore[method-assign]
+    target.completion_off = lambda options: None  # type: ignore[method-assign]
+    sched.register(cfg("held", "@every 60s", options={"overlap": "hold"}))
+    await advance(sched, clock, 60)  # slot 60 busy: held, tried again every tick (1 s)
+    assert [r.status for r in sched.runs] == ["held"]
+    target.flaky = {"held"}
+    target.flaky_until = T0 + timedelta(seconds=75)
+    busy["on"] = False
+    await advance(sched, clock, 1)  # the tick sends it: it fails, a retry takes it
+    assert len(sched.dispatcher.retries.tasks) == 1
+    await advance(sched, clock, 25)
+    # One call per retry (its backoff), none from the ticks meanwhile; then sent once.
+    assert target.slots("held") == [T0 + timedelta(seconds=60)]
+    calls = [c for c in target.calls if c == ["held"]]
+    assert len(calls) <= 1 + 1 + 8, len(calls)  # busy, the tick's attempt, the retries
+    assert [r.status for r in sched.runs] == ["held", "enqueued"]
