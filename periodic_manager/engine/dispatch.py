@@ -256,6 +256,8 @@ class Dispatcher:
             if status == "failed":
                 failed.setdefault(res.error or "failed", []).append(res.task)
                 self._log_failed(entry, slot, res)
+            elif self._refusals:
+                self._refusals.pop(entry.config.name, None)  # a refusal again is said again
             # options.overlap: a target's answer about the previous task, or a held schedule.
             if overlap is not None and (
                 res.previous is not None or status == "busy" or (held and entry.ident in held)

@@ -262,3 +262,18 @@ async def test_a_held_slot_under_retry_is_not_sent_again_by_its_hold_tick(rig: A
     calls = [c for c in target.calls if c == ["held"]]
     assert len(calls) <= 1 + 1 + 8, len(calls)  # busy, the tick's attempt, the retries
     assert [r.status for r in sched.runs] == ["held", "enqueued"]
+
+
+async def test_a_refusal_is_said_again_after_the_schedule_was_sent_meanwhile(
+    rig: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    sched, clock, target = rig
+    sched.register(cfg("bad"))
+    target.refuse = {"bad"}
+    await advance(sched, clock, 3)
+    target.refuse = set()  # fixed (say, its worker's module deployed): sent
+    await advance(sched, clock, 2)
+    target.refuse = {"bad"}
+    await advance(sched, clock, 3)
+    said = [r for r in caplog.records if "refused by the target" in r.getMessage()]
+    assert len(said) == 2
