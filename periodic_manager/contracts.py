@@ -275,7 +275,13 @@ class EnqueueResult:
 
     ``failed``: this task was not enqueued and holds no claim, while the rest of the batch was
     processed (a task the target cannot encode, or the group of a failed target behind a
-    :class:`~periodic_manager.targets.routing.RoutingTarget`); ``error`` says why.
+    :class:`~periodic_manager.targets.routing.RoutingTarget`); ``error`` says why. ``permanent``
+    says whether sending the task again can succeed: True for a refusal that no retry changes (the
+    task itself is invalid for the target: a bad name, a bad queue name, a payload of the wrong
+    shape, options it cannot honour, a key of another Redis type, an encode error), recorded
+    ``failed`` at once; False (the default) for a failure that may pass (a connection lost, a
+    timeout, a claim another publisher holds), retried while the slot is within its window.
+    Build a refusal with :func:`refused`.
 
     ``resent``: enqueued again with the same task id because an earlier publish of this slot was
     never confirmed by the broker (it may have arrived: workers may see the task twice).
@@ -290,6 +296,18 @@ class EnqueueResult:
     message_id: str | None = None  # stream entry id, outbox row id, ...
     error: str | None = None
     previous: Previous | None = None
+    permanent: bool = False  # failed only: no retry can succeed (see above)
+
+
+def refused(task: Task, error: str) -> EnqueueResult:
+    """The result of a task the target refuses for good (``failed``, ``permanent``): the task is
+    not valid for it, so sending it again would fail again (see :class:`EnqueueResult`)."""
+    return EnqueueResult(task, "failed", error=error, permanent=True)
+
+
+def retryable(result: EnqueueResult) -> bool:
+    """Whether ``result`` is a failure that a later attempt may turn into a send."""
+    return result.status == "failed" and not result.permanent
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ Tree::
     │   └── CronError                      (periodic_manager.cron) a cron expression/zone is invalid
     ├── ProviderError                      the config provider could not read the schedules
     ├── TargetError                        a target could not enqueue a batch
+    │   └── TaskRefused                    ... and never will: the tasks are invalid for it
     ├── NotFoundError (also LookupError)   a schedule or entry does not exist: .key
     └── NameConflict                       another schedule already has this name: .name
 
@@ -38,6 +39,12 @@ class ProviderError(PeriodicManagerError):
 
 class TargetError(PeriodicManagerError):
     """A target failed to enqueue a batch; nothing of that batch may be assumed enqueued."""
+
+
+class TaskRefused(TargetError):
+    """A target refused a whole call for good: its tasks are invalid for it (a validation error,
+    not an outage), so no retry can succeed. Most refusals are per task
+    (:func:`periodic_manager.contracts.refused`); this is for a call that cannot be cut up."""
 
 
 class NotFoundError(PeriodicManagerError, LookupError):

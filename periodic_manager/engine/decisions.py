@@ -232,8 +232,11 @@ class Decisions:
         expired, by_slot = due
         self.writer.report(expired)
         self.dispatcher.counts["skipped"] += len(expired)
+        retrying = self.dispatcher.retries.pending
         for slot in sorted(by_slot):
             entries = self._unfenced(by_slot[slot])
+            if retrying:  # a held slot whose send is being retried: not sent twice at once
+                entries = [e for e in entries if (e.ident, slot) not in retrying]
             if not entries:
                 continue
             self.idle.clear()

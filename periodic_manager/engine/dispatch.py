@@ -1,11 +1,13 @@
-"""Sending one instant's slots: tasks, sub-batches, retries within grace, outcomes.
+"""Sending one instant's slots: tasks, sub-batches, first attempts, outcomes.
 
 A batch goes out as sub-batches of ``SEND_CHUNK`` tasks, a few in flight at once so the target
-works on one while the next is handed over. A failed call is retried whole with capped
-exponential backoff while its slots may still be sent (until their expiry: grace, or the
-catch-up window); tasks a target failed one by one are retried alone. Every outcome becomes a
-run (enqueued, duplicate, failed) for the history and the metrics, and the hooks see each
-sub-batch.
+works on one while the next is handed over. The scheduler's loop awaits the first attempt only:
+what it settled (enqueued, duplicate, busy, and the tasks the target refused for good,
+``EnqueueResult.permanent``) is recorded at once, and the tasks that failed in a way a retry may
+mend (a call that raised, a task failed alone and not for good) go to a background retry
+(:mod:`~periodic_manager.engine.retries`), so one failing schedule never holds another's next
+instant. Every outcome becomes a run (enqueued, duplicate, failed) for the history and the
+metrics, and the hooks see each sub-batch.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from periodic_manager.contracts import (
     RunRecord,
     StagedTarget,
     Task,
+    retryable,
     run_status,
 )
 from periodic_manager.engine.history import RunWriter
+from periodic_manager.engine.retries import Retries
+from periodic_manager.errors import TargetError, TaskRefused
 from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
 from periodic_manager.targets.base import send_prepared, task_for
 
@@ -46,7 +51,8 @@ ErrorHook = Callable[[BaseException, Sequence[Task]], Awaitable[None] | None]
 class Hooks:
     """Code of your own around every sub-batch sent (sync or async; a hook that raises is logged
     and never stops the schedule): ``pre_enqueue(tasks)`` before, ``post_enqueue(results)``
-    after, ``on_error(exc, tasks)`` when its slots could not be sent within grace."""
+    after, ``on_error(exc, tasks)`` when its slots could not be sent: refused by the target for
+    good (at once), or still failing at the end of their window (grace)."""
 
     pre_enqueue: PreEnqueueHook | None = None
     post_enqueue: PostEnqueueHook | None = None
@@ -123,7 +129,7 @@ class Dispatcher:
         self.overlap = overlap  # options.overlap: busy answers, held slots
         self.clock = clock
         self.writer = writer
-        self.backoff = backoff
+        self.backoff = backoff  # a retry's pause, cut short on stop (never the loop's own wait)
         self.may_send = may_send  # False when stopping or no longer leading: no more retries
         self.hooks = hooks
         self.retry_base = retry_base
@@ -132,26 +138,40 @@ class Dispatcher:
             "enqueued": 0, "duplicate": 0, "resent": 0, "skipped": 0, "failed": 0, "held": 0,
         }  # fmt: skip
         self.progress_at: datetime | None = None  # last sign of life of a send under way
-        self._failing = 0  # consecutive failed attempts (one log line per outage)
+        self.failing = 0  # consecutive failed attempts (one log line per outage)
         self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._sending = 0  # sub-batches under way
+        self._sending = 0  # sub-batches under way, first attempts and retries
+        self._attempting = 0  # target calls under way
+        self._no_attempt = asyncio.Event()
+        self._no_attempt.set()
+        self._refusals: dict[str, str | None] = {}  # schedule -> refusal last logged (once each)
+        self.retries = Retries(self, limit=MAX_IN_FLIGHT)
 
     def start(self, slot: datetime, chunks: list[Chunk]) -> list[asyncio.Future[None]]:
-        """Start sending every sub-batch (at most ``MAX_IN_FLIGHT`` awaiting the target)."""
+        """Start sending every sub-batch (at most ``MAX_IN_FLIGHT`` awaiting the target); the
+        futures end after the first attempt (retries go on in the background)."""
         return [asyncio.ensure_future(self._send_chunk(slot, part, prep)) for part, prep in chunks]
 
-    async def _send_chunk(self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared) -> None:
+    def begin(self) -> None:
+        """A send (a first attempt, or a retry) starts: :meth:`hung_for` watches it."""
         self._sending += 1
+
+    def end(self) -> None:
+        self._sending -= 1
+        if not self._sending:
+            self.progress_at = None
+
+    async def _send_chunk(self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared) -> None:
+        self.begin()
         try:
             await self._send_chunk_once(slot, entries, prepared)
         finally:
-            self._sending -= 1
-            if not self._sending:
-                self.progress_at = None
+            self.end()
 
     async def _send_chunk_once(
         self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared
     ) -> None:
+        tasks = prepared.tasks
         try:
             async with self._inflight:
                 fenced = self.fence()
@@ -163,25 +183,81 @@ class Dispatcher:
                     prepared = prepare_tasks(self.target, [prepared.tasks[i] for i in kept])
                 tasks = prepared.tasks
                 await _call(self.hooks.pre_enqueue, tasks)
-                results = await self._send(prepared, slot, entries)
-        except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
-            self._gave_up(slot, entries, tasks, exc)
-            await self._safe_hook(self.hooks.on_error, exc, tasks)
+                try:
+                    results = await self.attempt(send_prepared(self.target, prepared, self.clock.now()))
+                except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
+                    if not self.retries.take(slot, entries, tasks, exc):
+                        await self.give_up(slot, entries, tasks, exc)
+                    return
+        except Exception as exc:  # noqa: BLE001 - a pre_enqueue hook that raised: not sent
+            await self.give_up(slot, entries, tasks, exc)
+            return
+        retry = [i for i, res in enumerate(results) if retryable(res)]
+        if retry and self.retries.take(
+            slot, [entries[i] for i in retry], [tasks[i] for i in retry], results[retry[0]].error
+        ):
+            again = set(retry)
+            entries = [e for i, e in enumerate(entries) if i not in again]
+            results = [r for i, r in enumerate(results) if i not in again]
+        elif not retry:
+            self.recovered()
+        await self.settle(slot, entries, results)
+
+    async def attempt(self, send: Awaitable[list[EnqueueResult]]) -> list[EnqueueResult]:
+        """One call of the target (a first attempt or a retry), watched by :meth:`hung_for`."""
+        self._attempting += 1
+        self._no_attempt.clear()
+        self.progress_at = self.clock.now()
+        try:
+            results = await send
+        except TaskRefused:
+            raise
+        except Exception:
+            self.retries.note(answered=False)  # down: the retries probe it one at a time
+            raise
+        else:
+            self.retries.note(answered=True)
+            return results
+        finally:
+            self.progress_at = self.clock.now()
+            self._attempting -= 1
+            if not self._attempting:
+                self._no_attempt.set()
+
+    async def between_attempts(self) -> None:
+        """Return once no target call is under way. Every retry asks the fence right before its
+        call, so after a fence is set and this returned, nothing more is sent for what it fences
+        (a hand-over waits for this before it records what was sent)."""
+        await self._no_attempt.wait()
+
+    def recovered(self, retrying: int = 0) -> None:
+        """A send went through whole: the outage ended, unless other retries (``retrying``
+        besides the caller) still go on."""
+        if self.failing and self.retries.active <= retrying:
+            log.warning("target recovered after %d failed attempt(s)", self.failing)
+            self.failing = 0
+
+    async def settle(
+        self, slot: datetime, entries: list[ScheduledEntry], results: list[EnqueueResult]
+    ) -> None:
+        """Record the final outcome of each of ``entries`` (``results``, in the same order)."""
+        if not entries:
             return
         runs: list[RunRecord] = []
         at = self.clock.now()
         counts = self.counts
         overlap = self.overlap
         held = overlap.held if overlap is not None else {}
+        failed: dict[str, list[Task]] = {}
         for entry, res in zip(entries, results, strict=True):
             status = res.status
             if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
                 entry.last_error = res.error  # set when the target failed this task alone
             if status == "failed":
-                log.error(
-                    "enqueue of %s due %s failed: %s", entry.config.name, slot.isoformat(), res.error,
-                    extra={"schedule": entry.config.name, "slot": slot.isoformat()},
-                )
+                failed.setdefault(res.error or "failed", []).append(res.task)
+                self._log_failed(entry, slot, res)
+            elif self._refusals:
+                self._refusals.pop(entry.config.name, None)  # a refusal again is said again
             # options.overlap: a target's answer about the previous task, or a held schedule.
             if overlap is not None and (
                 res.previous is not None or status == "busy" or (held and entry.ident in held)
@@ -197,90 +273,54 @@ class Dispatcher:
                     limited=entry.runs_left is not None,
                 )
             )
-        log.debug("enqueued %d task(s) due %s", len(tasks), slot.isoformat(), extra={"slot": slot.isoformat()})
+        log.debug("enqueued %d task(s) due %s", len(results), slot.isoformat(), extra={"slot": slot.isoformat()})
         await self._safe_hook(self.hooks.post_enqueue, results)
+        for error, tasks in failed.items():
+            await self._safe_hook(self.hooks.on_error, TargetError(error), tasks)
         self.writer.report(runs)
 
-    def _gave_up(self, slot: datetime, entries: list[ScheduledEntry], tasks: list[Task], exc: Exception) -> None:
+    def _log_failed(self, entry: ScheduledEntry, slot: datetime, res: EnqueueResult) -> None:
+        """A refusal for good once per schedule and reason (a schedule due every second would
+        repeat it every second: its runs and ``last_error`` say it each time); others each."""
+        name = entry.config.name
+        extra = {"schedule": name, "slot": slot.isoformat()}
+        if res.permanent:
+            if self._refusals.get(name) == res.error:
+                log.debug("enqueue of %s due %s refused: %s", name, slot.isoformat(), res.error, extra=extra)
+                return
+            if len(self._refusals) >= 10000:
+                self._refusals.clear()
+            self._refusals[name] = res.error
+            log.error(
+                "enqueue of %s due %s refused by the target (not retried): %s",
+                name, slot.isoformat(), res.error, extra=extra,
+            )  # fmt: skip
+            return
+        log.error("enqueue of %s due %s failed: %s", name, slot.isoformat(), res.error, extra=extra)
+
+    async def give_up(
+        self,
+        slot: datetime,
+        entries: list[ScheduledEntry],
+        tasks: list[Task],
+        exc: BaseException,
+        *,
+        quiet: bool = False,
+    ) -> None:
+        """Record ``entries`` failed with ``exc`` (a call that raised, or a retry given up; quiet:
+        stopping or no longer sending, a warning instead of an error) and tell ``on_error``."""
         at = self.clock.now()
         for entry in entries:
             entry.last_error = str(exc)
         self.counts["failed"] += len(tasks)
         if self.overlap is not None:
             self.overlap.drop(entries, slot)
-        log.error(
+        (log.warning if quiet else log.error)(
             "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,
             extra={"slot": slot.isoformat(), "batch": len(tasks)},
-        )
+        )  # fmt: skip
         self.writer.report([RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries])
-
-    async def _send(
-        self, prepared: Prepared, slot: datetime, entries: list[ScheduledEntry]
-    ) -> list[EnqueueResult]:
-        """Send, retrying with capped exponential backoff while the batch may still be sent.
-
-        The first attempt sends the prepared batch; a failed call is retried whole, and tasks a
-        target reports ``failed`` one by one are retried alone. Gives up once the next attempt
-        would fall after the deadline, on shutdown, when leadership is lost or one of ``entries``
-        is fenced off (its partition lost): re-raising if
-        nothing was sent, else reporting the rest as failed. Logs once per outage.
-        """
-        tasks = prepared.tasks
-        deadline: datetime | None = None  # computed on the first failure (never on a burst's path)
-        final: list[EnqueueResult | None] = [None] * len(tasks)
-        todo = list(range(len(tasks)))
-        attempt = 0
-        while True:
-            error: Exception | None = None
-            self.progress_at = self.clock.now()
-            try:
-                if attempt == 0 or len(todo) == len(tasks):
-                    results = await send_prepared(self.target, prepared, self.clock.now())
-                else:
-                    results = await self.target.enqueue([tasks[i] for i in todo], self.clock.now())
-            except Exception as exc:
-                error = exc
-                self.progress_at = self.clock.now()
-            else:
-                self.progress_at = self.clock.now()
-                retry = []
-                for i, res in zip(todo, results, strict=True):
-                    final[i] = res
-                    if res.status == "failed":
-                        retry.append(i)
-                if not retry:
-                    if self._failing:
-                        log.warning("target recovered after %d failed attempt(s)", self._failing)
-                        self._failing = 0
-                    return [r for r in final if r is not None]
-                todo = retry
-            attempt += 1
-            self._failing += 1
-            if self._failing == 1:
-                log.error(
-                    "enqueue failed, retrying while slots are within grace: %s",
-                    error if error is not None else final[todo[0]].error,  # type: ignore[union-attr]
-                    extra={"slot": slot.isoformat(), "batch": len(todo)},
-                )
-            delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
-            if deadline is None:
-                deadline = min(t.expires_at for t in tasks)
-            if (
-                not self.may_send()
-                or later(self.clock.now(), delay) > deadline
-                or self._fenced_any(entries)
-            ):
-                if error is not None and all(r is None for r in final):
-                    raise error
-                for i in todo:
-                    if error is not None:
-                        final[i] = EnqueueResult(tasks[i], "failed", None, error=str(error))
-                return [r for r in final if r is not None]
-            await self.backoff(delay)
-
-    def _fenced_any(self, entries: list[ScheduledEntry]) -> bool:
-        fenced = self.fence()
-        return fenced is not None and any(fenced(e.ident) for e in entries)
+        await self._safe_hook(self.hooks.on_error, exc, tasks)
 
     async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:
         try:

@@ -23,8 +23,8 @@ Slot semantics:
 The parts: the registered entries and their next slots (:mod:`~periodic_manager.engine.entries`,
 on a :mod:`~periodic_manager.engine.timetable`); the next instant's batch built before it
 (:mod:`~periodic_manager.engine.staging`); what becomes of the due slots
-(:mod:`~periodic_manager.engine.decisions`); sending with retries within grace
-(:mod:`~periodic_manager.engine.dispatch`); run history off the dispatch path
+(:mod:`~periodic_manager.engine.decisions`); sending (:mod:`~periodic_manager.engine.dispatch`),
+with retries within grace beside the loop, never holding it (:mod:`~periodic_manager.engine.retries`); run history off the dispatch path
 (:mod:`~periodic_manager.engine.history`). This module is the timing loop that drives them.
 """
 
@@ -104,7 +104,7 @@ class Scheduler:
             staged(target),
             clock=self.clock,
             writer=self.writer,
-            backoff=self._backoff,
+            backoff=self._quiet_backoff,
             may_send=lambda: not self._stopping and self._active,
             hooks=hooks or Hooks(),
             retry_base=retry_base,
@@ -207,9 +207,12 @@ class Scheduler:
                 await self._mark_processed(now)
                 await self._sleep_until_next()
         finally:
-            # What was sent is recorded before the loop returns (a write under way finishes).
+            # What was sent is recorded before the loop returns (a write under way finishes);
+            # the retries give up (their pauses end) and record their runs first.
             self._stopping = True
+            self._stop_event.set()
             self._stager.unstage()
+            await self.dispatcher.retries.close()
             self.writer.ready.set()
             try:
                 await asyncio.wait_for(writer, RECORD_ON_STOP_TIMEOUT_S)
@@ -296,6 +299,7 @@ class Scheduler:
         store (a hand-over: the next holder reads what was settled). False when the store is
         failing and runs are left unwritten."""
         await self.wait_idle()
+        await self.dispatcher.between_attempts()  # a retry's call under way ends first
         if self._stopping:
             return await self.writer.flush()  # the writer's loop has ended (or ends now)
         self.writer.ready.set()
@@ -312,8 +316,9 @@ class Scheduler:
     def hung_for(self, now: datetime) -> float:
         """Seconds a send under way has shown no sign of life (0 when idle or progressing).
 
-        Every target call is bounded by its timeout and retries back off within grace, so a
-        send that stays silent for minutes is stuck (a publish that never returns)."""
+        Every target call is bounded by its timeout and retries (in the background) back off at
+        most ``retry_max`` between calls within grace, so a send that stays silent for minutes is
+        stuck (a publish that never returns)."""
         return self.dispatcher.hung_for(now)
 
     # -- waiting ------------------------------------------------------------------------------
@@ -382,15 +387,6 @@ class Scheduler:
             self._wake.clear()
             self._sleeping_until = None
 
-    async def _backoff(self, delay: float) -> None:
-        """Sleep ``delay`` on the clock, cut short by :meth:`stop` (the loop itself waits)."""
-        async with self._state:
-            self._sleeping_until = later(self.clock.now(), delay)
-            self._state.notify_all()
-        try:
-            await self._quiet_backoff(delay)
-        finally:
-            self._sleeping_until = None
-
     async def _quiet_backoff(self, delay: float) -> None:
+        """Sleep ``delay`` on the clock, cut short by :meth:`stop` (retries, the writer)."""
         await sleep_unless(self.clock, self._stop_event, seconds=delay)

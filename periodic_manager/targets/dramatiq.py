@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from periodic_manager.contracts import EnqueueResult, Task
+from periodic_manager.contracts import EnqueueResult, Task, refused
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion, extras
@@ -291,7 +291,7 @@ class DramatiqTarget:
         for index, task in enumerate(tasks):
             why = overlap_refused(self, task)
             if why is not None:
-                results[index] = EnqueueResult(task, "failed", error=why)
+                results[index] = refused(task, why)
             else:
                 send.append(index)
         part = [tasks[i] for i in send]
@@ -303,7 +303,7 @@ class DramatiqTarget:
                     self._rabbit_message(task, now)
                     built.append(index)
                 except (TypeError, ValueError) as exc:
-                    sent[index] = EnqueueResult(task, "failed", error=f"{self.name}: {exc}")
+                    sent[index] = refused(task, f"{self.name}: {exc}")
             await self._pending.send(part, built, sent, now)
             done = [r for r in sent if r is not None]
         else:

@@ -45,6 +45,7 @@ from periodic_manager.contracts import (
     Prepared,
     Previous,
     Task,
+    refused,
 )
 from periodic_manager.db.engine import backend, create_engine
 from periodic_manager.db.models import outbox_table
@@ -99,28 +100,32 @@ class OutboxTarget:
         """The rows, sorted by key: two managers inserting overlapping batches then wait on each
         other's unique-index entries in one order and cannot deadlock. On PostgreSQL, also the
         column arrays of the one INSERT (the enqueue instant is added when sent). Tasks of
-        schedules with ``options.overlap`` are kept apart, by name (their locks' order)."""
+        schedules with ``options.overlap`` are kept apart, by name (their locks' order). A task
+        that cannot be encoded is refused alone (for good)."""
+        refusals: dict[int, str] = {}
+        encoded: dict[int, dict[str, Any]] = {}
+        for index, task in enumerate(tasks):
+            try:
+                encoded[index] = _row(task)
+            except (TypeError, ValueError) as exc:
+                refusals[index] = f"outbox: cannot encode the task: {exc}"
         after = sorted(
-            (i for i, task in enumerate(tasks) if task.options.get("overlap", "allow") != "allow"),
-            key=lambda i: tasks[i].name,
+            (i for i in encoded if overlap_of(tasks[i]) != "allow"), key=lambda i: tasks[i].name
         )
-        plain = [task for task in tasks if overlap_of(task) == "allow"] if after else tasks
-        try:
-            rows = sorted((_row(task) for task in plain), key=lambda r: r["idempotency_key"])
-            after_rows = [(i, _row(tasks[i])) for i in after]
-        except (TypeError, ValueError) as exc:
-            raise TargetError(f"cannot encode the batch: {exc}") from exc
+        plain = [encoded[i] for i in encoded if overlap_of(tasks[i]) == "allow"]
+        rows = sorted(plain, key=lambda r: r["idempotency_key"])
+        after_rows = [(i, encoded[i]) for i in after]
         if self._dialect == "postgresql":
             data: Any = {col: [r[col] for r in rows] for col in _COLUMNS} if rows else None
         else:
             data = rows
-        return Prepared(list(tasks), (data, after_rows))
+        return Prepared(list(tasks), (data, after_rows, refusals))
 
     async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
         tasks = prepared.tasks
         if not tasks:
             return []
-        plain, after = prepared.data
+        plain, after, refusals = prepared.data
         after_keys = {row["idempotency_key"] for _, row in after}
         mine = self._dialect == "mysql"
         try:
@@ -128,7 +133,9 @@ class OutboxTarget:
                 try:
                     async with conn.begin():
                         inserted = await self._insert_rows(conn, plain, now) if plain else {}
-                        missing = {t.idempotency_key for t in tasks} - inserted.keys() - after_keys
+                        missing = {
+                            t.idempotency_key for i, t in enumerate(tasks) if i not in refusals
+                        } - inserted.keys() - after_keys
                         existing = await _lookup(conn, missing, current=mine)
                         decided = {
                             i: await self._insert_after(conn, tasks[i], row, now) for i, row in after
@@ -141,6 +148,9 @@ class OutboxTarget:
         results = []
         for index, task in enumerate(tasks):
             key = task.idempotency_key
+            if index in refusals:
+                results.append(refused(task, refusals[index]))
+                continue
             if index in decided:
                 results.append(decided[index])
                 continue

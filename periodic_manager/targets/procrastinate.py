@@ -49,6 +49,7 @@ from periodic_manager.contracts import (
     Prepared,
     Previous,
     Task,
+    refused,
 )
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import TargetError
@@ -210,7 +211,7 @@ class ProcrastinateTarget:
         results = []
         for index, task in enumerate(tasks):
             if index in failed:
-                results.append(EnqueueResult(task, "failed", error=failed[index]))
+                results.append(refused(task, failed[index]))
                 continue
             if index in decided:
                 results.append(decided[index])

@@ -23,8 +23,9 @@ from periodic_manager.contracts import (
     Target,
     Task,
     failure_off,
+    refused,
 )
-from periodic_manager.errors import TargetError
+from periodic_manager.errors import TargetError, TaskRefused
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import send_prepared, staged
 
@@ -107,10 +108,8 @@ class RoutingTarget:
             if name in self.targets:
                 parts.append((name, indices, part))
                 continue
-            for index in indices:
-                results[index] = EnqueueResult(
-                    tasks[index], "failed", error=f"target {name!r} is not configured"
-                )
+            for index in indices:  # no retry configures it: refused for good
+                results[index] = refused(tasks[index], f"target {name!r} is not configured")
         outcomes = await asyncio.gather(
             *(send_prepared(self.targets[name], part, now) for name, _, part in parts),
             return_exceptions=True,
@@ -121,9 +120,12 @@ class RoutingTarget:
                 if not isinstance(outcome, Exception):
                     raise outcome  # cancellation and friends are not a target's failure
                 failures.append((name, outcome))
+                # A group refused for good (TaskRefused) stays refused; any other failure of a
+                # group's target (its broker down) may pass: retried.
+                permanent = isinstance(outcome, TaskRefused)
                 for index in indices:
                     results[index] = EnqueueResult(
-                        tasks[index], "failed", error=f"{name}: {outcome}"
+                        tasks[index], "failed", error=f"{name}: {outcome}", permanent=permanent
                     )
                 continue
             if len(outcome) != len(indices):
@@ -132,7 +134,13 @@ class RoutingTarget:
                 )
             for index, result in zip(indices, outcome, strict=True):
                 results[index] = result
-        if failures and len(failures) == len(parts):
+        # Every target failed: one error for the call, unless some tasks were refused for good
+        # (their results say so; the rest are retried alone).
+        if (
+            failures
+            and len(failures) == len(parts)
+            and not any(r is not None and r.permanent for r in results)
+        ):
             message = "; ".join(f"{name}: {exc}" for name, exc in failures)
             raise TargetError(message) from failures[0][1]
         return [r for r in results if r is not None]

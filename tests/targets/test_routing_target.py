@@ -16,7 +16,7 @@ from sqlalchemy import text
 from periodic_manager.contracts import Task
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.judge import target_check
-from periodic_manager.errors import ConfigError, TargetError
+from periodic_manager.errors import ConfigError, TargetError, TaskRefused
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.assemble import build_target
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -68,11 +68,27 @@ async def test_a_failing_target_fails_its_tasks_only_and_all_failing_raises() ->
     assert [r.status for r in results] == ["enqueued", "failed", "failed"]
     assert results[1].error == "redis: redis is down"
     assert results[2].error == "target 'arq' is not configured"
+    # A target down may come back (retried); a target not configured never will (refused).
+    assert [r.permanent for r in results] == [False, False, True]
     outbox.fail_with = "outbox is down"
     with pytest.raises(TargetError, match="outbox: outbox is down; redis: redis is down"):
         await routing.enqueue([task("x"), task("y", "redis")], SLOT)
     with pytest.raises(ValueError, match="default target"):
         RoutingTarget({"redis": redis}, default="outbox")
+
+
+async def test_a_group_its_target_refuses_for_good_stays_refused() -> None:
+    outbox, redis = MemoryTarget(), MemoryTarget()
+    routing = RoutingTarget({"outbox": outbox, "redis": redis}, default="outbox")
+
+    async def refuse(tasks: object, now: object) -> object:
+        raise TaskRefused("redis: WRONGTYPE the stream is a string")
+
+    redis.enqueue = refuse  # type: ignore[method-assign, assignment]
+    outbox.fail_with = "outbox is down"
+    # Every target failed, but one group was refused for good: per-task results say which.
+    results = await routing.enqueue([task("x"), task("y", "redis")], SLOT)
+    assert [(r.status, r.permanent) for r in results] == [("failed", False), ("failed", True)]
 
 
 # -- settings and wiring ------------------------------------------------------------------------

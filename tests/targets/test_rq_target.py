@@ -113,7 +113,7 @@ async def test_a_job_id_rq_holds_is_a_duplicate_and_bad_tasks_fail_alone(
     bare = make_task(p, "bare", [1], queue, task_type="record")  # not a dotted path
     results = await target.enqueue([good, bare], SLOT)
     assert [r.status for r in results] == ["enqueued", "failed"]
-    assert "dotted path" in (results[1].error or "")
+    assert "dotted path" in (results[1].error or "") and results[1].permanent
     # With the claim gone (say, expired), RQ's job hash still refuses the queued job id.
     await redis_client.delete(f"{p}:claim:{good.idempotency_key}")
     [again] = await target.enqueue([good], SLOT)
@@ -156,6 +156,7 @@ async def test_a_queue_key_of_another_type_fails_its_batch_alone(
     a, b = make_task(p, "a", [1], broken), make_task(p, "b", [2], fine)
     results = await target.enqueue([a, b], SLOT)
     assert [r.status for r in results] == ["failed", "enqueued"]
+    assert results[0].permanent  # someone else's key: no retry mends it
     assert "WRONGTYPE" in (results[0].error or "") and "not a list" in (results[0].error or "")
     assert await redis_client.exists(f"{p}:claim:{a.idempotency_key}", f"{p}:job:{a.id}") == 0
     assert await redis_client.lrange(f"{p}:queue:{fine}", 0, -1) == [b.id]

@@ -335,11 +335,20 @@ async def test_failed_xadd_leaves_no_claim_behind(
     redis_target: RedisStreamsTarget, redis_client: aioredis.Redis
 ) -> None:
     task = make_task("job", "alpha")
+    other = make_task("job", "beta")
     await redis_client.set(redis_target.stream_key("alpha"), "not a stream")
 
-    with pytest.raises(TargetError, match="WRONGTYPE"):
-        await redis_target.enqueue([task], NOW)
+    # The queue whose stream key holds another type is refused for good, alone; the others go.
+    bad, good = await redis_target.enqueue([task, other], NOW)
+    assert bad.status == "failed" and bad.permanent and "WRONGTYPE" in (bad.error or "")
+    assert good.status == "enqueued"
     assert await redis_client.exists(redis_target.claim_key("alpha", task.idempotency_key)) == 0
+
+
+async def test_a_queue_with_a_hash_tag_is_refused_alone(redis_target: RedisStreamsTarget) -> None:
+    bad, good = await redis_target.enqueue([make_task("job", "a{b}"), make_task("job", "beta")], NOW)
+    assert bad.status == "failed" and bad.permanent and "'{' or '}'" in (bad.error or "")
+    assert good.status == "enqueued"
 
 
 @pytest.fixture

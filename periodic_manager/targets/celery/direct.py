@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
+from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task, refused
 from periodic_manager.targets.celery.message import celery_message
 from periodic_manager.targets.celery.wire import Delivery
 from periodic_manager.targets.celery.writer import RedisWriter, ScriptCall
@@ -145,7 +145,7 @@ class DirectWay:
             return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
         if flag == WRONGTYPE:
             keys = [self.claims.key(task.idempotency_key), *([prev_key] if prev_key else [])]
-            return EnqueueResult(task, "failed", error=wrong_type("celery", *keys))
+            return refused(task, wrong_type("celery", *keys))
         error = (
             f"celery: no queue is bound to exchange {delivery.exchange!r} with routing key "
             f"{delivery.routing_key!r}"

@@ -28,7 +28,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from periodic_manager.contracts import EnqueueResult, Prepared, Task
+from periodic_manager.contracts import EnqueueResult, Prepared, Task, refused
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion
@@ -366,7 +366,7 @@ class CeleryTarget:
     ) -> list[EnqueueResult]:
         results: list[EnqueueResult | None] = [None] * len(tasks)
         for index, error in data.refused.items():
-            results[index] = EnqueueResult(tasks[index], "failed", error=error)
+            results[index] = refused(tasks[index], error)
         parts = []
         if data.calls:
             assert self.direct is not None

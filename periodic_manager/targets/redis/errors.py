@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.exceptions import TimeoutError as SocketTimeout
 
-from periodic_manager.errors import TargetError
+from periodic_manager.errors import TargetError, TaskRefused
 
 # How a script refuses a call whose shared key (a queue, a stream, a binding set) holds another
 # Redis type, before it writes anything (claim_and_push.lua, arq_claim_and_write.lua,
@@ -29,9 +29,18 @@ from periodic_manager.errors import TargetError
 _REFUSED = re.compile(r"WRONGTYPE .* is an? [a-z]+, not an? [a-z ]+", re.DOTALL)
 
 
-class KeyTypeError(TargetError):
+class KeyTypeError(TaskRefused):
     """A script refused its whole call, before writing anything, because a key that every task
-    of the call writes holds another Redis type: that call's tasks fail, the others go on."""
+    of the call writes holds another Redis type: that call's tasks fail, the others go on. No
+    retry mends it (someone must delete or rename the key): a refusal for good."""
+
+
+def key_type_refusal(what: str, exc: BaseException) -> KeyTypeError | None:
+    """``exc`` as a KeyTypeError when it is a script's refusal of a key of another type (a
+    failure no retry mends), else None."""
+    if isinstance(exc, ResponseError) and _REFUSED.fullmatch(str(exc)):
+        return KeyTypeError(f"{what}: {exc}")
+    return None
 
 
 @contextmanager
@@ -48,8 +57,9 @@ def redis_errors(what: str, timeout: float | None = None) -> Iterator[None]:
             raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc
         raise TargetError(f"{what}: no answer within {timeout:g} s") from exc
     except ResponseError as exc:
-        if _REFUSED.fullmatch(str(exc)):
-            raise KeyTypeError(f"{what}: {exc}") from exc
+        refusal = key_type_refusal(what, exc)
+        if refusal is not None:
+            raise refusal from exc
         raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc
     except (RedisError, RedisClusterException, OSError) as exc:  # the cluster client's own
         raise TargetError(f"{what}: {type(exc).__name__}: {exc}") from exc

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
+from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task, refused
 from periodic_manager.targets.base import overlap_of
 from periodic_manager.targets.redis.errors import KeyTypeError, redis_errors
 from periodic_manager.targets.redis.flags import BUSY, NEW, SENT, WRONGTYPE, wrong_type
@@ -62,7 +62,7 @@ class JobBatch(Generic[J]):
             try:
                 jobs[index] = self.build(task, now)
             except (TypeError, ValueError) as exc:
-                results[index] = EnqueueResult(task, "failed", error=f"{self.name}: {exc}")
+                results[index] = refused(task, f"{self.name}: {exc}")
         send = [i for i in jobs if overlap_of(tasks[i]) == "allow"]
         after = [i for i in jobs if overlap_of(tasks[i]) != "allow"]
         decided: Decided | None = None
@@ -93,11 +93,10 @@ class JobBatch(Generic[J]):
             return EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
         if flag == WRONGTYPE:
             assert decided is not None  # only the previous-job key may be of another type
-            return EnqueueResult(
-                task, "failed", error=wrong_type(self.name, decided.written[index][0])
-            )
-        # The error text of a call refused whole (KeyTypeError).
-        return EnqueueResult(task, "failed", error=str(flag))
+            return refused(task, wrong_type(self.name, decided.written[index][0]))
+        # The error text of a call refused whole (KeyTypeError: the queue's key holds another
+        # type, which no retry changes).
+        return refused(task, str(flag))
 
     async def _write(
         self,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task
+from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task, refused
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of
 from periodic_manager.targets.publisher import ThreadPublisher
@@ -182,7 +182,7 @@ class PendingWay:
                 results[index] = EnqueueResult(task, "busy", previous=Previous(None, QUEUED))
             else:
                 keys = [self.claims.key(task.idempotency_key), *([prev[0]] if prev else [])]
-                results[index] = EnqueueResult(task, "failed", error=wrong_type(self.name, *keys))
+                results[index] = refused(task, wrong_type(self.name, *keys))
         return held
 
     async def _unclaim(

@@ -50,13 +50,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from periodic_manager.contracts import EnqueueResult, Prepared, Previous, Task
-from periodic_manager.errors import TargetError
+from periodic_manager.contracts import refused as refused_result
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_fields, overlap_refused
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import claim_ttl_ms
-from periodic_manager.targets.redis.errors import redis_errors
+from periodic_manager.targets.redis.errors import KeyTypeError, key_type_refusal, redis_errors
 from periodic_manager.targets.redis.flags import BUSY, NEW, SENT
 from periodic_manager.targets.redis.lua import text
 from periodic_manager.targets.redis.sentinel import ClusterSentinel, Sentinel
@@ -198,8 +198,9 @@ class RedisStreamsTarget:
         groups: dict[tuple[str, int], list[int]] = {}
         refused: dict[int, str] = {}
         for index, task in enumerate(tasks):
-            if "{" in task.queue or "}" in task.queue:
-                raise TargetError(f"queue {task.queue!r} contains '{{' or '}}'")
+            if "{" in task.queue or "}" in task.queue:  # a hash tag: refused for good, alone
+                refused[index] = f"redis: queue {task.queue!r} contains '{{' or '}}'"
+                continue
             kind = PLAIN
             # options.overlap (inline: once per task of every burst): a few schedules, own calls
             if task.options.get("overlap", "allow") != "allow":
@@ -215,13 +216,18 @@ class RedisStreamsTarget:
             for start, end in _chunk_bounds(len(indices))
         ]
         memo: dict[tuple[datetime, datetime], tuple[str, int]] = {}
-        try:
-            calls: list[Call] = []
-            for queue, kind, indices in chunks:
-                part = [tasks[i] for i in indices]
+        calls: list[Call] = []
+        for queue, kind, indices in chunks:
+            part = [tasks[i] for i in indices]
+            try:
                 calls.append((indices, self._script_call(queue, part, now, memo, kind), kind))
-        except (TypeError, ValueError) as exc:
-            raise TargetError(f"cannot encode the batch: {exc}") from exc
+            except (TypeError, ValueError):
+                # One task cannot be encoded: found by encoding each alone; it alone is refused.
+                for i in indices:
+                    try:
+                        calls.append(([i], self._script_call(queue, [tasks[i]], now, memo, kind), kind))
+                    except (TypeError, ValueError) as exc:
+                        refused[i] = f"redis: cannot encode the task: {exc}"
         parts = [calls[i::PARALLEL] for i in range(min(PARALLEL, len(calls)))]
         return Prepared(list(tasks), (parts, refused))
 
@@ -241,9 +247,13 @@ class RedisStreamsTarget:
             )
         results: list[EnqueueResult | None] = [None] * len(tasks)
         for index, why in refused.items():
-            results[index] = EnqueueResult(tasks[index], "failed", error=why)
+            results[index] = refused_result(tasks[index], why)
         for part, part_replies in zip(parts, replies, strict=True):
             for (indices, _, kind), reply in zip(part, part_replies, strict=True):
+                if isinstance(reply, KeyTypeError):  # this queue's stream: refused for good
+                    for index in indices:
+                        results[index] = refused_result(tasks[index], str(reply))
+                    continue
                 if kind == AFTER:
                     _after_results(tasks, indices, reply, results)
                     continue
@@ -257,7 +267,9 @@ class RedisStreamsTarget:
         return [r for r in results if r is not None]
 
     async def _run_part(self, part: list[Call], enqueued_at: str, now_ms: int) -> list[Any]:
-        """One pipeline of script calls; each round trip is bounded by ``timeout``."""
+        """One pipeline of script calls; each round trip is bounded by ``timeout``. A call
+        refused because its stream's key holds another type replies its KeyTypeError (its
+        tasks fail alone); any other failure is raised."""
         calls = []
         for _, (keys, args), kind in part:
             full = [args[0], args[1], enqueued_at, *args[2:]]
@@ -266,23 +278,32 @@ class RedisStreamsTarget:
             calls.append((keys, full, kind))
         async with asyncio.timeout(self.timeout):
             if isinstance(self._client, RedisCluster):
-                return await self._run_cluster(self._client, calls)
-            try:
-                return await self._run(calls)
-            except NoScriptError:
-                # First use, or a SCRIPT FLUSH / restart since: load them and run again (the
-                # claims make a second run safe: a call already done reports duplicates).
-                for text in self._scripts:
-                    await self._client.script_load(text)
-                return await self._run(calls)
+                replies = await self._run_cluster(self._client, calls)
+            else:
+                replies = await self._run(calls)
+                again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+                if again:
+                    # First use, or a SCRIPT FLUSH / restart since: load them and run those
+                    # calls again (the others are done).
+                    for text in self._scripts:
+                        await self._client.script_load(text)
+                    for i, reply in zip(again, await self._run([calls[i] for i in again]), strict=True):
+                        replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, Exception):
+                refusal = key_type_refusal("redis", reply)
+                if refusal is None:
+                    raise reply
+                replies[i] = refusal
+        return replies
 
     async def _run(self, calls: list[tuple[list[str], list[Any], int]]) -> Any:
         # EVALSHA straight away: redis-py's Script objects ask SCRIPT EXISTS before every
-        # pipeline, one more round trip in front of every burst.
+        # pipeline, one more round trip in front of every burst. Errors come back in place.
         async with self._client.pipeline(transaction=False) as pipe:
             for keys, args, kind in calls:
                 pipe.execute_command("EVALSHA", self._shas[kind], len(keys), *keys, *args)
-            return await pipe.execute()
+            return await pipe.execute(raise_on_error=False)
 
     async def _run_cluster(
         self, client: RedisCluster, calls: list[tuple[list[str], list[Any], int]]
@@ -290,8 +311,8 @@ class RedisStreamsTarget:
         """The calls on a cluster: one pipeline per master, the masters at once (redis-py routes
         each EVALSHA by its key and follows MOVED / ASK). Calls a master refused for want of the
         scripts run again once they are loaded, and only those: the others are done. Errors are
-        raised as Redis raised them (redis-py's pipeline would add the whole command, a batch of
-        tasks, to the message)."""
+        returned in place as Redis raised them (redis-py's pipeline would add the whole command,
+        a batch of tasks, to the message)."""
         replies = await self._pipeline_cluster(client, calls)
         again = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if again:
@@ -301,9 +322,6 @@ class RedisStreamsTarget:
                 again, await self._pipeline_cluster(client, [calls[i] for i in again]), strict=True
             ):
                 replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
         return replies
 
     async def _pipeline_cluster(
