@@ -265,18 +265,22 @@ class Dispatcher:
             delay = min(self.retry_max, self.retry_base * 2 ** (attempt - 1))
             if deadline is None:
                 deadline = min(t.expires_at for t in tasks)
-            if (
-                not self.may_send()
-                or later(self.clock.now(), delay) > deadline
-                or self._fenced_any(entries)
-            ):
+            stop = later(self.clock.now(), delay) > deadline or self._stopped(entries)
+            if not stop:
+                await self.backoff(delay)
+                # Leadership lost or the entries fenced while backing off: no attempt more (the
+                # next holder sends them; to another broker, a late attempt would be a second).
+                stop = self._stopped(entries)
+            if stop:
                 if error is not None and all(r is None for r in final):
                     raise error
                 for i in todo:
                     if error is not None:
                         final[i] = EnqueueResult(tasks[i], "failed", None, error=str(error))
                 return [r for r in final if r is not None]
-            await self.backoff(delay)
+
+    def _stopped(self, entries: list[ScheduledEntry]) -> bool:
+        return not self.may_send() or self._fenced_any(entries)
 
     def _fenced_any(self, entries: list[ScheduledEntry]) -> bool:
         fenced = self.fence()

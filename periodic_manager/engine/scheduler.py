@@ -88,7 +88,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._stop_event = asyncio.Event()
-        self._fence_raised = asyncio.Event()  # cuts a retry's backoff short (fence())
+        self._retry_wake = asyncio.Event()  # cuts a retry's backoff short (fence, set_active)
         self._state = asyncio.Condition()
         self._processed_until: datetime | None = None
         self._sleeping_until: datetime | None = None
@@ -233,6 +233,7 @@ class Scheduler:
         if not active:
             self._stager.unstage()
             self.overlap.clear()
+            self._retry_wake.set()  # a send backing off gives up now, sending nothing more
         self._active = active
         self._wake.set()
 
@@ -249,11 +250,11 @@ class Scheduler:
         unregisters them; while a fence stands, a staged batch is looked at entry by entry
         before it is sent (see :class:`~periodic_manager.engine.decisions.Decisions`). A fenced
         entry that falls due leaves the timetable unsent: the caller unregisters it. A send
-        retrying in its backoff retries at once, and gives up if its entries are fenced (a
-        hand-over waits for it: a broker that is down must not hold the hand-over)."""
+        backing off gives up at once if its entries are fenced (a hand-over waits for it: a
+        broker that is down must not hold the hand-over)."""
         self.decisions.fenced = fenced
         if fenced is not None:
-            self._fence_raised.set()
+            self._retry_wake.set()
 
     async def rebase(
         self,
@@ -388,14 +389,14 @@ class Scheduler:
             self._sleeping_until = None
 
     async def _backoff(self, delay: float) -> None:
-        """Sleep ``delay`` on the clock, cut short by :meth:`stop` (the loop itself waits) and by
-        a fence raised (:meth:`fence`)."""
+        """Sleep ``delay`` on the clock, cut short by :meth:`stop` (the loop itself waits), by a
+        fence raised (:meth:`fence`) and by sending stopping (:meth:`set_active`)."""
         async with self._state:
             self._sleeping_until = later(self.clock.now(), delay)
             self._state.notify_all()
-        self._fence_raised.clear()
+        self._retry_wake.clear()
         try:
-            await sleep_unless(self.clock, self._stop_event, self._fence_raised, seconds=delay)
+            await sleep_unless(self.clock, self._stop_event, self._retry_wake, seconds=delay)
         finally:
             self._sleeping_until = None
 

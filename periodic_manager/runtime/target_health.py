@@ -3,7 +3,7 @@
 A manager with a wrong broker URL, or whose broker went away, used to keep its share of the
 partitions (and renew their leases) while every slot of them failed. :class:`TargetHealth` pings
 each target of the manager (each one behind a routing target on its own) every ``interval_s``
-seconds on the clock's ticks, each ping bounded by the interval. After ``failures`` consecutive
+seconds on the clock's ticks, each ping bounded by 4/5 of it. After ``failures`` consecutive
 failed pings of **every** target that can be pinged, the manager *stands down*:
 
 * with partition leases it claims no partition and hands over those it holds, through the
@@ -41,8 +41,15 @@ from periodic_manager.runtime.probe import ping_target
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL_S = 2.0
-DEFAULT_FAILURES = 3
+# The pings come on the ticks of the lease rounds at the default TTL (every 5 s), so a manager at
+# rest wakes no more often for them (measured at rest, 1,000 schedules: 0.025 CPU-s a minute
+# against 0.020 without pings; every 2 s: 0.060). Two failures in a row: one blip is no outage,
+# and a manager stands down 5 s after its first failed ping.
+DEFAULT_INTERVAL_S = 5.0
+DEFAULT_FAILURES = 2
+# A ping is bounded by this share of the interval, so one that never answers ends before the
+# next tick (which would otherwise be skipped).
+PING_BOUND = 0.8
 
 
 @runtime_checkable
@@ -139,11 +146,11 @@ class TargetHealth:
             pass
 
     async def check(self) -> None:
-        """Ping every target once (together, each bounded by the interval) and update the
-        verdict (public for tests)."""
+        """Ping every target once (together, each bounded by :data:`PING_BOUND` of the
+        interval) and update the verdict (public for tests)."""
         async with self._checking:
             outcomes = await asyncio.gather(
-                *(ping_target(t, self.interval_s) for t in self.targets.values()),
+                *(ping_target(t, self.interval_s * PING_BOUND) for t in self.targets.values()),
                 return_exceptions=True,
             )
             self._count(outcomes)
@@ -156,7 +163,7 @@ class TargetHealth:
                     raise outcome  # cancellation is no target's failure
                 self.pings_failed += 1
                 self._failed[name] += 1
-                error = ping_error(outcome, self.interval_s)
+                error = ping_error(outcome, self.interval_s * PING_BOUND)
                 if self._errors.get(name) != error:
                     log.warning("target %s: ping failed: %s", name, error)
                 self._errors[name] = error

@@ -23,5 +23,5 @@ class Timing:
     heartbeat_interval: float = 5.0
     catchup_window: float = 3600.0
     catchup_rate: float = 50.0
-    target_ping_interval: float = 2.0
-    target_ping_failures: int = 3
+    target_ping_interval: float = 5.0
+    target_ping_failures: int = 2

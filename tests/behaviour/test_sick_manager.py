@@ -8,7 +8,9 @@ sick one takes its share again. Audited on both Redis servers' streams: every sl
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from datetime import timedelta
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -99,7 +101,6 @@ async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back
     common = dict(
         database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="partitions",
         lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
-        target_ping_interval=2, target_ping_failures=3,
     )  # fmt: skip
     pair = Pair(VirtualClock(T0))
     sick_redis = aioredis.from_url(redis_server.url, decode_responses=True)
@@ -112,9 +113,9 @@ async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back
         assert held(healthy) | held(sick) == set(range(1, SCHEDULES + 1)) and held(sick)
 
         redis_server.kill()
-        # The first failed ping comes at the next tick of the ping interval.
+        # The first failed ping comes at the next tick of the ping interval (5 s by default).
         pings = sick.target_health.pings_failed  # type: ignore[union-attr]
-        await pair.until(lambda: sick.target_health.pings_failed > pings, 3)  # type: ignore[union-attr]
+        await pair.until(lambda: sick.target_health.pings_failed > pings, 6)  # type: ignore[union-attr]
         took = await pair.until(lambda: not sick.partitions and len(healthy.partitions) == N, 10)
         print(f"sick manager held nothing {took:.1f} s after its first failed ping")
         assert not sick.entries() and held(healthy) == set(range(1, SCHEDULES + 1))
@@ -154,3 +155,76 @@ async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back
     expected = [k for name in names for k in expected_slots(name, "@every 1s", T0, end)]
     assert_exactly_once(counts, expected)
     assert sum(counts.values()) == len(expected)
+
+
+async def test_a_leader_whose_redis_dies_steps_down_and_a_standby_whose_redis_answers_leads(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, redis_server: RedisServer
+) -> None:
+    """``PM_COORDINATION=leader``: the leader's Redis is killed; it steps down after its second
+    failed ping and the standby (whose Redis answers) leads; its Redis back, it stands by and
+    may lead again (it takes the lock once the other stops)."""
+    await upgrade(pg_url)
+    names = [f"l{i:02d}" for i in range(1, 21)]
+    await insert_schedules(pg_url, [(name, "@every 1s", {}) for name in names])
+    common = dict(
+        database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="leader",
+        grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    clock = VirtualClock(T0)
+    managers: list[PeriodicTaskManager] = []
+    engines = []
+
+    async def settle() -> None:
+        for m in managers:
+            assert m.target_health is not None
+            await m.target_health.quiet()
+            await m.wait_settled(clock.now())
+
+    async def until(done: object, seconds: float) -> float:
+        start = clock.now()
+        for _ in range(round(seconds * 2)):
+            if done():  # type: ignore[operator]
+                break
+            await clock.advance(0.5, settle=settle)
+            await asyncio.sleep(0.05)  # the server ends a closed session on real time
+        assert done(), f"not within {seconds} s"  # type: ignore[operator]
+        return (clock.now() - start).total_seconds()
+
+    async def start(settings: Settings) -> PeriodicTaskManager:
+        engine = create_engine(settings.database_url)
+        engines.append(engine)
+        mgr = build_manager(settings, engine, clock=clock)
+        managers.append(mgr)
+        await mgr.start()
+        return mgr
+
+    sick_redis = aioredis.from_url(redis_server.url, decode_responses=True)
+    try:
+        sick = await start(Settings(redis_url=redis_server.url, **common))  # type: ignore[arg-type]
+        healthy = await start(Settings(redis_url=redis_url, **common))  # type: ignore[arg-type]
+        assert sick.is_leader and not healthy.is_leader
+        await until(lambda: clock.now() >= T0 + timedelta(seconds=3), 4)
+        redis_server.kill()
+        pings = sick.target_health.pings_failed  # type: ignore[union-attr]
+        await until(lambda: sick.target_health.pings_failed > pings, 6)  # type: ignore[union-attr]
+        took = await until(lambda: healthy.is_leader and not sick.is_leader, 10)
+        print(f"the standby leads {took:.1f} s after the leader's first failed ping")
+        assert sick.standing_down is not None
+        assert sick.registry.get_sample_value("periodic_manager_target_down") == 1
+        redis_server.start()
+        await until(lambda: sick.standing_down is None, 6)
+        await clock.advance(3, settle=settle)
+        assert healthy.is_leader and not sick.is_leader  # a lock held is not taken back
+        end = clock.now()
+    finally:
+        for m in managers:
+            await m.stop()
+        for e in engines:
+            await e.dispose()
+    counts: Counter[str] = await stream_keys(redis_client, redis_prefix)
+    try:
+        counts += await stream_keys(sick_redis, redis_prefix)
+    finally:
+        await sick_redis.aclose()
+    expected = [k for name in names for k in expected_slots(name, "@every 1s", T0, end)]
+    assert_exactly_once(counts, expected)
