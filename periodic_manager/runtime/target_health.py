@@ -21,8 +21,9 @@ The first answering ping of any target ends it: the manager takes part again (a 
 announced: the holders hand its share over at once). A target that cannot be pinged (in memory,
 custom) counts as answering. With several targets (``PM_TARGETS``) a manager whose targets are
 only partly down keeps its share: the schedules of the targets that answer go on, the others'
-slots fail as on any manager, and ``/readyz`` names the targets that do not answer. A lone
-manager that always leads (SQLite) has nobody to hand its work to: it only says so.
+slots fail as on any manager, and ``/readyz`` names the targets that do not answer. A manager
+that always leads (SQLite, ``PM_LEADER_ELECTION=false``) has nobody to hand its work to and does
+not ping (``run``'s ``/readyz`` still checks its target).
 
 What a leadership must offer to be stood down: :class:`Gated`.
 """

@@ -160,7 +160,7 @@ async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back
 async def test_a_leader_whose_redis_dies_steps_down_and_a_standby_whose_redis_answers_leads(
     pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, redis_server: RedisServer
 ) -> None:
-    """``PM_COORDINATION=leader``: the leader's Redis is killed; it steps down after its second
+    """``PM_COORDINATION=leader``: the leader's Redis is killed; it steps down after its third
     failed ping and the standby (whose Redis answers) leads; its Redis back, it stands by and
     may lead again (it takes the lock once the other stops)."""
     await upgrade(pg_url)
@@ -169,6 +169,9 @@ async def test_a_leader_whose_redis_dies_steps_down_and_a_standby_whose_redis_an
     common = dict(
         database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="leader",
         grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
+        # Pings every 2 s: the leader steps down while its send backs off (4 s into the outage),
+        # and its Redis is back before that backoff ends: no attempt may follow it.
+        target_ping_interval=2, target_ping_failures=3,
     )  # fmt: skip
     clock = VirtualClock(T0)
     managers: list[PeriodicTaskManager] = []

@@ -153,7 +153,9 @@ async def test_a_server_that_never_answers_is_named_as_such(monkeypatch: pytest.
     assert str(caught.value) == f"database {url.replace('hidden-secret', '***')}: no answer within 1 s"
 
 
-async def test_a_manager_whose_broker_does_not_answer_exits_1_naming_the_target(pg_url: str) -> None:
+async def test_a_manager_whose_broker_does_not_answer_exits_1_naming_the_target(
+    pg_url: str, redis_prefix: str
+) -> None:
     """A wrong PM_REDIS_URL (a closed port): ``manager`` and ``run`` end at start with one line
     naming the target, where it sends (password hidden) and the cause, as for the database;
     with several targets, each one that does not answer is named, and only those."""
@@ -165,7 +167,7 @@ async def test_a_manager_whose_broker_does_not_answer_exits_1_naming_the_target(
         env = clean_env(PM_DATABASE_URL=pg_url, PM_REDIS_URL=url, PM_TARGET="redis")
         routed = clean_env(
             PM_DATABASE_URL=pg_url, PM_REDIS_URL=REDIS_URL, PM_ARQ_REDIS_URL=url,
-            PM_TARGET="redis", PM_TARGETS="arq,outbox",
+            PM_TARGET="redis", PM_TARGETS="arq,outbox", PM_STREAM_PREFIX=redis_prefix,
         )  # fmt: skip
         started = asyncio.get_running_loop().time()
         results = await asyncio.gather(
