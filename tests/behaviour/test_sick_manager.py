@@ -231,3 +231,39 @@ async def test_a_leader_whose_redis_dies_steps_down_and_a_standby_whose_redis_an
         await sick_redis.aclose()
     expected = [k for name in names for k in expected_slots(name, "@every 1s", T0, end)]
     assert_exactly_once(counts, expected)
+
+
+async def test_a_lone_manager_whose_redis_dies_keeps_its_work_until_a_healthy_one_joins(
+    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, redis_server: RedisServer
+) -> None:
+    """With no manager whose targets answer, moving the work would help nobody: the lone sick
+    manager stands down (said on /readyz, the metric, the managers page) but keeps its
+    partitions. A manager whose Redis answers starts: it gets all of them at the sick one's next
+    round, and sends every slot from then on."""
+    await upgrade(pg_url)
+    names = [f"a{i:02d}" for i in range(1, 21)]
+    await insert_schedules(pg_url, [(name, "@every 1s", {}) for name in names])
+    common = dict(
+        database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="partitions",
+        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
+    )  # fmt: skip
+    pair = Pair(VirtualClock(T0))
+    try:
+        sick = await pair.start(Settings(redis_url=redis_server.url, **common))  # type: ignore[arg-type]
+        assert sick.partitions == frozenset(range(N))
+        redis_server.kill()
+        await pair.until(lambda: sick.standing_down is not None, 15)
+        await pair.drive(10)
+        assert sick.partitions == frozenset(range(N))  # nobody could do better
+        healthy = await pair.start(Settings(redis_url=redis_url, **common))  # type: ignore[arg-type]
+        joined = pair.clock.now()
+        took = await pair.until(lambda: len(healthy.partitions) == N and not sick.partitions, 10)
+        print(f"a healthy manager holds everything {took:.1f} s after it started")
+        await pair.drive(5)
+        end = pair.clock.now()
+    finally:
+        await pair.close()
+    counts = await stream_keys(redis_client, redis_prefix)
+    # From the healthy manager's start on, with the look back of its takeover: every slot once.
+    expected = [k for name in names for k in expected_slots(name, "@every 1s", joined, end)]
+    assert_exactly_once(counts, expected)
