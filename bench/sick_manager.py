@@ -141,6 +141,14 @@ async def main() -> None:
             s.close()
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+    print(json.dumps(audit(messages, rounds, start, end), indent=1))
+
+
+def audit(
+    messages: list[dict[str, str]], rounds: list[tuple[datetime, float, float, float]],
+    start: datetime, end: datetime,
+) -> dict[str, object]:
+    """The rounds' figures, and every slot due in ``(start, end]`` counted on both streams."""
     keys = Counter(m["idempotency_key"] for m in messages)
     expected = set()
     for n in SCHEDULES:
@@ -149,25 +157,21 @@ async def main() -> None:
         while slot <= end:
             expected.add(idempotency_key(n, slot))
             slot = schedule.next_after(slot)
-    twice = sum(1 for k in expected if keys[k] > 1)
-    lost = len(expected - set(keys))
-    late = {}
-    for at, *_ in rounds:
-        window = [
+    out = []
+    for at, first, stood, back in rounds:
+        late = max(
             (parse_iso(m["enqueued_at"]) - parse_iso(m["scheduled_at"])).total_seconds()
             for m in messages
             if at <= parse_iso(m["scheduled_at"]) <= at + timedelta(seconds=15)
-        ]
-        late[at] = max(window)
-    print(json.dumps({
-        "rounds": [
-            {"first_failed_ping_s": r[1], "stood_down_after_first_failed_ping_s": r[2],
-             "share_back_s": r[3], "worst_lateness_s": late[r[0]]}
-            for r in rounds
-        ],
-        "slots": len(expected), "twice": twice, "lost": lost,
-    }, indent=1))  # fmt: skip
-
+        )
+        out.append({
+            "first_failed_ping_s": first, "stood_down_after_first_failed_ping_s": stood,
+            "share_back_s": back, "worst_lateness_s": late,
+        })  # fmt: skip
+    return {
+        "rounds": out, "slots": len(expected),
+        "twice": sum(1 for k in expected if keys[k] > 1), "lost": len(expected - set(keys)),
+    }  # fmt: skip
 
 if __name__ == "__main__":
     asyncio.run(main())
