@@ -38,6 +38,7 @@ def manager_fields(
         "last_sync_at": m.status.last_sync_at,
         "last_sync_error": m.status.last_sync_error,
         "entry_count": m.status.entry_count,
+        "target_down": m.status.target_down,
         "partitions": held.get(m.info.manager_id, []),
     }
 

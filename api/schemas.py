@@ -480,6 +480,11 @@ class ManagerOut(BaseModel):
         description="the partitions whose lease names this manager (PM_COORDINATION=partitions; "
         "empty with one leader)"
     )
+    target_down: str | None = Field(
+        None,
+        description="why this manager holds no work: every target failed its pings "
+        "(PM_TARGET_PING_FAILURES in a row); null while it may hold work",
+    )
 
 
 class ManagerList(BaseModel):

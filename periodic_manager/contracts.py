@@ -453,6 +453,9 @@ class ManagerStatus:
     # age, the change history): with PM_COORDINATION=partitions, the holder of partition 0 only.
     # Not stored (read back: True).
     shared_work: bool = True
+    # Why this manager holds no work: its targets do not answer their pings (None: it may hold
+    # work; runtime.target_health). Stored in pm_managers.target_down.
+    target_down: str | None = None
 
 
 class EntryRecord(NamedTuple):
@@ -879,6 +882,11 @@ class ManagerHandle(Protocol):
 
     def health(self) -> str | None:
         """None while every loop runs; otherwise why the manager is not healthy (one line)."""
+        ...
+
+    @property
+    def standing_down(self) -> str | None:
+        """Why the manager holds no work while its targets do not answer (None: it may)."""
         ...
 
 

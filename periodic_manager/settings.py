@@ -82,6 +82,19 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(
         15.0, ge=1, le=300, description="seconds a partition lease runs unrenewed (partitions mode)"
     )
+    target_ping_interval: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="seconds between pings of a manager's targets (partitions or leader mode)",
+    )
+    target_ping_failures: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="failed pings in a row of every target after which a manager stands down: it "
+        "hands over its partitions (or leadership) and takes none until a target answers",
+    )
     partitions: int = Field(
         DEFAULT_PARTITIONS,
         ge=1,

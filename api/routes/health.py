@@ -49,7 +49,8 @@ async def healthz(request: Request) -> Any:
 async def readyz(request: Request) -> Any:
     """Readiness, one entry per dependency in ``checks``: ``database`` answers, ``schema`` is at
     this version's head, the in-process manager's ``target`` answers, and the ``manager`` runs
-    (``leader`` or ``standby``). A process serving the API alone reports ``target`` and
+    (``leader`` or ``standby``) and may hold work (``standing down: <why>`` while its targets
+    fail their pings: it holds none). A process serving the API alone reports ``target`` and
     ``manager`` as ``absent``. Each check is bounded by 2 s; any failure is a 503."""
     state = get_state(request)
     manager = state.manager
@@ -62,8 +63,11 @@ async def readyz(request: Request) -> Any:
         checks["manager"] = "absent"
     else:
         reason = manager.health()
+        down = manager.standing_down
         if reason is not None:
             checks["manager"] = f"failed: {reason}"
+        elif down is not None:
+            checks["manager"] = f"standing down: {down}"
         else:
             checks["manager"] = "leader" if manager.is_leader else "standby"
     failed = [name for name, value in checks.items() if value not in READY_VALUES]

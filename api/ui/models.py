@@ -139,6 +139,9 @@ class ManagerView(BaseModel):
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None = Field(description="as the manager reported it with its heartbeat")
+    target_down: str | None = Field(
+        None, description="why this manager holds no work: its targets fail their pings (null: it may)"
+    )
     partitions: list[int] = Field(description="the partitions whose lease names this manager")
     partition_ranges: str = Field(
         description="the same as compact ranges, e.g. '0-21, 40' (empty: none)"

@@ -2,14 +2,16 @@
 
 Settings come from ``PM_*`` environment variables; flags override them, and each subcommand
 accepts only the flags it uses. A bad setting prints one line and exits with status 2. A database
-that cannot be used (unreachable, wrong password, missing, schema not at head), a port that cannot
-be bound or a probe directory that cannot be written prints one line and exits with status 1.
+that cannot be used (unreachable, wrong password, missing, schema not at head), a target whose
+broker does not answer (``manager``, ``run``), a port that cannot be bound or a probe directory
+that cannot be written prints one line and exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -258,7 +260,12 @@ async def _run_manager(settings: Settings) -> int:
     from periodic_manager.db.engine import create_engine
     from periodic_manager.runtime.assemble import build_manager
     from periodic_manager.runtime.probe import ProbeWriter, manager_health
-    from periodic_manager.runtime.startup import StartupError, check_database, check_probe_dir
+    from periodic_manager.runtime.startup import (
+        StartupError,
+        check_database,
+        check_probe_dir,
+        check_targets,
+    )
 
     check_probe_dir(settings)
     # One engine: the schema check's connection is the first sync's. No pre-ping: at rest it
@@ -272,6 +279,13 @@ async def _run_manager(settings: Settings) -> int:
         await engine.dispose()
         raise StartupError(str(exc)) from None
     except BaseException:
+        await engine.dispose()
+        raise
+    try:
+        await check_targets(settings, manager.target)  # a broker that does not answer: one line
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await manager.target.close()
         await engine.dispose()
         raise
     metrics_server = None
@@ -397,11 +411,16 @@ def _serve(settings: Settings, *, role: str) -> int:
             build_leadership(settings)  # a setting the manager cannot use fails before the bind
         except ValueError as exc:
             raise StartupError(str(exc)) from None
+
     sock = bind_socket(settings.host, settings.port)
     try:
         if role == "run" and is_sqlite(settings.database_url):
             _migrate(settings)  # the embedded default needs no separate step
         revision = asyncio.run(check_database(settings.database_url))
+        if role == "run":
+            from periodic_manager.runtime.startup import check_configured_targets
+
+            asyncio.run(check_configured_targets(settings))  # a broker that does not answer
         import uvicorn  # after the checks: a failing start stays quick
 
         from periodic_manager.api.app import create_app

@@ -210,6 +210,8 @@ managers_table = Table(
     Column("last_sync_at", Instant, nullable=True),
     Column("last_sync_error", Text, nullable=True),
     Column("entry_count", Integer, nullable=False, server_default="0"),
+    # Why the manager holds no work (its targets do not answer their pings); null: it may.
+    Column("target_down", Text, nullable=True),
 )
 
 

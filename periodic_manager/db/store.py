@@ -498,6 +498,7 @@ def _status_values(status: ManagerStatus) -> dict[str, Any]:
         "last_sync_at": status.last_sync_at,
         "last_sync_error": status.last_sync_error,
         "entry_count": status.entry_count,
+        "target_down": status.target_down,
     }
 
 
@@ -609,14 +610,16 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
 # MariaDB/MySQL run the two statements in one transaction; PostgreSQL runs them as one statement
 # (BEAT_PG, or inside a lease round: :func:`beat_ctes`), in which both parts see the same
 # snapshot, where this manager's own row may still be old. A ``reap_before`` of None counts none.
-BEAT_PARAMS = ("b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_manager", "b_reap")
+BEAT_PARAMS = (
+    "b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_manager", "b_reap", "b_target_down",
+)  # fmt: skip
 
 
 def beat_params(manager_id: str, status: ManagerStatus, reap_before: datetime | None) -> dict[str, Any]:
     """The parameters of :func:`beat_statements`, by name, in the order of BEAT_PARAMS."""
     values = (
         status.heartbeat_at, status.is_leader, status.last_sync_at, status.last_sync_error,
-        status.entry_count, manager_id, reap_before,
+        status.entry_count, manager_id, reap_before, status.target_down,
     )  # fmt: skip
     return dict(zip(BEAT_PARAMS, values, strict=True))
 
@@ -630,7 +633,7 @@ def beat_statements() -> tuple[Any, Any]:
         .values(
             heartbeat_at=bindparam("b_at"), is_leader=bindparam("b_leader"),
             last_sync_at=bindparam("b_sync_at"), last_sync_error=bindparam("b_sync_error"),
-            entry_count=bindparam("b_entries"),
+            entry_count=bindparam("b_entries"), target_down=bindparam("b_target_down"),
         )  # fmt: skip
     )
     due = (

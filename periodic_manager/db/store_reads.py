@@ -385,6 +385,7 @@ def _manager_record(sqlite: bool, m: RowMapping) -> ManagerRecord | None:
         last_sync_at=dbrows.instant_or_none(sqlite, m["m_last_sync_at"]),
         last_sync_error=dbrows.text_of(m["m_last_sync_error"]),
         entry_count=dbrows.int_of(m["m_entry_count"]),
+        target_down=dbrows.text_of(m["m_target_down"]),
     )
     return ManagerRecord(info=info, status=status)
 

@@ -129,7 +129,7 @@ class Dispatcher:
         self.overlap = overlap  # options.overlap: busy answers, held slots
         self.clock = clock
         self.writer = writer
-        self.backoff = backoff  # a retry's pause, cut short on stop (never the loop's own wait)
+        self.backoff = backoff  # a retry's pause, cut short on stop, fence and stepping down (never the loop's own wait)
         self.may_send = may_send  # False when stopping or no longer leading: no more retries
         self.hooks = hooks
         self.retry_base = retry_base

@@ -88,6 +88,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._stop_event = asyncio.Event()
+        self._retry_sleepers: set[asyncio.Event] = set()  # retries' pauses (fence, set_active)
         self._state = asyncio.Condition()
         self._processed_until: datetime | None = None
         self._sleeping_until: datetime | None = None
@@ -104,7 +105,7 @@ class Scheduler:
             staged(target),
             clock=self.clock,
             writer=self.writer,
-            backoff=self._quiet_backoff,
+            backoff=self._retry_backoff,
             may_send=lambda: not self._stopping and self._active,
             hooks=hooks or Hooks(),
             retry_base=retry_base,
@@ -235,6 +236,7 @@ class Scheduler:
         if not active:
             self._stager.unstage()
             self.overlap.clear()
+            self._wake_retries()  # a retry backing off gives up now, sending nothing more
         self._active = active
         self._wake.set()
 
@@ -250,8 +252,12 @@ class Scheduler:
         entries on their way out in turns (partitions lost) stop at once, before the pass that
         unregisters them; while a fence stands, a staged batch is looked at entry by entry
         before it is sent (see :class:`~periodic_manager.engine.decisions.Decisions`). A fenced
-        entry that falls due leaves the timetable unsent: the caller unregisters it."""
+        entry that falls due leaves the timetable unsent: the caller unregisters it. A send
+        backing off gives up at once if its entries are fenced (a hand-over waits for it: a
+        broker that is down must not hold the hand-over)."""
         self.decisions.fenced = fenced
+        if fenced is not None:
+            self._wake_retries()
 
     async def rebase(
         self,
@@ -386,6 +392,22 @@ class Scheduler:
         finally:
             self._wake.clear()
             self._sleeping_until = None
+
+    async def _retry_backoff(self, delay: float) -> None:
+        """A retry's pause (:mod:`~periodic_manager.engine.retries`): ``delay`` on the clock, cut
+        short by :meth:`stop`, by a fence raised (:meth:`fence`) and by sending stopping
+        (:meth:`set_active`), so a hand-over never waits out a backoff. Each pause has its own
+        event: one pause starting never hides a wake-up from another."""
+        woken = asyncio.Event()
+        self._retry_sleepers.add(woken)
+        try:
+            await sleep_unless(self.clock, self._stop_event, woken, seconds=delay)
+        finally:
+            self._retry_sleepers.discard(woken)
+
+    def _wake_retries(self) -> None:
+        for woken in self._retry_sleepers:
+            woken.set()
 
     async def _quiet_backoff(self, delay: float) -> None:
         """Sleep ``delay`` on the clock, cut short by :meth:`stop` (retries, the writer)."""

@@ -143,6 +143,8 @@ def build_manager(
             heartbeat_interval=settings.heartbeat_interval,
             catchup_window=settings.catchup_window,
             catchup_rate=settings.catchup_rate,
+            target_ping_interval=settings.target_ping_interval,
+            target_ping_failures=settings.target_ping_failures,
         ),
         manager_id=manager_id,
         close_target=target is None,

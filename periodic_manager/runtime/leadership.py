@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -87,6 +88,16 @@ class SessionLockLeadership(AlwaysLeader):
         self._task: asyncio.Task[None] | None = None
         self._last_error: str | None = None
         self._stopping = False  # stop() under way: a failed check is no loss to report
+        self._may_hold: Callable[[], bool] | None = None  # False: step down (target_health)
+
+    def gate(self, may_hold: Callable[[], bool]) -> None:
+        """Consult ``may_hold`` at every check: False (the targets do not answer) steps down
+        (sending stops, then the lock's session closes) and takes no lock until it is True
+        (:mod:`~periodic_manager.runtime.target_health`)."""
+        self._may_hold = may_hold
+
+    def wake(self) -> None:
+        """Nothing to do: the next check comes within ``poll_interval``."""
 
     # -- what a database gives ------------------------------------------------------------------
 
@@ -171,6 +182,9 @@ class SessionLockLeadership(AlwaysLeader):
         self._last_error = None
 
     async def _check_or_acquire(self) -> None:
+        if self._may_hold is not None and not self._may_hold():
+            await self._stand_by()
+            return
         if self._conn is None:
             self._conn = await self._connect()
         if self.is_leader:
@@ -180,6 +194,17 @@ class SessionLockLeadership(AlwaysLeader):
         if await self._try_lock():
             log.info("became leader")
             await self._set(True)
+
+    async def _stand_by(self) -> None:
+        """Step down as :meth:`stop` does (sending stops, then the session holding the lock
+        closes: a standby takes it at its next try) and hold no connection meanwhile."""
+        if self.is_leader:
+            log.error("stepping down: this manager's targets do not answer (a standby takes over)")
+            await self._set(False)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._close(), self.poll_interval)
+            self._drop_connection()
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

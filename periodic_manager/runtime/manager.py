@@ -63,6 +63,7 @@ from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.publishing import EntryPublisher, entry_record
 from periodic_manager.runtime.sync import Reconciler, Syncer, SyncReport
+from periodic_manager.runtime.target_health import Gated, TargetHealth
 from periodic_manager.runtime.tasks import Supervisor
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -195,6 +196,14 @@ class PeriodicTaskManager:
                 changed=self.heartbeat.now.set,
             )
             self.leases.attach(self.holding)
+        # A manager that shares the work holds it only while its targets answer their pings.
+        self.target_health: TargetHealth | None = None
+        if isinstance(self.leadership, Gated):
+            self.target_health = TargetHealth(
+                target, clock=self.clock, interval_s=timing.target_ping_interval,
+                failures=timing.target_ping_failures, changed=self._target_health_changed,
+            )  # fmt: skip
+            self.leadership.gate(self.target_health.may_hold)
         # The lease rounds write the heartbeat in their own statement (one round trip per round
         # at rest, none for the heartbeat) when they reach the store's database and come at
         # least as often as the heartbeats must.
@@ -232,6 +241,8 @@ class PeriodicTaskManager:
             self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
+        if self.target_health is not None:
+            self.tasks.spawn(self.target_health.run(), "target-pings")
         log.info(
             "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),
             "leader" if self.is_leader else "standby",
@@ -278,6 +289,17 @@ class PeriodicTaskManager:
     @property
     def is_leader(self) -> bool:
         return self.leadership.is_leader
+
+    @property
+    def standing_down(self) -> str | None:
+        """Why this manager holds no work while its targets do not answer (None: it may hold
+        work; see :mod:`~periodic_manager.runtime.target_health`)."""
+        return self.target_health.reason if self.target_health is not None else None
+
+    @property
+    def stand_downs(self) -> int:
+        """Times this manager stood down because its targets did not answer."""
+        return self.target_health.stand_downs if self.target_health is not None else 0
 
     @property
     def partitions(self) -> frozenset[int]:
@@ -409,6 +431,11 @@ class PeriodicTaskManager:
     def _view(self, ident: int | str) -> View | None:
         return self.scheduler.overlap.view(ident)
 
+    def _target_health_changed(self, may_hold: bool) -> None:
+        if isinstance(self.leadership, Gated):
+            self.leadership.wake()  # hand over (or take a share) now, not at the next round
+        self.heartbeat.now.set()  # the managers page says so at once
+
     def _observe_runs(self, runs: Sequence[RunRecord]) -> None:
         self.metrics.observe_runs(runs)
         self._sent.set()  # the broker watch looks at its next tick
@@ -421,6 +448,7 @@ class PeriodicTaskManager:
             last_sync_error=self.syncer.last_sync_error,
             entry_count=len(self.scheduler),
             shared_work=self.does_shared_work,
+            target_down=self.standing_down,
         )
 
     def _records(self) -> list[EntryRecord]:

@@ -65,6 +65,12 @@ class ManagerView(Protocol):
     @property
     def signals_ignored(self) -> int: ...
 
+    @property
+    def standing_down(self) -> str | None: ...
+
+    @property
+    def stand_downs(self) -> int: ...
+
     def entries(self) -> Sequence[_Entry]: ...
 
     def entry(self, key: str) -> _Entry | None: ...
@@ -218,7 +224,11 @@ class ManagerMetrics:
             for target, n in sorted(self._lost.items()):
                 lost.add_metric([target], float(n))
         yield from (runs, by_reason, lateness, sync, syncs, lost)
-        read = {"partition_handovers": m.partition_handovers, "change_signals_ignored": m.signals_ignored}
+        read = {
+            "partition_handovers": m.partition_handovers,
+            "change_signals_ignored": m.signals_ignored,
+            "target_stand_downs": m.stand_downs,
+        }
         for name, text in _READ_COUNTERS.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", text, value=float(read[name]))
         last = m.last_sync_at
@@ -228,6 +238,7 @@ class ManagerMetrics:
             "last_sync_timestamp_seconds": last.timestamp() if last is not None else 0.0,
             "last_sync_ok": float(m.last_sync_error is None),
             "partitions": float(len(m.partitions)),
+            "target_down": float(m.standing_down is not None),
         }
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=values[name])
@@ -273,6 +284,8 @@ _GAUGES = {
     "last_sync_timestamp_seconds": "Unix time of the last successful sync (0: none yet)",
     "last_sync_ok": "1 if the last sync succeeded",
     "partitions": "Partitions this manager holds (PM_COORDINATION=partitions; 0 with one leader)",
+    "target_down": "1 while this manager stands down: every target failed PM_TARGET_PING_FAILURES "
+    "pings in a row, so it holds no partition and does not lead",
 }
 
 
@@ -281,6 +294,8 @@ _READ_COUNTERS = {
     "partition_handovers": "Partitions this manager handed over cleanly (to a joining manager, or on stop)",
     "change_signals_ignored": "Change signals this manager did not sync on: they named only "
     "partitions it does not hold (PM_COORDINATION=partitions)",
+    "target_stand_downs": "Times this manager stood down because every target failed its pings "
+    "(it handed over its partitions or leadership until a target answered)",
 }
 
 

@@ -59,6 +59,10 @@ lock of its session on the lease connection; a member whose lock is free is coun
 share and its leases are claimable in TAKE; a watch asks for them every 0.5 s; a manager whose
 lease connection ends stops sending for every partition at once).
 
+A manager whose targets do not answer stands down (:meth:`PartitionLeases.gate`,
+:mod:`~periodic_manager.runtime.target_health`): its member row expires at once, it takes nothing
+and hands over what it holds, as above, while any member is live.
+
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
 clocks need not agree; the local clock measures only the trust window, and ``first_held_at``
@@ -72,7 +76,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -137,11 +141,14 @@ EXPIRY_MARGIN_S = 0.05  # a round for another holder's expiry comes this long af
 # only makes these counts wrong for a while, never a lease (fair shares are an economy of
 # memory; the epochs are the safety). The manager's heartbeat row in pm_managers is read as the
 # statement's snapshot saw it, before the heartbeat it may carry.
-def _round(beat: bool) -> str:
+def _round(beat: bool, member: bool = True) -> str:
     """The round's statement; with ``beat``, the manager's heartbeat too (``db.store.beat_ctes``,
     its parameters from $8 on), its seventh column is the number of manager rows beaten (0:
     this manager's row is gone) and its eighth the number of other managers due for reaping
-    (the heartbeat's loop removes them, never this round: its bound is the leases')."""
+    (the heartbeat's loop removes them, never this round: its bound is the leases'). Without
+    ``member`` (a manager standing down, :mod:`~periodic_manager.runtime.target_health`) its
+    member row expires at once: the others count it neither live nor coming."""
+    expiry = "now() + make_interval(secs => $4)" if member else "now()"
     beat_ctes = ""
     beaten = ""
     if beat:
@@ -151,7 +158,7 @@ def _round(beat: bool) -> str:
         beaten = ", (SELECT count(*) FROM beat), (SELECT * FROM due)"
     return f"""WITH renewed AS ({RENEW}), {beat_ctes}
     joined AS (INSERT INTO pm_partition_members (member, expires_at, liveness_lock)
-        VALUES ($1, now() + make_interval(secs => $4), {holds_own("$1::text")})
+        VALUES ($1, {expiry}, {holds_own("$1::text")})
         ON CONFLICT (member) DO UPDATE SET expires_at = EXCLUDED.expires_at,
         liveness_lock = EXCLUDED.liveness_lock),
     forgot AS (DELETE FROM pm_partition_members
@@ -167,7 +174,7 @@ def _round(beat: bool) -> str:
         WHERE holder <> $1 AND expires_at > now()
         AND expires_at <= now() + make_interval(secs => $4)){beaten}
     FROM (SELECT count(*) AS recent, count(*) FILTER (WHERE NOT EXISTS (
-        SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id AND p.expires_at > now()))
+        SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id))
         AS coming
         FROM pm_managers m WHERE m.manager_id <> $1
         AND m.started_at > now() - make_interval(secs => $4)) c"""
@@ -177,6 +184,8 @@ ROUND = _round(beat=False)
 # The same round carrying the manager's heartbeat (PartitionLeases.carry): in partitions mode a
 # manager at rest makes one round trip per round, and none for its heartbeat.
 ROUND_BEAT = _round(beat=True)
+# A manager standing down (its targets do not answer): (with the heartbeat?) -> its round.
+ROUNDS_STOOD_DOWN = {beat: _round(beat=beat, member=False) for beat in (False, True)}
 
 
 def fair_share(partitions: int, live: int) -> int:
@@ -241,6 +250,8 @@ class PartitionLeases:
         self._listen_failed = False  # LISTEN refused (e.g. CockroachDB): rounds on ticks alone
         # This manager's liveness lock on the lease connection, and the watch of the others'.
         self._liveness = LivenessLock(member, ttl=ttl, clock=self.clock)
+        self._may_hold: Callable[[], bool] | None = None  # False: stand down (target_health)
+        self._stood_down = False  # the last round stood down: the next one that may hold joins
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -268,6 +279,16 @@ class PartitionLeases:
 
     def attach(self, handler: PartitionHandler) -> None:
         self._handler = handler
+
+    def gate(self, may_hold: Callable[[], bool]) -> None:
+        """Consult ``may_hold`` at every round: False (the targets do not answer) stands down:
+        this manager's member row expires, it takes nothing and hands over what it holds while
+        a member is live (:mod:`~periodic_manager.runtime.target_health`)."""
+        self._may_hold = may_hold
+
+    def wake(self) -> None:
+        """A round now (the answer of the gate changed), as a hand-over announced does."""
+        self._freed.set()
 
     def carry(self, beat: CarriedBeat) -> None:
         """Write the manager's heartbeat ``beat`` in every round's statement (ROUND_BEAT): the
@@ -419,8 +440,11 @@ class PartitionLeases:
         key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
         args = (self.member, parts, epochs, self.ttl, self.ttl * 10, key >> 32, key & 0xFFFFFFFF)
         beat = self._beat.values() if self._beat is not None else None
+        stand_down = self._may_hold is not None and not self._may_hold()
         try:
-            if beat is None:
+            if stand_down:
+                row = await conn.fetchrow(ROUNDS_STOOD_DOWN[beat is not None], *args, *(beat or ()))
+            elif beat is None:
                 row = await conn.fetchrow(ROUND, *args)
             else:
                 row = await conn.fetchrow(ROUND_BEAT, *args, *beat)
@@ -450,7 +474,12 @@ class PartitionLeases:
                 log.warning("partition leases: lost %s (taken by another manager)", _show(lost))
                 self._drop(lost)
         first, self._first = self._first, False
-        if first and (recent or live > 1) and not self._listen_failed:
+        joining, self._stood_down = first or self._stood_down, stand_down
+        if stand_down:
+            # Every member counted is a manager whose targets answer: it gets all of it. With
+            # none live, moving the work would help nobody: keep it, take nothing.
+            return dict(self._held) if live > 1 else {}
+        if joining and (recent or live > 1) and not self._listen_failed:
             await conn.execute(ANNOUNCE, FREED, JOINED + self.member)
         if leader_locked:
             if not self._leader_seen:

@@ -4,12 +4,15 @@ Every long-running command (``run``, ``api``, ``manager``) and every command tha
 database (``migrate``, ``import``, ``export``) first connects once: a wrong password, a missing
 database, an unreachable server or a schema that is not at this version's head ends the command
 with one line naming the database (password hidden) and the cause, and a non-zero exit, instead
-of a traceback or a loop of retries.
+of a traceback or a loop of retries. A command that sends (``manager``, ``run``) then pings its
+targets the same way (:func:`check_targets`): a broker that does not answer within
+:data:`CONNECT_TIMEOUT_S` ends it with one line naming the target and where it sends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 from pathlib import Path
@@ -19,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from periodic_manager.contracts import Target
 from periodic_manager.db.engine import create_engine, is_sqlite
 from periodic_manager.db.migrate import database_revision, schema_problem
 from periodic_manager.errors import PeriodicManagerError
@@ -57,11 +61,14 @@ def is_loopback(host: str) -> bool:
 
 def _root_cause(exc: BaseException) -> BaseException:
     """The most specific error behind SQLAlchemy's and the drivers' wrappers. A TimeoutError is
-    a cause of its own: what it wraps (the CancelledError of ``asyncio.timeout``) says less."""
+    a cause of its own: what it wraps (the CancelledError of ``asyncio.timeout``) says less. A
+    socket error a client raised its own error while handling (redis-py's ConnectionError) is
+    the cause too."""
     seen: set[int] = set()
     while id(exc) not in seen and not isinstance(exc, TimeoutError):
         seen.add(id(exc))
-        inner = getattr(exc, "orig", None) or exc.__cause__
+        context = exc.__context__ if isinstance(exc.__context__, OSError) else None
+        inner = getattr(exc, "orig", None) or exc.__cause__ or context
         if not isinstance(inner, BaseException):
             break
         exc = inner
@@ -139,42 +146,89 @@ def check_probe_dir(settings: Settings) -> None:
 
 def describe_targets(settings: Settings) -> str:
     """The configured targets with where each sends (passwords hidden), for the start-up log."""
-    parts = []
-    for name in settings.configured_targets():
-        if name == "redis":
-            # Whether overlap skip/hold can work depends on the workers' consumer group.
-            group = settings.redis_group
-            where = redact_url(settings.redis_url) + (
-                f", consumer group {group}" if group else ", no consumer group"
-            )
-        elif name == "celery":
-            # The broker it publishes to (PM_CELERY_APP's own when that sets one), where the
-            # claims live when that broker is not Redis, and the result backend.
-            from periodic_manager.targets.celery.app import REDIS_SCHEMES
+    return ", ".join(describe_target(settings, name) for name in settings.configured_targets())
 
-            broker = settings.celery_broker()
-            where = redact_url(broker)
-            if not broker.startswith(REDIS_SCHEMES):
-                where += f", claims {redact_url(settings.redis_url)}"
-            backend = settings.celery_backend()
-            where += f", results {redact_url(backend)}" if backend else ""
-        elif name == "arq":
-            where = redact_url(settings.arq_redis_url or settings.redis_url)
-        elif name == "rq":
-            where = redact_url(settings.rq_redis_url or settings.redis_url)
-        elif name == "dramatiq":
-            # The broker, and where the claims live when that broker is RabbitMQ.
-            from periodic_manager.targets.dramatiq import AMQP_SCHEMES
 
-            broker = settings.dramatiq_broker()
-            where = redact_url(broker)
-            if broker.startswith(AMQP_SCHEMES):
-                where += f", claims {redact_url(settings.redis_url)}"
-            else:
-                where += f", namespace {settings.dramatiq_namespace}"
-        elif name == "procrastinate":
-            where = f"procrastinate_jobs in {redact_url(settings.database_url)}"
-        else:
-            where = "table pm_outbox"
-        parts.append(f"{name} ({where})")
-    return ", ".join(parts)
+def describe_target(settings: Settings, name: str) -> str:
+    """``name (where it sends)``, passwords hidden (a name no setting knows: the name alone)."""
+    if name not in settings.configured_targets():
+        return name
+    return f"{name} ({_where(settings, name)})"
+
+
+def _where(settings: Settings, name: str) -> str:
+    if name == "redis":
+        # Whether overlap skip/hold can work depends on the workers' consumer group.
+        group = settings.redis_group
+        return redact_url(settings.redis_url) + (
+            f", consumer group {group}" if group else ", no consumer group"
+        )
+    if name == "celery":
+        # The broker it publishes to (PM_CELERY_APP's own when that sets one), where the
+        # claims live when that broker is not Redis, and the result backend.
+        from periodic_manager.targets.celery.app import REDIS_SCHEMES
+
+        broker = settings.celery_broker()
+        where = redact_url(broker)
+        if not broker.startswith(REDIS_SCHEMES):
+            where += f", claims {redact_url(settings.redis_url)}"
+        backend = settings.celery_backend()
+        return where + (f", results {redact_url(backend)}" if backend else "")
+    if name == "arq":
+        return redact_url(settings.arq_redis_url or settings.redis_url)
+    if name == "rq":
+        return redact_url(settings.rq_redis_url or settings.redis_url)
+    if name == "dramatiq":
+        # The broker, and where the claims live when that broker is RabbitMQ.
+        from periodic_manager.targets.dramatiq import AMQP_SCHEMES
+
+        broker = settings.dramatiq_broker()
+        where = redact_url(broker)
+        if broker.startswith(AMQP_SCHEMES):
+            return where + f", claims {redact_url(settings.redis_url)}"
+        return where + f", namespace {settings.dramatiq_namespace}"
+    if name == "procrastinate":
+        return f"procrastinate_jobs in {redact_url(settings.database_url)}"
+    return "table pm_outbox"
+
+
+async def check_targets(settings: Settings, target: Target) -> None:
+    """Ping every target of ``target`` (each of a routing target's) once, together, each within
+    :data:`CONNECT_TIMEOUT_S`; raise :class:`StartupError` naming each one that does not answer
+    (where it sends, password hidden) and the cause, in one line. A target that cannot be pinged
+    counts as answering."""
+    from periodic_manager.runtime.probe import ping_target
+    from periodic_manager.runtime.target_health import targets_of
+
+    named = targets_of(target)
+    outcomes = await asyncio.gather(
+        *(ping_target(t, CONNECT_TIMEOUT_S) for t in named.values()), return_exceptions=True
+    )
+    failures = []
+    for name, outcome in zip(named, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome
+            failures.append(f"target {describe_target(settings, name)}: {explain(outcome)}")
+    if failures:
+        raise StartupError("; ".join(failures))
+
+
+async def check_configured_targets(settings: Settings) -> None:
+    """:func:`check_targets` on targets built from ``settings`` for the check alone (``run``,
+    before its API and manager start), closed after it."""
+    from periodic_manager.runtime.assemble import build_target
+
+    engine = create_engine(settings.database_url, command_timeout=CONNECT_TIMEOUT_S)
+    try:
+        try:
+            target = build_target(settings, engine)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            await check_targets(settings, target)
+        finally:
+            with contextlib.suppress(Exception):
+                await target.close()
+    finally:
+        await engine.dispose()

@@ -13,7 +13,9 @@ class Timing:
     says it is alive (three missed: it is gone from ``/managers``); ``catchup_window``: how far
     back a ``fire_once`` or ``all`` schedule's missed slots are caught up (its
     ``options.catchup_window`` wins); ``catchup_rate``: slots a second a ``misfire: "all"``
-    catch-up sends (and a backfill)."""
+    catch-up sends (and a backfill); ``target_ping_interval``: how often a manager that shares
+    the work pings its targets, and ``target_ping_failures``: after how many failed pings in a
+    row of every target it stands down (:mod:`~periodic_manager.runtime.target_health`)."""
 
     sync_interval: float = 30.0
     full_sync_interval: float = 300.0
@@ -21,3 +23,5 @@ class Timing:
     heartbeat_interval: float = 5.0
     catchup_window: float = 3600.0
     catchup_rate: float = 50.0
+    target_ping_interval: float = 5.0
+    target_ping_failures: int = 2

@@ -422,6 +422,7 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
     class Fake:
         is_leader = False
         failed: BaseException | None = None
+        standing_down: str | None = None
         target = MemoryTarget()
 
         async def start(self) -> None: ...
@@ -449,6 +450,12 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         body = assert_problem(await c.get("/readyz"), 503)
         assert body["checks"]["manager"] == "failed: the fake's health: RuntimeError('scheduler died')"
         assert body["checks"]["database"] == "ok" and body["detail"] == "not ready: manager"
+        # A manager standing down (its targets fail their pings) is alive but not ready.
+        fake.failed = None
+        fake.standing_down = "every target fails its ping (redis: connection refused): holding no work"
+        body = assert_problem(await c.get("/readyz"), 503)
+        assert body["checks"]["manager"] == f"standing down: {fake.standing_down}"
+        assert (await c.get("/healthz")).status_code == 200
     async for c in app_client(Settings(database_url=db_url), clock, engine):
         assert (await c.get("/readyz")).json()["checks"] == {
             "database": "ok", "schema": "ok", "target": "absent", "manager": "absent"

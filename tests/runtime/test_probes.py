@@ -255,6 +255,7 @@ async def test_healthz_fails_when_the_in_process_manager_died(db_url: str, tmp_p
     class Fake:
         is_leader = True
         failed: BaseException | None = None
+        standing_down: str | None = None
 
         async def start(self) -> None: ...
 

@@ -153,6 +153,60 @@ async def test_a_server_that_never_answers_is_named_as_such(monkeypatch: pytest.
     assert str(caught.value) == f"database {url.replace('hidden-secret', '***')}: no answer within 1 s"
 
 
+async def test_a_manager_whose_broker_does_not_answer_exits_1_naming_the_target(
+    pg_url: str, redis_prefix: str
+) -> None:
+    """A wrong PM_REDIS_URL (a closed port): ``manager`` and ``run`` end at start with one line
+    naming the target, where it sends (password hidden) and the cause, as for the database;
+    with several targets, each one that does not answer is named, and only those."""
+    await upgrade(pg_url)
+    with socket.socket() as refused:  # bound, never listening: nothing else can take the port
+        refused.bind(("127.0.0.1", 0))
+        port = refused.getsockname()[1]
+        url = f"redis://:hidden-secret@127.0.0.1:{port}/0"
+        env = clean_env(PM_DATABASE_URL=pg_url, PM_REDIS_URL=url, PM_TARGET="redis")
+        routed = clean_env(
+            PM_DATABASE_URL=pg_url, PM_REDIS_URL=REDIS_URL, PM_ARQ_REDIS_URL=url,
+            PM_TARGET="redis", PM_TARGETS="arq,outbox", PM_STREAM_PREFIX=redis_prefix,
+        )  # fmt: skip
+        started = asyncio.get_running_loop().time()
+        results = await asyncio.gather(
+            cli("manager", env=env), cli("run", "--port", "0", env=env), cli("manager", env=routed)
+        )
+        took = asyncio.get_running_loop().time() - started
+    shown = f"redis://:***@127.0.0.1:{port}/0"
+    for rc, _, err in results[:2]:
+        assert_one_line_failure(
+            rc, err, f"target redis ({shown}, no consumer group): connection refused"
+        )
+        assert "hidden-secret" not in err
+    line = assert_one_line_failure(results[2][0], results[2][2], f"target arq ({shown}): connection refused")
+    assert "target redis" not in line and "outbox" not in line
+    assert took < startup.CONNECT_TIMEOUT_S + 20  # three processes' imports on two cores included
+
+
+async def test_a_broker_that_never_answers_is_named_within_the_start_up_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from periodic_manager.settings import Settings
+    from periodic_manager.targets.redis.streams import RedisStreamsTarget
+
+    monkeypatch.setattr(startup, "CONNECT_TIMEOUT_S", 1.0)
+    with socket.socket() as silent:  # accepts, never speaks
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        settings = Settings(target="redis", redis_url=url)
+        target = RedisStreamsTarget.from_url(url, timeout=30)
+        try:
+            with pytest.raises(startup.StartupError) as caught:
+                async with asyncio.timeout(5):
+                    await startup.check_targets(settings, target)
+        finally:
+            await target.close()
+    assert str(caught.value) == f"target redis ({url}, no consumer group): no answer within 1 s"
+
+
 async def test_two_migrate_at_once_on_an_empty_database_both_succeed(admin: asyncpg.Connection) -> None:
     """The advisory lock serialises them: one applies every migration, the other finds the
     schema at head and applies nothing. Five rounds, each on a new database."""

@@ -1,6 +1,7 @@
-// Managers: the live ones (leader first) with heartbeat age, last sync and its error, the
-// partitions each holds (PM_COORDINATION=partitions) and how many entries, and the entries they
-// hold (rejected rows first), paginated.
+// Managers: the live ones (leader first) with heartbeat age, last sync and its error, whether
+// one stands down because its targets do not answer (target_down), the partitions each holds
+// (PM_COORDINATION=partitions) and how many entries, and the entries they hold (rejected rows
+// first), paginated.
 
 import { getJson } from "./api.js";
 import { badge, count, duration, h, mount, pageParam, pager, setTitle, table, utc } from "./dom.js";
@@ -9,7 +10,8 @@ const LIMIT = 50;
 
 function managerRows(items) {
   return items.map((m) => [
-    h("span", {}, h("code", {}, m.manager_id), m.is_leader ? [" ", badge("leader", "info")] : ""),
+    h("span", {}, h("code", {}, m.manager_id), m.is_leader ? [" ", badge("leader", "info")] : "",
+      m.target_down ? [" ", badge("holds no work", "bad"), h("div", { class: "error" }, m.target_down)] : ""),
     `${m.hostname} (pid ${m.pid})`,
     m.version,
     utc(m.started_at),
