@@ -386,6 +386,18 @@ class Pingable(Protocol):
 
 
 @runtime_checkable
+class InManagerDatabase(Protocol):
+    """A target that writes into the manager's own database (the outbox, procrastinate, on the
+    manager's engine): its health is that database's, which every lease round proves, so the
+    manager does not ping it apart (:mod:`~periodic_manager.runtime.target_health`)."""
+
+    @property
+    def in_manager_database(self) -> bool:
+        """True when the target sends through the manager's own engine."""
+        ...
+
+
+@runtime_checkable
 class Forgetful(Protocol):
     """A target whose broker can lose its data while it keeps answering (a Redis restarted
     without persistence): it can tell, through a sentinel key (:mod:`targets.redis.sentinel`)."""

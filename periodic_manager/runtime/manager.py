@@ -241,7 +241,7 @@ class PeriodicTaskManager:
             self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
-        if self.target_health is not None:
+        if self.target_health is not None and self.target_health.targets:
             self.tasks.spawn(self.target_health.run(), "target-pings")
         log.info(
             "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),

@@ -19,7 +19,8 @@ failed pings of **every** target that can be pinged, the manager *stands down*:
 
 The first answering ping of any target ends it: the manager takes part again (a join,
 announced: the holders hand its share over at once). A target that cannot be pinged (in memory,
-custom) counts as answering. With several targets (``PM_TARGETS``) a manager whose targets are
+custom) counts as answering, and so does one that writes into the manager's own database (the outbox,
+procrastinate on the manager's engine: every lease round proves that database). With several targets (``PM_TARGETS``) a manager whose targets are
 only partly down keeps its share: the schedules of the targets that answer go on, the others'
 slots fail as on any manager, and ``/readyz`` names the targets that do not answer. A manager
 that always leads (SQLite, ``PM_LEADER_ELECTION=false``) has nobody to hand its work to and does
@@ -37,7 +38,7 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from periodic_manager.clock import next_tick
-from periodic_manager.contracts import Clock, Pingable, Target
+from periodic_manager.contracts import Clock, InManagerDatabase, Pingable, Target
 from periodic_manager.runtime.probe import ping_target
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,13 @@ class TargetHealth:
         self.clock = clock
         self.interval_s = interval_s
         self.failures = failures
-        self.targets = {n: t for n, t in targets_of(target).items() if isinstance(t, Pingable)}
+        # A target in the manager's own database is proven by every lease round: not pinged.
+        self.targets = {
+            n: t
+            for n, t in targets_of(target).items()
+            if isinstance(t, Pingable)
+            and not (isinstance(t, InManagerDatabase) and t.in_manager_database)
+        }
         self._changed = changed
         self._failed: dict[str, int] = dict.fromkeys(self.targets, 0)  # consecutive failed pings
         self._errors: dict[str, str] = {}  # the last error of each target failing now

@@ -240,6 +240,11 @@ class OutboxTarget:
         """A row is finished once ``processed_at`` is set (see the module docstring)."""
         return None
 
+    @property
+    def in_manager_database(self) -> bool:
+        """Whether this target writes through an engine it was given (the manager's own)."""
+        return not self._owns_engine
+
     async def ping(self) -> None:
         """Raise unless the outbox's database answers (a readiness check)."""
         async with self._engine.connect() as conn:

@@ -279,6 +279,11 @@ class ProcrastinateTarget:
             statuses = {str(job_id): str(status) for job_id, status in rows}
         return [_outcome(statuses.get(i)) for i in task_ids]
 
+    @property
+    def in_manager_database(self) -> bool:
+        """Whether this target writes through an engine it was given (the manager's own)."""
+        return not self._owns_engine
+
     async def ping(self) -> None:
         """Raise unless the database answers and holds procrastinate's schema (``/readyz``)."""
         async with self._engine.connect() as conn:
