@@ -37,7 +37,14 @@ class Clock(Protocol):
     """Source of time for the scheduler and the manager."""
 
     def now(self) -> datetime:
-        """The current instant, an aware UTC datetime."""
+        """The current instant, an aware UTC datetime (the wall clock: slots are judged by it)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that only moves forward, at the pace of real time, whatever the
+        wall clock does (a step back or forward, a skew): leases, their trust and every wait on
+        another holder's expiry are measured on it. Only differences of two readings mean
+        anything."""
         ...
 
     async def sleep(self, seconds: float) -> None:

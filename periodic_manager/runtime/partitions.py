@@ -10,7 +10,10 @@ looks wake with a round) on an asyncpg connection of its own:
    at): a partition not returned is lost at once. A lease is trusted only until the local clock
    at the *start* of the renewal that returned it + ``ttl - margin``: the database's expiry is at
    least ``ttl`` after that instant, so this manager stops sending for a partition (and drops
-   it) before any other manager may take it, even if every renewal fails from then on;
+   it) before any other manager may take it, even if every renewal fails from then on. The
+   local clock here is the monotonic one (``Clock.monotonic``): a step of the wall clock (back
+   120 s, forward 60 s) neither lengthens nor shortens the trust, and the wait for another
+   holder's expiry is measured on it too;
 2. **membership**: this manager's member row is renewed in the same round; the fair share is
    ``ceil(partitions / managers)``, so no manager holds more than one above the even share. The
    managers counted are the live members and the *coming* ones: managers registered in
@@ -55,7 +58,7 @@ claims drop the duplicates of the one round in between).
 
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
-clocks need not agree; the local clock measures only the trust window, and ``first_held_at``
+clocks need not agree; the local monotonic clock measures only the trust window, and ``first_held_at``
 (an instant of the slots' timeline, not of the leases': compared with slots, never with
 ``now()``).
 """
@@ -213,7 +216,8 @@ class PartitionLeases:
         self.interval = ttl / 3
         self.handovers = 0  # partitions handed over cleanly (stop included)
         self._count = 0
-        self._held: dict[int, tuple[int, datetime]] = {}  # partition -> (epoch, trusted until)
+        # partition -> (epoch, trusted until: on the clock's monotonic time)
+        self._held: dict[int, tuple[int, float]] = {}
         self._handler: PartitionHandler = _Quiet()
         self._on_change: ChangeCallback | None = None
         self._leading = False
@@ -224,7 +228,7 @@ class PartitionLeases:
         self._first = True  # no round has counted the managers yet
         self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
         self._beat: CarriedBeat | None = None  # the manager's heartbeat, written by every round
-        self._next_expiry: datetime | None = None  # another holder's next lease expiry (local clock)
+        self._next_expiry: float | None = None  # another holder's next lease expiry (monotonic)
         self._freed = asyncio.Event()  # another manager handed partitions over or joined (FREED)
         self._listen_failed = False  # LISTEN refused (e.g. CockroachDB): rounds on ticks alone
 
@@ -232,7 +236,7 @@ class PartitionLeases:
 
     @property
     def is_leader(self) -> bool:
-        now = self.clock.now()
+        now = self.clock.monotonic()
         return any(now < until for _, until in self._held.values())
 
     @property
@@ -245,12 +249,12 @@ class PartitionLeases:
 
     @property
     def held(self) -> frozenset[int]:
-        now = self.clock.now()
+        now = self.clock.monotonic()
         return frozenset(p for p, (_, until) in self._held.items() if now < until)
 
     def trusted(self, partition: int) -> bool:
         held = self._held.get(partition)
-        return held is not None and self.clock.now() < held[1]
+        return held is not None and self.clock.monotonic() < held[1]
 
     def attach(self, handler: PartitionHandler) -> None:
         self._handler = handler
@@ -308,13 +312,14 @@ class PartitionLeases:
         while True:
             # Wake for the next round, or earlier when the trust in a lease ends first.
             expiry = self._next_expiry
-            until = min([next_round, *(t for _, t in self._held.values()), *([expiry] if expiry else [])])
+            ends = [t for _, t in self._held.values()] + ([expiry] if expiry is not None else [])
+            until = min([next_round, *map(self._on_wall, ends)])
             freed = await sleep_unless(self.clock, self._freed, until=until)
             self._freed.clear()
             self._expire()
             now = self.clock.now()
             ticked = now >= next_round
-            expired = expiry is not None and now >= expiry
+            expired = expiry is not None and self.clock.monotonic() >= expiry
             if ticked:
                 budget = FREED_ROUNDS_PER_INTERVAL
             elif freed and not expired:
@@ -331,6 +336,11 @@ class PartitionLeases:
                 await self.round()
                 next_round = next_tick(self.clock.now(), self.interval)
 
+    def _on_wall(self, monotonic: float) -> datetime:
+        """The wall-clock instant a wait until ``monotonic`` ends at, as the clock reads now
+        (the real clock's timers run on monotonic time once armed)."""
+        return self.clock.now() + timedelta(seconds=max(0.0, monotonic - self.clock.monotonic()))
+
     async def quiet(self) -> None:
         """Return once no round is under way (tests drive rounds with a virtual clock)."""
         async with self._round:
@@ -339,9 +349,9 @@ class PartitionLeases:
     async def round(self) -> None:
         """One round: renew, count members, hand over or take (public for tests)."""
         async with self._round:
-            started = self.clock.now()
+            started = self.clock.monotonic()
             self._next_expiry = None  # a round that fails waits for no expiry (no busy loop)
-            excess: dict[int, tuple[int, datetime]] = {}
+            excess: dict[int, tuple[int, float]] = {}
             try:
                 # Bounded: a round that hangs must not outlive the trust of what is held
                 # (asyncio.timeout: 3.11's wait_for may drop the cancellation of a stop).
@@ -363,11 +373,11 @@ class PartitionLeases:
             self._expire()
             await self._report()
 
-    async def _exchange(self, started: datetime) -> dict[int, tuple[int, datetime]]:
+    async def _exchange(self, started: float) -> dict[int, tuple[int, float]]:
         """Renew, count the members, take what is missing to the share; what is above it (to be
         handed over, outside this round's budget)."""
         conn = await self._connect()
-        trust = started + timedelta(seconds=self.ttl - self.margin)
+        trust = started + self.ttl - self.margin
         asked = dict(self._held)
         parts, epochs = self._pairs(asked)
         key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
@@ -389,7 +399,7 @@ class PartitionLeases:
         # comes (the statement reads only expiries within the TTL: checked here once more).
         until = row[5]
         self._next_expiry = (
-            self.clock.now() + timedelta(seconds=float(until) + EXPIRY_MARGIN_S)
+            self.clock.monotonic() + float(until) + EXPIRY_MARGIN_S
             if isinstance(until, float) and 0 <= until <= self.ttl
             else None
         )
@@ -447,7 +457,7 @@ class PartitionLeases:
                 await self._handler.gained(frozenset(gained), fresh, since)
         return {}
 
-    async def _hand_over(self, leases: dict[int, tuple[int, datetime]]) -> None:
+    async def _hand_over(self, leases: dict[int, tuple[int, float]]) -> None:
         """Stop sending for ``leases`` at once, let the handler flush, then release them. A
         flush that does not end within the trust left is not waited for: those leases are
         left to expire (the next holder waits for the TTL instead)."""
@@ -489,7 +499,7 @@ class PartitionLeases:
 
     def _expire(self) -> None:
         """Drop every partition whose trust has ended (no renewal came in time)."""
-        now = self.clock.now()
+        now = self.clock.monotonic()
         ended = frozenset(p for p, (_, until) in self._held.items() if until <= now)
         if ended:
             log.error(
@@ -553,7 +563,7 @@ class PartitionLeases:
             self._conn = None
 
     @staticmethod
-    def _pairs(leases: dict[int, tuple[int, datetime]]) -> tuple[list[int], list[int]]:
+    def _pairs(leases: dict[int, tuple[int, float]]) -> tuple[list[int], list[int]]:
         parts = sorted(leases)
         return parts, [leases[p][0] for p in parts]
 
