@@ -23,7 +23,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -569,8 +569,10 @@ class RuntimeStore(Protocol):
         ``since``, by schedule key (what a takeover must not send again)."""
         ...
 
-    async def reap(self, older_than: datetime) -> int:
-        """Remove managers whose heartbeat is older than ``older_than`` (and their entries)."""
+    async def reap(self, older_than: datetime, *, silence: timedelta | None = None) -> int:
+        """Remove managers whose heartbeat is older than ``older_than`` (and their entries); a
+        store on a database with a clock of its own (PostgreSQL) judges by ``silence`` instead
+        when given: silent for longer than it on the database's clock."""
         ...
 
 

@@ -186,7 +186,7 @@ class Heartbeat:
         if older_than is None:
             return
         try:
-            removed = await self.store.reap(older_than)
+            removed = await self.store.reap(older_than, silence=timedelta(seconds=3 * self.interval))
         except Exception as exc:
             reraise_if_cancelled(exc)
             log.warning("removing dead managers failed (will retry): %r", exc)
