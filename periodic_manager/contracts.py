@@ -623,6 +623,16 @@ class CarriedBeat(Protocol):
 
 
 @runtime_checkable
+class ServerClock(Protocol):
+    """A store whose database has a clock of its own, which managers' clocks are measured
+    against (``runtime.clock_offset``)."""
+
+    async def server_now(self) -> datetime | None:
+        """The database's now() (None: it has no clock of its own, e.g. SQLite's file)."""
+        ...
+
+
+@runtime_checkable
 class BeatCarrier(Protocol):
     """A part whose periodic statement can carry the manager's heartbeat (partition leases)."""
 
@@ -870,6 +880,11 @@ class ManagerHandle(Protocol):
 
     def health(self) -> str | None:
         """None while every loop runs; otherwise why the manager is not healthy (one line)."""
+        ...
+
+    def clock_check(self) -> str:
+        """Its wall clock against the database's (``/readyz``'s ``clock``): ``ok``, ``skewed:
+        ...`` (ready, said) or ``failed: ...`` (not ready: it holds and sends nothing)."""
         ...
 
 

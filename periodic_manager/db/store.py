@@ -188,6 +188,14 @@ class DatabaseRuntimeStore:
             raise NotFoundError(manager_id)
         return int(dead)
 
+    async def server_now(self) -> datetime | None:
+        """The database's now() on PostgreSQL (contracts.ServerClock); None elsewhere."""
+        if not self._server_clock:
+            return None
+        async with self.engine.connect() as conn:
+            answer: datetime = (await conn.execute(select(func.now()))).scalar_one()
+        return answer
+
     @property
     def carries_beat(self) -> bool:
         """Whether a statement of this manager's own on the same PostgreSQL database (a lease

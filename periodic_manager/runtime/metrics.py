@@ -15,6 +15,7 @@ bucket, not one lock per slot as a ``prometheus_client.Histogram.observe`` per t
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -64,6 +65,9 @@ class ManagerView(Protocol):
 
     @property
     def signals_ignored(self) -> int: ...
+
+    @property
+    def clock_offset_s(self) -> float | None: ...
 
     def entries(self) -> Sequence[_Entry]: ...
 
@@ -228,6 +232,7 @@ class ManagerMetrics:
             "last_sync_timestamp_seconds": last.timestamp() if last is not None else 0.0,
             "last_sync_ok": float(m.last_sync_error is None),
             "partitions": float(len(m.partitions)),
+            "clock_offset_seconds": math.nan if (off := m.clock_offset_s) is None else off,
         }
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=values[name])
@@ -273,6 +278,8 @@ _GAUGES = {
     "last_sync_timestamp_seconds": "Unix time of the last successful sync (0: none yet)",
     "last_sync_ok": "1 if the last sync succeeded",
     "partitions": "Partitions this manager holds (PM_COORDINATION=partitions; 0 with one leader)",
+    "clock_offset_seconds": "Seconds this manager's wall clock is ahead of the database's, as "
+    "last measured (negative: behind; NaN: not measured)",
 }
 
 

@@ -75,6 +75,7 @@ from typing import Any
 
 from periodic_manager.clock import SystemClock, next_tick, sleep_unless
 from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
+from periodic_manager.runtime.clock_offset import ClockOffset
 from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
@@ -156,7 +157,7 @@ def _round(beat: bool) -> str:
         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
     (SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM pm_partitions
         WHERE holder <> $1 AND expires_at > now()
-        AND expires_at <= now() + make_interval(secs => $4)){beaten}
+        AND expires_at <= now() + make_interval(secs => $4)){beaten}, now()
     FROM (SELECT count(*) AS recent, count(*) FILTER (WHERE NOT EXISTS (
         SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id AND p.expires_at > now()))
         AS coming
@@ -231,6 +232,9 @@ class PartitionLeases:
         self._next_expiry: float | None = None  # another holder's next lease expiry (monotonic)
         self._freed = asyncio.Event()  # another manager handed partitions over or joined (FREED)
         self._listen_failed = False  # LISTEN refused (e.g. CockroachDB): rounds on ticks alone
+        # This wall clock against the database's, measured by every round (its statement's last
+        # column is now()): beyond its limit nothing is taken and everything held handed over.
+        self.offset: ClockOffset | None = None
 
     # -- the contract --------------------------------------------------------------------------
 
@@ -383,6 +387,7 @@ class PartitionLeases:
         key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
         args = (self.member, parts, epochs, self.ttl, self.ttl * 10, key >> 32, key & 0xFFFFFFFF)
         beat = self._beat.values() if self._beat is not None else None
+        before = self.offset.begin() if self.offset is not None else None
         try:
             if beat is None:
                 row = await conn.fetchrow(ROUND, *args)
@@ -394,6 +399,8 @@ class PartitionLeases:
             raise
         if beat is not None and self._beat is not None:
             self._beat.written(bool(row[6]), int(row[7]))
+        if self.offset is not None and before is not None:
+            self.offset.observe(before, row[-1])
         renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
         # Measured from after the answer, so the database's expiry has passed when the round
         # comes (the statement reads only expiries within the TTL: checked here once more).
@@ -413,6 +420,11 @@ class PartitionLeases:
             if lost:
                 log.warning("partition leases: lost %s (taken by another manager)", _show(lost))
                 self._drop(lost)
+        if self.offset is not None and not self.offset.agrees:
+            # A wall clock off: hand everything over, take nothing, and count as no member
+            # (the others' shares would leave this one's share held by nobody).
+            await conn.execute(LEAVE, self.member)
+            return dict(self._held)
         first, self._first = self._first, False
         if first and (recent or live > 1) and not self._listen_failed:
             await conn.execute(ANNOUNCE, FREED, JOINED + self.member)
@@ -498,7 +510,12 @@ class PartitionLeases:
         self._expire()
 
     def _expire(self) -> None:
-        """Drop every partition whose trust has ended (no renewal came in time)."""
+        """Drop every partition whose trust has ended (no renewal came in time), or all of them
+        while this wall clock is off (it jumped, or is beyond the offset's limit)."""
+        if self._held and self.offset is not None and not self.offset.agrees:
+            log.error("partition leases: this wall clock is off (%s); sending stops", self.offset.check())
+            self._drop(frozenset(self._held))
+            return
         now = self.clock.monotonic()
         ended = frozenset(p for p, (_, until) in self._held.items() if until <= now)
         if ended:
