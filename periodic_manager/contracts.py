@@ -442,6 +442,8 @@ class ManagerStatus:
     # age, the change history): with PM_COORDINATION=partitions, the holder of partition 0 only.
     # Not stored (read back: True).
     shared_work: bool = True
+    # Seconds this manager's wall clock is ahead of the database's (None: not measured).
+    clock_offset_s: float | None = None
 
 
 class EntryRecord(NamedTuple):

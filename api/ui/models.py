@@ -139,6 +139,9 @@ class ManagerView(BaseModel):
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None = Field(description="as the manager reported it with its heartbeat")
+    clock_offset_s: float | None = Field(
+        None, description="seconds its wall clock is ahead of the database's (null: not measured)"
+    )
     partitions: list[int] = Field(description="the partitions whose lease names this manager")
     partition_ranges: str = Field(
         description="the same as compact ranges, e.g. '0-21, 40' (empty: none)"

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -209,6 +210,8 @@ managers_table = Table(
     Column("last_sync_at", Instant, nullable=True),
     Column("last_sync_error", Text, nullable=True),
     Column("entry_count", Integer, nullable=False, server_default="0"),
+    # Seconds its wall clock is ahead of the database's, as last measured (null: not measured).
+    Column("clock_offset_s", Double, nullable=True),
 )
 
 

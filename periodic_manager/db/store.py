@@ -522,6 +522,7 @@ def _status_values(status: ManagerStatus) -> dict[str, Any]:
         "last_sync_at": status.last_sync_at,
         "last_sync_error": status.last_sync_error,
         "entry_count": status.entry_count,
+        "clock_offset_s": status.clock_offset_s,
     }
 
 
@@ -633,10 +634,14 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
 # MariaDB/MySQL run the two statements in one transaction; PostgreSQL runs them as one statement
 # (BEAT_PG, or inside a lease round: :func:`beat_ctes`), in which both parts see the same
 # snapshot, where this manager's own row may still be old. A ``reap_before`` of None counts none.
-BEAT_PARAMS = ("b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_manager", "b_reap")
+BEAT_PARAMS = (
+    "b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_offset", "b_manager", "b_reap",
+)  # fmt: skip
 # On the database's clock (PostgreSQL): no instant of the manager's; ``b_silence`` is how long a
 # manager's heartbeat may be silent (on the server's clock) before it is counted dead.
-BEAT_PARAMS_SERVER = ("b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_manager", "b_silence")
+BEAT_PARAMS_SERVER = (
+    "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_offset", "b_manager", "b_silence",
+)  # fmt: skip
 
 
 def beat_params(
@@ -649,12 +654,12 @@ def beat_params(
         silence = None if reap_before is None else status.heartbeat_at - reap_before
         values: tuple[Any, ...] = (
             status.is_leader, status.last_sync_at, status.last_sync_error, status.entry_count,
-            manager_id, silence,
+            status.clock_offset_s, manager_id, silence,
         )  # fmt: skip
         return dict(zip(BEAT_PARAMS_SERVER, values, strict=True))
     values = (
         status.heartbeat_at, status.is_leader, status.last_sync_at, status.last_sync_error,
-        status.entry_count, manager_id, reap_before,
+        status.entry_count, status.clock_offset_s, manager_id, reap_before,
     )  # fmt: skip
     return dict(zip(BEAT_PARAMS, values, strict=True))
 
@@ -675,7 +680,7 @@ def beat_statements(*, server_clock: bool = False) -> tuple[Any, Any]:
         .values(
             heartbeat_at=at, is_leader=bindparam("b_leader"),
             last_sync_at=bindparam("b_sync_at"), last_sync_error=bindparam("b_sync_error"),
-            entry_count=bindparam("b_entries"),
+            entry_count=bindparam("b_entries"), clock_offset_s=bindparam("b_offset"),
         )  # fmt: skip
     )
     due = (

@@ -454,6 +454,7 @@ class PeriodicTaskManager:
             last_sync_error=self.syncer.last_sync_error,
             entry_count=len(self.scheduler),
             shared_work=self.does_shared_work,
+            clock_offset_s=self.clock_offset.offset,
         )
 
     def _records(self) -> list[EntryRecord]:

@@ -569,7 +569,7 @@ async def test_liveness_is_judged_on_the_databases_clock_never_on_two_managers_c
     engine = create_engine(pg_url)
     store = DatabaseRuntimeStore(engine)
     silence = timedelta(seconds=15)
-    ahead, behind = status(30), status(-30)  # what each one's clock says
+    ahead, behind = status(30, clock_offset_s=30.0), status(-30)  # what each one's clock says
     try:
         for name, st in (("ahead", ahead), ("behind", behind), ("silent", status(0))):
             await store.register_manager(info(name), st)
@@ -596,7 +596,12 @@ async def test_liveness_is_judged_on_the_databases_clock_never_on_two_managers_c
             ))  # fmt: skip
         assert await beat("ahead", ahead) == 1 and await beat("behind", behind) == 1
         assert await store.reap(behind.heartbeat_at - silence, silence=silence) == 1
-        assert set(await Harness(store).managers()) == {"ahead", "behind"}
+        managers = await Harness(store).managers()
+        assert set(managers) == {"ahead", "behind"}
+        assert managers["ahead"][1].clock_offset_s == 30.0 and managers["behind"][1].clock_offset_s is None
+        async with engine.begin() as conn:  # a column like any: NaN reads as not measured
+            await conn.execute(text("UPDATE pm_managers SET clock_offset_s = 'NaN'"))
+        assert (await Harness(store).managers())["ahead"][1].clock_offset_s is None
     finally:
         await engine.dispose()
 
