@@ -199,6 +199,39 @@ async def test_clocks_30s_apart_neither_reap_nor_send_early_and_a_takeover_loses
         await admin.close()
 
 
+async def test_a_takeover_by_a_manager_5s_ahead_sends_nothing_early(
+    setup: tuple[str, asyncpg.Connection], redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    """B's clock is 5 s ahead: beyond the 2 s bound (said, shown), within grace / 4. A is
+    SIGKILLed and B takes every partition over: its slots are judged on the database's time
+    (its wall clock less the offset), so none is sent 5 s early, none lost, none twice."""
+    url, admin = setup
+    folder = Path(tempfile.mkdtemp(prefix="pm-clock-"))
+    env = manager_env(url, redis_prefix)
+    a, b = Faked("a", env, folder), Faked("b", env, folder, "+5")
+    try:
+        await a.start()
+        await eventually(lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail)
+        await b.start()
+        await eventually(lambda: _shared(admin), "a and b share the partitions", seconds=30, detail=b.tail)
+        since = await db_now(admin)
+        b_id = await manager_id(admin, b)
+        shown = await admin.fetchval("SELECT clock_offset_s FROM pm_managers WHERE manager_id = $1", b_id)
+        assert shown is not None and 4 < shown < 6, shown  # the managers page shows it
+        assert "s ahead of the database's" in b.tail()  # said once, at WARNING
+        await asyncio.sleep(2)
+        await a.stop(signal.SIGKILL)
+        await eventually(lambda: _all_held_by(admin, b), "b took every partition", seconds=30, detail=b.tail)
+        await asyncio.sleep(4)
+        until = await db_now(admin) - timedelta(seconds=1)
+        counts, early = await sent(redis_client, redis_prefix)
+        assert_once_and_on_time(counts, early, since, until)
+    finally:
+        for proc in (a, b):
+            await proc.stop()
+        await admin.close()
+
+
 async def test_a_clock_stepped_back_120s_then_cut_from_postgresql_sends_nothing_twice(
     setup: tuple[str, asyncpg.Connection], proxied: tuple[str, TcpProxy],
     redis_client: aioredis.Redis, redis_prefix: str,
