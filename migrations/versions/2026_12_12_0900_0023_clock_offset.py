@@ -27,7 +27,9 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     add = "ALTER TABLE pm_managers ADD COLUMN clock_offset_s"
-    dialect.run(postgresql=[f"{add} DOUBLE PRECISION"], sqlite=[f"{add} DOUBLE"], mysql=[f"{add} DOUBLE"])
+    dialect.run(
+        postgresql=[f"{add} DOUBLE PRECISION"], sqlite=[f"{add} DOUBLE"], mysql=[f"{add} DOUBLE"]
+    )
 
 
 def downgrade() -> None:

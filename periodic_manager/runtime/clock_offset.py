@@ -67,7 +67,9 @@ class ClockOffset:
         read: Callable[[], Awaitable[datetime | None]] | None = None,
     ) -> None:
         if not 0 < bound <= limit:
-            raise ValueError("the clock offset's warning bound must be positive and at most its limit")
+            raise ValueError(
+                "the clock offset's warning bound must be positive and at most its limit"
+            )
         self.clock = clock
         self.limit = limit
         self.bound = bound
@@ -160,7 +162,9 @@ class ClockOffset:
     def _text(self) -> str:
         assert self.offset is not None
         way = "ahead of" if self.offset > 0 else "behind"
-        return f"this clock is {abs(self.offset):.1f} s {way} the database's (bound {self.bound:g} s)"
+        return (
+            f"this clock is {abs(self.offset):.1f} s {way} the database's (bound {self.bound:g} s)"
+        )
 
     def _say(self) -> None:
         assert self.offset is not None
@@ -175,7 +179,9 @@ class ClockOffset:
         elif off <= self.bound and self._said:
             log.info("this clock agrees with the database's again (%+.2f s)", self.offset)
         if off <= self.limit and self._refused:
-            log.warning("this clock is within %g s of the database's again: taking work", self.limit)
+            log.warning(
+                "this clock is within %g s of the database's again: taking work", self.limit
+            )
         self._said = off > self.bound
         self._refused = off > self.limit
 
@@ -217,7 +223,9 @@ class ClockWatch:
     before the pass sends anything. ``rounds``: the lease rounds where they measure (a round
     after a jump also hands every partition over if the clock is off now)."""
 
-    def __init__(self, offset: ClockOffset, rounds: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self, offset: ClockOffset, rounds: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self.offset = offset
         self.rounds = rounds
 

@@ -81,7 +81,9 @@ class Faked:
 
 
 def manager_env(url: str, prefix: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PM_", "FAKETIME", "LD_PRELOAD"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PM_", "FAKETIME", "LD_PRELOAD"))
+    }
     env.update(
         PM_DATABASE_URL=url, PM_TARGET="redis", PM_REDIS_URL=REDIS_URL, PM_STREAM_PREFIX=prefix,
         PM_COORDINATION="partitions", PM_LEASE_TTL="6", PM_GRACE="30", PM_HEARTBEAT_INTERVAL="2",
@@ -122,8 +124,12 @@ async def db_now(admin: asyncpg.Connection) -> datetime:
     return answer
 
 
-def assert_once_and_on_time(counts: Counter[str], early: list[str], since: datetime, until: datetime) -> None:
-    expected = [k for i in range(SCHEDULES) for k in expected_slots(f"c{i:02d}", "@every 1s", since, until)]
+def assert_once_and_on_time(
+    counts: Counter[str], early: list[str], since: datetime, until: datetime
+) -> None:
+    expected = [
+        k for i in range(SCHEDULES) for k in expected_slots(f"c{i:02d}", "@every 1s", since, until)
+    ]
     twice = {k: n for k, n in counts.items() if n > 1}
     missing = [k for k in expected if k not in counts]
     assert not twice, f"{len(twice)} slot(s) sent twice, e.g. {list(twice.items())[:5]}"
@@ -174,8 +180,12 @@ async def test_clocks_30s_apart_neither_reap_nor_send_early_and_a_takeover_loses
         async def both_up() -> bool:
             return await manager_id(admin, a) is not None and await manager_id(admin, b) is not None
 
-        await eventually(both_up, "both managers registered", seconds=30, detail=lambda: a.tail() + b.tail())
-        await eventually(lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail)
+        await eventually(
+            both_up, "both managers registered", seconds=30, detail=lambda: a.tail() + b.tail()
+        )
+        await eventually(
+            lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail
+        )
         since = await db_now(admin)
         a_id, b_id = await manager_id(admin, a), await manager_id(admin, b)
         for _ in range(8):  # neither reaps the other (liveness on the database's clock)
@@ -186,7 +196,9 @@ async def test_clocks_30s_apart_neither_reap_nor_send_early_and_a_takeover_loses
         await a.stop(signal.SIGKILL)
         killed = await db_now(admin)
         await a2.start()
-        await eventually(lambda: _all_held_by(admin, a2), "a2 took every partition", seconds=40, detail=a2.tail)
+        await eventually(
+            lambda: _all_held_by(admin, a2), "a2 took every partition", seconds=40, detail=a2.tail
+        )
         await asyncio.sleep(4)
         until = await db_now(admin) - timedelta(seconds=1)
         assert b_id not in (await holders(admin))
@@ -211,17 +223,25 @@ async def test_a_takeover_by_a_manager_5s_ahead_sends_nothing_early(
     a, b = Faked("a", env, folder), Faked("b", env, folder, "+5")
     try:
         await a.start()
-        await eventually(lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail)
+        await eventually(
+            lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail
+        )
         await b.start()
-        await eventually(lambda: _shared(admin), "a and b share the partitions", seconds=30, detail=b.tail)
+        await eventually(
+            lambda: _shared(admin), "a and b share the partitions", seconds=30, detail=b.tail
+        )
         since = await db_now(admin)
         b_id = await manager_id(admin, b)
-        shown = await admin.fetchval("SELECT clock_offset_s FROM pm_managers WHERE manager_id = $1", b_id)
+        shown = await admin.fetchval(
+            "SELECT clock_offset_s FROM pm_managers WHERE manager_id = $1", b_id
+        )
         assert shown is not None and 4 < shown < 6, shown  # the managers page shows it
         assert "s ahead of the database's" in b.tail()  # said once, at WARNING
         await asyncio.sleep(2)
         await a.stop(signal.SIGKILL)
-        await eventually(lambda: _all_held_by(admin, b), "b took every partition", seconds=30, detail=b.tail)
+        await eventually(
+            lambda: _all_held_by(admin, b), "b took every partition", seconds=30, detail=b.tail
+        )
         await asyncio.sleep(4)
         until = await db_now(admin) - timedelta(seconds=1)
         counts, early = await sent(redis_client, redis_prefix)
@@ -246,9 +266,13 @@ async def test_a_clock_stepped_back_120s_then_cut_from_postgresql_sends_nothing_
     b = Faked("b", manager_env(url, redis_prefix), folder)
     try:
         await a.start()
-        await eventually(lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail)
+        await eventually(
+            lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail
+        )
         await b.start()
-        await eventually(lambda: _shared(admin), "a and b share the partitions", seconds=30, detail=b.tail)
+        await eventually(
+            lambda: _shared(admin), "a and b share the partitions", seconds=30, detail=b.tail
+        )
         since = await db_now(admin)
         await asyncio.sleep(2)
         a.step("-120")
@@ -260,7 +284,9 @@ async def test_a_clock_stepped_back_120s_then_cut_from_postgresql_sends_nothing_
         stopped = ("handed over", "sending stops", "sending for them stops")
         await asyncio.sleep(6)
         assert any(marker in a.tail() for marker in stopped), a.tail()
-        await eventually(lambda: _all_held_by(admin, b), "b took every partition", seconds=40, detail=a.tail)
+        await eventually(
+            lambda: _all_held_by(admin, b), "b took every partition", seconds=40, detail=a.tail
+        )
         await asyncio.sleep(4)
         until = await db_now(admin) - timedelta(seconds=1)
         counts, early = await sent(redis_client, redis_prefix)
@@ -285,13 +311,19 @@ async def test_a_clock_stepped_forward_60s_loses_nothing_within_grace(
     a, b = Faked("a", env, folder), Faked("b", env, folder)
     try:
         await a.start()
-        await eventually(lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail)
+        await eventually(
+            lambda: _all_held_by(admin, a), "a holds every partition", seconds=30, detail=a.tail
+        )
         await b.start()
-        await eventually(lambda: _shared(admin), "a and b share the partitions", seconds=30, detail=b.tail)
+        await eventually(
+            lambda: _shared(admin), "a and b share the partitions", seconds=30, detail=b.tail
+        )
         since = await db_now(admin)
         await asyncio.sleep(2)
         a.step("+60")
-        await eventually(lambda: _all_held_by(admin, b), "b took every partition", seconds=30, detail=a.tail)
+        await eventually(
+            lambda: _all_held_by(admin, b), "b took every partition", seconds=30, detail=a.tail
+        )
         await asyncio.sleep(4)
         until = await db_now(admin) - timedelta(seconds=1)
         counts, early = await sent(redis_client, redis_prefix)
