@@ -228,6 +228,9 @@ class ClockWatch:
     ) -> None:
         self.offset = offset
         self.rounds = rounds
+        # Leader mode: step down when a measure finds the clock off (the pass that follows then
+        # sends nothing); the leadership's own loop does not try again until it agrees.
+        self.step_down: Callable[[], Awaitable[None]] | None = None
 
     async def measure(self, *, direct: bool = False) -> bool:
         """Measure now, bounded (False: no measure); ``direct``: by the offset's own read, not
@@ -246,3 +249,5 @@ class ClockWatch:
         send; while unmeasured, the leases' fence sends nothing for the partitions."""
         if self.offset.tick():
             await self.measure()
+            if self.step_down is not None and not self.offset.agrees:
+                await self.step_down()

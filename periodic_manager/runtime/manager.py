@@ -59,7 +59,7 @@ from periodic_manager.runtime.failures import FailureWatch
 from periodic_manager.runtime.heartbeat import Heartbeat
 from periodic_manager.runtime.holding import PartitionHolding
 from periodic_manager.runtime.last_good import LastGoodKeeper
-from periodic_manager.runtime.leadership import AlwaysLeader
+from periodic_manager.runtime.leadership import AlwaysLeader, SessionLockLeadership
 from periodic_manager.runtime.leading import Leading
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.metrics import ManagerMetrics
@@ -225,6 +225,9 @@ class PeriodicTaskManager:
             rounds = self.leadership.round  # they measure (and hand over when it is off)
         self.clock_watch = ClockWatch(self.clock_offset, rounds)
         if measure_clock:
+            if isinstance(self.leadership, SessionLockLeadership):  # leader mode: steps down
+                self.leadership.may_lead = lambda: self.clock_offset.agrees
+                self.clock_watch.step_down = self.leadership.step_down
             if rounds is None:
                 self.heartbeat.measure = self.clock_watch.measure
             self.scheduler.on_tick = self.clock_watch.tick

@@ -14,6 +14,7 @@ import pytest
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.runtime.clock_offset import ClockOffset, ClockWatch, DatabaseTime
+from periodic_manager.runtime.leadership import PostgresLeadership
 from periodic_manager.runtime.partitions import PartitionLeases
 from tests.support.faults import dsn
 
@@ -172,3 +173,50 @@ async def test_slots_are_judged_on_the_databases_time_as_measured() -> None:
     db.skew = 30.0  # beyond the limit: nothing is sent, and what is written is in its time
     await offset.measure()
     assert slots.now() == clock.now() - timedelta(seconds=30)
+
+
+async def test_a_leader_whose_clock_is_off_steps_down_before_the_next_send(pg_url: str) -> None:
+    """Leader mode: a jump measured beyond grace / 4 steps the leader down in the scheduler's
+    tick (the pass that follows sends nothing), its session ends so the standby takes the lock,
+    and it does not try for the lock again until its clock agrees."""
+    clock = VirtualClock(T0)
+    db = Database(clock)
+    offset = ClockOffset(clock, limit=7.5, read=db.now)
+    a = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    a.may_lead = lambda: offset.agrees
+    watch = ClockWatch(offset)
+    watch.step_down = a.step_down
+    try:
+        await a.start(lambda _v: None)
+        await b.start(lambda _v: None)
+        await watch.measure()
+        await watch.tick()
+        assert a.is_leader and not b.is_leader
+        clock.set(clock.now() + timedelta(seconds=60))  # a's wall clock steps
+        db.skew = 60.0
+        await watch.tick()  # the scheduler's next pass: measured, off, stepped down at once
+        assert not a.is_leader and not offset.agrees
+        for _ in range(50):  # the standby takes the lock at its next tries; a does not try
+            await clock.advance(1)
+            await watch.tick()
+            if b.is_leader:
+                break
+            await asyncio.sleep(0.1)  # the server ends a's session on real time
+        assert b.is_leader and not a.is_leader
+        clock.set(clock.now() - timedelta(seconds=60))  # corrected
+        db.skew = 0.0
+        await watch.tick()
+        assert offset.agrees
+        await b.stop()
+        # (a's poll, armed before the step back, waits 60 s more of this virtual wall clock; a
+        # real one's timers run on monotonic time)
+        for _ in range(120):
+            await clock.advance(1)
+            if a.is_leader:
+                break
+            await asyncio.sleep(0.1)
+        assert a.is_leader  # leads again once its clock agrees
+    finally:
+        await a.stop()
+        await b.stop()
