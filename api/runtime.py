@@ -39,6 +39,7 @@ def manager_fields(
         "last_sync_error": m.status.last_sync_error,
         "entry_count": m.status.entry_count,
         "target_down": m.status.target_down,
+        "clock_offset_s": m.status.clock_offset_s,
         "partitions": held.get(m.info.manager_id, []),
     }
 

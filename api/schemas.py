@@ -476,6 +476,11 @@ class ManagerOut(BaseModel):
     last_sync_at: datetime | None
     last_sync_error: str | None
     entry_count: int | None
+    clock_offset_s: float | None = Field(
+        None,
+        description="seconds its wall clock is ahead of the database's, as it last measured "
+        "(negative: behind; null: not measured)",
+    )
     partitions: list[int] = Field(
         description="the partitions whose lease names this manager (PM_COORDINATION=partitions; "
         "empty with one leader)"

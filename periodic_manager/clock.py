@@ -14,6 +14,7 @@ import asyncio
 import heapq
 import itertools
 import math
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -52,6 +53,9 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
@@ -107,17 +111,23 @@ class VirtualClock:
     ``sleep(d)`` parks the caller until virtual time reaches ``now + d``. A test drives time with
     :meth:`advance` / :meth:`advance_to`, which wake sleepers in deadline order and let the event
     loop settle after each step; :meth:`set` steps the clock without waking anybody (to simulate a
-    wall clock jumping back or forward).
+    wall clock jumping back or forward). :meth:`monotonic` moves with :meth:`advance` and
+    :meth:`advance_to` (by the time they move forward) and never with :meth:`set`, as a real
+    monotonic clock ignores a step of the wall clock.
     """
 
     def __init__(self, start: datetime, *, settle_rounds: int = 20) -> None:
         self._now = _as_utc(start)
+        self._mono = 1000.0  # seconds; only differences mean anything
         self._waiters: list[tuple[datetime, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._settle_rounds = settle_rounds
 
     def now(self) -> datetime:
         return self._now
+
+    def monotonic(self) -> float:
+        return self._mono
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -161,6 +171,11 @@ class VirtualClock:
         """Step the clock to ``instant`` (earlier or later) without waking sleepers."""
         self._now = _as_utc(instant)
 
+    def elapse(self, seconds: float) -> None:
+        """Let ``seconds`` pass (wall and monotonic clocks alike) without waking sleepers: a
+        process whose event loop was held past its deadlines (a CPU-bound pass, a freeze)."""
+        self._move_to(later(self._now, seconds))
+
     def next_deadline(self) -> datetime | None:
         """The earliest deadline of a live sleeper, if any."""
         self._drop_cancelled()
@@ -191,10 +206,15 @@ class VirtualClock:
             deadline = self.next_deadline()
             if deadline is None or deadline > target or deadline <= self._now:
                 break
-            self._now = deadline
-        self._now = max(self._now, target)
+            self._move_to(deadline)
+        self._move_to(max(self._now, target))
         self._wake_due()
         await self._step_done(settle)
+
+    def _move_to(self, instant: datetime) -> None:
+        """Time passes up to ``instant``: the monotonic clock moves as much forward."""
+        self._mono += max(0.0, (instant - self._now).total_seconds())
+        self._now = instant
 
     def _wake_due(self) -> None:
         while self._waiters and self._waiters[0][0] <= self._now:

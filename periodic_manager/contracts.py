@@ -23,7 +23,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from periodic_manager.schedules.definition import PeriodicTaskConfig
@@ -37,7 +37,14 @@ class Clock(Protocol):
     """Source of time for the scheduler and the manager."""
 
     def now(self) -> datetime:
-        """The current instant, an aware UTC datetime."""
+        """The current instant, an aware UTC datetime (the wall clock: slots are judged by it)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that only moves forward, at the pace of real time, whatever the
+        wall clock does (a step back or forward, a skew): leases, their trust and every wait on
+        another holder's expiry are measured on it. Only differences of two readings mean
+        anything."""
         ...
 
     async def sleep(self, seconds: float) -> None:
@@ -468,6 +475,8 @@ class ManagerStatus:
     # Why this manager holds no work: its targets do not answer their pings (None: it may hold
     # work; runtime.target_health). Stored in pm_managers.target_down.
     target_down: str | None = None
+    # Seconds this manager's wall clock is ahead of the database's (None: not measured).
+    clock_offset_s: float | None = None
 
 
 class EntryRecord(NamedTuple):
@@ -595,8 +604,10 @@ class RuntimeStore(Protocol):
         ``since``, by schedule key (what a takeover must not send again)."""
         ...
 
-    async def reap(self, older_than: datetime) -> int:
-        """Remove managers whose heartbeat is older than ``older_than`` (and their entries)."""
+    async def reap(self, older_than: datetime, *, silence: timedelta | None = None) -> int:
+        """Remove managers whose heartbeat is older than ``older_than`` (and their entries); a
+        store on a database with a clock of its own (PostgreSQL) judges by ``silence`` instead
+        when given: silent for longer than it on the database's clock."""
         ...
 
 
@@ -643,6 +654,16 @@ class CarriedBeat(Protocol):
 
     def missed(self) -> None:
         """The statement that was to carry the heartbeat failed."""
+        ...
+
+
+@runtime_checkable
+class ServerClock(Protocol):
+    """A store whose database has a clock of its own, which managers' clocks are measured
+    against (``runtime.clock_offset``)."""
+
+    async def server_now(self) -> datetime | None:
+        """The database's now() (None: it has no clock of its own, e.g. SQLite's file)."""
         ...
 
 
@@ -899,6 +920,11 @@ class ManagerHandle(Protocol):
     @property
     def standing_down(self) -> str | None:
         """Why the manager holds no work while its targets do not answer (None: it may)."""
+        ...
+
+    def clock_check(self) -> str:
+        """Its wall clock against the database's (``/readyz``'s ``clock``): ``ok``, ``skewed:
+        ...`` (ready, said) or ``failed: ...`` (not ready: it holds and sends nothing)."""
         ...
 
 

@@ -48,10 +48,13 @@ async def healthz(request: Request) -> Any:
 )
 async def readyz(request: Request) -> Any:
     """Readiness, one entry per dependency in ``checks``: ``database`` answers, ``schema`` is at
-    this version's head, the in-process manager's ``target`` answers, and the ``manager`` runs
+    this version's head, the in-process manager's ``target`` answers, the ``manager`` runs
     (``leader`` or ``standby``) and may hold work (``standing down: <why>`` while its targets
-    fail their pings: it holds none). A process serving the API alone reports ``target`` and
-    ``manager`` as ``absent``. Each check is bounded by 2 s; any failure is a 503."""
+    fail their pings: it holds none), and its ``clock`` agrees with the database's (``ok``;
+    ``skewed: ...`` beyond 2 s, still ready; ``failed: ...`` beyond the grace / 4 or after a jump
+    not yet measured: it holds and sends nothing). A process serving the API alone reports
+    ``target``, ``manager`` and ``clock`` as ``absent``. Each check is bounded by 2 s; any failure
+    is a 503."""
     state = get_state(request)
     manager = state.manager
     (database, schema), target = await asyncio.gather(
@@ -60,7 +63,7 @@ async def readyz(request: Request) -> Any:
     )
     checks = {"database": database, "schema": schema, "target": target}
     if manager is None:
-        checks["manager"] = "absent"
+        checks["manager"] = checks["clock"] = "absent"
     else:
         reason = manager.health()
         down = manager.standing_down
@@ -70,7 +73,10 @@ async def readyz(request: Request) -> Any:
             checks["manager"] = f"standing down: {down}"
         else:
             checks["manager"] = "leader" if manager.is_leader else "standby"
-    failed = [name for name, value in checks.items() if value not in READY_VALUES]
+        checks["clock"] = manager.clock_check()
+    failed = [
+        name for name, value in checks.items() if value not in READY_VALUES and not value.startswith("skewed:")
+    ]
     if failed:
         detail = "not ready: " + ", ".join(failed)
         return problem_response(503, "not-ready", detail, checks=checks)

@@ -142,6 +142,9 @@ class ManagerView(BaseModel):
     target_down: str | None = Field(
         None, description="why this manager holds no work: its targets fail their pings (null: it may)"
     )
+    clock_offset_s: float | None = Field(
+        None, description="seconds its wall clock is ahead of the database's (null: not measured)"
+    )
     partitions: list[int] = Field(description="the partitions whose lease names this manager")
     partition_ranges: str = Field(
         description="the same as compact ranges, e.g. '0-21, 40' (empty: none)"

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -212,6 +213,8 @@ managers_table = Table(
     Column("entry_count", Integer, nullable=False, server_default="0"),
     # Why the manager holds no work (its targets do not answer their pings); null: it may.
     Column("target_down", Text, nullable=True),
+    # Seconds its wall clock is ahead of the database's, as last measured (null: not measured).
+    Column("clock_offset_s", Double, nullable=True),
 )
 
 

@@ -44,9 +44,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    Interval,
     and_,
     bindparam,
     case,
+    cast,
     delete,
     func,
     literal_column,
@@ -100,12 +102,15 @@ class DatabaseRuntimeStore:
         changes_retention: timedelta | None = timedelta(days=90),
         changes_per_schedule: int = 1000,
         idle_prune_interval: timedelta = timedelta(minutes=10),
+        server_clock: bool | None = None,
     ) -> None:
         """``runs_retention``: history rows older than this are pruned (None: no age limit);
         ``runs_per_schedule``: newest rows kept per schedule (0: no history is written);
         ``changes_retention`` and ``changes_per_schedule``: the same for the change history;
         ``prune_interval``: the heartbeat prunes at most this often, and every
-        ``idle_prune_interval`` when this manager recorded no run since the last prune."""
+        ``idle_prune_interval`` when this manager recorded no run since the last prune;
+        ``server_clock`` (default: on PostgreSQL): the managers' heartbeats and their liveness
+        on the database's clock (False: the instants the manager gives, as on SQLite)."""
         if runs_per_schedule < 0:
             raise ValueError("runs_per_schedule must be >= 0")
         if changes_per_schedule < 1:
@@ -125,6 +130,11 @@ class DatabaseRuntimeStore:
         # (no transaction around it, none of SQLAlchemy's work per statement: a third of the
         # cost of a beat, every 5 s of a manager at rest).
         self._beat_pg = self._copy
+        # Liveness on the database's clock (PostgreSQL, where managers share work): a manager's
+        # heartbeat_at is the server's now(), and a manager is dead when silent for so long on
+        # that clock, never by comparing two managers' clocks (issue 36: 15 s apart, they reaped
+        # each other alive). SQLite is a file of this host: its clock is the host's.
+        self._server_clock = dialect == "postgresql" and server_clock is not False
         if dialect not in ("postgresql", "sqlite", "mysql"):
             raise ValueError(f"unsupported database {dialect!r}: use postgresql, mysql/mariadb or sqlite")
 
@@ -140,6 +150,8 @@ class DatabaseRuntimeStore:
             "started_at": info.started_at,
             **_status_values(status),
         }
+        if self._server_clock:  # liveness on the database's clock (started_at stays this one's)
+            values["heartbeat_at"] = func.now()
         stmt = upsert(
             self.engine, managers_table, ["manager_id"],
             lambda new: [(k, new[k]) for k in values if k != "manager_id"],
@@ -159,14 +171,15 @@ class DatabaseRuntimeStore:
         is gone (reaped). The statements are :func:`beat_statements` (on PostgreSQL folded into
         one, :data:`BEAT_PG`). The history prune is not run here: the caller runs :meth:`beaten`
         after it, apart (a long prune must not delay the next beat)."""
-        params = beat_params(manager_id, status, reap_before)
+        params = beat_params(manager_id, status, reap_before, server_clock=self._server_clock)
         if self._beat_pg:
             async with self.engine.connect() as conn:
                 driver = (await conn.get_raw_connection()).driver_connection
                 assert driver is not None
-                beaten, dead = await driver.fetchrow(BEAT_PG, *params.values())
+                sql = BEAT_PG if self._server_clock else BEAT_PG_LOCAL
+                beaten, dead = await driver.fetchrow(sql, *params.values())
         else:
-            beat, due = beat_statements()
+            beat, due = beat_statements(server_clock=self._server_clock)
             async with self.engine.begin() as conn:
                 beaten = (await conn.execute(beat, params)).rowcount
                 counted = beaten and reap_before is not None
@@ -175,18 +188,27 @@ class DatabaseRuntimeStore:
             raise NotFoundError(manager_id)
         return int(dead)
 
+    async def server_now(self) -> datetime | None:
+        """The database's now() on PostgreSQL (contracts.ServerClock); None elsewhere."""
+        if not self._server_clock:
+            return None
+        async with self.engine.connect() as conn:
+            answer: datetime = (await conn.execute(select(func.now()))).scalar_one()
+        return answer
+
     @property
     def carries_beat(self) -> bool:
         """Whether a statement of this manager's own on the same PostgreSQL database (a lease
         round, :mod:`periodic_manager.runtime.partitions`) can write the heartbeat: its
-        :func:`beat_ctes`, with :func:`beat_params`, then :meth:`beaten`."""
-        return self._beat_pg
+        :func:`beat_ctes`, with :func:`beat_params`, then :meth:`beaten` (on the database's
+        clock)."""
+        return self._beat_pg and self._server_clock
 
     def beat_values(
         self, manager_id: str, status: ManagerStatus, reap_before: datetime | None
     ) -> tuple[Any, ...]:
         """The parameters of :func:`beat_ctes` (a heartbeat carried by another statement)."""
-        return tuple(beat_params(manager_id, status, reap_before).values())
+        return tuple(beat_params(manager_id, status, reap_before, server_clock=True).values())
 
     async def beaten(self, status: ManagerStatus) -> None:
         """What follows a heartbeat written (here or carried by another statement): the history
@@ -381,16 +403,20 @@ class DatabaseRuntimeStore:
         async with self.engine.begin() as conn:
             await conn.execute(delete(managers_table).where(managers_table.c.manager_id == manager_id))
 
-    async def reap(self, older_than: datetime) -> int:
-        """Remove managers whose heartbeat is older than ``older_than`` and their entries. A
+    async def reap(self, older_than: datetime, *, silence: timedelta | None = None) -> int:
+        """Remove managers whose heartbeat is older than ``older_than`` and their entries (on
+        PostgreSQL, with ``silence``: silent for longer than it on the database's clock). A
         dead manager may have published hundreds of thousands: they go in short transactions
         of REAP_CHUNK (each a moment's lock), then its row (whatever entries are left go with
         it, ON DELETE CASCADE). A manager that comes back meanwhile loses its row too: it
         finds it gone at its next heartbeat and publishes itself and its entries again."""
         m, e = managers_table.c, entries_table.c
+        cutoff: Any = older_than
+        if self._server_clock and silence is not None:
+            cutoff = func.now() - cast(bindparam("silence", silence, type_=Interval), Interval)
         async with self.engine.connect() as conn:
             dead = list((await conn.execute(
-                select(m.manager_id).where(m.heartbeat_at < older_than).limit(REAP_MANAGERS)
+                select(m.manager_id).where(m.heartbeat_at < cutoff).limit(REAP_MANAGERS)
             )).scalars())  # fmt: skip
         removed = 0
         for manager_id in dead:
@@ -499,6 +525,7 @@ def _status_values(status: ManagerStatus) -> dict[str, Any]:
         "last_sync_error": status.last_sync_error,
         "entry_count": status.entry_count,
         "target_down": status.target_down,
+        "clock_offset_s": status.clock_offset_s,
     }
 
 
@@ -611,54 +638,80 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
 # (BEAT_PG, or inside a lease round: :func:`beat_ctes`), in which both parts see the same
 # snapshot, where this manager's own row may still be old. A ``reap_before`` of None counts none.
 BEAT_PARAMS = (
-    "b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_manager", "b_reap", "b_target_down",
+    "b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_offset", "b_manager", "b_reap",
+    "b_target_down",
+)  # fmt: skip
+# On the database's clock (PostgreSQL): no instant of the manager's; ``b_silence`` is how long a
+# manager's heartbeat may be silent (on the server's clock) before it is counted dead.
+BEAT_PARAMS_SERVER = (
+    "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_offset", "b_manager", "b_silence",
+    "b_target_down",
 )  # fmt: skip
 
 
-def beat_params(manager_id: str, status: ManagerStatus, reap_before: datetime | None) -> dict[str, Any]:
-    """The parameters of :func:`beat_statements`, by name, in the order of BEAT_PARAMS."""
+def beat_params(
+    manager_id: str, status: ManagerStatus, reap_before: datetime | None, *, server_clock: bool = False
+) -> dict[str, Any]:
+    """The parameters of :func:`beat_statements`, by name, in the order of BEAT_PARAMS (with
+    ``server_clock``: of BEAT_PARAMS_SERVER, the silence being ``reap_before``'s distance from
+    the status's heartbeat)."""
+    if server_clock:
+        silence = None if reap_before is None else status.heartbeat_at - reap_before
+        values: tuple[Any, ...] = (
+            status.is_leader, status.last_sync_at, status.last_sync_error, status.entry_count,
+            status.clock_offset_s, manager_id, silence, status.target_down,
+        )  # fmt: skip
+        return dict(zip(BEAT_PARAMS_SERVER, values, strict=True))
     values = (
         status.heartbeat_at, status.is_leader, status.last_sync_at, status.last_sync_error,
-        status.entry_count, manager_id, reap_before, status.target_down,
+        status.entry_count, status.clock_offset_s, manager_id, reap_before, status.target_down,
     )  # fmt: skip
     return dict(zip(BEAT_PARAMS, values, strict=True))
 
 
-def beat_statements() -> tuple[Any, Any]:
+def beat_statements(*, server_clock: bool = False) -> tuple[Any, Any]:
     """The heartbeat's UPDATE of the manager's row (RETURNING 1 where it is folded) and the
-    count of the managers due for reaping (SELECT), with the named parameters BEAT_PARAMS."""
+    count of the managers due for reaping (SELECT), with the named parameters BEAT_PARAMS (with
+    ``server_clock``, BEAT_PARAMS_SERVER: the beat is the database's now(), and a manager is due
+    when silent for ``b_silence`` on that clock)."""
+    if server_clock:
+        at: Any = func.now()
+        before: Any = func.now() - cast(bindparam("b_silence", type_=Interval), Interval)
+    else:
+        at, before = bindparam("b_at"), bindparam("b_reap")
     beat = (
         update(managers_table)
         .where(managers_table.c.manager_id == bindparam("b_manager"))
         .values(
-            heartbeat_at=bindparam("b_at"), is_leader=bindparam("b_leader"),
+            heartbeat_at=at, is_leader=bindparam("b_leader"),
             last_sync_at=bindparam("b_sync_at"), last_sync_error=bindparam("b_sync_error"),
-            entry_count=bindparam("b_entries"), target_down=bindparam("b_target_down"),
+            entry_count=bindparam("b_entries"), clock_offset_s=bindparam("b_offset"),
+            target_down=bindparam("b_target_down"),
         )  # fmt: skip
     )
     due = (
         select(func.count())
         .select_from(managers_table)
         .where(
-            managers_table.c.heartbeat_at < bindparam("b_reap"),
+            managers_table.c.heartbeat_at < before,
             managers_table.c.manager_id != bindparam("b_manager"),
         )
     )
     return beat, due
 
 
-def beat_ctes(first: int) -> str:
+def beat_ctes(first: int, *, server_clock: bool = True) -> str:
     """The heartbeat on PostgreSQL as two CTEs of a statement: ``beat`` (one row per row
     beaten: none when this manager's row is gone) and ``due`` (one row: the number of managers
-    due for reaping), with the parameters BEAT_PARAMS as ``$first`` onwards (asyncpg's numbered
-    parameters)."""
-    beat, due = beat_statements()
+    due for reaping), on the database's clock, with the parameters BEAT_PARAMS_SERVER as
+    ``$first`` onwards (asyncpg's numbered parameters)."""
+    beat, due = beat_statements(server_clock=server_clock)
     dialect = postgresql.dialect()
     sql = (
         f"beat AS ({beat.returning(literal_column('1')).compile(dialect=dialect)}),"
         f" due AS ({due.compile(dialect=dialect)})"
     )
-    for n, name in enumerate(BEAT_PARAMS, start=first):
+    for n, name in enumerate(BEAT_PARAMS_SERVER if server_clock else BEAT_PARAMS, start=first):
         sql = sql.replace(f"%({name})s", f"${n}")
     assert "%(" not in sql, sql
     return sql
@@ -666,6 +719,8 @@ def beat_ctes(first: int) -> str:
 
 # The heartbeat on PostgreSQL in one statement: the number of rows beaten (0: the row is gone) and
 # of the managers due for reaping.
-BEAT_PG = f"WITH {beat_ctes(1)} SELECT (SELECT count(*) FROM beat), (SELECT * FROM due)"
+_BEAT_COUNTS = "SELECT (SELECT count(*) FROM beat), (SELECT * FROM due)"
+BEAT_PG = f"WITH {beat_ctes(1)} {_BEAT_COUNTS}"
+BEAT_PG_LOCAL = f"WITH {beat_ctes(1, server_clock=False)} {_BEAT_COUNTS}"  # the instants given
 REAP_MANAGERS = 100  # managers removed by one reap at most (the next heartbeat finds the rest)
 REAP_CHUNK = 5_000  # entries of a dead manager removed per transaction

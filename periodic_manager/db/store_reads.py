@@ -9,6 +9,7 @@ heartbeats); a reaped manager's entries went with it (``ON DELETE CASCADE``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -366,6 +367,13 @@ def _str(value: Any) -> str:
     return dbrows.text_of(value) or ""
 
 
+def _offset(value: Any) -> float | None:
+    """A clock offset cell: a finite number, else None (the column is data like any)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def _manager_record(sqlite: bool, m: RowMapping) -> ManagerRecord | None:
     """A manager row decoded cell by cell (an unreadable cell is None, or not leading); None
     when its heartbeat cannot be read (then it is not known to be live)."""
@@ -386,6 +394,7 @@ def _manager_record(sqlite: bool, m: RowMapping) -> ManagerRecord | None:
         last_sync_error=dbrows.text_of(m["m_last_sync_error"]),
         entry_count=dbrows.int_of(m["m_entry_count"]),
         target_down=dbrows.text_of(m["m_target_down"]),
+        clock_offset_s=_offset(m.get("m_clock_offset_s")),
     )
     return ManagerRecord(info=info, status=status)
 

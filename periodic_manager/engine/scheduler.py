@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.clock import SystemClock, later, sleep_unless
@@ -96,6 +96,9 @@ class Scheduler:
         # Called right before every send attempt (partitions: the leases drop, and so fence
         # off, every partition whose trust has ended, even while a renewal is in flight).
         self.before_send: Callable[[], None] | None = None
+        # Awaited at the start of every pass, before anything is sent (the manager's clock
+        # watch: a wall-clock jump is measured before the next send).
+        self.on_tick: Callable[[], Awaitable[None]] | None = None
         self._idle = asyncio.Event()  # set while no dispatch is under way
         self._idle.set()
         self.registered = Entries(self.clock, self._wake.set)
@@ -200,6 +203,8 @@ class Scheduler:
         )
         try:
             while not self._stopping:
+                if self.on_tick is not None:
+                    await self.on_tick()
                 now = self.clock.now()
                 if self._active:
                     await self.decisions.dispatch_due(now)

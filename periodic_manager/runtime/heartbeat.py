@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from periodic_manager import __version__
@@ -75,6 +75,9 @@ class Heartbeat:
         self._pruning: asyncio.Task[None] | None = None  # the prune under way
         self._reap: datetime | None = None  # dead managers to remove: heartbeat older than this
         self._woken = asyncio.Event()  # carried: a prune or a reap is due
+        # After every beat of this loop's own: the clock's offset from the database's measured
+        # (runtime.clock_offset; the lease rounds measure it where they carry the beats).
+        self.measure: Callable[[], Awaitable[object]] | None = None
 
     def carried_by(self, carrier: BeatCarrier) -> None:
         """Let ``carrier``'s statements (lease rounds, on the database of this heartbeat's store,
@@ -150,6 +153,8 @@ class Heartbeat:
             self.now.clear()
             async with self.lock:
                 await self.beat()
+            if self.measure is not None:
+                await self.measure()
             await self._reap_dead()
             self._start_prune()
 
@@ -186,7 +191,7 @@ class Heartbeat:
         if older_than is None:
             return
         try:
-            removed = await self.store.reap(older_than)
+            removed = await self.store.reap(older_than, silence=timedelta(seconds=3 * self.interval))
         except Exception as exc:
             reraise_if_cancelled(exc)
             log.warning("removing dead managers failed (will retry): %r", exc)

@@ -89,6 +89,9 @@ class SessionLockLeadership(AlwaysLeader):
         self._last_error: str | None = None
         self._stopping = False  # stop() under way: a failed check is no loss to report
         self._may_hold: Callable[[], bool] | None = None  # False: step down (target_health)
+        # Whether this manager may lead now (its clock agrees with the database's,
+        # runtime.clock_offset): while not, it steps down and does not try for the lock.
+        self.may_lead: Callable[[], bool] = lambda: True
 
     def gate(self, may_hold: Callable[[], bool]) -> None:
         """Consult ``may_hold`` at every check: False (the targets do not answer) steps down
@@ -151,7 +154,18 @@ class SessionLockLeadership(AlwaysLeader):
             await self.clock.sleep(self.poll_interval)
             await self._attempt()
 
+    async def step_down(self) -> None:
+        """Stop leading now (enqueueing stops) and end the session, so a standby takes the
+        lock at its next try; the loop tries again once :attr:`may_lead` allows it."""
+        if self.is_leader:
+            log.error("stepping down: this manager may not lead now (its clock is off)")
+            await self._set(False)
+        self._drop_connection()
+
     async def _attempt(self) -> None:
+        if not self.may_lead():
+            await self.step_down()
+            return
         # A check must answer well before the server could free the lock of a silent session.
         budget = self.timeout - self.poll_interval
         try:

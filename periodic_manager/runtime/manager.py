@@ -44,6 +44,7 @@ from periodic_manager.contracts import (
     Pauser,
     RunRecord,
     RuntimeStore,
+    ServerClock,
     Target,
     failure_off,
 )
@@ -53,11 +54,12 @@ from periodic_manager.engine.overlap import View
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.errors import ConfigError, NotFoundError
 from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.clock_offset import ClockOffset, ClockWatch, DatabaseTime, Remeasuring
 from periodic_manager.runtime.failures import FailureWatch
 from periodic_manager.runtime.heartbeat import Heartbeat
 from periodic_manager.runtime.holding import PartitionHolding
 from periodic_manager.runtime.last_good import LastGoodKeeper
-from periodic_manager.runtime.leadership import AlwaysLeader
+from periodic_manager.runtime.leadership import AlwaysLeader, SessionLockLeadership
 from periodic_manager.runtime.leading import Leading
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.metrics import ManagerMetrics
@@ -96,7 +98,8 @@ class PeriodicTaskManager:
     every batch sent; ``close_target``: close the target on :meth:`stop`; ``pauser``: how the
     manager pauses a schedule whose ``options.pause_after_failures`` is reached (the database's:
     ``db.schedule_writer.ManagerPauser``; without one, or without a store that counts failures,
-    nothing is counted).
+    nothing is counted). ``measure_clock``: measure the clock against the database's
+    (``runtime.clock_offset``; default: when ``clock`` is the system's, the wall clock).
     """
 
     def __init__(
@@ -113,11 +116,22 @@ class PeriodicTaskManager:
         manager_id: str | None = None,
         close_target: bool = False,
         pauser: Pauser | None = None,
+        measure_clock: bool | None = None,
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
-        self.clock: Clock = clock or SystemClock()
         self.store: RuntimeStore = store or MemoryRuntimeStore()
+        # This wall clock against the database's (at start, every lease round or heartbeat, and
+        # before the next send after a jump): slots are judged on the wall clock corrected by
+        # the offset measured, and beyond grace / 4 nothing is held or sent.
+        raw = clock or SystemClock()
+        self.clock_offset = ClockOffset(
+            raw, limit=timing.grace / 4,
+            read=self.store.server_now if isinstance(self.store, ServerClock) else None,
+        )  # fmt: skip
+        if measure_clock is None:
+            measure_clock = isinstance(raw, SystemClock)  # a virtual one agrees with nobody
+        self.clock: Clock = DatabaseTime(raw, self.clock_offset) if measure_clock else raw
         self.leadership: Leadership = leadership or AlwaysLeader()
         self.signals = list(signals)
         self.timing = timing
@@ -214,11 +228,25 @@ class PeriodicTaskManager:
             and self.leadership.interval <= timing.heartbeat_interval
         ):
             self.heartbeat.carried_by(self.leadership)
+        rounds = None
+        if measure_clock and isinstance(self.leadership, Remeasuring):
+            self.leadership.offset = self.clock_offset
+            rounds = self.leadership.round  # they measure (and hand over when it is off)
+        self.clock_watch = ClockWatch(self.clock_offset, rounds)
+        if measure_clock:
+            if isinstance(self.leadership, SessionLockLeadership):  # leader mode: steps down
+                self.leadership.may_lead = lambda: self.clock_offset.agrees
+                self.clock_watch.step_down = self.leadership.step_down
+            if rounds is None:
+                self.heartbeat.measure = self.clock_watch.measure
+            self.scheduler.on_tick = self.clock_watch.tick
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Publish this manager, run the first sync, then start the loops."""
+        if self.scheduler.on_tick is not None:
+            await self.clock_watch.measure(direct=True)  # started_at on the database's time
         self.started_at = self.clock.now()
         await self.heartbeat.register(self.started_at)
         self.tasks.spawn(self.publisher.run(), "publisher")
@@ -285,6 +313,14 @@ class PeriodicTaskManager:
         if hung > HUNG_AFTER_S:
             return f"dispatch has shown no progress for {hung:.0f} s (a target call that never returns)"
         return self.leading.stalled(self.clock.now())
+
+    def clock_check(self) -> str:
+        return self.clock_offset.check() if self.scheduler.on_tick is not None else "ok"
+
+    @property
+    def clock_offset_s(self) -> float | None:
+        """Seconds this wall clock is ahead of the database's, as last measured (None: not)."""
+        return self.clock_offset.offset
 
     @property
     def is_leader(self) -> bool:
@@ -449,6 +485,7 @@ class PeriodicTaskManager:
             entry_count=len(self.scheduler),
             shared_work=self.does_shared_work,
             target_down=self.standing_down,
+            clock_offset_s=self.clock_offset.offset,
         )
 
     def _records(self) -> list[EntryRecord]:

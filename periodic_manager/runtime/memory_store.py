@@ -8,7 +8,7 @@ The contract (:class:`~periodic_manager.contracts.RuntimeStore`) and the values 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from periodic_manager.contracts import (
     EntryRecord,
@@ -72,7 +72,7 @@ class MemoryRuntimeStore:
     def _dead(self, older_than: datetime) -> list[str]:
         return [m for m, (_, st) in self.managers.items() if st.heartbeat_at < older_than]
 
-    async def reap(self, older_than: datetime) -> int:
+    async def reap(self, older_than: datetime, *, silence: timedelta | None = None) -> int:
         dead = self._dead(older_than)
         for manager_id in dead:
             await self.unregister_manager(manager_id)

@@ -15,6 +15,7 @@ bucket, not one lock per slot as a ``prometheus_client.Histogram.observe`` per t
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -70,6 +71,9 @@ class ManagerView(Protocol):
 
     @property
     def stand_downs(self) -> int: ...
+
+    @property
+    def clock_offset_s(self) -> float | None: ...
 
     def entries(self) -> Sequence[_Entry]: ...
 
@@ -239,6 +243,7 @@ class ManagerMetrics:
             "last_sync_ok": float(m.last_sync_error is None),
             "partitions": float(len(m.partitions)),
             "target_down": float(m.standing_down is not None),
+            "clock_offset_seconds": math.nan if (off := m.clock_offset_s) is None else off,
         }
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=values[name])
@@ -286,6 +291,8 @@ _GAUGES = {
     "partitions": "Partitions this manager holds (PM_COORDINATION=partitions; 0 with one leader)",
     "target_down": "1 while this manager stands down: every target failed PM_TARGET_PING_FAILURES "
     "pings in a row, so it holds no partition and does not lead",
+    "clock_offset_seconds": "Seconds this manager's wall clock is ahead of the database's, as "
+    "last measured (negative: behind; NaN: not measured)",
 }
 
 

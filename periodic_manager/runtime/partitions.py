@@ -10,7 +10,10 @@ looks wake with a round) on an asyncpg connection of its own:
    at): a partition not returned is lost at once. A lease is trusted only until the local clock
    at the *start* of the renewal that returned it + ``ttl - margin``: the database's expiry is at
    least ``ttl`` after that instant, so this manager stops sending for a partition (and drops
-   it) before any other manager may take it, even if every renewal fails from then on;
+   it) before any other manager may take it, even if every renewal fails from then on. The
+   local clock here is the monotonic one (``Clock.monotonic``): a step of the wall clock (back
+   120 s, forward 60 s) neither lengthens nor shortens the trust, and the wait for another
+   holder's expiry is measured on it too;
 2. **membership**: this manager's member row is renewed in the same round; the fair share is
    ``ceil(partitions / managers)``, so no manager holds more than one above the even share. The
    managers counted are the live members and the *coming* ones: managers registered in
@@ -65,7 +68,7 @@ and hands over what it holds, as above, while any member is live.
 
 On :meth:`stop` (SIGTERM) every partition is handed over at once and the member row deleted. A
 manager alone holds every partition. Times in SQL are the database's (``now()``), so managers'
-clocks need not agree; the local clock measures only the trust window, and ``first_held_at``
+clocks need not agree; the local monotonic clock measures only the trust window, and ``first_held_at``
 (an instant of the slots' timeline, not of the leases': compared with slots, never with
 ``now()``).
 """
@@ -82,6 +85,7 @@ from typing import Any
 
 from periodic_manager.clock import SystemClock, next_tick, sleep_unless
 from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
+from periodic_manager.runtime.clock_offset import ClockOffset
 from periodic_manager.runtime.leadership import LEADER_LOCK_NAME, lock_key
 from periodic_manager.runtime.liveness_lock import ORPHANS, LivenessLock, holds_own
 from periodic_manager.runtime.notify import keep_alive
@@ -172,7 +176,7 @@ def _round(beat: bool, member: bool = True) -> str:
         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
     (SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM pm_partitions
         WHERE holder <> $1 AND expires_at > now()
-        AND expires_at <= now() + make_interval(secs => $4)){beaten}
+        AND expires_at <= now() + make_interval(secs => $4)){beaten}, now()
     FROM (SELECT count(*) AS recent, count(*) FILTER (WHERE NOT EXISTS (
         SELECT 1 FROM pm_partition_members p WHERE p.member = m.manager_id))
         AS coming
@@ -234,7 +238,8 @@ class PartitionLeases:
         self.interval = ttl / 3
         self.handovers = 0  # partitions handed over cleanly (stop included)
         self._count = 0
-        self._held: dict[int, tuple[int, datetime]] = {}  # partition -> (epoch, trusted until)
+        # partition -> (epoch, trusted until: on the clock's monotonic time)
+        self._held: dict[int, tuple[int, float]] = {}
         self._handler: PartitionHandler = _Quiet()
         self._on_change: ChangeCallback | None = None
         self._leading = False
@@ -245,19 +250,22 @@ class PartitionLeases:
         self._first = True  # no round has counted the managers yet
         self._leader_seen = False  # a leader-mode manager held the leader lock at the last round
         self._beat: CarriedBeat | None = None  # the manager's heartbeat, written by every round
-        self._next_expiry: datetime | None = None  # another holder's next lease expiry (local clock)
+        self._next_expiry: float | None = None  # another holder's next lease expiry (monotonic)
         self._freed = asyncio.Event()  # another manager handed partitions over or joined (FREED)
         self._listen_failed = False  # LISTEN refused (e.g. CockroachDB): rounds on ticks alone
         # This manager's liveness lock on the lease connection, and the watch of the others'.
         self._liveness = LivenessLock(member, ttl=ttl, clock=self.clock)
         self._may_hold: Callable[[], bool] | None = None  # False: stand down (target_health)
         self._stood_down = False  # the last round stood down: the next one that may hold joins
+        # This wall clock against the database's, measured by every round (its statement's last
+        # column is now()): beyond its limit nothing is taken and everything held handed over.
+        self.offset: ClockOffset | None = None
 
     # -- the contract --------------------------------------------------------------------------
 
     @property
     def is_leader(self) -> bool:
-        now = self.clock.now()
+        now = self.clock.monotonic()
         return any(now < until for _, until in self._held.values())
 
     @property
@@ -270,12 +278,12 @@ class PartitionLeases:
 
     @property
     def held(self) -> frozenset[int]:
-        now = self.clock.now()
+        now = self.clock.monotonic()
         return frozenset(p for p, (_, until) in self._held.items() if now < until)
 
     def trusted(self, partition: int) -> bool:
         held = self._held.get(partition)
-        return held is not None and self.clock.now() < held[1]
+        return held is not None and self.clock.monotonic() < held[1]
 
     def attach(self, handler: PartitionHandler) -> None:
         self._handler = handler
@@ -374,13 +382,14 @@ class PartitionLeases:
         while True:
             # Wake for the next round, or earlier when the trust in a lease ends first.
             expiry = self._next_expiry
-            until = min([next_round, *(t for _, t in self._held.values()), *([expiry] if expiry else [])])
+            ends = [t for _, t in self._held.values()] + ([expiry] if expiry is not None else [])
+            until = min([next_round, *map(self._on_wall, ends)])
             freed = await sleep_unless(self.clock, self._freed, until=until)
             self._freed.clear()
             self._expire()
             now = self.clock.now()
             ticked = now >= next_round
-            expired = expiry is not None and now >= expiry
+            expired = expiry is not None and self.clock.monotonic() >= expiry
             if ticked:
                 budget = FREED_ROUNDS_PER_INTERVAL
             elif freed and not expired:
@@ -397,6 +406,11 @@ class PartitionLeases:
                 await self.round()
                 next_round = next_tick(self.clock.now(), self.interval)
 
+    def _on_wall(self, monotonic: float) -> datetime:
+        """The wall-clock instant a wait until ``monotonic`` ends at, as the clock reads now
+        (the real clock's timers run on monotonic time once armed)."""
+        return self.clock.now() + timedelta(seconds=max(0.0, monotonic - self.clock.monotonic()))
+
     async def quiet(self) -> None:
         """Return once no round is under way (tests drive rounds with a virtual clock)."""
         async with self._round:
@@ -405,9 +419,9 @@ class PartitionLeases:
     async def round(self) -> None:
         """One round: renew, count members, hand over or take (public for tests)."""
         async with self._round:
-            started = self.clock.now()
+            started = self.clock.monotonic()
             self._next_expiry = None  # a round that fails waits for no expiry (no busy loop)
-            excess: dict[int, tuple[int, datetime]] = {}
+            excess: dict[int, tuple[int, float]] = {}
             try:
                 # Bounded: a round that hangs must not outlive the trust of what is held
                 # (asyncio.timeout: 3.11's wait_for may drop the cancellation of a stop).
@@ -429,18 +443,19 @@ class PartitionLeases:
             self._expire()
             await self._report()
 
-    async def _exchange(self, started: datetime) -> dict[int, tuple[int, datetime]]:
+    async def _exchange(self, started: float) -> dict[int, tuple[int, float]]:
         """Renew, count the members, take what is missing to the share; what is above it (to be
         handed over, outside this round's budget)."""
         conn = await self._connect()
         await self._liveness.ensure(conn, holding=bool(self._held), freed=FREED)
-        trust = started + timedelta(seconds=self.ttl - self.margin)
+        trust = started + self.ttl - self.margin
         asked = dict(self._held)
         parts, epochs = self._pairs(asked)
         key = lock_key(LEADER_LOCK_NAME) & 0xFFFFFFFFFFFFFFFF
         args = (self.member, parts, epochs, self.ttl, self.ttl * 10, key >> 32, key & 0xFFFFFFFF)
         beat = self._beat.values() if self._beat is not None else None
         stand_down = self._may_hold is not None and not self._may_hold()
+        before = self.offset.begin() if self.offset is not None else None
         try:
             if stand_down:
                 row = await conn.fetchrow(ROUNDS_STOOD_DOWN[beat is not None], *args, *(beat or ()))
@@ -454,12 +469,14 @@ class PartitionLeases:
             raise
         if beat is not None and self._beat is not None:
             self._beat.written(bool(row[6]), int(row[7]))
+        if self.offset is not None and before is not None:
+            self.offset.observe(before, row[-1])
         renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
         # Measured from after the answer, so the database's expiry has passed when the round
         # comes (the statement reads only expiries within the TTL: checked here once more).
         until = row[5]
         self._next_expiry = (
-            self.clock.now() + timedelta(seconds=float(until) + EXPIRY_MARGIN_S)
+            self.clock.monotonic() + float(until) + EXPIRY_MARGIN_S
             if isinstance(until, float) and 0 <= until <= self.ttl
             else None
         )
@@ -473,6 +490,11 @@ class PartitionLeases:
             if lost:
                 log.warning("partition leases: lost %s (taken by another manager)", _show(lost))
                 self._drop(lost)
+        if self.offset is not None and not self.offset.agrees:
+            # A wall clock off: hand everything over, take nothing, and count as no member
+            # (the others' shares would leave this one's share held by nobody).
+            await conn.execute(LEAVE, self.member)
+            return dict(self._held)
         first, self._first = self._first, False
         joining, self._stood_down = first or self._stood_down, stand_down
         if stand_down:
@@ -522,7 +544,7 @@ class PartitionLeases:
                 await self._handler.gained(frozenset(gained), fresh, since)
         return {}
 
-    async def _hand_over(self, leases: dict[int, tuple[int, datetime]]) -> None:
+    async def _hand_over(self, leases: dict[int, tuple[int, float]]) -> None:
         """Stop sending for ``leases`` at once, let the handler flush, then release them. A
         flush that does not end within the trust left is not waited for: those leases are
         left to expire (the next holder waits for the TTL instead)."""
@@ -563,8 +585,13 @@ class PartitionLeases:
         self._expire()
 
     def _expire(self) -> None:
-        """Drop every partition whose trust has ended (no renewal came in time)."""
-        now = self.clock.now()
+        """Drop every partition whose trust has ended (no renewal came in time), or all of them
+        while this wall clock is off (it jumped, or is beyond the offset's limit)."""
+        if self._held and self.offset is not None and not self.offset.agrees:
+            log.error("partition leases: this wall clock is off (%s); sending stops", self.offset.check())
+            self._drop(frozenset(self._held))
+            return
+        now = self.clock.monotonic()
         ended = frozenset(p for p, (_, until) in self._held.items() if until <= now)
         if ended:
             log.error(
@@ -650,7 +677,7 @@ class PartitionLeases:
             self._drop(frozenset(self._held))
 
     @staticmethod
-    def _pairs(leases: dict[int, tuple[int, datetime]]) -> tuple[list[int], list[int]]:
+    def _pairs(leases: dict[int, tuple[int, float]]) -> tuple[list[int], list[int]]:
         parts = sorted(leases)
         return parts, [leases[p][0] for p in parts]
 

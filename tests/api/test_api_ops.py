@@ -424,6 +424,10 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         failed: BaseException | None = None
         standing_down: str | None = None
         target = MemoryTarget()
+        clock = "ok"
+
+        def clock_check(self) -> str:
+            return self.clock
 
         async def start(self) -> None: ...
 
@@ -442,8 +446,13 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         assert r.status_code == 200 and r.json() == {
             "status": "ready",
             # A target that cannot be pinged (not Pingable) counts as reachable.
-            "checks": {"database": "ok", "schema": "ok", "target": "ok", "manager": "standby"},
+            "checks": {"database": "ok", "schema": "ok", "target": "ok", "manager": "standby", "clock": "ok"},
         }
+        fake.clock = "skewed: this clock is 3.0 s ahead of the database's (bound 2 s)"
+        assert (await c.get("/readyz")).status_code == 200  # said, still ready
+        fake.clock = "failed: this clock is 9.0 s ahead of the database's (bound 2 s)"
+        assert assert_problem(await c.get("/readyz"), 503)["checks"]["clock"] == fake.clock
+        fake.clock = "ok"
         fake.is_leader = True
         assert (await c.get("/readyz")).json()["checks"]["manager"] == "leader"
         fake.failed = RuntimeError("scheduler died")
@@ -458,7 +467,7 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         assert (await c.get("/healthz")).status_code == 200
     async for c in app_client(Settings(database_url=db_url), clock, engine):
         assert (await c.get("/readyz")).json()["checks"] == {
-            "database": "ok", "schema": "ok", "target": "absent", "manager": "absent"
+            "database": "ok", "schema": "ok", "target": "absent", "manager": "absent", "clock": "absent"
         }
 
 

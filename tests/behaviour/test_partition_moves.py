@@ -676,7 +676,8 @@ async def test_leases_expiring_under_load_stop_the_sending_at_trust_end_with_the
         await fleet.drive(4)
         assert isinstance(a.leadership, PartitionLeases) and a.partitions == frozenset(range(4))
         proxy.freeze()  # the next renewal (and every store call) hangs
-        trust_end = min(until for _, until in a.leadership._held.values())
+        trust_left = min(until for _, until in a.leadership._held.values()) - fleet.clock.monotonic()
+        trust_end = fleet.clock.now() + timedelta(seconds=trust_left)  # trust runs on monotonic
         # The scheduler wakes every half second of virtual time, which passes in milliseconds:
         # the round stays in flight (its bound is real time, 3.3 s), so only the send path can
         # see that the trust has ended. (The run writer hangs on the store: not waited for.)

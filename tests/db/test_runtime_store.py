@@ -26,7 +26,7 @@ from periodic_manager.contracts import (
 from periodic_manager.db import schedule_writer, store_reads
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.store import REAP_CHUNK, DatabaseRuntimeStore
+from periodic_manager.db.store import REAP_CHUNK, DatabaseRuntimeStore, beat_ctes
 from periodic_manager.errors import NotFoundError
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from tests.conftest import backend_url
@@ -130,7 +130,8 @@ async def open_harness(url: str | None) -> AsyncIterator[Harness]:
     await upgrade(url)
     engine = create_engine(url)
     try:
-        yield Harness(DatabaseRuntimeStore(engine), engine)
+        # The contract in the instants the caller gives (PostgreSQL's own clock: apart, below).
+        yield Harness(DatabaseRuntimeStore(engine, server_clock=False), engine)
         assert engine.pool.checkedout() == 0, "a store method left a connection checked out"
     finally:
         await engine.dispose()
@@ -537,17 +538,70 @@ async def test_a_heartbeat_on_the_managers_engine_is_one_round_trip(pg_url: str)
     try:
         await store.register_manager(info("m1"), status(0))
         await store.register_manager(info("dead"), status(0))
+        async with engine.begin() as conn:  # silent for a minute on the database's clock
+            await conn.execute(text(
+                "UPDATE pm_managers SET heartbeat_at = now() - interval '1 minute' WHERE manager_id = 'dead'"
+            ))  # fmt: skip
         event.listen(engine.sync_engine, "before_cursor_execute", count)
         for beat in (5, 10):
             sent.clear()
             statements.clear()
-            assert await store.heartbeat("m1", status(beat), reap_before=at(beat - 3)) == 1
+            assert await store.heartbeat("m1", status(beat), reap_before=at(beat - 15)) == 1
             await asyncio.sleep(0)  # the driver calls its query loggers soon after each query
             assert statements == [] and len(sent) == 1 and sent[0].startswith("WITH beat AS (UPDATE")
-        assert await store.reap(at(7)) == 1  # apart from the heartbeat
+        assert await store.reap(at(-100), silence=timedelta(seconds=15)) == 1  # apart from the beat
         assert set(await Harness(store).managers()) == {"m1"}
         with pytest.raises(NotFoundError):
             await store.heartbeat("dead", status(15), reap_before=at(12))
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize("carried", [False, True], ids=["own-statement", "carried-by-a-round"])
+async def test_liveness_is_judged_on_the_databases_clock_never_on_two_managers_clocks(
+    pg_url: str, carried: bool
+) -> None:
+    """Two managers whose clocks are 30 s apart (their statuses' instants) beat on PostgreSQL:
+    each beat is the server's now(), and neither counts nor reaps the other as dead (15 s
+    apart they reaped each other alive, issue 36). One silent for longer than the silence on
+    the server's clock is counted and reaped."""
+    await upgrade(pg_url)
+    engine = create_engine(pg_url)
+    store = DatabaseRuntimeStore(engine)
+    silence = timedelta(seconds=15)
+    ahead, behind = status(30, clock_offset_s=30.0), status(-30)  # what each one's clock says
+    try:
+        for name, st in (("ahead", ahead), ("behind", behind), ("silent", status(0))):
+            await store.register_manager(info(name), st)
+
+        async def beat(name: str, st: ManagerStatus) -> int:
+            if not carried:
+                return await store.heartbeat(name, st, reap_before=st.heartbeat_at - silence)
+            async with engine.connect() as conn:
+                driver = (await conn.get_raw_connection()).driver_connection
+                assert driver is not None
+                values = store.beat_values(name, st, st.heartbeat_at - silence)
+                row = await driver.fetchrow(f"WITH {beat_ctes(1)} SELECT (SELECT * FROM due)", *values)
+                return int(row[0])
+
+        for _ in range(2):
+            assert await beat("ahead", ahead) == 0 and await beat("behind", behind) == 0
+        async with engine.begin() as conn:
+            stamps = dict((await conn.execute(text(
+                "SELECT manager_id, now() - heartbeat_at < interval '5 seconds' FROM pm_managers"
+            ))).all())  # fmt: skip
+            assert stamps == {"ahead": True, "behind": True, "silent": True}  # the server's now()
+            await conn.execute(text(
+                "UPDATE pm_managers SET heartbeat_at = now() - interval '16 seconds' WHERE manager_id = 'silent'"
+            ))  # fmt: skip
+        assert await beat("ahead", ahead) == 1 and await beat("behind", behind) == 1
+        assert await store.reap(behind.heartbeat_at - silence, silence=silence) == 1
+        managers = await Harness(store).managers()
+        assert set(managers) == {"ahead", "behind"}
+        assert managers["ahead"][1].clock_offset_s == 30.0 and managers["behind"][1].clock_offset_s is None
+        async with engine.begin() as conn:  # a column like any: NaN reads as not measured
+            await conn.execute(text("UPDATE pm_managers SET clock_offset_s = 'NaN'"))
+        assert (await Harness(store).managers())["ahead"][1].clock_offset_s is None
     finally:
         await engine.dispose()
 

@@ -450,9 +450,10 @@ async def test_a_renewal_that_hangs_ends_trust_at_its_start_plus_ttl_minus_margi
     # trusted until that tick + 8 s.
     tick = next_tick(T0, 10 / 3)
     await clock.advance_to(tick)
+    at_tick = clock.monotonic()
 
     def renewed() -> bool:  # its answer comes from the real database, on the wall clock
-        return len(a._held) == N and all(t >= tick + timedelta(seconds=8) for _, t in a._held.values())
+        return len(a._held) == N and all(t >= at_tick + 8 for _, t in a._held.values())
 
     await eventually(renewed, "the renewal that started at the first tick")
     assert a.held == frozenset(range(N)) and not rec.of("lost")
@@ -468,6 +469,34 @@ async def test_a_renewal_that_hangs_ends_trust_at_its_start_plus_ttl_minus_margi
     # The loop drops them when trust ends (it wakes at that instant of the virtual clock).
     await eventually(lambda: rec.of("lost") == set(range(N)), "every partition dropped")
     proxy.thaw()
+
+
+@pytest.mark.parametrize("step", [-120.0, 60.0], ids=["wall-clock-back-120s", "wall-clock-forward-60s"])
+async def test_trust_runs_on_the_monotonic_clock_whatever_the_wall_clock_does(
+    make, proxied: tuple[str, TcpProxy], clock: VirtualClock, step: float
+) -> None:
+    """A lease renewed at monotonic m is trusted until m + ttl - margin: a wall clock stepped
+    back 120 s after a cut from PostgreSQL does not lengthen that trust (it sent 123 s after the
+    cut, for partitions others held), and one stepped forward 60 s does not end it early."""
+    url, proxy = proxied
+    a, rec = make("a", dsn(url), ttl=10.0, margin=2.0)  # trust 8 s after a round's start
+    await a.start(lambda _v: None)
+    started = clock.monotonic()
+    assert a.held == frozenset(range(N))
+    await proxy.cut()  # no renewal from now on
+    clock.set(clock.now() + timedelta(seconds=step))  # the wall clock steps; monotonic does not
+    a.expire()
+    assert a.trusted(0) and a.held == frozenset(range(N)) and not rec.of("lost")
+    while clock.monotonic() < started + 7.9:
+        await clock.advance(0.1)
+        await asyncio.sleep(0.005)
+    assert a.trusted(0) and not rec.of("lost")  # a step forward ended nothing early
+    while clock.monotonic() < started + 8.05:
+        await clock.advance(0.05)
+        await asyncio.sleep(0.005)
+    a.expire()  # what the scheduler calls before every send
+    assert not a.trusted(0) and not a.held  # a step back lengthened nothing
+    assert rec.of("lost") == set(range(N))
 
 
 async def test_the_epoch_refuses_a_stale_holder(make, admin: asyncpg.Connection) -> None:
@@ -580,7 +609,7 @@ async def test_trust_ends_on_time_with_the_renewal_in_flight_and_its_late_answer
     a._conn = Slow(a._conn)
     in_flight = asyncio.ensure_future(a.round())
     await asyncio.sleep(0.05)
-    clock.set(tick + timedelta(seconds=8.1))  # the loop's own round waits behind this one
+    clock.elapse((tick - clock.now()).total_seconds() + 8.1)  # the loop's round waits behind this
     assert not a.held and not rec.of("lost")  # not trusted any more, not dropped yet
     a.expire()  # as the scheduler does right before a send
     assert rec.of("lost") == set(range(N))

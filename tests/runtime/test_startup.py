@@ -280,7 +280,7 @@ async def test_run_logs_database_target_and_schema_then_is_ready(pg_url: str) ->
             r = await client.get("/readyz")
         assert r.status_code == 200, r.text
         assert r.json()["checks"] == {
-            "database": "ok", "schema": "ok", "target": "ok", "manager": "leader"
+            "database": "ok", "schema": "ok", "target": "ok", "manager": "leader", "clock": "ok"
         }
     finally:
         proc.send_signal(signal.SIGTERM)

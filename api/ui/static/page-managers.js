@@ -7,6 +7,15 @@ import { getJson } from "./api.js";
 import { badge, count, duration, h, mount, pageParam, pager, setTitle, table, utc } from "./dom.js";
 
 const LIMIT = 50;
+const CLOCK_BOUND_S = 2; // an offset from the database's clock beyond this is shown (docs/operations.md#clocks)
+
+function heartbeat(m) {
+  const age = m.heartbeat_age_s < 1 ? "just now" : `${duration(m.heartbeat_age_s)} ago`;
+  const off = m.clock_offset_s;
+  if (typeof off !== "number" || Math.abs(off) <= CLOCK_BOUND_S) return age;
+  const text = `clock ${Math.abs(off).toFixed(1)} s ${off > 0 ? "ahead of" : "behind"} the database's`;
+  return h("span", {}, age, " ", badge(text, "warn"));
+}
 
 function managerRows(items) {
   return items.map((m) => [
@@ -15,7 +24,7 @@ function managerRows(items) {
     `${m.hostname} (pid ${m.pid})`,
     m.version,
     utc(m.started_at),
-    m.heartbeat_age_s < 1 ? "just now" : `${duration(m.heartbeat_age_s)} ago`,
+    heartbeat(m),
     h("div", {}, utc(m.last_sync_at), m.last_sync_error ? h("div", { class: "error" }, m.last_sync_error) : null),
     m.partitions.length
       ? h("span", { title: `${m.partitions.length} partition${m.partitions.length === 1 ? "" : "s"}` }, m.partition_ranges)
