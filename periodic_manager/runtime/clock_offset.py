@@ -15,7 +15,8 @@ database's answer, give or take half the round trip (a positive offset: this clo
 * beyond it: one WARNING (and one INFO once back within it), ``/readyz`` shows the offset
   (``clock`` check, still ready), the ``periodic_manager_clock_offset_seconds`` gauge, and the
   managers page (``pm_managers.clock_offset_s``);
-* beyond ``limit`` (``PM_GRACE / 4``): :attr:`ClockOffset.agrees` is False: the manager takes no
+* beyond ``limit`` (``PM_GRACE / 4``, at least :data:`MIN_LIMIT_S`; the warning bound is at
+  most the limit): :attr:`ClockOffset.agrees` is False: the manager takes no
   partition, drops those it holds and sends nothing (``/readyz``: not ready) until a measure
   finds its clock within the limit again.
 
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 WARN_BOUND_S = 2.0  # an offset beyond this is said (log, /readyz, metric, managers page)
 JUMP_BOUND_S = 1.0  # wall-clock progress further than this from monotonic progress: a jump
+MIN_LIMIT_S = 1.0  # the limit whatever the grace: a measure is only good to half a round trip
 MEASURE_BOUND_S = 5.0  # a measure (SELECT now(), or a lease round) takes this long at most
 
 
@@ -66,13 +68,13 @@ class ClockOffset:
         jump_bound: float = JUMP_BOUND_S,
         read: Callable[[], Awaitable[datetime | None]] | None = None,
     ) -> None:
-        if not 0 < bound <= limit:
-            raise ValueError(
-                "the clock offset's warning bound must be positive and at most its limit"
-            )
+        if not bound > 0:
+            raise ValueError("the clock offset's warning bound must be positive")
+        # A small grace (PM_GRACE may be 0) must not make every clock off: the limit is at
+        # least MIN_LIMIT_S, and the warning bound at most the limit.
         self.clock = clock
-        self.limit = limit
-        self.bound = bound
+        self.limit = max(limit, MIN_LIMIT_S)
+        self.bound = min(bound, self.limit)
         self.jump_bound = jump_bound
         self.read = read  # the database's now(), when this manager measures on its own
         self.offset: float | None = None  # seconds this wall clock is ahead of the database's

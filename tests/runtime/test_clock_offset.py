@@ -220,3 +220,27 @@ async def test_a_leader_whose_clock_is_off_steps_down_before_the_next_send(pg_ur
     finally:
         await a.stop()
         await b.stop()
+
+
+@pytest.mark.parametrize(("grace", "limit"), [(0.0, 1.0), (5.0, 1.25)])
+async def test_a_small_grace_keeps_a_usable_limit(grace: float, limit: float) -> None:
+    """PM_GRACE may be 0 or a few seconds: the limit (grace / 4) is then at least 1 s and the
+    warning bound at most the limit (a grace of 5 s made every manager fail at start)."""
+    clock = VirtualClock(T0)
+    db = Database(clock, skew=0.5)
+    offset = ClockOffset(clock, limit=grace / 4, read=db.now)
+    assert offset.limit == limit and offset.bound == limit
+    assert await offset.measure()
+    assert offset.agrees and offset.check() == "ok"  # half a second off: within both
+    db.skew = 1.5
+    assert await offset.measure()
+    assert not offset.agrees and offset.check().startswith("failed:")
+
+
+def test_a_manager_starts_with_a_grace_below_four_times_the_warning_bound() -> None:
+    from periodic_manager.runtime.manager import PeriodicTaskManager
+    from periodic_manager.runtime.timing import Timing
+    from periodic_manager.targets.memory import MemoryTarget
+
+    mgr = PeriodicTaskManager(None, MemoryTarget(), timing=Timing(grace=5.0), clock=VirtualClock(T0))
+    assert mgr.clock_offset.limit == 1.25 and mgr.clock_offset.bound == 1.25
