@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -208,3 +208,19 @@ async def ping_target(target: Target, timeout_s: float) -> None:
         return
     async with asyncio.timeout(timeout_s):
         await target.ping()
+
+
+async def ping_each(targets: Mapping[str, Target], timeout_s: float) -> dict[str, Exception]:
+    """Ping every one of ``targets`` at once (:func:`ping_target`, each within ``timeout_s``);
+    the ones that did not answer, by name, with the error. A cancellation is raised, never
+    counted as a target's failure."""
+    outcomes = await asyncio.gather(
+        *(ping_target(t, timeout_s) for t in targets.values()), return_exceptions=True
+    )
+    failed: dict[str, Exception] = {}
+    for name, outcome in zip(targets, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome
+            failed[name] = outcome
+    return failed

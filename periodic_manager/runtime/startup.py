@@ -197,19 +197,13 @@ async def check_targets(settings: Settings, target: Target) -> None:
     :data:`CONNECT_TIMEOUT_S`; raise :class:`StartupError` naming each one that does not answer
     (where it sends, password hidden) and the cause, in one line. A target that cannot be pinged
     counts as answering."""
-    from periodic_manager.runtime.probe import ping_target
+    from periodic_manager.runtime.probe import ping_each
     from periodic_manager.runtime.target_health import targets_of
 
-    named = targets_of(target)
-    outcomes = await asyncio.gather(
-        *(ping_target(t, CONNECT_TIMEOUT_S) for t in named.values()), return_exceptions=True
-    )
-    failures = []
-    for name, outcome in zip(named, outcomes, strict=True):
-        if isinstance(outcome, BaseException):
-            if not isinstance(outcome, Exception):
-                raise outcome
-            failures.append(f"target {describe_target(settings, name)}: {explain(outcome)}")
+    failed = await ping_each(targets_of(target), CONNECT_TIMEOUT_S)
+    failures = [
+        f"target {describe_target(settings, name)}: {explain(exc)}" for name, exc in failed.items()
+    ]
     if failures:
         raise StartupError("; ".join(failures))
 

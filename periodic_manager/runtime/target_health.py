@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from periodic_manager.clock import next_tick
 from periodic_manager.contracts import Clock, InManagerDatabase, Pingable, Target
-from periodic_manager.runtime.probe import ping_target
+from periodic_manager.runtime.probe import ping_each
 
 log = logging.getLogger(__name__)
 
@@ -157,21 +157,16 @@ class TargetHealth:
         """Ping every target once (together, each bounded by :data:`PING_BOUND` of the
         interval) and update the verdict (public for tests)."""
         async with self._checking:
-            outcomes = await asyncio.gather(
-                *(ping_target(t, self.interval_s * PING_BOUND) for t in self.targets.values()),
-                return_exceptions=True,
-            )
-            self._count(outcomes)
+            self._count(await ping_each(self.targets, self.interval_s * PING_BOUND))
             self._judge()
 
-    def _count(self, outcomes: Sequence[object]) -> None:
-        for name, outcome in zip(self.targets, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, Exception):
-                    raise outcome  # cancellation is no target's failure
+    def _count(self, failed: Mapping[str, Exception]) -> None:
+        for name in self.targets:
+            exc = failed.get(name)
+            if exc is not None:
                 self.pings_failed += 1
                 self._failed[name] += 1
-                error = ping_error(outcome, self.interval_s * PING_BOUND)
+                error = ping_error(exc, self.interval_s * PING_BOUND)
                 if self._errors.get(name) != error:
                     log.warning("target %s: ping failed: %s", name, error)
                 self._errors[name] = error

@@ -20,7 +20,6 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager import gcpolicy
 from periodic_manager.clock import VirtualClock
@@ -36,6 +35,7 @@ from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.partitions import PartitionLeases
 from periodic_manager.schedules.partition import partition_of
 from periodic_manager.settings import Settings
+from tests.support import managers
 from tests.support.api import api_client
 from tests.support.faults import (
     T0,
@@ -52,40 +52,8 @@ SCHEDULES = 120
 N = 64
 
 
-class Fleet:
-    """Managers built from settings on a shared virtual clock, each with its own engine."""
-
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock = clock
-        self.managers: dict[str, PeriodicTaskManager] = {}
-        self.engines: list[AsyncEngine] = []
-
-    async def start(self, name: str, settings: Settings) -> PeriodicTaskManager:
-        engine = create_engine(settings.database_url)
-        self.engines.append(engine)
-        mgr = build_manager(settings, engine, clock=self.clock)
-        assert isinstance(mgr.leadership, PartitionLeases) and mgr.holding is not None
-        self.managers[name] = mgr
-        await mgr.start()
-        await self.settle()
-        return mgr
-
-    async def stop(self, name: str) -> None:
-        await self.managers.pop(name).stop()
-
-    async def settle(self) -> None:
-        """Every lease round and partition takeover under way is over, every slot due now is
-        handled."""
-        for _ in range(3):  # a round may start a takeover, a takeover ends before a round
-            for m in self.managers.values():
-                assert isinstance(m.leadership, PartitionLeases) and m.holding is not None
-                await m.leadership.quiet()
-                await m.holding.quiet()
-                await m.wait_settled(self.clock.now())
-
-    async def drive(self, seconds: int) -> None:
-        for _ in range(seconds * 2):
-            await self.clock.advance(0.5, settle=self.settle)
+class Fleet(managers.Fleet):
+    """The fleet, with what this file asks of the schedules it holds."""
 
     def held(self) -> dict[str, set[int]]:
         return {n: {e.ident for e in m.entries()} for n, m in self.managers.items()}  # type: ignore[misc]
@@ -100,11 +68,6 @@ class Fleet:
         parts = [self.managers[n].partitions for n in live]
         assert sum(len(p) for p in parts) == N and max(len(p) for p in parts) <= -(-N // len(live))
 
-    async def close(self) -> None:
-        for name in list(self.managers):
-            await self.stop(name)
-        for e in self.engines:
-            await e.dispose()
 
 
 async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_slot_once(

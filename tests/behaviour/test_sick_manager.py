@@ -20,7 +20,6 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
-from periodic_manager.runtime.partitions import PartitionLeases
 from periodic_manager.settings import Settings
 from tests.support.api import api_client
 from tests.support.faults import (
@@ -31,61 +30,11 @@ from tests.support.faults import (
     insert_schedules,
     stream_keys,
 )
+from tests.support.managers import Fleet
 from tests.support.servers import RedisServer
 
 SCHEDULES = 60
 N = 64
-
-
-class Pair:
-    """Two managers built from settings on one virtual clock, each with its own engine."""
-
-    def __init__(self, clock: VirtualClock) -> None:
-        self.clock = clock
-        self.managers: list[PeriodicTaskManager] = []
-        self.engines: list[object] = []
-
-    async def start(self, settings: Settings) -> PeriodicTaskManager:
-        engine = create_engine(settings.database_url)
-        self.engines.append(engine)
-        mgr = build_manager(settings, engine, clock=self.clock)
-        assert isinstance(mgr.leadership, PartitionLeases) and mgr.target_health is not None
-        self.managers.append(mgr)
-        await mgr.start()
-        await self.settle()
-        return mgr
-
-    async def settle(self) -> None:
-        """Every ping, lease round and takeover under way is over, every slot due now handled
-        (a send retrying sleeps on the virtual clock: wait_settled counts it handled)."""
-        for _ in range(3):
-            for m in self.managers:
-                assert isinstance(m.leadership, PartitionLeases) and m.holding is not None
-                assert m.target_health is not None
-                await m.target_health.quiet()
-                await m.leadership.quiet()
-                await m.holding.quiet()
-                await m.wait_settled(self.clock.now())
-
-    async def drive(self, seconds: float) -> None:
-        for _ in range(round(seconds * 2)):
-            await self.clock.advance(0.5, settle=self.settle)
-
-    async def until(self, done: object, seconds: float) -> float:
-        """Drive in half seconds until ``done()``; the virtual seconds it took."""
-        start = self.clock.now()
-        for _ in range(round(seconds * 2)):
-            if done():  # type: ignore[operator]
-                break
-            await self.clock.advance(0.5, settle=self.settle)
-        assert done(), f"not within {seconds} s"  # type: ignore[operator]
-        return (self.clock.now() - start).total_seconds()
-
-    async def close(self) -> None:
-        for m in self.managers:
-            await m.stop()
-        for e in self.engines:
-            await e.dispose()  # type: ignore[attr-defined]
 
 
 def held(m: PeriodicTaskManager) -> set[int]:
@@ -102,12 +51,12 @@ async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back
         database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="partitions",
         lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
     )  # fmt: skip
-    pair = Pair(VirtualClock(T0))
+    pair = Fleet(VirtualClock(T0))
     sick_redis = aioredis.from_url(redis_server.url, decode_responses=True)
     admin = await asyncpg.connect(dsn(pg_url))
     try:
-        healthy = await pair.start(Settings(redis_url=redis_url, **common))  # type: ignore[arg-type]
-        sick = await pair.start(Settings(redis_url=redis_server.url, **common))  # type: ignore[arg-type]
+        healthy = await pair.start("healthy", Settings(redis_url=redis_url, **common))  # type: ignore[arg-type]
+        sick = await pair.start("sick", Settings(redis_url=redis_server.url, **common))  # type: ignore[arg-type]
         await pair.until(lambda: len(healthy.partitions) == len(sick.partitions) == N // 2, 15)
         await pair.drive(3)
         assert held(healthy) | held(sick) == set(range(1, SCHEDULES + 1)) and held(sick)
@@ -247,15 +196,15 @@ async def test_a_lone_manager_whose_redis_dies_keeps_its_work_until_a_healthy_on
         database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="partitions",
         lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
     )  # fmt: skip
-    pair = Pair(VirtualClock(T0))
+    pair = Fleet(VirtualClock(T0))
     try:
-        sick = await pair.start(Settings(redis_url=redis_server.url, **common))  # type: ignore[arg-type]
+        sick = await pair.start("sick", Settings(redis_url=redis_server.url, **common))  # type: ignore[arg-type]
         assert sick.partitions == frozenset(range(N))
         redis_server.kill()
         await pair.until(lambda: sick.standing_down is not None, 15)
         await pair.drive(10)
         assert sick.partitions == frozenset(range(N))  # nobody could do better
-        healthy = await pair.start(Settings(redis_url=redis_url, **common))  # type: ignore[arg-type]
+        healthy = await pair.start("healthy", Settings(redis_url=redis_url, **common))  # type: ignore[arg-type]
         joined = pair.clock.now()
         took = await pair.until(lambda: len(healthy.partitions) == N and not sick.partitions, 10)
         print(f"a healthy manager holds everything {took:.1f} s after it started")
