@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, case, delete, or_, select, update
@@ -30,8 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from periodic_manager.contracts import SENT
 from periodic_manager.db import history
-from periodic_manager.db import rows as dbrows
-from periodic_manager.db.engine import backend, chunks, on_sqlite, reads_bytes, retried
+from periodic_manager.db.engine import backend, chunks, on_sqlite, retried
 from periodic_manager.db.models import backfill_slots_table, schedule_state_table
 from periodic_manager.db.upsert import upsert
 from periodic_manager.schedules.runs import runs_left
@@ -211,14 +210,7 @@ def _insert(conn: AsyncConnection) -> Any:
 
 
 async def _slots(conn: AsyncConnection, where: list[Any]) -> set[datetime]:
-    sqlite = reads_bytes(conn)
-    stmt = select(dbrows.raw_instant(sqlite, T.slot_at).label("slot_at")).where(*where)
-    out: set[datetime] = set()
-    for r in (await conn.execute(stmt)).all():
-        at = dbrows.instant_or_none(sqlite, r.slot_at)
-        if at is not None:
-            out.add(at.astimezone(UTC))
-    return out
+    return await history.instants(conn, T.slot_at, where)
 
 
 async def _set(

@@ -258,16 +258,28 @@ async def slots_with(
     conn: AsyncConnection, schedule_key: str, statuses: Iterable[str], start: datetime, end: datetime
 ) -> set[datetime]:
     """The slots in ``[start, end)`` the history records with one of ``statuses`` (UTC)."""
-    sqlite = reads_bytes(conn)
-    stmt = select(dbrows.raw_instant(sqlite, runs_table.c.slot_at).label("slot_at")).where(
-        runs_table.c.schedule_key == schedule_key,
-        runs_table.c.status.in_(list(statuses)),
-        runs_table.c.slot_at >= start.astimezone(UTC),
-        runs_table.c.slot_at < end.astimezone(UTC),
+    return await instants(
+        conn,
+        runs_table.c.slot_at,
+        [
+            runs_table.c.schedule_key == schedule_key,
+            runs_table.c.status.in_(list(statuses)),
+            runs_table.c.slot_at >= start.astimezone(UTC),
+            runs_table.c.slot_at < end.astimezone(UTC),
+        ],
     )
+
+
+async def instants(
+    conn: AsyncConnection, column: ColumnElement[Any], where: Sequence[ColumnElement[Any]]
+) -> set[datetime]:
+    """The instants of ``column`` in the rows ``where`` selects (UTC), each read as data like
+    any: an unreadable one is left out."""
+    sqlite = reads_bytes(conn)
+    stmt = select(dbrows.raw_instant(sqlite, column).label("at")).where(*where)
     out: set[datetime] = set()
     for r in (await conn.execute(stmt)).all():
-        at = dbrows.instant_or_none(sqlite, r.slot_at)
+        at = dbrows.instant_or_none(sqlite, r.at)
         if at is not None:
             out.add(at.astimezone(UTC))
     return out
