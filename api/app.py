@@ -110,7 +110,18 @@ def create_app(
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(NoFraming)
     app.add_middleware(UnsentAnswers)
-    for module in (schedules, calendars, runs, changes, entries, managers, cron, health, docs, views):
+    for module in (
+        schedules,
+        calendars,
+        runs,
+        changes,
+        entries,
+        managers,
+        cron,
+        health,
+        docs,
+        views,
+    ):
         app.include_router(module.router)
     app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
@@ -123,8 +134,11 @@ async def _start_probe(stack: AsyncExitStack, settings: Settings, manager: Manag
 
     assert settings.probe_dir is not None
     probe = ProbeWriter(
-        settings.probe_dir, "run", manager_health(manager),
-        clock=SystemClock(), interval_s=settings.probe_interval,
+        settings.probe_dir,
+        "run",
+        manager_health(manager),
+        clock=SystemClock(),
+        interval_s=settings.probe_interval,
     )
     probe.write()  # a directory that cannot be written fails the start, loudly
     task = asyncio.create_task(probe.run(), name="periodic-manager-probe")

@@ -154,7 +154,11 @@ class BrowserGuard:
             )
         origin = headers.get(b"origin")
         if origin is not None and not same_origin(origin.decode("latin-1"), host):
-            return 403, "cross-site-request", f"cross-site write refused (Origin: {origin.decode('latin-1')})"
+            return (
+                403,
+                "cross-site-request",
+                f"cross-site write refused (Origin: {origin.decode('latin-1')})",
+            )
         content_type = headers.get(b"content-type")
         has_body = (
             headers.get(b"content-length", b"0").strip() not in (b"0", b"")
@@ -218,6 +222,7 @@ def warn_if_unreachable_by_name(settings: Settings) -> bool:
     log.warning(
         "the API binds to %s but answers only Host %s: set PM_ALLOWED_HOSTS to the names "
         "clients use (or * when a proxy or the token protects it)",
-        settings.host, ", ".join(allowed_hosts(settings)),
+        settings.host,
+        ", ".join(allowed_hosts(settings)),
     )
     return True

@@ -76,7 +76,9 @@ class BodyLimit:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         detail = f"the request body is larger than {self.max_bytes} bytes (PM_MAX_BODY_BYTES)"
         # Close the connection: the unread rest of the body must not be parsed as a request.
-        response = problem_response(413, "payload-too-large", detail, headers={"Connection": "close"})
+        response = problem_response(
+            413, "payload-too-large", detail, headers={"Connection": "close"}
+        )
         await response(scope, receive, send)
 
 

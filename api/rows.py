@@ -155,9 +155,13 @@ def next_runs(
     engine's slots: :func:`periodic_manager.schedules.bounds.slots`, shared with every preview."""
     try:
         found = slot_bounds.slots(
-            config.schedule, now, n, slot_bounds.bounds_of(config.options),
-            config.exclusion, config.timezone,
-        )  # fmt: skip
+            config.schedule,
+            now,
+            n,
+            slot_bounds.bounds_of(config.options),
+            config.exclusion,
+            config.timezone,
+        )
     except SLOT_ERRORS:
         return []
     return slot_runs.limited(found, left)
@@ -203,7 +207,11 @@ def next_slot(
 def api_errors(v: dbview.RowView) -> list[ScheduleError]:
     return [
         ScheduleError(
-            source="api", field=f, reason=r, message=f"{f}: {r}", manager_id=None,
+            source="api",
+            field=f,
+            reason=r,
+            message=f"{f}: {r}",
+            manager_id=None,
             stored=stored_text(v, f),
         )
         for f, r in v.errors

@@ -116,11 +116,14 @@ class PauseRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    note: Annotated[
-        str,
-        Field(max_length=NOTE_MAX, examples=["database maintenance until 14:00"]),
-        AfterValidator(_no_controls),
-    ] | None = Field(
+    note: (
+        Annotated[
+            str,
+            Field(max_length=NOTE_MAX, examples=["database maintenance until 14:00"]),
+            AfterValidator(_no_controls),
+        ]
+        | None
+    ) = Field(
         None,
         description=f"why the schedule is paused (up to {NOTE_MAX} characters, one line), "
         "shown with the schedule until it resumes",
@@ -348,7 +351,14 @@ class RunOut(BaseModel):
     )
     status: str = Field(
         examples=[
-            "enqueued", "duplicate", "resent", "skipped", "failed", "held", "triggered", "backfilled"
+            "enqueued",
+            "duplicate",
+            "resent",
+            "skipped",
+            "failed",
+            "held",
+            "triggered",
+            "backfilled",
         ]
     )
     at: datetime | None = Field(description="when the manager (or the API) handled it")
@@ -419,9 +429,10 @@ class BackfillIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     from_: Any = Field(
-        alias="from", description="the first instant of the range (included)",
+        alias="from",
+        description="the first instant of the range (included)",
         examples=["2026-03-01T00:00:00Z"],
-    )  # fmt: skip
+    )
     to: Any = Field(
         description="the end of the range (excluded), not after now",
         examples=["2026-03-01T01:00:00Z"],
@@ -531,9 +542,11 @@ class CalendarBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dates: list[str] | None = Field(
-        None, max_length=10_000, examples=[["2026-12-24", "2026-12-31"]],
+        None,
+        max_length=10_000,
+        examples=[["2026-12-24", "2026-12-31"]],
         description="dates as YYYY-MM-DD (at most 10,000)",
-    )  # fmt: skip
+    )
     holidays: HolidaysSpec | None = Field(
         None, description="the public holidays of a country (the holidays package), every year"
     )

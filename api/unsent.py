@@ -64,7 +64,10 @@ class UnsentAnswers:
             log.debug(
                 "%s %s: the connection was answered and closed by the server before our answer "
                 "(%s: %s)",
-                scope["method"], scope["path"], type(refused.cause).__name__, refused.cause,
+                scope["method"],
+                scope["path"],
+                type(refused.cause).__name__,
+                refused.cause,
             )
 
 

@@ -60,8 +60,14 @@ async def run(args: argparse.Namespace) -> str:
     async with new_pg_database() as url:
         await upgrade(url)
         sid = await rawsql.insert(url, "bf.race", spec="'@every 1s'")
-        env = {**os.environ, "PM_DATABASE_URL": url, "PM_TARGET": "redis", "PM_REDIS_URL": REDIS_URL,
-               "PM_STREAM_PREFIX": prefix, "PM_LOG_LEVEL": "WARNING"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PM_DATABASE_URL": url,
+            "PM_TARGET": "redis",
+            "PM_REDIS_URL": REDIS_URL,
+            "PM_STREAM_PREFIX": prefix,
+            "PM_LOG_LEVEL": "WARNING",
+        }
         port = free_port()
         api = await asyncio.create_subprocess_exec(
             *PM, "api", "--port", str(port), env={**env, "PM_CATCHUP_RATE": str(args.api_rate)}
@@ -82,9 +88,16 @@ async def run(args: argparse.Namespace) -> str:
                     await asyncio.sleep(0.1)
                 began = time.monotonic()
                 cli = await asyncio.create_subprocess_exec(
-                    *PM, "backfill", "bf.race", "--from", rng["from"], "--to", rng["to"],
-                    env={**env, "PM_CATCHUP_RATE": str(args.cli_rate)}, stdout=subprocess.PIPE,
-                )  # fmt: skip
+                    *PM,
+                    "backfill",
+                    "bf.race",
+                    "--from",
+                    rng["from"],
+                    "--to",
+                    rng["to"],
+                    env={**env, "PM_CATCHUP_RATE": str(args.cli_rate)},
+                    stdout=subprocess.PIPE,
+                )
                 answer = await client.post(f"/schedules/{sid}/backfill", json=rng)
                 out, _ = await cli.communicate()
                 took = time.monotonic() - began

@@ -65,9 +65,16 @@ async def floor(n: int, prefix: str) -> float:
     client = aioredis.from_url(REDIS)
     try:
         slot = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
-        cfg = PeriodicTaskConfig.create(name="floor", spec="@every 10s", task_type="bench.task", payload={"n": 1})
+        cfg = PeriodicTaskConfig.create(
+            name="floor", spec="@every 10s", task_type="bench.task", payload={"n": 1}
+        )
         tasks = [
-            task_for(cfg, idempotency_key(f"floor{i}.{slot.timestamp()}", slot), slot, slot + timedelta(seconds=30))
+            task_for(
+                cfg,
+                idempotency_key(f"floor{i}.{slot.timestamp()}", slot),
+                slot,
+                slot + timedelta(seconds=30),
+            )
             for i in range(n)
         ]
         prepared = target.prepare(tasks)
@@ -97,7 +104,11 @@ async def one_size(n: int, slots: int, partitions: bool) -> dict[str, Any]:
             for _ in range(slots):
                 while time.time() < slot_s + 2 + n / 50_000:  # noqa: ASYNC110 - a bench waits on the wall clock
                     await asyncio.sleep(0.2)
-                ids = [i for i in await landed(client, stream, slot_s * 1000) if i < (slot_s + period) * 1000]
+                ids = [
+                    i
+                    for i in await landed(client, stream, slot_s * 1000)
+                    if i < (slot_s + period) * 1000
+                ]
                 assert len(ids) == n, f"{len(ids)} of {n} tasks in the stream for slot {slot_s}"
                 firsts.append((min(ids) - slot_s * 1000) / 1000)
                 lasts.append((max(ids) - slot_s * 1000) / 1000)

@@ -82,9 +82,16 @@ async def one(target_name: str, n: int, bursts: int = 1) -> dict[str, Any]:
             spec = "@every 1h" if bursts == 1 else f"@every {PERIOD_S}s"
             await _prepare(b, target_name, n, slot, spec)
             settings = Settings(
-                database_url=b.url, target=target_name, redis_url=REDIS, stream_prefix=b.prefix,
-                leader_election=False, listen=False, sync_interval=3600, grace=60, _env_file=None,
-            )  # fmt: skip
+                database_url=b.url,
+                target=target_name,
+                redis_url=REDIS,
+                stream_prefix=b.prefix,
+                leader_election=False,
+                listen=False,
+                sync_interval=3600,
+                grace=60,
+                _env_file=None,
+            )
             gcpolicy.enable()  # as the manager command does
             mgr = build_manager(settings, b.engine, target=build_target(settings, b.engine))
             started = time.monotonic()
@@ -123,16 +130,25 @@ async def one(target_name: str, n: int, bursts: int = 1) -> dict[str, Any]:
                 _trace_report(trace)
             await mgr.stop()
             conn = await asyncpg.connect(f"{PG}/{b.name}")
-            sent = await conn.fetchval("SELECT count(*) FROM pm_runs WHERE status IN ('enqueued', 'duplicate', 'resent')")
+            sent = await conn.fetchval(
+                "SELECT count(*) FROM pm_runs WHERE status IN ('enqueued', 'duplicate', 'resent')"
+            )
             await conn.close()
     finally:
         await flush.flushdb()
         await flush.aclose()
     return {
-        "target": target_name, "n": n, "sent": sent, "start_s": start_s, "burst_s": burst_s,
-        "before_kb": before, "peak_kb": max(samples), "after_kb": after, "pruned_kb": pruned,
+        "target": target_name,
+        "n": n,
+        "sent": sent,
+        "start_s": start_s,
+        "burst_s": burst_s,
+        "before_kb": before,
+        "peak_kb": max(samples),
+        "after_kb": after,
+        "pruned_kb": pruned,
         "nexts_kb": nexts,
-    }  # fmt: skip
+    }
 
 
 def _tracing() -> Any:
@@ -166,14 +182,27 @@ def main() -> None:
         print(json.dumps(asyncio.run(one(args.one, args.n, args.bursts))), flush=True)
         return
     load = os.getloadavg()[0]
-    print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}, "
-          f"load average {load:.2f}; {args.n:,} schedules due at one instant, one process per target\n")  # fmt: skip
+    print(
+        f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}, "
+        f"load average {load:.2f}; {args.n:,} schedules due at one instant, one process per target\n"
+    )
     nexts = "".join(f" before burst {k + 1} |" for k in range(1, args.bursts))
-    print("| target | sent | start | burst (slot -> history written) | RSS before | peak | after "
-          f"(+{SETTLE_S:g} s) | per due task | after the next prune (+{PRUNED_S:g} s) | per due task |{nexts}")  # fmt: skip
+    print(
+        "| target | sent | start | burst (slot -> history written) | RSS before | peak | after "
+        f"(+{SETTLE_S:g} s) | per due task | after the next prune (+{PRUNED_S:g} s) | per due task |{nexts}"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|" + "---|" * (args.bursts - 1), flush=True)
     for name in args.targets.split(","):
-        cmd = [sys.executable, __file__, "--one", name, "--n", str(args.n), "--bursts", str(args.bursts)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--n",
+            str(args.n),
+            "--bursts",
+            str(args.bursts),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(f"| {name} | failed: {done.stderr.strip().splitlines()[-1:]} |", flush=True)

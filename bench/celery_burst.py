@@ -130,7 +130,7 @@ def configs(n: int, queue: str, anchor: datetime | None = None) -> list[Periodic
             payload={"n": i},
             options={"queue": queue},
             anchor=anchor,
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
 
@@ -204,9 +204,12 @@ async def manager_run(n: int, direct: bool) -> dict[str, Any]:
     slot_epoch = float(int(time.time()) + 8)
     anchor = datetime.fromtimestamp(slot_epoch, UTC)
     manager = PeriodicTaskManager(
-        StaticProvider(configs(n, queue, anchor)), target, clock=SystemClock(),
-        timing=Timing(sync_interval=3600, grace=60), close_target=True,
-    )  # fmt: skip
+        StaticProvider(configs(n, queue, anchor)),
+        target,
+        clock=SystemClock(),
+        timing=Timing(sync_interval=3600, grace=60),
+        close_target=True,
+    )
     await manager.start()
     try:
         if time.time() > slot_epoch - 1:
@@ -234,14 +237,30 @@ async def worker_drain(n: int) -> str:
         await target.close()
     assert all(r.status == "enqueued" for r in results)
     env = {
-        **os.environ, "PM_TEST_BROKER": REDIS, "PM_TEST_OUT": f"{prefix}:out",
+        **os.environ,
+        "PM_TEST_BROKER": REDIS,
+        "PM_TEST_OUT": f"{prefix}:out",
         "PM_TEST_KEYPREFIX": f"{prefix}:",
-    }  # fmt: skip
+    }
     argv = [
-        sys.executable, "-m", "celery", "-A", "tests.support.celery_worker_app", "worker", "--pool=prefork",
-        "--concurrency=2", "-Q", queue, "--hostname", f"{prefix}@%h", "--without-heartbeat",
-        "--without-mingle", "--without-gossip", "-l", "WARNING",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tests.support.celery_worker_app",
+        "worker",
+        "--pool=prefork",
+        "--concurrency=2",
+        "-Q",
+        queue,
+        "--hostname",
+        f"{prefix}@%h",
+        "--without-heartbeat",
+        "--without-mingle",
+        "--without-gossip",
+        "-l",
+        "WARNING",
+    ]
     client = aioredis.from_url(REDIS)
     started = time.time()
     worker = subprocess.Popen(  # noqa: ASYNC220 - started once, not waited for here
@@ -304,9 +323,10 @@ async def main() -> None:
         "target, written to Redis, at the slot", runs, lambda: target_run(n, "at-slot")
     )
     _, kombu = await row(
-        f"target, kombu send_task, {SUB_BATCHES} sub-batches in flight", max(1, runs // 2),
+        f"target, kombu send_task, {SUB_BATCHES} sub-batches in flight",
+        max(1, runs // 2),
         lambda: target_run(n, "kombu"),
-    )  # fmt: skip
+    )
     _, mgr_direct = await row(
         "manager + target written to Redis", runs, lambda: manager_run(n, True)
     )

@@ -162,7 +162,9 @@ if __name__ == "__main__":
     parser.add_argument("--joiners", type=int, default=3, help="managers spawned after (default 3)")
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--lease-ttl", type=float, default=15.0)
-    parser.add_argument("--wait", type=float, default=5.0, help="s before each RSS read (default 5)")
+    parser.add_argument(
+        "--wait", type=float, default=5.0, help="s before each RSS read (default 5)"
+    )
     parser.add_argument("--out", default=None, help="also append the table to this file")
     parsed = parser.parse_args()
     text = asyncio.run(run(parsed))

@@ -102,9 +102,11 @@ def make_db(name: str, n: int, spec_sql: str) -> None:
     asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
     # Migrated by the command measured (its schema head, whatever version it is).
     subprocess.run(
-        [COMMAND[0], "migrate"], env={**os.environ, "PM_DATABASE_URL": db_url(name)},
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [COMMAND[0], "migrate"],
+        env={**os.environ, "PM_DATABASE_URL": db_url(name)},
+        check=True,
+        capture_output=True,
+    )
     asyncio.run(_fill(name, n, spec_sql))
 
 
@@ -284,7 +286,7 @@ def spawn(db: str, *, rest_seconds: float = 0, timeout: float = 180) -> dict[str
                         break
             if quiet_at is not None:
                 break
-            samples = samples[-int(3 * QUIET_WINDOW / SAMPLE):]
+            samples = samples[-int(3 * QUIET_WINDOW / SAMPLE) :]
             time.sleep(SAMPLE)
         out["quiet"] = None if quiet_at is None else max(0.0, quiet_at - started)
         out["cpu_to_quiet"] = cpu_s(proc.pid) - out["cpu_at_start"]
@@ -318,12 +320,15 @@ def coldstart(sizes: list[int], repeat: int, db_prefix: str, probe: bool = False
         make_db(f"{db_prefix}_{n}", n, DAILY)
     print(f"`python -c pass`: {python_floor() * 1000:.0f} ms (median of 5)\n")
     print(
-        "| schedules | start (spawn -> \"started\") | empty start (1 row) | fetch floor | goal: <= empty + 2x floor"
-        " | (start - empty) / floor | verdict | quiet after \"started\" | goal | verdict"
-        " | CPU-s to \"started\" | CPU-s after \"started\" | RSS at start / at rest |"
-        + (" probe loop during the start | CPU to \"started\" in probe loops |" if probe else "")
+        '| schedules | start (spawn -> "started") | empty start (1 row) | fetch floor | goal: <= empty + 2x floor'
+        ' | (start - empty) / floor | verdict | quiet after "started" | goal | verdict'
+        ' | CPU-s to "started" | CPU-s after "started" | RSS at start / at rest |'
+        + (' probe loop during the start | CPU to "started" in probe loops |' if probe else "")
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if probe else ""), flush=True)
+    print(
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if probe else ""),
+        flush=True,
+    )
     speed = SpeedProbe() if probe else None
     results: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
     for _ in range(repeat):
@@ -341,7 +346,18 @@ def coldstart(sizes: list[int], repeat: int, db_prefix: str, probe: bool = False
     if repeat > 1:
         for n in sizes:
             runs = results[n]
-            med = {k: statistics.median(x[k] for x in runs) for k in ("start", "empty", "floor", "rss_start", "rss_rest", "cpu_at_start", "cpu_to_quiet")}
+            med = {
+                k: statistics.median(x[k] for x in runs)
+                for k in (
+                    "start",
+                    "empty",
+                    "floor",
+                    "rss_start",
+                    "rss_rest",
+                    "cpu_at_start",
+                    "cpu_to_quiet",
+                )
+            }
             quiets = [x["quiet"] for x in runs]
             med["quiet"] = None if None in quiets else statistics.median(quiets)
             med["entries"] = runs[0]["entries"]
@@ -384,7 +400,7 @@ def rest(repeat: int, db_prefix: str, seconds: float) -> None:
     make_db(db, REST_ROWS, YEARLY)
     print(
         f"| schedules, none due | CPU at rest (over {seconds:.0f} s) | goal | verdict | RSS at rest"
-        " | start | quiet after \"started\" |"
+        ' | start | quiet after "started" |'
     )
     print("|---|---|---|---|---|---|---|", flush=True)
     for _ in range(repeat):
@@ -412,15 +428,22 @@ async def sync_cost(n: int) -> list[str]:
         await mgr.flush()
         try:
             nothing = await timed(lambda: mgr.sync(), 5)
-            rows.append(f"| {n:,} | nothing changed | {nothing * 1000:.1f} ms | <= 10 ms | {verdict(nothing <= 0.01)} |")
+            rows.append(
+                f"| {n:,} | nothing changed | {nothing * 1000:.1f} ms | <= 10 ms | {verdict(nothing <= 0.01)} |"
+            )
             counter = iter(range(100))
 
             async def one_percent() -> None:
-                await conn.execute("UPDATE periodic_jobs SET spec = $1 WHERE id % 100 = 0", f"{next(counter)} 5 * * *")
+                await conn.execute(
+                    "UPDATE periodic_jobs SET spec = $1 WHERE id % 100 = 0",
+                    f"{next(counter)} 5 * * *",
+                )
                 await mgr.sync()
 
             changed = await timed(one_percent, 3)
-            rows.append(f"| {n:,} | 1% changed (includes the UPDATE) | {changed * 1000:.1f} ms | (proportional) | - |")
+            rows.append(
+                f"| {n:,} | 1% changed (includes the UPDATE) | {changed * 1000:.1f} ms | (proportional) | - |"
+            )
             await mgr.flush()
             cpu = time.process_time()
             full = await timed(lambda: mgr.sync(full=True), 3)
@@ -453,18 +476,27 @@ async def sync_cost(n: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("part", nargs="?", default="all", choices=["coldstart", "rest", "sync", "all"])
+    parser.add_argument(
+        "part", nargs="?", default="all", choices=["coldstart", "rest", "sync", "all"]
+    )
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rest-seconds", type=float, default=60.0)
     parser.add_argument(
-        "--probe", action="store_true",
+        "--probe",
+        action="store_true",
         help="coldstart: time a fixed loop on every CPU during each start (the machine's speed; ~5 %% of each core)",
     )
-    parser.add_argument("--command", default=None, help="the periodic-manager executable (default: this venv's)")
-    parser.add_argument("--db-prefix", default="pm_lean", help="databases made (and dropped): <prefix>_<rows>")
     parser.add_argument(
-        "--redis-url", default=None, help="Redis of the target (default: PM_BENCH_REDIS_URL, else DB 0)"
+        "--command", default=None, help="the periodic-manager executable (default: this venv's)"
+    )
+    parser.add_argument(
+        "--db-prefix", default="pm_lean", help="databases made (and dropped): <prefix>_<rows>"
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis of the target (default: PM_BENCH_REDIS_URL, else DB 0)",
     )
     args = parser.parse_args()
     if args.redis_url:
@@ -486,13 +518,17 @@ def main() -> None:
         rest(args.repeat, args.db_prefix, args.rest_seconds)
     if args.part in ("sync", "all"):
         sync_sizes = sizes if args.part == "sync" else [100_000]
-        print(f"In-process (one manager, no command): a sync of {', '.join(f'{n:,}' for n in sync_sizes)} rows.\n")
+        print(
+            f"In-process (one manager, no command): a sync of {', '.join(f'{n:,}' for n in sync_sizes)} rows.\n"
+        )
         print("| schedules | sync | time (best of 3-5) | goal | verdict |\n|---|---|---|---|---|")
         for n in sync_sizes:
             for line in asyncio.run(sync_cost(n)):
                 print(line, flush=True)
         print()
-    print(f"finished at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"finished at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {os.getloadavg()[0]:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ async def measure(url: str, edits: int, **settings: float) -> list[float]:
     writer = create_engine(url)
     async with writer.begin() as conn:
         await conn.execute(
-            text("INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ('p', '* * * * *', 't', '{}')")
+            text(
+                "INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ('p', '* * * * *', 't', '{}')"
+            )
         )
     engine = create_engine(url)
     manager = build_manager(Settings(database_url=url, target="outbox", **settings), engine)
@@ -55,8 +57,9 @@ async def measure(url: str, edits: int, **settings: float) -> list[float]:
             committed = time.perf_counter()
             await eventually(
                 lambda: [e.config.spec for e in manager.entries()] == [spec],  # noqa: B023
-                "the edit synced", interval=0.005,
-            )  # fmt: skip
+                "the edit synced",
+                interval=0.005,
+            )
             took.append((time.perf_counter() - committed) * 1000)
             await asyncio.sleep(0.137 * (i % 7))  # edits at varied moments of the poll cycle
     finally:

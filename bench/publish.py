@@ -41,22 +41,55 @@ async def floor(name: str, n: int, now: datetime) -> float:
     """CPU of copying ``n`` prebuilt rows shaped like pm_entries' into a temporary table."""
     h = "0" * 64
     rows = [
-        ("m", f"{i}-{h[:12]}", str(i), f"job.{i}", h, "active", now, "0 0 * * *", "UTC", None,
-         "bench.task", "default", None, None, None, None, None)
+        (
+            "m",
+            f"{i}-{h[:12]}",
+            str(i),
+            f"job.{i}",
+            h,
+            "active",
+            now,
+            "0 0 * * *",
+            "UTC",
+            None,
+            "bench.task",
+            "default",
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
     conn = await asyncpg.connect(f"{PG}/{name}")
     try:
         async with conn.transaction():
             await conn.execute("CREATE TEMP TABLE floor_in (LIKE pm_entries) ON COMMIT DROP")
             columns = [
-                "manager_id", "entry_id", "schedule_key", "name", "content_hash", "status",
-                "registered_at", "spec", "timezone", "anchor", "task_type", "queue", "last_error",
-                "held_slot_at", "previous_task_id", "previous_task_state", "last_good_since",
-            ]  # fmt: skip
+                "manager_id",
+                "entry_id",
+                "schedule_key",
+                "name",
+                "content_hash",
+                "status",
+                "registered_at",
+                "spec",
+                "timezone",
+                "anchor",
+                "task_type",
+                "queue",
+                "last_error",
+                "held_slot_at",
+                "previous_task_id",
+                "previous_task_state",
+                "last_good_since",
+            ]
             t0 = time.process_time()
             for i in range(0, n, 5000):
-                await conn.copy_records_to_table("floor_in", records=rows[i : i + 5000], columns=columns)
+                await conn.copy_records_to_table(
+                    "floor_in", records=rows[i : i + 5000], columns=columns
+                )
             return time.process_time() - t0
     finally:
         await conn.close()
@@ -69,8 +102,12 @@ async def main() -> None:
     args = parser.parse_args()
     n = args.rows
     load = os.getloadavg()
-    print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {load[0]:.2f}\n")
-    print("| trial | entries | floor CPU s | publish CPU s | publish / floor | us per entry |\n|---|---|---|---|---|---|")
+    print(
+        f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {load[0]:.2f}\n"
+    )
+    print(
+        "| trial | entries | floor CPU s | publish CPU s | publish / floor | us per entry |\n|---|---|---|---|---|---|"
+    )
     gcpolicy.enable()  # as the periodic-manager commands do
     async with Bench() as b:
         conn = await asyncpg.connect(f"{PG}/{b.name}")
@@ -82,11 +119,15 @@ async def main() -> None:
             now = datetime.now(UTC)
             provider = DatabaseProvider(b.engine)
             provider.adopt(ScheduledEntry, lambda row_id: False)
-            entries = [ScheduledEntry.of(c, now, synced=True) for c in (await provider.get_configs()).configs]
+            entries = [
+                ScheduledEntry.of(c, now, synced=True)
+                for c in (await provider.get_configs()).configs
+            ]
             gcpolicy.freeze()  # as a manager's sync does with what it built
             manager_id = f"bench-{trial}"
             await store.register_manager(
-                ManagerInfo(manager_id, "bench", os.getpid(), "bench", now), ManagerStatus(now, True, None, None, n)
+                ManagerInfo(manager_id, "bench", os.getpid(), "bench", now),
+                ManagerStatus(now, True, None, None, n),
             )
             failed: list[BaseException] = []
             publisher = EntryPublisher(store, manager_id, on_failure=failed.append)
@@ -99,7 +140,10 @@ async def main() -> None:
             if failed:
                 raise SystemExit(f"publishing failed: {failed[0]!r}")
             ratios.append(cpu / base)
-            print(f"| {trial + 1} | {len(entries):,} | {base:.3f} | {cpu:.3f} | {cpu / base:.2f} | {cpu / len(entries) * 1e6:.1f} |", flush=True)
+            print(
+                f"| {trial + 1} | {len(entries):,} | {base:.3f} | {cpu:.3f} | {cpu / base:.2f} | {cpu / len(entries) * 1e6:.1f} |",
+                flush=True,
+            )
             await store.unregister_manager(manager_id)
             del entries
     print(f"\nbest ratio {min(ratios):.2f}; finished at load average {os.getloadavg()[0]:.2f}")

@@ -37,10 +37,16 @@ GAP = 0.05  # s: readings that moved closer than this are one wake-up
 def start(command: str, db: str) -> tuple[subprocess.Popen[bytes], str]:
     prefix = f"pmpair{uuid.uuid4().hex[:8]}"
     env = {
-        **os.environ, "PM_DATABASE_URL": lean.db_url(db), "PM_TARGET": "redis",
-        "PM_REDIS_URL": scale.REDIS, "PM_STREAM_PREFIX": prefix, "PM_LOG_LEVEL": "WARNING",
-    }  # fmt: skip
-    proc = subprocess.Popen([command, "manager"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        **os.environ,
+        "PM_DATABASE_URL": lean.db_url(db),
+        "PM_TARGET": "redis",
+        "PM_REDIS_URL": scale.REDIS,
+        "PM_STREAM_PREFIX": prefix,
+        "PM_LOG_LEVEL": "WARNING",
+    }
+    proc = subprocess.Popen(
+        [command, "manager"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return proc, prefix
 
 
@@ -66,7 +72,9 @@ def watch(pids: list[int], seconds: float) -> list[tuple[float, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--a", required=True, help="the periodic-manager executable to compare against")
+    parser.add_argument(
+        "--a", required=True, help="the periodic-manager executable to compare against"
+    )
     parser.add_argument("--b", default=lean.COMMAND[0], help="the other one (default: this venv's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=120.0)
@@ -89,7 +97,9 @@ def main() -> None:
         f" {args.seconds:.0f} s, {args.settle:.0f} s after both started\n",
         flush=True,
     )
-    print("| round | A: CPU-s per minute | A: wake-ups per minute | B: CPU-s per minute | B: wake-ups per minute | B / A |")
+    print(
+        "| round | A: CPU-s per minute | A: wake-ups per minute | B: CPU-s per minute | B: wake-ups per minute | B / A |"
+    )
     print("|---|---|---|---|---|---|", flush=True)
     totals = {"A": 0.0, "B": 0.0}
     for r in range(1, args.rounds + 1):
@@ -115,7 +125,9 @@ def main() -> None:
     print(f"\nB / A over every round: {totals['B'] / totals['A']:.2f}")
     for db in dbs.values():
         asyncio.run(lean.drop_db(db))
-    print(f"finished at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"finished at {datetime.now(UTC).isoformat(timespec='seconds')}, load average {os.getloadavg()[0]:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -63,13 +63,21 @@ def machine() -> str:
                 cpu = line.split(":", 1)[1].strip()
                 break
     pg = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
-    rs = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    rs = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True
+    ).stdout.split()[2]
     return f"{os.cpu_count()} cores, {cpu}; Python {platform.python_version()}; {pg}; Redis {rs}"
 
 
 async def seed(
-    conn: asyncpg.Connection, n: int, spec: str, *, by_row: bool = False, prefix: str = "job",
-    anchor: datetime | None = None, queue: str | None = None,
+    conn: asyncpg.Connection,
+    n: int,
+    spec: str,
+    *,
+    by_row: bool = False,
+    prefix: str = "job",
+    anchor: datetime | None = None,
+    queue: str | None = None,
 ) -> None:
     """The benches' one way to fill ``periodic_jobs``: ``n`` schedules ``<prefix>1`` .. ``<prefix>n``
     of task type ``bench.task`` in UTC with payload ``{"n": g}`` (``g``: the row's number).
@@ -83,7 +91,9 @@ async def seed(
 
     spec_sql = f"({spec})" if by_row else f"{param(spec)}::text"
     anchor_sql = param(anchor) if anchor is not None else "NULL"
-    options_sql = f"jsonb_build_object('queue', {param(queue)}::text)" if queue is not None else "'{}'"
+    options_sql = (
+        f"jsonb_build_object('queue', {param(queue)}::text)" if queue is not None else "'{}'"
+    )
     await conn.execute(
         "INSERT INTO periodic_jobs (name, spec, anchor, timezone, task_type, payload, options)"
         f" SELECT $2 || g, {spec_sql}, {anchor_sql}, 'UTC', 'bench.task', jsonb_build_object('n', g),"
@@ -127,20 +137,36 @@ class Bench:
             await conn.close()
 
     def manager(
-        self, target: Any, *, sync_interval: float = 3600, grace: float = 30,
-        partitions: bool = False, **kw: Any,
+        self,
+        target: Any,
+        *,
+        sync_interval: float = 3600,
+        grace: float = 30,
+        partitions: bool = False,
+        **kw: Any,
     ) -> PeriodicTaskManager:
         """A manager on this database; with ``partitions``, it leases the partitions as the
         default coordination on PostgreSQL does (alone, it takes all of them)."""
         gcpolicy.enable()  # as the periodic-manager commands do: the process holds the schedule
         if partitions:
             member = new_manager_id()
-            kw.update(manager_id=member, leadership=PartitionLeases(self.url, member, ttl=Settings.model_fields["lease_ttl"].default, clock=SystemClock()))
+            kw.update(
+                manager_id=member,
+                leadership=PartitionLeases(
+                    self.url,
+                    member,
+                    ttl=Settings.model_fields["lease_ttl"].default,
+                    clock=SystemClock(),
+                ),
+            )
         return PeriodicTaskManager(
-            DatabaseProvider(self.engine), target, clock=SystemClock(),
+            DatabaseProvider(self.engine),
+            target,
+            clock=SystemClock(),
             store=DatabaseRuntimeStore(self.engine),
-            timing=Timing(sync_interval=sync_interval, grace=grace), **kw,
-        )  # fmt: skip
+            timing=Timing(sync_interval=sync_interval, grace=grace),
+            **kw,
+        )
 
 
 # -- 1. burst --------------------------------------------------------------------------------
@@ -175,13 +201,21 @@ async def burst_one(n: int, target_name: str) -> dict[str, Any]:
             await mgr.stop()
             await target.close()
         first, sent, last = slots.get(slot, [slot, 0, slot])
-        return {"n": n, "target": target_name, "sent": int(sent), "rate": sent / max(1e-9, last - slot),
-                "last_late": last - slot, "first_late": first - slot}
+        return {
+            "n": n,
+            "target": target_name,
+            "sent": int(sent),
+            "rate": sent / max(1e-9, last - slot),
+            "last_late": last - slot,
+            "first_late": first - slot,
+        }
 
 
 async def burst(quick: bool) -> str:
-    rows = ["| N | target | sent | enqueues/s | first batch starts after slot | last enqueue after slot | target | verdict |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| N | target | sent | enqueues/s | first batch starts after slot | last enqueue after slot | target | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(rows), flush=True)
     sizes = [10_000] if quick else [10_000, 100_000]
     for n in sizes:
@@ -216,7 +250,10 @@ def pct(values: list[float], p: float) -> float:
 
 async def propagation(quick: bool) -> str:
     edits = 20 if quick else 60
-    rows = ["| edit | count | p50 | p99 | max | target | verdict |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| edit | count | p50 | p99 | max | target | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     async with Bench() as b:
         # Another process would see the same: here the manager has no in-process signal from the
         # API; edits reach it only through NOTIFY (the sync interval is an hour).
@@ -228,14 +265,25 @@ async def propagation(quick: bool) -> str:
         settings = Settings(database_url=b.url, target="redis", redis_url=REDIS)
         app = create_app(settings, engine=b.engine)
         names = lambda: {e.config.name for e in mgr.entries()}  # noqa: E731
-        results: dict[str, list[float]] = {"API POST": [], "raw SQL INSERT": [], "bulk UPDATE of 10,000 rows": []}
+        results: dict[str, list[float]] = {
+            "API POST": [],
+            "raw SQL INSERT": [],
+            "bulk UPDATE of 10,000 rows": [],
+        }
         async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+            ) as client:
                 for i in range(edits):
                     t0 = time.perf_counter()
-                    r = await client.post("/schedules", json={"name": f"api{i}", "spec": "0 6 * * *", "task_type": "t"})
+                    r = await client.post(
+                        "/schedules",
+                        json={"name": f"api{i}", "spec": "0 6 * * *", "task_type": "t"},
+                    )
                     assert r.status_code == 201, r.text
-                    results["API POST"].append(time.perf_counter() - t0 + await wait_for(lambda i=i: f"api{i}" in names()))
+                    results["API POST"].append(
+                        time.perf_counter() - t0 + await wait_for(lambda i=i: f"api{i}" in names())
+                    )
                 conn = await asyncpg.connect(f"{PG}/{b.name}")
                 try:
                     for i in range(edits):
@@ -244,18 +292,26 @@ async def propagation(quick: bool) -> str:
                             "INSERT INTO periodic_jobs (name, spec, task_type, options) VALUES ($1, '0 6 * * *', 't', '{}')",
                             f"sql{i}",
                         )
-                        results["raw SQL INSERT"].append(time.perf_counter() - t0 + await wait_for(lambda i=i: f"sql{i}" in names()))
+                        results["raw SQL INSERT"].append(
+                            time.perf_counter()
+                            - t0
+                            + await wait_for(lambda i=i: f"sql{i}" in names())
+                        )
                     await b.insert(10_000, "0 6 * * *", prefix="bulk")
                     await wait_for(lambda: len(names()) >= 2 * edits + 10_000, 60)
                     for i in range(5 if quick else 10):
                         spec = f"{i} 7 * * *"
                         t0 = time.perf_counter()
-                        await conn.execute("UPDATE periodic_jobs SET spec = $1 WHERE name LIKE 'bulk%'", spec)
+                        await conn.execute(
+                            "UPDATE periodic_jobs SET spec = $1 WHERE name LIKE 'bulk%'", spec
+                        )
 
                         def all_changed(spec: str = spec) -> bool:
                             return sum(1 for e in mgr.entries() if e.config.spec == spec) == 10_000
 
-                        results["bulk UPDATE of 10,000 rows"].append(time.perf_counter() - t0 + await wait_for(all_changed, 60))
+                        results["bulk UPDATE of 10,000 rows"].append(
+                            time.perf_counter() - t0 + await wait_for(all_changed, 60)
+                        )
                 finally:
                     await conn.close()
         await mgr.stop()
@@ -293,22 +349,29 @@ async def sync_cost(quick: bool) -> str:
         await mgr.start()
         try:
             nothing = await timed(lambda: mgr.sync(), 3)
-            rows.append(f"| nothing changed | {nothing * 1000:.1f} ms | <= 50 ms | {verdict(nothing <= 0.05)} |")
+            rows.append(
+                f"| nothing changed | {nothing * 1000:.1f} ms | <= 50 ms | {verdict(nothing <= 0.05)} |"
+            )
             conn = await asyncpg.connect(f"{PG}/{b.name}")
             k = n // 100
             counter = iter(range(100))
 
             async def one_percent() -> None:
                 await conn.execute(
-                    "UPDATE periodic_jobs SET spec = $1 WHERE id % 100 = 0", f"{next(counter)} 6 * * *"
+                    "UPDATE periodic_jobs SET spec = $1 WHERE id % 100 = 0",
+                    f"{next(counter)} 6 * * *",
                 )
                 await mgr.sync()
 
             changed = await timed(one_percent, 3)
-            rows.append(f"| 1% changed ({k:,} rows; includes the UPDATE) | {changed * 1000:.1f} ms | (proportional) | - |")
+            rows.append(
+                f"| 1% changed ({k:,} rows; includes the UPDATE) | {changed * 1000:.1f} ms | (proportional) | - |"
+            )
             await conn.close()
             full = await timed(lambda: mgr.sync(full=True), 3)
-            rows.append(f"| full reconcile | {full * 1000:.1f} ms | <= 1 s | {verdict(full <= 1.0)} |")
+            rows.append(
+                f"| full reconcile | {full * 1000:.1f} ms | <= 1 s | {verdict(full <= 1.0)} |"
+            )
         finally:
             await mgr.stop()
     print("\n".join(rows), flush=True)
@@ -369,7 +432,8 @@ async def memory(quick: bool) -> str:
         cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / wall
         await mgr.stop()
     rows = [
-        "| measure | value | target | verdict |", "|---|---|---|---|",
+        "| measure | value | target | verdict |",
+        "|---|---|---|---|",
         f"| memory per entry at {n:,} (RSS delta / N, includes the first sync's garbage) | {per_entry:,.0f} B | <= 1 KB | {verdict(per_entry <= 1024)} |",
         f"| idle CPU, {n:,} entries not due, {idle_s} s (syncs every 30 s, heartbeats every 5 s) | {cpu * 100:.2f} % of a core | < 1 % | {verdict(cpu < 0.01)} |",
     ]
@@ -378,7 +442,11 @@ async def memory(quick: bool) -> str:
 
 
 PARTS: dict[str, Callable[[bool], Awaitable[str]]] = {
-    "burst": burst, "propagation": propagation, "sync": sync_cost, "coldstart": cold_start, "memory": memory,
+    "burst": burst,
+    "propagation": propagation,
+    "sync": sync_cost,
+    "coldstart": cold_start,
+    "memory": memory,
 }
 
 
@@ -389,11 +457,16 @@ def main() -> None:
     parser.add_argument("--part-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.part_only:
-        print(f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n", flush=True)
+        print(
+            f"machine: {machine()}\nrun at {datetime.now(UTC).isoformat(timespec='seconds')}\n",
+            flush=True,
+        )
     if args.part == "all":
         # Each part in a fresh interpreter: memory figures are not skewed by earlier parts.
         for name in PARTS:
-            cmd = [sys.executable, __file__, name, "--part-only"] + (["--quick"] if args.quick else [])
+            cmd = [sys.executable, __file__, name, "--part-only"] + (
+                ["--quick"] if args.quick else []
+            )
             subprocess.run(cmd, check=False)
         return
     print(f"## {args.part}\n", flush=True)

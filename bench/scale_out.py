@@ -217,9 +217,10 @@ async def one(k: int, n: int, args: argparse.Namespace, tmp: Path) -> Result:
             await asyncio.sleep(max(0.0, slot - time.time()))
             try:
                 await wait_until(
-                    f"{n} messages of slot {slot}", args.period / 2,
+                    f"{n} messages of slot {slot}",
+                    args.period / 2,
                     lambda: _at_least(client, stream, before + n),
-                )  # fmt: skip
+                )
             except RuntimeError as exc:
                 print(f"  {exc}", flush=True)
             res.sent = await stream_len(client, stream) - before

@@ -85,9 +85,11 @@ async def main() -> None:
         )
         for i, s in enumerate(servers):
             env = {
-                "PM_DATABASE_URL": db, "PM_TARGET": "redis", "PM_REDIS_URL": s.url,
+                "PM_DATABASE_URL": db,
+                "PM_TARGET": "redis",
+                "PM_REDIS_URL": s.url,
                 "PM_STREAM_PREFIX": PREFIX,
-            }  # fmt: skip
+            }
             procs.append(ManagerProcess(env, tmp / f"manager{i}.log"))
             procs[-1].start()
         healthy, sick = procs
@@ -101,7 +103,11 @@ async def main() -> None:
 
         async def split() -> bool:
             held = await shares()
-            return held.get(healthy.pid, 0) > 0 and held.get(sick.pid, 0) > 0 and sum(held.values()) == 64
+            return (
+                held.get(healthy.pid, 0) > 0
+                and held.get(sick.pid, 0) > 0
+                and sum(held.values()) == 64
+            )
 
         async def moved() -> bool:
             held = await shares()
@@ -122,9 +128,14 @@ async def main() -> None:
             await asyncio.sleep(max(0.0, args.down - (datetime.now(UTC) - at).total_seconds()))
             servers[1].start()
             back = await until(split, 60, "a share back")
-            rounds.append((at, (first_fail - at).total_seconds(), (stood - first_fail).total_seconds(), back))
-            print(f"killed {at:%H:%M:%S}: first failed ping +{rounds[-1][1]:.2f} s, stood down "
-                  f"{rounds[-1][2]:.2f} s after it, share back {back:.2f} s after the restart", flush=True)
+            rounds.append(
+                (at, (first_fail - at).total_seconds(), (stood - first_fail).total_seconds(), back)
+            )
+            print(
+                f"killed {at:%H:%M:%S}: first failed ping +{rounds[-1][1]:.2f} s, stood down "
+                f"{rounds[-1][2]:.2f} s after it, share back {back:.2f} s after the restart",
+                flush=True,
+            )
         await asyncio.sleep(5)
         end = datetime.now(UTC) - timedelta(seconds=2)
         await asyncio.sleep(3)
@@ -145,8 +156,10 @@ async def main() -> None:
 
 
 def audit(
-    messages: list[dict[str, str]], rounds: list[tuple[datetime, float, float, float]],
-    start: datetime, end: datetime,
+    messages: list[dict[str, str]],
+    rounds: list[tuple[datetime, float, float, float]],
+    start: datetime,
+    end: datetime,
 ) -> dict[str, object]:
     """The rounds' figures, and every slot due in ``(start, end]`` counted on both streams."""
     keys = Counter(m["idempotency_key"] for m in messages)
@@ -164,14 +177,21 @@ def audit(
             for m in messages
             if at <= parse_iso(m["scheduled_at"]) <= at + timedelta(seconds=15)
         )
-        out.append({
-            "first_failed_ping_s": first, "stood_down_after_first_failed_ping_s": stood,
-            "share_back_s": back, "worst_lateness_s": late,
-        })  # fmt: skip
+        out.append(
+            {
+                "first_failed_ping_s": first,
+                "stood_down_after_first_failed_ping_s": stood,
+                "share_back_s": back,
+                "worst_lateness_s": late,
+            }
+        )
     return {
-        "rounds": out, "slots": len(expected),
-        "twice": sum(1 for k in expected if keys[k] > 1), "lost": len(expected - set(keys)),
-    }  # fmt: skip
+        "rounds": out,
+        "slots": len(expected),
+        "twice": sum(1 for k in expected if keys[k] > 1),
+        "lost": len(expected - set(keys)),
+    }
+
 
 if __name__ == "__main__":
     asyncio.run(main())

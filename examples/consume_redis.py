@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         "--block-ms", type=int, default=5000, help="XREADGROUP BLOCK time (ms, > 0)"
     )
     parser.add_argument(
-        "--socket-timeout", type=float, default=10.0,
+        "--socket-timeout",
+        type=float,
+        default=10.0,
         help="seconds the client waits for any reply; longer than the block (default 10)",
     )
     parser.add_argument("--work-s", type=float, default=0.0, help="seconds of work per message")
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             f"consume_redis: warning: --block-ms {args.block_ms} is not shorter than "
             f"--socket-timeout {args.socket_timeout:g} s: idle reads end in client-side "
             "timeouts (survived, each costs a reconnect)",
-            file=sys.stderr, flush=True,
+            file=sys.stderr,
+            flush=True,
         )
     try:
         return asyncio.run(consume(args))

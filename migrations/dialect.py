@@ -57,7 +57,9 @@ def _primary_key(element: PrimaryKeyConstraint, compiler: DDLCompiler, **kw: Any
     server ignores it with a warning, one per table, that the driver logs)."""
     if not element.columns:
         return ""
-    return "PRIMARY KEY (" + ", ".join(compiler.preparer.quote(c.name) for c in element.columns) + ")"
+    return (
+        "PRIMARY KEY (" + ", ".join(compiler.preparer.quote(c.name) for c in element.columns) + ")"
+    )
 
 
 def name() -> str:

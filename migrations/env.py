@@ -64,10 +64,14 @@ def _configure(connection: Connection) -> None:
             # Serialise concurrent upgrades (two `migrate` at once, several pods starting): the
             # lock is taken before Alembic reads the current revision and released at commit,
             # so the second upgrade sees the first one's result and applies nothing.
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
         elif connection.dialect.name in ("mysql", "mariadb"):
             # The same with a named lock of the session (freed when the connection closes).
-            connection.execute(text("SELECT GET_LOCK(:key, 600)"), {"key": f"pm-migrate-{MIGRATION_LOCK_KEY}"})
+            connection.execute(
+                text("SELECT GET_LOCK(:key, 600)"), {"key": f"pm-migrate-{MIGRATION_LOCK_KEY}"}
+            )
         context.run_migrations()
 
 

@@ -59,7 +59,16 @@ from periodic_manager.schedules.runs import max_runs_of, runs_left
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_for
 
-__all__ = ["BACKFILLED", "MAX_SLOTS", "Outcome", "Policy", "Range", "backfill", "parse_range", "slots_in"]
+__all__ = [
+    "BACKFILLED",
+    "MAX_SLOTS",
+    "Outcome",
+    "Policy",
+    "Range",
+    "backfill",
+    "parse_range",
+    "slots_in",
+]
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +117,14 @@ class Policy:
     @classmethod
     def of(cls, settings: Settings, *, dry_run: bool, force: bool) -> Policy:
         return cls(
-            rate=settings.catchup_rate, grace=settings.grace,
+            rate=settings.catchup_rate,
+            grace=settings.grace,
             catchup_window=settings.catchup_window,
             retention=timedelta(days=settings.runs_retention),
-            history_cap=settings.runs_max_per_schedule, dry_run=dry_run, force=force,
-        )  # fmt: skip
+            history_cap=settings.runs_max_per_schedule,
+            dry_run=dry_run,
+            force=force,
+        )
 
 
 class Range(NamedTuple):
@@ -254,7 +266,11 @@ async def backfill(
     """Send every slot of ``found`` (from :func:`slots_in`) not known sent (see the module doc);
     ``created_at``: the row's (None: unknown)."""
     slots = found.slots
-    plan = _Plan([], 0, 0, None) if not slots else await _plan(engine, config, slots, clock.now(), policy, created_at)
+    plan = (
+        _Plan([], 0, 0, None)
+        if not slots
+        else await _plan(engine, config, slots, clock.now(), policy, created_at)
+    )
     counts: Counter[str] = Counter()
     if policy.dry_run:
         if plan.runs_left is not None:
@@ -263,19 +279,33 @@ async def backfill(
         await _send_all(engine, config, target, clock, plan.todo, policy, counts)
         await _settle(engine, config, plan.todo[-1] + _TICK, clock.now())
     out = Outcome(
-        slots=len(slots) + found.excluded, excluded=found.excluded,
-        already_sent=plan.known + counts["duplicate"], unchecked=plan.unchecked,
-        to_send=len(plan.todo), sent=counts["sent"], over_limit=counts["over_limit"],
-        skipped=counts["skipped"], failed=counts["failed"], dry_run=policy.dry_run,
+        slots=len(slots) + found.excluded,
+        excluded=found.excluded,
+        already_sent=plan.known + counts["duplicate"],
+        unchecked=plan.unchecked,
+        to_send=len(plan.todo),
+        sent=counts["sent"],
+        over_limit=counts["over_limit"],
+        skipped=counts["skipped"],
+        failed=counts["failed"],
+        dry_run=policy.dry_run,
         forced=policy.force,
-    )  # fmt: skip
+    )
     if not policy.dry_run:
         log.info(
             "backfill of %s: %d slot(s), %d sent, %d already sent, %d excluded, %d unchecked, "
-            "%d over max_runs, %d skipped, %d failed", config.name, out.slots, out.sent,
-            out.already_sent, out.excluded, out.unchecked, out.over_limit, out.skipped, out.failed,
+            "%d over max_runs, %d skipped, %d failed",
+            config.name,
+            out.slots,
+            out.sent,
+            out.already_sent,
+            out.excluded,
+            out.unchecked,
+            out.over_limit,
+            out.skipped,
+            out.failed,
             extra={"schedule": config.name},
-        )  # fmt: skip
+        )
     return out
 
 
@@ -292,7 +322,9 @@ async def _send_all(
     key = str(config.schedule_id)
     owner = f"backfill:{uuid.uuid4().hex}"
     limit = max_runs_of(config.options)
-    window = window_of(config, timedelta(seconds=policy.grace), timedelta(seconds=policy.catchup_window))
+    window = window_of(
+        config, timedelta(seconds=policy.grace), timedelta(seconds=policy.catchup_window)
+    )
     one_by_one = overlap_policy(config.options) != "allow"  # the target judges each in turn
     async for batch in paced(clock, policy.rate, todo):
         now = clock.now()
@@ -301,14 +333,18 @@ async def _send_all(
         counts["over_limit"] += claimed.over_limit
         if not claimed.mine:
             continue
-        tasks = [task_for(config, idempotency_key(config.name, s), s, now + window) for s in claimed.mine]
+        tasks = [
+            task_for(config, idempotency_key(config.name, s), s, now + window) for s in claimed.mine
+        ]
         rows: list[_Row] = []
         sent: list[datetime] = []
         for part in ([t] for t in tasks) if one_by_one else [tasks]:
             rows += await _send(target, part, now, counts, sent)
         unsent = set(claimed.mine) - set(sent)
         try:
-            await backfill_slots.finish(engine, key, owner, sent, unsent, clock.now(), limited=limit is not None)
+            await backfill_slots.finish(
+                engine, key, owner, sent, unsent, clock.now(), limited=limit is not None
+            )
         except Exception as exc:  # the claims stay 'sending': taken over after STALE, same keys
             log.warning("recording what the backfill of %s sent failed: %s", config.name, exc)
         if policy.history_cap and rows:
@@ -340,14 +376,26 @@ async def _send(
             sent.append(task.scheduled_at)
         elif result.status == "busy":
             counts["skipped"] += 1
-            rows.append((task.scheduled_at, "skipped", now, None, "backfill: overlap: the previous task is unfinished"))
+            rows.append(
+                (
+                    task.scheduled_at,
+                    "skipped",
+                    now,
+                    None,
+                    "backfill: overlap: the previous task is unfinished",
+                )
+            )
         else:
             counts["failed"] += 1
-            rows.append((task.scheduled_at, "failed", now, None, f"backfill: {result.error or 'failed'}"))
+            rows.append(
+                (task.scheduled_at, "failed", now, None, f"backfill: {result.error or 'failed'}")
+            )
     return rows
 
 
-async def _settle(engine: AsyncEngine, config: PeriodicTaskConfig, end: datetime, now: datetime) -> None:
+async def _settle(
+    engine: AsyncEngine, config: PeriodicTaskConfig, end: datetime, now: datetime
+) -> None:
     """Move the schedule's settled slot over every slot before ``end`` known sent, from the
     settled slot (or the row's ``effective_at``) up to the first one missing; nothing when the
     first slot after it is missing. Excluded slots are passed over, as a manager skips them."""
@@ -355,11 +403,17 @@ async def _settle(engine: AsyncEngine, config: PeriodicTaskConfig, end: datetime
     try:
         async with engine.connect() as conn:
             state = (await store_reads.states(conn, [key])).get(key)
-            base = state.last_done_at if state is not None and state.last_done_at else config.effective_at
+            base = (
+                state.last_done_at
+                if state is not None and state.last_done_at
+                else config.effective_at
+            )
             if base is None or base >= end:
                 return
             sent = await history.slots_with(conn, key, KNOWN_SENT, base, end)
-            sent |= await backfill_slots.recorded(conn, key, base, end, state=backfill_slots.SENT_STATE)
+            sent |= await backfill_slots.recorded(
+                conn, key, base, end, state=backfill_slots.SENT_STATE
+            )
         bounds = bounds_of(config.options)
         at, last = base, None
         for _ in range(MAX_SLOTS + 1):

@@ -202,8 +202,19 @@ class Task:
     """
 
     __slots__ = (
-        "id", "name", "task_type", "_payload", "queue", "options", "idempotency_key",
-        "scheduled_at", "expires_at", "schedule_id", "extra", "payload_json", "options_json",
+        "id",
+        "name",
+        "task_type",
+        "_payload",
+        "queue",
+        "options",
+        "idempotency_key",
+        "scheduled_at",
+        "expires_at",
+        "schedule_id",
+        "extra",
+        "payload_json",
+        "options_json",
     )
 
     def __init__(
@@ -248,7 +259,11 @@ class Task:
 
     def options_text(self) -> str:
         """The options as canonical JSON text."""
-        return self.options_json if self.options_json is not None else canonical_json(dict(self.options))
+        return (
+            self.options_json
+            if self.options_json is not None
+            else canonical_json(dict(self.options))
+        )
 
     def __repr__(self) -> str:
         return f"Task(name={self.name!r}, idempotency_key={self.idempotency_key!r}, queue={self.queue!r})"
@@ -546,8 +561,10 @@ class StateRecord:
         self.name = run.name
         self.counts[run.status] = self.counts.get(run.status, 0) + 1
         self.last_status = run.status
-        if run.limited and run.status in SENT and (
-            self.last_done_at is None or run.slot > self.last_done_at
+        if (
+            run.limited
+            and run.status in SENT
+            and (self.last_done_at is None or run.slot > self.last_done_at)
         ):
             self.runs += 1
         if run.status in SETTLED and (self.last_done_at is None or run.slot > self.last_done_at):

@@ -24,7 +24,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PM_", extra="ignore")
 
-    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy URL of the schedule database")
+    database_url: str = Field(
+        DEFAULT_DATABASE_URL, description="SQLAlchemy URL of the schedule database"
+    )
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for the redis target")
     target: TargetName = Field("outbox", description="default target: where due slots are enqueued")
     targets: Annotated[tuple[TargetName, ...], NoDecode] = Field(
@@ -34,7 +36,8 @@ class Settings(BaseSettings):
         None, description="Celery broker URL (default: the app's broker_url, else redis_url)"
     )
     celery_app: str | None = Field(
-        None, description="your Celery app, 'package.module:app': its broker, queues and routes are honoured"
+        None,
+        description="your Celery app, 'package.module:app': its broker, queues and routes are honoured",
     )
     celery_publish_timeout: float = Field(
         5.0, gt=0, description="seconds one publish to the Celery broker may take"
@@ -42,8 +45,12 @@ class Settings(BaseSettings):
     celery_fast_path: bool = Field(
         True, description="write Celery messages to a Redis broker directly (false: always kombu)"
     )
-    arq_redis_url: str | None = Field(None, description="Redis URL of the arq queues (default: redis_url)")
-    rq_redis_url: str | None = Field(None, description="Redis URL of the RQ queues (default: redis_url)")
+    arq_redis_url: str | None = Field(
+        None, description="Redis URL of the arq queues (default: redis_url)"
+    )
+    rq_redis_url: str | None = Field(
+        None, description="Redis URL of the RQ queues (default: redis_url)"
+    )
     dramatiq_url: str | None = Field(
         None,
         description="Dramatiq's broker, redis:// or amqp:// (default: redis_url); on RabbitMQ the "
@@ -69,9 +76,13 @@ class Settings(BaseSettings):
         None,
         description="one leader among managers (default: on for PostgreSQL and MariaDB/MySQL, off for SQLite)",
     )
-    leader_poll_interval: float = Field(1.0, gt=0, description="seconds between leadership tries/checks")
+    leader_poll_interval: float = Field(
+        1.0, gt=0, description="seconds between leadership tries/checks"
+    )
     leader_timeout: float = Field(
-        3.0, gt=0, description="a silent leader's session ends after this; takeover <= timeout + poll"
+        3.0,
+        gt=0,
+        description="a silent leader's session ends after this; takeover <= timeout + poll",
     )
     coordination: Literal["auto", "leader", "partitions"] = Field(
         "auto",
@@ -145,14 +156,18 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(None, description="bearer token required by the API")
     api_read_token: SecretStr | None = Field(None, description="bearer token allowing GET only")
     runs_retention: float = Field(7.0, gt=0, le=1_000_000, description="days of run history kept")
-    runs_max_per_schedule: int = Field(100, ge=0, description="newest runs kept per schedule (0: none)")
+    runs_max_per_schedule: int = Field(
+        100, ge=0, description="newest runs kept per schedule (0: none)"
+    )
     changes_retention: float = Field(
         90.0, gt=0, le=1_000_000, description="days of change history kept"
     )
     changes_max_per_schedule: int = Field(
         1000, ge=1, le=1_000_000, description="newest changes kept per schedule"
     )
-    metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus port of `manager`")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Prometheus port of `manager`"
+    )
     log_format: Literal["text", "json"] = Field("text", description="log lines as text or JSON")
     # -- operations: probes, exposure, limits
     metrics_host: str = Field(
@@ -216,13 +231,17 @@ class Settings(BaseSettings):
         try:
             backend = make_url(v).get_backend_name()
         except ArgumentError:
-            raise ValueError("not a database URL (e.g. postgresql://user@host/db or sqlite:///file.db)") from None
+            raise ValueError(
+                "not a database URL (e.g. postgresql://user@host/db or sqlite:///file.db)"
+            ) from None
         if backend in ("mysql", "mariadb"):
             from periodic_manager.db.engine import check_mysql_driver
 
             check_mysql_driver()
         elif backend not in ("postgresql", "sqlite"):
-            raise ValueError(f"unsupported database {backend!r}: use postgresql, mysql/mariadb or sqlite")
+            raise ValueError(
+                f"unsupported database {backend!r}: use postgresql, mysql/mariadb or sqlite"
+            )
         return v
 
     @field_validator("coordination")
@@ -291,7 +310,9 @@ class Settings(BaseSettings):
 
     @field_validator("target", "targets")
     @classmethod
-    def _postgresql_targets(cls, v: str | tuple[str, ...], info: ValidationInfo) -> str | tuple[str, ...]:
+    def _postgresql_targets(
+        cls, v: str | tuple[str, ...], info: ValidationInfo
+    ) -> str | tuple[str, ...]:
         # database_url is declared first: a bad URL is reported, not this.
         url = info.data.get("database_url")
         names = (v,) if isinstance(v, str) else v

@@ -92,7 +92,9 @@ async def pg_url() -> AsyncIterator[str]:
 
 
 def _mysql_url(name: str) -> str:
-    return normalize_url(make_url(MYSQL_URL).set(database=name).render_as_string(hide_password=False))
+    return normalize_url(
+        make_url(MYSQL_URL).set(database=name).render_as_string(hide_password=False)
+    )
 
 
 async def _mysql_admin() -> Any:
@@ -101,9 +103,12 @@ async def _mysql_admin() -> Any:
     u = make_url(MYSQL_URL)
     try:
         return await asyncmy.connect(
-            host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root",
-            password=u.password or "", connect_timeout=5,
-        )  # fmt: skip
+            host=u.host or "127.0.0.1",
+            port=u.port or 3306,
+            user=u.username or "root",
+            password=u.password or "",
+            connect_timeout=5,
+        )
     except (OSError, asyncmy.errors.Error) as exc:
         _unavailable("MariaDB/MySQL", exc)
 
@@ -177,7 +182,11 @@ async def migrated_sqlite_url(tmp_path: Path) -> str:
 # The URL fixture of each backend the per-backend tests run on: an empty database, and one
 # migrated to head.
 BACKEND_URLS = {"postgresql": "pg_url", "sqlite": "sqlite_url", "mysql": "mariadb_url"}
-MIGRATED_URLS = {"postgresql": "migrated_pg_url", "sqlite": "migrated_sqlite_url", "mysql": "migrated_mariadb_url"}
+MIGRATED_URLS = {
+    "postgresql": "migrated_pg_url",
+    "sqlite": "migrated_sqlite_url",
+    "mysql": "migrated_mariadb_url",
+}
 
 
 def backend_url(request: pytest.FixtureRequest, backend: str, *, migrated: bool = False) -> str:
@@ -250,7 +259,9 @@ class _Templates:
                     (name, table),
                 )
                 columns = ", ".join(f"`{row[0]}`" for row in await cur.fetchall())
-                script.append(f"INSERT INTO `{table}` ({columns}) SELECT {columns} FROM `{name}`.`{table}`")
+                script.append(
+                    f"INSERT INTO `{table}` ({columns}) SELECT {columns} FROM `{name}`.`{table}`"
+                )
             await cur.execute(
                 "SELECT trigger_name FROM information_schema.triggers WHERE trigger_schema = %s"
                 " ORDER BY event_object_table, action_order",
@@ -270,7 +281,9 @@ class _Templates:
         if "postgresql" in self.names:
             admin = await asyncpg.connect(f"{PG_DSN}/postgres", timeout=5)
             try:
-                await admin.execute(f'DROP DATABASE IF EXISTS "{self.names["postgresql"]}" WITH (FORCE)')
+                await admin.execute(
+                    f'DROP DATABASE IF EXISTS "{self.names["postgresql"]}" WITH (FORCE)'
+                )
             finally:
                 await admin.close()
         if "mysql" in self.names:
@@ -337,7 +350,9 @@ async def tasks_dumped_on_timeout(request: pytest.FixtureRequest) -> AsyncIterat
     a hung test's main thread just waits in the selector). Added to every coroutine test by
     :func:`pytest_collection_modifyitems`; a watchdog on the loop, it waits for no slot."""
     marker = request.node.get_closest_marker("timeout")
-    limit = float(marker.args[0] if marker and marker.args else request.config.getini("timeout") or 0)
+    limit = float(
+        marker.args[0] if marker and marker.args else request.config.getini("timeout") or 0
+    )
     if limit <= 2 * DUMP_BEFORE_TIMEOUT_S:
         yield
         return
@@ -415,7 +430,9 @@ def amqp_through(port: int) -> str:
     """``PM_TEST_AMQP_URL`` with its host and port replaced by a local proxy's."""
     parts = urlsplit(AMQP_URL)
     auth = parts.netloc.rpartition("@")[0]
-    return urlunsplit(parts._replace(netloc=f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}"))
+    return urlunsplit(
+        parts._replace(netloc=f"{auth}@127.0.0.1:{port}" if auth else f"127.0.0.1:{port}")
+    )
 
 
 @pytest.fixture
@@ -517,9 +534,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if problem is None:
         return
     report = pytest.TestReport(
-        nodeid="tests/conftest.py::no_stray_redis_keys", location=("tests/conftest.py", 0, "no_stray_redis_keys"),
-        keywords={}, outcome="failed", longrepr=problem, when="teardown",
-    )  # fmt: skip
+        nodeid="tests/conftest.py::no_stray_redis_keys",
+        location=("tests/conftest.py", 0, "no_stray_redis_keys"),
+        keywords={},
+        outcome="failed",
+        longrepr=problem,
+        when="teardown",
+    )
     session.config.hook.pytest_runtest_logreport(report=report)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -36,7 +36,9 @@ IN_USE: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _view(c: dbcalendars.StoredCalendar, now: datetime, used_by: list[str] | None = None) -> CalendarView:
+def _view(
+    c: dbcalendars.StoredCalendar, now: datetime, used_by: list[str] | None = None
+) -> CalendarView:
     spec: CalendarSpec | None = c.spec
     body: dict[str, Any] = {"name": c.name, "updated_at": c.updated_at, "used_by": used_by}
     if spec is None:
@@ -59,9 +61,7 @@ async def list_calendars(conn: Conn, now: Now) -> CalendarList:
     return CalendarList(items=[_view(c, now) for c in await dbcalendars.read_all(conn)])
 
 
-@router.get(
-    "/{name}", response_model=CalendarView, responses=NOT_FOUND, summary="One calendar"
-)
+@router.get("/{name}", response_model=CalendarView, responses=NOT_FOUND, summary="One calendar")
 async def get_calendar(name: Name, conn: Conn, now: Now) -> CalendarView:
     found = await dbcalendars.read_one(conn, name)
     if found is None:
@@ -83,6 +83,7 @@ async def put_calendar(
 ) -> CalendarView:
     check_name(name)
     spec = check_spec(body.model_dump(exclude_none=True))
+
     async def write() -> tuple[bool, dbcalendars.StoredCalendar, list[str]]:
         created = await dbcalendars.put(conn, name, spec, now)
         found = await dbcalendars.read_one(conn, name)

@@ -45,7 +45,12 @@ def _entry(live: store_reads.LiveEntry, now: datetime, version: Version = NO_LIM
         nxt = next_slot(entry.spec, entry.timezone, entry.anchor, slot_bounds.floor_of(now, bounds))
         if nxt is None or slot_bounds.ended(nxt, bounds):
             nxt, status = None, "ended"  # no slot left before options.end_at
-    if active and max_runs is not None and state is not None and runs_left(max_runs, state.runs) == 0:
+    if (
+        active
+        and max_runs is not None
+        and state is not None
+        and runs_left(max_runs, state.runs) == 0
+    ):
         nxt, status = None, "ended"  # every run of options.max_runs was sent
     return EntryOut(
         entry_id=entry.entry_id,
@@ -90,7 +95,9 @@ async def list_entries(
     key = str(schedule_id) if schedule_id is not None else None
     live = await store_reads.live_entries(conn, cutoff, key)
     found = await _versions(request, conn, live)
-    return EntryList(items=[_entry(e, now, found.get(e.entry.content_hash, NO_LIMITS)) for e in live])
+    return EntryList(
+        items=[_entry(e, now, found.get(e.entry.content_hash, NO_LIMITS)) for e in live]
+    )
 
 
 async def _versions(
@@ -100,9 +107,12 @@ async def _versions(
     version an entry runs: a row changed since, or a last-good version, has another hash and
     none here)."""
     ids = sorted(
-        {int(e.entry.schedule_key) for e in live
-         if e.entry.status == "active" and DIGITS.fullmatch(e.entry.schedule_key)}
-    )  # fmt: skip
+        {
+            int(e.entry.schedule_key)
+            for e in live
+            if e.entry.status == "active" and DIGITS.fullmatch(e.entry.schedule_key)
+        }
+    )
     if not ids:
         return {}
     judged = await rules(request, conn)

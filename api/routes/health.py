@@ -75,7 +75,9 @@ async def readyz(request: Request) -> Any:
             checks["manager"] = "leader" if manager.is_leader else "standby"
         checks["clock"] = manager.clock_check()
     failed = [
-        name for name, value in checks.items() if value not in READY_VALUES and not value.startswith("skewed:")
+        name
+        for name, value in checks.items()
+        if value not in READY_VALUES and not value.startswith("skewed:")
     ]
     if failed:
         detail = "not ready: " + ", ".join(failed)

@@ -127,9 +127,7 @@ async def trigger(
             )
     if failure is not None:
         log.error("manual trigger of %s failed: %s", cfg.name, failure, extra=extra)
-        await _record(
-            conn, settings, row_id, cfg.name, now, "failed", None, f"trigger: {failure}"
-        )
+        await _record(conn, settings, row_id, cfg.name, now, "failed", None, f"trigger: {failure}")
         raise ApiProblem(503, "target-unavailable", f"the task was not enqueued: {failure}")
     log.info("manual trigger of %s enqueued as %s", cfg.name, key, extra=extra)
     await _record(conn, settings, row_id, cfg.name, now, "triggered", result.message_id, None)
@@ -160,8 +158,10 @@ def _usable(row: RowView) -> PeriodicTaskConfig:
 BACKFILL_RESPONSES: dict[int | str, dict[str, Any]] = {
     **NOT_FOUND,
     409: {"description": "The schedule is paused, or its stored row is unusable"},
-    422: {"description": "A bad `from`, `to`, `dry_run` or `force`, `to` not after `from` or "
-          "after now, or more than 100,000 slots in the range (each error names the field)"},
+    422: {
+        "description": "A bad `from`, `to`, `dry_run` or `force`, `to` not after `from` or "
+        "after now, or more than 100,000 slots in the range (each error names the field)"
+    },
 }
 
 
@@ -188,9 +188,14 @@ async def backfill(
     found = slot_backfill.slots_in(cfg, start, end)
     policy = slot_backfill.Policy.of(settings, dry_run=body.dry_run, force=body.force)
     outcome = await slot_backfill.backfill(
-        get_state(request).database, cfg, await get_target(request), get_clock(request), found,
-        policy, created_at=_instant(row.values.get("created_at")),
-    )  # fmt: skip
+        get_state(request).database,
+        cfg,
+        await get_target(request),
+        get_clock(request),
+        found,
+        policy,
+        created_at=_instant(row.values.get("created_at")),
+    )
     return BackfillResult(**dataclasses.asdict(outcome))
 
 

@@ -111,7 +111,9 @@ async def row_exists(conn: Connection, schedule_id: int) -> None:
         raise ScheduleNotFound(schedule_id)
 
 
-def _manager_error(manager_id: str, message: str, last_good_since: datetime | None) -> ScheduleError:
+def _manager_error(
+    manager_id: str, message: str, last_good_since: datetime | None
+) -> ScheduleError:
     # Managers publish a rejection as "<field>: <reason>" (RowError.message).
     field, sep, reason = message.partition(": ")
     if not sep or " " in field:
@@ -272,7 +274,9 @@ async def update_schedule(
     # stored) keeps the version (same ETag and updated_at); a column the PATCH leaves alone is
     # never rewritten, even one that cannot be read (a description that is not UTF-8, say).
     changes = {
-        k: v for k, v in asked.items() if k in row.unreadable or not dbview.same_value(k, stored[k], v)
+        k: v
+        for k, v in asked.items()
+        if k in row.unreadable or not dbview.same_value(k, stored[k], v)
     }
     if changes:
         await schedule_writer.update_row(
@@ -321,7 +325,7 @@ async def _set_enabled(
     response_model=ScheduleWithRuns,
     responses={**NOT_FOUND, **STALE},
     summary="Pause a schedule (enabled = false; its entry is removed, the row stays)",
-    description="An optional body `{\"note\": \"...\"}` says why; the note, when and by whom "
+    description='An optional body `{"note": "..."}` says why; the note, when and by whom '
     "(`api`) are kept until the schedule resumes and shown as `paused`. Pausing a paused "
     "schedule changes nothing, its note neither.",
 )

@@ -88,17 +88,23 @@ class Counts(BaseModel):
     schedules: int
     enabled: int = Field(description="schedules whose `enabled` is true (the `enabled=true` list)")
     paused: int = Field(description="schedules whose `enabled` is false (the `enabled=false` list)")
-    in_error: int = Field(description="schedules a live manager rejected (the `in_error=true` list)")
+    in_error: int = Field(
+        description="schedules a live manager rejected (the `in_error=true` list)"
+    )
 
 
 class SeriesPoint(BaseModel):
     start_at: datetime = Field(description="start of the one-minute bucket")
     enqueued: int
     skipped: int
-    held: int = Field(description="slots held while the previous task still ran (options.overlap hold)")
+    held: int = Field(
+        description="slots held while the previous task still ran (options.overlap hold)"
+    )
     failed: int
     duplicate: int
-    resent: int = Field(description="published again with the same task id: the broker never confirmed the first publish")
+    resent: int = Field(
+        description="published again with the same task id: the broker never confirmed the first publish"
+    )
     triggered: int
     backfilled: int = Field(description="missed slots sent by a backfill")
 
@@ -140,7 +146,8 @@ class ManagerView(BaseModel):
     last_sync_error: str | None
     entry_count: int | None = Field(description="as the manager reported it with its heartbeat")
     target_down: str | None = Field(
-        None, description="why this manager holds no work: its targets fail their pings (null: it may)"
+        None,
+        description="why this manager holds no work: its targets fail their pings (null: it may)",
     )
     clock_offset_s: float | None = Field(
         None, description="seconds its wall clock is ahead of the database's (null: not measured)"

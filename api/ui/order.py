@@ -56,9 +56,13 @@ def _row(judge: dbjudge.RowJudge, raw: Any) -> Row:
     verdict = judge(raw)
     if isinstance(verdict, PeriodicTaskConfig):
         return Row(
-            verdict.name, ENABLED, verdict.spec, verdict.timezone, verdict.anchor,
+            verdict.name,
+            ENABLED,
+            verdict.spec,
+            verdict.timezone,
+            verdict.anchor,
             bounds_of(verdict.options),
-        )  # fmt: skip
+        )
     if isinstance(verdict, RowError):
         return Row(verdict.name or "", UNUSABLE)
     try:  # paused: only its name is needed, for the order among paused rows

@@ -22,7 +22,14 @@ from ..ui.models import Counts, Lateness, ManagerSummary, SeriesPoint
 
 WINDOW_MINUTES = 60
 STATUSES = (
-    "enqueued", "skipped", "held", "failed", "duplicate", "resent", "triggered", "backfilled"
+    "enqueued",
+    "skipped",
+    "held",
+    "failed",
+    "duplicate",
+    "resent",
+    "triggered",
+    "backfilled",
 )
 PERCENTILES = (0.5, 0.9, 0.99)
 LATENESS_SAMPLE = 10_000

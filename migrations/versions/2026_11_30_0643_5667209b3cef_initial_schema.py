@@ -47,12 +47,8 @@ def upgrade() -> None:
         ),
         sa.Column("enabled", sa.Boolean(), server_default=sa.true(), nullable=False),
         sa.Column("description", sa.Text(), nullable=True),
-        sa.Column(
-            "created_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False
-        ),
-        sa.Column(
-            "updated_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False
-        ),
+        sa.Column("created_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False),
+        sa.Column("updated_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_periodic_jobs")),
         sa.UniqueConstraint("name", name=op.f("uq_periodic_jobs_name")),
         **dialect.TABLE,

@@ -151,9 +151,7 @@ def upgrade() -> None:
         "periodic_jobs_deleted",
         sa.Column("revision", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("id", sa.BigInteger(), nullable=False),
-        sa.Column(
-            "deleted_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False
-        ),
+        sa.Column("deleted_at", dialect.INSTANT, server_default=sa.func.now(), nullable=False),
         sa.PrimaryKeyConstraint("revision", name=op.f("pk_periodic_jobs_deleted")),
         **dialect.TABLE,
     )

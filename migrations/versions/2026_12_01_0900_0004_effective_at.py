@@ -128,4 +128,3 @@ def upgrade() -> None:
 def downgrade() -> None:
     dialect.run(postgresql=PG_DOWN, sqlite=SQLITE_DOWN, mysql=MYSQL_DOWN)
     op.execute("ALTER TABLE periodic_jobs DROP COLUMN effective_at")
-

@@ -40,9 +40,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("idempotency_key"),
         **dialect.TABLE,
     )
-    op.create_index(
-        "ix_pm_procrastinate_sent_expires_at", "pm_procrastinate_sent", ["expires_at"]
-    )
+    op.create_index("ix_pm_procrastinate_sent_expires_at", "pm_procrastinate_sent", ["expires_at"])
     op.create_index(
         "ix_pm_procrastinate_sent_name_job_id", "pm_procrastinate_sent", ["name", "job_id"]
     )

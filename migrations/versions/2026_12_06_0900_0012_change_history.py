@@ -56,9 +56,17 @@ depends_on: str | Sequence[str] | None = None
 # What a person changes; frozen here as of this migration (periodic_manager.db.change_history
 # holds the same list, and a test checks they agree).
 TRACKED = (
-    "name", "spec", "timezone", "anchor", "task_type", "payload", "options", "enabled",
-    "description", "paused_note",
-)  # fmt: skip
+    "name",
+    "spec",
+    "timezone",
+    "anchor",
+    "task_type",
+    "payload",
+    "options",
+    "enabled",
+    "description",
+    "paused_note",
+)
 CUT = 2000  # characters of a value kept
 
 _JSON = ("payload", "options")

@@ -32,12 +32,14 @@ def _fail(message: str, status: int = 2) -> int:
     return status
 
 
-
 def _exclusion(args: argparse.Namespace) -> Exclusion | None:
     """The calendars ``--exclude-dates`` and ``--exclude-holidays`` describe, judged as the API
     judges a calendar (ConfigError naming the flag); None without them."""
     found: dict[str, CalendarSpec] = {}
-    for flag, value in (("--exclude-dates", args.exclude_dates), ("--exclude-holidays", args.exclude_holidays)):
+    for flag, value in (
+        ("--exclude-dates", args.exclude_dates),
+        ("--exclude-holidays", args.exclude_holidays),
+    ):
         if value is None:
             continue
         if flag == "--exclude-dates":
@@ -95,7 +97,9 @@ def print_next(args: argparse.Namespace) -> int:
     if args.describe:
         print(f"# {describe(args.spec) or '(no description for this expression)'}")
     now = SystemClock().now()
-    found = slot_bounds.slots(schedule, now, args.n, slot_bounds.bounds_of(options), excluded, args.tz)
+    found = slot_bounds.slots(
+        schedule, now, args.n, slot_bounds.bounds_of(options), excluded, args.tz
+    )
     for slot in slot_runs.limited(found, slot_runs.max_runs_of(options)):
         local = slot.astimezone(zone)
         print(f"{slot_text(slot)}  {local.isoformat()} {local.tzname()}")
@@ -255,10 +259,14 @@ async def backfill_command(
         target = build_target(settings, engine)
         created = row.values.get("created_at")
         outcome = await backfill.backfill(
-            engine, row.config, target, clock, found,
+            engine,
+            row.config,
+            target,
+            clock,
+            found,
             backfill.Policy.of(settings, dry_run=args.dry_run, force=bool(args.force)),
             created_at=created if isinstance(created, datetime) and created.tzinfo else None,
-        )  # fmt: skip
+        )
     finally:
         if target is not None:
             await target.close()
@@ -288,7 +296,10 @@ def _report(outcome: Any) -> int:
             file=sys.stderr,
         )
     elif outcome.unchecked:
-        print(f"{PROG}: note: {outcome.unchecked} slot(s) that could not be checked were sent (--force)", file=sys.stderr)
+        print(
+            f"{PROG}: note: {outcome.unchecked} slot(s) that could not be checked were sent (--force)",
+            file=sys.stderr,
+        )
     if outcome.failed:
         return 1
     return 3 if outcome.unchecked and not outcome.forced and not outcome.dry_run else 0

@@ -36,7 +36,10 @@ FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
     "--database-url": ("database_url", "database URL (PM_DATABASE_URL)"),
     "--redis-url": ("redis_url", "Redis URL (PM_REDIS_URL)"),
-    "--target": ("target", "default target: redis, outbox, celery, arq, rq, dramatiq or procrastinate (PM_TARGET)"),
+    "--target": (
+        "target",
+        "default target: redis, outbox, celery, arq, rq, dramatiq or procrastinate (PM_TARGET)",
+    ),
     "--sync-interval": ("sync_interval", "seconds between syncs (PM_SYNC_INTERVAL)"),
     "--grace": ("grace", "seconds a slot may be late (PM_GRACE)"),
     "--host": ("host", "API bind address (PM_HOST)"),
@@ -88,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
             field, help_text = FLAGS[flag]
             subs[name].add_argument(flag, dest=field, default=None, help=help_text)
     nxt = sub.add_parser(
-        "next", help="print the next slots of a spec (no database needed)",
+        "next",
+        help="print the next slots of a spec (no database needed)",
         description="print the next slots of a spec, in UTC and local time (no database needed)",
     )
     nxt.add_argument("spec", help='cron expression, macro or "@every 90s"')
@@ -96,17 +100,25 @@ def _parser() -> argparse.ArgumentParser:
     nxt.add_argument("-n", type=int, default=5, help="how many slots (default 5)")
     nxt.add_argument("--anchor", default=None, help="phase of @every (ISO 8601 with offset)")
     nxt.add_argument(
-        "--start-at", default=None, help="options.start_at: no slot before it (ISO 8601 with offset)"
+        "--start-at",
+        default=None,
+        help="options.start_at: no slot before it (ISO 8601 with offset)",
     )
     nxt.add_argument(
-        "--end-at", default=None, help="options.end_at: no slot at or after it (ISO 8601 with offset)"
+        "--end-at",
+        default=None,
+        help="options.end_at: no slot at or after it (ISO 8601 with offset)",
     )
     nxt.add_argument(
-        "--exclude-dates", default=None, metavar="D1,D2",
+        "--exclude-dates",
+        default=None,
+        metavar="D1,D2",
         help="as options.exclude naming a calendar of these dates (YYYY-MM-DD): no slot on them",
     )
     nxt.add_argument(
-        "--exclude-holidays", default=None, metavar="CC[-SUBDIV]",
+        "--exclude-holidays",
+        default=None,
+        metavar="CC[-SUBDIV]",
         help="as options.exclude naming the public holidays of a country (DE, DE-BY)",
     )
     nxt.add_argument(
@@ -121,23 +133,34 @@ def _parser() -> argparse.ArgumentParser:
     subs["export"].add_argument("--format", choices=("json", "yaml", "toml"), default="json")
     bf = subs["backfill"]
     bf.add_argument("name", help="the schedule's name")
-    bf.add_argument("--from", dest="from_", required=True, help="first instant (ISO 8601 with offset)")
-    bf.add_argument("--to", required=True, help="end, excluded, not after now (ISO 8601 with offset)")
+    bf.add_argument(
+        "--from", dest="from_", required=True, help="first instant (ISO 8601 with offset)"
+    )
+    bf.add_argument(
+        "--to", required=True, help="end, excluded, not after now (ISO 8601 with offset)"
+    )
     bf.add_argument("--dry-run", action="store_true", help="count only: send and record nothing")
     bf.add_argument(
-        "--force", action="store_true",
+        "--force",
+        action="store_true",
         help="also send the slots older than what is remembered (PM_RUNS_RETENTION, "
         "PM_RUNS_MAX_PER_SCHEDULE), which may have been sent already",
-    )  # fmt: skip
+    )
     health = sub.add_parser(
-        "health", help="liveness of a manager: exit 1 if its probe file is stale or missing",
+        "health",
+        help="liveness of a manager: exit 1 if its probe file is stale or missing",
         description="read <PM_PROBE_DIR>/<role>.json; exit 0 if fresh and healthy, 1 if it is "
         "missing, unreadable, stale, written in the future (clock skew) or unhealthy",
     )
     health.add_argument("--role", choices=("manager", "run"), default="manager")
-    health.add_argument("--probe-dir", default=None, help="directory of the probe file (PM_PROBE_DIR)")
     health.add_argument(
-        "--max-age", type=float, default=None, metavar="S",
+        "--probe-dir", default=None, help="directory of the probe file (PM_PROBE_DIR)"
+    )
+    health.add_argument(
+        "--max-age",
+        type=float,
+        default=None,
+        metavar="S",
         help="seconds after which the probe is stale (default: 3 write intervals, at least 30)",
     )
     return parser
@@ -250,7 +273,12 @@ def _log_start(role: str, settings: Settings, revision: str | None, extra: str =
     targets = describe_targets(settings)
     log.info(
         "periodic-manager %s %s: database %s (schema %s), target %s%s",
-        __version__, role, redact_url(settings.database_url), revision, targets, extra,
+        __version__,
+        role,
+        redact_url(settings.database_url),
+        revision,
+        targets,
+        extra,
     )
 
 
@@ -293,14 +321,18 @@ async def _run_manager(settings: Settings) -> int:
         metrics_server = _start_metrics(settings, manager)
         metrics = (
             f", metrics on http://{settings.metrics_host}:{settings.metrics_port}/metrics"
-            if metrics_server is not None else ""
+            if metrics_server is not None
+            else ""
         )
         _log_start("manager", settings, revision, metrics)
         probe = None
         if settings.probe_dir is not None:
             probe = ProbeWriter(
-                settings.probe_dir, "manager", manager_health(manager),
-                clock=SystemClock(), interval_s=settings.probe_interval,
+                settings.probe_dir,
+                "manager",
+                manager_health(manager),
+                clock=SystemClock(),
+                interval_s=settings.probe_interval,
             )
         return await _supervise(manager, probe)
     finally:
@@ -322,11 +354,14 @@ def _start_metrics(settings: Settings, manager: Any) -> Any:
         )
     except OSError as exc:
         where = f"{settings.metrics_host}:{settings.metrics_port}"
-        raise StartupError(f"PM_METRICS_PORT: cannot listen on {where}: {exc.strerror or exc}") from None
+        raise StartupError(
+            f"PM_METRICS_PORT: cannot listen on {where}: {exc.strerror or exc}"
+        ) from None
     if not is_loopback(settings.metrics_host):
         log.warning(
             "metrics on %s:%s have no authentication: anyone who reaches the port reads them",
-            settings.metrics_host, settings.metrics_port,
+            settings.metrics_host,
+            settings.metrics_port,
         )
     return server
 
@@ -357,7 +392,10 @@ async def _supervise(manager: Any, probe: Any) -> int:
             # A loop that dies wakes this at once; what only time shows (a dispatch hung for
             # minutes, a takeover stalled for a minute) is looked at every HEALTH_EVERY_S.
             await sleep_unless(
-                manager.clock, stop, manager.tasks.died, until=next_tick(manager.clock.now(), HEALTH_EVERY_S)
+                manager.clock,
+                stop,
+                manager.tasks.died,
+                until=next_tick(manager.clock.now(), HEALTH_EVERY_S),
             )
     finally:
         if probe_task is not None:

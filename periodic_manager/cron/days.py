@@ -61,7 +61,9 @@ _SHARED_MAX = 4096
 _T = TypeVar("_T")
 
 
-def _shared(cache: dict[tuple[int, ...], _T], key: tuple[int, ...], make: Callable[[tuple[int, ...]], _T]) -> _T:
+def _shared(
+    cache: dict[tuple[int, ...], _T], key: tuple[int, ...], make: Callable[[tuple[int, ...]], _T]
+) -> _T:
     got = cache.get(key)
     if got is None:
         if len(cache) >= _SHARED_MAX:

@@ -110,8 +110,13 @@ async def _claim(
             {"schedule_key": key, "name": name, "updated_at": now},
         )
     # Sorted: concurrent claims lock their index entries in one order (no deadlock).
-    await conn.execute(_insert(conn), [{"schedule_key": key, "slot_at": s, "state": SENDING,
-                                        "owner": owner, "at": now} for s in sorted(slots)])  # fmt: skip
+    await conn.execute(
+        _insert(conn),
+        [
+            {"schedule_key": key, "slot_at": s, "state": SENDING, "owner": owner, "at": now}
+            for s in sorted(slots)
+        ],
+    )
     lo, hi = min(slots), max(slots) + _TICK
     in_batch = [T.schedule_key == key, T.slot_at >= lo, T.slot_at < hi]
     stale = and_(*in_batch, T.state == SENDING, T.owner != owner, T.at < now - STALE)

@@ -24,7 +24,9 @@ from periodic_manager.schedules.calendars import CalendarSpec, parse_stored
 
 C = calendars_table.c
 J = jobs_table.c
-MAX_CALENDARS = 10_000  # read at most this many (a manager reads them at every sync that reads rows)
+MAX_CALENDARS = (
+    10_000  # read at most this many (a manager reads them at every sync that reads rows)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,9 @@ async def put(conn: AsyncConnection, name: str, spec: CalendarSpec, now: datetim
     created = not done.rowcount
     if created:
         try:
-            await conn.execute(insert(calendars_table).values(name=name, spec=spec.text, updated_at=now))
+            await conn.execute(
+                insert(calendars_table).values(name=name, spec=spec.text, updated_at=now)
+            )
         except IntegrityError:  # created meanwhile by another writer: this write replaces it
             await conn.rollback()
             await conn.execute(

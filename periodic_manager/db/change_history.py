@@ -124,7 +124,9 @@ async def cap(engine: AsyncEngine, per_schedule: int) -> int:
         .limit(_CAP_SCHEDULES)
     )
     async with engine.connect() as conn:
-        ids = [i for v in (await conn.execute(over)).scalars() if (i := dbrows.int_of(v)) is not None]
+        ids = [
+            i for v in (await conn.execute(over)).scalars() if (i := dbrows.int_of(v)) is not None
+        ]
     return await history.keep_newest(
         engine, schedule_changes_table, C.id, C.schedule_id, (C.id.desc(),), ids, per_schedule
     )

@@ -67,7 +67,9 @@ _WATERMARK = select(
 def _watermark_pg() -> str:
     """The same statement as PostgreSQL's text, for the driver's own connection (see peek);
     compiled at the first peek, not when the module is imported."""
-    return str(_WATERMARK.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+    return str(
+        _WATERMARK.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})
+    )
 
 
 async def watermark(conn: AsyncConnection) -> Watermark:
@@ -77,14 +79,14 @@ async def watermark(conn: AsyncConnection) -> Watermark:
 
 def _mark(row: Sequence[Any]) -> Watermark:
     latest_row, oldest_row, latest_tombstone = row
-    return Watermark(int(max(latest_row, latest_tombstone)), None if oldest_row is None else int(oldest_row))
+    return Watermark(
+        int(max(latest_row, latest_tombstone)), None if oldest_row is None else int(oldest_row)
+    )
 
 
 async def current_revision(conn: AsyncConnection) -> int:
     """The largest revision of a row or a tombstone."""
     return (await watermark(conn)).revision
-
-
 
 
 def unchanged(mark: Watermark, since: int) -> bool:
@@ -125,7 +127,13 @@ async def changes_since(conn: AsyncConnection, since: int) -> Changes | None:
     if revision < since or mark.oldest is None or mark.oldest > since:
         return Changes(revision, full=True)
     deleted = (
-        (await conn.execute(select(deleted_jobs_table.c.id).where(deleted_jobs_table.c.revision > since))).scalars().all()
+        (
+            await conn.execute(
+                select(deleted_jobs_table.c.id).where(deleted_jobs_table.c.revision > since)
+            )
+        )
+        .scalars()
+        .all()
     )
     if 0 in deleted:  # TRUNCATE: no tombstone per row, read everything
         return Changes(revision, full=True)
@@ -160,5 +168,7 @@ async def stream_rows(conn: AsyncConnection, partition: int = 1000) -> AsyncIter
 async def prune_tombstones(engine: AsyncEngine, older_than: datetime) -> int:
     """Delete tombstones older than ``older_than`` (a full read makes up for any pruned)."""
     async with engine.begin() as conn:
-        result = await conn.execute(delete(deleted_jobs_table).where(deleted_jobs_table.c.deleted_at < older_than))
+        result = await conn.execute(
+            delete(deleted_jobs_table).where(deleted_jobs_table.c.deleted_at < older_than)
+        )
     return int(result.rowcount or 0)

@@ -27,8 +27,17 @@ Connection = AsyncConnection
 
 
 # URL schemes of MariaDB and MySQL (both spoken by the asyncmy driver).
-MYSQL_SCHEMES = ("mysql", "mariadb", "mysql+asyncmy", "mariadb+asyncmy", "mysql+pymysql", "mysql+aiomysql")
-MYSQL_EXTRA = "the MariaDB/MySQL driver asyncmy is not installed: pip install 'periodic-manager[mysql]'"
+MYSQL_SCHEMES = (
+    "mysql",
+    "mariadb",
+    "mysql+asyncmy",
+    "mariadb+asyncmy",
+    "mysql+pymysql",
+    "mysql+aiomysql",
+)
+MYSQL_EXTRA = (
+    "the MariaDB/MySQL driver asyncmy is not installed: pip install 'periodic-manager[mysql]'"
+)
 
 
 def normalize_url(url: str) -> str:
@@ -105,8 +114,10 @@ def create_engine(
         kwargs.setdefault("pool_recycle", 3600)
         return create_async_engine(url, connect_args=mysql_args, **kwargs)
     connect_args: dict[str, Any] = {
-        "command_timeout": command_timeout, "timeout": command_timeout, "async_creator_fn": pg_connect,
-    }  # fmt: skip
+        "command_timeout": command_timeout,
+        "timeout": command_timeout,
+        "async_creator_fn": pg_connect,
+    }
     connect_args.update(kwargs.pop("connect_args", {}))
     kwargs.setdefault("pool_pre_ping", ping)
     engine = create_async_engine(url, connect_args=connect_args, **kwargs)

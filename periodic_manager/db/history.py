@@ -33,7 +33,16 @@ _PRUNE_BATCH = 5000
 _PRUNE_ROUNDS = 20
 _ERROR_MAX = 2000  # characters of an error kept in history
 _MS = timedelta(milliseconds=1)
-_RUN_COLUMNS = ("schedule_key", "name", "slot_at", "status", "at", "lateness_ms", "message_id", "error")
+_RUN_COLUMNS = (
+    "schedule_key",
+    "name",
+    "slot_at",
+    "status",
+    "at",
+    "lateness_ms",
+    "message_id",
+    "error",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +112,10 @@ async def record_api_runs(
     each (a backfill: ``backfilled``), and commit; a failure rolls back and is raised."""
     if not runs:
         return
-    values = [_values(schedule_key, name, slot, st, at, mid or None, err or None) for slot, st, at, mid, err in runs]
+    values = [
+        _values(schedule_key, name, slot, st, at, mid or None, err or None)
+        for slot, st, at, mid, err in runs
+    ]
     try:
         for i in range(0, len(values), _INSERT_CHUNK):
             await conn.execute(insert(runs_table), values[i : i + _INSERT_CHUNK])
@@ -114,7 +126,9 @@ async def record_api_runs(
 
 
 def _run_values(run: RunRecord) -> dict[str, Any]:
-    return _values(run.schedule_key, run.name, run.slot, run.status, run.at, run.message_id, run.error)
+    return _values(
+        run.schedule_key, run.name, run.slot, run.status, run.at, run.message_id, run.error
+    )
 
 
 def _values(
@@ -157,7 +171,9 @@ async def cap(engine: AsyncEngine, keys: Iterable[str], per_schedule: int) -> in
     schedules per statement; returns the number of rows deleted."""
     c = runs_table.c
     order = (c.slot_at.desc(), c.id.desc())
-    return await keep_newest(engine, runs_table, c.id, c.schedule_key, order, sorted(set(keys)), per_schedule)
+    return await keep_newest(
+        engine, runs_table, c.id, c.schedule_key, order, sorted(set(keys)), per_schedule
+    )
 
 
 async def drop_before(
@@ -218,7 +234,9 @@ async def page(
     where = [runs_table.c.schedule_key == schedule_key]
     if status is not None:
         where.append(runs_table.c.status == status)
-    total = (await conn.execute(select(func.count()).select_from(runs_table).where(*where))).scalar_one()
+    total = (
+        await conn.execute(select(func.count()).select_from(runs_table).where(*where))
+    ).scalar_one()
     sqlite = reads_bytes(conn)
     stmt = (
         select(*_raw(sqlite))
@@ -243,7 +261,10 @@ async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, Run
         select(*_raw(sqlite))
         .join(
             newest,
-            and_(runs_table.c.schedule_key == newest.c.schedule_key, runs_table.c.slot_at == newest.c.slot_at),
+            and_(
+                runs_table.c.schedule_key == newest.c.schedule_key,
+                runs_table.c.slot_at == newest.c.slot_at,
+            ),
         )
         .order_by(runs_table.c.id)
     )
@@ -255,7 +276,11 @@ async def last_runs(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, Run
 
 
 async def slots_with(
-    conn: AsyncConnection, schedule_key: str, statuses: Iterable[str], start: datetime, end: datetime
+    conn: AsyncConnection,
+    schedule_key: str,
+    statuses: Iterable[str],
+    start: datetime,
+    end: datetime,
 ) -> set[datetime]:
     """The slots in ``[start, end)`` the history records with one of ``statuses`` (UTC)."""
     return await instants(

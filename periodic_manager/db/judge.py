@@ -86,9 +86,7 @@ def rules_for(sqlite: bool, max_payload_bytes: int, targets: Collection[str] | N
     row error, as the manager and the API both say. None: any target (no deployment check)."""
     if targets is None:
         return Rules(sqlite, max_payload_bytes)
-    return Rules(
-        sqlite, max_payload_bytes, target_check(targets), task_check=task_check(targets)
-    )
+    return Rules(sqlite, max_payload_bytes, target_check(targets), task_check=task_check(targets))
 
 
 def target_check(targets: Collection[str]) -> Check:
@@ -268,8 +266,16 @@ class RowJudge:
                 if pending is not None:
                     spec, timezone, task_type, opts, options_json = known
                     config = self.config_class.of_row(
-                        name, spec, task_type, opts, options_json, timezone, None, raw[0],
-                        self._effective_at(raw[EFFECTIVE]), pending,
+                        name,
+                        spec,
+                        task_type,
+                        opts,
+                        options_json,
+                        timezone,
+                        None,
+                        raw[0],
+                        self._effective_at(raw[EFFECTIVE]),
+                        pending,
                         raw[N_JUDGED] if len(raw) > N_JUDGED else None,
                     )
                     # No rules.check: it reads the shape alone (see Rules), and this shape
@@ -283,7 +289,13 @@ class RowJudge:
             self._remember(
                 self._shapes,
                 (raw[3], raw[4], raw[6], options_raw),
-                (config.spec, config.timezone, config.task_type, config.options, config.options_json),
+                (
+                    config.spec,
+                    config.timezone,
+                    config.task_type,
+                    config.options,
+                    config.options_json,
+                ),
             )
         return config
 
@@ -336,7 +348,9 @@ class RowJudge:
             raise options
         opts, options_json = options
         if anchor is None:
-            self._memo(self._schedules, (spec, timezone), lambda st: validate_schedule(st[0], st[1], None))
+            self._memo(
+                self._schedules, (spec, timezone), lambda st: validate_schedule(st[0], st[1], None)
+            )
         else:
             validate_schedule(spec, timezone, anchor)
         config = self.config_class(
@@ -373,7 +387,9 @@ class RowJudge:
             return value
         return shared
 
-    def _memo(self, memo: dict[Any, ConfigError | None], value: Any, check: Callable[[Any], Any]) -> None:
+    def _memo(
+        self, memo: dict[Any, ConfigError | None], value: Any, check: Callable[[Any], Any]
+    ) -> None:
         try:
             verdict = memo[value]
         except KeyError:

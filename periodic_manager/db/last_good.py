@@ -56,11 +56,15 @@ async def save(engine: AsyncEngine, versions: Sequence[LastGoodVersion]) -> None
         # are assigned after what reads them (MariaDB/MySQL assign in order; see db/upsert.py).
         out = [("since", case((t.content_hash == new.content_hash, t.since), else_=new.since))]
         last = ("content_hash", "bad_revision")
-        out += [(c.name, new[c.name]) for c in _T.c if c.name not in ("schedule_key", "since", *last)]
+        out += [
+            (c.name, new[c.name]) for c in _T.c if c.name not in ("schedule_key", "since", *last)
+        ]
         return out + [(name, new[name]) for name in last]
 
     def newer(new: Any) -> Any:
-        return or_(t.bad_revision.is_(None), new.bad_revision.is_(None), new.bad_revision >= t.bad_revision)
+        return or_(
+            t.bad_revision.is_(None), new.bad_revision.is_(None), new.bad_revision >= t.bad_revision
+        )
 
     stmt = upsert(engine, last_good_table, ["schedule_key"], assign, newer)
     async with engine.begin() as conn:

@@ -192,7 +192,9 @@ deleted_jobs_table = Table(
 UNMANAGED_TABLES = frozenset({"pm_revision"})
 
 
-def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
     """Alembic autogenerate filter: skip :data:`UNMANAGED_TABLES`."""
     return not (type_ == "table" and name in UNMANAGED_TABLES)
 
@@ -255,7 +257,12 @@ partition_members_table = Table(
 entries_table = Table(
     "pm_entries",
     metadata,
-    Column("manager_id", String(64), ForeignKey("pm_managers.manager_id", ondelete="CASCADE"), primary_key=True),
+    Column(
+        "manager_id",
+        String(64),
+        ForeignKey("pm_managers.manager_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
     Column("entry_id", String(128), primary_key=True),
     Column("schedule_key", String(128), nullable=False, index=True),
     Column("name", String(200), nullable=True),

@@ -23,7 +23,9 @@ def partition_sql(column: ColumnElement[Any], count: Any) -> ColumnElement[Any]:
 
 async def partition_count(conn: AsyncConnection) -> int:
     """How many partitions the database has (its rows of ``pm_partitions``)."""
-    return int((await conn.execute(select(func.count()).select_from(partitions_table))).scalar_one())
+    return int(
+        (await conn.execute(select(func.count()).select_from(partitions_table))).scalar_one()
+    )
 
 
 async def holders(conn: AsyncConnection) -> dict[str, list[int]]:

@@ -165,7 +165,9 @@ class DatabaseProvider:
         size = -(-count // EVERY_RUNS)
         runs = [range(lo, min(count, lo + size)) for lo in range(0, count, size)]
         return [
-            _ColdRead(self._run, {"partition_count": count, "run_from": r.start, "run_to": r.stop}, r)
+            _ColdRead(
+                self._run, {"partition_count": count, "run_from": r.start, "run_to": r.stop}, r
+            )
             for r in runs
         ]
 
@@ -352,7 +354,9 @@ class DatabaseProvider:
             await asyncio.sleep(0)
         return stale
 
-    def _sort(self, part: Sequence[Any], configs: list[PeriodicTaskConfig], errors: list[RowError]) -> None:
+    def _sort(
+        self, part: Sequence[Any], configs: list[PeriodicTaskConfig], errors: list[RowError]
+    ) -> None:
         judge = self._judge
         for raw in part:
             verdict = judge(raw)

@@ -81,7 +81,6 @@ def _stored_mysql(element: stored_bytes, compiler: Any, **kw: Any) -> str:
     return f"CAST(CONVERT({compiler.process(element.clauses, **kw)} USING utf8mb4) AS BINARY)"
 
 
-
 def columns(sqlite: bool, *, display: bool = False) -> list[ColumnElement[Any]]:
     """The raw columns of a row (:data:`FIELDS` order; without DISPLAY unless asked)."""
     names = ("enabled", *CONTENT, "effective_at", *(DISPLAY if display else ()))

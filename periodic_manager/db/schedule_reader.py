@@ -72,7 +72,9 @@ def _conditions(f: Filters, sqlite: bool) -> list[ColumnElement[bool]]:
 
 def _queue_is(sqlite: bool, queue: str) -> ColumnElement[bool]:
     """Rows whose ``options.queue`` is ``queue`` (absent means the default queue)."""
-    value: ColumnElement[Any] = func.coalesce(jobs_table.c.options["queue"].as_string(), DEFAULT_QUEUE)
+    value: ColumnElement[Any] = func.coalesce(
+        jobs_table.c.options["queue"].as_string(), DEFAULT_QUEUE
+    )
     if sqlite:
         # Rows written with SQL may hold text that is not JSON, which json_extract refuses.
         value = case((func.json_valid(jobs_table.c.options) == 1, value), else_=None)

@@ -211,9 +211,14 @@ class ManagerPauser:
                 await release(conn)
                 return False
             await set_enabled(
-                conn, schedule_id, False, was_enabled=True, now=self.now(), note=note,
+                conn,
+                schedule_id,
+                False,
+                was_enabled=True,
+                now=self.now(),
+                note=note,
                 author=Author("manager", manager_id),
-            )  # fmt: skip
+            )
         return True
 
 
@@ -234,7 +239,9 @@ async def _name_taken(conn: AsyncConnection, name: str, other_than: int | None =
     return (await conn.execute(stmt.limit(1))).first() is not None
 
 
-async def _commit(conn: AsyncConnection, stmt: Any, name: str, author: Author, now: datetime) -> Any:
+async def _commit(
+    conn: AsyncConnection, stmt: Any, name: str, author: Author, now: datetime
+) -> Any:
     """Execute as ``author`` and commit; a unique violation on the name (a concurrent writer won
     the race) is a NameConflict."""
     try:
@@ -255,9 +262,13 @@ async def delete_rows(conn: AsyncConnection, ids: Sequence[int]) -> None:
     for part in chunks(list(dict.fromkeys(ids))):  # IN (...) lists within the driver's limit
         keys = [str(i) for i in part]
         await conn.execute(delete(jobs_table).where(T.id.in_(part)))
-        await conn.execute(delete(schedule_state_table).where(schedule_state_table.c.schedule_key.in_(keys)))
+        await conn.execute(
+            delete(schedule_state_table).where(schedule_state_table.c.schedule_key.in_(keys))
+        )
         await conn.execute(delete(runs_table).where(runs_table.c.schedule_key.in_(keys)))
-        await conn.execute(delete(backfill_slots_table).where(backfill_slots_table.c.schedule_key.in_(keys)))
+        await conn.execute(
+            delete(backfill_slots_table).where(backfill_slots_table.c.schedule_key.in_(keys))
+        )
         await conn.execute(delete(last_good_table).where(last_good_table.c.schedule_key.in_(keys)))
 
 

@@ -21,7 +21,9 @@ from periodic_manager.db.models import entries_table, jobs_table, runs_table
 from periodic_manager.db.store_reads import rejected
 
 
-async def schedule_counts(conn: AsyncConnection, alive_after: datetime) -> tuple[int, int, int, int]:
+async def schedule_counts(
+    conn: AsyncConnection, alive_after: datetime
+) -> tuple[int, int, int, int]:
     """Schedules, enabled, paused and in error, in one statement, each by the condition of the
     list's filter it links to (``enabled=true``, ``enabled=false``, ``in_error=true``). A row whose
     ``enabled`` is neither true nor false (SQL wrote ``'yes'``) is neither enabled nor paused: it
@@ -36,8 +38,9 @@ async def schedule_counts(conn: AsyncConnection, alive_after: datetime) -> tuple
     sqlite = reads_bytes(conn)
     total, on, off, bad = (
         await conn.execute(
-            select(func.count(), _tally(sqlite, True), _tally(sqlite, False), in_error)
-            .select_from(jobs_table)
+            select(func.count(), _tally(sqlite, True), _tally(sqlite, False), in_error).select_from(
+                jobs_table
+            )
         )
     ).one()
     return int(total), int(on), int(off), int(bad)
@@ -49,7 +52,9 @@ async def enabled_counts(conn: AsyncConnection) -> dict[bool, int]:
     2 on SQLite) is in neither count."""
     sqlite = reads_bytes(conn)
     on, off = (
-        await conn.execute(select(_tally(sqlite, True), _tally(sqlite, False)).select_from(jobs_table))
+        await conn.execute(
+            select(_tally(sqlite, True), _tally(sqlite, False)).select_from(jobs_table)
+        )
     ).one()
     return {True: int(on), False: int(off)}
 

@@ -136,7 +136,9 @@ class DatabaseRuntimeStore:
         # each other alive). SQLite is a file of this host: its clock is the host's.
         self._server_clock = dialect == "postgresql" and server_clock is not False
         if dialect not in ("postgresql", "sqlite", "mysql"):
-            raise ValueError(f"unsupported database {dialect!r}: use postgresql, mysql/mariadb or sqlite")
+            raise ValueError(
+                f"unsupported database {dialect!r}: use postgresql, mysql/mariadb or sqlite"
+            )
 
     # -- writes (the manager) ------------------------------------------------------------------
 
@@ -153,12 +155,16 @@ class DatabaseRuntimeStore:
         if self._server_clock:  # liveness on the database's clock (started_at stays this one's)
             values["heartbeat_at"] = func.now()
         stmt = upsert(
-            self.engine, managers_table, ["manager_id"],
+            self.engine,
+            managers_table,
+            ["manager_id"],
             lambda new: [(k, new[k]) for k in values if k != "manager_id"],
-        ).values(values)  # fmt: skip
+        ).values(values)
         async with self.engine.begin() as conn:
             await conn.execute(stmt)
-            await conn.execute(delete(entries_table).where(entries_table.c.manager_id == info.manager_id))
+            await conn.execute(
+                delete(entries_table).where(entries_table.c.manager_id == info.manager_id)
+            )
 
     async def heartbeat(
         self, manager_id: str, status: ManagerStatus, *, reap_before: datetime | None = None
@@ -261,18 +267,24 @@ class DatabaseRuntimeStore:
         async with self.engine.begin() as conn:
             for chunk in chunks(removed):
                 await conn.execute(
-                    delete(entries_table).where(entries_table.c.manager_id == manager_id, entries_table.c.entry_id.in_(chunk))
+                    delete(entries_table).where(
+                        entries_table.c.manager_id == manager_id,
+                        entries_table.c.entry_id.in_(chunk),
+                    )
                 )
             if upserts and self._copy:
                 await self._upsert_entries_pg(conn, manager_id, upserts)
             elif upserts:
                 stmt = upsert(
-                    self.engine, entries_table, ["manager_id", "entry_id"],
+                    self.engine,
+                    entries_table,
+                    ["manager_id", "entry_id"],
                     lambda new: [
-                        (c.name, new[c.name]) for c in entries_table.c
+                        (c.name, new[c.name])
+                        for c in entries_table.c
                         if c.name not in ("manager_id", "entry_id")
                     ],
-                )  # fmt: skip
+                )
                 # In slices, each built just before it is sent: every statement stays well inside
                 # the driver's command timeout, and the event loop is never held for long, even
                 # when a cold start publishes 100,000 entries.
@@ -294,10 +306,11 @@ class DatabaseRuntimeStore:
             # A record is the row (its fields in _ENTRY_COPIED's order), after the manager id,
             # made as COPY encodes it (a list of them would double the publisher's peak).
             records = (
-                mine + r if r.previous_task_id is None or 0 < len(r.previous_task_id) <= _TASK_ID
+                mine + r
+                if r.previous_task_id is None or 0 < len(r.previous_task_id) <= _TASK_ID
                 else mine + r._replace(previous_task_id=r.previous_task_id[:_TASK_ID] or None)
                 for r in upserts[i : i + _UPSERT_CHUNK]
-            )  # fmt: skip
+            )
             await raw.driver_connection.copy_records_to_table(  # type: ignore[union-attr]
                 _ENTRY_STAGED, records=records, columns=_ENTRY_COPIED
             )
@@ -396,12 +409,16 @@ class DatabaseRuntimeStore:
 
     def _state_upsert(self) -> Any:
         t = schedule_state_table.c
-        return upsert(self.engine, schedule_state_table, ["schedule_key"], lambda new: _state_assign(t, new))
+        return upsert(
+            self.engine, schedule_state_table, ["schedule_key"], lambda new: _state_assign(t, new)
+        )
 
     async def unregister_manager(self, manager_id: str) -> None:
         """Remove the manager; its entries go with it (ON DELETE CASCADE)."""
         async with self.engine.begin() as conn:
-            await conn.execute(delete(managers_table).where(managers_table.c.manager_id == manager_id))
+            await conn.execute(
+                delete(managers_table).where(managers_table.c.manager_id == manager_id)
+            )
 
     async def reap(self, older_than: datetime, *, silence: timedelta | None = None) -> int:
         """Remove managers whose heartbeat is older than ``older_than`` and their entries (on
@@ -415,27 +432,43 @@ class DatabaseRuntimeStore:
         if self._server_clock and silence is not None:
             cutoff = func.now() - cast(bindparam("silence", silence, type_=Interval), Interval)
         async with self.engine.connect() as conn:
-            dead = list((await conn.execute(
-                select(m.manager_id).where(m.heartbeat_at < cutoff).limit(REAP_MANAGERS)
-            )).scalars())  # fmt: skip
+            dead = list(
+                (
+                    await conn.execute(
+                        select(m.manager_id).where(m.heartbeat_at < cutoff).limit(REAP_MANAGERS)
+                    )
+                ).scalars()
+            )
         removed = 0
         for manager_id in dead:
             while True:
                 deleted = 0
                 async with self.engine.begin() as conn:
-                    ids = list((await conn.execute(
-                        select(e.entry_id).where(e.manager_id == manager_id).limit(REAP_CHUNK)
-                    )).scalars())  # fmt: skip
+                    ids = list(
+                        (
+                            await conn.execute(
+                                select(e.entry_id)
+                                .where(e.manager_id == manager_id)
+                                .limit(REAP_CHUNK)
+                            )
+                        ).scalars()
+                    )
                     for part in chunks(ids):
-                        deleted += (await conn.execute(
-                            delete(entries_table).where(e.manager_id == manager_id, e.entry_id.in_(part))
-                        )).rowcount  # fmt: skip
+                        deleted += (
+                            await conn.execute(
+                                delete(entries_table).where(
+                                    e.manager_id == manager_id, e.entry_id.in_(part)
+                                )
+                            )
+                        ).rowcount
                 # A chunk that removed nothing (ids the database does not match back as read)
                 # ends the loop: the manager's row below takes whatever is left with it.
                 if len(ids) < REAP_CHUNK or not deleted:
                     break
             async with self.engine.begin() as conn:
-                result = await conn.execute(delete(managers_table).where(m.manager_id == manager_id))
+                result = await conn.execute(
+                    delete(managers_table).where(m.manager_id == manager_id)
+                )
             removed += int(result.rowcount)
         return removed
 
@@ -533,7 +566,10 @@ def _status_values(status: ManagerStatus) -> dict[str, Any]:
 # one INSERT .. ON CONFLICT from it (COPY alone cannot replace a row already there).
 _ENTRY_COLUMNS = tuple(c.name for c in entries_table.c)
 # The columns of a copied row: the manager id, then an EntryRecord's fields.
-_ENTRY_COPIED = ("manager_id", *("held_slot_at" if f == "held_slot" else f for f in EntryRecord._fields))
+_ENTRY_COPIED = (
+    "manager_id",
+    *("held_slot_at" if f == "held_slot" else f for f in EntryRecord._fields),
+)
 assert sorted(_ENTRY_COPIED) == sorted(_ENTRY_COLUMNS), "pm_entries and EntryRecord disagree"
 _TASK_ID: int = entries_table.c.previous_task_id.type.length  # type: ignore[attr-defined]  # cut to it
 _ENTRY_STAGED = "pm_entries_in"
@@ -541,7 +577,9 @@ _ENTRY_STAGE = f"CREATE TEMP TABLE {_ENTRY_STAGED} (LIKE {entries_table.name}) O
 _ENTRY_MERGE = (
     f"INSERT INTO {entries_table.name} SELECT * FROM {_ENTRY_STAGED}"
     " ON CONFLICT (manager_id, entry_id) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _ENTRY_COLUMNS if c not in ("manager_id", "entry_id"))
+    + ", ".join(
+        f"{c} = EXCLUDED.{c}" for c in _ENTRY_COLUMNS if c not in ("manager_id", "entry_id")
+    )
 )
 
 
@@ -638,19 +676,36 @@ def _state_assign(t: Any, new: Any) -> list[tuple[str, Any]]:
 # (BEAT_PG, or inside a lease round: :func:`beat_ctes`), in which both parts see the same
 # snapshot, where this manager's own row may still be old. A ``reap_before`` of None counts none.
 BEAT_PARAMS = (
-    "b_at", "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_offset", "b_manager", "b_reap",
+    "b_at",
+    "b_leader",
+    "b_sync_at",
+    "b_sync_error",
+    "b_entries",
+    "b_offset",
+    "b_manager",
+    "b_reap",
     "b_target_down",
-)  # fmt: skip
+)
 # On the database's clock (PostgreSQL): no instant of the manager's; ``b_silence`` is how long a
 # manager's heartbeat may be silent (on the server's clock) before it is counted dead.
 BEAT_PARAMS_SERVER = (
-    "b_leader", "b_sync_at", "b_sync_error", "b_entries", "b_offset", "b_manager", "b_silence",
+    "b_leader",
+    "b_sync_at",
+    "b_sync_error",
+    "b_entries",
+    "b_offset",
+    "b_manager",
+    "b_silence",
     "b_target_down",
-)  # fmt: skip
+)
 
 
 def beat_params(
-    manager_id: str, status: ManagerStatus, reap_before: datetime | None, *, server_clock: bool = False
+    manager_id: str,
+    status: ManagerStatus,
+    reap_before: datetime | None,
+    *,
+    server_clock: bool = False,
 ) -> dict[str, Any]:
     """The parameters of :func:`beat_statements`, by name, in the order of BEAT_PARAMS (with
     ``server_clock``: of BEAT_PARAMS_SERVER, the silence being ``reap_before``'s distance from
@@ -658,14 +713,27 @@ def beat_params(
     if server_clock:
         silence = None if reap_before is None else status.heartbeat_at - reap_before
         values: tuple[Any, ...] = (
-            status.is_leader, status.last_sync_at, status.last_sync_error, status.entry_count,
-            status.clock_offset_s, manager_id, silence, status.target_down,
-        )  # fmt: skip
+            status.is_leader,
+            status.last_sync_at,
+            status.last_sync_error,
+            status.entry_count,
+            status.clock_offset_s,
+            manager_id,
+            silence,
+            status.target_down,
+        )
         return dict(zip(BEAT_PARAMS_SERVER, values, strict=True))
     values = (
-        status.heartbeat_at, status.is_leader, status.last_sync_at, status.last_sync_error,
-        status.entry_count, status.clock_offset_s, manager_id, reap_before, status.target_down,
-    )  # fmt: skip
+        status.heartbeat_at,
+        status.is_leader,
+        status.last_sync_at,
+        status.last_sync_error,
+        status.entry_count,
+        status.clock_offset_s,
+        manager_id,
+        reap_before,
+        status.target_down,
+    )
     return dict(zip(BEAT_PARAMS, values, strict=True))
 
 
@@ -683,11 +751,14 @@ def beat_statements(*, server_clock: bool = False) -> tuple[Any, Any]:
         update(managers_table)
         .where(managers_table.c.manager_id == bindparam("b_manager"))
         .values(
-            heartbeat_at=at, is_leader=bindparam("b_leader"),
-            last_sync_at=bindparam("b_sync_at"), last_sync_error=bindparam("b_sync_error"),
-            entry_count=bindparam("b_entries"), clock_offset_s=bindparam("b_offset"),
+            heartbeat_at=at,
+            is_leader=bindparam("b_leader"),
+            last_sync_at=bindparam("b_sync_at"),
+            last_sync_error=bindparam("b_sync_error"),
+            entry_count=bindparam("b_entries"),
+            clock_offset_s=bindparam("b_offset"),
             target_down=bindparam("b_target_down"),
-        )  # fmt: skip
+        )
     )
     due = (
         select(func.count())

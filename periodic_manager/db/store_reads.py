@@ -136,13 +136,20 @@ async def live_entries(
             *_cols(sqlite, managers_table, "m_"),
             *_cols(sqlite, schedule_state_table, "s_"),
         )
-        .join_from(entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
-        .outerjoin(schedule_state_table, schedule_state_table.c.schedule_key == entries_table.c.schedule_key)
+        .join_from(
+            entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id
+        )
+        .outerjoin(
+            schedule_state_table,
+            schedule_state_table.c.schedule_key == entries_table.c.schedule_key,
+        )
         .where(managers_table.c.heartbeat_at >= alive_after)
     )
     if schedule_key is not None:
         stmt = stmt.where(entries_table.c.schedule_key == schedule_key)
-    stmt = stmt.order_by(entries_table.c.schedule_key, entries_table.c.manager_id, entries_table.c.entry_id)
+    stmt = stmt.order_by(
+        entries_table.c.schedule_key, entries_table.c.manager_id, entries_table.c.entry_id
+    )
     return _live_entries(sqlite, (await conn.execute(stmt)).all(), with_state=True)
 
 
@@ -173,7 +180,9 @@ async def entry_page(
     sqlite = reads_bytes(conn)
     stmt = (
         select(*_cols(sqlite, entries_table, "e_"), *_cols(sqlite, managers_table, "m_"))
-        .join_from(entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
+        .join_from(
+            entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id
+        )
         .where(*conds)
         .order_by(
             case((entries_table.c.status == "error", 0), else_=1),
@@ -261,7 +270,9 @@ async def failure_count(conn: AsyncConnection, schedule_key: str, limit: int) ->
         runs = runs.where(r.slot_at > checked)
     found: list[tuple[datetime, str | None]] = []
     seen: set[datetime] = set()
-    for raw_slot, message_id in (await conn.execute(runs.order_by(r.slot_at, r.id).limit(limit))).all():
+    for raw_slot, message_id in (
+        await conn.execute(runs.order_by(r.slot_at, r.id).limit(limit))
+    ).all():
         slot = dbrows.instant_or_none(sqlite, raw_slot)
         if slot is not None and slot not in seen:  # a slot found duplicate is one task
             seen.add(slot)
@@ -313,7 +324,10 @@ async def overlap_of(
             entries_table.c.schedule_key == schedule_key,
             entries_table.c.status == "active",
             managers_table.c.heartbeat_at >= alive_after,
-            or_(entries_table.c.held_slot_at.is_not(None), entries_table.c.previous_task_state.is_not(None)),
+            or_(
+                entries_table.c.held_slot_at.is_not(None),
+                entries_table.c.previous_task_state.is_not(None),
+            ),
         )
         .order_by(managers_table.c.is_leader.desc(), entries_table.c.manager_id)
         .limit(1)
@@ -350,9 +364,7 @@ async def rejections(
     sqlite = reads_bytes(conn)
     stmt = (
         rejected(alive_after)
-        .with_only_columns(
-            dbrows.raw(sqlite, _E.schedule_key), dbrows.raw(sqlite, _E.last_error)
-        )
+        .with_only_columns(dbrows.raw(sqlite, _E.schedule_key), dbrows.raw(sqlite, _E.last_error))
         .where(entries_table.c.schedule_key.in_(schedule_keys))
         .order_by(entries_table.c.manager_id)
     )

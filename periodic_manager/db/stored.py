@@ -26,9 +26,18 @@ from periodic_manager.db.models import jobs_table
 # The columns a stored row may give as stored (the columns people see; the id and effective_at
 # are the database's own).
 COLUMNS = (
-    "name", "spec", "task_type", "timezone", "payload", "options", "enabled", "description",
-    "anchor", "created_at", "updated_at",
-)  # fmt: skip
+    "name",
+    "spec",
+    "task_type",
+    "timezone",
+    "payload",
+    "options",
+    "enabled",
+    "description",
+    "anchor",
+    "created_at",
+    "updated_at",
+)
 INSTANTS = ("anchor", "created_at", "updated_at")
 JSON_COLUMNS = ("payload", "options")
 

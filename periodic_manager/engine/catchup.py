@@ -34,7 +34,10 @@ _TICK = timedelta(microseconds=1)
 
 
 async def missed(
-    entries: Sequence[ScheduledEntry], scheduler: Scheduler, now: datetime, *,
+    entries: Sequence[ScheduledEntry],
+    scheduler: Scheduler,
+    now: datetime,
+    *,
     resumed: datetime | None,
 ) -> list[tuple[ScheduledEntry, datetime]]:
     """The latest missed slot of every ``fire_once`` entry that has one (in turns with the other
@@ -81,8 +84,13 @@ def _span(entry: ScheduledEntry, scheduler: Scheduler, now: datetime) -> tuple[d
 
 
 async def catch_up(
-    scheduler: Scheduler, store: RuntimeStore, now: datetime, *, resumed: datetime | None,
-    still_leading: Callable[[], bool], entries: Sequence[ScheduledEntry] | None = None,
+    scheduler: Scheduler,
+    store: RuntimeStore,
+    now: datetime,
+    *,
+    resumed: datetime | None,
+    still_leading: Callable[[], bool],
+    entries: Sequence[ScheduledEntry] | None = None,
 ) -> None:
     """Send the latest missed slot of each ``fire_once`` entry once, then every missed slot of
     each ``all`` entry, paced (see the module doc); ``entries``: only these (a partition taken
@@ -105,7 +113,9 @@ async def catch_up(
         return
     # Never a slot at or before the latest one the store records as settled (sent, found sent
     # or skipped for good): the broker's claims may be gone, the database's record is not.
-    todo = [(e, s) for e, s in candidates if (done := _settled(state.get(e.key))) is None or done < s]
+    todo = [
+        (e, s) for e, s in candidates if (done := _settled(state.get(e.key))) is None or done < s
+    ]
     if todo and still_leading():
         await scheduler.catch_up(todo)
     if every:
@@ -116,7 +126,10 @@ async def catch_up(
 
 
 def _every_missed(
-    entry: ScheduledEntry, scheduler: Scheduler, now: datetime, top: datetime,
+    entry: ScheduledEntry,
+    scheduler: Scheduler,
+    now: datetime,
+    top: datetime,
     settled: datetime | None,
 ) -> Iterator[tuple[datetime, int, ScheduledEntry]]:
     """Every missed slot of a ``misfire: "all"`` entry, oldest first, as ``(slot, a number
@@ -150,10 +163,17 @@ async def _send_paced(
                 continue  # edited, paused or deleted meanwhile: its new version decides
             now = scheduler.clock.now()
             if now - slot > scheduler.window(entry):
-                expired.append(RunRecord(
-                    entry.key, entry.name, slot, "skipped", now,
-                    error="catch-up: its catch-up window passed before its turn", reason="late",
-                ))  # fmt: skip
+                expired.append(
+                    RunRecord(
+                        entry.key,
+                        entry.name,
+                        slot,
+                        "skipped",
+                        now,
+                        error="catch-up: its catch-up window passed before its turn",
+                        reason="late",
+                    )
+                )
                 continue
             yield entry, slot
 

@@ -179,7 +179,9 @@ class Decisions:
             self.writer.report(skipped)
             if not send:
                 continue
-            chunks = await prepare(self.dispatcher.target, slot, send, _shifted(self.window, at - slot))
+            chunks = await prepare(
+                self.dispatcher.target, slot, send, _shifted(self.window, at - slot)
+            )
             await self.send(slot, send, chunks, advance=True, jittered=True)
 
     async def send(
@@ -260,9 +262,11 @@ class Decisions:
             if not entries:
                 continue
             log.info(
-                "catching up %d missed slot(s) due %s", len(entries), slot.isoformat(),
+                "catching up %d missed slot(s) due %s",
+                len(entries),
+                slot.isoformat(),
                 extra={"slot": slot.isoformat(), "batch": len(entries)},
-            )  # fmt: skip
+            )
             chunks = await prepare(self.dispatcher.target, slot, entries, self.window)
             await self.send(slot, entries, chunks, advance=False)
 
@@ -301,19 +305,29 @@ class Decisions:
                 keep.append(entry)
         return keep
 
-    def _skip_unrecorded(self, entry: ScheduledEntry, slot: datetime, *, jittered: bool) -> RunRecord:
+    def _skip_unrecorded(
+        self, entry: ScheduledEntry, slot: datetime, *, jittered: bool
+    ) -> RunRecord:
         """Skip a slot of a limited schedule whose previous run cannot be recorded."""
         log.warning(
             "skipping slot %s of %s: its previous run (options.max_runs) is not recorded yet "
-            "(store: %s)", slot.isoformat(), entry.name, self.writer.failing,
+            "(store: %s)",
+            slot.isoformat(),
+            entry.name,
+            self.writer.failing,
             extra={"schedule": entry.name, "slot": slot.isoformat()},
-        )  # fmt: skip
+        )
         self.dispatcher.counts["skipped"] += 1
         (self.entries.advance_jittered if jittered else self.entries.advance)(entry, slot)
         return RunRecord(
-            entry.key, entry.name, slot, "skipped", self.entries.clock.now(),
-            error="previous run not recorded", reason="unrecorded",
-        )  # fmt: skip
+            entry.key,
+            entry.name,
+            slot,
+            "skipped",
+            self.entries.clock.now(),
+            error="previous run not recorded",
+            reason="unrecorded",
+        )
 
     def _skip(
         self, entry: ScheduledEntry, slot: datetime, now: datetime, since: datetime | None = None
@@ -322,9 +336,12 @@ class Decisions:
         late = (now - (slot if since is None else since)).total_seconds()
         log.warning(
             "skipping slot %s of %s: %.3f s late (grace %.3f s)",
-            slot.isoformat(), entry.name, late, self.grace.total_seconds(),
+            slot.isoformat(),
+            entry.name,
+            late,
+            self.grace.total_seconds(),
             extra={"schedule": entry.name, "slot": slot.isoformat(), "lateness_s": late},
-        )  # fmt: skip
+        )
         self.dispatcher.counts["skipped"] += 1
         # Jump past every slot that is already too late: no replay, no storm after a clock jump.
         move = self.entries.advance if since is None else self.entries.advance_jittered
@@ -350,7 +367,9 @@ class Decisions:
         if entry.fired is None or slot > entry.fired:
             entry.fired = slot
         move(entry, slot)
-        return RunRecord(entry.key, entry.name, slot, "skipped", now, error=reason, reason="excluded")
+        return RunRecord(
+            entry.key, entry.name, slot, "skipped", now, error=reason, reason="excluded"
+        )
 
 
 def _shifted(

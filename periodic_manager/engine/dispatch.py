@@ -58,6 +58,7 @@ class Hooks:
     post_enqueue: PostEnqueueHook | None = None
     on_error: ErrorHook | None = None
 
+
 SEND_CHUNK = 10000  # slots per sub-batch of a large instant
 MAX_IN_FLIGHT = 4  # sub-batches awaiting the target at once
 
@@ -135,8 +136,13 @@ class Dispatcher:
         self.retry_base = retry_base
         self.retry_max = retry_max
         self.counts: dict[str, int] = {
-            "enqueued": 0, "duplicate": 0, "resent": 0, "skipped": 0, "failed": 0, "held": 0,
-        }  # fmt: skip
+            "enqueued": 0,
+            "duplicate": 0,
+            "resent": 0,
+            "skipped": 0,
+            "failed": 0,
+            "held": 0,
+        }
         self.progress_at: datetime | None = None  # last sign of life of a send under way
         self.failing = 0  # consecutive failed attempts (one log line per outage)
         self._inflight = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -161,7 +167,9 @@ class Dispatcher:
         if not self._sending:
             self.progress_at = None
 
-    async def _send_chunk(self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared) -> None:
+    async def _send_chunk(
+        self, slot: datetime, entries: list[ScheduledEntry], prepared: Prepared
+    ) -> None:
         self.begin()
         try:
             await self._send_chunk_once(slot, entries, prepared)
@@ -184,7 +192,9 @@ class Dispatcher:
                 tasks = prepared.tasks
                 await _call(self.hooks.pre_enqueue, tasks)
                 try:
-                    results = await self.attempt(send_prepared(self.target, prepared, self.clock.now()))
+                    results = await self.attempt(
+                        send_prepared(self.target, prepared, self.clock.now())
+                    )
                 except Exception as exc:  # noqa: BLE001 - any target failure is reported, never fatal
                     if not self.retries.take(slot, entries, tasks, exc):
                         await self.give_up(slot, entries, tasks, exc)
@@ -269,11 +279,22 @@ class Dispatcher:
             counts[status] += 1
             runs.append(
                 RunRecord(
-                    entry.key, entry.name, slot, run_status(status), at, res.message_id, res.error,
+                    entry.key,
+                    entry.name,
+                    slot,
+                    run_status(status),
+                    at,
+                    res.message_id,
+                    res.error,
                     limited=entry.runs_left is not None,
                 )
             )
-        log.debug("enqueued %d task(s) due %s", len(results), slot.isoformat(), extra={"slot": slot.isoformat()})
+        log.debug(
+            "enqueued %d task(s) due %s",
+            len(results),
+            slot.isoformat(),
+            extra={"slot": slot.isoformat()},
+        )
         await self._safe_hook(self.hooks.post_enqueue, results)
         for error, tasks in failed.items():
             await self._safe_hook(self.hooks.on_error, TargetError(error), tasks)
@@ -286,15 +307,24 @@ class Dispatcher:
         extra = {"schedule": name, "slot": slot.isoformat()}
         if res.permanent:
             if self._refusals.get(name) == res.error:
-                log.debug("enqueue of %s due %s refused: %s", name, slot.isoformat(), res.error, extra=extra)
+                log.debug(
+                    "enqueue of %s due %s refused: %s",
+                    name,
+                    slot.isoformat(),
+                    res.error,
+                    extra=extra,
+                )
                 return
             if len(self._refusals) >= 10000:
                 self._refusals.clear()
             self._refusals[name] = res.error
             log.error(
                 "enqueue of %s due %s refused by the target (not retried): %s",
-                name, slot.isoformat(), res.error, extra=extra,
-            )  # fmt: skip
+                name,
+                slot.isoformat(),
+                res.error,
+                extra=extra,
+            )
             return
         log.error("enqueue of %s due %s failed: %s", name, slot.isoformat(), res.error, extra=extra)
 
@@ -316,10 +346,15 @@ class Dispatcher:
         if self.overlap is not None:
             self.overlap.drop(entries, slot)
         (log.warning if quiet else log.error)(
-            "gave up on %d task(s) due %s: %s", len(tasks), slot.isoformat(), exc,
+            "gave up on %d task(s) due %s: %s",
+            len(tasks),
+            slot.isoformat(),
+            exc,
             extra={"slot": slot.isoformat(), "batch": len(tasks)},
-        )  # fmt: skip
-        self.writer.report([RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries])
+        )
+        self.writer.report(
+            [RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries]
+        )
         await self._safe_hook(self.hooks.on_error, exc, tasks)
 
     async def _safe_hook(self, hook: Callable[..., Any] | None, *args: Any) -> None:

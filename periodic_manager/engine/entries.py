@@ -106,7 +106,9 @@ class Entries:
         old = self._entries.get(ident)
         last = old.fired if old is not None else self._retired.pop(ident, None)
         begin = now if start is None or old is not None or start > now else start
-        entry = ScheduledEntry.of(config, now, prev_slot=last, after=begin, fired=last, synced=synced)
+        entry = ScheduledEntry.of(
+            config, now, prev_slot=last, after=begin, fired=last, synced=synced
+        )
         limit = max_runs_of(config.options)
         back = self._back if self._back is not None and self._back.covers(ident) else None
         # Under a look back with its count, the runs left are the rebase's (read afresh).
@@ -127,7 +129,9 @@ class Entries:
                 old.kill()
             self._entries[ident] = entry
             at = now if back.at is None else back.at
-            self._rebase(entry, back.after, back.settled.get(ident), at, counted, fresh=counted is not None)
+            self._rebase(
+                entry, back.after, back.settled.get(ident), at, counted, fresh=counted is not None
+            )
             if counted is not None or limit is None:
                 back.rebased.add(ident)
             self._change()
@@ -142,10 +146,14 @@ class Entries:
                     # It had ended by max_runs, now raised: it goes on after what it sent.
                     entry.next_slot = self.next_after(entry, max(now, last) if last else now)
         else:
-            entry.next_slot = self.next_after(entry, max(begin, last) if last is not None else begin)
+            entry.next_slot = self.next_after(
+                entry, max(begin, last) if last is not None else begin
+            )
             pending = old.next_slot if old is not None else None
             if (
-                pending is not None and pending <= now and (last is None or pending > last)
+                pending is not None
+                and pending <= now
+                and (last is None or pending > last)
                 and _within(pending, entry)
             ):
                 entry.next_slot = pending  # due under the old version: carried, not dropped
@@ -230,7 +238,11 @@ class Entries:
         schedule = entry.schedule
         memo = self._memo.get(schedule)
         slot: datetime | str
-        if memo is not None and memo[0] <= after and (type(memo[1]) is not datetime or after < memo[1]):
+        if (
+            memo is not None
+            and memo[0] <= after
+            and (type(memo[1]) is not datetime or after < memo[1])
+        ):
             slot = memo[1]
         else:
             try:

@@ -113,7 +113,8 @@ class RunWriter:
             if stopping():
                 log.warning(
                     "stopping with %d run(s) of history not recorded (store: %s)",
-                    len(self.pending), self.failing,
+                    len(self.pending),
+                    self.failing,
                 )
                 return
             await backoff(delay)
@@ -145,7 +146,9 @@ class RunWriter:
             if self.failing is None:
                 log.error(
                     "recording run history failed; keeping up to %d run(s) in memory and "
-                    "retrying: %s", MAX_PENDING_RUNS, exc,
+                    "retrying: %s",
+                    MAX_PENDING_RUNS,
+                    exc,
                 )
             self.failing = f"{type(exc).__name__}: {exc}"
             return False
@@ -158,7 +161,9 @@ class RunWriter:
                 self._late += len(runs)
                 log.warning(
                     "run history recorded again: %d run(s) written late, %d dropped while the "
-                    "store was unreachable", self._late, self._dropped,
+                    "store was unreachable",
+                    self._late,
+                    self._dropped,
                 )
                 self.failing = None
                 self._late = self._dropped = 0

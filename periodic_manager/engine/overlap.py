@@ -113,10 +113,7 @@ class OverlapGuard:
         prev = res.previous
         if res.status == "busy" and prev is not None:
             self.seen[key] = (prev.task_id, prev.state)
-        elif (
-            res.status in SENT
-            and overlap_policy(entry.config.options) != "allow"
-        ):
+        elif res.status in SENT and overlap_policy(entry.config.options) != "allow":
             self.seen[key] = (res.task.id, QUEUED)
         if self.changed is not None and self.view(key) != before:
             self.changed(entry)

@@ -103,9 +103,10 @@ class Retries:
             return False
         if not d.failing:
             log.error(
-                "enqueue failed, retrying while slots are within grace: %s", error,
+                "enqueue failed, retrying while slots are within grace: %s",
+                error,
                 extra={"slot": slot.isoformat(), "batch": len(tasks)},
-            )  # fmt: skip
+            )
         d.failing += 1
         text = str(error)
         for entry in entries:
@@ -201,9 +202,13 @@ class Retries:
         out = [i for i, e in enumerate(entries) if fenced(e.ident)]
         gone = set(out)
         await self._give_up(
-            slot, [entries[i] for i in out], [tasks[i] for i in out],
-            None if failed is None else [failed[i] for i in out], error, quiet=True,
-        )  # fmt: skip
+            slot,
+            [entries[i] for i in out],
+            [tasks[i] for i in out],
+            None if failed is None else [failed[i] for i in out],
+            error,
+            quiet=True,
+        )
         keep = [i for i in range(len(entries)) if i not in gone]
         return (
             [entries[i] for i in keep],

@@ -103,7 +103,9 @@ class Scheduler:
         self._idle.set()
         self.registered = Entries(self.clock, self._wake.set)
         self.overlap = OverlapGuard(tick_s=hold_tick, window=self.window, changed=view_changed)
-        self.writer = RunWriter(on_runs, observe=observe, retry_base=retry_base, changed=self._notify)
+        self.writer = RunWriter(
+            on_runs, observe=observe, retry_base=retry_base, changed=self._notify
+        )
         self.dispatcher = Dispatcher(
             staged(target),
             clock=self.clock,
@@ -117,12 +119,21 @@ class Scheduler:
             fence=self._fence_now,
         )
         self._stager = Stager(
-            self.registered.timetable, self.dispatcher.target, self._window, lambda: self.registered.changes
+            self.registered.timetable,
+            self.dispatcher.target,
+            self._window,
+            lambda: self.registered.changes,
         )
         self.decisions = Decisions(
-            self.registered, self._stager, self.dispatcher, self.writer, self.overlap,
-            grace=self.grace, window=self._window, idle=self._idle,
-        )  # fmt: skip
+            self.registered,
+            self._stager,
+            self.dispatcher,
+            self.writer,
+            self.overlap,
+            grace=self.grace,
+            window=self._window,
+            idle=self._idle,
+        )
 
     @property
     def counts(self) -> dict[str, int]:
@@ -147,7 +158,10 @@ class Scheduler:
         ``counted``: for a schedule with ``options.max_runs``, what the store records of it;
         ``start``: for a schedule new here, when its slots start (default ``now``)."""
         entry, old = self.registered.register(
-            config, synced=synced, now=self.clock.now() if now is None else now, counted=counted,
+            config,
+            synced=synced,
+            now=self.clock.now() if now is None else now,
+            counted=counted,
             start=start,
         )
         if old is not None and overlap_policy(config.options) == "allow":
@@ -286,7 +300,9 @@ class Scheduler:
 
     @contextlib.contextmanager
     def resuming(
-        self, resume_after: datetime, settled: Mapping[int | str, datetime],
+        self,
+        resume_after: datetime,
+        settled: Mapping[int | str, datetime],
         keep: Callable[[int | str], bool],
     ) -> Iterator[set[int | str]]:
         """While open, the entries registered new whose ident ``keep`` accepts are filed as
@@ -296,8 +312,11 @@ class Scheduler:
             yield rebased
 
     async def rebase_some(
-        self, entries: Sequence[ScheduledEntry], resume_after: datetime,
-        settled: Mapping[int | str, datetime], counted: Mapping[int | str, Counted] | None = None,
+        self,
+        entries: Sequence[ScheduledEntry],
+        resume_after: datetime,
+        settled: Mapping[int | str, datetime],
+        counted: Mapping[int | str, Counted] | None = None,
     ) -> None:
         """:meth:`rebase` for ``entries`` only, active or not (a partition taken over while this
         scheduler sends for others), in turns with the other tasks; ``counted`` as for

@@ -109,6 +109,7 @@ class Timetable:
         over most of its partitions: their entries, unregistered, stayed filed (and in memory)
         until their next slot, hours away for most. An entry filed during the pass is kept;
         what is valid is kept as it is (an entry filed twice under one instant included)."""
+
         def refile(bucket: Bucket, kept: list[Timed]) -> None:
             bucket.entries = kept
 
@@ -209,7 +210,10 @@ class SendTable:
 
     async def compact(self) -> int:
         """:meth:`Timetable.compact` for the send instants."""
-        def refile(bucket: list[tuple[Timed, datetime]], kept: list[tuple[Timed, datetime]]) -> None:
+
+        def refile(
+            bucket: list[tuple[Timed, datetime]], kept: list[tuple[Timed, datetime]]
+        ) -> None:
             bucket[:] = kept
 
         dropped, emptied = await _forget_stale(

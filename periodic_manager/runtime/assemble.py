@@ -66,15 +66,19 @@ def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
     if name == "rq":
         from periodic_manager.targets.rq import RqTarget
 
-        return RqTarget.from_url(settings.rq_redis_url or settings.redis_url, prefix=settings.stream_prefix)
+        return RqTarget.from_url(
+            settings.rq_redis_url or settings.redis_url, prefix=settings.stream_prefix
+        )
     if name == "dramatiq":
         from periodic_manager.targets.dramatiq import AMQP_SCHEMES, DramatiqTarget
 
         broker = settings.dramatiq_broker()
         return DramatiqTarget.from_url(
-            broker, claims_url=settings.redis_url if broker.startswith(AMQP_SCHEMES) else None,
-            prefix=settings.stream_prefix, namespace=settings.dramatiq_namespace,
-        )  # fmt: skip
+            broker,
+            claims_url=settings.redis_url if broker.startswith(AMQP_SCHEMES) else None,
+            prefix=settings.stream_prefix,
+            namespace=settings.dramatiq_namespace,
+        )
     if name == "procrastinate":
         from periodic_manager.targets.procrastinate import ProcrastinateTarget
 
@@ -100,17 +104,30 @@ def _build_celery(settings: Settings) -> Target:
     fast_path, backend = settings.celery_fast_path, settings.celery_backend()
     if app is not None:
         return CeleryTarget.from_app(
-            app, broker_url=settings.celery_broker_url, claims_url=claims, prefix=prefix,
-            timeout=timeout, fast_path=fast_path, result_backend=backend,
-        )  # fmt: skip
+            app,
+            broker_url=settings.celery_broker_url,
+            claims_url=claims,
+            prefix=prefix,
+            timeout=timeout,
+            fast_path=fast_path,
+            result_backend=backend,
+        )
     return CeleryTarget.from_url(
-        broker, claims_url=claims, prefix=prefix, timeout=timeout, fast_path=fast_path,
+        broker,
+        claims_url=claims,
+        prefix=prefix,
+        timeout=timeout,
+        fast_path=fast_path,
         result_backend=backend,
-    )  # fmt: skip
+    )
 
 
 def build_manager(
-    settings: Settings, engine: AsyncEngine, *, clock: Clock | None = None, target: Target | None = None
+    settings: Settings,
+    engine: AsyncEngine,
+    *,
+    clock: Clock | None = None,
+    target: Target | None = None,
 ) -> PeriodicTaskManager:
     """A manager reading ``periodic_jobs`` through ``engine``; it closes the target it built on stop.
 
@@ -122,9 +139,11 @@ def build_manager(
     targets = settings.configured_targets()
     return PeriodicTaskManager(
         DatabaseProvider(
-            engine, check=target_check(targets), max_payload_bytes=settings.max_payload_bytes,
+            engine,
+            check=target_check(targets),
+            max_payload_bytes=settings.max_payload_bytes,
             task_check=task_check(targets),
-        ),  # fmt: skip
+        ),
         target or build_target(settings, engine),
         clock=clock,
         store=DatabaseRuntimeStore(
@@ -174,21 +193,27 @@ def build_leadership(
     holds every schedule)."""
     if settings.coordination_mode == "partitions":
         return PartitionLeases(
-            normalize_url(settings.database_url), manager_id or new_manager_id(), clock=clock,
+            normalize_url(settings.database_url),
+            manager_id or new_manager_id(),
+            clock=clock,
             ttl=settings.lease_ttl,
-        )  # fmt: skip
+        )
     election = settings.leader_election
     if election is None:
         election = not is_sqlite(settings.database_url)
     if not election:
         return AlwaysLeader()
     if is_sqlite(settings.database_url):
-        raise ValueError("leader election needs PostgreSQL or MariaDB/MySQL; run one manager on SQLite")
+        raise ValueError(
+            "leader election needs PostgreSQL or MariaDB/MySQL; run one manager on SQLite"
+        )
     if is_mysql(settings.database_url):
         return MysqlLeadership(
-            normalize_url(settings.database_url), clock=clock,
-            poll_interval=settings.leader_poll_interval, timeout=settings.leader_timeout,
-        )  # fmt: skip
+            normalize_url(settings.database_url),
+            clock=clock,
+            poll_interval=settings.leader_poll_interval,
+            timeout=settings.leader_timeout,
+        )
     return PostgresLeadership(
         normalize_url(settings.database_url),
         clock=clock,

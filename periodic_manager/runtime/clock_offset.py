@@ -136,8 +136,9 @@ class ClockOffset:
         self.stale = True
         log.warning(
             "the wall clock jumped %+.1f s (against the monotonic clock): measuring its offset "
-            "from the database's before the next send", jump,
-        )  # fmt: skip
+            "from the database's before the next send",
+            jump,
+        )
         return True
 
     # -- what it means -------------------------------------------------------------------------
@@ -174,8 +175,10 @@ class ClockOffset:
         if off > self.limit and not self._refused:
             log.error(
                 "%s: beyond %g s (the grace / 4) this manager takes no partition and sends "
-                "nothing until its clock agrees", self._text(), self.limit,
-            )  # fmt: skip
+                "nothing until its clock agrees",
+                self._text(),
+                self.limit,
+            )
         elif off > self.bound and not self._said:
             log.warning("%s: fix the host's time synchronisation", self._text())
         elif off <= self.bound and self._said:

@@ -149,7 +149,9 @@ class Heartbeat:
                     self._start_prune()
                     continue
             else:
-                await sleep_unless(self.clock, self.now, until=next_tick(self.clock.now(), self.interval))
+                await sleep_unless(
+                    self.clock, self.now, until=next_tick(self.clock.now(), self.interval)
+                )
             self.now.clear()
             async with self.lock:
                 await self.beat()
@@ -191,7 +193,9 @@ class Heartbeat:
         if older_than is None:
             return
         try:
-            removed = await self.store.reap(older_than, silence=timedelta(seconds=3 * self.interval))
+            removed = await self.store.reap(
+                older_than, silence=timedelta(seconds=3 * self.interval)
+            )
         except Exception as exc:
             reraise_if_cancelled(exc)
             log.warning("removing dead managers failed (will retry): %r", exc)
@@ -238,7 +242,9 @@ class Heartbeat:
         while True:
             sent.clear()
             if await self._look(target):
-                if not await sleep_unless(self.clock, sent, until=next_tick(self.clock.now(), rest)):
+                if not await sleep_unless(
+                    self.clock, sent, until=next_tick(self.clock.now(), rest)
+                ):
                     continue  # at rest: the next look a rest later
             # After a send, or a broker that could not be asked: the next tick.
             await self.clock.sleep_until(next_tick(self.clock.now(), self.interval))
@@ -256,6 +262,7 @@ class Heartbeat:
                 "the %s target's broker lost its data (restarted without persistence, "
                 "flushed or failed over to an empty replica): its claims of recent slots are "
                 "gone. A takeover still sends no slot the database records as settled; a slot "
-                "in flight may be sent twice.", name,
-            )  # fmt: skip
+                "in flight may be sent twice.",
+                name,
+            )
         return True

@@ -135,8 +135,9 @@ class PartitionHolding:
         if not await self.scheduler.flush_runs():
             log.error(
                 "handing over %d partition(s) with run records unwritten (the store fails): "
-                "the next holder relies on the targets' claims for them", len(partitions),
-            )  # fmt: skip
+                "the next holder relies on the targets' claims for them",
+                len(partitions),
+            )
 
     def lost(self, partitions: frozenset[int]) -> None:
         self._drop(partitions)
@@ -243,11 +244,17 @@ class PartitionHolding:
                         # first slot comes after it), the counterpart of "entries dropped".
                         how = "never held before"
                         if look_back:
-                            how = "looking back" if since is None else f"first held at {since:%H:%M:%S}"
+                            how = (
+                                "looking back"
+                                if since is None
+                                else f"first held at {since:%H:%M:%S}"
+                            )
                         log.info(
                             "partitions %s: %d entries registered (%s)",
-                            sorted(partitions)[:8], registered or synced, how,
-                        )  # fmt: skip
+                            sorted(partitions)[:8],
+                            registered or synced,
+                            how,
+                        )
                         self._changed()
                         return
                 # Leading ended during the read: the partitions still held are taken again.
@@ -255,6 +262,8 @@ class PartitionHolding:
                 reraise_if_cancelled(exc)
                 log.error(
                     "taking over %d partition(s) failed, retrying: %s: %s",
-                    len(partitions), type(exc).__name__, exc,
-                )  # fmt: skip
+                    len(partitions),
+                    type(exc).__name__,
+                    exc,
+                )
             await self.scheduler.clock.sleep(SETTLED_RETRY_S)

@@ -63,12 +63,21 @@ def version_of(
 ) -> LastGoodVersion:
     effective = entry.effective_at if entry.effective_at is not UNKNOWN_START else None
     return LastGoodVersion(
-        schedule_key=entry.key, name=entry.name, spec=entry.spec, timezone=entry.timezone,
-        anchor=entry.anchor, task_type=entry.task_type, payload_json=entry.payload_json,
-        options_json=entry.options_json, effective_at=effective, content_hash=digest,
-        row_revision=entry.revision, bad_revision=err.revision, since=since,
+        schedule_key=entry.key,
+        name=entry.name,
+        spec=entry.spec,
+        timezone=entry.timezone,
+        anchor=entry.anchor,
+        task_type=entry.task_type,
+        payload_json=entry.payload_json,
+        options_json=entry.options_json,
+        effective_at=effective,
+        content_hash=digest,
+        row_revision=entry.revision,
+        bad_revision=err.revision,
+        since=since,
         manager_id=manager_id,
-    )  # fmt: skip
+    )
 
 
 def _over(bad_revision: int | None, seen: int | None) -> bool:
@@ -117,7 +126,9 @@ class LastGoodKeeper:
 
     # -- after a sync ---------------------------------------------------------------------------
 
-    async def after_full(self, errors: Sequence[RowError], revision: int | None, now: datetime) -> None:
+    async def after_full(
+        self, errors: Sequence[RowError], revision: int | None, now: datetime
+    ) -> None:
         """After a full reconcile: ``errors`` are every bad row, read after ``revision``."""
         bad = {str(e.schedule_id): e for e in errors}
         index = await self._index()
@@ -125,9 +136,10 @@ class LastGoodKeeper:
             self.stored = index
         scope = self.scope
         over = [
-            k for k, b in self.stored.items()
+            k
+            for k, b in self.stored.items()
             if k not in bad and _over(b, revision) and (scope is None or scope(ident_of(k)))
-        ]  # fmt: skip
+        ]
         await self._forget(over, revision)
         for key in [k for k in self.kept if k not in bad]:
             del self.kept[key]
@@ -136,7 +148,9 @@ class LastGoodKeeper:
         await self._store_held(bad, now)
         await self._restore([k for k in bad if k in self.stored and self._unheld(k)], bad, now)
 
-    async def after_changes(self, errors: Sequence[RowError], changes: ChangeSet, now: datetime) -> None:
+    async def after_changes(
+        self, errors: Sequence[RowError], changes: ChangeSet, now: datetime
+    ) -> None:
         """After an incremental sync: ``errors`` are the rows of ``changes`` found bad."""
         bad = {str(e.schedule_id): e for e in errors}
         watched = (self.stored.keys() | self.kept.keys()) - bad.keys()
@@ -177,7 +191,11 @@ class LastGoodKeeper:
                     self._unsaved.pop(key, None)
                     continue
                 kept = self.kept.get(key)
-                if kept is not None and kept.bad_revision == err.revision and key not in self._unsaved:
+                if (
+                    kept is not None
+                    and kept.bad_revision == err.revision
+                    and key not in self._unsaved
+                ):
                     continue  # stored already, as it is
                 digest = content_hash(entry)
                 since = kept.since if kept is not None and kept.digest == digest else now
@@ -187,7 +205,9 @@ class LastGoodKeeper:
 
     # -- the store --------------------------------------------------------------------------------
 
-    async def _save(self, versions: Sequence[LastGoodVersion], errs: Mapping[str, RowError]) -> None:
+    async def _save(
+        self, versions: Sequence[LastGoodVersion], errs: Mapping[str, RowError]
+    ) -> None:
         if self.store is None or not versions:
             return
         for i in range(0, len(versions), SAVE_SLICE):
@@ -227,7 +247,9 @@ class LastGoodKeeper:
         for key in keys:
             self.stored.pop(key, None)
 
-    async def _restore(self, keys: Sequence[str], bad: Mapping[str, RowError], now: datetime) -> None:
+    async def _restore(
+        self, keys: Sequence[str], bad: Mapping[str, RowError], now: datetime
+    ) -> None:
         """Run the stored versions of ``keys`` (bad rows this manager holds nothing for)."""
         if not keys or self.store is None or self.judge is None:
             return
@@ -256,14 +278,19 @@ class LastGoodKeeper:
                 self._refused.add((key, verdict.message))
                 log.error(
                     "the stored last good version of schedule row %s (%s) cannot be used either: %s",
-                    key, err.name, verdict.message, extra={"schedule_id": key},
-                )  # fmt: skip
+                    key,
+                    err.name,
+                    verdict.message,
+                    extra={"schedule_id": key},
+                )
             return
         try:
             entry = self.scheduler.register(verdict, synced=True, now=now, counted=counted)
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             reraise_if_cancelled(exc)
-            log.error("the stored last good version of schedule row %s cannot be scheduled: %s", key, exc)
+            log.error(
+                "the stored last good version of schedule row %s cannot be scheduled: %s", key, exc
+            )
             return
         self.publisher.upsert(entry)
         since = stored.since or now
@@ -271,5 +298,9 @@ class LastGoodKeeper:
         self.stored[key] = stored.bad_revision
         log.warning(
             "schedule row %s (%s) is unusable (%s); its last good version, kept since %s, runs instead",
-            key, err.name, err.message, since.isoformat(), extra={"schedule": entry.name, "schedule_id": key},
-        )  # fmt: skip
+            key,
+            err.name,
+            err.message,
+            since.isoformat(),
+            extra={"schedule": entry.name, "schedule_id": key},
+        )

@@ -77,7 +77,9 @@ class SessionLockLeadership(AlwaysLeader):
     """Leader election with a session-level lock on a dedicated connection: the loop, the checks
     and the bounds (module doc); a subclass says how to connect, take the lock and prove it."""
 
-    def __init__(self, *, clock: Clock | None = None, poll_interval: float = 1.0, timeout: float = 3.0) -> None:
+    def __init__(
+        self, *, clock: Clock | None = None, poll_interval: float = 1.0, timeout: float = 3.0
+    ) -> None:
         super().__init__()
         if timeout <= poll_interval:
             raise ValueError("leader timeout must be longer than the poll interval")
@@ -301,10 +303,15 @@ class MysqlLeadership(SessionLockLeadership):
         # The server ends our session (and frees the lock) once we are silent this long.
         wait = max(1, int(self.timeout))
         return await asyncmy.connect(
-            host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "",
-            password=u.password or "", database=u.database, connect_timeout=self.timeout,
-            autocommit=True, init_command=f"SET SESSION wait_timeout = {wait}",
-        )  # fmt: skip
+            host=u.host or "127.0.0.1",
+            port=u.port or 3306,
+            user=u.username or "",
+            password=u.password or "",
+            database=u.database,
+            connect_timeout=self.timeout,
+            autocommit=True,
+            init_command=f"SET SESSION wait_timeout = {wait}",
+        )
 
     async def _fetch(self, sql: str, *args: Any) -> Any:
         async with self._conn.cursor() as cur:

@@ -87,10 +87,14 @@ class Leading:
         self._terms += 1
         if self._partitioned:
             self.scheduler.set_active(is_leader)  # the entries are the partitions' (rebased each)
-            log.info("manager %s %s", self.manager_id, "holds partitions" if is_leader else "holds none")
+            log.info(
+                "manager %s %s", self.manager_id, "holds partitions" if is_leader else "holds none"
+            )
         elif is_leader and self._running():
             read = self._read = asyncio.Event()
-            self._spawn(self._take_over(self._terms), "takeover").add_done_callback(lambda _: read.set())
+            self._spawn(self._take_over(self._terms), "takeover").add_done_callback(
+                lambda _: read.set()
+            )
         elif is_leader:
             self.scheduler.set_active(True)
             log.info("manager %s leads (start)", self.manager_id)
@@ -171,9 +175,13 @@ class Leading:
         # The catch-up runs beside, as a leader's after its start: a paced one (misfire "all")
         # holds neither the sync lock nor a start waiting for its first takeover.
         caught = catchup.catch_up(
-            self.scheduler, self.store, now, resumed=resumed,
-            still_leading=lambda: self.leadership.is_leader, entries=some,
-        )  # fmt: skip
+            self.scheduler,
+            self.store,
+            now,
+            resumed=resumed,
+            still_leading=lambda: self.leadership.is_leader,
+            entries=some,
+        )
         self._spawn(caught, "catch-up")
         return True
 
@@ -219,8 +227,10 @@ class Leading:
                     self._failing = (term, self.clock.now())
                     log.error(
                         "takeover waits: cannot read the settled slots (%s: %s); nothing is "
-                        "sent until they are known", type(exc).__name__, exc,
-                    )  # fmt: skip
+                        "sent until they are known",
+                        type(exc).__name__,
+                        exc,
+                    )
                 failed = True
                 reading = self._read  # clear: this is the read of a (whole) takeover
                 was_reading = not reading.is_set()
@@ -254,12 +264,17 @@ class Leading:
         """misfire=fire_once: send the latest missed slot within the catch-up window, once
         (``resumed``: see :func:`catchup.catch_up`)."""
         await catchup.catch_up(
-            self.scheduler, self.store, now, resumed=resumed,
+            self.scheduler,
+            self.store,
+            now,
+            resumed=resumed,
             still_leading=lambda: self.leadership.is_leader,
-        )  # fmt: skip
+        )
 
 
-def _of_rows(scheduler: Scheduler, registered: Sequence[ScheduledEntry] | None) -> Sequence[ScheduledEntry]:
+def _of_rows(
+    scheduler: Scheduler, registered: Sequence[ScheduledEntry] | None
+) -> Sequence[ScheduledEntry]:
     """The entries ``register()`` registered: None, every entry of a row (not those registered
     from code, which every manager keeps outside the partitions)."""
     if registered is not None:

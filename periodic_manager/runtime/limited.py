@@ -23,7 +23,9 @@ async def limited(configs: Sequence[PeriodicTaskConfig]) -> list[PeriodicTaskCon
     return out
 
 
-async def read_counted(read: StateReader, configs: list[PeriodicTaskConfig]) -> dict[Ident, Counted]:
+async def read_counted(
+    read: StateReader, configs: list[PeriodicTaskConfig]
+) -> dict[Ident, Counted]:
     """(runs counted, latest settled slot) of each config, by ident; ``(0, None)`` for one the
     store records nothing of. Raises what ``read`` raises."""
     if not configs:

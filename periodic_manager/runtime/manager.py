@@ -126,9 +126,10 @@ class PeriodicTaskManager:
         # the offset measured, and beyond grace / 4 nothing is held or sent.
         raw = clock or SystemClock()
         self.clock_offset = ClockOffset(
-            raw, limit=timing.grace / 4,
+            raw,
+            limit=timing.grace / 4,
             read=self.store.server_now if isinstance(self.store, ServerClock) else None,
-        )  # fmt: skip
+        )
         if measure_clock is None:
             measure_clock = isinstance(raw, SystemClock)  # a virtual one agrees with nobody
         self.clock: Clock = DatabaseTime(raw, self.clock_offset) if measure_clock else raw
@@ -146,15 +147,24 @@ class PeriodicTaskManager:
         self._sent = asyncio.Event()  # a batch of runs since the broker watch last looked
         self.tasks = Supervisor(lambda: self._running)
         self.publisher = EntryPublisher(
-            self.store, self.manager_id, on_failure=self._store_failed, quiet=self._quiet,
-            between=self._between, views=self._view,
-        )  # fmt: skip
+            self.store,
+            self.manager_id,
+            on_failure=self._store_failed,
+            quiet=self._quiet,
+            between=self._between,
+            views=self._view,
+        )
         self.scheduler = Scheduler(
-            target, clock=self.clock, grace=timing.grace, catchup_window=timing.catchup_window,
+            target,
+            clock=self.clock,
+            grace=timing.grace,
+            catchup_window=timing.catchup_window,
             catchup_rate=timing.catchup_rate,
-            hooks=hooks, on_runs=self.store.record_runs, observe=self._observe_runs,
+            hooks=hooks,
+            on_runs=self.store.record_runs,
+            observe=self._observe_runs,
             view_changed=self.publisher.upsert,
-        )  # fmt: skip
+        )
         # Nothing is sent until leadership is decided (at once for AlwaysLeader).
         self.scheduler.set_active(False)
         incremental = self.provider if isinstance(self.provider, IncrementalProvider) else None
@@ -163,20 +173,30 @@ class PeriodicTaskManager:
             incremental.adopt(ScheduledEntry, self._known_config)
         self.metrics = ManagerMetrics(self)  # its own registry: served by /metrics or a port
         keeper = LastGoodKeeper(
-            self.scheduler, self.publisher, self.manager_id,
+            self.scheduler,
+            self.publisher,
+            self.manager_id,
             store=self.store if isinstance(self.store, LastGoodStore) else None,
             judge=incremental.judge_stored if incremental is not None else None,
             read_state=self.store.get_state,
-        )  # fmt: skip
+        )
         self.syncer = Syncer(
-            self.provider, Reconciler(self.scheduler, self.publisher, keeper, self.store.get_state),
+            self.provider,
+            Reconciler(self.scheduler, self.publisher, keeper, self.store.get_state),
             clock=self.clock,
-            timing=timing, metrics=self.metrics, prune=self.publisher.call,
-        )  # fmt: skip
+            timing=timing,
+            metrics=self.metrics,
+            prune=self.publisher.call,
+        )
         self.heartbeat = Heartbeat(
-            self.store, self.manager_id, status=self._status, records=self._records, clock=self.clock,
-            interval=timing.heartbeat_interval, metrics=self.metrics,
-        )  # fmt: skip
+            self.store,
+            self.manager_id,
+            status=self._status,
+            records=self._records,
+            clock=self.clock,
+            interval=timing.heartbeat_interval,
+            metrics=self.metrics,
+        )
         # Partition leases, or None: probed once here (a Protocol's isinstance walks its members,
         # too slow for the properties the heartbeat reads at every lease round).
         self.leases: PartitionLeadership | None = (
@@ -184,10 +204,16 @@ class PeriodicTaskManager:
         )
         partitioned = self.leases is not None
         self.leading = Leading(
-            self.scheduler, self.store, self.leadership, clock=self.clock,
-            manager_id=self.manager_id, spawn=self.tasks.spawn, running=lambda: self._running,
-            changed=self.heartbeat.now.set, partitioned=partitioned,
-        )  # fmt: skip
+            self.scheduler,
+            self.store,
+            self.leadership,
+            clock=self.clock,
+            manager_id=self.manager_id,
+            spawn=self.tasks.spawn,
+            running=lambda: self._running,
+            changed=self.heartbeat.now.set,
+            partitioned=partitioned,
+        )
         # options.pause_after_failures: counted where the store can, paused through the pauser.
         self.failures: FailureWatch | None = None
         if (
@@ -196,17 +222,28 @@ class PeriodicTaskManager:
             and isinstance(target, FailureSignal)
         ):
             self.failures = FailureWatch(
-                self.scheduler, self.store, target, pauser, clock=self.clock,
-                manager_id=self.manager_id, interval=timing.heartbeat_interval,
+                self.scheduler,
+                self.store,
+                target,
+                pauser,
+                clock=self.clock,
+                manager_id=self.manager_id,
+                interval=timing.heartbeat_interval,
                 paused=self.request_sync,
-            )  # fmt: skip
+            )
         # By partitions: entries only for the partitions held, each taken over on its own.
         self.holding: PartitionHolding | None = None
         if self.leases is not None:
             if not isinstance(self.provider, PartitionedProvider):
-                raise ValueError("partition leases need a provider that reads by partition (the database's)")
+                raise ValueError(
+                    "partition leases need a provider that reads by partition (the database's)"
+                )
             self.holding = PartitionHolding(
-                self.leases, self.provider, self.syncer, self.leading, spawn=self.tasks.spawn,
+                self.leases,
+                self.provider,
+                self.syncer,
+                self.leading,
+                spawn=self.tasks.spawn,
                 changed=self.heartbeat.now.set,
             )
             self.leases.attach(self.holding)
@@ -214,9 +251,12 @@ class PeriodicTaskManager:
         self.target_health: TargetHealth | None = None
         if isinstance(self.leadership, Gated):
             self.target_health = TargetHealth(
-                target, clock=self.clock, interval_s=timing.target_ping_interval,
-                failures=timing.target_ping_failures, changed=self._target_health_changed,
-            )  # fmt: skip
+                target,
+                clock=self.clock,
+                interval_s=timing.target_ping_interval,
+                failures=timing.target_ping_failures,
+                changed=self._target_health_changed,
+            )
             self.leadership.gate(self.target_health.may_hold)
         # The lease rounds write the heartbeat in their own statement (one round trip per round
         # at rest, none for the heartbeat) when they reach the store's database and come at
@@ -272,9 +312,11 @@ class PeriodicTaskManager:
         if self.target_health is not None and self.target_health.targets:
             self.tasks.spawn(self.target_health.run(), "target-pings")
         log.info(
-            "manager %s started with %d entries (%s)", self.manager_id, len(self.scheduler),
+            "manager %s started with %d entries (%s)",
+            self.manager_id,
+            len(self.scheduler),
             "leader" if self.is_leader else "standby",
-        )  # fmt: skip
+        )
         self._up.set()
 
     async def stop(self) -> None:
@@ -367,7 +409,11 @@ class PeriodicTaskManager:
     def signalled(self, partitions: frozenset[int] | None) -> None:
         """A change signal: sync, unless it names only partitions this manager does not hold
         (``PM_COORDINATION=partitions``: another manager's rows changed). None: any may have."""
-        if partitions is not None and self.holding is not None and not partitions & self.holding.mine:
+        if (
+            partitions is not None
+            and self.holding is not None
+            and not partitions & self.holding.mine
+        ):
             self.signals_ignored += 1
             return
         self.syncer.request()

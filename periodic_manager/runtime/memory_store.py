@@ -53,7 +53,9 @@ class MemoryRuntimeStore:
     async def record_runs(self, runs: Sequence[RunRecord]) -> None:
         self.runs.extend(runs)
         for run in runs:
-            self.state.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name)).fold(run)
+            self.state.setdefault(run.schedule_key, StateRecord(run.schedule_key, run.name)).fold(
+                run
+            )
 
     async def unregister_manager(self, manager_id: str) -> None:
         self.managers.pop(manager_id, None)

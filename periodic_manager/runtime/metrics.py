@@ -250,9 +250,13 @@ class ManagerMetrics:
 
     @staticmethod
     def _counters() -> tuple[
-        CounterMetricFamily, CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily,
-        CounterMetricFamily, CounterMetricFamily,
-    ]:  # fmt: skip
+        CounterMetricFamily,
+        CounterMetricFamily,
+        HistogramMetricFamily,
+        HistogramMetricFamily,
+        CounterMetricFamily,
+        CounterMetricFamily,
+    ]:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         runs = CounterMetricFamily(

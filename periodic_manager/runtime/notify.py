@@ -120,7 +120,9 @@ class PostgresChangeListener:
                 await self._connect()
             except Exception as exc:  # noqa: BLE001 - keep trying; the sync loop is the backstop
                 reraise_if_cancelled(exc)
-                log.warning("LISTEN %s: cannot connect (retrying in %.1f s): %s", self.channel, backoff, exc)
+                log.warning(
+                    "LISTEN %s: cannot connect (retrying in %.1f s): %s", self.channel, backoff, exc
+                )
                 await self.clock.sleep(backoff)
                 backoff = min(self.max_backoff, backoff * 2)
                 continue
@@ -142,7 +144,9 @@ class PostgresChangeListener:
         # way, and a shared event would end the next connection too (then each the next).
         lost = self._lost = asyncio.Event()
         conn = await pg_connect(
-            self.dsn, timeout=self.timeout, server_settings={"application_name": "periodic_manager listener"}
+            self.dsn,
+            timeout=self.timeout,
+            server_settings={"application_name": "periodic_manager listener"},
         )
         conn.add_termination_listener(lambda _c: lost.set())
         try:
@@ -161,7 +165,9 @@ class PostgresChangeListener:
         """Return when the connection is lost (termination callback, which TCP keepalives
         bring on a half-open socket too, or a failed probe every ``check_interval``)."""
         while not self._lost.is_set():
-            if await sleep_unless(self.clock, self._lost, until=next_tick(self.clock.now(), self.check_interval)):
+            if await sleep_unless(
+                self.clock, self._lost, until=next_tick(self.clock.now(), self.check_interval)
+            ):
                 break
             try:
                 async with asyncio.timeout(self.timeout):  # no task of its own, as wait_for makes

@@ -131,6 +131,8 @@ TAKE = f"""UPDATE pm_partitions SET holder = $1,
 LEAVE = "DELETE FROM pm_partition_members WHERE member = $1"
 COUNT = "SELECT count(*) FROM pm_partitions"
 EXPIRY_MARGIN_S = 0.05  # a round for another holder's expiry comes this long after it
+
+
 # A round's renewal and counts in one statement (one round trip at rest). It renews ($1 member,
 # $2/$3 the held pairs, $4 the TTL), renews this member's row, forgets members dead for $5
 # seconds, and reads: the partitions renewed; the live members; (recent, coming): the other
@@ -337,7 +339,9 @@ class PartitionLeases:
                 if cancelling():
                     self._drop_connection()
                 reraise_if_cancelled(exc)
-                log.warning("partition leases: liveness watch failed: %s: %s", type(exc).__name__, exc)
+                log.warning(
+                    "partition leases: liveness watch failed: %s: %s", type(exc).__name__, exc
+                )
                 self._drop_connection()
             await self._report()
             return None
@@ -400,8 +404,10 @@ class PartitionLeases:
                     log.warning(
                         "partition leases: %d notifications on %s brought a round each since "
                         "the last round on a tick; more wait for the next one (%.0f s at most)",
-                        FREED_ROUNDS_PER_INTERVAL, FREED, (next_round - now).total_seconds(),
-                    )  # fmt: skip
+                        FREED_ROUNDS_PER_INTERVAL,
+                        FREED,
+                        (next_round - now).total_seconds(),
+                    )
             if freed or ticked or expired:
                 await self.round()
                 next_round = next_tick(self.clock.now(), self.interval)
@@ -471,7 +477,13 @@ class PartitionLeases:
             self._beat.written(bool(row[6]), int(row[7]))
         if self.offset is not None and before is not None:
             self.offset.observe(before, row[-1])
-        renewed, live, recent, coming, leader_locked = set(row[0]), int(row[1]), row[2], row[3], row[4]
+        renewed, live, recent, coming, leader_locked = (
+            set(row[0]),
+            int(row[1]),
+            row[2],
+            row[3],
+            row[4],
+        )
         # Measured from after the answer, so the database's expiry has passed when the round
         # comes (the statement reads only expiries within the TTL: checked here once more).
         until = row[5]
@@ -515,7 +527,9 @@ class PartitionLeases:
             log.info("partition leases: no leader-mode manager any more; taking a share")
         self._leader_seen = False
         if first and recent:
-            log.info("partition leases: %d other manager(s) starting; taking a share next round", recent)
+            log.info(
+                "partition leases: %d other manager(s) starting; taking a share next round", recent
+            )
             return {}
         share = fair_share(self._count, live + coming)
         if len(self._held) > share:
@@ -536,8 +550,12 @@ class PartitionLeases:
                 self._held.update(gained)
                 log.info(
                     "partition leases: took %s (%d held of %d, %d live, %d coming)",
-                    _show(gained), len(self._held), self._count, live, coming,
-                )  # fmt: skip
+                    _show(gained),
+                    len(self._held),
+                    self._count,
+                    live,
+                    coming,
+                )
                 await self._report()
                 fresh = frozenset(p for p, (epoch, _) in gained.items() if epoch == 1)
                 since = {p: at for p, at in first_held.items() if p not in fresh}
@@ -559,8 +577,10 @@ class PartitionLeases:
             reraise_if_cancelled(exc)
             log.error(
                 "partition leases: handing over %s did not finish (%s: %s); they expire instead",
-                _show(parts), type(exc).__name__, exc,
-            )  # fmt: skip
+                _show(parts),
+                type(exc).__name__,
+                exc,
+            )
             return
         # Released only at the epochs held; if a lease meanwhile passed to another manager,
         # nothing changes.
@@ -588,7 +608,9 @@ class PartitionLeases:
         """Drop every partition whose trust has ended (no renewal came in time), or all of them
         while this wall clock is off (it jumped, or is beyond the offset's limit)."""
         if self._held and self.offset is not None and not self.offset.agrees:
-            log.error("partition leases: this wall clock is off (%s); sending stops", self.offset.check())
+            log.error(
+                "partition leases: this wall clock is off (%s); sending stops", self.offset.check()
+            )
             self._drop(frozenset(self._held))
             return
         now = self.clock.monotonic()
@@ -641,7 +663,10 @@ class PartitionLeases:
                 await self._conn.add_listener(FREED, self._on_freed)
             except Exception as exc:  # noqa: BLE001 - a server without LISTEN: rounds on ticks
                 if not self._listen_failed:
-                    log.info("partition leases: no LISTEN (%s); freed partitions are taken at the next round", exc)
+                    log.info(
+                        "partition leases: no LISTEN (%s); freed partitions are taken at the next round",
+                        exc,
+                    )
                 self._listen_failed = True
         return self._conn
 
@@ -672,8 +697,9 @@ class PartitionLeases:
         if self._liveness.lost() and self._held:
             log.error(
                 "partition leases: the lease connection ended with this manager's liveness lock; "
-                "the others may take %s at once: sending for them stops", _show(self._held),
-            )  # fmt: skip
+                "the others may take %s at once: sending for them stops",
+                _show(self._held),
+            )
             self._drop(frozenset(self._held))
 
     @staticmethod

@@ -156,7 +156,9 @@ def check_probe(
             raise ValueError(f"'interval_s' is not a number of seconds: {interval}")
         status = str(doc.get("status"))
     except FileNotFoundError:
-        return ProbeVerdict(False, f"missing: no probe file {path} (is PM_PROBE_DIR set for the {role}?)")
+        return ProbeVerdict(
+            False, f"missing: no probe file {path} (is PM_PROBE_DIR set for the {role}?)"
+        )
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return ProbeVerdict(False, f"unreadable: probe file {path}: {exc}")
     if at.tzinfo is None:
@@ -172,7 +174,8 @@ def check_probe(
         )
     if age > limit:
         return ProbeVerdict(
-            False, f"stale: {role} (pid {pid}) last wrote its probe {age:.1f} s ago (max {limit:g} s)"
+            False,
+            f"stale: {role} (pid {pid}) last wrote its probe {age:.1f} s ago (max {limit:g} s)",
         )
     if status != "ok":
         return ProbeVerdict(False, f"unhealthy: {role} (pid {pid}): {doc.get('reason')}")

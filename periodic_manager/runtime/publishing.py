@@ -43,14 +43,35 @@ def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
     # would double the cost of the tuple.
     if view is None:
         return EntryRecord(
-            f"{key}-{digest[:12]}", key, cfg.name, digest, "active", entry.registered_at,
-            cfg.spec, cfg.timezone, cfg.anchor, cfg.task_type, cfg.queue,
-        )  # fmt: skip
+            f"{key}-{digest[:12]}",
+            key,
+            cfg.name,
+            digest,
+            "active",
+            entry.registered_at,
+            cfg.spec,
+            cfg.timezone,
+            cfg.anchor,
+            cfg.task_type,
+            cfg.queue,
+        )
     return EntryRecord(
-        f"{key}-{digest[:12]}", key, cfg.name, digest, "active", entry.registered_at,
-        cfg.spec, cfg.timezone, cfg.anchor, cfg.task_type, cfg.queue, None,
-        view.held_slot, view.previous_task_id, view.previous_task_state,
-    )  # fmt: skip
+        f"{key}-{digest[:12]}",
+        key,
+        cfg.name,
+        digest,
+        "active",
+        entry.registered_at,
+        cfg.spec,
+        cfg.timezone,
+        cfg.anchor,
+        cfg.task_type,
+        cfg.queue,
+        None,
+        view.held_slot,
+        view.previous_task_id,
+        view.previous_task_state,
+    )
 
 
 class EntryPublisher:
@@ -163,7 +184,8 @@ class EntryPublisher:
             removed = [eid for eid in gone if eid not in written]
             if upserts or removed:
                 await self.call(
-                    self.store.apply_entries(self.manager_id, upserts, removed), "publishing entries"
+                    self.store.apply_entries(self.manager_id, upserts, removed),
+                    "publishing entries",
                 )
         if len(live) >= SLICE:
             gcpolicy.release()

@@ -266,9 +266,12 @@ class Reconciler:
         old_id = entry.entry_id if entry is not None else None
         try:
             new = self.scheduler.register(
-                cfg, synced=True, now=now, counted=self._counted.get(cfg.ident),
+                cfg,
+                synced=True,
+                now=now,
+                counted=self._counted.get(cfg.ident),
                 start=self._created_start(cfg, now) if entry is None else None,
-            )  # fmt: skip
+            )
         except Exception as exc:  # noqa: BLE001 - one schedule must never stop the sync
             reraise_if_cancelled(exc)
             report.errors.append(_unusable(cfg, exc))
@@ -314,12 +317,20 @@ class Reconciler:
             if since is not None:
                 kept = f" (its last good version keeps running, kept since {since.isoformat()})"
             log.error(
-                "schedule row %s (%s) rejected: %s%s", key, err.name, err.message, kept,
+                "schedule row %s (%s) rejected: %s%s",
+                key,
+                err.name,
+                err.message,
+                kept,
                 extra={"schedule": err.name, "schedule_id": key, "field": err.field},
             )
         rec = error_record(err.schedule_id, err.name, err.content_hash, err.message, now, since)
         old = self.row_errors.get(key)
-        if old is None or old.record.entry_id != rec.entry_id or old.record.last_good_since != since:
+        if (
+            old is None
+            or old.record.entry_id != rec.entry_id
+            or old.record.last_good_since != since
+        ):
             if old is not None:
                 self.publisher.remove(old.record.entry_id)
             self.publisher.upsert(rec)
@@ -383,7 +394,9 @@ class Syncer:
         carries the edits, so this loop is a safety net and comes on the clock's ticks."""
         while True:
             if on_ticks:  # a safety net: with the process's other periodic wake-ups
-                await sleep_unless(self.clock, self.requested, until=next_tick(self.clock.now(), self.interval))
+                await sleep_unless(
+                    self.clock, self.requested, until=next_tick(self.clock.now(), self.interval)
+                )
             else:
                 # ``interval`` after the last sync ended: a plain-SQL edit is seen at a steady
                 # phase from the start (what docs/operations.md and the tests promise).
@@ -466,7 +479,10 @@ class Syncer:
         if report.added or report.replaced or report.removed or report.errors:
             log.info(
                 "sync: %d added, %d replaced, %d removed, %d unchanged, %d bad rows",
-                report.added, report.replaced, report.removed, report.unchanged,
+                report.added,
+                report.replaced,
+                report.removed,
+                report.unchanged,
                 len(report.errors),
-            )  # fmt: skip
+            )
         return report

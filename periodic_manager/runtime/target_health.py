@@ -185,8 +185,9 @@ class TargetHealth:
             log.error(
                 "every target failed %d pings in a row (%s): this manager stands down, hands "
                 "over what it holds and takes no work until a target answers",
-                self.failures, self._describe(),
-            )  # fmt: skip
+                self.failures,
+                self._describe(),
+            )
         else:
             self.down_since = None
             log.warning("a target answers again: this manager takes work again")

@@ -77,7 +77,9 @@ class Supervisor:
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
             for task in pending:
-                log.error("%s did not stop within %.0f s; abandoned", task.get_name(), STOP_TIMEOUT_S)
+                log.error(
+                    "%s did not stop within %.0f s; abandoned", task.get_name(), STOP_TIMEOUT_S
+                )
         self._tasks.clear()
 
     def _done(self, task: asyncio.Task[Any]) -> None:

@@ -148,13 +148,19 @@ def _check_mysql(entry: dict[str, Any]) -> None:
     for column, (data, blob) in entry.get(RAW, {}).items():
         where = f"{RAW}.{column}"
         if blob:
-            raise ConfigError(where, "bytes given in hex cannot be stored in MariaDB/MySQL (UTF-8 text)")
+            raise ConfigError(
+                where, "bytes given in hex cannot be stored in MariaDB/MySQL (UTF-8 text)"
+            )
         try:
             stored = data.decode("utf-8")
         except UnicodeDecodeError:
-            raise ConfigError(where, "not UTF-8, which these MariaDB/MySQL columns cannot store") from None
+            raise ConfigError(
+                where, "not UTF-8, which these MariaDB/MySQL columns cannot store"
+            ) from None
         if column == "enabled" and not (_TINYINT.fullmatch(stored) and -128 <= int(stored) <= 127):
-            raise ConfigError(where, "a MariaDB/MySQL TINYINT holds only whole numbers from -128 to 127")
+            raise ConfigError(
+                where, "a MariaDB/MySQL TINYINT holds only whole numbers from -128 to 127"
+            )
         _check_length(column, stored, where)
     for column in TEXTS:
         value = entry.get(column)

@@ -18,7 +18,9 @@ from typing import Any, NamedTuple
 from periodic_manager import cron
 from periodic_manager.schedules.calendars import Exclusion, excluded_by
 
-TICK = timedelta(microseconds=1)  # datetime's resolution: "strictly after start - TICK" is ">= start"
+TICK = timedelta(
+    microseconds=1
+)  # datetime's resolution: "strictly after start - TICK" is ">= start"
 # The range of a bound, as of an anchor: far enough inside datetime's range that a bound minus a
 # tick, or a bound in UTC or in any zone, never overflows.
 BOUND_MIN = cron.ANCHOR_MIN

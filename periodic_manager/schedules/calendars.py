@@ -92,8 +92,10 @@ def _parse_date(value: Any, where: str) -> date:
 def check_spec(value: Any) -> CalendarSpec:
     """The one judge of a calendar's content (a parsed JSON value); ConfigError names the field
     (``dates``, ``dates[3]``, ``holidays.country``, ...)."""
-    if not isinstance(value, Mapping) or len(value) != 1 or not (
-        "dates" in value or "holidays" in value
+    if (
+        not isinstance(value, Mapping)
+        or len(value) != 1
+        or not ("dates" in value or "holidays" in value)
     ):
         raise ConfigError(
             "calendar", 'must be an object with one key: "dates" (a list) or "holidays" (an object)'
@@ -147,8 +149,12 @@ def holiday_dates(country: str, subdiv: str | None, year: int) -> frozenset[date
     try:
         return frozenset(holidays.country_holidays(country, subdiv=subdiv, years=year))
     except Exception:  # the package's answer is not ours to trust with the loop
-        log.exception("holidays of %s%s in %d could not be computed", country,
-                      f"-{subdiv}" if subdiv else "", year)
+        log.exception(
+            "holidays of %s%s in %d could not be computed",
+            country,
+            f"-{subdiv}" if subdiv else "",
+            year,
+        )
         return frozenset()
 
 
@@ -163,7 +169,9 @@ def parse_stored(text: Any) -> CalendarSpec:
         except UnicodeDecodeError:
             raise ConfigError("calendar", "stored text is not valid UTF-8") from None
     if not isinstance(text, str) or len(text) > MAX_TEXT:
-        raise ConfigError("calendar", f"stored text must be JSON text of at most {MAX_TEXT} characters")
+        raise ConfigError(
+            "calendar", f"stored text must be JSON text of at most {MAX_TEXT} characters"
+        )
     return _parse_text(text)
 
 
@@ -205,7 +213,9 @@ def exclusion(names: Sequence[str], calendars: Mapping[str, CalendarSpec]) -> Ex
     for name in names:
         spec = calendars.get(name)
         if spec is None:
-            raise ConfigError(FIELD, f"no calendar named {name!r} (create it with PUT /calendars/{name})")
+            raise ConfigError(
+                FIELD, f"no calendar named {name!r} (create it with PUT /calendars/{name})"
+            )
         specs.append(spec)
     return _exclusion(tuple(names), tuple(specs))
 

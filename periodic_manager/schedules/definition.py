@@ -95,10 +95,18 @@ class PeriodicTaskConfig:
         revision: int | None = None,
     ) -> None:
         self._fill(
-            name, spec, task_type, options, options_json, timezone, anchor, schedule_id,
-            effective_at, payload_json if payload_json is not None else canonical_json(payload),
+            name,
+            spec,
+            task_type,
+            options,
+            options_json,
+            timezone,
+            anchor,
+            schedule_id,
+            effective_at,
+            payload_json if payload_json is not None else canonical_json(payload),
             revision,
-        )  # fmt: skip
+        )
 
     def _fill(
         self,
@@ -152,9 +160,18 @@ class PeriodicTaskConfig:
         provider builds a million of these)."""
         config = cls.__new__(cls)
         config._fill(
-            name, spec, task_type, options, options_json, timezone, anchor, schedule_id,
-            effective_at, payload, revision,
-        )  # fmt: skip
+            name,
+            spec,
+            task_type,
+            options,
+            options_json,
+            timezone,
+            anchor,
+            schedule_id,
+            effective_at,
+            payload,
+            revision,
+        )
         config._fresh()
         return config
 
@@ -262,8 +279,17 @@ class PeriodicTaskConfig:
 
     def _content(self) -> tuple[Any, ...]:
         ex = self.exclusion
-        return (self.name, self.spec, self.task_type, self.payload_json, self.options_json,
-                self.timezone, self.anchor, self.schedule_id, ex.digest if ex is not None else None)
+        return (
+            self.name,
+            self.spec,
+            self.task_type,
+            self.payload_json,
+            self.options_json,
+            self.timezone,
+            self.anchor,
+            self.schedule_id,
+            ex.digest if ex is not None else None,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PeriodicTaskConfig):

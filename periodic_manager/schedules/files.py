@@ -106,7 +106,9 @@ def validate_calendars(raw: Any, source: str = "input") -> dict[str, CalendarSpe
     if raw is None:
         return {}
     if not isinstance(raw, dict) or len(raw) > MAX_CALENDARS:
-        raise FileError(f"{source}: calendars: must be a table of at most {MAX_CALENDARS} calendars by name")
+        raise FileError(
+            f"{source}: calendars: must be a table of at most {MAX_CALENDARS} calendars by name"
+        )
     out: dict[str, CalendarSpec] = {}
     for name, content in raw.items():
         try:
@@ -114,7 +116,9 @@ def validate_calendars(raw: Any, source: str = "input") -> dict[str, CalendarSpe
             out[name] = check_spec(content)
         except ConfigError as exc:
             shown = name if isinstance(name, str) else repr(name)
-            raise FileError(f"{source}: calendar {shown[:70]!r}: {exc.field}: {exc.reason}") from None
+            raise FileError(
+                f"{source}: calendar {shown[:70]!r}: {exc.field}: {exc.reason}"
+            ) from None
     return out
 
 
@@ -252,9 +256,7 @@ def _anchor(value: Any) -> datetime | None:
     return value
 
 
-def dump(
-    entries: list[dict[str, Any]], fmt: str, calendars: dict[str, Any] | None = None
-) -> str:
+def dump(entries: list[dict[str, Any]], fmt: str, calendars: dict[str, Any] | None = None) -> str:
     """The file of ``entries`` (and ``calendars`` by name: then a table beside the list)."""
     doc: Any = {"calendars": calendars, "schedules": entries} if calendars else entries
     if fmt == "json":

@@ -71,7 +71,9 @@ def _changes(entry: dict[str, Any], row: StoredRow) -> dict[str, tuple[Any, Any]
             old = row.raw(key)
             if old is None or old[0] != raws[key][0]:
                 out[key] = (old, raws[key])
-        elif key in FIELDS and not dbview.same_value(key, old := dbview.stored_value(row.view, key), entry[key]):
+        elif key in FIELDS and not dbview.same_value(
+            key, old := dbview.stored_value(row.view, key), entry[key]
+        ):
             out[key] = (old, entry[key])
     return out
 
@@ -268,7 +270,9 @@ def _stored_entry_of(row: StoredRow, nulls_as_stored: bool = False) -> dict[str,
             entry[key] = v.values[key]
         elif key in DEFAULTS:
             value = v.values[key]
-            if not dbview.same_value(key, value, DEFAULTS[key]) and not (key == "anchor" and value is None):
+            if not dbview.same_value(key, value, DEFAULTS[key]) and not (
+                key == "anchor" and value is None
+            ):
                 entry[key] = _file_value(value)
     field_, reason = v.errors[0]
     entry[as_stored.MARK] = f"{field_}: {reason}"

@@ -38,7 +38,11 @@ _US = 1_000_000
 
 def check_value(value: Any, max_seconds: int) -> None:
     """ValueError (the reason, without the field) unless ``0 < value <= max_seconds``, a number."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= max_seconds:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= max_seconds
+    ):
         raise ValueError(f"must be a number of seconds > 0 and at most {max_seconds} (366 days)")
 
 

@@ -346,7 +346,10 @@ def validate_target(options: Mapping[str, Any], configured: Collection[str] | No
 
 
 def validate_task(
-    task_type: str, payload_json: str, options: Mapping[str, Any], configured: Collection[str] | None
+    task_type: str,
+    payload_json: str,
+    options: Mapping[str, Any],
+    configured: Collection[str] | None,
 ) -> None:
     """Refuse a task the schedule's target (``options.target``, else the default: the first of
     ``configured``) refuses whenever it is sent: the rule that target declares

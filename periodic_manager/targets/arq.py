@@ -224,9 +224,13 @@ class ArqTarget:
         enqueued_ms = round(now.timestamp() * 1000)
         try:
             body = serialize_job(
-                function, tuple(positional), call, None, enqueued_ms,
+                function,
+                tuple(positional),
+                call,
+                None,
+                enqueued_ms,
                 serializer=self.pool.job_serializer,
-            )  # fmt: skip
+            )
         except SerializationError as exc:
             raise ValueError(f"{exc}: {exc.__cause__}") from None
         if expires is not None:
@@ -260,16 +264,23 @@ class ArqTarget:
         for index in part:
             task, job = tasks[index], jobs[index]
             row: list[Any] = [
-                task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.score_ms,
-                job.expires_ms, len(job.body),
-            ]  # fmt: skip
+                task.idempotency_key,
+                task.id,
+                self.claims.ttl_ms(task, now),
+                job.score_ms,
+                job.expires_ms,
+                len(job.body),
+            ]
             if decided is not None and index in decided.written:
                 row += list(decided.written[index])
             rows.append(row)
         args = [
-            self.claims.key(""), job_key_prefix, result_key_prefix, json.dumps(rows),
+            self.claims.key(""),
+            job_key_prefix,
+            result_key_prefix,
+            json.dumps(rows),
             b"".join(jobs[i].body for i in part),
-        ]  # fmt: skip
+        ]
         return list(await self._script(keys=[queue], args=args))
 
     async def _states(self, job_ids: Sequence[str]) -> list[str]:

@@ -50,7 +50,9 @@ def task_id_for(idempotency_key: str) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def task_for(config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expires_at: datetime) -> Task:
+def task_for(
+    config: PeriodicTaskConfig, key: str, scheduled_at: datetime, expires_at: datetime
+) -> Task:
     """The task a schedule sends under idempotency key ``key`` (a slot, or a manual trigger)."""
     return Task(
         id=task_id_for(key),

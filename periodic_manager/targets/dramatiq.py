@@ -308,9 +308,14 @@ class DramatiqTarget:
             done = [r for r in sent if r is not None]
         else:
             batch = JobBatch(
-                self.name, self._redis_message, self._call, None, self.timeout,
-                self.concurrency, CHUNK,
-            )  # fmt: skip
+                self.name,
+                self._redis_message,
+                self._call,
+                None,
+                self.timeout,
+                self.concurrency,
+                CHUNK,
+            )
             done = await batch.enqueue(part, now)
         for index, result in zip(send, done, strict=True):
             results[index] = result

@@ -10,9 +10,12 @@ from periodic_manager.errors import TargetError
 
 # Targets that need an optional extra: target -> (module to import, extra to install).
 TARGET_EXTRAS = {
-    "celery": ("celery", "celery"), "arq": ("arq", "arq"), "rq": ("rq", "rq"),
-    "dramatiq": ("dramatiq", "dramatiq"), "procrastinate": ("procrastinate", "procrastinate"),
-}  # fmt: skip
+    "celery": ("celery", "celery"),
+    "arq": ("arq", "arq"),
+    "rq": ("rq", "rq"),
+    "dramatiq": ("dramatiq", "dramatiq"),
+    "procrastinate": ("procrastinate", "procrastinate"),
+}
 
 
 def needs(target: str) -> str:

@@ -75,7 +75,9 @@ class OutboxTarget:
             # The reads that tell inserted rows from others need REPEATABLE READ (module doc).
             engine = engine.execution_options(isolation_level="REPEATABLE READ")
         elif dialect != "postgresql":
-            raise TargetError(f"the outbox supports PostgreSQL, MariaDB/MySQL and SQLite, not {dialect}")
+            raise TargetError(
+                f"the outbox supports PostgreSQL, MariaDB/MySQL and SQLite, not {dialect}"
+            )
         self._engine = engine
         self._dialect = dialect
         self._owns_engine = False
@@ -133,12 +135,15 @@ class OutboxTarget:
                 try:
                     async with conn.begin():
                         inserted = await self._insert_rows(conn, plain, now) if plain else {}
-                        missing = {
-                            t.idempotency_key for i, t in enumerate(tasks) if i not in refusals
-                        } - inserted.keys() - after_keys
+                        missing = (
+                            {t.idempotency_key for i, t in enumerate(tasks) if i not in refusals}
+                            - inserted.keys()
+                            - after_keys
+                        )
                         existing = await _lookup(conn, missing, current=mine)
                         decided = {
-                            i: await self._insert_after(conn, tasks[i], row, now) for i, row in after
+                            i: await self._insert_after(conn, tasks[i], row, now)
+                            for i, row in after
                         }
                 finally:
                     if mine and after:  # the named locks of _insert_after
@@ -173,10 +178,16 @@ class OutboxTarget:
         if self._dialect == "postgresql":
             await conn.execute(_LOCK, {"key": _lock_key(task.name)})
         elif mine:
-            got = (await conn.execute(_MY_LOCK, {"key": task.name, "timeout": _MY_LOCK_WAIT_S})).scalar()
+            got = (
+                await conn.execute(_MY_LOCK, {"key": task.name, "timeout": _MY_LOCK_WAIT_S})
+            ).scalar()
             if got != 1:
-                raise TargetError(f"outbox: schedule {task.name!r} stayed locked {_MY_LOCK_WAIT_S} s")
-        found = (await conn.execute(_MY_BY_KEY if mine else _BY_KEY, {"key": task.idempotency_key})).first()
+                raise TargetError(
+                    f"outbox: schedule {task.name!r} stayed locked {_MY_LOCK_WAIT_S} s"
+                )
+        found = (
+            await conn.execute(_MY_BY_KEY if mine else _BY_KEY, {"key": task.idempotency_key})
+        ).first()
         if found is not None:
             return EnqueueResult(task, "duplicate", str(found[0]))
         prev = (await conn.execute(_MY_NEWEST if mine else _NEWEST, {"name": task.name})).first()
@@ -193,7 +204,9 @@ class OutboxTarget:
             await conn.execute(self._mysql_insert([{**row, "enqueued_at": now}]))
             inserted = (await conn.execute(_BY_KEY, {"key": task.idempotency_key})).first()
         else:
-            inserted = (await conn.execute(self._insert_statement([{**row, "enqueued_at": now}]))).first()
+            inserted = (
+                await conn.execute(self._insert_statement([{**row, "enqueued_at": now}]))
+            ).first()
         if inserted is None:  # cannot happen behind the lock; a duplicate if it ever does
             return EnqueueResult(task, "duplicate", None, previous=previous)
         return EnqueueResult(task, "enqueued", str(inserted[0]), previous=previous)
@@ -202,7 +215,9 @@ class OutboxTarget:
         inserted: dict[str, int] = {}
         if self._dialect == "postgresql":
             # One statement whatever the batch size: the columns travel as arrays.
-            for seq, key in (await conn.execute(_PG_UNNEST_INSERT, {**data, "enqueued_at": now})).all():
+            for seq, key in (
+                await conn.execute(_PG_UNNEST_INSERT, {**data, "enqueued_at": now})
+            ).all():
                 inserted[key] = seq
             return inserted
         rows: list[dict[str, Any]] = [{**r, "enqueued_at": now} for r in data]
@@ -257,7 +272,14 @@ class OutboxTarget:
 
 
 _COLUMNS = (
-    "task_id", "idempotency_key", "queue", "name", "task_type", "payload", "options", "scheduled_at",
+    "task_id",
+    "idempotency_key",
+    "queue",
+    "name",
+    "task_type",
+    "payload",
+    "options",
+    "scheduled_at",
 )
 _PG_TYPES = ("text",) * 7 + ("timestamptz",)
 _PG_UNNEST_INSERT = text(
@@ -323,7 +345,9 @@ def _row(task: Task) -> dict[str, Any]:
     }
 
 
-async def _lookup(conn: AsyncConnection, keys: set[str], *, current: bool = False) -> dict[str, int]:
+async def _lookup(
+    conn: AsyncConnection, keys: set[str], *, current: bool = False
+) -> dict[str, int]:
     """``seq`` of rows that already hold these keys (same transaction as the insert); ``current``:
     a locking read, which sees what other transactions committed (MariaDB/MySQL)."""
     found: dict[str, int] = {}

@@ -177,9 +177,14 @@ class ProcrastinateTarget:
                 failed[index] = f"procrastinate: {exc}"
                 continue
             row = (
-                task.idempotency_key, task.queue, task.task_type, args, task.expires_at,
-                task.name, task.id,
-            )  # fmt: skip
+                task.idempotency_key,
+                task.queue,
+                task.task_type,
+                args,
+                task.expires_at,
+                task.name,
+                task.id,
+            )
             if overlap_of(task) == "allow":
                 rows.append(row)
             else:
@@ -253,9 +258,11 @@ class ProcrastinateTarget:
         inserted = await _rows(conn, _SEND, {**data, "now": now})
         job_id = inserted.get(task.idempotency_key)  # always there, behind the lock
         return EnqueueResult(
-            task, "enqueued" if job_id is not None else "duplicate",
-            str(job_id) if job_id is not None else None, previous=previous,
-        )  # fmt: skip
+            task,
+            "enqueued" if job_id is not None else "duplicate",
+            str(job_id) if job_id is not None else None,
+            previous=previous,
+        )
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """procrastinate's job status tells when a job finished (see the module docstring)."""

@@ -210,10 +210,17 @@ class RqTarget:
         args, kwargs = split_payload(task.payload)
         ttl = rq_ttl(task, now)
         job = self._job_class.create(
-            task.task_type, args=args, kwargs=kwargs, connection=self._placeholder, id=task.id,
-            origin=task.queue, meta=rq_meta(task), status=self._status, ttl=ttl,
+            task.task_type,
+            args=args,
+            kwargs=kwargs,
+            connection=self._placeholder,
+            id=task.id,
+            origin=task.queue,
+            meta=rq_meta(task),
+            status=self._status,
+            ttl=ttl,
             timeout=rq_timeout(task, self._default_timeout()),
-        )  # fmt: skip
+        )
         job.created_at = job.enqueued_at = now.astimezone(UTC)
         try:
             mapping = job.to_dict()
@@ -256,9 +263,12 @@ class RqTarget:
         for index in part:
             task, job = tasks[index], jobs[index]
             row: list[Any] = [
-                task.idempotency_key, task.id, self.claims.ttl_ms(task, now), job.ttl,
+                task.idempotency_key,
+                task.id,
+                self.claims.ttl_ms(task, now),
+                job.ttl,
                 len(job.fields),
-            ]  # fmt: skip
+            ]
             if decided is not None and index in decided.written:
                 row += list(decided.written[index])
             rows.append(row)

@@ -454,7 +454,14 @@ async def test_entries_show_live_managers_only(
         "last_message_id": "m-1",
         "last_status": "enqueued",
         "last_error": None,
-        "counts": {"enqueued": 7, "duplicate": 0, "skipped": 0, "failed": 1, "held": 0, "resent": 0},
+        "counts": {
+            "enqueued": 7,
+            "duplicate": 0,
+            "skipped": 0,
+            "failed": 1,
+            "held": 0,
+            "resent": 0,
+        },
     }
     bad = await client.get(f"/schedules/{bad_id}")
     assert bad.status_code == 200, bad.text

@@ -253,7 +253,9 @@ async def test_the_api_stamps_effective_at_with_its_clock_on_creation_timing_edi
     assert await effective_at(job["id"]) == clock.now()
 
 
-async def test_sqlite_check_merge_write_holds_the_write_lock_against_other_writers(tmp_path: Any) -> None:
+async def test_sqlite_check_merge_write_holds_the_write_lock_against_other_writers(
+    tmp_path: Any,
+) -> None:
     """SQLite has no row locks: the API's read of a row it is about to change (PATCH, DELETE,
     pause, resume) takes the database's write lock, so a plain-SQL writer in between waits and
     If-Match cannot be checked against a row that changes before the write."""
@@ -267,7 +269,9 @@ async def test_sqlite_check_merge_write_holds_the_write_lock_against_other_write
     url = f"sqlite+aiosqlite:///{path}"
     await upgrade(url)
     with sqlite3.connect(path) as db:
-        db.execute("INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('j', '@every 1s', 't')")
+        db.execute(
+            "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('j', '@every 1s', 't')"
+        )
     engine = create_engine(url)
     other = sqlite3.connect(path, timeout=0, isolation_level=None)
     try:

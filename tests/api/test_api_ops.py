@@ -446,7 +446,13 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         assert r.status_code == 200 and r.json() == {
             "status": "ready",
             # A target that cannot be pinged (not Pingable) counts as reachable.
-            "checks": {"database": "ok", "schema": "ok", "target": "ok", "manager": "standby", "clock": "ok"},
+            "checks": {
+                "database": "ok",
+                "schema": "ok",
+                "target": "ok",
+                "manager": "standby",
+                "clock": "ok",
+            },
         }
         fake.clock = "skewed: this clock is 3.0 s ahead of the database's (bound 2 s)"
         assert (await c.get("/readyz")).status_code == 200  # said, still ready
@@ -457,17 +463,25 @@ async def test_readyz(db_url: str, engine: AsyncEngine, clock: VirtualClock) -> 
         assert (await c.get("/readyz")).json()["checks"]["manager"] == "leader"
         fake.failed = RuntimeError("scheduler died")
         body = assert_problem(await c.get("/readyz"), 503)
-        assert body["checks"]["manager"] == "failed: the fake's health: RuntimeError('scheduler died')"
+        assert (
+            body["checks"]["manager"] == "failed: the fake's health: RuntimeError('scheduler died')"
+        )
         assert body["checks"]["database"] == "ok" and body["detail"] == "not ready: manager"
         # A manager standing down (its targets fail their pings) is alive but not ready.
         fake.failed = None
-        fake.standing_down = "every target fails its ping (redis: connection refused): holding no work"
+        fake.standing_down = (
+            "every target fails its ping (redis: connection refused): holding no work"
+        )
         body = assert_problem(await c.get("/readyz"), 503)
         assert body["checks"]["manager"] == f"standing down: {fake.standing_down}"
         assert (await c.get("/healthz")).status_code == 200
     async for c in app_client(Settings(database_url=db_url), clock, engine):
         assert (await c.get("/readyz")).json()["checks"] == {
-            "database": "ok", "schema": "ok", "target": "absent", "manager": "absent", "clock": "absent"
+            "database": "ok",
+            "schema": "ok",
+            "target": "absent",
+            "manager": "absent",
+            "clock": "absent",
         }
 
 
@@ -535,7 +549,9 @@ async def test_metrics_count_schedules_as_judged_and_managers_by_the_database(
             ],
         )
         if backend == "sqlite":
-            await conn.execute(text("UPDATE pm_managers SET is_leader = 'yes' WHERE manager_id = 'stand'"))
+            await conn.execute(
+                text("UPDATE pm_managers SET is_leader = 'yes' WHERE manager_id = 'stand'")
+            )
     body = (await client.get("/metrics")).text
     enabled = 4 if backend == "sqlite" else 3
     assert f'periodic_manager_schedules{{enabled="true"}} {enabled}.0' in body
@@ -633,7 +649,13 @@ async def test_every_error_is_a_problem(client: httpx.AsyncClient) -> None:
 
 def test_json_log_lines_keep_extra_keys() -> None:
     record = logging.LogRecord(
-        "periodic_manager.engine.scheduler", logging.WARNING, __file__, 1, "skipping %s", ("x",), None
+        "periodic_manager.engine.scheduler",
+        logging.WARNING,
+        __file__,
+        1,
+        "skipping %s",
+        ("x",),
+        None,
     )
     record.schedule = "reports.daily"
     record.slot = "2026-03-01T12:00:00+00:00"

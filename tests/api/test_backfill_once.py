@@ -59,9 +59,13 @@ async def rig_at(
 
 def cli_settings(url: str, prefix: str, redis_url: str, rate: float) -> Settings:
     return Settings(
-        database_url=url, target="redis", redis_url=redis_url, stream_prefix=prefix,
-        grace=30, catchup_rate=rate,
-    )  # fmt: skip
+        database_url=url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=prefix,
+        grace=30,
+        catchup_rate=rate,
+    )
 
 
 def cli_args(
@@ -231,10 +235,12 @@ async def test_a_range_older_than_what_is_remembered_is_counted_and_sent_only_wi
         recent = {"from": iso(at(6, 0)), "to": iso(at(9, 0))}  # within the retention
         [r, fresh] = await drive(
             rig.clock,
-            [rig.client.post(f"/schedules/{sid}/backfill", json=rng),
-             rig.client.post(f"/schedules/{sid}/backfill", json=recent)],
+            [
+                rig.client.post(f"/schedules/{sid}/backfill", json=rng),
+                rig.client.post(f"/schedules/{sid}/backfill", json=recent),
+            ],
             advance=rig.advance_to,
-        )  # fmt: skip
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert (body["slots"], body["unchecked"], body["to_send"], body["sent"]) == (5, 5, 0, 0), (
@@ -243,9 +249,10 @@ async def test_a_range_older_than_what_is_remembered_is_counted_and_sent_only_wi
         assert (fresh.json()["sent"], fresh.json()["unchecked"]) == (3, 0), fresh.text
         assert scheduled(await rig.messages(), "old", at(0, 0)) == {}
         [forced] = await drive(
-            rig.clock, [rig.client.post(f"/schedules/{sid}/backfill", json={**rng, "force": True})],
+            rig.clock,
+            [rig.client.post(f"/schedules/{sid}/backfill", json={**rng, "force": True})],
             advance=rig.advance_to,
-        )  # fmt: skip
+        )
         body = forced.json()
         assert (body["unchecked"], body["sent"], body["forced"]) == (5, 5, True), body
         assert sum(scheduled(await rig.messages(), "old", at(0, 0)).values()) == 5
@@ -265,10 +272,12 @@ async def test_a_backfill_obeys_exclude_and_max_runs(
         first = {"from": iso(at(11, 0)), "to": iso(at(11, 30))}
         [a, b] = await drive(
             rig.clock,
-            [rig.client.post(f"/schedules/{ex}/backfill", json=on_holiday),
-             rig.client.post(f"/schedules/{lim}/backfill", json=first)],
+            [
+                rig.client.post(f"/schedules/{ex}/backfill", json=on_holiday),
+                rig.client.post(f"/schedules/{lim}/backfill", json=first),
+            ],
             advance=rig.advance_to,
-        )  # fmt: skip
+        )
         assert (a.json()["slots"], a.json()["excluded"], a.json()["sent"]) == (26, 24, 2), a.text
         assert (b.json()["sent"], b.json()["over_limit"]) == (3, 27), b.text
         messages = await rig.messages()
@@ -278,9 +287,15 @@ async def test_a_backfill_obeys_exclude_and_max_runs(
         ]
         assert sorted(scheduled(messages, "lim", at(12, 0))) == [iso(at(11, m)) for m in range(3)]
         [c] = await drive(
-            rig.clock, [rig.client.post(f"/schedules/{lim}/backfill", json={"from": iso(at(10, 0)), "to": iso(at(11, 0))})],
+            rig.clock,
+            [
+                rig.client.post(
+                    f"/schedules/{lim}/backfill",
+                    json={"from": iso(at(10, 0)), "to": iso(at(11, 0))},
+                )
+            ],
             advance=rig.advance_to,
-        )  # fmt: skip
+        )
         assert (c.json()["sent"], c.json()["over_limit"]) == (0, 60), c.text
         state = await rawsql.execute(
             url, f"SELECT runs_count FROM pm_schedule_state WHERE schedule_key = '{lim}'"

@@ -34,7 +34,11 @@ END = START + timedelta(minutes=30)  # 13:30: slots 13:00 and 13:15 only (spec *
         ({"start_at": "0001-01-01T00:00:00+05:00"}, "options.start_at", "between 0001-01-02"),
         ({"end_at": "9999-12-31T23:00:00-05:00"}, "options.end_at", "between 0001-01-02"),
         ({"start_at": iso(END), "end_at": iso(START)}, "options.end_at", "after options.start_at"),
-        ({"start_at": iso(START), "end_at": iso(START)}, "options.end_at", "after options.start_at"),
+        (
+            {"start_at": iso(START), "end_at": iso(START)},
+            "options.end_at",
+            "after options.start_at",
+        ),
     ],
 )
 async def test_a_bad_bound_is_a_422_naming_the_field(
@@ -60,11 +64,17 @@ async def test_a_row_written_with_sql_with_a_naive_bound_is_a_row_error(
         row_id = (
             await conn.execute(
                 insert(jobs_table)
-                .values(name="by.sql", spec="@hourly", task_type="t", created_at=T0, updated_at=T0,
-                        options={"start_at": "2026-03-01T13:00:00"})
+                .values(
+                    name="by.sql",
+                    spec="@hourly",
+                    task_type="t",
+                    created_at=T0,
+                    updated_at=T0,
+                    options={"start_at": "2026-03-01T13:00:00"},
+                )
                 .returning(jobs_table.c.id)
             )
-        ).scalar_one()  # fmt: skip
+        ).scalar_one()
     body = (await client.get(f"/schedules/{row_id}")).json()
     [error] = body["errors"]
     assert error["field"] == "options.start_at" and "naive" in error["reason"]
@@ -124,8 +134,16 @@ def _cli_next(
     monkeypatch.setattr(cli_files, "SystemClock", lambda: clock)
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
     args = argparse.Namespace(
-        spec=spec, tz="UTC", n=10, anchor=None, describe=False, start_at=start, end_at=end,
-        exclude_dates=None, exclude_holidays=None, max_runs=None,
+        spec=spec,
+        tz="UTC",
+        n=10,
+        anchor=None,
+        describe=False,
+        start_at=start,
+        end_at=end,
+        exclude_dates=None,
+        exclude_holidays=None,
+        max_runs=None,
     )
     try:
         assert cli_files.print_next(args) == 0
@@ -136,11 +154,16 @@ def _cli_next(
 
 def test_cli_next_refuses_a_naive_bound(capsys: pytest.CaptureFixture[str]) -> None:
     args = argparse.Namespace(
-        spec="@hourly", tz="UTC", n=3, anchor=None, describe=False,
-        start_at="2026-03-01T13:00:00", end_at=None, max_runs=None, exclude_dates=None,
+        spec="@hourly",
+        tz="UTC",
+        n=3,
+        anchor=None,
+        describe=False,
+        start_at="2026-03-01T13:00:00",
+        end_at=None,
+        max_runs=None,
+        exclude_dates=None,
         exclude_holidays=None,
-    )  # fmt: skip
+    )
     assert cli_files.print_next(args) == 2
     assert "--start-at: must have an explicit UTC offset" in capsys.readouterr().err
-
-

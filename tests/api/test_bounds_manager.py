@@ -17,9 +17,11 @@ async def test_a_real_manager_sends_nothing_before_start_at_nor_at_or_after_end_
 ) -> None:
     async with running(db_url, T0) as rig:
         job = {
-            "name": "window", "spec": "* * * * *", "task_type": "t",
+            "name": "window",
+            "spec": "* * * * *",
+            "task_type": "t",
             "options": {"start_at": iso(at(12, 2)), "end_at": "2024-05-01T14:05:00+02:00"},
-        }  # fmt: skip
+        }
         r = await rig.client.post("/schedules", json=job)
         assert r.status_code == 201, r.text
         sid = r.json()["id"]
@@ -46,7 +48,9 @@ async def test_a_bound_turned_bad_with_sql_is_a_row_error_and_the_old_version_ru
         await rig.advance_to(at(12, 1, 30))
         assert await rig.slots("by.sql") == [iso(at(12, 1))]
         naive = json.dumps({"end_at": "2024-05-01T12:03:00"})
-        await rawsql.execute(db_url, f"UPDATE periodic_jobs SET options = '{naive}' WHERE id = {sid}")
+        await rawsql.execute(
+            db_url, f"UPDATE periodic_jobs SET options = '{naive}' WHERE id = {sid}"
+        )
         await rig.advance_to(at(12, 4, 30))
         # The last good version (end_at 13:00) goes on: 12:03 and 12:04 are sent.
         assert await rig.slots("by.sql") == [iso(at(12, m)) for m in (1, 2, 3, 4)]

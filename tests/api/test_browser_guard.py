@@ -94,7 +94,9 @@ def problem(r: httpx.Response, status: int, slug: str) -> dict[str, Any]:
     return body
 
 
-def test_a_foreign_host_is_refused_so_dns_rebinding_reads_nothing(client: httpx.Client, base: str) -> None:
+def test_a_foreign_host_is_refused_so_dns_rebinding_reads_nothing(
+    client: httpx.Client, base: str
+) -> None:
     port = base.rsplit(":", 1)[1]
     for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", ""):
         body = problem(client.get("/schedules", headers={"Host": host}), 421, "host-not-allowed")
@@ -122,9 +124,17 @@ def test_cross_site_writes_are_refused(
     client: httpx.Client, schedule: dict[str, Any], headers: dict[str, str]
 ) -> None:
     sid = schedule["id"]
-    for path in (f"/schedules/{sid}/pause", f"/schedules/{sid}/trigger", f"/schedules/{sid}/resume"):
+    for path in (
+        f"/schedules/{sid}/pause",
+        f"/schedules/{sid}/trigger",
+        f"/schedules/{sid}/resume",
+    ):
         problem(client.post(path, headers=headers), 403, "cross-site-request")
-    problem(client.patch(f"/schedules/{sid}", json={"enabled": False}, headers=headers), 403, "cross-site-request")
+    problem(
+        client.patch(f"/schedules/{sid}", json={"enabled": False}, headers=headers),
+        403,
+        "cross-site-request",
+    )
     problem(client.delete(f"/schedules/{sid}", headers=headers), 403, "cross-site-request")
     after = client.get(f"/schedules/{sid}").json()
     assert after["enabled"] is True and after["updated_at"] == schedule["updated_at"]
@@ -132,7 +142,8 @@ def test_cross_site_writes_are_refused(
 
 
 @pytest.mark.parametrize(
-    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None]
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None],
 )
 def test_write_bodies_must_be_declared_json(
     client: httpx.Client, schedule: dict[str, Any], content_type: str | None
@@ -140,13 +151,19 @@ def test_write_bodies_must_be_declared_json(
     sid = schedule["id"]
     headers = {"content-type": content_type} if content_type else {}
     body = b'{"enabled": false}'
-    for method, path in (("PATCH", f"/schedules/{sid}"), ("POST", f"/schedules/{sid}/pause"), ("POST", "/schedules")):
+    for method, path in (
+        ("PATCH", f"/schedules/{sid}"),
+        ("POST", f"/schedules/{sid}/pause"),
+        ("POST", "/schedules"),
+    ):
         r = client.request(method, path, content=body, headers=headers)
         problem(r, 415, "unsupported-media-type")
     assert client.get(f"/schedules/{sid}").json()["enabled"] is True
 
 
-def test_same_origin_browser_requests_pass(client: httpx.Client, base: str, schedule: dict[str, Any]) -> None:
+def test_same_origin_browser_requests_pass(
+    client: httpx.Client, base: str, schedule: dict[str, Any]
+) -> None:
     """What the dashboard at /ui and Swagger UI at /docs send: same-origin fetch() with JSON."""
     sid = schedule["id"]
     browser = {"Origin": base, "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
@@ -154,13 +171,20 @@ def test_same_origin_browser_requests_pass(client: httpx.Client, base: str, sche
     assert client.post(f"/schedules/{sid}/pause", headers=browser).status_code == 200
     assert client.post(f"/schedules/{sid}/resume", headers=json_headers).status_code == 200
     assert client.post(f"/schedules/{sid}/trigger", headers=browser).status_code == 202
-    r = client.patch(f"/schedules/{sid}", json={"description": "from the dashboard"}, headers=browser)
+    r = client.patch(
+        f"/schedules/{sid}", json={"description": "from the dashboard"}, headers=browser
+    )
     assert r.status_code == 200 and r.json()["description"] == "from the dashboard"
     name = f"guard.browser.{time.monotonic_ns()}"
-    r = client.post("/schedules", json={"name": name, "spec": "@daily", "task_type": "t"}, headers=browser)
+    r = client.post(
+        "/schedules", json={"name": name, "spec": "@daily", "task_type": "t"}, headers=browser
+    )
     assert r.status_code == 201, r.text
     # A typed URL or a bookmark (Sec-Fetch-Site: none), and the same host named otherwise.
-    assert client.post(f"/schedules/{sid}/pause", headers={"Sec-Fetch-Site": "none"}).status_code == 200
+    assert (
+        client.post(f"/schedules/{sid}/pause", headers={"Sec-Fetch-Site": "none"}).status_code
+        == 200
+    )
     port = base.rsplit(":", 1)[1]
     other_name = {"Origin": f"http://localhost:{port}", "Host": f"localhost:{port}"}
     assert client.post(f"/schedules/{sid}/resume", headers=other_name).status_code == 200
@@ -171,18 +195,27 @@ def test_allowed_hosts_are_configurable(database: str) -> None:
     settings = Settings(database_url=database, allowed_hosts="pm.example.com, *.corp.example")
     with serving(settings) as base, httpx.Client(base_url=base, timeout=10) as c:
         for host, status in [
-            ("pm.example.com", 200), ("PM.example.com:8443", 200), ("a.b.corp.example", 200),
-            ("corp.example", 421), ("127.0.0.1", 421), ("pm.example.com.evil.example", 421),
+            ("pm.example.com", 200),
+            ("PM.example.com:8443", 200),
+            ("a.b.corp.example", 200),
+            ("corp.example", 421),
+            ("127.0.0.1", 421),
+            ("pm.example.com.evil.example", 421),
         ]:
             assert c.get("/schedules", headers={"Host": host}).status_code == status, host
         # Behind a TLS proxy: the Origin is https, the Host has no port.
         origin = {"Host": "pm.example.com", "Origin": "https://pm.example.com"}
         assert c.post("/schedules/999999/pause", headers=origin).status_code == 404
-    with serving(Settings(database_url=database, allowed_hosts="*")) as base, httpx.Client(base_url=base) as c:
+    with (
+        serving(Settings(database_url=database, allowed_hosts="*")) as base,
+        httpx.Client(base_url=base) as c,
+    ):
         assert c.get("/schedules", headers={"Host": "anything.example"}).status_code == 200
 
 
-def _raw_exchange(base: str, request: bytes, body_chunks: Callable[[], Iterator[bytes]]) -> tuple[bytes, int]:
+def _raw_exchange(
+    base: str, request: bytes, body_chunks: Callable[[], Iterator[bytes]]
+) -> tuple[bytes, int]:
     """Send ``request`` then body chunks until the server answers; (response head, bytes sent)."""
     host, port = base.removeprefix("http://").split(":")
     sent = 0
@@ -266,10 +299,14 @@ def test_head_is_allowed_with_the_read_token(database: str) -> None:
 
 
 def test_malformed_json_names_the_body_not_a_character_offset(client: httpx.Client) -> None:
-    r = client.post("/schedules", content=b'{"name": "x", ', headers={"content-type": "application/json"})
+    r = client.post(
+        "/schedules", content=b'{"name": "x", ', headers={"content-type": "application/json"}
+    )
     body = problem(r, 422, "validation-error")
     [error] = body["errors"]
-    assert error["location"] == "body" and error["field"] is None and error["code"] == "json_invalid"
+    assert (
+        error["location"] == "body" and error["field"] is None and error["code"] == "json_invalid"
+    )
     assert re.fullmatch(r"not valid JSON: .+ at character \d+", error["reason"]), error
 
 
@@ -283,7 +320,11 @@ def test_swagger_ui_loads_nothing_from_another_host(client: httpx.Client) -> Non
     for asset in assets:
         r = client.get(asset)
         assert r.status_code == 200 and len(r.content) > 100, asset
-    assert client.get("/docs/assets/swagger-ui-bundle.js").headers["content-type"].startswith("text/javascript")
+    assert (
+        client.get("/docs/assets/swagger-ui-bundle.js")
+        .headers["content-type"]
+        .startswith("text/javascript")
+    )
     assert "SwaggerUIBundle" in client.get("/docs/assets/swagger-ui-bundle.js").text
     # Only the page's own assets are served, nothing else of the package.
     assert client.get("/docs/assets/swagger-ui.js.map").status_code == 404
@@ -306,11 +347,15 @@ def test_no_html_page_can_be_framed_by_another_site(client: httpx.Client, databa
             html.add(path)
             assert r.headers["x-frame-options"] == "DENY", (method, path)
             [policy] = r.headers.get_list("content-security-policy")
-            assert policy.count("frame-ancestors") == 1 and "frame-ancestors 'none'" in policy, policy
+            assert policy.count("frame-ancestors") == 1 and "frame-ancestors 'none'" in policy, (
+                policy
+            )
     assert {"/docs", "/ui", "/ui/1", "/ui/elsewhere", "/ui/schedules/7/edit"} <= html, html
     # The dashboard keeps its own policy, with the framing rule added to it.
     shell = client.get("/ui").headers["content-security-policy"]
-    assert shell.startswith("default-src 'none'; script-src 'self'") and shell.endswith("frame-ancestors 'none'")
+    assert shell.startswith("default-src 'none'; script-src 'self'") and shell.endswith(
+        "frame-ancestors 'none'"
+    )
 
 
 def get_paths(routes: list[Any]) -> set[str]:

@@ -45,7 +45,9 @@ async def test_a_bad_calendar_name_is_a_422(client: httpx.AsyncClient, name: str
 
 
 async def test_put_get_and_who_names_it(client: httpx.AsyncClient) -> None:
-    r = await client.put("/calendars/xmas", json={"dates": ["2024-12-25", "2024-12-24", "2024-12-25"]})
+    r = await client.put(
+        "/calendars/xmas", json={"dates": ["2024-12-25", "2024-12-24", "2024-12-25"]}
+    )
     assert r.status_code == 201, r.text
     assert r.json()["kind"] == "dates" and r.json()["dates"] == ["2024-12-24", "2024-12-25"]
     r = await client.put("/calendars/de", json={"holidays": {"country": "DE"}})
@@ -125,7 +127,11 @@ async def test_previews_skip_excluded_slots_and_an_all_excluded_schedule_shows_n
     # T0 is 2026-03-01 12:00:30Z: 2 March is excluded, so the next daily 06:00 slot is 3 March.
     assert (await client.put("/calendars/mar2", json={"dates": ["2026-03-02"]})).status_code == 201
     made = await create(client, name="skips", spec="0 6 * * *", options={"exclude": ["mar2"]})
-    assert made["next_runs"] == ["2026-03-03T06:00:00Z", "2026-03-04T06:00:00Z", "2026-03-05T06:00:00Z"]
+    assert made["next_runs"] == [
+        "2026-03-03T06:00:00Z",
+        "2026-03-04T06:00:00Z",
+        "2026-03-05T06:00:00Z",
+    ]
     listed = {i["name"]: i for i in (await client.get("/views/schedules")).json()["items"]}
     assert listed["skips"]["next"]["at"] == "2026-03-03T06:00:00Z"
     # Every slot of a yearly 2 March schedule is on an excluded date in 2026, and only 2026 is
@@ -134,7 +140,9 @@ async def test_previews_skip_excluded_slots_and_an_all_excluded_schedule_shows_n
     assert yearly["next_runs"][0] == "2027-03-02T06:00:00Z"
     # A calendar of every day of 2026-2027 under a minutely schedule: 10,000 slots looked at, none
     # sent: no preview, no loop, the schedule is still active.
-    days = [f"{y}-{m:02d}-{d:02d}" for y in (2026, 2027) for m in range(1, 13) for d in range(1, 29)]
+    days = [
+        f"{y}-{m:02d}-{d:02d}" for y in (2026, 2027) for m in range(1, 13) for d in range(1, 29)
+    ]
     assert (await client.put("/calendars/all", json={"dates": days})).status_code == 201
     every = await create(client, name="never", spec="* * * * *", options={"exclude": ["all"]})
     assert every["next_runs"] == [] and every["status"] == "active"
@@ -150,7 +158,12 @@ async def test_concurrent_puts_of_a_new_calendar_create_it_once(client: httpx.As
     for round_ in range(3):
         name = f"race-{round_}"
         answers = await asyncio.gather(
-            *(client.put(f"/calendars/{name}", json={"dates": [f"2030-01-{d:02d}"]}) for d in range(1, 9))
+            *(
+                client.put(f"/calendars/{name}", json={"dates": [f"2030-01-{d:02d}"]})
+                for d in range(1, 9)
+            )
         )
-        assert sorted(a.status_code for a in answers) == [200] * 7 + [201], [a.text for a in answers]
+        assert sorted(a.status_code for a in answers) == [200] * 7 + [201], [
+            a.text for a in answers
+        ]
         assert len((await client.get(f"/calendars/{name}")).json()["dates"]) == 1

@@ -49,9 +49,13 @@ async def test_api_lifecycle_is_recorded_newest_first_and_outlives_the_row(
     r = await client.patch(f"/schedules/{sid}", json={"spec": "*/5 * * * *", "payload": {"a": 2}})
     assert r.status_code == 200, r.text
     # A PATCH that changes nothing is no change.
-    assert (await client.patch(f"/schedules/{sid}", json={"spec": "*/5 * * * *"})).status_code == 200
+    assert (
+        await client.patch(f"/schedules/{sid}", json={"spec": "*/5 * * * *"})
+    ).status_code == 200
     await clock.advance(10)
-    assert (await client.post(f"/schedules/{sid}/pause", json={"note": "db work"})).status_code == 200
+    assert (
+        await client.post(f"/schedules/{sid}/pause", json={"note": "db work"})
+    ).status_code == 200
     assert (await client.post(f"/schedules/{sid}/pause")).status_code == 200  # paused already
     await clock.advance(10)
     assert (await client.post(f"/schedules/{sid}/resume")).status_code == 200
@@ -81,8 +85,14 @@ async def test_api_lifecycle_is_recorded_newest_first_and_outlives_the_row(
         "payload": field({"a": 1}, {"a": 2}),
     }
     # Stamps (updated_at, effective_at, paused_at, paused_by, revision) are no entries of their own.
-    assert paused["changes"] == {"enabled": field(True, False), "paused_note": field(None, "db work")}
-    assert resumed["changes"] == {"enabled": field(False, True), "paused_note": field("db work", None)}
+    assert paused["changes"] == {
+        "enabled": field(True, False),
+        "paused_note": field(None, "db work"),
+    }
+    assert resumed["changes"] == {
+        "enabled": field(False, True),
+        "paused_note": field("db work", None),
+    }
     assert deleted["changes"]["spec"] == field("*/5 * * * *", None)
     assert deleted["changes"]["enabled"] == field(True, None)
     # Paging: newest first.
@@ -161,7 +171,10 @@ async def test_import_is_recorded_as_import(
     s = await create(client)
     keep = await create(client, name="gone")
     await clock.advance(60)
-    entries = [{**JOB, "spec": "@hourly", "enabled": False}, {"name": "new", "spec": "@daily", "task_type": "t"}]
+    entries = [
+        {**JOB, "spec": "@hourly", "enabled": False},
+        {"name": "new", "spec": "@daily", "task_type": "t"},
+    ]
     plan = await import_export.plan(engine, sio.validate(entries), True)
     await import_export.apply(engine, plan, clock.now())
     [item, _] = (await changes(client, s["id"]))["items"]
@@ -199,8 +212,8 @@ async def test_hostile_values_are_cut_and_read_safely(
         f"VALUES ({sid}, 'n', CURRENT_TIMESTAMP, 'updated', 'sql', NULL, 'not json'), "
         f"({sid}, 'n', CURRENT_TIMESTAMP, 'updated', 'sql', NULL, '{nested}'), "
         f"({sid}, 'n', CURRENT_TIMESTAMP, 'updated', 'sql', NULL, "
-        "'{\"spec\": 5, \"bogus\": {}, \"payload\": {\"before\": \"" + nested + "\"}, "
-        "\"options\": {\"before\": 7, \"after\": \"[1]\"}}')",
+        '\'{"spec": 5, "bogus": {}, "payload": {"before": "' + nested + '"}, '
+        '"options": {"before": 7, "after": "[1]"}}\')',
     )
     if on_sqlite(engine):
         await sql(engine, "UPDATE pm_schedule_changes SET at = x'00ff' WHERE name = 'n'")
@@ -246,7 +259,9 @@ def test_the_tracked_columns_are_the_migrations() -> None:
     from periodic_manager import migrations
 
     versions = importlib.import_module(f"{migrations.__name__}.versions")
-    [name] = [m.name for m in pkgutil.iter_modules(versions.__path__) if "0012_change_history" in m.name]
+    [name] = [
+        m.name for m in pkgutil.iter_modules(versions.__path__) if "0012_change_history" in m.name
+    ]
     migration = importlib.import_module(f"{versions.__name__}.{name}")
     assert migration.TRACKED == change_history.TRACKED
     assert migration.CUT == change_history.CUT

@@ -43,7 +43,9 @@ async def test_a_good_jitter_keeps_nominal_previews_and_a_bad_patch_keeps_the_ol
     made = await create(client, options={"jitter": 30})
     assert made["options"] == {"jitter": 30}
     assert made["next_runs"] == plain["next_runs"]  # nominal slots, not send instants
-    r = await client.patch(f"/schedules/{made['id']}", json={"spec": "* * * * *", "options": {"jitter": 60}})
+    r = await client.patch(
+        f"/schedules/{made['id']}", json={"spec": "* * * * *", "options": {"jitter": 60}}
+    )
     assert_error(r, 422, ["body", "options", "jitter"])
     kept = (await client.get(f"/schedules/{made['id']}")).json()
     assert kept["options"] == {"jitter": 30} and kept["spec"] == made["spec"]
@@ -56,11 +58,17 @@ async def test_a_row_written_with_sql_with_a_bad_jitter_is_a_row_error(
         row_id = (
             await conn.execute(
                 insert(jobs_table)
-                .values(name="by.sql", spec="@every 10s", task_type="t", created_at=T0, updated_at=T0,
-                        options={"jitter": 10})
+                .values(
+                    name="by.sql",
+                    spec="@every 10s",
+                    task_type="t",
+                    created_at=T0,
+                    updated_at=T0,
+                    options={"jitter": 10},
+                )
                 .returning(jobs_table.c.id)
             )
-        ).scalar_one()  # fmt: skip
+        ).scalar_one()
     body = (await client.get(f"/schedules/{row_id}")).json()
     [error] = body["errors"]
     assert error["field"] == "options.jitter" and "shortest gap" in error["reason"]

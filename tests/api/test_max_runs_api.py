@@ -52,11 +52,17 @@ async def test_a_row_written_with_sql_with_a_bad_max_runs_is_a_row_error(
         row_id = (
             await conn.execute(
                 insert(jobs_table)
-                .values(name="by.sql", spec="@hourly", task_type="t", created_at=T0, updated_at=T0,
-                        options={"max_runs": "ten"})
+                .values(
+                    name="by.sql",
+                    spec="@hourly",
+                    task_type="t",
+                    created_at=T0,
+                    updated_at=T0,
+                    options={"max_runs": "ten"},
+                )
                 .returning(jobs_table.c.id)
             )
-        ).scalar_one()  # fmt: skip
+        ).scalar_one()
     body = (await client.get(f"/schedules/{row_id}")).json()
     [error] = body["errors"]
     assert error["field"] == "options.max_runs" and "integer from 1" in error["reason"]
@@ -74,10 +80,13 @@ async def test_every_preview_stops_after_the_last_run(
     async with engine.begin() as conn:
         await conn.execute(
             insert(schedule_state_table).values(
-                schedule_key=str(sid), name=JOB["name"], updated_at=T0, runs_count=3,
+                schedule_key=str(sid),
+                name=JOB["name"],
+                updated_at=T0,
+                runs_count=3,
                 last_done_at=T0,
             )
-        )  # fmt: skip
+        )
     got = (await client.get(f"/schedules/{sid}")).json()
     assert got["runs_left"] == 2 and len(got["next_runs"]) == 2 and got["status"] == "active"
     slots = (await client.get(f"/views/schedules/{sid}/slots", params={"n": 10})).json()

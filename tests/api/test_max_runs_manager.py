@@ -57,7 +57,9 @@ async def test_a_real_manager_sends_max_runs_slots_then_none_and_triggers_do_not
         assert body["status"] == "ended" and body["runs_left"] == 0 and body["next_runs"] == []
         shown = (await rig.client.get(f"/views/schedules/{sid}/slots")).json()
         assert shown["slots"] == []
-        [listed] = [i for i in (await rig.client.get("/views/schedules")).json()["items"] if i["id"] == sid]
+        [listed] = [
+            i for i in (await rig.client.get("/views/schedules")).json()["items"] if i["id"] == sid
+        ]
         assert listed["status"] == "ended"
         [held] = (await rig.client.get("/entries", params={"schedule_id": sid})).json()["items"]
         assert held["status"] == "ended" and held["next_slot"] is None  # as the manager holds it
@@ -71,7 +73,9 @@ async def test_a_real_manager_sends_max_runs_slots_then_none_and_triggers_do_not
 
 async def test_a_restart_sends_only_the_runs_left(db_url: str) -> None:
     async with running(db_url, T0) as rig:
-        sid = (await rig.client.post("/schedules", json={**LIMITED, "options": {"max_runs": 4}})).json()["id"]
+        sid = (
+            await rig.client.post("/schedules", json={**LIMITED, "options": {"max_runs": 4}})
+        ).json()["id"]
         await rig.advance_to(at(12, 2, 30))
         assert await rig.slots("thrice") == [iso(at(12, 1)), iso(at(12, 2))]
     async with running(db_url, at(12, 2, 40)) as rig:  # a new process, a few seconds later
@@ -94,8 +98,14 @@ class Forgetting(DatabaseRuntimeStore):
 
 
 async def _takeover(
-    db_url: str, redis_url: str, redis_prefix: str, *, max_runs: int, lost_from: datetime | None,
-    dies_after: float, idle: float,
+    db_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    *,
+    max_runs: int,
+    lost_from: datetime | None,
+    dies_after: float,
+    idle: float,
 ) -> list[str]:
     """@every 10s with ``max_runs``: a leader runs ``dies_after`` seconds and stops, the Redis
     claims are flushed, nobody leads for ``idle`` seconds, then the standby takes over. Every
@@ -103,7 +113,9 @@ async def _takeover(
     # Created at T0 (as the API would stamp it): no slot of it went by unrecorded before.
     before = rawsql.instant(db_url, "2024-05-01 12:00:00.5")
     options = f"""'{{"max_runs": {max_runs}}}'"""
-    await rawsql.insert(db_url, "limited", spec="'@every 10s'", options=options, effective_at=before)
+    await rawsql.insert(
+        db_url, "limited", spec="'@every 10s'", options=options, effective_at=before
+    )
     clock = VirtualClock(T0)
     engine = create_engine(db_url)
     client = aioredis.from_url(redis_url, decode_responses=True)
@@ -111,9 +123,13 @@ async def _takeover(
 
     def make(leader: bool, store: DatabaseRuntimeStore) -> PeriodicTaskManager:
         m = PeriodicTaskManager(
-            DatabaseProvider(engine), RedisStreamsTarget(client, prefix=redis_prefix), clock=clock,
-            store=store, timing=Timing(grace=30, sync_interval=3600), leadership=ManualLeader(leader),
-        )  # fmt: skip
+            DatabaseProvider(engine),
+            RedisStreamsTarget(client, prefix=redis_prefix),
+            clock=clock,
+            store=store,
+            timing=Timing(grace=30, sync_interval=3600),
+            leadership=ManualLeader(leader),
+        )
         managers.append(m)
         return m
 

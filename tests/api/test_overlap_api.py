@@ -82,15 +82,19 @@ def test_settings_say_which_targets_can_tell_that_a_task_finished() -> None:
     assert "PM_REDIS_GROUP" in bare.configured_targets().no_completion["redis"]
     assert "PM_CELERY_RESULT_BACKEND" in bare.configured_targets().no_completion["celery"]
     full = Settings(
-        target="redis", targets=("celery",), redis_group=GROUP,
+        target="redis",
+        targets=("celery",),
+        redis_group=GROUP,
         celery_result_backend="redis://127.0.0.1:6379/0",
-    )  # fmt: skip
+    )
     assert full.configured_targets().no_completion == {}
     assert Settings(redis_group="  ").redis_group is None
     check = target_check(Settings(target="redis").configured_targets())
     with pytest.raises(ConfigError, match="options.overlap"):
         check(make(overlap="skip"))
-    target_check(Settings(target="redis", redis_group=GROUP).configured_targets())(make(overlap="skip"))
+    target_check(Settings(target="redis", redis_group=GROUP).configured_targets())(
+        make(overlap="skip")
+    )
 
 
 async def test_no_group_means_a_422_naming_options_overlap_and_a_row_error(
@@ -145,9 +149,14 @@ async def rig(
     db_url: str, redis_client: aioredis.Redis, redis_url: str, redis_prefix: str
 ) -> AsyncIterator[Rig]:
     settings = Settings(
-        database_url=db_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
-        redis_group=GROUP, grace=30, heartbeat_interval=5,
-    )  # fmt: skip
+        database_url=db_url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        redis_group=GROUP,
+        grace=30,
+        heartbeat_interval=5,
+    )
     await redis_client.xgroup_create(
         f"{{{redis_prefix}:default}}:stream", GROUP, id="0", mkstream=True
     )
@@ -260,9 +269,11 @@ async def test_registering_from_code_checks_the_target_too(
     with pytest.raises(ConfigError, match="no completion signal"):
         PeriodicTaskManager(None, routing).register(
             PeriodicTaskConfig.create(
-                name="o", spec="@hourly", task_type="t",
+                name="o",
+                spec="@hourly",
+                task_type="t",
                 options={"overlap": "skip", "target": "outbox"},
-            )  # fmt: skip
+            )
         )
     manager.register(PeriodicTaskConfig.create(name="a", spec="@hourly", task_type="t"))
 
@@ -280,7 +291,13 @@ async def test_a_backfill_follows_options_overlap_skip(
 
     async def recorded() -> int:
         items = (await rig.client.get(f"/schedules/{sid}/runs")).json()["items"]
-        return len([r for r in items if r["status"] == "backfilled" or (r["error"] or "").startswith("backfill")])
+        return len(
+            [
+                r
+                for r in items
+                if r["status"] == "backfilled" or (r["error"] or "").startswith("backfill")
+            ]
+        )
 
     async def backfill() -> dict[str, Any]:
         """POST it; once both slots are recorded (the first pacing step), the clock moves the

@@ -54,8 +54,15 @@ async def test_pause_with_a_note_is_stored_and_shown_and_resume_clears_it(
 
 @pytest.mark.parametrize(
     "body",
-    [{"note": 5}, {"note": ["x"]}, {"note": "x" * 501}, {"note": "a\nb"}, {"note": "a\x00b"},
-     {"note": "a\x1b[31m"}, {"note": "\u0085"}],
+    [
+        {"note": 5},
+        {"note": ["x"]},
+        {"note": "x" * 501},
+        {"note": "a\nb"},
+        {"note": "a\x00b"},
+        {"note": "a\x1b[31m"},
+        {"note": "\u0085"},
+    ],
 )
 async def test_a_bad_note_is_422_naming_note(client: httpx.AsyncClient, body: object) -> None:
     s = await create(client)
@@ -64,7 +71,9 @@ async def test_a_bad_note_is_422_naming_note(client: httpx.AsyncClient, body: ob
     assert (await client.get(f"/schedules/{s['id']}")).json()["enabled"] is True
 
 
-async def test_unknown_fields_are_refused_and_a_note_of_500_is_fine(client: httpx.AsyncClient) -> None:
+async def test_unknown_fields_are_refused_and_a_note_of_500_is_fine(
+    client: httpx.AsyncClient,
+) -> None:
     s = await create(client)
     r = await client.post(f"/schedules/{s['id']}/pause", json={"notes": "x"})
     assert_error(r, 422, ["body", "notes"])
@@ -83,13 +92,17 @@ async def test_sql_pause_is_by_sql_and_sql_resume_clears(
     # The API resumes it, SQL pauses it, SQL resumes it.
     assert (await client.post(f"/schedules/{s['id']}/resume")).json()["paused"] is None
     async with engine.begin() as conn:
-        await conn.execute(text("UPDATE periodic_jobs SET enabled = false, paused_note = 'by hand'"))
+        await conn.execute(
+            text("UPDATE periodic_jobs SET enabled = false, paused_note = 'by hand'")
+        )
     paused = (await client.get(f"/schedules/{s['id']}")).json()["paused"]
     assert (paused["by"], paused["note"]) == ("sql", "by hand")
     async with engine.begin() as conn:
         await conn.execute(text("UPDATE periodic_jobs SET enabled = true"))
     async with engine.connect() as conn:
-        row = (await conn.execute(text("SELECT paused_note, paused_at, paused_by FROM periodic_jobs"))).one()
+        row = (
+            await conn.execute(text("SELECT paused_note, paused_at, paused_by FROM periodic_jobs"))
+        ).one()
     assert tuple(row) == (None, None, None)
     # A PATCH that pauses is by the API too.
     r = await client.patch(f"/schedules/{s['id']}", json={"enabled": False})
@@ -111,7 +124,9 @@ async def test_hostile_pause_columns_read_as_null_with_an_error(
             )
         else:  # no instant: infinity, or MariaDB/MySQL's zero date
             at = "'infinity'" if engine.dialect.name == "postgresql" else "'0000-00-00 00:00:00'"
-            await conn.execute(text(f"UPDATE periodic_jobs SET paused_at = {at}, paused_by = 'ops'"))
+            await conn.execute(
+                text(f"UPDATE periodic_jobs SET paused_at = {at}, paused_by = 'ops'")
+            )
     r = await client.get(f"/schedules/{s['id']}")
     assert r.status_code == 200, r.text
     body = r.json()
@@ -147,7 +162,9 @@ async def test_the_note_is_no_part_of_the_schedule_content(
     for key in ("updated_at", "next_runs", "status", "paused", "errors"):
         assert ra[key] == rb[key], key
     assert ra["paused"] is None and ra["updated_at"] == iso(T0 + timedelta(seconds=10))
-    query = "SELECT effective_at, paused_note, paused_at, paused_by FROM periodic_jobs ORDER BY name"
+    query = (
+        "SELECT effective_at, paused_note, paused_at, paused_by FROM periodic_jobs ORDER BY name"
+    )
     async with engine.connect() as conn:
         rows = [tuple(r) for r in (await conn.execute(text(query))).all()]
     assert rows[0] == rows[1] and rows[0][1:] == (None, None, None)

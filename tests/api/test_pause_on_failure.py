@@ -54,8 +54,13 @@ def test_bad_values_name_the_option(value: Any) -> None:
 def test_the_count_resets_on_success_skips_unknown_and_waits_for_pending() -> None:
     t = [at(12, m) for m in range(6)]
     runs: list[tuple[datetime, str | None]] = [
-        (t[0], "a"), (t[1], "b"), (t[2], None), (t[3], "c"), (t[4], "d"), (t[5], "e"),
-    ]  # fmt: skip
+        (t[0], "a"),
+        (t[1], "b"),
+        (t[2], None),
+        (t[3], "c"),
+        (t[4], "d"),
+        (t[5], "e"),
+    ]
     states = {"a": "failed", "b": "succeeded", "c": "unknown", "d": "failed", "e": "pending"}
     counted = failures.count(5, runs, states, at(12, 6))
     # a: 6, b: 0, the run without an id and c: neither way, d: 1, e: not yet decided.
@@ -67,15 +72,24 @@ def test_the_count_resets_on_success_skips_unknown_and_waits_for_pending() -> No
 
 def test_arq_results_are_read_without_unpickling() -> None:
     for success, result in [(True, {"s": False}), (False, ValueError("s")), (True, ("s", False))]:
-        raw = serialize_result("f", ("s", False), {"s": False}, 1, 1, success, result, 1, 2, "r", "q", "id")
+        raw = serialize_result(
+            "f", ("s", False), {"s": False}, 1, 1, success, result, 1, 2, "r", "q", "id"
+        )
         assert raw is not None and result_success(raw) is success
     assert result_success(b"not a pickle") is None and result_success(b"") is None
 
 
 def test_celery_statuses_as_outcomes() -> None:
-    assert [outcome_of(s) for s in ("SUCCESS", "FAILURE", "REVOKED", "PENDING", "STARTED", None)] == [
-        "succeeded", "failed", "unknown", "pending", "pending", "pending",
-    ]  # fmt: skip
+    assert [
+        outcome_of(s) for s in ("SUCCESS", "FAILURE", "REVOKED", "PENDING", "STARTED", None)
+    ] == [
+        "succeeded",
+        "failed",
+        "unknown",
+        "pending",
+        "pending",
+        "pending",
+    ]
 
 
 async def test_procrastinate_tells_failed_jobs_from_succeeded_ones_after_a_real_worker(
@@ -92,7 +106,12 @@ async def test_procrastinate_tells_failed_jobs_from_succeeded_ones_after_a_real_
             asked = [str(r.message_id) for r in results] + ["123456789", "not-a-job"]
             assert await target.outcomes({}, asked) == ["pending", "pending", "unknown", "unknown"]
             await asyncio.to_thread(
-                procrastinate_cli, url, tmp_path / "out", "worker", "--one-shot", "--no-listen-notify"
+                procrastinate_cli,
+                url,
+                tmp_path / "out",
+                "worker",
+                "--one-shot",
+                "--no-listen-notify",
             )
             assert await target.outcomes({}, asked) == ["succeeded", "failed", "unknown", "unknown"]
         finally:
@@ -103,11 +122,15 @@ async def test_procrastinate_tells_failed_jobs_from_succeeded_ones_after_a_real_
 
 
 def test_targets_that_cannot_tell_a_failed_task_refuse_the_option() -> None:
-    targets = Settings(target="outbox", targets=("redis", "rq", "arq", "dramatiq")).configured_targets()
+    targets = Settings(
+        target="outbox", targets=("redis", "rq", "arq", "dramatiq")
+    ).configured_targets()
     assert set(targets.no_failure) == {"outbox", "redis", "dramatiq"}
     validate_target({"pause_after_failures": 3, "target": "rq"}, targets)
     for options, target in (({}, "outbox"), ({"target": "redis"}, "redis")):
-        with pytest.raises(ConfigError, match=f"the {target} target cannot tell a failed task") as e:
+        with pytest.raises(
+            ConfigError, match=f"the {target} target cannot tell a failed task"
+        ) as e:
             validate_target({"pause_after_failures": 3, **options}, targets)
         assert e.value.field == FIELD and e.value.code == "no-failure-signal"
     assert isinstance(TargetSet(("rq",)).no_failure, dict)
@@ -127,13 +150,23 @@ async def test_a_422_on_the_outbox_and_redis_and_a_row_error_for_sql(
 ) -> None:
     # The redis target's keys (its sentinel) go under the test's prefix, and with the test.
     settings = Settings(
-        database_url=db_url, target="outbox", targets=("redis",), redis_url=redis_url,
-        stream_prefix=redis_prefix, redis_group="workers", grace=30, heartbeat_interval=5,
-    )  # fmt: skip
+        database_url=db_url,
+        target="outbox",
+        targets=("redis",),
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        redis_group="workers",
+        grace=30,
+        heartbeat_interval=5,
+    )
     async with api_rig(db_url, settings) as rig:
         for options in ({}, {"target": "redis"}):
-            body = {"name": "x", "spec": "* * * * *", "task_type": "t",
-                    "options": {"pause_after_failures": 3, **options}}  # fmt: skip
+            body = {
+                "name": "x",
+                "spec": "* * * * *",
+                "task_type": "t",
+                "options": {"pause_after_failures": 3, **options},
+            }
             resp = await rig.client.post("/schedules", json=body)
             assert resp.status_code == 422, resp.text
             [error] = resp.json()["errors"]
@@ -142,22 +175,37 @@ async def test_a_422_on_the_outbox_and_redis_and_a_row_error_for_sql(
         options = "'{\"pause_after_failures\": 3}'"
         bad_id = await rawsql.insert(db_url, "by.sql", options=options)
         await rig.advance_to(at(12, 0, 31))  # the sync at 12:00:30 reads it
-        [listed] = [e for e in (await rig.client.get("/entries")).json()["items"] if e["schedule_id"] == bad_id]
+        [listed] = [
+            e
+            for e in (await rig.client.get("/entries")).json()["items"]
+            if e["schedule_id"] == bad_id
+        ]
         assert listed["status"] == "error" and "cannot tell a failed task" in listed["last_error"]
         detail = (await rig.client.get(f"/schedules/{bad_id}")).json()
         assert FIELD in json.dumps(detail["errors"])
 
 
 def test_import_refuses_the_option_on_the_outbox(
-    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    redis_url: str, redis_prefix: str,
+    sqlite_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    redis_url: str,
+    redis_prefix: str,
 ) -> None:
     from periodic_manager.cli.main import main
     from periodic_manager.db.migrate import upgrade_sync
 
     upgrade_sync(sqlite_url)
     # a dotted task_type: RQ refuses any other at write time (targets/task_rules.py)
-    doc = [{"name": "n", "spec": "@daily", "task_type": "jobs.t", "options": {"pause_after_failures": 2}}]
+    doc = [
+        {
+            "name": "n",
+            "spec": "@daily",
+            "task_type": "jobs.t",
+            "options": {"pause_after_failures": 2},
+        }
+    ]
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))
     monkeypatch.setenv("PM_TARGET", "outbox")
@@ -176,7 +224,9 @@ def test_import_refuses_the_option_on_the_outbox(
 class Flaky:
     """A schedule whose RQ job fails while the test says so, run by ``rq worker --burst``."""
 
-    def __init__(self, redis_client: aioredis.Redis, redis_url: str, prefix: str, tmp_path: Path) -> None:
+    def __init__(
+        self, redis_client: aioredis.Redis, redis_url: str, prefix: str, tmp_path: Path
+    ) -> None:
         self.redis = redis_client
         self.url = redis_url
         self.prefix = prefix
@@ -214,13 +264,20 @@ async def test_a_failing_schedule_pauses_itself_after_n_failures_in_a_row(
 ) -> None:
     flaky = Flaky(redis_client, redis_url, redis_prefix, tmp_path)
     settings = Settings(
-        database_url=db_url, target="rq", redis_url=redis_url, stream_prefix=redis_prefix,
-        grace=30, heartbeat_interval=5, sync_interval=30,
-    )  # fmt: skip
+        database_url=db_url,
+        target="rq",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        grace=30,
+        heartbeat_interval=5,
+        sync_interval=30,
+    )
     body = {
-        "name": "flaky", "spec": "* * * * *", "task_type": "tests.support.rq_worker_app.flaky",
+        "name": "flaky",
+        "spec": "* * * * *",
+        "task_type": "tests.support.rq_worker_app.flaky",
         "options": {"queue": flaky.queue, "pause_after_failures": 3},
-    }  # fmt: skip
+    }
     async with api_rig(db_url, settings, flaky.target) as rig:
         resp = await rig.client.post("/schedules", json=body)
         assert resp.status_code == 201, resp.text
@@ -272,7 +329,12 @@ async def test_the_store_reads_hostile_counts_and_runs_without_failing(db_url: s
         "INSERT INTO pm_schedule_state (schedule_key, name, updated_at, consecutive_failures)"
         f" VALUES ('7', 'x', {ts.format(0)}, 4611686018427387904)",
     )
-    rows = [(1, "enqueued", "'a'"), (2, "skipped", "NULL"), (3, "duplicate", "'b'"), (3, "enqueued", "'b'")]
+    rows = [
+        (1, "enqueued", "'a'"),
+        (2, "skipped", "NULL"),
+        (3, "duplicate", "'b'"),
+        (3, "enqueued", "'b'"),
+    ]
     if sqlite:  # SQLite keeps any text in any column
         rows.append((None, "enqueued", "'c'"))
     for minute, status, message_id in rows:

@@ -184,7 +184,9 @@ def test_the_backfill_form_counts_in_a_dry_run_then_sends_and_shows_the_runs(
     type_into(d, "#backfill-to", "2024-01-05T00:00:00Z")
     d.find_element("css selector", "#backfill-dry-run").click()
     d.find_element("css selector", "#backfill").click()
-    wait_text(d, "#answer", f"POST /schedules/{sid}/backfill → 200 OK: dry run: would send 4 of 4 slot(s)")
+    wait_text(
+        d, "#answer", f"POST /schedules/{sid}/backfill → 200 OK: dry run: would send 4 of 4 slot(s)"
+    )
     assert httpx.get(f"{server.base}/schedules/{sid}/runs").json()["items"] == []
     d.find_element("css selector", "#backfill-dry-run").click()
     d.find_element("css selector", "#backfill").click()
@@ -239,7 +241,10 @@ def test_a_schedule_past_its_end_is_shown_ended_on_its_page_and_in_the_list(
         wait_text(d, "#runs-left", "4")  # options.max_runs, none sent yet
         open_page(d, f"{server.base}/ui/schedules?name_prefix=browser.")
         wait_text(d, "#schedules tbody", "browser.running")
-        rows = {r.text.split("\n")[0]: r.text for r in d.find_elements("css selector", "#schedules tbody tr")}
+        rows = {
+            r.text.split("\n")[0]: r.text
+            for r in d.find_elements("css selector", "#schedules tbody tr")
+        }
         assert "ended" in rows["browser.over"] and "ended" not in rows["browser.running"]
     finally:  # the server is the module's: leave its database as the next test expects it
         for sid in (ended, running):
@@ -254,18 +259,29 @@ def test_the_changes_tab_lists_api_and_sql_changes_as_text(
     try:
         r = httpx.patch(f"{server.base}/schedules/{sid}", json={"description": "<i>v2</i>"})
         assert r.status_code == 200, r.text
-        asyncio.run(rawsql.execute(server.database_url, f"UPDATE periodic_jobs SET spec = '0 7 * * *' WHERE id = {sid}"))
+        asyncio.run(
+            rawsql.execute(
+                server.database_url, f"UPDATE periodic_jobs SET spec = '0 7 * * *' WHERE id = {sid}"
+            )
+        )
         open_page(d, f"{server.base}/ui/schedules/{sid}")
         # The run history is the open tab; the changes are one click away.
         assert displayed(d, "#runs") or displayed(d, "#panel-runs")
         assert not displayed(d, "#changes")
         d.find_element("css selector", "#tab-changes").click()
         wait(d, lambda d: displayed(d, "#changes"), "the changes tab")
-        assert d.find_element("css selector", "#tab-changes").get_attribute("aria-selected") == "true"
+        assert (
+            d.find_element("css selector", "#tab-changes").get_attribute("aria-selected") == "true"
+        )
         assert "tab=changes" in d.current_url
         rows = [r.text for r in d.find_elements("css selector", "#changes tbody tr")]
         assert len(rows) == 3, rows
-        assert "updated" in rows[0] and "sql" in rows[0] and "0 6 * * *" in rows[0] and "0 7 * * *" in rows[0]
+        assert (
+            "updated" in rows[0]
+            and "sql" in rows[0]
+            and "0 6 * * *" in rows[0]
+            and "0 7 * * *" in rows[0]
+        )
         assert "api" in rows[1] and "<i>v2</i>" in rows[1]  # as text, never HTML
         assert d.find_elements("css selector", "#changes i") == []
         assert "created" in rows[2]
@@ -298,14 +314,31 @@ def test_a_rejected_row_says_whether_its_last_good_version_runs(
     kept = api_create(server, name="browser.kept", spec="0 6 * * *")
     never = None
     try:
-        wait(d, lambda d: httpx.get(f"{server.base}/entries", params={"schedule_id": kept}).json()["items"], "the entry")
+        wait(
+            d,
+            lambda d: httpx.get(f"{server.base}/entries", params={"schedule_id": kept}).json()[
+                "items"
+            ],
+            "the entry",
+        )
         # Both turned bad with SQL: one had a good version the manager runs on, one never had one.
-        asyncio.run(rawsql.execute(server.database_url, f"UPDATE periodic_jobs SET spec = '61 6 * * *' WHERE id = {kept}"))
-        never = asyncio.run(rawsql.insert(server.database_url, "browser.never", spec="'61 6 * * *'"))
+        asyncio.run(
+            rawsql.execute(
+                server.database_url,
+                f"UPDATE periodic_jobs SET spec = '61 6 * * *' WHERE id = {kept}",
+            )
+        )
+        never = asyncio.run(
+            rawsql.insert(server.database_url, "browser.never", spec="'61 6 * * *'")
+        )
         note = reload_until(d, f"{server.base}/ui/schedules/{kept}", "#last-good", "keeps running")
-        assert note.startswith("Its last good version keeps running (kept since ") and "fixed" in note
+        assert (
+            note.startswith("Its last good version keeps running (kept since ") and "fixed" in note
+        )
         wait_text(d, "#entries", "last good version runs since")
-        note = reload_until(d, f"{server.base}/ui/schedules/{never}", "#last-good", "No good version")
+        note = reload_until(
+            d, f"{server.base}/ui/schedules/{never}", "#last-good", "No good version"
+        )
         assert "keeps running" not in d.find_element("tag name", "body").text
     finally:  # the server is the module's: leave its database as the next test expects it
         for sid in (kept, never):
@@ -380,7 +413,8 @@ def test_the_managers_page_shows_who_holds_which_partitions(
     with closing(sqlite3.connect(path)) as conn, conn:
         [manager] = conn.execute("SELECT manager_id FROM pm_managers").fetchone()
         conn.execute(
-            "UPDATE pm_partitions SET holder = ? WHERE partition <= 21 OR partition = 40", (manager,)
+            "UPDATE pm_partitions SET holder = ? WHERE partition <= 21 OR partition = 40",
+            (manager,),
         )
     try:
 
@@ -405,7 +439,9 @@ def test_broken_rows_show_what_is_stored_and_specs_stay_on_one_line(
     managers' entries a spec is never broken across lines; the form's hints name every option
     and say which letters a name may hold."""
     d = driver
-    good = api_create(server, name="browser.spec-line", spec="15 9 * * 1-5", timezone="America/New_York")
+    good = api_create(
+        server, name="browser.spec-line", spec="15 9 * * 1-5", timezone="America/New_York"
+    )
     path = server.database_url.removeprefix("sqlite:///")
     with closing(sqlite3.connect(path)) as conn, conn:
         insert = (
@@ -560,9 +596,12 @@ def test_the_calendars_page_creates_shows_and_refuses_to_delete_a_named_calendar
     assert "2 dates" in row and "2030-12-24, 2030-12-31" in row
 
     sid = api_create(
-        server, name="browser.excluded", spec="0 6 24 12 *", timezone="Europe/Berlin",
+        server,
+        name="browser.excluded",
+        spec="0 6 24 12 *",
+        timezone="Europe/Berlin",
         options={"exclude": ["browser.cal"]},
-    )  # fmt: skip
+    )
     # The schedule's page marks its excluded slots (24 December 2030 is in the calendar).
     open_page(d, f"{server.base}/ui/schedules/{sid}")
     wait_text(d, "main", "excluded: not sent")

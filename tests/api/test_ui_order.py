@@ -27,15 +27,21 @@ async def test_full_read_does_not_hold_every_payload(
     try:
         async with engine.begin() as conn:
             if on_sqlite(conn):
-                rows = "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
+                rows = (
+                    "WITH RECURSIVE g(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM g WHERE i < :n)"
+                )
                 payload = "'\"' || replace(hex(zeroblob(:c / 2)), '0', 'x') || '\"'"
                 sql = f"{rows} SELECT 'job.' || i, '* * * * *', 't', {payload} FROM g"
             elif on_mysql(conn):  # MariaDB's sequence tables (seq_1_to_N)
                 payload = "CONCAT('\"', REPEAT('x', :c), '\"')"
-                sql = f"SELECT CONCAT('job.', seq), '* * * * *', 't', {payload} FROM seq_1_to_{ROWS}"
+                sql = (
+                    f"SELECT CONCAT('job.', seq), '* * * * *', 't', {payload} FROM seq_1_to_{ROWS}"
+                )
             else:
                 payload = "to_jsonb(repeat('x', :c))"
-                sql = f"SELECT 'job.' || i, '* * * * *', 't', {payload} FROM generate_series(1, :n) i"
+                sql = (
+                    f"SELECT 'job.' || i, '* * * * *', 't', {payload} FROM generate_series(1, :n) i"
+                )
             await conn.execute(
                 text(f"INSERT INTO periodic_jobs (name, spec, task_type, payload) {sql}"),
                 {"n": ROWS, "c": PAYLOAD_CHARS},

@@ -536,7 +536,9 @@ async def test_managers_and_entries_rejected_first(
     # PM_COORDINATION=partitions: the leases naming each manager, as numbers and ranges.
     async with engine.begin() as conn:
         p = conn.dialect.identifier_preparer.quote("partition")  # a reserved word on MySQL
-        await conn.execute(text(f"UPDATE pm_partitions SET holder = 'm2' WHERE {p} <= 21 OR {p} = 40"))
+        await conn.execute(
+            text(f"UPDATE pm_partitions SET holder = 'm2' WHERE {p} <= 21 OR {p} = 40")
+        )
         await conn.execute(text(f"UPDATE pm_partitions SET holder = 'm1' WHERE {p} = 63"))
     shown = {m["manager_id"]: m for m in (await client.get("/views/managers")).json()["items"]}
     assert shown["m2"]["partition_ranges"] == "0-21, 40" and len(shown["m2"]["partitions"]) == 23

@@ -74,7 +74,10 @@ def two(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     if request.param == "sqlite":
         urls = (f"sqlite+aiosqlite:///{tmp_path}/a.db", f"sqlite+aiosqlite:///{tmp_path}/b.db")
     elif request.param == "mysql":
-        urls = (str(request.getfixturevalue("mariadb_url")), str(request.getfixturevalue("mariadb_url_b")))
+        urls = (
+            str(request.getfixturevalue("mariadb_url")),
+            str(request.getfixturevalue("mariadb_url_b")),
+        )
     else:
         urls = (str(request.getfixturevalue("pg_url")), str(request.getfixturevalue("pg_url_b")))
     for u in urls:
@@ -103,7 +106,10 @@ def seed(url: str) -> int:
     for i, case in enumerate(rawsql.cases(backend)):
         rows[case.columns.get("name", f"'hostile.{i}'").strip("'")] = dict(case.columns)
     rows |= EXTRA["both"] | EXTRA[backend]
-    rows["valid.full"] = {**rows["valid.full"], "anchor": rawsql.instant(url, "2026-01-01 00:00:00")}
+    rows["valid.full"] = {
+        **rows["valid.full"],
+        "anchor": rawsql.instant(url, "2026-01-01 00:00:00"),
+    }
     for name, columns in rows.items():
         asyncio.run(rawsql.insert(url, name, **columns))
     return len(rows)
@@ -306,8 +312,14 @@ def test_a_marked_entry_changed_in_the_file_updates_the_row_as_stored(
     ("entry", "message"),
     [
         ({"raw": {"payload": {"hex": "fffe"}}}, "raw.payload: bytes given in hex cannot be stored"),
-        ({"raw": {"enabled": "yes"}}, "raw.enabled: a MariaDB/MySQL TINYINT holds only whole numbers"),
-        ({"raw": {"enabled": "300"}}, "raw.enabled: a MariaDB/MySQL TINYINT holds only whole numbers"),
+        (
+            {"raw": {"enabled": "yes"}},
+            "raw.enabled: a MariaDB/MySQL TINYINT holds only whole numbers",
+        ),
+        (
+            {"raw": {"enabled": "300"}},
+            "raw.enabled: a MariaDB/MySQL TINYINT holds only whole numbers",
+        ),
         ({"spec": "*" * 201}, "spec: longer than the column's 200 characters"),
     ],
 )

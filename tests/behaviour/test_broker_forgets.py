@@ -39,7 +39,10 @@ async def test_the_sentinel_tells_a_redis_that_lost_its_data_to_every_manager(
 ) -> None:
     key = f"{redis_prefix}:sentinel"
     first, second = Sentinel(redis_client, key), Sentinel(redis_client, key)
-    assert [await first.lost(), await second.lost()] == [False, False]  # first look: nothing to compare
+    assert [await first.lost(), await second.lost()] == [
+        False,
+        False,
+    ]  # first look: nothing to compare
     assert [await first.lost(), await second.lost()] == [False, False]
     await redis_client.delete(key)  # the data is gone
     assert await first.lost() is True  # it writes a new value...
@@ -54,9 +57,13 @@ async def test_a_manager_logs_a_lost_broker_once_and_counts_it(
     target = RedisStreamsTarget.from_url(forgetful.url, prefix=redis_prefix, timeout=1.0)
     config = PeriodicTaskConfig.create(name="s", spec="@every 1s", task_type="t", schedule_id=1)
     manager = PeriodicTaskManager(
-        StaticProvider([config]), target, clock=clock, store=MemoryRuntimeStore(),
-        timing=Timing(heartbeat_interval=1), close_target=True,
-    )  # fmt: skip
+        StaticProvider([config]),
+        target,
+        clock=clock,
+        store=MemoryRuntimeStore(),
+        timing=Timing(heartbeat_interval=1),
+        close_target=True,
+    )
     await manager.start()
     try:
         await clock.advance(2, settle=lambda: manager.wait_settled(clock.now()))
@@ -122,7 +129,9 @@ class StreamAudit:
                                 continue
                             seen.add(entry_id)
                             self.counts[fields["idempotency_key"]] += 1
-                            slot = datetime.fromisoformat(fields["scheduled_at"].replace("Z", "+00:00"))
+                            slot = datetime.fromisoformat(
+                                fields["scheduled_at"].replace("Z", "+00:00")
+                            )
                             self.newest = max(self.newest or slot, slot)
             except (RedisError, OSError):
                 if self._stopped:  # redis-py may turn the cancellation into its own error
@@ -212,7 +221,9 @@ async def test_redis_restarted_without_persistence_then_a_takeover_sends_at_most
     window = [
         k
         for name, spec, _ in SCHEDULES
-        for k in expected_slots(name, spec, killed_at - timedelta(seconds=1), killed_at + timedelta(seconds=3))
+        for k in expected_slots(
+            name, spec, killed_at - timedelta(seconds=1), killed_at + timedelta(seconds=3)
+        )
     ]
     missing = [k for k in window if k not in audit.counts]
     assert missing == [], f"{len(missing)} slot(s) lost, e.g. {missing[:5]}"

@@ -108,4 +108,6 @@ async def test_a_100k_row_insert_never_stalls_dispatch_or_loses_leadership(pg_ur
     # The other schedule kept firing on time: late by no more than the bound, plus the time the
     # loop's thread was kept off the CPUs in the window (0 on a quiet machine; other tests' and
     # processes' doing on a loaded one, as the watchdog's stalls leave out).
-    assert sent and max(late) < STALL_BOUND_S + denied, f"{max(late):.2f} s late, {denied:.2f} s denied the CPU"
+    assert sent and max(late) < STALL_BOUND_S + denied, (
+        f"{max(late):.2f} s late, {denied:.2f} s denied the CPU"
+    )

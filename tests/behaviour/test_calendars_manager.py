@@ -40,9 +40,12 @@ async def test_slots_on_excluded_local_dates_are_not_sent_and_edits_reach_the_ma
     r = await rig.client.put("/calendars/maint", json={"dates": ["2024-05-02"]})
     assert r.status_code == 201, r.text
     job = {
-        "name": "berlin.5m", "spec": "*/5 * * * *", "timezone": "Europe/Berlin",
-        "task_type": "t", "options": {"exclude": ["maint"]},
-    }  # fmt: skip
+        "name": "berlin.5m",
+        "spec": "*/5 * * * *",
+        "timezone": "Europe/Berlin",
+        "task_type": "t",
+        "options": {"exclude": ["maint"]},
+    }
     r = await rig.client.post("/schedules", json=job)
     assert r.status_code == 201, r.text
     sid = r.json()["id"]
@@ -56,7 +59,9 @@ async def test_slots_on_excluded_local_dates_are_not_sent_and_edits_reach_the_ma
     assert await rig.slots("berlin.5m") == [iso(utc(21, 55))]
     skipped = [h for h in await runs(rig, sid) if h["status"] == "skipped"]
     assert [h["slot_at"] for h in skipped] == [iso(utc(22, 0)), iso(utc(22, 5))]
-    assert all(h["error"] == "excluded: 2024-05-02 is in calendar 'maint'" for h in skipped), skipped
+    assert all(h["error"] == "excluded: 2024-05-02 is in calendar 'maint'" for h in skipped), (
+        skipped
+    )
 
     # An API edit of the calendar reaches the running manager: 2 May (Berlin) is sent again.
     r = await rig.client.put("/calendars/maint", json={"dates": ["2024-05-01"]})
@@ -81,9 +86,13 @@ async def test_a_missing_calendar_is_a_row_error_until_it_is_created(
     url, _ = combo
     r = await rig.client.post(
         "/schedules",
-        json={"name": "api.nope", "spec": "* * * * *", "task_type": "t",
-              "options": {"exclude": ["nope"]}},
-    )  # fmt: skip
+        json={
+            "name": "api.nope",
+            "spec": "* * * * *",
+            "task_type": "t",
+            "options": {"exclude": ["nope"]},
+        },
+    )
     assert r.status_code == 422, r.text
     [err] = r.json()["errors"]
     assert err["field"] == "options.exclude" and "no calendar named 'nope'" in err["reason"], err
@@ -98,7 +107,8 @@ async def test_a_missing_calendar_is_a_row_error_until_it_is_created(
 
     # Creating the calendar (with SQL here) makes the row good: its slots are sent from then on.
     await rawsql.execute(
-        url, """INSERT INTO pm_calendars (name, spec) VALUES ('later', '{"dates":["2030-01-01"]}')"""
+        url,
+        """INSERT INTO pm_calendars (name, spec) VALUES ('later', '{"dates":["2030-01-01"]}')""",
     )
     await rig.advance_to(at(21, 54, 30))
     assert await rig.slots("sql.nope") == [iso(at(21, 53)), iso(at(21, 54))]
@@ -128,8 +138,14 @@ async def test_the_public_holidays_of_bavaria_are_not_sent(db_url: str) -> None:
         )
         assert r.status_code == 201, r.text
         assert {"2026-12-25", "2026-12-26"} <= set(r.json()["dates"])
-        excluded = {"timezone": "Europe/Berlin", "task_type": "t", "options": {"exclude": ["de-by"]}}
-        r = await rig.client.post("/schedules", json={"name": "daily.nine", "spec": "0 9 * * *", **excluded})
+        excluded = {
+            "timezone": "Europe/Berlin",
+            "task_type": "t",
+            "options": {"exclude": ["de-by"]},
+        }
+        r = await rig.client.post(
+            "/schedules", json={"name": "daily.nine", "spec": "0 9 * * *", **excluded}
+        )
         assert r.status_code == 201, r.text
         nine = [datetime(2026, 12, d, 8, tzinfo=UTC) for d in (27, 28, 29)]  # 09:00 CET
         assert r.json()["next_runs"] == [iso(t) for t in nine]  # not 25 nor 26 December
@@ -146,8 +162,15 @@ async def test_a_calendar_deleted_with_sql_leaves_the_running_version_running(
     rig: Rig, combo: tuple[str, str]
 ) -> None:
     url, _ = combo
-    assert (await rig.client.put("/calendars/noon", json={"dates": ["2024-05-02"]})).status_code == 201
-    job = {"name": "minutely", "spec": "* * * * *", "task_type": "t", "options": {"exclude": ["noon"]}}
+    assert (
+        await rig.client.put("/calendars/noon", json={"dates": ["2024-05-02"]})
+    ).status_code == 201
+    job = {
+        "name": "minutely",
+        "spec": "* * * * *",
+        "task_type": "t",
+        "options": {"exclude": ["noon"]},
+    }
     sid = (await rig.client.post("/schedules", json=job)).json()["id"]
     await rig.advance_to(at(21, 51, 30))
     assert await rig.slots("minutely") == [iso(at(21, 51))]

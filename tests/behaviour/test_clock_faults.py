@@ -59,9 +59,14 @@ class Faked:
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "periodic_manager", "manager", env=self.env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=self.log.open("wb"),
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "periodic_manager",
+            "manager",
+            env=self.env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+        )
 
     def step(self, offset: str) -> None:
         self.stamp.write_text(offset)
@@ -85,10 +90,18 @@ def manager_env(url: str, prefix: str, **extra: str) -> dict[str, str]:
         k: v for k, v in os.environ.items() if not k.startswith(("PM_", "FAKETIME", "LD_PRELOAD"))
     }
     env.update(
-        PM_DATABASE_URL=url, PM_TARGET="redis", PM_REDIS_URL=REDIS_URL, PM_STREAM_PREFIX=prefix,
-        PM_COORDINATION="partitions", PM_LEASE_TTL="6", PM_GRACE="30", PM_HEARTBEAT_INTERVAL="2",
-        PM_SYNC_INTERVAL="60", PM_LOG_LEVEL="INFO", **extra,
-    )  # fmt: skip
+        PM_DATABASE_URL=url,
+        PM_TARGET="redis",
+        PM_REDIS_URL=REDIS_URL,
+        PM_STREAM_PREFIX=prefix,
+        PM_COORDINATION="partitions",
+        PM_LEASE_TTL="6",
+        PM_GRACE="30",
+        PM_HEARTBEAT_INTERVAL="2",
+        PM_SYNC_INTERVAL="60",
+        PM_LOG_LEVEL="INFO",
+        **extra,
+    )
     return env
 
 
@@ -253,9 +266,11 @@ async def test_a_takeover_by_a_manager_5s_ahead_sends_nothing_early(
 
 
 async def test_a_clock_stepped_back_120s_then_cut_from_postgresql_sends_nothing_twice(
-    setup: tuple[str, asyncpg.Connection], proxied: tuple[str, TcpProxy],
-    redis_client: aioredis.Redis, redis_prefix: str,
-) -> None:  # fmt: skip
+    setup: tuple[str, asyncpg.Connection],
+    proxied: tuple[str, TcpProxy],
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+) -> None:
     """A (through a proxy) and B share the partitions; A's wall clock steps back 120 s, then
     its PostgreSQL connections are cut (Redis still reachable). Its trust runs on the
     monotonic clock and the jump is measured before its next send: B sends every slot once."""

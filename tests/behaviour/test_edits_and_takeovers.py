@@ -41,7 +41,11 @@ async def manager(
     leader: bool = True,
 ) -> PeriodicTaskManager:
     mgr = PeriodicTaskManager(
-        provider, target, clock=clock, store=store or MemoryRuntimeStore(), timing=Timing(grace=30, sync_interval=3600, catchup_window=3600),
+        provider,
+        target,
+        clock=clock,
+        store=store or MemoryRuntimeStore(),
+        timing=Timing(grace=30, sync_interval=3600, catchup_window=3600),
         leadership=ManualLeader(leader),
     )
     await mgr.start()
@@ -75,7 +79,9 @@ async def test_a_payload_edit_while_a_slot_is_due_keeps_that_slot_every_time() -
         await mgr.stop()
 
 
-async def test_a_timing_edit_sends_the_due_slot_of_the_old_timing_and_nothing_before_the_edit() -> None:
+async def test_a_timing_edit_sends_the_due_slot_of_the_old_timing_and_nothing_before_the_edit() -> (
+    None
+):
     clock, target = VirtualClock(T0), MemoryTarget()
     provider = StaticProvider([row(1, "retimed", "@every 10s")])
     mgr = await manager(provider, clock, target)
@@ -165,8 +171,17 @@ async def test_a_takeover_never_sends_the_old_timing_or_a_slot_from_while_it_was
 
 async def test_an_unknown_effective_at_means_nothing_in_the_past_is_sent() -> None:
     clock, target = VirtualClock(T0), MemoryTarget()
-    provider = StaticProvider([row(1, "unknown", "* * * * *", effective_at=UNKNOWN_START,
-                                   options={"misfire": "fire_once"})])
+    provider = StaticProvider(
+        [
+            row(
+                1,
+                "unknown",
+                "* * * * *",
+                effective_at=UNKNOWN_START,
+                options={"misfire": "fire_once"},
+            )
+        ]
+    )
     mgr = await manager(provider, clock, target)
     try:
         await settle(clock, mgr)
@@ -178,15 +193,31 @@ async def test_an_unknown_effective_at_means_nothing_in_the_past_is_sent() -> No
 
 
 async def test_fire_once_catch_up_never_sends_a_slot_from_before_the_schedule_existed() -> None:
-    clock, target, store = VirtualClock(T0 + timedelta(minutes=50)), MemoryTarget(), MemoryRuntimeStore()
-    provider = StaticProvider([
-        # Hourly; created at 12:30, after its 12:00 slot: nothing to catch up at 12:50.
-        row(1, "young", "0 * * * *", options={"misfire": "fire_once"},
-            effective_at=T0 + timedelta(minutes=30)),
-        # Created at 11:30: 12:00 was missed and is caught up once.
-        row(2, "older", "0 * * * *", options={"misfire": "fire_once"},
-            effective_at=T0 - timedelta(minutes=30)),
-    ])
+    clock, target, store = (
+        VirtualClock(T0 + timedelta(minutes=50)),
+        MemoryTarget(),
+        MemoryRuntimeStore(),
+    )
+    provider = StaticProvider(
+        [
+            # Hourly; created at 12:30, after its 12:00 slot: nothing to catch up at 12:50.
+            row(
+                1,
+                "young",
+                "0 * * * *",
+                options={"misfire": "fire_once"},
+                effective_at=T0 + timedelta(minutes=30),
+            ),
+            # Created at 11:30: 12:00 was missed and is caught up once.
+            row(
+                2,
+                "older",
+                "0 * * * *",
+                options={"misfire": "fire_once"},
+                effective_at=T0 - timedelta(minutes=30),
+            ),
+        ]
+    )
     mgr = await manager(provider, clock, target, store)
     try:
         await settle(clock, mgr)
@@ -220,8 +251,12 @@ async def test_an_entry_with_no_slot_left_stops_alone_and_says_why() -> None:
 async def test_a_huge_catchup_window_built_without_validation_cannot_overflow_a_slot() -> None:
     clock, target = VirtualClock(T0), MemoryTarget()
     sched = Scheduler(target, clock=clock, grace=30)
-    cfg = PeriodicTaskConfig(name="huge", spec="@every 1s", task_type="t",
-                             options={"misfire": "fire_once", "catchup_window": 1e12})
+    cfg = PeriodicTaskConfig(
+        name="huge",
+        spec="@every 1s",
+        task_type="t",
+        options={"misfire": "fire_once", "catchup_window": 1e12},
+    )
     task = asyncio.create_task(sched.run())
     try:
         sched.register(cfg)
@@ -272,13 +307,17 @@ async def test_a_dead_leadership_loop_is_a_dead_manager() -> None:
             self.task.set_name("periodic-manager-leadership")
 
     clock = VirtualClock(T0)
-    mgr = PeriodicTaskManager(StaticProvider([row(1, "a")]), MemoryTarget(), clock=clock,
-                              leadership=DyingLeader(True))
+    mgr = PeriodicTaskManager(
+        StaticProvider([row(1, "a")]), MemoryTarget(), clock=clock, leadership=DyingLeader(True)
+    )
     await mgr.start()
     try:
         for _ in range(5):
             await asyncio.sleep(0)
-        assert mgr.health() == "periodic-manager-leadership died: ConnectionError: leadership loop broke"
+        assert (
+            mgr.health()
+            == "periodic-manager-leadership died: ConnectionError: leadership loop broke"
+        )
     finally:
         await mgr.stop()
 
@@ -372,7 +411,9 @@ async def test_a_burst_larger_than_the_outage_buffer_is_recorded_whole_by_a_heal
     are all recorded (before, a burst over 100,000 tasks lost the settled slot of the rest)."""
     monkeypatch.setattr("periodic_manager.engine.history.MAX_PENDING_RUNS", 10)
     clock, target, store = VirtualClock(T0), MemoryTarget(), FlakyStore()
-    mgr = await manager(StaticProvider([row(i, f"b{i}") for i in range(1, 26)]), clock, target, store)
+    mgr = await manager(
+        StaticProvider([row(i, f"b{i}") for i in range(1, 26)]), clock, target, store
+    )
     try:
         await clock.advance(1, settle=lambda: mgr.wait_settled(clock.now()))
         assert len(target.messages) == 25
@@ -500,7 +541,9 @@ async def test_a_takeover_waits_for_the_settled_slots_and_sends_nothing_meanwhil
         await leader.stop()  # if an assert came before its stop (a second stop does nothing)
 
 
-async def test_a_takeover_that_cannot_read_the_settled_slots_for_long_makes_the_manager_unhealthy() -> None:
+async def test_a_takeover_that_cannot_read_the_settled_slots_for_long_makes_the_manager_unhealthy() -> (
+    None
+):
     """Nothing is sent while the settled slots are unknown; a read that keeps failing must not
     leave a leader that sends nothing looking healthy: after SETTLED_STALL_S the probe fails."""
 
@@ -551,7 +594,9 @@ async def test_a_takeover_looks_back_from_when_the_settled_slots_were_read() -> 
 
     clock, target, store = VirtualClock(T0), MemoryTarget(), Slow()
     opts = {"misfire": "fire_once"}
-    provider = StaticProvider([row(1, "s1", spec="@every 60s", effective_at=T0 - timedelta(days=1), options=opts)])
+    provider = StaticProvider(
+        [row(1, "s1", spec="@every 60s", effective_at=T0 - timedelta(days=1), options=opts)]
+    )
     leader = await manager(provider, clock, target, store)
     standby = await manager(provider, clock, target, store, leader=False)
     try:
@@ -610,7 +655,9 @@ async def test_settling_a_manager_waits_for_its_takeovers_read_but_not_for_its_r
         await standby.leadership._set(True)  # type: ignore[attr-defined]
         await asyncio.wait_for(settle(clock, standby), 5)
         store.failing = False
-        await asyncio.wait_for(clock.advance(SETTLED_RETRY_S, settle=lambda: standby.wait_settled(clock.now())), 5)
+        await asyncio.wait_for(
+            clock.advance(SETTLED_RETRY_S, settle=lambda: standby.wait_settled(clock.now())), 5
+        )
         assert standby.scheduler.active
     finally:
         await standby.stop()

@@ -21,8 +21,11 @@ from tests.support.tcpproxy import TcpProxy
 
 async def test_http_create_fire_patch_delete(rig: Rig) -> None:
     body = {
-        "name": "reports.daily", "spec": "* * * * *", "task_type": "reports.build",
-        "payload": {"format": "pdf", "n": 1}, "options": {"queue": "reports", "max_retry": 3},
+        "name": "reports.daily",
+        "spec": "* * * * *",
+        "task_type": "reports.build",
+        "payload": {"format": "pdf", "n": 1},
+        "options": {"queue": "reports", "max_retry": 3},
         "description": "every minute",
     }
     resp = await rig.client.post("/schedules", json=body)
@@ -37,7 +40,11 @@ async def test_http_create_fire_patch_delete(rig: Rig) -> None:
     items = entries["items"] if isinstance(entries, dict) else entries
     [entry] = [e for e in items if e["schedule_id"] == sid]
     assert entry["next_slot"] == iso(at(12, 1)) and entry["manager_id"] == rig.manager.manager_id
-    assert entry["spec"] == "* * * * *" and entry["queue"] == "reports" and entry["task_type"] == "reports.build"
+    assert (
+        entry["spec"] == "* * * * *"
+        and entry["queue"] == "reports"
+        and entry["task_type"] == "reports.build"
+    )
 
     await rig.advance_to(at(12, 3, 30))
     msgs = await rig.messages("reports")
@@ -45,17 +52,24 @@ async def test_http_create_fire_patch_delete(rig: Rig) -> None:
     for m, minute in zip(msgs, (1, 2, 3), strict=True):
         key = f"reports.daily:{iso(at(12, minute))}"
         assert m == {
-            "id": task_id_for(key), "type": "reports.build",
-            "payload": canonical_json({"format": "pdf", "n": 1}), "queue": "reports",
-            "name": "reports.daily", "idempotency_key": key, "scheduled_at": iso(at(12, minute)),
-            "enqueued_at": iso(at(12, minute)), "options": canonical_json({"queue": "reports", "max_retry": 3}),
+            "id": task_id_for(key),
+            "type": "reports.build",
+            "payload": canonical_json({"format": "pdf", "n": 1}),
+            "queue": "reports",
+            "name": "reports.daily",
+            "idempotency_key": key,
+            "scheduled_at": iso(at(12, minute)),
+            "enqueued_at": iso(at(12, minute)),
+            "options": canonical_json({"queue": "reports", "max_retry": 3}),
         }
 
     resp = await rig.client.patch(f"/schedules/{sid}", json={"spec": "*/2 * * * *"})
     assert resp.status_code == 200, resp.text
     await rig.advance_to(at(12, 8, 30))
     # New timing from the change on: no duplicate, no gap (12:04 is the first even minute after).
-    assert await rig.slots("reports.daily", "reports") == [iso(at(12, m)) for m in (1, 2, 3, 4, 6, 8)]
+    assert await rig.slots("reports.daily", "reports") == [
+        iso(at(12, m)) for m in (1, 2, 3, 4, 6, 8)
+    ]
     items = (await rig.client.get("/entries")).json()
     items = items["items"] if isinstance(items, dict) else items
     [entry] = [e for e in items if e["schedule_id"] == sid]
@@ -99,7 +113,9 @@ async def test_plain_sql_insert_update_delete_are_seen_at_the_next_sync(rig: Rig
 
 
 async def test_bad_row_is_reported_while_the_others_fire(rig: Rig) -> None:
-    good = await rig.client.post("/schedules", json={"name": "good", "spec": "* * * * *", "task_type": "t"})
+    good = await rig.client.post(
+        "/schedules", json={"name": "good", "spec": "* * * * *", "task_type": "t"}
+    )
     assert good.status_code == 201
     bad_id = (
         await _sql(
@@ -128,7 +144,11 @@ async def test_database_unreachable_during_a_sync_keeps_the_schedule_firing(
     # Without leader election the manager keeps firing from memory while the database is away
     # (with it, a leader that cannot prove its leadership stops: see test_leadership.py).
     async for rig in e2e_rig(url, "redis", redis_prefix, redis_url, leader_election=False):
-        assert (await rig.client.post("/schedules", json={"name": "keep", "spec": "* * * * *", "task_type": "t"})).status_code == 201
+        assert (
+            await rig.client.post(
+                "/schedules", json={"name": "keep", "spec": "* * * * *", "task_type": "t"}
+            )
+        ).status_code == 201
         await rig.advance_to(at(12, 1, 30))
         await proxy.cut()
         report = await rig.manager.sync()

@@ -152,7 +152,11 @@ async def test_consume_outbox_prints_and_marks_each_message(fresh_db_url: str) -
     ],
 )
 async def test_consume_redis_survives_idle_time_then_consumes(
-    redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, block_ms: str, socket_timeout: str
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    block_ms: str,
+    socket_timeout: str,
 ) -> None:
     """A worker left idle longer than its block plus its socket timeout is still there, and
     still takes the next task."""
@@ -177,7 +181,7 @@ async def test_consume_redis_survives_idle_time_then_consumes(
         idle_s = int(block_ms) / 1000 + float(socket_timeout) + 1.0
         await asyncio.sleep(idle_s)  # idle, on purpose: no task is waited for here
         assert proc.returncode is None, (await proc.communicate())[1].decode()
-        [result] = (await target.enqueue(three_tasks("idle")[:1], NOW))
+        [result] = await target.enqueue(three_tasks("idle")[:1], NOW)
         async with asyncio.timeout(20):
             out, err = await proc.communicate()
     finally:

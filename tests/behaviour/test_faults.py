@@ -311,8 +311,13 @@ async def test_sigkilled_leader_process_the_standby_takes_over_with_no_slot_twic
     # of the kill, and says so in pm_managers by its next heartbeat; twice that (10 s) leaves
     # room for a busy machine's scheduling and this test's own polls (a connection each), and
     # still fails a takeover that waits for anything else (a session's TCP timeout, grace).
-    bound = 2 * sum(float(env[k]) for k in ("PM_LEADER_TIMEOUT", "PM_LEADER_POLL_INTERVAL", "PM_HEARTBEAT_INTERVAL"))
-    assert takeover_s < bound, f"the standby led {takeover_s:.1f} s after the kill (bound {bound} s)"
+    bound = 2 * sum(
+        float(env[k])
+        for k in ("PM_LEADER_TIMEOUT", "PM_LEADER_POLL_INTERVAL", "PM_HEARTBEAT_INTERVAL")
+    )
+    assert takeover_s < bound, (
+        f"the standby led {takeover_s:.1f} s after the kill (bound {bound} s)"
+    )
 
 
 # -- 3. Redis killed and restarted; 5. a Redis that accepts connections but never answers ---------
@@ -726,4 +731,7 @@ def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
                     window,
                 )
                 on_slot = entry.schedule.next_after(now)
-                assert latest_slot(entry, on_slot, on_slot - window - timedelta(microseconds=1)) == on_slot
+                assert (
+                    latest_slot(entry, on_slot, on_slot - window - timedelta(microseconds=1))
+                    == on_slot
+                )

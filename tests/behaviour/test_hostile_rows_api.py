@@ -164,7 +164,9 @@ async def test_nul_in_a_query_or_path_value_is_422_naming_it(client: httpx.Async
     names_field(r, 422, "tz")
 
 
-async def test_nul_in_a_dashboard_filter_is_422_naming_it_never_500(client: httpx.AsyncClient) -> None:
+async def test_nul_in_a_dashboard_filter_is_422_naming_it_never_500(
+    client: httpx.AsyncClient,
+) -> None:
     """The dashboard's filters reach the database as /schedules' do: NUL is refused the same way
     (PostgreSQL's driver failed the query: a 500), whatever the order asked for."""
     ok(await client.post("/schedules", json=JOB), 201)  # a row: the filters are applied

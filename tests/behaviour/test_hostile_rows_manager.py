@@ -176,5 +176,7 @@ async def test_the_manager_built_from_settings_honours_pm_max_payload_bytes(
         target=MemoryTarget(),
     )
     report = await manager.sync()
-    assert [(e.schedule_id, e.field, e.code) for e in report.errors] == [(big, "payload", "too-large")]
+    assert [(e.schedule_id, e.field, e.code) for e in report.errors] == [
+        (big, "payload", "too-large")
+    ]
     assert manager.entries() == []

@@ -34,7 +34,11 @@ async def test_a_manager_whose_sync_loop_dies_exits_non_zero_with_one_line(sqlit
     env = {"PM_DATABASE_URL": sqlite_url, "PM_SYNC_INTERVAL": "0.2", "PATH": "/usr/bin:/bin"}
     started = time.monotonic()
     proc = subprocess.run(  # noqa: ASYNC221 - a child process with a bound, not a slot wait
-        [sys.executable, "-c", LAUNCHER], env=env, cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-c", LAUNCHER],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     took = time.monotonic() - started

@@ -282,7 +282,9 @@ def amqp_messages(url: str, queue: str) -> Counter[str]:
 async def test_celery_amqp_a_lost_reply_to_the_claims_loses_no_task(
     amqp_url: str, amqp_queue: str, proxy: TcpProxy
 ) -> None:
-    target = CeleryTarget.from_url(amqp_url, claims_url=proxied(proxy), prefix="pmlost", timeout=2.0)
+    target = CeleryTarget.from_url(
+        amqp_url, claims_url=proxied(proxy), prefix="pmlost", timeout=2.0
+    )
     tasks = batch("pmlost", "r", amqp_queue)
     try:
         await target.enqueue(batch("pmlost", "warm", amqp_queue, 1), SLOT)
@@ -339,9 +341,12 @@ async def test_a_resend_is_in_the_run_history_and_the_metrics(
     target = CeleryTarget.from_url(proxied(proxy), prefix="pmlost", timeout=1.0, fast_path=False)
     configs = [
         PeriodicTaskConfig.create(
-            name=f"pmlost.s{i}", spec="@every 1s", task_type="record", schedule_id=i,
+            name=f"pmlost.s{i}",
+            spec="@every 1s",
+            task_type="record",
+            schedule_id=i,
             options={"queue": "pmlost.q"},
-        )  # fmt: skip
+        )
         for i in range(10)
     ]
     manager = PeriodicTaskManager(

@@ -86,7 +86,7 @@ def configs(prefix: str, queue: str, task_type: str, **extra: Any) -> list[Perio
                 task_type=task_type,
                 payload={"policy": policy},
                 options=options,
-            )  # fmt: skip
+            )
         )
     return out
 
@@ -198,7 +198,7 @@ def from_printed(lines: list[dict[str, Any]]) -> list[Execution]:
             instant(m["scheduled_at"]),
             instant(m["work_started_at"]).timestamp(),
             instant(m["work_finished_at"]).timestamp(),
-        )  # fmt: skip
+        )
         for m in lines
     ]
 
@@ -211,13 +211,26 @@ def redis_consumer(
 ) -> WorkerProcess:
     return WorkerProcess(
         [
-            sys.executable, str(EXAMPLES / "consume_redis.py"), "--redis-url", redis_url,
-            "--queue", queue, "--group", GROUP, "--consumer", name, "--prefix", prefix,
-            "--work-s", str(work_s), "--block-ms", "200",
+            sys.executable,
+            str(EXAMPLES / "consume_redis.py"),
+            "--redis-url",
+            redis_url,
+            "--queue",
+            queue,
+            "--group",
+            GROUP,
+            "--consumer",
+            name,
+            "--prefix",
+            prefix,
+            "--work-s",
+            str(work_s),
+            "--block-ms",
+            "200",
         ],
         {},
         log,
-    )  # fmt: skip
+    )
 
 
 async def test_redis_streams_consumers(
@@ -259,9 +272,11 @@ async def test_redis_streams_a_killed_consumer_with_overlap_timeout_lets_the_sch
     stuck = redis_consumer(redis_prefix, queue, "stuck", tmp_path / "stuck.log", redis_url, 60)
     fresh = redis_consumer(redis_prefix, queue, "fresh", tmp_path / "fresh.log", redis_url, 0.1)
     schedule = PeriodicTaskConfig.create(
-        name=f"{redis_prefix}-skip", spec="@every 1s", task_type="t",
+        name=f"{redis_prefix}-skip",
+        spec="@every 1s",
+        task_type="t",
         options={"queue": queue, "overlap": "skip", "overlap_timeout": 2},
-    )  # fmt: skip
+    )
     runs: list[RunRecord] = []
 
     async def on_runs(batch: Any) -> None:
@@ -307,7 +322,9 @@ async def test_redis_streams_a_killed_consumer_with_overlap_timeout_lets_the_sch
 async def test_outbox_consumers(pg_url: str, redis_prefix: str, tmp_path: Path) -> None:
     await upgrade(pg_url)
     queue = "overlap"
-    workers = [outbox_consumer(pg_url, queue, tmp_path / f"o{i}.log", WORK_S) for i in range(CONSUMERS)]
+    workers = [
+        outbox_consumer(pg_url, queue, tmp_path / f"o{i}.log", WORK_S) for i in range(CONSUMERS)
+    ]
     async with running(workers):
         engine = create_engine(pg_url)
         try:
@@ -337,12 +354,22 @@ async def test_outbox_consumers(pg_url: str, redis_prefix: str, tmp_path: Path) 
 def outbox_consumer(pg_url: str, queue: str, log: Path, work_s: float) -> WorkerProcess:
     return WorkerProcess(
         [
-            sys.executable, str(EXAMPLES / "consume_outbox.py"), "--database-url", pg_url,
-            "--queue", queue, "--batch", "1", "--poll-interval", "0.05", "--work-s", str(work_s),
+            sys.executable,
+            str(EXAMPLES / "consume_outbox.py"),
+            "--database-url",
+            pg_url,
+            "--queue",
+            queue,
+            "--batch",
+            "1",
+            "--poll-interval",
+            "0.05",
+            "--work-s",
+            str(work_s),
         ],
         {},
         log,
-    )  # fmt: skip
+    )
 
 
 async def test_outbox_a_killed_consumer_rolls_back_and_the_schedule_resumes_without_a_timeout(
@@ -356,9 +383,11 @@ async def test_outbox_a_killed_consumer_rolls_back_and_the_schedule_resumes_with
     stuck = outbox_consumer(pg_url, queue, tmp_path / "stuck.log", 60)
     fresh = outbox_consumer(pg_url, queue, tmp_path / "fresh.log", 0.1)
     schedule = PeriodicTaskConfig.create(
-        name=f"{redis_prefix}-skip", spec="@every 1s", task_type="t",
+        name=f"{redis_prefix}-skip",
+        spec="@every 1s",
+        task_type="t",
         options={"queue": queue, "overlap": "skip"},
-    )  # fmt: skip
+    )
     runs: list[RunRecord] = []
 
     async def on_runs(batch: Any) -> None:
@@ -486,18 +515,33 @@ def celery_slow(
     """A Celery worker (threads) storing results in Redis, whose pmtest.slow works ``work_s``."""
     return WorkerProcess(
         [
-            sys.executable, "-m", "celery", "-A", "tests.support.celery_worker_app", "worker",
-            "--pool=threads", f"--concurrency={CONSUMERS}", "-Q", f"{prefix}.q",
-            "--hostname", f"{prefix}-{name}@%h", "--without-heartbeat", "--without-mingle",
-            "--without-gossip", "-l", "INFO",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.support.celery_worker_app",
+            "worker",
+            "--pool=threads",
+            f"--concurrency={CONSUMERS}",
+            "-Q",
+            f"{prefix}.q",
+            "--hostname",
+            f"{prefix}-{name}@%h",
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+            "-l",
+            "INFO",
         ],
         {
-            "PM_TEST_BROKER": redis_url, "PM_TEST_OUT": f"{prefix}:out",
-            "PM_TEST_KEYPREFIX": f"{prefix}:", "PM_TEST_BACKEND": redis_url,
+            "PM_TEST_BROKER": redis_url,
+            "PM_TEST_OUT": f"{prefix}:out",
+            "PM_TEST_KEYPREFIX": f"{prefix}:",
+            "PM_TEST_BACKEND": redis_url,
             "PM_TEST_WORK_S": str(work_s),
         },
         log,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -522,8 +566,11 @@ async def test_celery_worker(
 
     def target() -> CeleryTarget:
         return CeleryTarget.from_url(
-            redis_url, prefix=redis_prefix, config=config, result_backend=redis_url,
-        )  # fmt: skip
+            redis_url,
+            prefix=redis_prefix,
+            config=config,
+            result_backend=redis_url,
+        )
 
     sent: dict[str, tuple[str, datetime]] = {}
     try:
@@ -558,9 +605,11 @@ async def test_celery_a_killed_worker_with_overlap_timeout_lets_the_schedule_res
         redis_url, prefix=redis_prefix, config=config, result_backend=redis_url
     )
     schedule = PeriodicTaskConfig.create(
-        name=f"{redis_prefix}-skip", spec="@every 1s", task_type="pmtest.slow",
+        name=f"{redis_prefix}-skip",
+        spec="@every 1s",
+        task_type="pmtest.slow",
         options={"queue": f"{redis_prefix}.q", "overlap": "skip", "overlap_timeout": 2},
-    )  # fmt: skip
+    )
     runs: list[RunRecord] = []
 
     async def on_runs(batch: Any) -> None:
@@ -624,9 +673,11 @@ async def test_arq_a_killed_worker_with_overlap_timeout_lets_the_schedule_resume
     fresh.env["PM_TEST_WORK_S"] = "0.1"
     target = ArqTarget.from_url(redis_url, prefix=redis_prefix)
     schedule = PeriodicTaskConfig.create(
-        name=f"{redis_prefix}-skip", spec="@every 1s", task_type="slow",
+        name=f"{redis_prefix}-skip",
+        spec="@every 1s",
+        task_type="slow",
         options={"queue": queue, "overlap": "skip", "overlap_timeout": 2},
-    )  # fmt: skip
+    )
     runs: list[RunRecord] = []
 
     async def on_runs(batch: Any) -> None:

@@ -69,7 +69,6 @@ class Fleet(managers.Fleet):
         assert sum(len(p) for p in parts) == N and max(len(p) for p in parts) <= -(-N // len(live))
 
 
-
 async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_slot_once(
     pg_url: str,
     proxied: tuple[str, TcpProxy],
@@ -78,11 +77,20 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
     redis_url: str,
 ) -> None:
     await upgrade(pg_url)
-    await insert_schedules(pg_url, [(f"p{i:03d}", "@every 1s", {}) for i in range(1, SCHEDULES + 1)])
+    await insert_schedules(
+        pg_url, [(f"p{i:03d}", "@every 1s", {}) for i in range(1, SCHEDULES + 1)]
+    )
     common = dict(
-        target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
-        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     direct = Settings(database_url=pg_url, **common)  # type: ignore[arg-type]
     cut_url, proxy = proxied
     through_proxy = Settings(database_url=cut_url, **common)  # type: ignore[arg-type]
@@ -99,7 +107,11 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
         fleet.assert_each_schedule_held_once(["a", "b"])
         assert a.partition_handovers == N // 2
         assert a.registry.get_sample_value("periodic_manager_partition_handovers_total") == N // 2
-        assert a.registry.get_sample_value("periodic_manager_partitions") == len(a.partitions) == N // 2
+        assert (
+            a.registry.get_sample_value("periodic_manager_partitions")
+            == len(a.partitions)
+            == N // 2
+        )
 
         c = await fleet.start("c", through_proxy)
         await fleet.drive(10)
@@ -125,9 +137,12 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
         assert not c.partitions and not c.entries()
         # Its session ended with the connection, and its liveness lock with it: a took its
         # partitions without waiting for their TTL (c stopped sending the moment it lost it).
-        assert await admin.fetchval(
-            "SELECT count(*) FROM pm_partitions WHERE holder = $1", c.manager_id
-        ) == 0
+        assert (
+            await admin.fetchval(
+                "SELECT count(*) FROM pm_partitions WHERE holder = $1", c.manager_id
+            )
+            == 0
+        )
         assert a.partitions == frozenset(range(N))
         assert {e.ident for e in a.entries()} == set(range(1, SCHEDULES + 1))
         end = fleet.clock.now()
@@ -136,7 +151,9 @@ async def test_joins_a_leave_and_a_cut_off_manager_move_partitions_with_every_sl
         await admin.close()
     counts = await stream_keys(redis_client, redis_prefix)
     expected = [
-        k for i in range(1, SCHEDULES + 1) for k in expected_slots(f"p{i:03d}", "@every 1s", T0, end)
+        k
+        for i in range(1, SCHEDULES + 1)
+        for k in expected_slots(f"p{i:03d}", "@every 1s", T0, end)
     ]
     assert len(expected) == SCHEDULES * int((end - T0).total_seconds() + 0.5)
     assert_exactly_once(counts, expected)
@@ -156,10 +173,17 @@ async def test_a_share_taken_over_and_registered_late_still_gets_every_slot_due_
     names = [f"s{i:03d}" for i in range(1, SCHEDULES + 1)]
     await insert_schedules(pg_url, [(name, "@every 1s", {}) for name in names])
     settings = Settings(
-        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
-        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
-        heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     clock = VirtualClock(T0)
     fleet = Fleet(clock)
     read = asyncio.Event()  # b's takeover may read its rows
@@ -218,10 +242,17 @@ async def test_a_share_handed_over_before_its_first_slot_sends_nothing_due_befor
     names = [f"t{i:02d}" for i in range(1, 41)]
     await insert_schedules(pg_url, [(name, "@every 10s", {}) for name in names])
     settings = Settings(
-        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
-        coordination="partitions", lease_ttl=3, grace=30, sync_interval=600,
-        heartbeat_interval=1, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=3,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=1,
+        listen=False,
+    )
     fleet = Fleet(VirtualClock(T0))
     try:
         a = await fleet.start("a", settings)  # alone: every partition, never held before
@@ -257,9 +288,16 @@ async def test_a_share_taken_after_its_first_holder_was_cut_off_looks_back_to_it
     specs = {f"k{i:02d}": "@every 1s" if i <= 20 else "@every 10s" for i in range(1, 41)}
     await insert_schedules(pg_url, [(name, spec, {}) for name, spec in specs.items()])
     common = dict(
-        target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
-        lease_ttl=3, grace=30, sync_interval=600, heartbeat_interval=1, listen=False,
-    )  # fmt: skip
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=3,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=1,
+        listen=False,
+    )
     cut_url, proxy = proxied
     fleet = Fleet(VirtualClock(T0))
     admin = await asyncpg.connect(dsn(pg_url))
@@ -297,9 +335,14 @@ async def test_a_manager_leaves_the_last_good_versions_of_other_partitions_alone
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"g{i}", "@every 1s", {}) for i in range(1, 9)])
     settings = Settings(
-        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
-        sync_interval=600, heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="outbox",
+        coordination="partitions",
+        lease_ttl=10,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     fleet = Fleet(VirtualClock(T0))
     admin = await asyncpg.connect(dsn(pg_url))
     try:
@@ -311,9 +354,19 @@ async def test_a_manager_leaves_the_last_good_versions_of_other_partitions_alone
         bad = bs[0]
         await admin.execute("UPDATE periodic_jobs SET spec = '61 * * * *' WHERE id = $1", bad)
         await b.sync()  # b sees it bad: it stores the version it runs
-        assert await admin.fetchval("SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)) == 1
+        assert (
+            await admin.fetchval(
+                "SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)
+            )
+            == 1
+        )
         await a.sync(full=True)  # a reads only its partitions
-        assert await admin.fetchval("SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)) == 1
+        assert (
+            await admin.fetchval(
+                "SELECT count(*) FROM pm_last_good WHERE schedule_key = $1", str(bad)
+            )
+            == 1
+        )
         assert b.entry(bad) is not None and b.entry(bad).spec == "@every 1s"  # type: ignore[union-attr]
     finally:
         await fleet.close()
@@ -326,10 +379,17 @@ async def test_a_lone_manager_restarted_within_grace_sends_what_was_due_meanwhil
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"r{i:02d}", "@every 1s", {}) for i in range(1, 21)])
     settings = Settings(
-        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
-        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
-        heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     fleet = Fleet(VirtualClock(T0))
     try:
         await fleet.start("a", settings)
@@ -363,22 +423,35 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     count = 30
     await insert_schedules(pg_url, [(f"c{i:02d}", "@every 1s", {}) for i in range(1, count + 1)])
     settings = Settings(
-        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
-        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
-        heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     reads: list[str] = []  # the statements that read rows of periodic_jobs
     slots = 0  # next slots computed
     rebased: list[int] = []  # entries rebased after their registration
     some: list[int] = []  # partitions' rows registered by the path of a takeover of some
-    stream, next_after, rebase_some = DatabaseProvider._stream, Entries.next_after, Scheduler.rebase_some
+    stream, next_after, rebase_some = (
+        DatabaseProvider._stream,
+        Entries.next_after,
+        Scheduler.rebase_some,
+    )
     apply_some = sync.Reconciler.apply_some
 
     async def counted_apply_some(self: sync.Reconciler, snapshot: Any, now: datetime) -> Any:
         some.append(len(snapshot.configs))
         return await apply_some(self, snapshot, now)
 
-    def counted_stream(self: DatabaseProvider, conn: object, query: object, params: object = None) -> object:
+    def counted_stream(
+        self: DatabaseProvider, conn: object, query: object, params: object = None
+    ) -> object:
         reads.append(str(query.compile(dialect=postgresql.dialect())))  # type: ignore[attr-defined]
         return stream(self, conn, query, params)  # type: ignore[arg-type]
 
@@ -418,7 +491,9 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
             assert len(mgr.scheduler) == count and mgr.partitions == frozenset(range(N)), run
             assert mgr.holding.holds(1) and mgr.holding.holds(N + 1)
             rows = [r for r in reads if "FROM periodic_jobs" in r]
-            assert len(rows) == EVERY_RUNS and all("run_from" in r and "ORDER BY" not in r for r in rows), (run, rows)
+            assert len(rows) == EVERY_RUNS and all(
+                "run_from" in r and "ORDER BY" not in r for r in rows
+            ), (run, rows)
             assert slots == count and not any(rebased), (run, slots, rebased)
             assert some == [], (run, some)  # registered by a full sync, as a leader's first one
             assert collecting == [False], (run, collecting)  # frozen once, still paused
@@ -439,10 +514,18 @@ async def test_a_lone_managers_start_does_not_wait_for_its_catch_up_nor_holds_th
     await upgrade(pg_url)
     await insert_schedules(pg_url, [("all", "@every 1s", {"misfire": "all", "catchup_window": 60})])
     settings = Settings(
-        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
-        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
-        heartbeat_interval=5, listen=False, catchup_rate=1,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+        catchup_rate=1,
+    )
     fleet = Fleet(VirtualClock(T0))
     try:
         mgr = await asyncio.wait_for(fleet.start("a", settings), 60)  # a hang guard, not a timing
@@ -457,7 +540,10 @@ async def test_a_lone_managers_start_does_not_wait_for_its_catch_up_nor_holds_th
 
 
 async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leave(
-    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str,
+    pg_url: str,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """options.max_runs across hand-overs: the taker reads each limited schedule's count with
@@ -471,10 +557,17 @@ async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leav
         pg_url, [(f"m{i:02d}", "@every 1s", {"max_runs": runs}) for i in range(1, 17)], T0
     )
     settings = Settings(
-        database_url=pg_url, target="redis", redis_url=redis_url, stream_prefix=redis_prefix,
-        coordination="partitions", lease_ttl=10, grace=30, sync_interval=600,
-        heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     fleet = Fleet(VirtualClock(T0))
     try:
         a = await fleet.start("a", settings)
@@ -489,9 +582,10 @@ async def test_limited_schedules_send_exactly_max_runs_through_a_join_and_a_leav
         await fleet.close()
     counts = await stream_keys(redis_client, redis_prefix)
     expected = [
-        k for i in range(1, 17)
+        k
+        for i in range(1, 17)
         for k in expected_slots(f"m{i:02d}", "@every 1s", T0, T0 + timedelta(seconds=runs))
-    ]  # fmt: skip
+    ]
     assert_exactly_once(counts, expected)  # the first `runs` slots of each, once
     assert sum(counts.values()) == len(expected) == 16 * runs  # and nothing after them
 
@@ -505,9 +599,14 @@ async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"n{i}", "@every 1h", {}) for i in range(1, 9)])
     settings = Settings(
-        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
-        sync_interval=600, heartbeat_interval=5, listen=True,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="outbox",
+        coordination="partitions",
+        lease_ttl=10,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=True,
+    )
     fleet = Fleet(VirtualClock(T0))
     admin = await asyncpg.connect(dsn(pg_url))
 
@@ -517,7 +616,11 @@ async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition
     def idle(m: PeriodicTaskManager) -> bool:
         listener = m.signals[0]
         assert isinstance(listener, PostgresChangeListener)
-        return listener.connected.is_set() and not m.syncer.requested.is_set() and not m.syncer.lock.locked()
+        return (
+            listener.connected.is_set()
+            and not m.syncer.requested.is_set()
+            and not m.syncer.lock.locked()
+        )
 
     try:
         a = await fleet.start("a", settings)
@@ -532,11 +635,17 @@ async def test_a_change_signal_wakes_only_the_manager_holding_the_rows_partition
             row = min(i for i in range(1, 9) if partition_of(i, 4) in holder.partitions)
             before = syncs(holder), syncs(other), other.signals_ignored
             await admin.execute("UPDATE periodic_jobs SET spec = '@every 2h' WHERE id = $1", row)
-            await eventually(lambda h=holder, r=row: h.entry(r).spec == "@every 2h", "the holder synced")  # type: ignore[union-attr]
-            await eventually(lambda o=other, n=before[2]: o.signals_ignored > n, "the other heard it")
+            await eventually(
+                lambda h=holder, r=row: h.entry(r).spec == "@every 2h", "the holder synced"
+            )  # type: ignore[union-attr]
+            await eventually(
+                lambda o=other, n=before[2]: o.signals_ignored > n, "the other heard it"
+            )
             assert syncs(holder) == before[0] + 1
             assert syncs(other) == before[1]  # not woken: it holds none of the row's partition
-            ignored = other.registry.get_sample_value("periodic_manager_change_signals_ignored_total")
+            ignored = other.registry.get_sample_value(
+                "periodic_manager_change_signals_ignored_total"
+            )
             assert ignored == other.signals_ignored > before[2]
     finally:
         await fleet.close()
@@ -552,9 +661,14 @@ async def lone_manager(
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"l{i}", spec, {}) for i in range(1, many + 1)])
     settings = Settings(
-        database_url=pg_url, target="outbox", coordination="partitions", lease_ttl=10,
-        sync_interval=600, heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="outbox",
+        coordination="partitions",
+        lease_ttl=10,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     fleet = Fleet(VirtualClock(T0))
     try:
         return fleet, await fleet.start("a", settings)
@@ -626,11 +740,20 @@ async def test_leases_expiring_under_load_stop_the_sending_at_trust_end_with_the
     monkeypatch.setenv("PM_PARTITIONS", "4")
     schedules = 40
     await upgrade(pg_url)
-    await insert_schedules(pg_url, [(f"x{i:02d}", "@every 1s", {}) for i in range(1, schedules + 1)])
+    await insert_schedules(
+        pg_url, [(f"x{i:02d}", "@every 1s", {}) for i in range(1, schedules + 1)]
+    )
     common = dict(
-        target="redis", redis_url=redis_url, stream_prefix=redis_prefix, coordination="partitions",
-        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        target="redis",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     cut_url, proxy = proxied
     fleet = Fleet(VirtualClock(T0))
     admin = await asyncpg.connect(dsn(pg_url))
@@ -639,7 +762,9 @@ async def test_leases_expiring_under_load_stop_the_sending_at_trust_end_with_the
         await fleet.drive(4)
         assert isinstance(a.leadership, PartitionLeases) and a.partitions == frozenset(range(4))
         proxy.freeze()  # the next renewal (and every store call) hangs
-        trust_left = min(until for _, until in a.leadership._held.values()) - fleet.clock.monotonic()
+        trust_left = (
+            min(until for _, until in a.leadership._held.values()) - fleet.clock.monotonic()
+        )
         trust_end = fleet.clock.now() + timedelta(seconds=trust_left)  # trust runs on monotonic
         # The scheduler wakes every half second of virtual time, which passes in milliseconds:
         # the round stays in flight (its bound is real time, 3.3 s), so only the send path can
@@ -654,7 +779,9 @@ async def test_leases_expiring_under_load_stop_the_sending_at_trust_end_with_the
         # The database lets the leases expire (moved into the past, as the TTL would), then b
         # takes every partition and sends from after what was settled, within grace.
         await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second'")
-        await admin.execute("UPDATE pm_partition_members SET expires_at = now() - interval '1 second'")
+        await admin.execute(
+            "UPDATE pm_partition_members SET expires_at = now() - interval '1 second'"
+        )
         fleet.managers.pop("a")  # its store calls hang: not settled until the proxy is back
         b = await fleet.start("b", Settings(database_url=pg_url, **common))  # type: ignore[arg-type]
         assert b.partitions == frozenset(range(4))
@@ -670,7 +797,9 @@ async def test_leases_expiring_under_load_stop_the_sending_at_trust_end_with_the
         await admin.close()
     counts = await stream_keys(redis_client, redis_prefix)
     expected = [
-        k for i in range(1, schedules + 1) for k in expected_slots(f"x{i:02d}", "@every 1s", T0, end)
+        k
+        for i in range(1, schedules + 1)
+        for k in expected_slots(f"x{i:02d}", "@every 1s", T0, end)
     ]
     assert_exactly_once(counts, expected)
     assert sum(counts.values()) == len(expected)

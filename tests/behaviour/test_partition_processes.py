@@ -137,7 +137,9 @@ async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
     }
     cut_url, proxy = proxied  # c reaches PostgreSQL through it (and Redis directly)
     procs = {
-        name: ManagerProcess(env | ({"PM_DATABASE_URL": cut_url} if name == "c" else {}), tmp_path / f"{name}.log")
+        name: ManagerProcess(
+            env | ({"PM_DATABASE_URL": cut_url} if name == "c" else {}), tmp_path / f"{name}.log"
+        )
         for name in "abcd"
     }
     a, b, c, d = procs.values()
@@ -196,7 +198,9 @@ async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
         await taken([d], "the cut-off manager's partitions are registered again")
         # At least 2 s more, and an audit of 12 s at least: takeovers now take well under a
         # second, and a quick run's window was shorter than the 10 slots the audit asks for.
-        await asyncio.sleep(max(2.0, (first + timedelta(seconds=12) - datetime.now(UTC)).total_seconds()))
+        await asyncio.sleep(
+            max(2.0, (first + timedelta(seconds=12) - datetime.now(UTC)).total_seconds())
+        )
         last = datetime.now(UTC) - timedelta(seconds=1)  # slots up to here were due while held
         # d holds every partition: it sends every slot up to ``last`` (late on a busy machine,
         # within grace) before it leaves; a slot it never sends is missing from the audit.
@@ -220,7 +224,9 @@ async def test_three_processes_kill_leave_join_and_cut_off_every_slot_once(
     assert len(expected) >= SCHEDULES * 10
     assert_exactly_once(counts, expected)  # also: no key anywhere on the stream twice
     # Nothing from before the managers started: no look back for partitions never held.
-    assert min(datetime.fromisoformat(k.split(":", 1)[1]) for k in counts) > began - timedelta(seconds=1)
+    assert min(datetime.fromisoformat(k.split(":", 1)[1]) for k in counts) > began - timedelta(
+        seconds=1
+    )
     print(
         f"shared by 3 in {start_s:.1f} s, registered {reg_s:.1f} s later; after SIGKILL held again "
         f"in {kill_s:.1f} s (TTL {TTL} s); "
@@ -253,10 +259,15 @@ async def test_a_manager_frozen_past_its_lease_ttl_sends_nothing_for_what_it_los
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"z{i:03d}", "@every 1s", {}) for i in range(schedules)])
     env = {
-        "PM_DATABASE_URL": pg_url, "PM_TARGET": "redis", "PM_REDIS_URL": redis_url,
-        "PM_STREAM_PREFIX": redis_prefix, "PM_COORDINATION": "partitions",
-        "PM_LEASE_TTL": str(TTL), "PM_HEARTBEAT_INTERVAL": "1", "PM_SYNC_INTERVAL": "30",
-    }  # fmt: skip
+        "PM_DATABASE_URL": pg_url,
+        "PM_TARGET": "redis",
+        "PM_REDIS_URL": redis_url,
+        "PM_STREAM_PREFIX": redis_prefix,
+        "PM_COORDINATION": "partitions",
+        "PM_LEASE_TTL": str(TTL),
+        "PM_HEARTBEAT_INTERVAL": "1",
+        "PM_SYNC_INTERVAL": "30",
+    }
     port = free_port()
     a = ManagerProcess(env | {"PM_METRICS_PORT": str(port)}, tmp_path / "a.log")
     b = ManagerProcess(env, tmp_path / "b.log")
@@ -296,7 +307,9 @@ async def test_a_manager_frozen_past_its_lease_ttl_sends_nothing_for_what_it_los
         a.kill()
         b.kill()
     counts = await stream_keys(redis_client, redis_prefix)
-    expected = [k for i in range(schedules) for k in expected_slots(f"z{i:03d}", "@every 1s", first, last)]
+    expected = [
+        k for i in range(schedules) for k in expected_slots(f"z{i:03d}", "@every 1s", first, last)
+    ]
     assert_exactly_once(counts, expected)
 
 
@@ -310,10 +323,14 @@ async def test_a_manager_alone_holds_every_partition_when_it_reports_started(
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"l{i:02d}", "@every 1s", {}) for i in range(50)])
     env = {
-        "PM_DATABASE_URL": pg_url, "PM_TARGET": "redis", "PM_REDIS_URL": redis_url,
-        "PM_STREAM_PREFIX": redis_prefix, "PM_COORDINATION": "partitions",
-        "PM_LEASE_TTL": "30", "PM_SYNC_INTERVAL": "30",
-    }  # fmt: skip
+        "PM_DATABASE_URL": pg_url,
+        "PM_TARGET": "redis",
+        "PM_REDIS_URL": redis_url,
+        "PM_STREAM_PREFIX": redis_prefix,
+        "PM_COORDINATION": "partitions",
+        "PM_LEASE_TTL": "30",
+        "PM_SYNC_INTERVAL": "30",
+    }
     a = ManagerProcess(env, tmp_path / "a.log")
     try:
         a.start()
@@ -339,10 +356,15 @@ async def test_a_sigkilled_manager_is_taken_over_within_seconds_not_at_the_lease
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"k{i:03d}", "@every 1s", {}) for i in range(schedules)])
     env = {
-        "PM_DATABASE_URL": pg_url, "PM_TARGET": "redis", "PM_REDIS_URL": redis_url,
-        "PM_STREAM_PREFIX": redis_prefix, "PM_COORDINATION": "partitions",
-        "PM_LEASE_TTL": str(ttl), "PM_HEARTBEAT_INTERVAL": "1", "PM_SYNC_INTERVAL": "30",
-    }  # fmt: skip
+        "PM_DATABASE_URL": pg_url,
+        "PM_TARGET": "redis",
+        "PM_REDIS_URL": redis_url,
+        "PM_STREAM_PREFIX": redis_prefix,
+        "PM_COORDINATION": "partitions",
+        "PM_LEASE_TTL": str(ttl),
+        "PM_HEARTBEAT_INTERVAL": "1",
+        "PM_SYNC_INTERVAL": "30",
+    }
     a = ManagerProcess(env, tmp_path / "a.log")
     b = ManagerProcess(env, tmp_path / "b.log")
 
@@ -356,14 +378,20 @@ async def test_a_sigkilled_manager_is_taken_over_within_seconds_not_at_the_lease
         a.start()
         b.start()
         await eventually(lambda: shared([a, b]), "two managers share", seconds=60, detail=logs)
-        await eventually(lambda: registered(pg_url, [a, b]), "both registered", seconds=30, detail=logs)
+        await eventually(
+            lambda: registered(pg_url, [a, b]), "both registered", seconds=30, detail=logs
+        )
         first = datetime.now(UTC)
         await asyncio.sleep(2)
         killed = time.monotonic()
         a.kill()
-        await eventually(lambda: shared([b]), "b holds every partition", seconds=ttl, interval=0.05, detail=logs)
+        await eventually(
+            lambda: shared([b]), "b holds every partition", seconds=ttl, interval=0.05, detail=logs
+        )
         taken_s = time.monotonic() - killed
-        await eventually(lambda: registered(pg_url, [b]), "b registered them", seconds=30, detail=logs)
+        await eventually(
+            lambda: registered(pg_url, [b]), "b registered them", seconds=30, detail=logs
+        )
         await asyncio.sleep(2)
         last = datetime.now(UTC) - timedelta(seconds=1)
         names = [f"k{i:03d}" for i in range(schedules)]

@@ -41,9 +41,14 @@ async def test_bounds_limits_jitter_and_calendars_in_a_running_process(
 ) -> None:
     await upgrade(pg_url)
     server = Server(
-        pg_url, "run", PM_TARGET="redis", PM_REDIS_URL=redis_url, PM_STREAM_PREFIX=redis_prefix,
-        PM_LOG_LEVEL="INFO", PM_HEARTBEAT_INTERVAL="1",
-    )  # fmt: skip
+        pg_url,
+        "run",
+        PM_TARGET="redis",
+        PM_REDIS_URL=redis_url,
+        PM_STREAM_PREFIX=redis_prefix,
+        PM_LOG_LEVEL="INFO",
+        PM_HEARTBEAT_INTERVAL="1",
+    )
     await asyncio.to_thread(server.start)
     try:
         async with httpx.AsyncClient(base_url=server.base, timeout=10) as api:
@@ -65,26 +70,38 @@ async def test_bounds_limits_jitter_and_calendars_in_a_running_process(
 
             limited = await create("rich.limited", "@every 1s", max_runs=3)
             bounded = await create(
-                "rich.bounded", "@every 1s",
-                start_at=iso(now + timedelta(seconds=2)), end_at=iso(now + timedelta(seconds=5)),
-            )  # fmt: skip
+                "rich.bounded",
+                "@every 1s",
+                start_at=iso(now + timedelta(seconds=2)),
+                end_at=iso(now + timedelta(seconds=5)),
+            )
             jittered = await create("rich.jittered", "@every 2s", jitter=1.5)
             excluded = await create("rich.excluded", "@every 1s", exclude=["pm-today"])
             # A bad option is refused, naming it; nothing is created.
             bad = await api.post(
-                "/schedules", json={**common, "name": "rich.bad", "spec": "@every 1s",
-                                    "options": {"exclude": ["no-such-calendar"]}},
-            )  # fmt: skip
+                "/schedules",
+                json={
+                    **common,
+                    "name": "rich.bad",
+                    "spec": "@every 1s",
+                    "options": {"exclude": ["no-such-calendar"]},
+                },
+            )
             assert bad.status_code == 422 and "options.exclude" in bad.text
 
             async def done() -> bool:
                 # Six seconds past creation: the end of the bounded window (5 s) and of a fourth
                 # run of the limited schedule (its slots are 1 s apart) are both behind.
                 got = await sent(redis_client, redis_prefix)
-                return len(got.get("rich.limited", [])) >= 3 and len(got.get("rich.jittered", [])) >= 3 \
-                    and datetime.now(UTC) > now + timedelta(seconds=6)  # fmt: skip
+                return (
+                    len(got.get("rich.limited", [])) >= 3
+                    and len(got.get("rich.jittered", [])) >= 3
+                    and datetime.now(UTC) > now + timedelta(seconds=6)
+                )
 
-            await eventually(done, "three runs of the limited schedule", seconds=30, detail=server.output)
+            await eventually(
+                done, "three runs of the limited schedule", seconds=30, detail=server.output
+            )
             got = await sent(redis_client, redis_prefix)
             limited_after = (await api.get(f"/schedules/{limited['id']}")).json()
             bounded_after = (await api.get(f"/schedules/{bounded['id']}")).json()
@@ -99,9 +116,13 @@ async def test_bounds_limits_jitter_and_calendars_in_a_running_process(
     assert limited_after["runs_left"] == 0 and limited_after["status"] == "ended"
     # start_at/end_at: only slots in [start_at, end_at), previewed alike; then "ended".
     window = [at for at, _ in got["rich.bounded"]]
-    assert window and all(now + timedelta(seconds=2) <= at < now + timedelta(seconds=5) for at in window)
+    assert window and all(
+        now + timedelta(seconds=2) <= at < now + timedelta(seconds=5) for at in window
+    )
     assert len(window) == len(set(window)) >= 2
-    assert [datetime.fromisoformat(s) for s in bounded["next_runs"]] == window[: len(bounded["next_runs"])]
+    assert [datetime.fromisoformat(s) for s in bounded["next_runs"]] == window[
+        : len(bounded["next_runs"])
+    ]
     assert bounded_after["status"] == "ended"
     # jitter: sent late by up to 1.5 s, but scheduled_at and the key stay the nominal slot.
     for at, key in got["rich.jittered"]:

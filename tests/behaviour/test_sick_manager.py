@@ -42,15 +42,26 @@ def held(m: PeriodicTaskManager) -> set[int]:
 
 
 async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back_when_it_returns(
-    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, redis_server: RedisServer
+    pg_url: str,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
     await upgrade(pg_url)
     names = [f"h{i:02d}" for i in range(1, SCHEDULES + 1)]
     await insert_schedules(pg_url, [(name, "@every 1s", {}) for name in names])
     common = dict(
-        database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="partitions",
-        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     pair = Fleet(VirtualClock(T0))
     sick_redis = aioredis.from_url(redis_server.url, decode_responses=True)
     admin = await asyncpg.connect(dsn(pg_url))
@@ -83,11 +94,15 @@ async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back
             assert shown[sick.manager_id]["target_down"] == sick.standing_down
             assert shown[sick.manager_id]["partitions"] == []
             assert shown[healthy.manager_id]["target_down"] is None
-            view = {m["manager_id"]: m for m in (await client.get("/views/managers")).json()["items"]}
+            view = {
+                m["manager_id"]: m for m in (await client.get("/views/managers")).json()["items"]
+            }
             assert view[sick.manager_id]["target_down"] == sick.standing_down
 
         redis_server.start()  # same port, same append-only file: what it held before is there
-        back = await pair.until(lambda: len(sick.partitions) == len(healthy.partitions) == N // 2, 15)
+        back = await pair.until(
+            lambda: len(sick.partitions) == len(healthy.partitions) == N // 2, 15
+        )
         print(f"sick manager holds its share again {back:.1f} s after its Redis returned")
         assert sick.standing_down is None and held(sick)
         assert sick.registry.get_sample_value("periodic_manager_target_down") == 0
@@ -107,7 +122,11 @@ async def test_a_manager_whose_redis_dies_hands_its_share_over_and_takes_it_back
 
 
 async def test_a_leader_whose_redis_dies_steps_down_and_a_standby_whose_redis_answers_leads(
-    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, redis_server: RedisServer
+    pg_url: str,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
     """``PM_COORDINATION=leader``: the leader's Redis is killed; it steps down after its third
     failed ping and the standby (whose Redis answers) leads; its Redis back, it stands by and
@@ -116,12 +135,19 @@ async def test_a_leader_whose_redis_dies_steps_down_and_a_standby_whose_redis_an
     names = [f"l{i:02d}" for i in range(1, 21)]
     await insert_schedules(pg_url, [(name, "@every 1s", {}) for name in names])
     common = dict(
-        database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="leader",
-        grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
+        database_url=pg_url,
+        target="redis",
+        stream_prefix=redis_prefix,
+        coordination="leader",
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
         # Pings every 2 s: the leader steps down while its send backs off (4 s into the outage),
         # and its Redis is back before that backoff ends: no attempt may follow it.
-        target_ping_interval=2, target_ping_failures=3,
-    )  # fmt: skip
+        target_ping_interval=2,
+        target_ping_failures=3,
+    )
     clock = VirtualClock(T0)
     managers: list[PeriodicTaskManager] = []
     engines = []
@@ -183,7 +209,11 @@ async def test_a_leader_whose_redis_dies_steps_down_and_a_standby_whose_redis_an
 
 
 async def test_a_lone_manager_whose_redis_dies_keeps_its_work_until_a_healthy_one_joins(
-    pg_url: str, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str, redis_server: RedisServer
+    pg_url: str,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
+    redis_server: RedisServer,
 ) -> None:
     """With no manager whose targets answer, moving the work would help nobody: the lone sick
     manager stands down (said on /readyz, the metric, the managers page) but keeps its
@@ -193,9 +223,16 @@ async def test_a_lone_manager_whose_redis_dies_keeps_its_work_until_a_healthy_on
     names = [f"a{i:02d}" for i in range(1, 21)]
     await insert_schedules(pg_url, [(name, "@every 1s", {}) for name in names])
     common = dict(
-        database_url=pg_url, target="redis", stream_prefix=redis_prefix, coordination="partitions",
-        lease_ttl=10, grace=30, sync_interval=600, heartbeat_interval=5, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="redis",
+        stream_prefix=redis_prefix,
+        coordination="partitions",
+        lease_ttl=10,
+        grace=30,
+        sync_interval=600,
+        heartbeat_interval=5,
+        listen=False,
+    )
     pair = Fleet(VirtualClock(T0))
     try:
         sick = await pair.start("sick", Settings(redis_url=redis_server.url, **common))  # type: ignore[arg-type]

@@ -34,9 +34,12 @@ SLOTS = 4  # the manager runs until it has sent this many slots of every schedul
 
 def manager_env(url: str, **extra: str) -> dict[str, str]:
     return {
-        "PM_DATABASE_URL": url, "PM_SYNC_INTERVAL": "30", "PM_HEARTBEAT_INTERVAL": "1",
-        "PM_LOG_FORMAT": "text", **extra,
-    }  # fmt: skip
+        "PM_DATABASE_URL": url,
+        "PM_SYNC_INTERVAL": "30",
+        "PM_HEARTBEAT_INTERVAL": "1",
+        "PM_LOG_FORMAT": "text",
+        **extra,
+    }
 
 
 async def run_until(manager: ManagerProcess, sent: object, what: str) -> None:
@@ -70,13 +73,19 @@ async def test_rq_a_manager_process_sends_every_slot_once_to_a_real_rq_worker(
     names = [f"{redis_prefix}.s{i}" for i in range(N)]
     await upgrade(pg_url)
     await insert_schedules(
-        pg_url, [(name, "@every 1s", {"queue": queue}) for name in names], effective_at=None,
-        task_type="tests.support.rq_worker_app.record", payload={"report": "daily"},
-    )  # fmt: skip
+        pg_url,
+        [(name, "@every 1s", {"queue": queue}) for name in names],
+        effective_at=None,
+        task_type="tests.support.rq_worker_app.record",
+        payload={"report": "daily"},
+    )
     env = manager_env(
-        pg_url, PM_TARGET="rq", PM_REDIS_URL=redis_url, PM_STREAM_PREFIX=redis_prefix,
+        pg_url,
+        PM_TARGET="rq",
+        PM_REDIS_URL=redis_url,
+        PM_STREAM_PREFIX=redis_prefix,
         RQ_KEY_PREFIX=redis_prefix,  # RQ's own variable: the manager's jobs carry the prefix
-    )  # fmt: skip
+    )
     manager = ManagerProcess(env, tmp_path / "manager.log")
 
     async def sent() -> bool:
@@ -109,9 +118,12 @@ async def test_procrastinate_a_manager_process_sends_every_slot_once_to_a_real_w
         await upgrade(url)
         await asyncio.to_thread(procrastinate_cli, url, out, "schema", "--apply")
         await insert_schedules(
-            url, [(name, "@every 1s", {}) for name in names], effective_at=None,
-            task_type="record", payload={"report": "daily"},
-        )  # fmt: skip
+            url,
+            [(name, "@every 1s", {}) for name in names],
+            effective_at=None,
+            task_type="record",
+            payload={"report": "daily"},
+        )
         conn = await asyncpg.connect(dsn(url))
         try:
 
@@ -119,12 +131,16 @@ async def test_procrastinate_a_manager_process_sends_every_slot_once_to_a_real_w
                 n = await conn.fetchval("SELECT count(*) FROM procrastinate_jobs")
                 return int(n) >= N * SLOTS
 
-            manager = ManagerProcess(manager_env(url, PM_TARGET="procrastinate"), tmp_path / "m.log")
+            manager = ManagerProcess(
+                manager_env(url, PM_TARGET="procrastinate"), tmp_path / "m.log"
+            )
             await run_until(manager, sent, f"{SLOTS} slots of {N} schedules as procrastinate jobs")
             assert "procrastinate (" in manager.log()
             keys = {
                 r["job_id"]: r["idempotency_key"]
-                for r in await conn.fetch("SELECT job_id, idempotency_key FROM pm_procrastinate_sent")
+                for r in await conn.fetch(
+                    "SELECT job_id, idempotency_key FROM pm_procrastinate_sent"
+                )
             }
             await asyncio.to_thread(
                 procrastinate_cli, url, out, "worker", "--one-shot", "--no-listen-notify"

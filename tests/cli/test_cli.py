@@ -26,10 +26,14 @@ from tests.support.servers import free_port
 CLI = [sys.executable, "-m", "periodic_manager"]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PM_")}
     full_env.update(env or {})
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, env=full_env, cwd=cwd, timeout=60)
+    return subprocess.run(
+        CLI + list(args), capture_output=True, text=True, env=full_env, cwd=cwd, timeout=60
+    )
 
 
 @pytest.mark.parametrize(
@@ -39,13 +43,19 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         (["manager", "--grace", "-1"], {}, "--grace"),
         (["run", "--target", "kafka"], {}, "PM_TARGET"),
         (["api"], {"PM_DATABASE_URL": "oracle://u@h/db"}, "PM_DATABASE_URL"),
-        (["manager"], {"PM_DATABASE_URL": "mysql://u@h/db", "PM_COORDINATION": "partitions"}, "PM_COORDINATION"),
+        (
+            ["manager"],
+            {"PM_DATABASE_URL": "mysql://u@h/db", "PM_COORDINATION": "partitions"},
+            "PM_COORDINATION",
+        ),
         (["run", "--port", "70000"], {}, "--port"),
         (["migrate", "--log-level", "LOUD"], {}, "PM_LOG_LEVEL"),
         (["manager"], {"PM_RUNS_RETENTION": "1e12"}, "PM_RUNS_RETENTION"),
     ],
 )
-def test_bad_setting_is_one_line_and_exit_2(args: list[str], env: dict[str, str], names: str) -> None:
+def test_bad_setting_is_one_line_and_exit_2(
+    args: list[str], env: dict[str, str], names: str
+) -> None:
     proc = run_cli(*args, env=env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -59,7 +69,9 @@ def test_a_rejected_url_is_echoed_without_its_password(setting: str, tmp_path: P
     env = {"PM_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/pm.db"}
     assert run_cli("migrate", env=env).returncode == 0
     env[setting] = "oracle://admin:hunter2@db.example:1521/prod"
-    env["PM_TARGET"] = "dramatiq" if "DRAMATIQ" in setting else "celery" if "CELERY" in setting else "redis"
+    env["PM_TARGET"] = (
+        "dramatiq" if "DRAMATIQ" in setting else "celery" if "CELERY" in setting else "redis"
+    )
     proc = run_cli("manager", env=env)
     assert proc.returncode in (1, 2)  # 2: refused by the settings, 1: by the target at start
     [line] = proc.stderr.strip().splitlines()
@@ -72,8 +84,11 @@ def test_a_mysql_url_without_asyncmy_names_the_extra_in_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PM_")}
     proc = subprocess.run(
         [sys.executable, "-c", hide, "api", "--database-url", "mariadb://u@h/db"],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert "PM_DATABASE_URL" in line and "pip install 'periodic-manager[mysql]'" in line, line
@@ -102,12 +117,20 @@ def test_migrate_upgrades_a_fresh_postgresql_database(pg_url: str) -> None:
     async def tables() -> set[str]:
         engine = create_engine(pg_url)
         async with engine.connect() as conn:
-            rows = await conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))
+            rows = await conn.execute(
+                text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            )
             names = {r[0] for r in rows}
         await engine.dispose()
         return names
 
-    assert {"periodic_jobs", "pm_outbox", "pm_entries", "pm_managers", "alembic_version"} <= asyncio.run(tables())
+    assert {
+        "periodic_jobs",
+        "pm_outbox",
+        "pm_entries",
+        "pm_managers",
+        "alembic_version",
+    } <= asyncio.run(tables())
 
 
 async def poll(check: Callable[[], Awaitable[bool]], seconds: float = 20.0) -> None:
@@ -124,7 +147,12 @@ async def test_run_embedded_defaults_serves_api_and_manager(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith("PM_")}
     env["PM_PORT"] = str(port)
     proc = await asyncio.create_subprocess_exec(
-        *CLI, "run", cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *CLI,
+        "run",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
@@ -136,7 +164,9 @@ async def test_run_embedded_defaults_serves_api_and_manager(tmp_path: Path) -> N
                     return False
 
             await poll(healthy)
-            resp = await client.post("/schedules", json={"name": "cli.demo", "spec": "@every 1h", "task_type": "demo"})
+            resp = await client.post(
+                "/schedules", json={"name": "cli.demo", "spec": "@every 1h", "task_type": "demo"}
+            )
             assert resp.status_code == 201, resp.text
 
             async def registered() -> bool:
@@ -169,11 +199,17 @@ async def test_manager_in_another_process_is_visible_and_disappears_when_killed(
     api_client: tuple[httpx.AsyncClient, str],
 ) -> None:
     client, url = api_client
-    resp = await client.post("/schedules", json={"name": "remote", "spec": "0 6 * * *", "task_type": "t"})
+    resp = await client.post(
+        "/schedules", json={"name": "remote", "spec": "0 6 * * *", "task_type": "t"}
+    )
     assert resp.status_code == 201
     env = {k: v for k, v in os.environ.items() if not k.startswith("PM_")}
-    env.update(PM_DATABASE_URL=url, PM_SYNC_INTERVAL="0.2", PM_HEARTBEAT_INTERVAL="0.2", PM_TARGET="outbox")
-    proc = await asyncio.create_subprocess_exec(*CLI, "manager", env=env, stderr=asyncio.subprocess.PIPE)
+    env.update(
+        PM_DATABASE_URL=url, PM_SYNC_INTERVAL="0.2", PM_HEARTBEAT_INTERVAL="0.2", PM_TARGET="outbox"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "manager", env=env, stderr=asyncio.subprocess.PIPE
+    )
     try:
 
         async def names() -> list[str]:
@@ -184,7 +220,9 @@ async def test_manager_in_another_process_is_visible_and_disappears_when_killed(
 
         await poll(visible)
         # An edit through the API (no in-process manager here) reaches it by its sync loop.
-        resp = await client.post("/schedules", json={"name": "second", "spec": "0 7 * * *", "task_type": "t"})
+        resp = await client.post(
+            "/schedules", json={"name": "second", "spec": "0 7 * * *", "task_type": "t"}
+        )
         assert resp.status_code == 201
 
         async def both() -> bool:
@@ -204,7 +242,9 @@ async def test_manager_in_another_process_is_visible_and_disappears_when_killed(
             await proc.wait()
 
 
-def test_settings_read_pm_variables_in_any_case_and_arguments_win(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_read_pm_variables_in_any_case_and_arguments_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from pydantic import ValidationError
 
     monkeypatch.setenv("pm_sync_interval", "7.5")

@@ -22,7 +22,9 @@ def env(url: str) -> dict[str, str]:
 
 
 async def outbox(url: str) -> list[tuple[str, str]]:
-    rows = await rawsql.execute(url, "SELECT scheduled_at, idempotency_key FROM pm_outbox ORDER BY seq")
+    rows = await rawsql.execute(
+        url, "SELECT scheduled_at, idempotency_key FROM pm_outbox ORDER BY seq"
+    )
     out = []
     for at, key in rows:
         at = at if isinstance(at, datetime) else datetime.fromisoformat(at)
@@ -62,19 +64,32 @@ async def test_slots_older_than_what_is_remembered_are_sent_only_with_force(db_u
     assert "5 sent" in forced.stdout and "were sent (--force)" in forced.stderr
     assert len(await outbox(db_url)) == 5
     again = run_cli("backfill", "cli.old", *RANGE, env=env(db_url))  # recorded now: known sent
-    assert again.returncode == 0 and "0 sent, 5 already sent" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "0 sent, 5 already sent" in again.stdout, (
+        again.stdout + again.stderr
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
-        (["--from", "2024-05-01T12:00:00Z", "--to", "2024-05-01T11:00:00Z"], "--to: must be after from"),
+        (
+            ["--from", "2024-05-01T12:00:00Z", "--to", "2024-05-01T11:00:00Z"],
+            "--to: must be after from",
+        ),
         (["--from", "noon", "--to", "2024-05-01T11:00:00Z"], "--from: "),
-        (["--from", "2024-05-01T12:00:00Z", "--to", "2999-01-01T00:00:00Z"], "--to: must not be after now"),
-        (["--from", "2000-01-01T00:00:00Z", "--to", "2024-05-01T11:00:00Z"], "--to: the range holds more than"),
+        (
+            ["--from", "2024-05-01T12:00:00Z", "--to", "2999-01-01T00:00:00Z"],
+            "--to: must not be after now",
+        ),
+        (
+            ["--from", "2000-01-01T00:00:00Z", "--to", "2024-05-01T11:00:00Z"],
+            "--to: the range holds more than",
+        ),
     ],
 )
-async def test_bad_input_is_one_line_naming_the_flag(db_url: str, args: list[str], flag: str) -> None:
+async def test_bad_input_is_one_line_naming_the_flag(
+    db_url: str, args: list[str], flag: str
+) -> None:
     await rawsql.insert(db_url, "cli.bad")
     r = run_cli("backfill", "cli.bad", *args, env=env(db_url))
     assert r.returncode == 2, r.stderr

@@ -36,25 +36,58 @@ def test_bare_command_prints_the_help(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 EXPECTED_FLAGS = {
-    "run": {"--database-url", "--redis-url", "--target", "--sync-interval", "--grace", "--host",
-            "--port", "--log-level", "--log-format"},
-    "manager": {"--database-url", "--redis-url", "--target", "--sync-interval", "--grace",
-                "--log-level", "--log-format"},
-    "api": {"--database-url", "--redis-url", "--target", "--grace", "--host", "--port",
-            "--log-level", "--log-format"},
+    "run": {
+        "--database-url",
+        "--redis-url",
+        "--target",
+        "--sync-interval",
+        "--grace",
+        "--host",
+        "--port",
+        "--log-level",
+        "--log-format",
+    },
+    "manager": {
+        "--database-url",
+        "--redis-url",
+        "--target",
+        "--sync-interval",
+        "--grace",
+        "--log-level",
+        "--log-format",
+    },
+    "api": {
+        "--database-url",
+        "--redis-url",
+        "--target",
+        "--grace",
+        "--host",
+        "--port",
+        "--log-level",
+        "--log-format",
+    },
     "migrate": {"--database-url", "--log-level", "--log-format"},
     "import": {"--database-url", "--log-level", "--log-format", "--format", "--dry-run", "--prune"},
     "export": {"--database-url", "--log-level", "--log-format", "--format"},
     "health": {"--role", "--probe-dir", "--max-age"},
     "next": {
-        "--tz", "-n", "--anchor", "--start-at", "--end-at", "--max-runs", "--describe",
-        "--exclude-dates", "--exclude-holidays",
+        "--tz",
+        "-n",
+        "--anchor",
+        "--start-at",
+        "--end-at",
+        "--max-runs",
+        "--describe",
+        "--exclude-dates",
+        "--exclude-holidays",
     },
 }
 
 
 @pytest.mark.parametrize("command", sorted(EXPECTED_FLAGS))
-def test_each_command_lists_only_the_flags_it_uses(capsys: pytest.CaptureFixture[str], command: str) -> None:
+def test_each_command_lists_only_the_flags_it_uses(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
     code, out, _ = run(capsys, command, "--help")
     assert code == 0
     options = out.split("options:", 1)[1]
@@ -81,13 +114,17 @@ def test_metrics_port_binds_to_loopback_unless_told(caplog: pytest.LogCaptureFix
     server = _start_metrics(Settings(metrics_port=port), _Metered())
     try:
         assert server.server_address == ("127.0.0.1", port)
-        with pytest.raises(StartupError, match=rf"PM_METRICS_PORT: cannot listen on 127.0.0.1:{port}"):
+        with pytest.raises(
+            StartupError, match=rf"PM_METRICS_PORT: cannot listen on 127.0.0.1:{port}"
+        ):
             _start_metrics(Settings(metrics_port=port), _Metered())
     finally:
         server.shutdown()
         server.server_close()
     with caplog.at_level(logging.WARNING):
-        server = _start_metrics(Settings(metrics_port=free_port(), metrics_host="0.0.0.0"), _Metered())
+        server = _start_metrics(
+            Settings(metrics_port=free_port(), metrics_host="0.0.0.0"), _Metered()
+        )
     try:
         assert server.server_address[0] == "0.0.0.0"
         assert "have no authentication" in caplog.text
@@ -126,7 +163,9 @@ def test_a_yaml_alias_bomb_fails_fast_with_one_line(
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
     assert code == 2 and out == ""
     [line] = err.strip().splitlines()
-    assert line.startswith(f"periodic-manager: error: {f}: not valid YAML: ") and "alias bomb" in line
+    assert (
+        line.startswith(f"periodic-manager: error: {f}: not valid YAML: ") and "alias bomb" in line
+    )
     assert grown_mib < 200, f"loading the bomb grew the process by {grown_mib:.0f} MiB"
     assert not (tmp_path / "x.db").exists()
 
@@ -140,7 +179,13 @@ def test_yaml_aliases_within_bounds_load_like_safe_load() -> None:
     assert load("") is None and load("# nothing\n") is None
     wide = "base: &b [" + ", ".join(["1"] * 1000) + "]\nuses: [" + ", ".join(["*b"] * 50) + "]\n"
     assert load(wide) == yaml.safe_load(wide)  # 50,000 nodes through aliases: allowed
-    too_wide = "base: &b [" + ", ".join(["1"] * 1000) + "]\nmore: [" + ", ".join(["*b"] * (MAX_ALIAS_NODES // 1000 + 1)) + "]\n"
+    too_wide = (
+        "base: &b ["
+        + ", ".join(["1"] * 1000)
+        + "]\nmore: ["
+        + ", ".join(["*b"] * (MAX_ALIAS_NODES // 1000 + 1))
+        + "]\n"
+    )
     with pytest.raises(YamlBombError, match="alias bomb"):
         load(too_wide)
 
@@ -150,11 +195,15 @@ def test_a_recursive_or_deep_yaml_document_is_one_line(
 ) -> None:
     with pytest.raises(YamlBombError, match="recursive"):
         load("a: &a [1, *a]")
-    for name, text in [("rec.yaml", "&s [{name: x, spec: '@daily', task_type: t, payload: *s}]"),
-                       ("deep.yaml", "[" * 100_000 + "]" * 100_000)]:
+    for name, text in [
+        ("rec.yaml", "&s [{name: x, spec: '@daily', task_type: t, payload: *s}]"),
+        ("deep.yaml", "[" * 100_000 + "]" * 100_000),
+    ]:
         f = tmp_path / name
         f.write_text(text)
-        code, _, err = run(capsys, "import", str(f), "--dry-run", "--database-url", f"sqlite:///{tmp_path}/x.db")
+        code, _, err = run(
+            capsys, "import", str(f), "--dry-run", "--database-url", f"sqlite:///{tmp_path}/x.db"
+        )
         assert code == 2 and len(err.strip().splitlines()) == 1, err[-500:]
 
 

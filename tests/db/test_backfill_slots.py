@@ -36,9 +36,11 @@ async def test_racing_claims_share_the_slots_none_twice(
     for _ in range(3):  # rounds: the interleaving differs each time
         key = f"k{_}"
         got = await asyncio.gather(
-            *[backfill_slots.claim(eng, key, "j", SLOTS[i::4] + SLOTS[j::4], f"o{n}", T0, None)
-              for n, (eng, i, j) in enumerate([(a, 0, 1), (b, 1, 2), (a, 2, 3), (b, 3, 0)])]
-        )  # fmt: skip
+            *[
+                backfill_slots.claim(eng, key, "j", SLOTS[i::4] + SLOTS[j::4], f"o{n}", T0, None)
+                for n, (eng, i, j) in enumerate([(a, 0, 1), (b, 1, 2), (a, 2, 3), (b, 3, 0)])
+            ]
+        )
         mine = [s for g in got for s in g.mine]
         assert sorted(mine) == SLOTS  # each slot once, every one
         assert all(len(g.mine) + len(g.known) == 100 for g in got)

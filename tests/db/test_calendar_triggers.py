@@ -8,7 +8,9 @@ from tests.support import rawsql
 
 
 async def revisions(url: str) -> dict[str, int]:
-    return {n: int(r) for n, r in await rawsql.execute(url, "SELECT name, revision FROM periodic_jobs")}
+    return {
+        n: int(r) for n, r in await rawsql.execute(url, "SELECT name, revision FROM periodic_jobs")
+    }
 
 
 async def test_a_calendar_write_renews_the_revision_of_the_rows_that_name_it(db_url: str) -> None:
@@ -26,8 +28,18 @@ async def test_a_calendar_write_renews_the_revision_of_the_rows_that_name_it(db_
         before = now
         return changed
 
-    assert await renewed("""INSERT INTO pm_calendars (name, spec) VALUES ('a', '{"dates":[]}')""") == {"names.a"}
-    assert await renewed("""UPDATE pm_calendars SET spec = '{"dates":["2030-01-01"]}'""") == {"names.a"}
-    assert await renewed("UPDATE pm_calendars SET name = 'ab' WHERE name = 'a'") == {"names.a", "names.ab"}
+    assert await renewed(
+        """INSERT INTO pm_calendars (name, spec) VALUES ('a', '{"dates":[]}')"""
+    ) == {"names.a"}
+    assert await renewed("""UPDATE pm_calendars SET spec = '{"dates":["2030-01-01"]}'""") == {
+        "names.a"
+    }
+    assert await renewed("UPDATE pm_calendars SET name = 'ab' WHERE name = 'a'") == {
+        "names.a",
+        "names.ab",
+    }
     assert await renewed("DELETE FROM pm_calendars WHERE name = 'ab'") == {"names.ab"}
-    assert await renewed("""INSERT INTO pm_calendars (name, spec) VALUES ('z', '{"dates":[]}')""") == set()
+    assert (
+        await renewed("""INSERT INTO pm_calendars (name, spec) VALUES ('z', '{"dates":[]}')""")
+        == set()
+    )

@@ -39,7 +39,9 @@ async def test_0012_upgrade_keeps_rows_records_sql_and_downgrade_removes_everyth
         assert await _all(engine, "SELECT count(*) FROM pm_schedule_changes") == [(0,)]
         await _sql(engine, "UPDATE periodic_jobs SET spec = '@hourly' WHERE name = 'r'")
         await _sql(engine, "DELETE FROM periodic_jobs WHERE name = 'p'")
-        rows = await _all(engine, "SELECT name, action, source FROM pm_schedule_changes ORDER BY id")
+        rows = await _all(
+            engine, "SELECT name, action, source FROM pm_schedule_changes ORDER BY id"
+        )
         assert rows == [("r", "updated", "sql"), ("p", "deleted", "sql")]
 
         await downgrade(empty_db_url, "0010_partitions")
@@ -48,12 +50,16 @@ async def test_0012_upgrade_keeps_rows_records_sql_and_downgrade_removes_everyth
         assert "pm_schedule_changes" not in tables
         # No trigger left behind: every kind of write still works.
         await _sql(engine, "UPDATE periodic_jobs SET spec = '@daily'")
-        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('n', '@daily', 't')")
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('n', '@daily', 't')"
+        )
         await _sql(engine, "DELETE FROM periodic_jobs WHERE name = 'r'")
         assert await _all(engine, "SELECT name FROM periodic_jobs") == [("n",)]
         await upgrade(empty_db_url)  # and up again
         await _sql(engine, "UPDATE periodic_jobs SET description = 'x'")
-        assert await _all(engine, "SELECT name, action FROM pm_schedule_changes") == [("n", "updated")]
+        assert await _all(engine, "SELECT name, action FROM pm_schedule_changes") == [
+            ("n", "updated")
+        ]
     finally:
         await engine.dispose()
 
@@ -84,15 +90,17 @@ async def test_0021_plans_each_statement_for_its_own_row_count(pg_url: str) -> N
             ):
                 await raw.execute(stmt)
             for n in range(6):
-                await raw.execute(f"UPDATE periodic_jobs SET description = 'd{n}' WHERE name = 'j1'")
+                await raw.execute(
+                    f"UPDATE periodic_jobs SET description = 'd{n}' WHERE name = 'j1'"
+                )
             plans.clear()
             await raw.execute("UPDATE periodic_jobs SET spec = '@hourly'")
         [insert] = [p for p in plans if "INSERT INTO pm_schedule_changes" in p]
         scans = [line for line in insert.splitlines() if "Named Tuplestore Scan" in line]
         assert scans and all("rows=2000 " in line for line in scans), insert
         assert "JIT:" not in insert, insert
-        assert await _all(engine, "SELECT count(*) FROM pm_schedule_changes WHERE action = 'updated'") == [
-            (2006,)
-        ]
+        assert await _all(
+            engine, "SELECT count(*) FROM pm_schedule_changes WHERE action = 'updated'"
+        ) == [(2006,)]
     finally:
         await engine.dispose()

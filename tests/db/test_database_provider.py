@@ -114,7 +114,9 @@ async def test_valid_rows_become_configs(engine: AsyncEngine) -> None:
         description="built every morning",
     )
     # MariaDB takes no offset in a literal (its DATETIME holds UTC).
-    anchor = "2024-01-01 00:00:00" if engine.dialect.name == "mysql" else "2024-01-01T02:00:00+02:00"
+    anchor = (
+        "2024-01-01 00:00:00" if engine.dialect.name == "mysql" else "2024-01-01T02:00:00+02:00"
+    )
     every = await insert_row(engine, "ticks", spec="@every 90s", anchor=anchor, payload="7")
     bare = await insert_row(engine, "bare")  # payload NULL, options by server default
     await insert_row(engine, "paused", enabled=False)
@@ -318,7 +320,9 @@ async def test_sqlite_anchor_as_written_by_sqlalchemy_or_by_hand(sqlite_url: str
         await eng.dispose()
 
 
-async def test_a_payload_column_altered_to_text_under_a_running_provider_is_noticed(pg_url: str) -> None:
+async def test_a_payload_column_altered_to_text_under_a_running_provider_is_noticed(
+    pg_url: str,
+) -> None:
     """A jsonb payload column is trusted to hold valid JSON; once an operator alters it to text
     (where anything goes), the next read parses payloads again and an invalid one is a row error."""
     await upgrade(pg_url)
@@ -342,7 +346,9 @@ async def test_a_payload_column_altered_to_text_under_a_running_provider_is_noti
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
-async def test_a_provider_restricted_to_partitions_reads_only_their_rows(engine: AsyncEngine) -> None:
+async def test_a_provider_restricted_to_partitions_reads_only_their_rows(
+    engine: AsyncEngine,
+) -> None:
     ids = [await insert_row(engine, f"p{i}") for i in range(8)]
     held = frozenset({1, 3})
     provider = DatabaseProvider(engine)
@@ -408,12 +414,16 @@ async def test_a_full_reconcile_can_tell_that_nothing_changed_since_the_last_one
     # backup restored) are not taken for no change.
     snapshot = await provider.get_configs()
     async with engine.begin() as conn:
-        old = (await conn.execute(text(f"SELECT revision FROM periodic_jobs WHERE id = {ids[4]}"))).scalar()
+        old = (
+            await conn.execute(text(f"SELECT revision FROM periodic_jobs WHERE id = {ids[4]}"))
+        ).scalar()
     await update_row(engine, ids[4], payload='{"v": 2}')
     assert await provider.get_changes(snapshot.revision) is not None
     async with engine.begin() as conn:
         await conn.execute(text("SET LOCAL session_replication_role = replica"))
-        await conn.execute(text(f"UPDATE periodic_jobs SET revision = {old}, payload = NULL WHERE id = {ids[4]}"))
+        await conn.execute(
+            text(f"UPDATE periodic_jobs SET revision = {old}, payload = NULL WHERE id = {ids[4]}")
+        )
     assert not await provider.unchanged_since_full()
     await provider.get_configs()
     assert await provider.unchanged_since_full()

@@ -238,7 +238,7 @@ async def test_sqlite_rebuild_keeps_columns_and_views_added_by_hand(sqlite_url: 
     await upgrade(sqlite_url, "0006_settled_slots")
     await rawsql.insert(sqlite_url, "job.a")
     _sqlite(path, "ALTER TABLE periodic_jobs ADD COLUMN team TEXT DEFAULT 'ops' NOT NULL")
-    _sqlite(path, "ALTER TABLE pm_runs ADD COLUMN \"note \"\"quoted\"\"\" INT DEFAULT (1 + 2)")
+    _sqlite(path, 'ALTER TABLE pm_runs ADD COLUMN "note ""quoted""" INT DEFAULT (1 + 2)')
     _sqlite(path, "CREATE INDEX ix_team ON periodic_jobs (team)")
     _sqlite(path, "UPDATE periodic_jobs SET team = 'billing' WHERE name = 'job.a'")
     _sqlite(path, "CREATE VIEW v_jobs AS SELECT name, team FROM periodic_jobs")

@@ -128,7 +128,10 @@ def _schema(conn: Connection) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for table in sorted(insp.get_table_names()):
         out[table] = (
-            [(c["name"], str(c["type"]), c["nullable"], str(c.get("default"))) for c in insp.get_columns(table)],
+            [
+                (c["name"], str(c["type"]), c["nullable"], str(c.get("default")))
+                for c in insp.get_columns(table)
+            ],
             sorted(str(sorted(i.items())) for i in insp.get_indexes(table)),
             sorted(str(sorted(fk.items())) for fk in insp.get_foreign_keys(table)),
             sorted(map(str, conn.execute(text(f"SELECT * FROM {table}")).all())),

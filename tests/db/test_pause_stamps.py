@@ -42,13 +42,17 @@ async def _paused(engine: AsyncEngine) -> tuple[Any, Any, Any]:
 
 async def _id(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
-        return int((await conn.execute(text("SELECT id FROM periodic_jobs WHERE name = 'r'"))).scalar_one())
+        return int(
+            (await conn.execute(text("SELECT id FROM periodic_jobs WHERE name = 'r'"))).scalar_one()
+        )
 
 
 async def test_sql_pause_is_stamped_sql_and_resume_clears(db_url: str) -> None:
     engine = create_engine(db_url)
     try:
-        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')")
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')"
+        )
         assert await _paused(engine) == (None, None, None)
         await _sql(engine, "UPDATE periodic_jobs SET enabled = false")
         note, at, by = await _paused(engine)
@@ -71,7 +75,9 @@ async def test_sql_pause_is_stamped_sql_and_resume_clears(db_url: str) -> None:
 async def test_the_writers_own_stamps_are_kept(db_url: str) -> None:
     engine = create_engine(db_url)
     try:
-        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')")
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')"
+        )
         schedule_id = await _id(engine)
         async with engine.connect() as conn:
             await schedule_writer.set_enabled(
@@ -113,7 +119,9 @@ async def test_0009_upgrade_keeps_rows_and_downgrade_removes_columns_and_trigger
         async with engine.connect() as conn:
             rows = (
                 await conn.execute(
-                    text("SELECT name, paused_note, paused_at, paused_by FROM periodic_jobs ORDER BY name")
+                    text(
+                        "SELECT name, paused_note, paused_at, paused_by FROM periodic_jobs ORDER BY name"
+                    )
                 )
             ).all()
         assert [tuple(r) for r in rows] == [("p", None, None, None), ("r", None, None, None)]
@@ -122,7 +130,10 @@ async def test_0009_upgrade_keeps_rows_and_downgrade_removes_columns_and_trigger
 
         await downgrade(empty_db_url, "0008_procrastinate_sent")
         async with engine.connect() as conn:
-            columns = {c["name"] for c in await conn.run_sync(lambda c: inspect(c).get_columns("periodic_jobs"))}
+            columns = {
+                c["name"]
+                for c in await conn.run_sync(lambda c: inspect(c).get_columns("periodic_jobs"))
+            }
         assert not {"paused_note", "paused_at", "paused_by"} & columns
         await _sql(engine, "UPDATE periodic_jobs SET enabled = true")  # no trigger left behind
         async with engine.connect() as conn:
@@ -137,7 +148,9 @@ async def test_export_ignores_unreadable_pause_columns_and_an_import_pause_is_by
 ) -> None:
     engine = create_engine(db_url)
     try:
-        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')")
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')"
+        )
         schedule_id = await _id(engine)
         await schedule_writer.write_import(
             engine,
@@ -153,7 +166,9 @@ async def test_export_ignores_unreadable_pause_columns_and_an_import_pause_is_by
         await _sql(engine, f"UPDATE periodic_jobs SET paused_at = {hostile}")
         export = await export_entries(engine)
         assert export.invalid == []
-        assert export.entries == [{"name": "r", "spec": "@daily", "task_type": "t", "enabled": False}]
+        assert export.entries == [
+            {"name": "r", "spec": "@daily", "task_type": "t", "enabled": False}
+        ]
     finally:
         await engine.dispose()
 
@@ -162,7 +177,8 @@ async def test_a_row_created_paused_is_stamped(db_url: str) -> None:
     engine = create_engine(db_url)
     try:
         await _sql(
-            engine, "INSERT INTO periodic_jobs (name, spec, task_type, enabled) VALUES ('r', '@daily', 't', false)"
+            engine,
+            "INSERT INTO periodic_jobs (name, spec, task_type, enabled) VALUES ('r', '@daily', 't', false)",
         )
         note, at, by = await _paused(engine)
         assert note is None and by == "sql" and at.astimezone(UTC) > PAST
@@ -178,7 +194,9 @@ async def test_a_row_created_paused_is_stamped(db_url: str) -> None:
             await schedule_writer.create(
                 conn, {"name": "api", "spec": "@daily", "task_type": "t", "enabled": False}, PAST
             )
-            row = (await conn.execute(text("SELECT paused_by FROM periodic_jobs WHERE name = 'api'"))).one()
+            row = (
+                await conn.execute(text("SELECT paused_by FROM periodic_jobs WHERE name = 'api'"))
+            ).one()
         assert row[0] == "api"
     finally:
         await engine.dispose()

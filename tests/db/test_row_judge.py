@@ -17,7 +17,15 @@ NAMES = ["job.a", "bad name!", ""]
 SPECS = ["*/5 * * * *", "0 0 31 2 *", "@every 90s", "61 * * * *"]
 ZONES = ["UTC", "Europe/Berlin", "Mars/Olympus"]
 TYPES = ["reports.build", "", "x" * 300]
-PAYLOADS = ['{"n": 1}', "not json", "null", '"' + "x" * 80 + '"', "[[[[1]]]]", "1" * 4301, '{"a": "\\u0000"}']
+PAYLOADS = [
+    '{"n": 1}',
+    "not json",
+    "null",
+    '"' + "x" * 80 + '"',
+    "[[[[1]]]]",
+    "1" * 4301,
+    '{"a": "\\u0000"}',
+]
 OPTIONS = ["{}", '{"queue": "q"}', '{"queu": "q"}', "[1]", "nope", None, '{"timeout": 1e300}']
 EFFECTIVE = ["1764547200.5", None, "Infinity"]
 
@@ -49,13 +57,18 @@ def same(a: Any, b: Any) -> bool:
         return a == b and a.effective_at == b.effective_at and b.revision is not None
     if isinstance(a, RowError) and isinstance(b, RowError):
         return (a.schedule_id, a.field, a.reason, a.code, a.content_hash) == (
-            b.schedule_id, b.field, b.reason, b.code, b.content_hash
+            b.schedule_id,
+            b.field,
+            b.reason,
+            b.code,
+            b.content_hash,
         )
     return a is None and b is None
 
 
 @pytest.mark.parametrize(
-    "sqlite,jsonb", [(False, False), (False, True), (True, False)],
+    "sqlite,jsonb",
+    [(False, False), (False, True), (True, False)],
     ids=["postgresql-text", "postgresql-jsonb", "sqlite"],
 )
 def test_the_memoising_judge_agrees_with_judge_on_every_row(sqlite: bool, jsonb: bool) -> None:
@@ -69,14 +82,30 @@ def test_the_memoising_judge_agrees_with_judge_on_every_row(sqlite: bool, jsonb:
     assert len(rows) > 300
     assert sum(isinstance(a, PeriodicTaskConfig) for a, _ in verdicts) > 10
     assert sum(isinstance(a, RowError) for a, _ in verdicts) > 100
-    mismatches = [(r[0], a, b) for r, (a, b) in zip(rows + rows, verdicts, strict=True) if not same(a, b)]
+    mismatches = [
+        (r[0], a, b) for r, (a, b) in zip(rows + rows, verdicts, strict=True) if not same(a, b)
+    ]
     assert mismatches == []
 
 
 def test_repeated_texts_are_shared_between_configs() -> None:
     fast = dbjudge.RowJudge(dbjudge.Rules(False))
     a = fast((1, True, "a", "*/5 * * * *", "UTC", None, "t", "1", '{"queue": "q"}', None, 1))
-    b = fast((2, True, "b", "".join(["*/5", " * * * *"]), "UTC", None, "t", "2", '{"queue": "q"}', None, 1))
+    b = fast(
+        (
+            2,
+            True,
+            "b",
+            "".join(["*/5", " * * * *"]),
+            "UTC",
+            None,
+            "t",
+            "2",
+            '{"queue": "q"}',
+            None,
+            1,
+        )
+    )
     assert isinstance(a, PeriodicTaskConfig) and isinstance(b, PeriodicTaskConfig)
     assert a.spec is b.spec and a.options is b.options
 
@@ -95,10 +124,18 @@ def test_the_deployment_check_is_asked_once_per_shape_and_its_verdict_holds_for_
     rules = dbjudge.Rules(False, check=check)
     fast = dbjudge.RowJudge(rules)
     fast.jsonb = True
-    good = [(i, True, f"j{i}", "*/5 * * * *", "UTC", None, "t", f'{{"n": {i}}}', "{}", None, i) for i in range(1, 101)]
-    refused = [(i, True, f"j{i}", "*/5 * * * *", "UTC", None, "t", "1", '{"target": "celery"}', None, i) for i in range(101, 111)]
+    good = [
+        (i, True, f"j{i}", "*/5 * * * *", "UTC", None, "t", f'{{"n": {i}}}', "{}", None, i)
+        for i in range(1, 101)
+    ]
+    refused = [
+        (i, True, f"j{i}", "*/5 * * * *", "UTC", None, "t", "1", '{"target": "celery"}', None, i)
+        for i in range(101, 111)
+    ]
     verdicts = [fast(r) for r in good + refused]
     assert all(isinstance(v, PeriodicTaskConfig) for v in verdicts[:100])
     assert len([x for x in asked if x in range(1, 101)]) == 1
     assert all(isinstance(v, RowError) and v.field == "options.target" for v in verdicts[100:])
-    assert all(same(dbjudge.judge(rules, r), v) for r, v in zip(good + refused, verdicts, strict=True))
+    assert all(
+        same(dbjudge.judge(rules, r), v) for r, v in zip(good + refused, verdicts, strict=True)
+    )

@@ -18,7 +18,9 @@ PAST = datetime(2020, 1, 1, tzinfo=UTC)
 async def _stamps(engine: AsyncEngine) -> tuple[Any, Any]:
     async with engine.connect() as conn:
         row = (
-            await conn.execute(text("SELECT effective_at, updated_at FROM periodic_jobs WHERE name = 'r'"))
+            await conn.execute(
+                text("SELECT effective_at, updated_at FROM periodic_jobs WHERE name = 'r'")
+            )
         ).one()
     return row[0], row[1]
 
@@ -42,7 +44,9 @@ def _newer(value: Any) -> bool:
 async def test_sql_insert_stamps_effective_at_and_a_given_value_is_kept(db_url: str) -> None:
     engine = create_engine(db_url)
     try:
-        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')")
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')"
+        )
         effective, _ = await _stamps(engine)
         assert effective is not None and _newer(effective)
         await _sql(
@@ -51,17 +55,23 @@ async def test_sql_insert_stamps_effective_at_and_a_given_value_is_kept(db_url: 
             p=PAST,
         )
         async with engine.connect() as conn:
-            given = (await conn.execute(text("SELECT effective_at FROM periodic_jobs WHERE name = 'g'"))).scalar()
+            given = (
+                await conn.execute(text("SELECT effective_at FROM periodic_jobs WHERE name = 'g'"))
+            ).scalar()
         assert not _newer(given)
     finally:
         await engine.dispose()
 
 
-async def test_timing_edits_and_resume_move_effective_at_but_payload_edits_do_not(db_url: str) -> None:
+async def test_timing_edits_and_resume_move_effective_at_but_payload_edits_do_not(
+    db_url: str,
+) -> None:
     engine = create_engine(db_url)
     base = "UPDATE periodic_jobs SET name = 'r', spec = '@daily', timezone = 'UTC', anchor = NULL"
     try:
-        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')")
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')"
+        )
         await _reset(engine)
         await _sql(engine, "UPDATE periodic_jobs SET payload = '{\"n\": 1}', task_type = 'u'")
         effective, updated = await _stamps(engine)
@@ -96,10 +106,14 @@ async def test_timing_edits_and_resume_move_effective_at_but_payload_edits_do_no
         await engine.dispose()
 
 
-async def test_an_update_that_changes_nothing_or_sets_the_stamps_itself_keeps_them(db_url: str) -> None:
+async def test_an_update_that_changes_nothing_or_sets_the_stamps_itself_keeps_them(
+    db_url: str,
+) -> None:
     engine = create_engine(db_url)
     try:
-        await _sql(engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')")
+        await _sql(
+            engine, "INSERT INTO periodic_jobs (name, spec, task_type) VALUES ('r', '@daily', 't')"
+        )
         await _reset(engine)
         await _sql(engine, "UPDATE periodic_jobs SET spec = spec, enabled = enabled")
         effective, updated = await _stamps(engine)

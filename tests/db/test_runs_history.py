@@ -39,7 +39,9 @@ async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 async def rows(engine: AsyncEngine, key: str | None = None) -> list[Any]:
-    stmt = select(runs_table).order_by(runs_table.c.schedule_key, runs_table.c.slot_at, runs_table.c.id)
+    stmt = select(runs_table).order_by(
+        runs_table.c.schedule_key, runs_table.c.slot_at, runs_table.c.id
+    )
     if key is not None:
         stmt = stmt.where(runs_table.c.schedule_key == key)
     async with engine.connect() as conn:
@@ -156,7 +158,9 @@ async def test_a_manager_recording_no_runs_prunes_ten_times_less_often(engine: A
         if statement.lstrip().upper().startswith("DELETE"):
             statements.append(statement)
 
-    await store.register_manager(ManagerInfo("m1", "h", 1, "0", at(0)), ManagerStatus(at(0), True, None, None, 0))
+    await store.register_manager(
+        ManagerInfo("m1", "h", 1, "0", at(0)), ManagerStatus(at(0), True, None, None, 0)
+    )
     await DatabaseRuntimeStore(engine).record_runs([run("1", -60)])  # another manager's, aged out
     await heartbeat(store, "m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
     event.listen(engine.sync_engine, "before_cursor_execute", count_deletes)
@@ -192,13 +196,18 @@ async def test_heartbeat_prunes_the_change_history_too(engine: AsyncEngine) -> N
     async with engine.begin() as conn:
         await conn.execute(
             schedule_changes_table.insert(),
-            [{**values, "schedule_id": 1, "at": at(0)}, {**values, "schedule_id": 2, "at": at(40)},
-             {**values, "schedule_id": 2, "at": at(41)}],
+            [
+                {**values, "schedule_id": 1, "at": at(0)},
+                {**values, "schedule_id": 2, "at": at(40)},
+                {**values, "schedule_id": 2, "at": at(41)},
+            ],
         )
 
     async def left() -> list[Any]:
         async with engine.connect() as conn:
-            stmt = select(schedule_changes_table.c.schedule_id, schedule_changes_table.c.at).order_by(schedule_changes_table.c.id)
+            stmt = select(
+                schedule_changes_table.c.schedule_id, schedule_changes_table.c.at
+            ).order_by(schedule_changes_table.c.id)
             return [tuple(r) for r in (await conn.execute(stmt)).all()]
 
     await heartbeat(store, "m1", ManagerStatus(at(5), True, None, None, 0))  # starts the timer
@@ -230,24 +239,42 @@ async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: Asyn
 
     def store() -> DatabaseRuntimeStore:
         return DatabaseRuntimeStore(
-            engine, runs_retention=timedelta(seconds=30), runs_per_schedule=1,
-            changes_retention=timedelta(seconds=30), prune_interval=timedelta(seconds=60),
+            engine,
+            runs_retention=timedelta(seconds=30),
+            runs_per_schedule=1,
+            changes_retention=timedelta(seconds=30),
+            prune_interval=timedelta(seconds=60),
             idle_prune_interval=timedelta(seconds=60),  # the holder records no runs
-        )  # fmt: skip
+        )
 
     other, holder = store(), store()
     for name, s in (("other", other), ("holder", holder)):
-        await s.register_manager(ManagerInfo(name, "h", 1, "0", at(0)), ManagerStatus(at(0), True, None, None, 0))
+        await s.register_manager(
+            ManagerInfo(name, "h", 1, "0", at(0)), ManagerStatus(at(0), True, None, None, 0)
+        )
     await other.record_runs([run("1", 0), run("2", 60), run("2", 61)])  # "1" old, "2" over its cap
     async with engine.begin() as conn:
         await conn.execute(
             schedule_changes_table.insert(),
-            [{"name": "n", "action": "updated", "source": "sql", "changes": "{}", "schedule_id": 1, "at": at(0)}],
+            [
+                {
+                    "name": "n",
+                    "action": "updated",
+                    "source": "sql",
+                    "changes": "{}",
+                    "schedule_id": 1,
+                    "at": at(0),
+                }
+            ],
         )
 
     async def changes() -> int:
         async with engine.connect() as conn:
-            return int((await conn.execute(select(func.count()).select_from(schedule_changes_table))).scalar_one())
+            return int(
+                (
+                    await conn.execute(select(func.count()).select_from(schedule_changes_table))
+                ).scalar_one()
+            )
 
     for name, s, shared in (("other", other, False), ("holder", holder, True)):
         await heartbeat(s, name, ManagerStatus(at(5), True, None, None, 0, shared_work=shared))
@@ -258,7 +285,9 @@ async def test_only_the_manager_doing_the_shared_work_prunes_by_age(engine: Asyn
     assert await count(engine) == 1 and await changes() == 0  # the holder of partition 0 did it
 
 
-async def test_backfill_records_are_pruned_by_age_alone_and_go_with_their_row(engine: AsyncEngine) -> None:
+async def test_backfill_records_are_pruned_by_age_alone_and_go_with_their_row(
+    engine: AsyncEngine,
+) -> None:
     """What backfills sent (pm_backfill_slots) is kept PM_RUNS_RETENTION whatever the cap per
     schedule (a backfill's slots are a schedule's oldest: the cap would drop them first), and is
     deleted with its schedule."""

@@ -197,8 +197,17 @@ async def test_apply_entries_adds_replaces_and_removes(harness: Harness) -> None
     await store.register_manager(info("m1"), status(0))
     await store.register_manager(info("m2"), status(0))
     e1, e2 = entry("1-aaa", "1"), entry("2-bbb", "2", anchor=at(-3600), queue="q2")
-    failed = entry("3-ccc", "3", status="error", name=None, spec=None, timezone=None,
-                   task_type=None, queue=None, last_error="spec: syntax")  # fmt: skip
+    failed = entry(
+        "3-ccc",
+        "3",
+        status="error",
+        name=None,
+        spec=None,
+        timezone=None,
+        task_type=None,
+        queue=None,
+        last_error="spec: syntax",
+    )
     await store.apply_entries("m1", [e1, e2, failed], [])
     await store.apply_entries("m2", [e1], [])
     assert await harness.entries() == {
@@ -278,10 +287,16 @@ async def test_record_runs_lands_on_written_out_states(harness: Harness) -> None
         ]
     )
     assert await harness.state("1") == StateRecord(
-        "1", "job.1", last_slot_at=at(120), last_done_at=at(120), last_enqueued_at=at(121),
-        last_message_id="a", last_status="resent", last_error=None,
+        "1",
+        "job.1",
+        last_slot_at=at(120),
+        last_done_at=at(120),
+        last_enqueued_at=at(121),
+        last_message_id="a",
+        last_status="resent",
+        last_error=None,
         counts={"enqueued": 1, "resent": 1},
-    )  # fmt: skip
+    )
     await store.record_runs(
         [
             run("1", 180, "held"),  # neither sent nor settled
@@ -290,10 +305,16 @@ async def test_record_runs_lands_on_written_out_states(harness: Harness) -> None
         ]
     )
     assert await harness.state("1") == StateRecord(
-        "1", "job.1", last_slot_at=at(120), last_done_at=at(240), last_enqueued_at=at(121),
-        last_message_id="a", last_status="skipped", last_error="e1",
+        "1",
+        "job.1",
+        last_slot_at=at(120),
+        last_done_at=at(240),
+        last_enqueued_at=at(121),
+        last_message_id="a",
+        last_status="skipped",
+        last_error="e1",
         counts={"enqueued": 1, "resent": 1, "held": 1, "failed": 1, "skipped": 1},
-    )  # fmt: skip
+    )
     await store.record_runs(
         [
             run("1", 120, "duplicate", message_id="c", at=at(300)),  # the same slot: replaced
@@ -301,10 +322,16 @@ async def test_record_runs_lands_on_written_out_states(harness: Harness) -> None
         ]
     )
     assert await harness.state("1") == StateRecord(
-        "1", "job.1.renamed", last_slot_at=at(120), last_done_at=at(240),
-        last_enqueued_at=at(300), last_message_id="c", last_status="skipped", last_error=None,
+        "1",
+        "job.1.renamed",
+        last_slot_at=at(120),
+        last_done_at=at(240),
+        last_enqueued_at=at(300),
+        last_message_id="c",
+        last_status="skipped",
+        last_error=None,
         counts={"enqueued": 1, "resent": 1, "held": 1, "failed": 1, "skipped": 2, "duplicate": 1},
-    )  # fmt: skip
+    )
 
 
 async def test_the_database_store_records_runs_as_folding_one_by_one(db_harness: Harness) -> None:
@@ -342,8 +369,12 @@ async def test_settled_slots_move_forward_with_every_final_outcome_and_only_thos
     """What a takeover reads: the latest slot enqueued, found enqueued, re-published or skipped
     for good. A failed or held slot may still be sent by the next leader: not settled."""
     store = harness.store
-    await store.record_runs([run("1", 60, "enqueued"), run("2", 60, "resent"), run("3", 60, "held")])
-    await store.record_runs([run("1", 120, "skipped"), run("2", 120, "failed"), run("3", 30, "skipped")])
+    await store.record_runs(
+        [run("1", 60, "enqueued"), run("2", 60, "resent"), run("3", 60, "held")]
+    )
+    await store.record_runs(
+        [run("1", 120, "skipped"), run("2", 120, "failed"), run("3", 30, "skipped")]
+    )
     await store.record_runs([run("1", 90, "duplicate"), run("3", 120, "held")])
     assert await store.settled_after(EVER) == {"1": at(120), "2": at(60), "3": at(30)}
     assert await store.settled_after(at(60)) == {"1": at(120)}
@@ -439,14 +470,23 @@ async def test_list_entries_only_of_live_managers(db_store: DatabaseRuntimeStore
         assert len(await store_reads.live_entries(conn, alive_after=at(0))) == 3
 
 
-async def test_every_field_of_an_entry_is_stored_in_its_column(db_store: DatabaseRuntimeStore) -> None:
+async def test_every_field_of_an_entry_is_stored_in_its_column(
+    db_store: DatabaseRuntimeStore,
+) -> None:
     # PostgreSQL copies a record as the row it is: each field must land in its own column (a
     # field out of order lands in another column of the same type unnoticed by the driver).
     await db_store.register_manager(info("m1"), status(100))
     held = entry(
-        "1-a", "1", anchor=at(-7), registered_at=at(2), held_slot=at(3), last_error="late",
-        previous_task_id="t" * 200, previous_task_state="running", last_good_since=at(4),
-    )  # fmt: skip
+        "1-a",
+        "1",
+        anchor=at(-7),
+        registered_at=at(2),
+        held_slot=at(3),
+        last_error="late",
+        previous_task_id="t" * 200,
+        previous_task_state="running",
+        last_good_since=at(4),
+    )
     blank = entry("2-b", "2", previous_task_id="", previous_task_state="finished")
     await db_store.apply_entries("m1", [held, blank], [])
     async with db_store.engine.connect() as conn:
@@ -506,7 +546,9 @@ async def test_heartbeat_and_run_batches_are_one_statement(
         # The state upsert, then the history rows: one COPY on PostgreSQL (below the SQL layer,
         # so not an executed statement here), one executemany into pm_runs on SQLite and MariaDB.
         postgres = db_store.engine.dialect.name == "postgresql"
-        upsert = "ON DUPLICATE KEY UPDATE" if db_store.engine.dialect.name == "mysql" else "ON CONFLICT"
+        upsert = (
+            "ON DUPLICATE KEY UPDATE" if db_store.engine.dialect.name == "mysql" else "ON CONFLICT"
+        )
         assert len(statements) == (1 if postgres else 2) and upsert in statements[0].upper()
         if not postgres:
             assert statements[1].upper().startswith("INSERT INTO PM_RUNS")
@@ -539,16 +581,20 @@ async def test_a_heartbeat_on_the_managers_engine_is_one_round_trip(pg_url: str)
         await store.register_manager(info("m1"), status(0))
         await store.register_manager(info("dead"), status(0))
         async with engine.begin() as conn:  # silent for a minute on the database's clock
-            await conn.execute(text(
-                "UPDATE pm_managers SET heartbeat_at = now() - interval '1 minute' WHERE manager_id = 'dead'"
-            ))  # fmt: skip
+            await conn.execute(
+                text(
+                    "UPDATE pm_managers SET heartbeat_at = now() - interval '1 minute' WHERE manager_id = 'dead'"
+                )
+            )
         event.listen(engine.sync_engine, "before_cursor_execute", count)
         for beat in (5, 10):
             sent.clear()
             statements.clear()
             assert await store.heartbeat("m1", status(beat), reap_before=at(beat - 15)) == 1
             await asyncio.sleep(0)  # the driver calls its query loggers soon after each query
-            assert statements == [] and len(sent) == 1 and sent[0].startswith("WITH beat AS (UPDATE")
+            assert (
+                statements == [] and len(sent) == 1 and sent[0].startswith("WITH beat AS (UPDATE")
+            )
         assert await store.reap(at(-100), silence=timedelta(seconds=15)) == 1  # apart from the beat
         assert set(await Harness(store).managers()) == {"m1"}
         with pytest.raises(NotFoundError):
@@ -581,24 +627,37 @@ async def test_liveness_is_judged_on_the_databases_clock_never_on_two_managers_c
                 driver = (await conn.get_raw_connection()).driver_connection
                 assert driver is not None
                 values = store.beat_values(name, st, st.heartbeat_at - silence)
-                row = await driver.fetchrow(f"WITH {beat_ctes(1)} SELECT (SELECT * FROM due)", *values)
+                row = await driver.fetchrow(
+                    f"WITH {beat_ctes(1)} SELECT (SELECT * FROM due)", *values
+                )
                 return int(row[0])
 
         for _ in range(2):
             assert await beat("ahead", ahead) == 0 and await beat("behind", behind) == 0
         async with engine.begin() as conn:
-            stamps = dict((await conn.execute(text(
-                "SELECT manager_id, now() - heartbeat_at < interval '5 seconds' FROM pm_managers"
-            ))).all())  # fmt: skip
+            stamps = dict(
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT manager_id, now() - heartbeat_at < interval '5 seconds' FROM pm_managers"
+                        )
+                    )
+                ).all()
+            )
             assert stamps == {"ahead": True, "behind": True, "silent": True}  # the server's now()
-            await conn.execute(text(
-                "UPDATE pm_managers SET heartbeat_at = now() - interval '16 seconds' WHERE manager_id = 'silent'"
-            ))  # fmt: skip
+            await conn.execute(
+                text(
+                    "UPDATE pm_managers SET heartbeat_at = now() - interval '16 seconds' WHERE manager_id = 'silent'"
+                )
+            )
         assert await beat("ahead", ahead) == 1 and await beat("behind", behind) == 1
         assert await store.reap(behind.heartbeat_at - silence, silence=silence) == 1
         managers = await Harness(store).managers()
         assert set(managers) == {"ahead", "behind"}
-        assert managers["ahead"][1].clock_offset_s == 30.0 and managers["behind"][1].clock_offset_s is None
+        assert (
+            managers["ahead"][1].clock_offset_s == 30.0
+            and managers["behind"][1].clock_offset_s is None
+        )
         async with engine.begin() as conn:  # a column like any: NaN reads as not measured
             await conn.execute(text("UPDATE pm_managers SET clock_offset_s = 'NaN'"))
         assert (await Harness(store).managers())["ahead"][1].clock_offset_s is None
@@ -606,7 +665,9 @@ async def test_liveness_is_judged_on_the_databases_clock_never_on_two_managers_c
         await engine.dispose()
 
 
-async def test_a_pooled_connection_the_server_closed_is_replaced_without_a_ping(pg_url: str) -> None:
+async def test_a_pooled_connection_the_server_closed_is_replaced_without_a_ping(
+    pg_url: str,
+) -> None:
     await upgrade(pg_url)
     engine = create_engine(pg_url, ping=False, pool_size=1, max_overflow=0)
     store = DatabaseRuntimeStore(engine)
@@ -655,7 +716,9 @@ async def test_runs_of_a_limited_schedule_count_each_slot_once(harness: Harness)
             run("1", 40, "failed", limited=True),
         ]
     )
-    await store.record_runs([run("1", 20, "resent", limited=True), run("1", 50, "resent", limited=True)])
+    await store.record_runs(
+        [run("1", 20, "resent", limited=True), run("1", 50, "resent", limited=True)]
+    )
     state = await store.get_state(["1", "2"])
     assert state["1"].runs == 3 and state["1"].last_done_at == at(50)  # slots 10, 20 and 50
     assert state["2"].runs == 0  # not limited

@@ -138,11 +138,13 @@ async def test_fire_once_catch_up_respects_both_bounds() -> None:
     # Down since before 12:00; at 12:00:20 the latest missed minute is 12:00, within the window.
     now = datetime(2024, 5, 1, 12, 0, 20, tzinfo=UTC)
     clock, target, store = VirtualClock(now), MemoryTarget(), MemoryRuntimeStore()
-    provider = StaticProvider([
-        cfg("early", "* * * * *", 1, misfire="fire_once", start_at="2024-05-01T12:00:10Z"),
-        cfg("ended", "* * * * *", 2, misfire="fire_once", end_at="2024-05-01T11:59:30Z"),
-        cfg("open", "* * * * *", 3, misfire="fire_once", start_at="2024-05-01T12:00:00Z"),
-    ])  # fmt: skip
+    provider = StaticProvider(
+        [
+            cfg("early", "* * * * *", 1, misfire="fire_once", start_at="2024-05-01T12:00:10Z"),
+            cfg("ended", "* * * * *", 2, misfire="fire_once", end_at="2024-05-01T11:59:30Z"),
+            cfg("open", "* * * * *", 3, misfire="fire_once", start_at="2024-05-01T12:00:00Z"),
+        ]
+    )
     mgr = await started(provider, store, clock, target)
     try:
         assert target.slots("early") == []  # 12:00 is before its start_at

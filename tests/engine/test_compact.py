@@ -67,8 +67,8 @@ async def test_compact_leaves_alone_an_instant_taken_meanwhile_and_drops_emptied
     entries = Entries(VirtualClock(T0), lambda: None)
     for i in range(1, MANY + 1):
         entries.register(cfg(i, "@every 3600s" if i % 2 else "@every 5400s"), synced=True, now=T0)
-    first, = {entries.get(i).next_slot for i in range(1, MANY + 1, 2)}  # type: ignore[union-attr]
-    later, = {entries.get(i).next_slot for i in range(2, MANY + 1, 2)}  # type: ignore[union-attr]
+    (first,) = {entries.get(i).next_slot for i in range(1, MANY + 1, 2)}  # type: ignore[union-attr]
+    (later,) = {entries.get(i).next_slot for i in range(2, MANY + 1, 2)}  # type: ignore[union-attr]
     assert first is not None and later is not None and first < later
     for i in range(1, MANY + 1):
         if i % 2 == 0 or i < MANY // 2:

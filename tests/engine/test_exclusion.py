@@ -25,9 +25,12 @@ DAY2 = exclusion(["d2"], {"d2": check_spec({"dates": ["2024-05-02"]})})
 
 def cfg(name: str, spec: str, excluded: bool = True, **options: Any) -> PeriodicTaskConfig:
     config = PeriodicTaskConfig.create(
-        name=name, spec=spec, task_type="t", timezone="Europe/Berlin",
+        name=name,
+        spec=spec,
+        task_type="t",
+        timezone="Europe/Berlin",
         options={**options, "exclude": ["d2"]} if excluded else options,
-    )  # fmt: skip
+    )
     if excluded:
         config.exclusion = DAY2
     return config
@@ -43,7 +46,11 @@ class Rig:
         self.runs.extend(batch)
 
     def skipped(self, name: str) -> list[tuple[datetime, str | None, str | None]]:
-        return [(r.slot, r.reason, r.error) for r in self.runs if r.name == name and r.status == "skipped"]
+        return [
+            (r.slot, r.reason, r.error)
+            for r in self.runs
+            if r.name == name and r.status == "skipped"
+        ]
 
 
 @pytest.fixture

@@ -32,7 +32,9 @@ def cfg(name: str, spec: str, i: int | None = None, **options: object) -> Period
     )
 
 
-async def running(clock: VirtualClock, target: MemoryTarget, grace: float = 30) -> tuple[Scheduler, asyncio.Task[None]]:
+async def running(
+    clock: VirtualClock, target: MemoryTarget, grace: float = 30
+) -> tuple[Scheduler, asyncio.Task[None]]:
     sched = Scheduler(target, clock=clock, grace=grace)
     task = asyncio.create_task(sched.run())
     await clock.settle()
@@ -77,7 +79,7 @@ async def test_a_slot_is_sent_at_its_send_instant_with_the_nominal_slot(rig) -> 
     await advance(sched, clock, (send - T0 - US).total_seconds())
     assert target.messages == []  # not before its send instant
     await advance(sched, clock, 1e-6)
-    (task, sent), = target.messages
+    ((task, sent),) = target.messages
     assert sent == send
     assert task.scheduled_at == at(60)
     assert task.idempotency_key == f"a:{slot_text(at(60))}"
@@ -124,7 +126,10 @@ async def test_a_thousand_hourly_schedules_spread_over_the_window(rig) -> None:
     assert slot <= sends[0] and sends[-1] < slot + timedelta(seconds=60)
     assert sends[-1] - sends[0] > timedelta(seconds=55)
     assert len(target.batches) > 990  # one small batch per send instant
-    per_10s = [sum(1 for s in sends if slot + timedelta(seconds=k) <= s < slot + timedelta(seconds=k + 10)) for k in range(0, 60, 10)]
+    per_10s = [
+        sum(1 for s in sends if slot + timedelta(seconds=k) <= s < slot + timedelta(seconds=k + 10))
+        for k in range(0, 60, 10)
+    ]
     assert all(100 < n < 240 for n in per_10s), per_10s
 
 
@@ -136,7 +141,9 @@ async def test_two_schedulers_send_each_slot_at_the_same_instant() -> None:
         for sched, _ in rigs:
             for i in range(20):
                 sched.register(cfg(f"s{i}", "*/5 * * * *", i, jitter=120))
-        await clock.advance(1020, settle=lambda: asyncio.gather(*(s.wait_processed(clock.now()) for s, _ in rigs)))
+        await clock.advance(
+            1020, settle=lambda: asyncio.gather(*(s.wait_processed(clock.now()) for s, _ in rigs))
+        )
         a = sorted((t.idempotency_key, sent) for t, sent in targets[0].messages)
         b = sorted((t.idempotency_key, sent) for t, sent in targets[1].messages)
         assert len(a) == 60 and a == b
@@ -216,7 +223,8 @@ async def test_a_takeover_sends_a_slot_whose_send_instant_has_not_come(rig) -> N
     (now - grace) is after the slot, yet the slot is sent, at its send instant, once."""
     sched, clock, target = rig
     name, jitter_us = next(
-        (n, 50_000_000) for n in (f"j{i}" for i in range(1000))
+        (n, 50_000_000)
+        for n in (f"j{i}" for i in range(1000))
         if send_at(n, at(60), 50_000_000) - at(60) > timedelta(seconds=40)
     )  # a schedule whose 12:01 slot is sent more than 40 s after it
     sched.register(cfg(name, "@every 60s", 1, jitter=50))

@@ -284,16 +284,24 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
 
     store = MemoryRuntimeStore()
     row = PeriodicTaskConfig.create(
-        name="sync", spec="@every 10s", task_type="demo", options={"overlap": "hold"},
-        schedule_id=1, effective_at=T0 - timedelta(days=1),
-    )  # fmt: skip
+        name="sync",
+        spec="@every 10s",
+        task_type="demo",
+        options={"overlap": "hold"},
+        schedule_id=1,
+        effective_at=T0 - timedelta(days=1),
+    )
     managers = []
     for leads in (True, False):
         target = RedisStreamsTarget(rig.client, prefix=rig.prefix, group=GROUP)
         mgr = PeriodicTaskManager(
-            StaticProvider([row]), target, clock=rig.clock, store=store, timing=Timing(grace=30, sync_interval=3600),
+            StaticProvider([row]),
+            target,
+            clock=rig.clock,
+            store=store,
+            timing=Timing(grace=30, sync_interval=3600),
             leadership=ManualLeader(leads),
-        )  # fmt: skip
+        )
         await mgr.start()
         managers.append(mgr)
     leader, standby = managers
@@ -309,8 +317,11 @@ async def test_a_takeover_never_sends_a_held_slot_that_a_newer_one_replaced(rig:
         [(first, _)] = await rig.take()
         await rig.clock.advance_to(at(31.5), settle=settle)  # 20 held, then replaced by 30
         assert [(r.slot, r.status) for r in store.runs] == [
-            (at(10), "enqueued"), (at(20), "held"), (at(20), "skipped"), (at(30), "held"),
-        ]  # fmt: skip
+            (at(10), "enqueued"),
+            (at(20), "held"),
+            (at(20), "skipped"),
+            (at(30), "held"),
+        ]
         await leader.stop()
         live.remove(leader)
         await rig.finish(first)

@@ -124,7 +124,9 @@ async def test_replaced_entry_starts_after_the_last_fired_slot(rig) -> None:
     assert target.slots("a") == [T0 + timedelta(seconds=s) for s in (10, 15, 20)]
 
 
-async def test_target_outage_within_grace_is_retried_and_logged_once(rig, caplog: pytest.LogCaptureFixture) -> None:
+async def test_target_outage_within_grace_is_retried_and_logged_once(
+    rig, caplog: pytest.LogCaptureFixture
+) -> None:
     sched, clock, target = rig
     errors: list[BaseException] = []
     sched.dispatcher.hooks = Hooks(on_error=lambda exc, tasks: errors.append(exc))
@@ -154,7 +156,10 @@ async def test_target_outage_beyond_grace_fails_the_slot_and_the_schedule_goes_o
     assert len(errors) == 1 and "redis down" in str(errors[0])
     assert target.slots("a") == [T0 + timedelta(seconds=120)]
     statuses = [(r.slot, r.status) for r in sched.runs]  # type: ignore[attr-defined]
-    assert statuses == [(T0 + timedelta(seconds=60), "failed"), (T0 + timedelta(seconds=120), "enqueued")]
+    assert statuses == [
+        (T0 + timedelta(seconds=60), "failed"),
+        (T0 + timedelta(seconds=120), "enqueued"),
+    ]
     # Backoff is capped and bounded: no busy loop while the target was down.
     assert sched.dispatcher.retry_max == 5.0
 
@@ -258,7 +263,12 @@ async def test_tasks_failed_one_by_one_are_retried_alone_within_grace(rig) -> No
         calls.append([t.name for t in tasks])
         if len(calls) <= 2:
             ok = await real([t for t in tasks if t.name != "b"], now)
-            return [EnqueueResult(t, "failed", None, error="celery down") if t.name == "b" else ok.pop(0) for t in tasks]
+            return [
+                EnqueueResult(t, "failed", None, error="celery down")
+                if t.name == "b"
+                else ok.pop(0)
+                for t in tasks
+            ]
         return await real(tasks, now)
 
     target.enqueue = flaky  # type: ignore[method-assign]
@@ -321,7 +331,9 @@ async def test_a_fence_stops_sending_for_its_entries_at_once_a_staged_batch_incl
     assert target.slots("a") == [] and len(target.slots("b")) == 3
 
 
-async def test_a_takeover_registering_its_entries_rebased_files_them_as_register_then_rebase_did() -> None:
+async def test_a_takeover_registering_its_entries_rebased_files_them_as_register_then_rebase_did() -> (
+    None
+):
     """A takeover of partitions registers its entries inside ``resuming()``: each one that the
     takeover keeps (new here, or replacing an entry) is filed already rebased (one slot
     computed, not two; one path, ``Entries._rebase``), at exactly the slot, lower bound and runs
@@ -341,7 +353,11 @@ async def test_a_takeover_registering_its_entries_rebased_files_them_as_register
         cfg("code", "@every 10s"),  # no row: registered from code, not the takeover's
         cfg("not-kept", "@every 10s", schedule_id=7),
     ]
-    settled = {2: now - timedelta(seconds=15), 3: now - timedelta(seconds=1), 5: now - timedelta(seconds=25)}
+    settled = {
+        2: now - timedelta(seconds=15),
+        3: now - timedelta(seconds=1),
+        5: now - timedelta(seconds=25),
+    }
     counted = {5: (12, now - timedelta(seconds=25))}
 
     def keep(ident: int | str) -> bool:

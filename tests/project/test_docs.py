@@ -71,7 +71,9 @@ CRON_DOC = DOCS / "cron.md"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 CHECKED_PAGES = PAGES  # every page, the architecture included
 README_MAX_LINES = 200
-RUN_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/periodic-manager run"
+RUN_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/periodic-manager run"
+)
 TEST_COMMAND = (
     "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' && .venv/bin/ruff check . "
     "&& .venv/bin/mypy && .venv/bin/python -m pytest"
@@ -225,13 +227,20 @@ def test_the_page_has_its_examples() -> None:
     assert len(FIRES) >= 55 and len(RULINGS) >= 50, (len(FIRES), len(RULINGS))
 
 
-@pytest.mark.parametrize(("expr", "zone", "anchor", "after", "fires"), FIRES, ids=[f"{c[0]} {c[1]} {c[3]}" for c in FIRES])
+@pytest.mark.parametrize(
+    ("expr", "zone", "anchor", "after", "fires"),
+    FIRES,
+    ids=[f"{c[0]} {c[1]} {c[3]}" for c in FIRES],
+)
 def test_worked_example_matches_the_engine(
     expr: str, zone: str, anchor: str | None, after: str, fires: list[str]
 ) -> None:
     expected = [datetime.fromisoformat(f) for f in fires]
     got = next_fires(
-        expr, datetime.fromisoformat(after), n=len(expected), tz=zone,
+        expr,
+        datetime.fromisoformat(after),
+        n=len(expected),
+        tz=zone,
         anchor=datetime.fromisoformat(anchor) if anchor else None,
     )
     assert got == expected  # the same instants ...
@@ -254,11 +263,17 @@ def test_validation_example_matches_the_engine(expr: str, ruling: str) -> None:
 
 def tracked_text_files() -> list[Path]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return [ROOT / p for p in out.stdout.splitlines() if p.endswith((".py", ".md", ".toml", ".ini", ".txt"))]
+    return [
+        ROOT / p
+        for p in out.stdout.splitlines()
+        if p.endswith((".py", ".md", ".toml", ".ini", ".txt"))
+    ]
 
 
 def test_no_file_points_outside_the_repository() -> None:
-    pattern = re.compile(r"/work/shared|cron-semantics\.md|the project's cron semantics|\bdesign\.md")
+    pattern = re.compile(
+        r"/work/shared|cron-semantics\.md|the project's cron semantics|\bdesign\.md"
+    )
     offenders = [
         f"{path.relative_to(ROOT)}:{n}"
         for path in tracked_text_files()
@@ -306,7 +321,9 @@ def test_the_readmes_documentation_table_lists_every_page() -> None:
 
 def test_the_readme_is_a_readme() -> None:
     lines = README.read_text(encoding="utf-8").count("\n")
-    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move details to a page of docs/"
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines: move details to a page of docs/"
+    )
 
 
 def test_the_two_commands_are_in_the_readme_and_ci_runs_the_second() -> None:
@@ -322,7 +339,9 @@ def test_the_two_commands_are_in_the_readme_and_ci_runs_the_second() -> None:
     assert f"http://{defaults['host']}:{defaults['port']}" in text
 
 
-REPO_PATH = re.compile(r"^(?:\.ci|api|bench|docs|examples|migrations|periodic_manager|tests)/[\w./-]+$")
+REPO_PATH = re.compile(
+    r"^(?:\.ci|api|bench|docs|examples|migrations|periodic_manager|tests)/[\w./-]+$"
+)
 
 
 def test_every_repository_path_named_in_the_docs_exists() -> None:
@@ -399,7 +418,9 @@ def cli_parser() -> argparse.ArgumentParser:
     """The parser of the installed ``periodic-manager`` command."""
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "periodic-manager"]
     module = importlib.import_module(script.module)
-    assert hasattr(module, "_parser"), f"{script.module} has no _parser(): update tests/project/test_docs.py"
+    assert hasattr(module, "_parser"), (
+        f"{script.module} has no _parser(): update tests/project/test_docs.py"
+    )
     parser: argparse.ArgumentParser = module._parser()
     return parser
 
@@ -434,7 +455,9 @@ def test_documented_defaults_and_flags_are_the_codes() -> None:
             # No default ("none"), or one derived at run time (prose, or another setting's
             # name): the field has no fixed value.
             if default not in (None, ()):
-                wrong.append(f"{var}: documented {default_cell!r}, the code's default is {default!r}")
+                wrong.append(
+                    f"{var}: documented {default_cell!r}, the code's default is {default!r}"
+                )
             continue
         shown = literal[0]
         if isinstance(default, bool):
@@ -449,7 +472,9 @@ def test_documented_defaults_and_flags_are_the_codes() -> None:
 
 
 def test_every_command_is_documented() -> None:
-    documented = {span for row in tables_of(DOCS / "operations.md", "command") for span in spans(row[0])}
+    documented = {
+        span for row in tables_of(DOCS / "operations.md", "command") for span in spans(row[0])
+    }
     assert documented == set(subcommands())
 
 
@@ -485,13 +510,17 @@ def test_every_extra_key_targets_read_is_documented_with_a_valid_example() -> No
 
 
 def openapi() -> dict[str, Any]:
-    spec: dict[str, Any] = create_app(Settings(database_url="sqlite+aiosqlite:///:memory:")).openapi()
+    spec: dict[str, Any] = create_app(
+        Settings(database_url="sqlite+aiosqlite:///:memory:")
+    ).openapi()
     return spec
 
 
 def test_the_documented_fields_of_a_schedule_are_the_apis() -> None:
     documented = [spans(row[0])[0] for row in tables_of(SCHEDULES_DOC, "field")]
-    assert sorted(documented) == sorted(openapi()["components"]["schemas"]["ScheduleCreate"]["properties"])
+    assert sorted(documented) == sorted(
+        openapi()["components"]["schemas"]["ScheduleCreate"]["properties"]
+    )
 
 
 # -- docs/api.md, docs/dashboard.md: endpoints -----------------------------------------------------
@@ -516,13 +545,17 @@ def test_the_endpoint_tables_are_the_openapi_paths() -> None:
         for method in methods
         if method != "head"
     }
-    assert sorted(served - documented) == [], "endpoints missing from docs/api.md or docs/dashboard.md"
+    assert sorted(served - documented) == [], (
+        "endpoints missing from docs/api.md or docs/dashboard.md"
+    )
     assert sorted(documented - served) == [], "documented endpoints the app does not serve"
 
 
 def test_every_run_status_is_documented() -> None:
     (row,) = [
-        r for r in tables_of(DOCS / "api.md", "endpoint") if spans(r[0])[0].startswith("GET /schedules/{id}/runs")
+        r
+        for r in tables_of(DOCS / "api.md", "endpoint")
+        if spans(r[0])[0].startswith("GET /schedules/{id}/runs")
     ]
     params = openapi()["paths"]["/schedules/{schedule_id}/runs"]["get"]["parameters"]
     (status,) = [p for p in params if p["name"] == "status"]
@@ -539,7 +572,10 @@ EXTERNAL = {"createdb", "psql", "redis-cli", "apt-get", "cd", "git", "kubectl"}
 
 def test_every_code_block_has_a_known_language() -> None:
     unknown = [
-        f"{b.where}: {b.lang!r}" for p in CHECKED_PAGES for b in blocks(p) if b.lang not in KNOWN_LANGS
+        f"{b.where}: {b.lang!r}"
+        for p in CHECKED_PAGES
+        for b in blocks(p)
+        if b.lang not in KNOWN_LANGS
     ]
     assert unknown == []
 
@@ -587,7 +623,12 @@ def test_python_block_compiles_imports_and_runs(block: Block, tmp_path: Path) ->
     script = tmp_path / "example.py"
     script.write_text(block.code, encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, f"{block.where}:\n{proc.stderr[-3000:]}"
 
@@ -663,7 +704,9 @@ def program(argv: list[str]) -> str:
     return Path(argv[0]).name if argv else ""
 
 
-NEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d \S+$")
+NEXT_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d \S+$"
+)
 
 
 @dataclass
@@ -686,8 +729,11 @@ class Session:
         return await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "periodic_manager", *args],
-            cwd=self.directory, env=clean_env(PM_DATABASE_URL=self.url, **env),
-            capture_output=True, text=True, timeout=120,
+            cwd=self.directory,
+            env=clean_env(PM_DATABASE_URL=self.url, **env),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     # - blocks
@@ -701,7 +747,9 @@ class Session:
     async def block_sh(self, block: Block) -> None:
         for command in shell_commands(block):
             if isinstance(command, int):
-                assert self.last_status == command, f"{block.where}: documented {command}, got {self.last_status}"
+                assert self.last_status == command, (
+                    f"{block.where}: documented {command}, got {self.last_status}"
+                )
             else:
                 self.last_status = None
                 await self.command(command)
@@ -717,20 +765,26 @@ class Session:
             if r.status_code != 201:
                 self.fail(block.where, f"the API refuses this schedule: {r.status_code} {r.text}")
             await self.client.delete(f"/schedules/{r.json()['id']}")
-        elif isinstance(doc, dict) and str(doc.get("type", "")).startswith("urn:periodic-manager:problem:"):
+        elif isinstance(doc, dict) and str(doc.get("type", "")).startswith(
+            "urn:periodic-manager:problem:"
+        ):
             # A problem shown on a page has the members and the media type of a real one.
             never = {"name": "doc.never", "spec": "0 0 31 2 *", "task_type": "t"}
             r = await self.client.post("/schedules", json=never)
             real = r.json()
             assert r.headers["content-type"] == "application/problem+json"
             assert set(doc) == set(real), block.where
-            assert [doc[k] for k in ("type", "status", "title")] == [real[k] for k in ("type", "status", "title")]
+            assert [doc[k] for k in ("type", "status", "title")] == [
+                real[k] for k in ("type", "status", "title")
+            ]
             assert [set(e) for e in doc["errors"]] == [set(e) for e in real["errors"]], block.where
             assert doc["errors"][0]["code"] == real["errors"][0]["code"], block.where
 
     async def block_sql(self, block: Block) -> None:
         def execute() -> None:
-            with contextlib.closing(sqlite3.connect(self.directory / "periodic_manager.db", timeout=30)) as db:
+            with contextlib.closing(
+                sqlite3.connect(self.directory / "periodic_manager.db", timeout=30)
+            ) as db:
                 db.executescript(block.code)
                 db.commit()
 
@@ -750,7 +804,10 @@ class Session:
         (self.directory / name).write_text(text, encoding="utf-8")
         proc = await self.cli("import", name, "--dry-run")
         if proc.returncode != 0:
-            self.fail(block.where, f"periodic-manager import {name} --dry-run: {proc.returncode}\n{proc.stderr}")
+            self.fail(
+                block.where,
+                f"periodic-manager import {name} --dry-run: {proc.returncode}\n{proc.stderr}",
+            )
 
     async def block_yaml(self, block: Block) -> None:
         doc = yaml.safe_load(block.code)
@@ -766,7 +823,9 @@ class Session:
 
     async def block_toml(self, block: Block) -> None:
         doc = tomllib.loads(block.code)
-        assert isinstance(doc.get("schedules"), list), f"{block.where}: a TOML schedule file has [[schedules]]"
+        assert isinstance(doc.get("schedules"), list), (
+            f"{block.where}: a TOML schedule file has [[schedules]]"
+        )
         name = self.file_name(block)
         if name is not None:
             (self.directory / name).write_text(block.code, encoding="utf-8")
@@ -849,9 +908,13 @@ class Session:
                 status = importlib.import_module(cli_module()).main(args)
             assert status == 0, f"{where}: exit {status}"
             lines = out.getvalue().splitlines()
-            assert lines and all(NEXT_LINE.match(x) or x.startswith("# ") for x in lines), f"{where}: {lines}"
+            assert lines and all(NEXT_LINE.match(x) or x.startswith("# ") for x in lines), (
+                f"{where}: {lines}"
+            )
             shown = [x[2:] for x in command.block.code.splitlines() if re.match(r"# \d{4}-", x)]
-            assert all(NEXT_LINE.match(x) for x in shown), f"{where}: the sample is not what next prints: {shown}"
+            assert all(NEXT_LINE.match(x) for x in shown), (
+                f"{where}: the sample is not what next prints: {shown}"
+            )
         elif args[0] in ("import", "export") and "--database-url" not in args:
             proc = await self.cli(*args)
             if proc.returncode != 0:
@@ -861,7 +924,9 @@ class Session:
         script = ROOT / argv[0]
         assert script.exists(), f"{where}: no {argv[0]}"
         opts = dict(zip(argv[1:], argv[2:], strict=False))
-        if script.name == "consume_outbox.py" and opts.get("--database-url", "").startswith("sqlite:///./"):
+        if script.name == "consume_outbox.py" and opts.get("--database-url", "").startswith(
+            "sqlite:///./"
+        ):
             await self.consume_outbox(script, argv[1:], where)
             return
         # Needs a service: the worker's own parser must accept the flags.
@@ -881,14 +946,21 @@ class Session:
             with contextlib.redirect_stderr(err):
                 status = await asyncio.to_thread(module.main, argv[1:])
         except SystemExit as exc:
-            self.fail(where, f"the worker refuses its flags: {err.getvalue().strip()} (exit {exc.code})")
+            self.fail(
+                where, f"the worker refuses its flags: {err.getvalue().strip()} (exit {exc.code})"
+            )
         assert status == 0 and seen, f"{where}: exit {status}"
 
     async def consume_outbox(self, script: Path, args: list[str], where: str) -> None:
         """Run the outbox worker for real on this page's database: it must print a task."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(script), *args, cwd=self.directory, env=clean_env(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            str(script),
+            *args,
+            cwd=self.directory,
+            env=clean_env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             assert proc.stdout is not None
@@ -899,7 +971,9 @@ class Session:
             await stop_process(proc)
         task = json.loads(line)
         queue = dict(zip(args, args[1:], strict=False)).get("--queue", "default")
-        assert task["queue"] == queue and task["idempotency_key"].startswith(f"{task['name']}:"), task
+        assert task["queue"] == queue and task["idempotency_key"].startswith(f"{task['name']}:"), (
+            task
+        )
 
 
 def cli_module() -> str:
@@ -913,7 +987,10 @@ def parse(parser: argparse.ArgumentParser, args: list[str], where: str) -> None:
         with contextlib.redirect_stderr(err):
             parser.parse_args(args)
     except SystemExit as exc:
-        pytest.fail(f"{where}: the CLI refuses {args}: {err.getvalue().strip()} (exit {exc.code})", pytrace=False)
+        pytest.fail(
+            f"{where}: the CLI refuses {args}: {err.getvalue().strip()} (exit {exc.code})",
+            pytrace=False,
+        )
 
 
 def check_setting_name(name: str, where: str) -> None:
@@ -950,7 +1027,9 @@ def check_checker(name: str, args: list[str], where: str) -> None:
     configured in pyproject.toml, so the command checks what the page says it does."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     dev = pyproject["project"]["optional-dependencies"]["dev"]
-    assert any(re.fullmatch(rf"{name}==[\d.]+", req) for req in dev), f"{where}: {name} not pinned in .[dev]"
+    assert any(re.fullmatch(rf"{name}==[\d.]+", req) for req in dev), (
+        f"{where}: {name} not pinned in .[dev]"
+    )
     if name == "ruff":
         assert args == ["check", "."], f"{where}: ruff {args}"
         assert "ruff" in pyproject["tool"], f"{where}: no [tool.ruff] in pyproject.toml"
@@ -971,14 +1050,22 @@ async def session(directory: Path) -> AsyncIterator[Session]:
     log = directory / "run.log"
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "periodic_manager", "run", cwd=directory,
-            env=clean_env(PM_PORT=str(port)), stdout=err, stderr=err,
+            sys.executable,
+            "-m",
+            "periodic_manager",
+            "run",
+            cwd=directory,
+            env=clean_env(PM_PORT=str(port)),
+            stdout=err,
+            stderr=err,
         )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             for _ in range(300):
                 if proc.returncode is not None:
-                    pytest.fail(f"periodic-manager run exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+                    pytest.fail(
+                        f"periodic-manager run exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+                    )
                 with contextlib.suppress(httpx.TransportError):
                     if (await client.get("/readyz")).status_code == 200:
                         break
@@ -1021,7 +1108,9 @@ async def test_the_metrics_table_is_what_metrics_serves(tmp_path: Path) -> None:
     served = set()
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
         if name.startswith("periodic_manager_"):
-            served.add(f"{name}_total" if kind == "counter" and not name.endswith("_total") else name)
+            served.add(
+                f"{name}_total" if kind == "counter" and not name.endswith("_total") else name
+            )
     documented = {spans(row[0])[0] for row in tables_of(DOCS / "operations.md", "metric")}
     assert sorted(served - documented) == [], "metrics missing from docs/operations.md"
     assert sorted(documented - served) == [], "documented metrics /metrics does not serve"

@@ -22,8 +22,19 @@ import pytest
 from tests.support import ROOT
 
 # What is not part of the sources (ignored by git, or a checkout's own state).
-IGNORED = (".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis",
-           ".ruff_cache", "*.db", "*.db-wal", "*.db-shm")
+IGNORED = (
+    ".git",
+    ".venv",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    ".ruff_cache",
+    "*.db",
+    "*.db-wal",
+    "*.db-shm",
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +80,9 @@ def test_the_wheel_holds_only_our_own_top_level_name(wheel: Path) -> None:
 def test_every_package_and_data_file_of_the_repository_is_in_the_wheel(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for package in repo_packages():
-        assert package.replace(".", "/") + "/__init__.py" in names, f"{package} missing from the wheel"
+        assert package.replace(".", "/") + "/__init__.py" in names, (
+            f"{package} missing from the wheel"
+        )
     for migration in (ROOT / "migrations" / "versions").glob("*.py"):
         assert f"periodic_manager/migrations/versions/{migration.name}" in names
     assert "periodic_manager/migrations/script.py.mako" in names
@@ -116,7 +129,17 @@ def test_the_installed_wheel_imports_serves_and_migrates_without_the_repository(
     # process runs away from the repository, so nothing can be imported from its folders.
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
@@ -176,5 +199,7 @@ print(json.dumps({
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         (revision,) = db.execute("SELECT version_num FROM alembic_version").fetchone()
     assert "periodic_jobs" in tables
-    heads = sorted(p.name for p in (ROOT / "migrations" / "versions").glob("*.py") if p.name[0].isdigit())
+    heads = sorted(
+        p.name for p in (ROOT / "migrations" / "versions").glob("*.py") if p.name[0].isdigit()
+    )
     assert revision in heads[-1], (revision, heads[-1])

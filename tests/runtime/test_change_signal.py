@@ -55,7 +55,9 @@ async def revisions(engine: AsyncEngine) -> dict[str, int]:
         return dict((await conn.execute(text("SELECT name, revision FROM periodic_jobs"))).all())
 
 
-async def test_every_write_gets_a_new_revision_and_deletes_leave_tombstones(engine: AsyncEngine) -> None:
+async def test_every_write_gets_a_new_revision_and_deletes_leave_tombstones(
+    engine: AsyncEngine,
+) -> None:
     await sql(engine, INSERT, name="a", spec="* * * * *")
     await sql(engine, INSERT, name="b", spec="* * * * *")
     first = await revisions(engine)
@@ -65,7 +67,9 @@ async def test_every_write_gets_a_new_revision_and_deletes_leave_tombstones(engi
     assert second["a"] > first["b"] and second["b"] == first["b"]
     await sql(engine, "DELETE FROM periodic_jobs WHERE name = 'b'")
     async with engine.connect() as conn:
-        [(rev, _)] = (await conn.execute(text("SELECT revision, id FROM periodic_jobs_deleted"))).all()
+        [(rev, _)] = (
+            await conn.execute(text("SELECT revision, id FROM periodic_jobs_deleted"))
+        ).all()
     assert rev > second["a"]
 
 
@@ -207,12 +211,18 @@ async def test_a_bulk_update_is_one_notification(pg_url: str) -> None:
         await writer.close()
 
 
-async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval(pg_url: str) -> None:
+async def test_sql_edits_reach_the_manager_without_waiting_for_the_sync_interval(
+    pg_url: str,
+) -> None:
     await upgrade(pg_url)
     eng = create_engine(pg_url)
     clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
     mgr = PeriodicTaskManager(
-        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
+        DatabaseProvider(eng),
+        MemoryTarget(),
+        clock=clock,
+        store=MemoryRuntimeStore(),
+        timing=Timing(sync_interval=3600),
     )
     listener = PostgresChangeListener(dsn(pg_url), check_interval=0.2)
     # The sync interval is on the virtual clock, which never moves here: only the signal can
@@ -325,7 +335,9 @@ async def test_the_listener_probes_its_connection_once_a_minute_and_notices_a_lo
 
 async def test_a_row_turned_bad_keeps_its_last_good_schedule(engine: AsyncEngine) -> None:
     clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
-    mgr = PeriodicTaskManager(DatabaseProvider(engine), MemoryTarget(), clock=clock, store=MemoryRuntimeStore())
+    mgr = PeriodicTaskManager(
+        DatabaseProvider(engine), MemoryTarget(), clock=clock, store=MemoryRuntimeStore()
+    )
     await sql(engine, INSERT, name="keep", spec="*/5 * * * *")
     await mgr.start()
     try:
@@ -363,13 +375,20 @@ async def test_downgrading_the_partition_signal_restores_the_empty_payload(pg_ur
 # -- MariaDB/MySQL: the counter row's lock and the poller --------------------------------------
 
 
-async def test_mysql_writers_are_serialized_so_revisions_appear_in_commit_order(mariadb_url: str) -> None:
+async def test_mysql_writers_are_serialized_so_revisions_appear_in_commit_order(
+    mariadb_url: str,
+) -> None:
     import asyncmy
 
     await upgrade(mariadb_url)
     u = make_url(mariadb_url)
-    args = {"host": u.host, "port": u.port or 3306, "user": u.username, "password": u.password or "",
-            "database": u.database}  # fmt: skip
+    args = {
+        "host": u.host,
+        "port": u.port or 3306,
+        "user": u.username,
+        "password": u.password or "",
+        "database": u.database,
+    }
     first = await asyncmy.connect(**args, autocommit=False)
     second = await asyncmy.connect(**args, autocommit=True)
     try:
@@ -398,17 +417,25 @@ async def test_mysql_writers_are_serialized_so_revisions_appear_in_commit_order(
         second.close()
 
 
-async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(mariadb_url: str) -> None:
+async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(
+    mariadb_url: str,
+) -> None:
     await upgrade(mariadb_url)
     eng = create_engine(mariadb_url)
     u = make_url(mariadb_url)
     proxy = TcpProxy(u.host or "127.0.0.1", u.port or 3306)
     port = await proxy.start()
     # The poller reads through a proxy the test can cut; the manager reads directly.
-    polled = create_engine(u.set(port=port).render_as_string(hide_password=False), command_timeout=1)
+    polled = create_engine(
+        u.set(port=port).render_as_string(hide_password=False), command_timeout=1
+    )
     clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
     mgr = PeriodicTaskManager(
-        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
+        DatabaseProvider(eng),
+        MemoryTarget(),
+        clock=clock,
+        store=MemoryRuntimeStore(),
+        timing=Timing(sync_interval=3600),
     )
     poller = RevisionPoller(partial(peek, polled), interval=0.1, timeout=1)
     mgr.signals.append(poller)
@@ -436,7 +463,9 @@ async def test_mysql_sql_edits_reach_the_manager_by_polling_even_after_a_gap(mar
         await asyncio.sleep(0.5)
         assert names() == []  # nothing polled it yet (the sync interval is an hour)
         await proxy.restore()
-        await eventually(lambda: names() == ["during.gap"], "the row synced after the gap", seconds=10)
+        await eventually(
+            lambda: names() == ["during.gap"], "the row synced after the gap", seconds=10
+        )
     finally:
         await mgr.stop()
         await polled.dispose()
@@ -474,7 +503,9 @@ async def test_a_mysql_peek_costs_no_more_statements_than_a_read_in_a_transactio
         await eng.dispose()
 
 
-async def test_mysql_truncate_is_seen_at_the_next_poll_not_at_the_next_full_reconcile(mariadb_url: str) -> None:
+async def test_mysql_truncate_is_seen_at_the_next_poll_not_at_the_next_full_reconcile(
+    mariadb_url: str,
+) -> None:
     """MariaDB/MySQL fire no trigger on a TRUNCATE: no tombstone. The poller still sees it (the
     oldest row's revision moved, or there is no row), and the sync reads everything, because no
     row it read before is left. Before, the truncated schedules kept running until the full
@@ -483,7 +514,11 @@ async def test_mysql_truncate_is_seen_at_the_next_poll_not_at_the_next_full_reco
     eng = create_engine(mariadb_url)
     clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))
     mgr = PeriodicTaskManager(
-        DatabaseProvider(eng), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(), timing=Timing(sync_interval=3600)
+        DatabaseProvider(eng),
+        MemoryTarget(),
+        clock=clock,
+        store=MemoryRuntimeStore(),
+        timing=Timing(sync_interval=3600),
     )
     poller = RevisionPoller(partial(peek, eng), interval=0.05, timeout=2)
     mgr.signals.append(poller)

@@ -242,5 +242,7 @@ def test_a_manager_starts_with_a_grace_below_four_times_the_warning_bound() -> N
     from periodic_manager.runtime.timing import Timing
     from periodic_manager.targets.memory import MemoryTarget
 
-    mgr = PeriodicTaskManager(None, MemoryTarget(), timing=Timing(grace=5.0), clock=VirtualClock(T0))
+    mgr = PeriodicTaskManager(
+        None, MemoryTarget(), timing=Timing(grace=5.0), clock=VirtualClock(T0)
+    )
     assert mgr.clock_offset.limit == 1.25 and mgr.clock_offset.bound == 1.25

@@ -48,15 +48,23 @@ async def running(
     # No change signal: it runs on the wall clock and would sync SQL edits at a virtual instant
     # of its own (tests/support/e2e.py says more).
     settings = Settings(
-        database_url=url, target="outbox", sync_interval=30, grace=30, heartbeat_interval=5,
+        database_url=url,
+        target="outbox",
+        sync_interval=30,
+        grace=30,
+        heartbeat_interval=5,
         **{"coordination": "leader", "listen": False, **overrides},
-    )  # fmt: skip
+    )
     clock = VirtualClock(start)
     engine = create_engine(url)
     app = create_app(
-        settings, clock=clock, engine=engine,
-        manager_factory=(lambda eng: build_manager(settings, eng, clock=clock)) if manager else None,
-    )  # fmt: skip
+        settings,
+        clock=clock,
+        engine=engine,
+        manager_factory=(lambda eng: build_manager(settings, eng, clock=clock))
+        if manager
+        else None,
+    )
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
@@ -77,9 +85,13 @@ async def two_managers(
 
     def make() -> PeriodicTaskManager:
         return PeriodicTaskManager(
-            DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
-            timing=timing, leadership=ManualLeader(True),
-        )  # fmt: skip
+            DatabaseProvider(engine),
+            target,
+            clock=clock,
+            store=DatabaseRuntimeStore(engine),
+            timing=timing,
+            leadership=ManualLeader(True),
+        )
 
     a, b = make(), make()
     await a.start()
@@ -162,8 +174,9 @@ async def test_the_last_good_version_survives_a_restart_until_the_row_is_fixed(d
         await rig.advance_to(at(12, 12, 30))
         got = await payloads(rig)
         assert {k: v for k, v in got.items() if k > iso(at(12, 8))} == {
-            iso(at(12, 10)): {"v": 3}, iso(at(12, 12)): {"v": 3},
-        }  # fmt: skip
+            iso(at(12, 10)): {"v": 3},
+            iso(at(12, 12)): {"v": 3},
+        }
         assert (await rig.client.get(f"/schedules/{sid}")).json()["errors"] == []
         assert await stored(db_url) == []
 
@@ -324,9 +337,13 @@ async def test_a_standby_started_while_the_row_is_bad_takes_over_with_its_last_g
 
     def make(leader: bool) -> PeriodicTaskManager:
         return PeriodicTaskManager(
-            DatabaseProvider(engine), target, clock=clock, store=DatabaseRuntimeStore(engine),
-            timing=Timing(grace=30, sync_interval=3600), leadership=ManualLeader(leader),
-        )  # fmt: skip
+            DatabaseProvider(engine),
+            target,
+            clock=clock,
+            store=DatabaseRuntimeStore(engine),
+            timing=Timing(grace=30, sync_interval=3600),
+            leadership=ManualLeader(leader),
+        )
 
     leader = make(True)
     await leader.start()
@@ -405,7 +422,9 @@ async def test_a_full_reconcile_due_with_nothing_written_still_restores_a_versio
     async with two_managers(db_url, timing) as (a, b, engine):
         sid = await rawsql.insert(db_url, "quick", spec="'@every 10s'")
         await a.sync()
-        await rawsql.execute(db_url, f"UPDATE periodic_jobs SET spec = '@every 0s' WHERE id = {sid}")
+        await rawsql.execute(
+            db_url, f"UPDATE periodic_jobs SET spec = '@every 0s' WHERE id = {sid}"
+        )
         report = await b.sync(full=True)  # bad, and no version stored: nothing runs in B
         assert [e.schedule_id for e in report.errors] == [sid] and b.entry(sid) is None
         await a.sync()  # A sees it bad and stores the version it ran

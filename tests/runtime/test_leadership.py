@@ -39,7 +39,9 @@ async def polls_until(clock: VirtualClock, check: object, polls: int = 50) -> No
 
 
 @pytest.fixture
-async def pair(pg_url: str, clock: VirtualClock) -> AsyncIterator[tuple[PostgresLeadership, PostgresLeadership]]:
+async def pair(
+    pg_url: str, clock: VirtualClock
+) -> AsyncIterator[tuple[PostgresLeadership, PostgresLeadership]]:
     a = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     try:
@@ -49,7 +51,9 @@ async def pair(pg_url: str, clock: VirtualClock) -> AsyncIterator[tuple[Postgres
         await b.stop()
 
 
-async def test_one_leader_and_a_standby_that_takes_over_when_it_stops(pair, clock: VirtualClock) -> None:
+async def test_one_leader_and_a_standby_that_takes_over_when_it_stops(
+    pair, clock: VirtualClock
+) -> None:
     a, b = pair
     changes: list[tuple[str, bool]] = []
     await a.start(lambda v: changes.append(("a", v)))
@@ -154,7 +158,9 @@ async def test_mysql_one_leader_a_standby_that_takes_over_and_a_killed_session(
 ) -> None:
     a = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
     b = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
-    elsewhere = make_url(mariadb_url).set(database="another_db").render_as_string(hide_password=False)
+    elsewhere = (
+        make_url(mariadb_url).set(database="another_db").render_as_string(hide_password=False)
+    )
     other = MysqlLeadership(elsewhere, clock=clock)  # named locks are the server's: not shared
     assert other.lock_name != a.lock_name and len(a.lock_name) <= 64
     changes: list[tuple[str, bool]] = []

@@ -42,12 +42,16 @@ class FlakyProvider(StaticProvider):
 
 
 @pytest.fixture
-async def rig() -> AsyncIterator[tuple[PeriodicTaskManager, FlakyProvider, VirtualClock, MemoryTarget, MemoryRuntimeStore]]:
+async def rig() -> AsyncIterator[
+    tuple[PeriodicTaskManager, FlakyProvider, VirtualClock, MemoryTarget, MemoryRuntimeStore]
+]:
     clock = VirtualClock(T0)
     provider = FlakyProvider([row(1, "a")])
     target = MemoryTarget()
     store = MemoryRuntimeStore()
-    mgr = PeriodicTaskManager(provider, target, clock=clock, store=store, timing=Timing(sync_interval=30, grace=30))
+    mgr = PeriodicTaskManager(
+        provider, target, clock=clock, store=store, timing=Timing(sync_interval=30, grace=30)
+    )
     await mgr.start()
     yield mgr, provider, clock, target, store
     await mgr.stop()
@@ -110,7 +114,9 @@ async def test_provider_failure_keeps_every_entry(rig, caplog: pytest.LogCapture
     for _ in range(3):
         report = await mgr.sync()
         assert not report.ok
-    assert len([r for r in caplog.records if "sync failed" in r.getMessage()]) == 1  # once per outage
+    assert (
+        len([r for r in caplog.records if "sync failed" in r.getMessage()]) == 1
+    )  # once per outage
     await advance(mgr, clock, 20)
     assert len(target.slots("a")) == 2
     assert mgr.last_sync_error and "connection refused" in mgr.last_sync_error
@@ -118,7 +124,9 @@ async def test_provider_failure_keeps_every_entry(rig, caplog: pytest.LogCapture
     assert (await mgr.sync()).ok and mgr.last_sync_error is None
 
 
-async def test_bad_row_is_logged_once_per_content_and_published(rig, caplog: pytest.LogCaptureFixture) -> None:
+async def test_bad_row_is_logged_once_per_content_and_published(
+    rig, caplog: pytest.LogCaptureFixture
+) -> None:
     mgr, provider, clock, target, store = rig
     caplog.set_level(logging.ERROR)
     provider.errors = [RowError(7, "bad", "h1", "spec", "minute: out-of-range")]
@@ -178,7 +186,9 @@ async def test_stop_returns_when_a_driver_turns_cancellation_into_an_error() -> 
                 raise RuntimeError("driver error raised on cancel") from None
 
     clock = VirtualClock(T0)
-    mgr = PeriodicTaskManager(StaticProvider([row(1, "a")]), MemoryTarget(), clock=clock, store=SwallowingStore())
+    mgr = PeriodicTaskManager(
+        StaticProvider([row(1, "a")]), MemoryTarget(), clock=clock, store=SwallowingStore()
+    )
     await mgr.start()
     await clock.settle()
     await asyncio.wait_for(mgr.stop(), 10)
@@ -277,7 +287,9 @@ async def test_a_cold_start_publishes_its_entries_only_once_started() -> None:
     written_before_up: list[int] = []
 
     class Store(MemoryRuntimeStore):
-        async def apply_entries(self, manager_id: str, upserts: Sequence[Any], removed: Sequence[str]) -> None:
+        async def apply_entries(
+            self, manager_id: str, upserts: Sequence[Any], removed: Sequence[str]
+        ) -> None:
             if not up[0]:
                 written_before_up.append(len(upserts))
             await super().apply_entries(manager_id, upserts, removed)
@@ -291,9 +303,12 @@ async def test_a_cold_start_publishes_its_entries_only_once_started() -> None:
     clock = VirtualClock(T0)
     store = Store()
     mgr = PeriodicTaskManager(
-        StaticProvider([row(i, f"j{i}") for i in range(1, 11)]), MemoryTarget(), clock=clock,
-        store=store, leadership=SlowLeader(),
-    )  # fmt: skip
+        StaticProvider([row(i, f"j{i}") for i in range(1, 11)]),
+        MemoryTarget(),
+        clock=clock,
+        store=store,
+        leadership=SlowLeader(),
+    )
     await mgr.start()
     up[0] = True
     try:
@@ -329,18 +344,32 @@ async def test_publishing_builds_its_records_in_turns(monkeypatch: pytest.Monkey
 
 async def test_removals_and_row_errors_of_a_change_set_go_in_turns() -> None:
     clock = VirtualClock(T0)
-    mgr = PeriodicTaskManager(StaticProvider([row(i, f"j{i}") for i in range(1, MANY + 1)]), MemoryTarget(), clock=clock)
+    mgr = PeriodicTaskManager(
+        StaticProvider([row(i, f"j{i}") for i in range(1, MANY + 1)]), MemoryTarget(), clock=clock
+    )
     await mgr.start()
     try:
         reconciler = mgr.syncer.reconciler
         removed = ChangeSet(revision=1, removed=[str(i) for i in range(1, MANY + 1)])
-        assert midway(await seen_during(reconciler.apply_changes(removed, T0), lambda: MANY - len(mgr.scheduler)))
+        assert midway(
+            await seen_during(
+                reconciler.apply_changes(removed, T0), lambda: MANY - len(mgr.scheduler)
+            )
+        )
         bad = [RowError(i, f"j{i}", f"h{i}", "spec", "bad", revision=2) for i in range(1, MANY + 1)]
         errors = ChangeSet(revision=2, errors=bad)
-        assert midway(await seen_during(reconciler.apply_changes(errors, T0), lambda: len(reconciler.row_errors)))
+        assert midway(
+            await seen_during(
+                reconciler.apply_changes(errors, T0), lambda: len(reconciler.row_errors)
+            )
+        )
         # A full sync without them removes their error records in turns too.
         snapshot = ProviderSnapshot(configs=[], errors=[], revision=3)
-        assert midway(await seen_during(reconciler.apply_snapshot(snapshot, T0), lambda: MANY - len(reconciler.row_errors)))
+        assert midway(
+            await seen_during(
+                reconciler.apply_snapshot(snapshot, T0), lambda: MANY - len(reconciler.row_errors)
+            )
+        )
     finally:
         await mgr.stop()
 
@@ -355,16 +384,21 @@ async def test_restoring_last_good_versions_goes_in_turns() -> None:
 
     configs = {str(i): row(i, f"j{i}") for i in range(1, MANY + 1)}
     keeper = LastGoodKeeper(
-        mgr.scheduler, mgr.publisher, "m1", store=Store(),  # type: ignore[arg-type]
+        mgr.scheduler,
+        mgr.publisher,
+        "m1",
+        store=Store(),  # type: ignore[arg-type]
         judge=lambda raw: configs[str(raw[0])],
-    )  # fmt: skip
+    )
     bad = {k: RowError(int(k), f"j{k}", "h", "spec", "bad", revision=1) for k in configs}
     restore = keeper._restore(list(configs), bad, T0)
     assert midway(await seen_during(restore, lambda: len(mgr.scheduler)))
     assert len(mgr.scheduler) == MANY
 
 
-async def test_reading_the_settled_slots_of_a_takeover_goes_in_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_reading_the_settled_slots_of_a_takeover_goes_in_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     class Store(MemoryRuntimeStore):
         async def settled_after(self, since: datetime) -> dict[str, datetime]:
             return {str(i): T0 for i in range(1, MANY + 1)}
@@ -408,7 +442,9 @@ async def test_a_schedule_created_after_the_last_sync_starts_at_its_creation_not
 async def test_the_first_sync_sends_nothing_from_before_the_start() -> None:
     clock = VirtualClock(T0)
     target = MemoryTarget()
-    provider = StaticProvider([row(1, "fresh", "@every 1s", effective_at=T0 - timedelta(seconds=5))])
+    provider = StaticProvider(
+        [row(1, "fresh", "@every 1s", effective_at=T0 - timedelta(seconds=5))]
+    )
     mgr = PeriodicTaskManager(provider, target, clock=clock, timing=Timing(grace=30))
     await mgr.start()
     try:
@@ -420,7 +456,9 @@ async def test_the_first_sync_sends_nothing_from_before_the_start() -> None:
 
 async def test_dropping_the_entries_of_lost_partitions_goes_in_turns() -> None:
     clock = VirtualClock(T0)
-    mgr = PeriodicTaskManager(StaticProvider([row(i, f"j{i}") for i in range(1, MANY + 1)]), MemoryTarget(), clock=clock)
+    mgr = PeriodicTaskManager(
+        StaticProvider([row(i, f"j{i}") for i in range(1, MANY + 1)]), MemoryTarget(), clock=clock
+    )
     await mgr.start()
     try:
         reconciler = mgr.syncer.reconciler

@@ -134,7 +134,9 @@ async def test_migrate_makes_the_partitions_and_the_rule_is_the_same_in_python_a
     try:
         async with engine.connect() as conn:
             for i in (1, 2, 63, 64, 65, 1000, 2**40 + 7):
-                got = (await conn.execute(select(partition_sql(literal(i, BigInteger), N)))).scalar_one()
+                got = (
+                    await conn.execute(select(partition_sql(literal(i, BigInteger), N)))
+                ).scalar_one()
                 assert got == partition_of(i, N)
     finally:
         await engine.dispose()
@@ -192,8 +194,9 @@ async def register(admin: asyncpg.Connection, name: str, started_ago: float = 0.
     await admin.execute(
         "INSERT INTO pm_managers (manager_id, hostname, pid, version, started_at, heartbeat_at)"
         " VALUES ($1, 'h', 1, 'v', now() - make_interval(secs => $2), now())",
-        name, started_ago,
-    )  # fmt: skip
+        name,
+        started_ago,
+    )
 
 
 async def test_managers_started_together_take_only_their_share_from_the_first_round(
@@ -212,7 +215,9 @@ async def test_managers_started_together_take_only_their_share_from_the_first_ro
     for m in managers:
         await m.round()
         assert len(m.held) == fair_share(N, 4)  # "d" is coming
-    await admin.execute("UPDATE pm_managers SET started_at = now() - interval '11 seconds' WHERE manager_id = 'd'")
+    await admin.execute(
+        "UPDATE pm_managers SET started_at = now() - interval '11 seconds' WHERE manager_id = 'd'"
+    )
     await rounds(*managers, times=1)
     assert sorted(len(m.held) for m in managers) == [20, 22, 22]
     await rounds(*managers)
@@ -237,7 +242,9 @@ async def test_a_manager_that_never_comes_holds_the_others_back_at_most_one_ttl(
     assert not b.held  # another manager is starting: b waits one round
     await b.round()
     assert len(b.held) == 32  # "late" is coming
-    await admin.execute("UPDATE pm_managers SET started_at = now() - interval '4 seconds' WHERE manager_id = 'late'")
+    await admin.execute(
+        "UPDATE pm_managers SET started_at = now() - interval '4 seconds' WHERE manager_id = 'late'"
+    )
     await b.round()
     assert b.held == frozenset(range(N))
 
@@ -298,7 +305,9 @@ async def test_a_partition_held_before_its_first_hold_was_recorded_looks_back_un
     await a.start(lambda _v: None)
     assert a.held == frozenset(range(N))
     assert rec.of("fresh") == set(range(N)) - {3, 4} and not rec.first_held
-    first = {r[0]: r[1] for r in await admin.fetch("SELECT partition, first_held_at FROM pm_partitions")}
+    first = {
+        r[0]: r[1] for r in await admin.fetch("SELECT partition, first_held_at FROM pm_partitions")
+    }
     assert first == {p: None if p in (3, 4) else T0 + timedelta(seconds=5) for p in range(N)}
 
 
@@ -310,7 +319,9 @@ async def test_a_first_hold_written_in_the_future_bounds_no_look_back(
     await admin.execute(
         "UPDATE pm_partitions SET epoch = 7, first_held_at = '9999-01-01T00:00:00Z' WHERE partition = 3"
     )
-    await admin.execute("UPDATE pm_partitions SET epoch = 7, first_held_at = $1 WHERE partition = 4", T0)
+    await admin.execute(
+        "UPDATE pm_partitions SET epoch = 7, first_held_at = $1 WHERE partition = 4", T0
+    )
     await clock.advance(5)
     a, rec = make("a")
     await a.start(lambda _v: None)
@@ -409,7 +420,9 @@ async def test_a_flood_of_notifications_brings_a_bounded_number_of_rounds(
     await clock.advance(a.interval)  # the round on the next tick: the budget is back
     await eventually(lambda: count == FREED_ROUNDS_PER_INTERVAL + 1, "the round on the tick")
     await admin.execute("SELECT pg_notify($1, $2)", FREED, "after the tick")
-    await eventually(lambda: count == FREED_ROUNDS_PER_INTERVAL + 2, "a notification brings a round again")
+    await eventually(
+        lambda: count == FREED_ROUNDS_PER_INTERVAL + 2, "a notification brings a round again"
+    )
 
 
 async def test_a_dead_managers_partitions_are_taken_only_after_their_lease_expires(
@@ -428,7 +441,9 @@ async def test_a_dead_managers_partitions_are_taken_only_after_their_lease_expir
     await rounds(b)
     assert b.held == frozenset(range(32, N))  # the fair share of two, none of the dead one's
     # Its TTL passes (database time): its leases and its membership have expired.
-    await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second' WHERE holder = 'dead'")
+    await admin.execute(
+        "UPDATE pm_partitions SET expires_at = now() - interval '1 second' WHERE holder = 'dead'"
+    )
     await admin.execute("UPDATE pm_partition_members SET expires_at = now() - interval '1 second'")
     await b.round()
     assert b.held == frozenset(range(N))
@@ -471,7 +486,9 @@ async def test_a_renewal_that_hangs_ends_trust_at_its_start_plus_ttl_minus_margi
     proxy.thaw()
 
 
-@pytest.mark.parametrize("step", [-120.0, 60.0], ids=["wall-clock-back-120s", "wall-clock-forward-60s"])
+@pytest.mark.parametrize(
+    "step", [-120.0, 60.0], ids=["wall-clock-back-120s", "wall-clock-forward-60s"]
+)
 async def test_trust_runs_on_the_monotonic_clock_whatever_the_wall_clock_does(
     make, proxied: tuple[str, TcpProxy], clock: VirtualClock, step: float
 ) -> None:
@@ -508,13 +525,19 @@ async def test_the_epoch_refuses_a_stale_holder(make, admin: asyncpg.Connection)
     # Partition 0 was taken meanwhile by a successor under the same name (a restarted manager
     # with a fixed id), partition 1 by another manager: both at a newer epoch.
     await admin.execute("UPDATE pm_partitions SET epoch = epoch + 1 WHERE partition = 0")
-    await admin.execute("UPDATE pm_partitions SET holder = 'b', epoch = epoch + 1 WHERE partition = 1")
+    await admin.execute(
+        "UPDATE pm_partitions SET holder = 'b', epoch = epoch + 1 WHERE partition = 1"
+    )
     await a.round()
     assert rec.of("lost") == {0, 1}
     assert 0 not in a.held and 1 not in a.held
-    before = await admin.fetch("SELECT partition, holder, epoch, expires_at FROM pm_partitions WHERE partition < 2")
+    before = await admin.fetch(
+        "SELECT partition, holder, epoch, expires_at FROM pm_partitions WHERE partition < 2"
+    )
     await a.stop()  # the release is fenced too: the newer leases are left alone
-    after = await admin.fetch("SELECT partition, holder, epoch, expires_at FROM pm_partitions WHERE partition < 2")
+    after = await admin.fetch(
+        "SELECT partition, holder, epoch, expires_at FROM pm_partitions WHERE partition < 2"
+    )
     assert before == after
 
 
@@ -551,12 +574,16 @@ async def test_a_dead_managers_partitions_are_taken_right_after_their_expiry_not
         "UPDATE pm_partitions SET holder = 'dead', epoch = epoch + 1,"
         " expires_at = now() + interval '2 seconds' WHERE partition < 32"
     )
-    await admin.execute("INSERT INTO pm_partition_members VALUES ('dead', now() + interval '2 seconds')")
+    await admin.execute(
+        "INSERT INTO pm_partition_members VALUES ('dead', now() + interval '2 seconds')"
+    )
     b, _ = make("b", ttl=9.0)  # rounds every 3 s, on the clock's ticks: T0 + 3 s is the next
     await b.start(lambda _v: None)
     assert b.held == frozenset(range(32, N))
     # The database's time passes the dead manager's expiry (moved there: no test waits for it).
-    await admin.execute("UPDATE pm_partitions SET expires_at = now() - interval '1 second' WHERE holder = 'dead'")
+    await admin.execute(
+        "UPDATE pm_partitions SET expires_at = now() - interval '1 second' WHERE holder = 'dead'"
+    )
     await admin.execute("UPDATE pm_partition_members SET expires_at = now() - interval '1 second'")
     await clock.advance_to(T0 + timedelta(seconds=1.5))
     await asyncio.sleep(0.1)  # a round would answer from the real database meanwhile

@@ -35,8 +35,13 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 async def health(directory: Path, *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        *CLI, "health", "--probe-dir", str(directory), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        *CLI,
+        "health",
+        "--probe-dir",
+        str(directory),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
         env={k: v for k, v in os.environ.items() if not k.startswith("PM_")},
     )
     try:
@@ -78,7 +83,9 @@ async def test_probe_of_a_frozen_manager_goes_stale_and_health_fails_until_it_ru
         doc = json.loads((probe_dir / "manager.json").read_text())
         assert doc["status"] == "ok" and doc["pid"] == manager.pid and doc["interval_s"] == 0.1
         # The start-up line names the database (password hidden), the schema and the target.
-        start = next(ln for ln in manager.log().splitlines() if "periodic-manager" in ln and "manager:" in ln)
+        start = next(
+            ln for ln in manager.log().splitlines() if "periodic-manager" in ln and "manager:" in ln
+        )
         assert "postgres:***@" in start and f"(schema {head_revision()})" in start
         assert "target outbox" in start and "probe-pw" not in manager.log()
 
@@ -125,7 +132,9 @@ async def test_probe_reports_an_unhealthy_manager_and_follows_the_clock(tmp_path
 
 async def test_health_needs_a_probe_directory_and_a_positive_max_age(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        *CLI, "health", stderr=asyncio.subprocess.PIPE,
+        *CLI,
+        "health",
+        stderr=asyncio.subprocess.PIPE,
         env={k: v for k, v in os.environ.items() if not k.startswith("PM_")},
     )
     _, err = await proc.communicate()
@@ -150,7 +159,9 @@ async def test_a_probe_written_in_the_future_is_clock_skew_not_fresh(tmp_path: P
     ahead = VirtualClock(SystemClock().now() + timedelta(hours=1))
     ProbeWriter(tmp_path, "manager", lambda: None, clock=ahead, interval_s=5.0).write()
     rc, line = await health(tmp_path)
-    assert rc == 1 and line.startswith(f"clock skew: manager (pid {os.getpid()}) wrote its probe 3"), line
+    assert rc == 1 and line.startswith(
+        f"clock skew: manager (pid {os.getpid()}) wrote its probe 3"
+    ), line
 
 
 async def test_health_reads_only_a_regular_probe_file_of_bounded_size(tmp_path: Path) -> None:
@@ -208,8 +219,12 @@ async def test_readyz_fails_while_the_target_is_unreachable(
 ) -> None:
     await upgrade(pg_url)
     settings = Settings(
-        database_url=pg_url, target="redis", redis_url=redis_server.url, stream_prefix=redis_prefix,
-        leader_election=False, heartbeat_interval=0.2,
+        database_url=pg_url,
+        target="redis",
+        redis_url=redis_server.url,
+        stream_prefix=redis_prefix,
+        leader_election=False,
+        heartbeat_interval=0.2,
     )
     app = create_app(settings, manager_factory=lambda engine: build_manager(settings, engine))
     async with app.router.lifespan_context(app):
@@ -221,7 +236,10 @@ async def test_readyz_fails_while_the_target_is_unreachable(
             r = await c.get("/readyz")
             assert r.status_code == 503, r.text
             body = r.json()
-            assert body["checks"]["target"].startswith("error: ") and body["detail"] == "not ready: target"
+            assert (
+                body["checks"]["target"].startswith("error: ")
+                and body["detail"] == "not ready: target"
+            )
             assert body["checks"]["database"] == "ok" and body["checks"]["manager"] == "leader"
             redis_server.start()
             r = await c.get("/readyz")
@@ -238,7 +256,9 @@ async def test_readyz_fails_on_a_schema_behind_head_or_an_unreachable_database(p
             r = await c.get("/readyz")
     assert r.status_code == 503
     checks = r.json()["checks"]
-    assert checks["database"] == "ok" and checks["schema"].startswith(f"the schema is at {shipped[-2]}")
+    assert checks["database"] == "ok" and checks["schema"].startswith(
+        f"the schema is at {shipped[-2]}"
+    )
     nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/x"
     app = create_app(Settings(database_url=nowhere))
     async with app.router.lifespan_context(app):
@@ -293,7 +313,9 @@ def test_an_unwritable_probe_directory_stops_the_start(
         code = main([*command, "--database-url", f"sqlite:///{tmp_path}/pm.db"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and len(err) == 1, err
-        assert err[0].startswith(f"periodic-manager: error: PM_PROBE_DIR: cannot write to {blocker / 'probe'}")
+        assert err[0].startswith(
+            f"periodic-manager: error: PM_PROBE_DIR: cannot write to {blocker / 'probe'}"
+        )
     assert not (tmp_path / "pm.db").exists()  # checked before anything else
 
 
@@ -310,9 +332,14 @@ async def test_readyz_pings_the_broker_celery_publishes_to_whatever_its_transpor
     await rabbit.start()
     amqp = amqp_through(rabbit.port)
     settings = Settings(
-        database_url=pg_url, target="celery", celery_broker_url=amqp, redis_url=redis_url,
-        stream_prefix=redis_prefix, leader_election=False, celery_publish_timeout=1.0,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="celery",
+        celery_broker_url=amqp,
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        leader_election=False,
+        celery_publish_timeout=1.0,
+    )
     app = create_app(settings, manager_factory=lambda engine: build_manager(settings, engine))
     try:
         async with app.router.lifespan_context(app):

@@ -63,17 +63,24 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Statements]:
 
 
 @pytest.fixture
-async def rest(pg_url: str, statements: Statements) -> AsyncIterator[tuple[PeriodicTaskManager, VirtualClock]]:
+async def rest(
+    pg_url: str, statements: Statements
+) -> AsyncIterator[tuple[PeriodicTaskManager, VirtualClock]]:
     await upgrade(pg_url)
     await insert_schedules(pg_url, [(f"y{i}", "0 0 1 1 *", {}) for i in range(1, 21)])  # none due
     settings = Settings(
-        database_url=pg_url, target="outbox",  # the default lease TTL (15 s) and heartbeat (5 s)
-        sync_interval=3600, full_sync_interval=3600, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="outbox",  # the default lease TTL (15 s) and heartbeat (5 s)
+        sync_interval=3600,
+        full_sync_interval=3600,
+        listen=False,
+    )
     clock = VirtualClock(T0)
     engine = create_engine(pg_url)
     mgr = build_manager(settings, engine, clock=clock)
-    assert isinstance(mgr.leadership, PartitionLeases) and isinstance(mgr.store, DatabaseRuntimeStore)
+    assert isinstance(mgr.leadership, PartitionLeases) and isinstance(
+        mgr.store, DatabaseRuntimeStore
+    )
     await mgr.start()
     try:
         yield mgr, clock
@@ -129,8 +136,9 @@ async def test_the_lease_rounds_carry_the_heartbeat_one_statement_a_round(
     try:
         row = await admin.fetchrow(
             "SELECT heartbeat_at, is_leader, entry_count, last_sync_at FROM pm_managers"
-            " WHERE manager_id = $1", mgr.manager_id,
-        )  # fmt: skip
+            " WHERE manager_id = $1",
+            mgr.manager_id,
+        )
         assert row is not None
         assert clock.now() - row["heartbeat_at"] < timedelta(seconds=5)
         assert row["is_leader"] is True and row["entry_count"] == 20
@@ -139,9 +147,12 @@ async def test_the_lease_rounds_carry_the_heartbeat_one_statement_a_round(
         # next round: the round finds no row to beat.
         await admin.execute("DELETE FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
         await drive(mgr, clock, 6)  # the next round (5 s at most), then the heartbeat registers
-        assert await admin.fetchval(
-            "SELECT count(*) FROM pm_entries WHERE manager_id = $1", mgr.manager_id
-        ) == 20
+        assert (
+            await admin.fetchval(
+                "SELECT count(*) FROM pm_entries WHERE manager_id = $1", mgr.manager_id
+            )
+            == 20
+        )
         statements.sent.clear()
         await drive(mgr, clock, 15)
         assert statements.of(BEAT_PG) == 0 and statements.of(ROUND_BEAT) == 3  # carried again
@@ -164,8 +175,9 @@ async def test_a_dead_managers_reap_never_holds_up_a_lease_round(
     try:
         await admin.execute(
             "INSERT INTO pm_managers (manager_id, hostname, pid, version, started_at, heartbeat_at)"
-            " VALUES ('dead', 'h', 1, 'v', $1, $1)", T0 - timedelta(hours=1),
-        )  # fmt: skip
+            " VALUES ('dead', 'h', 1, 'v', $1, $1)",
+            T0 - timedelta(hours=1),
+        )
         tx = blocker.transaction()
         await tx.start()
         await blocker.execute("SELECT 1 FROM pm_managers WHERE manager_id = 'dead' FOR UPDATE")
@@ -173,20 +185,28 @@ async def test_a_dead_managers_reap_never_holds_up_a_lease_round(
         await drive(mgr, clock, 30)  # six rounds; a lease is trusted 12 s after its renewal
         assert mgr.leadership.held == frozenset(range(64))
         assert statements.of(ROUND_BEAT) == 6
-        assert await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'") == 1
+        assert (
+            await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'") == 1
+        )
         await tx.rollback()  # the reap goes through
         for _ in range(100):
-            if not await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'"):
+            if not await admin.fetchval(
+                "SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'"
+            ):
                 break
             await drive(mgr, clock, 0.5)
-        assert not await admin.fetchval("SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'")
+        assert not await admin.fetchval(
+            "SELECT count(*) FROM pm_managers WHERE manager_id = 'dead'"
+        )
     finally:
         await blocker.close()
         await admin.close()
 
 
 async def test_a_long_history_prune_never_stops_the_rounds_carrying_the_heartbeat(
-    rest: tuple[PeriodicTaskManager, VirtualClock], statements: Statements, pg_url: str,
+    rest: tuple[PeriodicTaskManager, VirtualClock],
+    statements: Statements,
+    pg_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The prune that follows a carried beat may take long (after a burst, under load): the
@@ -206,7 +226,9 @@ async def test_a_long_history_prune_never_stops_the_rounds_carrying_the_heartbea
         async with asyncio.timeout(30):  # a round waiting on the prune would wait forever
             await drive(mgr, clock, 30)  # the prune still runs
         assert statements.of(ROUND_BEAT) == 6
-        beat = await admin.fetchval("SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
+        beat = await admin.fetchval(
+            "SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id
+        )
         assert clock.now() - beat < timedelta(seconds=5)
     finally:
         prune.release.set()
@@ -221,9 +243,13 @@ async def test_a_long_history_prune_never_delays_a_leader_mode_heartbeat(
     three missed beats got this manager reaped by another one, alive)."""
     await upgrade(pg_url)
     settings = Settings(
-        database_url=pg_url, target="outbox", coordination="leader",
-        sync_interval=3600, full_sync_interval=3600, listen=False,
-    )  # fmt: skip
+        database_url=pg_url,
+        target="outbox",
+        coordination="leader",
+        sync_interval=3600,
+        full_sync_interval=3600,
+        listen=False,
+    )
     clock = VirtualClock(T0)
     engine = create_engine(pg_url)
     mgr = build_manager(settings, engine, clock=clock)
@@ -248,7 +274,9 @@ async def test_a_long_history_prune_never_delays_a_leader_mode_heartbeat(
             statements.sent.clear()
             await drive(30)  # the prune still runs
         assert statements.of(BEAT_PG) >= 5
-        beat = await admin.fetchval("SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id)
+        beat = await admin.fetchval(
+            "SELECT heartbeat_at FROM pm_managers WHERE manager_id = $1", mgr.manager_id
+        )
         assert clock.now() - beat < timedelta(seconds=6)
     finally:
         prune.release.set()

@@ -40,17 +40,25 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-async def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[int, str, str]:
+async def cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        *CLI, *args, env=env or clean_env(), cwd=cwd,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        *CLI,
+        *args,
+        env=env or clean_env(),
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        raise AssertionError(f"periodic-manager {' '.join(args)} did not exit within 60 s") from None
+        raise AssertionError(
+            f"periodic-manager {' '.join(args)} did not exit within 60 s"
+        ) from None
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
@@ -83,12 +91,20 @@ async def admin() -> AsyncIterator[asyncpg.Connection]:
 async def test_never_migrated_database_stops_every_long_running_command_naming_migrate(
     pg_url: str, tmp_path: Path
 ) -> None:
-    runs = [cli(command, "--database-url", pg_url, *port_args(command)) for command in ("manager", *SERVING)]
+    runs = [
+        cli(command, "--database-url", pg_url, *port_args(command))
+        for command in ("manager", *SERVING)
+    ]
     missing_file = f"sqlite:///{tmp_path}/never.db"
-    runs += [cli(command, "--database-url", missing_file, *port_args(command)) for command in ("manager", "api")]
+    runs += [
+        cli(command, "--database-url", missing_file, *port_args(command))
+        for command in ("manager", "api")
+    ]
     results = await asyncio.gather(*runs)
     for rc, _, err in results[:3]:
-        assert_one_line_failure(rc, err, "the database was never migrated", "run `periodic-manager migrate`")
+        assert_one_line_failure(
+            rc, err, "the database was never migrated", "run `periodic-manager migrate`"
+        )
     for rc, _, err in results[3:]:
         assert_one_line_failure(rc, err, "the file does not exist", "periodic-manager migrate")
     assert not (tmp_path / "never.db").exists()  # checking did not create an empty database
@@ -98,7 +114,9 @@ async def test_schema_behind_head_names_the_missing_migrations(pg_url: str) -> N
     shipped = pending(None)
     await upgrade(pg_url, shipped[-2])
     rc, _, err = await cli("manager", "--database-url", pg_url)
-    assert_one_line_failure(rc, err, f"behind head {head_revision()}", shipped[-1], "periodic-manager migrate")
+    assert_one_line_failure(
+        rc, err, f"behind head {head_revision()}", shipped[-1], "periodic-manager migrate"
+    )
 
 
 async def test_unusable_database_is_one_line_and_exit_1_for_every_command() -> None:
@@ -117,12 +135,21 @@ async def test_unusable_database_is_one_line_and_exit_1_for_every_command() -> N
         refused = socket.socket()
         refused.bind(("127.0.0.1", 0))
         cases = [
-            ('password authentication failed for user "postgres"',
-             server.url(password="hidden-secret"), EVERY_COMMAND),
-            ("does not exist", f"{PG_DSN}/pm_test_missing_{uuid.uuid4().hex[:8]}", ("migrate", "run")),
-            ("connection refused",
-             f"postgresql://postgres:hidden-secret@127.0.0.1:{refused.getsockname()[1]}/x",
-             ("manager", "api")),
+            (
+                'password authentication failed for user "postgres"',
+                server.url(password="hidden-secret"),
+                EVERY_COMMAND,
+            ),
+            (
+                "does not exist",
+                f"{PG_DSN}/pm_test_missing_{uuid.uuid4().hex[:8]}",
+                ("migrate", "run"),
+            ),
+            (
+                "connection refused",
+                f"postgresql://postgres:hidden-secret@127.0.0.1:{refused.getsockname()[1]}/x",
+                ("manager", "api"),
+            ),
         ]
         runs = [
             (cause, url, command, cli(command, "--database-url", url, *port_args(command)))
@@ -140,7 +167,9 @@ async def test_unusable_database_is_one_line_and_exit_1_for_every_command() -> N
         assert f"database {shown}:" in line, (command, line)
 
 
-async def test_a_server_that_never_answers_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_server_that_never_answers_is_named_as_such(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A port that accepts and never speaks: the check gives up after its bound and says so
     (not the name of the CancelledError behind the timeout)."""
     monkeypatch.setattr(startup, "CONNECT_TIMEOUT_S", 1.0)
@@ -150,7 +179,9 @@ async def test_a_server_that_never_answers_is_named_as_such(monkeypatch: pytest.
         url = f"postgresql://postgres:hidden-secret@127.0.0.1:{silent.getsockname()[1]}/x"
         with pytest.raises(startup.StartupError) as caught:
             await startup.check_database(url)
-    assert str(caught.value) == f"database {url.replace('hidden-secret', '***')}: no answer within 1 s"
+    assert (
+        str(caught.value) == f"database {url.replace('hidden-secret', '***')}: no answer within 1 s"
+    )
 
 
 async def test_a_manager_whose_broker_does_not_answer_exits_1_naming_the_target(
@@ -166,9 +197,13 @@ async def test_a_manager_whose_broker_does_not_answer_exits_1_naming_the_target(
         url = f"redis://:hidden-secret@127.0.0.1:{port}/0"
         env = clean_env(PM_DATABASE_URL=pg_url, PM_REDIS_URL=url, PM_TARGET="redis")
         routed = clean_env(
-            PM_DATABASE_URL=pg_url, PM_REDIS_URL=REDIS_URL, PM_ARQ_REDIS_URL=url,
-            PM_TARGET="redis", PM_TARGETS="arq,outbox", PM_STREAM_PREFIX=redis_prefix,
-        )  # fmt: skip
+            PM_DATABASE_URL=pg_url,
+            PM_REDIS_URL=REDIS_URL,
+            PM_ARQ_REDIS_URL=url,
+            PM_TARGET="redis",
+            PM_TARGETS="arq,outbox",
+            PM_STREAM_PREFIX=redis_prefix,
+        )
         started = asyncio.get_running_loop().time()
         results = await asyncio.gather(
             cli("manager", env=env), cli("run", "--port", "0", env=env), cli("manager", env=routed)
@@ -180,7 +215,9 @@ async def test_a_manager_whose_broker_does_not_answer_exits_1_naming_the_target(
             rc, err, f"target redis ({shown}, no consumer group): connection refused"
         )
         assert "hidden-secret" not in err
-    line = assert_one_line_failure(results[2][0], results[2][2], f"target arq ({shown}): connection refused")
+    line = assert_one_line_failure(
+        results[2][0], results[2][2], f"target arq ({shown}): connection refused"
+    )
     assert "target redis" not in line and "outbox" not in line
     assert took < startup.CONNECT_TIMEOUT_S + 20  # three processes' imports on two cores included
 
@@ -207,7 +244,9 @@ async def test_a_broker_that_never_answers_is_named_within_the_start_up_bound(
     assert str(caught.value) == f"target redis ({url}, no consumer group): no answer within 1 s"
 
 
-async def test_two_migrate_at_once_on_an_empty_database_both_succeed(admin: asyncpg.Connection) -> None:
+async def test_two_migrate_at_once_on_an_empty_database_both_succeed(
+    admin: asyncpg.Connection,
+) -> None:
     """The advisory lock serialises them: one applies every migration, the other finds the
     schema at head and applies nothing. Five rounds, each on a new database."""
     shipped = pending(None)
@@ -238,7 +277,9 @@ async def test_migrate_says_what_it_applied(pg_url: str) -> None:
     assert rc == 0 and f"schema already at head {head_revision()}, nothing to apply" in err
 
 
-async def test_run_with_its_port_taken_exits_before_it_migrates_or_leads(tmp_path: Path, pg_url: str) -> None:
+async def test_run_with_its_port_taken_exits_before_it_migrates_or_leads(
+    tmp_path: Path, pg_url: str
+) -> None:
     await upgrade(pg_url)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -258,8 +299,16 @@ async def test_run_logs_database_target_and_schema_then_is_ready(pg_url: str) ->
     await upgrade(pg_url)
     with_password = pg_url.replace("postgres@", "postgres:s3cret-pw@")
     proc = await asyncio.create_subprocess_exec(
-        *CLI, "run", "--database-url", with_password, "--port", "0", "--target", "outbox",
-        env=clean_env(PM_LEADER_ELECTION="false"), stderr=asyncio.subprocess.PIPE,
+        *CLI,
+        "run",
+        "--database-url",
+        with_password,
+        "--port",
+        "0",
+        "--target",
+        "outbox",
+        env=clean_env(PM_LEADER_ELECTION="false"),
+        stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
     lines: list[str] = []
@@ -280,7 +329,11 @@ async def test_run_logs_database_target_and_schema_then_is_ready(pg_url: str) ->
             r = await client.get("/readyz")
         assert r.status_code == 200, r.text
         assert r.json()["checks"] == {
-            "database": "ok", "schema": "ok", "target": "ok", "manager": "leader", "clock": "ok"
+            "database": "ok",
+            "schema": "ok",
+            "target": "ok",
+            "manager": "leader",
+            "clock": "ok",
         }
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -293,14 +346,20 @@ def test_the_start_up_line_names_the_redis_consumer_group_and_hides_passwords() 
     from periodic_manager.runtime.startup import describe_targets
     from periodic_manager.settings import Settings
 
-    with_group = Settings(target="redis", redis_url="redis://:pw@127.0.0.1:6379/0", redis_group="workers")
-    assert describe_targets(with_group) == "redis (redis://:***@127.0.0.1:6379/0, consumer group workers)"
+    with_group = Settings(
+        target="redis", redis_url="redis://:pw@127.0.0.1:6379/0", redis_group="workers"
+    )
+    assert (
+        describe_targets(with_group)
+        == "redis (redis://:***@127.0.0.1:6379/0, consumer group workers)"
+    )
     without = Settings(target="redis", redis_url="redis://127.0.0.1:6379/0")
     assert describe_targets(without) == "redis (redis://127.0.0.1:6379/0, no consumer group)"
     celery = Settings(
-        target="celery", celery_broker_url="redis://127.0.0.1:6379/1",
+        target="celery",
+        celery_broker_url="redis://127.0.0.1:6379/1",
         celery_result_backend="redis://:pw@127.0.0.1:6379/2",
-    )  # fmt: skip
+    )
     assert describe_targets(celery) == (
         "celery (redis://127.0.0.1:6379/1, results redis://:***@127.0.0.1:6379/2)"
     )
@@ -312,16 +371,39 @@ def test_the_start_up_line_names_the_redis_consumer_group_and_hides_passwords() 
 # (prometheus_client: the metrics count in plain dicts until a registry is asked for) and the
 # dialects of the databases it does not talk to.
 NOT_IN_A_MANAGER = (
-    "fastapi", "starlette", "uvicorn", "jinja2", "alembic", "mako", "dramatiq", "celery",
-    "kombu", "arq", "rq", "procrastinate", "aiosqlite", "asyncmy", "httpx", "yaml", "tomli_w",
-    "holidays", "cron_descriptor", "prometheus_client",
-)  # fmt: skip
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "jinja2",
+    "alembic",
+    "mako",
+    "dramatiq",
+    "celery",
+    "kombu",
+    "arq",
+    "rq",
+    "procrastinate",
+    "aiosqlite",
+    "asyncmy",
+    "httpx",
+    "yaml",
+    "tomli_w",
+    "holidays",
+    "cron_descriptor",
+    "prometheus_client",
+)
 NOT_IN_A_MANAGER_OF_OURS = (
-    "periodic_manager.api", "periodic_manager.migrations.", "periodic_manager.targets.dramatiq",
-    "periodic_manager.targets.celery", "periodic_manager.targets.arq", "periodic_manager.targets.rq",
-    "periodic_manager.targets.procrastinate", "periodic_manager.targets.outbox",
-    "periodic_manager.cli.files", "periodic_manager.schedules.import_export",
-)  # fmt: skip
+    "periodic_manager.api",
+    "periodic_manager.migrations.",
+    "periodic_manager.targets.dramatiq",
+    "periodic_manager.targets.celery",
+    "periodic_manager.targets.arq",
+    "periodic_manager.targets.rq",
+    "periodic_manager.targets.procrastinate",
+    "periodic_manager.targets.outbox",
+    "periodic_manager.cli.files",
+    "periodic_manager.schedules.import_export",
+)
 NOT_IN_A_MANAGER_ON_POSTGRESQL = ("sqlalchemy.dialects.mysql",)
 # The real `manager` command, stopped once started: what it imported to get there.
 MODULES_OF_A_STARTED_MANAGER = """
@@ -346,20 +428,27 @@ async def test_a_manager_loads_neither_the_api_nor_alembic_nor_a_target_it_does_
 ) -> None:
     await upgrade(pg_url)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", MODULES_OF_A_STARTED_MANAGER,
+        sys.executable,
+        "-c",
+        MODULES_OF_A_STARTED_MANAGER,
         env=clean_env(
-            PM_DATABASE_URL=pg_url, PM_REDIS_URL=REDIS_URL, PM_TARGET="redis", PM_STREAM_PREFIX=redis_prefix
+            PM_DATABASE_URL=pg_url,
+            PM_REDIS_URL=REDIS_URL,
+            PM_TARGET="redis",
+            PM_STREAM_PREFIX=redis_prefix,
         ),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-3000:]
     loaded = set(json.loads(out))
     assert "periodic_manager.targets.redis.streams" in loaded  # it did start a manager
     assert "started with 0 entries" in err.decode()
     unwanted = sorted(
-        name for name in loaded
+        name
+        for name in loaded
         if name.partition(".")[0] in NOT_IN_A_MANAGER
         or name.startswith((*NOT_IN_A_MANAGER_OF_OURS, *NOT_IN_A_MANAGER_ON_POSTGRESQL))
-    )  # fmt: skip
+    )
     assert unwanted == []

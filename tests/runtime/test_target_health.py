@@ -33,8 +33,11 @@ async def test_it_stands_down_after_the_stated_failures_of_every_target_and_not_
     changes: list[bool] = []
     health = TargetHealth(
         RoutingTarget({"redis": redis, "arq": arq}, default="redis"),
-        clock=VirtualClock(T0), interval_s=2, failures=3, changed=changes.append,
-    )  # fmt: skip
+        clock=VirtualClock(T0),
+        interval_s=2,
+        failures=3,
+        changed=changes.append,
+    )
     redis.up = False
     for _ in range(5):  # one target down: the schedules of the other go on here
         await health.check()

@@ -79,7 +79,10 @@ async def test_waiting_for_one_event_on_the_wall_clock_makes_no_task() -> None:
     assert len(asyncio.all_tasks()) == before + 1  # the waiter itself, nothing under it
     event.set()
     assert await waiting is True
-    assert await sleep_unless(clock, asyncio.Event(), until=clock.now() + timedelta(milliseconds=5)) is False
+    assert (
+        await sleep_unless(clock, asyncio.Event(), until=clock.now() + timedelta(milliseconds=5))
+        is False
+    )
     assert await sleep_unless(clock, event, seconds=0) is True  # already set
 
 
@@ -133,9 +136,12 @@ async def test_an_idle_managers_periodic_loops_wake_together_on_ticks() -> None:
     clock = Recording(start)
     yearly = PeriodicTaskConfig.create(name="y", spec="0 0 1 1 *", task_type="t", schedule_id=1)
     mgr = PeriodicTaskManager(
-        StaticProvider([yearly]), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(),
+        StaticProvider([yearly]),
+        MemoryTarget(),
+        clock=clock,
+        store=MemoryRuntimeStore(),
         timing=Timing(sync_interval=30, heartbeat_interval=5),
-    )  # fmt: skip
+    )
     await mgr.start()
     try:
         await clock.advance(1.2)  # T0 + 2.5
@@ -175,9 +181,13 @@ async def test_with_a_change_signal_the_sync_loop_is_on_the_ticks_too() -> None:
     clock = Recording(start)
     yearly = PeriodicTaskConfig.create(name="y", spec="0 0 1 1 *", task_type="t", schedule_id=1)
     mgr = PeriodicTaskManager(
-        StaticProvider([yearly]), MemoryTarget(), clock=clock, store=MemoryRuntimeStore(),
-        signals=[SilentSignal()], timing=Timing(sync_interval=30, heartbeat_interval=5),
-    )  # fmt: skip
+        StaticProvider([yearly]),
+        MemoryTarget(),
+        clock=clock,
+        store=MemoryRuntimeStore(),
+        signals=[SilentSignal()],
+        timing=Timing(sync_interval=30, heartbeat_interval=5),
+    )
     await mgr.start()
     try:
         await clock.advance(1.2)  # T0 + 2.5
@@ -202,7 +212,9 @@ class CountingStore:
         self.asked.append(schedule_key)
         return FailureCount(0, None, [])
 
-    async def save_failure_count(self, schedule_key: str, failures: int, checked_at: datetime) -> None:
+    async def save_failure_count(
+        self, schedule_key: str, failures: int, checked_at: datetime
+    ) -> None:
         raise AssertionError("nothing to save")
 
     async def reset_failure_count(self, schedule_key: str) -> None:
@@ -243,7 +255,9 @@ async def test_the_failure_watch_walks_the_entries_again_only_after_they_changed
     clock = VirtualClock(T0)
     scheduler = Scheduler(MemoryTarget(), clock=clock)
     for i in range(1, 1001):
-        scheduler.register(PeriodicTaskConfig.create(name=f"s{i}", spec="@hourly", task_type="t", schedule_id=i))
+        scheduler.register(
+            PeriodicTaskConfig.create(name=f"s{i}", spec="@hourly", task_type="t", schedule_id=i)
+        )
     store, never = CountingStore(), NeverAsked()
     watch = FailureWatch(
         scheduler, store, never, never, clock=clock, manager_id="m", interval=5, paused=lambda: None
@@ -253,7 +267,11 @@ async def test_the_failure_watch_walks_the_entries_again_only_after_they_changed
     assert len(looked) == 1000 and store.asked == []  # one walk for three rounds
     scheduler.register(
         PeriodicTaskConfig.create(
-            name="f", spec="@hourly", task_type="t", schedule_id=5000, options={"pause_after_failures": 3}
+            name="f",
+            spec="@hourly",
+            task_type="t",
+            schedule_id=5000,
+            options={"pause_after_failures": 3},
         )
     )
     looked.clear()
@@ -285,7 +303,9 @@ class Broker:
         return ["redis"] if len(self.asked) == 3 else []
 
 
-async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ticks_while_sending() -> None:
+async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ticks_while_sending() -> (
+    None
+):
     """A manager stopped within its first interval writes nothing to the broker (as before the
     ticks); a broker that cannot be asked is asked again at the next tick, not at once; while
     tasks are sent, it looks at every tick."""
@@ -300,9 +320,14 @@ async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ti
             lost.append(name)
 
     beat = Heartbeat(
-        MemoryRuntimeStore(), "m", status=lambda: None, records=list, clock=clock, interval=5,  # type: ignore[arg-type, return-value]
+        MemoryRuntimeStore(),
+        "m",
+        status=lambda: None,
+        records=list,
+        clock=clock,
+        interval=5,  # type: ignore[arg-type, return-value]
         metrics=Metrics(),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     broker = Broker(clock)
     sent = asyncio.Event()
     broker.sent = sent  # a send between every two looks
@@ -311,7 +336,9 @@ async def test_the_broker_watch_looks_an_interval_after_the_start_then_on_the_ti
         await clock.advance(4.9)
         assert broker.asked == []
         await clock.advance(20)
-        assert broker.asked == [start + timedelta(seconds=5)] + [T0 + timedelta(seconds=s) for s in (10, 15, 20, 25)]
+        assert broker.asked == [start + timedelta(seconds=5)] + [
+            T0 + timedelta(seconds=s) for s in (10, 15, 20, 25)
+        ]
         assert lost == ["redis"]
     finally:
         watching.cancel()
@@ -335,15 +362,22 @@ async def test_the_broker_watch_of_a_manager_at_rest_looks_once_a_minute() -> No
             return []
 
     beat = Heartbeat(
-        MemoryRuntimeStore(), "m", status=lambda: None, records=list, clock=clock, interval=5,  # type: ignore[arg-type, return-value]
+        MemoryRuntimeStore(),
+        "m",
+        status=lambda: None,
+        records=list,
+        clock=clock,
+        interval=5,  # type: ignore[arg-type, return-value]
         metrics=Metrics(),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     broker = Calm(clock)
     sent = asyncio.Event()
     watching = asyncio.ensure_future(beat.watch(broker, sent))
     try:
         await clock.advance(5 * 60 + 1)
-        assert broker.asked == [T0 + timedelta(seconds=s) for s in (5, 60, 120, 180, 240, 300)]  # 61 before
+        assert broker.asked == [
+            T0 + timedelta(seconds=s) for s in (5, 60, 120, 180, 240, 300)
+        ]  # 61 before
         assert clock.next_deadline() == T0 + timedelta(seconds=360)  # no wake-up at the 5 s ticks
         broker.asked.clear()
         sent.set()  # a batch was sent
@@ -387,7 +421,9 @@ async def test_the_command_looks_at_a_running_managers_health_four_times_a_minut
         assert looks == [T0 + timedelta(seconds=s) for s in (0, 15, 30, 45, 60)]
         Tasks.died.set()
         await clock.advance(0)
-        assert await asyncio.wait_for(supervising, 5) == 1 and looks[-1] == T0 + timedelta(seconds=60)
+        assert await asyncio.wait_for(supervising, 5) == 1 and looks[-1] == T0 + timedelta(
+            seconds=60
+        )
     finally:
         supervising.cancel()
         await asyncio.gather(supervising, return_exceptions=True)

@@ -192,11 +192,20 @@ def test_content_hash_is_the_digest_stored_and_compared_elsewhere() -> None:
     # Stored (pm_entries, last good versions) and recomputed by the API from rows: its text
     # must not change with how it is computed. Digests of the previous implementation.
     plain = PeriodicTaskConfig(
-        "x", "*/5 * * * *", "reports.build", payload={"b": [1, "é"], "a": None},
-        options={"queue": "q1"}, timezone="Europe/Berlin",
-    )  # fmt: skip
+        "x",
+        "*/5 * * * *",
+        "reports.build",
+        payload={"b": [1, "é"], "a": None},
+        options={"queue": "q1"},
+        timezone="Europe/Berlin",
+    )
     anchored = PeriodicTaskConfig(
-        "y", "@every 90m", "t", anchor=datetime(2030, 1, 2, 3, 4, 5, 6, tzinfo=timezone(timedelta(hours=2)))
+        "y",
+        "@every 90m",
+        "t",
+        anchor=datetime(2030, 1, 2, 3, 4, 5, 6, tzinfo=timezone(timedelta(hours=2))),
     )
     assert content_hash(plain) == "37e32fda0801934f85084f3ffcd779ec03264eac26d01d62d819f1787600a3e6"
-    assert content_hash(anchored) == "2f4dc44a009a3bfe64788d89b439c11723cf5776f21ddf8143dffee0f2186632"
+    assert (
+        content_hash(anchored) == "2f4dc44a009a3bfe64788d89b439c11723cf5776f21ddf8143dffee0f2186632"
+    )

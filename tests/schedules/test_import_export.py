@@ -182,7 +182,9 @@ def test_toml_cannot_express_null(
             "enabled: must be true or false",
         ),
         (
-            json.dumps([{"name": "x", "spec": "@daily", "task_type": "t", "payload": "x" * 70_000}]),
+            json.dumps(
+                [{"name": "x", "spec": "@daily", "task_type": "t", "payload": "x" * 70_000}]
+            ),
             "json",
             "entry 1 ('x'): payload: 70002 bytes of JSON, more than the limit of 65536",
         ),
@@ -259,7 +261,9 @@ def test_import_keeps_bounds_and_misfire_all_as_written(
     url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], options: dict[str, Any]
 ) -> None:
     f = tmp_path / "s.json"
-    f.write_text(json.dumps([{"name": "x", "spec": "@daily", "task_type": "t", "options": options}]))
+    f.write_text(
+        json.dumps([{"name": "x", "spec": "@daily", "task_type": "t", "options": options}])
+    )
     code, _, err = cli(capsys, "import", str(f), "--database-url", url)
     assert code == 0, err
     assert rows(url)["x"].options == options
@@ -267,30 +271,54 @@ def test_import_keeps_bounds_and_misfire_all_as_written(
 
 def test_next_within_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(
-        capsys, "next", "0 6 * * *", "-n", "5",
-        "--start-at", "2030-01-01T06:00:00Z", "--end-at", "2030-01-03T06:00:00Z",
-    )  # fmt: skip
+        capsys,
+        "next",
+        "0 6 * * *",
+        "-n",
+        "5",
+        "--start-at",
+        "2030-01-01T06:00:00Z",
+        "--end-at",
+        "2030-01-03T06:00:00Z",
+    )
     assert code == 0
     assert [line.split()[0] for line in out.splitlines()] == [
-        "2030-01-01T06:00:00Z", "2030-01-02T06:00:00Z",
-    ]  # fmt: skip
+        "2030-01-01T06:00:00Z",
+        "2030-01-02T06:00:00Z",
+    ]
 
 
 def test_next_without_excluded_dates(capsys: pytest.CaptureFixture[str]) -> None:
     # 2030-12-25 and 26 are Bavarian holidays; 2030-12-27 is listed; 09:00 Berlin is 08:00Z.
     code, out, err = cli(
-        capsys, "next", "0 9 * * *", "--tz", "Europe/Berlin", "-n", "3",
-        "--start-at", "2030-12-24T00:00:00Z", "--exclude-holidays", "DE-BY",
-        "--exclude-dates", "2030-12-27,2031-01-01",
-    )  # fmt: skip
+        capsys,
+        "next",
+        "0 9 * * *",
+        "--tz",
+        "Europe/Berlin",
+        "-n",
+        "3",
+        "--start-at",
+        "2030-12-24T00:00:00Z",
+        "--exclude-holidays",
+        "DE-BY",
+        "--exclude-dates",
+        "2030-12-27,2031-01-01",
+    )
     assert code == 0, err
     assert [line.split()[0] for line in out.splitlines()] == [
-        "2030-12-24T08:00:00Z", "2030-12-28T08:00:00Z", "2030-12-29T08:00:00Z",
-    ]  # fmt: skip
+        "2030-12-24T08:00:00Z",
+        "2030-12-28T08:00:00Z",
+        "2030-12-29T08:00:00Z",
+    ]
     code, out, err = cli(capsys, "next", "@daily", "--exclude-holidays", "DE-QQ")
     [line] = err.strip().splitlines()
-    assert code == 2 and out == "" and line.startswith(
-        "periodic-manager: error: --exclude-holidays: holidays.subdiv: 'QQ' is not a subdivision of DE"
+    assert (
+        code == 2
+        and out == ""
+        and line.startswith(
+            "periodic-manager: error: --exclude-holidays: holidays.subdiv: 'QQ' is not a subdivision of DE"
+        )
     ), err
     code, _, err = cli(capsys, "next", "@daily", "--exclude-dates", "2030-02-30")
     assert code == 2 and "--exclude-dates: dates[0]: must be a valid date" in err, err
@@ -330,7 +358,10 @@ def test_next_prints_utc_and_local(capsys: pytest.CaptureFixture[str]) -> None:
         (["@every 1m", "--anchor", "yesterday"], "--anchor: "),
         (["@daily", "--start-at", "2026-01-01T00:00:00"], "--start-at: "),
         (["@daily", "--end-at", "9999-12-31T23:00:00-05:00"], "--end-at: "),
-        (["@daily", "--start-at", "2030-01-02T00:00Z", "--end-at", "2030-01-01T00:00Z"], "--end-at: "),
+        (
+            ["@daily", "--start-at", "2030-01-02T00:00Z", "--end-at", "2030-01-01T00:00Z"],
+            "--end-at: ",
+        ),
     ],
 )
 def test_next_rejects_bad_input_in_one_line(
@@ -368,15 +399,19 @@ def test_export_writes_rows_with_errors_as_stored_marked_invalid(
     assert by_name["deep"]["invalid"] == "payload: nested deeper than 100 levels"
     assert "payload" not in by_name["deep"]
     notes = err.strip().splitlines()
-    assert all(n.startswith("periodic-manager: note: exported as stored (invalid): ") for n in notes)
+    assert all(
+        n.startswith("periodic-manager: note: exported as stored (invalid): ") for n in notes
+    )
     assert any("schedule #2 ('deep'): payload: nested deeper than 100 levels" in n for n in notes)
     if url.startswith("sqlite"):
         assert by_name["notjson"]["raw"] == {"payload": "{oops"}
         # Bytes that are not text: in hex, and the entry has no name but the stored one.
         assert by_name[None] == {
-            "spec": "* * * * *", "task_type": "t", "invalid": "name: not valid UTF-8 text",
+            "spec": "* * * * *",
+            "task_type": "t",
+            "invalid": "name: not valid UTF-8 text",
             "raw": {"name": {"hex": "ff"}},
-        }  # fmt: skip
+        }
         assert len(notes) == 4 and doc[0] == by_name[None]  # an unreadable name sorts first
     else:
         assert len(notes) == 2
@@ -419,7 +454,9 @@ schedules:
 
 
 def calendars(url: str) -> dict[str, str]:
-    return {n: s for n, s in asyncio.run(rawsql.execute(url, "SELECT name, spec FROM pm_calendars"))}
+    return {
+        n: s for n, s in asyncio.run(rawsql.execute(url, "SELECT name, spec FROM pm_calendars"))
+    }
 
 
 @pytest.mark.parametrize("fmt", ["json", "yaml", "toml"])

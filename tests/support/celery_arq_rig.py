@@ -112,7 +112,9 @@ async def api_rig(
         async with app.router.lifespan_context(app):
             managers.append(state_of(app).manager)
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://localhost"
+            ) as client:
                 rig = Rig(client, clock, settings, managers, make_manager)
                 try:
                     yield rig
@@ -158,13 +160,30 @@ class WorkerProcess:
 def celery_worker(prefix: str, queues: list[str], log: Path, broker: str) -> WorkerProcess:
     return WorkerProcess(
         [
-            sys.executable, "-m", "celery", "-A", "tests.support.celery_worker_app", "worker",
-            "--pool=solo", "-Q", ",".join(queues), "--hostname", f"{prefix}@%h",
-            "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "INFO",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.support.celery_worker_app",
+            "worker",
+            "--pool=solo",
+            "-Q",
+            ",".join(queues),
+            "--hostname",
+            f"{prefix}@%h",
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+            "-l",
+            "INFO",
         ],
-        {"PM_TEST_BROKER": broker, "PM_TEST_OUT": f"{prefix}:out", "PM_TEST_KEYPREFIX": f"{prefix}:"},
+        {
+            "PM_TEST_BROKER": broker,
+            "PM_TEST_OUT": f"{prefix}:out",
+            "PM_TEST_KEYPREFIX": f"{prefix}:",
+        },
         log,
-    )  # fmt: skip
+    )
 
 
 def arq_worker(prefix: str, queue: str, log: Path, redis_url: str) -> WorkerProcess:
@@ -180,13 +199,23 @@ def rq_burst(prefix: str, queue: str, redis_url: str, log: Path) -> None:
     (each records what it received, tests/support/rq_worker_app.py, in ``<prefix>:out``), then
     exits."""
     env = {
-        **os.environ, "RQ_KEY_PREFIX": prefix, "PM_TEST_REDIS": redis_url,
+        **os.environ,
+        "RQ_KEY_PREFIX": prefix,
+        "PM_TEST_REDIS": redis_url,
         "PM_TEST_OUT": f"{prefix}:out",
-    }  # fmt: skip
+    }
     argv = [
-        sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url,
-        "--name", f"{prefix}-worker", queue,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rq.cli",
+        "worker",
+        "--burst",
+        "--url",
+        redis_url,
+        "--name",
+        f"{prefix}-worker",
+        queue,
+    ]
     with open(log, "wb") as out:
         done = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=out, timeout=60)
     assert done.returncode == 0, log.read_text(errors="replace")[-3000:]

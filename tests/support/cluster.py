@@ -63,21 +63,36 @@ class RedisCluster(Throwaway):
     def _spawn(self, port: int, timeout: float = 10.0) -> None:
         proc = subprocess.Popen(
             [
-                self.server, "--port", str(port), "--bind", "127.0.0.1",
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", str(self.dir / f"nodes-{port}.conf"),
-                "--cluster-node-timeout", "2000",
-                "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-                "--loglevel", "warning",
+                self.server,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(self.dir / f"nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                "2000",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--loglevel",
+                "warning",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         self.procs[port] = proc
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"redis-server (cluster node {port}) exited with {proc.returncode}")
+                raise RuntimeError(
+                    f"redis-server (cluster node {port}) exited with {proc.returncode}"
+                )
             if _accepting(port):
                 return
             time.sleep(0.02)
@@ -87,11 +102,15 @@ class RedisCluster(Throwaway):
         """``redis-cli -p <port> <args>``; its output, or RuntimeError naming it."""
         done = subprocess.run(
             [self.cli, "-h", "127.0.0.1", "-p", str(port), *args],
-            capture_output=True, timeout=timeout, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
         out = (done.stdout + done.stderr).decode(errors="replace")
         if done.returncode != 0 or out.startswith("ERR") or "[ERR]" in out:
-            raise RuntimeError(f"redis-cli {' '.join(args)} exited with {done.returncode}: {out[-2000:]}")
+            raise RuntimeError(
+                f"redis-cli {' '.join(args)} exited with {done.returncode}: {out[-2000:]}"
+            )
         return out
 
     def start(self, timeout: float = 30.0) -> None:
@@ -100,8 +119,10 @@ class RedisCluster(Throwaway):
         nodes = [f"127.0.0.1:{port}" for port in self.ports]
         subprocess.run(
             [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-            capture_output=True, timeout=60, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
         self.wait_ok(timeout)
 
     def wait_ok(self, timeout: float = 30.0) -> None:

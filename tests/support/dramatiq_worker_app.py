@@ -30,7 +30,9 @@ if URL.startswith("amqp"):
 else:
     from dramatiq.brokers.redis import RedisBroker
 
-    broker = RedisBroker(url=URL, namespace=os.environ.get("PM_TEST_DRAMATIQ_NAMESPACE", "dramatiq"))
+    broker = RedisBroker(
+        url=URL, namespace=os.environ.get("PM_TEST_DRAMATIQ_NAMESPACE", "dramatiq")
+    )
 broker.add_middleware(CurrentMessage())
 dramatiq.set_broker(broker)
 

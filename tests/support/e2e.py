@@ -44,7 +44,9 @@ class Rig:
     redis: aioredis.Redis | None
 
     async def advance_to(self, instant: datetime) -> None:
-        await self.clock.advance_to(instant, settle=lambda: self.manager.wait_settled(self.clock.now()))
+        await self.clock.advance_to(
+            instant, settle=lambda: self.manager.wait_settled(self.clock.now())
+        )
 
     async def messages(self, queue: str = "default") -> list[dict[str, Any]]:
         """Every message of ``queue``, as the Redis stream's field dict."""
@@ -64,12 +66,20 @@ class Rig:
             ).all()
         out = []
         for r in rows:
-            sched, enq = (v if isinstance(v, datetime) else datetime.fromisoformat(v) for v in (r[6], r[7]))
+            sched, enq = (
+                v if isinstance(v, datetime) else datetime.fromisoformat(v) for v in (r[6], r[7])
+            )
             out.append(
                 {
-                    "id": r[0], "type": r[1], "payload": r[2], "queue": r[3], "name": r[4],
-                    "idempotency_key": r[5], "scheduled_at": iso(sched.replace(tzinfo=sched.tzinfo or UTC)),
-                    "enqueued_at": iso(enq.replace(tzinfo=enq.tzinfo or UTC)), "options": r[8],
+                    "id": r[0],
+                    "type": r[1],
+                    "payload": r[2],
+                    "queue": r[3],
+                    "name": r[4],
+                    "idempotency_key": r[5],
+                    "scheduled_at": iso(sched.replace(tzinfo=sched.tzinfo or UTC)),
+                    "enqueued_at": iso(enq.replace(tzinfo=enq.tzinfo or UTC)),
+                    "options": r[8],
                 }
             )
         return out
@@ -79,7 +89,12 @@ class Rig:
 
 
 async def e2e_rig(
-    db_url: str, target: str, redis_prefix: str, redis_url: str, *, start: datetime = T0,
+    db_url: str,
+    target: str,
+    redis_prefix: str,
+    redis_url: str,
+    *,
+    start: datetime = T0,
     **overrides: Any,
 ) -> AsyncIterator[Rig]:
     """Yields one Rig: the API with its manager on ``db_url`` and ``target`` (outbox or redis),
@@ -92,21 +107,30 @@ async def e2e_rig(
     # here SQL edits are seen at the next sync, and the API's own edits at once. The signals
     # are tested in tests/runtime/test_change_signal.py.
     settings = Settings(
-        database_url=db_url, target=target, redis_url=redis_url, stream_prefix=redis_prefix,
-        sync_interval=30, grace=30, heartbeat_interval=5,
+        database_url=db_url,
+        target=target,
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        sync_interval=30,
+        grace=30,
+        heartbeat_interval=5,
         **{"coordination": "leader", "listen": False, **overrides},
     )
     clock = VirtualClock(start)
     engine = create_engine(db_url)
     app = create_app(
-        settings, clock=clock, engine=engine,
+        settings,
+        clock=clock,
+        engine=engine,
         manager_factory=lambda eng: build_manager(settings, eng, clock=clock),
     )
     redis = aioredis.from_url(redis_url, decode_responses=True) if target == "redis" else None
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://localhost"
+            ) as client:
                 yield Rig(client, state_of(app).manager, clock, engine, settings, redis)
     finally:
         if redis is not None:

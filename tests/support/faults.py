@@ -38,10 +38,16 @@ def slot_tasks(
         key = f"{prefix}.{name}{i}:2024-05-01T12:01:00Z"
         out.append(
             Task(
-                id=task_id_for(key), name=f"{prefix}.{name}{i}", task_type=task_type,
-                payload={"i": i}, queue=queue, options={"queue": queue}, idempotency_key=key,
-                scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
-            )  # fmt: skip
+                id=task_id_for(key),
+                name=f"{prefix}.{name}{i}",
+                task_type=task_type,
+                payload={"i": i},
+                queue=queue,
+                options={"queue": queue},
+                idempotency_key=key,
+                scheduled_at=SLOT,
+                expires_at=SLOT + timedelta(seconds=30),
+            )
         )
     return out
 

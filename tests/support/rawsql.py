@@ -150,10 +150,16 @@ async def _mysql_execute(url: str, sql: str) -> list[tuple[Any, ...]]:
 
     u = make_url(url)
     conn = await asyncmy.connect(
-        host=u.host or "127.0.0.1", port=u.port or 3306, user=u.username or "root",
-        password=u.password or "", database=u.database, autocommit=True, connect_timeout=5,
-        charset="utf8mb4", init_command="SET time_zone = '+00:00'",
-    )  # fmt: skip
+        host=u.host or "127.0.0.1",
+        port=u.port or 3306,
+        user=u.username or "root",
+        password=u.password or "",
+        database=u.database,
+        autocommit=True,
+        connect_timeout=5,
+        charset="utf8mb4",
+        init_command="SET time_zone = '+00:00'",
+    )
     try:
         async with conn.cursor() as cur:
             await cur.execute(sql)

@@ -223,7 +223,9 @@ class PostgresServer(Throwaway):
         return f"postgresql://postgres:{secret}@127.0.0.1:{self.port}/{database}"
 
     def _run(self, *args: str) -> None:
-        done = subprocess.run([*self._as_user, *args], capture_output=True, timeout=60, cwd=self.dir)
+        done = subprocess.run(
+            [*self._as_user, *args], capture_output=True, timeout=60, cwd=self.dir
+        )
         if done.returncode != 0:
             output = (done.stdout + done.stderr).decode(errors="replace").strip()[-2000:]
             raise RuntimeError(f"{Path(args[0]).name} exited with {done.returncode}: {output}")
@@ -234,20 +236,37 @@ class PostgresServer(Throwaway):
         if self._as_user:
             shutil.chown(pwfile, "postgres")
         self._run(
-            _postgres_binary("initdb"), "-D", str(self.data), "-U", "postgres", "-E", "UTF8",
-            "--auth=scram-sha-256", f"--pwfile={pwfile}", "--no-sync",
+            _postgres_binary("initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--auth=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "--no-sync",
         )
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
         self._run(
-            _postgres_binary("pg_ctl"), "-D", str(self.data), "-o", options, "-w",
-            "-l", str(self.dir / "log"), "start",
+            _postgres_binary("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-w",
+            "-l",
+            str(self.dir / "log"),
+            "start",
         )
         self.started = True
 
     def close(self) -> None:
         if self.started:
             try:
-                self._run(_postgres_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+                self._run(
+                    _postgres_binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"
+                )
             finally:
                 self.started = False
         shutil.rmtree(self.dir, ignore_errors=True)

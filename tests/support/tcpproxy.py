@@ -43,7 +43,9 @@ class TcpProxy:
         self.dropped = 0  # replies dropped so far
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+        self._server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, reuse_address=True
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

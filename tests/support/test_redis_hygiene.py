@@ -21,7 +21,7 @@ from tests.conftest import _unavailable
 from tests.support import ROOT
 from tests.support.servers import RedisServer
 
-INNER = '''
+INNER = """
 import redis
 
 from tests.conftest import REDIS_URL
@@ -41,13 +41,13 @@ def test_another_run_writes_meanwhile():
 
 def test_leaks_a_default_key():
     client.set("pm:claim:TAG", 1)
-'''
+"""
 
 # The same run on two pytest-xdist workers, one file each (``--dist loadfile``): worker b's first
 # test has begun (and so its session) before worker a leaks the key, and b's tests end after it.
 # Both workers' sessions span the leak; the run must report it once. (A worker runs a test once it
 # knows the next, so each file ends with a test that waits for nothing.)
-XDIST_HEAD = '''
+XDIST_HEAD = """
 import time
 from pathlib import Path
 
@@ -63,8 +63,10 @@ def wait_for(condition, what):
     while not condition():
         assert time.monotonic() < deadline, f"{what} did not happen within 30 s"
         time.sleep(0.05)
-'''
-INNER_XDIST_A = XDIST_HEAD + '''
+"""
+INNER_XDIST_A = (
+    XDIST_HEAD
+    + """
 
 def test_leaks_a_default_key():
     wait_for(lambda: Path("b-started").exists(), "worker b's start")
@@ -73,8 +75,11 @@ def test_leaks_a_default_key():
 
 def test_nothing_after():
     pass
-'''
-INNER_XDIST_B = XDIST_HEAD + '''
+"""
+)
+INNER_XDIST_B = (
+    XDIST_HEAD
+    + """
 
 def test_writes_under_its_prefix(redis_prefix):
     open("prefix.txt", "w").write(redis_prefix)
@@ -86,17 +91,21 @@ def test_writes_under_its_prefix(redis_prefix):
 
 def test_another_run_writes_meanwhile():
     client.set("pmtffffffffffff:TAG:other-run", 1)
-'''
+"""
+)
 
 
 @pytest.mark.parametrize(
     ("files", "options"),
     [
         ({"test_inner.py": INNER}, []),
-        ({"test_inner_a.py": INNER_XDIST_A, "test_inner_b.py": INNER_XDIST_B}, ["-n", "2", "--dist", "loadfile"]),
+        (
+            {"test_inner_a.py": INNER_XDIST_A, "test_inner_b.py": INNER_XDIST_B},
+            ["-n", "2", "--dist", "loadfile"],
+        ),
     ],
     ids=["one-process", "xdist"],
-)  # fmt: skip
+)
 def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
     tmp_path: Path, files: dict[str, str], options: list[str]
 ) -> None:
@@ -123,10 +132,23 @@ def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
     leaked, other = f"pm:claim:{tag}", f"pmtffffffffffff:{tag}:other-run"
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", *options, "tests"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-rN",
+                "-p",
+                "no:cacheprovider",
+                *options,
+                "tests",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
             env={**os.environ, "PM_TEST_REDIS_URL": server.url},
-        )  # fmt: skip
+        )
         out = done.stdout + done.stderr
         assert done.returncode == 1, out
         tests = sum(text.count("\ndef test_") for text in files.values())

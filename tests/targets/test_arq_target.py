@@ -65,9 +65,14 @@ async def rig(
     worker: WorkerProcess, sqlite_url: str, redis_url: str, redis_prefix: str
 ) -> AsyncIterator[Rig]:
     settings = Settings(
-        database_url=sqlite_url, target="arq", redis_url=redis_url, stream_prefix=redis_prefix,
-        sync_interval=30, grace=30, heartbeat_interval=5,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        target="arq",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        sync_interval=30,
+        grace=30,
+        heartbeat_interval=5,
+    )
     async with api_rig(
         sqlite_url, settings, lambda: ArqTarget.from_url(redis_url, prefix=redis_prefix)
     ) as r:
@@ -165,10 +170,16 @@ async def test_two_managers_run_each_slot_once(
         == 0
     )
     task = Task(
-        id=task_id_for(key), name=name, task_type="record", payload={"n": 1}, queue=queue,
-        options={"queue": queue}, idempotency_key=key, scheduled_at=last,
+        id=task_id_for(key),
+        name=name,
+        task_type="record",
+        payload={"n": 1},
+        queue=queue,
+        options={"queue": queue},
+        idempotency_key=key,
+        scheduled_at=last,
         expires_at=last + timedelta(seconds=30),
-    )  # fmt: skip
+    )
     late = ArqTarget.from_url(redis_url, prefix=redis_prefix)
     try:
         [result] = await late.enqueue([task], last + timedelta(seconds=29))
@@ -188,10 +199,16 @@ async def test_arq_refuses_a_job_id_it_holds_and_reserved_payload_keys_fail_alon
         key = f"{redis_prefix}.{name}:{iso(slot)}"
         job_keys.add(task_id_for(key))
         return Task(
-            id=task_id_for(key), name=f"{redis_prefix}.{name}", task_type="record",
-            payload=payload, queue=queue, options={"queue": queue}, idempotency_key=key,
-            scheduled_at=slot, expires_at=slot + timedelta(seconds=30),
-        )  # fmt: skip
+            id=task_id_for(key),
+            name=f"{redis_prefix}.{name}",
+            task_type="record",
+            payload=payload,
+            queue=queue,
+            options={"queue": queue},
+            idempotency_key=key,
+            scheduled_at=slot,
+            expires_at=slot + timedelta(seconds=30),
+        )
 
     good, bad = task("good", [1]), task("bad", {"_job_id": "mine"})
     target = ArqTarget.from_url(redis_url, prefix=redis_prefix)
@@ -212,10 +229,16 @@ async def test_arq_refuses_a_job_id_it_holds_and_reserved_payload_keys_fail_alon
 def test_options_map_to_enqueue_job_arguments() -> None:
     slot = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
     base: dict[str, Any] = {
-        "id": "job-1", "name": "n", "task_type": "reports.build", "payload": {"a": 1},
-        "queue": "default", "options": {}, "idempotency_key": "n:2024-05-01T12:01:00Z",
-        "scheduled_at": slot, "expires_at": slot + timedelta(seconds=30),
-    }  # fmt: skip
+        "id": "job-1",
+        "name": "n",
+        "task_type": "reports.build",
+        "payload": {"a": 1},
+        "queue": "default",
+        "options": {},
+        "idempotency_key": "n:2024-05-01T12:01:00Z",
+        "scheduled_at": slot,
+        "expires_at": slot + timedelta(seconds=30),
+    }
     args, kwargs = arq_call(Task(**base), slot)
     assert args == ["reports.build"] and kwargs == {"a": 1, "_job_id": "job-1"}  # arq's queue
 
@@ -226,5 +249,7 @@ def test_options_map_to_enqueue_job_arguments() -> None:
     )
     assert args == ["reports.build", 1, 2]
     assert kwargs == {
-        "_job_id": "job-1", "_queue_name": "reports", "_expires": timedelta(seconds=590)
-    }  # fmt: skip
+        "_job_id": "job-1",
+        "_queue_name": "reports",
+        "_expires": timedelta(seconds=590),
+    }

@@ -30,10 +30,16 @@ SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 def task(name: str, task_type: str, queue: str | None = None) -> Task:
     key = f"{name}:2024-05-01T12:01:00Z"
     return Task(
-        id=task_id_for(key), name=name, task_type=task_type, payload={"n": name},
-        queue=queue or "default", options={} if queue is None else {"queue": queue},
-        idempotency_key=key, scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
-    )  # fmt: skip
+        id=task_id_for(key),
+        name=name,
+        task_type=task_type,
+        payload={"n": name},
+        queue=queue or "default",
+        options={} if queue is None else {"queue": queue},
+        idempotency_key=key,
+        scheduled_at=SLOT,
+        expires_at=SLOT + timedelta(seconds=30),
+    )
 
 
 def user_app(redis_url: str, prefix: str) -> Celery:
@@ -128,9 +134,12 @@ async def test_pm_celery_app_builds_a_target_honouring_the_apps_default_queue(
     app_module: str, redis_client: aioredis.Redis, redis_prefix: str, sqlite_url: str
 ) -> None:
     settings = Settings(
-        database_url=sqlite_url, target="celery", celery_app=f"{app_module}:app",
-        stream_prefix=redis_prefix, celery_publish_timeout=2.5,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        target="celery",
+        celery_app=f"{app_module}:app",
+        stream_prefix=redis_prefix,
+        celery_publish_timeout=2.5,
+    )
     target, engine = await built(settings)
     try:
         assert target.fast_path_off is None and target.timeout == 2.5
@@ -148,9 +157,12 @@ async def test_pm_celery_fast_path_false_publishes_everything_through_kombu(
     app_module: str, sqlite_url: str, redis_prefix: str
 ) -> None:
     settings = Settings(
-        database_url=sqlite_url, target="celery", celery_app=app_module, celery_fast_path=False,
+        database_url=sqlite_url,
+        target="celery",
+        celery_app=app_module,
+        celery_fast_path=False,
         stream_prefix=redis_prefix,
-    )  # fmt: skip
+    )
     target, engine = await built(settings)
     try:
         assert target.writer is None and "PM_CELERY_FAST_PATH" in (target.fast_path_off or "")

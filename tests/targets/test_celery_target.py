@@ -77,9 +77,14 @@ async def rig(
     worker: WorkerProcess, sqlite_url: str, redis_url: str, redis_prefix: str, path: str
 ) -> AsyncIterator[Rig]:
     settings = Settings(
-        database_url=sqlite_url, target="celery", redis_url=redis_url, stream_prefix=redis_prefix,
-        sync_interval=30, grace=30, heartbeat_interval=5,
-    )  # fmt: skip
+        database_url=sqlite_url,
+        target="celery",
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        sync_interval=30,
+        grace=30,
+        heartbeat_interval=5,
+    )
     ways = itertools.cycle([True, False] if path == "mixed" else [path == "direct"])
 
     def target() -> CeleryTarget:
@@ -102,9 +107,11 @@ async def test_worker_runs_every_slot_with_the_payload_mapped_to_arguments(
 ) -> None:
     p = redis_prefix
     await rig.create(
-        name=f"{p}.kwargs", task_type="pmtest.record", payload={"a": 1, "b": [1, 2]},
+        name=f"{p}.kwargs",
+        task_type="pmtest.record",
+        payload={"a": 1, "b": [1, 2]},
         options={"queue": queue, "timeout": 7, "extra": {"priority": 3, "soft_time_limit": 5}},
-    )  # fmt: skip
+    )
     await rig.create(
         name=f"{p}.args",
         task_type="pmtest.record",
@@ -177,10 +184,16 @@ def _task(prefix: str, slot: datetime, **fields: Any) -> Task:
     name = fields.pop("name", f"{prefix}.unit")
     key = f"{name}:{iso(slot)}"
     values: dict[str, Any] = {
-        "id": task_id_for(key), "name": name, "task_type": "pmtest.record", "payload": {"a": 1},
-        "queue": f"{prefix}.q", "options": {"queue": f"{prefix}.q"}, "idempotency_key": key,
-        "scheduled_at": slot, "expires_at": slot + timedelta(seconds=30),
-    }  # fmt: skip
+        "id": task_id_for(key),
+        "name": name,
+        "task_type": "pmtest.record",
+        "payload": {"a": 1},
+        "queue": f"{prefix}.q",
+        "options": {"queue": f"{prefix}.q"},
+        "idempotency_key": key,
+        "scheduled_at": slot,
+        "expires_at": slot + timedelta(seconds=30),
+    }
     values.update(fields)
     return Task(**values)
 

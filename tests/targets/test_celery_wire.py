@@ -37,10 +37,16 @@ EXPIRES = re.compile(r'"expires": "([0-9T:.+-]+)"')
 def task(prefix: str, slot: datetime, name: str, **fields: Any) -> Task:
     key = f"{prefix}.{name}:{slot.isoformat()}"
     values: dict[str, Any] = {
-        "id": task_id_for(key), "name": f"{prefix}.{name}", "task_type": "pmtest.record",
-        "payload": {"a": 1}, "queue": "default", "options": {}, "idempotency_key": key,
-        "scheduled_at": slot, "expires_at": slot + timedelta(seconds=30),
-    }  # fmt: skip
+        "id": task_id_for(key),
+        "name": f"{prefix}.{name}",
+        "task_type": "pmtest.record",
+        "payload": {"a": 1},
+        "queue": "default",
+        "options": {},
+        "idempotency_key": key,
+        "scheduled_at": slot,
+        "expires_at": slot + timedelta(seconds=30),
+    }
     values.update(fields)
     values["queue"] = values["options"].get("queue", "default")  # as a schedule's config has it
     return Task(**values)
@@ -63,7 +69,7 @@ def cases(prefix: str, slot: datetime) -> list[Task]:
             slot,
             "limits",
             options={"queue": q, "timeout": 7, "extra": {"soft_time_limit": 5, "expires": 3600}},
-        ),  # fmt: skip
+        ),
         task(
             prefix,
             slot,
@@ -273,9 +279,10 @@ async def test_a_batch_prepared_ahead_writes_the_same_messages_and_a_resend_adds
     assert sum(len(v) for k, v in staged.items() if not k.startswith("_kombu")) == len(tasks)
     # The same tasks enqueued at the slot by another writer: the very same bytes.
     other = CeleryTarget.from_url(
-        direct.app.conf.broker_url, prefix=f"{redis_prefix}o",
+        direct.app.conf.broker_url,
+        prefix=f"{redis_prefix}o",
         config={"broker_transport_options": {"global_keyprefix": f"{redis_prefix}o:"}},
-    )  # fmt: skip
+    )
     try:
         assert {r.status for r in await other.enqueue(tasks, slot)} == {"enqueued"}
     finally:

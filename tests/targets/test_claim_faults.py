@@ -34,10 +34,16 @@ SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 def make_task(prefix: str, name: str, queue: str, **options: Any) -> Task:
     key = f"{prefix}.{name}:2024-05-01T12:01:00Z"
     return Task(
-        id=task_id_for(key), name=f"{prefix}.{name}", task_type="pmtest.record",
-        payload={"n": name}, queue=queue, options={"queue": queue, **options},
-        idempotency_key=key, scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
-    )  # fmt: skip
+        id=task_id_for(key),
+        name=f"{prefix}.{name}",
+        task_type="pmtest.record",
+        payload={"n": name},
+        queue=queue,
+        options={"queue": queue, **options},
+        idempotency_key=key,
+        scheduled_at=SLOT,
+        expires_at=SLOT + timedelta(seconds=30),
+    )
 
 
 def celery_target(redis_url: str, prefix: str, **kwargs: Any) -> CeleryTarget:
@@ -52,9 +58,12 @@ async def celery(
 ) -> AsyncIterator[CeleryTarget]:
     """A Celery target on the test Redis, each way out, with a result backend (overlap)."""
     target = celery_target(
-        redis_url, redis_prefix, fast_path=request.param == "direct", result_backend=redis_url,
+        redis_url,
+        redis_prefix,
+        fast_path=request.param == "direct",
+        result_backend=redis_url,
         timeout=1.0,
-    )  # fmt: skip
+    )
     assert (target.writer is not None) == (request.param == "direct")
     yield target
     await target.close()
@@ -118,8 +127,12 @@ async def test_celery_a_key_of_another_type_fails_its_task_alone_and_leaves_no_c
             assert await claim_of(redis_client, redis_prefix, t) == f"s|{t.id}"
         again = await celery.enqueue(tasks, SLOT)
         assert [r.status for r in again] == [
-            "duplicate", "failed", "duplicate", "duplicate", "failed"
-        ]  # fmt: skip
+            "duplicate",
+            "failed",
+            "duplicate",
+            "duplicate",
+            "failed",
+        ]
         assert len(await queued_ids(redis_client, redis_prefix, queue)) == 3
     finally:
         await redis_client.delete(*(f"celery-task-meta-{t.id}" for t in tasks))
@@ -143,15 +156,20 @@ async def test_arq_a_previous_job_key_of_another_type_fails_that_job_alone(
     assert "another Redis type" in (first[1].error or "")
     assert sorted(await redis_client.zrange(queue, 0, -1)) == sorted([a.id, c.id])
     assert [r.status for r in await arq.enqueue([a, b, c], SLOT)] == [
-        "duplicate", "failed", "duplicate"
-    ]  # fmt: skip
+        "duplicate",
+        "failed",
+        "duplicate",
+    ]
 
 
 async def test_arq_a_queue_of_another_type_fails_its_chunk_and_writes_nothing(
     arq: ArqTarget, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     bad_queue, good_queue = f"{redis_prefix}:bad", f"{redis_prefix}:good"
-    bad, good = make_task(redis_prefix, "bad", bad_queue), make_task(redis_prefix, "good", good_queue)
+    bad, good = (
+        make_task(redis_prefix, "bad", bad_queue),
+        make_task(redis_prefix, "good", good_queue),
+    )
     arq.made += [bad.id, good.id]  # type: ignore[attr-defined]
     await redis_client.set(bad_queue, "not a sorted set")
     results = await arq.enqueue([bad, good], SLOT)
@@ -175,8 +193,9 @@ async def test_kombu_a_result_backend_failure_leaves_no_pending_claim_behind(
     kombu: CeleryTarget, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     queue = f"{redis_prefix}.q"
-    plain, after = make_task(redis_prefix, "plain", queue), make_task(
-        redis_prefix, "after", queue, overlap="skip"
+    plain, after = (
+        make_task(redis_prefix, "plain", queue),
+        make_task(redis_prefix, "after", queue, overlap="skip"),
     )
     await redis_client.set(f"{redis_prefix}:prev:{after.name}", "someid|123|1")
     assert kombu.previous is not None
@@ -208,6 +227,7 @@ async def test_kombu_a_publish_that_cannot_start_frees_its_claims_and_previous_k
     plain = [make_task(redis_prefix, f"p{i}", queue) for i in range(2)]
     after = make_task(redis_prefix, "after", queue, overlap="skip")
     tasks = [*plain, after]
+
     # The publishing thread is gone (the target is closing) once the slots are claimed.
     def stopped(messages: Any) -> Any:
         raise RuntimeError("cannot schedule new futures after shutdown")
@@ -258,12 +278,15 @@ async def test_a_pending_claim_dated_in_the_future_counts_as_abandoned(
     # Another publisher's pending claim, dated far ahead of Redis's clock (a hand-written value,
     # a clock stepped back): it would never grow old enough to be taken over.
     await redis_client.set(
-        f"{redis_prefix}:claim:{held.idempotency_key}", f"p|{held.id}|other|99999999999999",
+        f"{redis_prefix}:claim:{held.idempotency_key}",
+        f"p|{held.id}|other|99999999999999",
         px=60_000,
-    )  # fmt: skip
+    )
     results = await celery.enqueue(tasks, SLOT)
     assert [r.status for r in results] == ["enqueued", "enqueued", "resent", "enqueued", "enqueued"]
-    assert sorted(await queued_ids(redis_client, redis_prefix, queue)) == sorted(t.id for t in tasks)
+    assert sorted(await queued_ids(redis_client, redis_prefix, queue)) == sorted(
+        t.id for t in tasks
+    )
     assert await claim_of(redis_client, redis_prefix, held) == f"s|{held.id}"
 
 

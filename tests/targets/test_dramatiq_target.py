@@ -42,20 +42,41 @@ APP = "tests.support.dramatiq_worker_app"
 def make_task(prefix: str, name: str, payload: Any, queue: str, **options: Any) -> Task:
     key = f"{prefix}.{name}:2024-05-01T12:01:00Z"
     return Task(
-        id=task_id_for(key), name=f"{prefix}.{name}", task_type=options.pop("task_type", "record"),
-        payload=payload, queue=queue, options={"queue": queue, **options}, idempotency_key=key,
-        scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
-    )  # fmt: skip
+        id=task_id_for(key),
+        name=f"{prefix}.{name}",
+        task_type=options.pop("task_type", "record"),
+        payload=payload,
+        queue=queue,
+        options={"queue": queue, **options},
+        idempotency_key=key,
+        scheduled_at=SLOT,
+        expires_at=SLOT + timedelta(seconds=30),
+    )
 
 
 @contextmanager
 def worker(broker: str, prefix: str, queue: str, redis_url: str, log: Path) -> Iterator[None]:
     """A ``dramatiq`` worker process on ``queue`` while the block runs (then stopped)."""
     env = {
-        **os.environ, "PM_TEST_DRAMATIQ_URL": broker, "PM_TEST_DRAMATIQ_NAMESPACE": prefix,
-        "PM_TEST_DRAMATIQ_QUEUE": queue, "PM_TEST_REDIS": redis_url, "PM_TEST_OUT": f"{prefix}:out",
-    }  # fmt: skip
-    argv = [sys.executable, "-m", "dramatiq", APP, "--processes", "1", "--threads", "2", "--queues", queue]
+        **os.environ,
+        "PM_TEST_DRAMATIQ_URL": broker,
+        "PM_TEST_DRAMATIQ_NAMESPACE": prefix,
+        "PM_TEST_DRAMATIQ_QUEUE": queue,
+        "PM_TEST_REDIS": redis_url,
+        "PM_TEST_OUT": f"{prefix}:out",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "dramatiq",
+        APP,
+        "--processes",
+        "1",
+        "--threads",
+        "2",
+        "--queues",
+        queue,
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=out)
         try:
@@ -69,13 +90,17 @@ def worker(broker: str, prefix: str, queue: str, redis_url: str, log: Path) -> I
                 proc.wait()
 
 
-async def received(redis_client: aioredis.Redis, prefix: str, count: int, log: Path) -> list[dict[str, Any]]:
+async def received(
+    redis_client: aioredis.Redis, prefix: str, count: int, log: Path
+) -> list[dict[str, Any]]:
     """What the worker's actors recorded, once ``count`` runs are in (and no more after)."""
     out = f"{prefix}:out"
     await eventually(
-        lambda: _at_least(redis_client, out, count), f"{count} messages run",
-        seconds=60, detail=lambda: log.read_text(errors="replace")[-3000:],
-    )  # fmt: skip
+        lambda: _at_least(redis_client, out, count),
+        f"{count} messages run",
+        seconds=60,
+        detail=lambda: log.read_text(errors="replace")[-3000:],
+    )
     return [json.loads(line) for line in await redis_client.lrange(out, 0, -1)]
 
 
@@ -113,8 +138,9 @@ def check_runs(got: list[dict[str, Any]], tasks: list[Task], queue: str) -> None
         assert (run["actor"], run["args"], run["kwargs"]) == EXPECTED[task.name.split(".", 1)[1]]
         assert run["queue"] == queue
         assert run["options"] == {
-            "scheduled_at": "2024-05-01T12:01:00Z", "idempotency_key": task.idempotency_key,
-        }  # fmt: skip
+            "scheduled_at": "2024-05-01T12:01:00Z",
+            "idempotency_key": task.idempotency_key,
+        }
 
 
 @pytest.fixture
@@ -130,9 +156,12 @@ async def target(redis_url: str, redis_prefix: str) -> AsyncIterator[DramatiqTar
 
 
 async def test_a_real_worker_on_redis_runs_each_message_once_with_its_arguments(
-    target: DramatiqTarget, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str,
+    target: DramatiqTarget,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     p = redis_prefix
     queue = f"{p}-q"
     tasks = the_tasks(p, queue)
@@ -187,10 +216,17 @@ async def test_the_message_is_the_one_dramatiqs_redis_broker_writes(
     try:
         sent = broker.enqueue(
             Message(
-                queue_name=queue, actor_name="record", args=(), kwargs={"a": [1, {"b": None}]},
-                options={"scheduled_at": "2024-05-01T12:01:00Z", "idempotency_key": task.idempotency_key},
-                message_id=task.id, message_timestamp=ours.message_timestamp,
-            )  # fmt: skip
+                queue_name=queue,
+                actor_name="record",
+                args=(),
+                kwargs={"a": [1, {"b": None}]},
+                options={
+                    "scheduled_at": "2024-05-01T12:01:00Z",
+                    "idempotency_key": task.idempotency_key,
+                },
+                message_id=task.id,
+                message_timestamp=ours.message_timestamp,
+            )
         )
     finally:
         broker.client.close()
@@ -343,7 +379,9 @@ def test_dramatiq_cannot_run_on_a_redis_cluster(sqlite_url: str) -> None:
         Settings(database_url=sqlite_url, target="dramatiq", redis_cluster=True)
 
 
-def test_a_missing_dramatiq_names_the_extra(monkeypatch: pytest.MonkeyPatch, sqlite_url: str) -> None:
+def test_a_missing_dramatiq_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str
+) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
@@ -391,9 +429,13 @@ def message_count(amqp_url: str, queue: str) -> int:
 
 
 async def test_a_real_worker_on_rabbitmq_runs_each_message_once_with_its_arguments(
-    dramatiq_amqp: str, rabbit_queue: str, redis_url: str, redis_prefix: str,
-    redis_client: aioredis.Redis, tmp_path: Path,
-) -> None:  # fmt: skip
+    dramatiq_amqp: str,
+    rabbit_queue: str,
+    redis_url: str,
+    redis_prefix: str,
+    redis_client: aioredis.Redis,
+    tmp_path: Path,
+) -> None:
     p, queue, amqp_url = redis_prefix, rabbit_queue, dramatiq_amqp
     tasks = the_tasks(p, queue)
     target = DramatiqTarget.from_url(amqp_url, claims_url=redis_url, prefix=p)

@@ -37,10 +37,16 @@ def task(name: str, n: int, queue: str = "default", **options: Any) -> Task:
     if queue != "default":
         options["queue"] = queue
     return Task(
-        id=task_id_for(key), name=name, task_type="t", payload=None, queue=queue,
-        options=options, idempotency_key=key, scheduled_at=slot(n),
+        id=task_id_for(key),
+        name=name,
+        task_type="t",
+        payload=None,
+        queue=queue,
+        options=options,
+        idempotency_key=key,
+        scheduled_at=slot(n),
         expires_at=slot(n) + timedelta(seconds=30),
-    )  # fmt: skip
+    )
 
 
 def outcome(results: list[Any]) -> list[tuple[str, str | None, bool | None]]:
@@ -143,7 +149,9 @@ async def test_streams_overlap_timeout_and_no_group_configured(
 async def test_streams_concurrent_managers_never_both_find_a_schedule_free(
     streams: RedisStreamsTarget, streams_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    others = [RedisStreamsTarget(streams_client, prefix=redis_prefix, group=GROUP) for _ in range(8)]
+    others = [
+        RedisStreamsTarget(streams_client, prefix=redis_prefix, group=GROUP) for _ in range(8)
+    ]
     # Eight managers, each at a different slot of the same free schedule, all at once.
     replies = await asyncio.gather(
         *(t.enqueue([task("race", n, overlap="hold")], slot(n)) for n, t in enumerate(others))
@@ -305,9 +313,12 @@ async def celery_target(
 ) -> AsyncIterator[CeleryTarget]:
     config = {"broker_transport_options": {"global_keyprefix": f"{redis_prefix}:"}}
     target = CeleryTarget.from_url(
-        redis_url, prefix=redis_prefix, config=config, fast_path=request.param == "direct",
+        redis_url,
+        prefix=redis_prefix,
+        config=config,
+        fast_path=request.param == "direct",
         result_backend=redis_url,
-    )  # fmt: skip
+    )
     assert (target.writer is not None) == (request.param == "direct")
     yield target
     await target.close()

@@ -36,10 +36,16 @@ SLOT = datetime(2024, 5, 1, 12, 1, tzinfo=UTC)
 def make_task(name: str, payload: Any, queue: str = "default", **options: Any) -> Task:
     key = f"{name}:2024-05-01T12:01:00Z"
     return Task(
-        id=task_id_for(key), name=name, task_type=options.pop("task_type", "record"),
-        payload=payload, queue=queue, options={"queue": queue, **options}, idempotency_key=key,
-        scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
-    )  # fmt: skip
+        id=task_id_for(key),
+        name=name,
+        task_type=options.pop("task_type", "record"),
+        payload=payload,
+        queue=queue,
+        options={"queue": queue, **options},
+        idempotency_key=key,
+        scheduled_at=SLOT,
+        expires_at=SLOT + timedelta(seconds=30),
+    )
 
 
 def libpq(url: str) -> str:
@@ -115,7 +121,9 @@ async def test_a_slot_sent_twice_inserts_one_job(db: str, target: ProcrastinateT
     assert len(await jobs(db)) == 1
 
 
-async def test_a_key_repeated_within_a_batch_is_one_job(db: str, target: ProcrastinateTarget) -> None:
+async def test_a_key_repeated_within_a_batch_is_one_job(
+    db: str, target: ProcrastinateTarget
+) -> None:
     task = make_task("repeated", {"a": 1})
     results = await target.enqueue([task, task], SLOT)
     assert [r.status for r in results] == ["enqueued", "duplicate"]
@@ -144,9 +152,11 @@ async def test_a_payload_that_is_not_an_object_fails_its_task_alone(
     db: str, target: ProcrastinateTarget
 ) -> None:
     tasks = [
-        make_task("list", [1, 2]), make_task("ok", {"k": "v"}), make_task("text", "hello"),
+        make_task("list", [1, 2]),
+        make_task("ok", {"k": "v"}),
+        make_task("text", "hello"),
         make_task("long", {}, task_type="t" * 129),
-    ]  # fmt: skip
+    ]
     results = await target.enqueue(tasks, SLOT)
     assert [r.status for r in results] == ["failed", "enqueued", "failed", "failed"]
     assert "must be a JSON object of keyword arguments or null, not list" in str(results[0].error)
@@ -163,11 +173,14 @@ async def test_expired_keys_are_pruned_each_schedules_newest_kept(
     await target.enqueue([slot_task("s", 5)], later)
     conn = await asyncpg.connect(libpq(db))
     try:
-        keys = await conn.fetch("SELECT name, idempotency_key FROM pm_procrastinate_sent ORDER BY job_id")
+        keys = await conn.fetch(
+            "SELECT name, idempotency_key FROM pm_procrastinate_sent ORDER BY job_id"
+        )
     finally:
         await conn.close()
     assert [k["idempotency_key"] for k in keys] == [
-        slot_task("other", 1).idempotency_key, slot_task("s", 5).idempotency_key
+        slot_task("other", 1).idempotency_key,
+        slot_task("s", 5).idempotency_key,
     ]
     assert len(await jobs(db)) == 4  # procrastinate's jobs are procrastinate's to delete
 
@@ -232,10 +245,16 @@ def slot_task(name: str, n: int, **options: Any) -> Task:
     at = SLOT + timedelta(minutes=n)
     key = f"{name}:{at.isoformat()}"
     return Task(
-        id=task_id_for(key), name=name, task_type="record", payload={"n": n}, queue="default",
-        options={"queue": "default", **options}, idempotency_key=key, scheduled_at=at,
+        id=task_id_for(key),
+        name=name,
+        task_type="record",
+        payload={"n": n},
+        queue="default",
+        options={"queue": "default", **options},
+        idempotency_key=key,
+        scheduled_at=at,
         expires_at=at + timedelta(seconds=30),
-    )  # fmt: skip
+    )
 
 
 async def sql(url: str, statement: str, *args: Any) -> None:
@@ -248,10 +267,13 @@ async def sql(url: str, statement: str, *args: Any) -> None:
 
 def outcome(results: list[Any]) -> list[tuple[str, str | None, bool | None]]:
     return [
-        (r.status, r.previous.state if r.previous else None,
-         r.previous.timed_out if r.previous else None)
+        (
+            r.status,
+            r.previous.state if r.previous else None,
+            r.previous.timed_out if r.previous else None,
+        )
         for r in results
-    ]  # fmt: skip
+    ]
 
 
 def job_id(result: Any) -> int:
@@ -306,7 +328,10 @@ async def test_concurrent_managers_never_both_find_a_schedule_free(db: str) -> N
     targets = [ProcrastinateTarget.from_url(db) for _ in range(6)]
     try:
         replies = await asyncio.gather(
-            *(t.enqueue([slot_task("race", n, overlap="hold")], SLOT) for n, t in enumerate(targets))
+            *(
+                t.enqueue([slot_task("race", n, overlap="hold")], SLOT)
+                for n, t in enumerate(targets)
+            )
         )
     finally:
         for t in targets:

@@ -46,10 +46,16 @@ def slot(n: int) -> datetime:
 def task(name: str, n: int, queue: str = "default", **options: Any) -> Task:
     key = idempotency_key(name, slot(n))
     return Task(
-        id=task_id_for(key), name=name, task_type="t", payload={"n": n}, queue=queue,
-        options={"queue": queue, **options}, idempotency_key=key, scheduled_at=slot(n),
+        id=task_id_for(key),
+        name=name,
+        task_type="t",
+        payload={"n": n},
+        queue=queue,
+        options={"queue": queue, **options},
+        idempotency_key=key,
+        scheduled_at=slot(n),
         expires_at=slot(n) + timedelta(seconds=30),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -260,7 +266,9 @@ def test_targets_that_cannot_run_on_a_cluster_refuse_it_at_start(
     for name in ("celery", "arq"):
         if importlib.util.find_spec(name) is None:
             continue  # refused for its missing extra first
-        with pytest.raises(ValidationError, match=f"the {name} target cannot run on a Redis Cluster"):
+        with pytest.raises(
+            ValidationError, match=f"the {name} target cannot run on a Redis Cluster"
+        ):
             Settings(target="redis", targets=(name,))
         monkeypatch.setenv("PM_TARGET", name)
         assert main(["migrate"]) == 2
@@ -297,16 +305,22 @@ async def test_a_manager_sends_every_slot_of_schedules_over_every_master_once(
     assert {port_of(client, target.stream_key(q)) for q in queues} == set(redis_cluster.ports)
     rows = [
         PeriodicTaskConfig.create(
-            name=f"job{i}", spec="@every 10s", task_type="t", schedule_id=i + 1,
+            name=f"job{i}",
+            spec="@every 10s",
+            task_type="t",
+            schedule_id=i + 1,
             options={"queue": queues[i % 10]},
-        )  # fmt: skip
+        )
         for i in range(30)
     ]
     clock = VirtualClock(T0)
     manager = PeriodicTaskManager(
-        StaticProvider(rows), target, clock=clock, store=MemoryRuntimeStore(),
+        StaticProvider(rows),
+        target,
+        clock=clock,
+        store=MemoryRuntimeStore(),
         timing=Timing(sync_interval=30, grace=30),
-    )  # fmt: skip
+    )
     await manager.start()
     try:
         for _ in range(3):

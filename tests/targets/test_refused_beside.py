@@ -60,9 +60,12 @@ async def redis_case(url: str, prefix: str, client: aioredis.Redis) -> AsyncIter
     await client.set(target.stream_key(bad_queue), "not a stream")  # someone's string key
     try:
         yield Case(
-            target, config(f"{prefix}.good", options={"queue": "q"}),
-            config(f"{prefix}.bad", options={"queue": bad_queue}), "WRONGTYPE", [],
-        )  # fmt: skip
+            target,
+            config(f"{prefix}.good", options={"queue": "q"}),
+            config(f"{prefix}.bad", options={"queue": bad_queue}),
+            "WRONGTYPE",
+            [],
+        )
     finally:
         await target.close()
 
@@ -74,9 +77,12 @@ async def outbox_case(url: str, prefix: str) -> AsyncIterator[Case]:
     outbox = OutboxTarget(engine)
     try:
         yield Case(
-            RoutingTarget({"outbox": outbox}, default="outbox"), config(f"{prefix}.good"),
-            config(f"{prefix}.bad", options={"target": "celery"}), "is not configured", [],
-        )  # fmt: skip
+            RoutingTarget({"outbox": outbox}, default="outbox"),
+            config(f"{prefix}.good"),
+            config(f"{prefix}.bad", options={"target": "celery"}),
+            "is not configured",
+            [],
+        )
     finally:
         await engine.dispose()
 
@@ -88,10 +94,12 @@ async def rq_case(url: str, prefix: str) -> AsyncIterator[Case]:
     target = RqTarget.from_url(url, prefix=prefix, key_prefix=prefix)
     try:
         yield Case(
-            target, config(f"{prefix}.good", options={"queue": f"{prefix}-q"}),
+            target,
+            config(f"{prefix}.good", options={"queue": f"{prefix}-q"}),
             config(f"{prefix}.bad", task_type="record", options={"queue": f"{prefix}-q"}),
-            "dotted path", [],
-        )  # fmt: skip
+            "dotted path",
+            [],
+        )
     finally:
         await target.close()
 
@@ -103,9 +111,12 @@ async def dramatiq_case(url: str, prefix: str) -> AsyncIterator[Case]:
     target = DramatiqTarget.from_url(url, prefix=prefix, namespace=prefix)
     try:
         yield Case(
-            target, config(f"{prefix}.good", options={"queue": f"{prefix}-q"}),
-            config(f"{prefix}.bad", options={"queue": "q:x"}), "not a Dramatiq queue name", [],
-        )  # fmt: skip
+            target,
+            config(f"{prefix}.good", options={"queue": f"{prefix}-q"}),
+            config(f"{prefix}.bad", options={"queue": "q:x"}),
+            "not a Dramatiq queue name",
+            [],
+        )
     finally:
         await target.close()
 
@@ -118,10 +129,12 @@ async def arq_case(url: str, prefix: str, client: aioredis.Redis) -> AsyncIterat
     sent: list[str] = []
     try:
         yield Case(
-            target, config(f"{prefix}.good", options={"queue": f"{prefix}-q"}),
+            target,
+            config(f"{prefix}.good", options={"queue": f"{prefix}-q"}),
             config(f"{prefix}.bad", payload={"_job_id": "x"}, options={"queue": f"{prefix}-q"}),
-            "reserved by arq", sent,
-        )  # fmt: skip
+            "reserved by arq",
+            sent,
+        )
     finally:
         await target.close()
         keys = [
@@ -139,11 +152,13 @@ async def celery_case(url: str, prefix: str) -> AsyncIterator[Case]:
     target = CeleryTarget.from_url(url, prefix=prefix, config=config_)
     try:
         yield Case(
-            target, config(f"{prefix}.good", options={"queue": f"{prefix}.q"}),
+            target,
+            config(f"{prefix}.good", options={"queue": f"{prefix}.q"}),
             # Skip on overlap needs the result backend this app lacks.
             config(f"{prefix}.bad", options={"queue": f"{prefix}.q", "overlap": "skip"}),
-            "cannot tell when a task finished", [],
-        )  # fmt: skip
+            "cannot tell when a task finished",
+            [],
+        )
     finally:
         await target.close()
 
@@ -158,9 +173,12 @@ async def procrastinate_case(prefix: str, tmp_path: Path) -> AsyncIterator[Case]
         target = ProcrastinateTarget.from_url(url)
         try:
             yield Case(
-                target, config(f"{prefix}.good", payload={"n": 1}),
-                config(f"{prefix}.bad", payload=[1, 2]), "must be a JSON object", [],
-            )  # fmt: skip
+                target,
+                config(f"{prefix}.good", payload={"n": 1}),
+                config(f"{prefix}.bad", payload=[1, 2]),
+                "must be a JSON object",
+                [],
+            )
         finally:
             await target.close()
 
@@ -170,9 +188,12 @@ KINDS = ["redis", "outbox", "rq", "dramatiq", "arq", "celery", "procrastinate"]
 
 @pytest.fixture(params=KINDS)
 async def case(
-    request: pytest.FixtureRequest, redis_url: str, redis_prefix: str,
-    redis_client: aioredis.Redis, tmp_path: Path,
-) -> AsyncIterator[Case]:  # fmt: skip
+    request: pytest.FixtureRequest,
+    redis_url: str,
+    redis_prefix: str,
+    redis_client: aioredis.Redis,
+    tmp_path: Path,
+) -> AsyncIterator[Case]:
     kind = request.param
     async with AsyncExitStack() as stack:
         if kind == "outbox":

@@ -37,10 +37,16 @@ def task(name: str, target: str | None = None) -> Task:
     key = f"{name}:{iso(SLOT)}"
     options = {} if target is None else {"target": target}
     return Task(
-        id=task_id_for(key), name=name, task_type="t", payload=None, queue="default",
-        options=options, idempotency_key=key, scheduled_at=SLOT,
+        id=task_id_for(key),
+        name=name,
+        task_type="t",
+        payload=None,
+        queue="default",
+        options=options,
+        idempotency_key=key,
+        scheduled_at=SLOT,
         expires_at=SLOT + timedelta(seconds=30),
-    )  # fmt: skip
+    )
 
 
 # -- RoutingTarget ------------------------------------------------------------------------------
@@ -119,16 +125,21 @@ async def test_build_target_routes_when_more_than_one_target_is_configured(
         single = build_target(Settings(database_url=sqlite_url), engine)
         assert isinstance(single, OutboxTarget)
         settings = Settings(
-            database_url=sqlite_url, target="outbox", targets=("redis", "celery", "arq"),
-            redis_url="redis://127.0.0.1:6379/3", arq_redis_url="redis://127.0.0.1:6379/4",
-        )  # fmt: skip
+            database_url=sqlite_url,
+            target="outbox",
+            targets=("redis", "celery", "arq"),
+            redis_url="redis://127.0.0.1:6379/3",
+            arq_redis_url="redis://127.0.0.1:6379/4",
+        )
         routing = build_target(settings, engine)
         assert isinstance(routing, RoutingTarget) and routing.default == "outbox"
         kinds = {name: type(t) for name, t in routing.targets.items()}
         assert kinds == {
-            "outbox": OutboxTarget, "redis": RedisStreamsTarget, "celery": CeleryTarget,
+            "outbox": OutboxTarget,
+            "redis": RedisStreamsTarget,
+            "celery": CeleryTarget,
             "arq": ArqTarget,
-        }  # fmt: skip
+        }
         celery = routing.targets["celery"]
         arq = routing.targets["arq"]
         assert isinstance(celery, CeleryTarget) and isinstance(arq, ArqTarget)
@@ -139,9 +150,11 @@ async def test_build_target_routes_when_more_than_one_target_is_configured(
         await routing.close()
         # A broker that is not Redis keeps the claims in PM_REDIS_URL.
         amqp = Settings(
-            database_url=sqlite_url, target="celery", celery_broker_url="amqp://guest@127.0.0.1//",
+            database_url=sqlite_url,
+            target="celery",
+            celery_broker_url="amqp://guest@127.0.0.1//",
             redis_url="redis://127.0.0.1:6379/5",
-        )  # fmt: skip
+        )
         celery = build_target(amqp, engine)
         assert isinstance(celery, CeleryTarget)
         assert celery.claims.client.connection_pool.connection_kwargs["db"] == 5
@@ -172,9 +185,12 @@ def test_the_manager_check_refuses_a_schedule_naming_an_unconfigured_target() ->
         )
     with pytest.raises(ConfigError, match="target 'arq' is not configured"):
         PeriodicTaskConfig.create(
-            name="x", spec="@hourly", task_type="t", options={"target": "arq"},
+            name="x",
+            spec="@hourly",
+            task_type="t",
+            options={"target": "arq"},
             allowed_targets=("outbox",),
-        )  # fmt: skip
+        )
 
 
 # -- through the API and the manager ---------------------------------------------------------
@@ -186,9 +202,15 @@ async def rig(
 ) -> AsyncIterator[Rig]:
     """Outbox by default and Redis Streams beside it, built from the settings (RoutingTarget)."""
     settings = Settings(
-        database_url=db_url, target="outbox", targets=("redis",), redis_url=redis_url,
-        stream_prefix=redis_prefix, sync_interval=30, grace=30, heartbeat_interval=5,
-    )  # fmt: skip
+        database_url=db_url,
+        target="outbox",
+        targets=("redis",),
+        redis_url=redis_url,
+        stream_prefix=redis_prefix,
+        sync_interval=30,
+        grace=30,
+        heartbeat_interval=5,
+    )
     async with api_rig(db_url, settings) as r:
         yield r
 
@@ -293,4 +315,6 @@ def test_a_url_refused_when_the_target_is_built_names_the_setting_it_came_from(
     assert settings.url_setting(target) == setting
     with pytest.raises(ConfigError) as caught:
         build_target(settings, engine=None)  # type: ignore[arg-type]
-    assert caught.value.field == setting and str(caught.value).startswith(f"{setting}: "), caught.value
+    assert caught.value.field == setting and str(caught.value).startswith(f"{setting}: "), (
+        caught.value
+    )

@@ -33,10 +33,16 @@ FUNC = "tests.support.rq_worker_app"
 def make_task(prefix: str, name: str, payload: Any, queue: str, **options: Any) -> Task:
     key = f"{prefix}.{name}:2024-05-01T12:01:00Z"
     return Task(
-        id=task_id_for(key), name=f"{prefix}.{name}", task_type=options.pop("task_type", f"{FUNC}.record"),
-        payload=payload, queue=queue, options={"queue": queue, **options}, idempotency_key=key,
-        scheduled_at=SLOT, expires_at=SLOT + timedelta(seconds=30),
-    )  # fmt: skip
+        id=task_id_for(key),
+        name=f"{prefix}.{name}",
+        task_type=options.pop("task_type", f"{FUNC}.record"),
+        payload=payload,
+        queue=queue,
+        options={"queue": queue, **options},
+        idempotency_key=key,
+        scheduled_at=SLOT,
+        expires_at=SLOT + timedelta(seconds=30),
+    )
 
 
 @pytest.fixture
@@ -49,9 +55,12 @@ async def target(redis_url: str, redis_prefix: str) -> Any:
 
 
 async def test_a_real_rq_worker_runs_each_job_once_with_its_arguments_and_meta(
-    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str,
+    target: RqTarget,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     p = redis_prefix
     queue = f"{p}-q"
     payloads: dict[str, Any] = {
@@ -94,8 +103,9 @@ async def test_a_real_rq_worker_runs_each_job_once_with_its_arguments_and_meta(
         assert (run["task"], run["args"], run["kwargs"]) == expected[task.name.split(".", 1)[1]]
         assert run["queue"] == queue
         assert run["meta"] == {
-            "scheduled_at": "2024-05-01T12:01:00Z", "idempotency_key": task.idempotency_key,
-        }  # fmt: skip
+            "scheduled_at": "2024-05-01T12:01:00Z",
+            "idempotency_key": task.idempotency_key,
+        }
     assert await redis_client.llen(f"{p}:queue:{queue}") == 0
 
     # The jobs ran; within grace the claims still refuse the slot (RQ may have dropped the job).
@@ -120,7 +130,9 @@ async def test_a_job_id_rq_holds_is_a_duplicate_and_bad_tasks_fail_alone(
     assert again.status == "duplicate"
     assert await redis_client.lrange(f"{p}:queue:{queue}", 0, -1) == [good.id]
     for bad in (bare,):
-        assert await redis_client.exists(f"{p}:claim:{bad.idempotency_key}", f"{p}:job:{bad.id}") == 0
+        assert (
+            await redis_client.exists(f"{p}:claim:{bad.idempotency_key}", f"{p}:job:{bad.id}") == 0
+        )
 
 
 async def test_expires_becomes_the_jobs_ttl(
@@ -173,7 +185,9 @@ async def test_redis_down_is_a_target_error_and_ping_fails(redis_prefix: str) ->
         await target.close()
 
 
-async def test_ping_and_sentinel(target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str) -> None:
+async def test_ping_and_sentinel(
+    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
     await target.ping()
     assert await target.forgotten() == []
     await redis_client.delete(f"{redis_prefix}:sentinel")  # the Redis "lost its data"
@@ -212,10 +226,16 @@ def overlap_task(prefix: str, n: int, queue: str, policy: str = "hold") -> Task:
     at = SLOT + timedelta(minutes=n)
     key = f"{prefix}.ov:{at.isoformat()}"
     return Task(
-        id=task_id_for(key), name=f"{prefix}.ov", task_type=f"{FUNC}.record", payload=[n],
-        queue=queue, options={"queue": queue, "overlap": policy}, idempotency_key=key,
-        scheduled_at=at, expires_at=at + timedelta(seconds=30),
-    )  # fmt: skip
+        id=task_id_for(key),
+        name=f"{prefix}.ov",
+        task_type=f"{FUNC}.record",
+        payload=[n],
+        queue=queue,
+        options={"queue": queue, "overlap": policy},
+        idempotency_key=key,
+        scheduled_at=at,
+        expires_at=at + timedelta(seconds=30),
+    )
 
 
 def outcome(results: list[Any]) -> list[tuple[str, str | None]]:
@@ -279,9 +299,12 @@ async def test_overlap_concurrent_managers_never_both_find_a_schedule_free(
 
 
 async def test_overlap_skip_with_a_real_rq_worker(
-    target: RqTarget, redis_client: aioredis.Redis, redis_prefix: str, redis_url: str,
+    target: RqTarget,
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    redis_url: str,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     p, queue = redis_prefix, f"{redis_prefix}-q"
     t0, t1, t2 = (overlap_task(p, n, queue, "skip") for n in range(3))
     assert outcome(await target.enqueue([t0], t0.scheduled_at)) == [("enqueued", "none")]

@@ -346,7 +346,9 @@ async def test_failed_xadd_leaves_no_claim_behind(
 
 
 async def test_a_queue_with_a_hash_tag_is_refused_alone(redis_target: RedisStreamsTarget) -> None:
-    bad, good = await redis_target.enqueue([make_task("job", "a{b}"), make_task("job", "beta")], NOW)
+    bad, good = await redis_target.enqueue(
+        [make_task("job", "a{b}"), make_task("job", "beta")], NOW
+    )
     assert bad.status == "failed" and bad.permanent and "'{' or '}'" in (bad.error or "")
     assert good.status == "enqueued"
 
@@ -440,7 +442,9 @@ def test_either_bound_running_out_reads_no_answer_within(kind: str) -> None:
 
     from periodic_manager.targets.redis.errors import redis_errors
 
-    raised = TimeoutError() if kind == "own bound" else SocketTimeout("Timeout reading from 127.0.0.1:1")
+    raised = (
+        TimeoutError() if kind == "own bound" else SocketTimeout("Timeout reading from 127.0.0.1:1")
+    )
     with pytest.raises(TargetError, match="^celery: redis: no answer within 0.5 s$"):
         with redis_errors("celery: redis", 0.5):
             raise raised

@@ -138,9 +138,18 @@ def test_a_task_the_target_takes_is_accepted(target: str, task: dict[str, Any]) 
 
 def raw_row(i: int, values: dict[str, Any], sqlite: bool) -> tuple[Any, ...]:
     row = (
-        i, True, f"job.{i}", values["spec"], "UTC", None, values["task_type"],
-        json.dumps(values["payload"]), json.dumps(values["options"]), None, i,
-    )  # fmt: skip
+        i,
+        True,
+        f"job.{i}",
+        values["spec"],
+        "UTC",
+        None,
+        values["task_type"],
+        json.dumps(values["payload"]),
+        json.dumps(values["options"]),
+        None,
+        i,
+    )
     if not sqlite:
         return row
     # SQLite's driver gives bytes, and enabled as 1 (tests/db/test_row_judge.py)
@@ -224,9 +233,13 @@ async def running(
     clock, target = VirtualClock(T0), MemoryTarget()
     engine = create_engine(url)
     app = create_app(
-        settings, clock=clock, engine=engine,
-        manager_factory=(lambda eng: build_manager(settings, eng, clock=clock, target=target)) if manager else None,
-    )  # fmt: skip
+        settings,
+        clock=clock,
+        engine=engine,
+        manager_factory=(lambda eng: build_manager(settings, eng, clock=clock, target=target))
+        if manager
+        else None,
+    )
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
@@ -238,10 +251,16 @@ async def running(
 
 def on(url: str, default: str = "outbox") -> Settings:
     # One leader, no change signal: the VirtualClock jumps minutes (see test_last_good.py).
-    return deployment(default).model_copy(update={
-        "database_url": url, "coordination": "leader", "listen": False, "sync_interval": 30,
-        "grace": 30, "heartbeat_interval": 5,
-    })  # fmt: skip
+    return deployment(default).model_copy(
+        update={
+            "database_url": url,
+            "coordination": "leader",
+            "listen": False,
+            "sync_interval": 30,
+            "grace": 30,
+            "heartbeat_interval": 5,
+        }
+    )
 
 
 async def test_the_api_answers_422_naming_the_field_and_the_target(migrated_pg_url: str) -> None:
@@ -297,10 +316,13 @@ async def test_a_row_written_with_sql_is_a_row_error_and_its_last_good_version_r
         # Every row turns into a task its target refuses (plain SQL: the API would refuse it).
         for i, (name, task, _, _) in enumerate(REFUSED):
             bad = fields(name, task)
-            await rawsql.execute(url, (
-                f"UPDATE periodic_jobs SET task_type = '{bad['task_type']}', payload = '{json.dumps(bad['payload'])}',"
-                f" options = '{json.dumps(bad['options'])}' WHERE id = {ids[i]}"
-            ))  # fmt: skip
+            await rawsql.execute(
+                url,
+                (
+                    f"UPDATE periodic_jobs SET task_type = '{bad['task_type']}', payload = '{json.dumps(bad['payload'])}',"
+                    f" options = '{json.dumps(bad['options'])}' WHERE id = {ids[i]}"
+                ),
+            )
         born_bad = await rawsql.insert(
             url, "born.bad", task_type="'build'", options='\'{"target": "rq"}\''
         )

@@ -174,10 +174,15 @@ class CeleryTarget:
         """
         settings = {**(config or {}), "broker_url": broker_url}
         return cls._build(
-            "periodic_manager", settings, claims_url=claims_url, prefix=prefix,
-            claim_margin=claim_margin, timeout=timeout, fast_path=fast_path,
+            "periodic_manager",
+            settings,
+            claims_url=claims_url,
+            prefix=prefix,
+            claim_margin=claim_margin,
+            timeout=timeout,
+            fast_path=fast_path,
             result_backend=result_backend,
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_app(
@@ -202,10 +207,15 @@ class CeleryTarget:
             settings["broker_url"] = broker_url
         backend = result_backend or app.conf.result_backend
         return cls._build(
-            app.main or "periodic_manager", settings, claims_url=claims_url, prefix=prefix,
-            claim_margin=claim_margin, timeout=timeout, fast_path=fast_path,
+            app.main or "periodic_manager",
+            settings,
+            claims_url=claims_url,
+            prefix=prefix,
+            claim_margin=claim_margin,
+            timeout=timeout,
+            fast_path=fast_path,
             result_backend=backend if isinstance(backend, str) and backend != "disabled" else None,
-        )  # fmt: skip
+        )
 
     @classmethod
     def _build(
@@ -232,10 +242,14 @@ class CeleryTarget:
         ssl = app.conf.broker_use_ssl if claims_url == broker else None
         client = aioredis.Redis.from_pool(
             aioredis.BlockingConnectionPool.from_url(
-                claims_url, max_connections=10, timeout=timeout, socket_timeout=timeout,
-                socket_connect_timeout=timeout, **(ssl if isinstance(ssl, Mapping) else {}),
+                claims_url,
+                max_connections=10,
+                timeout=timeout,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                **(ssl if isinstance(ssl, Mapping) else {}),
             )
-        )  # fmt: skip
+        )
         direct = fast_path and redis_broker and claims_url == broker
         # A pending claim of another publisher is abandoned once older than any publish of it
         # can take (one timeout per operation, a second one to learn its outcome).

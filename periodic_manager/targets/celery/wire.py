@@ -41,10 +41,24 @@ _ROUTE_KEYS = frozenset(
 _DELIVERY_MODES = {"transient": 1, "persistent": 2}
 # Every field of the message template, in the order WireFormat.envelope supplies them.
 _FIELDS = (
-    "body", "task", "id", "root_id", "expires", "timelimit", "argsrepr", "kwargsrepr",
-    "idempotency_key", "scheduled_at", "periodic_name", "delivery_mode", "expiration", "exchange",
-    "routing_key", "priority", "delivery_tag",
-)  # fmt: skip
+    "body",
+    "task",
+    "id",
+    "root_id",
+    "expires",
+    "timelimit",
+    "argsrepr",
+    "kwargsrepr",
+    "idempotency_key",
+    "scheduled_at",
+    "periodic_name",
+    "delivery_mode",
+    "expiration",
+    "exchange",
+    "routing_key",
+    "priority",
+    "delivery_tag",
+)
 _PLACEHOLDER = re.compile(r"(?<!%)%\((\w+)\)([sd])")  # not after an escaped "%%"
 
 

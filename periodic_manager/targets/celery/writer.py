@@ -107,18 +107,26 @@ class RedisWriter:
             text = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
             # Encoded once here: redis-py passes bytes through untouched (a resend re-encodes nothing).
             args = (
-                self.claims.key("").encode(), text.encode(), "".join(messages).encode("ascii"),
+                self.claims.key("").encode(),
+                text.encode(),
+                "".join(messages).encode("ascii"),
                 str(self.claims.stale_ms).encode(),
-            )  # fmt: skip
+            )
             calls.append(ScriptCall(args, len(chunk)))
         return calls
 
     def _destination(self, d: Delivery) -> list[str]:
         declare_key, declare_member = d.declare or ("", "")
         return [
-            d.queue_list, d.binding_key, d.routing_key if d.binding_key else "", declare_key,
-            declare_member, self._keyprefix, d.priority_suffix, self._sep,
-        ]  # fmt: skip
+            d.queue_list,
+            d.binding_key,
+            d.routing_key if d.binding_key else "",
+            declare_key,
+            declare_member,
+            self._keyprefix,
+            d.priority_suffix,
+            self._sep,
+        ]
 
     def start(self, calls: Sequence[ScriptCall]) -> list[asyncio.Future[Any]]:
         """Start ``calls``, all at once (each a task of its own: its request goes out at the next

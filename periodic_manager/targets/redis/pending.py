@@ -198,7 +198,9 @@ class PendingWay:
                 await self.previous.unpublished(decided, [i for i in new if i in decided.written])
         except TargetError as exc:
             # Left pending: a retry or a takeover publishes them, counted resent; none is lost.
-            log.error("%s: could not free %d claim(s) of unpublished tasks: %s", self.name, len(new), exc)
+            log.error(
+                "%s: could not free %d claim(s) of unpublished tasks: %s", self.name, len(new), exc
+            )
 
     async def _settle(
         self,

@@ -75,9 +75,7 @@ class ClusterSentinel:
     def keys(self) -> dict[str, str]:
         """Node name -> its sentinel key, for every master that serves a slot now."""
         manager = self.client.nodes_manager
-        owners = {
-            slot: nodes[0].name for slot, nodes in manager.slots_cache.items() if nodes
-        }
+        owners = {slot: nodes[0].name for slot, nodes in manager.slots_cache.items() if nodes}
         wanted = set(owners.values())
         out: dict[str, str] = {}
         n = 0

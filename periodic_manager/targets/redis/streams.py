@@ -225,7 +225,9 @@ class RedisStreamsTarget:
                 # One task cannot be encoded: found by encoding each alone; it alone is refused.
                 for i in indices:
                     try:
-                        calls.append(([i], self._script_call(queue, [tasks[i]], now, memo, kind), kind))
+                        calls.append(
+                            ([i], self._script_call(queue, [tasks[i]], now, memo, kind), kind)
+                        )
                     except (TypeError, ValueError) as exc:
                         refused[i] = f"redis: cannot encode the task: {exc}"
         parts = [calls[i::PARALLEL] for i in range(min(PARALLEL, len(calls)))]
@@ -287,7 +289,9 @@ class RedisStreamsTarget:
                     # calls again (the others are done).
                     for text in self._scripts:
                         await self._client.script_load(text)
-                    for i, reply in zip(again, await self._run([calls[i] for i in again]), strict=True):
+                    for i, reply in zip(
+                        again, await self._run([calls[i] for i in again]), strict=True
+                    ):
                         replies[i] = reply
         for i, reply in enumerate(replies):
             if isinstance(reply, Exception):
@@ -359,9 +363,16 @@ class RedisStreamsTarget:
                 cached = (slot_text(task.scheduled_at), ttl)
                 memo[(task.scheduled_at, task.expires_at)] = cached
             item: tuple[Any, ...] = (
-                cached[1], task.id, task.task_type, task.payload_text(), task.queue, task.name,
-                task.idempotency_key, cached[0], task.options_text(),
-            )  # fmt: skip
+                cached[1],
+                task.id,
+                task.task_type,
+                task.payload_text(),
+                task.queue,
+                task.name,
+                task.idempotency_key,
+                cached[0],
+                task.options_text(),
+            )
             items.append(item + overlap_fields(task) if kind == AFTER else item)
         keys = [self.stream_key(queue)]
         if self._cluster:
