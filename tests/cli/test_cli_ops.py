@@ -12,7 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from periodic_manager.cli.main import COMMANDS, _start_metrics, main
+from periodic_manager.cli.arguments import COMMANDS
+from periodic_manager.cli.main import _start_metrics, main
 from periodic_manager.runtime.startup import StartupError, redact_url
 from periodic_manager.schedules.yaml_load import MAX_ALIAS_NODES, YamlBombError, load
 from periodic_manager.settings import Settings
