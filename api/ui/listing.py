@@ -172,20 +172,30 @@ async def page_rows(
                 status = "ended"
             else:
                 nxt = local_time(slot, v["timezone"])
-        out.append(
-            ScheduleRowView(
-                id=row.id,
-                name=str(v["name"] or ""),
-                spec=str(v["spec"] or ""),
-                description=describe_spec(v["spec"]) if isinstance(v["spec"], str) else None,
-                timezone=str(v["timezone"] or ""),
-                task_type=str(v["task_type"] or ""),
-                queue=queue_of(v["options"]) if row.usable else None,
-                enabled=row.enabled,
-                next=nxt,
-                status=status,
-                last_run=last.get(key),
-                error=error,
-            )
-        )
+        out.append(_row_view(row, status, nxt, last.get(key), error))
     return out
+
+
+def _row_view(
+    row: dbview.RowView,
+    status: str,
+    nxt: LocalTime | None,
+    last_run: LastRun | None,
+    error: str | None,
+) -> ScheduleRowView:
+    """A row of the list as the page shows it: its stored text as read, whatever it holds."""
+    v = row.values
+    return ScheduleRowView(
+        id=row.id,
+        name=str(v["name"] or ""),
+        spec=str(v["spec"] or ""),
+        description=describe_spec(v["spec"]) if isinstance(v["spec"], str) else None,
+        timezone=str(v["timezone"] or ""),
+        task_type=str(v["task_type"] or ""),
+        queue=queue_of(v["options"]) if row.usable else None,
+        enabled=row.enabled,
+        next=nxt,
+        status=status,
+        last_run=last_run,
+        error=error,
+    )
