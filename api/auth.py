@@ -19,6 +19,7 @@ from periodic_manager.runtime.startup import is_loopback
 from periodic_manager.settings import Settings
 
 from .errors import problem_response
+from .middleware import HttpMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +51,24 @@ def bearer_token(scope: Scope) -> bytes | None:
     return None
 
 
-class BearerAuth:
+class BearerAuth(HttpMiddleware):
     """ASGI middleware enforcing the API tokens of ``settings``."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        self.app = app
+        super().__init__(app)
         self.write = _secret(settings.api_token)
         self.read = _secret(settings.api_read_token)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or (self.write is None and self.read is None)
-            or scope["path"] in OPEN_PATHS
-            or scope["path"] in UI_PATHS
-            or scope["path"].startswith(UI_PREFIX)
-        ):
-            await self.app(scope, receive, send)
-            return
+    def handles(self, scope: Scope) -> bool:
+        path: str = scope["path"]
+        return not (
+            (self.write is None and self.read is None)
+            or path in OPEN_PATHS
+            or path in UI_PATHS
+            or path.startswith(UI_PREFIX)
+        )
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         token = bearer_token(scope)
         if token is not None:
             # Both comparisons always run, so timing does not tell which token came close.

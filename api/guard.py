@@ -32,6 +32,7 @@ from periodic_manager.runtime.startup import is_loopback
 from periodic_manager.settings import Settings
 
 from .errors import problem_response
+from .middleware import HttpMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -114,17 +115,14 @@ def is_json_media_type(content_type: str) -> bool:
     return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
-class BrowserGuard:
+class BrowserGuard(HttpMiddleware):
     """ASGI middleware: Host allow-list, cross-site write refusal, JSON-only request bodies."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        self.app = app
+        super().__init__(app)
         self.hosts = HostMatcher(allowed_hosts(settings))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = self.refusal(scope)
         if refusal is None:
             await self.app(scope, receive, send)
@@ -176,19 +174,12 @@ class BrowserGuard:
         return None
 
 
-class NoFraming:
+class NoFraming(HttpMiddleware):
     """ASGI middleware: every ``text/html`` response gets ``X-Frame-Options: DENY`` (older
     browsers) and ``frame-ancestors 'none'`` in its Content-Security-Policy (added to a page's
     own policy, or as the whole policy when the page has none)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def framing_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": no_framing(message.get("headers", ()))}

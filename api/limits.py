@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import problem_response
+from .middleware import HttpMiddleware
 
 
 class BodyTooLarge(HTTPException):
@@ -24,17 +25,14 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"the request body is larger than {limit} bytes (PM_MAX_BODY_BYTES)")
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """ASGI middleware refusing request bodies larger than ``max_bytes`` with a 413 problem."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         declared = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), None)
         if declared is not None:
             try:
@@ -82,17 +80,13 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-class HeadAsGet:
+class HeadAsGet(HttpMiddleware):
     """ASGI middleware serving HEAD as GET without the body."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def handles(self, scope: Scope) -> bool:
+        return bool(scope["method"] == "HEAD")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "HEAD":
-            await self.app(scope, receive, send)
-            return
-
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def bodiless_send(message: Message) -> None:
             if message["type"] == "http.response.body":
                 message = {**message, "body": b""}

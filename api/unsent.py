@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from .middleware import HttpMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +38,10 @@ class _StartRefused(Exception):
         self.cause = cause
 
 
-class UnsentAnswers:
+class UnsentAnswers(HttpMiddleware):
     """ASGI middleware: see the module docstring. Outermost of the app's own middleware."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def guarded_send(message: Message) -> None:
             if message["type"] != "http.response.start":
                 await send(message)
