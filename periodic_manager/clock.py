@@ -133,20 +133,17 @@ class VirtualClock:
         if seconds <= 0:
             await asyncio.sleep(0)
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        deadline = self._now + timedelta(seconds=seconds)
-        heapq.heappush(self._waiters, (deadline, next(self._seq), fut))
-        try:
-            await fut
-        finally:
-            if not fut.done():
-                fut.cancel()
+        await self._woken_at(self._now + timedelta(seconds=seconds))
 
     async def sleep_until(self, instant: datetime) -> None:
         instant = _as_utc(instant)
         if instant <= self._now:
             await asyncio.sleep(0)
             return
+        await self._woken_at(instant)
+
+    async def _woken_at(self, instant: datetime) -> None:
+        """Wait among the sleepers until virtual time is moved to ``instant`` or past it."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (instant, next(self._seq), fut))
         try:
