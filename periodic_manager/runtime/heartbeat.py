@@ -22,7 +22,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
-from periodic_manager import __version__
 from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import (
     BeatCarrier,
@@ -36,6 +35,7 @@ from periodic_manager.contracts import (
 )
 from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
+from periodic_manager.version import __version__
 
 log = logging.getLogger(__name__)
 
