@@ -1,18 +1,21 @@
 """Request-scoped dependencies: the app's state, a database connection, the request's "now", and
-the in-process manager (a :class:`~periodic_manager.contracts.ManagerHandle`) when there is one."""
+the in-process manager (a :class:`~periodic_manager.contracts.ManagerHandle`) when there is one;
+with the parameters the routes share, typed once (``Conn``, ``Now``, ``Limit``, ...)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
+from typing import Annotated, NamedTuple
 
-from fastapi import Request
+from fastapi import Depends, Query, Request
 
 from periodic_manager.contracts import Clock, Target
 from periodic_manager.db.engine import Connection
 from periodic_manager.settings import Settings
 
+from .runtime import live_cutoff
 from .state import AppState, state_of
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,36 @@ def get_clock(request: Request) -> Clock:
 def get_now(request: Request) -> datetime:
     """The request's "now", read once from the app's clock."""
     return get_clock(request).now()
+
+
+Conn = Annotated[Connection, Depends(get_conn)]
+Now = Annotated[datetime, Depends(get_now)]
+AppSettings = Annotated[Settings, Depends(get_settings)]
+
+
+class Paging(NamedTuple):
+    """The page of a list a request asks for: ``limit`` items after the first ``offset``."""
+
+    limit: int
+    offset: int
+
+
+def get_paging(
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+) -> Paging:
+    return Paging(limit, offset)
+
+
+Page = Annotated[Paging, Depends(get_paging)]
+
+
+def get_live_after(now: Now, settings: AppSettings) -> datetime:
+    """The heartbeat after which a manager counts as live, for the request's "now"."""
+    return live_cutoff(now, settings.heartbeat_interval)
+
+
+LiveAfter = Annotated[datetime, Depends(get_live_after)]
 
 
 def notify_manager(request: Request) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request, Response, status
+from fastapi import APIRouter, Path, Request, Response, status
 
 from periodic_manager.db import calendars as dbcalendars
-from periodic_manager.db.engine import Connection, retried
+from periodic_manager.db.engine import retried
 from periodic_manager.schedules.calendars import (
     MAX_DATES,
     NAME_PATTERN,
@@ -21,14 +21,12 @@ from periodic_manager.schedules.calendars import (
     holiday_dates,
 )
 
-from ..deps import get_conn, get_now, notify_manager
+from ..deps import Conn, Now, notify_manager
 from ..errors import ApiProblem
 from ..schemas import CalendarBody, CalendarList, CalendarView
 
 router = APIRouter(prefix="/calendars", tags=["calendars"])
 
-Conn = Annotated[Connection, Depends(get_conn)]
-Now = Annotated[datetime, Depends(get_now)]
 Name = Annotated[str, Path(min_length=1, max_length=64, pattern=f"^{NAME_PATTERN}$")]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such calendar"}}
 IN_USE: dict[int | str, dict[str, Any]] = {

@@ -8,14 +8,11 @@ has neither a row nor a change is 404.
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter
 
 from periodic_manager.db import change_history, schedule_reader
-from periodic_manager.db.engine import Connection
 
-from ..deps import get_conn
+from ..deps import Conn, Page
 from ..errors import ScheduleNotFound
 from ..routes.schedules import NOT_FOUND, ScheduleId
 from ..schemas import ChangeOut, ChangePage, FieldChangeOut
@@ -29,13 +26,8 @@ router = APIRouter(prefix="/schedules", tags=["history"])
     responses=NOT_FOUND,
     summary="Change history of a schedule (also of a deleted one), newest first",
 )
-async def list_changes(
-    schedule_id: ScheduleId,
-    conn: Annotated[Connection, Depends(get_conn)],
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> ChangePage:
-    total, rows = await change_history.page(conn, schedule_id, limit=limit, offset=offset)
+async def list_changes(schedule_id: ScheduleId, conn: Conn, paging: Page) -> ChangePage:
+    total, rows = await change_history.page(conn, schedule_id, **paging._asdict())
     if total == 0 and not await schedule_reader.exists(conn, schedule_id):
         raise ScheduleNotFound(schedule_id)
     items = [
@@ -55,4 +47,4 @@ async def list_changes(
         )
         for r in rows
     ]
-    return ChangePage(items=items, total=total, limit=limit, offset=offset)
+    return ChangePage(items=items, total=total, **paging._asdict())

@@ -21,7 +21,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Query, Request, status
 
 from periodic_manager import backfill as slot_backfill
 from periodic_manager.contracts import EnqueueResult, Target
@@ -33,7 +33,7 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_for
 
-from ..deps import get_clock, get_conn, get_now, get_settings, get_state, get_target
+from ..deps import AppSettings, Conn, Now, Page, get_clock, get_state, get_target
 from ..errors import ApiProblem, config_error_item
 from ..routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
 from ..schemas import BackfillIn, BackfillResult, RunOut, RunPage, TriggerResult
@@ -54,26 +54,14 @@ RunStatus = Literal[
 )
 async def list_runs(
     schedule_id: ScheduleId,
-    conn: Annotated[Connection, Depends(get_conn)],
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    conn: Conn,
+    paging: Page,
     status: Annotated[RunStatus | None, Query(description="only runs with this outcome")] = None,
 ) -> RunPage:
     await row_exists(conn, schedule_id)
-    total, rows = await history.page(conn, str(schedule_id), status, limit=limit, offset=offset)
-    items = [
-        RunOut(
-            id=r.id,
-            slot_at=r.slot_at,
-            status=r.status,
-            at=r.at,
-            lateness_ms=r.lateness_ms,
-            message_id=r.message_id,
-            error=r.error,
-        )
-        for r in rows
-    ]
-    return RunPage(items=items, total=total, limit=limit, offset=offset)
+    total, rows = await history.page(conn, str(schedule_id), status, **paging._asdict())
+    items = [RunOut.model_validate(r, from_attributes=True) for r in rows]
+    return RunPage(items=items, total=total, **paging._asdict())
 
 
 TRIGGER_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -96,9 +84,9 @@ TRIGGER_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def trigger(
     schedule_id: ScheduleId,
     request: Request,
-    conn: Annotated[Connection, Depends(get_conn)],
-    now: Annotated[datetime, Depends(get_now)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    conn: Conn,
+    now: Now,
+    settings: AppSettings,
 ) -> TriggerResult:
     cfg = _usable(await load_row(request, conn, schedule_id))
     row_id = schedule_id
@@ -175,8 +163,8 @@ async def backfill(
     schedule_id: ScheduleId,
     body: BackfillIn,
     request: Request,
-    now: Annotated[datetime, Depends(get_now)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    now: Now,
+    settings: AppSettings,
 ) -> BackfillResult:
     start, end = slot_backfill.parse_range(body.from_, body.to, now)
     # A connection of its own, returned before the slots go out (that may take minutes).

@@ -12,27 +12,24 @@ from __future__ import annotations
 import asyncio
 import hmac
 import re
-from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 from zoneinfo import available_timezones
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from periodic_manager.db import partitions, schedule_reader, store_reads
 from periodic_manager.db import view as dbview
-from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.partition import ranges_text
-from periodic_manager.settings import Settings
 
 from ..auth import bearer_token
-from ..deps import get_conn, get_now, get_settings, get_state
+from ..deps import AppSettings, Conn, LiveAfter, Now, Page, get_state
 from ..errors import ScheduleNotFound
 from ..rows import rules as row_rules
 from ..rows import runs_left
-from ..runtime import live_cutoff, manager_fields, runs_counted
+from ..runtime import manager_fields, runs_counted
 from ..schemas import NoNul
 from ..ui import listing, stats
 from ..ui.models import (
@@ -54,11 +51,6 @@ from ..ui.slots import marked_slots
 
 router = APIRouter(prefix="/views", tags=["views"])
 
-Conn = Annotated[Connection, Depends(get_conn)]
-Now = Annotated[datetime, Depends(get_now)]
-AppSettings = Annotated[Settings, Depends(get_settings)]
-Limit = Annotated[int, Query(ge=1, le=500)]
-Offset = Annotated[int, Query(ge=0, le=2**63 - 1)]
 # Filters reach the database: NUL refused with a 422, as /schedules refuses it (schemas.NoNul).
 Text = Annotated[str | None, Query(max_length=200), NoNul]
 DIGITS = re.compile(r"[0-9]{1,18}")  # a schedule key that is a row id (str.isdigit takes more)
@@ -86,9 +78,8 @@ async def schedule_rows(
     request: Request,
     conn: Conn,
     now: Now,
-    settings: AppSettings,
-    limit: Limit = 50,
-    offset: Offset = 0,
+    cutoff: LiveAfter,
+    paging: Page,
     sort: Annotated[
         Literal["next", "name", "id"],
         Query(description="`next`: next slot first, then unusable rows, then paused ones"),
@@ -99,7 +90,6 @@ async def schedule_rows(
     enabled: bool | None = None,
     in_error: Annotated[bool | None, Query(description="rejected by a live manager")] = None,
 ) -> ScheduleRowPage:
-    cutoff = live_cutoff(now, settings.heartbeat_interval)
     filters = schedule_reader.Filters(
         enabled=enabled,
         task_type=task_type or None,  # an empty filter filters nothing here
@@ -115,14 +105,14 @@ async def schedule_rows(
         if filters.active:
             wanted = await schedule_reader.matching_ids(conn, filters)
             ordered = [row_id for row_id in ordered if row_id in wanted]
-        total, ids = len(ordered), ordered[offset : offset + limit]
+        total, ids = len(ordered), ordered[paging.offset : paging.offset + paging.limit]
     else:
         total = await schedule_reader.count(conn, filters)
-        ids = await schedule_reader.page_ids(conn, filters, by=sort, limit=limit, offset=offset)
+        ids = await schedule_reader.page_ids(conn, filters, by=sort, **paging._asdict())
     items = await listing.page_rows(
         conn, ids, now, cutoff, state.next_slots, await row_rules(request, conn)
     )
-    return ScheduleRowPage(items=items, total=total, limit=limit, offset=offset, sort=sort, now=now)
+    return ScheduleRowPage(items=items, total=total, **paging._asdict(), sort=sort, now=now)
 
 
 @router.get(
@@ -183,8 +173,7 @@ async def schedule_slots(
 
 
 @router.get("/overview", response_model=Overview, summary="Counts, last hour of runs, lateness")
-async def overview(request: Request, conn: Conn, now: Now, settings: AppSettings) -> Overview:
-    cutoff = live_cutoff(now, settings.heartbeat_interval)
+async def overview(request: Request, conn: Conn, now: Now, cutoff: LiveAfter) -> Overview:
     start = stats.window_start(now)
 
     async def series() -> list[SeriesPoint]:
@@ -217,8 +206,7 @@ async def overview(request: Request, conn: Conn, now: Now, settings: AppSettings
     response_model=ManagerViewList,
     summary="Live managers (leader first) with their entries by status",
 )
-async def managers(conn: Conn, now: Now, settings: AppSettings) -> ManagerViewList:
-    cutoff = live_cutoff(now, settings.heartbeat_interval)
+async def managers(conn: Conn, now: Now, cutoff: LiveAfter) -> ManagerViewList:
     live = await store_reads.live_managers(conn, cutoff)
     tally = await store_reads.entry_tallies(conn, [m.info.manager_id for m in live])
     held = await partitions.holders(conn)
@@ -241,19 +229,16 @@ async def managers(conn: Conn, now: Now, settings: AppSettings) -> ManagerViewLi
 )
 async def entries(
     conn: Conn,
-    now: Now,
-    settings: AppSettings,
-    limit: Limit = 50,
-    offset: Offset = 0,
+    cutoff: LiveAfter,
+    paging: Page,
     manager_id: Annotated[str | None, Query(max_length=64), NoNul] = None,
     status: Annotated[Literal["active", "error"] | None, Query()] = None,
 ) -> EntryViewPage:
-    cutoff = live_cutoff(now, settings.heartbeat_interval)
     total, page = await store_reads.entry_page(
-        conn, cutoff, manager_id=manager_id, status=status, limit=limit, offset=offset
+        conn, cutoff, manager_id=manager_id, status=status, **paging._asdict()
     )
     return EntryViewPage(
-        items=[_entry_view(live) for live in page], total=total, limit=limit, offset=offset
+        items=[_entry_view(live) for live in page], total=total, **paging._asdict()
     )
 
 
