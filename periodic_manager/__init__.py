@@ -4,8 +4,8 @@ Schedules live as rows in ``periodic_jobs``; a :class:`PeriodicTaskManager` read
 :class:`ConfigProvider`, keeps one scheduler entry per schedule and enqueues a task to a
 :class:`Target` on every due slot, exactly once per ``<name>:<slot>`` idempotency key.
 
-Importing the package loads nothing but this module: each public name is imported when first
-used (``import periodic_manager.cron`` loads only the cron engine).
+Importing the package loads nothing but this module and ``version``: each public name is
+imported when first used (``import periodic_manager.cron`` loads only the cron engine).
 """
 
 from __future__ import annotations
