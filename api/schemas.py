@@ -1,5 +1,7 @@
-"""Request and response bodies. Field limits mirror the ``periodic_jobs`` columns so an input the
-database would refuse is a 422 here, never a driver error."""
+"""Request and response bodies, as the OpenAPI document describes them. A schedule's fields are
+decided by the judge (``periodic_manager.schedules.judge``), whose limits mirror the
+``periodic_jobs`` columns, so an input the database would refuse is a 422, never a driver
+error; the bodies here only document them."""
 
 from __future__ import annotations
 
@@ -7,22 +9,9 @@ import unicodedata
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictBool,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-
-def _iso_text(value: Any) -> Any:
-    # Lax datetime parsing would also take numbers as Unix timestamps; an anchor is ISO text.
-    if value is not None and not isinstance(value, str | datetime):
-        raise ValueError("must be an ISO 8601 date-time string with a UTC offset")
-    return value
+from periodic_manager.schedules import judge
 
 
 def _no_nul(value: Any) -> Any:
@@ -33,21 +22,50 @@ def _no_nul(value: Any) -> Any:
 
 
 NoNul = AfterValidator(_no_nul)
-Name = Annotated[str, Field(max_length=200, examples=["reports.daily"])]
+
+# The fields of a schedule body are judged by the one judge (periodic_manager/schedules/judge.py),
+# whatever JSON value they hold, as a stored row's and a file's are: here they are typed Any and
+# only documented (what the judge accepts), never decided.
+
+
+def _documented(schema: dict[str, Any], nullable: bool = False) -> Any:
+    return WithJsonSchema({"anyOf": [schema, {"type": "null"}]} if nullable else schema)
+
+
+def _text(limit: int) -> dict[str, Any]:
+    return {"type": "string", "maxLength": limit}
+
+
+Name = Annotated[Any, _documented(_text(judge.NAME_MAX)), Field(examples=["reports.daily"])]
 Spec = Annotated[
-    str,
-    Field(
-        max_length=200, description="cron expression, macro or `@every`", examples=["*/5 * * * *"]
+    Any,
+    _documented(_text(judge.SPEC_MAX)),
+    Field(description="cron expression, macro or `@every`", examples=["*/5 * * * *"]),
+]
+Zone = Annotated[
+    Any, _documented(_text(judge.ZONE_MAX)), Field(description="IANA zone name", examples=["UTC"])
+]
+TaskType = Annotated[
+    Any, _documented(_text(judge.TASK_TYPE_MAX)), Field(examples=["reports.build"])
+]
+Description = Annotated[Any, _documented(_text(judge.DESCRIPTION_MAX), nullable=True)]
+Anchor = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {
+                    "description": "instant that phases an `@every` interval (needs a UTC offset)",
+                    "format": "date-time",
+                    "type": "string",
+                },
+                {"type": "null"},
+            ]
+        }
     ),
 ]
-Zone = Annotated[str, Field(max_length=64, description="IANA zone name", examples=["UTC"])]
-TaskType = Annotated[str, Field(max_length=200, examples=["reports.build"])]
-Description = Annotated[str, Field(max_length=10_000)]
-Anchor = Annotated[
-    AwareDatetime,
-    BeforeValidator(_iso_text),
-    Field(description="instant that phases an `@every` interval (needs a UTC offset)"),
-]
+Options = Annotated[Any, _documented({"type": "object", "additionalProperties": True})]
+Enabled = Annotated[Any, _documented({"type": "boolean"})]
 PAYLOAD_DOC = "any JSON value handed to the task"
 OPTIONS_DOC = (
     "queue, max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap "
@@ -59,18 +77,34 @@ OPTIONS_DOC = (
 )
 
 
-class ScheduleCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _body_schema(required: tuple[str, ...]) -> Any:
+    def extra(schema: dict[str, Any]) -> None:
+        # What the judge requires of a body: no other field, these ones given.
+        schema["additionalProperties"] = False
+        if required:
+            schema["required"] = list(required)
 
-    name: Name
-    spec: Spec
+    return extra
+
+
+class ScheduleCreate(BaseModel):
+    """A new schedule; a field left out takes its default (the judge's)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra=_body_schema(judge.REQUIRED))
+
+    name: Name = None
+    spec: Spec = None
     timezone: Zone = "UTC"
-    task_type: TaskType
+    task_type: TaskType = None
     payload: Any = Field(None, description=PAYLOAD_DOC)
-    options: dict[str, Any] = Field(default_factory=dict, description=OPTIONS_DOC)
-    enabled: StrictBool = True
-    description: Description | None = None
-    anchor: Anchor | None = None
+    options: Options = Field(default_factory=dict, description=OPTIONS_DOC)
+    enabled: Enabled = True
+    description: Description = None
+    anchor: Anchor = None
+
+    def fields(self) -> dict[str, Any]:
+        """The body as given, unknown fields too: what the judge judges."""
+        return self.model_dump(exclude_unset=True)
 
 
 def _absent_means_unchanged(schema: dict[str, Any]) -> None:
@@ -87,17 +121,21 @@ class ScheduleUpdate(BaseModel):
     ``payload``, ``description`` and ``anchor`` may be null (JSON null, no text, no anchor);
     the others may be left out but not cleared."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_body_schema(()))
 
     name: Name = _unchanged()
     spec: Spec = _unchanged()
     timezone: Zone = _unchanged()
     task_type: TaskType = _unchanged()
     payload: Any = _unchanged(description=PAYLOAD_DOC)
-    options: dict[str, Any] = _unchanged(description=OPTIONS_DOC)
-    enabled: StrictBool = _unchanged()
-    description: Description | None = _unchanged()
-    anchor: Anchor | None = _unchanged()
+    options: Options = _unchanged(description=OPTIONS_DOC)
+    enabled: Enabled = _unchanged()
+    description: Description = _unchanged()
+    anchor: Anchor = _unchanged()
+
+    def fields(self) -> dict[str, Any]:
+        """The fields the PATCH gives, unknown ones too."""
+        return self.model_dump(exclude_unset=True)
 
 
 NOTE_MAX = 500

@@ -21,7 +21,8 @@ from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.calendars import CalendarSpec, Exclusion, check_spec, exclusion
 from periodic_manager.schedules.definition import slot_text
-from periodic_manager.schedules.rules import checked_options, validate_schedule
+from periodic_manager.schedules.judge import parse_schedule
+from periodic_manager.schedules.rules import checked_options
 from periodic_manager.settings import Settings
 
 PROG = "periodic-manager"
@@ -70,7 +71,7 @@ def print_next(args: argparse.Namespace) -> int:
         except ValueError:
             return _fail(f"--anchor: not an ISO 8601 instant: {args.anchor!r}")
     try:
-        schedule = validate_schedule(args.spec, args.tz, anchor)
+        schedule = parse_schedule(args.spec, args.tz, anchor)
     except ConfigError as exc:
         where = {"timezone": "--tz", "anchor": "--anchor"}.get(exc.field, exc.field)
         return _fail(f"{where}: {exc.reason}")
