@@ -24,7 +24,7 @@ from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.judge import DEFAULTS, FIELDS, Deployment, judge
+from periodic_manager.schedules.judge import DEFAULTS, FIELDS, MAX_EVERY_DAYS, Deployment, judge
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .errors import judged_problem
@@ -75,6 +75,20 @@ async def validate_write(
     if isinstance(verdict, list):
         raise judged_problem(verdict)
     return {**DEFAULTS, **fields, "anchor": verdict.anchor}
+
+
+# A row no rule refuses whatever fields are merged onto it: no jitter reaches its gap, no target
+# or calendar is asked.
+NEUTRAL = {"name": "x", "spec": f"@every {MAX_EVERY_DAYS}d", "task_type": "t"}
+
+
+def refuse_alone(request: Request, fields: dict[str, Any]) -> None:
+    """Refuse the fields of a PATCH that the judge refuses whatever the stored row holds (an
+    unknown field, a value its own rule refuses), before the row is looked for."""
+    settings = state_of(request.app).settings
+    verdict = judge({**NEUTRAL, **fields}, Deployment(settings.max_payload_bytes))
+    if isinstance(verdict, list):
+        raise judged_problem(verdict)
 
 
 def merge_base(v: dbview.RowView) -> dict[str, Any]:

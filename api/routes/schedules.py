@@ -25,6 +25,7 @@ from ..errors import ApiProblem, ScheduleNotFound
 from ..rows import (
     api_errors,
     merge_base,
+    refuse_alone,
     rules,
     to_schedule,
     to_schedule_with_runs,
@@ -263,10 +264,11 @@ async def update_schedule(
     now: Now,
     if_match: IfMatch = None,
 ) -> ScheduleWithRuns:
+    asked = body.fields()
+    refuse_alone(request, asked)
     row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
     stored = merge_base(row)
-    asked = body.fields()
     merged = await validate_write(request, conn, {**stored, **asked}, now)
     # Only what differs is written: a PATCH that changes nothing (empty, or the values already
     # stored) keeps the version (same ETag and updated_at); a column the PATCH leaves alone is
