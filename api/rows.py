@@ -28,7 +28,7 @@ from periodic_manager.schedules.judge import DEFAULTS, FIELDS, MAX_EVERY_DAYS, D
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 from .errors import judged_problem
-from .schemas import Schedule, ScheduleError, ScheduleWithRuns
+from .schedule_schemas import Schedule, ScheduleError, ScheduleWithRuns
 from .state import state_of
 
 NEXT_RUNS = 3

@@ -38,8 +38,7 @@ from ..runtime import (
     schedule_overlap,
     schedule_state,
 )
-from ..schemas import (
-    NoNul,
+from ..schedule_schemas import (
     PauseRequest,
     ScheduleCreate,
     ScheduleDetail,
@@ -48,6 +47,7 @@ from ..schemas import (
     ScheduleUpdate,
     ScheduleWithRuns,
 )
+from ..schemas import NoNul
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
 
