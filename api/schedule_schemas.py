@@ -228,6 +228,13 @@ class Schedule(BaseModel):
     errors: list[ScheduleError] = Field(description=ERRORS_DOC)
 
 
+class SchedulePage(BaseModel):
+    items: list[Schedule]
+    total: int
+    limit: int
+    offset: int
+
+
 class ScheduleWithRuns(Schedule):
     next_runs: list[datetime] = Field(
         description="the next 3 slots (UTC) within options.start_at and options.end_at and the "
@@ -269,9 +276,9 @@ class ScheduleRowError(BaseModel):
 class PreviousTask(BaseModel):
     task_id: str | None = Field(description="the task id (null: none known yet)")
     state: str | None = Field(
+        examples=["running"],
         description="as the manager last saw it: queued, running, unfinished (queued or "
         "running: the target cannot tell which) or finished",
-        examples=["running"],
     )
 
 
@@ -290,14 +297,7 @@ class ScheduleDetail(ScheduleWithRuns):
         "what live managers report about it (`source: manager`, e.g. a rejection they logged)"
     )
     overlap: OverlapState | None = Field(
-        None,
+        default=None,
         description="options.overlap skip or hold: the held slot and the previous task, as a "
         "live manager reports them (null: no manager reports any)",
     )
-
-
-class SchedulePage(BaseModel):
-    items: list[Schedule]
-    total: int
-    limit: int
-    offset: int
