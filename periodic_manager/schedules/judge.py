@@ -133,7 +133,9 @@ class Judge:
                 return check(*values)
             except ConfigError as exc:
                 problems.append(Problem(exc.field, exc.reason, exc.code))
-                return _BAD
+            except Exception as exc:  # a value no rule foresaw: the row's problem, never a crash
+                problems.append(Problem("row", f"unexpected {type(exc).__name__}: {exc}"))
+            return _BAD
 
         given = self._complete(fields, problems)
         anchor = ask(anchor_of, given["anchor"])
