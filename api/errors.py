@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -27,6 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from periodic_manager.errors import ConfigError, NameConflict, NotFoundError, PeriodicManagerError
+from periodic_manager.schedules.judge import Problem
+from periodic_manager.schedules.rules import TOO_LARGE
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +107,22 @@ def problem_response(
     )
 
 
+def _invalid(n: int) -> str:
+    return f"{n} invalid field" + ("s" if n != 1 else "")
+
+
 def validation_response(errors: list[dict[str, Any]]) -> JSONResponse:
-    n = len(errors)
-    detail = f"{n} invalid field" + ("s" if n != 1 else "")
-    return problem_response(422, "validation-error", detail, errors)
+    return problem_response(422, "validation-error", _invalid(len(errors)), errors)
+
+
+def judged_problem(problems: Sequence[Problem]) -> ApiProblem:
+    """A write the judge refused (``periodic_manager.schedules.judge``): a 422 naming each
+    field, or a 413 when its first problem is a payload or options over the size limit."""
+    items = [error_item("body", p.field, p.reason, p.code) for p in problems]
+    first = problems[0]
+    if first.code == TOO_LARGE:
+        return ApiProblem(413, "payload-too-large", f"{first.field}: {first.reason}", errors=items)
+    return ApiProblem(422, "validation-error", _invalid(len(items)), errors=items)
 
 
 def config_error_item(exc: ConfigError, location: str = "body") -> dict[str, Any]:

@@ -1,14 +1,14 @@
-"""Schedule rows <-> API bodies: judging rows with the shared judge, validating a (merged) row
-before it is written, and its upcoming slots.
+"""Schedule rows <-> API bodies: judging rows with the one judge, the row a write stores, and
+its upcoming slots.
 
 Every route that reads a row reads it raw (``periodic_manager.db.schedule_reader``) and judges it
 as the manager does (``periodic_manager.db.judge``), so no stored value can fail a request, and
-``errors`` of a schedule is the manager's own verdict on it.
+``errors`` of a schedule is the manager's own verdict on it. Every write is judged by the same
+judge (``periodic_manager.schedules.judge``) before it is stored: its 422s are the judge's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -22,36 +22,19 @@ from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection, reads_bytes
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
-from periodic_manager.schedules import calendars as calendar_rules
 from periodic_manager.schedules import runs as slot_runs
-from periodic_manager.schedules.calendars import CalendarSpec
 from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.rules import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    TOO_LARGE,
-    check_text,
-)
+from periodic_manager.schedules.judge import DEFAULTS, FIELDS, MAX_EVERY_DAYS, Deployment, judge
+from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
-from .errors import ApiProblem, config_error_item
-from .schemas import Schedule, ScheduleError, ScheduleWithRuns
+from .errors import judged_problem
+from .schedule_schemas import Schedule, ScheduleError, ScheduleWithRuns
 from .state import state_of
 
 NEXT_RUNS = 3
 Status = Literal["active", "paused", "error", "ended"]
 # Errors a stored row (possibly written with SQL) can raise while its slots are computed.
 SLOT_ERRORS = (ValueError, TypeError, ArithmeticError, LookupError, StopIteration)
-# Fields of a row as the API writes them (the id and timestamps aside).
-COLUMNS = (
-    "name",
-    "spec",
-    "timezone",
-    "task_type",
-    "payload",
-    "options",
-    "enabled",
-    "description",
-    "anchor",
-)
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -66,71 +49,46 @@ async def rules(request: Request, conn: Connection) -> dbjudge.Rules:
     ).with_calendars(await dbcalendars.specs(conn))
 
 
-# -- validating a write ------------------------------------------------------------------------
-
-
-def validate_row(
-    fields: dict[str, Any],
-    now: datetime,
-    *,
-    targets: Collection[str] | None = None,
-    max_payload_bytes: int | None = None,
-    calendars: Mapping[str, CalendarSpec] | None = None,
-) -> PeriodicTaskConfig:
-    """Validate a complete row (a new one or the merge of a PATCH) exactly as the manager would,
-    and check that it fires at least once after ``now``. Raises ConfigError naming the field
-    (code ``too-large`` for a payload or options over ``max_payload_bytes``).
-
-    ``targets``: the targets the deployment runs (``Settings.configured_targets()``); a row whose
-    ``options.target`` names another is refused, as the manager would refuse it at sync time.
-    ``calendars``: those ``options.exclude`` may name (one it names that is not there: refused).
-    """
-    for name, value in fields.items():
-        if isinstance(value, dbview.Unreadable):
-            raise ConfigError(name, f"the stored value cannot be used ({value.reason}); send one")
-    for name in ("name", "spec", "timezone", "task_type", "description"):
-        if isinstance(fields.get(name), str):
-            check_text(name, fields[name])
-    cfg = PeriodicTaskConfig.create(
-        name=fields["name"],
-        spec=fields["spec"],
-        task_type=fields["task_type"],
-        payload=fields.get("payload"),
-        options=fields.get("options"),
-        timezone=fields["timezone"],
-        anchor=fields.get("anchor"),
-        allowed_targets=targets,
-        max_payload_bytes=(
-            DEFAULT_MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes
-        ),
-    )
-    calendar_rules.resolve(cfg, calendars)
-    # The spec itself must fire; a schedule whose options.end_at has passed is valid (ended).
-    if not slot_bounds.slots(cfg.schedule, now, 1, slot_bounds.NO_BOUNDS):
-        raise ConfigError("spec", "has no fire time after now")
-    return cfg
+# -- judging a write -------------------------------------------------------------------------
 
 
 async def validate_write(
     request: Request, conn: Connection, fields: dict[str, Any], now: datetime
-) -> PeriodicTaskConfig:
-    """:func:`validate_row` with this deployment's settings; a payload or options over the size
-    limit is a 413 problem, any other invalid field a 422."""
+) -> dict[str, Any]:
+    """The row to write for ``fields`` (a new one, or the merge of a PATCH), as the judge
+    (:mod:`periodic_manager.schedules.judge`) judges it with this deployment's settings and
+    calendars, firing after ``now``: every field, its default where left out, the anchor an
+    instant. Refused: a stored value that cannot be read and is not replaced (a 422 naming it),
+    or whatever the judge finds (:func:`~api.errors.judged_problem`: a 422 naming each field, a
+    413 for a payload or options over the size limit)."""
+    for name, value in fields.items():
+        if isinstance(value, dbview.Unreadable):
+            raise ConfigError(name, f"the stored value cannot be used ({value.reason}); send one")
     settings = state_of(request.app).settings
-    try:
-        return validate_row(
-            fields,
-            now,
-            targets=settings.configured_targets(),
-            max_payload_bytes=settings.max_payload_bytes,
-            calendars=await dbcalendars.specs(conn),
-        )
-    except ConfigError as exc:
-        if exc.code != TOO_LARGE:
-            raise
-        raise ApiProblem(
-            413, "payload-too-large", f"{exc.field}: {exc.reason}", errors=[config_error_item(exc)]
-        ) from None
+    deployment = Deployment(
+        settings.max_payload_bytes,
+        settings.configured_targets(),
+        await dbcalendars.specs(conn),
+        now,
+    )
+    verdict = judge(fields, deployment)
+    if isinstance(verdict, list):
+        raise judged_problem(verdict)
+    return {**DEFAULTS, **fields, "anchor": verdict.anchor}
+
+
+# A row no rule refuses whatever fields are merged onto it: no jitter reaches its gap, no target
+# or calendar is asked.
+NEUTRAL = {"name": "x", "spec": f"@every {MAX_EVERY_DAYS}d", "task_type": "t"}
+
+
+def refuse_alone(request: Request, fields: dict[str, Any]) -> None:
+    """Refuse the fields of a PATCH that the judge refuses whatever the stored row holds (an
+    unknown field, a value its own rule refuses), before the row is looked for."""
+    settings = state_of(request.app).settings
+    verdict = judge({**NEUTRAL, **fields}, Deployment(settings.max_payload_bytes))
+    if isinstance(verdict, list):
+        raise judged_problem(verdict)
 
 
 def merge_base(v: dbview.RowView) -> dict[str, Any]:
@@ -139,7 +97,7 @@ def merge_base(v: dbview.RowView) -> dict[str, Any]:
     An unreadable ``description`` is left as it is (None here): only people read it."""
     return {
         name: v.values[name] if name == "description" else dbview.stored_value(v, name)
-        for name in COLUMNS
+        for name in FIELDS
     }
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from periodic_manager.db import store_reads
 from periodic_manager.db.engine import Connection
 
-from .schemas import OverlapState, PreviousTask, ScheduleRowError
-from .schemas import ScheduleState as ScheduleStateOut
+from .schedule_schemas import OverlapState, PreviousTask, ScheduleRowError
+from .schedule_schemas import ScheduleState as ScheduleStateOut
 
 # A manager that missed this many heartbeats is treated as dead.
 LIVE_HEARTBEATS = 3

@@ -12,7 +12,7 @@ from pydantic import AwareDatetime
 from periodic_manager.cron import UTC
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.describe import describe
-from periodic_manager.schedules.rules import validate_schedule
+from periodic_manager.schedules.judge import parse_schedule
 
 from ..deps import get_now
 from ..errors import ApiProblem, config_error_item
@@ -20,7 +20,7 @@ from ..rows import SLOT_ERRORS
 from ..schemas import CronPreview, Slot
 
 router = APIRouter(prefix="/cron", tags=["cron"])
-# Query parameter of each field validate_schedule may name.
+# Query parameter of each field parse_schedule may name.
 PARAMS = {"spec": "spec", "timezone": "tz", "anchor": "anchor"}
 
 
@@ -37,7 +37,7 @@ async def next_slots(
     ] = None,
 ) -> CronPreview:
     try:
-        schedule = validate_schedule(spec, tz, anchor)
+        schedule = parse_schedule(spec, tz, anchor)
     except ConfigError as exc:
         item = config_error_item(exc, "query")
         item["field"] = PARAMS.get(exc.field, exc.field)

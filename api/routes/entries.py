@@ -20,7 +20,8 @@ from periodic_manager.settings import Settings
 from ..deps import get_conn, get_now, get_settings
 from ..rows import next_slot, rules
 from ..runtime import live_cutoff
-from ..schemas import EntryList, EntryOut, PreviousTask
+from ..schedule_schemas import PreviousTask
+from ..schemas import EntryList, EntryOut
 
 router = APIRouter(tags=["entries"])
 DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(): that accepts non-ASCII digits

@@ -25,6 +25,7 @@ from ..errors import ApiProblem, ScheduleNotFound
 from ..rows import (
     api_errors,
     merge_base,
+    refuse_alone,
     rules,
     to_schedule,
     to_schedule_with_runs,
@@ -37,8 +38,7 @@ from ..runtime import (
     schedule_overlap,
     schedule_state,
 )
-from ..schemas import (
-    NoNul,
+from ..schedule_schemas import (
     PauseRequest,
     ScheduleCreate,
     ScheduleDetail,
@@ -47,6 +47,7 @@ from ..schemas import (
     ScheduleUpdate,
     ScheduleWithRuns,
 )
+from ..schemas import NoNul
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
 
@@ -164,8 +165,7 @@ async def _reread(request: Request, conn: Connection, schedule_id: int) -> dbvie
 async def create_schedule(
     body: ScheduleCreate, request: Request, response: Response, conn: Conn, now: Now
 ) -> ScheduleWithRuns:
-    fields = body.model_dump()
-    await validate_write(request, conn, fields, now)
+    fields = await validate_write(request, conn, body.fields(), now)
     schedule_id = await schedule_writer.create(conn, fields, now)
     notify_manager(request)
     row = await _reread(request, conn, schedule_id)
@@ -264,19 +264,19 @@ async def update_schedule(
     now: Now,
     if_match: IfMatch = None,
 ) -> ScheduleWithRuns:
+    asked = body.fields()
+    refuse_alone(request, asked)
     row = await load_row(request, conn, schedule_id, for_update=True)
     check_if_match(row, if_match)
     stored = merge_base(row)
-    asked = body.model_dump(exclude_unset=True)
-    merged = {**stored, **asked}
-    await validate_write(request, conn, merged, now)
+    merged = await validate_write(request, conn, {**stored, **asked}, now)
     # Only what differs is written: a PATCH that changes nothing (empty, or the values already
     # stored) keeps the version (same ETag and updated_at); a column the PATCH leaves alone is
     # never rewritten, even one that cannot be read (a description that is not UTF-8, say).
     changes = {
-        k: v
-        for k, v in asked.items()
-        if k in row.unreadable or not dbview.same_value(k, stored[k], v)
+        k: merged[k]
+        for k in asked
+        if k in row.unreadable or not dbview.same_value(k, stored[k], merged[k])
     }
     if changes:
         await schedule_writer.update_row(

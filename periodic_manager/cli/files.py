@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -21,7 +22,8 @@ from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.calendars import CalendarSpec, Exclusion, check_spec, exclusion
 from periodic_manager.schedules.definition import slot_text
-from periodic_manager.schedules.rules import checked_options, validate_schedule
+from periodic_manager.schedules.judge import parse_schedule
+from periodic_manager.schedules.rules import checked_options
 from periodic_manager.settings import Settings
 
 PROG = "periodic-manager"
@@ -70,7 +72,7 @@ def print_next(args: argparse.Namespace) -> int:
         except ValueError:
             return _fail(f"--anchor: not an ISO 8601 instant: {args.anchor!r}")
     try:
-        schedule = validate_schedule(args.spec, args.tz, anchor)
+        schedule = parse_schedule(args.spec, args.tz, anchor)
     except ConfigError as exc:
         where = {"timezone": "--tz", "anchor": "--anchor"}.get(exc.field, exc.field)
         return _fail(f"{where}: {exc.reason}")
@@ -106,51 +108,54 @@ def print_next(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_file_command(command: str, args: argparse.Namespace, settings: Settings) -> int:
+def _on_database(settings: Settings, work: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run ``work`` once the database answers; one line and status 1 when it cannot be used
+    (unreachable, never migrated, a driver error)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from periodic_manager.db.engine import url_backend
     from periodic_manager.runtime.startup import StartupError, check_database
-    from periodic_manager.schedules import files as sio
-    from periodic_manager.schedules.files import FileError
 
     try:
-        if command == "import":
-            source = "stdin" if args.file == "-" else args.file
-            fmt = (
-                sio.format_of(args.file, args.format)
-                if args.file != "-"
-                else (args.format or "json")
-            )
-            try:
-                if args.file == "-":
-                    text = sys.stdin.read()
-                else:
-                    with open(args.file, encoding="utf-8") as fh:
-                        text = fh.read()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise FileError(f"{source}: {exc}") from None
-            entries, raw_calendars = sio.parse_document(text, fmt, source)
-            calendars = sio.validate_calendars(raw_calendars, source)
-            desired = sio.validate(
-                entries,
-                source,
-                settings.max_payload_bytes,
-                targets=settings.configured_targets(),
-                database=url_backend(settings.database_url),
-            )
-            # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
-            asyncio.run(check_database(settings.database_url))
-            return asyncio.run(_import(desired, calendars, source, args, settings))
         asyncio.run(check_database(settings.database_url))
-        return asyncio.run(_export(args, settings))
-    except FileError as exc:
-        return _fail(str(exc))
+        return asyncio.run(work())
     except StartupError as exc:
         return _fail(str(exc), 1)
     except (SQLAlchemyError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _fail(f"database: {first}", 1)
+
+
+def run_file_command(command: str, args: argparse.Namespace, settings: Settings) -> int:
+    from periodic_manager.db.engine import url_backend
+    from periodic_manager.schedules import files as sio
+    from periodic_manager.schedules.files import FileError
+
+    try:
+        if command != "import":
+            return _on_database(settings, lambda: _export(args, settings))
+        source = "stdin" if args.file == "-" else args.file
+        fmt = sio.format_of(args.file, args.format) if args.file != "-" else (args.format or "json")
+        try:
+            if args.file == "-":
+                text = sys.stdin.read()
+            else:
+                with open(args.file, encoding="utf-8") as fh:
+                    text = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FileError(f"{source}: {exc}") from None
+        entries, raw_calendars = sio.parse_document(text, fmt, source)
+        calendars = sio.validate_calendars(raw_calendars, source)
+        desired = sio.validate(
+            entries,
+            source,
+            settings.max_payload_bytes,
+            targets=settings.configured_targets(),
+            database=url_backend(settings.database_url),
+        )
+        # The file first (exit 2), then the database (exit 1): unreachable, never migrated...
+        return _on_database(settings, lambda: _import(desired, calendars, source, args, settings))
+    except FileError as exc:
+        return _fail(str(exc))
 
 
 async def _import(
@@ -211,20 +216,10 @@ def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
     prints the counts. Bad input: one line, status 2; a paused or unusable schedule: status 2;
     the database unusable: status 1; slots older than what is remembered left unsent (no
     ``--force``): a note on stderr, status 3."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from periodic_manager.runtime.startup import StartupError, check_database
-
     try:
-        asyncio.run(check_database(settings.database_url))
-        return asyncio.run(backfill_command(args, settings))
+        return _on_database(settings, lambda: backfill_command(args, settings))
     except ConfigError as exc:
         return _fail(f"--{exc.field.replace('_', '-')}: {exc.reason}")
-    except StartupError as exc:
-        return _fail(str(exc), 1)
-    except (SQLAlchemyError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return _fail(f"database: {first}", 1)
 
 
 async def backfill_command(

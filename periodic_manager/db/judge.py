@@ -1,13 +1,14 @@
-"""The row judge: what a raw ``periodic_jobs`` row (:mod:`periodic_manager.db.rows`) is to a
-manager, one row at a time, in Python.
+"""The row judge of stored rows: what a raw ``periodic_jobs`` row (:mod:`periodic_manager.db.rows`)
+is to a manager, one row at a time, in Python.
 
-Each row is judged alone by one function: :func:`judge` (the manager's provider and the API's
-trigger) and :func:`periodic_manager.db.view.view` (the API's and the export's reading of a row)
-both build on :func:`~periodic_manager.db.rows.judge_enabled` and :func:`judge_content`, so the
-manager, the API and the export agree on whether a row is enabled and whether it is usable, and
-name the same field when it is not. :class:`RowJudge` gives the same verdicts for a provider that
-reads many rows, at a fraction of the cost. The judge is a plain function over the raw values: no
-ORM objects, nothing encoded twice.
+Deciding is the judge's (:mod:`periodic_manager.schedules.judge`), the one judge of the API,
+import and code too; this module is its SQL side: it decodes each column of a raw row (a decoding
+error is the row's error, named first), hands the values to the judge and reports its first
+problem as the row's :class:`~periodic_manager.contracts.RowError`. :func:`judge` (the API's
+trigger, the backfill) and :func:`periodic_manager.db.view.view` (the API's and the export's
+reading of a row) build on :func:`judge_content`; :class:`RowJudge` is the same judge for a
+provider that reads many rows: it remembers the verdicts on values rows repeat (a spec in its
+zone, a task type, an options text, a whole row shape), which only changes the cost.
 """
 
 from __future__ import annotations
@@ -33,21 +34,16 @@ from periodic_manager.db.rows import (
     utf8,
 )
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.calendars import CalendarSpec, resolve
-from periodic_manager.schedules.definition import PendingJson, PeriodicTaskConfig
+from periodic_manager.schedules.calendars import CalendarSpec
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.judge import NAME_RE, Deployment, Judge
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_JSON_DEPTH,
-    NAME_RE,
+    PendingJson,
     TargetSet,
-    check_jitter_gap,
-    checked_options,
     target_refusal,
-    validate_name,
-    validate_payload,
-    validate_schedule,
     validate_target,
-    validate_task_type,
 )
 from periodic_manager.targets import task_rules
 
@@ -59,7 +55,7 @@ TaskCheck = Callable[[str, str, Mapping[str, Any]], None]
 @dataclass(frozen=True, slots=True)
 class Rules:
     """How rows are judged in one deployment: the backend, the size limit of payload and
-    options, and an optional deployment check (e.g. an unconfigured ``options.target``).
+    options, the configured targets (None: any known target), and an optional further check.
 
     ``check`` may read a config's spec, zone, task type and options, never its name or payload:
     :class:`RowJudge` does not ask again for a row whose shape (those four) it has already
@@ -71,12 +67,18 @@ class Rules:
     # The usable calendars by name (db/calendars.py), read by whoever judges: a row whose
     # options.exclude names another is a row error. None: not read (options.exclude unresolved).
     calendars: Mapping[str, CalendarSpec] | None = None
-    # What the row's target refuses in its task (targets/task_rules.py): asked for every row, a
-    # row of a known shape too (it reads the payload). None: no configured target has a rule.
+    # What the row's target refuses in its task (targets/task_rules.py), the judge's verdict for
+    # less: asked for every row, a row of a known shape too (it reads the payload). None: no
+    # configured target has a rule.
     task_check: TaskCheck | None = None
+    targets: Collection[str] | None = None
 
     def with_calendars(self, calendars: Mapping[str, CalendarSpec]) -> Rules:
         return replace(self, calendars=calendars)
+
+    @property
+    def deployment(self) -> Deployment:
+        return Deployment(self.max_payload_bytes, self.targets, self.calendars)
 
 
 def rules_for(sqlite: bool, max_payload_bytes: int, targets: Collection[str] | None) -> Rules:
@@ -86,13 +88,13 @@ def rules_for(sqlite: bool, max_payload_bytes: int, targets: Collection[str] | N
     row error, as the manager and the API both say. None: any target (no deployment check)."""
     if targets is None:
         return Rules(sqlite, max_payload_bytes)
-    return Rules(sqlite, max_payload_bytes, target_check(targets), task_check=task_check(targets))
+    return Rules(sqlite, max_payload_bytes, task_check=task_check(targets), targets=targets)
 
 
 def target_check(targets: Collection[str]) -> Check:
-    """The deployment check of :func:`rules_for`: raises ConfigError for a config whose
-    ``options.target`` is not among ``targets``, or whose ``options.overlap`` needs a completion
-    signal its target lacks."""
+    """A check for :class:`Rules`: raises ConfigError for a config whose ``options.target`` is
+    not among ``targets``, or whose ``options.overlap`` needs a completion signal its target
+    lacks (the judge's target rule, for a config made elsewhere)."""
 
     def check(config: PeriodicTaskConfig) -> None:
         validate_target(config.options, targets)
@@ -120,64 +122,18 @@ def task_check(targets: Collection[str]) -> TaskCheck | None:
     return check
 
 
-def _payload_text(payload: str | PendingJson) -> str:
-    """The JSON text of a config's payload, canonical or as stored (both valid JSON)."""
-    return payload if type(payload) is str else payload.text  # type: ignore[union-attr]
-
-
 def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
     """The config of a raw row (``enabled`` aside), or the RowError naming its first bad field.
 
     Never raises: whatever a row holds, the others go on.
     """
-    row_id = raw[0]
-    name, spec, timezone, anchor, task_type, payload, options = raw[2:EFFECTIVE]
-    try:
-        # decode() column by column, unrolled: this runs for every row of a full read.
-        if rules.sqlite:
-            name, spec = utf8("name", name), utf8("spec", spec)
-            timezone, task_type = utf8("timezone", timezone), utf8("task_type", task_type)
-            if anchor is not None:
-                anchor = sqlite_instant("anchor", utf8("anchor", anchor))
-        elif anchor is not None:
-            anchor = epoch_instant("anchor", anchor)
-        payload, options = json_value("payload", payload), json_value("options", options)
-        config = PeriodicTaskConfig.create(
-            effective_at=effective_at(rules.sqlite, raw[EFFECTIVE]),
-            name=name,
-            spec=spec,
-            task_type=task_type,
-            payload=payload,
-            options=options,
-            timezone=timezone,
-            anchor=anchor,
-            schedule_id=row_id,
-            max_payload_bytes=rules.max_payload_bytes,
-        )
-        if rules.check is not None:
-            rules.check(config)
-        if rules.task_check is not None:
-            rules.task_check(config.task_type, config.payload_json, config.options)
-        resolve(config, rules.calendars)
-        return config
-    except ConfigError as exc:
-        field, reason, code = exc.field, exc.reason, exc.code
-    except Exception as exc:
-        # A row must never stop the others, even if it trips something unforeseen in the
-        # validators: report it like any bad row.
-        field, reason, code = "row", f"unexpected {type(exc).__name__}: {exc}", "value_error"
-    return _row_error(raw, field, reason, code)
+    return RowJudge(rules).content(raw)
 
 
 def judge(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | None:
     """What the manager does with a raw row: None when it is disabled (nothing to schedule),
     else its config or the RowError to report (a bad ``enabled`` is reported, never skipped)."""
-    try:
-        if not judge_enabled(rules.sqlite, raw[1]):
-            return None
-    except ConfigError as exc:
-        return _row_error(raw, exc.field, exc.reason, exc.code)
-    return judge_content(rules, raw)
+    return RowJudge(rules)(raw)
 
 
 def _plain_jsonb(text: Any, max_bytes: int, jsonb: bool) -> PendingJson | None:
@@ -216,10 +172,21 @@ _INT_DIGITS = sys.get_int_max_str_digits()
 _LONG_DIGITS = re.compile("[0-9]{%d}" % (_INT_DIGITS + 1))  # noqa: UP031
 
 
-class RowJudge:
-    """:func:`judge` for a provider reading many rows: the same verdicts, field for field, but
-    what rows repeat is decoded and checked once (a spec in its zone, a task type, an options
-    text, an ``effective_at``), and the repeated strings are shared, not copied per row.
+class _Known:
+    """The options of a row whose options text an earlier row had: the verdict on it."""
+
+    __slots__ = ("verdict",)
+
+    def __init__(self, verdict: tuple[dict[str, Any], str] | ConfigError) -> None:
+        self.verdict = verdict
+
+
+class RowJudge(Judge):
+    """The judge of raw rows: each column decoded, then judged by
+    :class:`~periodic_manager.schedules.judge.Judge`, whose steps it memoises for what rows
+    repeat (a spec in its zone, a task type, an options text, an ``effective_at``), sharing the
+    repeated strings; a row whose shape (spec, zone, task type, options) a valid row had only has
+    its name and payload checked. The verdicts are the judge's, field for field.
 
     ``raw[N_JUDGED]``, when present, is the row's revision, kept on its config.
     """
@@ -227,6 +194,7 @@ class RowJudge:
     MEMO_MAX = 100_000  # distinct values remembered per kind (then forgotten and relearned)
 
     def __init__(self, rules: Rules) -> None:
+        super().__init__(rules.deployment)
         self.rules = rules
         # What valid rows become: a PeriodicTaskConfig, or a subclass a manager adopts as is
         # (its scheduler's entries: one object per schedule from the read on, never a copy).
@@ -234,30 +202,36 @@ class RowJudge:
         self.jsonb = False  # the payload column is of type jsonb (its text is valid JSON)
         self._strings: dict[str, str] = {}
         self._task_types: dict[str, ConfigError | None] = {}
-        self._schedules: dict[tuple[str, str], ConfigError | None] = {}
+        self._schedules: dict[tuple[str, str], Any] = {}
         self._options: dict[Any, tuple[Any, str] | ConfigError] = {}  # raw text -> verdict
+        self._options_raw: Any = None  # the raw options text of the row being judged
         self._instants: dict[Any, datetime] = {}
         # (spec, timezone, task_type, options text) of valid rows -> their shared values
         self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
-    def __call__(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | None:
+    def __call__(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | None:  # type: ignore[override]
         try:
             if not judge_enabled(self.rules.sqlite, raw[1]):
                 return None
         except ConfigError as exc:
             return _row_error(raw, exc.field, exc.reason, exc.code)
+        return self.content(raw)
+
+    def content(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError:
+        """The config of a raw row (``enabled`` aside), or its RowError; never raises."""
         try:
             return self._content(raw)
         except ConfigError as exc:
             return _row_error(raw, exc.field, exc.reason, exc.code)
         except Exception as exc:
-            # A row must never stop the others (see judge_content).
+            # A row must never stop the others, even if it trips something unforeseen.
             return _row_error(raw, "row", f"unexpected {type(exc).__name__}: {exc}", "value_error")
 
     def _content(self, raw: Sequence[Any]) -> PeriodicTaskConfig:
         rules = self.rules
         name, spec, timezone, anchor, task_type, payload_raw, options_raw = raw[2:EFFECTIVE]
-        if anchor is None and not rules.sqlite:
+        shaped = anchor is None and not rules.sqlite
+        if shaped:
             # A row like one already found valid in all but its name and payload: only those
             # two are checked (if either fails, the full path below names the error).
             known = self._shapes.get((spec, timezone, task_type, options_raw))
@@ -265,6 +239,9 @@ class RowJudge:
                 pending = _plain_jsonb(payload_raw, rules.max_payload_bytes, self.jsonb)
                 if pending is not None:
                     spec, timezone, task_type, opts, options_json = known
+                    # No rules.check: it reads the shape alone (see Rules), and this shape
+                    # passed it when it was remembered. The task check reads the payload.
+                    self.task(task_type, pending, opts)
                     config = self.config_class.of_row(
                         name,
                         spec,
@@ -278,17 +255,13 @@ class RowJudge:
                         pending,
                         raw[N_JUDGED] if len(raw) > N_JUDGED else None,
                     )
-                    # No rules.check: it reads the shape alone (see Rules), and this shape
-                    # passed it when it was remembered. The task check reads the payload.
-                    if rules.task_check is not None:
-                        rules.task_check(task_type, pending.text, opts)
-                    resolve(config, rules.calendars)
+                    config.exclusion = self.exclusion(opts)
                     return config
-        config = self._full(raw, name, spec, timezone, anchor, task_type, payload_raw, options_raw)
-        if anchor is None and not rules.sqlite:
+        config = self._full(raw)
+        if shaped:
             self._remember(
                 self._shapes,
-                (raw[3], raw[4], raw[6], options_raw),
+                (spec, timezone, task_type, options_raw),
                 (
                     config.spec,
                     config.timezone,
@@ -299,81 +272,102 @@ class RowJudge:
             )
         return config
 
-    def _full(
-        self,
-        raw: Sequence[Any],
-        name: Any,
-        spec: Any,
-        timezone: Any,
-        anchor: Any,
-        task_type: Any,
-        payload_raw: Any,
-        options_raw: Any,
-    ) -> PeriodicTaskConfig:
-        """Every column decoded and checked, in judge_content's order."""
+    def _full(self, raw: Sequence[Any]) -> PeriodicTaskConfig:
+        """Every column decoded, in column order (a decoding error is the row's first), then
+        judged."""
         rules = self.rules
-        # Decoding, in column order (as judge_content, so the same field is named first).
+        name, spec, timezone, anchor, task_type, payload, options = raw[2:EFFECTIVE]
         if rules.sqlite:
             name = utf8("name", name)
-            spec, timezone = self._text("spec", spec), self._text("timezone", timezone)
-            if anchor is not None:
-                anchor = sqlite_instant("anchor", utf8("anchor", anchor))
-            task_type = self._text("task_type", task_type)
-        else:
-            spec, timezone = self._text("spec", spec), self._text("timezone", timezone)
-            if anchor is not None:
-                anchor = epoch_instant("anchor", anchor)
-            task_type = self._text("task_type", task_type)
-        pending = (
-            None if rules.sqlite else _plain_jsonb(payload_raw, rules.max_payload_bytes, self.jsonb)
-        )
-        if pending is None:
-            payload = json_value("payload", payload_raw)
-        options = self._options.get(options_raw)
-        if options is None:
-            parsed = json_value("options", options_raw)  # a decoding error is raised here, in order
-        # Checks, in PeriodicTaskConfig.create's order.
-        validate_name(name)
-        self._memo(self._task_types, task_type, validate_task_type)
-        payload_json: str | PendingJson = (
-            pending if pending is not None else validate_payload(payload, rules.max_payload_bytes)
-        )
-        if options is None:
-            try:
-                options = checked_options(parsed, rules.max_payload_bytes)
-            except ConfigError as exc:
-                options = exc
-            self._remember(self._options, options_raw, options)
-        if isinstance(options, ConfigError):
-            raise options
-        opts, options_json = options
-        if anchor is None:
-            self._memo(
-                self._schedules, (spec, timezone), lambda st: validate_schedule(st[0], st[1], None)
+        spec, timezone = self._text("spec", spec), self._text("timezone", timezone)
+        if anchor is not None:
+            anchor = (
+                sqlite_instant("anchor", utf8("anchor", anchor))
+                if rules.sqlite
+                else epoch_instant("anchor", anchor)
             )
-        else:
-            validate_schedule(spec, timezone, anchor)
-        config = self.config_class(
-            name,
-            spec,
-            task_type,
-            options=opts,
-            timezone=timezone,
-            anchor=anchor,
-            schedule_id=raw[0],
-            effective_at=self._effective_at(raw[EFFECTIVE]),
-            payload_json=payload_json,
-            options_json=options_json,
-            revision=raw[N_JUDGED] if len(raw) > N_JUDGED else None,
+        task_type = self._text("task_type", task_type)
+        pending = (
+            None if rules.sqlite else _plain_jsonb(payload, rules.max_payload_bytes, self.jsonb)
         )
-        if "jitter" in opts:
-            check_jitter_gap(config.schedule, opts)  # only rows that set it pay for it
+        payload = pending if pending is not None else json_value("payload", payload)
+        self._options_raw = options
+        known = self._options.get(options)
+        if known is not None:
+            options = _Known(known)
+        else:  # SQL NULL and JSON null read as {}: no options
+            options = json_value("options", options)
+            options = {} if options is None else options
+        fields = {
+            "name": name,
+            "spec": spec,
+            "timezone": timezone,
+            "anchor": anchor,
+            "task_type": task_type,
+            "payload": payload,
+            "options": options,
+        }
+        verdict = super().__call__(fields)
+        if isinstance(verdict, list):
+            raise verdict[0].error()
+        revision = raw[N_JUDGED] if len(raw) > N_JUDGED else None
+        config = self.config_class.of_judged(
+            verdict, raw[0], self._effective_at(raw[EFFECTIVE]), revision
+        )
         if rules.check is not None:
             rules.check(config)
-        if rules.task_check is not None:
-            rules.task_check(task_type, _payload_text(payload_json), opts)
-        resolve(config, rules.calendars)
         return config
+
+    # -- the judge's steps, remembered -------------------------------------------------------
+
+    def task_type(self, value: Any) -> str:
+        self._memo(self._task_types, value, super().task_type)
+        return str(value)
+
+    def payload(self, value: Any) -> str | PendingJson:
+        if isinstance(value, PendingJson):  # proven valid and within the limits (_plain_jsonb)
+            return value
+        return super().payload(value)
+
+    def options(self, value: Any) -> tuple[dict[str, Any], str]:
+        if isinstance(value, _Known):
+            verdict = value.verdict
+        else:
+            try:
+                verdict = super().options(value)
+            except ConfigError as exc:
+                verdict = exc
+            self._remember(self._options, self._options_raw, verdict)
+        if isinstance(verdict, ConfigError):
+            raise verdict
+        return verdict
+
+    def schedule(self, spec: Any, timezone: Any, anchor: datetime | None) -> Any:
+        if anchor is not None:
+            return super().schedule(spec, timezone, anchor)
+        key = (spec, timezone)
+        try:
+            verdict = self._schedules[key]
+        except KeyError:
+            try:
+                verdict = super().schedule(spec, timezone, None)
+            except ConfigError as exc:
+                verdict = exc
+            self._remember(self._schedules, key, verdict)
+        except TypeError:  # unhashable: judged, not remembered
+            return super().schedule(spec, timezone, None)
+        if isinstance(verdict, ConfigError):
+            raise verdict
+        return verdict
+
+    def task(self, task_type: str, payload: str | PendingJson, options: Mapping[str, Any]) -> None:
+        check = self.rules.task_check
+        if check is None:
+            super().task(task_type, payload, options)
+        else:
+            check(task_type, payload.text if isinstance(payload, PendingJson) else payload, options)
+
+    # -- memos -------------------------------------------------------------------------------
 
     def _text(self, name: str, value: Any) -> Any:
         """A text column, decoded and shared with every row that holds the same text."""
@@ -398,9 +392,10 @@ class RowJudge:
                 verdict = None
             except ConfigError as exc:
                 verdict = exc
-            except TypeError:  # unhashable or odd: checked, not remembered
-                raise
             self._remember(memo, value, verdict)
+        except TypeError:  # unhashable or odd: checked, not remembered
+            check(value)
+            return
         if verdict is not None:
             raise verdict
 

@@ -227,15 +227,6 @@ def _exclusion(names: tuple[str, ...], specs: tuple[CalendarSpec, ...]) -> Exclu
     return Exclusion(names, specs, hashlib.sha256(doc.encode()).hexdigest())
 
 
-def resolve(config: Any, calendars: Mapping[str, CalendarSpec] | None) -> None:
-    """Set ``config.exclusion`` from its ``options.exclude`` (checked names) and ``calendars``;
-    ConfigError naming ``options.exclude`` for a name that names none. ``calendars`` None: not
-    known here (the config stays unresolved)."""
-    names = config.options.get("exclude") if config.options else None
-    if names is not None and calendars is not None:
-        config.exclusion = exclusion(names, calendars)
-
-
 def excluded_by(exclusion: Exclusion | None, slot: datetime, zone: str) -> str | None:
     """The calendar that excludes ``slot`` (aware; its local date in ``zone``), or None."""
     if exclusion is None:

@@ -19,19 +19,13 @@ from typing import Any
 
 from periodic_manager import cron
 from periodic_manager.schedules.calendars import Exclusion
+from periodic_manager.schedules.judge import Deployment, Judge, Judged
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_QUEUE,
+    PendingJson,
     canonical_json,
     canonical_text,
-    check_jitter_gap,
-    checked_options,
-    validate_name,
-    validate_payload,
-    validate_schedule,
-    validate_target,
-    validate_task,
-    validate_task_type,
 )
 
 # ``effective_at`` of a row whose value is missing or unreadable: the start is unknown, so nothing
@@ -39,15 +33,6 @@ from periodic_manager.schedules.rules import (
 UNKNOWN_START = datetime.max.replace(tzinfo=cron.UTC)
 
 _EMPTY_OPTIONS: Mapping[str, Any] = MappingProxyType({})
-
-
-class PendingJson:
-    """A JSON document known to be valid and within every limit, not yet in canonical form."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
 
 
 class PeriodicTaskConfig:
@@ -142,37 +127,38 @@ class PeriodicTaskConfig:
         self.exclusion: Exclusion | None = None
 
     @classmethod
-    def of_row(
-        cls,
-        name: str,
-        spec: str,
-        task_type: str,
-        options: Mapping[str, Any],
-        options_json: str,
-        timezone: str,
-        anchor: datetime | None,
-        schedule_id: int | str | None,
-        effective_at: datetime | None,
-        payload: str | PendingJson,
-        revision: int | None,
-    ) -> PeriodicTaskConfig:
-        """A config from values a judge has already checked (no validation, no keywords: a
-        provider builds a million of these)."""
+    def of_row(cls, *fields: Any) -> PeriodicTaskConfig:
+        """A config from values a judge has already checked, in :meth:`_fill`'s order (no
+        validation, no keywords: a provider builds a million of these)."""
         config = cls.__new__(cls)
-        config._fill(
-            name,
-            spec,
-            task_type,
-            options,
-            options_json,
-            timezone,
-            anchor,
+        config._fill(*fields)
+        config._fresh()
+        return config
+
+    @classmethod
+    def of_judged(
+        cls,
+        judged: Judged,
+        schedule_id: int | str | None = None,
+        effective_at: datetime | None = None,
+        revision: int | None = None,
+    ) -> PeriodicTaskConfig:
+        """The config of a row the judge (:mod:`periodic_manager.schedules.judge`) accepted."""
+        j = judged
+        config = cls.of_row(
+            j.name,
+            j.spec,
+            j.task_type,
+            j.options,
+            j.options_json,
+            j.timezone,
+            j.anchor,
             schedule_id,
             effective_at,
-            payload,
+            j.payload,
             revision,
         )
-        config._fresh()
+        config.exclusion = j.exclusion
         return config
 
     def _fresh(self) -> None:
@@ -185,17 +171,18 @@ class PeriodicTaskConfig:
         name: str,
         spec: str,
         task_type: str,
-        payload: Any = None,
-        options: Mapping[str, Any] | None = None,
         timezone: str = "UTC",
         anchor: datetime | None = None,
-        schedule_id: int | str | None = None,
+        payload: Any = None,
+        options: Mapping[str, Any] | None = None,
         allowed_targets: Collection[str] | None = None,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        schedule_id: int | str | None = None,
         effective_at: datetime | None = None,
         revision: int | None = None,
     ) -> PeriodicTaskConfig:
-        """Validate every field and return the config; raises ConfigError.
+        """Judge every field (:mod:`periodic_manager.schedules.judge`) and return the config;
+        raises ConfigError naming the judge's first problem.
 
         ``allowed_targets``: the targets this deployment runs; ``options.target`` must name one
         of them (None: any known target is accepted), and, when it is a
@@ -204,28 +191,19 @@ class PeriodicTaskConfig:
         ``max_payload_bytes`` bounds the canonical JSON of payload and of options each
         (ConfigError code ``too-large`` beyond it).
         """
-        validate_name(name)
-        validate_task_type(task_type)
-        payload_json = validate_payload(payload, max_payload_bytes)
-        opts, options_json = checked_options(options, max_payload_bytes)
-        validate_target(opts, allowed_targets)
-        validate_task(task_type, payload_json, opts, allowed_targets)
-        schedule = validate_schedule(spec, timezone, anchor)
-        if "jitter" in opts:
-            check_jitter_gap(schedule, opts)
-        return cls(
-            name,
-            spec,
-            task_type,
-            options=opts,
-            timezone=timezone,
-            anchor=anchor,
-            schedule_id=schedule_id,
-            effective_at=effective_at,
-            payload_json=payload_json,
-            options_json=options_json,
-            revision=revision,
-        )
+        fields = {
+            "name": name,
+            "spec": spec,
+            "task_type": task_type,
+            "payload": payload,
+            "options": {} if options is None else options,
+            "timezone": timezone,
+            "anchor": anchor,
+        }
+        verdict = Judge(Deployment(max_payload_bytes, allowed_targets))(fields)
+        if isinstance(verdict, list):
+            raise verdict[0].error()
+        return cls.of_judged(verdict, schedule_id, effective_at, revision)
 
     @property
     def payload_json(self) -> str:

@@ -16,8 +16,8 @@ last manager left off. The pause is written by the one schedule writer, by the s
 ``manager`` (its note says why; ``paused_by`` is ``manager``), and reaches the managers like any
 edit.
 
-Values are checked by :data:`periodic_manager.schedules.rules.OPTION_CHECKS` (:func:`check_value`);
-the walk over outcomes is :func:`count`, pure so that every store and test agree.
+Values (an integer from 1 to :data:`MAX_FAILURES`) are checked by
+:data:`periodic_manager.schedules.rules.OPTION_CHECKS`; the walk over outcomes is :func:`count`, pure so that every store and test agree.
 """
 
 from __future__ import annotations
@@ -38,12 +38,6 @@ MAX_FAILURES = 1_000
 # A task still queued or running this long after its slot is taken as unknown, so a task whose
 # record the worker system lost (a Celery result that expired as PENDING) never stops the count.
 UNDECIDED_FOR = timedelta(days=1)
-
-
-def check_value(value: Any) -> None:
-    """The option check: an integer from 1 to :data:`MAX_FAILURES` (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_FAILURES:
-        raise ValueError(f"must be an integer from 1 to {MAX_FAILURES}")
 
 
 def limit_of(options: Mapping[str, Any] | None) -> int | None:

@@ -6,8 +6,8 @@ tables). Each entry has the fields of ``POST /schedules``: ``name``, ``spec``, `
 (required), ``timezone``, ``payload``, ``options``, ``enabled``, ``description``, ``anchor``. The
 file is the desired state of each schedule it names: a field left out takes its default.
 
-Every entry is validated as the manager would validate the row (one bad entry: nothing is
-written); what an import then does to the database, and what an export reads from it, is
+Every entry is judged by the judge of every row (:mod:`periodic_manager.schedules.judge`), as the
+API and the manager judge it (one bad entry: nothing is written); what an import then does to the database, and what an export reads from it, is
 :mod:`periodic_manager.schedules.import_export`.
 
 A file may also hold exclusion calendars (``options.exclude``): a ``calendars`` table by name beside
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Collection, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +32,17 @@ from periodic_manager.db.stored import JSON_COLUMNS
 from periodic_manager.errors import ConfigError, PeriodicManagerError
 from periodic_manager.schedules import as_stored
 from periodic_manager.schedules.calendars import CalendarSpec, check_name, check_spec
-from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, check_text
+from periodic_manager.schedules.judge import (
+    DEFAULTS,
+    FIELDS,
+    REQUIRED,
+    Deployment,
+    anchor_of,
+    judge,
+)
+from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 FORMATS = ("json", "yaml", "toml")
-REQUIRED = ("name", "spec", "task_type")
-DEFAULTS: dict[str, Any] = {
-    "timezone": "UTC",
-    "payload": None,
-    "options": {},
-    "enabled": True,
-    "description": None,
-    "anchor": None,
-}
-FIELDS = (*REQUIRED, *DEFAULTS)
 MAX_CALENDARS = 10_000  # calendars one file may hold
 
 
@@ -175,36 +171,14 @@ def validate(
 def _validate_entry(
     raw: Any, max_payload_bytes: int, targets: Collection[str] | None = None
 ) -> dict[str, Any]:
+    """An entry as the judge (:mod:`periodic_manager.schedules.judge`) judges a row; ConfigError
+    names its first problem."""
     if not isinstance(raw, dict):
         raise ConfigError("entry", "must be a table/object of schedule fields")
-    unknown = sorted(set(raw) - set(FIELDS))
-    if unknown:
-        raise ConfigError(str(unknown[0]), f"unknown field (known: {', '.join(FIELDS)})")
-    for key in REQUIRED:
-        if key not in raw:
-            raise ConfigError(key, "is required")
-    entry = {**DEFAULTS, **raw}
-    if not isinstance(entry["enabled"], bool):
-        raise ConfigError("enabled", "must be true or false")
-    if entry["description"] is not None and not isinstance(entry["description"], str):
-        raise ConfigError("description", "must be a string")
-    entry["anchor"] = _anchor(entry["anchor"])
-    for key in ("name", "spec", "timezone", "task_type", "description"):
-        if isinstance(entry[key], str):
-            check_text(key, entry[key])
-    cfg = PeriodicTaskConfig.create(
-        name=entry["name"],
-        spec=entry["spec"],
-        task_type=entry["task_type"],
-        payload=entry["payload"],
-        options=entry["options"],
-        timezone=entry["timezone"],
-        anchor=entry["anchor"],
-        max_payload_bytes=max_payload_bytes,
-        allowed_targets=targets,
-    )
-    entry["options"] = dict(cfg.options)
-    return entry
+    verdict = judge(raw, Deployment(max_payload_bytes, targets))
+    if isinstance(verdict, list):
+        raise verdict[0].error()
+    return {**DEFAULTS, **raw, "anchor": verdict.anchor, "options": verdict.options}
 
 
 def _validate_stored(raw: dict[str, Any]) -> dict[str, Any]:
@@ -236,24 +210,11 @@ def _validate_stored(raw: dict[str, Any]) -> dict[str, Any]:
     if "enabled" in entry and not isinstance(entry["enabled"], bool):
         raise ConfigError("enabled", "must be true or false (or given as stored in raw)")
     if "anchor" in entry:
-        entry["anchor"] = _anchor(entry["anchor"])
+        entry["anchor"] = anchor_of(entry["anchor"])
     for key in JSON_COLUMNS:
         if key in entry:
             as_stored.check_json_value(key, entry[key])
     return {**entry, as_stored.MARK: mark, as_stored.RAW: raws}
-
-
-def _anchor(value: Any) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise ConfigError("anchor", "must be an ISO 8601 instant with a UTC offset") from None
-    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
-        raise ConfigError("anchor", "must be an ISO 8601 instant with a UTC offset")
-    return value
 
 
 def dump(entries: list[dict[str, Any]], fmt: str, calendars: dict[str, Any] | None = None) -> str:

@@ -27,7 +27,8 @@ from periodic_manager.db.judge import rules_for
 from periodic_manager.db.stored import JSON_COLUMNS, StoredRow, read_stored
 from periodic_manager.schedules import as_stored
 from periodic_manager.schedules.calendars import CalendarSpec
-from periodic_manager.schedules.files import DEFAULTS, FIELDS, REQUIRED, has_null
+from periodic_manager.schedules.files import has_null
+from periodic_manager.schedules.judge import DEFAULTS, FIELDS, REQUIRED
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 # -- plan and apply -------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
-"""The rules a schedule must follow, whoever wrote it: its name, task type, spec and zone, payload
-and options (every option key with its check), the limits of every number and JSON document,
-which targets a deployment runs (:class:`TargetSet`, :func:`validate_target`), and what the
-schedule's target refuses in its task whenever it is sent (:func:`validate_task`: the rules each
-target declares, :mod:`periodic_manager.targets.task_rules`).
+"""The rules a schedule's payload and options follow, whoever wrote it: every option key with its
+check, the limits of every number and JSON document, which targets a deployment runs
+(:class:`TargetSet`, :func:`validate_target`), and what the schedule's target refuses in its task
+whenever it is sent (:func:`validate_task`: the rules each target declares,
+:mod:`periodic_manager.targets.task_rules`).
 
 Each check raises :class:`~periodic_manager.errors.ConfigError` naming the field and the reason.
-:meth:`periodic_manager.schedules.definition.PeriodicTaskConfig.create` applies them all; the row
-judge (``periodic_manager.db.judge``), the API and the import apply the same ones.
+The judge (:mod:`periodic_manager.schedules.judge`) asks them, with the rules of name, task type,
+spec and zone, in one order, for every writer of a row: the API, import, the row judge of stored
+rows and code.
 """
 
 from __future__ import annotations
@@ -14,22 +15,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection, Mapping
-from datetime import datetime
 from typing import Any
 
-from periodic_manager import cron
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules import failures as slot_failures
-from periodic_manager.schedules import jitter as slot_jitter
-from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.bounds import check_instant, parse_instant
 from periodic_manager.schedules.calendars import check_names
+from periodic_manager.schedules.failures import MAX_FAILURES
+from periodic_manager.schedules.runs import MAX_RUNS
 from periodic_manager.targets import task_rules
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
-TASK_TYPE_MAX = 200
-SPEC_MAX = 200  # the periodic_jobs.spec column
 DEFAULT_QUEUE = "default"
 # Every target a schedule may name in ``options.target``; which of them a deployment runs is its
 # settings' business (see validate_target).
@@ -50,8 +45,6 @@ OVERLAP_POLICIES = ("allow", "skip", "hold")
 MAX_DURATION_S = 366 * 86_400  # timeout, unique_ttl, catchup_window, extra.expires, ...
 MAX_RETRY = 1_000
 MAX_PRIORITY = 255  # AMQP priorities (Celery's extra.priority)
-MAX_EVERY_DAYS = 36_500  # @every at most ~100 years: its next slot is at most that far ahead
-MAX_EVERY_US = MAX_EVERY_DAYS * 86_400 * 1_000_000
 # JSON documents: nesting depth (the API refuses deeper bodies; serializers recurse) and the
 # default size of payload and of options, counted as UTF-8 bytes of their canonical JSON.
 MAX_JSON_DEPTH = 100
@@ -83,6 +76,15 @@ _ENCODE_PARSED = (
 )
 
 
+class PendingJson:
+    """A JSON document known to be valid and within every limit, not yet in canonical form."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 def canonical_text(text: str) -> str:
     """``canonical_json(json.loads(text))`` of a valid JSON text, for less: the same text, and
     the same errors."""
@@ -105,9 +107,9 @@ def _check_queue(v: Any) -> None:
         )
 
 
-def _check_int(v: Any, high: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= high:
-        raise ValueError(f"must be an integer from 0 to {high}")
+def _check_int(v: Any, high: int, low: int = 0) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise ValueError(f"must be an integer from {low} to {high}")
 
 
 def _check_count(v: Any) -> None:
@@ -179,14 +181,16 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "target": _check_target,
     "start_at": check_instant,  # no slot before it (schedules/bounds.py)
     "end_at": check_instant,  # no slot at or after it
-    # each slot sent at slot + [0, jitter) (schedules/jitter.py); under the shortest gap: check_gap
-    "jitter": lambda v: slot_jitter.check_value(v, MAX_DURATION_S),
+    # each slot sent at slot + [0, jitter) (schedules/jitter.py); under the shortest gap: the
+    # judge asks jitter.check_gap once the schedule is known
+    "jitter": _check_seconds,
     # no slot on a date of these calendars (schedules/calendars.py); each must exist: resolved
     # against pm_calendars by the provider and the API (db/calendars.py), else a row error
     "exclude": check_names,
-    "max_runs": slot_runs.check_value,  # at most that many scheduled slots sent (schedules/runs.py)
+    # at most that many scheduled slots sent (schedules/runs.py)
+    "max_runs": lambda v: _check_int(v, MAX_RUNS, 1),
     # paused by the manager after that many failed tasks in a row (schedules/failures.py)
-    "pause_after_failures": slot_failures.check_value,
+    "pause_after_failures": lambda v: _check_int(v, MAX_FAILURES, 1),
 }
 
 
@@ -383,59 +387,3 @@ NO_FAILURE = "no-failure-signal"  # ConfigError.code of pause_after_failures whe
 def failure_refusal(target: str, why: str) -> str:
     """The reason ``options.pause_after_failures`` is refused on ``target`` (API, rows, code)."""
     return f"needs to know whether a task failed, and the {target} target cannot tell a failed task: {why}"
-
-
-def validate_name(name: Any) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ConfigError(
-            "name",
-            "must be 1-200 characters: an ASCII letter or digit, then ASCII letters, digits, "
-            "'_', '.', ':', '/', '@' or '-'",
-        )
-    return name
-
-
-def validate_task_type(task_type: Any) -> str:
-    if not isinstance(task_type, str) or not task_type.strip():
-        raise ConfigError("task_type", "must be a non-empty string")
-    if len(task_type) > TASK_TYPE_MAX or not task_type.isprintable():
-        raise ConfigError("task_type", f"must be at most {TASK_TYPE_MAX} printable characters")
-    return task_type
-
-
-def validate_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
-    """Return the payload's canonical JSON, or raise ConfigError naming ``payload``."""
-    return check_json("payload", payload, max_bytes)
-
-
-def validate_schedule(spec: Any, timezone: Any, anchor: datetime | None) -> cron.Schedule:
-    """Parse (spec, timezone, anchor); ConfigError names ``spec``, ``timezone`` or ``anchor``."""
-    if not isinstance(spec, str):
-        raise ConfigError("spec", "must be a string")
-    if len(spec) > SPEC_MAX:
-        raise ConfigError("spec", f"must be at most {SPEC_MAX} characters")
-    if not isinstance(timezone, str) or not timezone:
-        raise ConfigError("timezone", "must be an IANA zone name such as 'UTC' or 'Europe/Berlin'")
-    check_text("timezone", timezone)  # a zone name becomes a file path
-    if anchor is not None and (
-        not isinstance(anchor, datetime) or anchor.tzinfo is None or anchor.utcoffset() is None
-    ):
-        raise ConfigError("anchor", "must be an instant with a UTC offset")
-    try:
-        schedule = cron.parse(spec, tz=timezone, anchor=anchor)
-    except cron.CronError as exc:
-        if exc.field in ("timezone", "anchor"):
-            raise ConfigError(exc.field, exc.reason, code=exc.code) from None
-        raise ConfigError("spec", str(exc), code=exc.code) from None
-    if isinstance(schedule, cron.EverySchedule) and schedule.spec.period_us > MAX_EVERY_US:
-        raise ConfigError(
-            "spec",
-            f"every-duration: an @every interval may be at most {MAX_EVERY_DAYS}d",
-            code="every-duration",
-        )
-    return schedule
-
-
-def check_jitter_gap(schedule: cron.Schedule, options: Mapping[str, Any] | None) -> None:
-    """``options.jitter`` (checked) less than the schedule's shortest gap; ConfigError names it."""
-    slot_jitter.check_gap(schedule, options)

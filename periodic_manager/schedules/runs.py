@@ -13,7 +13,8 @@ not send itself (:func:`uncounted`): such a slot may have been sent by a manager
 recording it, so it is taken as used. So no restart, takeover or lost broker claim ever sends run
 N+1.
 
-Values are checked by :data:`periodic_manager.schedules.rules.OPTION_CHECKS` (:func:`check_value`).
+Values (an integer from 1 to :data:`MAX_RUNS`) are checked by
+:data:`periodic_manager.schedules.rules.OPTION_CHECKS`.
 """
 
 from __future__ import annotations
@@ -27,12 +28,6 @@ from periodic_manager.schedules.bounds import Bounds, bounded_next
 
 MAX_RUNS = 1_000_000_000
 T = TypeVar("T")
-
-
-def check_value(value: Any) -> None:
-    """The option check of ``max_runs``: an integer from 1 to :data:`MAX_RUNS` (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RUNS:
-        raise ValueError(f"must be an integer from 1 to {MAX_RUNS}")
 
 
 def max_runs_of(options: Mapping[str, Any] | None) -> int | None:

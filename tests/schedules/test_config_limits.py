@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import PendingJson, PeriodicTaskConfig, content_hash
+from periodic_manager.schedules.definition import PeriodicTaskConfig, content_hash
 from periodic_manager.schedules.rules import (
     MAX_DURATION_S,
     MAX_JSON_DEPTH,
+    PendingJson,
     canonical_json,
     canonical_text,
 )
