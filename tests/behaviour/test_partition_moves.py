@@ -25,7 +25,8 @@ from periodic_manager import gcpolicy
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.provider import EVERY_RUNS, DatabaseProvider
+from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.db.provider_scope import EVERY_RUNS
 from periodic_manager.engine.entries import Entries
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.runtime import sync
