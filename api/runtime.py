@@ -9,6 +9,8 @@ from typing import Any
 
 from periodic_manager.db import store_reads
 from periodic_manager.db.engine import Connection
+from periodic_manager.db.models import COUNT_COLUMNS
+from periodic_manager.db.runtime_rows import ManagerRecord
 
 from .schedule_schemas import OverlapState, PreviousTask, ScheduleRowError
 from .schedule_schemas import ScheduleState as ScheduleStateOut
@@ -22,7 +24,7 @@ def live_cutoff(now: datetime, heartbeat_interval_s: float) -> datetime:
 
 
 def manager_fields(
-    m: store_reads.ManagerRecord, now: datetime, held: Mapping[str, list[int]]
+    m: ManagerRecord, now: datetime, held: Mapping[str, list[int]]
 ) -> dict[str, Any]:
     """A live manager as ``/managers`` and the dashboard show it (the fields of ``ManagerOut``);
     ``held``: the partitions whose lease names each manager (``db.partitions.holders``)."""
@@ -60,7 +62,7 @@ async def schedule_state(conn: Connection, schedule_key: str) -> ScheduleStateOu
         last_message_id=st.last_message_id,
         last_status=st.last_status,
         last_error=st.last_error,
-        counts={status: st.counts.get(status, 0) for status in store_reads.COUNT_COLUMNS},
+        counts={status: st.counts.get(status, 0) for status in COUNT_COLUMNS},
     )
 
 

@@ -10,8 +10,9 @@ from alembic import context
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from periodic_manager.db.column_types import UTCDateTime
 from periodic_manager.db.engine import create_engine
-from periodic_manager.db.models import UTCDateTime, include_object, metadata
+from periodic_manager.db.models import include_object, metadata
 from periodic_manager.migrations import dialect  # noqa: F401 - its DDL rule for MariaDB/MySQL
 from periodic_manager.settings import DEFAULT_DATABASE_URL
 

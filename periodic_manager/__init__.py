@@ -33,7 +33,7 @@ _HOMES = {
     "StaticProvider": "periodic_manager.providers",
     "Hooks": "periodic_manager.engine.dispatch",
     "PeriodicTaskManager": "periodic_manager.runtime.manager",
-    "SyncReport": "periodic_manager.runtime.sync",
+    "SyncReport": "periodic_manager.runtime.reconcile",
     "Timing": "periodic_manager.runtime.timing",
 }
 
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     )
     from periodic_manager.providers import StaticProvider
     from periodic_manager.runtime.manager import PeriodicTaskManager
-    from periodic_manager.runtime.sync import SyncReport
+    from periodic_manager.runtime.reconcile import SyncReport
     from periodic_manager.runtime.timing import Timing
     from periodic_manager.schedules.definition import PeriodicTaskConfig
 

@@ -25,23 +25,13 @@ _T = last_good_table
 _JUDGED = (*dbrows.CONTENT, "effective_at")
 
 
+# The columns a version gives by its field of the same name (payload and options: their JSON).
+_SAME_NAMED = tuple(c.name for c in _T.c if c.name not in ("payload", "options"))
+
+
 def _values(v: LastGoodVersion) -> dict[str, Any]:
-    return {
-        "schedule_key": v.schedule_key,
-        "name": v.name,
-        "spec": v.spec,
-        "timezone": v.timezone,
-        "anchor": v.anchor,
-        "task_type": v.task_type,
-        "payload": v.payload_json,
-        "options": v.options_json,
-        "effective_at": v.effective_at,
-        "content_hash": v.content_hash,
-        "row_revision": v.row_revision,
-        "bad_revision": v.bad_revision,
-        "since": v.since,
-        "manager_id": v.manager_id,
-    }
+    values = {name: getattr(v, name) for name in _SAME_NAMED}
+    return {**values, "payload": v.payload_json, "options": v.options_json}
 
 
 async def save(engine: AsyncEngine, versions: Sequence[LastGoodVersion]) -> None:

@@ -6,16 +6,12 @@ product code never calls ``create_all``. Works on PostgreSQL (asyncpg), SQLite (
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
     Column,
-    DateTime,
     Double,
     ForeignKey,
     Index,
@@ -29,89 +25,8 @@ from sqlalchemy import (
     func,
     true,
 )
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator
 
-# BIGINT on PostgreSQL; INTEGER on SQLite, where only "INTEGER PRIMARY KEY" is the rowid alias.
-BigId = BigInteger().with_variant(Integer(), "sqlite")
-# Ids are never handed out twice: PostgreSQL's BIGSERIAL sequences never do; SQLite needs
-# AUTOINCREMENT (``sqlite_autoincrement=True`` on the tables below whose ids are never reused), or
-# it reuses the id of the newest row once that row is deleted (migration 0007).
-
-
-class _LongTextImpl(TypeDecorator[Any]):
-    """TEXT, LONGTEXT on MariaDB/MySQL. The MySQL dialect is imported by a process that talks to
-    MySQL, not by every process that imports the models (a manager on PostgreSQL)."""
-
-    impl = Text
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        if dialect.name in ("mysql", "mariadb"):
-            from sqlalchemy.dialects.mysql import LONGTEXT
-
-            return dialect.type_descriptor(LONGTEXT())
-        return super().load_dialect_impl(dialect)
-
-
-class JsonText(_LongTextImpl):
-    """MariaDB/MySQL: a JSON value kept as LONGTEXT with no JSON check, so that a row holding
-    invalid JSON text can be stored (by plain SQL) and then reported by the row judge."""
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> str:
-        return json.dumps(value)
-
-    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
-        return None if value is None else json.loads(value)
-
-
-JsonValue = (
-    JSON(none_as_null=False)
-    .with_variant(JSONB(none_as_null=False), "postgresql")
-    .with_variant(JsonText(), "mysql", "mariadb")
-)
-
-
-# Text that may be longer than MySQL's TEXT (64 KiB): JSON of a payload, of a change.
-LongText = _LongTextImpl()
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """An instant: aware datetimes in, aware UTC datetimes out, on every backend.
-
-    SQLite and MariaDB/MySQL have no zone-aware type; values are stored as UTC and read back
-    tagged as UTC.
-    """
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        # MariaDB/MySQL: DATETIME(6), holding UTC (a plain DATETIME drops the microseconds).
-        if dialect.name in ("mysql", "mariadb"):
-            from sqlalchemy.dialects.mysql import DATETIME
-
-            return dialect.type_descriptor(DATETIME(fsp=6))
-        return dialect.type_descriptor(DateTime(timezone=True))
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError("naive datetime given for a timestamp column; pass an aware instant")
-        value = value.astimezone(UTC)
-        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
-
-
-Instant = UTCDateTime()
+from periodic_manager.db.column_types import BigId, Instant, JsonValue, LongText
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -125,27 +40,50 @@ NAMING = {
 metadata = MetaData(naming_convention=NAMING)
 
 
+# Columns that several tables share, each defined once.
+
+
+def _serial_id() -> Column[Any]:
+    """An id the database hands out, never twice (see ``column_types.BigId``)."""
+    return Column("id", BigId, primary_key=True, autoincrement=True)
+
+
+def _at(name: str, **kw: Any) -> Column[Any]:
+    """An instant (UTC on every database)."""
+    return Column(name, Instant, **kw)
+
+
+def _schedule_key(**kw: Any) -> Column[Any]:
+    """A schedule's key: its row id, or ``name:<name>`` for a schedule registered in code."""
+    return Column("schedule_key", String(128), **kw)
+
+
+def _name(**kw: Any) -> Column[Any]:
+    """A schedule's name."""
+    return Column("name", String(200), **kw)
+
+
 # A schedule row. Anyone with database access may write it; the manager validates it.
 jobs_table = Table(
     "periodic_jobs",
     metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("name", String(200), unique=True, nullable=False),
+    _serial_id(),
+    _name(unique=True, nullable=False),
     Column("spec", String(200), nullable=False),
     Column("timezone", String(64), nullable=False, server_default="UTC"),
-    Column("anchor", Instant, nullable=True),
+    _at("anchor", nullable=True),
     Column("task_type", String(200), nullable=False),
     Column("payload", JsonValue, nullable=True),
     Column("options", JsonValue, nullable=False, server_default="{}"),
     Column("enabled", Boolean, nullable=False, server_default=true()),
     Column("description", Text, nullable=True),
-    Column("created_at", Instant, nullable=False, server_default=func.now()),
-    Column("updated_at", Instant, nullable=False, server_default=func.now(), onupdate=func.now()),
+    _at("created_at", nullable=False, server_default=func.now()),
+    _at("updated_at", nullable=False, server_default=func.now(), onupdate=func.now()),
     # No slot at or before this instant is ever sent (a takeover's look back over grace, a
     # fire_once catch-up). Set at insert and by every change of name, spec, timezone or anchor and
     # every resume: by the API with its clock, else by a trigger (migration 0004). Untrusted like
     # every column: a NULL or unreadable value means "unknown", and then nothing is looked back at.
-    Column("effective_at", Instant, nullable=True),
+    _at("effective_at", nullable=True),
     # Set by a trigger on every INSERT/UPDATE from one counter shared with the tombstones below, in
     # commit order (writers of this table are serialized), so "rows with revision > watermark" is
     # exactly what changed since a sync. Never written by hand.
@@ -154,7 +92,7 @@ jobs_table = Table(
     # (``paused_by``: "api", "import"), by a trigger for plain SQL ("sql"), cleared on resume. Read
     # by people only: no part of the schedule's content.
     Column("paused_note", Text, nullable=True),
-    Column("paused_at", Instant, nullable=True),
+    _at("paused_at", nullable=True),
     Column("paused_by", String(64), nullable=True),
     sqlite_autoincrement=True,
 )
@@ -171,7 +109,7 @@ calendars_table = Table(
     metadata,
     Column("name", String(64), primary_key=True),
     Column("spec", LongText, nullable=False),
-    Column("updated_at", Instant, nullable=False, server_default=func.now()),
+    _at("updated_at", nullable=False, server_default=func.now()),
 )
 
 
@@ -182,7 +120,7 @@ deleted_jobs_table = Table(
     metadata,
     Column("revision", BigInteger, primary_key=True, autoincrement=False),
     Column("id", BigInteger, nullable=False),
-    Column("deleted_at", Instant, nullable=False, server_default=func.now()),
+    _at("deleted_at", nullable=False, server_default=func.now()),
 )
 
 
@@ -207,10 +145,10 @@ managers_table = Table(
     Column("hostname", String(255), nullable=False),
     Column("pid", Integer, nullable=False),
     Column("version", String(32), nullable=False),
-    Column("started_at", Instant, nullable=False),
-    Column("heartbeat_at", Instant, nullable=False),
+    _at("started_at", nullable=False),
+    _at("heartbeat_at", nullable=False),
     Column("is_leader", Boolean, nullable=False, server_default=false()),
-    Column("last_sync_at", Instant, nullable=True),
+    _at("last_sync_at", nullable=True),
     Column("last_sync_error", Text, nullable=True),
     Column("entry_count", Integer, nullable=False, server_default="0"),
     # Why the manager holds no work (its targets do not answer their pings); null: it may.
@@ -231,9 +169,9 @@ partitions_table = Table(
     Column("partition", Integer, primary_key=True, autoincrement=False),
     Column("holder", String(64), nullable=True),
     Column("epoch", BigInteger, nullable=False, server_default="0"),
-    Column("expires_at", Instant, nullable=True),
-    Column("renewed_at", Instant, nullable=True),
-    Column("first_held_at", Instant, nullable=True),
+    _at("expires_at", nullable=True),
+    _at("renewed_at", nullable=True),
+    _at("first_held_at", nullable=True),
 )
 
 
@@ -243,7 +181,7 @@ partition_members_table = Table(
     "pm_partition_members",
     metadata,
     Column("member", String(64), primary_key=True),
-    Column("expires_at", Instant, nullable=False),
+    _at("expires_at", nullable=False),
     # The member said, at its last round, that its session holds its liveness lock
     # (runtime.liveness_lock): its leases are free at once when that lock is.
     Column("liveness_lock", Boolean, nullable=False, server_default=false()),
@@ -264,55 +202,66 @@ entries_table = Table(
         primary_key=True,
     ),
     Column("entry_id", String(128), primary_key=True),
-    Column("schedule_key", String(128), nullable=False, index=True),
-    Column("name", String(200), nullable=True),
+    _schedule_key(nullable=False, index=True),
+    _name(nullable=True),
     Column("content_hash", String(64), nullable=False),
     Column("status", String(16), nullable=False),
     Column("spec", String(200), nullable=True),
     Column("timezone", String(64), nullable=True),
-    Column("anchor", Instant, nullable=True),
+    _at("anchor", nullable=True),
     Column("task_type", String(200), nullable=True),
     Column("queue", String(100), nullable=True),
     Column("last_error", Text, nullable=True),
-    Column("registered_at", Instant, nullable=False),
+    _at("registered_at", nullable=False),
     # options.overlap skip/hold: the slot held while the previous task runs, and that task as the
     # manager last saw it (queued, running, unfinished, finished).
-    Column("held_slot_at", Instant, nullable=True),
+    _at("held_slot_at", nullable=True),
     Column("previous_task_id", String(128), nullable=True),
     Column("previous_task_state", String(32), nullable=True),
     # An error record whose row has a last good version this manager keeps running: since when
     # it is kept (null: no version of the row runs here).
-    Column("last_good_since", Instant, nullable=True),
+    _at("last_good_since", nullable=True),
 )
+
+
+# The counters of ``pm_schedule_state``, one column per run status.
+COUNT_COLUMNS = {
+    "enqueued": "enqueued_count",
+    "duplicate": "duplicate_count",
+    "skipped": "skipped_count",
+    "failed": "failed_count",
+    "held": "held_count",
+    "resent": "resent_count",
+}
+
+
+def _counter(name: str) -> Column[Any]:
+    """A count kept by the database, from 0."""
+    return Column(name, BigInteger, nullable=False, server_default="0")
 
 
 # Runtime state per schedule, written in batches in the same step as the enqueue.
 schedule_state_table = Table(
     "pm_schedule_state",
     metadata,
-    Column("schedule_key", String(128), primary_key=True),
-    Column("name", String(200), nullable=False),
-    Column("last_slot_at", Instant, nullable=True),
+    _schedule_key(primary_key=True),
+    _name(nullable=False),
+    _at("last_slot_at", nullable=True),
     # The latest slot settled for good (enqueued, found enqueued, re-published or skipped): a
     # takeover or a catch-up never sends a slot at or before it, whatever the broker remembers.
-    Column("last_done_at", Instant, nullable=True),
-    Column("last_enqueued_at", Instant, nullable=True),
+    _at("last_done_at", nullable=True),
+    _at("last_enqueued_at", nullable=True),
     Column("last_message_id", String(128), nullable=True),
     Column("last_status", String(16), nullable=True),
     Column("last_error", Text, nullable=True),
-    Column("enqueued_count", BigInteger, nullable=False, server_default="0"),
-    Column("duplicate_count", BigInteger, nullable=False, server_default="0"),
-    Column("skipped_count", BigInteger, nullable=False, server_default="0"),
-    Column("failed_count", BigInteger, nullable=False, server_default="0"),
-    Column("held_count", BigInteger, nullable=False, server_default="0"),
-    Column("resent_count", BigInteger, nullable=False, server_default="0"),
+    *(_counter(column) for column in COUNT_COLUMNS.values()),
     # options.max_runs: distinct slots recorded sent while the schedule had it (schedules/runs.py).
-    Column("runs_count", BigInteger, nullable=False, server_default="0"),
+    _counter("runs_count"),
     # options.pause_after_failures: failed tasks in a row, counted up to the run of slot
     # failures_checked_at (schedules/failures.py).
-    Column("consecutive_failures", BigInteger, nullable=False, server_default="0"),
-    Column("failures_checked_at", Instant, nullable=True),
-    Column("updated_at", Instant, nullable=False),
+    _counter("consecutive_failures"),
+    _at("failures_checked_at", nullable=True),
+    _at("updated_at", nullable=False),
 )
 
 
@@ -328,19 +277,19 @@ schedule_state_table = Table(
 last_good_table = Table(
     "pm_last_good",
     metadata,
-    Column("schedule_key", String(128), primary_key=True),
-    Column("name", String(200), nullable=False),
+    _schedule_key(primary_key=True),
+    _name(nullable=False),
     Column("spec", String(200), nullable=False),
     Column("timezone", String(64), nullable=False),
-    Column("anchor", Instant, nullable=True),
+    _at("anchor", nullable=True),
     Column("task_type", String(200), nullable=False),
     Column("payload", LongText, nullable=False),  # canonical JSON text
     Column("options", LongText, nullable=False),  # canonical JSON text
-    Column("effective_at", Instant, nullable=True),
+    _at("effective_at", nullable=True),
     Column("content_hash", String(64), nullable=False),
     Column("row_revision", BigInteger, nullable=True),
     Column("bad_revision", BigInteger, nullable=True),
-    Column("since", Instant, nullable=False),  # kept since (the row turned bad)
+    _at("since", nullable=False),  # kept since (the row turned bad)
     Column("manager_id", String(64), nullable=True),  # who kept it first
 )
 
@@ -355,13 +304,13 @@ outbox_table = Table(
     Column("task_id", String(36), nullable=False),
     Column("idempotency_key", String(300), nullable=False, unique=True),
     Column("queue", String(100), nullable=False),
-    Column("name", String(200), nullable=False),
+    _name(nullable=False),
     Column("task_type", String(200), nullable=False),
     Column("payload", LongText, nullable=False),  # JSON text, as in the Redis stream
     Column("options", LongText, nullable=False),  # JSON text
-    Column("scheduled_at", Instant, nullable=False),
-    Column("enqueued_at", Instant, nullable=False),
-    Column("processed_at", Instant, nullable=True),
+    _at("scheduled_at", nullable=False),
+    _at("enqueued_at", nullable=False),
+    _at("processed_at", nullable=True),
     Index("ix_pm_outbox_pending", "queue", "processed_at", "seq"),
     Index("ix_pm_outbox_name_seq", "name", "seq"),  # a schedule's newest row (overlap)
     sqlite_autoincrement=True,  # seq is the message id, and the cursor a consumer may keep
@@ -377,10 +326,10 @@ procrastinate_sent_table = Table(
     metadata,
     Column("idempotency_key", String(300), primary_key=True),
     Column("job_id", BigInteger, nullable=False),  # procrastinate_jobs.id
-    Column("name", String(200), nullable=False),  # the schedule's
+    _name(nullable=False),  # the schedule's
     Column("task_id", String(36), nullable=False),
-    Column("enqueued_at", Instant, nullable=False),
-    Column("expires_at", Instant, nullable=False),
+    _at("enqueued_at", nullable=False),
+    _at("expires_at", nullable=False),
     Index("ix_pm_procrastinate_sent_expires_at", "expires_at"),
     Index("ix_pm_procrastinate_sent_name_job_id", "name", "job_id"),  # newest job (overlap)
 )
@@ -397,39 +346,16 @@ procrastinate_sent_table = Table(
 schedule_changes_table = Table(
     "pm_schedule_changes",
     metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
+    _serial_id(),
     Column("schedule_id", BigInteger, nullable=False),
-    Column("name", String(200), nullable=True),
-    Column("at", Instant, nullable=False),
+    _name(nullable=True),
+    _at("at", nullable=False),
     Column("action", String(16), nullable=False),
     Column("source", String(16), nullable=False),
     Column("actor", String(200), nullable=True),
     Column("changes", LongText, nullable=False),  # JSON text
     Index("ix_pm_schedule_changes_schedule_id_id", "schedule_id", "id"),
     Index("ix_pm_schedule_changes_at", "at"),
-    sqlite_autoincrement=True,
-)
-
-
-# History: one row per slot outcome (enqueued, duplicate, skipped, failed) or manual trigger.
-#
-# Written in the same transaction as ``pm_schedule_state`` by the manager's store; bounded by
-# age and by a count per schedule (see ``DatabaseRuntimeStore.prune_runs``) and deleted with its
-# schedule. ``lateness_ms`` is ``at - slot_at``.
-runs_table = Table(
-    "pm_runs",
-    metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("schedule_key", String(128), nullable=False),
-    Column("name", String(200), nullable=False),
-    Column("slot_at", Instant, nullable=False),
-    Column("status", String(16), nullable=False),
-    Column("at", Instant, nullable=False),
-    Column("lateness_ms", BigInteger, nullable=False),
-    Column("message_id", String(128), nullable=True),
-    Column("error", Text, nullable=True),
-    Index("ix_pm_runs_schedule_key_slot_at", "schedule_key", "slot_at"),
-    Index("ix_pm_runs_at", "at"),
     sqlite_autoincrement=True,
 )
 
@@ -442,12 +368,35 @@ runs_table = Table(
 backfill_slots_table = Table(
     "pm_backfill_slots",
     metadata,
-    Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("schedule_key", String(128), nullable=False),
-    Column("slot_at", Instant, nullable=False),
+    _serial_id(),
+    _schedule_key(nullable=False),
+    _at("slot_at", nullable=False),
     Column("state", String(16), nullable=False),
     Column("owner", String(64), nullable=False),
-    Column("at", Instant, nullable=False),
+    _at("at", nullable=False),
     UniqueConstraint("schedule_key", "slot_at"),
     Index("ix_pm_backfill_slots_at", "at"),
+)
+
+
+# History: one row per slot outcome (enqueued, duplicate, skipped, failed) or manual trigger.
+#
+# Written in the same transaction as ``pm_schedule_state`` by the manager's store; bounded by
+# age and by a count per schedule (see ``DatabaseRuntimeStore.prune_runs``) and deleted with its
+# schedule. ``lateness_ms`` is ``at - slot_at``.
+runs_table = Table(
+    "pm_runs",
+    metadata,
+    _serial_id(),
+    _schedule_key(nullable=False),
+    _name(nullable=False),
+    _at("slot_at", nullable=False),
+    Column("status", String(16), nullable=False),
+    _at("at", nullable=False),
+    Column("lateness_ms", BigInteger, nullable=False),
+    Column("message_id", String(128), nullable=True),
+    Column("error", Text, nullable=True),
+    Index("ix_pm_runs_schedule_key_slot_at", "schedule_key", "slot_at"),
+    Index("ix_pm_runs_at", "at"),
+    sqlite_autoincrement=True,
 )

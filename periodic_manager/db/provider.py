@@ -15,7 +15,8 @@ rows is one narrow query; on PostgreSQL, when nothing was written since the last
 even that: one aggregate query says so (:meth:`DatabaseProvider.unchanged_since_full`). On
 PostgreSQL the rows are read with the driver itself, through a cursor in partitions that are
 judged as they arrive: no result of a million rows is ever held, and the event loop is never
-held for long.
+held for long. Restricted to the partitions a manager holds, the reads cover only their rows
+(:mod:`periodic_manager.db.provider_scope`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
-    Integer,
     Select,
     any_,
     bindparam,
-    func,
     select,
     text,
 )
@@ -47,25 +46,20 @@ from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db.engine import reads_bytes
 from periodic_manager.db.models import jobs_table
-from periodic_manager.db.partitions import partition_sql
+from periodic_manager.db.provider_scope import PartitionScope, Scope, digest_of
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.partition import every_partition, partition_of
+from periodic_manager.schedules.partition import every_partition
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
 
 # Rows are read in partitions of this many, each judged before the next is read.
 FETCH_PARTITION = 2000
 # Ids per query when the columns of changed rows are read by id.
 IDS_PER_QUERY = 5000
-# A manager holding every partition reads every row at its start in this many runs, each a
-# range of partitions, in partition order: the partitions it hands over when other managers
-# join (the highest first) are read last, so a join during the read skips their runs, and after
-# it their entries lie together in memory and are given back (not interleaved with those kept).
-EVERY_RUNS = 4
 Verdict = PeriodicTaskConfig | RowError | None
 
 
-class DatabaseProvider:
+class DatabaseProvider(PartitionScope):
     """An :class:`~periodic_manager.contracts.IncrementalProvider` reading ``periodic_jobs``
     (and a :class:`~periodic_manager.contracts.DigestingProvider`: on PostgreSQL it can tell).
 
@@ -113,74 +107,14 @@ class DatabaseProvider:
         )
         # PostgreSQL: the digest of what a full reconcile lists (see unchanged_since_full), and
         # the scope and digest of the last full read (None: none to compare with).
-        self._digest = self._every_digest = _digest_of(self._revisions)
-        self._digested: tuple[_Scope, tuple[Any, ...]] | None = None
+        self._digest = self._every_digest = digest_of(self._revisions)
+        self._digested: tuple[Scope, tuple[Any, ...]] | None = None
         self._held: HeldPartitions | None = None  # set by restrict()
         # Restricted: the unfiltered reads, used while every partition is held (see _every).
         self._every_full = self._full
         self._every_revisions = self._revisions
         self._some = self._full  # the rows of the partitions taken (set by restrict())
         self._run = self._full  # the rows of a range of partitions (set by restrict())
-
-    def restrict(self, held: HeldPartitions) -> None:
-        """Read only the rows of the partitions ``held()`` names at each read (PostgreSQL; see
-        :mod:`periodic_manager.schedules.partition`). Tombstones are not filtered: removing a
-        schedule this manager does not hold changes nothing."""
-        if self._bytes:
-            raise ValueError(
-                "partitions need PostgreSQL; on SQLite and MariaDB/MySQL one manager holds every schedule"
-            )
-        self._held = held
-        mine = self._mine()
-        # Not ordered: the planner cannot tell how many rows ``id % n`` keeps and sorted a
-        # whole table before the first row came (a read then did not overlap its judging); the
-        # configs and errors are sorted once read.
-        self._full = self._full.where(mine).order_by(None)
-        self._changed = self._changed.where(mine)
-        self._revisions = self._revisions.where(mine).order_by(None)
-        self._digest = _digest_of(self._revisions)
-        self._some = self._full.where(self._mine("taken_partitions"))
-        part = partition_sql(jobs_table.c.id, bindparam("partition_count", type_=Integer))
-        self._run = self._every_full.where(
-            part >= bindparam("run_from", type_=Integer), part < bindparam("run_to", type_=Integer)
-        ).order_by(None)
-
-    @staticmethod
-    def _mine(parts: str = "held_partitions") -> ColumnElement[bool]:
-        t = jobs_table.c
-        count = bindparam("partition_count", type_=Integer)
-        return partition_sql(t.id, count) == any_(bindparam(parts, type_=ARRAY(Integer)))
-
-    def _every(self) -> bool | None:
-        """None when not restricted; else whether every partition is held now (a manager
-        alone): its reads are then those of an unrestricted provider, without the filter."""
-        return None if self._held is None else self._held().every
-
-    def _cold_reads(self, every: bool | None, full: Select[Any]) -> list[_ColdRead]:
-        """The queries of a read of every column: with every partition held, EVERY_RUNS runs of
-        partitions in partition order; else one query."""
-        if not every or self._held is None:
-            return [_ColdRead(full, {} if every else self._scope(), None)]
-        count = self._held().count
-        size = -(-count // EVERY_RUNS)
-        runs = [range(lo, min(count, lo + size)) for lo in range(0, count, size)]
-        return [
-            _ColdRead(
-                self._run, {"partition_count": count, "run_from": r.start, "run_to": r.stop}, r
-            )
-            for r in runs
-        ]
-
-    def _scope_now(self) -> _Scope:
-        """What a full read covers now: None (every row), or the partitions held of how many."""
-        if self._held is None:
-            return None
-        held = self._held()
-        return (held.count, held.partitions)
-
-    async def _digest_now(self, conn: AsyncConnection, every: bool | None) -> tuple[Any, ...]:
-        query = self._every_digest if every else self._digest
-        return tuple((await conn.execute(query, {} if every else self._scope())).one())
 
     async def unchanged_since_full(self) -> bool:
         """Whether the rows a full reconcile would list now (``id`` and ``revision`` of every
@@ -209,21 +143,6 @@ class DatabaseProvider:
         except Exception as exc:
             raise ProviderError(f"cannot read periodic_jobs: {exc}") from exc
         return digest == seen[1]
-
-    def _reading(self) -> _Reading:
-        """A read of rows beginning now (see :class:`_Reading`)."""
-        return _Reading(self._held)
-
-    def _nothing_held(self) -> bool:
-        return self._held is not None and not self._held().partitions
-
-    def _scope(self, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``params`` and, when restricted, the partitions held now."""
-        out = dict(params or {})
-        if self._held is not None:
-            held = self._held()
-            out.update(partition_count=held.count, held_partitions=sorted(held.partitions))
-        return out
 
     async def get_partitions(self, partitions: frozenset[int]) -> ProviderSnapshot:
         """Every enabled row of ``partitions``, read in full (a manager that has just taken them
@@ -471,69 +390,6 @@ class DatabaseProvider:
             cursor = await driver.cursor(str(compiled), *args)
             while part := await cursor.fetch(FETCH_PARTITION):
                 yield part
-
-
-# What a full read covered: None (every row, not restricted), or (partition count, held).
-_Scope = tuple[int, frozenset[int]] | None
-
-
-def _digest_of(listing: Select[Any]) -> Select[Any]:
-    """The count and the sum of ``hashint8extended(id, revision)`` of the rows ``listing``
-    lists (its filters by construction: the digest and the listing cannot drift apart)."""
-    pairs = listing.order_by(None).subquery()
-    hashed = func.hashint8extended(pairs.c.id, pairs.c.revision)
-    return select(func.count(), func.coalesce(func.sum(hashed), 0))
-
-
-class _ColdRead(NamedTuple):
-    """One query of a read of every column: its parameters, and the run of partitions it reads
-    (None: the partitions held, or every row)."""
-
-    query: Select[Any]
-    params: dict[str, Any]
-    partitions: range | None
-
-
-class _Reading:
-    """A read of the rows of the partitions held when it began. A partition handed over while
-    it runs (a manager joined: a manager alone reading every row at its start, a takeover
-    reading its share) is read no further: what was read of it goes at once, and the rest of
-    the read keeps only the rows of the partitions still held, so the read never holds much
-    more than this manager's share (the reconciler's ``keep`` would drop them anyway, but only
-    after every row was read)."""
-
-    def __init__(self, held: HeldPartitions | None) -> None:
-        self._held = held  # None: not restricted (every row is this manager's)
-        # The partitions the read covers, and those whose rows it keeps since the last part.
-        self._began = self._kept = held().partitions if held is not None else frozenset[int]()
-
-    def any_held(self, partitions: range | None) -> bool:
-        """Whether a read of ``partitions`` (None: of whatever is held) still covers a
-        partition held."""
-        if self._held is None or partitions is None:
-            return True
-        return any(p in partitions for p in self._held().partitions)
-
-    def still_held(
-        self, part: Sequence[Any], configs: list[PeriodicTaskConfig], errors: list[RowError]
-    ) -> Sequence[Any]:
-        """``part`` (raw rows, the id first) less the rows of partitions handed over since the
-        read began; when one is, ``configs`` and ``errors`` lose what was read of it too."""
-        if self._held is None:
-            return part
-        now = self._held()
-        if now.partitions >= self._began:
-            return part  # none handed over (at rest: one comparison per part of rows)
-        count, mine = now.count, now.partitions
-
-        def kept(ident: object) -> bool:
-            return isinstance(ident, int) and partition_of(ident, count) in mine
-
-        if mine != self._kept:
-            self._kept = mine
-            configs[:] = [c for c in configs if kept(c.schedule_id)]
-            errors[:] = [e for e in errors if kept(e.schedule_id)]
-        return [raw for raw in part if kept(raw[0])]
 
 
 def _row_id(config: PeriodicTaskConfig) -> Any:

@@ -34,7 +34,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
 from periodic_manager.cron import ANCHOR_MAX, ANCHOR_MIN
-from periodic_manager.db.models import UTCDateTime, jobs_table
+from periodic_manager.db.column_types import UTCDateTime
+from periodic_manager.db.models import jobs_table
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import UNKNOWN_START
 
@@ -244,13 +245,8 @@ def instant_or_none(sqlite: bool, value: Any) -> datetime | None:
 def effective_at(sqlite: bool, value: Any) -> datetime:
     """The row's ``effective_at``: no slot at or before it is sent. NULL or unreadable means
     unknown (UNKNOWN_START: nothing in the past may be sent), never a row error."""
-    if value is None:
-        return UNKNOWN_START
-    try:
-        instant: datetime = decode(sqlite, "effective_at", value)
-    except ConfigError:
-        return UNKNOWN_START
-    return instant
+    instant = instant_or_none(sqlite, value)
+    return UNKNOWN_START if instant is None else instant
 
 
 # -- cells of the runtime tables ------------------------------------------------------------------

@@ -9,24 +9,17 @@ heartbeats); a reaped manager's entries went with it (``ON DELETE CASCADE``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, Select, case, func, or_, select
+from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from periodic_manager.contracts import (
-    SENT,
-    EntryRecord,
-    FailureCount,
-    ManagerInfo,
-    ManagerStatus,
-    StateRecord,
-)
+from periodic_manager.contracts import SENT, EntryRecord, FailureCount, StateRecord
 from periodic_manager.db import rows as dbrows
+from periodic_manager.db import runtime_rows as decode
 from periodic_manager.db.engine import chunks, reads_bytes
 from periodic_manager.db.models import (
     entries_table,
@@ -34,33 +27,10 @@ from periodic_manager.db.models import (
     runs_table,
     schedule_state_table,
 )
+from periodic_manager.db.runtime_rows import ManagerRecord
 
-# Stored counters, one column per run status.
-COUNT_COLUMNS = {
-    "enqueued": "enqueued_count",
-    "duplicate": "duplicate_count",
-    "skipped": "skipped_count",
-    "failed": "failed_count",
-    "held": "held_count",
-    "resent": "resent_count",
-}
 _STATE_NAMES = [c.name for c in schedule_state_table.c]
 _E = entries_table.c
-
-
-def _cols(sqlite: bool, table: Any, prefix: str) -> list[Any]:
-    """Every column of ``table`` raw (:func:`periodic_manager.db.rows.raw`: anyone with SQL
-    access writes these tables too, so each row is decoded alone), labelled ``prefix`` + name so
-    that one joined row names every table's columns without clashes."""
-    return [dbrows.raw(sqlite, c).label(f"{prefix}{c.name}") for c in table.c]
-
-
-@dataclass(frozen=True, slots=True)
-class ManagerRecord:
-    """A manager as stored: who it is and its last heartbeat."""
-
-    info: ManagerInfo
-    status: ManagerStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +71,11 @@ async def live_managers(conn: AsyncConnection, alive_after: datetime) -> list[Ma
     """Live managers, the leader first, then by id."""
     sqlite = reads_bytes(conn)
     stmt = (
-        select(*_cols(sqlite, managers_table, "m_"))
+        select(*decode.columns(sqlite, managers_table, "m_"))
         .where(managers_table.c.heartbeat_at >= alive_after)
         .order_by(managers_table.c.is_leader.desc(), managers_table.c.manager_id)
     )
-    found = [_manager_record(sqlite, r._mapping) for r in (await conn.execute(stmt)).all()]
+    found = [decode.manager_record(sqlite, r._mapping) for r in (await conn.execute(stmt)).all()]
     live = [m for m in found if m is not None]
     # The leader first by the judged is_leader (the ORDER BY saw the stored value).
     return sorted(live, key=lambda m: not m.status.is_leader)
@@ -132,9 +102,9 @@ async def live_entries(
     sqlite = reads_bytes(conn)
     stmt = (
         select(
-            *_cols(sqlite, entries_table, "e_"),
-            *_cols(sqlite, managers_table, "m_"),
-            *_cols(sqlite, schedule_state_table, "s_"),
+            *decode.columns(sqlite, entries_table, "e_"),
+            *decode.columns(sqlite, managers_table, "m_"),
+            *decode.columns(sqlite, schedule_state_table, "s_"),
         )
         .join_from(
             entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id
@@ -179,7 +149,10 @@ async def entry_page(
     ).scalar_one()
     sqlite = reads_bytes(conn)
     stmt = (
-        select(*_cols(sqlite, entries_table, "e_"), *_cols(sqlite, managers_table, "m_"))
+        select(
+            *decode.columns(sqlite, entries_table, "e_"),
+            *decode.columns(sqlite, managers_table, "m_"),
+        )
         .join_from(
             entries_table, managers_table, managers_table.c.manager_id == entries_table.c.manager_id
         )
@@ -202,14 +175,14 @@ def _live_entries(sqlite: bool, rows: Sequence[Any], *, with_state: bool) -> lis
     for row in rows:
         m = row._mapping
         if m["m_manager_id"] not in managers:
-            managers[m["m_manager_id"]] = _manager_record(sqlite, m)
+            managers[m["m_manager_id"]] = decode.manager_record(sqlite, m)
         manager = managers[m["m_manager_id"]]
         if manager is None:  # its heartbeat cannot be read: not known to be live
             continue
         state = None
         if with_state and m["s_schedule_key"] is not None:
-            state = _state_record(sqlite, {name: m[f"s_{name}"] for name in _STATE_NAMES})
-        out.append(LiveEntry(manager=manager, entry=_entry_record(sqlite, m), state=state))
+            state = decode.state_record(sqlite, {name: m[f"s_{name}"] for name in _STATE_NAMES})
+        out.append(LiveEntry(manager=manager, entry=decode.entry_record(sqlite, m), state=state))
     return out
 
 
@@ -241,11 +214,11 @@ async def states(conn: AsyncConnection, schedule_keys: Iterable[str]) -> dict[st
     sqlite = reads_bytes(conn)
     out: dict[str, StateRecord] = {}
     for chunk in chunks(keys):
-        stmt = select(*_cols(sqlite, schedule_state_table, "")).where(
+        stmt = select(*decode.columns(sqlite, schedule_state_table, "")).where(
             schedule_state_table.c.schedule_key.in_(chunk)
         )
         for row in (await conn.execute(stmt)).all():
-            record = _state_record(sqlite, row._mapping)
+            record = decode.state_record(sqlite, row._mapping)
             out[record.schedule_key] = record
     return out
 
@@ -286,22 +259,12 @@ async def rejections_of(
 ) -> list[Rejection]:
     """The error records live managers published for a schedule, by manager."""
     sqlite = reads_bytes(conn)
-    stmt = (
-        select(
-            dbrows.raw(sqlite, _E.manager_id),
-            dbrows.raw(sqlite, _E.last_error),
-            dbrows.raw(sqlite, _E.last_good_since),
-        )
-        .join(managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
-        .where(
-            entries_table.c.schedule_key == schedule_key,
-            entries_table.c.status == "error",
-            managers_table.c.heartbeat_at >= alive_after,
-        )
-        .order_by(entries_table.c.manager_id, entries_table.c.entry_id)
+    cells = (_E.manager_id, _E.last_error, _E.last_good_since)
+    stmt = _published(sqlite, schedule_key, alive_after, "error", cells).order_by(
+        entries_table.c.manager_id, entries_table.c.entry_id
     )
     return [
-        Rejection(_str(m), dbrows.text_of(msg), dbrows.instant_or_none(sqlite, since))
+        Rejection(decode.text(m), dbrows.text_of(msg), dbrows.instant_or_none(sqlite, since))
         for m, msg, since in (await conn.execute(stmt)).all()
     ]
 
@@ -312,23 +275,10 @@ async def overlap_of(
     """The held slot and previous task live managers publish for a schedule (options.overlap):
     the leader's first, else the manager that heard from its target last."""
     sqlite = reads_bytes(conn)
+    cells = (_E.manager_id, _E.held_slot_at, _E.previous_task_id, _E.previous_task_state)
     stmt = (
-        select(
-            dbrows.raw(sqlite, _E.manager_id),
-            dbrows.raw(sqlite, _E.held_slot_at),
-            dbrows.raw(sqlite, _E.previous_task_id),
-            dbrows.raw(sqlite, _E.previous_task_state),
-        )
-        .join(managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
-        .where(
-            entries_table.c.schedule_key == schedule_key,
-            entries_table.c.status == "active",
-            managers_table.c.heartbeat_at >= alive_after,
-            or_(
-                entries_table.c.held_slot_at.is_not(None),
-                entries_table.c.previous_task_state.is_not(None),
-            ),
-        )
+        _published(sqlite, schedule_key, alive_after, "active", cells)
+        .where(or_(_E.held_slot_at.is_not(None), _E.previous_task_state.is_not(None)))
         .order_by(managers_table.c.is_leader.desc(), entries_table.c.manager_id)
         .limit(1)
     )
@@ -337,10 +287,25 @@ async def overlap_of(
         return None
     manager_id, held, task_id, task_state = row
     return OverlapReport(
-        _str(manager_id),
+        decode.text(manager_id),
         dbrows.instant_or_none(sqlite, held),
         dbrows.text_of(task_id),
         dbrows.text_of(task_state),
+    )
+
+
+def _published(
+    sqlite: bool, schedule_key: str, alive_after: datetime, status: str, cells: Sequence[Any]
+) -> Select:
+    """``cells`` (read raw) of the entries of ``status`` live managers published for a schedule."""
+    return (
+        select(*(dbrows.raw(sqlite, cell) for cell in cells))
+        .join(managers_table, managers_table.c.manager_id == entries_table.c.manager_id)
+        .where(
+            entries_table.c.schedule_key == schedule_key,
+            entries_table.c.status == status,
+            managers_table.c.heartbeat_at >= alive_after,
+        )
     )
 
 
@@ -368,86 +333,6 @@ async def rejections(
         .where(entries_table.c.schedule_key.in_(schedule_keys))
         .order_by(entries_table.c.manager_id)
     )
-    return [(_str(key), dbrows.text_of(message)) for key, message in await conn.execute(stmt)]
-
-
-# -- row <-> record ------------------------------------------------------------------------------
-
-
-def _str(value: Any) -> str:
-    """A raw text cell of a NOT NULL column."""
-    return dbrows.text_of(value) or ""
-
-
-def _offset(value: Any) -> float | None:
-    """A clock offset cell: a finite number, else None (the column is data like any)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _manager_record(sqlite: bool, m: RowMapping) -> ManagerRecord | None:
-    """A manager row decoded cell by cell (an unreadable cell is None, or not leading); None
-    when its heartbeat cannot be read (then it is not known to be live)."""
-    heartbeat_at = dbrows.instant_or_none(sqlite, m["m_heartbeat_at"])
-    if heartbeat_at is None:
-        return None
-    info = ManagerInfo(
-        manager_id=_str(m["m_manager_id"]),
-        hostname=_str(m["m_hostname"]),
-        pid=dbrows.int_of(m["m_pid"]),
-        version=_str(m["m_version"]),
-        started_at=dbrows.instant_or_none(sqlite, m["m_started_at"]),
-    )
-    status = ManagerStatus(
-        heartbeat_at=heartbeat_at,
-        is_leader=dbrows.bool_of(sqlite, m["m_is_leader"]) is True,
-        last_sync_at=dbrows.instant_or_none(sqlite, m["m_last_sync_at"]),
-        last_sync_error=dbrows.text_of(m["m_last_sync_error"]),
-        entry_count=dbrows.int_of(m["m_entry_count"]),
-        target_down=dbrows.text_of(m["m_target_down"]),
-        clock_offset_s=_offset(m.get("m_clock_offset_s")),
-    )
-    return ManagerRecord(info=info, status=status)
-
-
-def _entry_record(sqlite: bool, m: RowMapping) -> EntryRecord:
-    def instant(name: str) -> datetime | None:
-        return dbrows.instant_or_none(sqlite, m[name])
-
-    return EntryRecord(
-        entry_id=_str(m["e_entry_id"]),
-        schedule_key=_str(m["e_schedule_key"]),
-        name=dbrows.text_of(m["e_name"]),
-        content_hash=_str(m["e_content_hash"]),
-        status=_str(m["e_status"]),
-        registered_at=instant("e_registered_at"),
-        spec=dbrows.text_of(m["e_spec"]),
-        timezone=dbrows.text_of(m["e_timezone"]),
-        anchor=instant("e_anchor"),
-        task_type=dbrows.text_of(m["e_task_type"]),
-        queue=dbrows.text_of(m["e_queue"]),
-        last_error=dbrows.text_of(m["e_last_error"]),
-        held_slot=instant("e_held_slot_at"),
-        previous_task_id=dbrows.text_of(m["e_previous_task_id"]),
-        previous_task_state=dbrows.text_of(m["e_previous_task_state"]),
-        last_good_since=instant("e_last_good_since"),
-    )
-
-
-def _state_record(sqlite: bool, m: RowMapping | dict[str, Any]) -> StateRecord:
-    """A state row decoded cell by cell: an unreadable instant is None, an unreadable
-    counter is left out of ``counts`` (as a status never seen)."""
-    counts = {s: dbrows.int_of(m[col]) for s, col in COUNT_COLUMNS.items()}
-    return StateRecord(
-        schedule_key=_str(m["schedule_key"]),
-        name=_str(m["name"]),
-        last_slot_at=dbrows.instant_or_none(sqlite, m["last_slot_at"]),
-        last_done_at=dbrows.instant_or_none(sqlite, m["last_done_at"]),
-        last_enqueued_at=dbrows.instant_or_none(sqlite, m["last_enqueued_at"]),
-        last_message_id=dbrows.text_of(m["last_message_id"]),
-        last_status=dbrows.text_of(m["last_status"]),
-        last_error=dbrows.text_of(m["last_error"]),
-        counts={s: n for s, n in counts.items() if n},
-        runs=dbrows.int_of(m["runs_count"]) or 0,
-    )
+    return [
+        (decode.text(key), dbrows.text_of(message)) for key, message in await conn.execute(stmt)
+    ]

@@ -58,25 +58,24 @@ class _Kept:
     bad_revision: int | None
 
 
+# The fields of a version that are its config's own, under the same names.
+_CONTENT = ("name", "spec", "timezone", "anchor", "task_type", "payload_json", "options_json")
+
+
 def version_of(
     entry: PeriodicTaskConfig, err: RowError, digest: str, since: datetime, manager_id: str
 ) -> LastGoodVersion:
+    """The version of ``entry`` to store now that its row turned bad (``err``)."""
     effective = entry.effective_at if entry.effective_at is not UNKNOWN_START else None
     return LastGoodVersion(
         schedule_key=entry.key,
-        name=entry.name,
-        spec=entry.spec,
-        timezone=entry.timezone,
-        anchor=entry.anchor,
-        task_type=entry.task_type,
-        payload_json=entry.payload_json,
-        options_json=entry.options_json,
         effective_at=effective,
         content_hash=digest,
         row_revision=entry.revision,
         bad_revision=err.revision,
         since=since,
         manager_id=manager_id,
+        **{field: getattr(entry, field) for field in _CONTENT},
     )
 
 

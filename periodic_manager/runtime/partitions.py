@@ -148,7 +148,7 @@ EXPIRY_MARGIN_S = 0.05  # a round for another holder's expiry comes this long af
 # memory; the epochs are the safety). The manager's heartbeat row in pm_managers is read as the
 # statement's snapshot saw it, before the heartbeat it may carry.
 def _round(beat: bool, member: bool = True) -> str:
-    """The round's statement; with ``beat``, the manager's heartbeat too (``db.store.beat_ctes``,
+    """The round's statement; with ``beat``, the manager's heartbeat too (``db.managers.beat_ctes``,
     its parameters from $8 on), its seventh column is the number of manager rows beaten (0:
     this manager's row is gone) and its eighth the number of other managers due for reaping
     (the heartbeat's loop removes them, never this round: its bound is the leases'). Without
@@ -158,7 +158,7 @@ def _round(beat: bool, member: bool = True) -> str:
     beat_ctes = ""
     beaten = ""
     if beat:
-        from periodic_manager.db.store import beat_ctes as ctes
+        from periodic_manager.db.managers import beat_ctes as ctes
 
         beat_ctes = f"{ctes(8)},"
         beaten = ", (SELECT count(*) FROM beat), (SELECT * FROM due)"

@@ -41,21 +41,7 @@ def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
     key, digest = cfg.key, content_hash(cfg)
     # Positional, in EntryRecord's field order: a cold start builds one per entry, and keywords
     # would double the cost of the tuple.
-    if view is None:
-        return EntryRecord(
-            f"{key}-{digest[:12]}",
-            key,
-            cfg.name,
-            digest,
-            "active",
-            entry.registered_at,
-            cfg.spec,
-            cfg.timezone,
-            cfg.anchor,
-            cfg.task_type,
-            cfg.queue,
-        )
-    return EntryRecord(
+    fields = (
         f"{key}-{digest[:12]}",
         key,
         cfg.name,
@@ -67,10 +53,11 @@ def entry_record(entry: ScheduledEntry, view: Any = None) -> EntryRecord:
         cfg.anchor,
         cfg.task_type,
         cfg.queue,
-        None,
-        view.held_slot,
-        view.previous_task_id,
-        view.previous_task_state,
+    )
+    if view is None:
+        return EntryRecord(*fields)
+    return EntryRecord(
+        *fields, None, view.held_slot, view.previous_task_id, view.previous_task_state
     )
 
 

@@ -25,10 +25,11 @@ from periodic_manager import gcpolicy
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.provider import EVERY_RUNS, DatabaseProvider
+from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.db.provider_scope import EVERY_RUNS
 from periodic_manager.engine.entries import Entries
 from periodic_manager.engine.scheduler import Scheduler
-from periodic_manager.runtime import sync
+from periodic_manager.runtime import reconcile, sync
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.notify import PostgresChangeListener
@@ -443,9 +444,9 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
         Entries.next_after,
         Scheduler.rebase_some,
     )
-    apply_some = sync.Reconciler.apply_some
+    apply_some = reconcile.Reconciler.apply_some
 
-    async def counted_apply_some(self: sync.Reconciler, snapshot: Any, now: datetime) -> Any:
+    async def counted_apply_some(self: reconcile.Reconciler, snapshot: Any, now: datetime) -> Any:
         some.append(len(snapshot.configs))
         return await apply_some(self, snapshot, now)
 
@@ -467,7 +468,7 @@ async def test_a_lone_managers_start_reads_its_rows_once_unfiltered_and_computes
     monkeypatch.setattr(DatabaseProvider, "_stream", counted_stream)
     monkeypatch.setattr(Entries, "next_after", counted_next_after)
     monkeypatch.setattr(Scheduler, "rebase_some", counted_rebase_some)
-    monkeypatch.setattr(sync.Reconciler, "apply_some", counted_apply_some)
+    monkeypatch.setattr(reconcile.Reconciler, "apply_some", counted_apply_some)
     # The collector policy of the command, freezing from the first entry: the takeover freezes
     # what it registered before the collector runs again (a first pass over a million young
     # objects cost ~1 s of a 1M start).

@@ -23,7 +23,8 @@ from periodic_manager.contracts import (
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.models import jobs_table
-from periodic_manager.db.provider import EVERY_RUNS, DatabaseProvider
+from periodic_manager.db.provider import DatabaseProvider
+from periodic_manager.db.provider_scope import EVERY_RUNS
 from periodic_manager.errors import ProviderError
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from tests.conftest import backend_url

@@ -14,9 +14,10 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
+from periodic_manager.db.column_types import UTCDateTime
 from periodic_manager.db.engine import create_engine
 from periodic_manager.db.migrate import downgrade, upgrade
-from periodic_manager.db.models import UTCDateTime, include_object, metadata
+from periodic_manager.db.models import include_object, metadata
 from tests.conftest import backend_url
 
 

@@ -25,8 +25,9 @@ from periodic_manager.contracts import (
 )
 from periodic_manager.db import schedule_writer, store_reads
 from periodic_manager.db.engine import create_engine
+from periodic_manager.db.managers import REAP_CHUNK, beat_ctes
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.db.store import REAP_CHUNK, DatabaseRuntimeStore, beat_ctes
+from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.errors import NotFoundError
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from tests.conftest import backend_url
