@@ -23,7 +23,6 @@ from periodic_manager.db import partitions, schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
-from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.partition import ranges_text
 from periodic_manager.settings import Settings
 
@@ -152,12 +151,13 @@ async def schedule_slots(
             field, reason = row.errors[0]
             raise ValueError(f"{field}: {reason}")
         bounds = slot_bounds.bounds_of(row.config.options)
-        exclusion = row.config.exclusion  # options.exclude: excluded slots shown, marked
-        found = marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds, exclusion)
         # options.max_runs: no slot past the last run (as next_runs and the engine); an excluded
-        # slot is no run.
+        # slot (options.exclude: shown, marked) is no run.
         left = runs_left(row, await runs_counted(conn, str(row.id)))
-        for slot in slot_runs.limited_sent(found, left, lambda s: "excluded" in s.marks):
+        exclusion = row.config.exclusion
+        for slot in marked_slots(
+            v["spec"], v["timezone"], v["anchor"], now, n, bounds, exclusion, left
+        ):
             views.append(
                 SlotView(
                     at=slot.at,

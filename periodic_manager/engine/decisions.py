@@ -33,7 +33,8 @@ from periodic_manager.engine.history import RunWriter
 from periodic_manager.engine.overlap import OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
 from periodic_manager.pacing import in_turns
-from periodic_manager.schedules.calendars import excluded_by, skip_reason
+from periodic_manager.schedules import slots
+from periodic_manager.schedules.calendars import skip_reason
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.jitter import offset_of
 
@@ -133,9 +134,7 @@ class Decisions:
                 self.entries.advance(entry, last)
             elif late:
                 skipped.append(self._skip(entry, slot, now))
-            elif entry.exclusion is not None and (
-                calendar := excluded_by(entry.exclusion, slot, entry.timezone)
-            ):
+            elif entry.exclusion is not None and (calendar := slots.excluded(entry, slot)):
                 skipped.append(self._exclude(entry, slot, now, calendar, self.entries.advance))
             else:
                 send.append(entry)
@@ -168,9 +167,7 @@ class Decisions:
                     self.entries.advance_jittered(entry, last)
                 elif late:
                     skipped.append(self._skip(entry, slot, now, since=at))
-                elif entry.exclusion is not None and (
-                    calendar := excluded_by(entry.exclusion, slot, entry.timezone)
-                ):
+                elif entry.exclusion is not None and (calendar := slots.excluded(entry, slot)):
                     move = self.entries.advance_jittered
                     skipped.append(self._exclude(entry, slot, now, calendar, move))
                 else:
@@ -255,7 +252,7 @@ class Decisions:
         entries' timing (a missed slot on an excluded date is not sent: it was never to be sent)."""
         by_slot: dict[datetime, list[ScheduledEntry]] = {}
         for entry, slot in items:
-            if entry.exclusion is None or not excluded_by(entry.exclusion, slot, entry.timezone):
+            if entry.exclusion is None or not slots.excluded(entry, slot):
                 by_slot.setdefault(slot, []).append(entry)
         for slot in sorted(by_slot):
             entries = self._unfenced(by_slot[slot])
