@@ -334,7 +334,6 @@ class Dispatcher:
         entries: list[ScheduledEntry],
         tasks: list[Task],
         exc: BaseException,
-        *,
         quiet: bool = False,
     ) -> None:
         """Record ``entries`` failed with ``exc`` (a call that raised, or a retry given up; quiet:
