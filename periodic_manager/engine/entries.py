@@ -72,6 +72,9 @@ class Entries:
         # schedule that comes back soon never resends it. Entries keep their own (``fired``).
         self._retired: dict[Ident, datetime] = {}
         self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see next_after
+        # The idents of the entries with options.max_runs (the scheduler reads their count
+        # again before it sends them: engine/decisions.py).
+        self.limited: set[Ident] = set()
         # While a takeover rebases in turns (rebase) or registers what it took (resuming): the
         # look back an entry registered meanwhile is filed with.
         self._back: _LookBack | None = None
@@ -112,6 +115,7 @@ class Entries:
         )
         limit = max_runs_of(config.options)
         back = self._back if self._back is not None and self._back.covers(ident) else None
+        (self.limited.discard if limit is None else self.limited.add)(ident)
         # Under a look back with its count, the runs left are the rebase's (read afresh).
         if limit is not None and (back is None or counted is None):
             if old is not None and old.runs_left is not None:
@@ -181,6 +185,7 @@ class Entries:
         """Remove the entry of schedule ``key`` (the timetable forgets it lazily); it, or None."""
         ident = ident_of(key) if isinstance(key, str) else key
         entry = self._entries.pop(ident, None)
+        self.limited.discard(ident)
         if entry is not None:
             entry.kill()
             if entry.fired is not None:

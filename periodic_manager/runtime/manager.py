@@ -164,6 +164,7 @@ class PeriodicTaskManager:
             on_runs=self.store.record_runs,
             observe=self._observe_runs,
             view_changed=self.publisher.upsert,
+            read_state=self.store.get_state,
         )
         # Nothing is sent until leadership is decided (at once for AlwaysLeader).
         self.scheduler.set_active(False)
