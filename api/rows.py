@@ -14,15 +14,14 @@ from typing import Any, Literal
 
 from fastapi import Request
 
-from periodic_manager import cron
 from periodic_manager.db import calendars as dbcalendars
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db import rows as dbrows
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection, reads_bytes
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
+from periodic_manager.schedules import slots
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.judge import DEFAULTS, FIELDS, MAX_EVERY_DAYS, Deployment, judge
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES
@@ -110,19 +109,11 @@ def next_runs(
     """The next ``n`` slots after ``now`` in UTC within the schedule's bounds (options.start_at,
     options.end_at) that are sent (none on a date of a calendar options.exclude names) and its
     ``left`` runs (options.max_runs), fewer when it ends, ``[]`` if they cannot be computed. The
-    engine's slots: :func:`periodic_manager.schedules.bounds.slots`, shared with every preview."""
+    engine's slots: :mod:`periodic_manager.schedules.slots`, shared with every preview."""
     try:
-        found = slot_bounds.slots(
-            config.schedule,
-            now,
-            n,
-            slot_bounds.bounds_of(config.options),
-            config.exclusion,
-            config.timezone,
-        )
+        return [slot.at for slot in slots.Rule.of(config).upcoming(now, n, left=left)]
     except SLOT_ERRORS:
         return []
-    return slot_runs.limited(found, left)
 
 
 def runs_left(v: dbview.RowView, counted: int) -> int | None:
@@ -143,23 +134,12 @@ def status_of(v: dbview.RowView, now: datetime, left: int | None = None) -> Stat
     if left is not None and left <= 0:
         return "ended"  # as the engine: every run of options.max_runs was sent
     try:
-        bounds = slot_bounds.bounds_of(v.config.options)
+        rule = slots.Rule.of(v.config)
     except ValueError:
         return "error"
-    if bounds.end_at is not None and not slot_bounds.slots(v.config.schedule, now, 1, bounds):
+    if rule.bounds.end_at is not None and rule.has_ended(now):
         return "ended"  # as the engine: the entry has no next slot
     return "active"
-
-
-def next_slot(
-    spec: str | None, timezone: str | None, anchor: datetime | None, now: datetime
-) -> datetime | None:
-    if spec is None:
-        return None
-    try:
-        return cron.parse(spec, tz=timezone or "UTC", anchor=anchor).next_after(now).astimezone(UTC)
-    except SLOT_ERRORS:
-        return None
 
 
 def api_errors(v: dbview.RowView) -> list[ScheduleError]:

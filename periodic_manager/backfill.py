@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import Any, NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -51,11 +52,11 @@ from periodic_manager.db.backfill_slots import BACKFILLED, KNOWN_SENT
 from periodic_manager.engine.entries import window_of
 from periodic_manager.errors import ConfigError
 from periodic_manager.pacing import paced
-from periodic_manager.schedules.bounds import bounded_next, bounds_of, parse_instant
-from periodic_manager.schedules.calendars import excluded_by
+from periodic_manager.schedules.bounds import parse_instant
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
 from periodic_manager.schedules.rules import overlap_policy
 from periodic_manager.schedules.runs import max_runs_of, runs_left
+from periodic_manager.schedules.slots import Rule, walk
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_for
 
@@ -160,27 +161,13 @@ def slots_in(config: PeriodicTaskConfig, start: datetime, end: datetime) -> Rang
     """The schedule's slots in ``[start, end)`` within its bounds, those on a date its
     ``options.exclude`` holds counted apart; ConfigError naming ``to`` when there are more than
     :data:`MAX_SLOTS` (excluded ones count)."""
-    bounds = bounds_of(config.options)
-    out: list[datetime] = []
-    excluded = 0
-    at = start - _TICK
-    while True:
-        try:
-            found = bounded_next(config.schedule, at, bounds)
-        except (OverflowError, ValueError, ArithmeticError):
-            break
-        if found is None or found >= end:
-            break
-        if len(out) + excluded == MAX_SLOTS:
-            raise ConfigError(
-                "to", f"the range holds more than {MAX_SLOTS:,} slots: backfill it in parts"
-            )
-        at = found
-        if excluded_by(config.exclusion, found, config.timezone):
-            excluded += 1
-        else:
-            out.append(found.astimezone(UTC))
-    return Range(out, excluded)
+    try:
+        sent, excluded = Rule.of(config).between(start, end, MAX_SLOTS)
+    except OverflowError:
+        raise ConfigError(
+            "to", f"the range holds more than {MAX_SLOTS:,} slots: backfill it in parts"
+        ) from None
+    return Range(sent, excluded)
 
 
 @dataclass(slots=True)
@@ -414,17 +401,11 @@ async def _settle(
             sent |= await backfill_slots.recorded(
                 conn, key, base, end, state=backfill_slots.SENT_STATE
             )
-        bounds = bounds_of(config.options)
-        at, last = base, None
-        for _ in range(MAX_SLOTS + 1):
-            try:
-                slot = bounded_next(config.schedule, at, bounds)
-            except (OverflowError, ValueError, ArithmeticError):
+        rule, last = Rule.of(config), None
+        for slot in islice(walk(rule.schedule, base, rule.bounds), MAX_SLOTS + 1):
+            if slot >= end:
                 break
-            if slot is None or slot >= end:
-                break
-            at = slot
-            if excluded_by(config.exclusion, slot, config.timezone):
+            if rule.excluded(slot) is not None:
                 continue
             if slot.astimezone(UTC) not in sent:
                 break

@@ -9,10 +9,10 @@ from zoneinfo import ZoneInfo
 from fastapi import APIRouter, Depends, Query
 from pydantic import AwareDatetime
 
-from periodic_manager.cron import UTC
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.describe import describe
 from periodic_manager.schedules.judge import parse_schedule
+from periodic_manager.schedules.slots import Rule
 
 from ..deps import get_now
 from ..errors import ApiProblem, config_error_item
@@ -44,13 +44,11 @@ async def next_slots(
         raise ApiProblem(422, "validation-error", "1 invalid field", errors=[item]) from None
     zone = ZoneInfo(tz)
     slots: list[Slot] = []
-    after = now
-    for _ in range(n):
-        try:
-            after = schedule.next_after(after)
-            # An @every slot near year 9999 may have no local time east of UTC: an error too.
-            local = after.astimezone(zone).isoformat()
-        except SLOT_ERRORS:  # e.g. no slot before year 10000: the list is shorter
+    # The slot rule, as every preview (no slot before year 10000: the list is shorter).
+    for at, _ in Rule(schedule).upcoming(now, n):
+        try:  # an @every slot near year 9999 may have no local time east of UTC: an error too
+            local = at.astimezone(zone).isoformat()
+        except SLOT_ERRORS:
             break
-        slots.append(Slot(at=after.astimezone(UTC), local=local))
+        slots.append(Slot(at=at, local=local))
     return CronPreview(spec=spec, timezone=tz, description=describe(spec), next=slots)

@@ -8,17 +8,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from periodic_manager import cron
 from periodic_manager.contracts import EntryRecord
 from periodic_manager.db import schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
-from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules.definition import content_hash
 from periodic_manager.schedules.runs import max_runs_of, runs_left
+from periodic_manager.schedules.slots import Rule
 from periodic_manager.settings import Settings
 
 from ..deps import get_conn, get_now, get_settings
-from ..rows import next_slot, rules
+from ..rows import SLOT_ERRORS, rules
 from ..runtime import live_cutoff
 from ..schedule_schemas import PreviousTask
 from ..schemas import EntryList, EntryOut
@@ -27,32 +28,23 @@ router = APIRouter(tags=["entries"])
 DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(): that accepts non-ASCII digits
 
 
-Version = tuple[slot_bounds.Bounds, int | None]  # options.start_at/end_at, options.max_runs
-NO_LIMITS: Version = (slot_bounds.NO_BOUNDS, None)
+# The slot rule and options.max_runs of the version an entry runs (entry records carry no
+# options; see :func:`_versions`).
+Version = tuple[Rule, int | None]
 
 
-def _entry(live: store_reads.LiveEntry, now: datetime, version: Version = NO_LIMITS) -> EntryOut:
-    """``version``: the bounds (options.start_at, options.end_at) and options.max_runs of the
-    version the entry runs (entry records do not carry options; see :func:`_versions`). An
-    active entry past its end_at, or with every run of max_runs recorded, shows status
-    ``ended`` and no next slot, as the manager holds it."""
+def _entry(live: store_reads.LiveEntry, now: datetime, version: Version | None = None) -> EntryOut:
+    """``version``: the slot rule (bounds, options.exclude, ...) and options.max_runs of the
+    version the entry runs; None: its spec, zone and anchor alone. An active entry shows its
+    next slot that is sent, and status ``ended`` when none is left (past its end_at, every run
+    of max_runs recorded), as the manager holds it."""
     entry, manager, state = live.entry, live.manager, live.state
-    bounds, max_runs = version
     key = entry.schedule_key
-    active = entry.status == "active"
-    nxt = next_slot(entry.spec, entry.timezone, entry.anchor, now) if active else None
-    status = entry.status
-    if active and bounds is not slot_bounds.NO_BOUNDS:
-        nxt = next_slot(entry.spec, entry.timezone, entry.anchor, slot_bounds.floor_of(now, bounds))
-        if nxt is None or slot_bounds.ended(nxt, bounds):
-            nxt, status = None, "ended"  # no slot left before options.end_at
-    if (
-        active
-        and max_runs is not None
-        and state is not None
-        and runs_left(max_runs, state.runs) == 0
-    ):
-        nxt, status = None, "ended"  # every run of options.max_runs was sent
+    nxt, status = None, entry.status
+    if status == "active":
+        nxt, ended = _next_slot(live, now, version)
+        if ended:
+            status = "ended"
     return EntryOut(
         entry_id=entry.entry_id,
         schedule_id=int(key) if DIGITS.fullmatch(key) else None,
@@ -77,6 +69,29 @@ def _entry(live: store_reads.LiveEntry, now: datetime, version: Version = NO_LIM
     )
 
 
+def _next_slot(
+    live: store_reads.LiveEntry, now: datetime, version: Version | None
+) -> tuple[datetime | None, bool]:
+    """The next slot of an active entry that is sent (None: none, or it cannot be computed),
+    and whether the entry has ended."""
+    entry, state = live.entry, live.state
+    try:
+        if version is None:
+            if entry.spec is None:
+                return None, False
+            rule = Rule(cron.parse(entry.spec, tz=entry.timezone or "UTC", anchor=entry.anchor))
+            return rule.next_sent(now), False
+        rule, max_runs = version
+    except SLOT_ERRORS:
+        return None, False
+    left = None
+    if max_runs is not None:
+        left = runs_left(max_runs, state.runs if state is not None else 0)
+    if rule.has_ended(now, left):
+        return None, True
+    return rule.next_sent(now, left), False
+
+
 def previous_task(entry: EntryRecord) -> PreviousTask | None:
     """What the manager published of the schedule's last task (options.overlap), if anything."""
     if entry.previous_task_id is None and entry.previous_task_state is None:
@@ -96,17 +111,15 @@ async def list_entries(
     key = str(schedule_id) if schedule_id is not None else None
     live = await store_reads.live_entries(conn, cutoff, key)
     found = await _versions(request, conn, live)
-    return EntryList(
-        items=[_entry(e, now, found.get(e.entry.content_hash, NO_LIMITS)) for e in live]
-    )
+    return EntryList(items=[_entry(e, now, found.get(e.entry.content_hash)) for e in live])
 
 
 async def _versions(
     request: Request, conn: Connection, live: list[store_reads.LiveEntry]
 ) -> dict[str, Version]:
-    """The bounds and max_runs of the rows behind the active entries, by content hash (the
-    version an entry runs: a row changed since, or a last-good version, has another hash and
-    none here)."""
+    """The slot rule and max_runs of the rows with options behind the active entries, by content
+    hash (the version an entry runs: a row changed since, or a last-good version, has another
+    hash and none here)."""
     ids = sorted(
         {
             int(e.entry.schedule_key)
@@ -121,7 +134,8 @@ async def _versions(
     for raw in await schedule_reader.rows_of(conn, ids):
         config = dbview.view(judged, raw).config
         if config is not None and config.options:
-            version = (slot_bounds.bounds_of(config.options), max_runs_of(config.options))
-            if version != NO_LIMITS:
-                out[content_hash(config)] = version
+            try:
+                out[content_hash(config)] = (Rule.of(config), max_runs_of(config.options))
+            except SLOT_ERRORS:
+                continue
     return out

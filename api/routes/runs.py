@@ -29,7 +29,8 @@ from periodic_manager.db import history
 from periodic_manager.db.engine import Connection
 from periodic_manager.db.view import RowView
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.settings import Settings
 from periodic_manager.targets.base import task_for
 

@@ -21,7 +21,6 @@ from fastapi import APIRouter, Path, Query, Request
 from periodic_manager.db import partitions, schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.schedules import bounds as slot_bounds
-from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.partition import ranges_text
 
 from ..auth import bearer_token
@@ -142,12 +141,13 @@ async def schedule_slots(
             field, reason = row.errors[0]
             raise ValueError(f"{field}: {reason}")
         bounds = slot_bounds.bounds_of(row.config.options)
-        exclusion = row.config.exclusion  # options.exclude: excluded slots shown, marked
-        found = marked_slots(v["spec"], v["timezone"], v["anchor"], now, n, bounds, exclusion)
         # options.max_runs: no slot past the last run (as next_runs and the engine); an excluded
-        # slot is no run.
+        # slot (options.exclude: shown, marked) is no run.
         left = runs_left(row, await runs_counted(conn, str(row.id)))
-        for slot in slot_runs.limited_sent(found, left, lambda s: "excluded" in s.marks):
+        exclusion = row.config.exclusion
+        for slot in marked_slots(
+            v["spec"], v["timezone"], v["anchor"], now, n, bounds, exclusion, left
+        ):
             views.append(
                 SlotView(
                     at=slot.at,

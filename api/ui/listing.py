@@ -24,6 +24,7 @@ from periodic_manager.db import view as dbview
 from periodic_manager.db.engine import Connection
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
+from periodic_manager.schedules import slots as slot_rule
 from periodic_manager.schedules.describe import describe
 from periodic_manager.schedules.rules import DEFAULT_QUEUE
 
@@ -54,8 +55,8 @@ class NextSlots:
         options.end_at, applied outside the memo, which is shared by every row of the triple),
         None when the schedule has ended, or the reason it cannot be computed."""
         if bounds is not slot_bounds.NO_BOUNDS:
-            slot = self._get(spec, tz, anchor, slot_bounds.floor_of(now, bounds))
-            if isinstance(slot, datetime) and slot_bounds.ended(slot, bounds):
+            slot = self._get(spec, tz, anchor, slot_rule.floor_of(now, bounds))
+            if isinstance(slot, datetime) and slot_rule.ended(slot, bounds):
                 return None
             return slot
         return self._get(spec, tz, anchor, now)
@@ -157,10 +158,8 @@ async def page_rows(
             slot = slots.get(v["spec"], v["timezone"], v["anchor"], now, bounds)
             if row.config.exclusion is not None and isinstance(slot, datetime):
                 # options.exclude: the next slot that is sent (the rows that set it pay for it)
-                sent = slot_bounds.slots(
-                    row.config.schedule, now, 1, bounds, row.config.exclusion, row.config.timezone
-                )
-                slot = sent[0] if sent else ""  # "": the next 10,000 slots are all excluded
+                sent = slot_rule.Rule.of(row.config).next_sent(now)
+                slot = "" if sent is None else sent  # "": the next 10,000 slots are all excluded
             if slot == "":
                 pass  # active, no slot to show
             elif isinstance(slot, str):

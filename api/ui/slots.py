@@ -1,6 +1,7 @@
 """Upcoming slots with the daylight-saving changes that touch them marked, for the dashboard.
 
-The slots come from the cron engine; this module only explains them. A slot is marked:
+The slots come from the slot rule (:mod:`periodic_manager.schedules.slots`, as the engine and
+every other preview); this module only explains them. A slot is marked:
 
 * ``offset-change``: its UTC offset differs from the previous slot's (for the first slot: from
   the offset at the instant the list starts from), so the wall-clock distance to it is not the
@@ -21,13 +22,14 @@ are an independent reading of the engine's answer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from periodic_manager import cron
 from periodic_manager.cron.parser import CronSpec, parse_spec
-from periodic_manager.schedules import bounds as slot_bounds
-from periodic_manager.schedules.calendars import Exclusion, excluded_by, skip_reason
+from periodic_manager.schedules.bounds import NO_BOUNDS, Bounds
+from periodic_manager.schedules.calendars import Exclusion, skip_reason
+from periodic_manager.schedules.slots import Rule
 
 # The largest offset change of any zone's transition is under a day (Apia 2011: 24 h).
 MAX_GAP = timedelta(days=1)
@@ -55,11 +57,13 @@ def marked_slots(
     anchor: datetime | None,
     after: datetime,
     n: int,
-    bounds: slot_bounds.Bounds = slot_bounds.NO_BOUNDS,
+    bounds: Bounds = NO_BOUNDS,
     exclusion: Exclusion | None = None,
+    left: int | None = None,
 ) -> list[MarkedSlot]:
     """The first ``n`` slots strictly after ``after`` within ``bounds`` (options.start_at and
-    options.end_at), marked: :func:`periodic_manager.schedules.bounds.slots`, as the engine and
+    options.end_at), those on a date ``exclusion`` holds included (marked, using no run), at
+    most ``left`` sent ones (options.max_runs), marked: :meth:`Rule.upcoming`, as the engine and
     every other preview. Raises CronError (a ValueError) for an invalid spec or zone; stops
     early where the schedule ends or the engine finds no more slots."""
     schedule = cron.parse(spec, tz=timezone, anchor=anchor)
@@ -68,9 +72,9 @@ def marked_slots(
     zone = ZoneInfo(timezone)
     previous = after.astimezone(zone).utcoffset()
     out: list[MarkedSlot] = []
-    for at in slot_bounds.slots(schedule, after, n, bounds):
-        slot = _mark(at.astimezone(UTC), zone, previous, fixed)
-        calendar = excluded_by(exclusion, at, timezone)
+    rule = Rule(schedule, bounds, exclusion, timezone)
+    for at, calendar in rule.upcoming(after, n, left=left, show_excluded=True):
+        slot = _mark(at, zone, previous, fixed)
         if calendar is not None:
             slot.marks.append("excluded")
             slot.notes.append(f"not sent: {skip_reason(at, timezone, calendar)}")

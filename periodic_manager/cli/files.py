@@ -21,9 +21,10 @@ from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.calendars import CalendarSpec, Exclusion, check_spec, exclusion
-from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.schedules.judge import parse_schedule
 from periodic_manager.schedules.rules import checked_options
+from periodic_manager.schedules.slots import Rule
 from periodic_manager.settings import Settings
 
 PROG = "periodic-manager"
@@ -99,10 +100,8 @@ def print_next(args: argparse.Namespace) -> int:
     if args.describe:
         print(f"# {describe(args.spec) or '(no description for this expression)'}")
     now = SystemClock().now()
-    found = slot_bounds.slots(
-        schedule, now, args.n, slot_bounds.bounds_of(options), excluded, args.tz
-    )
-    for slot in slot_runs.limited(found, slot_runs.max_runs_of(options)):
+    rule = Rule(schedule, slot_bounds.bounds_of(options), excluded, args.tz)
+    for slot, _ in rule.upcoming(now, args.n, left=slot_runs.max_runs_of(options)):
         local = slot.astimezone(zone)
         print(f"{slot_text(slot)}  {local.isoformat()} {local.tzname()}")
     return 0

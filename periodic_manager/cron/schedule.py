@@ -53,9 +53,9 @@ def _bad_after(after: object) -> TypeError:
     return _naive("after") if isinstance(after, datetime) else _not_instant(after)
 
 
-def _seconds(after: datetime) -> int:
-    """Whole seconds since the epoch, floored. Fire instants are whole seconds, so
-    ``u > after`` iff ``u > floor(after)``."""
+def _since(after: datetime) -> timedelta:
+    """``after - EPOCH``; TypeError unless ``after`` is an aware datetime (the one check of
+    every ``next_after``)."""
     try:
         tzinfo = after.tzinfo
     except AttributeError:  # not a datetime: a date, a string, a number
@@ -63,9 +63,15 @@ def _seconds(after: datetime) -> int:
     if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
         raise _bad_after(after)
     try:
-        d = after - EPOCH
+        return after - EPOCH
     except TypeError:  # an aware time of day
         raise _not_instant(after) from None
+
+
+def _seconds(after: datetime) -> int:
+    """Whole seconds since the epoch, floored. Fire instants are whole seconds, so
+    ``u > after`` iff ``u > floor(after)``."""
+    d = _since(after)
     return d.days * 86_400 + d.seconds
 
 
@@ -126,16 +132,7 @@ class CronSchedule(Schedule):
 
     def next_after(self, after: datetime) -> datetime:
         # The hot path of the scheduler: _seconds() inlined, then the memo of the last day.
-        try:  # a try costs nothing until it catches
-            tzinfo = after.tzinfo
-        except AttributeError:
-            raise _not_instant(after) from None
-        if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
-            raise _bad_after(after)
-        try:
-            d = after - EPOCH
-        except TypeError:
-            raise _not_instant(after) from None
+        d = _since(after)
         s = d.days * 86_400 + d.seconds
         clean, hi, off, day0 = self._fast
         if s >= clean:
@@ -223,16 +220,7 @@ class EverySchedule(Schedule):
         self._period_us = spec.period_us
 
     def next_after(self, after: datetime) -> datetime:
-        try:
-            tzinfo = after.tzinfo
-        except AttributeError:
-            raise _not_instant(after) from None
-        if tzinfo is not UTC and (tzinfo is None or after.utcoffset() is None):
-            raise _bad_after(after)
-        try:
-            a = (after - EPOCH) // _US
-        except TypeError:
-            raise _not_instant(after) from None
+        a = _since(after) // _US
         k = (a - self._anchor_us) // self._period_us + 1
         try:
             return EPOCH + timedelta(microseconds=self._anchor_us + k * self._period_us)

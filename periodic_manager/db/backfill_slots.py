@@ -20,10 +20,10 @@ schedule never send more than its runs left between them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, case, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -43,6 +43,7 @@ KNOWN_SENT = (*sorted(SENT), BACKFILLED)  # run statuses that say a slot was sen
 # answered nothing): the next backfill takes it over. Far beyond one target call's bound.
 STALE = timedelta(minutes=2)
 _TICK = timedelta(microseconds=1)
+_R = TypeVar("_R")
 T = backfill_slots_table.c
 S = schedule_state_table.c
 
@@ -79,66 +80,51 @@ async def claim(
     history does not record sent, at most the runs left of ``max_runs`` (None: no limit)."""
     if not slots:
         return Claimed([], set(), 0)
-    async with engine.connect() as conn:
 
-        async def work() -> Claimed:
-            done = await _claim(conn, key, name, slots, owner, now, max_runs)
-            await conn.commit()
-            return done
-
-        return await retried(conn, work)
-
-
-async def _claim(
-    conn: AsyncConnection,
-    key: str,
-    name: str,
-    slots: Sequence[datetime],
-    owner: str,
-    now: datetime,
-    max_runs: int | None,
-) -> Claimed:
-    # Writes first: on SQLite a transaction that read before it writes may not write at all.
-    if max_runs is not None:  # the state row, locked by this write until the commit
+    async def work(conn: AsyncConnection) -> Claimed:
+        # Writes first: on SQLite a transaction that read before it writes may not write at all.
+        if max_runs is not None:  # the state row, locked by this write until the commit
+            await conn.execute(
+                upsert(
+                    conn,
+                    schedule_state_table,
+                    ["schedule_key"],
+                    lambda new: [("runs_count", S.runs_count)],
+                ),
+                {"schedule_key": key, "name": name, "updated_at": now},
+            )
+        # Sorted: concurrent claims lock their index entries in one order (no deadlock).
         await conn.execute(
-            upsert(
-                conn,
-                schedule_state_table,
-                ["schedule_key"],
-                lambda new: [("runs_count", S.runs_count)],
-            ),
-            {"schedule_key": key, "name": name, "updated_at": now},
+            _insert(conn),
+            [
+                {"schedule_key": key, "slot_at": s, "state": SENDING, "owner": owner, "at": now}
+                for s in sorted(slots)
+            ],
         )
-    # Sorted: concurrent claims lock their index entries in one order (no deadlock).
-    await conn.execute(
-        _insert(conn),
-        [
-            {"schedule_key": key, "slot_at": s, "state": SENDING, "owner": owner, "at": now}
-            for s in sorted(slots)
-        ],
-    )
-    lo, hi = min(slots), max(slots) + _TICK
-    in_batch = [T.schedule_key == key, T.slot_at >= lo, T.slot_at < hi]
-    stale = and_(*in_batch, T.state == SENDING, T.owner != owner, T.at < now - STALE)
-    await conn.execute(update(backfill_slots_table).where(stale).values(owner=owner, at=now))
-    wanted = set(slots)
-    mine = await _slots(conn, [*in_batch, T.owner == owner, T.state == SENDING]) & wanted
-    live = await history.slots_with(conn, key, KNOWN_SENT, lo, hi) & mine
-    if live:  # sent by a manager meanwhile: remembered as sent, not sent again
-        await _set(conn, key, owner, live, values={"state": SENT_STATE})
-    ours = sorted(mine - live)
-    over = 0
-    if max_runs is not None:
-        counted = select(S.runs_count).where(S.schedule_key == key)
-        if not on_sqlite(conn):  # SQLite: the write above holds the database's one write lock
-            counted = counted.with_for_update()
-        row = (await conn.execute(counted)).first()
-        left = runs_left(max_runs, int(row[0]) if row is not None and row[0] is not None else 0)
-        ours, extra = ours[:left], ours[left:]
-        over = len(extra)
-        await _set(conn, key, owner, extra, values=None)
-        await _add_runs(conn, key, len(ours))
-    return Claimed(ours, (wanted - mine) | live, over)
+        lo, hi = min(slots), max(slots) + _TICK
+        in_batch = [T.schedule_key == key, T.slot_at >= lo, T.slot_at < hi]
+        stale = and_(*in_batch, T.state == SENDING, T.owner != owner, T.at < now - STALE)
+        await conn.execute(update(backfill_slots_table).where(stale).values(owner=owner, at=now))
+        wanted = set(slots)
+        mine = await _slots(conn, [*in_batch, T.owner == owner, T.state == SENDING]) & wanted
+        live = await history.slots_with(conn, key, KNOWN_SENT, lo, hi) & mine
+        if live:  # sent by a manager meanwhile: remembered as sent, not sent again
+            await _set(conn, key, owner, live, values={"state": SENT_STATE})
+        ours = sorted(mine - live)
+        over = 0
+        if max_runs is not None:
+            counted = select(S.runs_count).where(S.schedule_key == key)
+            if not on_sqlite(conn):  # SQLite: the write above holds the one write lock
+                counted = counted.with_for_update()
+            row = (await conn.execute(counted)).first()
+            left = runs_left(max_runs, int(row[0]) if row is not None and row[0] is not None else 0)
+            ours, extra = ours[:left], ours[left:]
+            over = len(extra)
+            await _set(conn, key, owner, extra, values=None)
+            await _add_runs(conn, key, len(ours))
+        return Claimed(ours, (wanted - mine) | live, over)
+
+    return await _committed(engine, work)
 
 
 async def finish(
@@ -156,16 +142,14 @@ async def finish(
     sent, unsent = list(sent), list(unsent)
     if not sent and not unsent:
         return
-    async with engine.connect() as conn:
 
-        async def work() -> None:
-            await _set(conn, key, owner, sent, values={"state": SENT_STATE, "at": now})
-            await _set(conn, key, owner, unsent, values=None)
-            if limited and unsent:
-                await _add_runs(conn, key, -len(unsent))
-            await conn.commit()
+    async def work(conn: AsyncConnection) -> None:
+        await _set(conn, key, owner, sent, values={"state": SENT_STATE, "at": now})
+        await _set(conn, key, owner, unsent, values=None)
+        if limited and unsent:
+            await _add_runs(conn, key, -len(unsent))
 
-        await retried(conn, work)
+    await _committed(engine, work)
 
 
 async def settle(engine: AsyncEngine, key: str, name: str, slot: datetime, now: datetime) -> None:
@@ -177,16 +161,13 @@ async def settle(engine: AsyncEngine, key: str, name: str, slot: datetime, now: 
         later = or_(S.last_done_at.is_(None), new.last_done_at > S.last_done_at)
         return [("last_done_at", case((later, new.last_done_at), else_=S.last_done_at))]
 
-    async with engine.connect() as conn:
+    async def work(conn: AsyncConnection) -> None:
+        await conn.execute(
+            upsert(conn, schedule_state_table, ["schedule_key"], assign),
+            {"schedule_key": key, "name": name, "last_done_at": slot, "updated_at": now},
+        )
 
-        async def work() -> None:
-            await conn.execute(
-                upsert(conn, schedule_state_table, ["schedule_key"], assign),
-                {"schedule_key": key, "name": name, "last_done_at": slot, "updated_at": now},
-            )
-            await conn.commit()
-
-        await retried(conn, work)
+    await _committed(engine, work)
 
 
 async def drop_old(engine: AsyncEngine, cutoff: datetime) -> int:
@@ -195,6 +176,19 @@ async def drop_old(engine: AsyncEngine, cutoff: datetime) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+async def _committed(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[_R]]) -> _R:
+    """``work`` in a transaction of its own, committed, retried as the database asks
+    (:func:`periodic_manager.db.engine.retried`)."""
+    async with engine.connect() as conn:
+
+        async def attempt() -> _R:
+            done = await work(conn)
+            await conn.commit()
+            return done
+
+        return await retried(conn, attempt)
 
 
 def _insert(conn: AsyncConnection) -> Any:

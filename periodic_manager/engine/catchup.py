@@ -26,7 +26,8 @@ from periodic_manager.contracts import RunRecord, RuntimeStore, StateRecord
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns, paced
-from periodic_manager.schedules.bounds import bounds_of, floor_of
+from periodic_manager.schedules import slots
+from periodic_manager.schedules.bounds import bounds_of
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def _missed(
         return None
     earliest, top = _span(entry, scheduler, now)
     try:
-        slot = latest_slot(entry, top, earliest)
+        slot = slots.latest_slot(entry.schedule, top, earliest)
     except (OverflowError, ValueError) as exc:
         log.error("catch-up of %s skipped: %s", entry.config.name, exc)
         return None
@@ -75,12 +76,8 @@ def _span(entry: ScheduledEntry, scheduler: Scheduler, now: datetime) -> tuple[d
     floor = lookback_floor(entry.config, now)
     if floor is not None and floor > earliest:
         earliest = floor  # never a slot from before the schedule (or its timing) existed
-    bounds = bounds_of(entry.options)
-    earliest = floor_of(earliest, bounds)  # never a slot before options.start_at
-    top = now  # nor one at or after options.end_at
-    if bounds.end_at is not None and bounds.end_at <= now:
-        top = bounds.end_at - _TICK
-    return earliest, top
+    # Never a slot before options.start_at, nor one at or after options.end_at.
+    return slots.span(earliest, now, bounds_of(entry.options))
 
 
 async def catch_up(
@@ -140,13 +137,10 @@ def _every_missed(
     if settled is not None and settled > earliest:
         earliest = settled  # never a slot at or before the settled one
     order = id(entry)
-    try:
-        slot = entry.schedule.next_after(earliest)
-        while slot <= last:
-            yield slot, order, entry
-            slot = entry.schedule.next_after(slot)
-    except (OverflowError, ValueError) as exc:
-        log.error("catch-up of %s stopped: %s", entry.config.name, exc)
+    for slot in slots.walk(entry.schedule, earliest, bounds_of(entry.options)):
+        if slot > last:
+            break
+        yield slot, order, entry
 
 
 async def _send_paced(
@@ -200,25 +194,3 @@ def _settled(state: StateRecord | None) -> datetime | None:
         return None
     marks = [at for at in (state.last_done_at, state.last_slot_at) if at is not None]
     return max(marks) if marks else None
-
-
-def latest_slot(entry: ScheduledEntry, now: datetime, earliest: datetime) -> datetime | None:
-    """The latest slot of ``entry`` in ``(earliest, now]``, if any.
-
-    Searches back from ``now`` in doubling spans, so the cost follows the gap before the latest
-    slot, not the number of slots in the window: walking every slot of an hour of ``@every 1s``
-    for each of a hundred schedules held the event loop (and with it the leadership checks) for
-    seconds.
-    """
-    span = timedelta(seconds=1)
-    while True:
-        start = max(earliest, now - span)
-        slot = entry.schedule.next_after(start)
-        if slot <= now:
-            found = slot
-            while (slot := entry.schedule.next_after(slot)) <= now:
-                found = slot
-            return found
-        if start == earliest:
-            return None
-        span *= 2

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from periodic_manager.contracts import RunRecord
+from periodic_manager.contracts import RunRecord, StateRecord
 from periodic_manager.engine.dispatch import Chunk, Dispatcher, prepare
 from periodic_manager.engine.entries import Entries
 from periodic_manager.engine.entry import ScheduledEntry
@@ -33,11 +33,16 @@ from periodic_manager.engine.history import RunWriter
 from periodic_manager.engine.overlap import OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
 from periodic_manager.pacing import in_turns
-from periodic_manager.schedules.calendars import excluded_by, skip_reason
+from periodic_manager.schedules import slots
+from periodic_manager.schedules.calendars import skip_reason
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.jitter import offset_of
+from periodic_manager.schedules.runs import max_runs_of, runs_left
 
 log = logging.getLogger(__name__)
+
+# What the store records of schedules, by key (``RuntimeStore.get_state``).
+StateReader = Callable[[Iterable[str]], Awaitable[Mapping[str, StateRecord]]]
 
 
 class Decisions:
@@ -54,6 +59,7 @@ class Decisions:
         grace: timedelta,
         window: Callable[[PeriodicTaskConfig], timedelta],
         idle: asyncio.Event,
+        read_state: StateReader | None = None,
     ) -> None:
         self.entries = entries
         self.stager = stager
@@ -63,6 +69,8 @@ class Decisions:
         self.grace = grace
         self.window = window  # how long after its slot a schedule's task may still be sent
         self.idle = idle  # set while no dispatch is under way (background writers go between)
+        # What the store records of schedules (options.max_runs: the runs a backfill used too).
+        self.read_state = read_state
         # The idents not to send for at all (entries being dropped in turns: their partitions
         # were lost or handed over); None, the common case: every entry may be sent.
         self.fenced: Callable[[int | str], bool] | None = None
@@ -110,6 +118,7 @@ class Decisions:
             and batch.changes == self.entries.changes
             and now - slot <= self.grace
             and not self._waits(batch.entries)
+            and not self._recounts(batch.entries)
         ):
             # Nothing registered, replaced or removed since staging, which also found every
             # entry unsent: only the sending is left.
@@ -133,9 +142,7 @@ class Decisions:
                 self.entries.advance(entry, last)
             elif late:
                 skipped.append(self._skip(entry, slot, now))
-            elif entry.exclusion is not None and (
-                calendar := excluded_by(entry.exclusion, slot, entry.timezone)
-            ):
+            elif entry.exclusion is not None and (calendar := slots.excluded(entry, slot)):
                 skipped.append(self._exclude(entry, slot, now, calendar, self.entries.advance))
             else:
                 send.append(entry)
@@ -168,9 +175,7 @@ class Decisions:
                     self.entries.advance_jittered(entry, last)
                 elif late:
                     skipped.append(self._skip(entry, slot, now, since=at))
-                elif entry.exclusion is not None and (
-                    calendar := excluded_by(entry.exclusion, slot, entry.timezone)
-                ):
+                elif entry.exclusion is not None and (calendar := slots.excluded(entry, slot)):
                     move = self.entries.advance_jittered
                     skipped.append(self._exclude(entry, slot, now, calendar, move))
                 else:
@@ -255,7 +260,7 @@ class Decisions:
         entries' timing (a missed slot on an excluded date is not sent: it was never to be sent)."""
         by_slot: dict[datetime, list[ScheduledEntry]] = {}
         for entry, slot in items:
-            if entry.exclusion is None or not excluded_by(entry.exclusion, slot, entry.timezone):
+            if entry.exclusion is None or not slots.excluded(entry, slot):
                 by_slot.setdefault(slot, []).append(entry)
         for slot in sorted(by_slot):
             entries = self._unfenced(by_slot[slot])
@@ -291,19 +296,54 @@ class Decisions:
         """``send`` without the entries with options.max_runs whose previous sent run cannot be
         written first (the store is down): their slot is skipped (it does not count). So at
         most one run of a limited schedule is ever sent and unrecorded, the one a manager
-        that registers it counts as used (schedules/runs.py)."""
+        that registers it counts as used (schedules/runs.py). Then :meth:`_recount`."""
         if not self._waits(send):
-            return send
+            return await self._recount(send)
         stuck = await self.writer.unrecorded_of([e.key for e in send if e.runs_left is not None])
-        if not stuck:
-            return send
         keep = []
         for entry in send:
             if entry.key in stuck:
                 skipped.append(self._skip_unrecorded(entry, slot, jittered=since is not None))
             else:
                 keep.append(entry)
-        return keep
+        return await self._recount(keep)
+
+    def _recounts(self, entries: list[ScheduledEntry]) -> bool:
+        """Whether ``entries`` hold one with options.max_runs whose count is read again."""
+        return (
+            self.read_state is not None
+            and bool(self.entries.limited)
+            and any(e.runs_left is not None for e in entries)
+        )
+
+    async def _recount(self, send: list[ScheduledEntry]) -> list[ScheduledEntry]:
+        """``send`` without the entries with options.max_runs that have no run left by what the
+        store records (a backfill uses runs too: :mod:`periodic_manager.backfill`): each takes
+        the fewer of its own runs left and the store's; one left with none ends here. A failed
+        read keeps the runs left this manager counted."""
+        if self.read_state is None or not self._recounts(send):
+            return send
+        limited = [e for e in send if e.runs_left is not None]
+        try:
+            states = await self.read_state([e.key for e in limited])
+        except Exception as exc:  # noqa: BLE001 - the store being down must not stop the send
+            log.warning("reading the runs of options.max_runs failed: %s", exc)
+            return send
+        ended: set[int] = set()
+        for entry in limited:
+            state, limit = states.get(entry.key), max_runs_of(entry.options)
+            if state is None or limit is None or entry.runs_left is None:
+                continue
+            left = runs_left(limit, state.runs)
+            if left < entry.runs_left:
+                entry.runs_left = left
+                if left <= 0:
+                    entry.next_slot = None  # every run was used (by a backfill): it ends
+                    ended.add(id(entry))
+        if not ended:
+            return send
+        self.entries.changed()
+        return [e for e in send if id(e) not in ended]
 
     def _skip_unrecorded(
         self, entry: ScheduledEntry, slot: datetime, *, jittered: bool

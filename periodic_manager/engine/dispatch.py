@@ -33,7 +33,8 @@ from periodic_manager.contracts import (
 from periodic_manager.engine.history import RunWriter
 from periodic_manager.engine.retries import Retries
 from periodic_manager.errors import TargetError, TaskRefused
-from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets.base import send_prepared, task_for
 
 if TYPE_CHECKING:
@@ -334,7 +335,6 @@ class Dispatcher:
         entries: list[ScheduledEntry],
         tasks: list[Task],
         exc: BaseException,
-        *,
         quiet: bool = False,
     ) -> None:
         """Record ``entries`` failed with ``exc`` (a call that raised, or a retry given up; quiet:

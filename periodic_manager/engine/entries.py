@@ -22,10 +22,11 @@ from periodic_manager.cron import Schedule
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor, same_slots
 from periodic_manager.engine.timetable import SendTable, Timetable
 from periodic_manager.pacing import in_turns
-from periodic_manager.schedules.bounds import NO_BOUNDS, bounds_of, ended, floor_of
+from periodic_manager.schedules import slots
+from periodic_manager.schedules.bounds import NO_BOUNDS, bounds_of
 from periodic_manager.schedules.definition import PeriodicTaskConfig, ident_of
 from periodic_manager.schedules.jitter import jitter_of, send_at
-from periodic_manager.schedules.runs import max_runs_of, runs_left, uncounted
+from periodic_manager.schedules.runs import max_runs_of, runs_left
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ class Entries:
         # schedule that comes back soon never resends it. Entries keep their own (``fired``).
         self._retired: dict[Ident, datetime] = {}
         self._memo: dict[Schedule, tuple[datetime, datetime | str]] = {}  # see next_after
+        # The idents of the entries with options.max_runs (the scheduler reads their count
+        # again before it sends them: engine/decisions.py).
+        self.limited: set[Ident] = set()
         # While a takeover rebases in turns (rebase) or registers what it took (resuming): the
         # look back an entry registered meanwhile is filed with.
         self._back: _LookBack | None = None
@@ -111,6 +115,7 @@ class Entries:
         )
         limit = max_runs_of(config.options)
         back = self._back if self._back is not None and self._back.covers(ident) else None
+        (self.limited.discard if limit is None else self.limited.add)(ident)
         # Under a look back with its count, the runs left are the rebase's (read afresh).
         if limit is not None and (back is None or counted is None):
             if old is not None and old.runs_left is not None:
@@ -136,27 +141,7 @@ class Entries:
                 back.rebased.add(ident)
             self._change()
             return entry, old
-        if old is not None and same_slots(old, config):
-            entry.next_slot, entry.after = old.next_slot, old.after
-            entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
-            if entry.runs_left is not None:
-                if entry.runs_left <= 0:
-                    entry.next_slot = None  # max_runs lowered to what was sent: it ends now
-                elif old.next_slot is None and old.runs_left is not None and old.runs_left <= 0:
-                    # It had ended by max_runs, now raised: it goes on after what it sent.
-                    entry.next_slot = self.next_after(entry, max(now, last) if last else now)
-        else:
-            entry.next_slot = self.next_after(
-                entry, max(begin, last) if last is not None else begin
-            )
-            pending = old.next_slot if old is not None else None
-            if (
-                pending is not None
-                and pending <= now
-                and (last is None or pending > last)
-                and _within(pending, entry)
-            ):
-                entry.next_slot = pending  # due under the old version: carried, not dropped
+        self._time(entry, old, now, begin, last)
         if old is not None:
             old.kill()
         self._entries[ident] = entry
@@ -165,10 +150,42 @@ class Entries:
         self._change()
         return entry, old
 
+    def _time(
+        self,
+        entry: ScheduledEntry,
+        old: ScheduledEntry | None,
+        now: datetime,
+        begin: datetime,
+        last: datetime | None,
+    ) -> None:
+        """Set the next slot of ``entry``, registered at ``now`` (not under a look back):
+        ``old``'s pending slot when the timing is the same, else its first slot after ``begin``
+        (and after ``last``, the latest one handled), or a slot of ``old`` already due."""
+        if old is not None and same_slots(old, entry):
+            entry.next_slot, entry.after = old.next_slot, old.after
+            entry.prev_slot, entry.last_error = old.prev_slot, old.last_error
+            if entry.runs_left is not None:
+                if entry.runs_left <= 0:
+                    entry.next_slot = None  # max_runs lowered to what was sent: it ends now
+                elif old.next_slot is None and old.runs_left is not None and old.runs_left <= 0:
+                    # It had ended by max_runs, now raised: it goes on after what it sent.
+                    entry.next_slot = self.next_after(entry, max(now, last) if last else now)
+            return
+        entry.next_slot = self.next_after(entry, max(begin, last) if last is not None else begin)
+        pending = old.next_slot if old is not None else None
+        if (
+            pending is not None
+            and pending <= now
+            and (last is None or pending > last)
+            and _within(pending, entry)
+        ):
+            entry.next_slot = pending  # due under the old version: carried, not dropped
+
     def unregister(self, key: Ident) -> ScheduledEntry | None:
         """Remove the entry of schedule ``key`` (the timetable forgets it lazily); it, or None."""
         ident = ident_of(key) if isinstance(key, str) else key
         entry = self._entries.pop(ident, None)
+        self.limited.discard(ident)
         if entry is not None:
             entry.kill()
             if entry.fired is not None:
@@ -208,7 +225,7 @@ class Entries:
             return left
         # A limited schedule sends a slot only once its previous run is recorded (engine/
         # decisions.py): at most one sent run is unrecorded, if any slot lies in between.
-        return left - uncounted(schedule, settled, start, bounds, min(left, 1))
+        return left - slots.count_between(schedule, settled, start, bounds, min(left, 1))
 
     def forget_retired(self, before: datetime) -> None:
         """Forget what was sent for schedules unregistered long ago (their last slot before
@@ -233,11 +250,20 @@ class Entries:
         if entry.after is not None and entry.after > after:
             after = entry.after
         bounds = bounds_of(entry.options) if entry.options else NO_BOUNDS
-        if bounds is not NO_BOUNDS:
-            after = floor_of(after, bounds)
         schedule = entry.schedule
+        try:
+            return slots.next_slot(schedule, after, bounds, self._find)
+        except (OverflowError, ValueError) as exc:
+            entry.last_error = str(exc)
+        log.error(
+            "schedule %s stops: %s", entry.name, entry.last_error, extra={"schedule": entry.name}
+        )
+        return None
+
+    def _find(self, schedule: Schedule, after: datetime) -> datetime:
+        """``schedule.next_after(after)``, memoised (see :meth:`next_after`); ValueError naming
+        ``after`` when there is no slot before year 10000 (remembered too)."""
         memo = self._memo.get(schedule)
-        slot: datetime | str
         if (
             memo is not None
             and memo[0] <= after
@@ -253,12 +279,8 @@ class Entries:
                 self._memo.clear()
             self._memo[schedule] = (after, slot)
         if isinstance(slot, datetime):
-            if bounds is not NO_BOUNDS and ended(slot, bounds):
-                return None  # past options.end_at: the entry ends, it does not fail
             return slot
-        entry.last_error = slot
-        log.error("schedule %s stops: %s", entry.name, slot, extra={"schedule": entry.name})
-        return None
+        raise ValueError(slot)
 
     def advance(self, entry: ScheduledEntry, after: datetime) -> None:
         """Move the entry to its first slot after ``after`` (filed, unless it died meanwhile)."""
@@ -401,7 +423,7 @@ def _within(slot: datetime, entry: ScheduledEntry) -> bool:
     if not entry.options:
         return True
     bounds = bounds_of(entry.options)
-    return floor_of(slot, bounds) == slot and not ended(slot, bounds)
+    return slots.floor_of(slot, bounds) == slot and not slots.ended(slot, bounds)
 
 
 # The misfire policies that send missed slots after an outage, within their catch-up window.

@@ -31,26 +31,74 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from periodic_manager.clock import later
-from periodic_manager.contracts import EnqueueResult, Task, retryable
+from periodic_manager.contracts import Clock, EnqueueResult, Task, retryable
 from periodic_manager.errors import TargetError, TaskRefused
 
 if TYPE_CHECKING:
-    from periodic_manager.engine.dispatch import Dispatcher
     from periodic_manager.engine.entry import ScheduledEntry
 
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 10.0  # how long a stopping scheduler waits for the retries to record their runs
+_X = TypeVar("_X")
+
+
+# Record entries failed for good: (slot, entries, their tasks, the error, quiet).
+GiveUp = Callable[
+    [datetime, list["ScheduledEntry"], list[Task], BaseException, bool], Awaitable[None]
+]
+
+
+class Sender(Protocol):
+    """What the retries need of the dispatcher that owns them (``engine.dispatch.Dispatcher``):
+    its target, clock and pauses, the fence, and how it records outcomes."""
+
+    target: Any  # the target tasks are enqueued to (its ``enqueue``)
+    clock: Clock
+    retry_base: float
+    retry_max: float
+    failing: int
+    backoff: Callable[[float], Awaitable[None]]
+    may_send: Callable[[], bool]
+    fence: Callable[[], Callable[[int | str], bool] | None]
+
+    def begin(self) -> None: ...
+    def end(self) -> None: ...
+    def recovered(self, retrying: int = 0) -> None: ...
+    async def attempt(self, send: Awaitable[list[EnqueueResult]]) -> list[EnqueueResult]: ...
+    async def settle(
+        self, slot: datetime, entries: list[ScheduledEntry], results: list[EnqueueResult]
+    ) -> None: ...
+    @property
+    def give_up(self) -> GiveUp: ...
+
+
+def _pick(at: Sequence[int], items: list[_X]) -> list[_X]:
+    return [items[i] for i in at]
+
+
+class _Left(NamedTuple):
+    """What a retry still has to send: entries, their tasks, and the last attempt's per-task
+    failures (None: the last call raised, or none was made)."""
+
+    entries: list[ScheduledEntry]
+    tasks: list[Task]
+    failed: list[EnqueueResult] | None
+
+    def pick(self, at: Sequence[int]) -> _Left:
+        failed = None if self.failed is None else _pick(at, self.failed)
+        return _Left(_pick(at, self.entries), _pick(at, self.tasks), failed)
 
 
 class Retries:
     """The background retries of one dispatcher."""
 
-    def __init__(self, dispatcher: Dispatcher, *, limit: int) -> None:
+    def __init__(self, dispatcher: Sender, *, limit: int) -> None:
         self.dispatcher = dispatcher
         self.tasks: set[asyncio.Task[None]] = set()
         self.active = 0  # retries not ended (a task's end is seen by its callback a step later)
@@ -135,7 +183,7 @@ class Retries:
         d = self.dispatcher
         keys = [(e.ident, slot) for e in entries]
         deadline = min(t.expires_at for t in tasks)
-        failed: list[EnqueueResult] | None = None  # the last per-task failures, if any
+        left = _Left(entries, tasks, None)
         d.begin()
         try:
             attempt = 1
@@ -146,93 +194,62 @@ class Retries:
                 await d.backoff(delay)
                 if not d.may_send() or not await self._turn(deadline):
                     break
-                entries, tasks, failed = await self._unfenced(slot, entries, tasks, failed, error)
-                if not entries:
+                left = await self._unfenced(slot, left, error)
+                if not left.entries:
                     return
                 try:
                     async with self._gate:
-                        results = await d.attempt(d.target.enqueue(tasks, d.clock.now()))
+                        results = await d.attempt(d.target.enqueue(left.tasks, d.clock.now()))
                 except Exception as exc:  # noqa: BLE001 - reported when given up
-                    error, failed = exc, None
+                    error, left = exc, left._replace(failed=None)
                     d.failing += 1
                     if isinstance(exc, TaskRefused):
                         break
                     attempt += 1
                     continue
-                entries, tasks, failed = await self._settle(slot, entries, tasks, results)
-                if not entries:
+                left = await self._settle(slot, left, results)
+                if not left.entries:
                     d.recovered(retrying=1)  # this one
                     return
-                error = failed[0].error
+                error = left.failed[0].error if left.failed else error
                 d.failing += 1
                 attempt += 1
-            await self._give_up(slot, entries, tasks, failed, error)
+            await self._give_up(slot, left, error)
         finally:
             self.active -= 1
             self.pending.difference_update(keys)
             d.end()
 
-    async def _settle(
-        self,
-        slot: datetime,
-        entries: list[ScheduledEntry],
-        tasks: list[Task],
-        results: list[EnqueueResult],
-    ) -> tuple[list[ScheduledEntry], list[Task], list[EnqueueResult]]:
-        """Record what an attempt settled; the entries, tasks and results still to retry."""
-        d = self.dispatcher
+    async def _settle(self, slot: datetime, left: _Left, results: list[EnqueueResult]) -> _Left:
+        """Record what an attempt settled; what is still to retry (with its failures)."""
         again = [i for i, res in enumerate(results) if retryable(res)]
         keep = set(again)
         done = [i for i in range(len(results)) if i not in keep]
-        await d.settle(slot, [entries[i] for i in done], [results[i] for i in done])
-        return [entries[i] for i in again], [tasks[i] for i in again], [results[i] for i in again]
+        await self.dispatcher.settle(slot, _pick(done, left.entries), _pick(done, results))
+        return _Left(_pick(again, left.entries), _pick(again, left.tasks), _pick(again, results))
 
     async def _unfenced(
-        self,
-        slot: datetime,
-        entries: list[ScheduledEntry],
-        tasks: list[Task],
-        failed: list[EnqueueResult] | None,
-        error: BaseException | str | None,
-    ) -> tuple[list[ScheduledEntry], list[Task], list[EnqueueResult] | None]:
-        """``entries`` less those the fence now stops (given up, as a first attempt would)."""
+        self, slot: datetime, left: _Left, error: BaseException | str | None
+    ) -> _Left:
+        """``left`` less the entries the fence now stops (given up, as a first attempt would)."""
         fenced = self.dispatcher.fence()
-        if fenced is None or not any(fenced(e.ident) for e in entries):
-            return entries, tasks, failed
-        out = [i for i, e in enumerate(entries) if fenced(e.ident)]
+        if fenced is None or not any(fenced(e.ident) for e in left.entries):
+            return left
+        out = [i for i, e in enumerate(left.entries) if fenced(e.ident)]
         gone = set(out)
-        await self._give_up(
-            slot,
-            [entries[i] for i in out],
-            [tasks[i] for i in out],
-            None if failed is None else [failed[i] for i in out],
-            error,
-            quiet=True,
-        )
-        keep = [i for i in range(len(entries)) if i not in gone]
-        return (
-            [entries[i] for i in keep],
-            [tasks[i] for i in keep],
-            None if failed is None else [failed[i] for i in keep],
-        )
+        await self._give_up(slot, left.pick(out), error, quiet=True)
+        return left.pick([i for i in range(len(left.entries)) if i not in gone])
 
     async def _give_up(
-        self,
-        slot: datetime,
-        entries: list[ScheduledEntry],
-        tasks: list[Task],
-        failed: list[EnqueueResult] | None,
-        error: BaseException | str | None,
-        *,
-        quiet: bool = False,
+        self, slot: datetime, left: _Left, error: BaseException | str | None, *, quiet: bool = False
     ) -> None:
         d = self.dispatcher
         quiet = quiet or not d.may_send()
-        if failed is not None and not quiet:
-            await d.settle(slot, entries, failed)  # each task's own error
+        if left.failed is not None and not quiet:
+            await d.settle(slot, left.entries, left.failed)  # each task's own error
             return
         exc = error if isinstance(error, BaseException) else TargetError(str(error))
-        await d.give_up(slot, entries, tasks, exc, quiet=quiet)
+        await d.give_up(slot, left.entries, left.tasks, exc, quiet)
 
     async def close(self) -> None:
         """Wait (at most ``STOP_WAIT_S`` seconds) for the retries to end and record their runs: the

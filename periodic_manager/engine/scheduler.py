@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 
 from periodic_manager.clock import SystemClock, later, sleep_unless
 from periodic_manager.contracts import Clock, Target
-from periodic_manager.engine.decisions import Decisions
+from periodic_manager.engine.decisions import Decisions, StateReader
 from periodic_manager.engine.dispatch import Dispatcher, Hooks
 from periodic_manager.engine.entries import Counted, Entries, window_of
 from periodic_manager.engine.entry import ScheduledEntry
@@ -79,6 +79,7 @@ class Scheduler:
         retry_max: float = 5.0,
         hold_tick: float = HOLD_TICK_S,
         view_changed: Callable[[ScheduledEntry], None] | None = None,
+        read_state: StateReader | None = None,
     ) -> None:
         self.target = target
         self.clock: Clock = clock or SystemClock()
@@ -133,6 +134,7 @@ class Scheduler:
             grace=self.grace,
             window=self._window,
             idle=self._idle,
+            read_state=read_state,
         )
 
     @property

@@ -18,7 +18,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from periodic_manager.pacing import in_turns
 
@@ -46,33 +46,79 @@ class Bucket:
         self.entries: list[Timed] = []
 
 
-class Timetable:
+class _Filed(Generic[_B]):
+    """Buckets by instant and the heap of those instants, each instant once: what the timetable
+    and the send table share."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[datetime, _B] = {}
+        self._instants: list[datetime] = []
+
+    def _open(self, at: datetime, bucket: _B) -> _B:
+        """File ``bucket``, new, under ``at`` (and push its instant)."""
+        self._buckets[at] = bucket
+        heapq.heappush(self._instants, at)
+        return bucket
+
+    def _earliest(self, live: Callable[[_B, datetime], bool]) -> datetime | None:
+        """The earliest instant whose bucket ``live`` accepts; those before it are dropped."""
+        while self._instants:
+            at = self._instants[0]
+            if live(self._buckets[at], at):
+                return at
+            heapq.heappop(self._instants)
+            del self._buckets[at]
+        return None
+
+    def _pop(self, instant: datetime) -> _B | None:
+        """Remove the bucket of ``instant`` and its instant; the bucket, or None."""
+        bucket = self._buckets.pop(instant, None)
+        if bucket is None:
+            return None
+        if self._instants and self._instants[0] == instant:
+            heapq.heappop(self._instants)
+        else:  # not the earliest (rare): rebuild without it
+            self._instants = [i for i in self._instants if i != instant]
+            heapq.heapify(self._instants)
+        return bucket
+
+    async def _compact(
+        self,
+        filed: Callable[[_B], list[_F]],
+        refile: Callable[[_B, list[_F]], None],
+        valid: Callable[[_F, datetime], bool],
+    ) -> int:
+        dropped, emptied = await _forget_stale(self._buckets, filed, refile, valid)
+        if emptied:
+            self._instants = list(self._buckets)
+            heapq.heapify(self._instants)
+        return dropped
+
+    def clear(self) -> None:
+        self._buckets.clear()
+        self._instants.clear()
+
+    def __len__(self) -> int:
+        """Distinct instants filed (including ones whose entries all moved)."""
+        return len(self._instants)
+
+
+class Timetable(_Filed[Bucket]):
     """Buckets of entries by instant, and the heap of those instants."""
 
     def __init__(self) -> None:
-        self._buckets: dict[datetime, Bucket] = {}
-        self._instants: list[datetime] = []
+        super().__init__()
         self._marks = itertools.count(1)
 
     def add(self, entry: Timed, instant: datetime) -> None:
         """File ``entry`` under ``instant`` (and set its ``next_slot`` to the shared instant)."""
-        bucket = self._buckets.get(instant)
-        if bucket is None:
-            bucket = self._buckets[instant] = Bucket(instant)
-            heapq.heappush(self._instants, instant)
+        bucket = self._buckets.get(instant) or self._open(instant, Bucket(instant))
         entry.next_slot = bucket.at
         bucket.entries.append(entry)
 
     def next_instant(self) -> datetime | None:
         """The earliest instant that still has a valid entry (empty buckets are dropped)."""
-        while self._instants:
-            at = self._instants[0]
-            bucket = self._buckets[at]
-            if any(_valid(e, at) for e in bucket.entries):
-                return at
-            heapq.heappop(self._instants)
-            del self._buckets[at]
-        return None
+        return self._earliest(lambda bucket, at: any(_valid(e, at) for e in bucket.entries))
 
     def size(self, instant: datetime) -> int:
         """How many entries are filed under ``instant`` (an upper bound: some may be stale)."""
@@ -81,14 +127,9 @@ class Timetable:
 
     def take(self, instant: datetime) -> list[Timed]:
         """Remove the bucket of ``instant`` and return its valid entries, each once."""
-        bucket = self._buckets.pop(instant, None)
+        bucket = self._pop(instant)
         if bucket is None:
             return []
-        if self._instants and self._instants[0] == instant:
-            heapq.heappop(self._instants)
-        else:  # not the earliest (rare): rebuild without it
-            self._instants = [i for i in self._instants if i != instant]
-            heapq.heapify(self._instants)
         mark = next(self._marks)
         out = []
         for entry in bucket.entries:
@@ -96,10 +137,6 @@ class Timetable:
                 entry.mark = mark  # an entry filed twice under one instant is taken once
                 out.append(entry)
         return out
-
-    def clear(self) -> None:
-        self._buckets.clear()
-        self._instants.clear()
 
     async def compact(self) -> int:
         """Forget the stale filings (entries moved, replaced or unregistered) now rather than
@@ -113,15 +150,7 @@ class Timetable:
         def refile(bucket: Bucket, kept: list[Timed]) -> None:
             bucket.entries = kept
 
-        dropped, emptied = await _forget_stale(self._buckets, lambda b: b.entries, refile, _valid)
-        if emptied:
-            self._instants = list(self._buckets)
-            heapq.heapify(self._instants)
-        return dropped
-
-    def __len__(self) -> int:
-        """Distinct instants filed (including ones whose entries all moved)."""
-        return len(self._instants)
+        return await self._compact(lambda b: b.entries, refile, _valid)
 
 
 async def _forget_stale(
@@ -154,7 +183,10 @@ def _valid(entry: Timed, instant: datetime) -> bool:
     return entry.mark != DEAD and entry.next_slot == instant
 
 
-class SendTable:
+_Sends = list[tuple[Timed, datetime]]  # a send instant's filings: (entry, its nominal slot)
+
+
+class SendTable(_Filed[_Sends]):
     """Entries with ``options.jitter``, filed by *send* instant (slot + offset) with their
     nominal slot (:mod:`periodic_manager.schedules.jitter`).
 
@@ -164,38 +196,22 @@ class SendTable:
     entries of different nominal slots (the scheduler sends them as one batch per slot).
     """
 
-    def __init__(self) -> None:
-        self._buckets: dict[datetime, list[tuple[Timed, datetime]]] = {}
-        self._instants: list[datetime] = []
-
     def add(self, entry: Timed, slot: datetime, at: datetime) -> None:
         """File ``entry`` (next slot ``slot``) under its send instant ``at``."""
         bucket = self._buckets.get(at)
         if bucket is None:
-            bucket = self._buckets[at] = []
-            heapq.heappush(self._instants, at)
+            bucket = self._open(at, [])
         bucket.append((entry, slot))
 
     def next_instant(self) -> datetime | None:
         """The earliest send instant that still has a valid entry."""
-        while self._instants:
-            at = self._instants[0]
-            if any(_valid(e, slot) for e, slot in self._buckets[at]):
-                return at
-            heapq.heappop(self._instants)
-            del self._buckets[at]
-        return None
+        return self._earliest(lambda bucket, _at: any(_valid(e, slot) for e, slot in bucket))
 
     def take(self, instant: datetime) -> list[Timed]:
         """Remove the bucket of ``instant`` (the earliest) and return its valid entries, once."""
-        bucket = self._buckets.pop(instant, None)
+        bucket = self._pop(instant)
         if bucket is None:
             return []
-        if self._instants and self._instants[0] == instant:
-            heapq.heappop(self._instants)
-        else:
-            self._instants = [i for i in self._instants if i != instant]
-            heapq.heapify(self._instants)
         seen: set[int] = set()
         out = []
         for entry, slot in bucket:
@@ -204,25 +220,10 @@ class SendTable:
                 out.append(entry)
         return out
 
-    def clear(self) -> None:
-        self._buckets.clear()
-        self._instants.clear()
-
     async def compact(self) -> int:
         """:meth:`Timetable.compact` for the send instants."""
 
-        def refile(
-            bucket: list[tuple[Timed, datetime]], kept: list[tuple[Timed, datetime]]
-        ) -> None:
+        def refile(bucket: _Sends, kept: _Sends) -> None:
             bucket[:] = kept
 
-        dropped, emptied = await _forget_stale(
-            self._buckets, lambda b: b, refile, lambda item, _at: _valid(*item)
-        )
-        if emptied:
-            self._instants = list(self._buckets)
-            heapq.heapify(self._instants)
-        return dropped
-
-    def __len__(self) -> int:
-        return len(self._instants)
+        return await self._compact(lambda b: b, refile, lambda item, _at: _valid(*item))

@@ -1,9 +1,8 @@
 """A schedule's bounds: ``options.start_at`` and ``options.end_at``.
 
-No slot before ``start_at`` (a slot exactly at it counts), none at or after ``end_at``. Bounds
-are part of the pure slot function: the engine (``Entries.next_after``, the catch-up) and every
-preview (the API's ``next_runs``, the dashboard's slots, ``periodic-manager next``) apply them
-through this module, so what is previewed is what is sent.
+No slot before ``start_at`` (a slot exactly at it counts), none at or after ``end_at``. This
+module parses and checks them; the slot rule applies them (:mod:`periodic_manager.schedules.slots`,
+the one home of every surface's slots).
 
 Values are checked by :data:`periodic_manager.schedules.rules.OPTION_CHECKS` (:func:`check_instant`)
 before any config holds them; :func:`bounds_of` only parses what was checked.
@@ -12,21 +11,16 @@ before any config holds them; :func:`bounds_of` only parses what was checked.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from periodic_manager import cron
-from periodic_manager.schedules.calendars import Exclusion, excluded_by
 
-TICK = timedelta(
-    microseconds=1
-)  # datetime's resolution: "strictly after start - TICK" is ">= start"
 # The range of a bound, as of an anchor: far enough inside datetime's range that a bound minus a
 # tick, or a bound in UTC or in any zone, never overflows.
 BOUND_MIN = cron.ANCHOR_MIN
 BOUND_MAX = cron.ANCHOR_MAX
 MAX_TEXT = 64  # longer text is no instant
-MAX_SCAN = 10_000  # slots a preview looks at in all (excluded ones count): bounded work
 
 
 class Bounds(NamedTuple):
@@ -83,56 +77,3 @@ def bounds_of(options: Mapping[str, Any] | None) -> Bounds:
         parse_instant(start) if start is not None else None,
         parse_instant(end) if end is not None else None,
     )
-
-
-def floor_of(after: datetime, bounds: Bounds) -> datetime:
-    """The instant to search strictly after: ``after``, or just before ``start_at`` if later."""
-    start = bounds.start_at
-    if start is not None:
-        floor = start - TICK
-        if floor > after:
-            return floor
-    return after
-
-
-def ended(slot: datetime, bounds: Bounds) -> bool:
-    """Whether ``slot`` is at or after ``end_at`` (no such slot is ever sent)."""
-    return bounds.end_at is not None and slot >= bounds.end_at
-
-
-def bounded_next(schedule: cron.Schedule, after: datetime, bounds: Bounds) -> datetime | None:
-    """The first slot strictly after ``after`` within ``bounds``, or None (ended). Raises what
-    ``schedule.next_after`` raises (no slot before year 10000)."""
-    slot = schedule.next_after(floor_of(after, bounds))
-    return None if ended(slot, bounds) else slot
-
-
-def slots(
-    schedule: cron.Schedule,
-    after: datetime,
-    n: int,
-    bounds: Bounds,
-    exclusion: Exclusion | None = None,
-    zone: str = "UTC",
-) -> list[datetime]:
-    """The first ``n`` slots strictly after ``after`` within ``bounds`` (UTC) that are sent: not
-    on a date ``exclusion`` holds in ``zone`` (options.exclude; the schedule's zone). Fewer when
-    the schedule ends, finds no slot before year 10000, or when MAX_SCAN slots in a row are
-    excluded (a schedule whose every slot is excluded never spins). The one preview of every
-    surface: the API's ``next_runs``, the dashboard's slots and ``periodic-manager next``."""
-    out: list[datetime] = []
-    at = after
-    scanned = 0
-    while len(out) < n and scanned < MAX_SCAN:
-        scanned += 1
-        try:
-            found = bounded_next(schedule, at, bounds)
-        except (OverflowError, ValueError, ArithmeticError):
-            break
-        if found is None:
-            break
-        at = found
-        if exclusion is not None and excluded_by(exclusion, found, zone):
-            continue
-        out.append(found.astimezone(cron.UTC))
-    return out

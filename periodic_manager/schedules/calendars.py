@@ -7,9 +7,9 @@ a country, optionally of one of its subdivisions (``{"holidays": {"country": "DE
 
 A schedule with ``options.exclude: ["name", ...]`` sends no slot whose local date, in the
 schedule's own zone, is in any of the named calendars; the manager records such a slot as
-``skipped`` with reason ``excluded``. Exclusion is part of the pure slot function: the engine and
-every preview ask :func:`is_excluded` of the same :class:`Exclusion`, so previews and managers
-agree. A name that names no calendar is a row error (``options.exclude``).
+``skipped`` with reason ``excluded``. Exclusion is part of the slot rule
+(:mod:`periodic_manager.schedules.slots`, which asks :func:`excluded_by`): the engine, the
+backfill and every preview apply it alike, so previews and managers agree. A name that names no calendar is a row error (``options.exclude``).
 
 Everything here is pure: no I/O, no clock. :func:`check_spec` is the one judge of a calendar's
 content (API, SQL rows, import); :func:`check_names` the option check of ``options.exclude``.

@@ -19,6 +19,7 @@ from typing import Any
 
 from periodic_manager import cron
 from periodic_manager.schedules.calendars import Exclusion
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.schedules.judge import Deployment, Judge, Judged
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -305,18 +306,6 @@ def content_hash(cfg: PeriodicTaskConfig) -> str:
     if cfg.exclusion is not None:  # a calendar edit replaces exactly the entries that name it
         doc += "\x1f" + cfg.exclusion.digest
     return hashlib.sha256(doc.encode()).hexdigest()
-
-
-def slot_text(slot: datetime) -> str:
-    """An instant as UTC ISO text with ``Z``: ``2024-03-31T01:30:00Z`` (microseconds if any).
-
-    The one format of every instant in keys and messages. A naive datetime is refused.
-    """
-    if slot.tzinfo is None or slot.utcoffset() is None:
-        raise ValueError(f"naive datetime {slot!r}; pass an aware instant")
-    utc = slot.astimezone(cron.UTC)
-    text = utc.isoformat(timespec="microseconds" if utc.microsecond else "seconds")
-    return text.replace("+00:00", "Z")
 
 
 def idempotency_key(name: str, slot: datetime) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.instants import slot_text
 
 _US = 1_000_000
 

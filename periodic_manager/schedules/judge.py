@@ -30,7 +30,8 @@ from periodic_manager import cron
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import calendars as calendar_rules
 from periodic_manager.schedules import rules
-from periodic_manager.schedules.bounds import NO_BOUNDS, slots
+from periodic_manager.schedules.bounds import NO_BOUNDS
+from periodic_manager.schedules.slots import next_slot
 from periodic_manager.schedules.calendars import CalendarSpec, Exclusion
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, PendingJson, check_text
 
@@ -296,7 +297,11 @@ def check_description(value: Any) -> str | None:
 def fires_after(schedule: cron.Schedule, now: datetime) -> None:
     """A write's spec must fire after ``now`` (a schedule whose options.end_at has passed is
     valid: ended)."""
-    if not slots(schedule, now, 1, NO_BOUNDS):
+    try:
+        found = next_slot(schedule, now, NO_BOUNDS)
+    except (OverflowError, ValueError, ArithmeticError):
+        found = None  # no slot before year 10000
+    if found is None:
         raise ConfigError("spec", "has no fire time after now")
 
 

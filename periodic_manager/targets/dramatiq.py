@@ -46,7 +46,7 @@ from typing import Any
 
 from periodic_manager.contracts import EnqueueResult, Task, refused
 from periodic_manager.errors import TargetError
-from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets import completion, extras
 from periodic_manager.targets.base import overlap_refused, split_payload
 from periodic_manager.targets.publisher import ThreadPublisher

@@ -698,8 +698,8 @@ async def test_clock_jump_back_never_sends_a_slot_twice(big_scheduler) -> None:
 def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
     """The fire_once catch-up at a takeover searches back from now (it used to walk every slot of
     the window: an hour of ``@every 1s`` per schedule, which blocked the event loop for seconds)."""
-    from periodic_manager.engine.catchup import latest_slot
     from periodic_manager.engine.entry import ScheduledEntry
+    from periodic_manager.schedules.slots import latest_slot
 
     def walk(entry: ScheduledEntry, now: datetime, window: timedelta) -> datetime | None:
         found, slot = None, entry.schedule.next_after(now - window - timedelta(microseconds=1))
@@ -725,13 +725,15 @@ def test_latest_missed_slot_search_agrees_with_walking_the_window() -> None:
             now = base + timedelta(hours=hours, seconds=hours % 61)
             for window in (timedelta(0), timedelta(seconds=30), timedelta(seconds=widest)):
                 earliest = now - window - timedelta(microseconds=1)
-                assert latest_slot(entry, now, earliest) == walk(entry, now, window), (
+                assert latest_slot(entry.schedule, now, earliest) == walk(entry, now, window), (
                     spec,
                     now,
                     window,
                 )
                 on_slot = entry.schedule.next_after(now)
                 assert (
-                    latest_slot(entry, on_slot, on_slot - window - timedelta(microseconds=1))
+                    latest_slot(
+                        entry.schedule, on_slot, on_slot - window - timedelta(microseconds=1)
+                    )
                     == on_slot
                 )

@@ -14,7 +14,8 @@ import pytest
 from periodic_manager.clock import VirtualClock
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.definition import PeriodicTaskConfig, slot_text
+from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.schedules.jitter import offset_us, send_at
 from periodic_manager.schedules.judge import shortest_gap
 from periodic_manager.targets.memory import MemoryTarget

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from periodic_manager.contracts import Task
-from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets.base import split_payload
 
 

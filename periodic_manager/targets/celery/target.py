@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 
 from periodic_manager.contracts import EnqueueResult, Prepared, Task, refused
 from periodic_manager.errors import TargetError
-from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_refused
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app

@@ -51,7 +51,7 @@ from redis.exceptions import NoScriptError
 
 from periodic_manager.contracts import EnqueueResult, Prepared, Previous, Task
 from periodic_manager.contracts import refused as refused_result
-from periodic_manager.schedules.definition import slot_text
+from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_fields, overlap_refused
 from periodic_manager.targets.redis import lua
