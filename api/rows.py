@@ -9,7 +9,7 @@ judge (``periodic_manager.schedules.judge``) before it is stored: its 422s are t
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import Request

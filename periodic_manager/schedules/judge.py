@@ -31,9 +31,9 @@ from periodic_manager.errors import ConfigError
 from periodic_manager.schedules import calendars as calendar_rules
 from periodic_manager.schedules import rules
 from periodic_manager.schedules.bounds import NO_BOUNDS
-from periodic_manager.schedules.slots import next_slot
 from periodic_manager.schedules.calendars import CalendarSpec, Exclusion
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, PendingJson, check_text
+from periodic_manager.schedules.slots import next_slot
 
 # The fields of a row as it is written (the id and bookkeeping aside): the required ones, then
 # the others with the value a field left out takes.
