@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from periodic_manager.db.dialects import Assign, Where, database_on
+from periodic_manager.db.dialects import database_on
+from periodic_manager.db.dialects.base import Assign, Where
 
 
 def upsert(

@@ -64,18 +64,14 @@ class ClockOffset:
         clock: Clock,
         *,
         limit: float,
-        bound: float = WARN_BOUND_S,
-        jump_bound: float = JUMP_BOUND_S,
         read: Callable[[], Awaitable[datetime | None]] | None = None,
     ) -> None:
-        if not bound > 0:
-            raise ValueError("the clock offset's warning bound must be positive")
         # A small grace (PM_GRACE may be 0) must not make every clock off: the limit is at
-        # least MIN_LIMIT_S, and the warning bound at most the limit.
+        # least MIN_LIMIT_S, and the warning bound (WARN_BOUND_S) at most the limit.
         self.clock = clock
         self.limit = max(limit, MIN_LIMIT_S)
-        self.bound = min(bound, self.limit)
-        self.jump_bound = jump_bound
+        self.bound = min(WARN_BOUND_S, self.limit)
+        self.jump_bound = JUMP_BOUND_S
         self.read = read  # the database's now(), when this manager measures on its own
         self.offset: float | None = None  # seconds this wall clock is ahead of the database's
         self.error: float | None = None  # give or take (half the round trip of the last measure)

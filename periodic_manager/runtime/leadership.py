@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock
@@ -221,20 +221,22 @@ class SessionLockLeadership(AlwaysLeader):
             self._conn = None
 
 
+class LoopTimes(TypedDict, total=False):
+    """The loop's settings (:class:`SessionLockLeadership`): its clock and bounds."""
+
+    clock: Clock | None
+    poll_interval: float
+    timeout: float
+
+
 class LockLeadership(SessionLockLeadership):
     """Leader election with the leader lock ``name`` of the database ``url`` names."""
 
     def __init__(
-        self,
-        url: str,
-        *,
-        name: str = LEADER_LOCK_NAME,
-        clock: Clock | None = None,
-        poll_interval: float = 1.0,
-        timeout: float = 3.0,
+        self, url: str, *, name: str = LEADER_LOCK_NAME, **loop: Unpack[LoopTimes]
     ) -> None:
-        super().__init__(clock=clock, poll_interval=poll_interval, timeout=timeout)
-        self.lock = database_of(url).leader_lock(url, name=name, timeout=timeout)
+        super().__init__(**loop)
+        self.lock = database_of(url).leader_lock(url, name=name, timeout=self.timeout)
 
     async def _connect(self) -> Any:
         return await self.lock.connect()

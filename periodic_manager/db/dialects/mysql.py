@@ -13,7 +13,7 @@ from sqlalchemy import Table, case
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from periodic_manager.db.dialects.base import Assign, ChangeSignalKind, SessionLock, Where
+from periodic_manager.db.dialects.base import Assign, ChangeSignalKind, Database, SessionLock, Where
 
 MYSQL_EXTRA = (
     "the MariaDB/MySQL driver asyncmy is not installed: pip install 'periodic-manager[mysql]'"
@@ -73,12 +73,11 @@ class NamedLock:
         conn.close()
 
 
-class MySQL:
+class MySQL(Database):
     """MariaDB and MySQL: named locks, a polled change revision, no partitions."""
 
-    name = "mysql"
-    label = "mysql/mariadb"
-    schemes: tuple[str, ...] = (
+    name, label, driver = "mysql", "mysql/mariadb", "mysql+asyncmy"
+    schemes = (
         "mysql",
         "mariadb",
         "mysql+asyncmy",
@@ -87,9 +86,7 @@ class MySQL:
         "mysql+aiomysql",
     )
     change_signal: ChangeSignalKind = "poll"
-    partitions = False
     elects_leader = True
-    reads_bytes = True
 
     def check_driver(self) -> None:
         """An extra of the package: ``pip install 'periodic-manager[mysql]'``."""
@@ -98,7 +95,7 @@ class MySQL:
 
     def driver_url(self, url: URL) -> URL:
         """asyncmy, charset utf8mb4."""
-        return url.set(drivername="mysql+asyncmy").update_query_dict({"charset": "utf8mb4"})
+        return url.set(drivername=self.driver).update_query_dict({"charset": "utf8mb4"})
 
     def engine(self, url: str, *, command_timeout: float, ping: bool, **kwargs: Any) -> AsyncEngine:
         self.check_driver()

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Table, event
-from sqlalchemy.engine import URL
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from periodic_manager.db.dialects.base import (
     Assign,
     ChangeSignalKind,
+    Database,
     SessionLock,
     Where,
     lock_key,
@@ -158,27 +158,14 @@ def _closed_is_stale(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
         raise DisconnectionError("the server closed this pooled connection")
 
 
-class PostgreSQL:
-    """PostgreSQL: LISTEN/NOTIFY, advisory locks, partition leases."""
+class PostgreSQL(Database):
+    """PostgreSQL: LISTEN/NOTIFY, advisory locks, partition leases, typed columns."""
 
-    name = "postgresql"
-    label = "postgresql"
-    schemes: tuple[str, ...] = (
-        "postgresql",
-        "postgres",
-        "postgresql+psycopg2",
-        "postgresql+psycopg",
-    )
+    name, label, driver = "postgresql", "postgresql", "postgresql+asyncpg"
+    schemes = ("postgresql", "postgres", "postgresql+psycopg2", "postgresql+psycopg")
     change_signal: ChangeSignalKind = "listen"
-    partitions = True
-    elects_leader = True
+    partitions = elects_leader = True
     reads_bytes = False
-
-    def check_driver(self) -> None:
-        return None  # a dependency of the package
-
-    def driver_url(self, url: URL) -> URL:
-        return url.set(drivername="postgresql+asyncpg")
 
     def engine(self, url: str, *, command_timeout: float, ping: bool, **kwargs: Any) -> AsyncEngine:
         """A command timeout so a half-open connection cannot freeze the schedule. ``ping``

@@ -6,12 +6,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Table, event
-from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from periodic_manager.db.dialects.base import (
     Assign,
-    ChangeSignalKind,
+    Database,
     SessionLock,
     Where,
     on_conflict_update,
@@ -20,22 +19,11 @@ from periodic_manager.db.dialects.base import (
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
 
-class SQLite:
+class SQLite(Database):
     """SQLite: the manager is always the leader; its own writes sync at once."""
 
-    name = "sqlite"
-    label = "sqlite"
-    schemes: tuple[str, ...] = ("sqlite", "sqlite+pysqlite")
-    change_signal: ChangeSignalKind = None
-    partitions = False
-    elects_leader = False
-    reads_bytes = True
-
-    def check_driver(self) -> None:
-        return None  # a dependency of the package
-
-    def driver_url(self, url: URL) -> URL:
-        return url.set(drivername="sqlite+aiosqlite")
+    name, label, driver = "sqlite", "sqlite", "sqlite+aiosqlite"
+    schemes = ("sqlite", "sqlite+pysqlite")
 
     def engine(self, url: str, *, command_timeout: float, ping: bool, **kwargs: Any) -> AsyncEngine:
         """WAL and a busy timeout so the API and the manager can write from one process."""
