@@ -19,7 +19,8 @@ from periodic_manager.db import leases
 from periodic_manager.runtime.clock_offset import ClockOffset
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 
-log = logging.getLogger(__name__)
+# The leases' one logger, whichever of their modules speaks (operators filter on it).
+log = logging.getLogger("periodic_manager.runtime.partitions")
 
 EXPIRY_MARGIN_S = 0.05  # a round for another holder's expiry comes this long after it
 # partition -> (epoch, trusted until: on the clock's monotonic time)
