@@ -32,6 +32,8 @@ from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import DDLCompiler
 
+from periodic_manager.db.dialects import backend_name
+
 # An instant: TIMESTAMP WITH TIME ZONE, SQLite's text, DATETIME(6) in UTC.
 INSTANT = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 # A schedule's JSON column: jsonb; SQLite's JSON text; LONGTEXT (any text, judged when read).
@@ -63,9 +65,9 @@ def _primary_key(element: PrimaryKeyConstraint, compiler: DDLCompiler, **kw: Any
 
 
 def name() -> str:
-    """The database the migration runs on: ``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too)."""
-    dialect = op.get_bind().dialect.name
-    return "mysql" if dialect == "mariadb" else dialect
+    """The database the migration runs on: ``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too),
+    as the package's registry names it (:mod:`periodic_manager.db.dialects`)."""
+    return backend_name(op.get_bind().dialect.name)
 
 
 def instant_sql() -> str:

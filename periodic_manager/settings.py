@@ -229,19 +229,14 @@ class Settings(BaseSettings):
         from sqlalchemy.exc import ArgumentError
 
         try:
-            backend = make_url(v).get_backend_name()
+            make_url(v)
         except ArgumentError:
             raise ValueError(
                 "not a database URL (e.g. postgresql://user@host/db or sqlite:///file.db)"
             ) from None
-        if backend in ("mysql", "mariadb"):
-            from periodic_manager.db.engine import check_mysql_driver
+        from periodic_manager.db.dialects import database_of
 
-            check_mysql_driver()
-        elif backend not in ("postgresql", "sqlite"):
-            raise ValueError(
-                f"unsupported database {backend!r}: use postgresql, mysql/mariadb or sqlite"
-            )
+        database_of(v).check_driver()  # ValueError: unsupported, or its driver missing
         return v
 
     @field_validator("coordination")
@@ -250,9 +245,10 @@ class Settings(BaseSettings):
         # database_url is declared first: a bad URL is reported, not this.
         url = info.data.get("database_url")
         if v == "partitions" and isinstance(url, str):
-            from periodic_manager.db.engine import is_mysql
+            from periodic_manager.db.dialects import database_of
 
-            if is_mysql(url):
+            database = database_of(url)
+            if database.elects_leader and not database.partitions:  # SQLite: one manager anyway
                 raise ValueError(
                     "partitions need PostgreSQL; on MariaDB/MySQL use coordination=leader (GET_LOCK)"
                 )
@@ -264,14 +260,14 @@ class Settings(BaseSettings):
         ``leader_election`` is set (a deployment that chose its election keeps it); leader on
         MariaDB/MySQL (no partitions there). SQLite: leader whatever was named (one manager
         holds every schedule there)."""
-        from periodic_manager.db.engine import is_mysql, is_sqlite
+        from periodic_manager.db.dialects import database_of
 
-        url = self.database_url
-        if is_sqlite(url):
+        database = database_of(self.database_url)
+        if not database.elects_leader:  # one manager holds every schedule (SQLite)
             return "leader"
         if self.coordination != "auto":
             return self.coordination
-        if self.leader_election is not None or is_mysql(url):
+        if self.leader_election is not None or not database.partitions:
             return "leader"
         return "partitions"
 

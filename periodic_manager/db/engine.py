@@ -1,22 +1,22 @@
 """Engine setup for PostgreSQL (asyncpg), SQLite (aiosqlite) and MariaDB/MySQL (asyncmy), and what
-code outside ``db/``
-holds of the database: an :data:`Engine`, and a :data:`Connection` it hands to the functions of
-``periodic_manager.db`` (the API, one per request). It never builds a statement of its own."""
+code outside ``db/`` holds of the database: an :data:`Engine`, and a :data:`Connection` it hands
+to the functions of ``periodic_manager.db`` (the API, one per request). It never builds a
+statement of its own. What differs per database is asked of :mod:`periodic_manager.db.dialects`
+(the one registry); the predicates here (:func:`on_sqlite`, :func:`backend`, ...) read it."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-SQLITE_BUSY_TIMEOUT_MS = 10_000
+from periodic_manager.db.dialects import DATABASES, backend_name, database_of, database_on
+
 # Keeps IN (...) lists well under every driver's bind-parameter limit (asyncpg: 32767).
 CHUNK = 500
 
@@ -26,159 +26,62 @@ Engine = AsyncEngine
 Connection = AsyncConnection
 
 
-# URL schemes of MariaDB and MySQL (both spoken by the asyncmy driver).
-MYSQL_SCHEMES = (
-    "mysql",
-    "mariadb",
-    "mysql+asyncmy",
-    "mariadb+asyncmy",
-    "mysql+pymysql",
-    "mysql+aiomysql",
-)
-MYSQL_EXTRA = (
-    "the MariaDB/MySQL driver asyncmy is not installed: pip install 'periodic-manager[mysql]'"
-)
-
-
 def normalize_url(url: str) -> str:
     """Accept plain ``postgresql://``, ``sqlite:///``, ``mysql://`` and ``mariadb://`` URLs and pick
-    the async drivers (MariaDB/MySQL: asyncmy, charset utf8mb4)."""
+    the async drivers (:meth:`Database.driver_url
+    <periodic_manager.db.dialects.Database.driver_url>`); any other URL is left as it is."""
     u = make_url(url)
-    if u.drivername in ("postgresql", "postgres", "postgresql+psycopg2", "postgresql+psycopg"):
-        u = u.set(drivername="postgresql+asyncpg")
-    elif u.drivername in ("sqlite", "sqlite+pysqlite"):
-        u = u.set(drivername="sqlite+aiosqlite")
-    elif u.drivername in MYSQL_SCHEMES:
-        u = u.set(drivername="mysql+asyncmy").update_query_dict({"charset": "utf8mb4"})
+    for database in DATABASES.values():
+        if u.drivername in database.schemes:
+            u = database.driver_url(u)
+            break
     return u.render_as_string(hide_password=False)
-
-
-def is_sqlite(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
-
-
-def is_mysql(url: str) -> bool:
-    """Whether ``url`` names a MariaDB or MySQL database."""
-    return make_url(url).get_backend_name() in ("mysql", "mariadb")
 
 
 def url_backend(url: str) -> str:
     """``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too): the database ``url`` names."""
-    return "mysql" if is_mysql(url) else make_url(url).get_backend_name()
+    return backend_name(make_url(url).get_backend_name())
 
 
-def check_mysql_driver() -> None:
-    """Raise ValueError (one line naming the extra) when asyncmy is not installed."""
-    if importlib.util.find_spec("asyncmy") is None:
-        raise ValueError(MYSQL_EXTRA)
+def is_sqlite(url: str) -> bool:
+    return url_backend(url) == "sqlite"
+
+
+def is_mysql(url: str) -> bool:
+    """Whether ``url`` names a MariaDB or MySQL database."""
+    return url_backend(url) == "mysql"
 
 
 def create_engine(
     url: str, *, command_timeout: float = 10.0, ping: bool = True, **kwargs: Any
 ) -> AsyncEngine:
-    """An async engine with sane production defaults.
-
-    SQLite: WAL and a busy timeout so the API and the manager can write from one process.
-    PostgreSQL: a command timeout so a half-open connection cannot freeze the schedule.
-    ``ping`` False (PostgreSQL, the manager's own pool): no round trips before each checkout
-    (a pre-ping is three: BEGIN, SELECT 1, ROLLBACK, at every heartbeat); a pooled connection
-    the server closed (a restart, a terminated backend) is still replaced at checkout, seen
-    without a round trip, and any other failure is the caller's to retry, as every loop of the
-    manager does.
-    """
+    """An async engine with sane production defaults, those of the database ``url`` names
+    (:meth:`Database.engine <periodic_manager.db.dialects.Database.engine>`). SQLite: WAL and a
+    busy timeout; PostgreSQL: a command timeout (``ping`` False: no pre-ping); MariaDB/MySQL:
+    sessions in UTC."""
     url = normalize_url(url)
-    if is_sqlite(url):
-        engine = create_async_engine(
-            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs
-        )
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        return engine
-    if is_mysql(url):
-        check_mysql_driver()
-        # Sessions in UTC: DATETIME(6) columns hold UTC, and NOW() in the triggers is UTC too.
-        mysql_args: dict[str, Any] = {
-            "connect_timeout": command_timeout,
-            "init_command": "SET time_zone = '+00:00'",
-        }
-        mysql_args.update(kwargs.pop("connect_args", {}))
-        kwargs.setdefault("pool_pre_ping", True)
-        kwargs.setdefault("pool_recycle", 3600)
-        return create_async_engine(url, connect_args=mysql_args, **kwargs)
-    connect_args: dict[str, Any] = {
-        "command_timeout": command_timeout,
-        "timeout": command_timeout,
-        "async_creator_fn": pg_connect,
-    }
-    connect_args.update(kwargs.pop("connect_args", {}))
-    kwargs.setdefault("pool_pre_ping", ping)
-    engine = create_async_engine(url, connect_args=connect_args, **kwargs)
-    if not kwargs["pool_pre_ping"]:
-        event.listen(engine.sync_engine.pool, "checkout", _closed_is_stale)
-    return engine
-
-
-def _closed_is_stale(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
-    """A pooled asyncpg connection that the server closed is replaced at checkout (the pool
-    retries with a new one), without a round trip."""
-    if dbapi_conn.driver_connection.is_closed():
-        raise DisconnectionError("the server closed this pooled connection")
-
-
-async def pg_connect(*args: Any, **kwargs: Any) -> Any:
-    """``asyncpg.connect``, safe to cancel: every PostgreSQL connection of the manager (the
-    engine's pool, leadership, partition leases, LISTEN) is opened through it.
-
-    asyncpg's connect cancelled at one point of its opening (the socket connected, the TLS probe
-    not yet answered: ``sslmode=prefer``, the default, always probes) leaves a future that
-    later fails with nobody to read it, and asyncio logs that at ERROR ("Future exception was
-    never retrieved"). A stop cancels whatever is connecting at that moment, so a clean stop
-    logged an ERROR now and then. Here the connect itself is never cancelled: the caller's
-    cancellation is raised at once, and the connect left behind ends by itself (bounded by its
-    ``timeout``) and its connection is dropped."""
-    import asyncpg
-
-    connecting = asyncio.ensure_future(asyncpg.connect(*args, **kwargs))
-    try:
-        return await asyncio.shield(connecting)
-    except asyncio.CancelledError:
-        connecting.add_done_callback(_drop_abandoned)
-        raise
-
-
-def _drop_abandoned(connecting: asyncio.Future[Any]) -> None:
-    if connecting.cancelled() or connecting.exception() is not None:
-        return  # the exception is read: nothing is logged for a connect nobody waits for
-    connecting.result().terminate()
-
-
-def on_sqlite(bind: AsyncEngine | AsyncConnection) -> bool:
-    """Whether ``bind`` talks to SQLite (else PostgreSQL or MariaDB/MySQL)."""
-    return bind.dialect.name == "sqlite"
-
-
-def on_mysql(bind: AsyncEngine | AsyncConnection) -> bool:
-    """Whether ``bind`` talks to MariaDB or MySQL."""
-    return bind.dialect.name in ("mysql", "mariadb")
+    return database_of(url).engine(url, command_timeout=command_timeout, ping=ping, **kwargs)
 
 
 def backend(bind: AsyncEngine | AsyncConnection) -> str:
     """``postgresql``, ``sqlite`` or ``mysql`` (MariaDB too): the database ``bind`` talks to."""
-    return "mysql" if on_mysql(bind) else bind.dialect.name
+    return backend_name(bind.dialect.name)
+
+
+def on_sqlite(bind: AsyncEngine | AsyncConnection) -> bool:
+    """Whether ``bind`` talks to SQLite (else PostgreSQL or MariaDB/MySQL)."""
+    return backend(bind) == "sqlite"
+
+
+def on_mysql(bind: AsyncEngine | AsyncConnection) -> bool:
+    """Whether ``bind`` talks to MariaDB or MySQL."""
+    return backend(bind) == "mysql"
 
 
 def reads_bytes(bind: AsyncEngine | AsyncConnection) -> bool:
     """Whether untrusted columns are read as their stored bytes (:mod:`periodic_manager.db.rows`):
     on SQLite and MariaDB/MySQL (instants as their ISO text); PostgreSQL enforces its types."""
-    return bind.dialect.name != "postgresql"
+    return database_on(bind).reads_bytes
 
 
 def chunks(items: Sequence[_T], size: int = CHUNK) -> Iterator[Sequence[_T]]:

@@ -10,13 +10,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeSignal, Clock, Leadership, Target
 from periodic_manager.db.changes import peek
-from periodic_manager.db.engine import is_mysql, is_sqlite, normalize_url
+from periodic_manager.db.dialects import database_of
+from periodic_manager.db.engine import normalize_url
 from periodic_manager.db.judge import target_check, task_check
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.schedule_writer import ManagerPauser
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.errors import ConfigError
-from periodic_manager.runtime.leadership import AlwaysLeader, MysqlLeadership, PostgresLeadership
+from periodic_manager.runtime.leadership import AlwaysLeader, LockLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager, new_manager_id
 from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.partitions import PartitionLeases
@@ -176,9 +177,10 @@ def change_signals(settings: Settings, engine: AsyncEngine) -> list[ChangeSignal
     poll of the revision on MariaDB/MySQL (no LISTEN there); nothing on SQLite (one process: its
     own writes sync at once, plain SQL at the next sync)."""
     url = settings.database_url
-    if is_sqlite(url) or settings.listen is False:
+    signal = database_of(url).change_signal
+    if signal is None or settings.listen is False:
         return []
-    if is_mysql(url):
+    if signal == "poll":
         return [RevisionPoller(partial(peek, engine), interval=settings.poll_interval)]
     return [PostgresChangeListener(normalize_url(url))]
 
@@ -200,21 +202,10 @@ def build_leadership(
         )
     election = settings.leader_election
     if election is None:
-        election = not is_sqlite(settings.database_url)
+        election = database_of(settings.database_url).elects_leader
     if not election:
         return AlwaysLeader()
-    if is_sqlite(settings.database_url):
-        raise ValueError(
-            "leader election needs PostgreSQL or MariaDB/MySQL; run one manager on SQLite"
-        )
-    if is_mysql(settings.database_url):
-        return MysqlLeadership(
-            normalize_url(settings.database_url),
-            clock=clock,
-            poll_interval=settings.leader_poll_interval,
-            timeout=settings.leader_timeout,
-        )
-    return PostgresLeadership(
+    return LockLeadership(
         normalize_url(settings.database_url),
         clock=clock,
         poll_interval=settings.leader_poll_interval,

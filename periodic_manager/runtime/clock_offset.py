@@ -67,7 +67,7 @@ class ClockOffset:
         read: Callable[[], Awaitable[datetime | None]] | None = None,
     ) -> None:
         # A small grace (PM_GRACE may be 0) must not make every clock off: the limit is at
-        # least MIN_LIMIT_S, and the warning bound at most the limit.
+        # least MIN_LIMIT_S, and the warning bound (WARN_BOUND_S) at most the limit.
         self.clock = clock
         self.limit = max(limit, MIN_LIMIT_S)
         self.bound = min(WARN_BOUND_S, self.limit)

@@ -147,7 +147,8 @@ class PartitionHolding:
     def _start_takeover(
         self, partitions: frozenset[int], *, look_back: bool, since: datetime | None
     ) -> None:
-        task = self._spawn(self._take_over(partitions, look_back, since), "partition-takeover")
+        takeover = _Takeover(self, partitions, look_back=look_back, since=since)
+        task = self._spawn(takeover.run(), "partition-takeover")
         self.taking.add(task)
         task.add_done_callback(self.taking.discard)
 
@@ -191,79 +192,109 @@ class PartitionHolding:
             gcpolicy.release()  # a share handed over gives its memory back (see gcpolicy)
         self._changed()
 
-    async def _take_over(
-        self, partitions: frozenset[int], look_back: bool, since: datetime | None
+
+class _Takeover:
+    """One takeover of ``partitions`` (module doc, **Taken**), read top to bottom in
+    :meth:`run`: wait for the drops under way, then, under the sync lock and until done or the
+    partitions are gone, read the settled slots and register the rows (:meth:`register`), then
+    say so; a failure is retried after ``SETTLED_RETRY_S``."""
+
+    def __init__(
+        self,
+        holding: PartitionHolding,
+        partitions: frozenset[int],
+        *,
+        look_back: bool,
+        since: datetime | None,
     ) -> None:
-        count = self.leases.count
+        self.holding = holding
+        self.partitions = partitions
+        self.look_back = look_back
+        self.since = since
+        self.count = holding.leases.count
+        self.registered = 0  # entries registered by a read of the partitions' rows
+        self.synced = 0  # ... or by a full sync (added, replaced or unchanged)
 
-        def taken(ident: int | str) -> bool:  # asked once per row registered: no set built
-            if not isinstance(ident, int):
-                return False
-            part = partition_of(ident, count)
-            return part in partitions and part in self.mine
-
-        registered = synced = 0  # entries registered (a full sync's: synced, settled by it)
-
-        async def register() -> Sequence[ScheduledEntry] | None:
-            nonlocal registered, synced
-            still = frozenset(partitions & self.mine)
-            if not still:
-                return []
-            if still == self.mine and every_partition(still, count) and not self._synced():
-                # Every partition taken by a manager that held none (a manager alone, at its
-                # start or after the others stopped): its rows are read and registered by a
-                # full sync, the path of a leader's first sync (one streamed read, one pass).
-                report = await self.syncer.sync_held(full=True)
-                if not report.ok:
-                    raise ProviderError(report.error or "the sync failed")
-                synced = report.added + report.replaced + report.unchanged
-                return None  # every entry
-            snapshot = await self.provider.get_partitions(still)
-            entries = await self.reconciler.apply_some(snapshot, self.scheduler.clock.now())
-            registered = len(entries)
-            return entries
-
-        def settle() -> None:
-            # Registered and rebased, the collector still paused: the survivors are frozen
-            # before it runs again (re-enabled first, its next pass walked a million young
-            # objects: ~1 s of a lone manager's 1M start, before "started").
-            settle_after(registered)
-
-        while self.drops:  # a partition lost and taken back: its old entries go first
-            await asyncio.gather(*self.drops, return_exceptions=True)
-        while partitions & self.mine:
+    async def run(self) -> None:
+        holding = self.holding
+        while holding.drops:  # a partition lost and taken back: its old entries go first
+            await asyncio.gather(*holding.drops, return_exceptions=True)
+        while self.partitions & holding.mine:
             try:
-                async with self.syncer.lock:
-                    # As a sync: a million rows read and registered with the collector paused.
-                    with gcpolicy.paused():
-                        done = await self.leading.take_over_some(
-                            register, taken, look_back=look_back, since=since, registered=settle
-                        )
-                    if done:
-                        # The instant a takeover's entries are registered (a fresh partition's
-                        # first slot comes after it), the counterpart of "entries dropped".
-                        how = "never held before"
-                        if look_back:
-                            how = (
-                                "looking back"
-                                if since is None
-                                else f"first held at {since:%H:%M:%S}"
-                            )
-                        log.info(
-                            "partitions %s: %d entries registered (%s)",
-                            sorted(partitions)[:8],
-                            registered or synced,
-                            how,
-                        )
-                        self._changed()
-                        return
+                if await self._attempt():
+                    self._done()
+                    return
                 # Leading ended during the read: the partitions still held are taken again.
             except Exception as exc:
                 reraise_if_cancelled(exc)
                 log.error(
                     "taking over %d partition(s) failed, retrying: %s: %s",
-                    len(partitions),
+                    len(self.partitions),
                     type(exc).__name__,
                     exc,
                 )
-            await self.scheduler.clock.sleep(SETTLED_RETRY_S)
+            await holding.scheduler.clock.sleep(SETTLED_RETRY_S)
+
+    async def _attempt(self) -> bool:
+        """Read the settled slots and register the rows, as a sync does (under its lock, a
+        million rows read and registered with the collector paused); False when leading ended
+        during the read."""
+        holding = self.holding
+        async with holding.syncer.lock:
+            with gcpolicy.paused():
+                return await holding.leading.take_over_some(
+                    self.register,
+                    self.taken,
+                    look_back=self.look_back,
+                    since=self.since,
+                    registered=self.settle,
+                )
+
+    def taken(self, ident: int | str) -> bool:
+        """Whether ``ident`` is a row of these partitions still held (asked once per row
+        registered: no set built)."""
+        if not isinstance(ident, int):
+            return False
+        part = partition_of(ident, self.count)
+        return part in self.partitions and part in self.holding.mine
+
+    async def register(self) -> Sequence[ScheduledEntry] | None:
+        """Read and register the rows of the partitions still held: the entries registered,
+        or None when a full sync registered every row held."""
+        holding = self.holding
+        still = frozenset(self.partitions & holding.mine)
+        if not still:
+            return []
+        if still == holding.mine and every_partition(still, self.count) and not holding._synced():
+            # Every partition taken by a manager that held none (a manager alone, at its
+            # start or after the others stopped): its rows are read and registered by a
+            # full sync, the path of a leader's first sync (one streamed read, one pass).
+            report = await holding.syncer.sync_held(full=True)
+            if not report.ok:
+                raise ProviderError(report.error or "the sync failed")
+            self.synced = report.added + report.replaced + report.unchanged
+            return None  # every entry
+        snapshot = await holding.provider.get_partitions(still)
+        entries = await holding.reconciler.apply_some(snapshot, holding.scheduler.clock.now())
+        self.registered = len(entries)
+        return entries
+
+    def settle(self) -> None:
+        # Registered and rebased, the collector still paused: the survivors are frozen
+        # before it runs again (re-enabled first, its next pass walked a million young
+        # objects: ~1 s of a lone manager's 1M start, before "started").
+        settle_after(self.registered)
+
+    def _done(self) -> None:
+        """The instant a takeover's entries are registered (a fresh partition's first slot
+        comes after it), the counterpart of "entries dropped"."""
+        how = "never held before"
+        if self.look_back:
+            how = "looking back" if self.since is None else f"first held at {self.since:%H:%M:%S}"
+        log.info(
+            "partitions %s: %d entries registered (%s)",
+            sorted(self.partitions)[:8],
+            self.registered or self.synced,
+            how,
+        )
+        self.holding._changed()

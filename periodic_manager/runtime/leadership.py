@@ -1,9 +1,10 @@
 """Leadership: at most one manager schedules at a time; the others wait as hot standbys.
 
-:class:`PostgresLeadership` holds a session-level advisory lock on a dedicated connection (never a
-pooled one: the lock belongs to the session); :class:`MysqlLeadership` holds a named lock
-(``GET_LOCK``, session-level too) of MariaDB/MySQL the same way. Both share one loop
-(:class:`SessionLockLeadership`). Standbys try to take the lock every
+:class:`LockLeadership` holds the database's leader lock on a dedicated connection (never a
+pooled one: the lock belongs to the session): a session-level advisory lock on PostgreSQL, a
+named lock (``GET_LOCK``, session-level too) on MariaDB/MySQL
+(:meth:`Database.leader_lock <periodic_manager.db.dialects.Database.leader_lock>`); the loop is
+:class:`SessionLockLeadership`'s. Standbys try to take the lock every
 ``poll_interval``; the leader proves it still holds it with a round trip every ``poll_interval``.
 
 Bounds (defaults: poll 1 s, timeout 3 s):
@@ -23,26 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import Callable
-from typing import Any
-
-from sqlalchemy.engine import make_url
+from typing import Any, TypedDict, Unpack
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock
+from periodic_manager.db.dialects import LEADER_LOCK_NAME, database_of
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
-
-
-LEADER_LOCK_NAME = "periodic_manager:leader"  # the lock of PM_COORDINATION=leader on PostgreSQL
-
-
-def lock_key(name: str) -> int:
-    """A signed 64-bit advisory-lock key derived from ``name``."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
 class AlwaysLeader:
@@ -145,11 +136,7 @@ class SessionLockLeadership(AlwaysLeader):
         await self._set(False)
         await cancel_loop(self._task, self.timeout + self.poll_interval)
         self._task = None
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                # Closing the session releases the lock; a standby takes over at its next try.
-                await asyncio.wait_for(self._close(), self.poll_interval)
-            self._drop_connection()
+        await self._end_session()
 
     async def _loop(self) -> None:
         while True:
@@ -217,6 +204,11 @@ class SessionLockLeadership(AlwaysLeader):
         if self.is_leader:
             log.error("stepping down: this manager's targets do not answer (a standby takes over)")
             await self._set(False)
+        await self._end_session()
+
+    async def _end_session(self) -> None:
+        """Close the session politely, bounded (closing it releases the lock: a standby takes
+        over at its next try), then drop it whatever happened."""
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._close(), self.poll_interval)
@@ -229,106 +221,34 @@ class SessionLockLeadership(AlwaysLeader):
             self._conn = None
 
 
-class PostgresLeadership(SessionLockLeadership):
-    """Leader election with ``pg_try_advisory_lock`` on a dedicated asyncpg connection."""
+class LoopTimes(TypedDict, total=False):
+    """The loop's settings (:class:`SessionLockLeadership`): its clock and bounds."""
+
+    clock: Clock | None
+    poll_interval: float
+    timeout: float
+
+
+class LockLeadership(SessionLockLeadership):
+    """Leader election with the leader lock ``name`` of the database ``url`` names."""
 
     def __init__(
-        self,
-        dsn: str,
-        *,
-        name: str = LEADER_LOCK_NAME,
-        clock: Clock | None = None,
-        poll_interval: float = 1.0,
-        timeout: float = 3.0,
+        self, url: str, *, name: str = LEADER_LOCK_NAME, **loop: Unpack[LoopTimes]
     ) -> None:
-        super().__init__(clock=clock, poll_interval=poll_interval, timeout=timeout)
-        self.dsn = dsn.replace("postgresql+asyncpg://", "postgresql://")
-        self.key = lock_key(name)
+        super().__init__(**loop)
+        self.lock = database_of(url).leader_lock(url, name=name, timeout=self.timeout)
 
     async def _connect(self) -> Any:
-        from periodic_manager.db.engine import pg_connect
-
-        ms = int(self.timeout * 1000)
-        return await pg_connect(
-            self.dsn,
-            timeout=self.timeout,
-            server_settings={
-                "application_name": "periodic_manager leader",
-                # The server ends our session (and frees the lock) when we go silent.
-                "idle_session_timeout": str(ms),
-                "tcp_keepalives_idle": str(max(1, int(self.timeout / 3))),
-                "tcp_keepalives_interval": "1",
-                "tcp_keepalives_count": "2",
-            },
-        )
+        return await self.lock.connect()
 
     async def _try_lock(self) -> bool:
-        return bool(await self._conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", self.key))
+        return await self.lock.try_lock(self._conn)
 
     async def _prove(self) -> None:
-        await self._conn.fetchval("SELECT 1")
+        await self.lock.prove(self._conn)
 
     async def _close(self) -> None:
-        await self._conn.close()
+        await self.lock.close(self._conn)
 
     def _terminate(self) -> None:
-        self._conn.terminate()
-
-
-class MysqlLeadership(SessionLockLeadership):
-    """Leader election with ``GET_LOCK`` (a named lock of the session) on a dedicated asyncmy
-    connection to MariaDB/MySQL. Named locks belong to the server, not to a database: the lock's
-    name is derived from the database's name and ``name``, so deployments on other databases of
-    the same server do not share it."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        name: str = LEADER_LOCK_NAME,
-        clock: Clock | None = None,
-        poll_interval: float = 1.0,
-        timeout: float = 3.0,
-    ) -> None:
-        super().__init__(clock=clock, poll_interval=poll_interval, timeout=timeout)
-        self.url = make_url(url)
-        database = self.url.database or ""
-        # At most 64 characters (the servers' limit on a lock name).
-        self.lock_name = "pm:" + hashlib.sha256(f"{database}/{name}".encode()).hexdigest()[:40]
-
-    async def _connect(self) -> Any:
-        import asyncmy
-
-        u = self.url
-        # The server ends our session (and frees the lock) once we are silent this long.
-        wait = max(1, int(self.timeout))
-        return await asyncmy.connect(
-            host=u.host or "127.0.0.1",
-            port=u.port or 3306,
-            user=u.username or "",
-            password=u.password or "",
-            database=u.database,
-            connect_timeout=self.timeout,
-            autocommit=True,
-            init_command=f"SET SESSION wait_timeout = {wait}",
-        )
-
-    async def _fetch(self, sql: str, *args: Any) -> Any:
-        async with self._conn.cursor() as cur:
-            await cur.execute(sql, args)
-            row = await cur.fetchone()
-        return None if row is None else row[0]
-
-    async def _try_lock(self) -> bool:
-        return await self._fetch("SELECT GET_LOCK(%s, 0)", self.lock_name) == 1
-
-    async def _prove(self) -> None:
-        # Stronger than a round trip: the lock is this session's.
-        if await self._fetch("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", self.lock_name) != 1:
-            raise RuntimeError("the named lock is no longer this session's")
-
-    async def _close(self) -> None:
-        await self._conn.ensure_closed()
-
-    def _terminate(self) -> None:
-        self._conn.close()
+        self.lock.terminate(self._conn)

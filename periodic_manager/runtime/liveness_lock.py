@@ -10,11 +10,11 @@ So every manager takes, on its lease connection, a session-level advisory lock k
 member id (``hashtextextended(member, SEED)``, computed by the server from the same text the
 leases name as holder), and each lease round writes, in ``pm_partition_members.liveness_lock``,
 whether that round's own session holds it (read from ``pg_locks`` by the statement, never
-assumed). A member that said so and whose lock no session holds is dead (:data:`ORPHANS`): the
+assumed). A member that said so and whose lock no session holds is dead (``ORPHANS``): the
 round's fair share does not count it, and its leases are free to take at once, judged by the
 database in the TAKE statement itself. A member that never said so (a manager of an older
 version, or one whose lock a lingering session of its own still held when it reconnected) keeps
-the TTL as its only bound.
+the TTL as its only bound. The statements are :mod:`periodic_manager.db.leases`.
 
 The others notice within :data:`POLL_S`: no notification can come from a dead process, so
 :meth:`LivenessLock.watch` asks the database every :data:`POLL_S` on the lease connection,
@@ -41,54 +41,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from periodic_manager.contracts import Clock
+from periodic_manager.db import leases
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 
 log = logging.getLogger(__name__)
 
-# Any fixed value; the server derives each member's 64-bit key from its id with it.
-SEED = 0x706D6C6976  # "pmliv"
 POLL_S = 0.5  # how often a manager asks which leases of other holders are orphaned
-
-
-def key_sql(member: str) -> str:
-    """SQL: the liveness lock's bigint key of the member id that ``member`` (SQL) evaluates to."""
-    return f"hashtextextended({member}, {SEED})"
-
-
-def _granted(key: str) -> str:
-    # A session-level advisory lock on one bigint shows in pg_locks as classid (high 32 bits),
-    # objid (low 32 bits) and objsubid 1, in the database it was taken in.
-    return (
-        "SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        f" AND l.classid::bigint = ({key} >> 32) & 4294967295"
-        f" AND l.objid::bigint = {key} & 4294967295"
-    )
-
-
-# The members that said they hold their liveness lock and whose lock no session holds: dead.
-ORPHANS = (
-    "SELECT o.member FROM pm_partition_members o WHERE o.liveness_lock"
-    f" AND NOT EXISTS ({_granted(key_sql('o.member'))})"
-)
-
-
-def holds_own(member: str) -> str:
-    """SQL: whether the statement's own session holds the liveness lock of ``member`` (SQL)."""
-    return f"EXISTS ({_granted(key_sql(member))} AND l.pid = pg_backend_pid())"
-
-
-ACQUIRE = f"SELECT pg_try_advisory_lock({key_sql('$1::text')})"
-# The live leases of other holders that are orphaned (what a round would take at once).
-ORPHANED = f"""SELECT ARRAY(SELECT partition FROM pm_partitions WHERE holder <> $1
-    AND expires_at > now() AND holder IN ({ORPHANS}) ORDER BY partition)"""
-# On a new lease connection whose lock was just taken, by a manager holding nothing: the leases
-# still naming it are ones it dropped (its last connection ended); released, and announced on
-# the channel $2, so that they are taken at once instead of at their expiry.
-RELEASE_STALE = """WITH released AS (UPDATE pm_partitions SET holder = NULL, expires_at = NULL
-    WHERE holder = $1 RETURNING partition) SELECT pg_notify($2, $1) FROM released LIMIT 1"""
-SET_KEEPALIVES = """SELECT count(set_config(s.name, s.value, false))
-    FROM unnest($1::text[], $2::text[]) AS s(name, value) JOIN pg_settings p ON p.name = s.name"""
 
 
 def server_keepalives(ttl: float) -> dict[str, str]:
@@ -122,18 +80,18 @@ class LivenessLock:
         self.held = False
         settings = server_keepalives(self.ttl)
         try:
-            await conn.fetchval(SET_KEEPALIVES, list(settings), list(settings.values()))
+            await leases.set_keepalives(conn, settings)
         except Exception as exc:  # noqa: BLE001 - later, never sooner: still safe
             reraise_if_cancelled(exc)
             log.info("partition leases: server TCP keepalives not set (%s)", exc)
 
-    async def ensure(self, conn: Any, *, holding: bool, freed: str) -> None:
+    async def ensure(self, conn: Any, *, holding: bool) -> None:
         """Take the lock on ``conn`` if it is not held yet (a round trip only then). Taken by a
-        manager ``holding`` nothing: the leases still naming it are released (on ``freed``)."""
+        manager ``holding`` nothing: the leases still naming it are released (and announced)."""
         if self.held or not self.supported:
             return
         try:
-            self.held = bool(await conn.fetchval(ACQUIRE, self.member))
+            self.held = await leases.try_liveness_lock(conn, self.member)
         except Exception as exc:  # noqa: BLE001 - e.g. no advisory locks: the TTL alone
             reraise_if_cancelled(exc)
             self.supported = False
@@ -150,7 +108,7 @@ class LivenessLock:
             )
             return
         if not holding:
-            await conn.execute(RELEASE_STALE, self.member, freed)
+            await leases.release_stale(conn, self.member)
 
     def lost(self) -> bool:
         """The lease connection ended: whether it held the lock (then the others may take this
@@ -160,7 +118,7 @@ class LivenessLock:
 
     async def orphaned(self, conn: Any) -> list[int]:
         """The live leases of other holders whose liveness lock is free."""
-        return list(await conn.fetchval(ORPHANED, self.member) or [])
+        return await leases.orphaned(conn, self.member)
 
     async def watch(
         self,

@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from periodic_manager.clock import SystemClock
-from periodic_manager.contracts import Clock, SignalCallback
-from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
+from periodic_manager.contracts import Clock
+from periodic_manager.runtime.tasks import SignalLoop, reraise_if_cancelled
 
 if TYPE_CHECKING:
     from periodic_manager.db.changes import Watermark
@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class RevisionPoller:
+class RevisionPoller(SignalLoop):
     """A :class:`~periodic_manager.contracts.ChangeSignal` calling ``on_change(None)`` whenever the
     watermark of ``periodic_jobs`` (``read()``) moved since the last poll."""
+
+    name = "poller"
 
     def __init__(
         self,
@@ -43,30 +45,13 @@ class RevisionPoller:
     ) -> None:
         if interval <= 0:
             raise ValueError("poll interval must be > 0")
+        super().__init__(timeout)
         self.read = read
         self.interval = interval
         # Polls wait for the database's changes, not for a slot: real time even under a virtual
         # scheduler clock (as the PostgreSQL listener's reconnects).
         self.clock: Clock = clock or SystemClock()
-        self.timeout = timeout
-        self.on_change: SignalCallback = lambda _partitions: None
         self.polls = 0  # polls that answered
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def task(self) -> asyncio.Task[None] | None:
-        """The background loop (the manager supervises it: its death is the manager's failure)."""
-        return self._task
-
-    async def start(self, on_change: SignalCallback) -> None:
-        """Start polling in the background (returns at once)."""
-        self.on_change = on_change
-        self._task = asyncio.ensure_future(self._run())
-        self._task.set_name("periodic-manager-poller")
-
-    async def stop(self) -> None:
-        await cancel_loop(self._task, self.timeout)
-        self._task = None
 
     async def poll(self) -> Watermark:
         """The watermark now (one indexed query)."""

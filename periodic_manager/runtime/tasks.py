@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from periodic_manager.contracts import SignalCallback
+
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
@@ -43,6 +45,37 @@ async def cancel_loop(task: asyncio.Task[Any] | None, wait_s: float) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, TimeoutError):
         await asyncio.wait_for(task, wait_s)
+
+
+class SignalLoop:
+    """A :class:`~periodic_manager.contracts.ChangeSignal` whose loop (:meth:`_run`) runs as a
+    task of its own, named ``periodic-manager-<name>``, calling :attr:`on_change`; stopped
+    within ``timeout``."""
+
+    name = "signal"
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.on_change: SignalCallback = lambda _partitions: None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The background loop (the manager supervises it: its death is the manager's failure)."""
+        return self._task
+
+    async def start(self, on_change: SignalCallback) -> None:
+        """Start the loop in the background (returns at once)."""
+        self.on_change = on_change
+        self._task = asyncio.ensure_future(self._run())
+        self._task.set_name(f"periodic-manager-{self.name}")
+
+    async def stop(self) -> None:
+        await cancel_loop(self._task, self.timeout)
+        self._task = None
+
+    async def _run(self) -> None:
+        raise NotImplementedError
 
 
 class Supervisor:

@@ -299,7 +299,7 @@ async def test_the_listener_probes_its_connection_once_a_minute_and_notices_a_lo
     termination callback) with no probe at all: the listener reconnects and asks for a sync."""
     import socket
 
-    from periodic_manager.runtime.notify import KEEPALIVE
+    from periodic_manager.db.dialects.postgresql import KEEPALIVE
 
     await upgrade(pg_url)
     clock = VirtualClock(datetime(2024, 5, 1, 12, tzinfo=UTC))

@@ -13,7 +13,7 @@ import pytest
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import EntryRecord
-from periodic_manager.db.engine import pg_connect
+from periodic_manager.db.dialects.postgresql import pg_connect
 from periodic_manager.runtime.leadership import SessionLockLeadership
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore

@@ -14,7 +14,7 @@ import pytest
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.runtime.clock_offset import ClockOffset, ClockWatch, DatabaseTime
-from periodic_manager.runtime.leadership import PostgresLeadership
+from periodic_manager.runtime.leadership import LockLeadership
 from periodic_manager.runtime.partitions import PartitionLeases
 from tests.support.faults import dsn
 
@@ -182,8 +182,8 @@ async def test_a_leader_whose_clock_is_off_steps_down_before_the_next_send(pg_ur
     clock = VirtualClock(T0)
     db = Database(clock)
     offset = ClockOffset(clock, limit=7.5, read=db.now)
-    a = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
-    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    a = LockLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    b = LockLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     a.may_lead = lambda: offset.agrees
     watch = ClockWatch(offset)
     watch.step_down = a.step_down

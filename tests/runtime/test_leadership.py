@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from periodic_manager.clock import VirtualClock
-from periodic_manager.runtime.leadership import MysqlLeadership, PostgresLeadership
+from periodic_manager.runtime.leadership import LockLeadership
 from tests.support import rawsql
 from tests.support.faults import dsn
 from tests.support.polling import eventually
@@ -41,9 +41,9 @@ async def polls_until(clock: VirtualClock, check: object, polls: int = 50) -> No
 @pytest.fixture
 async def pair(
     pg_url: str, clock: VirtualClock
-) -> AsyncIterator[tuple[PostgresLeadership, PostgresLeadership]]:
-    a = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
-    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+) -> AsyncIterator[tuple[LockLeadership, LockLeadership]]:
+    a = LockLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    b = LockLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     try:
         yield a, b
     finally:
@@ -90,8 +90,8 @@ async def test_cut_off_leader_stops_and_the_standby_takes_over(
 ) -> None:
     url, proxy = proxied
     url = dsn(url)
-    a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
-    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    a = LockLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
+    b = LockLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     try:
         await a.start(lambda _v: None)
         await b.start(lambda _v: None)
@@ -109,8 +109,8 @@ async def test_half_open_leader_steps_down_before_the_server_frees_the_lock(
 ) -> None:
     url, proxy = proxied
     url = dsn(url)
-    a = PostgresLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)
-    b = PostgresLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
+    a = LockLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)
+    b = LockLeadership(dsn(pg_url), clock=clock, poll_interval=1.0, timeout=3.0)
     events: list[str] = []
     try:
         await a.start(lambda v: events.append(f"a:{v}"))
@@ -156,13 +156,13 @@ async def mysql_proxied(mariadb_url: str) -> AsyncIterator[tuple[str, TcpProxy]]
 async def test_mysql_one_leader_a_standby_that_takes_over_and_a_killed_session(
     mariadb_url: str, clock: VirtualClock
 ) -> None:
-    a = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
-    b = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+    a = LockLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+    b = LockLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
     elsewhere = (
         make_url(mariadb_url).set(database="another_db").render_as_string(hide_password=False)
     )
-    other = MysqlLeadership(elsewhere, clock=clock)  # named locks are the server's: not shared
-    assert other.lock_name != a.lock_name and len(a.lock_name) <= 64
+    other = LockLeadership(elsewhere, clock=clock)  # named locks are the server's: not shared
+    assert other.lock.name != a.lock.name and len(a.lock.name) <= 64
     changes: list[tuple[str, bool]] = []
     try:
         await a.start(lambda v: changes.append(("a", v)))
@@ -174,7 +174,7 @@ async def test_mysql_one_leader_a_standby_that_takes_over_and_a_killed_session(
         await polls_until(clock, lambda: b.is_leader)
         assert changes == [("a", True), ("a", False), ("b", True)]
         # The leader's session is killed: it steps down, and a new standby takes over.
-        c = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+        c = LockLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
         await c.start(lambda v: changes.append(("c", v)))
         assert not c.is_leader
         await rawsql.execute(mariadb_url, f"KILL {b._conn.thread_id()}")
@@ -189,8 +189,8 @@ async def test_mysql_half_open_leader_steps_down_before_the_server_frees_the_loc
     mysql_proxied: tuple[str, TcpProxy], mariadb_url: str, clock: VirtualClock
 ) -> None:
     url, proxy = mysql_proxied
-    a = MysqlLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
-    b = MysqlLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
+    a = LockLeadership(url, clock=clock, poll_interval=1.0, timeout=3.0)  # through the proxy
+    b = LockLeadership(mariadb_url, clock=clock, poll_interval=1.0, timeout=3.0)
     events: list[str] = []
     try:
         await a.start(lambda v: events.append(f"a:{v}"))

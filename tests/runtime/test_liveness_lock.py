@@ -16,8 +16,9 @@ import asyncpg
 import pytest
 
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db.leases import ORPHANS, SEED
 from periodic_manager.db.migrate import upgrade
-from periodic_manager.runtime.liveness_lock import ORPHANS, POLL_S, SEED
+from periodic_manager.runtime.liveness_lock import POLL_S
 from periodic_manager.runtime.partitions import PartitionLeases
 from tests.runtime.test_partitions import Recorder
 from tests.support.faults import dsn

@@ -16,23 +16,15 @@ from sqlalchemy import BigInteger, literal, select
 
 from periodic_manager.clock import VirtualClock, next_tick
 from periodic_manager.contracts import PartitionLeadership
+from periodic_manager.db.dialects import LEADER_LOCK_NAME, lock_key
 from periodic_manager.db.engine import create_engine
+from periodic_manager.db.leases import FREED
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.partitions import partition_count, partition_sql
 from periodic_manager.runtime.assemble import build_leadership
-from periodic_manager.runtime.leadership import (
-    LEADER_LOCK_NAME,
-    AlwaysLeader,
-    MysqlLeadership,
-    PostgresLeadership,
-    lock_key,
-)
-from periodic_manager.runtime.partitions import (
-    FREED,
-    FREED_ROUNDS_PER_INTERVAL,
-    PartitionLeases,
-    fair_share,
-)
+from periodic_manager.runtime.leadership import AlwaysLeader, LockLeadership
+from periodic_manager.runtime.lease_round import fair_share
+from periodic_manager.runtime.partitions import FREED_ROUNDS_PER_INTERVAL, PartitionLeases
 from periodic_manager.schedules.partition import check_count, partition_of, ranges_text
 from periodic_manager.settings import Settings
 from tests.support.faults import dsn
@@ -676,10 +668,10 @@ async def test_no_partition_is_taken_while_a_leader_mode_manager_leads(
     ("url", "env", "mode", "kind"),
     [
         ("postgresql://u@h/db", {}, "partitions", PartitionLeases),
-        ("postgresql://u@h/db", {"coordination": "leader"}, "leader", PostgresLeadership),
-        ("postgresql://u@h/db", {"leader_election": True}, "leader", PostgresLeadership),
+        ("postgresql://u@h/db", {"coordination": "leader"}, "leader", LockLeadership),
+        ("postgresql://u@h/db", {"leader_election": True}, "leader", LockLeadership),
         ("postgresql://u@h/db", {"leader_election": False}, "leader", AlwaysLeader),
-        ("mysql+asyncmy://u@h/db", {}, "leader", MysqlLeadership),
+        ("mysql+asyncmy://u@h/db", {}, "leader", LockLeadership),
         ("sqlite:///x.db", {}, "leader", AlwaysLeader),
         ("sqlite:///x.db", {"coordination": "partitions"}, "leader", AlwaysLeader),
     ],

@@ -17,13 +17,14 @@ from sqlalchemy import event
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
+from periodic_manager.db.leases import ROUND, ROUND_BEAT
 from periodic_manager.db.managers import BEAT_PG
 from periodic_manager.db.migrate import upgrade
 from periodic_manager.db.provider import DatabaseProvider
 from periodic_manager.db.store import DatabaseRuntimeStore
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.runtime.manager import PeriodicTaskManager
-from periodic_manager.runtime.partitions import ROUND, ROUND_BEAT, PartitionLeases
+from periodic_manager.runtime.partitions import PartitionLeases
 from periodic_manager.settings import Settings
 from tests.support.faults import dsn, insert_schedules
 
