@@ -36,10 +36,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
     "--database-url": ("database_url", "database URL (PM_DATABASE_URL)"),
     "--redis-url": ("redis_url", "Redis URL (PM_REDIS_URL)"),
-    "--target": (
-        "target",
-        "default target: redis, outbox, celery, arq, rq, dramatiq or procrastinate (PM_TARGET)",
-    ),
+    "--target": ("target", "default target: the name of an installed target (PM_TARGET)"),
     "--sync-interval": ("sync_interval", "seconds between syncs (PM_SYNC_INTERVAL)"),
     "--grace": ("grace", "seconds a slot may be late (PM_GRACE)"),
     "--host": ("host", "API bind address (PM_HOST)"),
@@ -181,7 +178,7 @@ def load_settings(args: argparse.Namespace) -> Settings:
         where = f"{flag} / PM_{field.upper()}" if flag else f"PM_{field.upper()}"
         got = err.get("input")
         if isinstance(got, str) and field.endswith("_url"):
-            from periodic_manager.runtime.startup import redact_url
+            from periodic_manager.urls import redact_url
 
             got = redact_url(got)  # a rejected URL may still carry a real password
         raise UsageError(f"{where}: {err['msg']} (got {got!r})") from None
@@ -249,7 +246,9 @@ def _health(args: argparse.Namespace) -> int:
 
 def _migrate(settings: Settings) -> int:
     from periodic_manager.db.migrate import head_revision, upgrade_sync
-    from periodic_manager.runtime.startup import StartupError, check_database, explain, redact_url
+    from periodic_manager.runtime.causes import explain
+    from periodic_manager.runtime.startup import CONNECT_TIMEOUT_S, StartupError, check_database
+    from periodic_manager.urls import redact_url
 
     where = f"database {redact_url(settings.database_url)}"
     asyncio.run(check_database(settings.database_url, must_exist=False))  # reachable at all?
@@ -257,7 +256,7 @@ def _migrate(settings: Settings) -> int:
         applied = upgrade_sync(settings.database_url)
     except Exception as exc:
         log.debug("migration failed", exc_info=exc)
-        raise StartupError(f"{where}: migration failed: {explain(exc)}") from exc
+        raise StartupError(f"{where}: migration failed: {explain(exc, CONNECT_TIMEOUT_S)}") from exc
     for step in applied:
         log.info("applied %s", step)
     if applied:
@@ -268,7 +267,8 @@ def _migrate(settings: Settings) -> int:
 
 
 def _log_start(role: str, settings: Settings, revision: str | None, extra: str = "") -> None:
-    from periodic_manager.runtime.startup import describe_targets, redact_url
+    from periodic_manager.runtime.startup import describe_targets
+    from periodic_manager.urls import redact_url
 
     targets = describe_targets(settings)
     log.info(

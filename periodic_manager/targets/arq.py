@@ -41,8 +41,8 @@ from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
-from periodic_manager.targets import extras
 from periodic_manager.targets.base import split_payload
+from periodic_manager.targets.builtin.arq import ARQ
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.errors import redis_errors
@@ -115,7 +115,7 @@ def result_success(raw: bytes) -> bool | None:
 
 
 def _import_arq() -> Any:
-    return extras.load("arq", "arq.connections")
+    return ARQ.load("arq.connections")
 
 
 def arq_call(task: Task, now: datetime) -> tuple[list[Any], dict[str, Any]]:

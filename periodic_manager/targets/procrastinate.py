@@ -55,11 +55,11 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
+from periodic_manager.targets.builtin.procrastinate import POSTGRESQL_ONLY
 from periodic_manager.targets.task_rules import TaskProblem
 
 NAME_MAX = 128  # procrastinate_jobs.queue_name and task_name: character varying(128)
 PRUNE_ROWS = 1000  # expired keys deleted per batch sent
-POSTGRESQL_ONLY = "the procrastinate target needs PostgreSQL (procrastinate is PostgreSQL only)"
 
 _COLUMNS = ("key", "queue", "task", "args", "expires", "name", "task_id")
 _SEND = text(

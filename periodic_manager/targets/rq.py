@@ -49,8 +49,8 @@ from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
-from periodic_manager.targets import extras
 from periodic_manager.targets.base import split_payload
+from periodic_manager.targets.builtin.rq import RQ
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.errors import redis_errors
@@ -80,7 +80,7 @@ def _outcome(status: str | None) -> str:
 
 
 def _import_rq() -> Any:
-    return extras.load("rq", "rq.job")
+    return RQ.load("rq.job")
 
 
 def rq_meta(task: Task) -> dict[str, str]:

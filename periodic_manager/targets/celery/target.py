@@ -33,6 +33,7 @@ from periodic_manager.errors import TargetError
 from periodic_manager.schedules.definition import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_refused
+from periodic_manager.targets.builtin.celery import CELERY_NO_BACKEND, no_signal
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery.direct import DirectWay
 from periodic_manager.targets.celery.kombu import CeleryOutlet
@@ -398,17 +399,13 @@ class CeleryTarget:
 
     def failure_off(self, options: Mapping[str, Any]) -> str | None:
         """The result backend tells a failed task (FAILURE); without one Celery cannot tell."""
-        return (
-            completion.celery_failure(self.results is not None)
-            if completion.fails(options)
-            else None
-        )
+        return no_signal(self.results is not None) if completion.fails(options) else None
 
     async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
         """Each task's outcome from the result backend (:func:`results.outcome_of`); raises
         TargetError without one, or when it cannot be read."""
         if self.results is None:
-            raise TargetError(f"celery: {completion.CELERY_NO_BACKEND}")
+            raise TargetError(f"celery: {CELERY_NO_BACKEND}")
         try:
             statuses = await self.results.statuses(task_ids)
         except Exception as exc:  # noqa: BLE001 - the backend's own errors
@@ -420,7 +417,7 @@ class CeleryTarget:
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A task is finished once the result backend holds a ready state for it: that needs the
         backend (:mod:`~periodic_manager.targets.celery.results`)."""
-        return completion.celery(self.results is not None) if completion.asks(options) else None
+        return no_signal(self.results is not None) if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis and the broker the messages go to answer, each within
