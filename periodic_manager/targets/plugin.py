@@ -36,9 +36,9 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from periodic_manager.errors import TargetError
 
@@ -93,9 +93,12 @@ class Refusal:
 
 
 def none_if_blank(value: object) -> object:
-    """A blank string as None (an empty ``PM_*`` variable is an unset one), anything else as is:
-    for ``mode="before"`` validators of optional settings."""
+    """A blank string as None (an empty ``PM_*`` variable is an unset one), anything else as is."""
     return None if isinstance(value, str) and not value.strip() else value
+
+
+# An optional text setting: an empty variable is an unset one.
+OptionalText = Annotated[str | None, BeforeValidator(none_if_blank)]
 
 
 def can_tell(settings: object) -> None:

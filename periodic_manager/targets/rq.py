@@ -50,7 +50,7 @@ from typing import Any
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import split_payload
-from periodic_manager.targets.builtin.rq import RQ
+from periodic_manager.targets.builtin.redis_queues import RQ
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.errors import redis_errors

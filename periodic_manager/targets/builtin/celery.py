@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator
 
 from periodic_manager.targets.builtin.redis import RedisConnection, single_redis
-from periodic_manager.targets.plugin import Library, TargetPlugin, none_if_blank
+from periodic_manager.targets.plugin import Library, OptionalText, TargetPlugin, none_if_blank
 from periodic_manager.urls import redact_url
 
 if TYPE_CHECKING:
@@ -27,29 +27,24 @@ CELERY_NO_BACKEND = (
 class CelerySettings(RedisConnection):
     """The settings of the ``celery`` target."""
 
-    celery_broker_url: str | None = Field(
-        None, description="Celery broker URL (default: the app's broker_url, else redis_url)"
-    )
     celery_app: str | None = Field(
         None,
         description="your Celery app, 'package.module:app': its broker, queues and routes are honoured",
     )
-    celery_publish_timeout: float = Field(
-        5.0, gt=0, description="seconds one publish to the Celery broker may take"
+    celery_broker_url: str | None = Field(
+        None, description="Celery broker URL (default: the app's broker_url, else redis_url)"
     )
     celery_fast_path: bool = Field(
         True, description="write Celery messages to a Redis broker directly (false: always kombu)"
     )
-    celery_result_backend: str | None = Field(
+    celery_result_backend: OptionalText = Field(
         None,
         description="result backend the celery target reads to tell that a task finished "
         "(options.overlap skip/hold); default: your app's result_backend",
     )
-
-    @field_validator("celery_result_backend", mode="before")
-    @classmethod
-    def _blank(cls, v: object) -> object:
-        return none_if_blank(v)
+    celery_publish_timeout: float = Field(
+        5.0, gt=0, description="seconds one publish to the Celery broker may take"
+    )
 
     @field_validator("celery_app", mode="before")
     @classmethod

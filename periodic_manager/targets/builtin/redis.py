@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
-from periodic_manager.targets.plugin import Library, Refusal, TargetPlugin, none_if_blank
+from periodic_manager.targets.plugin import OptionalText, Refusal, TargetPlugin
 from periodic_manager.urls import redact_url
 
 if TYPE_CHECKING:
@@ -54,16 +53,11 @@ class RedisStreamsSettings(RedisConnection):
     """The settings of the ``redis`` target."""
 
     redis_maxlen: int | None = Field(None, gt=0, description="approximate MAXLEN per stream")
-    redis_group: str | None = Field(
+    redis_group: OptionalText = Field(
         None,
         description="consumer group your Redis Streams workers read with (consume_redis.py --group): "
         "how the redis target tells that a task finished (options.overlap skip/hold)",
     )
-
-    @field_validator("redis_group", mode="before")
-    @classmethod
-    def _blank(cls, v: object) -> object:
-        return none_if_blank(v)
 
 
 def no_completion(group: str | None) -> str | None:
@@ -100,43 +94,3 @@ PLUGIN: TargetPlugin[RedisStreamsSettings] = TargetPlugin(
     completion=lambda settings: no_completion(settings.redis_group),
     failure=lambda settings: REDIS_NO_FAILURE,
 )
-
-
-def own_url_plugin(
-    name: str,
-    model: type[RedisConnection],
-    url_field: str,
-    target: str,
-    *,
-    library: Library,
-    task_problem: str,
-) -> TargetPlugin[RedisConnection]:
-    """The plugin of a Redis queue library's target (arq, RQ) on its own Redis URL setting
-    (``url_field``, default ``redis_url``): ``target`` names its class, ``"module:Class"``, whose
-    ``from_url(url, prefix=...)`` builds it."""
-
-    def url(settings: RedisConnection) -> str:
-        own: str | None = getattr(settings, url_field)
-        return own or settings.redis_url
-
-    def build(settings: RedisConnection, engine: AsyncEngine) -> Target:
-        module, _, attribute = target.partition(":")
-        made: Target = getattr(importlib.import_module(module), attribute).from_url(
-            url(settings), prefix=settings.stream_prefix
-        )
-        return made
-
-    def url_setting(settings: RedisConnection) -> str:
-        own = getattr(settings, url_field) is not None
-        return f"PM_{url_field.upper()}" if own else "PM_REDIS_URL"
-
-    return TargetPlugin(
-        name=name,
-        settings=model,
-        build=build,
-        where=lambda settings: redact_url(url(settings)),
-        url_setting=url_setting,
-        task_problem=task_problem,
-        library=library,
-        refuse=single_redis(name),
-    )
