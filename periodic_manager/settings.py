@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
-from periodic_manager.targets import registry
+from periodic_manager.targets import installed, registry
 from periodic_manager.targets.plugin import none_if_blank
 
 MAX_CATCHUP_RATE = 100_000  # slots per second of a paced catch-up or backfill
@@ -234,8 +234,8 @@ class CoreSettings(BaseSettings):
     @classmethod
     def _installed(cls, v: str | tuple[str, ...]) -> str | tuple[str, ...]:
         for name in (v,) if isinstance(v, str) else v:
-            if name not in registry.names():
-                raise ValueError(registry.unknown(name))
+            if name not in installed.names():
+                raise ValueError(installed.unknown(name))
             library = registry.plugin(name).library
             why = None if library is None else library.missing()
             if why is not None:

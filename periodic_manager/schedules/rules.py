@@ -24,7 +24,7 @@ from periodic_manager.schedules import jitter as slot_jitter
 from periodic_manager.schedules import runs as slot_runs
 from periodic_manager.schedules.bounds import check_instant, parse_instant
 from periodic_manager.schedules.calendars import check_names
-from periodic_manager.targets import registry, task_rules
+from periodic_manager.targets import installed, task_rules
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,199}\Z")
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
@@ -159,8 +159,8 @@ def _check_extra(v: Any) -> None:
 def _check_target(v: Any) -> None:
     # Any installed target (targets/registry.py); which of them a deployment runs is its
     # settings' business (see validate_target).
-    if not isinstance(v, str) or v not in registry.names():
-        raise ValueError(f"must be one of {', '.join(registry.names())}")
+    if not isinstance(v, str) or v not in installed.names():
+        raise ValueError(f"must be one of {', '.join(installed.names())}")
 
 
 # Known option keys and their checks. Targets read what they need; anything else is rejected so a

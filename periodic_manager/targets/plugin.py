@@ -1,7 +1,7 @@
 """The contract of a target plugin: everything the core needs to know about a target, in one
 object the target declares itself (:class:`TargetPlugin`).
 
-A target is found by name through the entry-point group :data:`GROUP`
+A target is found by name through the entry-point group ``periodic_manager.targets``
 (:mod:`periodic_manager.targets.registry`); the built-in ones are registered the same way in
 ``pyproject.toml`` and declared in :mod:`periodic_manager.targets.builtin`. The module an entry
 point names must be light: the settings load every installed plugin to know their variables, so
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from periodic_manager.contracts import Target
-
-GROUP = "periodic_manager.targets"
 
 S = TypeVar("S")
 

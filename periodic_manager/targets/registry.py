@@ -1,5 +1,6 @@
 """The one registry of targets: the plugins installed under the entry-point group
-:data:`~periodic_manager.targets.plugin.GROUP`, the built-in ones included.
+``periodic_manager.targets`` (:mod:`~periodic_manager.targets.installed`), the built-in ones
+included.
 
 The core asks it by name and never names a target itself. Entry points are read once per
 process (a plugin installed while a process runs is seen by the next one).
@@ -8,12 +9,12 @@ process (a plugin installed while a process runs is seen by the next one).
 from __future__ import annotations
 
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from pydantic import BaseModel
 
-from periodic_manager.targets.plugin import GROUP, TargetPlugin
+from periodic_manager.targets import installed
+from periodic_manager.targets.plugin import TargetPlugin
 
 
 class UnknownTarget(ValueError):
@@ -21,38 +22,19 @@ class UnknownTarget(ValueError):
 
 
 @cache
-def _entry_points() -> dict[str, EntryPoint]:
-    return {point.name: point for point in entry_points(group=GROUP)}
-
-
-def names() -> tuple[str, ...]:
-    """The names of every installed target, sorted."""
-    return tuple(sorted(_entry_points()))
-
-
-def unknown(name: object) -> str:
-    """One line saying ``name`` is no installed target, naming the installed ones."""
-    return f"unknown target {name!r}: the installed targets are {', '.join(names())}"
-
-
-@cache
 def plugin(name: str) -> TargetPlugin[Any]:
     """The plugin registered as ``name`` (:class:`UnknownTarget` if none is)."""
-    point = _entry_points().get(name)
-    if point is None:
-        raise UnknownTarget(unknown(name))
-    found = point.load()
-    if not isinstance(found, TargetPlugin) or found.name != name:
-        raise TypeError(
-            f"entry point {point.value!r} of {GROUP} registers {name!r}: it must name a "
-            f"TargetPlugin whose name is {name!r}"
-        )
+    if name not in installed.names():
+        raise UnknownTarget(installed.unknown(name))
+    found = installed.declared(name)
+    if not isinstance(found, TargetPlugin):
+        raise TypeError(f"the target {name!r} is registered with no TargetPlugin: {found!r}")
     return found
 
 
 def plugins() -> tuple[TargetPlugin[Any], ...]:
     """Every installed plugin, by name."""
-    return tuple(plugin(name) for name in names())
+    return tuple(plugin(name) for name in installed.names())
 
 
 def settings_models() -> tuple[type[BaseModel], ...]:

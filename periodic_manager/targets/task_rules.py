@@ -27,12 +27,11 @@ Where the rules are applied: :func:`periodic_manager.schedules.rules.validate_ta
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from periodic_manager.targets import registry
+from periodic_manager.targets import installed
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +57,7 @@ def rule_of(target: str) -> TaskRule | None:
     path = _declared(target)
     rule: TaskRule | None = None
     if path is not None:
-        module, _, function = path.partition(":")
-        rule = getattr(importlib.import_module(module), function)
+        rule = installed.load(path)
     _loaded[target] = rule
     return rule
 
@@ -70,6 +68,7 @@ def has_rules(targets: Any) -> bool:
 
 
 def _declared(target: str) -> str | None:
-    if target not in registry.names():
+    if target not in installed.names():
         return None
-    return registry.plugin(target).task_problem
+    path: str | None = installed.declared(target).task_problem
+    return path

@@ -28,7 +28,7 @@ from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import TARGET_REFUSES
 from periodic_manager.settings import Settings
-from periodic_manager.targets import registry, task_rules
+from periodic_manager.targets import installed, registry, task_rules
 from periodic_manager.targets.memory import MemoryTarget
 from tests.support import rawsql
 
@@ -100,7 +100,7 @@ def create(settings: Settings, **values: Any) -> PeriodicTaskConfig:
 
 
 def test_every_target_says_which_rules_it_declares_and_where() -> None:
-    declared = {name: registry.plugin(name).task_problem for name in registry.names()}
+    declared = {name: registry.plugin(name).task_problem for name in installed.names()}
     assert {n for n, path in declared.items() if path} == {"arq", "rq", "dramatiq", "procrastinate"}
     for name, path in declared.items():
         rule = task_rules.rule_of(name)

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator
 
 from periodic_manager.targets.builtin.redis import RedisConnection, single_redis
-from periodic_manager.targets.plugin import Library, OptionalText, TargetPlugin, none_if_blank
+from periodic_manager.targets.celery.app import CELERY, REDIS_SCHEMES, load_app
+from periodic_manager.targets.installed import load
+from periodic_manager.targets.plugin import OptionalText, TargetPlugin, none_if_blank
 from periodic_manager.urls import redact_url
 
 if TYPE_CHECKING:
@@ -16,8 +18,6 @@ if TYPE_CHECKING:
 
     from periodic_manager.contracts import Target
 
-CELERY = Library("celery", "celery", "pip install 'periodic-manager[celery]'")
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CELERY_NO_BACKEND = (
     "no result backend: set PM_CELERY_RESULT_BACKEND (or result_backend in your Celery app) to "
     "the one your workers write to"
@@ -51,8 +51,6 @@ class CelerySettings(RedisConnection):
     def _celery_app(cls, v: object) -> object:
         v = none_if_blank(v)
         if isinstance(v, str):
-            from periodic_manager.targets.celery.app import load_app
-
             load_app(v.strip())  # fail at start, naming the setting, not at the first slot
             return v.strip()
         return v
@@ -64,8 +62,6 @@ def broker(settings: CelerySettings) -> str:
     if settings.celery_broker_url is not None:
         return settings.celery_broker_url
     if settings.celery_app is not None:
-        from periodic_manager.targets.celery.app import load_app
-
         found = load_app(settings.celery_app).conf.broker_url
         if isinstance(found, str) and found:
             return found
@@ -79,8 +75,6 @@ def backend(settings: CelerySettings) -> str | None:
         return settings.celery_result_backend
     if settings.celery_app is None:
         return None
-    from periodic_manager.targets.celery.app import load_app
-
     found = load_app(settings.celery_app).conf.result_backend
     if not isinstance(found, str) or found in ("", "disabled"):
         return None
@@ -95,18 +89,16 @@ def no_signal(has_result_backend: bool) -> str | None:
 def _build(settings: CelerySettings, engine: AsyncEngine) -> Target:
     """The app of ``celery_app`` (its settings honoured) or a bare app on ``celery_broker_url`` /
     ``redis_url``; claims beside the messages on a Redis broker, otherwise in ``redis_url``."""
-    from periodic_manager.targets.celery.app import load_app
-    from periodic_manager.targets.celery.target import CeleryTarget
-
+    target = load("periodic_manager.targets.celery.target:CeleryTarget")
     url = broker(settings)
     make = (
         partial(
-            CeleryTarget.from_app,
+            target.from_app,
             load_app(settings.celery_app),
             broker_url=settings.celery_broker_url,
         )
         if settings.celery_app
-        else partial(CeleryTarget.from_url, url)
+        else partial(target.from_url, url)
     )
     return make(
         claims_url=None if url.startswith(REDIS_SCHEMES) else settings.redis_url,

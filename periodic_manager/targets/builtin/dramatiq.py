@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field, field_validator
 
 from periodic_manager.targets.builtin.redis import RedisConnection, single_redis
+from periodic_manager.targets.installed import load
 from periodic_manager.targets.plugin import Library, TargetPlugin
 from periodic_manager.urls import redact_url
 
@@ -58,10 +59,8 @@ def broker(settings: DramatiqSettings) -> str:
 
 
 def _build(settings: DramatiqSettings, engine: AsyncEngine) -> Target:
-    from periodic_manager.targets.dramatiq import DramatiqTarget
-
     url = broker(settings)
-    return DramatiqTarget.from_url(
+    return load("periodic_manager.targets.dramatiq:DramatiqTarget").from_url(
         url,
         claims_url=settings.redis_url if url.startswith(AMQP_SCHEMES) else None,
         prefix=settings.stream_prefix,

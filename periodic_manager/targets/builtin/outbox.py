@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from periodic_manager.targets.installed import load
 from periodic_manager.targets.plugin import ManagerSettings, TargetPlugin
 
 if TYPE_CHECKING:
@@ -17,9 +18,7 @@ OUTBOX_NO_FAILURE = (
 
 
 def _build(settings: ManagerSettings, engine: AsyncEngine) -> Target:
-    from periodic_manager.targets.outbox import OutboxTarget
-
-    return OutboxTarget(engine)
+    return load("periodic_manager.targets.outbox:OutboxTarget")(engine)
 
 
 PLUGIN: TargetPlugin[ManagerSettings] = TargetPlugin(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from periodic_manager.targets.installed import load
 from periodic_manager.targets.plugin import Library, ManagerSettings, Refusal, TargetPlugin
 from periodic_manager.urls import redact_url
 
@@ -19,9 +20,7 @@ POSTGRESQL_ONLY = "the procrastinate target needs PostgreSQL (procrastinate is P
 
 
 def _build(settings: ManagerSettings, engine: AsyncEngine) -> Target:
-    from periodic_manager.targets.procrastinate import ProcrastinateTarget
-
-    return ProcrastinateTarget(engine)
+    return load("periodic_manager.targets.procrastinate:ProcrastinateTarget")(engine)
 
 
 def _refuse(settings: ManagerSettings) -> Refusal | None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from periodic_manager.targets.installed import load
 from periodic_manager.targets.plugin import OptionalText, Refusal, TargetPlugin
 from periodic_manager.urls import redact_url
 
@@ -66,9 +67,7 @@ def no_completion(group: str | None) -> str | None:
 
 
 def _build(settings: RedisStreamsSettings, engine: AsyncEngine) -> Target:
-    from periodic_manager.targets.redis.streams import RedisStreamsTarget
-
-    return RedisStreamsTarget.from_url(
+    return load("periodic_manager.targets.redis.streams:RedisStreamsTarget").from_url(
         settings.redis_url,
         prefix=settings.stream_prefix,
         maxlen=settings.redis_maxlen,

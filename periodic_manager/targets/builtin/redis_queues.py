@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from pydantic import Field, create_model
 
 from periodic_manager.targets.builtin.redis import RedisConnection, single_redis
+from periodic_manager.targets.installed import load
 from periodic_manager.targets.plugin import Library, TargetPlugin
 from periodic_manager.urls import redact_url
 
@@ -40,7 +40,7 @@ def own_url_plugin(library: Library, url_field: str, queues: str) -> TargetPlugi
         return own or settings.redis_url
 
     def build(settings: RedisConnection, engine: AsyncEngine) -> Target:
-        target_class = getattr(importlib.import_module(module), f"{name.capitalize()}Target")
+        target_class = load(f"{module}:{name.capitalize()}Target")
         made: Target = target_class.from_url(url(settings), prefix=settings.stream_prefix)
         return made
 
