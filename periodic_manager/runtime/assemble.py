@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import timedelta
 from functools import partial
 
@@ -78,16 +79,8 @@ def build_manager(
         ),
         leadership=build_leadership(settings, clock, manager_id=manager_id),
         signals=change_signals(settings, engine),
-        timing=Timing(
-            sync_interval=settings.sync_interval,
-            full_sync_interval=settings.full_sync_interval,
-            grace=settings.grace,
-            heartbeat_interval=settings.heartbeat_interval,
-            catchup_window=settings.catchup_window,
-            catchup_rate=settings.catchup_rate,
-            target_ping_interval=settings.target_ping_interval,
-            target_ping_failures=settings.target_ping_failures,
-        ),
+        # Every field of Timing is the setting of the same name.
+        timing=Timing(**{f.name: getattr(settings, f.name) for f in fields(Timing)}),
         manager_id=manager_id,
         close_target=target is None,
         pauser=ManagerPauser(engine, clock.now),

@@ -58,6 +58,7 @@ from periodic_manager.targets.builtin.dramatiq import (
 from periodic_manager.targets.publisher import ThreadPublisher
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.job_target import bounded_pool
 from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.pending import PendingWay
 from periodic_manager.targets.redis.previous import Decided
@@ -251,13 +252,7 @@ class DramatiqTarget:
             if claims_url is None:
                 raise ValueError("a RabbitMQ broker needs claims_url (a Redis URL for the claims)")
             rabbit, redis_url = RabbitOutlet(url), claims_url
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url,
-            max_connections=concurrency + 1,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-        )
+        pool = bounded_pool(redis_url, timeout=timeout, concurrency=concurrency)
         client = aioredis.Redis(connection_pool=pool)
         # A pending claim of another publisher is abandoned once older than any publish of it
         # can take (one timeout per operation, a second one to learn its outcome).

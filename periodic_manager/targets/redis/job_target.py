@@ -18,6 +18,21 @@ from periodic_manager.targets.redis.previous import PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
 
+def bounded_pool(url: str, *, timeout: float, concurrency: int) -> Any:
+    """A pool on ``url`` for ``concurrency`` script calls and one more connection (a ping, a
+    sentinel look), every wait and socket bounded by ``timeout``: a caller waits for a free
+    connection rather than fail with "Too many connections"."""
+    import redis.asyncio as aioredis
+
+    return aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=concurrency + 1,
+        timeout=timeout,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+
+
 class RedisJobTarget:
     """The shared part of a job-queue target on Redis (see the module doc)."""
 
@@ -63,15 +78,7 @@ class RedisJobTarget:
         cls, url: str, *, timeout: float = 5.0, concurrency: int = 8, **kwargs: Any
     ) -> Self:
         """A target with its own client on ``url`` (closed by :meth:`close`); no I/O until used."""
-        import redis.asyncio as aioredis
-
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=concurrency + 1,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-        )
+        pool = bounded_pool(url, timeout=timeout, concurrency=concurrency)
         target = cls(cls._client_on(pool), timeout=timeout, concurrency=concurrency, **kwargs)
         target._owns_client = True
         return target
