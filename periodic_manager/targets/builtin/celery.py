@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 from periodic_manager.targets.builtin.redis import RedisConnection, single_redis
-from periodic_manager.targets.celery.app import CELERY, REDIS_SCHEMES, load_app
 from periodic_manager.targets.installed import load
-from periodic_manager.targets.plugin import OptionalText, TargetPlugin, none_if_blank
+from periodic_manager.targets.plugin import Library, OptionalText, TargetPlugin, none_if_blank
 from periodic_manager.urls import redact_url
+
+CELERY = Library("celery", "celery", "pip install 'periodic-manager[celery]'")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,6 +24,12 @@ CELERY_NO_BACKEND = (
     "no result backend: set PM_CELERY_RESULT_BACKEND (or result_backend in your Celery app) to "
     "the one your workers write to"
 )
+
+
+def load_app(path: str) -> Any:
+    """The Celery app ``path`` names (:func:`periodic_manager.targets.celery.app.load_app`),
+    that module imported only when a Celery app is named."""
+    return load("periodic_manager.targets.celery.app:load_app")(path)
 
 
 class CelerySettings(RedisConnection):

@@ -14,10 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from periodic_manager.targets.plugin import Library
-
-CELERY = Library("celery", "celery", "pip install 'periodic-manager[celery]'")
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+from periodic_manager.targets.builtin.celery import CELERY, REDIS_SCHEMES
 
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
