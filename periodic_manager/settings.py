@@ -1,73 +1,42 @@
-"""Settings from ``PM_*`` environment variables (and CLI flags, which override them)."""
+"""Settings from ``PM_*`` environment variables (and CLI flags, which override them).
+
+:class:`CoreSettings` holds the manager's own; every installed target plugin adds its own
+(:mod:`periodic_manager.targets.plugin`): :class:`Settings` is the core's and theirs together,
+composed once at import.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
-from periodic_manager.targets import extras
+from periodic_manager.targets import installed, registry
+from periodic_manager.targets.plugin import none_if_blank
 
 MAX_CATCHUP_RATE = 100_000  # slots per second of a paced catch-up or backfill
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./periodic_manager.db"
-TargetName = Literal["redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate"]
-# The targets that can run with redis_cluster (the outbox and procrastinate need no Redis).
-CLUSTER_TARGETS = ("redis", "outbox", "procrastinate")
 
 
-class Settings(BaseSettings):
-    """Every setting of the service. Defaults run embedded: SQLite file, outbox, 127.0.0.1:8000."""
+class CoreSettings(BaseSettings):
+    """The settings of the manager itself. Defaults run embedded: SQLite file, outbox,
+    127.0.0.1:8000."""
 
     model_config = SettingsConfigDict(env_prefix="PM_", extra="ignore")
 
     database_url: str = Field(
         DEFAULT_DATABASE_URL, description="SQLAlchemy URL of the schedule database"
     )
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL for the redis target")
-    target: TargetName = Field("outbox", description="default target: where due slots are enqueued")
-    targets: Annotated[tuple[TargetName, ...], NoDecode] = Field(
+    target: str = Field(
+        "outbox", description="default target: where due slots are enqueued (any installed one)"
+    )
+    targets: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="more targets to run beside the default (comma-separated in PM_TARGETS)"
-    )
-    celery_broker_url: str | None = Field(
-        None, description="Celery broker URL (default: the app's broker_url, else redis_url)"
-    )
-    celery_app: str | None = Field(
-        None,
-        description="your Celery app, 'package.module:app': its broker, queues and routes are honoured",
-    )
-    celery_publish_timeout: float = Field(
-        5.0, gt=0, description="seconds one publish to the Celery broker may take"
-    )
-    celery_fast_path: bool = Field(
-        True, description="write Celery messages to a Redis broker directly (false: always kombu)"
-    )
-    arq_redis_url: str | None = Field(
-        None, description="Redis URL of the arq queues (default: redis_url)"
-    )
-    rq_redis_url: str | None = Field(
-        None, description="Redis URL of the RQ queues (default: redis_url)"
-    )
-    dramatiq_url: str | None = Field(
-        None,
-        description="Dramatiq's broker, redis:// or amqp:// (default: redis_url); on RabbitMQ the "
-        "claims live in redis_url",
-    )
-    dramatiq_namespace: str = Field(
-        "dramatiq", min_length=1, description="the namespace (key prefix) of Dramatiq's RedisBroker"
-    )
-    redis_group: str | None = Field(
-        None,
-        description="consumer group your Redis Streams workers read with (consume_redis.py --group): "
-        "how the redis target tells that a task finished (options.overlap skip/hold)",
-    )
-    celery_result_backend: str | None = Field(
-        None,
-        description="result backend the celery target reads to tell that a task finished "
-        "(options.overlap skip/hold); default: your app's result_backend",
     )
     sync_interval: float = Field(30.0, gt=0, description="seconds between syncs of periodic_jobs")
     grace: float = Field(30.0, ge=0, description="seconds a slot may be late and still be enqueued")
@@ -145,13 +114,6 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="API bind address")
     port: int = Field(8000, ge=0, le=65535, description="API port")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field("INFO")
-    redis_maxlen: int | None = Field(None, gt=0, description="approximate MAXLEN per stream")
-    redis_cluster: bool = Field(
-        False,
-        description="redis_url names a node of a Redis Cluster: the redis target uses a cluster "
-        "client (only the redis and outbox targets can run on a cluster)",
-    )
-    stream_prefix: str = Field("pm", description="prefix of Redis keys")
     # -- API, history, operations
     api_token: SecretStr | None = Field(None, description="bearer token required by the API")
     api_read_token: SecretStr | None = Field(None, description="bearer token allowing GET only")
@@ -186,36 +148,10 @@ class Settings(BaseSettings):
         1_048_576, ge=1024, description="largest request body the API reads (413 beyond)"
     )
 
-    @field_validator("api_token", "api_read_token", mode="before")
-    @classmethod
-    def _blank_token(cls, v: object) -> object:
-        return None if isinstance(v, str) and not v.strip() else v
-
-    @field_validator("redis_group", "celery_result_backend", mode="before")
+    @field_validator("api_token", "api_read_token", "probe_dir", mode="before")
     @classmethod
     def _blank(cls, v: object) -> object:
-        return None if isinstance(v, str) and not v.strip() else v
-
-    @field_validator("celery_app", mode="before")
-    @classmethod
-    def _celery_app(cls, v: object) -> object:
-        if isinstance(v, str) and not v.strip():
-            return None
-        if isinstance(v, str):
-            from periodic_manager.targets.celery.app import load_app
-
-            load_app(v.strip())  # fail at start, naming the setting, not at the first slot
-            return v.strip()
-        return v
-
-    @field_validator("dramatiq_url")
-    @classmethod
-    def _dramatiq_url(cls, v: str | None) -> str | None:
-        if v is None:  # defaults are validated too: importing the target for nothing costs ~70 ms
-            return None
-        from periodic_manager.targets.dramatiq import check_url
-
-        return check_url(v)
+        return none_if_blank(v)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -278,11 +214,6 @@ class Settings(BaseSettings):
             return tuple(h.strip().lower() for h in v.split(",") if h.strip())
         return v
 
-    @field_validator("probe_dir", mode="before")
-    @classmethod
-    def _blank_dir(cls, v: object) -> object:
-        return None if isinstance(v, str) and not v.strip() else v
-
     @field_validator("targets", mode="before")
     @classmethod
     def _split_targets(cls, v: object) -> object:
@@ -297,110 +228,56 @@ class Settings(BaseSettings):
 
     @field_validator("target", "targets")
     @classmethod
-    def _extras_installed(cls, v: str | tuple[str, ...]) -> str | tuple[str, ...]:
+    def _installed(cls, v: str | tuple[str, ...]) -> str | tuple[str, ...]:
         for name in (v,) if isinstance(v, str) else v:
-            why = extras.missing(name)
+            if name not in installed.names():
+                raise ValueError(installed.unknown(name))
+            library = registry.plugin(name).library
+            why = None if library is None else library.missing()
             if why is not None:
                 raise ValueError(why)
-        return v
-
-    @field_validator("target", "targets")
-    @classmethod
-    def _postgresql_targets(
-        cls, v: str | tuple[str, ...], info: ValidationInfo
-    ) -> str | tuple[str, ...]:
-        # database_url is declared first: a bad URL is reported, not this.
-        url = info.data.get("database_url")
-        names = (v,) if isinstance(v, str) else v
-        if "procrastinate" in names and isinstance(url, str) and not url.startswith("postgres"):
-            raise ValueError(
-                "the procrastinate target needs PostgreSQL (procrastinate is PostgreSQL only): "
-                "set PM_DATABASE_URL to a postgresql:// database"
-            )
-        return v
-
-    @field_validator("redis_cluster")
-    @classmethod
-    def _cluster_targets(cls, v: bool, info: ValidationInfo) -> bool:
-        # Declared after target and targets: a bad one of those is reported, not this.
-        names = (info.data.get("target"), *info.data.get("targets", ()))
-        refused = [n for n in dict.fromkeys(names) if n is not None and n not in CLUSTER_TARGETS]
-        if v and refused:
-            raise ValueError(
-                f"the {' and '.join(refused)} target{'s' if len(refused) > 1 else ''} cannot run "
-                "on a Redis Cluster (only redis, outbox and procrastinate can): unset PM_REDIS_CLUSTER or use "
-                "a single Redis"
-            )
         return v
 
     def configured_targets(self) -> TargetSet:
         """The targets this deployment runs: the default first, then ``targets`` (no repeats),
         with why each one that cannot tell when a task finished cannot (``options.overlap``), and
         why each one that cannot tell a failed task cannot (``options.pause_after_failures``)."""
-        from periodic_manager.targets import completion
-
         names = tuple(dict.fromkeys((self.target, *self.targets)))
-        missing: dict[str, str] = {}
-        if "redis" in names and (why := completion.redis(self.redis_group)) is not None:
-            missing["redis"] = why
-        if "dramatiq" in names:
-            missing["dramatiq"] = completion.dramatiq()
-        if "celery" in names:
-            why = completion.celery(self.celery_backend() is not None)
-            if why is not None:
-                missing["celery"] = why
-        no_failure: dict[str, str] = {
-            "redis": completion.REDIS_NO_FAILURE,
-            "outbox": completion.OUTBOX_NO_FAILURE,
-            "dramatiq": completion.DRAMATIQ_NO_FAILURE,
-        }
-        if (why := completion.celery_failure(self.celery_backend() is not None)) is not None:
-            no_failure["celery"] = why
-        return TargetSet(names, missing, {n: w for n, w in no_failure.items() if n in names})
+        plugins = {name: registry.plugin(name) for name in names}
+        return TargetSet(
+            names,
+            {n: why for n, p in plugins.items() if (why := p.completion(self)) is not None},
+            {n: why for n, p in plugins.items() if (why := p.failure(self)) is not None},
+        )
 
     def url_setting(self, target: str) -> str:
-        """The setting that holds the URL ``target`` connects to (what an error about it names):
-        the target's own URL setting when set, else the one it falls back to, as
-        :meth:`dramatiq_broker` and :meth:`celery_broker` resolve them."""
-        own = {
-            "celery": ("PM_CELERY_BROKER_URL", self.celery_broker_url),
-            "arq": ("PM_ARQ_REDIS_URL", self.arq_redis_url),
-            "rq": ("PM_RQ_REDIS_URL", self.rq_redis_url),
-            "dramatiq": ("PM_DRAMATIQ_URL", self.dramatiq_url),
-        }.get(target)
-        if own is not None and own[1] is not None:
-            return own[0]
-        if target == "celery" and self.celery_app is not None:
-            return "PM_CELERY_APP"
-        return "PM_DATABASE_URL" if target in ("outbox", "procrastinate") else "PM_REDIS_URL"
+        """The setting that holds the URL ``target`` connects to (what an error about it names)."""
+        return registry.plugin(target).url_setting(self)
 
-    def dramatiq_broker(self) -> str:
-        """The broker the dramatiq target sends to: ``dramatiq_url``, else ``redis_url``."""
-        return self.dramatiq_url or self.redis_url
+    def refusals(self) -> list[InitErrorDetails]:
+        """What the configured targets refuse in these settings (each one's ``refuse``), as
+        errors of the field at fault."""
+        errors: list[InitErrorDetails] = []
+        for name in self.configured_targets():
+            refusal = registry.plugin(name).refuse(self)
+            if refusal is None:
+                continue
+            field = refusal.field or ("target" if name == self.target else "targets")
+            error = ValueError(refusal.reason)
+            input = getattr(self, field)
+            errors.append(
+                {"type": "value_error", "loc": (field,), "input": input, "ctx": {"error": error}}
+            )
+        return errors
 
-    def celery_broker(self) -> str:
-        """The broker the celery target publishes to: ``celery_broker_url``, else the
-        ``broker_url`` of ``celery_app``, else ``redis_url``."""
-        if self.celery_broker_url is not None:
-            return self.celery_broker_url
-        if self.celery_app is not None:
-            from periodic_manager.targets.celery.app import load_app
 
-            broker = load_app(self.celery_app).conf.broker_url
-            if isinstance(broker, str) and broker:
-                return broker
-        return self.redis_url
+class Settings(*registry.settings_models(), CoreSettings):  # type: ignore[misc]
+    """Every setting: the core's and those of every installed target plugin. A setting a
+    configured target refuses (a Redis Cluster for a target that needs a single Redis, SQLite
+    for procrastinate) is a validation error of the field at fault, after every field passed."""
 
-    def celery_backend(self) -> str | None:
-        """The result backend of the celery target: ``celery_result_backend``, else the
-        ``result_backend`` of ``celery_app``; None without one."""
-        if self.celery_result_backend is not None:
-            return self.celery_result_backend
-        if self.celery_app is None:
-            return None
-        from periodic_manager.targets.celery.app import load_app
-
-        backend = load_app(self.celery_app).conf.result_backend
-        if not isinstance(backend, str) or backend in ("", "disabled"):
-            return None
-        return backend
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        refusals = self.refusals()
+        if refusals:
+            raise ValidationError.from_exception_data(type(self).__name__, refusals)

@@ -13,8 +13,8 @@ from periodic_manager.contracts import Target
 from periodic_manager.db import stats, store_reads
 from periodic_manager.db.engine import Connection, Engine
 from periodic_manager.db.migrate import database_revision, schema_problem
+from periodic_manager.runtime.causes import explain
 from periodic_manager.runtime.probe import ping_target
-from periodic_manager.runtime.startup import explain
 from periodic_manager.settings import Settings
 
 from ..deps import get_conn, get_now, get_settings, get_state

@@ -18,10 +18,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     # flag -> (settings field, help)
     "--database-url": ("database_url", "database URL (PM_DATABASE_URL)"),
     "--redis-url": ("redis_url", "Redis URL (PM_REDIS_URL)"),
-    "--target": (
-        "target",
-        "default target: redis, outbox, celery, arq, rq, dramatiq or procrastinate (PM_TARGET)",
-    ),
+    "--target": ("target", "default target: the name of an installed target (PM_TARGET)"),
     "--sync-interval": ("sync_interval", "seconds between syncs (PM_SYNC_INTERVAL)"),
     "--grace": ("grace", "seconds a slot may be late (PM_GRACE)"),
     "--host": ("host", "API bind address (PM_HOST)"),
@@ -179,7 +176,7 @@ def load_settings(args: argparse.Namespace) -> Settings:
         where = f"{flag} / PM_{field.upper()}" if flag else f"PM_{field.upper()}"
         got = err.get("input")
         if isinstance(got, str) and field.endswith("_url"):
-            from periodic_manager.runtime.startup import redact_url
+            from periodic_manager.urls import redact_url
 
             got = redact_url(got)  # a rejected URL may still carry a real password
         raise UsageError(f"{where}: {err['msg']} (got {got!r})") from None

@@ -103,7 +103,9 @@ def _health(args: argparse.Namespace) -> int:
 
 def _migrate(settings: Settings) -> int:
     from periodic_manager.db.migrate import head_revision, upgrade_sync
-    from periodic_manager.runtime.startup import StartupError, check_database, explain, redact_url
+    from periodic_manager.runtime.causes import explain
+    from periodic_manager.runtime.startup import CONNECT_TIMEOUT_S, StartupError, check_database
+    from periodic_manager.urls import redact_url
 
     where = f"database {redact_url(settings.database_url)}"
     asyncio.run(check_database(settings.database_url, must_exist=False))  # reachable at all?
@@ -111,7 +113,7 @@ def _migrate(settings: Settings) -> int:
         applied = upgrade_sync(settings.database_url)
     except Exception as exc:
         log.debug("migration failed", exc_info=exc)
-        raise StartupError(f"{where}: migration failed: {explain(exc)}") from exc
+        raise StartupError(f"{where}: migration failed: {explain(exc, CONNECT_TIMEOUT_S)}") from exc
     for step in applied:
         log.info("applied %s", step)
     if applied:
@@ -122,7 +124,8 @@ def _migrate(settings: Settings) -> int:
 
 
 def _log_start(role: str, settings: Settings, revision: str | None, extra: str = "") -> None:
-    from periodic_manager.runtime.startup import describe_targets, redact_url
+    from periodic_manager.runtime.startup import describe_targets
+    from periodic_manager.urls import redact_url
 
     targets = describe_targets(settings)
     log.info(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import timedelta
 from functools import partial
 
@@ -23,18 +24,20 @@ from periodic_manager.runtime.notify import PostgresChangeListener
 from periodic_manager.runtime.partitions import PartitionLeases
 from periodic_manager.runtime.poll import RevisionPoller
 from periodic_manager.runtime.timing import Timing
-from periodic_manager.settings import CLUSTER_TARGETS, Settings
+from periodic_manager.settings import Settings
+from periodic_manager.targets import registry
 from periodic_manager.targets.routing import RoutingTarget
 
 
 def build_target(settings: Settings, engine: AsyncEngine) -> Target:
-    """The target ``settings.target`` names; a RoutingTarget when ``settings.targets`` adds more."""
+    """The target ``settings.target`` names, built by its plugin; a RoutingTarget when
+    ``settings.targets`` adds more."""
     names = settings.configured_targets()
     # Building opens no connection, so targets built before one that fails need no cleanup.
     built = {}
     for name in names:
         try:
-            built[name] = _build_one(name, settings, engine)
+            built[name] = registry.plugin(name).build(settings, engine)
         except ConfigError:
             raise
         except ValueError as exc:  # say which setting holds the value refused
@@ -42,85 +45,6 @@ def build_target(settings: Settings, engine: AsyncEngine) -> Target:
     if len(built) == 1:
         return built[settings.target]
     return RoutingTarget(built, default=settings.target)
-
-
-def _build_one(name: str, settings: Settings, engine: AsyncEngine) -> Target:
-    if settings.redis_cluster and name not in CLUSTER_TARGETS:  # Settings refuses it first
-        raise ValueError(f"the {name} target cannot run on a Redis Cluster")
-    if name == "redis":
-        from periodic_manager.targets.redis.streams import RedisStreamsTarget
-
-        return RedisStreamsTarget.from_url(
-            settings.redis_url,
-            prefix=settings.stream_prefix,
-            maxlen=settings.redis_maxlen,
-            group=settings.redis_group,
-            cluster=settings.redis_cluster,
-        )
-    if name == "celery":
-        return _build_celery(settings)
-    if name == "arq":
-        from periodic_manager.targets.arq import ArqTarget
-
-        url = settings.arq_redis_url or settings.redis_url
-        return ArqTarget.from_url(url, prefix=settings.stream_prefix)
-    if name == "rq":
-        from periodic_manager.targets.rq import RqTarget
-
-        return RqTarget.from_url(
-            settings.rq_redis_url or settings.redis_url, prefix=settings.stream_prefix
-        )
-    if name == "dramatiq":
-        from periodic_manager.targets.dramatiq import AMQP_SCHEMES, DramatiqTarget
-
-        broker = settings.dramatiq_broker()
-        return DramatiqTarget.from_url(
-            broker,
-            claims_url=settings.redis_url if broker.startswith(AMQP_SCHEMES) else None,
-            prefix=settings.stream_prefix,
-            namespace=settings.dramatiq_namespace,
-        )
-    if name == "procrastinate":
-        from periodic_manager.targets.procrastinate import ProcrastinateTarget
-
-        return ProcrastinateTarget(engine)
-    if name == "outbox":
-        from periodic_manager.targets.outbox import OutboxTarget
-
-        return OutboxTarget(engine)
-    raise ValueError(f"unknown target {name!r}")
-
-
-def _build_celery(settings: Settings) -> Target:
-    """The celery target: the app of ``celery_app`` (its settings honoured) or a bare app on
-    ``celery_broker_url`` / ``redis_url``; claims beside the messages on a Redis broker, otherwise
-    in ``redis_url``."""
-    from periodic_manager.targets.celery.app import REDIS_SCHEMES, load_app
-    from periodic_manager.targets.celery.target import CeleryTarget
-
-    app = load_app(settings.celery_app) if settings.celery_app else None
-    broker = settings.celery_broker()
-    claims = None if broker.startswith(REDIS_SCHEMES) else settings.redis_url
-    prefix, timeout = settings.stream_prefix, settings.celery_publish_timeout
-    fast_path, backend = settings.celery_fast_path, settings.celery_backend()
-    if app is not None:
-        return CeleryTarget.from_app(
-            app,
-            broker_url=settings.celery_broker_url,
-            claims_url=claims,
-            prefix=prefix,
-            timeout=timeout,
-            fast_path=fast_path,
-            result_backend=backend,
-        )
-    return CeleryTarget.from_url(
-        broker,
-        claims_url=claims,
-        prefix=prefix,
-        timeout=timeout,
-        fast_path=fast_path,
-        result_backend=backend,
-    )
 
 
 def build_manager(
@@ -156,16 +80,8 @@ def build_manager(
         ),
         leadership=build_leadership(settings, clock, manager_id=manager_id),
         signals=change_signals(settings, engine),
-        timing=Timing(
-            sync_interval=settings.sync_interval,
-            full_sync_interval=settings.full_sync_interval,
-            grace=settings.grace,
-            heartbeat_interval=settings.heartbeat_interval,
-            catchup_window=settings.catchup_window,
-            catchup_rate=settings.catchup_rate,
-            target_ping_interval=settings.target_ping_interval,
-            target_ping_failures=settings.target_ping_failures,
-        ),
+        # Every field of Timing is the setting of the same name.
+        timing=Timing(**{f.name: getattr(settings, f.name) for f in fields(Timing)}),
         manager_id=manager_id,
         close_target=target is None,
         pauser=ManagerPauser(engine, clock.now),

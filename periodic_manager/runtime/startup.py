@@ -14,39 +14,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import socket
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.contracts import Target
 from periodic_manager.db.engine import create_engine, is_sqlite
 from periodic_manager.db.migrate import database_revision, schema_problem
 from periodic_manager.errors import PeriodicManagerError
+from periodic_manager.runtime.causes import explain
 from periodic_manager.settings import Settings
+from periodic_manager.targets import registry
+from periodic_manager.urls import redact_url
 
 CONNECT_TIMEOUT_S = 10.0
 
 
 class StartupError(PeriodicManagerError):
     """A dependency is unusable at start; the message is one line for an operator."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (any scheme: database, Redis, AMQP)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        pass
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, _, hostinfo = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
 
 
 def is_loopback(host: str) -> bool:
@@ -57,38 +43,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    """The most specific error behind SQLAlchemy's and the drivers' wrappers. A TimeoutError is
-    a cause of its own: what it wraps (the CancelledError of ``asyncio.timeout``) says less. A
-    socket error a client raised its own error while handling (redis-py's ConnectionError) is
-    the cause too."""
-    seen: set[int] = set()
-    while id(exc) not in seen and not isinstance(exc, TimeoutError):
-        seen.add(id(exc))
-        context = exc.__context__ if isinstance(exc.__context__, OSError) else None
-        inner = getattr(exc, "orig", None) or exc.__cause__ or context
-        if not isinstance(inner, BaseException):
-            break
-        exc = inner
-    return exc
-
-
-def explain(exc: BaseException) -> str:
-    """One line saying why a connection or statement failed, without the driver's noise."""
-    cause = _root_cause(exc)
-    if isinstance(cause, TimeoutError):
-        return f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
-    if isinstance(cause, socket.gaierror):
-        return f"cannot resolve the host ({cause.strerror or cause})"
-    if isinstance(cause, ConnectionRefusedError):
-        return "connection refused (is the server running, on this host and port?)"
-    if isinstance(cause, OSError) and cause.strerror:
-        return cause.strerror[0].lower() + cause.strerror[1:]
-    text = str(cause).strip()
-    first = text.splitlines()[0] if text else type(cause).__name__
-    return first
 
 
 def _missing_sqlite_file(url: str) -> bool:
@@ -119,7 +73,7 @@ async def check_database(
         async with asyncio.timeout(CONNECT_TIMEOUT_S + 1), bind.connect() as conn:
             revision = await database_revision(conn)
     except Exception as exc:
-        raise StartupError(f"{where}: {explain(exc)}") from exc
+        raise StartupError(f"{where}: {explain(exc, CONNECT_TIMEOUT_S)}") from exc
     finally:
         if own:
             await bind.dispose()
@@ -153,43 +107,7 @@ def describe_target(settings: Settings, name: str) -> str:
     """``name (where it sends)``, passwords hidden (a name no setting knows: the name alone)."""
     if name not in settings.configured_targets():
         return name
-    return f"{name} ({_where(settings, name)})"
-
-
-def _where(settings: Settings, name: str) -> str:
-    if name == "redis":
-        # Whether overlap skip/hold can work depends on the workers' consumer group.
-        group = settings.redis_group
-        return redact_url(settings.redis_url) + (
-            f", consumer group {group}" if group else ", no consumer group"
-        )
-    if name == "celery":
-        # The broker it publishes to (PM_CELERY_APP's own when that sets one), where the
-        # claims live when that broker is not Redis, and the result backend.
-        from periodic_manager.targets.celery.app import REDIS_SCHEMES
-
-        broker = settings.celery_broker()
-        where = redact_url(broker)
-        if not broker.startswith(REDIS_SCHEMES):
-            where += f", claims {redact_url(settings.redis_url)}"
-        backend = settings.celery_backend()
-        return where + (f", results {redact_url(backend)}" if backend else "")
-    if name == "arq":
-        return redact_url(settings.arq_redis_url or settings.redis_url)
-    if name == "rq":
-        return redact_url(settings.rq_redis_url or settings.redis_url)
-    if name == "dramatiq":
-        # The broker, and where the claims live when that broker is RabbitMQ.
-        from periodic_manager.targets.dramatiq import AMQP_SCHEMES
-
-        broker = settings.dramatiq_broker()
-        where = redact_url(broker)
-        if broker.startswith(AMQP_SCHEMES):
-            return where + f", claims {redact_url(settings.redis_url)}"
-        return where + f", namespace {settings.dramatiq_namespace}"
-    if name == "procrastinate":
-        return f"procrastinate_jobs in {redact_url(settings.database_url)}"
-    return "table pm_outbox"
+    return f"{name} ({registry.plugin(name).where(settings)})"
 
 
 async def check_targets(settings: Settings, target: Target) -> None:
@@ -202,7 +120,8 @@ async def check_targets(settings: Settings, target: Target) -> None:
 
     failed = await ping_each(targets_of(target), CONNECT_TIMEOUT_S)
     failures = [
-        f"target {describe_target(settings, name)}: {explain(exc)}" for name, exc in failed.items()
+        f"target {describe_target(settings, name)}: {explain(exc, CONNECT_TIMEOUT_S)}"
+        for name, exc in failed.items()
     ]
     if failures:
         raise StartupError("; ".join(failures))

@@ -39,6 +39,7 @@ from typing import Protocol, runtime_checkable
 
 from periodic_manager.clock import next_tick
 from periodic_manager.contracts import Clock, InManagerDatabase, Pingable, Target
+from periodic_manager.runtime.causes import explain
 from periodic_manager.runtime.probe import ping_each
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,6 @@ def targets_of(target: Target) -> Mapping[str, Target]:
 
 def ping_error(exc: BaseException, timeout_s: float) -> str:
     """One line for a failed ping (a timeout says its bound)."""
-    from periodic_manager.runtime.startup import explain
-
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout_s:g} s"
     return f"{type(exc).__name__}: {explain(exc)}"

@@ -22,13 +22,10 @@ from periodic_manager.schedules.bounds import check_instant, parse_instant
 from periodic_manager.schedules.calendars import check_names
 from periodic_manager.schedules.failures import MAX_FAILURES
 from periodic_manager.schedules.runs import MAX_RUNS
-from periodic_manager.targets import task_rules
+from periodic_manager.targets import installed, task_rules
 
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
 DEFAULT_QUEUE = "default"
-# Every target a schedule may name in ``options.target``; which of them a deployment runs is its
-# settings' business (see validate_target).
-TARGET_NAMES = ("redis", "outbox", "celery", "arq", "rq", "dramatiq", "procrastinate")
 # skip: a slot more than grace late is skipped (default). fire_once: on start or takeover, the
 # latest missed slot within the catch-up window is enqueued once. all: every missed slot within
 # it, oldest first, paced (PM_CATCHUP_RATE; engine/catchup.py).
@@ -162,8 +159,10 @@ def _check_extra(v: Any) -> None:
 
 
 def _check_target(v: Any) -> None:
-    if not isinstance(v, str) or v not in TARGET_NAMES:
-        raise ValueError(f"must be one of {', '.join(TARGET_NAMES)}")
+    # Any installed target (targets/registry.py); which of them a deployment runs is its
+    # settings' business (see validate_target).
+    if not isinstance(v, str) or v not in installed.names():
+        raise ValueError(f"must be one of {', '.join(installed.names())}")
 
 
 # Known option keys and their checks. Targets read what they need; anything else is rejected so a

@@ -29,7 +29,6 @@ managers never both start a job of one schedule.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import pickletools
@@ -39,16 +38,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, Task
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
-from periodic_manager.targets import extras
 from periodic_manager.targets.base import split_payload
+from periodic_manager.targets.builtin.redis_queues import ARQ
 from periodic_manager.targets.redis import lua
-from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.errors import redis_errors
-from periodic_manager.targets.redis.jobs import JobBatch
-from periodic_manager.targets.redis.previous import Decided, PreviousTasks
-from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.redis.job_target import RedisJobTarget
+from periodic_manager.targets.redis.previous import Decided
 from periodic_manager.targets.task_rules import TaskProblem
 
 # Keyword names enqueue_job keeps for itself; a payload key among them would be swallowed.
@@ -115,7 +112,7 @@ def result_success(raw: bytes) -> bool | None:
 
 
 def _import_arq() -> Any:
-    return extras.load("arq", "arq.connections")
+    return ARQ.load("arq.connections")
 
 
 def arq_call(task: Task, now: datetime) -> tuple[list[Any], dict[str, Any]]:
@@ -156,7 +153,7 @@ class ArqJob:
     expires_ms: int
 
 
-class ArqTarget:
+class ArqTarget(RedisJobTarget):
     """Enqueues tasks as arq jobs, once per idempotency key.
 
     ``pool``: an ``arq.connections.ArqRedis`` (its serializer, default queue and expiry are the
@@ -165,6 +162,7 @@ class ArqTarget:
     """
 
     name = "arq"
+    chunk = CHUNK
 
     def __init__(
         self,
@@ -175,41 +173,18 @@ class ArqTarget:
         timeout: float = 5.0,
         concurrency: int = 8,
     ) -> None:
-        if timeout <= 0 or concurrency < 1:
-            raise ValueError("timeout must be > 0 and concurrency >= 1")
-        self.pool = pool
-        self.claims = RedisClaims(pool, prefix=prefix, margin=claim_margin)
-        # A job written as the previous one counts as queued this long before arq must know it.
-        self.previous = PreviousTasks(self.claims, self._states, publish_window_s=2 * timeout)
-        self.timeout = timeout
-        self.concurrency = concurrency
-        self.sentinel = Sentinel(pool, f"{prefix}:sentinel", timeout=timeout)
-        self._script = pool.register_script(CLAIM_AND_WRITE)
-        self._owns_pool = False
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, timeout: float = 5.0, concurrency: int = 8, **kwargs: Any
-    ) -> ArqTarget:
-        """A target with its own pool on ``url`` (closed by :meth:`close`); no I/O until used."""
-        connections = _import_arq()
-        import redis.asyncio as aioredis
-
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=concurrency + 1,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-        )
-        target = cls(
-            connections.ArqRedis(pool),
+        self._share(
+            pool,
+            CLAIM_AND_WRITE,
+            prefix=prefix,
+            claim_margin=claim_margin,
             timeout=timeout,
             concurrency=concurrency,
-            **kwargs,
         )
-        target._owns_pool = True
-        return target
+
+    @classmethod
+    def _client_on(cls, pool: Any) -> Any:
+        return _import_arq().ArqRedis(pool)
 
     def job(self, task: Task, now: datetime) -> ArqJob:
         """The job arq's ``enqueue_job`` would write for ``task`` at ``now`` (ValueError if the
@@ -218,7 +193,7 @@ class ArqTarget:
 
         args, call = arq_call(task, now)
         function, *positional = args
-        queue = call.pop("_queue_name", None) or self.pool.default_queue_name
+        queue = call.pop("_queue_name", None) or self.client.default_queue_name
         expires = call.pop("_expires", None)
         call.pop("_job_id")
         enqueued_ms = round(now.timestamp() * 1000)
@@ -229,24 +204,15 @@ class ArqTarget:
                 call,
                 None,
                 enqueued_ms,
-                serializer=self.pool.job_serializer,
+                serializer=self.client.job_serializer,
             )
         except SerializationError as exc:
             raise ValueError(f"{exc}: {exc.__cause__}") from None
         if expires is not None:
             expires_ms = max(1, round(expires / timedelta(milliseconds=1)))
         else:
-            expires_ms = int(self.pool.expires_extra_ms)
+            expires_ms = int(self.client.expires_extra_ms)
         return ArqJob(str(queue), bytes(body), enqueued_ms, expires_ms)
-
-    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim and write every task's job, one script per queue and chunk of CHUNK (at most
-        ``concurrency`` at once); report each task in input order. Raises TargetError when Redis
-        fails (what a script wrote stays, and a retry finds it claimed)."""
-        batch = JobBatch(
-            "arq", self.job, self._call, self.previous, self.timeout, self.concurrency, CHUNK
-        )
-        return await batch.enqueue(tasks, now)
 
     async def _call(
         self,
@@ -289,7 +255,7 @@ class ArqTarget:
         from arq.constants import in_progress_key_prefix, job_key_prefix
 
         with redis_errors("arq: job status"):
-            async with self.pool.pipeline(transaction=False) as pipe:
+            async with self.client.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
                     pipe.exists(in_progress_key_prefix + job_id)
                     pipe.exists(job_key_prefix + job_id)
@@ -300,10 +266,6 @@ class ArqTarget:
             states.append(RUNNING if running else QUEUED if queued else FINISHED)
         return states
 
-    def failure_off(self, options: Mapping[str, Any]) -> str | None:
-        """arq's job result says whether the job succeeded, while arq keeps it."""
-        return None
-
     async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
         """Pending while the job is queued or running (:meth:`_states`); then its result's
         success flag, while arq keeps the result (``keep_result``); unknown once it is gone or
@@ -313,7 +275,9 @@ class ArqTarget:
         states = await self._states(task_ids)
         with redis_errors("arq: job result"):
             results = (
-                await self.pool.mget([result_key_prefix + i for i in task_ids]) if task_ids else []
+                await self.client.mget([result_key_prefix + i for i in task_ids])
+                if task_ids
+                else []
             )
         out = []
         for state, raw in zip(states, results, strict=True):
@@ -323,25 +287,6 @@ class ArqTarget:
             success = result_success(raw) if isinstance(raw, bytes) else None
             out.append(UNKNOWN if success is None else SUCCEEDED if success is True else FAILED)
         return out
-
-    def completion_off(self, options: Mapping[str, Any]) -> str | None:
-        """arq's own job status tells when a job finished (see the module docstring)."""
-        return None
-
-    async def ping(self) -> None:
-        """Raise unless arq's Redis answers within ``timeout`` (a readiness check)."""
-        async with asyncio.timeout(self.timeout):
-            await self.claims.ping()
-
-    async def forgotten(self) -> list[str]:
-        """``["arq"]`` when arq's Redis lost its data since the previous call."""
-        return [self.name] if await self.sentinel.lost() else []
-
-    async def close(self) -> None:
-        """Close the pool if this target created it (:meth:`from_url`)."""
-        if self._owns_pool:
-            await self.pool.aclose()
-            await self.pool.connection_pool.disconnect()
 
 
 def task_problem(

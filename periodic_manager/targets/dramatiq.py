@@ -30,7 +30,7 @@ whose confirmation was lost is published again with the same message id, reporte
 
 ``options.overlap`` skip and hold are refused: Dramatiq deletes a message once a worker
 acknowledges it and keeps no outcome without its Results middleware
-(:func:`~periodic_manager.targets.completion.dramatiq`).
+(:data:`~periodic_manager.targets.builtin.dramatiq.DRAMATIQ_NO_RESULTS`).
 """
 
 from __future__ import annotations
@@ -47,11 +47,18 @@ from typing import Any
 from periodic_manager.contracts import EnqueueResult, Task, refused
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.instants import slot_text
-from periodic_manager.targets import completion, extras
+from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_refused, split_payload
+from periodic_manager.targets.builtin.dramatiq import (
+    AMQP_SCHEMES,
+    DRAMATIQ,
+    DRAMATIQ_NO_RESULTS,
+    check_url,
+)
 from periodic_manager.targets.publisher import ThreadPublisher
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import RedisClaims
+from periodic_manager.targets.redis.job_target import bounded_pool
 from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.pending import PendingWay
 from periodic_manager.targets.redis.previous import Decided
@@ -61,8 +68,6 @@ from periodic_manager.targets.task_rules import TaskProblem
 # Claims each message's slot and enqueues it (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "dramatiq_claim_and_enqueue.lua")
 CHUNK = 500  # messages per script call
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-AMQP_SCHEMES = ("amqp://", "amqps://")
 DEFAULT_QUEUE = "default"
 # Dramatiq's rule for a queue name (an actor refuses any other); .DQ and .XQ name its delay and
 # dead-letter queues.
@@ -70,16 +75,7 @@ _QUEUE_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9._-]*")
 
 
 def _import_dramatiq() -> Any:
-    return extras.load("dramatiq", "dramatiq")
-
-
-def check_url(url: str) -> str:
-    """``url`` if Dramatiq's broker can be reached with it (ValueError naming the schemes)."""
-    if not url.startswith(REDIS_SCHEMES + AMQP_SCHEMES) or url.endswith("://"):
-        raise ValueError(
-            "must be a redis:// (rediss://, unix://) or amqp:// (amqps://) URL of Dramatiq's broker"
-        )
-    return url
+    return DRAMATIQ.load()
 
 
 def dramatiq_queue(task: Task) -> str:
@@ -256,13 +252,7 @@ class DramatiqTarget:
             if claims_url is None:
                 raise ValueError("a RabbitMQ broker needs claims_url (a Redis URL for the claims)")
             rabbit, redis_url = RabbitOutlet(url), claims_url
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url,
-            max_connections=concurrency + 1,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-        )
+        pool = bounded_pool(redis_url, timeout=timeout, concurrency=concurrency)
         client = aioredis.Redis(connection_pool=pool)
         # A pending claim of another publisher is abandoned once older than any publish of it
         # can take (one timeout per operation, a second one to learn its outcome).
@@ -341,7 +331,7 @@ class DramatiqTarget:
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """Dramatiq cannot tell that a message finished (see the module docstring)."""
-        return completion.dramatiq() if completion.asks(options) else None
+        return DRAMATIQ_NO_RESULTS if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis (Dramatiq's own, on Redis) and RabbitMQ, if that is the

@@ -47,10 +47,11 @@ from periodic_manager.contracts import (
     Task,
     refused,
 )
-from periodic_manager.db.engine import backend, create_engine
+from periodic_manager.db.engine import backend
 from periodic_manager.db.models import outbox_table
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
+from periodic_manager.targets.database import DatabaseTarget
 
 # Rows per INSERT: 10 bind parameters a row stays far below the limits of asyncpg (32767) and
 # SQLite (32766), so a burst of 10,000 slots is a few statements in one transaction.
@@ -58,7 +59,7 @@ CHUNK_ROWS = 1000
 SQLITE_MIN_RETURNING = (3, 35, 0)
 
 
-class OutboxTarget:
+class OutboxTarget(DatabaseTarget):
     """Enqueues tasks as ``pm_outbox`` rows; each idempotency key at most once."""
 
     name = "outbox"
@@ -80,23 +81,6 @@ class OutboxTarget:
             )
         self._engine = engine
         self._dialect = dialect
-        self._owns_engine = False
-
-    @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> OutboxTarget:
-        """A target with its own engine (disposed by :meth:`close`)."""
-        engine = create_engine(url, **kwargs)
-        try:
-            target = cls(engine)
-        except TargetError:
-            engine.sync_engine.dispose()
-            raise
-        target._owns_engine = True
-        return target
-
-    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Insert the batch in one transaction; report each task in input order."""
-        return await self.send(self.prepare(tasks), now)
 
     def prepare(self, tasks: Sequence[Task]) -> Prepared:
         """The rows, sorted by key: two managers inserting overlapping batches then wait on each
@@ -255,20 +239,10 @@ class OutboxTarget:
         """A row is finished once ``processed_at`` is set (see the module docstring)."""
         return None
 
-    @property
-    def in_manager_database(self) -> bool:
-        """Whether this target writes through an engine it was given (the manager's own)."""
-        return not self._owns_engine
-
     async def ping(self) -> None:
         """Raise unless the outbox's database answers (a readiness check)."""
         async with self._engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
-
-    async def close(self) -> None:
-        """Dispose of the engine if this target created it (:meth:`from_url`)."""
-        if self._owns_engine:
-            await self._engine.dispose()
 
 
 _COLUMNS = (

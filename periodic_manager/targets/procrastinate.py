@@ -51,15 +51,15 @@ from periodic_manager.contracts import (
     Task,
     refused,
 )
-from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
+from periodic_manager.targets.builtin.procrastinate import POSTGRESQL_ONLY
+from periodic_manager.targets.database import DatabaseTarget
 from periodic_manager.targets.task_rules import TaskProblem
 
 NAME_MAX = 128  # procrastinate_jobs.queue_name and task_name: character varying(128)
 PRUNE_ROWS = 1000  # expired keys deleted per batch sent
-POSTGRESQL_ONLY = "the procrastinate target needs PostgreSQL (procrastinate is PostgreSQL only)"
 
 _COLUMNS = ("key", "queue", "task", "args", "expires", "name", "task_id")
 _SEND = text(
@@ -136,7 +136,7 @@ def job_args(task: Task) -> str:
     return task.payload_text()
 
 
-class ProcrastinateTarget:
+class ProcrastinateTarget(DatabaseTarget):
     """Inserts tasks as procrastinate jobs; each idempotency key at most once."""
 
     name = "procrastinate"
@@ -145,23 +145,6 @@ class ProcrastinateTarget:
         if engine.dialect.name != "postgresql":
             raise TargetError(f"{POSTGRESQL_ONLY}, not {engine.dialect.name}")
         self._engine = engine
-        self._owns_engine = False
-
-    @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> ProcrastinateTarget:
-        """A target with its own engine (disposed by :meth:`close`)."""
-        engine = create_engine(url, **kwargs)
-        try:
-            target = cls(engine)
-        except TargetError:
-            engine.sync_engine.dispose()
-            raise
-        target._owns_engine = True
-        return target
-
-    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Insert the batch in one transaction; report each task in input order."""
-        return await self.send(self.prepare(tasks), now)
 
     def prepare(self, tasks: Sequence[Task]) -> Prepared:
         """The column arrays of the one INSERT, rows sorted by key (two managers sending
@@ -286,20 +269,10 @@ class ProcrastinateTarget:
             statuses = {str(job_id): str(status) for job_id, status in rows}
         return [_outcome(statuses.get(i)) for i in task_ids]
 
-    @property
-    def in_manager_database(self) -> bool:
-        """Whether this target writes through an engine it was given (the manager's own)."""
-        return not self._owns_engine
-
     async def ping(self) -> None:
         """Raise unless the database answers and holds procrastinate's schema (``/readyz``)."""
         async with self._engine.connect() as conn:
             await conn.execute(_PING)
-
-    async def close(self) -> None:
-        """Dispose of the engine if this target created it (:meth:`from_url`)."""
-        if self._owns_engine:
-            await self._engine.dispose()
 
 
 def _arrays(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]] | None:

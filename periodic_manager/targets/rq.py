@@ -38,7 +38,6 @@ one; a job stopped, canceled or no longer held (its result expired) is of unknow
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -47,16 +46,14 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task
+from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, Task
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
-from periodic_manager.targets import extras
 from periodic_manager.targets.base import split_payload
+from periodic_manager.targets.builtin.redis_queues import RQ
 from periodic_manager.targets.redis import lua
-from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.errors import redis_errors
-from periodic_manager.targets.redis.jobs import JobBatch
-from periodic_manager.targets.redis.previous import Decided, PreviousTasks
-from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.targets.redis.job_target import RedisJobTarget
+from periodic_manager.targets.redis.previous import Decided
 from periodic_manager.targets.task_rules import TaskProblem
 
 # Claims each job's slot and enqueues the job (its arguments and flags are written at its top).
@@ -80,7 +77,7 @@ def _outcome(status: str | None) -> str:
 
 
 def _import_rq() -> Any:
-    return extras.load("rq", "rq.job")
+    return RQ.load("rq.job")
 
 
 def rq_meta(task: Task) -> dict[str, str]:
@@ -135,7 +132,7 @@ class RqJob:
     ttl: int  # seconds; -1: none
 
 
-class RqTarget:
+class RqTarget(RedisJobTarget):
     """Enqueues tasks as RQ jobs, once per idempotency key.
 
     ``client``: a ``redis.asyncio.Redis`` on RQ's Redis (the claims live there too).
@@ -145,6 +142,7 @@ class RqTarget:
     """
 
     name = "rq"
+    chunk = CHUNK
 
     def __init__(
         self,
@@ -156,19 +154,18 @@ class RqTarget:
         timeout: float = 5.0,
         concurrency: int = 8,
     ) -> None:
-        if timeout <= 0 or concurrency < 1:
-            raise ValueError("timeout must be > 0 and concurrency >= 1")
         rq_job = _import_rq()
         import redis
         from rq.defaults import RQ_KEY_PREFIX
 
-        self.client = client
-        self.claims = RedisClaims(client, prefix=prefix, margin=claim_margin)
-        # A job written as the previous one counts as queued this long before RQ must know it.
-        self.previous = PreviousTasks(self.claims, self._states, publish_window_s=2 * timeout)
-        self.timeout = timeout
-        self.concurrency = concurrency
-        self.sentinel = Sentinel(client, f"{prefix}:sentinel", timeout=timeout)
+        self._share(
+            client,
+            CLAIM_AND_ENQUEUE,
+            prefix=prefix,
+            claim_margin=claim_margin,
+            timeout=timeout,
+            concurrency=concurrency,
+        )
         base = key_prefix or RQ_KEY_PREFIX
         self.job_prefix = f"{base}:job:"
         self.queue_prefix = f"{base}:queue:"
@@ -177,29 +174,6 @@ class RqTarget:
         self._status = rq_job.JobStatus.QUEUED
         # rq's Job wants a (synchronous) connection; it is never used: the script writes.
         self._placeholder = redis.Redis()
-        self._script = client.register_script(CLAIM_AND_ENQUEUE)
-        self._owns_client = False
-
-    @classmethod
-    def from_url(
-        cls, url: str, *, timeout: float = 5.0, concurrency: int = 8, **kwargs: Any
-    ) -> RqTarget:
-        """A target with its own client on ``url`` (closed by :meth:`close`); no I/O until used."""
-        _import_rq()
-        import redis.asyncio as aioredis
-
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=concurrency + 1,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-        )
-        target = cls(
-            aioredis.Redis(connection_pool=pool), timeout=timeout, concurrency=concurrency, **kwargs
-        )
-        target._owns_client = True
-        return target
 
     def job(self, task: Task, now: datetime) -> RqJob:
         """The job RQ's ``Queue.enqueue_job`` would write for ``task`` at ``now`` (ValueError if
@@ -237,16 +211,6 @@ class RqTarget:
         from rq.queue import Queue
 
         return int(Queue.DEFAULT_TIMEOUT)
-
-    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
-        """Claim and enqueue every task's job, one script per queue and chunk of CHUNK (at most
-        ``concurrency`` at once); report each task in input order. A queue whose key (or RQ's
-        set of queues) holds another type fails its tasks alone. Raises TargetError when Redis
-        fails (what a script wrote stays, and a retry finds it claimed)."""
-        batch = JobBatch(
-            "rq", self.job, self._call, self.previous, self.timeout, self.concurrency, CHUNK
-        )
-        return await batch.enqueue(tasks, now)
 
     async def _call(
         self,
@@ -297,33 +261,10 @@ class RqTarget:
                 states.append(QUEUED)
         return states
 
-    def failure_off(self, options: Mapping[str, Any]) -> str | None:
-        """RQ's job status tells a failed job (``failed``) from a finished one."""
-        return None
-
     async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
         """``finished`` succeeded, ``failed`` failed, still queued or running pending, anything
         else (stopped, canceled, or the job gone) unknown."""
         return [_outcome(status) for status in await self._statuses(task_ids)]
-
-    def completion_off(self, options: Mapping[str, Any]) -> str | None:
-        """RQ's own job status tells when a job finished (see the module docstring)."""
-        return None
-
-    async def ping(self) -> None:
-        """Raise unless RQ's Redis answers within ``timeout`` (a readiness check)."""
-        async with asyncio.timeout(self.timeout):
-            await self.claims.ping()
-
-    async def forgotten(self) -> list[str]:
-        """``["rq"]`` when RQ's Redis lost its data since the previous call."""
-        return [self.name] if await self.sentinel.lost() else []
-
-    async def close(self) -> None:
-        """Close the client if this target created it (:meth:`from_url`)."""
-        if self._owns_client:
-            await self.client.aclose()
-            await self.client.connection_pool.disconnect()
 
 
 def task_problem(

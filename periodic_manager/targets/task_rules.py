@@ -15,10 +15,10 @@ It answers for a task that already passed every common check
 form every caller holds: a manager's cold start judges every row, and a rule that does not read
 the payload, or can tell from the text alone, never parses it).
 
-:data:`DECLARED` is the one registry: every target name maps to the module that declares its
-rule, or None for a target with no rule of its own (the common checks are all it needs). The
-core asks :func:`rule_of`; a target module is imported on the first question about it, not
-before (the settings and the API name targets without loading any).
+A target declares where its rule lives in its plugin (``task_problem``,
+``"module:function"``, :mod:`periodic_manager.targets.plugin`); the core asks :func:`rule_of`.
+The module is imported on the first question about the target, not before (the settings and the
+API name targets without loading any target's code).
 
 Where the rules are applied: :func:`periodic_manager.schedules.rules.validate_task` (the API's
 422 and the import's refusal, through ``PeriodicTaskConfig.create``) and the row judge
@@ -27,10 +27,11 @@ Where the rules are applied: :func:`periodic_manager.schedules.rules.validate_ta
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from periodic_manager.targets import installed
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,38 +44,31 @@ class TaskProblem:
 
 TaskRule = Callable[[str, str, Mapping[str, Any]], "TaskProblem | None"]
 
-# Every target and the module whose ``task_problem`` states its rules (None: no rule of its own).
-# redis and outbox take any task the common checks pass (their queue and task_type limits are
-# the columns' and the stream key's, checked for every schedule). celery's refusals depend on
-# your Celery app (its routes, task_create_missing_queues), which the API does not load: they are
-# reported when a task is sent.
-DECLARED: dict[str, str | None] = {
-    "redis": None,
-    "outbox": None,
-    "celery": None,
-    "arq": "periodic_manager.targets.arq",
-    "rq": "periodic_manager.targets.rq",
-    "dramatiq": "periodic_manager.targets.dramatiq",
-    "procrastinate": "periodic_manager.targets.procrastinate",
-}
-
 _loaded: dict[str, TaskRule | None] = {}
 
 
 def rule_of(target: str) -> TaskRule | None:
-    """The write-time rule ``target`` declares (None: it has none, or is not a known target)."""
+    """The write-time rule ``target`` declares (None: it has none, or is not an installed
+    target)."""
     try:
         return _loaded[target]
     except KeyError:
         pass
-    module = DECLARED.get(target)
+    path = _declared(target)
     rule: TaskRule | None = None
-    if module is not None:
-        rule = importlib.import_module(module).task_problem
+    if path is not None:
+        rule = installed.load(path)
     _loaded[target] = rule
     return rule
 
 
 def has_rules(targets: Any) -> bool:
     """Whether any of ``targets`` (names) declares a rule (none: nothing to ask per task)."""
-    return any(DECLARED.get(name) is not None for name in targets)
+    return any(_declared(name) is not None for name in targets)
+
+
+def _declared(target: str) -> str | None:
+    if target not in installed.names():
+        return None
+    path: str | None = installed.declared(target).task_problem
+    return path

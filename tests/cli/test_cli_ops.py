@@ -14,9 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from periodic_manager.cli.arguments import COMMANDS
 from periodic_manager.cli.main import _start_metrics, main
-from periodic_manager.runtime.startup import StartupError, redact_url
+from periodic_manager.runtime.startup import StartupError
 from periodic_manager.schedules.yaml_load import MAX_ALIAS_NODES, YamlBombError, load
 from periodic_manager.settings import Settings
+from periodic_manager.urls import redact_url
 from tests.support.servers import free_port
 
 

@@ -146,7 +146,7 @@ async def test_build_target_routes_when_more_than_one_target_is_configured(
         # Celery's broker defaults to PM_REDIS_URL, its claims live beside the messages.
         assert celery.app.conf.broker_url == "redis://127.0.0.1:6379/3"
         assert celery.claims.client.connection_pool.connection_kwargs["db"] == 3
-        assert arq.pool.connection_pool.connection_kwargs["db"] == 4
+        assert arq.client.connection_pool.connection_kwargs["db"] == 4
         await routing.close()
         # A broker that is not Redis keeps the claims in PM_REDIS_URL.
         amqp = Settings(
@@ -178,7 +178,7 @@ def test_the_manager_check_refuses_a_schedule_naming_an_unconfigured_target() ->
         check(off)
     assert err.value.field == "options.target" and err.value.code == "unconfigured-target"
     with pytest.raises(
-        ConfigError, match="options.target: must be one of redis, outbox, celery, arq"
+        ConfigError, match="options.target: must be one of arq, celery, dramatiq, outbox"
     ):
         PeriodicTaskConfig.create(
             name="x", spec="@hourly", task_type="t", options={"target": "sqs"}

@@ -26,9 +26,9 @@ from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import ConfigError
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.rules import TARGET_NAMES, TARGET_REFUSES
+from periodic_manager.schedules.rules import TARGET_REFUSES
 from periodic_manager.settings import Settings
-from periodic_manager.targets import task_rules
+from periodic_manager.targets import installed, registry, task_rules
 from periodic_manager.targets.memory import MemoryTarget
 from tests.support import rawsql
 
@@ -100,12 +100,14 @@ def create(settings: Settings, **values: Any) -> PeriodicTaskConfig:
 
 
 def test_every_target_says_which_rules_it_declares_and_where() -> None:
-    assert set(task_rules.DECLARED) == set(TARGET_NAMES)
-    for name in TARGET_NAMES:
+    declared = {name: registry.plugin(name).task_problem for name in installed.names()}
+    assert {n for n, path in declared.items() if path} == {"arq", "rq", "dramatiq", "procrastinate"}
+    for name, path in declared.items():
         rule = task_rules.rule_of(name)
-        assert (rule is None) == (task_rules.DECLARED[name] is None), name
+        assert (rule is None) == (path is None), name
         if rule is not None:  # next to the target's own code
-            assert rule.__module__ == task_rules.DECLARED[name] and rule.__name__ == "task_problem"
+            assert f"{rule.__module__}:{rule.__name__}" == path
+            assert path == f"periodic_manager.targets.{name}:task_problem"
     assert task_rules.rule_of("sqs") is None
 
 

@@ -14,9 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from periodic_manager.targets import extras
+from periodic_manager.targets.builtin.celery import CELERY, REDIS_SCHEMES
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _PATH_RE = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
 # Settings the manager decides, whatever the app says. kombu's own publish retry is off: a
@@ -32,7 +31,7 @@ FORCED = {
 
 
 def import_celery() -> Any:
-    return extras.load("celery", "celery")
+    return CELERY.load()
 
 
 def check_app_path(path: str) -> str:

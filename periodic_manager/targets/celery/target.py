@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import redis.asyncio as aioredis
 
@@ -33,6 +33,7 @@ from periodic_manager.errors import TargetError
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_refused
+from periodic_manager.targets.builtin.celery import CELERY_NO_BACKEND, no_signal
 from periodic_manager.targets.celery.app import REDIS_SCHEMES, app_settings, publishing_app
 from periodic_manager.targets.celery.direct import DirectWay
 from periodic_manager.targets.celery.kombu import CeleryOutlet
@@ -82,6 +83,19 @@ class CeleryPrepared:
     # previous task was read (index, delivery).
     after: list[tuple[int, Delivery]] = field(default_factory=list)
     kombu: list[int] = field(default_factory=list)  # tasks published through kombu at send
+
+
+class BuildOptions(TypedDict, total=False):
+    """What :meth:`CeleryTarget.from_url` and :meth:`CeleryTarget.from_app` pass on to the
+    target: where the claims live (default: in a Redis broker), their key prefix and margin, the
+    publish timeout, the fast path, and the result backend."""
+
+    claims_url: str | None
+    prefix: str
+    claim_margin: float
+    timeout: float
+    fast_path: bool
+    result_backend: str | None
 
 
 class CeleryTarget:
@@ -158,13 +172,8 @@ class CeleryTarget:
         cls,
         broker_url: str,
         *,
-        claims_url: str | None = None,
-        prefix: str = "pm",
-        claim_margin: float = 60.0,
-        timeout: float = 5.0,
         config: Mapping[str, Any] | None = None,
-        fast_path: bool = True,
-        result_backend: str | None = None,
+        **options: Unpack[BuildOptions],
     ) -> CeleryTarget:
         """A target with its own Celery app on ``broker_url`` (``config``: more Celery settings,
         e.g. ``task_routes`` or ``broker_transport_options``) and its own claims client.
@@ -173,29 +182,11 @@ class CeleryTarget:
         ``result_backend``: where the workers store results (``options.overlap`` needs it).
         """
         settings = {**(config or {}), "broker_url": broker_url}
-        return cls._build(
-            "periodic_manager",
-            settings,
-            claims_url=claims_url,
-            prefix=prefix,
-            claim_margin=claim_margin,
-            timeout=timeout,
-            fast_path=fast_path,
-            result_backend=result_backend,
-        )
+        return cls._build("periodic_manager", settings, **options)
 
     @classmethod
     def from_app(
-        cls,
-        app: Any,
-        *,
-        broker_url: str | None = None,
-        claims_url: str | None = None,
-        prefix: str = "pm",
-        claim_margin: float = 60.0,
-        timeout: float = 5.0,
-        fast_path: bool = True,
-        result_backend: str | None = None,
+        cls, app: Any, *, broker_url: str | None = None, **options: Unpack[BuildOptions]
     ) -> CeleryTarget:
         """A target honouring the settings of the user's Celery ``app`` (broker, queues, routes,
         default queue/exchange/routing key, transport options), published with an app of its own
@@ -205,17 +196,11 @@ class CeleryTarget:
         settings = app_settings(app)
         if broker_url is not None:
             settings["broker_url"] = broker_url
-        backend = result_backend or app.conf.result_backend
-        return cls._build(
-            app.main or "periodic_manager",
-            settings,
-            claims_url=claims_url,
-            prefix=prefix,
-            claim_margin=claim_margin,
-            timeout=timeout,
-            fast_path=fast_path,
-            result_backend=backend if isinstance(backend, str) and backend != "disabled" else None,
+        backend = options.get("result_backend") or app.conf.result_backend
+        options["result_backend"] = (
+            backend if isinstance(backend, str) and backend != "disabled" else None
         )
+        return cls._build(app.main or "periodic_manager", settings, **options)
 
     @classmethod
     def _build(
@@ -223,11 +208,11 @@ class CeleryTarget:
         main: str,
         settings: Mapping[str, Any],
         *,
-        claims_url: str | None,
-        prefix: str,
-        claim_margin: float,
-        timeout: float,
-        fast_path: bool,
+        claims_url: str | None = None,
+        prefix: str = "pm",
+        claim_margin: float = 60.0,
+        timeout: float = 5.0,
+        fast_path: bool = True,
         result_backend: str | None = None,
     ) -> CeleryTarget:
         app = publishing_app(main, settings, broker_url=None, timeout=timeout)
@@ -398,17 +383,13 @@ class CeleryTarget:
 
     def failure_off(self, options: Mapping[str, Any]) -> str | None:
         """The result backend tells a failed task (FAILURE); without one Celery cannot tell."""
-        return (
-            completion.celery_failure(self.results is not None)
-            if completion.fails(options)
-            else None
-        )
+        return no_signal(self.results is not None) if completion.fails(options) else None
 
     async def outcomes(self, options: Mapping[str, Any], task_ids: Sequence[str]) -> list[str]:
         """Each task's outcome from the result backend (:func:`results.outcome_of`); raises
         TargetError without one, or when it cannot be read."""
         if self.results is None:
-            raise TargetError(f"celery: {completion.CELERY_NO_BACKEND}")
+            raise TargetError(f"celery: {CELERY_NO_BACKEND}")
         try:
             statuses = await self.results.statuses(task_ids)
         except Exception as exc:  # noqa: BLE001 - the backend's own errors
@@ -420,7 +401,7 @@ class CeleryTarget:
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """A task is finished once the result backend holds a ready state for it: that needs the
         backend (:mod:`~periodic_manager.targets.celery.results`)."""
-        return completion.celery(self.results is not None) if completion.asks(options) else None
+        return no_signal(self.results is not None) if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless the claims' Redis and the broker the messages go to answer, each within

@@ -54,6 +54,7 @@ from periodic_manager.contracts import refused as refused_result
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_fields, overlap_refused
+from periodic_manager.targets.builtin.redis import no_completion
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.claims import claim_ttl_ms
 from periodic_manager.targets.redis.errors import KeyTypeError, key_type_refusal, redis_errors
@@ -394,7 +395,7 @@ class RedisStreamsTarget:
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         """Messages are finished once the workers' consumer group acknowledged them: that needs
         the group (see the module docstring)."""
-        return completion.redis(self.group) if completion.asks(options) else None
+        return no_completion(self.group) if completion.asks(options) else None
 
     async def ping(self) -> None:
         """Raise unless Redis answers within ``timeout`` (a readiness check)."""
