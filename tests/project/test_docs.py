@@ -1024,8 +1024,8 @@ def check_extras(args: list[str], where: str) -> None:
 
 def check_checker(name: str, args: list[str], where: str) -> None:
     """``ruff check .``, ``ruff format --check .`` and ``mypy`` (its files from ``[tool.mypy]``):
-    pinned in the dev extra and
-    configured in pyproject.toml, so the command checks what the page says it does."""
+    pinned in the dev extra and configured in pyproject.toml, so the command checks what the page
+    says it does."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     dev = pyproject["project"]["optional-dependencies"]["dev"]
     assert any(re.fullmatch(rf"{name}==[\d.]+", req) for req in dev), (
