@@ -2,11 +2,11 @@
 prefixes per test.
 
 Tests talk to real services (PM_TEST_PG_DSN, PM_TEST_MYSQL_URL, PM_TEST_REDIS_URL; defaults: the
-local ones). A
-service that cannot be reached skips its tests locally, and fails them under CI=true.
+local ones). A service that cannot be reached skips its tests locally, and fails them under CI=true.
 
 **Redis.** The tests use a database of their own, 15 by default (``redis://127.0.0.1:6379/15``),
-so whatever they write never lands among the keys of a local app in database 0. Every key a test
+so whatever they write never lands among the keys of a local app in database 0; each
+pytest-xdist worker has its own, counting down from it (gw1 uses 14). Every key a test
 writes contains its :func:`redis_prefix`: ``pmt``, a marker of this run, then the test's own
 part. After each test its keys are deleted, and :func:`no_stray_redis_keys` fails the run if it
 leaves any key behind: one of this run's, or one without any run's marker (a default prefix such
@@ -48,11 +48,35 @@ if TYPE_CHECKING:
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 # A MariaDB or MySQL server, as a URL without a database (root may create and drop databases).
 MYSQL_URL = os.environ.get("PM_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306")
-REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+BASE_REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("PM_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 RUN_MARKER = f"pmt{uuid.uuid4().hex[:4]}"  # in every Redis key this run's tests write
 ANY_RUN = re.compile(r"pmt[0-9a-f]{10}")  # a test prefix of any run (this one or another)
+
+
+def _redis_db_url(index: int) -> str:
+    """The Redis database of xdist worker ``index`` (0 without workers): the base database of
+    ``PM_TEST_REDIS_URL``, 15 by default, less the index (worker gw1 uses 14), so that no two
+    workers of a run share a database and none of them lands in database 0."""
+    parts = urlsplit(BASE_REDIS_URL)
+    base = int(parts.path.strip("/") or 0)
+    if index and base - index < 1:
+        raise pytest.UsageError(
+            f"{index + 1} pytest-xdist workers need Redis databases {base} down to"
+            f" {base - index}, above 0: set PM_TEST_REDIS_URL to a higher database"
+        )
+    return urlunsplit(parts._replace(path=f"/{base - index}"))
+
+
+def _worker_index() -> int:
+    """This process's xdist worker number (gw2 -> 2), 0 without workers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") else 0
+
+
+# The Redis database this process's tests write to (every worker has its own).
+REDIS_URL = _redis_db_url(_worker_index())
 
 
 def _unavailable(what: str, exc: BaseException) -> None:
@@ -380,10 +404,12 @@ def _print_tasks() -> None:
             print(f"    awaiting {link!r}"[:300])
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.function):
             item.fixturenames.append("tasks_dumped_on_timeout")
+    _group_for_workers(config, items)
 
 
 @pytest.fixture
@@ -445,9 +471,10 @@ def amqp_url() -> str:
     return AMQP_URL
 
 
-def _sync_redis() -> redis.Redis | None:
-    """A client of the test Redis, or None when it does not answer."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, socket_timeout=30)
+def _sync_redis(url: str = "") -> redis.Redis | None:
+    """A client of the test Redis (``url``, this process's database by default), or None when
+    it does not answer."""
+    client = redis.Redis.from_url(url or REDIS_URL, socket_connect_timeout=2, socket_timeout=30)
     try:
         client.ping()
     except (OSError, redis.RedisError):
@@ -456,33 +483,103 @@ def _sync_redis() -> redis.Redis | None:
     return client
 
 
-def _snapshot() -> set[bytes] | None:
-    """Every key of the test Redis now, or None when it does not answer."""
-    client = _sync_redis()
-    if client is None:
-        return None
-    with client:
-        return set(client.scan_iter(count=1000))
+def _snapshot(urls: list[str]) -> set[tuple[str, bytes]] | None:
+    """Every key of the test Redis databases ``urls`` now, with its database's URL, or None when
+    the Redis does not answer."""
+    keys: set[tuple[str, bytes]] = set()
+    for url in urls:
+        client = _sync_redis(url)
+        if client is None:
+            return None
+        with client:
+            keys.update((url, key) for key in client.scan_iter(count=1000))
+    return keys
 
 
-def _stray(before: set[bytes]) -> str | None:
+def _stray(before: set[tuple[str, bytes]], urls: list[str]) -> str | None:
     """What is wrong with the keys present now but not ``before`` that are this run's or carry no
     run's marker (None when there are none, or the Redis does not answer)."""
-    after = _snapshot()
+    after = _snapshot(urls)
     if after is None:
         return None
     stray = sorted(
-        key.decode(errors="replace")
-        for key in after - before
+        (key.decode(errors="replace"), url)
+        for url, key in after - before
         if RUN_MARKER.encode() in key or not ANY_RUN.search(key.decode(errors="replace"))
     )
     if not stray:
         return None
-    shown = ", ".join(stray[:30]) + (f" ... ({len(stray)} in all)" if len(stray) > 30 else "")
+    shown = ", ".join(key for key, _ in stray[:30])
+    shown += f" ... ({len(stray)} in all)" if len(stray) > 30 else ""
+    where = ", ".join(sorted({url for _, url in stray}))
     return (
-        f"the tests left {len(stray)} key(s) in the test Redis ({REDIS_URL}): {shown}. "
+        f"the tests left {len(stray)} key(s) in the test Redis ({where}): {shown}. "
         "A test must write only keys containing its redis_prefix (and delete what it writes)."
     )
+
+
+# -- pytest-xdist: the suite runs on workers by default, a file or the process group on each --
+
+WORKERS = 3  # the default number of pytest-xdist workers (measured in docs/development.md)
+
+# Files whose tests start real processes or servers (managers, brokers' workers, private Redis
+# and PostgreSQL servers, libfaketime) and hold bounds on real time derived from the product's
+# settings (a takeover within leader_timeout + poll, a stop within its grace): they run one at a
+# time, on one worker, beside the other files, so that two of them never share the two cores.
+# Their group starts first: it is the longest.
+PROCESS_FILES = frozenset(
+    f"tests/behaviour/{name}.py"
+    for name in (
+        "test_broker_forgets",
+        "test_celery_faults",
+        "test_clock_faults",
+        "test_examples",
+        "test_faults",
+        "test_loop_death",
+        "test_lost_replies",
+        "test_partition_moves",
+        "test_partition_processes",
+        "test_sick_manager",
+        "test_worker_processes",
+    )
+)
+PROCESS_GROUP = "processes"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which sets the workers up
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Without ``-n`` the suite runs on :data:`WORKERS` xdist workers; with ``-n N`` on N. Each
+    worker takes one file (or the process group) at a time (``--dist loadgroup``, unless another
+    ``--dist`` is given); ``-n 0`` or ``-p no:xdist`` runs the suite in one process."""
+    option = config.option
+    if _is_worker(config) or not hasattr(option, "numprocesses"):
+        return  # xdist is off (-p no:xdist)
+    if option.numprocesses is None and not (option.usepdb or option.collectonly):
+        option.numprocesses = WORKERS
+    if option.numprocesses and option.dist == "no":
+        option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent under -p no:xdist
+def pytest_configure_node(node: Any) -> None:
+    """A worker parses the command line again, where a ``--dist`` set by
+    :func:`pytest_cmdline_main` is missing: it is told so."""
+    node.workerinput["pm_loadgroup"] = node.config.option.dist == "loadgroup"
+
+
+def _group_for_workers(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup``: each test without a group of its own goes with its file (as
+    ``--dist loadfile``), those of :data:`PROCESS_FILES` all in :data:`PROCESS_GROUP`, which is
+    handed out first. Every worker orders the items alike."""
+    if not (_is_worker(config) and config.workerinput.get("pm_loadgroup")):  # type: ignore[attr-defined]
+        return
+    config.option.loadgroup = True  # xdist's worker adds the groups to the node ids after this
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.nodeid.split("::", 1)[0]
+            group = PROCESS_GROUP if path in PROCESS_FILES else path
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in PROCESS_FILES)
 
 
 # -- pytest-xdist: the workers of one run share its marker, and the controller checks the keys --
@@ -512,13 +609,18 @@ def pytest_configure(config: pytest.Config) -> None:
         RUN_MARKER = _marker_of(config.option.testrunuid)
 
 
-_KEYS_BEFORE = pytest.StashKey[set[bytes]]()
+_KEYS_BEFORE = pytest.StashKey[set[tuple[str, bytes]]]()
+
+
+def _workers_redis(config: pytest.Config) -> list[str]:
+    """The Redis databases of the controller's workers, one each (:func:`_redis_db_url`)."""
+    return [_redis_db_url(index) for index in range(len(config.option.tx))]
 
 
 @pytest.hookimpl(tryfirst=True)  # before the workers start
 def pytest_sessionstart(session: pytest.Session) -> None:
     if _is_controller(session.config):
-        before = _snapshot()
+        before = _snapshot(_workers_redis(session.config))
         if before is not None:
             session.config.stash[_KEYS_BEFORE] = before
 
@@ -530,7 +632,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _templates.names or _templates._dir is not None:
         asyncio.run(_templates.drop())
     before = session.config.stash.get(_KEYS_BEFORE, None)
-    problem = None if before is None else _stray(before)
+    problem = None if before is None else _stray(before, _workers_redis(session.config))
     if problem is None:
         return
     report = pytest.TestReport(
@@ -550,8 +652,8 @@ def no_stray_redis_keys(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the run when it leaves keys in the test Redis (see the module docstring): the keys
     present at the end but not at the start that are this run's or carry no run's marker. Under
     pytest-xdist a worker cannot tell (the others are still writing): the controller checks."""
-    before = None if _is_worker(request.config) else _snapshot()
+    before = None if _is_worker(request.config) else _snapshot([REDIS_URL])
     yield
-    problem = None if before is None else _stray(before)
+    problem = None if before is None else _stray(before, [REDIS_URL])
     if problem is not None:
         pytest.fail(problem, pytrace=False)

@@ -8,7 +8,6 @@ media type, and a body matching the documented schema. At least 1,000 cases run 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
 from periodic_manager.api import create_app
 from periodic_manager.db.migrate import upgrade_sync
 from periodic_manager.settings import Settings
+from tests.support.servers import free_port
 
 EXAMPLES_PER_OPERATION = 45  # per operation and mode (valid, invalid data)
 MIN_CASES = 1000
@@ -46,19 +46,13 @@ CHECKS = [
 cases_run: list[str] = []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
     db = Path(tmp_path_factory.mktemp("fuzz")) / "pm.db"
     url = f"sqlite+aiosqlite:///{db}"
     upgrade_sync(url)
     app = create_app(Settings(database_url=url, target="outbox"))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, name="fuzzed-api", daemon=True)
     thread.start()

@@ -76,7 +76,7 @@ RUN_COMMAND = (
 )
 TEST_COMMAND = (
     "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' && .venv/bin/ruff check . "
-    "&& .venv/bin/mypy && .venv/bin/python -m pytest"
+    "&& .venv/bin/ruff format --check . && .venv/bin/mypy && .venv/bin/python -m pytest"
 )
 
 
@@ -1031,15 +1031,16 @@ def check_extras(args: list[str], where: str) -> None:
 
 
 def check_checker(name: str, args: list[str], where: str) -> None:
-    """``ruff check .`` and ``mypy`` (its files from ``[tool.mypy]``): pinned in the dev extra and
-    configured in pyproject.toml, so the command checks what the page says it does."""
+    """``ruff check .``, ``ruff format --check .`` and ``mypy`` (its files from ``[tool.mypy]``):
+    pinned in the dev extra and configured in pyproject.toml, so the command checks what the page
+    says it does."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     dev = pyproject["project"]["optional-dependencies"]["dev"]
     assert any(re.fullmatch(rf"{name}==[\d.]+", req) for req in dev), (
         f"{where}: {name} not pinned in .[dev]"
     )
     if name == "ruff":
-        assert args == ["check", "."], f"{where}: ruff {args}"
+        assert args in (["check", "."], ["format", "--check", "."]), f"{where}: ruff {args}"
         assert "ruff" in pyproject["tool"], f"{where}: no [tool.ruff] in pyproject.toml"
     else:
         assert args == [], f"{where}: mypy {args} (the files are [tool.mypy] files)"

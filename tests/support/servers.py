@@ -7,7 +7,9 @@ keeps the streams and the claims (what a restarted production Redis with AOF wou
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -15,17 +17,45 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
 from tests.support import ROOT
 
+# Throwaway ports come from a block of this process's own, below the kernel's ephemeral range
+# (32768-60999 on Linux), so that no other xdist worker's free_port, nor a port the kernel picks
+# for an outgoing connection or a bind to port 0, takes a port a test let go of a moment (a
+# server killed and started again on the same port, a proxy cut and restored, a port closed on
+# purpose). Worker gwN has ports 20000 + 500 N up to 500 further, from a random start.
+_PORTS_PER_WORKER = 500
+_FIRST_PORT = 20000
+
+
+def _port_block() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") else 0
+    block = range(
+        _FIRST_PORT + _PORTS_PER_WORKER * index, _FIRST_PORT + _PORTS_PER_WORKER * (index + 1)
+    )
+    start = random.randrange(len(block))  # another run at the same time starts elsewhere
+    return itertools.cycle([*block[start:], *block[:start]])
+
+
+_ports = _port_block()
+
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port of this process's block that is free on 127.0.0.1 right now."""
+    for _ in range(_PORTS_PER_WORKER):
+        port = next(_ports)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port left in this process's block of {_PORTS_PER_WORKER}")
 
 
 def _accepting(port: int) -> bool:

@@ -13,6 +13,8 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tests.support.servers import free_port
+
 
 @dataclass
 class _Rule:
@@ -43,10 +45,11 @@ class TcpProxy:
         self.dropped = 0  # replies dropped so far
 
     async def start(self) -> int:
+        # A port of this process's block (servers.free_port): kept free while the proxy is cut.
+        self.port = self.port or free_port()
         self._server = await asyncio.start_server(
             self._handle, "127.0.0.1", self.port, reuse_address=True
         )
-        self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     async def cut(self) -> None:

@@ -43,10 +43,11 @@ def test_leaks_a_default_key():
     client.set("pm:claim:TAG", 1)
 """
 
-# The same run on two pytest-xdist workers, one file each (``--dist loadfile``): worker b's first
-# test has begun (and so its session) before worker a leaks the key, and b's tests end after it.
-# Both workers' sessions span the leak; the run must report it once. (A worker runs a test once it
-# knows the next, so each file ends with a test that waits for nothing.)
+# The same run on two pytest-xdist workers, one file each (``--dist loadfile``), each in a Redis
+# database of its own: worker b's first test has begun (and so its session) before worker a leaks
+# the key, and b's tests end after it. Both workers' sessions span the leak; the run must report
+# it once. (A worker runs a test once it knows the next, so each file ends with a test that waits
+# for nothing.)
 XDIST_HEAD = """
 import time
 from pathlib import Path
@@ -70,7 +71,9 @@ INNER_XDIST_A = (
 
 def test_leaks_a_default_key():
     wait_for(lambda: Path("b-started").exists(), "worker b's start")
+    Path("a-db.txt").write_text(REDIS_URL)
     client.set("pm:claim:TAG", 1)
+    Path("a-leaked").touch()
 
 
 def test_nothing_after():
@@ -85,8 +88,9 @@ def test_writes_under_its_prefix(redis_prefix):
     open("prefix.txt", "w").write(redis_prefix)
     client.set(f"{redis_prefix}:claim:x", 1)
     client.rpush(f"_kombu.binding.{redis_prefix}.q", "x")
+    Path("b-db.txt").write_text(REDIS_URL)
     Path("b-started").touch()
-    wait_for(lambda: client.exists("pm:claim:TAG"), "the leak")
+    wait_for(lambda: Path("a-leaked").exists(), "the leak")
 
 
 def test_another_run_writes_meanwhile():
@@ -95,10 +99,13 @@ def test_another_run_writes_meanwhile():
 )
 
 
+# A hang guard, not a bound: the inner run starts a pytest (and for xdist two workers) that
+# import the whole package, which took over 100 s on a loaded 2-core machine.
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("files", "options"),
     [
-        ({"test_inner.py": INNER}, []),
+        ({"test_inner.py": INNER}, ["-n", "0"]),  # the suite runs on workers unless told
         (
             {"test_inner_a.py": INNER_XDIST_A, "test_inner_b.py": INNER_XDIST_B},
             ["-n", "2", "--dist", "loadfile"],
@@ -109,14 +116,19 @@ def test_another_run_writes_meanwhile():
 def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
     tmp_path: Path, files: dict[str, str], options: list[str]
 ) -> None:
-    """In one process the session fixture checks; on pytest-xdist workers (each of which sees the
-    others write) the controller checks once they have all finished, and reports it the same way.
-    The inner run has a Redis of its own: this run's tests on other workers write meanwhile."""
+    """In one process the session fixture checks; on pytest-xdist workers (each in a Redis
+    database of its own, 15 and 14) the controller checks them all once every worker has finished,
+    and reports it the same way. The inner run has a Redis server of its own: this run's tests on
+    other workers write meanwhile."""
     try:
         server = RedisServer(persist=False)
         server.start()
-        client = redis.Redis.from_url(server.url, socket_connect_timeout=2)
-        client.ping()
+        dbs = [15, 14] if "2" in options else [15]
+        clients = [
+            redis.Redis.from_url(f"redis://127.0.0.1:{server.port}/{db}", socket_connect_timeout=2)
+            for db in dbs
+        ]
+        clients[0].ping()
     except (RuntimeError, OSError, redis.RedisError) as exc:
         _unavailable("redis-server", exc)
     tag = uuid.uuid4().hex[:12]
@@ -146,8 +158,11 @@ def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=120,
-            env={**os.environ, "PM_TEST_REDIS_URL": server.url},
+            timeout=280,
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")},
+                "PM_TEST_REDIS_URL": f"redis://127.0.0.1:{server.port}/15",
+            },
         )
         out = done.stdout + done.stderr
         assert done.returncode == 1, out
@@ -155,11 +170,17 @@ def test_a_run_that_leaves_a_key_fails_and_names_only_that_key(
         assert f"{tests} passed, 1 error" in out, out
         line = next(ln for ln in out.splitlines() if "left 1 key(s) in the test Redis" in ln)
         assert f": {leaked}. A test must" in line, out  # the leak, and nothing else
-        assert client.exists(leaked, other) == 2  # the guard reports; it deletes nothing
+        # the guard reports; it deletes nothing
+        assert sum(client.exists(leaked, other) for client in clients) == 2
         prefix = (tmp_path / "prefix.txt").read_text()
         assert prefix.startswith("pmt"), prefix
-        assert not list(client.scan_iter(match=f"*{prefix}*")), "the prefix's keys went"
+        for client in clients:
+            assert not list(client.scan_iter(match=f"*{prefix}*")), "the prefix's keys went"
+        if "2" in options:  # each worker wrote to a database of its own
+            used = {(tmp_path / f"{w}-db.txt").read_text().rsplit("/", 1)[1] for w in "ab"}
+            assert used == {"15", "14"}, used
     finally:
-        client.delete(leaked, other)
-        client.close()
+        for client in clients:
+            client.delete(leaked, other)
+            client.close()
         server.close()
