@@ -23,7 +23,7 @@ from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.calendars import check_spec, exclusion
 from periodic_manager.schedules.definition import PeriodicTaskConfig
-from periodic_manager.schedules.jitter import shortest_gap
+from periodic_manager.schedules.judge import shortest_gap
 from periodic_manager.schedules.slots import Rule
 from periodic_manager.targets.memory import MemoryTarget
 
