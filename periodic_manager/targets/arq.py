@@ -226,20 +226,13 @@ class ArqTarget(RedisJobTarget):
         """One script call for the jobs ``part`` of ``queue``: a flag per job."""
         from arq.constants import job_key_prefix, result_key_prefix
 
-        rows: list[list[Any]] = []
-        for index in part:
-            task, job = tasks[index], jobs[index]
-            row: list[Any] = [
-                task.idempotency_key,
-                task.id,
-                self.claims.ttl_ms(task, now),
-                job.score_ms,
-                job.expires_ms,
-                len(job.body),
-            ]
-            if decided is not None and index in decided.written:
-                row += list(decided.written[index])
-            rows.append(row)
+        rows = self._rows(
+            part,
+            tasks,
+            decided,
+            now,
+            lambda i: [jobs[i].score_ms, jobs[i].expires_ms, len(jobs[i].body)],
+        )
         args = [
             self.claims.key(""),
             job_key_prefix,

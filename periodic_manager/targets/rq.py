@@ -222,21 +222,8 @@ class RqTarget(RedisJobTarget):
         now: datetime,
     ) -> list[Any]:
         """One script call for the jobs ``part`` of ``queue``: a flag per job."""
-        rows: list[list[Any]] = []
-        fields: list[bytes | str] = []
-        for index in part:
-            task, job = tasks[index], jobs[index]
-            row: list[Any] = [
-                task.idempotency_key,
-                task.id,
-                self.claims.ttl_ms(task, now),
-                job.ttl,
-                len(job.fields),
-            ]
-            if decided is not None and index in decided.written:
-                row += list(decided.written[index])
-            rows.append(row)
-            fields += job.fields
+        rows = self._rows(part, tasks, decided, now, lambda i: [jobs[i].ttl, len(jobs[i].fields)])
+        fields: list[bytes | str] = [f for i in part for f in jobs[i].fields]
         args = [self.claims.key(""), self.job_prefix, self.queues_key, json.dumps(rows), *fields]
         return list(await self._script(keys=[self.queue_prefix + queue], args=args))
 

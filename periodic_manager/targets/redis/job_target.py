@@ -7,14 +7,14 @@ question and the close. A target adds how a task becomes a job (``job``), its sc
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Self
 
 from periodic_manager.contracts import EnqueueResult, Task
 from periodic_manager.targets.redis.claims import RedisClaims
 from periodic_manager.targets.redis.jobs import JobBatch
-from periodic_manager.targets.redis.previous import PreviousTasks
+from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 from periodic_manager.targets.redis.sentinel import Sentinel
 
 
@@ -91,6 +91,27 @@ class RedisJobTarget:
 
     async def _states(self, job_ids: Sequence[str]) -> list[str]:
         raise NotImplementedError
+
+    def _rows(
+        self,
+        part: Sequence[int],
+        tasks: Sequence[Task],
+        decided: Decided | None,
+        now: datetime,
+        job_fields: Callable[[int], list[Any]],
+    ) -> list[list[Any]]:
+        """The script's row of each job of ``part``: its claim (key, task id, claim TTL), what
+        ``job_fields`` gives of the job at that index, then the previous task the overlap read
+        recorded for it (``decided.written``), if any."""
+        rows: list[list[Any]] = []
+        for index in part:
+            task = tasks[index]
+            row = [task.idempotency_key, task.id, self.claims.ttl_ms(task, now)]
+            row += job_fields(index)
+            if decided is not None and index in decided.written:
+                row += list(decided.written[index])
+            rows.append(row)
+        return rows
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         """Claim and write every task's job, one script per queue and ``chunk`` of jobs (at
