@@ -13,9 +13,10 @@ from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_va
 from pydantic_core import InitErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from periodic_manager.plugins import installed
 from periodic_manager.schedules.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from periodic_manager.schedules.rules import DEFAULT_MAX_PAYLOAD_BYTES, MAX_DURATION_S, TargetSet
-from periodic_manager.targets import installed, registry
+from periodic_manager.targets import registry
 from periodic_manager.targets.plugin import none_if_blank
 
 MAX_CATCHUP_RATE = 100_000  # slots per second of a paced catch-up or backfill

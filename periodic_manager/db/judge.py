@@ -34,6 +34,7 @@ from periodic_manager.db.rows import (
     utf8,
 )
 from periodic_manager.errors import ConfigError
+from periodic_manager.plugins import task_rules
 from periodic_manager.schedules.calendars import CalendarSpec
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.judge import NAME_RE, Deployment, Judge
@@ -45,7 +46,6 @@ from periodic_manager.schedules.rules import (
     target_refusal,
     validate_target,
 )
-from periodic_manager.targets import task_rules
 
 Check = Callable[[PeriodicTaskConfig], None]
 # Reads a row's task type, payload text and options: what its target refuses (validate_task).
@@ -67,7 +67,7 @@ class Rules:
     # The usable calendars by name (db/calendars.py), read by whoever judges: a row whose
     # options.exclude names another is a row error. None: not read (options.exclude unresolved).
     calendars: Mapping[str, CalendarSpec] | None = None
-    # What the row's target refuses in its task (targets/task_rules.py), the judge's verdict for
+    # What the row's target refuses in its task (plugins/task_rules.py), the judge's verdict for
     # less: asked for every row, a row of a known shape too (it reads the payload). None: no
     # configured target has a rule.
     task_check: TaskCheck | None = None

@@ -2,7 +2,7 @@
 check, the limits of every number and JSON document, which targets a deployment runs
 (:class:`TargetSet`, :func:`validate_target`), and what the schedule's target refuses in its task
 whenever it is sent (:func:`validate_task`: the rules each target declares,
-:mod:`periodic_manager.targets.task_rules`).
+:mod:`periodic_manager.plugins.task_rules`).
 
 Each check raises :class:`~periodic_manager.errors.ConfigError` naming the field and the reason.
 The judge (:mod:`periodic_manager.schedules.judge`) asks them, with the rules of name, task type,
@@ -18,11 +18,11 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from periodic_manager.errors import ConfigError
+from periodic_manager.plugins import installed, task_rules
 from periodic_manager.schedules.bounds import check_instant, parse_instant
 from periodic_manager.schedules.calendars import check_names
 from periodic_manager.schedules.failures import MAX_FAILURES
 from periodic_manager.schedules.runs import MAX_RUNS
-from periodic_manager.targets import installed, task_rules
 
 QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
 DEFAULT_QUEUE = "default"
@@ -356,7 +356,7 @@ def validate_task(
 ) -> None:
     """Refuse a task the schedule's target (``options.target``, else the default: the first of
     ``configured``) refuses whenever it is sent: the rule that target declares
-    (:mod:`periodic_manager.targets.task_rules`). ConfigError names the field the target names
+    (:mod:`periodic_manager.plugins.task_rules`). ConfigError names the field the target names
     (``task_type``, ``payload``, ``options.queue``) and the target, code ``target-refuses``.
 
     Checked, like :func:`validate_target`, only when ``configured`` is a :class:`TargetSet` (a

@@ -39,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, Task
+from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.builtin.redis_queues import ARQ
@@ -46,7 +47,6 @@ from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.job_target import RedisJobTarget
 from periodic_manager.targets.redis.previous import Decided
-from periodic_manager.targets.task_rules import TaskProblem
 
 # Keyword names enqueue_job keeps for itself; a payload key among them would be swallowed.
 RESERVED_KWARGS = frozenset(
@@ -285,7 +285,7 @@ class ArqTarget(RedisJobTarget):
 def task_problem(
     task_type: str, payload_json: str, options: Mapping[str, Any]
 ) -> TaskProblem | None:
-    """What arq refuses whenever the task is sent (:mod:`~periodic_manager.targets.task_rules`):
+    """What arq refuses whenever the task is sent (:mod:`~periodic_manager.plugins.task_rules`):
     a payload object with a key ``enqueue_job`` keeps for itself (:data:`RESERVED_KWARGS`), as
     :func:`arq_call` refuses it. The text is parsed only when it may hold one."""
     if _MAY_RESERVE.search(payload_json) is None:  # no such name, not even escaped

@@ -46,6 +46,7 @@ from typing import Any
 
 from periodic_manager.contracts import EnqueueResult, Task, refused
 from periodic_manager.errors import TargetError
+from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets import completion
 from periodic_manager.targets.base import overlap_refused, split_payload
@@ -63,7 +64,6 @@ from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.pending import PendingWay
 from periodic_manager.targets.redis.previous import Decided
 from periodic_manager.targets.redis.sentinel import Sentinel
-from periodic_manager.targets.task_rules import TaskProblem
 
 # Claims each message's slot and enqueues it (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "dramatiq_claim_and_enqueue.lua")
@@ -368,7 +368,7 @@ def task_problem(
     task_type: str, payload_json: str, options: Mapping[str, Any]
 ) -> TaskProblem | None:
     """What Dramatiq refuses whenever the task is sent
-    (:mod:`~periodic_manager.targets.task_rules`): an ``options.queue`` that is no Dramatiq
+    (:mod:`~periodic_manager.plugins.task_rules`): an ``options.queue`` that is no Dramatiq
     queue name, or names a delay or dead-letter queue, as :func:`dramatiq_queue` refuses it."""
     queue = options.get("queue") or DEFAULT_QUEUE
     if not isinstance(queue, str) or not _QUEUE_NAME.fullmatch(queue):

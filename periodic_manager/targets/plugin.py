@@ -20,7 +20,7 @@ What a plugin declares (docs/targets.md walks through writing one):
 * ``completion`` and ``failure``: why it cannot tell that a task finished (``options.overlap``
   skip and hold) or failed (``options.pause_after_failures``), None when it can;
 * ``task_problem``: its write-time rule, ``"module:function"`` (see
-  :mod:`periodic_manager.targets.task_rules`), imported on the first question;
+  :mod:`periodic_manager.plugins.task_rules`), imported on the first question;
 * ``library``: the optional library it needs, and how to install it;
 * ``refuse``: a setting it cannot run with (the field at fault and why), checked at start.
 

@@ -52,11 +52,11 @@ from periodic_manager.contracts import (
     refused,
 )
 from periodic_manager.errors import TargetError
+from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
 from periodic_manager.targets.builtin.procrastinate import POSTGRESQL_ONLY
 from periodic_manager.targets.database import DatabaseTarget
-from periodic_manager.targets.task_rules import TaskProblem
 
 NAME_MAX = 128  # procrastinate_jobs.queue_name and task_name: character varying(128)
 PRUNE_ROWS = 1000  # expired keys deleted per batch sent
@@ -295,7 +295,7 @@ def task_problem(
     task_type: str, payload_json: str, options: Mapping[str, Any]
 ) -> TaskProblem | None:
     """What procrastinate refuses whenever the task is sent
-    (:mod:`~periodic_manager.targets.task_rules`), as :func:`job_args` refuses it: a
+    (:mod:`~periodic_manager.plugins.task_rules`), as :func:`job_args` refuses it: a
     ``task_type`` longer than its column holds, a payload that is neither a JSON object (the
     task's keyword arguments) nor null (its kind is read from its first character: the text is
     valid JSON). A queue name is at most 100 characters for every schedule (rules.QUEUE_RE)."""

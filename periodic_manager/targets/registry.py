@@ -1,5 +1,5 @@
 """The one registry of targets: the plugins installed under the entry-point group
-``periodic_manager.targets`` (:mod:`~periodic_manager.targets.installed`), the built-in ones
+``periodic_manager.targets`` (:mod:`~periodic_manager.plugins.installed`), the built-in ones
 included.
 
 The core asks it by name and never names a target itself. Entry points are read once per
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from periodic_manager.targets import installed
+from periodic_manager.plugins import installed
 from periodic_manager.targets.plugin import TargetPlugin
 
 

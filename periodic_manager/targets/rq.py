@@ -47,6 +47,7 @@ from enum import Enum
 from typing import Any
 
 from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, Task
+from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import split_payload
 from periodic_manager.targets.builtin.redis_queues import RQ
@@ -54,7 +55,6 @@ from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.job_target import RedisJobTarget
 from periodic_manager.targets.redis.previous import Decided
-from periodic_manager.targets.task_rules import TaskProblem
 
 # Claims each job's slot and enqueues the job (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "rq_claim_and_enqueue.lua")
@@ -257,7 +257,7 @@ class RqTarget(RedisJobTarget):
 def task_problem(
     task_type: str, payload_json: str, options: Mapping[str, Any]
 ) -> TaskProblem | None:
-    """What RQ refuses whenever the task is sent (:mod:`~periodic_manager.targets.task_rules`):
+    """What RQ refuses whenever the task is sent (:mod:`~periodic_manager.plugins.task_rules`):
     a ``task_type`` that is no dotted path ``module.function`` (the worker imports it), as
     :meth:`RqTarget.job` refuses it."""
     module, dot, function = task_type.rpartition(".")

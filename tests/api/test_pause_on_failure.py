@@ -197,7 +197,7 @@ def test_import_refuses_the_option_on_the_outbox(
     from periodic_manager.db.migrate import upgrade_sync
 
     upgrade_sync(sqlite_url)
-    # a dotted task_type: RQ refuses any other at write time (targets/task_rules.py)
+    # a dotted task_type: RQ refuses any other at write time (plugins/task_rules.py)
     doc = [
         {
             "name": "n",

@@ -9,9 +9,10 @@ import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from periodic_manager.plugins import installed
+from periodic_manager.plugins.installed import GROUP
 from periodic_manager.settings import CoreSettings, Settings
-from periodic_manager.targets import installed, registry
-from periodic_manager.targets.installed import GROUP
+from periodic_manager.targets import registry
 from periodic_manager.targets.plugin import TargetPlugin
 
 ROOT = Path(__file__).resolve().parents[2]

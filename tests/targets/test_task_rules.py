@@ -1,5 +1,5 @@
 """Refused at write time: what a target refuses in a task whenever it is sent (the rule it
-declares in its own module, periodic_manager/targets/task_rules.py) is a 422 over the API naming
+declares in its own module, periodic_manager/plugins/task_rules.py) is a 422 over the API naming
 the field and the target, a row error for a row written with SQL (its last good version keeps
 running), and a refused entry for ``import``; for the schedule's target, ``options.target`` or
 the default. The three schedules of issue 36 (RQ ``task_type`` without a dot, Dramatiq queue
@@ -24,11 +24,12 @@ from periodic_manager.contracts import RowError
 from periodic_manager.db import judge as dbjudge
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import ConfigError
+from periodic_manager.plugins import installed, task_rules
 from periodic_manager.runtime.assemble import build_manager
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import TARGET_REFUSES
 from periodic_manager.settings import Settings
-from periodic_manager.targets import installed, registry, task_rules
+from periodic_manager.targets import registry
 from periodic_manager.targets.memory import MemoryTarget
 from tests.support import rawsql
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from periodic_manager.contracts import EnqueueResult, Task
+from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.targets.completion import asks
-from periodic_manager.targets.task_rules import TaskProblem
 from pm_jsonl_target import NO_COMPLETION
 
 

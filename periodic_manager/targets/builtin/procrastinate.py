@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from periodic_manager.targets.installed import load
+from periodic_manager.plugins.installed import load
 from periodic_manager.targets.plugin import Library, ManagerSettings, Refusal, TargetPlugin
 from periodic_manager.urls import redact_url
 

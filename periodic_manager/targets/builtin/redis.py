@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from periodic_manager.targets.installed import load
+from periodic_manager.plugins.installed import load
 from periodic_manager.targets.plugin import OptionalText, Refusal, TargetPlugin
 from periodic_manager.urls import redact_url
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, create_model
 
+from periodic_manager.plugins.installed import load
 from periodic_manager.targets.builtin.redis import RedisConnection, single_redis
-from periodic_manager.targets.installed import load
 from periodic_manager.targets.plugin import Library, TargetPlugin
 from periodic_manager.urls import redact_url
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from periodic_manager.targets import installed
+from periodic_manager.plugins import installed
 
 
 @dataclass(frozen=True, slots=True)
