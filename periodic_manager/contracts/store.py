@@ -211,7 +211,7 @@ class RuntimeStore(Protocol):
 class BeatStore(Protocol):
     """A runtime store whose heartbeat another statement of the manager can write (PostgreSQL:
     the lease round's, ``PM_COORDINATION=partitions``), so a manager at rest makes one round
-    trip per round instead of two (``db.store.beat_ctes`` is that heartbeat's SQL)."""
+    trip per round instead of two (``db.managers.beat_ctes`` is that heartbeat's SQL)."""
 
     @property
     def carries_beat(self) -> bool:
