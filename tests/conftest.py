@@ -404,7 +404,7 @@ def _print_tasks() -> None:
             print(f"    awaiting {link!r}"[:300])
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups (--dist loadgroup)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.function):
@@ -549,37 +549,41 @@ PROCESS_GROUP = "processes"
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which sets the workers up
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """Without ``-n`` the suite runs on :data:`WORKERS` xdist workers; with ``-n N`` on N. Each
-    worker takes one file (or the process group) at a time (``--dist loadgroup``, unless another
-    ``--dist`` is given); ``-n 0`` or ``-p no:xdist`` runs the suite in one process."""
+    worker takes one file (or the process group) at a time (``--dist loadfile``, unless another
+    ``--dist`` is given: see :func:`pytest_xdist_make_scheduler`); ``-n 0`` or ``-p no:xdist``
+    runs the suite in one process."""
     option = config.option
     if _is_worker(config) or not hasattr(option, "numprocesses"):
         return  # xdist is off (-p no:xdist)
     if option.numprocesses is None and not (option.usepdb or option.collectonly):
         option.numprocesses = WORKERS
     if option.numprocesses and option.dist == "no":
-        option.dist = "loadgroup"
+        option.dist = "loadfile"
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: absent under -p no:xdist
-def pytest_configure_node(node: Any) -> None:
-    """A worker parses the command line again, where a ``--dist`` set by
-    :func:`pytest_cmdline_main` is missing: it is told so."""
-    node.workerinput["pm_loadgroup"] = node.config.option.dist == "loadgroup"
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile``: a file's tests go to one worker, one file at a time, and the
+    files of :data:`PROCESS_FILES` are one scope (:data:`PROCESS_GROUP`), so two of them never
+    run at once. The controller decides it from the node ids alone (a worker parses the command
+    line again and never sees a ``--dist`` set by :func:`pytest_cmdline_main`)."""
+    if config.option.dist != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndProcesses(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return PROCESS_GROUP if path in PROCESS_FILES else path
+
+    return FilesAndProcesses(config, log)
 
 
 def _group_for_workers(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup``: each test without a group of its own goes with its file (as
-    ``--dist loadfile``), those of :data:`PROCESS_FILES` all in :data:`PROCESS_GROUP`, which is
-    handed out first. Every worker orders the items alike."""
-    if not (_is_worker(config) and config.workerinput.get("pm_loadgroup")):  # type: ignore[attr-defined]
-        return
-    config.option.loadgroup = True  # xdist's worker adds the groups to the node ids after this
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = item.nodeid.split("::", 1)[0]
-            group = PROCESS_GROUP if path in PROCESS_FILES else path
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in PROCESS_FILES)
+    """The files of :data:`PROCESS_FILES` first (their scope is the longest, so it is handed
+    out first); every worker orders the items alike, as xdist asks."""
+    if _is_worker(config):
+        items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in PROCESS_FILES)
 
 
 # -- pytest-xdist: the workers of one run share its marker, and the controller checks the keys --
