@@ -1,14 +1,10 @@
-"""The row judge of stored rows: what a raw ``periodic_jobs`` row (:mod:`periodic_manager.db.rows`)
-is to a manager, one row at a time, in Python.
-
-Deciding is the judge's (:mod:`periodic_manager.schedules.judge`), the one judge of the API,
-import and code too; this module is its SQL side: it decodes each column of a raw row (a decoding
-error is the row's error, named first), hands the values to the judge and reports its first
-problem as the row's :class:`~periodic_manager.contracts.RowError`. :func:`judge` (the API's
-trigger, the backfill) and :func:`periodic_manager.db.view.view` (the API's and the export's
-reading of a row) build on :func:`judge_content`; :class:`RowJudge` is the same judge for a
-provider that reads many rows: it remembers the verdicts on values rows repeat (a spec in its
-zone, a task type, an options text, a whole row shape), which only changes the cost.
+"""The SQL side of the one judge (:mod:`periodic_manager.schedules.judge`): what a raw
+``periodic_jobs`` row (:mod:`periodic_manager.db.rows`) is to a manager. Each column is decoded (a
+decoding error is the row's error, named first), the values go to the judge, and its first
+problem is the row's :class:`~periodic_manager.contracts.RowError`. :func:`judge` (the API's
+trigger, the backfill) and :func:`periodic_manager.db.view.view` build on :func:`judge_content`;
+:class:`RowJudge` is the same judge for a provider that reads many rows: it remembers verdicts on
+values rows repeat (a spec in its zone, a task type, an options text, a row's shape): cost only.
 """
 
 from __future__ import annotations
@@ -195,7 +191,7 @@ class RowJudge(Judge):
 
     def __init__(self, rules: Rules) -> None:
         super().__init__(rules.deployment)
-        self.rules = rules
+        self._rules = rules
         # What valid rows become: a PeriodicTaskConfig, or a subclass a manager adopts as is
         # (its scheduler's entries: one object per schedule from the read on, never a copy).
         self.config_class: type[PeriodicTaskConfig] = PeriodicTaskConfig
@@ -208,6 +204,15 @@ class RowJudge(Judge):
         self._instants: dict[Any, datetime] = {}
         # (spec, timezone, task_type, options text) of valid rows -> their shared values
         self._shapes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    @property
+    def rules(self) -> Rules:
+        return self._rules
+
+    @rules.setter
+    def rules(self, rules: Rules) -> None:  # a read's calendars: options.exclude follows them
+        self._rules = rules
+        self.deployment = rules.deployment
 
     def __call__(self, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | None:  # type: ignore[override]
         try:

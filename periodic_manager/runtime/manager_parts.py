@@ -143,6 +143,7 @@ class ManagerParts:
             on_runs=self.store.record_runs,
             observe=self._observe_runs,
             view_changed=self.publisher.upsert,
+            read_state=self.store.get_state,
         )
         # Nothing is sent until leadership is decided (at once for AlwaysLeader).
         self.scheduler.set_active(False)
@@ -159,7 +160,6 @@ class ManagerParts:
             self.manager_id,
             store=self.store if isinstance(self.store, LastGoodStore) else None,
             judge=incremental.judge_stored if incremental is not None else None,
-            read_state=self.store.get_state,
         )
         self.syncer = Syncer(
             self.provider,
