@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -26,6 +24,7 @@ from periodic_manager.db.rows import (
     epoch_instant,
     json_value,
     judge_enabled,
+    plain_jsonb,
     sqlite_instant,
     utf8,
 )
@@ -36,7 +35,6 @@ from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.judge import NAME_RE, Deployment, Judge
 from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    MAX_JSON_DEPTH,
     PendingJson,
     TargetSet,
     target_refusal,
@@ -123,49 +121,23 @@ def judge_content(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowE
 
     Never raises: whatever a row holds, the others go on.
     """
-    return RowJudge(rules).content(raw)
+    return _judge_for(rules).content(raw)
 
 
 def judge(rules: Rules, raw: Sequence[Any]) -> PeriodicTaskConfig | RowError | None:
     """What the manager does with a raw row: None when it is disabled (nothing to schedule),
     else its config or the RowError to report (a bad ``enabled`` is reported, never skipped)."""
-    return RowJudge(rules)(raw)
+    return _judge_for(rules)(raw)
 
 
-def _plain_jsonb(text: Any, max_bytes: int, jsonb: bool) -> PendingJson | None:
-    """PostgreSQL's text of a JSON document, when it can pass every payload check without
-    being re-encoded now (the canonical form is made later, off a cold start's path).
-
-    JSONB's text is at least as long as our canonical form (which drops the blank after each
-    ``,`` and ``:``, and whose numbers and strings are never longer), so a text within the size
-    limit is within it canonically too; fewer brackets than the depth limit cannot nest deeper;
-    PostgreSQL refuses NUL, and a text with a ``\\u`` escape takes the exact path. When the
-    column is of type jsonb (``jsonb``: checked once per provider), the text is valid JSON by
-    construction, and only an integer longer than Python parses could still fail: a run of that
-    many digits takes the exact path too. Otherwise the text is parsed. Either way the verdict is
-    the one of the exact path; only the cost differs.
-    """
-    if type(text) is not str:
-        return None
-    n = len(text)  # a text this short cannot hold that many brackets or digits: not searched
-    if n > max_bytes or (not text.isascii() and len(text.encode()) > max_bytes):
-        return None
-    if (n > MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH) or "\\u" in text:
-        return None
-    if jsonb:
-        if _INT_DIGITS and n > _INT_DIGITS and _LONG_DIGITS.search(text):
-            return None
-    else:
-        try:
-            json.loads(text)
-        except (ValueError, RecursionError):
-            return None  # the exact path names the error
-    return PendingJson(text)
+_last: list[RowJudge] = []  # the judge of the last rules asked for (one slot)
 
 
-# A run of more digits than Python parses as an integer (sys.get_int_max_str_digits(); 0: no limit).
-_INT_DIGITS = sys.get_int_max_str_digits()
-_LONG_DIGITS = re.compile("[0-9]{%d}" % (_INT_DIGITS + 1))  # noqa: UP031
+def _judge_for(rules: Rules) -> RowJudge:
+    """The judge of ``rules``, kept while they are asked for: a page's rows share its memos."""
+    if not _last or _last[0].rules is not rules:
+        _last[:] = [RowJudge(rules)]
+    return _last[0]
 
 
 class _Known:
@@ -241,7 +213,7 @@ class RowJudge(Judge):
             # two are checked (if either fails, the full path below names the error).
             known = self._shapes.get((spec, timezone, task_type, options_raw))
             if known is not None and type(name) is str and NAME_RE.match(name):
-                pending = _plain_jsonb(payload_raw, rules.max_payload_bytes, self.jsonb)
+                pending = plain_jsonb(payload_raw, rules.max_payload_bytes, self.jsonb)
                 if pending is not None:
                     spec, timezone, task_type, opts, options_json = known
                     # No rules.check: it reads the shape alone (see Rules), and this shape
@@ -293,7 +265,7 @@ class RowJudge(Judge):
             )
         task_type = self._text("task_type", task_type)
         pending = (
-            None if rules.sqlite else _plain_jsonb(payload, rules.max_payload_bytes, self.jsonb)
+            None if rules.sqlite else plain_jsonb(payload, rules.max_payload_bytes, self.jsonb)
         )
         payload = pending if pending is not None else json_value("payload", payload)
         self._options_raw = options
@@ -330,7 +302,7 @@ class RowJudge(Judge):
         return str(value)
 
     def payload(self, value: Any) -> str | PendingJson:
-        if isinstance(value, PendingJson):  # proven valid and within the limits (_plain_jsonb)
+        if isinstance(value, PendingJson):  # proven valid and within the limits (plain_jsonb)
             return value
         return super().payload(value)
 

@@ -25,6 +25,8 @@ shown by :mod:`periodic_manager.db.view`.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -38,6 +40,7 @@ from periodic_manager.db.column_types import UTCDateTime
 from periodic_manager.db.models import jobs_table
 from periodic_manager.errors import ConfigError
 from periodic_manager.schedules.definition import UNKNOWN_START
+from periodic_manager.schedules.rules import MAX_JSON_DEPTH, PendingJson
 
 # The columns of a raw row, in this order: the id, then ``enabled``, then the content the
 # manager judges, then ``effective_at`` (bookkeeping the manager reads, never a row error), then
@@ -299,3 +302,39 @@ def bool_of(sqlite: bool, value: Any) -> bool | None:
         return judge_enabled(sqlite, value)
     except ConfigError:
         return None
+
+
+def plain_jsonb(text: Any, max_bytes: int, jsonb: bool) -> PendingJson | None:
+    """PostgreSQL's text of a JSON document, when it can pass every payload check without
+    being re-encoded now (the canonical form is made later, off a cold start's path).
+
+    JSONB's text is at least as long as our canonical form (which drops the blank after each
+    ``,`` and ``:``, and whose numbers and strings are never longer), so a text within the size
+    limit is within it canonically too; fewer brackets than the depth limit cannot nest deeper;
+    PostgreSQL refuses NUL, and a text with a ``\\u`` escape takes the exact path. When the
+    column is of type jsonb (``jsonb``: checked once per provider), the text is valid JSON by
+    construction, and only an integer longer than Python parses could still fail: a run of that
+    many digits takes the exact path too. Otherwise the text is parsed. Either way the verdict is
+    the one of the exact path; only the cost differs.
+    """
+    if type(text) is not str:
+        return None
+    n = len(text)  # a text this short cannot hold that many brackets or digits: not searched
+    if n > max_bytes or (not text.isascii() and len(text.encode()) > max_bytes):
+        return None
+    if (n > MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH) or "\\u" in text:
+        return None
+    if jsonb:
+        if _INT_DIGITS and n > _INT_DIGITS and _LONG_DIGITS.search(text):
+            return None
+    else:
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return None  # the exact path names the error
+    return PendingJson(text)
+
+
+# A run of more digits than Python parses as an integer (sys.get_int_max_str_digits(); 0: no limit).
+_INT_DIGITS = sys.get_int_max_str_digits()
+_LONG_DIGITS = re.compile("[0-9]{%d}" % (_INT_DIGITS + 1))  # noqa: UP031
