@@ -301,7 +301,10 @@ async def test_a_manager_frozen_past_its_lease_ttl_sends_nothing_for_what_it_los
         last = datetime.now(UTC) - timedelta(seconds=1)
         # b sent every slot of those partitions meanwhile: a send by a would meet b's claim.
         assert slots_of(port, "duplicate") == 0, logs()
-        assert "not renewed in time; sending for them stops" in a.log(), logs()
+        # Which check stops it first is up to the event loop after SIGCONT: its trust ran out
+        # (no renewal in time), its lease connection ended with its liveness lock, or its wall
+        # clock is seen to have jumped. Each one says so, and each one stops its sending.
+        assert re.search(r"sending (for them )?stops", a.log()), logs()
         assert a.stop() == 0 and b.stop() == 0, logs()
     finally:
         a.kill()
