@@ -3,7 +3,7 @@ and the values it keeps; a heartbeat another statement may carry (:class:`BeatSt
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
@@ -19,6 +19,7 @@ __all__ = [
     "EntryRecord",
     "RunRecord",
     "StateRecord",
+    "StateReader",
     "RuntimeStore",
     "BeatStore",
     "CarriedBeat",
@@ -157,6 +158,10 @@ class StateRecord:
         elif run.status == "failed":
             self.last_error = run.error
         return self
+
+
+# Reads what the store records of the schedules with these keys (the ones it has).
+StateReader = Callable[[Iterable[str]], Awaitable[Mapping[str, StateRecord]]]
 
 
 class RuntimeStore(Protocol):

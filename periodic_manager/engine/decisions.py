@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-from periodic_manager.contracts import RunRecord, StateRecord
+from periodic_manager.contracts import RunRecord, StateReader
 from periodic_manager.engine.dispatch import Chunk, Dispatcher, prepare
 from periodic_manager.engine.entries import Entries
 from periodic_manager.engine.entry import ScheduledEntry
@@ -42,7 +42,9 @@ from periodic_manager.schedules.runs import max_runs_of, runs_left
 log = logging.getLogger(__name__)
 
 # What the store records of schedules, by key (``RuntimeStore.get_state``).
-StateReader = Callable[[Iterable[str]], Awaitable[Mapping[str, StateRecord]]]
+# How long a send waits for the store's count of runs left (options.max_runs) before it goes on
+# with this manager's own count: a slow or hung database must not hold back every schedule due.
+RECOUNT_BOUND_S = 1.0
 
 
 class Decisions:
@@ -60,6 +62,7 @@ class Decisions:
         window: Callable[[PeriodicTaskConfig], timedelta],
         idle: asyncio.Event,
         read_state: StateReader | None = None,
+        recount_bound: float = RECOUNT_BOUND_S,
     ) -> None:
         self.entries = entries
         self.stager = stager
@@ -71,6 +74,7 @@ class Decisions:
         self.idle = idle  # set while no dispatch is under way (background writers go between)
         # What the store records of schedules (options.max_runs: the runs a backfill used too).
         self.read_state = read_state
+        self.recount_bound = recount_bound
         # The idents not to send for at all (entries being dropped in turns: their partitions
         # were lost or handed over); None, the common case: every entry may be sent.
         self.fenced: Callable[[int | str], bool] | None = None
@@ -320,14 +324,16 @@ class Decisions:
         """``send`` without the entries with options.max_runs that have no run left by what the
         store records (a backfill uses runs too: :mod:`periodic_manager.backfill`): each takes
         the fewer of its own runs left and the store's; one left with none ends here. A failed
-        read keeps the runs left this manager counted."""
+        read, or one that takes longer than ``recount_bound``, keeps the runs left this manager
+        counted (the store's count catches up at its next sync)."""
         if self.read_state is None or not self._recounts(send):
             return send
         limited = [e for e in send if e.runs_left is not None]
         try:
-            states = await self.read_state([e.key for e in limited])
+            async with asyncio.timeout(self.recount_bound):
+                states = await self.read_state([e.key for e in limited])
         except Exception as exc:  # noqa: BLE001 - the store being down must not stop the send
-            log.warning("reading the runs of options.max_runs failed: %s", exc)
+            log.warning("reading the runs of options.max_runs failed: %r", exc)
             return send
         ended: set[int] = set()
         for entry in limited:

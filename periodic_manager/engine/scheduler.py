@@ -37,8 +37,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.clock import SystemClock, later, sleep_unless
-from periodic_manager.contracts import Clock, Target
-from periodic_manager.engine.decisions import Decisions, StateReader
+from periodic_manager.contracts import Clock, StateReader, Target
+from periodic_manager.engine.decisions import Decisions
 from periodic_manager.engine.dispatch import Dispatcher, Hooks
 from periodic_manager.engine.entries import Counted, Entries, window_of
 from periodic_manager.engine.entry import ScheduledEntry

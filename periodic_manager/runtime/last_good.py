@@ -31,11 +31,11 @@ from periodic_manager.contracts import (
     LastGoodStore,
     LastGoodVersion,
     RowError,
+    StateReader,
     StoredVersion,
 )
 from periodic_manager.engine.entries import Counted
 from periodic_manager.pacing import in_turns
-from periodic_manager.runtime.limited import StateReader
 from periodic_manager.runtime.publishing import EntryPublisher
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import (

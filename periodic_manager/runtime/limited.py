@@ -4,15 +4,13 @@ are taken from it (see :mod:`periodic_manager.schedules.runs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 
-from periodic_manager.contracts import StateRecord
+from periodic_manager.contracts import StateReader
 from periodic_manager.engine.entries import Counted, Ident
 from periodic_manager.pacing import in_turns
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.runs import max_runs_of
-
-StateReader = Callable[[Iterable[str]], Awaitable[Mapping[str, StateRecord]]]
 
 
 async def limited(configs: Sequence[PeriodicTaskConfig]) -> list[PeriodicTaskConfig]:

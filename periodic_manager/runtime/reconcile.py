@@ -18,13 +18,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from periodic_manager.contracts import ChangeSet, EntryRecord, ProviderSnapshot, RowError
+from periodic_manager.contracts import (
+    ChangeSet,
+    EntryRecord,
+    ProviderSnapshot,
+    RowError,
+    StateReader,
+)
 from periodic_manager.engine.entries import Counted
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.last_good import LastGoodKeeper
-from periodic_manager.runtime.limited import StateReader, limited, read_counted
+from periodic_manager.runtime.limited import limited, read_counted
 from periodic_manager.runtime.publishing import EntryPublisher, error_record
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import PeriodicTaskConfig, content_hash, ident_of

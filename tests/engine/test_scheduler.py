@@ -397,3 +397,33 @@ async def test_a_takeover_registering_its_entries_rebased_files_them_as_register
     with other.resuming(after, settled, keep) as rebased:
         other.register(configs[4], synced=True, now=now)
     assert rebased == set()
+
+
+async def test_a_hung_read_of_runs_left_holds_back_no_send() -> None:
+    """The store's count of runs left (options.max_runs) is read before a send; a read that
+    never answers (a hung database) is given up after its bound and the slot goes out, for the
+    limited schedule (by its own count) and for every other one due with it."""
+    clock = VirtualClock(T0)
+    target = MemoryTarget()
+    asked: list[list[str]] = []
+
+    async def hung(keys: object) -> dict[str, Any]:
+        asked.append(list(keys))  # type: ignore[call-overload]
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    sched = Scheduler(target, clock=clock, grace=30, read_state=hung)
+    sched.decisions.recount_bound = 0.05
+    task = asyncio.create_task(sched.run())
+    try:
+        await clock.settle()
+        sched.register(cfg("limited", "@every 10s", options={"max_runs": 3}))
+        sched.register(cfg("plain", "@every 10s"))
+        await asyncio.wait_for(advance(sched, clock, 10), 5)
+        assert asked, "the runs left were not read"
+        sent = sorted((t.idempotency_key, at) for t, at in target.messages)
+        slot = T0 + timedelta(seconds=10)
+        assert [(k.split(":")[0], at) for k, at in sent] == [("limited", slot), ("plain", slot)]
+    finally:
+        sched.stop()
+        await asyncio.wait_for(task, 5)
