@@ -1,0 +1,28 @@
+-- The start of every claim script, included by each (lua.py): the flags of redis/flags.py and
+-- the checks they share.
+local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
+local NOUNS = {zset = 'sorted set'}
+-- The refusal of the whole call (an error reply) when `key` holds a Redis type other than `want`
+-- (as TYPE names it); nil when it holds that type or nothing.
+local function refusal(key, want)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= want and kind ~= 'none' then
+    local noun = NOUNS[want] or want
+    return redis.error_reply('WRONGTYPE ' .. key .. ' is a ' .. kind .. ', not a ' .. noun)
+  end
+  return nil
+end
+-- Whether a redis.pcall reply is an error (a key of another type).
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+-- options.overlap's compare-and-set read: WRONGTYPE when the schedule's previous-task key holds
+-- another type, BUSY when it no longer holds the value read ('' = absent), nil when it still
+-- does or there is no such key (the schedule has no options.overlap).
+local function changed(prev_key, read)
+  if not prev_key then return nil end
+  local prev = redis.pcall('GET', prev_key)
+  if failed(prev) then return WRONGTYPE end
+  if (prev or '') ~= read then return BUSY end
+  return nil
+end
