@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from periodic_manager.contracts import Forgetful, failure_off
 from periodic_manager.engine.entry import ScheduledEntry
-from periodic_manager.errors import ConfigError, NotFoundError
+from periodic_manager.errors import ConfigError, NotFoundError, cause
 from periodic_manager.runtime.manager_parts import ManagerParts, new_manager_id
 from periodic_manager.runtime.reconcile import SyncReport
 from periodic_manager.runtime.timing import Timing
@@ -111,7 +111,7 @@ class PeriodicTaskManager(ManagerParts):
         try:
             await self.store.unregister_manager(self.manager_id)
         except Exception as exc:
-            log.warning("could not unpublish manager %s: %s", self.manager_id, exc)
+            log.warning("could not unpublish manager %s: %s", self.manager_id, cause(exc))
         if self._close_target:
             await self.target.close()
         log.info("manager %s stopped", self.manager_id)
