@@ -25,8 +25,10 @@ from periodic_manager.contracts import (
     EnqueueResult,
     Prepared,
     RunRecord,
+    SlotReason,
     StagedTarget,
     Task,
+    failure_reason,
     retryable,
     run_status,
 )
@@ -290,6 +292,7 @@ class Dispatcher:
                     at,
                     res.message_id,
                     res.error,
+                    reason=failure_reason(res),
                     limited=entry.runs_left is not None,
                 )
             )
@@ -336,6 +339,7 @@ class Dispatcher:
         """Record ``entries`` failed with ``exc`` (a call that raised, or a retry given up; quiet:
         stopping or no longer sending, a warning instead of an error) and tell ``on_error``."""
         at = self.clock.now()
+        why: SlotReason = "refused" if isinstance(exc, TaskRefused) else "target-down"
         for entry in entries:
             entry.last_error = str(exc)
         self.counts["failed"] += len(tasks)
@@ -349,7 +353,10 @@ class Dispatcher:
             extra={"slot": slot.isoformat(), "batch": len(tasks)},
         )
         self.writer.report(
-            [RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries]
+            [
+                RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc), reason=why)
+                for e in entries
+            ]
         )
         await self._safe_hook(self.hooks.on_error, exc, tasks)
 

@@ -291,6 +291,7 @@ async def test_runs_history_is_paginated_newest_first_and_deleted_with_the_sched
                 "skipped",
                 slots[-1] + timedelta(minutes=16),
                 error="60.000 s late",
+                reason="late",
             )
         ]
         + [RunRecord(str(other["id"]), "other", slots[0], "failed", slots[0], error="down")]
@@ -302,6 +303,7 @@ async def test_runs_history_is_paginated_newest_first_and_deleted_with_the_sched
         first["status"] == "skipped"
         and first["lateness_ms"] == 60_000
         and first["error"] == "60.000 s late"
+        and first["reason"] == "late"
     )
     assert page["items"][1] == {
         "id": page["items"][1]["id"],
