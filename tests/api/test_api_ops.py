@@ -313,6 +313,7 @@ async def test_runs_history_is_paginated_newest_first_and_deleted_with_the_sched
         "lateness_ms": 40,
         "message_id": "m4",
         "error": None,
+        "reason": None,
     }
     enq = (
         await client.get(f"/schedules/{key}/runs", params={"status": "enqueued", "offset": 3})
