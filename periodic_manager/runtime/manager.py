@@ -29,6 +29,7 @@ from periodic_manager.runtime.reconcile import SyncReport
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import NO_FAILURE, failure_refusal
+from periodic_manager.targets.routing import RoutingTarget
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -138,6 +139,12 @@ class PeriodicTaskManager(ManagerParts):
     def clock_offset_s(self) -> float | None:
         """Seconds this wall clock is ahead of the database's, as last measured (None: not)."""
         return self.clock_offset.offset
+
+    @property
+    def default_target(self) -> str:
+        """The target of the schedules without ``options.target`` (the metrics' ``target``)."""
+        target = self.target
+        return target.default if isinstance(target, RoutingTarget) else target.name
 
     @property
     def stand_downs(self) -> int:

@@ -83,6 +83,7 @@ class ManagerParts:
         close_target: bool = False,
         pauser: Pauser | None = None,
         measure_clock: bool | None = None,
+        metrics_schedules: int = 100,
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
@@ -91,6 +92,7 @@ class ManagerParts:
         self.leadership: Leadership = leadership or AlwaysLeader()
         self.signals = list(signals)
         self.timing = timing
+        self.metrics_schedules = metrics_schedules
         self.manager_id = manager_id or new_manager_id()
         self._close_target = close_target
         self.signals_ignored = 0  # change signals naming only partitions not held (no sync)
@@ -153,7 +155,7 @@ class ManagerParts:
             incremental.adopt(ScheduledEntry, self._known_config)
         # Its own registry, served by /metrics or a port; read at scrape time from the whole
         # manager (a PeriodicTaskManager: these parts are its own).
-        self.metrics = ManagerMetrics(cast(ManagerView, self))
+        self.metrics = ManagerMetrics(cast(ManagerView, self), schedules=self.metrics_schedules)
         keeper = LastGoodKeeper(
             self.scheduler,
             self.publisher,

@@ -516,9 +516,12 @@ async def test_metrics_of_the_in_process_manager_and_the_api(
         r = await c.get("/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         text = r.text
-        assert 'periodic_manager_slots_total{queue="q",status="enqueued"} 2.0' in text
-        assert 'periodic_manager_enqueue_lateness_seconds_count{queue="q"} 2.0' in text
-        assert 'periodic_manager_enqueue_lateness_seconds_bucket{le="0.005",queue="q"} 2.0' in text
+        q = 'queue="q",target="memory"'
+        assert (
+            'periodic_manager_slots_total{queue="q",status="enqueued",target="memory"} 2.0' in text
+        )
+        assert f"periodic_manager_enqueue_lateness_seconds_count{{{q}}} 2.0" in text
+        assert f'periodic_manager_enqueue_lateness_seconds_bucket{{le="0.005",{q}}} 2.0' in text
         assert "periodic_manager_entries 1.0" in text
         assert "periodic_manager_leader 1.0" in text
         assert "periodic_manager_sync_duration_seconds_count" in text
@@ -571,13 +574,15 @@ def test_metrics_registries_are_per_manager() -> None:
     a.metrics.observe_runs([RunRecord("name:x", "x", T0, "skipped", T0 + timedelta(minutes=1))])
     assert (
         a.metrics.registry.get_sample_value(
-            "periodic_manager_slots_total", {"queue": "unknown", "status": "skipped"}
+            "periodic_manager_slots_total",
+            {"queue": "unknown", "status": "skipped", "target": "unknown"},
         )
         == 1
     )
     assert (
         b.metrics.registry.get_sample_value(
-            "periodic_manager_slots_total", {"queue": "unknown", "status": "skipped"}
+            "periodic_manager_slots_total",
+            {"queue": "unknown", "status": "skipped", "target": "unknown"},
         )
         is None
     )
