@@ -84,6 +84,8 @@ class PeriodicTaskManager(ManagerParts):
             self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
+        if self.announcer is not None:
+            self.tasks.spawn(self.announcer.run(), "entry-announcer")
         if self.target_health is not None and self.target_health.targets:
             self.tasks.spawn(self.target_health.run(), "target-pings")
         log.info(
@@ -112,6 +114,8 @@ class PeriodicTaskManager(ManagerParts):
             await self.store.unregister_manager(self.manager_id)
         except Exception as exc:
             log.warning("could not unpublish manager %s: %s", self.manager_id, exc)
+        if self.announcer is not None:
+            await self.announcer.withdraw()
         if self._close_target:
             await self.target.close()
         log.info("manager %s stopped", self.manager_id)

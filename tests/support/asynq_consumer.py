@@ -94,6 +94,11 @@ def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
     return out
 
 
+def _signed(value: int) -> int:
+    """A varint read as a signed 64-bit integer (int32 and int64 fields)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 def decode(data: bytes, schema: dict[int, tuple[str, str]]) -> dict[str, Any]:
     """A message of ``schema`` decoded from the wire (unset fields at their defaults)."""
     out: dict[str, Any] = {name: _DEFAULTS[kind] for name, kind in schema.values()}
@@ -103,7 +108,7 @@ def decode(data: bytes, schema: dict[int, tuple[str, str]]) -> dict[str, Any]:
         name, kind = schema[number]
         if kind == "i":
             assert isinstance(value, int)
-            out[name] = value - (1 << 64) if value >= 1 << 63 else value
+            out[name] = _signed(value)
         elif kind in ("s", "b", "rs"):
             assert isinstance(value, bytes)
             item = value.decode() if kind != "b" else value
@@ -111,7 +116,9 @@ def decode(data: bytes, schema: dict[int, tuple[str, str]]) -> dict[str, Any]:
         elif kind == "ts":
             assert isinstance(value, bytes)
             parts = dict(_fields(value))
-            out[name] = (parts.get(1, 0), parts.get(2, 0))  # seconds, nanos
+            seconds, nanos = parts.get(1, 0), parts.get(2, 0)
+            assert isinstance(seconds, int) and isinstance(nanos, int)
+            out[name] = (_signed(seconds), nanos)
         else:  # map<string, string>: entries of key (1) and value (2)
             assert isinstance(value, bytes)
             entry = dict(_fields(value))

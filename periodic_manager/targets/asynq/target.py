@@ -31,13 +31,25 @@ leaves no trace of it (refused with that reason).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from periodic_manager.contracts import FINISHED, QUEUED, RUNNING, EnqueueResult, Task, refused
+from periodic_manager.contracts import (
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    AnnouncedEntry,
+    EnqueueResult,
+    Task,
+    refused,
+)
+from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
+from periodic_manager.targets.asynq import scheduler
 from periodic_manager.targets.asynq.message import (
     AsynqTask,
     asynq_task,
@@ -51,6 +63,8 @@ from periodic_manager.targets.redis.flags import UNIQUE
 from periodic_manager.targets.redis.job_target import RedisJobTarget
 from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.previous import Decided
+
+log = logging.getLogger(__name__)
 
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets.asynq", "asynq_claim_and_enqueue.lua")
 CHUNK = 500  # tasks per script call
@@ -118,6 +132,8 @@ class AsynqTarget(RedisJobTarget):
 
     name = "asynq"
     chunk = CHUNK
+    announce_every_s = scheduler.ANNOUNCE_EVERY_S
+    announce_max = scheduler.ANNOUNCE_MAX
 
     def __init__(
         self,
@@ -128,7 +144,10 @@ class AsynqTarget(RedisJobTarget):
         timeout: float = 5.0,
         concurrency: int = 8,
     ) -> None:
-        self._message = PROTOBUF.load("periodic_manager.targets.asynq.proto").TaskMessage
+        proto = PROTOBUF.load("periodic_manager.targets.asynq.proto")
+        self._message = proto.TaskMessage
+        self._entry = proto.SchedulerEntry
+        self._event = proto.SchedulerEnqueueEvent
         self._share(
             client,
             CLAIM_AND_ENQUEUE,
@@ -158,7 +177,55 @@ class AsynqTarget(RedisJobTarget):
         results = await batch.enqueue([_as_asynq(t) for t in tasks], now)
         for task, result in zip(tasks, results, strict=True):
             result.task = task
+        await self._record([r.task for r in results if r.status == "enqueued"], now)
         return results
+
+    async def _record(self, sent: Sequence[Task], now: datetime) -> None:
+        """Each task sent in its entry's history, as asynq's scheduler records an enqueue (the
+        newest :data:`~scheduler.MAX_EVENTS` kept). For asynq's tools only: the tasks are sent
+        whatever happens here, so a failure is logged, not raised."""
+        if not sent:
+            return
+        try:
+            with redis_errors("asynq: scheduler history", self.timeout):
+                async with asyncio.timeout(self.timeout):
+                    async with self.client.pipeline(transaction=False) as pipe:
+                        for task in sent:
+                            key = scheduler.history_key(task.name)
+                            event = scheduler.event_bytes(task.idempotency_key, now, self._event)
+                            pipe.zremrangebyrank(key, 0, -scheduler.MAX_EVENTS)
+                            pipe.zadd(key, {event: int(now.timestamp())})
+                        await pipe.execute()
+        except TargetError as exc:
+            log.warning("%s (the tasks were sent)", exc)
+
+    async def announce(
+        self, manager_id: str, entries: Sequence[AnnouncedEntry], now: datetime
+    ) -> None:
+        """Publish ``entries`` as the scheduler ``manager_id`` (asynq's scheduler heartbeat: the
+        entries list replaced, its expiry in ``asynq:schedulers``); none: withdrawn."""
+        if not entries:
+            await self.withdraw(manager_id)
+            return
+        key = scheduler.entries_key(manager_id)
+        encoded = [scheduler.entry_bytes(e, self._entry) for e in entries]
+        ttl = scheduler.ANNOUNCE_TTL_S
+        with redis_errors("asynq: scheduler entries", self.timeout):
+            async with asyncio.timeout(self.timeout):
+                await self.client.zadd(scheduler.ALL_SCHEDULERS, {key: int(now.timestamp()) + ttl})
+                async with self.client.pipeline(transaction=True) as pipe:  # one key: one slot
+                    pipe.delete(key)
+                    pipe.rpush(key, *encoded)
+                    pipe.expire(key, ttl)
+                    await pipe.execute()
+
+    async def withdraw(self, manager_id: str) -> None:
+        """Remove the scheduler ``manager_id``'s entries, as asynq's scheduler does at its stop."""
+        key = scheduler.entries_key(manager_id)
+        with redis_errors("asynq: scheduler entries", self.timeout):
+            async with asyncio.timeout(self.timeout):
+                await self.client.zrem(scheduler.ALL_SCHEDULERS, key)
+                await self.client.delete(key)
 
     async def _call(
         self,
