@@ -15,7 +15,14 @@ Exactly once per slot: a script (``scripts/asynq_claim_and_enqueue.lua``) claims
 targets), refuses a task id asynq holds (its hash exists, whatever its state: asynq's own
 ``EXISTS`` rule), takes the uniqueness lock where asked, then writes the hash and pushes the id.
 Claim and task are one step: a lost reply, a retry, a second manager or a restart finds both or
-neither. The task id is the idempotency key, the same on every manager. The queue joins
+neither.
+
+On a **Redis Cluster** (``from_url(..., cluster=True)``) every key a call touches carries the
+queue's hash tag, so one call is one slot: asynq's keys do, and the claims move beside them,
+``<prefix>:{<queue>}:claim:<key>``; every one is declared to the script, so a call on a slot
+being moved runs where all its keys are or is answered ASK / TRYAGAIN. ``asynq:queues`` and the
+scheduler keys are single keys, written by commands of their own. ``options.overlap`` skip and
+hold are refused there (the previous-task key would sit in another slot). The task id is the idempotency key, the same on every manager. The queue joins
 ``asynq:queues`` before the script, as asynq's client does (a set of names: adding one twice is
 harmless).
 
@@ -49,6 +56,7 @@ from periodic_manager.contracts import (
 )
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
+from periodic_manager.targets import completion
 from periodic_manager.targets.asynq import scheduler
 from periodic_manager.targets.asynq.message import (
     AsynqTask,
@@ -56,6 +64,7 @@ from periodic_manager.targets.asynq.message import (
     extra_seconds,
     queue_prefix,
 )
+from periodic_manager.targets.base import overlap_refused
 from periodic_manager.targets.builtin.asynq import PROTOBUF
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
@@ -63,6 +72,7 @@ from periodic_manager.targets.redis.flags import UNIQUE
 from periodic_manager.targets.redis.job_target import RedisJobTarget
 from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.previous import Decided
+from periodic_manager.targets.redis.sentinel import ClusterSentinel
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +81,10 @@ CHUNK = 500  # tasks per script call
 ALL_QUEUES = "asynq:queues"
 RUNNING_STATES = frozenset({"active"})
 DONE_STATES = frozenset({"completed", "archived"})
+NO_CLUSTER_OVERLAP = (
+    "on a Redis Cluster the asynq target keeps no previous task per schedule (its key would sit "
+    "in another slot than the queue's)"
+)
 NO_RETENTION = (
     "asynq deletes a task that succeeded unless options.extra.retention keeps it: set "
     "options.extra.retention (seconds) so that success leaves a trace"
@@ -126,8 +140,9 @@ class AsynqBatch(JobBatch[AsynqTask]):
 class AsynqTarget(RedisJobTarget):
     """Enqueues tasks as asynq tasks, once per idempotency key.
 
-    ``client``: a ``redis.asyncio.Redis`` on asynq's Redis (the claims live there too). At most
-    ``concurrency`` script calls run at once, each bounded by ``timeout`` seconds.
+    ``client``: a ``redis.asyncio.Redis`` on asynq's Redis (the claims live there too), or a
+    ``RedisCluster`` (see the module docstring). At most ``concurrency`` script calls run at once,
+    each bounded by ``timeout`` seconds.
     """
 
     name = "asynq"
@@ -156,6 +171,45 @@ class AsynqTarget(RedisJobTarget):
             timeout=timeout,
             concurrency=concurrency,
         )
+        from redis.asyncio.cluster import RedisCluster
+
+        self._cluster = isinstance(client, RedisCluster)
+        self._cluster_sentinel = (
+            ClusterSentinel(client, prefix, timeout=timeout) if self._cluster else None
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        concurrency: int = 8,
+        cluster: bool = False,
+        **kwargs: Any,
+    ) -> AsynqTarget:
+        """A target with its own client on ``url`` (closed by :meth:`close`); ``cluster``: ``url``
+        names a node of a Redis Cluster. No I/O until used."""
+        if not cluster:
+            return super().from_url(url, timeout=timeout, concurrency=concurrency, **kwargs)
+        from redis.asyncio.cluster import RedisCluster
+
+        client = RedisCluster.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        target = cls(client, timeout=timeout, concurrency=concurrency, **kwargs)
+        target._owns_client = True
+        return target
+
+    def claim_prefix(self, queue: str) -> str:
+        """Where the claims of ``queue``'s slots are: beside every Redis target's claims, or on a
+        cluster under the queue's hash tag, in the slot of asynq's keys of the queue."""
+        if self._cluster:
+            return f"{self.claims.prefix}:{{{queue}}}:claim:"
+        return self.claims.key("")
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        """asynq's task state tells, but on a Redis Cluster the previous-task keys would sit in
+        another slot than the queue's."""
+        return NO_CLUSTER_OVERLAP if self._cluster and completion.asks(options) else None
 
     def job(self, task: Task, now: datetime) -> AsynqTask:
         """The task asynq's client would write for ``task`` (ValueError if it cannot be one)."""
@@ -169,16 +223,25 @@ class AsynqTarget(RedisJobTarget):
             self.name,
             self.job,
             self._call,
-            self.previous,
+            None if self._cluster else self.previous,
             self.timeout,
             self.concurrency,
             self.chunk,
         )
-        results = await batch.enqueue([_as_asynq(t) for t in tasks], now)
-        for task, result in zip(tasks, results, strict=True):
-            result.task = task
-        await self._record([r.task for r in results if r.status == "enqueued"], now)
-        return results
+        results: list[EnqueueResult | None] = [None] * len(tasks)
+        send: list[int] = []
+        for index, task in enumerate(tasks):
+            why = overlap_refused(self, task)
+            if why is not None:
+                results[index] = refused(task, why)
+            else:
+                send.append(index)
+        sent = await batch.enqueue([_as_asynq(tasks[i]) for i in send], now)
+        for index, result in zip(send, sent, strict=True):
+            result.task = tasks[index]
+            results[index] = result
+        await self._record([r.task for r in sent if r.status == "enqueued"], now)
+        return [r for r in results if r is not None]
 
     async def _record(self, sent: Sequence[Task], now: datetime) -> None:
         """Each task sent in its entry's history, as asynq's scheduler records an enqueue (the
@@ -213,7 +276,12 @@ class AsynqTarget(RedisJobTarget):
         with redis_errors("asynq: scheduler entries", self.timeout):
             async with asyncio.timeout(self.timeout):
                 await self.client.zadd(scheduler.ALL_SCHEDULERS, {key: int(now.timestamp()) + ttl})
-                async with self.client.pipeline(transaction=True) as pipe:  # one key: one slot
+                if self._cluster:  # for people to read: replaced in three steps will do
+                    await self.client.delete(key)
+                    await self.client.rpush(key, *encoded)
+                    await self.client.expire(key, ttl)
+                    return
+                async with self.client.pipeline(transaction=True) as pipe:
                     pipe.delete(key)
                     pipe.rpush(key, *encoded)
                     pipe.expire(key, ttl)
@@ -241,14 +309,35 @@ class AsynqTarget(RedisJobTarget):
             part, tasks, decided, now, lambda i: [jobs[i].unique_key, jobs[i].unique_ttl_s]
         )
         await self.client.sadd(ALL_QUEUES, queue)
+        claims, task_keys = self.claim_prefix(queue), queue_prefix(queue) + "t:"
         args = [
-            self.claims.key(""),
-            queue_prefix(queue) + "t:",
+            claims,
+            task_keys,
             json.dumps(rows),
             str(round(now.timestamp() * 1e9)),
             *(jobs[i].msg for i in part),
         ]
-        return list(await self._script(keys=[queue_prefix(queue) + "pending"], args=args))
+        keys = [queue_prefix(queue) + "pending"]
+        if self._cluster:
+            # Every key the script touches, declared: while the queue's slot moves between
+            # masters, Redis runs the call where all of them are or answers ASK / TRYAGAIN.
+            keys += [claims + tasks[i].idempotency_key for i in part]
+            keys += [task_keys + jobs[i].task_id for i in part]
+            keys += list(dict.fromkeys(jobs[i].unique_key for i in part if jobs[i].unique_key))
+        return list(await self._script(keys=keys, args=args))
+
+    async def forgotten(self) -> list[str]:
+        """``["asynq"]`` when the Redis (any master of a cluster) lost its data since the
+        previous call."""
+        sentinel = self._cluster_sentinel or self.sentinel
+        return [self.name] if await sentinel.lost() else []
+
+    async def close(self) -> None:
+        """Close the client if this target created it (:meth:`from_url`)."""
+        if self._owns_client and self._cluster:
+            await self.client.aclose()
+            return
+        await super().close()
 
     async def task_states(self, task_ids: Sequence[str]) -> list[str | None]:
         """asynq's state of each task (None: asynq no longer holds it), looked up in every queue

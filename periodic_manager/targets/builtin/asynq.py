@@ -1,5 +1,6 @@
 """The ``asynq`` target: tasks written as asynq's client writes them, for Go workers running an
-unmodified ``asynq.Server`` (periodic_manager/targets/asynq/), on its own Redis URL setting."""
+unmodified ``asynq.Server`` (periodic_manager/targets/asynq/), on its own Redis URL setting;
+``PM_REDIS_CLUSTER`` makes that Redis a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from periodic_manager.plugins.installed import load
-from periodic_manager.targets.builtin.redis import RedisConnection, single_redis
+from periodic_manager.targets.builtin.redis import RedisConnection
 from periodic_manager.targets.plugin import Library, OptionalText, TargetPlugin
 from periodic_manager.urls import redact_url
 
@@ -34,7 +35,9 @@ def _url(settings: AsynqSettings) -> str:
 
 def _build(settings: AsynqSettings, engine: AsyncEngine) -> Target:
     target_class = load("periodic_manager.targets.asynq.target:AsynqTarget")
-    made: Target = target_class.from_url(_url(settings), prefix=settings.stream_prefix)
+    made: Target = target_class.from_url(
+        _url(settings), prefix=settings.stream_prefix, cluster=settings.redis_cluster
+    )
     return made
 
 
@@ -48,5 +51,4 @@ PLUGIN: TargetPlugin[AsynqSettings] = TargetPlugin(
     ),
     task_problem="periodic_manager.targets.asynq.message:task_problem",
     library=PROTOBUF,
-    refuse=single_redis("asynq"),
 )
