@@ -18,11 +18,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from periodic_manager.contracts import Task
+from periodic_manager.errors import ConfigError
 from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.runtime.assemble import build_target
 from periodic_manager.runtime.startup import describe_targets
+from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.settings import Settings
-from periodic_manager.targets.asynq.message import task_problem
+from periodic_manager.targets.asynq import task_problem
 from periodic_manager.targets.asynq.target import NO_RETENTION, AsynqTarget
 from periodic_manager.targets.base import task_id_for
 from tests.support.asynq_consumer import TASK_MESSAGE, Consumer, decode
@@ -268,6 +270,27 @@ def test_task_problem_names_a_bad_deadline_or_retention(extra: dict[str, Any], f
 def test_task_problem_takes_good_options() -> None:
     extra = {"deadline": 60, "retention": 3600.5, "expires": 5}
     assert task_problem("email:digest", '"x"', {"extra": extra, "unique_ttl": 30}) is None
+    kept = {"pause_after_failures": 3, "extra": {"retention": 60}}
+    assert task_problem("email:digest", "{}", kept) is None
+
+
+def test_pause_after_failures_without_a_retention_is_refused_when_written(
+    monkeypatch: pytest.MonkeyPatch, sqlite_url: str
+) -> None:
+    problem = task_problem("email:digest", "{}", {"pause_after_failures": 3})
+    assert problem == TaskProblem("options.pause_after_failures", NO_RETENTION)
+    monkeypatch.setenv("PM_TARGET", "asynq")
+    settings = Settings(database_url=sqlite_url)
+    with pytest.raises(ConfigError) as err:
+        PeriodicTaskConfig.create(
+            name="paused.soon",
+            spec="@hourly",
+            task_type="email:digest",
+            options={"pause_after_failures": 3},
+            allowed_targets=settings.configured_targets(),
+        )
+    assert err.value.field == "options.pause_after_failures"
+    assert "the asynq target refuses it" in err.value.reason and "retention" in err.value.reason
 
 
 def test_a_blank_task_type_or_bad_extra_fails_that_task_alone() -> None:
@@ -287,6 +310,9 @@ def test_settings_build_the_asynq_target(monkeypatch: pytest.MonkeyPatch, sqlite
     assert target.client.connection_pool.connection_kwargs["db"] == 5
     assert describe_targets(settings) == "asynq (redis://:***@127.0.0.1:6379/5)"
     assert "asynq" not in settings.configured_targets().no_completion
+    monkeypatch.setenv("PM_REDIS_CLUSTER", "true")  # overlap: refused on a cluster, when written
+    clustered = Settings(database_url=sqlite_url).configured_targets()
+    assert "another slot" in clustered.no_completion["asynq"]
 
 
 def test_a_missing_protobuf_names_the_extra(

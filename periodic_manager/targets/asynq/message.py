@@ -28,13 +28,16 @@ from datetime import UTC
 from typing import Any
 
 from periodic_manager.contracts import Task
-from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.schedules.rules import MAX_DURATION_S
 
 DEFAULT_MAX_RETRY = 25  # asynq's client: defaultMaxRetry
 DEFAULT_TIMEOUT_S = 30 * 60  # asynq's client: defaultTimeout, when neither timeout nor deadline
 # Keys of options.extra the asynq target reads: seconds after the slot, and seconds kept.
 EXTRA_SECONDS = ("deadline", "retention")
+NO_RETENTION = (
+    "asynq deletes a task that succeeded unless options.extra.retention keeps it: set "
+    "options.extra.retention (seconds) so that success leaves a trace"
+)
 
 
 def queue_prefix(queue: str) -> str:
@@ -143,18 +146,3 @@ def asynq_task(task: Task, message_class: Any) -> AsynqTask:
     msg: bytes = message_class(**fields).SerializeToString()
     ttl = _seconds(task.options, "unique_ttl") or 0
     return AsynqTask(task.queue, task.idempotency_key, msg, fields.get("unique_key", ""), ttl)
-
-
-def task_problem(
-    task_type: str, payload_json: str, options: Mapping[str, Any]
-) -> TaskProblem | None:
-    """What the asynq target refuses whenever the task is sent
-    (:mod:`~periodic_manager.plugins.task_rules`): ``options.extra.deadline`` or
-    ``options.extra.retention`` that is no number of seconds in range, as :func:`asynq_fields`
-    refuses it (asynq's queue names are the common rule's, which has no ``{`` or ``}``)."""
-    for key in EXTRA_SECONDS:
-        try:
-            extra_seconds(options, key)
-        except ValueError as exc:
-            return TaskProblem(f"options.extra.{key}", str(exc).split(" ", 1)[1])
-    return None

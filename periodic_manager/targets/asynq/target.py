@@ -59,13 +59,14 @@ from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKN
 from periodic_manager.targets import completion
 from periodic_manager.targets.asynq import scheduler
 from periodic_manager.targets.asynq.message import (
+    NO_RETENTION,
     AsynqTask,
     asynq_task,
     extra_seconds,
     queue_prefix,
 )
 from periodic_manager.targets.base import overlap_refused
-from periodic_manager.targets.builtin.asynq import PROTOBUF
+from periodic_manager.targets.builtin.asynq import NO_CLUSTER_OVERLAP, PROTOBUF
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.flags import UNIQUE
@@ -81,14 +82,6 @@ CHUNK = 500  # tasks per script call
 ALL_QUEUES = "asynq:queues"
 RUNNING_STATES = frozenset({"active"})
 DONE_STATES = frozenset({"completed", "archived"})
-NO_CLUSTER_OVERLAP = (
-    "on a Redis Cluster the asynq target keeps no previous task per schedule (its key would sit "
-    "in another slot than the queue's)"
-)
-NO_RETENTION = (
-    "asynq deletes a task that succeeded unless options.extra.retention keeps it: set "
-    "options.extra.retention (seconds) so that success leaves a trace"
-)
 
 
 def _outcome(state: str | None) -> str:

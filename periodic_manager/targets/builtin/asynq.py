@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
     from periodic_manager.contracts import Target
 
+NO_CLUSTER_OVERLAP = (
+    "on a Redis Cluster the asynq target keeps no previous task per schedule (its key would sit "
+    "in another slot than the queue's)"
+)
 PROTOBUF = Library("asynq", "google.protobuf", "pip install 'periodic-manager[asynq]'")
 
 
@@ -49,6 +53,7 @@ PLUGIN: TargetPlugin[AsynqSettings] = TargetPlugin(
     url_setting=lambda settings: (
         "PM_ASYNQ_REDIS_URL" if settings.asynq_redis_url else "PM_REDIS_URL"
     ),
-    task_problem="periodic_manager.targets.asynq.message:task_problem",
+    completion=lambda settings: NO_CLUSTER_OVERLAP if settings.redis_cluster else None,
+    task_problem="periodic_manager.targets.asynq:task_problem",
     library=PROTOBUF,
 )
