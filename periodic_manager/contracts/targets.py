@@ -317,7 +317,7 @@ class EntryAnnouncer(Protocol):
     """A target whose workers' own tools list the schedules that send to them (asynq's
     scheduler entries, read by ``asynq cron ls`` and asynqmon): the manager announces its
     registered entries every ``announce_every_s`` seconds while it sends (at most
-    ``announce_max`` of them, by name), and withdraws them when it stops or stops sending."""
+    ``announce_max`` of them), and withdraws them when it stops or stops sending."""
 
     announce_every_s: float
     announce_max: int

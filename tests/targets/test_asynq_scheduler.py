@@ -14,7 +14,9 @@ import redis.asyncio as aioredis
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.contracts import AnnouncedEntry, Task
+from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.announcing import Announcer
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.memory_store import MemoryRuntimeStore
 from periodic_manager.runtime.timing import Timing
@@ -205,3 +207,35 @@ async def test_a_running_manager_announces_its_entries_and_withdraws_them_at_sto
         await manager.stop()
     assert await client.exists(scheduler.entries_key(manager.manager_id)) == 0
     assert await client.zcard(scheduler.ALL_SCHEDULERS) == 0
+
+
+async def test_the_announcer_caps_the_entries_and_survives_a_broker_failure(
+    server: RedisServer, client: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    configs = [
+        PeriodicTaskConfig.create(name=n, spec="@hourly", task_type="t", schedule_id=i)
+        for i, n in enumerate(["c", "a", "b"])
+    ]
+    entries = [ScheduledEntry.of(c, T0, T0 + timedelta(hours=1), synced=True) for c in configs]
+    target = AsynqTarget.from_url(server.url, prefix="pm")
+    target.announce_max = 2
+    sending = [True]
+    announcer = Announcer(target, "m1", VirtualClock(T0), lambda: entries, lambda: sending[0])
+    try:
+        await announcer.once()
+        assert [e["id"] for e in await entries_of(client, "m1")] == ["a", "c"]  # 2, by name
+        sending[0] = False  # a standby announces nothing
+        await announcer.once()
+        assert await client.exists(scheduler.entries_key("m1")) == 0
+    finally:
+        await target.close()
+    down = AsynqTarget.from_url("redis://127.0.0.1:1/0", prefix="pm", timeout=0.5)
+    try:
+        failing = Announcer(down, "m2", VirtualClock(T0), lambda: entries, lambda: True)
+        with caplog.at_level("WARNING"):
+            await failing.once()  # logged, not raised: scheduling goes on
+            await failing.withdraw()
+    finally:
+        await down.close()
+    assert "announcing entries failed" in caplog.text
+    assert "withdrawing announced entries failed" in caplog.text
