@@ -85,6 +85,8 @@ class PeriodicTaskManager(ManagerParts):
             self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
+        if self.announcer is not None:
+            self.tasks.spawn(self.announcer.run(), "entry-announcer")
         if self.target_health is not None and self.target_health.targets:
             self.tasks.spawn(self.target_health.run(), "target-pings")
         log.info(
@@ -113,6 +115,8 @@ class PeriodicTaskManager(ManagerParts):
             await self.store.unregister_manager(self.manager_id)
         except Exception as exc:
             log.warning("could not unpublish manager %s: %s", self.manager_id, cause(exc))
+        if self.announcer is not None:
+            await self.announcer.withdraw()
         if self._close_target:
             await self.target.close()
         log.info("manager %s stopped", self.manager_id)
@@ -126,7 +130,7 @@ class PeriodicTaskManager(ManagerParts):
         """None while every loop runs; otherwise why this manager is not healthy (one line)."""
         if self.tasks.failed is not None:
             failed = self.tasks.failed
-            return f"{self.tasks.failed_task} died: {type(failed).__name__}: {failed}"
+            return f"{self.tasks.failed_task} died: {cause(failed)}"
         hung = self.scheduler.hung_for(self.clock.now())
         if hung > HUNG_AFTER_S:
             return f"dispatch has shown no progress for {hung:.0f} s (a target call that never returns)"

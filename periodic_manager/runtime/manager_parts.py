@@ -22,6 +22,7 @@ from periodic_manager.contracts import (
     ChangeSignal,
     Clock,
     ConfigProvider,
+    EntryAnnouncer,
     EntryRecord,
     FailureSignal,
     FailureStore,
@@ -42,6 +43,7 @@ from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.overlap import View
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.announcing import Announcer
 from periodic_manager.runtime.clock_offset import ClockOffset, ClockWatch, DatabaseTime, Remeasuring
 from periodic_manager.runtime.failures import FailureWatch
 from periodic_manager.runtime.heartbeat import Heartbeat
@@ -259,6 +261,15 @@ class ManagerParts:
                 interval=timing.heartbeat_interval,
                 paused=self.syncer.request,
             )
+        # A target whose workers' tools list schedules (asynq's scheduler entries) hears of them.
+        self.announcer: Announcer | None = None
+        if isinstance(target, EntryAnnouncer):
+            self.announcer = Announcer(
+                target, self.manager_id, self.clock, self.scheduler.entries, self._sending
+            )
+
+    def _sending(self) -> bool:
+        return self.leadership.is_leader
 
     def _watch_clock(self, measure: bool) -> None:
         """Who measures the clock's offset (the lease rounds, else the heartbeat), and what a

@@ -132,4 +132,7 @@ def test_an_unknown_target_is_one_line_naming_the_installed_ones(plugin_site: Pa
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("periodic-manager: error: --target / PM_TARGET: ")
-    assert "unknown target 'sqs': the installed targets are arq, celery, dramatiq, jsonl," in line
+    assert (
+        "unknown target 'sqs': the installed targets are arq, asynq, celery, dramatiq, jsonl,"
+        in line
+    )

@@ -102,7 +102,13 @@ def create(settings: Settings, **values: Any) -> PeriodicTaskConfig:
 
 def test_every_target_says_which_rules_it_declares_and_where() -> None:
     declared = {name: registry.plugin(name).task_problem for name in installed.names()}
-    assert {n for n, path in declared.items() if path} == {"arq", "rq", "dramatiq", "procrastinate"}
+    assert {n for n, path in declared.items() if path} == {
+        "arq",
+        "rq",
+        "dramatiq",
+        "procrastinate",
+        "asynq",
+    }
     for name, path in declared.items():
         rule = task_rules.rule_of(name)
         assert (rule is None) == (path is None), name

@@ -1,6 +1,6 @@
 -- The start of every claim script, included by each (lua.py): the flags of redis/flags.py and
 -- the checks they share.
-local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
+local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE, UNIQUE = 0, 1, 2, 3, 4, 5, 6, 7
 local NOUNS = {zset = 'sorted set'}
 -- The refusal of the whole call (an error reply) when `key` holds a Redis type other than `want`
 -- (as TYPE names it); nil when it holds that type or nothing.
