@@ -125,16 +125,24 @@ def host_cas() -> Iterator[None]:
             target.unlink(missing_ok=True)
 
 
+def _image_id(image: str) -> str:
+    return run(
+        "podman", "image", "inspect", "--format", "{{.Id}}", image, check=False
+    ).stdout.strip()
+
+
 def build_image() -> None:
-    """The project's image from the Containerfile (Docker's format keeps the HEALTHCHECK), the
-    image it replaces under the same tag removed."""
-    before = run("podman", "image", "inspect", "--format", "{{.Id}}", IMAGE, check=False)
+    """The project's image from the Containerfile (Docker's format keeps the HEALTHCHECK), and its
+    build stage under a tag of its own (the cache of the next build); the images they replace
+    under the same tags are removed, so that runs do not pile up untagged images."""
+    tags = {IMAGE: [], f"{IMAGE}-build": ["--target", "build"]}
+    before = {tag: _image_id(tag) for tag in tags}
     with host_cas():
-        run(
-            "podman", "build", "--pull=never", "--format", "docker", "-f", "Containerfile",
-            "-t", IMAGE, ".", timeout=900,
-        )  # fmt: skip
-    old = before.stdout.strip()
-    after = run("podman", "image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
-    if old and old != after:
-        run("podman", "rmi", old, check=False)
+        for tag, target in tags.items():
+            run(
+                "podman", "build", "--pull=never", "--format", "docker", *target,
+                "-f", "Containerfile", "-t", tag, ".", timeout=900,
+            )  # fmt: skip
+    for tag, old in before.items():
+        if old and old != _image_id(tag):
+            run("podman", "rmi", old, check=False)
