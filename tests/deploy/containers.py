@@ -83,6 +83,8 @@ def ensure_base() -> None:
         return
     if shutil.which("debootstrap") is None:
         _unavailable("debootstrap", FileNotFoundError("debootstrap"))
+    if os.geteuid() != 0:
+        _unavailable(f"{BASE_IMAGE} (debootstrap makes it as root only)", PermissionError())
     run("sh", str(ROOT / "deploy/test-images/base-image.sh"), timeout=600)
 
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from tests.deploy import containers
 from tests.deploy.containers import IMAGE, run
@@ -92,7 +93,12 @@ def _started_after(logs: str, since: float) -> float | None:
 
 
 async def test_the_image_migrates_runs_fires_is_healthy_and_stops_on_sigterm(
-    image: str, pg_url: str, redis_url: str, redis_prefix: str, container_name: str
+    image: str,
+    pg_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    redis_client: aioredis.Redis,
+    container_name: str,
 ) -> None:
     database = {"PM_DATABASE_URL": pg_url}
     migrate = run("podman", "run", "--rm", "--network", "host", "-e", f"PM_DATABASE_URL={pg_url}",
@@ -109,7 +115,10 @@ async def test_the_image_migrates_runs_fires_is_healthy_and_stops_on_sigterm(
         "PM_STREAM_PREFIX": redis_prefix,
     }
     flags = [f"--env={k}={v}" for k, v in settings.items()]
-    logs = lambda: run("podman", "logs", container_name, check=False).stderr  # noqa: E731
+
+    def logs() -> str:
+        return run("podman", "logs", container_name, check=False).stderr
+
     since = time.time()
     run("podman", "run", "-d", "--name", container_name, "--network", "host", *flags, image)
     await eventually(lambda: STARTED.search(logs()) is not None, "started", seconds=30,
@@ -132,6 +141,8 @@ async def test_the_image_migrates_runs_fires_is_healthy_and_stops_on_sigterm(
             return any(item["status"] == "enqueued" for item in items)
 
         await eventually(fired, "a slot enqueued", seconds=20, interval=0.2, detail=logs)
+    # ... into the host's Redis, on the stream of the default queue
+    assert await redis_client.xlen(f"{{{redis_prefix}:default}}:stream") >= 1
     health = run("podman", "healthcheck", "run", container_name, check=False)
     assert health.returncode == 0, f"{health.stdout}{health.stderr}"
 
@@ -182,10 +193,13 @@ async def test_compose_up_serves_the_dashboard_and_fires_a_schedule_within_a_min
 ) -> None:
     project, compose_env = stack
     base = f"http://127.0.0.1:{compose_env['API_PORT']}"
-    logs = lambda: "\n".join(  # noqa: E731
-        run("podman", "logs", "--tail", "15", f"{project}_{name}_1", check=False).stderr
-        for name in ("migrate", "api", "manager-1", "manager-2")
-    )
+
+    def logs() -> str:
+        return "\n".join(
+            run("podman", "logs", "--tail", "15", f"{project}_{name}_1", check=False).stderr
+            for name in ("migrate", "api", "manager-1", "manager-2")
+        )
+
     started = time.monotonic()
     run(*compose(project), "up", "-d", timeout=300, extra_env=compose_env)
     up_took = time.monotonic() - started
