@@ -233,3 +233,22 @@ async def test_compose_up_serves_the_dashboard_and_fires_a_schedule_within_a_min
         managers = (await client.get("/managers", headers=auth)).json()["items"]
         assert len(managers) == 2, managers  # the two manager services, sharing the partitions
         assert all(m["partitions"] for m in managers), managers
+        partitions = sum(len(m["partitions"]) for m in managers)
+
+        # SIGTERM to one manager: it exits 0 having handed its partitions over, and the other
+        # holds them all (what terminationGracePeriodSeconds and TimeoutStopSec must cover).
+        stopping = time.monotonic()
+        run("podman", "stop", "-t", "30", f"{project}_manager-1_1", timeout=60)
+        stop_took = time.monotonic() - stopping
+        exit_code = run("podman", "inspect", "--format", "{{.State.ExitCode}}",
+                        f"{project}_manager-1_1").stdout.strip()  # fmt: skip
+        assert exit_code == "0", logs()
+
+        async def handed_over() -> bool:
+            items = (await client.get("/managers", headers=auth)).json()["items"]
+            return len(items) == 1 and len(items[0]["partitions"]) == partitions
+
+        await eventually(handed_over, "one manager holding every partition", seconds=30,
+                         interval=0.2, detail=logs)  # fmt: skip
+        print(f"manager stopped in {stop_took:.1f} s, every partition held "
+              f"{time.monotonic() - stopping:.1f} s after the SIGTERM")  # fmt: skip
