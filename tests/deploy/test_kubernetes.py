@@ -95,7 +95,9 @@ def test_three_managers_probed_by_their_file_given_time_to_hand_over() -> None:
     assert manager["spec"]["replicas"] == 3 and container["args"] == ["manager"]
     probe_dir = {e["name"]: e["value"] for e in container["env"]}["PM_PROBE_DIR"]
     assert probe_dir in {m["mountPath"] for m in container["volumeMounts"]}
-    assert "health" in container["livenessProbe"]["exec"]["command"]
+    for probe in ("startupProbe", "livenessProbe"):  # Ready once the probe file is written
+        assert "health" in container[probe]["exec"]["command"]
+    assert manager["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert spec["terminationGracePeriodSeconds"] > Settings.model_fields["lease_ttl"].default
     pdb = named("PodDisruptionBudget", "periodic-manager")
     assert pdb["spec"]["selector"]["matchLabels"] == manager["spec"]["selector"]["matchLabels"]
