@@ -65,7 +65,7 @@ from periodic_manager.targets.asynq.message import (
     extra_seconds,
     queue_prefix,
 )
-from periodic_manager.targets.base import overlap_refused
+from periodic_manager.targets.base import overlap_refusals
 from periodic_manager.targets.builtin.asynq import NO_CLUSTER_OVERLAP, PROTOBUF
 from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
@@ -221,14 +221,7 @@ class AsynqTarget(RedisJobTarget):
             self.concurrency,
             self.chunk,
         )
-        results: list[EnqueueResult | None] = [None] * len(tasks)
-        send: list[int] = []
-        for index, task in enumerate(tasks):
-            why = overlap_refused(self, task)
-            if why is not None:
-                results[index] = refused(task, why)
-            else:
-                send.append(index)
+        results, send = overlap_refusals(self, tasks)
         sent = await batch.enqueue([_as_asynq(tasks[i]) for i in send], now)
         for index, result in zip(send, sent, strict=True):
             result.task = tasks[index]

@@ -25,24 +25,16 @@ for i, r in ipairs(cjson.decode(ARGV[4])) do
   local claim = claim_prefix .. r[1]
   local body = string.sub(blob, pos, pos + r[6] - 1)
   pos = pos + r[6]
-  if redis.call('EXISTS', claim) == 1 then
+  local flag = taken(claim, r[7], r[8])
+  if flag then
+    out[i] = flag
+  elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
     out[i] = SENT
   else
-    local refused = changed(r[7], r[8])
-    if refused then
-      out[i] = refused
-    elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      out[i] = SENT
-    else
-      redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
-      redis.call('ZADD', queue, r[4], r[2])
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      if r[7] then
-        redis.call('SET', r[7], r[9], 'PX', r[10])
-      end
-      out[i] = NEW
-    end
+    redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
+    redis.call('ZADD', queue, r[4], r[2])
+    out[i] = claimed(claim, r[2], r[3], r[7], r[9], r[10])
   end
 end
 return out

@@ -26,28 +26,20 @@ for i, r in ipairs(cjson.decode(ARGV[4])) do
   local job = job_prefix .. r[2]
   local first, last = pos, pos + r[5] - 1
   pos = pos + r[5]
-  if redis.call('EXISTS', claim) == 1 then
+  local flag = taken(claim, r[6], r[7])
+  if flag then
+    out[i] = flag
+  elseif redis.call('EXISTS', job) == 1 then
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
     out[i] = SENT
   else
-    local refused = changed(r[6], r[7])
-    if refused then
-      out[i] = refused
-    elseif redis.call('EXISTS', job) == 1 then
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      out[i] = SENT
-    else
-      redis.call('HSET', job, unpack(ARGV, first, last))
-      if r[4] > 0 then
-        redis.call('EXPIRE', job, r[4])
-      end
-      redis.call('RPUSH', queue, r[2])
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      if r[6] then
-        redis.call('SET', r[6], r[8], 'PX', r[9])
-      end
-      added = true
-      out[i] = NEW
+    redis.call('HSET', job, unpack(ARGV, first, last))
+    if r[4] > 0 then
+      redis.call('EXPIRE', job, r[4])
     end
+    redis.call('RPUSH', queue, r[2])
+    added = true
+    out[i] = claimed(claim, r[2], r[3], r[6], r[8], r[9])
   end
 end
 if added then

@@ -31,31 +31,23 @@ for i, r in ipairs(cjson.decode(ARGV[3])) do
   local claim = claim_prefix .. r[1]
   local id = r[2]
   local task = task_prefix .. id
-  if redis.call('EXISTS', claim) == 1 then
+  local flag = taken(claim, r[6], r[7])
+  if flag then
+    out[i] = flag
+  elseif redis.call('EXISTS', task) == 1 then
+    redis.call('SET', claim, 's|' .. id, 'PX', r[3])
     out[i] = SENT
+  elseif r[4] ~= '' and not redis.call('SET', r[4], id, 'NX', 'EX', r[5]) then
+    out[i] = UNIQUE
   else
-    local changed_flag = changed(r[6], r[7])
-    if changed_flag then
-      out[i] = changed_flag
-    elseif redis.call('EXISTS', task) == 1 then
-      redis.call('SET', claim, 's|' .. id, 'PX', r[3])
-      out[i] = SENT
-    elseif r[4] ~= '' and not redis.call('SET', r[4], id, 'NX', 'EX', r[5]) then
-      out[i] = UNIQUE
+    if r[4] ~= '' then
+      redis.call('HSET', task, 'msg', ARGV[4 + i], 'state', 'pending',
+                 'pending_since', now_ns, 'unique_key', r[4])
     else
-      if r[4] ~= '' then
-        redis.call('HSET', task, 'msg', ARGV[4 + i], 'state', 'pending',
-                   'pending_since', now_ns, 'unique_key', r[4])
-      else
-        redis.call('HSET', task, 'msg', ARGV[4 + i], 'state', 'pending', 'pending_since', now_ns)
-      end
-      redis.call('LPUSH', pending, id)
-      redis.call('SET', claim, 's|' .. id, 'PX', r[3])
-      if r[6] then
-        redis.call('SET', r[6], r[8], 'PX', r[9])
-      end
-      out[i] = NEW
+      redis.call('HSET', task, 'msg', ARGV[4 + i], 'state', 'pending', 'pending_since', now_ns)
     end
+    redis.call('LPUSH', pending, id)
+    out[i] = claimed(claim, id, r[3], r[6], r[8], r[9])
   end
 end
 return out

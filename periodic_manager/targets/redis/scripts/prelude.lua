@@ -26,3 +26,18 @@ local function changed(prev_key, read)
   if (prev or '') ~= read then return BUSY end
   return nil
 end
+-- The claim of a task written now (it names the task's id, ``s|<id>``) and, with
+-- options.overlap, the schedule's previous-task key now naming this task; returns NEW.
+local function claimed(claim, id, ttl, prev_key, value, prev_ttl)
+  redis.call('SET', claim, 's|' .. id, 'PX', ttl)
+  if prev_key then
+    redis.call('SET', prev_key, value, 'PX', prev_ttl)
+  end
+  return NEW
+end
+-- What becomes of a task whose slot is claimed already (SENT), or whose schedule's previous task
+-- changed since it was read (options.overlap: WRONGTYPE or BUSY, see changed); nil: write it.
+local function taken(claim, prev_key, read)
+  if redis.call('EXISTS', claim) == 1 then return SENT end
+  return changed(prev_key, read)
+end
