@@ -93,12 +93,26 @@ class BearerAuth(HttpMiddleware):
         await response(scope, receive, send)
 
 
+def exposure(settings: Settings) -> str | None:
+    """Why the API must not serve with these settings (None: it may): it binds beyond loopback
+    and no token is set, so anyone who reaches it could edit schedules. ``run`` and ``api``
+    refuse to start then; the message names the setting and how to fix it."""
+    if settings.api_token is not None or settings.api_read_token is not None:
+        return None
+    if is_loopback(settings.host):
+        return None
+    return (
+        f"PM_HOST: the API would bind to {settings.host} (beyond loopback) with no PM_API_TOKEN: "
+        "anyone who reaches it could edit schedules; set PM_API_TOKEN to a long random secret "
+        "(python3 -c 'import secrets; print(secrets.token_urlsafe(32))') or bind to 127.0.0.1"
+    )
+
+
 def warn_if_exposed(settings: Settings) -> bool:
-    """Log a warning when the API binds beyond loopback without a token; True if it did."""
-    if settings.api_token is None and not is_loopback(settings.host):
-        log.warning(
-            "the API binds to %s without PM_API_TOKEN: anyone who reaches it can edit schedules",
-            settings.host,
-        )
+    """Log a warning when the API is built with settings it must not serve (:func:`exposure`:
+    the command refuses them; an app built in code only warns); True if it did."""
+    why = exposure(settings)
+    if why is not None:
+        log.warning("%s", why)
         return True
     return False
