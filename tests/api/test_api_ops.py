@@ -626,6 +626,33 @@ async def test_auth_on(
     )
 
 
+async def test_wrong_tokens_are_slowed_down_per_client(
+    db_url: str, engine: AsyncEngine, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After 20 wrong tokens within a minute a client gets 429 for every request with a token,
+    the right one included (a 429 must not tell a wrong guess from a right one), until the
+    window ends; requests without a token are not guesses; the log line names no token."""
+    from periodic_manager.api.auth import GUESS_WINDOW_S, GUESSES
+
+    settings = Settings(database_url=db_url, api_token=TOKEN)
+    write = {"Authorization": f"Bearer {TOKEN}"}
+    async for c in app_client(settings, clock, engine):
+        for _ in range(30):
+            assert (await c.get("/schedules")).status_code == 401  # no token: not counted
+        for i in range(GUESSES):
+            r = await c.get("/schedules", headers={"Authorization": f"Bearer guess-{i}"})
+            assert r.status_code == 401
+        for headers in ({"Authorization": "Bearer guess-x"}, write):
+            r = await c.get("/schedules", headers=headers)
+            assert_problem(r, 429)
+            assert 0 < int(r.headers["retry-after"]) <= GUESS_WINDOW_S
+        assert (await c.get("/healthz")).status_code == 200
+        await clock.advance(GUESS_WINDOW_S)
+        assert (await c.get("/schedules", headers=write)).status_code == 200
+    said = [r.getMessage() for r in caplog.records if "wrong API tokens" in r.getMessage()]
+    assert len(said) == 1 and "guess" not in said[0] and TOKEN not in said[0]
+
+
 async def test_auth_off_and_exposure_warning(caplog: pytest.LogCaptureFixture) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
