@@ -43,7 +43,6 @@ from periodic_manager.schedules.runs import max_runs_of, runs_left
 
 log = logging.getLogger(__name__)
 
-# What the store records of schedules, by key (``RuntimeStore.get_state``).
 # How long a send waits for the store's count of runs left (options.max_runs) before it goes on
 # with this manager's own count: a slow or hung database must not hold back every schedule due.
 RECOUNT_BOUND_S = 1.0
