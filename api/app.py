@@ -99,13 +99,12 @@ def create_app(
         redoc_url=None,
     )
     app.state.pm = AppState(settings, clock if clock is not None else SystemClock())
-    clock = app.state.pm.clock
     install_error_handlers(app)
     # Outermost last: UnsentAnswers (an answer the server refused because it already answered a
     # malformed request) -> NoFraming (every HTML answer, whoever makes it) -> BrowserGuard (Host,
     # cross-site, JSON bodies) -> BodyLimit -> HeadAsGet -> BearerAuth -> routes. The browser
     # checks come before auth: a rebinding page must not even learn whether a token is needed.
-    app.add_middleware(BearerAuth, settings=settings, clock=clock)
+    app.add_middleware(BearerAuth, settings=settings, clock=app.state.pm.clock)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuard, settings=settings)
