@@ -20,7 +20,7 @@ const HINTS = {
   task_type: "The task's name as your workers know it",
   queue: "Empty: default",
   payload: "Any JSON value handed to the task; empty: null",
-  options: "max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap, overlap_timeout, extra, start_at, end_at, jitter, max_runs, pause_after_failures, exclude",
+  options: "max_retry, timeout, unique_ttl, target, misfire, catchup_window, overlap, overlap_timeout, extra, start_at, end_at, jitter, max_runs, pause_after_failures, exclude, metrics",
 };
 const DEBOUNCE_MS = 200;
 
