@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -171,3 +172,21 @@ async def test_unknown_and_bad_ids(client: httpx.AsyncClient) -> None:
     assert_problem(await client.get("/schedules/999/stats"), 404)
     for bad in ("abc", "0", "-1", str(2**63)):
         assert_error(await client.get(f"/schedules/{bad}/stats"), 422, ["path", "schedule_id"])
+
+
+async def test_only_the_days_newest_runs_are_counted(
+    client: httpx.AsyncClient, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However large the history cap, the counts read at most STATS_SAMPLE runs: the newest."""
+    from periodic_manager.api.routes import runs
+
+    monkeypatch.setattr(runs, "STATS_SAMPLE", 50)
+    key = str((await create(client))["id"])
+    # 100 slots, one a minute, i ms late: the 50 newest are 1..50 ms late.
+    store = DatabaseRuntimeStore(engine, runs_per_schedule=1000)
+    await store.record_runs(
+        [rec(key, T0 - timedelta(minutes=i), "enqueued", i) for i in range(1, 101)]
+    )
+    body = (await client.get(f"/schedules/{key}/stats")).json()
+    assert (body["last_day"]["runs"], body["last_day"]["lateness_p99_s"]) == (50, 0.05)
+    assert (body["last_hour"]["runs"], body["last_hour"]["lateness_p50_s"]) == (50, 0.025)
