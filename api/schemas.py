@@ -129,6 +129,56 @@ class RunPage(BaseModel):
     offset: int
 
 
+class WindowStats(BaseModel):
+    """A schedule's run history over one window, handled (``at``) from ``since`` on: the newest
+    10,000 runs at most."""
+
+    since: datetime = Field(description="the window's start: the API's now minus its length")
+    runs: int = Field(description="runs of the history handled in the window")
+    sent: int = Field(description="sent slots among them (enqueued, duplicate, resent)")
+    lateness_p50_s: float | None = Field(
+        description="nearest-rank median lateness of the sent slots, in seconds (null: none)"
+    )
+    lateness_p99_s: float | None = Field(
+        description="nearest-rank 99th percentile lateness of the sent slots, in seconds"
+    )
+    by_status: dict[str, int] = Field(
+        description="runs by outcome: every status, 0 included; `other`: a status written "
+        "with SQL that no writer uses",
+        examples=[{"enqueued": 58, "skipped": 2, "failed": 0}],
+    )
+    by_reason: dict[str, int] = Field(
+        description=f"runs by reason: every reason ({', '.join(SLOT_REASONS)}), 0 included; "
+        "`other`: a reason written with SQL; runs without a reason are in none",
+        examples=[{"late": 2, "overlap": 0}],
+    )
+
+
+class LateRunOut(BaseModel):
+    """The newest run that was late beyond its grace: skipped `late`, or failed `target-down`
+    (the target failed every attempt until the grace ended)."""
+
+    slot_at: datetime | None = Field(description="the slot")
+    at: datetime | None = Field(description="when the manager handled it")
+    status: str | None = Field(examples=["skipped", "failed"])
+    reason: str | None = Field(examples=["late", "target-down"])
+    lateness_s: float | None = Field(description="at - slot_at, in seconds")
+    error: str | None
+
+
+class ScheduleStats(BaseModel):
+    """Lateness and outcomes of a schedule, from its run history (``pm_runs``, bounded by
+    ``PM_RUNS_MAX_PER_SCHEDULE`` and ``PM_RUNS_RETENTION``)."""
+
+    schedule_id: int
+    now: datetime = Field(description="the API's now, the end of both windows")
+    last_hour: WindowStats
+    last_day: WindowStats
+    last_late: LateRunOut | None = Field(
+        description="the newest run of the whole history late beyond grace (null: none)"
+    )
+
+
 class FieldChangeOut(BaseModel):
     """One column's change. Values as stored (text cut to 2000 characters, `truncated` then),
     shown as a person reads them: `enabled` a boolean, `payload` and `options` their JSON value,

@@ -8,6 +8,9 @@ schedules too (run it now, keep it paused) and is recorded in the history as ``t
 exception: while its previous task is queued or running the trigger is refused with 409 (and
 recorded ``skipped``), and a triggered task is the previous task of the next slot.
 
+A schedule's stats count its history over the last hour and day, by the API's clock: percentiles
+of the sent slots' lateness, runs by status and by reason, and the newest run late beyond grace.
+
 A backfill (:mod:`periodic_manager.backfill`) sends every slot of a range that was never sent,
 with the slot's own key, through the same target, paced at ``PM_CATCHUP_RATE``; its sent slots
 are recorded ``backfilled``. A paused schedule is refused (409): resume it first.
@@ -19,13 +22,13 @@ import dataclasses
 import logging
 import uuid
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Query, Request, status
 
 from periodic_manager import backfill as slot_backfill
-from periodic_manager.contracts import EnqueueResult, Target
-from periodic_manager.db import history
+from periodic_manager.contracts import SENT, SLOT_REASONS, EnqueueResult, Target
+from periodic_manager.db import history, stats
 from periodic_manager.db.engine import Connection
 from periodic_manager.db.view import RowView
 from periodic_manager.errors import ConfigError
@@ -37,7 +40,16 @@ from periodic_manager.targets.base import task_for
 from ..deps import AppSettings, Conn, Now, Page, get_clock, get_state, get_target
 from ..errors import ApiProblem, config_error_item
 from ..routes.schedules import NOT_FOUND, ScheduleId, load_row, row_exists
-from ..schemas import BackfillIn, BackfillResult, RunOut, RunPage, TriggerResult
+from ..schemas import (
+    BackfillIn,
+    BackfillResult,
+    LateRunOut,
+    RunOut,
+    RunPage,
+    ScheduleStats,
+    TriggerResult,
+    WindowStats,
+)
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/schedules", tags=["history"])
@@ -63,6 +75,73 @@ async def list_runs(
     total, rows = await history.page(conn, str(schedule_id), status, **paging._asdict())
     items = [RunOut.model_validate(r, from_attributes=True) for r in rows]
     return RunPage(items=items, total=total, **paging._asdict())
+
+
+# Runs counted by the stats: the day's newest (a schedule's history is capped anyway, by
+# PM_RUNS_MAX_PER_SCHEDULE, but that cap has no ceiling of its own).
+STATS_SAMPLE = 10_000
+# Reasons of a slot that was late beyond its grace: skipped late, or failed while the target
+# was down until its grace ended.
+LATE_REASONS = ("late", "target-down")
+
+
+@router.get(
+    "/{schedule_id}/stats",
+    response_model=ScheduleStats,
+    responses=NOT_FOUND,
+    summary="Lateness and outcomes of a schedule over the last hour and day",
+)
+async def schedule_stats(schedule_id: ScheduleId, conn: Conn, now: Now) -> ScheduleStats:
+    await row_exists(conn, schedule_id)
+    key = str(schedule_id)
+    hour, day = now - timedelta(hours=1), now - timedelta(days=1)
+    tallies = await stats.schedule_tallies(conn, key, day, hour, STATS_SAMPLE)
+    late = await stats.newest_with_reason(conn, key, LATE_REASONS)
+    return ScheduleStats(
+        schedule_id=schedule_id,
+        now=now,
+        last_hour=_window(hour, [t for t in tallies if t.recent]),
+        last_day=_window(day, tallies),
+        last_late=None
+        if late is None
+        else LateRunOut(
+            slot_at=late.slot_at,
+            at=late.at,
+            status=late.status,
+            reason=late.reason,
+            lateness_s=_seconds(late.lateness_ms),
+            error=late.error,
+        ),
+    )
+
+
+def _window(since: datetime, tallies: list[stats.RunTally]) -> WindowStats:
+    """The counts and lateness percentiles of a window's runs."""
+    by_status: dict[str, int] = dict.fromkeys(get_args(RunStatus), 0)
+    by_reason: dict[str, int] = dict.fromkeys(SLOT_REASONS, 0)
+    lateness: dict[int, int] = {}
+    for t in tallies:
+        status_ = t.status if t.status in by_status else "other"
+        by_status[status_] = by_status.get(status_, 0) + t.count
+        if t.reason is not None:
+            reason = t.reason if t.reason in by_reason else "other"
+            by_reason[reason] = by_reason.get(reason, 0) + t.count
+        if t.status in SENT and t.lateness_ms is not None:
+            lateness[t.lateness_ms] = lateness.get(t.lateness_ms, 0) + t.count
+    p50, p99 = stats.nearest_ranks(sorted(lateness.items()), (0.5, 0.99)) or (None, None)
+    return WindowStats(
+        since=since,
+        runs=sum(t.count for t in tallies),
+        sent=sum(lateness.values()),
+        lateness_p50_s=_seconds(p50),
+        lateness_p99_s=_seconds(p99),
+        by_status=by_status,
+        by_reason=by_reason,
+    )
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 TRIGGER_RESPONSES: dict[int | str, dict[str, Any]] = {

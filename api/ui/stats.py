@@ -12,7 +12,6 @@ The numbers are those of the run history: a schedule firing more often than
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime, timedelta
 
 from periodic_manager.db import stats, store_reads
@@ -65,19 +64,11 @@ async def lateness(conn: Connection, start: datetime) -> Lateness:
     ``start``, exact over them: their distinct lateness values (whole milliseconds) are counted
     by the database. The bound keeps the cost flat however busy the hour was."""
     values = await stats.lateness_counts(conn, start, LATENESS_SAMPLE)
-    total = sum(n for _, n in values)
-    if not total:
+    found = stats.nearest_ranks(values, PERCENTILES)
+    if not found:
         return Lateness(count=0, p50_ms=None, p90_ms=None, p99_ms=None, max_ms=None)
-    found: list[int] = []
-    ranks = iter(max(1, math.ceil(p * total)) for p in PERCENTILES)
-    rank: int | None = next(ranks)
-    seen = 0
-    for value, n in values:
-        seen += n
-        while rank is not None and seen >= rank:
-            found.append(value)
-            rank = next(ranks, None)
     p50, p90, p99 = found
+    total = sum(n for _, n in values)
     return Lateness(count=total, p50_ms=p50, p90_ms=p90, p99_ms=p99, max_ms=values[-1][0])
 
 

@@ -1,5 +1,6 @@
 """The numbers of the dashboard's overview and of the API's metrics, aggregated by the database:
-schedule counts, run history per minute, the distribution of lateness.
+schedule counts, run history per minute, the distribution of lateness; and one schedule's
+history counted by status, reason and lateness (``GET /schedules/{id}/stats``).
 
 ``pm_runs`` is indexed on ``at``, so the cost grows with the number of runs in the window, not
 with the table: a count per minute and status comes back (at most minutes x statuses), and the
@@ -8,6 +9,9 @@ lateness of the newest enqueued slots as (value, count) pairs.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -143,3 +147,111 @@ async def lateness_counts(
         if value is not None:
             found[value] = found.get(value, 0) + int(n)
     return sorted(found.items())
+
+
+def nearest_ranks(counts: Sequence[tuple[int, int]], percentiles: Iterable[float]) -> list[int]:
+    """Nearest-rank percentiles (the value at rank ceil(p * n), p ascending) of a distribution
+    given as (value, how many) pairs, smallest value first; empty when it has no value."""
+    total = sum(n for _, n in counts)
+    if not total:
+        return []
+    found: list[int] = []
+    ranks = iter(max(1, math.ceil(p * total)) for p in percentiles)
+    rank: int | None = next(ranks, None)
+    seen = 0
+    for value, n in counts:
+        seen += n
+        while rank is not None and seen >= rank:
+            found.append(value)
+            rank = next(ranks, None)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class RunTally:
+    """How many runs of one schedule had this status, reason and lateness, and whether they
+    are in the recent window (values decoded: None when NULL or unreadable)."""
+
+    recent: bool
+    status: str | None
+    reason: str | None
+    lateness_ms: int | None
+    count: int
+
+
+async def schedule_tallies(
+    conn: AsyncConnection, schedule_key: str, since: datetime, recent_since: datetime, sample: int
+) -> list[RunTally]:
+    """The newest ``sample`` runs of a schedule handled at or after ``since`` (``at``), counted
+    by status, reason, lateness and whether they were handled at or after ``recent_since``. The
+    rows are the schedule's (index on ``schedule_key``), so the cost is bounded by its history
+    cap and by ``sample``; percentiles are left to :func:`nearest_ranks` (portable)."""
+    sqlite = reads_bytes(conn)
+    c = runs_table.c
+    newest = (
+        select(
+            dbrows.raw(sqlite, c.status).label("status"),
+            dbrows.raw(sqlite, c.reason).label("reason"),
+            dbrows.raw(sqlite, c.lateness_ms).label("lateness_ms"),
+            case((c.at >= recent_since, 1), else_=0).label("recent"),
+        )
+        .where(c.schedule_key == schedule_key, c.at >= since)
+        .order_by(c.at.desc(), c.id.desc())
+        .limit(sample)
+        .subquery()
+    )
+    cols = (newest.c.recent, newest.c.status, newest.c.reason, newest.c.lateness_ms)
+    stmt = select(*cols, func.count()).group_by(*cols)
+    return [
+        RunTally(
+            recent=bool(dbrows.int_of(recent)),
+            status=dbrows.text_of(status),
+            reason=dbrows.text_of(reason),
+            lateness_ms=dbrows.int_of(lateness),
+            count=int(n),
+        )
+        for recent, status, reason, lateness, n in await conn.execute(stmt)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class LateRun:
+    """A run of the history (values decoded: None when NULL or unreadable)."""
+
+    slot_at: datetime | None
+    at: datetime | None
+    status: str | None
+    reason: str | None
+    lateness_ms: int | None
+    error: str | None
+
+
+async def newest_with_reason(
+    conn: AsyncConnection, schedule_key: str, reasons: Iterable[str]
+) -> LateRun | None:
+    """The schedule's newest run (by ``at``) whose reason is one of ``reasons``, if any."""
+    sqlite = reads_bytes(conn)
+    c = runs_table.c
+    stmt = (
+        select(
+            *(
+                dbrows.raw(sqlite, col)
+                for col in (c.slot_at, c.at, c.status, c.reason, c.lateness_ms, c.error)
+            )
+        )
+        .where(c.schedule_key == schedule_key, c.reason.in_(list(reasons)))
+        .order_by(c.at.desc(), c.id.desc())
+        .limit(1)
+    )
+    found = (await conn.execute(stmt)).first()
+    if found is None:
+        return None
+    slot_at, at, status, reason, lateness, error = found
+    return LateRun(
+        slot_at=dbrows.instant_or_none(sqlite, slot_at),
+        at=dbrows.instant_or_none(sqlite, at),
+        status=dbrows.text_of(status),
+        reason=dbrows.text_of(reason),
+        lateness_ms=dbrows.int_of(lateness),
+        error=dbrows.text_of(error),
+    )

@@ -15,6 +15,7 @@ import asyncio
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,53 @@ def test_the_backfill_form_counts_in_a_dry_run_then_sends_and_shows_the_runs(
     d.find_element("css selector", "#backfill").click()
     wait_text(d, "#answer", "422")
     assert "to: must be after from" in d.find_element("css selector", "#answer").text
+
+
+def test_the_schedule_page_shows_lateness_and_reasons_of_the_last_hour_and_day(
+    driver: Any, server: browser.Server
+) -> None:
+    """Runs written with SQL at known lateness, relative to the server's own now (from the
+    stats it answers): the page's block shows the percentiles, the reasons and the last late
+    run as GET /schedules/{id}/stats computes them."""
+    d = driver
+    sid = api_create(server, name="browser.stats", spec="0 6 1 1 *")
+    try:
+        now = datetime.fromisoformat(
+            httpx.get(f"{server.base}/schedules/{sid}/stats").json()["now"]
+        )
+        runs = [  # (minutes before now, status, lateness ms, reason)
+            (10, "enqueued", 250, "NULL"),
+            (20, "enqueued", 4000, "NULL"),
+            (30, "skipped", 45_000, "'late'"),
+            (300, "enqueued", 100, "NULL"),
+        ]
+        values = []
+        for minutes, status, late_ms, reason in runs:
+            at = now - timedelta(minutes=minutes)
+            slot, handled = (
+                rawsql.instant(server.database_url, t.strftime("%Y-%m-%d %H:%M:%S.%f"))
+                for t in (at - timedelta(milliseconds=late_ms), at)
+            )
+            values.append(
+                f"('{sid}', 'browser.stats', {slot}, '{status}', {handled}, {late_ms}, {reason})"
+            )
+        asyncio.run(
+            rawsql.execute(
+                server.database_url,
+                "INSERT INTO pm_runs (schedule_key, name, slot_at, status, at, lateness_ms, reason)"
+                f" VALUES {', '.join(values)}",
+            )
+        )
+        open_page(d, f"{server.base}/ui/schedules/{sid}")
+        wait_text(d, "#stats-table tbody", "Last hour")
+        rows = [r.text for r in d.find_elements("css selector", "#stats-table tbody tr")]
+        # hour: sent 250 ms and 4 s (p50 the 1st, p99 the 2nd); day: 100 ms too (p50 the 2nd)
+        assert rows == ["Last hour 3 2 250 ms 4.00 s late 1", "Last day 4 3 250 ms 4.00 s late 1"]
+        late = text_of(d, "#last-late")
+        slot_text = (now - timedelta(minutes=30, seconds=45)).strftime("%Y-%m-%d %H:%M:%S UTC")
+        assert f"slot {slot_text}, skipped late, 45.0 s late" in late, late
+    finally:
+        assert httpx.delete(f"{server.base}/schedules/{sid}").status_code == 204
 
 
 def test_a_pause_note_is_sent_and_shown_beside_the_paused_badge(

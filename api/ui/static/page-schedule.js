@@ -1,5 +1,6 @@
-// One schedule: its config, the next 10 slots (daylight-saving changes marked), what the managers
-// hold for it, its run history and its change history (two tabs), and the write buttons, each
+// One schedule: its config, the next 10 slots (daylight-saving changes marked), its lateness and
+// outcomes over the last hour and day (GET /schedules/{id}/stats), what the managers hold for it,
+// its run history and its change history (two tabs), and the write buttons, each
 // showing the API's answer.
 
 import { api, getJson, problemText, statusText } from "./api.js";
@@ -89,6 +90,36 @@ function state(s) {
     `Last slot ${utc(st.last_slot_at)}, last status ${st.last_status || "—"}; `
     + `enqueued ${c.enqueued ?? 0}, skipped ${c.skipped ?? 0}, failed ${c.failed ?? 0}, duplicate ${c.duplicate ?? 0}`
     + (c.held ? `, held ${c.held}.` : "."));
+}
+
+// GET /schedules/{id}/stats: p50/p99 lateness of the sent slots and runs by reason, for the last
+// hour and the last day, and the newest run late beyond grace ("when and why" in one look).
+function seconds(value) {
+  return value === null || value === undefined ? "—" : ms(Math.round(value * 1000));
+}
+
+function reasons(window) {
+  const found = Object.entries(window.by_reason).filter(([, n]) => n > 0);
+  if (!found.length) return "—";
+  return h("span", { class: "reasons" }, found.map(([reason, n], i) => [i ? ", " : "", badge(`${reason} ${n}`, "warn")]));
+}
+
+function statsSection(stats) {
+  const heading = h("h2", { id: "stats-title" }, "Lateness and reasons");
+  if (!stats) return h("section", { "aria-labelledby": "stats-title" }, heading, h("p", { class: "error" }, "The stats could not be read."));
+  const windows = [["Last hour", stats.last_hour], ["Last day", stats.last_day]];
+  const rows = windows.map(([label, w]) => [
+    label, String(w.runs), String(w.sent), seconds(w.lateness_p50_s), seconds(w.lateness_p99_s), reasons(w),
+  ]);
+  const late = stats.last_late;
+  return h("section", { "aria-labelledby": "stats-title", id: "stats" },
+    heading,
+    table("Runs of the history by window: lateness of the sent slots (nearest rank) and reasons",
+      ["Window", "Runs", "Sent", "p50", "p99", "Reasons"], rows, { id: "stats-table", cards: false }),
+    h("p", { class: "sub", id: "last-late" }, late
+      ? [`Last late beyond grace: slot ${utc(late.slot_at)}, ${late.status || "—"} `, badge(late.reason || "—", "warn"),
+        `, ${seconds(late.lateness_s)} late, handled ${utc(late.at)}`, late.error ? ` (${late.error})` : ""]
+      : "No run late beyond grace in the history."));
 }
 
 function slotsSection(slots) {
@@ -295,12 +326,13 @@ export async function schedulePage(id, ready = null, keep = null) {
   const changesPage = pageParam("changes_page");
   const changesQuery = new URLSearchParams({ limit: CHANGES_LIMIT, offset: (changesPage - 1) * CHANGES_LIMIT });
   const tab = TABS.includes(params.get("tab")) ? params.get("tab") : "runs";
-  const [detail, slots, entries, runs, changes] = await Promise.all([
+  const [detail, slots, entries, runs, changes, stats] = await Promise.all([
     getJson(`/schedules/${id}`),
     getJson(`/views/schedules/${id}/slots?n=10`),
     getJson(`/entries?schedule_id=${id}`),
     getJson(`/schedules/${id}/runs?${runsQuery}`),
     getJson(`/schedules/${id}/changes?${changesQuery}`),
+    getJson(`/schedules/${id}/stats`).catch(() => null),
   ]);
   await ready;
   const s = detail.data;
@@ -323,6 +355,7 @@ export async function schedulePage(id, ready = null, keep = null) {
     rowErrors(s),
     h("div", { class: "columns" }, config(s), slotsSection(slots.data)),
     state(s),
+    statsSection(stats && stats.data),
     entriesSection(entries.data.items),
     historyTabs(tab, { runs: runsSection(id, runs.data, statusFilter), changes: changesSection(changes.data) }),
   );
