@@ -10,8 +10,7 @@ import json
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
@@ -30,6 +29,7 @@ from tests.conftest import _unavailable
 from tests.project.test_docs import anchors
 from tests.support import ROOT
 from tests.support.api import T0, api_client
+from tests.support.metrics_view import Config, Entry, View
 
 MONITORING = ROOT / "deploy" / "monitoring"
 RULES = yaml.safe_load((MONITORING / "alerts.yaml").read_text())
@@ -70,44 +70,6 @@ def metric_names(expr: str) -> set[str]:
 # -- the names the code serves ---------------------------------------------------------------------
 
 
-@dataclass
-class Config:
-    queue: str
-    options: dict[str, Any]
-
-
-@dataclass
-class Entry:
-    key: str
-    config: Config
-
-
-@dataclass
-class View:
-    """What the metrics read of a manager: a leader holding 8 partitions, with one schedule that
-    has series of its own (options.metrics)."""
-
-    by_key: dict[str, Entry] = field(
-        default_factory=lambda: {"1": Entry("1", Config("default", {"metrics": True}))}
-    )
-    default_target: str = "redis"
-    is_leader: bool = True
-    last_sync_at: datetime | None = T0
-    last_sync_error: str | None = None
-    partitions: frozenset[int] = frozenset(range(8))
-    partition_handovers: int = 0
-    signals_ignored: int = 0
-    standing_down: str | None = None
-    stand_downs: int = 0
-    clock_offset_s: float | None = 0.01
-
-    def entries(self) -> list[Entry]:
-        return list(self.by_key.values())
-
-    def entry(self, key: str) -> Entry | None:
-        return self.by_key.get(key)
-
-
 def sample_names(text: str) -> set[str]:
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 
@@ -116,7 +78,8 @@ def sample_names(text: str) -> set[str]:
 def manager_samples() -> frozenset[str]:
     """Every sample name a real manager's registry serves once it has seen slots of each kind,
     a sync and a broker's loss."""
-    metrics = ManagerMetrics(cast(ManagerView, View()))
+    one = {"1": Entry("1", Config("default", {"metrics": True}))}  # series of its own
+    metrics = ManagerMetrics(cast(ManagerView, View(by_key=one)))
     slot = T0 - timedelta(seconds=2)
     metrics.observe_runs(
         [

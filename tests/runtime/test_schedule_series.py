@@ -5,55 +5,20 @@ are among the PM_METRICS_SCHEDULES latest."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from periodic_manager.contracts import RunRecord, RunStatus, SlotReason
 from periodic_manager.runtime.metrics import ManagerMetrics, ManagerView
 from periodic_manager.runtime.schedule_series import ScheduleSeries
+from tests.support.metrics_view import Config, Entry, View
 
 T0 = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 N = 100_000
 
 
-@dataclass
-class Config:
-    queue: str
-    options: dict[str, Any]
-
-
-@dataclass
-class Entry:
-    key: str
-    config: Config
-
-
-@dataclass
-class View:
-    """What the metrics read of a manager (a leader holding 64 partitions, synced)."""
-
-    by_key: dict[str, Entry] = field(default_factory=dict)
-    default_target: str = "redis"
-    is_leader: bool = True
-    last_sync_at: datetime | None = T0
-    last_sync_error: str | None = None
-    partitions: frozenset[int] = frozenset(range(64))
-    partition_handovers: int = 0
-    signals_ignored: int = 0
-    standing_down: str | None = None
-    stand_downs: int = 0
-    clock_offset_s: float | None = 0.01
-
-    def entries(self) -> list[Entry]:
-        return list(self.by_key.values())
-
-    def entry(self, key: str) -> Entry | None:
-        return self.by_key.get(key)
-
-
 def manager(opted: set[int], limit: int = 100) -> tuple[View, ManagerMetrics]:
-    view = View()
+    view = View(partitions=frozenset(range(64)))
     for i in range(N):
         options: dict[str, Any] = {"metrics": True} if i in opted else {}
         if i % 3 == 0:
