@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from periodic_manager.contracts import (
+    Clock,
     EnqueueResult,
     FailureSignal,
     Forgetful,
@@ -22,6 +23,7 @@ from periodic_manager.contracts import (
     Prepared,
     Target,
     Task,
+    WorksBeside,
     failure_off,
     refused,
 )
@@ -171,6 +173,25 @@ class RoutingTarget:
                 with contextlib.suppress(TargetError):
                     lost += await target.forgotten()
         return lost
+
+    async def run_beside(self, clock: Clock, owner: str) -> None:
+        """The work beside the manager of every target that has some (none: wait for the
+        cancellation); the first to end ends it, as the manager's supervision expects."""
+        works = [
+            asyncio.ensure_future(t.run_beside(clock, owner))
+            for t in self.targets.values()
+            if isinstance(t, WorksBeside)
+        ]
+        if not works:
+            await asyncio.get_running_loop().create_future()
+        try:
+            done, _ = await asyncio.wait(works, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in works:
+                task.cancel()
+            await asyncio.gather(*works, return_exceptions=True)
 
     async def close(self) -> None:
         """Close every target (all of them, even if one fails; the first error is raised)."""
