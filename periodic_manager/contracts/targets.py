@@ -34,6 +34,7 @@ __all__ = [
     "InManagerDatabase",
     "Forgetful",
     "WorksBeside",
+    "CountsDeliveries",
     "StagedTarget",
 ]
 
@@ -289,6 +290,17 @@ class WorksBeside(Protocol):
     async def run_beside(self, clock: Clock, owner: str) -> None:
         """Run until cancelled, reading time from ``clock``; ``owner`` names the manager (a
         lease holder). Returning or raising while the manager runs is its failure."""
+        ...
+
+
+@runtime_checkable
+class CountsDeliveries(Protocol):
+    """A target whose work beside the manager delivers tasks (the http target): what its
+    deliveries came to in this manager, for the metrics."""
+
+    def delivery_counts(self) -> Mapping[str, int]:
+        """Deliveries by outcome since start: ``done``, ``retried`` (an attempt that failed and
+        will be tried again), ``dead`` (a dead letter)."""
         ...
 
 

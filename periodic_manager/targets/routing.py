@@ -16,6 +16,7 @@ from typing import Any
 
 from periodic_manager.contracts import (
     Clock,
+    CountsDeliveries,
     EnqueueResult,
     FailureSignal,
     Forgetful,
@@ -173,6 +174,15 @@ class RoutingTarget:
                 with contextlib.suppress(TargetError):
                     lost += await target.forgotten()
         return lost
+
+    def delivery_counts(self) -> dict[str, int]:
+        """The deliveries of every target that counts some, added up."""
+        total: dict[str, int] = {}
+        for target in self.targets.values():
+            if isinstance(target, CountsDeliveries):
+                for outcome, n in target.delivery_counts().items():
+                    total[outcome] = total.get(outcome, 0) + n
+        return total
 
     async def run_beside(self, clock: Clock, owner: str) -> None:
         """The work beside the manager of every target that has some (none: wait for the

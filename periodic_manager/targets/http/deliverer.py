@@ -24,7 +24,14 @@ from datetime import timedelta
 import httpx
 
 from periodic_manager.contracts import Clock
-from periodic_manager.db.http_deliveries import Claimed, DeliveryStore, Outcome
+from periodic_manager.db.http_deliveries import (
+    DEAD,
+    DONE,
+    PENDING,
+    Claimed,
+    DeliveryStore,
+    Outcome,
+)
 from periodic_manager.targets.http.addresses import refusal_of_resolved
 from periodic_manager.targets.http.attempt import Answer, Refused, Request, attempt, decide
 from periodic_manager.targets.http.config import HttpConfig
@@ -45,6 +52,7 @@ class Deliverer:
         clock: Clock,
         owner: str,
         wake: asyncio.Event,
+        counts: Counter[str] | None = None,
     ) -> None:
         self._store = store
         self._config = config
@@ -52,6 +60,7 @@ class Deliverer:
         self._owner = owner
         self._wake = wake
         self._rng = random.Random()
+        self._counts: Counter[str] = counts if counts is not None else Counter()
         self._per_host = config.concurrency_per_host
         self._gates: dict[str, asyncio.Semaphore] = {}
         self._claimed: Counter[str] = Counter()
@@ -133,6 +142,7 @@ class Deliverer:
         outcomes, self._outcomes = self._outcomes, []
         try:
             await self._store.record(self._owner, outcomes)
+            self._counts.update(_COUNTED[o.state] for o in outcomes)
         except Exception as exc:  # kept for the next turn; the leases still hold the rows
             self._outcomes = outcomes + self._outcomes
             log.warning("http deliveries: cannot record %d outcomes: %s", len(outcomes), exc)
@@ -172,5 +182,6 @@ def _port(url: httpx.URL) -> int:
     return 443 if url.scheme == "https" else 80
 
 
+_COUNTED = {DONE: "done", PENDING: "retried", DEAD: "dead"}
 # The policy of a row whose request cannot be read: no retry makes it readable.
 _NO_RETRY = Request("", "POST", {}, None, 1.0, False, Retry(attempts=1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -63,6 +64,7 @@ class HttpTarget:
         self.config = config or HttpConfig()
         self.store = DeliveryStore(engine)
         self.wake = asyncio.Event()  # set when rows were inserted: the deliverer looks at once
+        self.counts: Counter[str] = Counter()  # outcomes of this manager's deliveries
 
     def prepare(self, tasks: Sequence[Task]) -> Prepared:
         """Resolve each task's request; a task whose options cannot make one is refused alone."""
@@ -117,7 +119,11 @@ class HttpTarget:
         """The deliverer of this manager, until cancelled (the manager supervises it)."""
         from periodic_manager.targets.http.deliverer import Deliverer
 
-        await Deliverer(self.store, self.config, clock, owner, self.wake).run()
+        await Deliverer(self.store, self.config, clock, owner, self.wake, self.counts).run()
+
+    def delivery_counts(self) -> dict[str, int]:
+        """This manager's deliveries by outcome: done, retried, dead (the metrics)."""
+        return {outcome: self.counts[outcome] for outcome in ("done", "retried", "dead")}
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
         return None if options.get("overlap", "allow") == "allow" else HTTP_NO_COMPLETION
