@@ -36,6 +36,8 @@ class Receiver:
     answer: Callable[[Received], Awaitable[Answer] | Answer] = lambda r: (200, {}, b"ok")
     requests: list[Received] = field(default_factory=list)
     processed: Counter[str] = field(default_factory=Counter)
+    answered_ok: Counter[str] = field(default_factory=Counter)  # 2xx answers per key
+    open_keys: set[str] = field(default_factory=set)
     open_now: int = 0
     most_open: int = 0
     port: int = 0
@@ -59,6 +61,7 @@ class Receiver:
         self.requests.append(got)
         self.open_now += 1
         self.most_open = max(self.most_open, self.open_now)
+        self.open_keys.add(headers.get("idempotency-key", ""))
         try:
             answered = self.answer(got)
             if asyncio.iscoroutine(answered):
@@ -66,8 +69,10 @@ class Receiver:
             status, extra, content = answered  # type: ignore[misc]
         finally:
             self.open_now -= 1
+            self.open_keys.discard(headers.get("idempotency-key", ""))
         if 200 <= status < 300:
             key = headers.get("idempotency-key", "")
+            self.answered_ok[key] += 1
             if key not in self.processed:  # deduplicates: a key is acted on once
                 self.processed[key] += 1
         out = [(k.encode(), v.encode()) for k, v in extra.items()]

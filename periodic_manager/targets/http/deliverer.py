@@ -80,24 +80,39 @@ class Deliverer:
     async def _turn(self, client: httpx.AsyncClient) -> None:
         self._wake.clear()
         await self._flush()
-        room = self._room()
-        if room > 0:
-            busy = {h for h, n in self._claimed.items() if n >= self._per_host * QUEUED_PER_SLOT}
-            try:
-                claimed = await self._store.claim(
-                    self._owner, self._clock.now(), room, self._lease, busy
-                )
-            except Exception as exc:  # the database is down: try again next turn
-                log.warning("http deliveries: cannot claim (will retry): %s", exc)
-                claimed = []
-            for row in claimed:
-                self._claimed[row.host] += 1
-                task = asyncio.ensure_future(self._deliver(client, row))
-                self._running[row.id] = task
-            if len(claimed) == room:
-                return  # more may be due: claim again at once
+        if await self._claim_some(client):
+            return  # more may be due: claim again at once
         poll = self._clock.now() + timedelta(seconds=self._config.poll_interval)
         await self._clock.wait_until(self._wake, poll)
+
+    async def _claim_some(self, client: httpx.AsyncClient) -> bool:
+        """Claim due rows for the hosts with room and start them; True when a claim came back
+        full (more may be due)."""
+        cap = self._per_host * QUEUED_PER_SLOT
+        room = min(self._room(), cap)
+        if room <= 0:
+            return False
+        busy = {h for h, n in self._claimed.items() if n >= cap}
+        try:
+            claimed = await self._store.claim(
+                self._owner, self._clock.now(), room, self._lease, busy
+            )
+        except Exception as exc:  # the database is down: try again next turn
+            log.warning("http deliveries: cannot claim (will retry): %s", exc)
+            return False
+        excess = []
+        for row in claimed:
+            if self._claimed[row.host] >= cap:  # a host this claim filled: its rows wait unleased
+                excess.append(row.id)
+                continue
+            self._claimed[row.host] += 1
+            self._running[row.id] = asyncio.ensure_future(self._deliver(client, row))
+        if excess:
+            try:
+                await self._store.release(self._owner, excess)
+            except Exception as exc:  # their leases end by themselves
+                log.warning("http deliveries: cannot give back %d rows: %s", len(excess), exc)
+        return len(claimed) == room and not excess
 
     def _room(self) -> int:
         """How many rows to claim now: enough to keep every host's requests busy, bounded."""
