@@ -11,6 +11,7 @@ listed, replayed (pending again, attempts from zero, the same key) and purged he
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, or_, select, text, update
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -127,6 +128,49 @@ class DeliveryStore:
                 inserted.update({key: id_ for id_, key in (await conn.execute(stmt)).all()})
             there = await _ids(conn, [k for k in keys if k not in inserted])
         return {**{k: (i, False) for k, i in there.items()}, **_new(inserted)}
+
+    async def insert_after(
+        self, row: dict[str, Any], overlap_timeout: timedelta | None
+    ) -> tuple[int | None, bool, tuple[int, str, bool] | None]:
+        """Insert ``row`` unless its schedule's newest delivery is still pending (younger than
+        ``overlap_timeout``, when given): ``options.overlap`` skip and hold. Decided behind a lock on the
+        schedule's name (PostgreSQL: a transaction-level advisory lock; MariaDB/MySQL: a named
+        lock and locking reads; SQLite: one writer), so two managers never both find it free.
+        Returns the row's id (None: not inserted), whether it was inserted now, and the newest
+        delivery seen before: id, state, and whether it counted as finished for its age."""
+        name, key = row["name"], row["idempotency_key"]
+        async with self._engine.connect() as conn:
+            try:
+                async with conn.begin():
+                    if self._dialect == "postgresql":
+                        await conn.execute(_PG_LOCK, {"key": _lock_key(name)})
+                    elif self._dialect == "mysql":
+                        got = (await conn.execute(_MY_LOCK, {"key": name})).scalar()
+                        if got != 1:
+                            raise TimeoutError(f"schedule {name!r} stayed locked 10 s")
+                    locking = self._dialect == "mysql"
+                    there = await _ids(conn, [key], locking=locking)
+                    if key in there:
+                        return there[key], False, None
+                    newest = select(table.c.id, table.c.state, table.c.created_at).where(
+                        table.c.name == name
+                    )
+                    newest = newest.order_by(table.c.id.desc()).limit(1)
+                    if locking:
+                        newest = newest.with_for_update(read=True)
+                    prev = (await conn.execute(newest)).first()
+                    seen = None if prev is None else (int(prev[0]), str(prev[1]), False)
+                    if prev is not None and prev[1] == PENDING:
+                        young = row["created_at"] - prev[2] < (overlap_timeout or _FOREVER)
+                        if overlap_timeout is None or young:
+                            return None, False, seen
+                        seen = (int(prev[0]), PENDING, True)  # timed out: counts as finished
+                    await conn.execute(table.insert().values(row))
+                    found = await _ids(conn, [key], locking=locking)
+                    return found[key], True, seen
+            finally:
+                if self._dialect == "mysql":
+                    await conn.execute(_MY_UNLOCK)
 
     async def states(self, ids: Collection[int]) -> dict[int, str]:
         """The state of each of ``ids`` still stored."""
@@ -338,15 +382,34 @@ def _url(request: str) -> str:
     return found if isinstance(found, str) else ""
 
 
+_FOREVER = timedelta(days=366 * 100)
+_PG_LOCK = text("SELECT pg_advisory_xact_lock(:key)")
+# MariaDB/MySQL: a named lock per schedule (the database's name in it), released after.
+_MY_LOCK = text(
+    "SELECT GET_LOCK(CONCAT('pm:h:', LEFT(SHA2(CONCAT(DATABASE(), '/', :key), 256), 40)), 10)"
+)
+_MY_UNLOCK = text("DO RELEASE_ALL_LOCKS()")
+
+
+def _lock_key(name: str) -> int:
+    """A signed 64-bit advisory-lock key for a schedule's name (a collision only serialises)."""
+    digest = hashlib.sha256(f"periodic_manager:http-overlap:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
 def _new(ids: dict[str, int]) -> dict[str, tuple[int, bool]]:
     return {k: (i, True) for k, i in ids.items()}
 
 
-async def _ids(conn: AsyncConnection, keys: Sequence[str]) -> dict[str, int]:
+async def _ids(
+    conn: AsyncConnection, keys: Sequence[str], *, locking: bool = False
+) -> dict[str, int]:
     found: dict[str, int] = {}
     for start in range(0, len(keys), CHUNK):
         stmt = select(table.c.idempotency_key, table.c.id).where(
             table.c.idempotency_key.in_(keys[start : start + CHUNK])
         )
+        if locking:
+            stmt = stmt.with_for_update(read=True)
         found.update({k: i for k, i in (await conn.execute(stmt)).all()})
     return found

@@ -76,7 +76,6 @@ PLUGIN: TargetPlugin[HttpSettings] = TargetPlugin(
     build=_build,
     where=_where,
     url_setting=lambda settings: "PM_HTTP_URL",
-    completion=lambda settings: load("periodic_manager.targets.http.target:HTTP_NO_COMPLETION"),
     task_problem="periodic_manager.targets.http.options:task_problem",
     options=HTTP_OPTIONS,
     library=HTTPX,

@@ -13,7 +13,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,13 +21,24 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.contracts import Clock, EnqueueResult, Prepared, Task, refused
+from periodic_manager.contracts import (
+    FINISHED,
+    NONE,
+    UNFINISHED,
+    Clock,
+    EnqueueResult,
+    Prepared,
+    Previous,
+    Task,
+    refused,
+)
 from periodic_manager.db.http_deliveries import DEAD, DONE, PENDING, DeliveryStore
 from periodic_manager.errors import TargetError
 from periodic_manager.schedules.failures import FAILED, SUCCEEDED, UNKNOWN
 from periodic_manager.schedules.failures import PENDING as OUTCOME_PENDING
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.schedules.rules import canonical_json
+from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
 from periodic_manager.targets.http.config import HttpConfig
 from periodic_manager.targets.http.options import request_of
 
@@ -91,18 +102,29 @@ class HttpTarget:
 
     async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
         rows, refusals = prepared.data
-        stamped = [{**r, "created_at": now, "next_attempt_at": now} for r in rows.values()]
+        tasks = prepared.tasks
+        stamped = {i: {**r, "created_at": now, "next_attempt_at": now} for i, r in rows.items()}
+        held = {i for i in stamped if overlap_of(tasks[i]) != "allow"}
+        plain = [r for i, r in stamped.items() if i not in held]
+        decided: dict[int, EnqueueResult] = {}
         try:
-            ids = await self.store.insert(stamped) if stamped else {}
+            ids = await self.store.insert(plain) if plain else {}
+            for i in sorted(held, key=lambda i: tasks[i].name):  # the locks' one order
+                decided[i] = await self._send_held(tasks[i], stamped[i])
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
             raise TargetError(f"http: {type(exc).__name__}: {exc}") from exc
+        if any(r.status == "enqueued" for r in decided.values()):
+            self.wake.set()
         if any(new for _, new in ids.values()):
             self.wake.set()
         results = []
         seen: set[str] = set()
-        for index, task in enumerate(prepared.tasks):
+        for index, task in enumerate(tasks):
             if index in refusals:
                 results.append(refused(task, refusals[index]))
+                continue
+            if index in decided:
+                results.append(decided[index])
                 continue
             key = task.idempotency_key
             found = ids.get(key)
@@ -111,6 +133,22 @@ class HttpTarget:
             message_id = str(found[0]) if found is not None and found[0] else None
             results.append(EnqueueResult(task, "enqueued" if fresh else "duplicate", message_id))
         return results
+
+    async def _send_held(self, task: Task, row: dict[str, Any]) -> EnqueueResult:
+        """A task of a schedule with ``options.overlap`` skip or hold: sent only once its
+        previous delivery is done or dead (or older than ``options.overlap_timeout``)."""
+        timeout_ms = overlap_timeout_ms(task)
+        timeout = timedelta(milliseconds=timeout_ms) if timeout_ms else None
+        row_id, fresh, seen = await self.store.insert_after(row, timeout)
+        previous = Previous(None, NONE)
+        if seen is not None:
+            state = FINISHED if seen[1] in (DONE, DEAD) else UNFINISHED
+            previous = Previous(str(seen[0]), state, timed_out=seen[2])
+        if row_id is None:
+            return EnqueueResult(task, "busy", previous=previous)
+        return EnqueueResult(
+            task, "enqueued" if fresh else "duplicate", str(row_id), previous=previous
+        )
 
     async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
         return await self.send(self.prepare(tasks), now)
@@ -126,7 +164,8 @@ class HttpTarget:
         return {outcome: self.counts[outcome] for outcome in ("done", "retried", "dead")}
 
     def completion_off(self, options: Mapping[str, Any]) -> str | None:
-        return None if options.get("overlap", "allow") == "allow" else HTTP_NO_COMPLETION
+        """A delivery has finished once the receiver answered 2xx, or it is a dead letter."""
+        return None
 
     def failure_off(self, options: Mapping[str, Any]) -> str | None:
         """A delivery that ended dead is a failed task; one done, a succeeded one."""
