@@ -39,7 +39,8 @@ from periodic_manager.targets.http.options import Retry
 
 log = logging.getLogger(__name__)
 
-QUEUED_PER_SLOT = 2  # rows claimed per host: those open and as many waiting
+# Rows claimed at most, over every host: QUEUED_HOSTS hosts' worth (of twice the per-host limit).
+QUEUED_HOSTS = 4
 
 
 class Deliverer:
@@ -87,12 +88,13 @@ class Deliverer:
 
     async def _claim_some(self, client: httpx.AsyncClient) -> bool:
         """Claim due rows for the hosts with room and start them; True when a claim came back
-        full (more may be due)."""
-        cap = self._per_host * QUEUED_PER_SLOT
-        room = min(self._room(), cap)
+        full (more may be due). A host with ``per_host`` rows claimed has no room: a claim takes
+        at most ``per_host`` rows, so no host ever has more than twice that many claimed (those
+        open and as many waiting), and no claimed row waits past its lease."""
+        room = min(self._room(), self._per_host)
         if room <= 0:
             return False
-        busy = {h for h, n in self._claimed.items() if n >= cap}
+        busy = {h for h, n in self._claimed.items() if n >= self._per_host}
         try:
             claimed = await self._store.claim(
                 self._owner, self._clock.now(), room, self._lease, busy
@@ -100,23 +102,16 @@ class Deliverer:
         except Exception as exc:  # the database is down: try again next turn
             log.warning("http deliveries: cannot claim (will retry): %s", exc)
             return False
-        excess = []
         for row in claimed:
-            if self._claimed[row.host] >= cap:  # a host this claim filled: its rows wait unleased
-                excess.append(row.id)
+            if row.id in self._running:  # its lease ran out while its request is open: ours still
                 continue
             self._claimed[row.host] += 1
             self._running[row.id] = asyncio.ensure_future(self._deliver(client, row))
-        if excess:
-            try:
-                await self._store.release(self._owner, excess)
-            except Exception as exc:  # their leases end by themselves
-                log.warning("http deliveries: cannot give back %d rows: %s", len(excess), exc)
-        return len(claimed) == room and not excess
+        return len(claimed) == room
 
     def _room(self) -> int:
         """How many rows to claim now: enough to keep every host's requests busy, bounded."""
-        return max(0, self._per_host * QUEUED_PER_SLOT * 4 - len(self._running))
+        return max(0, self._per_host * 2 * QUEUED_HOSTS - len(self._running))
 
     def _lease(self, request: str) -> timedelta:
         try:
