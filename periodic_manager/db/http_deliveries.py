@@ -284,6 +284,26 @@ class DeliveryStore:
                 .values(locked_by=None, locked_until=None)
             )
 
+    async def prune(self, before: datetime, batch: int = CHUNK, batches: int = 20) -> int:
+        """Delete done deliveries finished before ``before`` (dead ones stay: they are the dead
+        letters), at most ``batches`` of ``batch`` rows; how many."""
+        pick = (
+            select(table.c.id)
+            .where(table.c.state == DONE, table.c.finished_at < before)
+            .order_by(table.c.id)
+            .limit(batch)
+        )
+        deleted = 0
+        for _ in range(batches):
+            async with self._engine.begin() as conn:
+                ids = [i for (i,) in (await conn.execute(pick)).all()]
+                if ids:
+                    await conn.execute(delete(table).where(table.c.id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < batch:
+                break
+        return deleted
+
     async def next_due(self) -> datetime | None:
         """When the earliest pending row is due (None: none is pending)."""
         stmt = select(func.min(table.c.next_attempt_at)).where(table.c.state == PENDING)

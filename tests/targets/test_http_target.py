@@ -174,6 +174,7 @@ async def test_retries_keep_the_key_until_a_2xx(engine: AsyncEngine, receiver: R
     assert [r.headers["x-pm-attempt"] for r in receiver.requests] == ["1", "2", "3"]
     assert len({r.body for r in receiver.requests}) == 1
     assert receiver.processed == {t.idempotency_key: 1}
+    assert d.target.delivery_counts() == {"done": 1, "retried": 2, "dead": 0}  # the metric's
 
 
 async def test_retry_after_is_honoured(engine: AsyncEngine, receiver: Receiver) -> None:
@@ -321,3 +322,26 @@ async def test_redirects_are_not_followed_and_answers_are_read_up_to_a_cap(
     assert "not followed" in str(letters["r.moved"].last_error)
     assert len(receiver.requests) == 2  # the redirect's target was never asked
     assert len(str(letters["r.big"].body_excerpt)) == 1000
+
+
+async def test_done_deliveries_are_pruned_after_their_retention_dead_ones_stay(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    receiver.answer = lambda r: (
+        (200, {}, b"ok") if "keep" in r.headers["idempotency-key"] else (410, {}, b"gone")
+    )
+    clock = VirtualClock(START)
+    d = Delivering(engine, clock, "m1", done_retention=3600.0)
+    sent = [task("keep.a", START, receiver.url), task("dead.a", START, receiver.url)]
+    await d.target.enqueue(sent, clock.now())
+    await until(clock, lambda: len(receiver.requests) == 2)
+    await until(clock, lambda: states_are(engine, {"done", "dead"}))
+    await clock.advance(3000)
+    assert set((await states(engine)).values()) == {"done", "dead"}  # not an hour old yet
+    await until(clock, lambda: states_are(engine, {"dead"}), step=60)  # pruned within 10 min
+    await d.stop()
+    assert len(await letters_of(engine)) == 1
+
+
+async def states_are(engine: AsyncEngine, wanted: set[str]) -> bool:
+    return set((await states(engine)).values()) == wanted

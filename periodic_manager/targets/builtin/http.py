@@ -50,6 +50,13 @@ class HttpSettings(BaseModel):
         description="seconds a claimed delivery stays leased beyond twice its timeout (how "
         "soon another manager takes over the deliveries of one that died)",
     )
+    http_done_retention: float = Field(
+        86_400.0,
+        ge=3600,
+        le=366 * 86_400,
+        description="seconds a done delivery is kept (its key deduplicates a slot sent again); "
+        "dead ones are kept until purged",
+    )
 
 
 def _build(settings: HttpSettings, engine: AsyncEngine) -> Target:
@@ -61,6 +68,7 @@ def _build(settings: HttpSettings, engine: AsyncEngine) -> Target:
         max_response_bytes=settings.http_max_response_bytes,
         poll_interval=settings.http_poll_interval,
         lease_margin=settings.http_lease_margin,
+        done_retention=settings.http_done_retention,
     )
     return load("periodic_manager.targets.http.target:HttpTarget")(engine, config)
 

@@ -16,3 +16,4 @@ class HttpConfig:
     max_response_bytes: int = 65_536
     poll_interval: float = 1.0
     lease_margin: float = 10.0
+    done_retention: float = 86_400.0

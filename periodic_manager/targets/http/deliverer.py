@@ -19,7 +19,7 @@ import logging
 import random
 import ssl
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import httpx
 
@@ -39,6 +39,7 @@ from periodic_manager.targets.http.options import Retry
 
 log = logging.getLogger(__name__)
 
+PRUNE_EVERY = timedelta(minutes=10)
 # Rows claimed at most, over every host: QUEUED_HOSTS hosts' worth (of twice the per-host limit).
 QUEUED_HOSTS = 4
 
@@ -68,6 +69,7 @@ class Deliverer:
         self._outcomes: list[Outcome] = []
         self._running: dict[int, asyncio.Task[None]] = {}
         self._started: set[int] = set()
+        self._pruned_at: datetime | None = None
 
     async def run(self) -> None:
         """Deliver until cancelled; then give back the rows claimed and not sent yet."""
@@ -81,6 +83,7 @@ class Deliverer:
     async def _turn(self, client: httpx.AsyncClient) -> None:
         self._wake.clear()
         await self._flush()
+        await self._prune()
         if await self._claim_some(client):
             return  # more may be due: claim again at once
         poll = self._clock.now() + timedelta(seconds=self._config.poll_interval)
@@ -108,6 +111,21 @@ class Deliverer:
             self._claimed[row.host] += 1
             self._running[row.id] = asyncio.ensure_future(self._deliver(client, row))
         return len(claimed) == room
+
+    async def _prune(self) -> None:
+        """Every PRUNE_EVERY, delete the done deliveries older than ``done_retention`` (any
+        manager may: a row deleted twice is deleted once)."""
+        now = self._clock.now()
+        if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY:
+            return
+        self._pruned_at = now
+        try:
+            gone = await self._store.prune(now - timedelta(seconds=self._config.done_retention))
+        except Exception as exc:  # next time
+            log.warning("http deliveries: cannot prune: %s", exc)
+            return
+        if gone:
+            log.info("http deliveries: %d done deliveries pruned", gone)
 
     def _room(self) -> int:
         """How many rows to claim now: enough to keep every host's requests busy, bounded."""
