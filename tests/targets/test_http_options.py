@@ -65,6 +65,10 @@ def test_refusals_name_the_field(options: dict[str, Any], field: str, words: str
 def test_private_receivers_are_allowed_when_the_setting_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    local = {"url": "http://127.0.0.1:8080/"}
+    with pytest.raises(ValueError, match="PM_HTTP_ALLOW_PRIVATE"):
+        request_of(local, None, private_ok=False)  # the sending manager's own setting
+    assert request_of(local, None, private_ok=True)["url"] == local["url"]
     monkeypatch.setenv("PM_HTTP_ALLOW_PRIVATE", "true")
     assert problem(url="http://127.0.0.1:8080/") is None
 
@@ -74,7 +78,7 @@ def test_a_url_is_required_unless_a_default_is_set(monkeypatch: pytest.MonkeyPat
     assert found is not None and found.field == "options.url" and "PM_HTTP_URL" in found.reason
     monkeypatch.setenv("PM_HTTP_URL", URL)
     assert task_problem("t", "{}", {}) is None
-    assert request_of({}, URL)["url"] == URL
+    assert request_of({}, URL, private_ok=False)["url"] == URL
 
 
 def test_retry_defaults_and_fractions() -> None:

@@ -72,7 +72,7 @@ def _seconds(v: Any, high: float) -> bool:
     return not isinstance(v, bool) and isinstance(v, int | float) and 0 < v <= high
 
 
-def _url_problem(v: Any) -> str | None:
+def _url_problem(v: Any, *, private_ok: bool | None = None) -> str | None:
     if not isinstance(v, str) or not 0 < len(v) <= MAX_URL:
         return f"must be a URL of at most {MAX_URL} characters"
     try:
@@ -86,11 +86,14 @@ def _url_problem(v: Any) -> str | None:
         return "must not hold credentials (sign with options.secret instead)"
     if port == 0 or any(c in v for c in "\r\n\t "):
         return "must be a valid URL (no blanks, a port from 1 to 65535)"
-    if not allow_private():
+    if not (allow_private() if private_ok is None else private_ok):
         why = literal_refusal(parts.hostname)
         if why is not None:
             return f"{why}: refused to protect the manager's network (PM_HTTP_ALLOW_PRIVATE)"
     return None
+
+
+URL_CHECKED = "https://checked.invalid/"  # stands for a URL judged already (request_of)
 
 
 def _method_problem(v: Any) -> str | None:
@@ -198,10 +201,14 @@ def task_problem(
     return None
 
 
-def request_of(options: Mapping[str, Any], url: str | None) -> dict[str, Any]:
+def request_of(options: Mapping[str, Any], url: str | None, *, private_ok: bool) -> dict[str, Any]:
     """What a delivery stores of its schedule's options: the request and its policy, resolved
-    (``url``: the default when the options name none). ValueError: options the rule refuses."""
-    if (problem := task_problem("", "", {**options, "url": options.get("url", url)})) is not None:
+    (``url``: the default when the options name none; ``private_ok``: the sending manager's
+    ``PM_HTTP_ALLOW_PRIVATE``). ValueError: options the rule refuses."""
+    resolved = {**options, "url": options.get("url", url)}
+    if (why := _url_problem(resolved["url"], private_ok=private_ok)) is not None:
+        raise ValueError(f"options.url: {why}")
+    if (problem := task_problem("", "", {**resolved, "url": URL_CHECKED})) is not None:
         raise ValueError(f"{problem.field}: {problem.reason}")
     timeout = options.get("timeout", DEFAULT_TIMEOUT_S)
     return {

@@ -83,7 +83,9 @@ class HttpTarget:
         refusals: dict[int, str] = {}
         for index, task in enumerate(tasks):
             try:
-                request = request_of(task.options, self.config.url)
+                request = request_of(
+                    task.options, self.config.url, private_ok=self.config.allow_private
+                )
                 body = body_of(task)
             except (TypeError, ValueError) as exc:
                 refusals[index] = f"http: {exc}"
