@@ -41,12 +41,13 @@ class Receiver:
     open_now: int = 0
     most_open: int = 0
     port: int = 0
+    tls: tuple[str, str] | None = None  # certificate and key files: serve HTTPS
     _server: uvicorn.Server | None = None
     _task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/hook"
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
@@ -85,8 +86,9 @@ class Receiver:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 self.port = s.getsockname()[1]
+        tls = {"ssl_certfile": self.tls[0], "ssl_keyfile": self.tls[1]} if self.tls else {}
         config = uvicorn.Config(
-            self, host="127.0.0.1", port=self.port, log_level="error", lifespan="off"
+            self, host="127.0.0.1", port=self.port, log_level="error", lifespan="off", **tls
         )
         self._server = uvicorn.Server(config)
         self._task = asyncio.ensure_future(self._server.serve())
