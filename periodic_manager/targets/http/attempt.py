@@ -120,6 +120,8 @@ async def attempt(
         return Answer(error=f"{type(exc).__name__}: {exc}", permanent=True)
     except (httpx.HTTPError, OSError) as exc:
         return Answer(error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    except Exception as exc:  # anything else the client raises: recorded, and tried again
+        return Answer(error=f"unexpected {type(exc).__name__}: {exc}")
 
 
 def _answer(response: httpx.Response, data: bytes) -> Answer:

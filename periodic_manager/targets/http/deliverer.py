@@ -40,8 +40,9 @@ from periodic_manager.targets.http.options import Retry
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY = timedelta(minutes=10)
-# Rows claimed at most, over every host: QUEUED_HOSTS hosts' worth (of twice the per-host limit).
-QUEUED_HOSTS = 4
+# Rows claimed at most at once, over every host (a slow host holds at most twice its limit, so
+# many slow receivers cannot keep the others waiting).
+MAX_CLAIMED = 1024
 
 
 class Deliverer:
@@ -129,7 +130,7 @@ class Deliverer:
 
     def _room(self) -> int:
         """How many rows to claim now: enough to keep every host's requests busy, bounded."""
-        return max(0, self._per_host * 2 * QUEUED_HOSTS - len(self._running))
+        return max(0, MAX_CLAIMED - len(self._running))
 
     def _lease(self, request: str) -> timedelta:
         try:
