@@ -71,7 +71,12 @@ async def list_dead_letters(
     return DeadLetterPage(items=items, next_after_id=found[-1].id if len(found) == limit else None)
 
 
-@router.post("/{letter_id}/replay", response_model=Count, summary="Replay one dead letter")
+@router.post(
+    "/{letter_id}/replay",
+    response_model=Count,
+    responses={404: {"description": "No dead letter has this id"}},
+    summary="Replay one dead letter",
+)
 async def replay_one(letter_id: LetterId, conn: Conn, now: Now) -> Count:
     count = await http_deliveries.replay(conn, now, ids=[letter_id])
     if count == 0:
