@@ -105,7 +105,7 @@ def create_app(
     # malformed request) -> NoFraming (every HTML answer, whoever makes it) -> BrowserGuard (Host,
     # cross-site, JSON bodies) -> BodyLimit -> HeadAsGet -> BearerAuth -> routes. The browser
     # checks come before auth: a rebinding page must not even learn whether a token is needed.
-    app.add_middleware(BearerAuth, settings=settings)
+    app.add_middleware(BearerAuth, settings=settings, clock=app.state.pm.clock)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuard, settings=settings)

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from periodic_manager.contracts import SLOT_REASONS
+
 from .schedule_schemas import PreviousTask
 
 
@@ -113,6 +115,11 @@ class RunOut(BaseModel):
     lateness_ms: int | None = Field(description="at - slot_at, in milliseconds")
     message_id: str | None
     error: str | None
+    reason: str | None = Field(
+        None,
+        description="why it was skipped, held or failed, or sent the way it was (one of "
+        f"{', '.join(SLOT_REASONS)}); null when it has none",
+    )
 
 
 class RunPage(BaseModel):

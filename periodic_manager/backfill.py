@@ -50,7 +50,7 @@ from periodic_manager.contracts import Clock, Target, Task
 from periodic_manager.db import backfill_slots, history, store_reads
 from periodic_manager.db.backfill_slots import BACKFILLED, KNOWN_SENT
 from periodic_manager.engine.entries import window_of
-from periodic_manager.errors import ConfigError
+from periodic_manager.errors import ConfigError, cause
 from periodic_manager.pacing import paced
 from periodic_manager.schedules.bounds import parse_instant
 from periodic_manager.schedules.definition import PeriodicTaskConfig, idempotency_key
@@ -333,13 +333,15 @@ async def _send_all(
                 engine, key, owner, sent, unsent, clock.now(), limited=limit is not None
             )
         except Exception as exc:  # the claims stay 'sending': taken over after STALE, same keys
-            log.warning("recording what the backfill of %s sent failed: %s", config.name, exc)
+            log.warning(
+                "recording what the backfill of %s sent failed: %s", config.name, cause(exc)
+            )
         if policy.history_cap and rows:
             try:
                 async with engine.connect() as conn:
                     await history.record_api_runs(conn, key, config.name, rows)
             except Exception as exc:  # the tasks are out already; history is for people
-                log.warning("recording the backfill of %s failed: %s", config.name, exc)
+                log.warning("recording the backfill of %s failed: %s", config.name, cause(exc))
 
 
 async def _send(
@@ -413,4 +415,4 @@ async def _settle(
         if last is not None:
             await backfill_slots.settle(engine, key, config.name, last.astimezone(UTC), now)
     except Exception as exc:  # what was sent is recorded; the settled slot is a shortcut
-        log.warning("settling the backfill of %s failed: %s", config.name, exc)
+        log.warning("settling the backfill of %s failed: %s", config.name, cause(exc))

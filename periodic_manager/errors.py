@@ -18,6 +18,14 @@ never raises HTTP errors; the API maps these classes to status codes in one plac
 from __future__ import annotations
 
 
+def cause(exc: BaseException) -> str:
+    """``exc`` for a log line or an error field: its type and its message, or its type alone
+    when it has none (``str()`` of a ``TimeoutError()`` is empty: a line would end in nothing)."""
+    text = str(exc)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
 class PeriodicManagerError(Exception):
     """Root of every error this package raises on purpose."""
 

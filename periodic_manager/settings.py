@@ -128,6 +128,13 @@ class CoreSettings(BaseSettings):
     changes_max_per_schedule: int = Field(
         1000, ge=1, le=1_000_000, description="newest changes kept per schedule"
     )
+    metrics_schedules: int = Field(
+        100,
+        ge=0,
+        le=10_000,
+        description="schedules with metric series of their own besides those with "
+        "options.metrics true: the ones with the largest lateness seen (0: none)",
+    )
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Prometheus port of `manager`"
     )

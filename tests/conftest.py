@@ -542,7 +542,7 @@ PROCESS_FILES = frozenset(
         "test_sick_manager",
         "test_worker_processes",
     )
-)
+) | {"tests/deploy/test_containers.py"}  # podman builds and runs the image and the compose stack
 PROCESS_GROUP = "processes"
 
 
@@ -606,6 +606,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under xdist every worker makes RUN_MARKER from the run's id (``--testrunuid``, which the
     controller sets when it is not given), so the whole run writes one marker."""
     global RUN_MARKER
+    config.addinivalue_line(
+        "markers", 'containers: builds and runs the image with podman (-m "not containers" skips)'
+    )
     if _is_worker(config):
         RUN_MARKER = _marker_of(config.workerinput["testrunuid"])  # type: ignore[attr-defined]
     elif hasattr(config.option, "testrunuid"):  # xdist is installed: this may be a controller

@@ -298,12 +298,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def _serve(settings: Settings, *, role: str) -> int:
+    from periodic_manager.api.auth import exposure
     from periodic_manager.db.engine import is_sqlite
-    from periodic_manager.runtime.startup import check_database
+    from periodic_manager.runtime.startup import StartupError, check_database
 
+    if (why := exposure(settings)) is not None:
+        raise StartupError(why)
     if role == "run":
         from periodic_manager.runtime.assemble import build_leadership
-        from periodic_manager.runtime.startup import StartupError, check_probe_dir
+        from periodic_manager.runtime.startup import check_probe_dir
 
         check_probe_dir(settings)
         try:

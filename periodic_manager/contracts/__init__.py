@@ -5,13 +5,14 @@ cross it, one module per seam (``clock``, ``providers``, ``targets``, ``store``,
 The engine and the runtime depend on these and on nothing behind them; an adapter (the database,
 Redis, Celery, arq, PostgreSQL's advisory locks and LISTEN) implements them. A capability beyond
 the required methods is a Protocol of its own (:class:`IncrementalProvider`,
-:class:`StagedTarget`, :class:`Pingable`, :class:`Forgetful`), checked once where the parts are
-put together, never probed where it is used.
+:class:`StagedTarget`, :class:`Pingable`, :class:`Forgetful`, :class:`EntryAnnouncer`),
+checked once where the parts are put together, never probed where it is used.
 
 ::
 
     ConfigProvider ──configs──► manager ──tasks──► Target
-        (IncrementalProvider)      │                  (StagedTarget, Pingable, Forgetful)
+        (IncrementalProvider)      │                  (StagedTarget, Pingable, Forgetful,
+                                   │                   EntryAnnouncer)
                                    ├──records──► RuntimeStore (LastGoodStore)
                                    ├──asks─────► Leadership
                                    └──woken by─► ChangeSignal

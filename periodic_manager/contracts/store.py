@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, get_args, runtime_checkable
 
-from periodic_manager.contracts.targets import EnqueueStatus
+from periodic_manager.contracts.targets import EnqueueResult, EnqueueStatus
 
 __all__ = [
     "RunStatus",
+    "SlotReason",
+    "SLOT_REASONS",
     "SETTLED",
     "SENT",
     "ManagerInfo",
@@ -26,6 +28,7 @@ __all__ = [
     "ServerClock",
     "BeatCarrier",
     "run_status",
+    "failure_reason",
 ]
 
 
@@ -34,6 +37,35 @@ __all__ = [
 # resent: published again with the same task id because the broker never confirmed an earlier
 # publish of the slot (AMQP); the workers may see it twice, and nothing is lost.
 RunStatus = Literal["enqueued", "duplicate", "resent", "skipped", "failed", "held"]
+
+# Why a slot was skipped, held or failed, or sent the way it was: one closed list, the ``reason``
+# label of the metrics, the run history's ``reason`` and the counts of a schedule's stats.
+#   late               more than grace (or its catch-up window) after its instant: skipped
+#   excluded           on a date of a calendar of options.exclude: skipped
+#   unrecorded         options.max_runs: the previous run is not recorded yet (store down)
+#   overlap            the previous task is still queued or running: skipped (options.overlap
+#                      skip), or held until it finishes (hold)
+#   overlap-replaced   a held slot that a newer slot replaced: skipped
+#   overlap-expired    a held slot past its window: skipped
+#   overlap-released   a held slot sent once the previous task finished
+#   overlap-timeout    sent although the previous task still ran after options.overlap_timeout
+#   refused            the target refused the task for good (not retried)
+#   failed             the target failed the task (it was not retried)
+#   target-down        the target failed every attempt until the slot's grace ended
+SlotReason = Literal[
+    "late",
+    "excluded",
+    "unrecorded",
+    "overlap",
+    "overlap-replaced",
+    "overlap-expired",
+    "overlap-released",
+    "overlap-timeout",
+    "refused",
+    "failed",
+    "target-down",
+]
+SLOT_REASONS: tuple[SlotReason, ...] = get_args(SlotReason)
 
 
 # Outcomes that settle a slot for good: a takeover or catch-up never sends it (or an earlier one)
@@ -112,9 +144,8 @@ class RunRecord:
     at: datetime
     message_id: str | None = None
     error: str | None = None
-    # Why a slot was skipped or held, for the metrics: late, excluded, overlap (skip policy), overlap
-    # (held), overlap-replaced, overlap-expired, overlap-released, overlap-timeout.
-    reason: str | None = None
+    # Why it was skipped, held or failed, or sent the way it was (SlotReason).
+    reason: SlotReason | None = None
     # The schedule has options.max_runs: a sent slot is counted in StateRecord.runs.
     limited: bool = False
 
@@ -288,3 +319,11 @@ def run_status(status: EnqueueStatus) -> RunStatus:
     if status == "busy":
         raise ValueError("a busy answer is recorded as skipped or held")
     return status
+
+
+def failure_reason(result: EnqueueResult) -> SlotReason | None:
+    """The reason of a target's answer that failed a task: ``refused`` for good, else ``failed``
+    (None: it did not fail)."""
+    if result.status != "failed":
+        return None
+    return "refused" if result.permanent else "failed"

@@ -36,6 +36,8 @@ __all__ = [
     "WorksBeside",
     "CountsDeliveries",
     "StagedTarget",
+    "AnnouncedEntry",
+    "EntryAnnouncer",
 ]
 
 
@@ -317,4 +319,41 @@ class StagedTarget(Target, Protocol):
     async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
         """Enqueue a prepared batch at ``now``: the same contract as ``enqueue``. A prepared
         batch may be sent again (a retry); the claims make that safe."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AnnouncedEntry:
+    """A registered entry as an :class:`EntryAnnouncer` publishes it: the schedule's name, its
+    timing and task, the next slot and the last one this manager handled (None: none)."""
+
+    name: str
+    spec: str
+    timezone: str
+    task_type: str
+    payload_json: str
+    options: Mapping[str, Any]
+    next_at: datetime | None
+    prev_at: datetime | None
+
+
+@runtime_checkable
+class EntryAnnouncer(Protocol):
+    """A target whose workers' own tools list the schedules that send to them (asynq's
+    scheduler entries, read by ``asynq cron ls`` and asynqmon): the manager announces its
+    registered entries every ``announce_every_s`` seconds while it sends (at most
+    ``announce_max`` of them), and withdraws them when it stops or stops sending."""
+
+    announce_every_s: float
+    announce_max: int
+
+    async def announce(
+        self, manager_id: str, entries: Sequence[AnnouncedEntry], now: datetime
+    ) -> None:
+        """Publish ``entries`` as this manager's, replacing what it announced before (an empty
+        sequence withdraws them); raises TargetError when the broker fails."""
+        ...
+
+    async def withdraw(self, manager_id: str) -> None:
+        """Remove what this manager announced; raises TargetError when the broker fails."""
         ...

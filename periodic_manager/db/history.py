@@ -42,6 +42,7 @@ _RUN_COLUMNS = (
     "lateness_ms",
     "message_id",
     "error",
+    "reason",
 )
 
 
@@ -58,6 +59,7 @@ class RunRow:
     lateness_ms: int | None
     message_id: str | None
     error: str | None
+    reason: str | None = None
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -127,7 +129,14 @@ async def record_api_runs(
 
 def _run_values(run: RunRecord) -> dict[str, Any]:
     return _values(
-        run.schedule_key, run.name, run.slot, run.status, run.at, run.message_id, run.error
+        run.schedule_key,
+        run.name,
+        run.slot,
+        run.status,
+        run.at,
+        run.message_id,
+        run.error,
+        run.reason,
     )
 
 
@@ -139,6 +148,7 @@ def _values(
     at: datetime,
     message_id: str | None,
     error: str | None,
+    reason: str | None = None,
 ) -> dict[str, Any]:
     # Elapsed time in UTC: aware datetimes sharing one non-UTC zone subtract as wall-clock times.
     if slot.tzinfo is not UTC:
@@ -154,6 +164,7 @@ def _values(
         "lateness_ms": round((at - slot) / _MS),
         "message_id": message_id[:128] if message_id is not None else None,
         "error": error[:_ERROR_MAX] if error is not None else None,
+        "reason": reason,
     }
 
 
@@ -338,4 +349,5 @@ def _row(sqlite: bool, r: Any) -> RunRow:
         lateness_ms=dbrows.int_of(r.lateness_ms),
         message_id=dbrows.text_of(r.message_id),
         error=dbrows.text_of(r.error),
+        reason=dbrows.text_of(r.reason),
     )

@@ -396,6 +396,8 @@ runs_table = Table(
     Column("lateness_ms", BigInteger, nullable=False),
     Column("message_id", String(128), nullable=True),
     Column("error", Text, nullable=True),
+    # Why it was skipped, held or failed (contracts.SlotReason), null when it has no reason.
+    Column("reason", String(32), nullable=True),
     Index("ix_pm_runs_schedule_key_slot_at", "schedule_key", "slot_at"),
     Index("ix_pm_runs_at", "at"),
     sqlite_autoincrement=True,

@@ -69,7 +69,7 @@ from periodic_manager.db import (
 )
 from periodic_manager.db.engine import backend
 from periodic_manager.db.models import managers_table, schedule_state_table
-from periodic_manager.errors import NotFoundError
+from periodic_manager.errors import NotFoundError, cause
 from periodic_manager.pacing import in_turns
 
 _STATE_UPSERT_CHUNK = 1000  # state rows per statement (each is built and bound in one go)
@@ -214,7 +214,7 @@ class DatabaseRuntimeStore:
         try:
             removed = await self.prune_runs(now, shared=shared)
         except Exception as exc:  # history is housekeeping: never fail the heartbeat for it
-            log.warning("pruning run history failed (retried later): %s", exc)
+            log.warning("pruning run history failed (retried later): %s", cause(exc))
         else:
             if removed:
                 log.debug("pruned %d history row(s)", removed)
@@ -223,7 +223,7 @@ class DatabaseRuntimeStore:
         try:
             removed = await self.prune_changes(now)
         except Exception as exc:
-            log.warning("pruning change history failed (retried later): %s", exc)
+            log.warning("pruning change history failed (retried later): %s", cause(exc))
             return
         if removed:
             log.debug("pruned %d change history row(s)", removed)

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from periodic_manager.contracts import RunRecord, RuntimeStore, StateRecord
 from periodic_manager.engine.entry import ScheduledEntry, lookback_floor
 from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.errors import cause
 from periodic_manager.pacing import in_turns, paced
 from periodic_manager.schedules import slots
 from periodic_manager.schedules.bounds import bounds_of
@@ -62,7 +63,7 @@ def _missed(
     try:
         slot = slots.latest_slot(entry.schedule, top, earliest)
     except (OverflowError, ValueError) as exc:
-        log.error("catch-up of %s skipped: %s", entry.config.name, exc)
+        log.error("catch-up of %s skipped: %s", entry.config.name, cause(exc))
         return None
     if slot is None or (resumed is not None and slot > resumed):
         return None  # nothing missed, or the normal path sends it
@@ -106,7 +107,7 @@ async def catch_up(
         state = await store.get_state([e.key for e, _ in candidates] + [e.key for e in every])
     except Exception as exc:
         # Without the state we cannot know what was sent beyond the claims' life: skip.
-        log.error("catch-up skipped, runtime state unreadable: %s", exc)
+        log.error("catch-up skipped, runtime state unreadable: %s", cause(exc))
         return
     # Never a slot at or before the latest one the store records as settled (sent, found sent
     # or skipped for good): the broker's claims may be gone, the database's record is not.

@@ -30,8 +30,10 @@ from periodic_manager.engine.dispatch import Chunk, Dispatcher, prepare
 from periodic_manager.engine.entries import Entries
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.history import RunWriter
+from periodic_manager.engine.lines import log_slots
 from periodic_manager.engine.overlap import OverlapGuard
 from periodic_manager.engine.staging import Staged, Stager
+from periodic_manager.errors import cause
 from periodic_manager.pacing import in_turns
 from periodic_manager.schedules import slots
 from periodic_manager.schedules.calendars import skip_reason
@@ -41,7 +43,6 @@ from periodic_manager.schedules.runs import max_runs_of, runs_left
 
 log = logging.getLogger(__name__)
 
-# What the store records of schedules, by key (``RuntimeStore.get_state``).
 # How long a send waits for the store's count of runs left (options.max_runs) before it goes on
 # with this manager's own count: a slow or hung database must not hold back every schedule due.
 RECOUNT_BOUND_S = 1.0
@@ -151,7 +152,7 @@ class Decisions:
             else:
                 send.append(entry)
         send = await self._recorded_first(send, slot, now, skipped)
-        self.writer.report(skipped)
+        self._report_skipped(slot, skipped, now)
         if not send:
             return
         if batch is not None and len(send) == len(batch.entries) and not residual:
@@ -185,7 +186,7 @@ class Decisions:
                 else:
                     send.append(entry)
             send = await self._recorded_first(send, slot, now, skipped, since=at)
-            self.writer.report(skipped)
+            self._report_skipped(slot, skipped, now, since=at)
             if not send:
                 continue
             chunks = await prepare(
@@ -333,7 +334,7 @@ class Decisions:
             async with asyncio.timeout(self.recount_bound):
                 states = await self.read_state([e.key for e in limited])
         except Exception as exc:  # noqa: BLE001 - the store being down must not stop the send
-            log.warning("reading the runs of options.max_runs failed: %r", exc)
+            log.warning("reading the runs of options.max_runs failed: %s", cause(exc))
             return send
         ended: set[int] = set()
         for entry in limited:
@@ -351,18 +352,31 @@ class Decisions:
         self.entries.changed()
         return [e for e in send if id(e) not in ended]
 
+    def _report_skipped(
+        self, slot: datetime, skipped: list[RunRecord], now: datetime, since: datetime | None = None
+    ) -> None:
+        """Record the slots ``skipped`` at ``slot`` (the run history has each one) and say so in
+        one line per reason, however many schedules (engine/lines.py): those too late, those
+        whose previous limited run is not recorded yet. Excluded ones are not said: a holiday
+        may exclude every schedule, and that is no news."""
+        late = [r.name for r in skipped if r.reason == "late"]
+        if late:
+            seconds = (now - (slot if since is None else since)).total_seconds()
+            grace = self.grace.total_seconds()
+            why = f"{seconds:.3f} s late (grace {grace:.3f} s)"
+            log_slots(log, logging.WARNING, "skipping", slot, late, why)
+        waiting = [r.name for r in skipped if r.reason == "unrecorded"]
+        if waiting:
+            why = "the previous run (options.max_runs) is not recorded yet"
+            why += f" (store: {self.writer.failing})"
+            log_slots(log, logging.WARNING, "skipping", slot, waiting, why)
+        self.writer.report(skipped)
+
     def _skip_unrecorded(
         self, entry: ScheduledEntry, slot: datetime, *, jittered: bool
     ) -> RunRecord:
-        """Skip a slot of a limited schedule whose previous run cannot be recorded."""
-        log.warning(
-            "skipping slot %s of %s: its previous run (options.max_runs) is not recorded yet "
-            "(store: %s)",
-            slot.isoformat(),
-            entry.name,
-            self.writer.failing,
-            extra={"schedule": entry.name, "slot": slot.isoformat()},
-        )
+        """Skip a slot of a limited schedule whose previous run cannot be recorded (said by
+        :meth:`_report_skipped`)."""
         self.dispatcher.counts["skipped"] += 1
         (self.entries.advance_jittered if jittered else self.entries.advance)(entry, slot)
         return RunRecord(
@@ -378,16 +392,9 @@ class Decisions:
     def _skip(
         self, entry: ScheduledEntry, slot: datetime, now: datetime, since: datetime | None = None
     ) -> RunRecord:
-        """Skip a slot too late; ``since``: its send instant (options.jitter), else the slot."""
+        """Skip a slot too late; ``since``: its send instant (options.jitter), else the slot
+        (said by :meth:`_report_skipped`)."""
         late = (now - (slot if since is None else since)).total_seconds()
-        log.warning(
-            "skipping slot %s of %s: %.3f s late (grace %.3f s)",
-            slot.isoformat(),
-            entry.name,
-            late,
-            self.grace.total_seconds(),
-            extra={"schedule": entry.name, "slot": slot.isoformat(), "lateness_s": late},
-        )
         self.dispatcher.counts["skipped"] += 1
         # Jump past every slot that is already too late: no replay, no storm after a clock jump.
         move = self.entries.advance if since is None else self.entries.advance_jittered
@@ -407,8 +414,7 @@ class Decisions:
         """Skip a slot on an excluded date (options.exclude): handled, not sent; the entry moves
         on to its next slot (the one after may be excluded too: each is met at its own time)."""
         reason = skip_reason(slot, entry.timezone, calendar)
-        # No log line per slot (a holiday may exclude a million): the run history has each one.
-        log.debug("not sending slot %s of %s: %s", slot.isoformat(), entry.name, reason)
+        # No log line (a holiday may exclude a million): the run history has each one.
         self.dispatcher.counts["skipped"] += 1
         if entry.fired is None or slot > entry.fired:
             entry.fired = slot

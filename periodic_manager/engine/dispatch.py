@@ -25,14 +25,17 @@ from periodic_manager.contracts import (
     EnqueueResult,
     Prepared,
     RunRecord,
+    SlotReason,
     StagedTarget,
     Task,
+    failure_reason,
     retryable,
     run_status,
 )
 from periodic_manager.engine.history import RunWriter
+from periodic_manager.engine.lines import log_slots
 from periodic_manager.engine.retries import Retries
-from periodic_manager.errors import TargetError, TaskRefused
+from periodic_manager.errors import TargetError, TaskRefused, cause
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets.base import send_prepared, task_for
@@ -94,7 +97,7 @@ def prepare_tasks(target: StagedTarget, tasks: list[Task]) -> Prepared:
     try:
         return target.prepare(tasks)
     except Exception as exc:  # noqa: BLE001 - the send path reports it (enqueue re-encodes)
-        log.debug("prepare failed, the batch is encoded when sent: %s", exc)
+        log.debug("prepare failed, the batch is encoded when sent: %s", cause(exc))
         return Prepared(tasks)
 
 
@@ -260,13 +263,15 @@ class Dispatcher:
         overlap = self.overlap
         held = overlap.held if overlap is not None else {}
         failed: dict[str, list[Task]] = {}
+        said: dict[tuple[bool, str], list[str]] = {}  # (refused for good, why): schedules
         for entry, res in zip(entries, results, strict=True):
             status = res.status
             if res.error is not None or entry.next_slot is not None:  # keep "no slot left"
                 entry.last_error = res.error  # set when the target failed this task alone
             if status == "failed":
                 failed.setdefault(res.error or "failed", []).append(res.task)
-                self._log_failed(entry, slot, res)
+                if self._news(entry, res):
+                    said.setdefault((res.permanent, res.error or "failed"), []).append(entry.name)
             elif self._refusals:
                 self._refusals.pop(entry.config.name, None)  # a refusal again is said again
             # options.overlap: a target's answer about the previous task, or a held schedule.
@@ -287,6 +292,7 @@ class Dispatcher:
                     at,
                     res.message_id,
                     res.error,
+                    reason=failure_reason(res),
                     limited=entry.runs_left is not None,
                 )
             )
@@ -296,38 +302,31 @@ class Dispatcher:
             slot.isoformat(),
             extra={"slot": slot.isoformat()},
         )
+        for (permanent, why), names in said.items():
+            what = (
+                "enqueue refused by the target (not retried) for"
+                if permanent
+                else "enqueue failed for"
+            )
+            log_slots(log, logging.ERROR, what, slot, names, why)
         await self._safe_hook(self.hooks.post_enqueue, results)
         for error, tasks in failed.items():
             await self._safe_hook(self.hooks.on_error, TargetError(error), tasks)
         self.writer.report(runs)
 
-    def _log_failed(self, entry: ScheduledEntry, slot: datetime, res: EnqueueResult) -> None:
-        """A refusal for good once per schedule and reason (a schedule due every second would
-        repeat it every second: its runs and ``last_error`` say it each time); others each."""
+    def _news(self, entry: ScheduledEntry, res: EnqueueResult) -> bool:
+        """Whether the failure ``res`` of ``entry`` is to be said: a refusal for good once per
+        schedule and reason (a schedule due every second would repeat it every second: its runs
+        and ``last_error`` say it each time), any other failure each time."""
+        if not res.permanent:
+            return True
         name = entry.config.name
-        extra = {"schedule": name, "slot": slot.isoformat()}
-        if res.permanent:
-            if self._refusals.get(name) == res.error:
-                log.debug(
-                    "enqueue of %s due %s refused: %s",
-                    name,
-                    slot.isoformat(),
-                    res.error,
-                    extra=extra,
-                )
-                return
-            if len(self._refusals) >= 10000:
-                self._refusals.clear()
-            self._refusals[name] = res.error
-            log.error(
-                "enqueue of %s due %s refused by the target (not retried): %s",
-                name,
-                slot.isoformat(),
-                res.error,
-                extra=extra,
-            )
-            return
-        log.error("enqueue of %s due %s failed: %s", name, slot.isoformat(), res.error, extra=extra)
+        if self._refusals.get(name) == res.error:
+            return False
+        if len(self._refusals) >= 10000:
+            self._refusals.clear()
+        self._refusals[name] = res.error
+        return True
 
     async def give_up(
         self,
@@ -340,6 +339,7 @@ class Dispatcher:
         """Record ``entries`` failed with ``exc`` (a call that raised, or a retry given up; quiet:
         stopping or no longer sending, a warning instead of an error) and tell ``on_error``."""
         at = self.clock.now()
+        why: SlotReason = "refused" if isinstance(exc, TaskRefused) else "target-down"
         for entry in entries:
             entry.last_error = str(exc)
         self.counts["failed"] += len(tasks)
@@ -349,11 +349,14 @@ class Dispatcher:
             "gave up on %d task(s) due %s: %s",
             len(tasks),
             slot.isoformat(),
-            exc,
+            cause(exc),
             extra={"slot": slot.isoformat(), "batch": len(tasks)},
         )
         self.writer.report(
-            [RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc)) for e in entries]
+            [
+                RunRecord(e.key, e.config.name, slot, "failed", at, error=str(exc), reason=why)
+                for e in entries
+            ]
         )
         await self._safe_hook(self.hooks.on_error, exc, tasks)
 

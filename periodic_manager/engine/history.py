@@ -18,6 +18,7 @@ from datetime import datetime
 
 from periodic_manager import gcpolicy
 from periodic_manager.contracts import SENT, RunRecord
+from periodic_manager.errors import cause
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +149,9 @@ class RunWriter:
                     "recording run history failed; keeping up to %d run(s) in memory and "
                     "retrying: %s",
                     MAX_PENDING_RUNS,
-                    exc,
+                    cause(exc),
                 )
-            self.failing = f"{type(exc).__name__}: {exc}"
+            self.failing = cause(exc)
             return False
         else:
             if self.unrecorded:

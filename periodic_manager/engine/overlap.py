@@ -31,7 +31,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from periodic_manager.contracts import QUEUED, SENT, EnqueueResult, RunRecord, RunStatus, run_status
+from periodic_manager.contracts import (
+    QUEUED,
+    SENT,
+    EnqueueResult,
+    RunRecord,
+    RunStatus,
+    SlotReason,
+    failure_reason,
+    run_status,
+)
 from periodic_manager.schedules.jitter import offset_of
 from periodic_manager.schedules.rules import overlap_policy
 
@@ -164,7 +173,7 @@ class OverlapGuard:
     ) -> list[RunRecord]:
         """An enqueued, duplicate or failed result of a schedule that uses (or used) overlap."""
         key = entry.ident
-        reason = None
+        reason: SlotReason | None = None
         held = self.held.get(key)
         runs: list[RunRecord] = []
         if held is not None and res.status in SENT:
@@ -190,6 +199,7 @@ class OverlapGuard:
                 error,
                 extra={"schedule": entry.config.name, "slot": slot.isoformat()},
             )
+        reason = reason or failure_reason(res)
         runs.append(_run(entry, slot, run_status(res.status), at, error, reason, res.message_id))
         return runs
 
@@ -280,7 +290,7 @@ def _run(
     status: RunStatus,
     at: datetime,
     error: str | None,
-    reason: str | None,
+    reason: SlotReason | None,
     message_id: str | None = None,
 ) -> RunRecord:
     return RunRecord(

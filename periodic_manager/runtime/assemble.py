@@ -85,6 +85,7 @@ def build_manager(
         manager_id=manager_id,
         close_target=target is None,
         pauser=ManagerPauser(engine, clock.now),
+        metrics_schedules=settings.metrics_schedules,
     )
 
 

@@ -36,6 +36,7 @@ from typing import Protocol, runtime_checkable
 
 from periodic_manager.clock import later
 from periodic_manager.contracts import Clock
+from periodic_manager.errors import cause
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class ClockOffset:
         try:
             answer = await self.read()
         except Exception as exc:  # noqa: BLE001 - a failed measure changes nothing
-            log.debug("clock offset: measure failed: %r", exc)
+            log.debug("clock offset: measure failed: %s", cause(exc))
             return False
         self.observe(before, answer)
         return True

@@ -25,7 +25,7 @@ from periodic_manager.clock import next_tick
 from periodic_manager.contracts import Clock, FailureSignal, FailureStore, Pauser
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.scheduler import Scheduler
-from periodic_manager.errors import TargetError
+from periodic_manager.errors import TargetError, cause
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules import failures
@@ -82,7 +82,9 @@ class FailureWatch:
             try:
                 paused += await self.check(entry)
             except TargetError as exc:  # the broker is down: the rest waits for the next round
-                log.warning("pause_after_failures: cannot read task outcomes (will retry): %s", exc)
+                log.warning(
+                    "pause_after_failures: cannot read task outcomes (will retry): %s", cause(exc)
+                )
                 break
             except Exception as exc:
                 reraise_if_cancelled(exc)

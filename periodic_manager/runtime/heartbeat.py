@@ -33,6 +33,7 @@ from periodic_manager.contracts import (
     ManagerStatus,
     RuntimeStore,
 )
+from periodic_manager.errors import cause
 from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.tasks import cancel_loop, reraise_if_cancelled
 from periodic_manager.version import __version__
@@ -124,7 +125,9 @@ class Heartbeat:
             self.registered = True
         except Exception as exc:
             reraise_if_cancelled(exc)
-            log.warning("could not publish manager %s (will retry): %s", self.manager_id, exc)
+            log.warning(
+                "could not publish manager %s (will retry): %s", self.manager_id, cause(exc)
+            )
 
     def store_failed(self, exc: BaseException) -> None:
         """A write to the store failed: publish this manager and its entries again next beat."""
@@ -184,7 +187,7 @@ class Heartbeat:
             await self._beat_store.beaten(status)
         except Exception as exc:  # the store logs its own prune failures; never fail the loop
             reraise_if_cancelled(exc)
-            log.warning("history prune after a heartbeat failed: %r", exc)
+            log.warning("history prune after a heartbeat failed: %s", cause(exc))
 
     async def _reap_dead(self) -> None:
         """Remove the managers a heartbeat found dead, apart from any heartbeat (their entries
@@ -198,7 +201,7 @@ class Heartbeat:
             )
         except Exception as exc:
             reraise_if_cancelled(exc)
-            log.warning("removing dead managers failed (will retry): %r", exc)
+            log.warning("removing dead managers failed (will retry): %s", cause(exc))
             return
         if removed:
             log.info("removed %d dead manager(s) and their published entries", removed)
@@ -223,7 +226,7 @@ class Heartbeat:
         except Exception as exc:
             reraise_if_cancelled(exc)
             if self.registered:
-                log.warning("heartbeat failed (will retry): %r", exc)
+                log.warning("heartbeat failed (will retry): %s", cause(exc))
             self.registered = False
 
     async def watch(self, target: Forgetful, sent: asyncio.Event, *, rest: float = 60.0) -> None:

@@ -43,7 +43,7 @@ from datetime import datetime
 from periodic_manager import gcpolicy
 from periodic_manager.contracts import PartitionedProvider, PartitionLeadership, PartitionsHeld
 from periodic_manager.engine.entry import ScheduledEntry
-from periodic_manager.errors import ProviderError
+from periodic_manager.errors import ProviderError, cause
 from periodic_manager.runtime.leading import SETTLED_RETRY_S, Leading, Spawn
 from periodic_manager.runtime.sync import Syncer, settle_after
 from periodic_manager.runtime.tasks import reraise_if_cancelled
@@ -228,10 +228,9 @@ class _Takeover:
             except Exception as exc:
                 reraise_if_cancelled(exc)
                 log.error(
-                    "taking over %d partition(s) failed, retrying: %s: %s",
+                    "taking over %d partition(s) failed, retrying: %s",
                     len(self.partitions),
-                    type(exc).__name__,
-                    exc,
+                    cause(exc),
                 )
             await holding.scheduler.clock.sleep(SETTLED_RETRY_S)
 

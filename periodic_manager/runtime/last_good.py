@@ -35,6 +35,7 @@ from periodic_manager.contracts import (
     StoredVersion,
 )
 from periodic_manager.engine.entries import Counted
+from periodic_manager.errors import cause
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.publishing import EntryPublisher
 from periodic_manager.runtime.tasks import reraise_if_cancelled
@@ -215,7 +216,9 @@ class LastGoodKeeper:
                 await self.store.save_last_good(part)
             except Exception as exc:  # kept running in memory; stored at the next sync
                 reraise_if_cancelled(exc)
-                log.warning("storing %d last good version(s) failed (retried): %r", len(part), exc)
+                log.warning(
+                    "storing %d last good version(s) failed (retried): %s", len(part), cause(exc)
+                )
                 self._unsaved.update((v.schedule_key, errs[v.schedule_key]) for v in part)
                 continue
             for v in part:
@@ -230,7 +233,7 @@ class LastGoodKeeper:
             return await self.store.last_good_index()
         except Exception as exc:
             reraise_if_cancelled(exc)
-            log.warning("reading the stored last good versions failed (retried): %r", exc)
+            log.warning("reading the stored last good versions failed (retried): %s", cause(exc))
             return None
 
     async def _forget(self, keys: Sequence[str], revision: int | None) -> None:
@@ -241,7 +244,7 @@ class LastGoodKeeper:
                 await self.store.forget_last_good(keys, revision)
             except Exception as exc:  # the next full reconcile forgets them
                 reraise_if_cancelled(exc)
-                log.warning("forgetting %d last good version(s) failed: %r", len(keys), exc)
+                log.warning("forgetting %d last good version(s) failed: %s", len(keys), cause(exc))
                 return
         for key in keys:
             self.stored.pop(key, None)
@@ -258,7 +261,9 @@ class LastGoodKeeper:
             states = await self.read_state(keys) if self.read_state is not None else {}
         except Exception as exc:  # the next full reconcile tries again
             reraise_if_cancelled(exc)
-            log.warning("reading %d last good version(s) failed (retried): %r", len(keys), exc)
+            log.warning(
+                "reading %d last good version(s) failed (retried): %s", len(keys), cause(exc)
+            )
             return
         async for part in in_turns(found):  # each one judged and registered
             for stored in part:

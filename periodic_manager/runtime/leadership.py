@@ -31,6 +31,7 @@ from typing import Any, TypedDict, Unpack
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import ChangeCallback, Clock
 from periodic_manager.db.dialects import LEADER_LOCK_NAME, database_of
+from periodic_manager.errors import cause
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ class SessionLockLeadership(AlwaysLeader):
                 # stop() would wait for this loop forever.
                 self._drop_connection()
             reraise_if_cancelled(exc)
-            msg = f"{type(exc).__name__}: {exc}"
+            msg = cause(exc)
             if self._stopping:
                 # stop() steps down and closes the session itself: nothing was lost.
                 log.debug("leadership check failed while stopping: %s", msg)

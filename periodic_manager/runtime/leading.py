@@ -34,6 +34,7 @@ from periodic_manager.engine import catchup
 from periodic_manager.engine.entries import Counted
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.scheduler import Scheduler
+from periodic_manager.errors import cause
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.limited import limited, read_counted
 from periodic_manager.runtime.tasks import reraise_if_cancelled
@@ -222,14 +223,13 @@ class Leading:
                 counted = await read_counted(self.store.get_state, await limited(entries))
             except Exception as exc:
                 reraise_if_cancelled(exc)
-                self._failure = f"{type(exc).__name__}: {exc}"
+                self._failure = cause(exc)
                 if not failed:
                     self._failing = (term, self.clock.now())
                     log.error(
-                        "takeover waits: cannot read the settled slots (%s: %s); nothing is "
+                        "takeover waits: cannot read the settled slots (%s); nothing is "
                         "sent until they are known",
-                        type(exc).__name__,
-                        exc,
+                        self._failure,
                     )
                 failed = True
                 reading = self._read  # clear: this is the read of a (whole) takeover

@@ -16,6 +16,7 @@ from typing import Any
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
 from periodic_manager.db import leases
+from periodic_manager.errors import cause
 from periodic_manager.runtime.clock_offset import ClockOffset
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 
@@ -213,10 +214,9 @@ class LeaseRound:
         except Exception as exc:  # noqa: BLE001 - the leases then expire instead
             reraise_if_cancelled(exc)
             log.error(
-                "partition leases: handing over %s did not finish (%s: %s); they expire instead",
+                "partition leases: handing over %s did not finish (%s); they expire instead",
                 show(parts),
-                type(exc).__name__,
-                exc,
+                cause(exc),
             )
             return
         # Released only at the epochs held; if a lease meanwhile passed to another manager,
@@ -229,7 +229,9 @@ class LeaseRound:
                 )
             except Exception as exc:  # noqa: BLE001 - they expire instead
                 reraise_if_cancelled(exc)
-                log.warning("partition leases: release failed (%s); they expire instead", exc)
+                log.warning(
+                    "partition leases: release failed (%s); they expire instead", cause(exc)
+                )
                 return
         self.handovers += len(parts)
         log.info("partition leases: handed over %s", show(parts))

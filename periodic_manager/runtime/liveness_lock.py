@@ -42,6 +42,7 @@ from typing import Any
 
 from periodic_manager.contracts import Clock
 from periodic_manager.db import leases
+from periodic_manager.errors import cause
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class LivenessLock:
             await leases.set_keepalives(conn, settings)
         except Exception as exc:  # noqa: BLE001 - later, never sooner: still safe
             reraise_if_cancelled(exc)
-            log.info("partition leases: server TCP keepalives not set (%s)", exc)
+            log.info("partition leases: server TCP keepalives not set (%s)", cause(exc))
 
     async def ensure(self, conn: Any, *, holding: bool) -> None:
         """Take the lock on ``conn`` if it is not held yet (a round trip only then). Taken by a
@@ -97,7 +98,7 @@ class LivenessLock:
             self.supported = False
             log.warning(
                 "partition leases: no liveness lock (%s); a dead manager's partitions wait for the lease TTL",
-                exc,
+                cause(exc),
             )
             return
         if not self.held:

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING
 
 from periodic_manager.contracts import Forgetful, WorksBeside, failure_off
 from periodic_manager.engine.entry import ScheduledEntry
-from periodic_manager.errors import ConfigError, NotFoundError
+from periodic_manager.errors import ConfigError, NotFoundError, cause
 from periodic_manager.runtime.manager_parts import ManagerParts, new_manager_id
 from periodic_manager.runtime.reconcile import SyncReport
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.schedules.rules import NO_FAILURE, failure_refusal
+from periodic_manager.targets.routing import RoutingTarget
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -84,6 +85,8 @@ class PeriodicTaskManager(ManagerParts):
             self.tasks.spawn(self.heartbeat.watch(self.target, self._sent), "broker-watch")
         if self.failures is not None:
             self.tasks.spawn(self.failures.run(), "failure-watch")
+        if self.announcer is not None:
+            self.tasks.spawn(self.announcer.run(), "entry-announcer")
         if isinstance(self.target, WorksBeside):
             self.tasks.spawn(self.target.run_beside(self.clock, self.manager_id), "target-work")
         if self.target_health is not None and self.target_health.targets:
@@ -113,7 +116,9 @@ class PeriodicTaskManager(ManagerParts):
         try:
             await self.store.unregister_manager(self.manager_id)
         except Exception as exc:
-            log.warning("could not unpublish manager %s: %s", self.manager_id, exc)
+            log.warning("could not unpublish manager %s: %s", self.manager_id, cause(exc))
+        if self.announcer is not None:
+            await self.announcer.withdraw()
         if self._close_target:
             await self.target.close()
         log.info("manager %s stopped", self.manager_id)
@@ -127,7 +132,7 @@ class PeriodicTaskManager(ManagerParts):
         """None while every loop runs; otherwise why this manager is not healthy (one line)."""
         if self.tasks.failed is not None:
             failed = self.tasks.failed
-            return f"{self.tasks.failed_task} died: {type(failed).__name__}: {failed}"
+            return f"{self.tasks.failed_task} died: {cause(failed)}"
         hung = self.scheduler.hung_for(self.clock.now())
         if hung > HUNG_AFTER_S:
             return f"dispatch has shown no progress for {hung:.0f} s (a target call that never returns)"
@@ -140,6 +145,12 @@ class PeriodicTaskManager(ManagerParts):
     def clock_offset_s(self) -> float | None:
         """Seconds this wall clock is ahead of the database's, as last measured (None: not)."""
         return self.clock_offset.offset
+
+    @property
+    def default_target(self) -> str:
+        """The target of the schedules without ``options.target`` (the metrics' ``target``)."""
+        target = self.target
+        return target.default if isinstance(target, RoutingTarget) else target.name
 
     @property
     def stand_downs(self) -> int:

@@ -22,6 +22,7 @@ from periodic_manager.contracts import (
     ChangeSignal,
     Clock,
     ConfigProvider,
+    EntryAnnouncer,
     EntryRecord,
     FailureSignal,
     FailureStore,
@@ -42,6 +43,7 @@ from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.engine.overlap import View
 from periodic_manager.engine.scheduler import Scheduler
 from periodic_manager.providers import StaticProvider
+from periodic_manager.runtime.announcing import Announcer
 from periodic_manager.runtime.clock_offset import ClockOffset, ClockWatch, DatabaseTime, Remeasuring
 from periodic_manager.runtime.failures import FailureWatch
 from periodic_manager.runtime.heartbeat import Heartbeat
@@ -83,6 +85,7 @@ class ManagerParts:
         close_target: bool = False,
         pauser: Pauser | None = None,
         measure_clock: bool | None = None,
+        metrics_schedules: int = 100,
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
@@ -91,6 +94,7 @@ class ManagerParts:
         self.leadership: Leadership = leadership or AlwaysLeader()
         self.signals = list(signals)
         self.timing = timing
+        self.metrics_schedules = metrics_schedules
         self.manager_id = manager_id or new_manager_id()
         self._close_target = close_target
         self.signals_ignored = 0  # change signals naming only partitions not held (no sync)
@@ -153,7 +157,7 @@ class ManagerParts:
             incremental.adopt(ScheduledEntry, self._known_config)
         # Its own registry, served by /metrics or a port; read at scrape time from the whole
         # manager (a PeriodicTaskManager: these parts are its own).
-        self.metrics = ManagerMetrics(cast(ManagerView, self))
+        self.metrics = ManagerMetrics(cast(ManagerView, self), schedules=self.metrics_schedules)
         keeper = LastGoodKeeper(
             self.scheduler,
             self.publisher,
@@ -257,6 +261,15 @@ class ManagerParts:
                 interval=timing.heartbeat_interval,
                 paused=self.syncer.request,
             )
+        # A target whose workers' tools list schedules (asynq's scheduler entries) hears of them.
+        self.announcer: Announcer | None = None
+        if isinstance(target, EntryAnnouncer):
+            self.announcer = Announcer(
+                target, self.manager_id, self.clock, self.scheduler.entries, self._sending
+            )
+
+    def _sending(self) -> bool:
+        return self.leadership.is_leader
 
     def _watch_clock(self, measure: bool) -> None:
         """Who measures the clock's offset (the lease rounds, else the heartbeat), and what a

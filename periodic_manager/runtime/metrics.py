@@ -5,8 +5,10 @@ outcomes (the same batches it records in its store) and :meth:`ManagerMetrics.ti
 each sync. Gauges (entries, leader flag, last sync) are read from the manager when scraped.
 
 Counters and the lateness histogram are kept in plain dicts and folded per batch: a burst of
-100,000 slots due at one instant costs one dict update per (queue, status) and per lateness
-bucket, not one lock per slot as a ``prometheus_client.Histogram.observe`` per task would.
+100,000 slots due at one instant costs one dict update per (queue, target, status) and per
+lateness bucket, not one lock per slot as a ``prometheus_client.Histogram.observe`` per task
+would. Every schedule is counted in those aggregates; a bounded few also get series of their own
+(:mod:`periodic_manager.runtime.schedule_series`).
 
 ``prometheus_client`` is imported when the registry is first asked for (a metrics port, the API's
 ``/metrics``, a test): a manager nobody scrapes counts in its dicts and never loads it.
@@ -14,7 +16,7 @@ bucket, not one lock per slot as a ``prometheus_client.Histogram.observe`` per t
 
 from __future__ import annotations
 
-import bisect
+import heapq
 import math
 import threading
 import time
@@ -23,7 +25,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from periodic_manager.contracts import SENT, CountsDeliveries, RunRecord
+from periodic_manager.contracts import SENT, SLOT_REASONS, CountsDeliveries, RunRecord
+from periodic_manager.runtime.histogram import Histogram
+from periodic_manager.runtime.schedule_series import ScheduleSeries
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -32,7 +36,23 @@ if TYPE_CHECKING:
 PREFIX = "periodic_manager"
 QUEUE_MEMO_MAX = 100_000  # schedule keys whose queue is remembered between syncs
 QUEUE_MEMO_BATCH = 1000  # runs of a batch above which their keys are not remembered (a burst)
-LATENESS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LATENESS_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 SYNC_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 UNKNOWN_QUEUE = "unknown"
 # What a target's own deliveries came to in this manager (contracts.CountsDeliveries: the http
@@ -43,6 +63,13 @@ _DELIVERIES = (
     None,
     ["outcome"],
 )
+
+
+# What a schedule's runs are counted by: its queue and target, and whether it opted in to series
+# of its own (``options.metrics``). A plain tuple: a burst makes one per run.
+Labels = tuple[str, str, bool]
+
+UNKNOWN: Labels = (UNKNOWN_QUEUE, "unknown", False)
 
 
 class _Entry(Protocol):
@@ -83,48 +110,37 @@ class ManagerView(Protocol):
     @property
     def clock_offset_s(self) -> float | None: ...
 
+    @property
+    def default_target(self) -> str: ...
+
     def entries(self) -> Sequence[_Entry]: ...
 
     def entry(self, key: str) -> _Entry | None: ...
-
-
-class _Histogram:
-    """Cumulative-on-export histogram: per-bucket counts plus sum, updated with a count at once."""
-
-    __slots__ = ("buckets", "counts", "total")
-
-    def __init__(self, buckets: Sequence[float]) -> None:
-        self.buckets = tuple(buckets)
-        self.counts = [0] * (len(self.buckets) + 1)  # the last one is +Inf
-        self.total = 0.0
-
-    def observe(self, value: float, n: int = 1) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += n
-        self.total += value * n
-
-    def export(self) -> tuple[list[tuple[str, float]], float]:
-        out: list[tuple[str, float]] = []
-        acc = 0
-        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            acc += count
-            out.append(("+Inf" if bound == float("inf") else repr(bound), float(acc)))
-        return out, self.total
 
 
 class ManagerMetrics:
     """Metrics of one manager (a prometheus ``Collector``); ``registry`` is what ``/metrics`` or a
     metrics port serves."""
 
-    def __init__(self, manager: ManagerView, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        manager: ManagerView,
+        registry: CollectorRegistry | None = None,
+        *,
+        schedules: int = 100,
+    ) -> None:
         self._manager = manager
         self._lock = threading.Lock()  # scrapes may come from another thread (metrics port)
-        self._runs: dict[tuple[str, str], int] = {}  # (queue, status) -> count
-        self._reasons: dict[tuple[str, str, str], int] = {}  # (queue, status, reason) -> count
-        self._lateness: dict[str, _Histogram] = {}  # queue -> lateness of enqueued slots
-        self._sync = _Histogram(SYNC_BUCKETS_S)
+        self._runs: dict[tuple[str, str, str], int] = {}  # (queue, target, status) -> count
+        # (queue, target, status, reason) -> count
+        self._reasons: dict[tuple[str, str, str, str], int] = {}
+        # (queue, target) -> lateness of enqueued slots
+        self._lateness: dict[tuple[str, str], Histogram] = {}
+        self.schedules = ScheduleSeries(schedules)  # PM_METRICS_SCHEDULES
+        self._sync = Histogram(SYNC_BUCKETS_S)
         self._syncs: dict[str, int] = {"ok": 0, "error": 0}
         self._lost: dict[str, int] = {}  # target -> times its broker lost its data
-        self._queues: dict[str, str] = {}  # schedule key -> queue, forgotten after syncs
+        self._labels: dict[str, Labels] = {}  # schedule key -> labels, forgotten after syncs
         self._registry = registry
         if registry is not None:
             registry.register(self)
@@ -144,33 +160,47 @@ class ManagerMetrics:
     # -- hooks called by the manager -------------------------------------------------------------
 
     def observe_runs(self, runs: Sequence[RunRecord]) -> None:
-        """Count a batch of slot outcomes by queue and status; lateness of enqueued slots."""
-        counts: dict[tuple[str, str], int] = {}
-        reasons: dict[tuple[str, str, str], int] = {}  # (queue, status, reason)
-        lateness: dict[tuple[str, float], int] = {}
+        """Count a batch of slot outcomes by queue, target and status (and reason); lateness of
+        enqueued slots; the schedules watched on their own."""
+        counts: dict[tuple[str, str, str], int] = {}
+        reasons: dict[tuple[str, str, str, str], int] = {}
+        lateness: dict[tuple[str, str, float], int] = {}
+        # Runs of the schedules watched on their own (opted in, or ranked already), and the
+        # others late enough to rank: the batch's latest of them are offered, not every run.
+        series = self.schedules
+        known, floor = series.slots, series.floor()
+        mine: list[tuple[RunRecord, float, bool]] = []
+        rivals: list[tuple[float, int]] = []
         # A burst's runs (one per schedule) are looked up without being remembered: the memo
         # would keep a key string per schedule, made during the burst, and with it the pools of
         # everything the burst freed around them (about 100 B of RSS per task sent).
-        memo: dict[str, str] = self._queues if len(runs) <= QUEUE_MEMO_BATCH else {}
-        for run in runs:
-            queue = self._queue_of(run.schedule_key, memo)
-            counts[(queue, run.status)] = counts.get((queue, run.status), 0) + 1
+        memo: dict[str, Labels] = self._labels if len(runs) <= QUEUE_MEMO_BATCH else {}
+        for index, run in enumerate(runs):
+            queue, target, opted = self._labels_of(run.schedule_key, memo)
+            key = (queue, target, run.status)
+            counts[key] = counts.get(key, 0) + 1
             if run.reason is not None:
-                why: tuple[str, str, str] = (queue, run.status, run.reason)
+                why = (queue, target, run.status, run.reason)
                 reasons[why] = reasons.get(why, 0) + 1
+            late = max(0.0, (run.at.astimezone(UTC) - run.slot.astimezone(UTC)).total_seconds())
             if run.status in SENT:
-                late = max(0.0, (run.at.astimezone(UTC) - run.slot.astimezone(UTC)).total_seconds())
-                lateness[(queue, late)] = lateness.get((queue, late), 0) + 1
+                lateness[(queue, target, late)] = lateness.get((queue, target, late), 0) + 1
+            if opted or run.name in known:
+                mine.append((run, late, opted))
+            elif late > floor:
+                rivals.append((late, index))
         with self._lock:
-            for key, n in counts.items():
-                self._runs[key] = self._runs.get(key, 0) + n
-            for why, n in reasons.items():
-                self._reasons[why] = self._reasons.get(why, 0) + n
-            for (queue, late), n in lateness.items():
-                hist = self._lateness.get(queue)
+            for counted, n in counts.items():
+                self._runs[counted] = self._runs.get(counted, 0) + n
+            for reasoned, n in reasons.items():
+                self._reasons[reasoned] = self._reasons.get(reasoned, 0) + n
+            for (queue, target, late), n in lateness.items():
+                hist = self._lateness.get((queue, target))
                 if hist is None:
-                    hist = self._lateness[queue] = _Histogram(LATENESS_BUCKETS_S)
+                    hist = self._lateness[(queue, target)] = Histogram(LATENESS_BUCKETS_S)
                 hist.observe(late, n)
+            latest = heapq.nlargest(series.limit, rivals)
+            series.count(mine, [(runs[index], late) for late, index in latest])
 
     def broker_data_lost(self, target: str) -> None:
         """Count a loss of a target broker's data (its sentinel key disappeared)."""
@@ -189,28 +219,34 @@ class ManagerMetrics:
             with self._lock:
                 self._sync.observe(elapsed)
                 self._syncs["ok" if ok else "error"] += 1
-                self._queues.clear()  # entries may have changed queue
+                self._labels.clear()  # entries may have changed queue, target or options
 
     # -- scrape --------------------------------------------------------------------------------
 
-    def _queue_of(self, schedule_key: str, memo: dict[str, str]) -> str:
-        """The queue of a schedule's runs: looked up once per key (``memo``), not by walking
+    def _labels_of(self, schedule_key: str, memo: dict[str, Labels]) -> Labels:
+        """The labels of a schedule's runs: looked up once per key (``memo``), not by walking
         every entry (with a million entries, that walk on the dispatch path made the first slot
         after a sync late)."""
-        queue = memo.get(schedule_key)
-        if queue is None:
+        labels = memo.get(schedule_key)
+        if labels is None:
             entry = self._manager.entry(schedule_key)
-            queue = str(entry.config.queue) if entry is not None else UNKNOWN_QUEUE
+            if entry is None:
+                labels = UNKNOWN
+            else:
+                options = entry.config.options
+                target = options.get("target") or self._manager.default_target
+                labels = (str(entry.config.queue), str(target), options.get("metrics") is True)
             if len(memo) >= QUEUE_MEMO_MAX:
                 memo.clear()
-            memo[schedule_key] = queue
-        return queue
+            memo[schedule_key] = labels
+        return labels
 
     def describe(self) -> Iterator[Metric]:
         """The metric names, without reading the manager."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield from self._counters()
+        yield from _schedule_families()
         for name, text in _READ_COUNTERS.items():
             yield CounterMetricFamily(f"{PREFIX}_{name}", text)
         for name, text in _GAUGES.items():
@@ -222,21 +258,29 @@ class ManagerMetrics:
 
         m = self._manager
         runs, by_reason, lateness, sync, syncs, lost = self._counters()
+        own, own_late = _schedule_families()
         with self._lock:
-            for (queue, status), n in sorted(self._runs.items()):
-                runs.add_metric([queue, status], float(n))
-            for (queue, status, reason), n in sorted(self._reasons.items()):
-                by_reason.add_metric([queue, status, reason], float(n))
-            for queue, hist in sorted(self._lateness.items()):
-                buckets, total = hist.export()
-                lateness.add_metric([queue], buckets, total)
+            for (queue, target, status), n in sorted(self._runs.items()):
+                runs.add_metric([queue, target, status], float(n))
+            for (queue, target, status, reason), n in sorted(self._reasons.items()):
+                by_reason.add_metric([queue, target, status, reason], float(n))
+            for (queue, target), of_queue in sorted(self._lateness.items()):
+                buckets, total = of_queue.export()
+                lateness.add_metric([queue, target], buckets, total)
+            watched = self.schedules
+            for name in sorted(watched.names()):
+                for (status, reason), n in sorted(watched.slots[name].items()):
+                    own.add_metric([name, status, reason], float(n))
+                if (of_schedule := watched.lateness.get(name)) is not None:
+                    buckets, total = of_schedule.export()
+                    own_late.add_metric([name], buckets, total)
             buckets, total = self._sync.export()
             sync.add_metric([], buckets, total)
             for result, n in sorted(self._syncs.items()):
                 syncs.add_metric([result], float(n))
             for target, n in sorted(self._lost.items()):
                 lost.add_metric([target], float(n))
-        yield from (runs, by_reason, lateness, sync, syncs, lost)
+        yield from (runs, by_reason, lateness, sync, syncs, lost, own, own_late)
         read = {
             "partition_handovers": m.partition_handovers,
             "change_signals_ignored": m.signals_ignored,
@@ -276,20 +320,21 @@ class ManagerMetrics:
 
         runs = CounterMetricFamily(
             f"{PREFIX}_slots",
-            "Slots handled by this manager, by queue and outcome "
+            "Slots handled by this manager, by queue, target and outcome "
             "(enqueued, duplicate, resent, skipped, failed, held)",
-            labels=["queue", "status"],
+            labels=["queue", "target", "status"],
         )
         by_reason = CounterMetricFamily(
             f"{PREFIX}_slots_by_reason",
-            "Slots skipped, held or sent for a reason, by queue, outcome and reason (late; "
-            "overlap, overlap-replaced, overlap-expired, overlap-released, overlap-timeout)",
-            labels=["queue", "status", "reason"],
+            "Slots skipped, held or failed, or sent for a reason, by queue, target, outcome and "
+            f"reason ({', '.join(SLOT_REASONS)})",
+            labels=["queue", "target", "status", "reason"],
         )
         lateness = HistogramMetricFamily(
             f"{PREFIX}_enqueue_lateness_seconds",
-            "Seconds between a slot and its enqueue (enqueued and duplicate slots)",
-            labels=["queue"],
+            "Seconds between a slot and its enqueue, durably in the target (enqueued and "
+            "duplicate slots)",
+            labels=["queue", "target"],
         )
         sync = HistogramMetricFamily(f"{PREFIX}_sync_duration_seconds", "Duration of syncs")
         syncs = CounterMetricFamily(f"{PREFIX}_syncs", "Syncs by result", labels=["result"])
@@ -300,6 +345,26 @@ class ManagerMetrics:
             labels=["target"],
         )
         return runs, by_reason, lateness, sync, syncs, lost
+
+
+def _schedule_families() -> tuple[CounterMetricFamily, HistogramMetricFamily]:
+    """The series of single schedules (options.metrics, or among the latest PM_METRICS_SCHEDULES:
+    :mod:`periodic_manager.runtime.schedule_series`)."""
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+    slots = CounterMetricFamily(
+        f"{PREFIX}_schedule_slots",
+        "Slots of one schedule by outcome and reason (none: no reason); only schedules with "
+        "options.metrics true and the PM_METRICS_SCHEDULES latest ones",
+        labels=["schedule", "status", "reason"],
+    )
+    lateness = HistogramMetricFamily(
+        f"{PREFIX}_schedule_lateness_seconds",
+        "Seconds between a slot of one schedule and its enqueue (same schedules as "
+        "periodic_manager_schedule_slots)",
+        labels=["schedule"],
+    )
+    return slots, lateness
 
 
 _GAUGES = {

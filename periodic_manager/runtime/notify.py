@@ -30,6 +30,7 @@ from typing import Any
 from periodic_manager.clock import SystemClock, next_tick, sleep_unless
 from periodic_manager.contracts import Clock
 from periodic_manager.db.dialects import postgresql
+from periodic_manager.errors import cause
 from periodic_manager.runtime.tasks import SignalLoop, reraise_if_cancelled
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class PostgresChangeListener(SignalLoop):
         try:
             self.kept_alive = postgresql.keep_alive(conn)
         except OSError as exc:  # the probe is the backstop
-            log.warning("LISTEN %s: cannot set TCP keepalives: %s", self.channel, exc)
+            log.warning("LISTEN %s: cannot set TCP keepalives: %s", self.channel, cause(exc))
             self.kept_alive = False
         await postgresql.listen(conn, self.channel, self._notified)
         self._conn = conn
@@ -141,7 +142,7 @@ class PostgresChangeListener(SignalLoop):
                     await postgresql.probe(self._conn)
             except Exception as exc:  # noqa: BLE001
                 reraise_if_cancelled(exc)
-                log.warning("LISTEN %s: connection lost: %s", self.channel, exc)
+                log.warning("LISTEN %s: connection lost: %s", self.channel, cause(exc))
                 break
         self.connected.clear()
 

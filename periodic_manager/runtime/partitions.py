@@ -85,6 +85,7 @@ from typing import Any
 from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import CarriedBeat, ChangeCallback, Clock, PartitionHandler
 from periodic_manager.db import leases
+from periodic_manager.errors import cause
 from periodic_manager.runtime.lease_round import Held, LeaseRound, show
 from periodic_manager.runtime.liveness_lock import LivenessLock
 from periodic_manager.runtime.tasks import cancel_loop, cancelling, reraise_if_cancelled
@@ -317,7 +318,7 @@ class PartitionLeases(LeaseRound):
                 if cancelling():
                     self._drop_connection()
                 reraise_if_cancelled(exc)
-                msg = f"{type(exc).__name__}: {exc}"
+                msg = cause(exc)
                 if msg != self._last_error:
                     log.warning("partition leases: round failed: %s", msg)
                 self._last_error = msg
@@ -353,7 +354,7 @@ class PartitionLeases(LeaseRound):
                 if not self._listen_failed:
                     log.info(
                         "partition leases: no LISTEN (%s); freed partitions are taken at the next round",
-                        exc,
+                        cause(exc),
                     )
                 self._listen_failed = True
         return self._conn

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import Clock
+from periodic_manager.errors import cause
 from periodic_manager.runtime.tasks import SignalLoop, reraise_if_cancelled
 
 if TYPE_CHECKING:
@@ -66,7 +67,9 @@ class RevisionPoller(SignalLoop):
             except Exception as exc:  # noqa: BLE001 - keep polling; the sync loop is the backstop
                 reraise_if_cancelled(exc)
                 if not failing:
-                    log.warning("polling periodic_jobs for changes failed (retrying): %s", exc)
+                    log.warning(
+                        "polling periodic_jobs for changes failed (retrying): %s", cause(exc)
+                    )
                 failing, seen = True, None
             else:
                 self.polls += 1

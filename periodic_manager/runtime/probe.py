@@ -37,6 +37,7 @@ from pathlib import Path
 
 from periodic_manager.clock import next_tick
 from periodic_manager.contracts import Clock, ManagerHandle, Pingable, Target
+from periodic_manager.errors import cause
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class ProbeWriter:
                     log.info("probe file %s written again", self.path)
                     self._last_error = None
             except OSError as exc:
-                text = f"{type(exc).__name__}: {exc}"
+                text = cause(exc)
                 if text != self._last_error:
                     log.error("cannot write the probe file %s: %s", self.path, text)
                 self._last_error = text
@@ -133,7 +134,7 @@ class ProbeWriter:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            log.warning("cannot remove the probe file %s: %s", self.path, exc)
+            log.warning("cannot remove the probe file %s: %s", self.path, cause(exc))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from periodic_manager import gcpolicy
 from periodic_manager.contracts import EntryRecord, RuntimeStore
+from periodic_manager.errors import cause
 from periodic_manager.pacing import in_turns
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 from periodic_manager.schedules.definition import content_hash
@@ -188,7 +189,7 @@ class EntryPublisher:
             await op
         except Exception as exc:  # the store is for visibility; scheduling goes on without it
             reraise_if_cancelled(exc)
-            log.warning("%s failed (republished at the next heartbeat): %r", what, exc)
+            log.warning("%s failed (republished at the next heartbeat): %s", what, cause(exc))
             self._on_failure(exc)
 
 

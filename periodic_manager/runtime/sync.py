@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from periodic_manager import gcpolicy
 from periodic_manager.clock import next_tick, sleep_unless
 from periodic_manager.contracts import Clock, ConfigProvider, DigestingProvider, IncrementalProvider
+from periodic_manager.errors import cause
 from periodic_manager.runtime.metrics import ManagerMetrics
 from periodic_manager.runtime.reconcile import Reconciler, SyncReport
 from periodic_manager.runtime.tasks import reraise_if_cancelled
@@ -146,7 +147,7 @@ class Syncer:
             snapshot = await self.provider.get_configs()
         except Exception as exc:
             reraise_if_cancelled(exc)
-            msg = f"{type(exc).__name__}: {exc}"
+            msg = cause(exc)
             if msg != self.last_sync_error:
                 log.error("sync failed, keeping %d entries: %s", len(self.scheduler), msg)
             self.last_sync_error = msg

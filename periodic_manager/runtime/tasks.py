@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from periodic_manager.contracts import SignalCallback
+from periodic_manager.errors import cause
 
 log = logging.getLogger(__name__)
 
@@ -130,5 +131,5 @@ class Supervisor:
             self.failed = exc
             self.failed_task = name
             self.died.set()
-        log.critical("%s died: %s: %s", name, type(exc).__name__, exc)
+        log.critical("%s died: %s", name, cause(exc))
         log.debug("%s traceback", name, exc_info=exc)

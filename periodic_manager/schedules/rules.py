@@ -158,6 +158,11 @@ def _check_extra(v: Any) -> None:
                 raise ConfigError(f"options.extra.{key}", str(exc)) from None
 
 
+def _check_bool(v: Any) -> None:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+
+
 def _check_target(v: Any) -> None:
     # Any installed target (targets/registry.py); which of them a deployment runs is its
     # settings' business (see validate_target).
@@ -190,6 +195,8 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
     "max_runs": lambda v: _check_int(v, MAX_RUNS, 1),
     # paused by the manager after that many failed tasks in a row (schedules/failures.py)
     "pause_after_failures": lambda v: _check_int(v, MAX_FAILURES, 1),
+    # metric series of its own (runtime/schedule_series.py)
+    "metrics": _check_bool,
 }
 
 

@@ -24,6 +24,7 @@ from periodic_manager.contracts import (
     StagedTarget,
     Target,
     Task,
+    refused,
 )
 from periodic_manager.schedules.definition import PeriodicTaskConfig
 from periodic_manager.targets import completion
@@ -115,6 +116,22 @@ def overlap_refused(target: Target, task: Task) -> str | None:
         f"options.overlap {overlap_of(task)!r}: the {target.name} target cannot tell when a task "
         f"finished ({why})"
     )
+
+
+def overlap_refusals(
+    target: Target, tasks: Sequence[Task]
+) -> tuple[list[EnqueueResult | None], list[int]]:
+    """The results of a batch with those of the tasks ``target`` refuses for their
+    options.overlap (:func:`overlap_refused`) filled in, and the indices of the others, to send."""
+    results: list[EnqueueResult | None] = [None] * len(tasks)
+    send: list[int] = []
+    for index, task in enumerate(tasks):
+        why = overlap_refused(target, task)
+        if why is not None:
+            results[index] = refused(task, why)
+        else:
+            send.append(index)
+    return results, send
 
 
 class _Staged:

@@ -49,7 +49,7 @@ from periodic_manager.errors import TargetError
 from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets import completion
-from periodic_manager.targets.base import overlap_refused, split_payload
+from periodic_manager.targets.base import overlap_refusals, split_payload
 from periodic_manager.targets.builtin.dramatiq import (
     AMQP_SCHEMES,
     DRAMATIQ,
@@ -276,14 +276,7 @@ class DramatiqTarget:
         """Claim and enqueue every task's message; report each task in input order. A task that
         cannot be a message (or asks for options.overlap) fails alone. Raises TargetError when
         Redis or RabbitMQ fails (see the module docstring for what a retry finds)."""
-        results: list[EnqueueResult | None] = [None] * len(tasks)
-        send: list[int] = []
-        for index, task in enumerate(tasks):
-            why = overlap_refused(self, task)
-            if why is not None:
-                results[index] = refused(task, why)
-            else:
-                send.append(index)
+        results, send = overlap_refusals(self, tasks)
         part = [tasks[i] for i in send]
         if self._pending is not None:
             sent: list[EnqueueResult | None] = [None] * len(part)

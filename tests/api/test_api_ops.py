@@ -291,6 +291,7 @@ async def test_runs_history_is_paginated_newest_first_and_deleted_with_the_sched
                 "skipped",
                 slots[-1] + timedelta(minutes=16),
                 error="60.000 s late",
+                reason="late",
             )
         ]
         + [RunRecord(str(other["id"]), "other", slots[0], "failed", slots[0], error="down")]
@@ -302,6 +303,7 @@ async def test_runs_history_is_paginated_newest_first_and_deleted_with_the_sched
         first["status"] == "skipped"
         and first["lateness_ms"] == 60_000
         and first["error"] == "60.000 s late"
+        and first["reason"] == "late"
     )
     assert page["items"][1] == {
         "id": page["items"][1]["id"],
@@ -311,6 +313,7 @@ async def test_runs_history_is_paginated_newest_first_and_deleted_with_the_sched
         "lateness_ms": 40,
         "message_id": "m4",
         "error": None,
+        "reason": None,
     }
     enq = (
         await client.get(f"/schedules/{key}/runs", params={"status": "enqueued", "offset": 3})
@@ -513,9 +516,12 @@ async def test_metrics_of_the_in_process_manager_and_the_api(
         r = await c.get("/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         text = r.text
-        assert 'periodic_manager_slots_total{queue="q",status="enqueued"} 2.0' in text
-        assert 'periodic_manager_enqueue_lateness_seconds_count{queue="q"} 2.0' in text
-        assert 'periodic_manager_enqueue_lateness_seconds_bucket{le="0.005",queue="q"} 2.0' in text
+        q = 'queue="q",target="memory"'
+        assert (
+            'periodic_manager_slots_total{queue="q",status="enqueued",target="memory"} 2.0' in text
+        )
+        assert f"periodic_manager_enqueue_lateness_seconds_count{{{q}}} 2.0" in text
+        assert f'periodic_manager_enqueue_lateness_seconds_bucket{{le="0.005",{q}}} 2.0' in text
         assert "periodic_manager_entries 1.0" in text
         assert "periodic_manager_leader 1.0" in text
         assert "periodic_manager_sync_duration_seconds_count" in text
@@ -568,13 +574,15 @@ def test_metrics_registries_are_per_manager() -> None:
     a.metrics.observe_runs([RunRecord("name:x", "x", T0, "skipped", T0 + timedelta(minutes=1))])
     assert (
         a.metrics.registry.get_sample_value(
-            "periodic_manager_slots_total", {"queue": "unknown", "status": "skipped"}
+            "periodic_manager_slots_total",
+            {"queue": "unknown", "status": "skipped", "target": "unknown"},
         )
         == 1
     )
     assert (
         b.metrics.registry.get_sample_value(
-            "periodic_manager_slots_total", {"queue": "unknown", "status": "skipped"}
+            "periodic_manager_slots_total",
+            {"queue": "unknown", "status": "skipped", "target": "unknown"},
         )
         is None
     )
@@ -616,6 +624,33 @@ async def test_auth_on(
         TOKEN not in rec.getMessage() and READ_TOKEN not in rec.getMessage()
         for rec in caplog.records
     )
+
+
+async def test_wrong_tokens_are_slowed_down_per_client(
+    db_url: str, engine: AsyncEngine, clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After 20 wrong tokens within a minute a client gets 429 for every request with a token,
+    the right one included (a 429 must not tell a wrong guess from a right one), until the
+    window ends; requests without a token are not guesses; the log line names no token."""
+    from periodic_manager.api.auth import GUESS_WINDOW_S, GUESSES
+
+    settings = Settings(database_url=db_url, api_token=TOKEN)
+    write = {"Authorization": f"Bearer {TOKEN}"}
+    async for c in app_client(settings, clock, engine):
+        for _ in range(30):
+            assert (await c.get("/schedules")).status_code == 401  # no token: not counted
+        for i in range(GUESSES):
+            r = await c.get("/schedules", headers={"Authorization": f"Bearer guess-{i}"})
+            assert r.status_code == 401
+        for headers in ({"Authorization": "Bearer guess-x"}, write):
+            r = await c.get("/schedules", headers=headers)
+            assert_problem(r, 429)
+            assert 0 < int(r.headers["retry-after"]) <= GUESS_WINDOW_S
+        assert (await c.get("/healthz")).status_code == 200
+        await clock.advance(GUESS_WINDOW_S)
+        assert (await c.get("/schedules", headers=write)).status_code == 200
+    said = [r.getMessage() for r in caplog.records if "wrong API tokens" in r.getMessage()]
+    assert len(said) == 1 and "guess" not in said[0] and TOKEN not in said[0]
 
 
 async def test_auth_off_and_exposure_warning(caplog: pytest.LogCaptureFixture) -> None:

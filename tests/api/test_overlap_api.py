@@ -203,12 +203,12 @@ async def test_held_slot_and_previous_task_are_shown_and_counted(
     assert refused["status"] == "skipped" and "overlap" in refused["error"]
     metrics = (await rig.client.get("/metrics")).text
     assert (
-        'periodic_manager_slots_by_reason_total{queue="default",reason="overlap",status="held"} 1.0'
-        in metrics
+        'periodic_manager_slots_by_reason_total{queue="default",reason="overlap",status="held",'
+        'target="redis"} 1.0' in metrics
     )
     assert (
         'periodic_manager_slots_by_reason_total{queue="default",reason="overlap-released",'
-        'status="enqueued"} 1.0' in metrics
+        'status="enqueued",target="redis"} 1.0' in metrics
     )
 
 

@@ -13,7 +13,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
-from periodic_manager.db.migrate import upgrade
 from tests.conftest import backend_url
 from tests.support import rawsql
 from tests.support.api import JOB, T0, api_client
@@ -26,14 +25,13 @@ PAIRS = rawsql.all_cases()
 def hostile(request: pytest.FixtureRequest) -> tuple[str, Case]:
     """(database URL, case): a fresh, migrated database of the case's backend."""
     backend, case = request.param
-    url = backend_url(request, backend)
+    url = backend_url(request, backend, migrated=True)
     return url, case
 
 
 @pytest.fixture
 async def api(hostile: tuple[str, Case]) -> AsyncIterator[tuple[httpx.AsyncClient, str, Case]]:
     url, case = hostile
-    await upgrade(url)
     engine: AsyncEngine = create_engine(url)
     try:
         async with api_client(url, VirtualClock(T0), engine) as client:

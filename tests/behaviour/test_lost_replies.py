@@ -364,7 +364,10 @@ async def test_a_resend_is_in_the_run_history_and_the_metrics(
     assert by_slot == Counter({(1, "enqueued"): 10, (2, "resent"): 10, (3, "enqueued"): 10})
     assert all(s.counts.get("resent") == 1 for s in store.state.values())
     text = generate_latest(manager.metrics.registry).decode()
-    assert 'periodic_manager_slots_total{queue="pmlost.q",status="resent"} 10.0' in text
+    assert (
+        'periodic_manager_slots_total{queue="pmlost.q",status="resent",target="celery"} 10.0'
+        in text
+    )
     copies = await messages_in(redis_server, "pmlost.q")
     assert sorted(set(copies.values())) == [1] and len(copies) == 30
 

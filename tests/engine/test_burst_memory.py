@@ -26,13 +26,14 @@ def runs(n: int) -> list[RunRecord]:
 def test_a_bursts_runs_are_counted_without_remembering_a_key_per_schedule() -> None:
     metrics = PeriodicTaskManager(None, MemoryTarget()).metrics
     metrics.observe_runs(runs(QUEUE_MEMO_BATCH + 1))
-    assert metrics._queues == {}
+    assert metrics._labels == {}
     sample = metrics.registry.get_sample_value(
-        "periodic_manager_slots_total", {"queue": "unknown", "status": "enqueued"}
+        "periodic_manager_slots_total",
+        {"queue": "unknown", "status": "enqueued", "target": "unknown"},
     )
     assert sample == QUEUE_MEMO_BATCH + 1
     metrics.observe_runs(runs(3))  # small batches (frequent schedules) keep the memo
-    assert len(metrics._queues) == 3
+    assert len(metrics._labels) == 3
 
 
 async def _written(writer: RunWriter, batch: Sequence[RunRecord]) -> None:

@@ -105,11 +105,15 @@ def loaded_scripts() -> list[tuple[str, str]]:
     for path in sorted((ROOT / "periodic_manager").glob("**/*.py")):
         found.extend(call.findall(path.read_text()))
     assert found, "no lua.script(...) call found: the pattern no longer matches the code"
-    for package, name in list(found):
+    todo = list(found)
+    while todo:  # includes may include (``<file>`` of the same folder, ``<package>:<file>``)
+        package, name = todo.pop()
         script = ROOT / package.replace(".", "/") / "scripts" / name
         for line in script.read_text().splitlines():
             if line.startswith("--#include "):
-                found.append((package, line.removeprefix("--#include ").strip()))
+                other, _, file = line.removeprefix("--#include ").strip().rpartition(":")
+                todo.append((other or package, file))
+                found.append(todo[-1])
     return found
 
 

@@ -295,6 +295,21 @@ async def test_run_with_its_port_taken_exits_before_it_migrates_or_leads(
     assert not (tmp_path / "periodic_manager.db").exists()
 
 
+async def test_run_and_api_beyond_loopback_without_a_token_refuse_to_start(
+    tmp_path: Path,
+) -> None:
+    """Bound beyond loopback with no token, the API would let anyone edit schedules: run and
+    api refuse before anything else (nothing migrated, nothing bound), saying how to fix it.
+    With PM_API_READ_TOKEN alone nobody can write, so that one starts as far as its database."""
+    for command in ("run", "api"):
+        rc, _, err = await cli(command, "--host", "0.0.0.0", "--port", "0", cwd=tmp_path)
+        assert_one_line_failure(rc, err, "PM_HOST", "0.0.0.0", "PM_API_TOKEN", "127.0.0.1")
+    assert not (tmp_path / "periodic_manager.db").exists()
+    env = clean_env(PM_API_READ_TOKEN="read-only-token", PM_DATABASE_URL=f"{PG_DSN}/pm_missing_x")
+    rc, _, err = await cli("api", "--host", "0.0.0.0", "--port", "0", env=env)
+    assert_one_line_failure(rc, err, "does not exist")
+
+
 async def test_run_logs_database_target_and_schema_then_is_ready(pg_url: str) -> None:
     await upgrade(pg_url)
     with_password = pg_url.replace("postgres@", "postgres:s3cret-pw@")

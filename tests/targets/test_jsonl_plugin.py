@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,12 +26,14 @@ CLI = [sys.executable, "-m", "periodic_manager"]
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``pip install examples/target_plugin`` into a folder put on the managers' PYTHONPATH
-    (the test venv is left as it is). No build isolation: the venv's setuptools and wheel."""
+    (the test venv is left as it is). No build isolation: the venv's setuptools and wheel. Built
+    from a copy, since setuptools writes its build/ and egg-info/ beside the sources."""
     site = tmp_path_factory.mktemp("plugin_site")
     build = tmp_path_factory.mktemp("plugin_build")
+    source = shutil.copytree(ROOT / "examples/target_plugin", build / "target_plugin")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
-        + ["--no-build-isolation", "--target", str(site), str(ROOT / "examples/target_plugin")],
+        + ["--no-build-isolation", "--target", str(site), str(source)],
         check=True,
         cwd=build,
         capture_output=True,
@@ -129,4 +132,7 @@ def test_an_unknown_target_is_one_line_naming_the_installed_ones(plugin_site: Pa
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("periodic-manager: error: --target / PM_TARGET: ")
-    assert "unknown target 'sqs': the installed targets are arq, celery, dramatiq, jsonl," in line
+    assert (
+        "unknown target 'sqs': the installed targets are arq, asynq, celery, dramatiq, jsonl,"
+        in line
+    )

@@ -107,6 +107,7 @@ def test_every_target_says_which_rules_it_declares_and_where() -> None:
         "rq",
         "dramatiq",
         "procrastinate",
+        "asynq",
         "http",
     }
     for name, path in declared.items():

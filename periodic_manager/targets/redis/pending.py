@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from periodic_manager.contracts import QUEUED, EnqueueResult, Previous, Task, refused
-from periodic_manager.errors import TargetError
+from periodic_manager.errors import TargetError, cause
 from periodic_manager.targets.base import overlap_of
 from periodic_manager.targets.publisher import ThreadPublisher
 from periodic_manager.targets.redis.claims import RedisClaims
@@ -232,4 +232,4 @@ class PendingWay:
         except TargetError as exc:
             # Flag 0 keeps a sent task "queued" only for the publish window; a key not put back
             # names a task never sent, which Celery reports PENDING: overlap_timeout frees it.
-            log.error("%s: could not update previous-task keys: %s", self.name, exc)
+            log.error("%s: could not update previous-task keys: %s", self.name, cause(exc))

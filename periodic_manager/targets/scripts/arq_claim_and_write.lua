@@ -14,12 +14,10 @@
 -- before it. So the queue's type is checked before anything is written (the one refusal of the
 -- whole call, redis/errors.py), a job's own keys are read with redis.pcall or EXISTS, and SET
 -- never fails on a key's type: no command fails once the first job is written.
-local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
+--#include periodic_manager.targets.redis:prelude.lua
 local queue = KEYS[1]
-local kind = redis.call('TYPE', queue)['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. queue .. ' is a ' .. kind .. ', not a sorted set')
-end
+local refused = refusal(queue, 'zset')
+if refused then return refused end
 local claim_prefix, job_prefix, result_prefix = ARGV[1], ARGV[2], ARGV[3]
 local blob = ARGV[5]
 local out, pos = {}, 1
@@ -27,26 +25,16 @@ for i, r in ipairs(cjson.decode(ARGV[4])) do
   local claim = claim_prefix .. r[1]
   local body = string.sub(blob, pos, pos + r[6] - 1)
   pos = pos + r[6]
-  if redis.call('EXISTS', claim) == 1 then
+  local flag = taken(claim, r[7], r[8])
+  if flag then
+    out[i] = flag
+  elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
     out[i] = SENT
   else
-    local prev = r[7] and redis.pcall('GET', r[7])
-    if type(prev) == 'table' then
-      out[i] = WRONGTYPE  -- an error reply: a GET of a string answers a string or false
-    elseif r[7] and (prev or '') ~= r[8] then
-      out[i] = BUSY
-    elseif redis.call('EXISTS', job_prefix .. r[2], result_prefix .. r[2]) > 0 then
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      out[i] = SENT
-    else
-      redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
-      redis.call('ZADD', queue, r[4], r[2])
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      if r[7] then
-        redis.call('SET', r[7], r[9], 'PX', r[10])
-      end
-      out[i] = NEW
-    end
+    redis.call('SET', job_prefix .. r[2], body, 'PX', r[5])
+    redis.call('ZADD', queue, r[4], r[2])
+    out[i] = claimed(claim, r[2], r[3], r[7], r[9], r[10])
   end
 end
 return out

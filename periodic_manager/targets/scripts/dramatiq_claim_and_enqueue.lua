@@ -11,16 +11,10 @@
 --
 -- A script is atomic, not transactional: the two keys' types are checked before anything is
 -- written (the one refusal of the whole call, redis/errors.py); after that no command can fail.
-local SENT, NEW = 0, 1
+--#include periodic_manager.targets.redis:prelude.lua
 local queue, messages = KEYS[1], KEYS[2]
-local kind = redis.call('TYPE', queue)['ok']
-if kind ~= 'list' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. queue .. ' is a ' .. kind .. ', not a list')
-end
-kind = redis.call('TYPE', messages)['ok']
-if kind ~= 'hash' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. messages .. ' is a ' .. kind .. ', not a hash')
-end
+local refused = refusal(queue, 'list') or refusal(messages, 'hash')
+if refused then return refused end
 local claim_prefix = ARGV[1]
 local out = {}
 for i, r in ipairs(cjson.decode(ARGV[2])) do

@@ -15,16 +15,10 @@
 -- refusal of the whole call, redis/errors.py); the previous-job key is read with redis.pcall, a
 -- job's hash is written only where EXISTS found none, and SET never fails on a key's type: no
 -- command fails once the first job is written.
-local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
+--#include periodic_manager.targets.redis:prelude.lua
 local queue, queues = KEYS[1], ARGV[3]
-local kind = redis.call('TYPE', queue)['ok']
-if kind ~= 'list' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. queue .. ' is a ' .. kind .. ', not a list')
-end
-kind = redis.call('TYPE', queues)['ok']
-if kind ~= 'set' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. queues .. ' is a ' .. kind .. ', not a set')
-end
+local refused = refusal(queue, 'list') or refusal(queues, 'set')
+if refused then return refused end
 local claim_prefix, job_prefix = ARGV[1], ARGV[2]
 local out, pos, added = {}, 5, false
 for i, r in ipairs(cjson.decode(ARGV[4])) do
@@ -32,30 +26,20 @@ for i, r in ipairs(cjson.decode(ARGV[4])) do
   local job = job_prefix .. r[2]
   local first, last = pos, pos + r[5] - 1
   pos = pos + r[5]
-  if redis.call('EXISTS', claim) == 1 then
+  local flag = taken(claim, r[6], r[7])
+  if flag then
+    out[i] = flag
+  elseif redis.call('EXISTS', job) == 1 then
+    redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
     out[i] = SENT
   else
-    local prev = r[6] and redis.pcall('GET', r[6])
-    if type(prev) == 'table' then
-      out[i] = WRONGTYPE  -- an error reply: a GET of a string answers a string or false
-    elseif r[6] and (prev or '') ~= r[7] then
-      out[i] = BUSY
-    elseif redis.call('EXISTS', job) == 1 then
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      out[i] = SENT
-    else
-      redis.call('HSET', job, unpack(ARGV, first, last))
-      if r[4] > 0 then
-        redis.call('EXPIRE', job, r[4])
-      end
-      redis.call('RPUSH', queue, r[2])
-      redis.call('SET', claim, 's|' .. r[2], 'PX', r[3])
-      if r[6] then
-        redis.call('SET', r[6], r[8], 'PX', r[9])
-      end
-      added = true
-      out[i] = NEW
+    redis.call('HSET', job, unpack(ARGV, first, last))
+    if r[4] > 0 then
+      redis.call('EXPIRE', job, r[4])
     end
+    redis.call('RPUSH', queue, r[2])
+    added = true
+    out[i] = claimed(claim, r[2], r[3], r[6], r[8], r[9])
   end
 end
 if added then

@@ -23,24 +23,13 @@
 -- that loop may fail: the keys every task shares (lists, binding sets) are type-checked before
 -- the first claim, a task's own keys are read with redis.pcall (one of another type fails that
 -- task alone), and SET never fails on a key's type. A claim never exists without its message.
-local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
-local function wrong(key, want)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= want and kind ~= 'none' then
-    return 'WRONGTYPE ' .. key .. ' is a ' .. kind .. ', not a ' .. want
-  end
-  return nil
-end
+--#include periodic_manager.targets.redis:prelude.lua
 local claim_prefix = ARGV[1]
 local meta = cjson.decode(ARGV[2])
 local blob = ARGV[3]
 local stale = tonumber(ARGV[4])
 local ahead = 1000
 local clock = nil
--- Whether a redis.pcall reply is an error (a key of another type).
-local function failed(reply)
-  return type(reply) == 'table' and reply.err ~= nil
-end
 -- A claim that is already there: SENT, RESEND (pending and abandoned) or ELSEWHERE (pending
 -- and recent).
 local function held(value)
@@ -57,8 +46,8 @@ end
 for _, d in ipairs(meta.d) do
   for _, key in ipairs({d[2], d[4]}) do
     if key ~= '' then
-      local err = wrong(key, 'set')
-      if err then return redis.error_reply(err) end
+      local refused = refusal(key, 'set')
+      if refused then return refused end
     end
   end
 end
@@ -88,8 +77,8 @@ for i, d in ipairs(meta.d) do
     table.sort(found)
   end
   for _, list in ipairs(found) do
-    local err = wrong(list, 'list')
-    if err then return redis.error_reply(err) end
+    local refused = refusal(list, 'list')
+    if refused then return refused end
   end
   lists[i] = found
 end
@@ -108,14 +97,7 @@ for i, t in ipairs(meta.t) do
     elseif value then
       flag = held(value)
     else
-      local prev = redis.pcall('GET', t[6])
-      if failed(prev) then
-        flag = WRONGTYPE
-      elseif (prev or '') ~= t[7] then
-        flag = BUSY
-      else
-        flag = NEW
-      end
+      flag = changed(t[6], t[7]) or NEW
     end
     if flag == NEW or flag == RESEND then
       redis.call('SET', claim, sent, 'PX', t[3])

@@ -20,15 +20,11 @@
 -- A claim is re-taken with the row's TTL (never KEEPTTL: a claim without one would live forever).
 -- A script is atomic, not transactional: the keys are read with redis.pcall and SET never fails
 -- on a key's type, so no command fails once the first claim is written.
-local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
+--#include prelude.lua
 local prefix, owner, stale = ARGV[1], ARGV[3], tonumber(ARGV[4])
 local ahead = 1000
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Whether a redis.pcall reply is an error (a key of another type).
-local function failed(reply)
-  return type(reply) == 'table' and reply.err ~= nil
-end
 local out = {}
 for i, row in ipairs(cjson.decode(ARGV[2])) do
   local key = prefix .. row[1]
@@ -38,15 +34,7 @@ for i, row in ipairs(cjson.decode(ARGV[2])) do
   if failed(value) then
     flag = WRONGTYPE
   elseif not value then
-    flag = NEW
-    if row[4] then
-      local prev = redis.pcall('GET', row[4])
-      if failed(prev) then
-        flag = WRONGTYPE
-      elseif (prev or '') ~= row[5] then
-        flag = BUSY
-      end
-    end
+    flag = changed(row[4], row[5]) or NEW
   elseif string.sub(value, 1, 2) ~= 'p|' then
     flag = SENT
   else

@@ -11,16 +11,7 @@
 -- A script is atomic but not transactional: if a command fails half-way, earlier effects stay.
 -- So the stream's type is checked first, and a task's claim is written only after its XADD
 -- succeeded: a claim never exists without its message.
-local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
-local stream = KEYS[1]
-local kind = redis.call('TYPE', stream)['ok']
-if kind ~= 'stream' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. stream .. ' is a ' .. kind .. ', not a stream')
-end
-local maxlen = tonumber(ARGV[1])
-local claim_prefix = ARGV[2]
-local enqueued_at = ARGV[3]
-local tasks = cjson.decode(ARGV[4])
+--#include stream_args.lua
 local out = {}
 for i = 1, #tasks do
   local t = tasks[i]

@@ -10,16 +10,7 @@
 -- added, nothing claimed); the state is queued, running, finished or none, prefixed with
 -- "timeout:" when an unfinished previous message counted as finished because it was older than
 -- the overlap timeout.
-local SENT, NEW, BUSY, RESEND, ELSEWHERE, UNROUTABLE, WRONGTYPE = 0, 1, 2, 3, 4, 5, 6
-local stream = KEYS[1]
-local kind = redis.call('TYPE', stream)['ok']
-if kind ~= 'stream' and kind ~= 'none' then
-  return redis.error_reply('WRONGTYPE ' .. stream .. ' is a ' .. kind .. ', not a stream')
-end
-local maxlen = tonumber(ARGV[1])
-local claim_prefix = ARGV[2]
-local enqueued_at = ARGV[3]
-local tasks = cjson.decode(ARGV[4])
+--#include stream_args.lua
 local group = ARGV[5]
 local prev_prefix = ARGV[6]
 local now_ms = tonumber(ARGV[7])

@@ -4,9 +4,9 @@ One row per slot sent to an HTTP receiver, unique on the idempotency key: pendin
 ``next_attempt_at``, leased by the manager delivering it), done (the receiver answered 2xx) or
 dead (attempts or age exhausted, or a permanent answer: the dead letters, replayable).
 
-Revision ID: 0027_http_deliveries
-Revises: 0026_clock_offset
-Create Date: 2026-12-16 09:00:00+00:00
+Revision ID: 0028_http_deliveries
+Revises: 0027_run_reason
+Create Date: 2026-12-17 09:00:00+00:00
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from alembic import op
 
 from periodic_manager.migrations import dialect
 
-revision: str = "0027_http_deliveries"
-down_revision: str | None = "0026_clock_offset"
+revision: str = "0028_http_deliveries"
+down_revision: str | None = "0027_run_reason"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
