@@ -28,7 +28,7 @@ MEDIA_TYPES = {
 }
 # Every URL the dashboard answers; anything else under /ui is the shell with a 404 status.
 PAGES = re.compile(
-    r"/ui(/|/schedules/?|/schedules/new|/schedules/[0-9]{1,18}(/edit)?|/managers|/calendars)?"
+    r"/ui(/|/schedules/?|/schedules/new|/schedules/[0-9]{1,18}(/edit)?|/managers|/calendars|/dead-letters)?"
 )
 # frame-ancestors 'none' (and X-Frame-Options) are added to every HTML answer by api.guard.NoFraming.
 CSP = (

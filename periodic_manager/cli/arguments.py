@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from periodic_manager.cli import dead_letters
 from periodic_manager.settings import Settings
 
 if TYPE_CHECKING:
@@ -50,6 +51,10 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
         "send every slot of a schedule in [--from, --to) that was never sent, once, paced",
         (*_DB, *_TARGET, "--grace", *_LOG),
     ),
+    "dead-letters": (
+        "list, replay or purge the http target's dead letters",
+        (*_DB, *_LOG),
+    ),
 }
 
 
@@ -69,6 +74,7 @@ def add_commands(sub: Subparsers) -> None:
     _add_next(sub)
     _add_files(subs["import"], subs["export"])
     _add_backfill(subs["backfill"])
+    dead_letters.add_arguments(subs["dead-letters"])
     _add_health(sub)
 
 

@@ -78,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from periodic_manager.cli.files import run_backfill
 
             return run_backfill(args, settings)
+        if command == "dead-letters":
+            from periodic_manager.cli.dead_letters import run
+
+            return run(args, settings)
         if command == "manager":
             return asyncio.run(_run_manager(settings))
         return _serve(settings, role=command)

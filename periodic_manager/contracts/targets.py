@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from periodic_manager.contracts.clock import Clock
 from periodic_manager.schedules.rules import canonical_json
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "Pingable",
     "InManagerDatabase",
     "Forgetful",
+    "WorksBeside",
+    "CountsDeliveries",
     "StagedTarget",
     "AnnouncedEntry",
     "EntryAnnouncer",
@@ -278,6 +281,28 @@ class Forgetful(Protocol):
     async def forgotten(self) -> list[str]:
         """The brokers (described for a log line) that lost their data since the previous call;
         raises TargetError when one cannot be asked."""
+        ...
+
+
+@runtime_checkable
+class WorksBeside(Protocol):
+    """A target with work of its own beside the manager's (the http target delivers the rows
+    its sends wrote): the manager runs it as one of its supervised loops."""
+
+    async def run_beside(self, clock: Clock, owner: str) -> None:
+        """Run until cancelled, reading time from ``clock``; ``owner`` names the manager (a
+        lease holder). Returning or raising while the manager runs is its failure."""
+        ...
+
+
+@runtime_checkable
+class CountsDeliveries(Protocol):
+    """A target whose work beside the manager delivers tasks (the http target): what its
+    deliveries came to in this manager, for the metrics."""
+
+    def delivery_counts(self) -> Mapping[str, int]:
+        """Deliveries by outcome since start: ``done``, ``retried`` (an attempt that failed and
+        will be tried again), ``dead`` (a dead letter)."""
         ...
 
 

@@ -37,6 +37,7 @@ from periodic_manager.schedules.rules import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PendingJson,
     TargetSet,
+    refuse_foreign_options,
     target_refusal,
     validate_target,
 )
@@ -101,7 +102,8 @@ def task_check(targets: Collection[str]) -> TaskCheck | None:
     ``options.target``, else the default) refuses its task whenever it is sent
     (:func:`~periodic_manager.schedules.rules.validate_task`); None when none of ``targets``
     declares a rule (nothing to ask per row)."""
-    if not isinstance(targets, TargetSet) or not task_rules.has_rules(targets):
+    foreign = any(set(by) & set(targets) for by in task_rules.target_options().values())
+    if not isinstance(targets, TargetSet) or not (task_rules.has_rules(targets) or foreign):
         return None
     # validate_task's verdict, for less: asked for every row of a full read.
     rules = {name: rule for name in targets if (rule := task_rules.rule_of(name)) is not None}
@@ -109,6 +111,7 @@ def task_check(targets: Collection[str]) -> TaskCheck | None:
 
     def check(task_type: str, payload_json: str, options: Mapping[str, Any]) -> None:
         name = options.get("target")
+        refuse_foreign_options(options, targets[0] if name is None else name, targets)
         rule = default if name is None else rules.get(name)
         if rule is not None and (problem := rule(task_type, payload_json, options)) is not None:
             raise target_refusal(targets[0] if name is None else name, problem)

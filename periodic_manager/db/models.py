@@ -402,3 +402,34 @@ runs_table = Table(
     Index("ix_pm_runs_at", "at"),
     sqlite_autoincrement=True,
 )
+
+
+# A slot the http target is delivering (or delivered, or gave up on: ``state`` pending, done,
+# dead). Unique on the idempotency key: a second send of a slot (another manager, a restart)
+# finds the row, so each slot is one delivery. The deliverer of any manager claims due rows with
+# a lease (``locked_by``, ``locked_until``); dead rows are the dead letters. Written only by
+# ``db/http_deliveries.py``.
+http_deliveries_table = Table(
+    "pm_http_deliveries",
+    metadata,
+    _serial_id(),
+    Column("idempotency_key", String(300), nullable=False, unique=True),
+    _name(nullable=False),  # the schedule's
+    _at("slot_at", nullable=False),
+    Column("host", String(300), nullable=False),  # the URL's host:port (pacing per host)
+    Column("request", LongText, nullable=False),  # JSON: url, method, headers, secret, policy
+    Column("body", LongText, nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    _at("created_at", nullable=False),
+    _at("next_attempt_at", nullable=False),
+    Column("locked_by", String(64), nullable=True),
+    _at("locked_until", nullable=True),
+    Column("last_status", Integer, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("last_body", Text, nullable=True),  # an excerpt of the last response
+    _at("finished_at", nullable=True),
+    Index("ix_pm_http_deliveries_due", "state", "next_attempt_at"),
+    Index("ix_pm_http_deliveries_name_id", "name", "id"),
+    sqlite_autoincrement=True,
+)

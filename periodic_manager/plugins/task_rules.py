@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from periodic_manager.plugins import installed
@@ -60,6 +61,17 @@ def rule_of(target: str) -> TaskRule | None:
         rule = installed.load(path)
     _loaded[target] = rule
     return rule
+
+
+@cache
+def target_options() -> dict[str, tuple[str, ...]]:
+    """The option keys each installed target declares it reads besides the core's, by key
+    (a key two targets declare names both)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for name in installed.names():
+        for key in getattr(installed.declared(name), "options", ()):
+            found[key] = (*found.get(key, ()), name)
+    return found
 
 
 def has_rules(targets: Any) -> bool:

@@ -21,7 +21,7 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from periodic_manager.contracts import Forgetful, failure_off
+from periodic_manager.contracts import Forgetful, WorksBeside, failure_off
 from periodic_manager.engine.entry import ScheduledEntry
 from periodic_manager.errors import ConfigError, NotFoundError, cause
 from periodic_manager.runtime.manager_parts import ManagerParts, new_manager_id
@@ -87,6 +87,8 @@ class PeriodicTaskManager(ManagerParts):
             self.tasks.spawn(self.failures.run(), "failure-watch")
         if self.announcer is not None:
             self.tasks.spawn(self.announcer.run(), "entry-announcer")
+        if isinstance(self.target, WorksBeside):
+            self.tasks.spawn(self.target.run_beside(self.clock, self.manager_id), "target-work")
         if self.target_health is not None and self.target_health.targets:
             self.tasks.spawn(self.target_health.run(), "target-pings")
         log.info(

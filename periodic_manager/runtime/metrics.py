@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from periodic_manager.contracts import SENT, SLOT_REASONS, RunRecord
+from periodic_manager.contracts import SENT, SLOT_REASONS, CountsDeliveries, RunRecord
 from periodic_manager.runtime.histogram import Histogram
 from periodic_manager.runtime.schedule_series import ScheduleSeries
 
@@ -55,6 +55,14 @@ LATENESS_BUCKETS_S = (
 )
 SYNC_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 UNKNOWN_QUEUE = "unknown"
+# What a target's own deliveries came to in this manager (contracts.CountsDeliveries: the http
+# target's done, retried and dead; dead ones are the dead letters).
+_DELIVERIES = (
+    f"{PREFIX}_target_deliveries",
+    "deliveries a target made beside the manager, by outcome (done, retried, dead: a dead letter)",
+    None,
+    ["outcome"],
+)
 
 
 # What a schedule's runs are counted by: its queue and target, and whether it opted in to series
@@ -243,6 +251,7 @@ class ManagerMetrics:
             yield CounterMetricFamily(f"{PREFIX}_{name}", text)
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text)
+        yield CounterMetricFamily(*_DELIVERIES)
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -291,6 +300,12 @@ class ManagerMetrics:
         }
         for name, text in _GAUGES.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", text, value=values[name])
+        deliveries = CounterMetricFamily(*_DELIVERIES)
+        sender = getattr(m, "target", None)
+        if isinstance(sender, CountsDeliveries):
+            for outcome, n in sorted(sender.delivery_counts().items()):
+                deliveries.add_metric([outcome], float(n))
+        yield deliveries
 
     @staticmethod
     def _counters() -> tuple[

@@ -210,7 +210,9 @@ def checked_options(options: Any, max_bytes: int) -> tuple[dict[str, Any], str]:
     for key, value in options.items():
         check = OPTION_CHECKS.get(key)
         if check is None:
-            known = ", ".join(sorted(OPTION_CHECKS))
+            if key in task_rules.target_options():
+                continue  # a target's own option: its write-time rule judges it (validate_task)
+            known = ", ".join(sorted([*OPTION_CHECKS, *task_rules.target_options()]))
             raise ConfigError(f"options.{key}", f"unknown option (known: {known})")
         try:
             check(value)
@@ -374,9 +376,28 @@ def validate_task(
         return
     name = options.get("target")
     chosen = name if isinstance(name, str) else next(iter(configured))
+    refuse_foreign_options(options, chosen, configured)
     rule = task_rules.rule_of(chosen)
     if rule is not None and (problem := rule(task_type, payload_json, options)) is not None:
         raise target_refusal(chosen, problem)
+
+
+def refuse_foreign_options(
+    options: Mapping[str, Any], target: str, configured: Collection[str]
+) -> None:
+    """Refuse an option that a target of the deployment (``configured``) declares, on a
+    schedule of another target (``options.url`` of the http target on one sent to Redis):
+    nothing would read it. (Where no configured target declares it, the key is no typo, and
+    nothing reads it either: it is let through, as a row of another deployment.)"""
+    declared = task_rules.target_options()
+    for key in options:
+        if key in declared and target not in declared[key] and set(declared[key]) & set(configured):
+            raise ConfigError(
+                f"options.{key}",
+                f"only the {', '.join(declared[key])} target reads it, and this schedule's "
+                f"target is {target}",
+                code=TARGET_REFUSES,
+            )
 
 
 def target_refusal(target: str, problem: task_rules.TaskProblem) -> ConfigError:

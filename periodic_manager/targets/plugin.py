@@ -21,6 +21,8 @@ What a plugin declares (docs/targets.md walks through writing one):
   skip and hold) or failed (``options.pause_after_failures``), None when it can;
 * ``task_problem``: its write-time rule, ``"module:function"`` (see
   :mod:`periodic_manager.plugins.task_rules`), imported on the first question;
+* ``options``: the keys of a schedule's ``options`` it reads besides the core's (their values
+  are judged by its ``task_problem``; another target's schedule may not set them);
 * ``library``: the optional library it needs, and how to install it;
 * ``refuse``: a setting it cannot run with (the field at fault and why), checked at start.
 
@@ -122,5 +124,6 @@ class TargetPlugin(Generic[S]):
     completion: Callable[[S], str | None] = can_tell
     failure: Callable[[S], str | None] = can_tell
     task_problem: str | None = None
+    options: tuple[str, ...] = ()
     library: Library | None = None
     refuse: Callable[[S], Refusal | None] = refuses_nothing

@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from periodic_manager.contracts import (
+    Clock,
+    CountsDeliveries,
     EnqueueResult,
     FailureSignal,
     Forgetful,
@@ -22,6 +24,7 @@ from periodic_manager.contracts import (
     Prepared,
     Target,
     Task,
+    WorksBeside,
     failure_off,
     refused,
 )
@@ -171,6 +174,34 @@ class RoutingTarget:
                 with contextlib.suppress(TargetError):
                     lost += await target.forgotten()
         return lost
+
+    def delivery_counts(self) -> dict[str, int]:
+        """The deliveries of every target that counts some, added up."""
+        total: dict[str, int] = {}
+        for target in self.targets.values():
+            if isinstance(target, CountsDeliveries):
+                for outcome, n in target.delivery_counts().items():
+                    total[outcome] = total.get(outcome, 0) + n
+        return total
+
+    async def run_beside(self, clock: Clock, owner: str) -> None:
+        """The work beside the manager of every target that has some (none: wait for the
+        cancellation); the first to end ends it, as the manager's supervision expects."""
+        works = [
+            asyncio.ensure_future(t.run_beside(clock, owner))
+            for t in self.targets.values()
+            if isinstance(t, WorksBeside)
+        ]
+        if not works:
+            await asyncio.get_running_loop().create_future()
+        try:
+            done, _ = await asyncio.wait(works, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in works:
+                task.cancel()
+            await asyncio.gather(*works, return_exceptions=True)
 
     async def close(self) -> None:
         """Close every target (all of them, even if one fails; the first error is raised)."""

@@ -43,6 +43,7 @@ APP_TABLES = {
     "pm_partitions",
     "pm_partition_members",
     "pm_procrastinate_sent",
+    "pm_http_deliveries",
 }
 
 

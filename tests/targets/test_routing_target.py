@@ -178,7 +178,7 @@ def test_the_manager_check_refuses_a_schedule_naming_an_unconfigured_target() ->
         check(off)
     assert err.value.field == "options.target" and err.value.code == "unconfigured-target"
     with pytest.raises(
-        ConfigError, match="options.target: must be one of arq, asynq, celery, dramatiq, outbox"
+        ConfigError, match="options.target: must be one of arq, .*celery, dramatiq, .*outbox"
     ):
         PeriodicTaskConfig.create(
             name="x", spec="@hourly", task_type="t", options={"target": "sqs"}

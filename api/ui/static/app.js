@@ -9,6 +9,7 @@ import { schedulePage } from "./page-schedule.js";
 import { formPage } from "./page-form.js";
 import { managersPage } from "./page-managers.js";
 import { calendarsPage } from "./page-calendars.js";
+import { deadLettersPage } from "./page-dead-letters.js";
 
 // Each page gets `ready`, a promise of the caller's identity: pages fetch their data while the
 // token is checked and wait for it only before drawing (write buttons depend on it).
@@ -20,6 +21,7 @@ const ROUTES = [
   [/^\/ui\/schedules\/(\d+)\/edit$/, "schedules", (m, ready) => formPage(Number(m[1]), ready)],
   [/^\/ui\/managers$/, "managers", (m, ready) => managersPage(ready)],
   [/^\/ui\/calendars$/, "calendars", (m, ready) => calendarsPage(ready)],
+  [/^\/ui\/dead-letters$/, "dead-letters", (m, ready) => deadLettersPage(ready)],
 ];
 
 // Who the caller is: {auth, can_write}. Asks for the token while the API answers 401.
