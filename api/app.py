@@ -52,6 +52,22 @@ DESCRIPTION = (
 )
 
 
+# The route modules, in the order their paths are documented.
+ROUTES = (
+    schedules,
+    calendars,
+    runs,
+    changes,
+    entries,
+    managers,
+    dead_letters,
+    cron,
+    health,
+    docs,
+    views,
+)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -111,19 +127,7 @@ def create_app(
     app.add_middleware(BrowserGuard, settings=settings)
     app.add_middleware(NoFraming)
     app.add_middleware(UnsentAnswers)
-    for module in (
-        schedules,
-        calendars,
-        runs,
-        changes,
-        entries,
-        managers,
-        dead_letters,
-        cron,
-        health,
-        docs,
-        views,
-    ):
+    for module in ROUTES:
         app.include_router(module.router)
     app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
