@@ -63,37 +63,31 @@ def unique_key(queue: str, task_type: str, payload: bytes) -> str:
     return f"{queue_prefix(queue)}unique:{task_type}:{checksum}"
 
 
-def extra_seconds(options: Mapping[str, Any], key: str) -> float | None:
-    """``options.extra.<key>`` (a number of seconds, > 0 and at most 366 days), or None when
-    unset; ValueError naming the field when it is anything else."""
-    extra = options.get("extra")
-    value = extra.get(key) if isinstance(extra, dict) else None
+def _duration(value: Any, field: str) -> float | None:
+    """``value`` as a number of seconds > 0 and at most 366 days, or None when unset;
+    ValueError naming ``field`` when it is anything else."""
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= MAX_DURATION_S
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        value = math.nan
+    if not 0 < value <= MAX_DURATION_S:
         raise ValueError(
-            f"options.extra.{key} must be a number of seconds > 0 and at most {MAX_DURATION_S} "
-            "(366 days)"
+            f"{field} must be a number of seconds > 0 and at most {MAX_DURATION_S} (366 days)"
         )
     return float(value)
 
 
+def extra_seconds(options: Mapping[str, Any], key: str) -> float | None:
+    """``options.extra.<key>`` (a number of seconds, > 0 and at most 366 days), or None when
+    unset; ValueError naming the field when it is anything else."""
+    extra = options.get("extra")
+    return _duration(extra.get(key) if isinstance(extra, dict) else None, f"options.extra.{key}")
+
+
 def _seconds(options: Mapping[str, Any], key: str) -> int | None:
     """``options.<key>`` (checked by the common rules) in whole seconds, rounded up."""
-    value = options.get(key)
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 < value <= MAX_DURATION_S
-    ):
-        raise ValueError(f"options.{key} must be a number of seconds > 0")
-    return math.ceil(value)
+    value = _duration(options.get(key), f"options.{key}")
+    return None if value is None else math.ceil(value)
 
 
 @dataclass(frozen=True, slots=True)
