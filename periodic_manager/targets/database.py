@@ -1,16 +1,17 @@
-"""What the targets that write into a database (the outbox, procrastinate) share: their engine
-(the manager's, or one of their own from a URL), one transaction per batch (``prepare`` the
-rows, then ``send`` them), whether they write into the manager's own database, and the close."""
+"""What the targets that write into a database (the outbox, procrastinate, http) share: their
+engine (the manager's, or one of their own from a URL), one transaction per batch (``prepare``
+the rows, then ``send`` them), whether they write into the manager's own database, the close,
+and how a batch's rows become its results (:func:`batch_results`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Self
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from periodic_manager.contracts import EnqueueResult, Prepared, Task
+from periodic_manager.contracts import EnqueueResult, Prepared, Task, refused
 from periodic_manager.db.engine import create_engine
 from periodic_manager.errors import TargetError
 
@@ -56,3 +57,31 @@ class DatabaseTarget:
         """Dispose of the engine if this target created it (:meth:`from_url`)."""
         if self._owns_engine:
             await self._engine.dispose()
+
+
+def batch_results(
+    tasks: Sequence[Task],
+    refusals: Mapping[int, str],
+    decided: Mapping[int, EnqueueResult],
+    inserted: Mapping[str, object],
+    existing: Mapping[str, object],
+) -> list[EnqueueResult]:
+    """The results of a batch written into a database, in input order: the tasks refused
+    (``refusals``: why), those decided alone (``decided``: options.overlap), then each key
+    ``inserted`` now (its row's id: enqueued, once; a key repeated within the batch is new once,
+    then a duplicate of that row) or found there already (``existing``: duplicate)."""
+    ids = dict(existing)
+    new = dict(inserted)
+    results = []
+    for index, task in enumerate(tasks):
+        if index in refusals:
+            results.append(refused(task, refusals[index]))
+        elif index in decided:
+            results.append(decided[index])
+        elif (row := new.pop(task.idempotency_key, None)) is not None:
+            ids[task.idempotency_key] = row
+            results.append(EnqueueResult(task, "enqueued", str(row)))
+        else:
+            found = ids.get(task.idempotency_key)
+            results.append(EnqueueResult(task, "duplicate", None if found is None else str(found)))
+    return results

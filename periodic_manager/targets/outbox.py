@@ -45,13 +45,12 @@ from periodic_manager.contracts import (
     Prepared,
     Previous,
     Task,
-    refused,
 )
 from periodic_manager.db.engine import backend
 from periodic_manager.db.models import outbox_table
 from periodic_manager.errors import TargetError
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
-from periodic_manager.targets.database import DatabaseTarget
+from periodic_manager.targets.database import DatabaseTarget, batch_results
 
 # Rows per INSERT: 10 bind parameters a row stays far below the limits of asyncpg (32767) and
 # SQLite (32766), so a burst of 10,000 slots is a few statements in one transaction.
@@ -134,25 +133,7 @@ class OutboxTarget(DatabaseTarget):
                         await conn.execute(_MY_UNLOCK)
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
             raise TargetError(f"outbox: {type(exc).__name__}: {exc}") from exc
-        results = []
-        for index, task in enumerate(tasks):
-            key = task.idempotency_key
-            if index in refusals:
-                results.append(refused(task, refusals[index]))
-                continue
-            if index in decided:
-                results.append(decided[index])
-                continue
-            seq = inserted.pop(key, None)
-            if seq is not None:
-                # A key repeated within the batch is new once, then a duplicate of that row.
-                existing[key] = seq
-                results.append(EnqueueResult(task, "enqueued", str(seq)))
-            else:
-                seq = existing.get(key)
-                message_id = str(seq) if seq is not None else None
-                results.append(EnqueueResult(task, "duplicate", message_id))
-        return results
+        return batch_results(tasks, refusals, decided, inserted, existing)
 
     async def _insert_after(
         self, conn: AsyncConnection, task: Task, row: dict[str, Any], now: datetime

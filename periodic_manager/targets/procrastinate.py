@@ -49,14 +49,13 @@ from periodic_manager.contracts import (
     Prepared,
     Previous,
     Task,
-    refused,
 )
 from periodic_manager.errors import TargetError
 from periodic_manager.plugins.task_rules import TaskProblem
 from periodic_manager.schedules.failures import FAILED, PENDING, SUCCEEDED, UNKNOWN
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
 from periodic_manager.targets.builtin.procrastinate import POSTGRESQL_ONLY
-from periodic_manager.targets.database import DatabaseTarget
+from periodic_manager.targets.database import DatabaseTarget, batch_results
 
 NAME_MAX = 128  # procrastinate_jobs.queue_name and task_name: character varying(128)
 PRUNE_ROWS = 1000  # expired keys deleted per batch sent
@@ -196,26 +195,7 @@ class ProcrastinateTarget(DatabaseTarget):
                 await conn.execute(_PRUNE, {"now": now})
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
             raise TargetError(f"procrastinate: {type(exc).__name__}: {exc}") from exc
-        results = []
-        for index, task in enumerate(tasks):
-            if index in failed:
-                results.append(refused(task, failed[index]))
-                continue
-            if index in decided:
-                results.append(decided[index])
-                continue
-            key = task.idempotency_key
-            job_id = inserted.pop(key, None)
-            if job_id is not None:
-                # A key repeated within the batch is new once, then a duplicate of that job.
-                existing[key] = job_id
-                results.append(EnqueueResult(task, "enqueued", str(job_id)))
-            else:
-                found = existing.get(key)
-                results.append(
-                    EnqueueResult(task, "duplicate", str(found) if found is not None else None)
-                )
-        return results
+        return batch_results(tasks, failed, decided, inserted, existing)
 
     async def _send_after(
         self, conn: AsyncConnection, task: Task, row: tuple[Any, ...], now: datetime

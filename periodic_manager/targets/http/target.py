@@ -30,7 +30,6 @@ from periodic_manager.contracts import (
     Prepared,
     Previous,
     Task,
-    refused,
 )
 from periodic_manager.db.http_deliveries import DEAD, DONE, PENDING, DeliveryStore
 from periodic_manager.errors import TargetError
@@ -39,6 +38,7 @@ from periodic_manager.schedules.failures import PENDING as OUTCOME_PENDING
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.schedules.rules import canonical_json
 from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
+from periodic_manager.targets.database import batch_results
 from periodic_manager.targets.http.config import HttpConfig
 from periodic_manager.targets.http.options import request_of
 
@@ -119,22 +119,9 @@ class HttpTarget:
             self.wake.set()
         if any(new for _, new in ids.values()):
             self.wake.set()
-        results = []
-        seen: set[str] = set()
-        for index, task in enumerate(tasks):
-            if index in refusals:
-                results.append(refused(task, refusals[index]))
-                continue
-            if index in decided:
-                results.append(decided[index])
-                continue
-            key = task.idempotency_key
-            found = ids.get(key)
-            fresh = found is not None and found[1] and key not in seen
-            seen.add(key)
-            message_id = str(found[0]) if found is not None and found[0] else None
-            results.append(EnqueueResult(task, "enqueued" if fresh else "duplicate", message_id))
-        return results
+        inserted = {key: row for key, (row, fresh) in ids.items() if fresh}
+        existing = {key: row for key, (row, fresh) in ids.items() if not fresh}
+        return batch_results(tasks, refusals, decided, inserted, existing)
 
     async def _send_held(self, task: Task, row: dict[str, Any]) -> EnqueueResult:
         """A task of a schedule with ``options.overlap`` skip or hold: sent only once its
