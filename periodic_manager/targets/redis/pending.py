@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -34,6 +35,18 @@ from periodic_manager.targets.redis.flags import BUSY, ELSEWHERE, NEW, RESEND, S
 from periodic_manager.targets.redis.previous import Decided, PreviousTasks
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Call:
+    """One :meth:`PendingPublisher.send`: its tasks, their results (set as they are known), its
+    instant, the options.overlap decision read first and the messages built at that instant."""
+
+    tasks: Sequence[Task]
+    results: list[EnqueueResult | None]
+    now: datetime
+    decided: Decided | None = None
+    messages: dict[int, Any] = field(default_factory=dict)
 
 
 class PendingWay:
@@ -70,14 +83,15 @@ class PendingWay:
         What is claimed is published at once; slots another publisher holds pending are asked
         for again meanwhile, each published once free, and reported failed if still held after
         :meth:`~periodic_manager.targets.redis.claims.RedisClaims.until_free`'s wait."""
+        call = _Call(tasks, results, now)
         # Built at the instant (Celery's send_task counts a relative expiry from its own clock).
-        messages = {index: self.build(tasks[index], now) for index in indices}
+        call.messages = {index: self.build(tasks[index], now) for index in indices}
         # options.overlap: the previous tasks are read first (the result backend may fail), so
         # that nothing is claimed before a read that fails.
-        decided = await self._read(tasks, indices, results, now)
+        call.decided = await self._read(call, indices)
 
         async def claim_and_publish(ask: list[int]) -> list[int]:
-            return await self._round(tasks, ask, results, now, decided, messages)
+            return await self._round(call, ask)
 
         free = [i for i in indices if results[i] is None]
         for index in await self.claims.until_free(claim_and_publish, free):
@@ -85,27 +99,20 @@ class PendingWay:
                 tasks[index], "failed", error=self.claims.held_error(self.name)
             )
 
-    async def _round(
-        self,
-        tasks: Sequence[Task],
-        indices: list[int],
-        results: list[EnqueueResult | None],
-        now: datetime,
-        decided: Decided | None,
-        messages: dict[int, Any],
-    ) -> list[int]:
+    async def _round(self, call: _Call, indices: list[int]) -> list[int]:
         """Claim the tasks of ``indices``, publish those claimed and settle them; returns those
         another publisher holds pending (ask again). Raises as :meth:`send`."""
         publish: list[int] = []  # claimed, in order
         resend: set[int] = set()  # of those: pending claims taken again (published again)
+        tasks, results, decided = call.tasks, call.results, call.decided
         try:
-            held = await self._claim(tasks, indices, results, now, decided, publish, resend)
+            held = await self._claim(call, indices, publish, resend)
             if not publish:
                 return held
-            job = self.publisher.start([messages[index] for index in publish])
+            job = self.publisher.start([call.messages[index] for index in publish])
         except BaseException:
             # Nothing of this round was published: free the claims it took.
-            await asyncio.shield(self._unclaim(tasks, publish, resend, decided))
+            await asyncio.shield(self._unclaim(call, publish, resend))
             raise
         try:
             taken, unknown, error = await self.publisher.wait(job)
@@ -113,7 +120,7 @@ class PendingWay:
             # The manager is stopping: publish nothing more, and free the slots not started so
             # that a standby or a restart may send them.
             taken, unknown = self.publisher.stop(job)
-            await asyncio.shield(self._settle(tasks, publish, taken, unknown, decided))
+            await asyncio.shield(self._settle(call, publish, taken, unknown))
             raise
         for index in publish[:taken]:
             status: Literal["enqueued", "resent"] = "resent" if index in resend else "enqueued"
@@ -121,7 +128,7 @@ class PendingWay:
             if decided is not None and index in decided.written:
                 result.previous = decided.previous.get(index)
             results[index] = result
-        await self._settle(tasks, publish, taken, unknown, decided)
+        await self._settle(call, publish, taken, unknown)
         if error is None:
             return held
         unconfirmed = f" ({unknown} unconfirmed, published again by a retry)" if unknown else ""
@@ -129,41 +136,30 @@ class PendingWay:
             f"{self.name}: published {taken} of {len(publish)} task(s){unconfirmed}: {error}"
         ) from error
 
-    async def _read(
-        self,
-        tasks: Sequence[Task],
-        indices: list[int],
-        results: list[EnqueueResult | None],
-        now: datetime,
-    ) -> Decided | None:
+    async def _read(self, call: _Call, indices: list[int]) -> Decided | None:
         """options.overlap: the decision of the tasks of ``indices`` that ask for one (None if
         none does); those not to send (duplicate, busy) get their result. Writes nothing."""
+        tasks = call.tasks
         after = [i for i in indices if overlap_of(tasks[i]) != "allow"]
         if not after:
             return None
         assert self.previous is not None
-        decided = await self.previous.read(tasks, after, now, flag="0")
+        decided = await self.previous.read(tasks, after, call.now, flag="0")
         for index, result in decided.results.items():
-            results[index] = result
+            call.results[index] = result
         return decided
 
     async def _claim(
-        self,
-        tasks: Sequence[Task],
-        indices: list[int],
-        results: list[EnqueueResult | None],
-        now: datetime,
-        decided: Decided | None,
-        publish: list[int],
-        resend: set[int],
+        self, call: _Call, indices: list[int], publish: list[int], resend: set[int]
     ) -> list[int]:
         """Take the pending claims of the tasks of ``indices`` in one call (with the
         compare-and-set of their previous-task keys, for those ``decided`` holds): the claimed
         ones join ``publish`` (and ``resend``), duplicates, busy tasks and keys of another type
         get their result. Returns those another publisher holds pending (ask again)."""
-        written = decided.written if decided is not None else {}
+        tasks, results = call.tasks, call.results
+        written = call.decided.written if call.decided is not None else {}
         prevs = [written.get(i) for i in indices]
-        flags = await self.claims.claim([tasks[i] for i in indices], now, prevs)
+        flags = await self.claims.claim([tasks[i] for i in indices], call.now, prevs)
         held = []
         for index, flag in zip(indices, flags, strict=True):
             task = tasks[index]
@@ -185,13 +181,12 @@ class PendingWay:
                 results[index] = refused(task, wrong_type(self.name, *keys))
         return held
 
-    async def _unclaim(
-        self, tasks: Sequence[Task], publish: list[int], resend: set[int], decided: Decided | None
-    ) -> None:
+    async def _unclaim(self, call: _Call, publish: list[int], resend: set[int]) -> None:
         """Free the claims this call took for tasks it never published, and put back their
         previous-task keys. A claim taken again to publish again stays pending: it was maybe
         published before (a retry publishes it, as resent)."""
         new = [i for i in publish if i not in resend]
+        tasks, decided = call.tasks, call.decided
         try:
             await self.claims.release([tasks[i] for i in new])
             if decided is not None and self.previous is not None:
@@ -202,19 +197,13 @@ class PendingWay:
                 "%s: could not free %d claim(s) of unpublished tasks: %s", self.name, len(new), exc
             )
 
-    async def _settle(
-        self,
-        tasks: Sequence[Task],
-        publish: list[int],
-        taken: int,
-        unknown: int,
-        decided: Decided | None,
-    ) -> None:
+    async def _settle(self, call: _Call, publish: list[int], taken: int, unknown: int) -> None:
         """After a publish: the claims of the tasks the broker took become sent, those of tasks
         never started are freed, and one whose outcome is unknown stays pending (a retry
         publishes it again). With overlap, the previous-task keys follow."""
         sent = publish[:taken]
         unsent = publish[taken + unknown :]
+        tasks, decided = call.tasks, call.decided
         try:
             await self.claims.confirm([tasks[i] for i in sent])
             await self.claims.release([tasks[i] for i in unsent])
