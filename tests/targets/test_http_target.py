@@ -359,3 +359,35 @@ async def test_done_deliveries_are_pruned_after_their_retention_dead_ones_stay(
 
 async def states_are(engine: AsyncEngine, wanted: set[str]) -> bool:
     return set((await states(engine)).values()) == wanted
+
+
+async def test_an_attempt_whose_outcome_is_not_written_before_its_lease_ends_is_not_sent_again(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    """The database refuses the write of an attempt's outcome until the row's lease has run
+    out and the deliverer claimed the row again: the answered row is not sent a second time,
+    and its outcome is written once the database takes it."""
+    clock = VirtualClock(START)
+    d = Delivering(engine, clock, "m1")
+    store = d.target.store
+    record = store.record
+    refused_writes = 0
+
+    async def failing_record(owner: str, outcomes: Any) -> None:
+        nonlocal refused_writes
+        if clock.now() < START + timedelta(seconds=120):
+            refused_writes += 1
+            raise OSError("database unreachable")
+        await record(owner, outcomes)
+
+    store.record = failing_record  # type: ignore[method-assign]
+    try:
+        t = task("w.s1", START, receiver.url)
+        await d.target.enqueue([t], clock.now())
+        await until(clock, lambda: receiver.processed.get(t.idempotency_key), step=0.5)
+        await until(clock, lambda: all_in(engine, "done", 1), step=1.0)
+    finally:
+        await d.stop()
+    assert refused_writes > 0
+    assert receiver.answered_ok == {t.idempotency_key: 1}  # one request: not sent again
+    assert len(receiver.requests) == 1

@@ -106,8 +106,13 @@ class Deliverer:
         except Exception as exc:  # the database is down: try again next turn
             log.warning("http deliveries: cannot claim (will retry): %s", exc)
             return False
+        # Attempts whose outcome is not written yet (the database failed the write, or the lease
+        # ran out first): their row is claimed again, but sent again only by what is written.
+        unwritten = {o.id for o in self._outcomes}
         for row in claimed:
             if row.id in self._running:  # its lease ran out while its request is open: ours still
+                continue
+            if row.id in unwritten:
                 continue
             self._claimed[row.host] += 1
             self._running[row.id] = asyncio.ensure_future(self._deliver(client, row))
