@@ -1,0 +1,408 @@
+"""A real, unmodified Go ``asynq.Server`` runs the tasks the asynq target writes; asynq's Inspector
+reads the scheduler entries and the enqueue history the manager publishes.
+
+A fresh PostgreSQL database (on the server of PM_TEST_PG_DSN) is migrated with
+``periodic-manager migrate``; four ``@every 1s`` schedules are inserted (see SCHEDULES: queues,
+max_retry, timeout, extra.deadline, extra.retention, unique_ttl; a JSON payload, a JSON string
+payload, no payload); a ``periodic-manager manager`` process (PM_TARGET=asynq) sends for
+``--seconds`` while the Go worker of examples/asynq_worker serves both queues (the type
+``demo:fail`` always fails: asynq retries it, then archives it). Midway, the worker's ``inspect``
+mode (asynq's Inspector) lists the scheduler entries; after the manager stops and the worker has
+drained, it lists every task by state and each schedule's enqueue history.
+
+Checked: every slot the manager recorded ``enqueued`` in pm_runs was run by the worker exactly
+once (the failing type: max_retry + 1 times, retry counts 0..max_retry), with the expected type,
+payload, queue, max retry and task id (the idempotency key ``<name>:<slot UTC>``); no run of a
+task that was not recorded; the final states (``completed`` with the retention, deleted without
+one, ``archived`` after the retries); the entries (id, spec, type, payload, options, next after
+prev) and the history (one event per task sent). Needs the built worker binary::
+
+    cd examples/asynq_worker && go build -o /tmp/asynq_worker .
+    PM_ASYNQ_WORKER=/tmp/asynq_worker PM_TEST_REDIS_URL=redis://127.0.0.1:6379/2 \\
+        .venv/bin/python bench/asynq_go_check.py [--seconds 15] [--out bench/asynq_go_check.txt]
+
+The Redis database of PM_TEST_REDIS_URL is flushed before and after: give it one of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from tempfile import mkdtemp
+from typing import Any
+
+import asyncpg
+import redis.asyncio as aioredis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from periodic_manager.schedules.definition import idempotency_key  # noqa: E402
+from tests.support.servers import ManagerProcess  # noqa: E402
+
+PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
+REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
+FAIL_TYPE = "demo:fail"
+# name, task type, payload (JSON text in the row), options, the payload bytes asynq should hand
+# the handler (a JSON payload as the manager canonicalizes it: sorted keys, no blanks; a JSON
+# string: its own text; null: none), the final state asynq should leave the task in ("gone": deleted on success).
+SCHEDULES: list[tuple[str, str, str, dict[str, Any], str, str]] = [
+    (
+        "go.plain",
+        "demo:plain",
+        '{"to": "a@example.com", "n": 1}',
+        {"extra": {"retention": 600}},
+        '{"n":1,"to":"a@example.com"}',
+        "completed",
+    ),
+    (
+        "go.mail",
+        "demo:mail",
+        '"hello, asynq"',
+        {
+            "queue": "mail",
+            "max_retry": 3,
+            "timeout": 20,
+            "extra": {"deadline": 60, "retention": 300},
+        },
+        "hello, asynq",
+        "completed",
+    ),
+    (
+        "go.unique",
+        "demo:unique",
+        '{"k": "u"}',
+        {"queue": "mail", "unique_ttl": 30},
+        '{"k":"u"}',
+        "gone",
+    ),
+    ("go.fail", FAIL_TYPE, "null", {"max_retry": 2}, "", "archived"),
+]
+QUEUES = "default,mail"
+# asynq's uniqueness lock of go.unique (asynq:{<queue>}:unique:<type>:<md5 of the payload>),
+# written out here rather than taken from the target, so that the check does not trust it.
+UNIQUE_LOCK = "asynq:{mail}:unique:demo:unique:" + hashlib.md5(b'{"k":"u"}').hexdigest()
+
+
+def worker_binary() -> str:
+    path = os.environ.get("PM_ASYNQ_WORKER", "")
+    if not path or not os.access(path, os.X_OK):
+        sys.exit("PM_ASYNQ_WORKER must name the built examples/asynq_worker binary")
+    return path
+
+
+def inspect(binary: str, redis_url: str, history: str = "") -> dict[str, Any]:
+    """One run of the worker's inspect mode (asynq's Inspector): its JSON document."""
+    args = [binary, "inspect", "-redis", redis_url, "-queues", QUEUES, "-history", history]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True)
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def start_worker(binary: str, runs: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The Go worker serving both queues, its runs as JSON lines in ``runs``, its log in ``log``."""
+    args = ["worker", "-redis", REDIS_URL, "-queues", QUEUES, "-fail", FAIL_TYPE, "-out", str(runs)]
+    with open(log, "wb") as sink:
+        return subprocess.Popen([binary, *args], stdout=sink, stderr=sink)
+
+
+def parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+async def prepare(db: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PM_")}
+    env["PM_DATABASE_URL"] = db
+    cli = Path(sys.executable).parent / "periodic-manager"
+    command = [str(cli), "migrate"]
+    await asyncio.to_thread(subprocess.run, command, env=env, check=True, capture_output=True)
+    conn = await asyncpg.connect(db)
+    try:
+        await conn.executemany(
+            "INSERT INTO periodic_jobs (name, spec, timezone, task_type, payload, options, enabled)"
+            " VALUES ($1, '@every 1s', 'UTC', $2, $3, $4, true)",
+            [(n, t, p, json.dumps(o)) for n, t, p, o, _, _ in SCHEDULES],
+        )
+        return str((await conn.fetchval("SHOW server_version")).split()[0])
+    finally:
+        await conn.close()
+
+
+async def recorded(db: str) -> tuple[dict[str, str], Counter[tuple[str, str]]]:
+    """Task id -> schedule name of every slot recorded ``enqueued``; every outcome counted."""
+    conn = await asyncpg.connect(db)
+    try:
+        rows = await conn.fetch("SELECT name, slot_at, status FROM pm_runs")
+    finally:
+        await conn.close()
+    sent = {
+        idempotency_key(r["name"], r["slot_at"]): r["name"]
+        for r in rows
+        if r["status"] == "enqueued"
+    }
+    return sent, Counter((r["name"], r["status"]) for r in rows)
+
+
+async def drain(client: aioredis.Redis, sent: dict[str, str], seconds: float) -> int:
+    """Wait (bounded) until no task sent is pending, active or waiting for a retry; how many are."""
+    queues = {n: o.get("queue", "default") for n, _, _, o, _, _ in SCHEDULES}
+    deadline = time.monotonic() + seconds
+    while True:
+        busy = 0
+        for task_id, name in sent.items():
+            state = await client.hget(f"asynq:{{{queues[name]}}}:t:{task_id}", "state")
+            busy += state in (b"pending", b"active", b"retry", b"scheduled")
+        if not busy or time.monotonic() > deadline:
+            return busy
+        await asyncio.sleep(1)
+
+
+def check_runs(
+    sent: dict[str, str], runs: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
+) -> tuple[list[list[str]], list[str]]:
+    """Per schedule: slots, runs, ran as expected, duplicates, lost, final states; the mismatches."""
+    spec = {n: (t, p, o, want, final) for n, t, p, o, want, final in SCHEDULES}
+    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        by_id[r["id"]].append(r)
+    errors = [f"run of a task not recorded enqueued: {i}" for i in by_id if i not in sent]
+    rows = []
+    for name, (ttype, _, options, want, final) in spec.items():
+        ids = [i for i, n in sent.items() if n == name]
+        max_retry = options.get("max_retry", 25)
+        expect_runs = max_retry + 1 if ttype == FAIL_TYPE else 1
+        dup = lost = ok = 0
+        states: Counter[str] = Counter()
+        for task_id in ids:
+            got = by_id.get(task_id, [])
+            lost += not got
+            dup += len(got) > expect_runs
+            wire = {(r["type"], r["payload"], r["queue"], r["max_retry"]) for r in got}
+            retries = sorted(r["retry"] for r in got)
+            if wire != {(ttype, want, options.get("queue", "default"), max_retry)}:
+                errors.append(f"{task_id}: ran as {sorted(wire)}")
+            elif retries != list(range(expect_runs)):
+                errors.append(f"{task_id}: retry counts {retries}, want 0..{expect_runs - 1}")
+            else:
+                ok += 1
+            info = tasks.get(task_id)
+            states[info["state"] if info else "gone"] += 1
+            errors.extend(check_final(task_id, info, options, final))
+        total = sum(len(by_id.get(i, [])) for i in ids)
+        shown = ", ".join(f"{s} {c}" for s, c in sorted(states.items()))
+        rows.append([name, str(len(ids)), str(total), str(ok), str(dup), str(lost), shown])
+        if not ids:
+            errors.append(f"{name}: no slot recorded enqueued")
+    return rows, errors
+
+
+def check_final(
+    task_id: str, info: dict[str, Any] | None, options: dict[str, Any], final: str
+) -> list[str]:
+    """The state asynq left the task in, as its Inspector reads it."""
+    state = info["state"] if info else "gone"
+    if state != final:
+        return [f"{task_id}: final state {state}, want {final}"]
+    if info is None:
+        return []
+    errors = []
+    extra = options.get("extra", {})
+    if final == "completed" and info["retention_s"] != extra.get("retention"):
+        errors.append(f"{task_id}: retention {info['retention_s']}")
+    if final == "archived" and (
+        info["retried"] != options["max_retry"] or "failing on purpose" not in info["last_err"]
+    ):
+        errors.append(f"{task_id}: archived with retried {info['retried']}, {info['last_err']!r}")
+    if "timeout" in options and info["timeout_s"] != options["timeout"]:
+        errors.append(f"{task_id}: timeout {info['timeout_s']}")
+    if "deadline" in extra:
+        slot = parse_iso(task_id.split(":", 1)[1])
+        if parse_iso(info["deadline"]) != slot + timedelta(seconds=extra["deadline"]):
+            errors.append(f"{task_id}: deadline {info['deadline']}")
+    return errors
+
+
+def check_entries(entries: list[dict[str, Any]], taken: datetime) -> tuple[list[str], list[str]]:
+    """asynq's SchedulerEntries, read while the manager ran: one per schedule, as published."""
+    by_id = {e["id"]: e for e in entries}
+    lines, errors = [], []
+    for name, ttype, _, _, want, _ in SCHEDULES:
+        e = by_id.get(name)
+        if e is None:
+            errors.append(f"inspector: no scheduler entry {name}")
+            continue
+        nxt, prev = parse_iso(e["next"]), parse_iso(e["prev"]) if e["prev"] else None
+        if e["spec"] != "@every 1s" or e["type"] != ttype or e["payload"] != want:
+            errors.append(f"inspector: entry {name} reads {e['spec']!r} {e['type']!r}")
+        if prev is None or not prev < nxt or abs((nxt - taken).total_seconds()) > 10:
+            errors.append(f"inspector: entry {name} next {e['next']} prev {e['prev']}")
+        lines.append(
+            f"  {name:<10} spec {e['spec']!r}, type {e['type']}, opts [{', '.join(e['opts'])}],"
+            f" prev {e['prev']}, next {e['next']}, {len(e['history'])} events so far"
+        )
+    return lines, errors
+
+
+def check_unique(out: dict[str, Any]) -> list[str]:
+    """go.unique: 30 s lock, 1 s slots. Each slot after the first is only sent if the Go server
+    released the lock the previous task held (asynq deletes it when the task is done): so more
+    than one slot sent within 30 s; a slot whose predecessor was still pending is refused, as
+    asynq's client refuses it (``failed``). No other outcome than ``enqueued`` elsewhere."""
+    errors = []
+    sent = sum(1 for n in out["sent"].values() if n == "go.unique")
+    if sent < 2:
+        errors.append(f"go.unique: {sent} slot(s) sent: the lock was not released by the server")
+    if out["lock_left"]:
+        errors.append(f"{UNIQUE_LOCK} left after every task ran")
+    for (name, status), count in out["outcomes"].items():
+        if status != "enqueued" and (name, status) != ("go.unique", "failed"):
+            errors.append(f"pm_runs: {name} {status} {count}")
+    return errors
+
+
+def check_history(history: dict[str, list[dict[str, Any]]], sent: dict[str, str]) -> list[str]:
+    """asynq's ListSchedulerEnqueueEvents after the stop: one event per task sent, none else."""
+    errors = []
+    for name, *_ in SCHEDULES:
+        got = Counter(ev["task_id"] for ev in history.get(name, []))
+        want = {i for i, n in sent.items() if n == name}
+        if set(got) != want or any(c > 1 for c in got.values()):
+            errors.append(f"history of {name}: {len(got)} task ids, want the {len(want)} sent")
+    return errors
+
+
+async def run(seconds: float, binary: str, tmp: Path) -> dict[str, Any]:
+    name = f"pm_asynqgo_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(f"{PG_DSN}/postgres")
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    db = f"{PG_DSN}/{name}"
+    client = aioredis.from_url(REDIS_URL)
+    await client.flushdb()
+    runs_path = tmp / "runs.jsonl"
+    worker = start_worker(binary, runs_path, tmp / "worker.log")
+    env = {
+        "PM_DATABASE_URL": db,
+        "PM_TARGET": "asynq",
+        "PM_ASYNQ_REDIS_URL": REDIS_URL,
+        "PM_REDIS_URL": REDIS_URL,
+        "PM_STREAM_PREFIX": f"pmgo{uuid.uuid4().hex[:6]}",
+        "PM_LOG_FORMAT": "text",
+    }
+    manager = ManagerProcess(env, tmp / "manager.log")
+    out: dict[str, Any] = {"db": name}
+    try:
+        out["pg"] = await prepare(db)
+        manager.start()
+        await asyncio.sleep(seconds * 0.75)
+        out["live"] = inspect(binary, REDIS_URL)
+        out["live_at"] = datetime.now(UTC)
+        await asyncio.sleep(seconds * 0.25)
+        out["manager_exit"] = manager.stop()
+        out["sent"], out["outcomes"] = await recorded(db)
+        out["busy"] = await drain(client, out["sent"], 60)
+        worker.terminate()
+        out["worker_exit"] = worker.wait(30)
+        out["lock_left"] = await client.exists(UNIQUE_LOCK)
+        out["final"] = inspect(binary, REDIS_URL, ",".join(s[0] for s in SCHEDULES))
+        out["redis"] = (await client.info("server"))["redis_version"]
+        out["runs"] = [json.loads(line) for line in runs_path.read_text().splitlines()]
+    finally:
+        manager.stop()
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+        await client.flushdb()
+        await client.aclose()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+    return out
+
+
+def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
+    tasks = {t["id"]: t for t in out["final"]["tasks"]}
+    rows, errors = check_runs(out["sent"], out["runs"], tasks)
+    entry_lines, entry_errors = check_entries(out["live"]["entries"], out["live_at"])
+    errors += entry_errors + check_history(out["final"]["history"], out["sent"])
+    if out["busy"]:
+        errors.append(f"{out['busy']} task(s) still not final after the drain")
+    errors += check_unique(out)
+    if out["final"]["entries"]:
+        errors.append("inspector: scheduler entries left after the manager stopped")
+    go = subprocess.run(["go", "version"], capture_output=True, text=True).stdout.strip()
+    others = sorted(f"{n} {s} {c}" for (n, s), c in out["outcomes"].items() if s != "enqueued")
+    head = ["schedule", "slots", "runs", "ok", "dup", "lost", "final state (asynq Inspector)"]
+    table = [head, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = [
+        "asynq Go check (bench/asynq_go_check.py): a `periodic-manager manager` process",
+        f"(PM_TARGET=asynq) sends 4 @every 1s schedules for {seconds:g} s; an unmodified Go",
+        "asynq.Server (examples/asynq_worker, asynq v0.24.1, 1 s retry delay) serves queues",
+        f"{QUEUES}; {FAIL_TYPE} always fails (max_retry 2: 3 runs, then archived).",
+        f"{go}; asynq v0.24.1 (go-redis v9.0.3); Redis {out['redis']}; PostgreSQL {out['pg']};",
+        f"Python {platform.python_version()}; {os.cpu_count()} CPUs, Linux {platform.release()}",
+        "",
+        *(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+            for r in table
+        ),
+        "",
+        "slots: pm_runs rows `enqueued`; runs: handler calls; ok: task id = <name>:<slot UTC>, type,",
+        "payload, queue, max retry as sent, retry counts 0..max_retry; dup: run more often; lost: never run",
+        f"other outcomes in pm_runs: {', '.join(others) or 'none'}",
+        *(
+            [
+                "  (go.unique failed: its slot came while the previous slot's task, holding the 30 s",
+                "  lock, was still pending; asynq's client refuses such a task too)",
+            ]
+            if others
+            else []
+        ),
+        f"go.unique lock after the drain: {'present' if out['lock_left'] else 'released'}",
+        "",
+        f"asynq Inspector.SchedulerEntries at {out['live_at']:%H:%M:%S} UTC (the manager running):",
+        *entry_lines,
+        "after the stop: SchedulerEntries "
+        + f"{len(out['final']['entries'])}; ListSchedulerEnqueueEvents: "
+        + ", ".join(f"{n} {len(h)}" for n, h in sorted(out["final"]["history"].items())),
+        f"manager exit {out['manager_exit']}, worker exit {out['worker_exit']}",
+        "",
+        f"result: {'OK' if not errors else f'{len(errors)} MISMATCH(ES)'}",
+        *errors[:30],
+    ]
+    return lines, errors
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    binary = worker_binary()
+    tmp = Path(mkdtemp(prefix="pm-asynqgo-"))
+    out = asyncio.run(run(args.seconds, binary, tmp))
+    lines, errors = report(out, args.seconds)
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+    if errors:
+        print(f"logs: {tmp}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
