@@ -21,6 +21,9 @@ prev) and the history (one event per task sent). Needs the built worker binary::
     PM_ASYNQ_WORKER=/tmp/asynq_worker PM_TEST_REDIS_URL=redis://127.0.0.1:6379/2 \\
         .venv/bin/python bench/asynq_go_check.py [--seconds 15] [--out bench/asynq_go_check.txt]
 
+(``--asynq-version v0.24.1`` when the binary was built without modules, GOPATH style: it then
+carries no module versions; ``--append`` adds the run to ``--out``.)
+
 The Redis database of PM_TEST_REDIS_URL is flushed before and after: give it one of its own.
 """
 
@@ -49,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from periodic_manager.schedules.definition import idempotency_key  # noqa: E402
+from periodic_manager.targets.asynq.message import unique_key  # noqa: E402
 from tests.support.servers import ManagerProcess  # noqa: E402
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
@@ -271,6 +275,49 @@ def check_unique(out: dict[str, Any]) -> list[str]:
     return errors
 
 
+async def go_client(binary: str, client: aioredis.Redis, sent: dict[str, str]) -> dict[str, Any]:
+    """asynq's own Client meets the manager's tasks: the id of a slot sent is taken (asynq
+    answers ErrTaskIDConflict); a Unique task of go.unique's queue, type and payload takes the
+    very lock key the target computes (``message.unique_key``) and writes for its tasks."""
+    plain = next(i for i, n in sent.items() if n == "go.plain")
+    args = [binary, "enqueue", "-redis", REDIS_URL]
+    conflict = [
+        *args,
+        "-type",
+        "demo:plain",
+        "-payload",
+        '{"n":1,"to":"a@example.com"}',
+        "-id",
+        plain,
+    ]
+    unique = [*args, "-type", "demo:unique", "-payload", '{"k":"u"}', "-queue", "mail"]
+    answers = []
+    for command in (conflict, [*unique, "-unique", "60s"]):
+        done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True)
+        answers.append(json.loads(done.stdout))
+    locks = sorted(k.decode() for k in await client.keys("asynq:{mail}:unique:*"))
+    holder = await client.get(locks[0]) if len(locks) == 1 else None
+    return {
+        "id": plain,
+        "conflict": answers[0]["outcome"],
+        "unique": answers[1],
+        "locks": locks,
+        "holder": holder.decode() if holder else None,
+        "target_key": unique_key("mail", "demo:unique", b'{"k":"u"}'),
+    }
+
+
+def check_client(got: dict[str, Any]) -> list[str]:
+    errors = []
+    if got["conflict"] != "task_id_conflict":
+        errors.append(f"asynq Client, TaskID({got['id']}): {got['conflict']}, want a conflict")
+    if got["unique"]["outcome"] != "ok" or got["holder"] != got["unique"]["id"]:
+        errors.append(f"asynq Client, Unique: {got['unique']}, lock held by {got['holder']}")
+    if got["locks"] != [got["target_key"]]:
+        errors.append(f"asynq Client's lock keys {got['locks']}, the target's {got['target_key']}")
+    return errors
+
+
 def check_history(history: dict[str, list[dict[str, Any]]], sent: dict[str, str]) -> list[str]:
     """asynq's ListSchedulerEnqueueEvents after the stop: one event per task sent, none else."""
     errors = []
@@ -314,6 +361,7 @@ async def run(seconds: float, binary: str, tmp: Path) -> dict[str, Any]:
         worker.terminate()
         out["worker_exit"] = worker.wait(30)
         out["lock_left"] = await client.exists(UNIQUE_LOCK)
+        out["client"] = await go_client(binary, client, out["sent"])
         out["final"] = inspect(binary, REDIS_URL, ",".join(s[0] for s in SCHEDULES))
         out["redis"] = (await client.info("server"))["redis_version"]
         out["runs"] = [json.loads(line) for line in runs_path.read_text().splitlines()]
@@ -329,6 +377,19 @@ async def run(seconds: float, binary: str, tmp: Path) -> dict[str, Any]:
     return out
 
 
+def versions(binary: str, asynq_version: str) -> tuple[str, str]:
+    """(Go release, asynq version) of the worker binary: a module build names asynq's version
+    itself; a GOPATH build (no module data) takes the one given with --asynq-version."""
+    out = subprocess.run([binary, "version"], capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    built = doc["modules"].get("github.com/hibiken/asynq", "")
+    if built and asynq_version and built != asynq_version:
+        sys.exit(f"--asynq-version {asynq_version}, but the binary holds asynq {built}")
+    if not (built or asynq_version):
+        sys.exit("--asynq-version is needed: the binary carries no module versions")
+    return str(doc["go"]), built or asynq_version
+
+
 def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
     tasks = {t["id"]: t for t in out["final"]["tasks"]}
     rows, errors = check_runs(out["sent"], out["runs"], tasks)
@@ -336,10 +397,11 @@ def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
     errors += entry_errors + check_history(out["final"]["history"], out["sent"])
     if out["busy"]:
         errors.append(f"{out['busy']} task(s) still not final after the drain")
-    errors += check_unique(out)
+    errors += check_unique(out) + check_client(out["client"])
+    if sorted(out["final"]["queues"]) != sorted(QUEUES.split(",")):
+        errors.append(f"inspector: queues {out['final']['queues']}, want {QUEUES}")
     if out["final"]["entries"]:
         errors.append("inspector: scheduler entries left after the manager stopped")
-    go = subprocess.run(["go", "version"], capture_output=True, text=True).stdout.strip()
     others = sorted(f"{n} {s} {c}" for (n, s), c in out["outcomes"].items() if s != "enqueued")
     head = ["schedule", "slots", "runs", "ok", "dup", "lost", "final state (asynq Inspector)"]
     table = [head, *rows]
@@ -347,9 +409,9 @@ def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
     lines = [
         "asynq Go check (bench/asynq_go_check.py): a `periodic-manager manager` process",
         f"(PM_TARGET=asynq) sends 4 @every 1s schedules for {seconds:g} s; an unmodified Go",
-        "asynq.Server (examples/asynq_worker, asynq v0.24.1, 1 s retry delay) serves queues",
+        f"asynq.Server (examples/asynq_worker, asynq {out['asynq']}, 1 s retry delay) serves queues",
         f"{QUEUES}; {FAIL_TYPE} always fails (max_retry 2: 3 runs, then archived).",
-        f"{go}; asynq v0.24.1 (go-redis v9.0.3); Redis {out['redis']}; PostgreSQL {out['pg']};",
+        f"worker built with {out['go']}, asynq {out['asynq']}; Redis {out['redis']}; PostgreSQL {out['pg']};",
         f"Python {platform.python_version()}; {os.cpu_count()} CPUs, Linux {platform.release()}",
         "",
         *(
@@ -372,10 +434,15 @@ def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
             else []
         ),
         f"go.unique lock after the drain: {'present' if out['lock_left'] else 'released'}",
+        f"asynq Client (after the drain), Enqueue with TaskID of a slot sent: {out['client']['conflict']};",
+        f"  with Unique(60s), go.unique's type and payload: {out['client']['unique']['outcome']}, lock"
+        f" {', '.join(out['client']['locks'])}"
+        f" {'= the target' if out['client']['locks'] == [out['client']['target_key']] else '!= the target'}'s key",
         "",
         f"asynq Inspector.SchedulerEntries at {out['live_at']:%H:%M:%S} UTC (the manager running):",
         *entry_lines,
-        "after the stop: SchedulerEntries "
+        f"asynq Inspector.Queues: {', '.join(sorted(out['final']['queues']))};"
+        " after the stop: SchedulerEntries "
         + f"{len(out['final']['entries'])}; ListSchedulerEnqueueEvents: "
         + ", ".join(f"{n} {len(h)}" for n, h in sorted(out["final"]["history"].items())),
         f"manager exit {out['manager_exit']}, worker exit {out['worker_exit']}",
@@ -390,15 +457,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--out", default="")
+    parser.add_argument("--append", action="store_true", help="add to --out, do not replace it")
+    parser.add_argument("--asynq-version", default="", help="asynq version built in (GOPATH build)")
     args = parser.parse_args()
     binary = worker_binary()
+    go, asynq_version = versions(binary, args.asynq_version)
     tmp = Path(mkdtemp(prefix="pm-asynqgo-"))
     out = asyncio.run(run(args.seconds, binary, tmp))
+    out |= {"go": go, "asynq": asynq_version}
     lines, errors = report(out, args.seconds)
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out:
-        Path(args.out).write_text(text)
+        with open(args.out, "a" if args.append else "w") as sink:
+            sink.write(("\n" if args.append else "") + text)
     if errors:
         print(f"logs: {tmp}", file=sys.stderr)
         sys.exit(1)

@@ -4,12 +4,19 @@
 // asynq's Inspector reads the scheduler entries and enqueue history the manager publishes.
 //
 //	go run . worker  -redis redis://127.0.0.1:6379/0 -queues default,mail [-fail demo:fail] [-out runs.jsonl]
-//	go run . inspect -redis redis://127.0.0.1:6379/0 [-queues default,mail]
+//	go run . inspect -redis redis://127.0.0.1:6379/0 [-queues default,mail] [-history name,...]
+//	go run . enqueue -redis redis://127.0.0.1:6379/0 -type T [-payload P] [-queue Q] [-id ID] [-unique 1m]
+//	go run . version
 //
 // worker: each task run is one JSON line (type, payload, task id, retry count, max retry, queue,
 // the handler's deadline, the time it ran) on stdout or in -out; tasks of the -fail type return an
 // error, so asynq retries them (every -retry-delay) and archives them after their max retry.
 // SIGTERM or SIGINT stops it (asynq's graceful shutdown).
+//
+// enqueue: one task through asynq's own Client (Enqueue), and what asynq answered, as JSON: to
+// see that asynq's client meets the manager's tasks (their ids, their uniqueness locks).
+//
+// version: the Go release and module versions built in, as JSON.
 //
 // inspect: one JSON document on stdout: asynq's scheduler entries (what `asynq cron ls` shows),
 // each entry's enqueue events (`asynq cron history <id>`), and every task of the queues by state.
@@ -23,6 +30,8 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -45,15 +54,19 @@ type run struct {
 
 func main() {
 	if len(os.Args) < 2 {
-		log.Fatal("usage: asynq_worker worker|inspect [flags]")
+		log.Fatal("usage: asynq_worker worker|inspect|enqueue|version [flags]")
 	}
 	switch os.Args[1] {
 	case "worker":
 		worker(os.Args[2:])
 	case "inspect":
 		inspect(os.Args[2:])
+	case "enqueue":
+		enqueue(os.Args[2:])
+	case "version":
+		version()
 	default:
-		log.Fatalf("unknown mode %q: worker or inspect", os.Args[1])
+		log.Fatalf("unknown mode %q: worker, inspect, enqueue or version", os.Args[1])
 	}
 }
 
@@ -256,4 +269,58 @@ func inspect(args []string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// version prints the Go release the binary was built with and, for a module build, the
+// versions of the modules in it (asynq's among them).
+func version() {
+	doc := struct {
+		Go      string            `json:"go"`
+		Modules map[string]string `json:"modules"`
+	}{Go: runtime.Version(), Modules: map[string]string{}}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range info.Deps {
+			doc.Modules[m.Path] = m.Version
+		}
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(doc)
+}
+
+// enqueue sends one task with asynq's Client and prints the outcome: "ok" with the task id, or
+// asynq's refusal ("task_id_conflict", "duplicate_task") or another error's text.
+func enqueue(args []string) {
+	fs := flag.NewFlagSet("enqueue", flag.ExitOnError)
+	url := fs.String("redis", "redis://127.0.0.1:6379/0", "Redis URL of asynq")
+	typ := fs.String("type", "", "task type")
+	payload := fs.String("payload", "", "payload (text)")
+	queue := fs.String("queue", "default", "queue")
+	id := fs.String("id", "", "task id (default: asynq's own)")
+	unique := fs.Duration("unique", 0, "asynq's Unique option (0: none)")
+	_ = fs.Parse(args)
+
+	client := asynq.NewClient(redisOpt(*url))
+	defer client.Close()
+	opts := []asynq.Option{asynq.Queue(*queue)}
+	if *id != "" {
+		opts = append(opts, asynq.TaskID(*id))
+	}
+	if *unique > 0 {
+		opts = append(opts, asynq.Unique(*unique))
+	}
+	out := struct {
+		Outcome string `json:"outcome"`
+		ID      string `json:"id"`
+	}{}
+	info, err := client.Enqueue(asynq.NewTask(*typ, []byte(*payload)), opts...)
+	switch {
+	case err == nil:
+		out.Outcome, out.ID = "ok", info.ID
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		out.Outcome = "task_id_conflict"
+	case errors.Is(err, asynq.ErrDuplicateTask):
+		out.Outcome = "duplicate_task"
+	default:
+		out.Outcome = err.Error()
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(out)
 }
