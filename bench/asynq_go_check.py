@@ -2,11 +2,11 @@
 reads the scheduler entries and the enqueue history the manager publishes.
 
 A fresh PostgreSQL database (on the server of PM_TEST_PG_DSN) is migrated with
-``periodic-manager migrate``; four ``@every 1s`` schedules are inserted (see SCHEDULES: queues,
-max_retry, timeout, extra.deadline, extra.retention, unique_ttl; a JSON payload, a JSON string
-payload, no payload); a ``periodic-manager manager`` process (PM_TARGET=asynq) sends for
+``periodic-manager migrate``; five ``@every 1s`` schedules are inserted (see SCHEDULES: queues,
+max_retry, timeout, extra.deadline, extra.retention, unique_ttl, overlap=skip; a JSON object, a
+JSON string, a number, no payload); a ``periodic-manager manager`` process (PM_TARGET=asynq) sends for
 ``--seconds`` while the Go worker of examples/asynq_worker serves both queues (the type
-``demo:fail`` always fails: asynq retries it, then archives it). Midway, the worker's ``inspect``
+``demo:fail`` always fails: asynq retries it, then archives it; ``demo:slow`` takes 2.5 s). Midway, the worker's ``inspect``
 mode (asynq's Inspector) lists the scheduler entries; after the manager stops and the worker has
 drained, it lists every task by state and each schedule's enqueue history.
 
@@ -15,7 +15,9 @@ once (the failing type: max_retry + 1 times, retry counts 0..max_retry), with th
 payload, queue, max retry and task id (the idempotency key ``<name>:<slot UTC>``); no run of a
 task that was not recorded; the final states (``completed`` with the retention, deleted without
 one, ``archived`` after the retries); the entries (id, spec, type, payload, options, next after
-prev) and the history (one event per task sent). Needs the built worker binary::
+prev) and the history (one event per task sent); overlap=skip against the server's task states
+(runs never overlap, slots skipped); asynq's own Client against the manager's task ids and
+uniqueness lock. Needs the built worker binary::
 
     cd examples/asynq_worker && go build -o /tmp/asynq_worker .
     PM_ASYNQ_WORKER=/tmp/asynq_worker PM_TEST_REDIS_URL=redis://127.0.0.1:6379/2 \\
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import platform
@@ -39,8 +40,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import Counter, defaultdict
-from datetime import UTC, datetime, timedelta
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from tempfile import mkdtemp
 from typing import Any
@@ -51,52 +52,26 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.asynq_go_verdicts import (  # noqa: E402
+    FAIL_TYPE,
+    QUEUES,
+    SCHEDULES,
+    SLOW_S,
+    SLOW_TYPE,
+    UNIQUE_LOCK,
+    check_client,
+    check_entries,
+    check_history,
+    check_overlap,
+    check_runs,
+    check_unique,
+)
 from periodic_manager.schedules.definition import idempotency_key  # noqa: E402
 from periodic_manager.targets.asynq.message import unique_key  # noqa: E402
 from tests.support.servers import ManagerProcess  # noqa: E402
 
 PG_DSN = os.environ.get("PM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("PM_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
-FAIL_TYPE = "demo:fail"
-# name, task type, payload (JSON text in the row), options, the payload bytes asynq should hand
-# the handler (a JSON payload as the manager canonicalizes it: sorted keys, no blanks; a JSON
-# string: its own text; null: none), the final state asynq should leave the task in ("gone": deleted on success).
-SCHEDULES: list[tuple[str, str, str, dict[str, Any], str, str]] = [
-    (
-        "go.plain",
-        "demo:plain",
-        '{"to": "a@example.com", "n": 1}',
-        {"extra": {"retention": 600}},
-        '{"n":1,"to":"a@example.com"}',
-        "completed",
-    ),
-    (
-        "go.mail",
-        "demo:mail",
-        '"hello, asynq"',
-        {
-            "queue": "mail",
-            "max_retry": 3,
-            "timeout": 20,
-            "extra": {"deadline": 60, "retention": 300},
-        },
-        "hello, asynq",
-        "completed",
-    ),
-    (
-        "go.unique",
-        "demo:unique",
-        '{"k": "u"}',
-        {"queue": "mail", "unique_ttl": 30},
-        '{"k":"u"}',
-        "gone",
-    ),
-    ("go.fail", FAIL_TYPE, "null", {"max_retry": 2}, "", "archived"),
-]
-QUEUES = "default,mail"
-# asynq's uniqueness lock of go.unique (asynq:{<queue>}:unique:<type>:<md5 of the payload>),
-# written out here rather than taken from the target, so that the check does not trust it.
-UNIQUE_LOCK = "asynq:{mail}:unique:demo:unique:" + hashlib.md5(b'{"k":"u"}').hexdigest()
 
 
 def worker_binary() -> str:
@@ -117,12 +92,9 @@ def inspect(binary: str, redis_url: str, history: str = "") -> dict[str, Any]:
 def start_worker(binary: str, runs: Path, log: Path) -> subprocess.Popen[bytes]:
     """The Go worker serving both queues, its runs as JSON lines in ``runs``, its log in ``log``."""
     args = ["worker", "-redis", REDIS_URL, "-queues", QUEUES, "-fail", FAIL_TYPE, "-out", str(runs)]
+    args += ["-sleep", f"{SLOW_TYPE}={SLOW_S}s"]
     with open(log, "wb") as sink:
         return subprocess.Popen([binary, *args], stdout=sink, stderr=sink)
-
-
-def parse_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 async def prepare(db: str) -> str:
@@ -172,109 +144,6 @@ async def drain(client: aioredis.Redis, sent: dict[str, str], seconds: float) ->
         await asyncio.sleep(1)
 
 
-def check_runs(
-    sent: dict[str, str], runs: list[dict[str, Any]], tasks: dict[str, dict[str, Any]]
-) -> tuple[list[list[str]], list[str]]:
-    """Per schedule: slots, runs, ran as expected, duplicates, lost, final states; the mismatches."""
-    spec = {n: (t, p, o, want, final) for n, t, p, o, want, final in SCHEDULES}
-    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in runs:
-        by_id[r["id"]].append(r)
-    errors = [f"run of a task not recorded enqueued: {i}" for i in by_id if i not in sent]
-    rows = []
-    for name, (ttype, _, options, want, final) in spec.items():
-        ids = [i for i, n in sent.items() if n == name]
-        max_retry = options.get("max_retry", 25)
-        expect_runs = max_retry + 1 if ttype == FAIL_TYPE else 1
-        dup = lost = ok = 0
-        states: Counter[str] = Counter()
-        for task_id in ids:
-            got = by_id.get(task_id, [])
-            lost += not got
-            dup += len(got) > expect_runs
-            wire = {(r["type"], r["payload"], r["queue"], r["max_retry"]) for r in got}
-            retries = sorted(r["retry"] for r in got)
-            if wire != {(ttype, want, options.get("queue", "default"), max_retry)}:
-                errors.append(f"{task_id}: ran as {sorted(wire)}")
-            elif retries != list(range(expect_runs)):
-                errors.append(f"{task_id}: retry counts {retries}, want 0..{expect_runs - 1}")
-            else:
-                ok += 1
-            info = tasks.get(task_id)
-            states[info["state"] if info else "gone"] += 1
-            errors.extend(check_final(task_id, info, options, final))
-        total = sum(len(by_id.get(i, [])) for i in ids)
-        shown = ", ".join(f"{s} {c}" for s, c in sorted(states.items()))
-        rows.append([name, str(len(ids)), str(total), str(ok), str(dup), str(lost), shown])
-        if not ids:
-            errors.append(f"{name}: no slot recorded enqueued")
-    return rows, errors
-
-
-def check_final(
-    task_id: str, info: dict[str, Any] | None, options: dict[str, Any], final: str
-) -> list[str]:
-    """The state asynq left the task in, as its Inspector reads it."""
-    state = info["state"] if info else "gone"
-    if state != final:
-        return [f"{task_id}: final state {state}, want {final}"]
-    if info is None:
-        return []
-    errors = []
-    extra = options.get("extra", {})
-    if final == "completed" and info["retention_s"] != extra.get("retention"):
-        errors.append(f"{task_id}: retention {info['retention_s']}")
-    if final == "archived" and (
-        info["retried"] != options["max_retry"] or "failing on purpose" not in info["last_err"]
-    ):
-        errors.append(f"{task_id}: archived with retried {info['retried']}, {info['last_err']!r}")
-    if "timeout" in options and info["timeout_s"] != options["timeout"]:
-        errors.append(f"{task_id}: timeout {info['timeout_s']}")
-    if "deadline" in extra:
-        slot = parse_iso(task_id.split(":", 1)[1])
-        if parse_iso(info["deadline"]) != slot + timedelta(seconds=extra["deadline"]):
-            errors.append(f"{task_id}: deadline {info['deadline']}")
-    return errors
-
-
-def check_entries(entries: list[dict[str, Any]], taken: datetime) -> tuple[list[str], list[str]]:
-    """asynq's SchedulerEntries, read while the manager ran: one per schedule, as published."""
-    by_id = {e["id"]: e for e in entries}
-    lines, errors = [], []
-    for name, ttype, _, _, want, _ in SCHEDULES:
-        e = by_id.get(name)
-        if e is None:
-            errors.append(f"inspector: no scheduler entry {name}")
-            continue
-        nxt, prev = parse_iso(e["next"]), parse_iso(e["prev"]) if e["prev"] else None
-        if e["spec"] != "@every 1s" or e["type"] != ttype or e["payload"] != want:
-            errors.append(f"inspector: entry {name} reads {e['spec']!r} {e['type']!r}")
-        if prev is None or not prev < nxt or abs((nxt - taken).total_seconds()) > 10:
-            errors.append(f"inspector: entry {name} next {e['next']} prev {e['prev']}")
-        lines.append(
-            f"  {name:<10} spec {e['spec']!r}, type {e['type']}, opts [{', '.join(e['opts'])}],"
-            f" prev {e['prev']}, next {e['next']}, {len(e['history'])} events so far"
-        )
-    return lines, errors
-
-
-def check_unique(out: dict[str, Any]) -> list[str]:
-    """go.unique: 30 s lock, 1 s slots. Each slot after the first is only sent if the Go server
-    released the lock the previous task held (asynq deletes it when the task is done): so more
-    than one slot sent within 30 s; a slot whose predecessor was still pending is refused, as
-    asynq's client refuses it (``failed``). No other outcome than ``enqueued`` elsewhere."""
-    errors = []
-    sent = sum(1 for n in out["sent"].values() if n == "go.unique")
-    if sent < 2:
-        errors.append(f"go.unique: {sent} slot(s) sent: the lock was not released by the server")
-    if out["lock_left"]:
-        errors.append(f"{UNIQUE_LOCK} left after every task ran")
-    for (name, status), count in out["outcomes"].items():
-        if status != "enqueued" and (name, status) != ("go.unique", "failed"):
-            errors.append(f"pm_runs: {name} {status} {count}")
-    return errors
-
-
 async def go_client(binary: str, client: aioredis.Redis, sent: dict[str, str]) -> dict[str, Any]:
     """asynq's own Client meets the manager's tasks: the id of a slot sent is taken (asynq
     answers ErrTaskIDConflict); a Unique task of go.unique's queue, type and payload takes the
@@ -305,28 +174,6 @@ async def go_client(binary: str, client: aioredis.Redis, sent: dict[str, str]) -
         "holder": holder.decode() if holder else None,
         "target_key": unique_key("mail", "demo:unique", b'{"k":"u"}'),
     }
-
-
-def check_client(got: dict[str, Any]) -> list[str]:
-    errors = []
-    if got["conflict"] != "task_id_conflict":
-        errors.append(f"asynq Client, TaskID({got['id']}): {got['conflict']}, want a conflict")
-    if got["unique"]["outcome"] != "ok" or got["holder"] != got["unique"]["id"]:
-        errors.append(f"asynq Client, Unique: {got['unique']}, lock held by {got['holder']}")
-    if got["locks"] != [got["target_key"]]:
-        errors.append(f"asynq Client's lock keys {got['locks']}, the target's {got['target_key']}")
-    return errors
-
-
-def check_history(history: dict[str, list[dict[str, Any]]], sent: dict[str, str]) -> list[str]:
-    """asynq's ListSchedulerEnqueueEvents after the stop: one event per task sent, none else."""
-    errors = []
-    for name, *_ in SCHEDULES:
-        got = Counter(ev["task_id"] for ev in history.get(name, []))
-        want = {i for i, n in sent.items() if n == name}
-        if set(got) != want or any(c > 1 for c in got.values()):
-            errors.append(f"history of {name}: {len(got)} task ids, want the {len(want)} sent")
-    return errors
 
 
 async def run(seconds: float, binary: str, tmp: Path) -> dict[str, Any]:
@@ -398,6 +245,8 @@ def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
     if out["busy"]:
         errors.append(f"{out['busy']} task(s) still not final after the drain")
     errors += check_unique(out) + check_client(out["client"])
+    overlap_lines, overlap_errors = check_overlap(out)
+    errors += overlap_errors
     if sorted(out["final"]["queues"]) != sorted(QUEUES.split(",")):
         errors.append(f"inspector: queues {out['final']['queues']}, want {QUEUES}")
     if out["final"]["entries"]:
@@ -408,7 +257,7 @@ def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines = [
         "asynq Go check (bench/asynq_go_check.py): a `periodic-manager manager` process",
-        f"(PM_TARGET=asynq) sends 4 @every 1s schedules for {seconds:g} s; an unmodified Go",
+        f"(PM_TARGET=asynq) sends {len(SCHEDULES)} @every 1s schedules for {seconds:g} s; an unmodified Go",
         f"asynq.Server (examples/asynq_worker, asynq {out['asynq']}, 1 s retry delay) serves queues",
         f"{QUEUES}; {FAIL_TYPE} always fails (max_retry 2: 3 runs, then archived).",
         f"worker built with {out['go']}, asynq {out['asynq']}; Redis {out['redis']}; PostgreSQL {out['pg']};",
@@ -430,9 +279,10 @@ def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
                 "  (go.unique failed: its slot came while the previous slot's task, holding the 30 s",
                 "  lock, was still pending; asynq's client refuses such a task too)",
             ]
-            if others
+            if ("go.unique", "failed") in out["outcomes"]
             else []
         ),
+        *overlap_lines,
         f"go.unique lock after the drain: {'present' if out['lock_left'] else 'released'}",
         f"asynq Client (after the drain), Enqueue with TaskID of a slot sent: {out['client']['conflict']};",
         f"  with Unique(60s), go.unique's type and payload: {out['client']['unique']['outcome']}, lock"

@@ -3,14 +3,15 @@
 // dequeued, run, retried, archived and completed by asynq itself; and, in its second mode, that
 // asynq's Inspector reads the scheduler entries and enqueue history the manager publishes.
 //
-//	go run . worker  -redis redis://127.0.0.1:6379/0 -queues default,mail [-fail demo:fail] [-out runs.jsonl]
+//	go run . worker  -redis redis://127.0.0.1:6379/0 -queues default,mail [-fail demo:fail] [-sleep demo:slow=2s] [-out runs.jsonl]
 //	go run . inspect -redis redis://127.0.0.1:6379/0 [-queues default,mail] [-history name,...]
 //	go run . enqueue -redis redis://127.0.0.1:6379/0 -type T [-payload P] [-queue Q] [-id ID] [-unique 1m]
 //	go run . version
 //
 // worker: each task run is one JSON line (type, payload, task id, retry count, max retry, queue,
 // the handler's deadline, the time it ran) on stdout or in -out; tasks of the -fail type return an
-// error, so asynq retries them (every -retry-delay) and archives them after their max retry.
+// error, so asynq retries them (every -retry-delay) and archives them after their max retry;
+// tasks of the -sleep type take the given time.
 // SIGTERM or SIGINT stops it (asynq's graceful shutdown).
 //
 // enqueue: one task through asynq's own Client (Enqueue), and what asynq answered, as JSON: to
@@ -95,7 +96,17 @@ func worker(args []string) {
 	fail := fs.String("fail", "", "task type whose handler always returns an error")
 	out := fs.String("out", "", "file for the JSON lines (default stdout)")
 	delay := fs.Duration("retry-delay", time.Second, "delay before a failed task is retried")
+	sleep := fs.String("sleep", "", "TYPE=DURATION: the handler of that type takes that long")
 	_ = fs.Parse(args)
+	slowType, slowFor := "", time.Duration(0)
+	if *sleep != "" {
+		parts := strings.SplitN(*sleep, "=", 2)
+		d, err := time.ParseDuration(parts[len(parts)-1])
+		if len(parts) != 2 || err != nil {
+			log.Fatalf("-sleep %q: want TYPE=DURATION", *sleep)
+		}
+		slowType, slowFor = parts[0], d
+	}
 
 	sink := os.Stdout
 	if *out != "" {
@@ -137,6 +148,13 @@ func worker(args []string) {
 		}
 		if r.Failed {
 			return errors.New("failing on purpose (-fail)")
+		}
+		if t.Type() == slowType {
+			select {
+			case <-time.After(slowFor):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		return nil
 	})
