@@ -63,6 +63,7 @@ from bench.asynq_go_verdicts import (  # noqa: E402
     check_entries,
     check_history,
     check_overlap,
+    check_pause,
     check_runs,
     check_unique,
 )
@@ -115,11 +116,15 @@ async def prepare(db: str) -> str:
         await conn.close()
 
 
-async def recorded(db: str) -> tuple[dict[str, str], Counter[tuple[str, str]]]:
-    """Task id -> schedule name of every slot recorded ``enqueued``; every outcome counted."""
+async def recorded(db: str) -> tuple[dict[str, str], Counter[tuple[str, str]], dict[str, Any]]:
+    """Task id -> schedule name of every slot recorded ``enqueued``; every outcome counted; the
+    schedules paused (name -> who, note)."""
     conn = await asyncpg.connect(db)
     try:
         rows = await conn.fetch("SELECT name, slot_at, status FROM pm_runs")
+        paused = await conn.fetch(
+            "SELECT name, paused_by, paused_note FROM periodic_jobs WHERE paused_at IS NOT NULL"
+        )
     finally:
         await conn.close()
     sent = {
@@ -127,7 +132,8 @@ async def recorded(db: str) -> tuple[dict[str, str], Counter[tuple[str, str]]]:
         for r in rows
         if r["status"] == "enqueued"
     }
-    return sent, Counter((r["name"], r["status"]) for r in rows)
+    outcomes = Counter((r["name"], r["status"]) for r in rows)
+    return sent, outcomes, {r["name"]: (r["paused_by"], r["paused_note"]) for r in paused}
 
 
 async def drain(client: aioredis.Redis, sent: dict[str, str], seconds: float) -> int:
@@ -203,7 +209,7 @@ async def run(seconds: float, binary: str, tmp: Path) -> dict[str, Any]:
         out["live_at"] = datetime.now(UTC)
         await asyncio.sleep(seconds * 0.25)
         out["manager_exit"] = manager.stop()
-        out["sent"], out["outcomes"] = await recorded(db)
+        out["sent"], out["outcomes"], out["paused"] = await recorded(db)
         out["busy"] = await drain(client, out["sent"], 60)
         worker.terminate()
         out["worker_exit"] = worker.wait(30)
@@ -240,13 +246,16 @@ def versions(binary: str, asynq_version: str) -> tuple[str, str]:
 def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
     tasks = {t["id"]: t for t in out["final"]["tasks"]}
     rows, errors = check_runs(out["sent"], out["runs"], tasks)
-    entry_lines, entry_errors = check_entries(out["live"]["entries"], out["live_at"])
+    entry_lines, entry_errors = check_entries(
+        out["live"]["entries"], out["live_at"], set(out["paused"])
+    )
     errors += entry_errors + check_history(out["final"]["history"], out["sent"])
     if out["busy"]:
         errors.append(f"{out['busy']} task(s) still not final after the drain")
     errors += check_unique(out) + check_client(out["client"])
     overlap_lines, overlap_errors = check_overlap(out)
-    errors += overlap_errors
+    pause_lines, pause_errors = check_pause(out)
+    errors += overlap_errors + pause_errors
     if sorted(out["final"]["queues"]) != sorted(QUEUES.split(",")):
         errors.append(f"inspector: queues {out['final']['queues']}, want {QUEUES}")
     if out["final"]["entries"]:
@@ -283,6 +292,7 @@ def report(out: dict[str, Any], seconds: float) -> tuple[list[str], list[str]]:
             else []
         ),
         *overlap_lines,
+        *pause_lines,
         f"go.unique lock after the drain: {'present' if out['lock_left'] else 'released'}",
         f"asynq Client (after the drain), Enqueue with TaskID of a slot sent: {out['client']['conflict']};",
         f"  with Unique(60s), go.unique's type and payload: {out['client']['unique']['outcome']}, lock"

@@ -52,6 +52,15 @@ SCHEDULES: list[tuple[str, str, str, dict[str, Any], str, str]] = [
     # 2.5 s of work every 1 s: overlap=skip reads the Go server's task states (pending, active,
     # then gone: no retention) and skips the slots that come while the last task is not done.
     ("go.slow", SLOW_TYPE, "7", {"overlap": "skip"}, "7", "gone"),
+    # Fails at once (no retry: archived): pause_after_failures reads the server's "archived".
+    (
+        "go.pause",
+        FAIL_TYPE,
+        '"p"',
+        {"max_retry": 0, "pause_after_failures": 2, "extra": {"retention": 600}},
+        "p",
+        "archived",
+    ),
 ]
 QUEUES = "default,mail"
 # asynq's uniqueness lock of go.unique (asynq:{<queue>}:unique:<type>:<md5 of the payload>),
@@ -128,12 +137,18 @@ def check_final(
     return errors
 
 
-def check_entries(entries: list[dict[str, Any]], taken: datetime) -> tuple[list[str], list[str]]:
-    """asynq's SchedulerEntries, read while the manager ran: one per schedule, as published."""
+def check_entries(
+    entries: list[dict[str, Any]], taken: datetime, paused: set[str]
+) -> tuple[list[str], list[str]]:
+    """asynq's SchedulerEntries, read while the manager ran: one per schedule, as published (a
+    schedule the manager paused by then may be gone from them)."""
     by_id = {e["id"]: e for e in entries}
     lines, errors = [], []
     for name, ttype, _, _, want, _ in SCHEDULES:
         e = by_id.get(name)
+        if e is None and name in paused:
+            lines.append(f"  {name:<10} not listed (paused by then)")
+            continue
         if e is None:
             errors.append(f"inspector: no scheduler entry {name}")
             continue
@@ -164,6 +179,7 @@ def check_unique(out: dict[str, Any]) -> list[str]:
         if status != "enqueued" and (name, status) not in {
             ("go.unique", "failed"),
             ("go.slow", "skipped"),
+            ("go.pause", "skipped"),
         }:
             errors.append(f"pm_runs: {name} {status} {count}")
     return errors
@@ -207,3 +223,18 @@ def check_history(history: dict[str, list[dict[str, Any]]], sent: dict[str, str]
         if set(got) != want or any(c > 1 for c in got.values()):
             errors.append(f"history of {name}: {len(got)} task ids, want the {len(want)} sent")
     return errors
+
+
+def check_pause(out: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """go.pause (pause_after_failures 2, each task archived by the server at once): the manager
+    paused it (paused_by ``manager``) and sent no slot past a few after the second failure."""
+    sent = sum(1 for n in out["sent"].values() if n == "go.pause")
+    who, note = out["paused"].get("go.pause", (None, None))
+    errors = []
+    if who != "manager" or sent < 2:
+        errors.append(f"go.pause: {sent} slots sent, paused by {who!r}: {note!r}")
+    others = sorted(n for n in out["paused"] if n != "go.pause")
+    if others:
+        errors.append(f"paused, while they should not be: {others}")
+    line = f"go.pause (pause_after_failures 2, max_retry 0): {sent} slots sent, paused by {who}: {note}"
+    return [line], errors
