@@ -117,8 +117,6 @@ func worker(args []string) {
 		defer f.Close()
 		sink = f
 	}
-	var mu sync.Mutex
-	enc := json.NewEncoder(sink)
 
 	weights := map[string]int{}
 	for _, q := range queueList(*queues) {
@@ -130,7 +128,16 @@ func worker(args []string) {
 		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return *delay },
 		LogLevel:       asynq.WarnLevel,
 	})
-	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+	if err := srv.Run(recorder(json.NewEncoder(sink), *fail, slowType, slowFor)); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// recorder is the handler of every task: it writes the run as a JSON line to enc, then fails
+// (tasks of type fail) or takes slowFor (tasks of type slowType) or succeeds at once.
+func recorder(enc *json.Encoder, fail, slowType string, slowFor time.Duration) asynq.Handler {
+	var mu sync.Mutex
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		r := run{Type: t.Type(), Payload: string(t.Payload()), At: time.Now().UTC().Format(time.RFC3339Nano)}
 		r.ID, _ = asynq.GetTaskID(ctx)
 		r.Retry, _ = asynq.GetRetryCount(ctx)
@@ -139,7 +146,7 @@ func worker(args []string) {
 		if d, ok := ctx.Deadline(); ok {
 			r.Deadline = d.UTC().Format(time.RFC3339)
 		}
-		r.Failed = *fail != "" && t.Type() == *fail
+		r.Failed = fail != "" && t.Type() == fail
 		mu.Lock()
 		err := enc.Encode(r)
 		mu.Unlock()
@@ -158,9 +165,6 @@ func worker(args []string) {
 		}
 		return nil
 	})
-	if err := srv.Run(handler); err != nil {
-		log.Fatal(err)
-	}
 }
 
 type entry struct {
