@@ -176,11 +176,16 @@ class Deliverer:
         outcomes, self._outcomes = self._outcomes, []
         try:
             await self._store.record(self._owner, outcomes)
-            self._counts.update(_COUNTED[o.state] for o in outcomes)
-        except Exception as exc:  # kept for the next turn; the leases still hold the rows
+        except BaseException as exc:
+            # Kept for the next turn (or the stop's last flush, when cancelled: written once,
+            # since a write applies only to rows still pending under this owner's lease).
             self._outcomes = outcomes + self._outcomes
+            if not isinstance(exc, Exception):
+                raise
             log.warning("http deliveries: cannot record %d outcomes: %s", len(outcomes), exc)
             await self._clock.sleep(min(1.0, self._config.poll_interval))
+            return
+        self._counts.update(_COUNTED[o.state] for o in outcomes)
 
     async def _shutdown(self) -> None:
         unsent = [i for i in self._running if i not in self._started]
