@@ -133,6 +133,6 @@ def test_an_unknown_target_is_one_line_naming_the_installed_ones(plugin_site: Pa
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("periodic-manager: error: --target / PM_TARGET: ")
     assert (
-        "unknown target 'sqs': the installed targets are arq, asynq, celery, dramatiq, jsonl,"
+        "unknown target 'sqs': the installed targets are arq, asynq, celery, dramatiq, http, jsonl,"
         in line
     )
