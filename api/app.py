@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 import periodic_manager
@@ -35,12 +35,14 @@ from .routes import (
     docs,
     entries,
     health,
+    keys,
     managers,
     runs,
     schedules,
     views,
 )
 from .schemas import Problem
+from .scopes import require_scope
 from .state import AppState, state_of
 from .ui.shell import ui_router
 from .unsent import UnsentAnswers
@@ -97,15 +99,15 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # served by api.docs from the package's own assets (works offline)
         redoc_url=None,
+        dependencies=[Depends(require_scope)],  # the one check of each route's scope
     )
     app.state.pm = AppState(settings, clock if clock is not None else SystemClock())
-    clock = app.state.pm.clock
     install_error_handlers(app)
     # Outermost last: UnsentAnswers (an answer the server refused because it already answered a
     # malformed request) -> NoFraming (every HTML answer, whoever makes it) -> BrowserGuard (Host,
     # cross-site, JSON bodies) -> BodyLimit -> HeadAsGet -> BearerAuth -> routes. The browser
     # checks come before auth: a rebinding page must not even learn whether a token is needed.
-    app.add_middleware(BearerAuth, settings=settings, clock=clock)
+    app.add_middleware(BearerAuth, settings=settings, state=app.state.pm)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuard, settings=settings)
@@ -114,6 +116,7 @@ def create_app(
     for module in (
         schedules,
         calendars,
+        keys,
         runs,
         changes,
         entries,
@@ -181,12 +184,14 @@ def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
             responses = operation.setdefault("responses", {})
             if path not in OPEN_PATHS:
                 responses.setdefault("401", {"description": "Missing or invalid bearer token"})
-                responses.setdefault("403", {"description": "The read-only token cannot write"})
+                responses.setdefault(
+                    "403", {"description": "The caller's scope does not allow this"}
+                )
             if path not in ANY_HOST_PATHS:
                 responses.setdefault("421", {"description": "The Host is not an allowed host"})
             if method.upper() not in SAFE_METHODS:
                 responses["403"] = {
-                    "description": "A cross-site browser request, or the read-only token"
+                    "description": "A cross-site browser request, or the caller's scope does not allow this"
                 }
                 responses.setdefault("413", {"description": "The body is larger than the cap"})
                 responses.setdefault("415", {"description": "The body is not declared JSON"})

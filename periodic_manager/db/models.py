@@ -402,3 +402,22 @@ runs_table = Table(
     Index("ix_pm_runs_at", "at"),
     sqlite_autoincrement=True,
 )
+
+
+# An API key (periodic_manager/access.py), written by ``db/api_keys.py`` only: the SHA-256 of its
+# secret (never the key), its scope, and the namespace it is of (``default`` until namespaces
+# come). A revoked key keeps its row (``revoked_at``) and its name. ``last_used_at`` is written at
+# most once a minute per key. Read by ``key_id`` (the id in the key's text) on every request.
+api_keys_table = Table(
+    "pm_api_keys",
+    metadata,
+    Column("key_id", String(16), primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("namespace", String(64), nullable=False, server_default="default"),
+    Column("scope", String(16), nullable=False),
+    Column("secret_sha256", String(64), nullable=False),
+    _at("created_at", nullable=False),
+    _at("expires_at", nullable=True),
+    _at("revoked_at", nullable=True),
+    _at("last_used_at", nullable=True),
+)
