@@ -77,7 +77,7 @@ SCOPES: dict[tuple[str, str], Scope | _Open] = {
     ("GET", "/docs/assets/{name}"): READ,
     ("GET", "/"): OPEN,
     ("GET", "/ui"): OPEN,
-    ("GET", "/ui/{path:path}"): OPEN,
+    ("GET", "/ui/{path}"): OPEN,
     ("GET", "/ui/static/{tag}/{name}"): OPEN,
 }
 # Not a FastAPI route, so no dependency runs for it: any caller the middleware let in (read).
@@ -112,7 +112,8 @@ def needed(method: str, path: str) -> Scope | _Open:
 async def require_scope(request: Request) -> None:
     """The app's one authorization check (a dependency of every FastAPI route)."""
     route = request.scope.get("route")
-    path = str(getattr(route, "path", request.url.path))
+    # The template without converters ("{name:path}" -> "{name}"), as the OpenAPI document has it.
+    path = str(getattr(route, "path_format", request.url.path))
     need = needed(request.method, path)
     if isinstance(need, _Open):
         return
