@@ -18,7 +18,7 @@ from periodic_manager.contracts import Clock, ManagerHandle
 from periodic_manager.db.engine import Engine, create_engine
 from periodic_manager.settings import Settings
 
-from .auth import OPEN_PATHS, BearerAuth, warn_if_exposed
+from .auth import OPEN_PATHS, BearerAuth, admin_key_in, exposure, warn_if_exposed
 from .errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from .guard import (
     ANY_HOST_PATHS,
@@ -70,7 +70,6 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        warn_if_exposed(settings)
         warn_if_unreachable_by_name(settings)
         state = state_of(app)
         async with AsyncExitStack() as stack:
@@ -79,6 +78,11 @@ def create_app(
                 eng = create_engine(settings.database_url)
                 stack.push_async_callback(eng.dispose)
             state.engine = eng
+            # Beyond loopback with no token, an active admin key in the database is enough.
+            admin_key = exposure(settings) is not None and await admin_key_in(
+                eng, state.clock.now()
+            )
+            warn_if_exposed(settings, admin_key=admin_key)
             state.manager = None
             state.trigger_target = None
             state.target_lock = asyncio.Lock()

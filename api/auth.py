@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -29,6 +30,7 @@ from periodic_manager.access import Scope as KeyScope
 from periodic_manager.access import digest, split_key
 from periodic_manager.contracts import Clock
 from periodic_manager.db import api_keys
+from periodic_manager.db.engine import Engine
 from periodic_manager.runtime.startup import is_loopback
 from periodic_manager.settings import Settings
 
@@ -251,10 +253,20 @@ def exposure(settings: Settings, *, admin_key: bool = False) -> str | None:
     )
 
 
-def warn_if_exposed(settings: Settings) -> bool:
+async def admin_key_in(engine: Engine, now: datetime) -> bool:
+    """Whether the database of ``engine`` holds an active admin key (:func:`exposure`); a
+    database that cannot be asked (down, not migrated) holds none."""
+    try:
+        async with engine.connect() as conn:
+            return await api_keys.active_admin(conn, now)
+    except (SQLAlchemyError, OSError):
+        return False
+
+
+def warn_if_exposed(settings: Settings, *, admin_key: bool = False) -> bool:
     """Log a warning when the API is built with settings it must not serve (:func:`exposure`:
     the command refuses them; an app built in code only warns); True if it did."""
-    why = exposure(settings)
+    why = exposure(settings, admin_key=admin_key)
     if why is not None:
         log.warning("%s", why)
         return True

@@ -125,6 +125,7 @@ async def admin_key_exists(settings: Settings, clock: Clock | None = None) -> bo
     is bound and before ``run`` migrates SQLite: a database that is missing, unreachable or not
     at head holds no usable key, so the command refuses as if there were none (and creates no
     SQLite file)."""
+    from periodic_manager.api.auth import admin_key_in
     from periodic_manager.db.engine import create_engine
     from periodic_manager.runtime.startup import StartupError, check_database
 
@@ -134,7 +135,6 @@ async def admin_key_exists(settings: Settings, clock: Clock | None = None) -> bo
         return False
     engine = create_engine(settings.database_url)
     try:
-        async with engine.connect() as conn:
-            return await api_keys.active_admin(conn, (clock or SystemClock()).now())
+        return await admin_key_in(engine, (clock or SystemClock()).now())
     finally:
         await engine.dispose()

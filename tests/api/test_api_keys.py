@@ -268,3 +268,27 @@ async def test_keys_are_compared_in_constant_time_and_wrong_ones_are_guesses(
         assert (await c.get("/schedules", headers=bearer(key))).status_code == 200
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "wrong API tokens" in said and secret not in said and "A" * 42 not in said
+
+
+async def test_an_app_beyond_loopback_warns_unless_an_active_admin_key_exists(
+    migrated_pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = create_engine(migrated_pg_url)
+    settings = Settings(database_url=migrated_pg_url, host="0.0.0.0")
+
+    async def warned() -> bool:
+        caplog.clear()
+        app = create_app(settings, clock=VirtualClock(T0), engine=engine)
+        with caplog.at_level(logging.WARNING, logger="periodic_manager.api.auth"):
+            async with app.router.lifespan_context(app):
+                pass
+        return any("no active admin key" in r.getMessage() for r in caplog.records)
+
+    try:
+        assert await warned()
+        await make_key(engine, "reader", Scope.READ)
+        assert await warned()  # a read key does not count
+        await make_key(engine, "root", Scope.ADMIN, expires_at=T0 + timedelta(days=1))
+        assert not await warned()
+    finally:
+        await engine.dispose()

@@ -139,6 +139,8 @@ async def test_api_beyond_loopback_starts_once_an_active_admin_key_exists(
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
+        rest = (await asyncio.wait_for(proc.stderr.read(), 30)).decode()
         await asyncio.wait_for(proc.wait(), 30)
+    assert "Application startup complete" in rest and "no active admin key" not in rest, rest
     assert run_cli("keys", "revoke", "root", env=env).returncode == 0
     one_line_error(run_cli(*args, env=env), 1, "no active admin key")
