@@ -292,3 +292,13 @@ async def test_an_app_beyond_loopback_warns_unless_an_active_admin_key_exists(
         assert not await warned()
     finally:
         await engine.dispose()
+
+
+def test_a_route_missing_from_the_table_needs_admin_and_head_is_get() -> None:
+    from periodic_manager.api.scopes import needed
+
+    assert needed("GET", "/not/in/the/table") is Scope.ADMIN
+    assert needed("HEAD", "/schedules") is Scope.READ
+    assert needed("POST", "/schedules/{schedule_id}/trigger") is Scope.TRIGGER
+    assert [s.value for s in Scope] == ["read", "trigger", "write", "admin"]
+    assert Scope.WRITE.allows(Scope.TRIGGER) and not Scope.TRIGGER.allows(Scope.WRITE)

@@ -22,7 +22,7 @@ const ROUTES = [
   [/^\/ui\/calendars$/, "calendars", (m, ready) => calendarsPage(ready)],
 ];
 
-// Who the caller is: {auth, can_write}. Asks for the token while the API answers 401.
+// Who the caller is: {auth, can_write, scope, key}. Asks for the token while the API answers 401.
 async function whoami() {
   for (;;) {
     const answer = await api("GET", "/views/whoami");
@@ -53,7 +53,9 @@ function showWho(who) {
       location.reload();
     },
   }, "Forget token");
-  line.replaceChildren(who.can_write ? "Token: read and write " : "Token: read-only ", forget);
+  const kind = who.can_write ? "read and write" : "read-only";
+  const whose = who.key ? `key ${who.key}, ` : "";
+  line.replaceChildren(`Token: ${kind} (${whose}scope ${who.scope}) `, forget);
   return who;
 }
 
