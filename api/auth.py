@@ -36,7 +36,7 @@ from periodic_manager.settings import Settings
 
 from .errors import ApiProblem, problem_response
 from .middleware import HttpMiddleware
-from .scopes import GRANT_KEY, OPEN_GRANT, Grant
+from .scopes import GRANT_KEY, OPEN_GRANT, Grant, unauthorized
 from .state import AppState
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class BearerAuth(HttpMiddleware):
         token = bearer_token(scope)
         if token is None:
             log.debug("rejected %s %s: no bearer token", scope["method"], scope["path"])
-            raise _unauthorized()
+            raise unauthorized()
         client = _client(scope)
         if (wait := self.guesses.wait(client)) > 0:
             raise ApiProblem(
@@ -195,7 +195,7 @@ class BearerAuth(HttpMiddleware):
         if grant is None:
             self.guesses.wrong(client)
             log.debug("rejected %s %s: invalid bearer token", scope["method"], scope["path"])
-            raise _unauthorized()
+            raise unauthorized()
         return grant
 
     async def _key_grant(self, token: bytes) -> Grant | None:
@@ -224,15 +224,6 @@ class BearerAuth(HttpMiddleware):
                 503, "unavailable", "cannot check API keys: database unavailable"
             ) from None
         return Grant(key.scope, f"key {key.name}", key.name)
-
-
-def _unauthorized() -> ApiProblem:
-    return ApiProblem(
-        401,
-        "unauthorized",
-        "a valid 'Authorization: Bearer <token>' header is required",
-        headers={"WWW-Authenticate": 'Bearer realm="periodic_manager"'},
-    )
 
 
 def exposure(settings: Settings, *, admin_key: bool = False) -> str | None:

@@ -98,6 +98,16 @@ GRANT_KEY = "periodic_manager.grant"  # where BearerAuth puts the Grant in the A
 OPEN_GRANT = Grant(Scope.ADMIN, "open")
 
 
+def unauthorized() -> ApiProblem:
+    """The answer to a request without a valid token (the same wherever it is refused)."""
+    return ApiProblem(
+        401,
+        "unauthorized",
+        "a valid 'Authorization: Bearer <token>' header is required",
+        headers={"WWW-Authenticate": 'Bearer realm="periodic_manager"'},
+    )
+
+
 def grant_of(scope: AsgiScope) -> Grant | None:
     """The caller of a request, as the middleware found it (None: it did not look)."""
     grant = scope.get(GRANT_KEY)
@@ -119,9 +129,7 @@ async def require_scope(request: Request) -> None:
         return
     grant = grant_of(request.scope)
     if grant is None:  # a path the middleware let through unseen must not reach a closed route
-        raise ApiProblem(
-            401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required"
-        )
+        raise unauthorized()
     if not grant.scope.allows(need):
         log.debug("refused %s %s to %s: needs %s", request.method, path, grant.via, need)
         raise ApiProblem(
