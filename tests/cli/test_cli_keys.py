@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import re
 import signal
+import subprocess
 
 import httpx
 import pytest
@@ -26,10 +27,9 @@ from tests.support.api import T0
 KEY_LINE = re.compile(r"^pmk_[0-9a-f]{12}_[A-Za-z0-9_-]{43}$")
 
 
-def one_line_error(proc: object, status: int, *fragments: str) -> None:
-    rc, err = proc.returncode, proc.stderr  # type: ignore[attr-defined]
-    lines = err.strip().splitlines()
-    assert rc == status and len(lines) == 1, (rc, err)
+def one_line_error(proc: subprocess.CompletedProcess[str], status: int, *fragments: str) -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == status and len(lines) == 1, (proc.returncode, proc.stderr)
     assert lines[0].startswith("periodic-manager: error: "), lines[0]
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
