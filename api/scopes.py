@@ -51,6 +51,13 @@ SCOPES: dict[tuple[str, str], Scope | _Open] = {
     ("POST", f"{S}/backfill"): TRIGGER,
     ("GET", f"{S}/runs"): READ,
     ("GET", f"{S}/changes"): READ,
+    ("GET", f"{S}/stats"): READ,
+    # The http target's dead letters: a replay sends tasks again (as a trigger does); a purge
+    # deletes them for good (a write).
+    ("GET", "/dead-letters"): READ,
+    ("POST", "/dead-letters/{letter_id}/replay"): TRIGGER,
+    ("POST", "/dead-letters/replay"): TRIGGER,
+    ("POST", "/dead-letters/purge"): WRITE,
     # Calendars are shared by every schedule (every namespace, once there are namespaces).
     ("GET", "/calendars"): READ,
     ("GET", "/calendars/{name}"): READ,
