@@ -40,6 +40,7 @@ async function whoami() {
 
 function showWho(who) {
   document.body.dataset.canWrite = who.can_write ? "true" : "false";
+  document.body.dataset.scope = who.scope;
   const line = document.getElementById("who");
   if (!who.auth) {
     line.replaceChildren();
