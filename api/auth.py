@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from periodic_manager.access import Scope as KeyScope
@@ -209,21 +210,31 @@ class BearerAuth(HttpMiddleware):
         try:
             async with self.state.database.connect() as conn:
                 key = await api_keys.by_id(conn, key_id)
-                if key is None or not hmac.compare_digest(
-                    digest(secret).encode(), key.secret_sha256.encode()
-                ):
+                if key is None:
+                    return None
+                if not hmac.compare_digest(digest(secret).encode(), key.secret_sha256.encode()):
+                    log.info("wrong secret for API key %s (%s)", key.name, key_id)
                     return None
                 why = "no known scope" if key.scope is None else key.state(now)
                 if key.scope is None or why != "active":
                     log.info("refused API key %s (%s): %s", key.name, key_id, why)
                     return None
-                await api_keys.touch(conn, key, now)
+                await _touch(conn, key, now)
         except (SQLAlchemyError, OSError) as exc:
             log.warning("cannot check API key %s: %s", key_id, type(exc).__name__)
             raise ApiProblem(
                 503, "unavailable", "cannot check API keys: database unavailable"
             ) from None
         return Grant(key.scope, f"key {key.name}", key.name)
+
+
+async def _touch(conn: AsyncConnection, key: api_keys.StoredKey, now: datetime) -> None:
+    """Record the key's use; a write that fails (a busy SQLite file) must not refuse the
+    request its key has already been checked for: the next use a minute later tries again."""
+    try:
+        await api_keys.touch(conn, key, now)
+    except SQLAlchemyError as exc:
+        log.warning("cannot record the use of API key %s: %s", key.name, type(exc).__name__)
 
 
 def exposure(settings: Settings, *, admin_key: bool = False) -> str | None:

@@ -270,6 +270,7 @@ async def test_keys_are_compared_in_constant_time_and_wrong_ones_are_guesses(
         assert (await c.get("/schedules", headers=bearer(key))).status_code == 200
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "wrong API tokens" in said and secret not in said and "A" * 42 not in said
+    assert f"wrong secret for API key victim ({key_id})" in said  # the name and id, no secret
 
 
 async def test_an_app_beyond_loopback_warns_unless_an_active_admin_key_exists(
