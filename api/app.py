@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
 import periodic_manager
@@ -18,7 +18,7 @@ from periodic_manager.contracts import Clock, ManagerHandle
 from periodic_manager.db.engine import Engine, create_engine
 from periodic_manager.settings import Settings
 
-from .auth import OPEN_PATHS, BearerAuth, warn_if_exposed
+from .auth import OPEN_PATHS, BearerAuth, admin_key_in, exposure, warn_if_exposed
 from .errors import PROBLEM_MEDIA_TYPE, install_error_handlers
 from .guard import (
     ANY_HOST_PATHS,
@@ -36,12 +36,14 @@ from .routes import (
     docs,
     entries,
     health,
+    keys,
     managers,
     runs,
     schedules,
     views,
 )
 from .schemas import Problem
+from .scopes import require_scope
 from .state import AppState, state_of
 from .ui.shell import ui_router
 from .unsent import UnsentAnswers
@@ -56,6 +58,7 @@ DESCRIPTION = (
 ROUTES = (
     schedules,
     calendars,
+    keys,
     runs,
     changes,
     entries,
@@ -85,7 +88,6 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        warn_if_exposed(settings)
         warn_if_unreachable_by_name(settings)
         state = state_of(app)
         async with AsyncExitStack() as stack:
@@ -94,6 +96,11 @@ def create_app(
                 eng = create_engine(settings.database_url)
                 stack.push_async_callback(eng.dispose)
             state.engine = eng
+            # Beyond loopback with no token, an active admin key in the database is enough.
+            admin_key = exposure(settings) is not None and await admin_key_in(
+                eng, state.clock.now()
+            )
+            warn_if_exposed(settings, admin_key=admin_key)
             state.manager = None
             state.trigger_target = None
             state.target_lock = asyncio.Lock()
@@ -114,6 +121,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # served by api.docs from the package's own assets (works offline)
         redoc_url=None,
+        dependencies=[Depends(require_scope)],  # the one check of each route's scope
     )
     app.state.pm = AppState(settings, clock if clock is not None else SystemClock())
     install_error_handlers(app)
@@ -121,7 +129,7 @@ def create_app(
     # malformed request) -> NoFraming (every HTML answer, whoever makes it) -> BrowserGuard (Host,
     # cross-site, JSON bodies) -> BodyLimit -> HeadAsGet -> BearerAuth -> routes. The browser
     # checks come before auth: a rebinding page must not even learn whether a token is needed.
-    app.add_middleware(BearerAuth, settings=settings, clock=app.state.pm.clock)
+    app.add_middleware(BearerAuth, settings=settings, state=app.state.pm)
     app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserGuard, settings=settings)
@@ -186,12 +194,14 @@ def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
             responses = operation.setdefault("responses", {})
             if path not in OPEN_PATHS:
                 responses.setdefault("401", {"description": "Missing or invalid bearer token"})
-                responses.setdefault("403", {"description": "The read-only token cannot write"})
+                responses.setdefault(
+                    "403", {"description": "The caller's scope does not allow this"}
+                )
             if path not in ANY_HOST_PATHS:
                 responses.setdefault("421", {"description": "The Host is not an allowed host"})
             if method.upper() not in SAFE_METHODS:
                 responses["403"] = {
-                    "description": "A cross-site browser request, or the read-only token"
+                    "description": "A cross-site browser request, or the caller's scope does not allow this"
                 }
                 responses.setdefault("413", {"description": "The body is larger than the cap"})
                 responses.setdefault("415", {"description": "The body is not declared JSON"})

@@ -1,10 +1,13 @@
 """Bearer-token authentication for every path but the probes ``/healthz`` and ``/readyz``.
 
-With neither ``PM_API_TOKEN`` nor ``PM_API_READ_TOKEN`` set the API is open (and bound to
-127.0.0.1 by default). With a token set, a request needs ``Authorization: Bearer <token>``: the
-write token allows everything, the read token only GET and HEAD (403 otherwise). Tokens are
-compared in constant time and never logged. Done as ASGI middleware so that it covers the OpenAPI
-document, unknown paths (401 before 404: nothing is revealed) and ``/metrics`` alike.
+With neither ``PM_API_TOKEN`` nor ``PM_API_READ_TOKEN`` set and no API key made, the API is open
+(and bound to 127.0.0.1 by default). Otherwise a request needs ``Authorization: Bearer <token>``:
+``PM_API_TOKEN`` is an admin, ``PM_API_READ_TOKEN`` a global read key, and an API key
+(``pmk_...``, rows of ``pm_api_keys``: :mod:`periodic_manager.access`) has its own scope. This
+module finds *who* calls (a :class:`~api.scopes.Grant`, put in the ASGI scope); what each route
+needs is ``api/scopes.py``. Tokens and key digests are compared in constant time and never
+logged. Done as ASGI middleware so that it covers the OpenAPI document, unknown paths (401 before
+404: nothing is revealed) and ``/metrics`` alike.
 
 Guessing is slowed down per client (its address): after ``GUESSES`` wrong tokens within
 ``GUESS_WINDOW_S``, every request of that client carrying a token is answered 429 until the
@@ -17,16 +20,25 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+from datetime import datetime
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from periodic_manager.access import Scope as KeyScope
+from periodic_manager.access import digest, split_key
 from periodic_manager.contracts import Clock
+from periodic_manager.db import api_keys
+from periodic_manager.db.engine import Engine
 from periodic_manager.runtime.startup import is_loopback
 from periodic_manager.settings import Settings
 
-from .errors import problem_response
+from .errors import ApiProblem, problem_response
 from .middleware import HttpMiddleware
+from .scopes import GRANT_KEY, OPEN_GRANT, Grant, unauthorized
+from .state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +56,8 @@ READ_METHODS = frozenset({"GET", "HEAD"})
 GUESSES = 20
 GUESS_WINDOW_S = 60.0
 MAX_CLIENTS = 10_000
+# While no API key exists (and no token is set), look again this often whether one was made.
+KEYS_RECHECK_S = 1.0
 
 
 class Guesses:
@@ -107,78 +121,154 @@ def bearer_token(scope: Scope) -> bytes | None:
 
 
 class BearerAuth(HttpMiddleware):
-    """ASGI middleware enforcing the API tokens of ``settings``."""
+    """ASGI middleware: who a request is (:class:`~api.scopes.Grant`), or 401/429/503.
 
-    def __init__(self, app: ASGIApp, settings: Settings, clock: Clock) -> None:
+    Auth is on when ``PM_API_TOKEN`` or ``PM_API_READ_TOKEN`` is set, or once any API key was
+    made (revoked keys count: revoking the last key must not open the API). Whether a key exists
+    is asked of the database at most every ``KEYS_RECHECK_S`` while there is none, and never
+    again once there is one. A key is read from the database on every request (by primary key,
+    no cache), so a revoked or expired key is refused from the next request in every process.
+    What the grant may do is decided after routing, by :func:`api.scopes.require_scope`.
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings, state: AppState) -> None:
         super().__init__(app)
         self.write = _secret(settings.api_token)
         self.read = _secret(settings.api_read_token)
-        self.guesses = Guesses(clock)
+        self.state = state
+        self.guesses = Guesses(state.clock)
+        self._looked_at: float | None = None  # monotonic time keys were last found missing
 
     def handles(self, scope: Scope) -> bool:
         path: str = scope["path"]
-        return not (
-            (self.write is None and self.read is None)
-            or path in OPEN_PATHS
-            or path in UI_PATHS
-            or path.startswith(UI_PREFIX)
-        )
+        return not (path in OPEN_PATHS or path in UI_PATHS or path.startswith(UI_PREFIX))
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            on = await self.auth_on()
+            grant = OPEN_GRANT if not on else await self._grant(scope)
+        except ApiProblem as exc:
+            response = problem_response(exc.status, exc.slug, exc.detail, headers=exc.headers)
+            await response(scope, receive, send)
+            return
+        scope[GRANT_KEY] = grant
+        await self.app(scope, receive, send)
+
+    async def auth_on(self) -> bool:
+        """Whether requests need a token: one is set, or an API key exists."""
+        if self.write is not None or self.read is not None or self.state.keys_seen:
+            return True
+        now = self.state.clock.monotonic()
+        if self._looked_at is not None and now - self._looked_at < KEYS_RECHECK_S:
+            return False
+        try:
+            async with self.state.database.connect() as conn:
+                self.state.keys_seen = await api_keys.any_key(conn)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("cannot tell whether API keys exist: %s", type(exc).__name__)
+            raise ApiProblem(
+                503, "unavailable", "cannot check API keys: database unavailable"
+            ) from None
+        self._looked_at = now
+        return self.state.keys_seen
+
+    async def _grant(self, scope: Scope) -> Grant:
         token = bearer_token(scope)
-        if token is not None:
-            client = _client(scope)
-            if (wait := self.guesses.wait(client)) > 0:
-                response = problem_response(
-                    429,
-                    "too-many-requests",
-                    f"too many wrong tokens from this client: retry in {math.ceil(wait)} s",
-                    headers={"Retry-After": str(math.ceil(wait))},
-                )
-                await response(scope, receive, send)
-                return
-            # Both comparisons always run, so timing does not tell which token came close.
-            is_write = _matches(token, self.write)
-            is_read = _matches(token, self.read)
-            if is_write or (is_read and scope["method"] in READ_METHODS):
-                await self.app(scope, receive, send)
-                return
-            if is_read:
-                response = problem_response(
-                    403, "forbidden", "the read-only token allows GET requests only"
-                )
-                await response(scope, receive, send)
-                return
+        if token is None:
+            log.debug("rejected %s %s: no bearer token", scope["method"], scope["path"])
+            raise unauthorized()
+        client = _client(scope)
+        if (wait := self.guesses.wait(client)) > 0:
+            raise ApiProblem(
+                429,
+                "too-many-requests",
+                f"too many wrong tokens from this client: retry in {math.ceil(wait)} s",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
+        # Both comparisons always run, so timing does not tell which token came close.
+        is_write = _matches(token, self.write)
+        is_read = _matches(token, self.read)
+        if is_write:
+            return Grant(KeyScope.ADMIN, "PM_API_TOKEN")
+        if is_read:
+            return Grant(KeyScope.READ, "PM_API_READ_TOKEN")
+        grant = await self._key_grant(token)
+        if grant is None:
             self.guesses.wrong(client)
-        log.debug("rejected %s %s: missing or invalid bearer token", scope["method"], scope["path"])
-        response = problem_response(
-            401,
-            "unauthorized",
-            "a valid 'Authorization: Bearer <token>' header is required",
-            headers={"WWW-Authenticate": 'Bearer realm="periodic_manager"'},
-        )
-        await response(scope, receive, send)
+            log.debug("rejected %s %s: invalid bearer token", scope["method"], scope["path"])
+            raise unauthorized()
+        return grant
+
+    async def _key_grant(self, token: bytes) -> Grant | None:
+        """The grant of an API key: read by its id, its secret's digest compared in constant
+        time; None for a key that is unknown, wrong, revoked, expired or of no known scope."""
+        parts = split_key(token.decode("ascii", "replace"))
+        if parts is None:
+            return None
+        key_id, secret = parts
+        now = self.state.clock.now()
+        try:
+            async with self.state.database.connect() as conn:
+                key = await api_keys.by_id(conn, key_id)
+                if key is None:
+                    return None
+                if not hmac.compare_digest(digest(secret).encode(), key.secret_sha256.encode()):
+                    log.info("wrong secret for API key %s (%s)", key.name, key_id)
+                    return None
+                why = "no known scope" if key.scope is None else key.state(now)
+                if key.scope is None or why != "active":
+                    log.info("refused API key %s (%s): %s", key.name, key_id, why)
+                    return None
+                await _touch(conn, key, now)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("cannot check API key %s: %s", key_id, type(exc).__name__)
+            raise ApiProblem(
+                503, "unavailable", "cannot check API keys: database unavailable"
+            ) from None
+        return Grant(key.scope, f"key {key.name}", key.name)
 
 
-def exposure(settings: Settings) -> str | None:
+async def _touch(conn: AsyncConnection, key: api_keys.StoredKey, now: datetime) -> None:
+    """Record the key's use; a write that fails (a busy SQLite file) must not refuse the
+    request its key has already been checked for: the next use a minute later tries again."""
+    try:
+        await api_keys.touch(conn, key, now)
+    except SQLAlchemyError as exc:
+        log.warning("cannot record the use of API key %s: %s", key.name, type(exc).__name__)
+
+
+def exposure(settings: Settings, *, admin_key: bool = False) -> str | None:
     """Why the API must not serve with these settings (None: it may): it binds beyond loopback
-    and no token is set, so anyone who reaches it could edit schedules. ``run`` and ``api``
-    refuse to start then; the message names the setting and how to fix it."""
-    if settings.api_token is not None or settings.api_read_token is not None:
+    and no token is set and (``admin_key`` False) no active admin key exists, so anyone who
+    reaches it could edit schedules. ``run`` and ``api`` refuse to start then; the message names
+    the setting and how to fix it. The command asks the database for ``admin_key`` only when
+    the settings alone would refuse (:func:`periodic_manager.cli.main._serve`)."""
+    if settings.api_token is not None or settings.api_read_token is not None or admin_key:
         return None
     if is_loopback(settings.host):
         return None
     return (
-        f"PM_HOST: the API would bind to {settings.host} (beyond loopback) with no PM_API_TOKEN: "
-        "anyone who reaches it could edit schedules; set PM_API_TOKEN to a long random secret "
-        "(python3 -c 'import secrets; print(secrets.token_urlsafe(32))') or bind to 127.0.0.1"
+        f"PM_HOST: the API would bind to {settings.host} (beyond loopback) with no PM_API_TOKEN "
+        "and no active admin key: anyone who reaches it could edit schedules; create the first "
+        "admin key with `periodic-manager keys create --name admin --scope admin`, or set "
+        "PM_API_TOKEN to a long random secret, or bind to 127.0.0.1"
     )
 
 
-def warn_if_exposed(settings: Settings) -> bool:
+async def admin_key_in(engine: Engine, now: datetime) -> bool:
+    """Whether the database of ``engine`` holds an active admin key (:func:`exposure`); a
+    database that cannot be asked (down, not migrated) holds none."""
+    try:
+        async with engine.connect() as conn:
+            return await api_keys.active_admin(conn, now)
+    except (SQLAlchemyError, OSError):
+        return False
+
+
+def warn_if_exposed(settings: Settings, *, admin_key: bool = False) -> bool:
     """Log a warning when the API is built with settings it must not serve (:func:`exposure`:
     the command refuses them; an app built in code only warns); True if it did."""
-    why = exposure(settings)
+    why = exposure(settings, admin_key=admin_key)
     if why is not None:
         log.warning("%s", why)
         return True

@@ -31,6 +31,7 @@ class AppState:
     target_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     next_slots: NextSlots = field(default_factory=NextSlots)  # next slot per (spec, zone, anchor)
     order: NextSlotOrder = field(init=False)  # the schedules in next-slot order
+    keys_seen: bool = False  # an API key was made: auth is on for good (api/auth.py)
 
     def __post_init__(self) -> None:
         self.order = NextSlotOrder(self.next_slots)

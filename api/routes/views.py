@@ -4,13 +4,12 @@ The public endpoints stay the way to read and write schedules; these add what a 
 one request and the public API does not offer: the schedule list sorted by next slot with last
 run and error badge, the next slots with daylight-saving changes marked, the overview's counts,
 last-hour series and lateness percentiles, managers with their entry counts, and whether the
-caller's token may write.
+caller's token may write (and its scope).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import re
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -18,18 +17,19 @@ from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Path, Query, Request
 
+from periodic_manager.access import Scope
 from periodic_manager.db import partitions, schedule_reader, store_reads
 from periodic_manager.db import view as dbview
 from periodic_manager.schedules import bounds as slot_bounds
 from periodic_manager.schedules.partition import ranges_text
 
-from ..auth import bearer_token
-from ..deps import AppSettings, Conn, LiveAfter, Now, Page, get_state
+from ..deps import Conn, LiveAfter, Now, Page, get_state
 from ..errors import ScheduleNotFound
 from ..rows import rules as row_rules
 from ..rows import runs_left
 from ..runtime import manager_fields, runs_counted
 from ..schemas import NoNul
+from ..scopes import OPEN_GRANT, grant_of
 from ..ui import listing, stats
 from ..ui.models import (
     Counts,
@@ -56,16 +56,16 @@ DIGITS = re.compile(r"[0-9]{1,18}")  # a schedule key that is a row id (str.isdi
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No such schedule"}}
 
 
-@router.get("/whoami", response_model=WhoAmI, summary="Whether this caller may write")
-async def whoami(request: Request, settings: AppSettings) -> WhoAmI:
-    write = settings.api_token
-    read = settings.api_read_token
-    if write is None and read is None:
-        return WhoAmI(auth=False, can_write=True)
-    # The auth middleware already let this request through; only the kind of token is asked.
-    token = bearer_token(request.scope) or b""
-    can_write = write is not None and hmac.compare_digest(token, write.get_secret_value().encode())
-    return WhoAmI(auth=True, can_write=can_write)
+@router.get("/whoami", response_model=WhoAmI, summary="Who this caller is: scope, may it write")
+async def whoami(request: Request) -> WhoAmI:
+    # The auth middleware let this request through and said who it is (api/scopes.Grant).
+    grant = grant_of(request.scope) or OPEN_GRANT
+    return WhoAmI(
+        auth=grant.via != OPEN_GRANT.via,
+        can_write=grant.scope.allows(Scope.WRITE),
+        scope=grant.scope.value,
+        key=grant.key_name,
+    )
 
 
 @router.get(

@@ -10,7 +10,9 @@ from pydantic import BaseModel, Field
 
 class WhoAmI(BaseModel):
     auth: bool = Field(description="whether the API asks for a bearer token")
-    can_write: bool = Field(description="false with the read-only token")
+    can_write: bool = Field(description="whether the caller's scope allows editing schedules")
+    scope: str = Field(description="the caller's scope: read, trigger, write or admin")
+    key: str | None = Field(None, description="the name of the caller's API key, if it used one")
 
 
 class LastRun(BaseModel):

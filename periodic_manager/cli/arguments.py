@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "migrate": ("upgrade the database schema to this version's head", (*_DB, *_LOG)),
     "import": ("upsert schedules from a JSON, YAML or TOML file by name", (*_DB, *_LOG)),
     "export": ("print every schedule as a JSON, YAML or TOML file", (*_DB, *_LOG)),
+    "keys": ("create, list and revoke API keys (each with a scope)", (*_DB, *_LOG)),
     "backfill": (
         "send every slot of a schedule in [--from, --to) that was never sent, once, paced",
         (*_DB, *_TARGET, "--grace", *_LOG),
@@ -75,6 +76,7 @@ def add_commands(sub: Subparsers) -> None:
     _add_files(subs["import"], subs["export"])
     _add_backfill(subs["backfill"])
     dead_letters.add_arguments(subs["dead-letters"])
+    _add_keys(subs["keys"])
     _add_health(sub)
 
 
@@ -142,6 +144,27 @@ def _add_backfill(bf: argparse.ArgumentParser) -> None:
         help="also send the slots older than what is remembered (PM_RUNS_RETENTION, "
         "PM_RUNS_MAX_PER_SCHEDULE), which may have been sent already",
     )
+
+
+def _add_keys(keys: argparse.ArgumentParser) -> None:
+    """``keys create|list|revoke``: API keys (periodic_manager/access.py)."""
+    what = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    create = what.add_parser(
+        "create",
+        help="make a key; prints it alone on the last line (shown once: only its hash is kept)",
+    )
+    create.add_argument("--name", required=True, help="the key's name (unique; 1-64 characters)")
+    create.add_argument(
+        "--scope",
+        required=True,
+        help="read < trigger (trigger, backfill, pause, resume) < write < admin (keys, calendars)",
+    )
+    create.add_argument(
+        "--expires-at", default=None, help="when it stops working (ISO 8601 with offset)"
+    )
+    what.add_parser("list", help="every key: name, scope, state, expiry, last use (no secret)")
+    revoke = what.add_parser("revoke", help="revoke a key: refused from the next request")
+    revoke.add_argument("name", help="the key's name")
 
 
 def _add_health(sub: Subparsers) -> None:

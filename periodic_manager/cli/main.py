@@ -82,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from periodic_manager.cli.dead_letters import run
 
             return run(args, settings)
+        if command == "keys":
+            from periodic_manager.cli.keys import run_keys
+
+            return run_keys(args, settings)
         if command == "manager":
             return asyncio.run(_run_manager(settings))
         return _serve(settings, role=command)
@@ -303,7 +307,12 @@ def _serve(settings: Settings, *, role: str) -> int:
     from periodic_manager.runtime.startup import StartupError, check_database
 
     if (why := exposure(settings)) is not None:
-        raise StartupError(why)
+        from periodic_manager.cli.keys import admin_key_exists
+
+        # Beyond loopback with no token: an active admin key in the database is enough (keys
+        # turn auth on). Only asked then, so a start with a token opens no connection early.
+        if not asyncio.run(admin_key_exists(settings)):
+            raise StartupError(why)
     if role == "run":
         from periodic_manager.runtime.assemble import build_leadership
         from periodic_manager.runtime.startup import check_probe_dir

@@ -1,5 +1,6 @@
 """The column types of the tables (:mod:`periodic_manager.db.models`) that differ per database:
-ids, JSON values, long text and instants, each one type whatever the database."""
+ids, JSON values, long text and instants, each one type whatever the database; and the columns
+several tables share, each defined once."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Integer, Text
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Integer, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -91,3 +92,26 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 Instant = UTCDateTime()
+
+
+# Columns that several tables share, each defined once.
+
+
+def serial_id() -> Column[Any]:
+    """An id the database hands out, never twice (see :data:`BigId`)."""
+    return Column("id", BigId, primary_key=True, autoincrement=True)
+
+
+def at_column(name: str, **kw: Any) -> Column[Any]:
+    """An instant (UTC on every database)."""
+    return Column(name, Instant, **kw)
+
+
+def schedule_key_column(**kw: Any) -> Column[Any]:
+    """A schedule's key: its row id, or ``name:<name>`` for a schedule registered in code."""
+    return Column("schedule_key", String(128), **kw)
+
+
+def name_column(**kw: Any) -> Column[Any]:
+    """A schedule's name."""
+    return Column("name", String(200), **kw)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # The revision the shipped migrations end at. A new migration changes it in the same commit
 # (tests/db/test_migrations.py fails until it equals Alembic's head).
-HEAD_REVISION = "0028_http_deliveries"
+HEAD_REVISION = "0029_api_keys"
 # Any fixed 64-bit value works; this one spells "pm-migr" so it is recognisable in pg_locks.
 MIGRATION_LOCK_KEY = 0x706D2D6D696772
 VERSION_TABLE = "alembic_version"

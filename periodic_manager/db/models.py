@@ -26,7 +26,11 @@ from sqlalchemy import (
     true,
 )
 
-from periodic_manager.db.column_types import BigId, Instant, JsonValue, LongText
+from periodic_manager.db.column_types import BigId, JsonValue, LongText
+from periodic_manager.db.column_types import at_column as _at
+from periodic_manager.db.column_types import name_column as _name
+from periodic_manager.db.column_types import schedule_key_column as _schedule_key
+from periodic_manager.db.column_types import serial_id as _serial_id
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -38,29 +42,6 @@ NAMING = {
 
 
 metadata = MetaData(naming_convention=NAMING)
-
-
-# Columns that several tables share, each defined once.
-
-
-def _serial_id() -> Column[Any]:
-    """An id the database hands out, never twice (see ``column_types.BigId``)."""
-    return Column("id", BigId, primary_key=True, autoincrement=True)
-
-
-def _at(name: str, **kw: Any) -> Column[Any]:
-    """An instant (UTC on every database)."""
-    return Column(name, Instant, **kw)
-
-
-def _schedule_key(**kw: Any) -> Column[Any]:
-    """A schedule's key: its row id, or ``name:<name>`` for a schedule registered in code."""
-    return Column("schedule_key", String(128), **kw)
-
-
-def _name(**kw: Any) -> Column[Any]:
-    """A schedule's name."""
-    return Column("name", String(200), **kw)
 
 
 # A schedule row. Anyone with database access may write it; the manager validates it.
@@ -432,4 +413,23 @@ http_deliveries_table = Table(
     Index("ix_pm_http_deliveries_due", "state", "next_attempt_at"),
     Index("ix_pm_http_deliveries_name_id", "name", "id"),
     sqlite_autoincrement=True,
+)
+
+
+# An API key (periodic_manager/access.py), written by ``db/api_keys.py`` only: the SHA-256 of its
+# secret (never the key), its scope, and the namespace it is of (``default`` until namespaces
+# come). A revoked key keeps its row (``revoked_at``) and its name. ``last_used_at`` is written at
+# most once a minute per key. Read by ``key_id`` (the id in the key's text) on every request.
+api_keys_table = Table(
+    "pm_api_keys",
+    metadata,
+    Column("key_id", String(16), primary_key=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("namespace", String(64), nullable=False, server_default="default"),
+    Column("scope", String(16), nullable=False),
+    Column("secret_sha256", String(64), nullable=False),
+    _at("created_at", nullable=False),
+    _at("expires_at", nullable=True),
+    _at("revoked_at", nullable=True),
+    _at("last_used_at", nullable=True),
 )

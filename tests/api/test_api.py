@@ -585,6 +585,8 @@ async def test_openapi_declares_the_bodies(client: httpx.AsyncClient) -> None:
         "/dead-letters/{letter_id}/replay",
         "/calendars",
         "/calendars/{name}",
+        "/keys",
+        "/keys/{name}",
         "/schedules/{schedule_id}/changes",
         "/entries",
         "/managers",

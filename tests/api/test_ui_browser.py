@@ -583,6 +583,49 @@ def test_the_read_only_token_gives_a_read_only_dashboard(
     d.execute_script("sessionStorage.clear()")
 
 
+def test_a_trigger_key_pauses_but_does_not_edit_and_only_an_admin_changes_calendars(
+    driver: Any, token_server: browser.Server
+) -> None:
+    """The dashboard follows the key's scope (GET /views/whoami): a trigger key gets pause,
+    trigger and backfill but no edit or delete; a write key those too; calendars need admin."""
+    d = driver
+    s = token_server
+    admin = {"authorization": f"Bearer {TOKEN}"}
+    sid = api_create(s, admin, name="browser.keys")
+
+    def key(name: str, scope: str) -> str:
+        r = httpx.post(f"{s.base}/keys", json={"name": name, "scope": scope}, headers=admin)
+        assert r.status_code == 201, r.text
+        return str(r.json()["key"])
+
+    trigger_key, write_key = key("ui-trigger", "trigger"), key("ui-write", "write")
+    d.get(f"{s.base}/ui/schedules/{sid}")
+    d.execute_script("sessionStorage.clear()")
+    d.get(f"{s.base}/ui/schedules/{sid}")
+    enter_token(d, trigger_key)
+    wait_text(d, "h1", "browser.keys")
+    assert "key ui-trigger, scope trigger" in text_of(d, "#who")
+    for css in ("#pause", "#trigger", "#backfill"):
+        assert displayed(d, css), css
+    for css in ("#edit", "#delete"):
+        assert not displayed(d, css), css
+    d.find_element("css selector", "#pause").click()
+    wait_text(d, "#answer", "enabled = false")
+    assert httpx.get(f"{s.base}/schedules/{sid}", headers=admin).json()["enabled"] is False
+    open_page(d, f"{s.base}/ui/calendars")
+    assert displayed(d, "#calendars-read-only")
+    assert not d.find_elements("css selector", "#calendar-form")
+
+    d.find_element("css selector", "#who button").click()  # forget it; use the write key
+    enter_token(d, write_key)
+    wait(d, lambda d: displayed(d, "#calendars-read-only"), "calendars, still read-only")
+    assert "scope write" in text_of(d, "#who")
+    open_page(d, f"{s.base}/ui/schedules/{sid}")
+    for css in ("#resume", "#edit", "#delete"):
+        assert displayed(d, css), css
+    d.execute_script("sessionStorage.clear()")
+
+
 # -- 10,000 schedules -----------------------------------------------------------------------
 
 

@@ -626,14 +626,19 @@ async def test_with_tokens_the_shell_is_open_and_the_data_is_not(
                 return {"authorization": f"Bearer {token}"}
 
             r = await c.get("/views/whoami", headers=who(TOKEN))
-            assert r.json() == {"auth": True, "can_write": True}
+            assert r.json() == {"auth": True, "can_write": True, "scope": "admin", "key": None}
             r = await c.get("/views/whoami", headers=who(READ_TOKEN))
-            assert r.json() == {"auth": True, "can_write": False}
+            assert r.json() == {"auth": True, "can_write": False, "scope": "read", "key": None}
             assert (await c.get("/views/schedules", headers=who(READ_TOKEN))).status_code == 200
 
 
 async def test_without_tokens_everyone_may_write(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/views/whoami")).json() == {"auth": False, "can_write": True}
+    assert (await client.get("/views/whoami")).json() == {
+        "auth": False,
+        "can_write": True,
+        "scope": "admin",
+        "key": None,
+    }
 
 
 # -- daylight-saving marks, straight from the module ----------------------------------------------

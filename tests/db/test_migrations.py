@@ -36,6 +36,7 @@ APP_TABLES = {
     "pm_outbox",
     "pm_runs",
     "pm_backfill_slots",
+    "pm_api_keys",
     "pm_schedule_changes",
     "periodic_jobs_deleted",
     "pm_last_good",

@@ -24,7 +24,7 @@ const ROUTES = [
   [/^\/ui\/dead-letters$/, "dead-letters", (m, ready) => deadLettersPage(ready)],
 ];
 
-// Who the caller is: {auth, can_write}. Asks for the token while the API answers 401.
+// Who the caller is: {auth, can_write, scope, key}. Asks for the token while the API answers 401.
 async function whoami() {
   for (;;) {
     const answer = await api("GET", "/views/whoami");
@@ -42,6 +42,7 @@ async function whoami() {
 
 function showWho(who) {
   document.body.dataset.canWrite = who.can_write ? "true" : "false";
+  document.body.dataset.scope = who.scope;
   const line = document.getElementById("who");
   if (!who.auth) {
     line.replaceChildren();
@@ -55,7 +56,9 @@ function showWho(who) {
       location.reload();
     },
   }, "Forget token");
-  line.replaceChildren(who.can_write ? "Token: read and write " : "Token: read-only ", forget);
+  const kind = who.can_write ? "read and write" : "read-only";
+  const whose = who.key ? `key ${who.key}, ` : "";
+  line.replaceChildren(`Token: ${kind} (${whose}scope ${who.scope}) `, forget);
   return who;
 }
 

@@ -195,3 +195,19 @@ export function confirmDialog(title, text, action = "Delete") {
 export function canWrite() {
   return document.body.dataset.canWrite === "true";
 }
+
+// The caller's scope (GET /views/whoami): trigger allows pause, resume, trigger and backfill;
+// admin also calendars. An API without tokens answers admin.
+const SCOPES = ["read", "trigger", "write", "admin"];
+
+function scopeAtLeast(needed) {
+  return SCOPES.indexOf(document.body.dataset.scope || "read") >= SCOPES.indexOf(needed);
+}
+
+export function canTrigger() {
+  return scopeAtLeast("trigger");
+}
+
+export function canAdmin() {
+  return scopeAtLeast("admin");
+}

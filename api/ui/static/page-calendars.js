@@ -3,7 +3,7 @@
 // shows the API's answer (a calendar still named is refused, with the schedules that name it).
 
 import { api, getJson, problemText, statusText } from "./api.js";
-import { badge, canWrite, confirmDialog, count, h, mount, setTitle, table, utc } from "./dom.js";
+import { badge, canAdmin, confirmDialog, count, h, mount, setTitle, table, utc } from "./dom.js";
 
 const SHOWN_DATES = 12;
 
@@ -72,7 +72,7 @@ function rows(items, answerLine, reload) {
       answerLine.textContent = `DELETE ${path} → ${statusText(answer.status)}${answer.ok ? "" : `: ${problemText(answer.data)}`}`;
       if (answer.ok) await reload(answerLine);
     } }, "Delete…");
-    return [h("code", {}, c.name), content(c), utc(c.updated_at), canWrite() ? remove : ""];
+    return [h("code", {}, c.name), content(c), utc(c.updated_at), canAdmin() ? remove : ""];
   });
 }
 
@@ -90,6 +90,7 @@ export async function calendarsPage(ready, keep = null) {
     table("Exclusion calendars, by name", ["Name", "Dates", "Updated", ""], rows(items, answerLine, reload),
       { empty: "No calendar yet.", id: "calendars" }),
     answerLine,
-    canWrite() ? form(answerLine, reload) : h("p", { class: "sub" }, "Read-only token: no changes can be made."),
+    canAdmin() ? form(answerLine, reload)
+      : h("p", { class: "sub", id: "calendars-read-only" }, "Calendars are shared by every schedule: only an admin key or token changes them."),
   );
 }

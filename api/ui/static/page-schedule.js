@@ -5,7 +5,7 @@
 
 import { api, getJson, problemText, statusText } from "./api.js";
 import {
-  badge, canWrite, confirmDialog, flashNext, h, json, local, mount, ms, pageParam, pager, setTitle,
+  badge, canTrigger, canWrite, confirmDialog, flashNext, h, json, local, mount, ms, pageParam, pager, setTitle,
   endedBadge, stateBadge, statusBadge, table, utc,
 } from "./dom.js";
 
@@ -311,10 +311,12 @@ function actions(s, etag, reload) {
       await reload(answerLine);
     }
   } }, "Delete…");
-  if (!canWrite()) return h("div", { class: "actions" }, h("p", { class: "sub" }, "Read-only token: no changes can be made."));
-  return h("div", { class: "actions write", role: "group", "aria-label": "Actions" },
-    h("a", { class: "button", href: `/ui/schedules/${s.id}/edit`, id: "edit" }, "Edit"),
-    toggle, trigger, backfill, remove, answerLine);
+  if (!canTrigger()) return h("div", { class: "actions" }, h("p", { class: "sub" }, "Read-only token: no changes can be made."));
+  // A trigger key may pause, resume, trigger and backfill; editing and deleting need write.
+  const writes = canWrite();
+  return h("div", { class: "actions", role: "group", "aria-label": "Actions" },
+    writes ? h("a", { class: "button", href: `/ui/schedules/${s.id}/edit`, id: "edit" }, "Edit") : null,
+    toggle, trigger, backfill, writes ? remove : null, answerLine);
 }
 
 export async function schedulePage(id, ready = null, keep = null) {
