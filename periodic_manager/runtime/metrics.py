@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from periodic_manager.contracts import SENT, SLOT_REASONS, CountsDeliveries, RunRecord
 from periodic_manager.runtime.histogram import Histogram
@@ -316,35 +316,17 @@ class ManagerMetrics:
         CounterMetricFamily,
         CounterMetricFamily,
     ]:
-        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.core import CounterMetricFamily as Counter
+        from prometheus_client.core import HistogramMetricFamily as Histo
 
-        runs = CounterMetricFamily(
-            f"{PREFIX}_slots",
-            "Slots handled by this manager, by queue, target and outcome "
-            "(enqueued, duplicate, resent, skipped, failed, held)",
-            labels=["queue", "target", "status"],
+        return (
+            _made(Counter, _SLOTS),
+            _made(Counter, _BY_REASON),
+            _made(Histo, _LATENESS),
+            _made(Histo, _SYNC),
+            _made(Counter, _SYNCS),
+            _made(Counter, _LOST),
         )
-        by_reason = CounterMetricFamily(
-            f"{PREFIX}_slots_by_reason",
-            "Slots skipped, held or failed, or sent for a reason, by queue, target, outcome and "
-            f"reason ({', '.join(SLOT_REASONS)})",
-            labels=["queue", "target", "status", "reason"],
-        )
-        lateness = HistogramMetricFamily(
-            f"{PREFIX}_enqueue_lateness_seconds",
-            "Seconds between a slot and its enqueue, durably in the target (enqueued and "
-            "duplicate slots)",
-            labels=["queue", "target"],
-        )
-        sync = HistogramMetricFamily(f"{PREFIX}_sync_duration_seconds", "Duration of syncs")
-        syncs = CounterMetricFamily(f"{PREFIX}_syncs", "Syncs by result", labels=["result"])
-        lost = CounterMetricFamily(
-            f"{PREFIX}_broker_data_lost",
-            "Times a target's broker was found to have lost its data (a Redis restarted without "
-            "persistence, flushed, or failed over to an empty replica)",
-            labels=["target"],
-        )
-        return runs, by_reason, lateness, sync, syncs, lost
 
 
 def _schedule_families() -> tuple[CounterMetricFamily, HistogramMetricFamily]:
@@ -352,19 +334,59 @@ def _schedule_families() -> tuple[CounterMetricFamily, HistogramMetricFamily]:
     :mod:`periodic_manager.runtime.schedule_series`)."""
     from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-    slots = CounterMetricFamily(
-        f"{PREFIX}_schedule_slots",
-        "Slots of one schedule by outcome and reason (none: no reason); only schedules with "
-        "options.metrics true and the PM_METRICS_SCHEDULES latest ones",
-        labels=["schedule", "status", "reason"],
+    return _made(CounterMetricFamily, _SCHEDULE_SLOTS), _made(
+        HistogramMetricFamily, _SCHEDULE_LATENESS
     )
-    lateness = HistogramMetricFamily(
-        f"{PREFIX}_schedule_lateness_seconds",
-        "Seconds between a slot of one schedule and its enqueue (same schedules as "
-        "periodic_manager_schedule_slots)",
-        labels=["schedule"],
-    )
-    return slots, lateness
+
+
+# The families this manager counts itself: name (after the prefix), help, labels.
+Family = tuple[str, str, tuple[str, ...]]
+_SLOTS: Family = (
+    "slots",
+    "Slots handled by this manager, by queue, target and outcome "
+    "(enqueued, duplicate, resent, skipped, failed, held)",
+    ("queue", "target", "status"),
+)
+_BY_REASON: Family = (
+    "slots_by_reason",
+    "Slots skipped, held or failed, or sent for a reason, by queue, target, outcome and reason "
+    f"({', '.join(SLOT_REASONS)})",
+    ("queue", "target", "status", "reason"),
+)
+_LATENESS: Family = (
+    "enqueue_lateness_seconds",
+    "Seconds between a slot and its enqueue, durably in the target (enqueued and duplicate slots)",
+    ("queue", "target"),
+)
+_SYNC: Family = ("sync_duration_seconds", "Duration of syncs", ())
+_SYNCS: Family = ("syncs", "Syncs by result", ("result",))
+_LOST: Family = (
+    "broker_data_lost",
+    "Times a target's broker was found to have lost its data (a Redis restarted without "
+    "persistence, flushed, or failed over to an empty replica)",
+    ("target",),
+)
+_SCHEDULE_SLOTS: Family = (
+    "schedule_slots",
+    "Slots of one schedule by outcome and reason (none: no reason); only schedules with "
+    "options.metrics true and the PM_METRICS_SCHEDULES latest ones",
+    ("schedule", "status", "reason"),
+)
+_SCHEDULE_LATENESS: Family = (
+    "schedule_lateness_seconds",
+    "Seconds between a slot of one schedule and its enqueue (same schedules as "
+    "periodic_manager_schedule_slots)",
+    ("schedule",),
+)
+
+
+M = TypeVar("M", "CounterMetricFamily", "HistogramMetricFamily")
+
+
+def _made(kind: type[M], family: Family) -> M:
+    """An empty ``kind`` of ``family`` (its full name, help and labels)."""
+    name, text, labels = family
+    return kind(f"{PREFIX}_{name}", text, labels=list(labels))
 
 
 _GAUGES = {
