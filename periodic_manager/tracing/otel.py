@@ -214,11 +214,12 @@ class SlotTracing:
         if results is not None:
             settled = self._slot_spans(target, results, ended, retry)
         self._batch_span(target, tasks, trace_id, started, ended, counts, error, retry, settled)
+        slot = tasks[0].scheduled_at.isoformat()
         log.debug(
             "traced %d task(s) due %s",
             len(tasks),
-            slot_text(tasks[0].scheduled_at),
-            extra={"slot": slot_text(tasks[0].scheduled_at), "trace_id": f"{trace_id:032x}"},
+            slot,
+            extra={"slot": slot, "trace_id": f"{trace_id:032x}"},
         )
 
     def _batch_span(

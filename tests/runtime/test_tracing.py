@@ -5,6 +5,7 @@ honoured, and with tracing off nothing of OpenTelemetry is even imported."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -13,14 +14,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from api.app import create_app
+from periodic_manager.cli.logs import JsonFormatter
 from periodic_manager.clock import VirtualClock
+from periodic_manager.db.engine import create_engine
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.timing import Timing
 from periodic_manager.schedules.definition import PeriodicTaskConfig
+from periodic_manager.settings import Settings
 from periodic_manager.targets.redis.streams import RedisStreamsTarget
 from periodic_manager.targets.rq import RqTarget
 from periodic_manager.tracing import start_tracing
@@ -296,3 +302,75 @@ async def test_a_real_rq_worker_continues_the_trace_from_the_jobs_traceparent(
         parent = manager_spans[run.parent_id]  # the slot span the job's traceparent named
         assert parent.name == SLOT and parent.parent_id == send.span_id
         assert parent.attributes["messaging.message.id"] == run.attributes["rq.job.id"]
+
+
+class JsonLines(logging.Handler):
+    """Formats each record as the CLI's JSON lines do, when it is emitted (in its context)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(JsonFormatter())
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(self.format(record)))
+
+
+async def test_json_log_lines_of_a_traced_batch_carry_its_slot_and_trace_id(
+    redis_client: aioredis.Redis, redis_prefix: str, receiver: Receiver, tracing: SlotTracing
+) -> None:
+    handler = JsonLines()
+    logger = logging.getLogger("periodic_manager")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        target = FlakyStreams(redis_client, prefix=redis_prefix, group="workers")
+        await run_burst(redis_client, redis_prefix, tracing, n=3, target=target)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    (send,) = receiver.named(SEND)
+    failed = [line for line in handler.lines if line["message"].startswith("enqueue failed")]
+    assert failed, handler.lines
+    assert failed[0]["slot"] == (T0 + timedelta(seconds=10)).isoformat()  # as log lines say it
+    assert (failed[0]["trace_id"], failed[0]["span_id"]) == (send.trace_id, send.span_id)
+    traced = [line for line in handler.lines if line["message"].startswith("traced 3 task")]
+    assert traced and traced[0]["trace_id"] == send.trace_id and "slot" in traced[0]
+    started = [line for line in handler.lines if " started" in line["message"]]
+    assert started and all("trace_id" not in line for line in started)  # no span current
+
+
+async def test_the_api_traces_its_requests_and_continues_a_callers_trace(
+    migrated_sqlite_url: str, receiver: Receiver, tracing: SlotTracing
+) -> None:
+    engine = create_engine(migrated_sqlite_url)
+    app = create_app(
+        Settings(database_url=migrated_sqlite_url, otel=True),
+        clock=VirtualClock(T0),
+        engine=engine,
+        tracing=tracing,
+    )
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+                assert (await c.get("/schedules")).status_code == 200
+                r = await c.get("/schedules", headers={"traceparent": caller})
+                assert r.status_code == 200
+                assert (await c.post("/schedules", json={"name": ""})).status_code == 422
+    finally:
+        await engine.dispose()
+    assert tracing.flush()
+    server = [s for s in receiver.spans if s.kind == 2]  # SPAN_KIND_SERVER
+    assert len(server) == 3, [(s.name, s.kind) for s in receiver.spans]
+    assert {s.attributes.get("http.route") for s in server} == {"/schedules"}
+    assert all(s.resource["service.name"] == "pm-test" for s in server)
+    continued = [s for s in server if s.trace_id == "0af7651916cd43dd8448eb211c80319c"]
+    assert len(continued) == 1 and continued[0].parent_id == "b7ad6b7169203331"
+    codes = sorted(
+        s.attributes.get("http.response.status_code", s.attributes.get("http.status_code"))
+        for s in server
+    )
+    assert codes == [200, 200, 422]
