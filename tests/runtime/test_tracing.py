@@ -22,6 +22,7 @@ from api.app import create_app
 from periodic_manager.cli.logs import JsonFormatter
 from periodic_manager.clock import VirtualClock
 from periodic_manager.db.engine import create_engine
+from periodic_manager.errors import ConfigError
 from periodic_manager.providers import StaticProvider
 from periodic_manager.runtime.manager import PeriodicTaskManager
 from periodic_manager.runtime.timing import Timing
@@ -374,3 +375,42 @@ async def test_the_api_traces_its_requests_and_continues_a_callers_trace(
         for s in server
     )
     assert codes == [200, 200, 422]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "use http/protobuf or grpc"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "carrier-pigeon", "use http/protobuf or grpc"),
+        ("OTEL_TRACES_EXPORTER", "zipkin", "use otlp, console or none"),
+    ],
+)
+def test_a_variable_the_tracer_cannot_use_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, said: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        start_tracing()
+    assert caught.value.field == variable and said in caught.value.reason
+
+
+def test_tracing_without_the_extra_names_it(tmp_path: Path) -> None:
+    """PM_OTEL=true where the SDK is not installed: the manager refuses to start, in one line
+    naming the setting and the extra."""
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry.sdk"] = None  # as if the otel extra were not installed
+        from periodic_manager.errors import ConfigError
+        from periodic_manager.tracing import start_tracing
+        try:
+            start_tracing()
+        except ConfigError as exc:
+            print(exc)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.startswith("PM_OTEL: tracing needs the otel extra")
+    assert "pip install 'periodic-manager[otel]'" in out.stdout
