@@ -6,10 +6,10 @@ own ``OTEL_*`` variables) and puts a W3C ``traceparent`` into every task
 that continues the trace shows schedule -> enqueue -> run as one trace. The spans:
 
 - one trace per sub-batch sent (up to ``engine.dispatch.SEND_CHUNK`` slots of one instant): its
-  root span ``periodic_manager.send`` is the first attempt to send it (target, slot, size,
+  root span ``pm.send`` is the first attempt to send it (target, slot, size,
   outcomes, the first schedules' names and queues as attributes); every retry of some of its
-  tasks is a ``periodic_manager.retry`` child;
-- one ``periodic_manager.slot`` span per slot, child of its batch, from the slot's instant to its
+  tasks is a ``pm.retry`` child;
+- one ``pm.slot`` span per slot, child of its batch, from the slot's instant to its
   outcome (schedule, slot, target, queue, task id, status; the error when it failed), for the
   first ``otel.SLOT_SPANS`` slots of each batch and for up to as many more whose outcome was not
   ``enqueued``. A task whose slot has no span of its own carries the batch span as its parent.

@@ -55,9 +55,9 @@ log = logging.getLogger(__name__)
 
 SLOT_SPANS = 100  # slots of a batch with a span of their own (and as many more not enqueued)
 NAMES_SHOWN = 32  # schedule names and queues listed on a batch span
-SEND = "periodic_manager.send"
-RETRY = "periodic_manager.retry"
-SLOT = "periodic_manager.slot"
+SEND = "pm.send"
+RETRY = "pm.retry"
+SLOT = "pm.slot"
 _MASK64 = (1 << 64) - 1
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -237,16 +237,16 @@ class SlotTracing:
         first = tasks[0]
         batch_id = trace_id & _MASK64
         attributes: dict[str, Any] = {
-            "periodic_manager.target": target,
-            "periodic_manager.slot": slot_text(first.scheduled_at),
-            "periodic_manager.lateness_s": (started - first.scheduled_at).total_seconds(),
+            "pm.target": target,
+            "pm.slot": slot_text(first.scheduled_at),
+            "pm.lateness_s": (started - first.scheduled_at).total_seconds(),
             "messaging.batch.message_count": len(tasks),
-            "periodic_manager.schedules": [t.name for t in tasks[:NAMES_SHOWN]],
-            "periodic_manager.queues": list(dict.fromkeys(t.queue for t in tasks))[:NAMES_SHOWN],
-            "periodic_manager.slot_spans": slot_spans,
+            "pm.schedules": [t.name for t in tasks[:NAMES_SHOWN]],
+            "pm.queues": list(dict.fromkeys(t.queue for t in tasks))[:NAMES_SHOWN],
+            "pm.slot_spans": slot_spans,
         }
         for outcome, n in counts.items():
-            attributes[f"periodic_manager.outcome.{outcome}"] = n
+            attributes[f"pm.outcome.{outcome}"] = n
         events: list[Event] = []
         status = Status(StatusCode.UNSET)
         if error is not None:
@@ -315,20 +315,20 @@ class SlotTracing:
     ) -> ReadableSpan:
         task = res.task
         attributes: dict[str, Any] = {
-            "periodic_manager.schedule": task.name,
-            "periodic_manager.slot": slot_text(task.scheduled_at),
-            "periodic_manager.target": target,
+            "pm.schedule": task.name,
+            "pm.slot": slot_text(task.scheduled_at),
+            "pm.target": target,
             "messaging.destination.name": task.queue,
             "messaging.message.id": task.id,
-            "periodic_manager.idempotency_key": task.idempotency_key,
-            "periodic_manager.status": res.status,
-            "periodic_manager.retried": retry,
+            "pm.idempotency_key": task.idempotency_key,
+            "pm.status": res.status,
+            "pm.retried": retry,
         }
         if res.message_id is not None:
-            attributes["periodic_manager.message_id"] = res.message_id
+            attributes["pm.message_id"] = res.message_id
         status = Status(StatusCode.UNSET)
         if res.error is not None:
-            attributes["periodic_manager.error"] = res.error
+            attributes["pm.error"] = res.error
             if res.status == "failed":
                 status = Status(StatusCode.ERROR, res.error)
         return ReadableSpan(

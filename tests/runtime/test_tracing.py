@@ -115,25 +115,25 @@ async def test_a_burst_exports_its_batch_and_slot_spans_and_every_entry_names_on
     assert send.parent_id == "" and send.kind == PRODUCER
     assert send.resource["service.name"] == "pm-test"
     assert send.resource["deployment.environment"] == "test"
-    assert send.attributes["periodic_manager.target"] == "redis"
-    assert send.attributes["periodic_manager.slot"] == SLOT_AT
+    assert send.attributes["pm.target"] == "redis"
+    assert send.attributes["pm.slot"] == SLOT_AT
     assert send.attributes["messaging.batch.message_count"] == BURST
-    assert send.attributes["periodic_manager.outcome.enqueued"] == BURST
-    assert send.attributes["periodic_manager.queues"] == ["default"]
-    assert send.attributes["periodic_manager.schedules"][:2] == ["job-0000", "job-0001"]
-    assert send.attributes["periodic_manager.slot_spans"] == SLOT_SPANS
+    assert send.attributes["pm.outcome.enqueued"] == BURST
+    assert send.attributes["pm.queues"] == ["default"]
+    assert send.attributes["pm.schedules"][:2] == ["job-0000", "job-0001"]
+    assert send.attributes["pm.slot_spans"] == SLOT_SPANS
     assert send.status_code != ERROR
 
     slots = receiver.named(SLOT)
     assert len(slots) == SLOT_SPANS
     for span in slots:
         assert (span.trace_id, span.parent_id, span.kind) == (send.trace_id, send.span_id, PRODUCER)
-        assert span.attributes["periodic_manager.slot"] == SLOT_AT
-        assert span.attributes["periodic_manager.target"] == "redis"
+        assert span.attributes["pm.slot"] == SLOT_AT
+        assert span.attributes["pm.target"] == "redis"
         assert span.attributes["messaging.destination.name"] == "default"
-        assert span.attributes["periodic_manager.status"] == "enqueued"
-        assert span.attributes["periodic_manager.idempotency_key"] == (
-            f"{span.attributes['periodic_manager.schedule']}:{SLOT_AT}"
+        assert span.attributes["pm.status"] == "enqueued"
+        assert span.attributes["pm.idempotency_key"] == (
+            f"{span.attributes['pm.schedule']}:{SLOT_AT}"
         )
         # From the slot's instant to its outcome: its duration is how late it went out.
         assert span.start_ns == int((T0 + timedelta(seconds=10)).timestamp()) * 10**9
@@ -149,7 +149,7 @@ async def test_a_burst_exports_its_batch_and_slot_spans_and_every_entry_names_on
         parent = exported[span_id]  # every entry names a span that was exported
         if parent.name == SLOT:
             own += 1
-            assert parent.attributes["periodic_manager.schedule"] == fields["name"]
+            assert parent.attributes["pm.schedule"] == fields["name"]
             assert parent.attributes["messaging.message.id"] == fields["id"]
         else:
             assert parent is send
@@ -199,10 +199,10 @@ async def test_a_retry_is_a_child_of_the_send_and_the_slots_say_they_were_retrie
     assert retries and all(
         (r.trace_id, r.parent_id) == (send.trace_id, send.span_id) for r in retries
     )
-    assert retries[-1].attributes["periodic_manager.outcome.enqueued"] == 5
+    assert retries[-1].attributes["pm.outcome.enqueued"] == 5
     slots = receiver.named(SLOT)
     assert len(slots) == 5
-    assert all(s.attributes["periodic_manager.retried"] is True for s in slots)
+    assert all(s.attributes["pm.retried"] is True for s in slots)
     assert all(s.parent_id == send.span_id for s in slots)
     messages = await entries(redis_client, redis_prefix)
     assert {parse(m["traceparent"])[1] for m in messages} == {s.span_id for s in slots}
