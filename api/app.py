@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -48,6 +48,9 @@ from .state import AppState, state_of
 from .ui.shell import ui_router
 from .unsent import UnsentAnswers
 
+if TYPE_CHECKING:
+    from periodic_manager.tracing.otel import SlotTracing
+
 DESCRIPTION = (
     "Edit periodic schedules (rows of `periodic_jobs`) and inspect what running managers "
     "registered. Errors are RFC 9457 problem details (`application/problem+json`)."
@@ -77,6 +80,7 @@ def create_app(
     clock: Clock | None = None,
     engine: Engine | None = None,
     manager_factory: Callable[[Engine], ManagerHandle] | None = None,
+    tracing: SlotTracing | None = None,
 ) -> FastAPI:
     """Build the API.
 
@@ -84,6 +88,8 @@ def create_app(
     ``settings.database_url`` at startup and disposed at shutdown. ``manager_factory``: build an
     in-process manager from the engine; it is started before serving, stopped at shutdown and
     asked to sync after every successful write. What the app holds: :func:`api.state.state_of`.
+    ``settings.otel``: requests are traced through ``tracing`` (default: one started from the
+    ``OTEL_*`` variables).
     """
 
     @asynccontextmanager
@@ -139,6 +145,10 @@ def create_app(
         app.include_router(module.router)
     app.include_router(ui_router())  # the dashboard: /ui, its static files, and / -> /ui
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
+    if settings.otel:  # the FastAPI instrumentation, outermost: it sees every answer
+        from periodic_manager.tracing import start_tracing
+
+        (tracing or start_tracing()).instrument_app(app)
     return app
 
 

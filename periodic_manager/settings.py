@@ -139,6 +139,11 @@ class CoreSettings(BaseSettings):
         None, ge=1, le=65535, description="Prometheus port of `manager`"
     )
     log_format: Literal["text", "json"] = Field("text", description="log lines as text or JSON")
+    otel: bool = Field(
+        False,
+        description="export OpenTelemetry traces of every slot sent and of the API's requests "
+        "(OTEL_* variables; the otel extra)",
+    )
     # -- operations: probes, exposure, limits
     metrics_host: str = Field(
         "127.0.0.1", description="address of the `manager` metrics port (no auth: loopback default)"

@@ -2,13 +2,16 @@
 
 ``PM_LOG_FORMAT=json`` writes one JSON object per line with stable keys: ``ts`` (UTC ISO 8601),
 ``level``, ``logger``, ``message``, every ``extra`` key the code passed (``schedule``, ``slot``,
-``idempotency_key``, ...) and ``exc`` with the traceback when there is one.
+``idempotency_key``, ...), ``trace_id`` and ``span_id`` when an OpenTelemetry span is current
+(``PM_OTEL``: the API's requests, a batch being sent and its outcomes) and ``exc`` with the
+traceback when there is one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,11 +35,28 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_") and key not in doc:
                 doc[key] = value
+        if "trace_id" not in doc:
+            ids = current_trace()
+            if ids is not None:
+                doc["trace_id"], doc["span_id"] = ids
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             doc["exc"] = record.exc_text
         return json.dumps(doc, default=str, ensure_ascii=False)
+
+
+def current_trace() -> tuple[str, str] | None:
+    """The trace and span id (hex) of the current OpenTelemetry span, if there is a valid one.
+    Never imports OpenTelemetry: with tracing off (and nothing else loading it) this is a
+    dictionary lookup."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
 _HANDLER = "periodic-manager-cli"

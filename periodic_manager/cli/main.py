@@ -344,8 +344,21 @@ def _serve(settings: Settings, *, role: str) -> int:
             from periodic_manager import gcpolicy
 
             gcpolicy.enable()
-        factory = (lambda engine: build_manager(settings, engine)) if with_manager else None
-        app = create_app(settings, manager_factory=factory)
+        tracing = None
+        if settings.otel:  # one exporter for the API's spans and the manager's
+            from periodic_manager.runtime.startup import StartupError
+            from periodic_manager.tracing import start_tracing
+
+            try:
+                tracing = start_tracing()
+            except ValueError as exc:  # a wrong OTEL_* variable, or the extra missing
+                raise StartupError(str(exc)) from None
+        factory = (
+            (lambda engine: build_manager(settings, engine, tracing=tracing))
+            if with_manager
+            else None
+        )
+        app = create_app(settings, manager_factory=factory, tracing=tracing)
         # JSON logs: uvicorn's loggers propagate to the root handler instead of using its own format.
         extra: dict[str, Any] = {"log_config": None} if settings.log_format == "json" else {}
         config = uvicorn.Config(

@@ -36,6 +36,7 @@ __all__ = [
     "WorksBeside",
     "CountsDeliveries",
     "StagedTarget",
+    "SlotTracer",
     "AnnouncedEntry",
     "EntryAnnouncer",
 ]
@@ -53,6 +54,9 @@ class Task:
     ``payload_json``/``options_json``: canonical JSON when the caller has it already (a burst
     never serializes a payload per slot); ``payload`` is then parsed only if a target asks for it
     (the Redis and outbox targets send the text as it is).
+    ``traceparent``: the slot's W3C trace context (``PM_OTEL``), which a target whose message
+    carries headers or metadata puts there so that a worker continues the manager's trace
+    (:func:`periodic_manager.tracing.trace_headers`); None when tracing is off.
     """
 
     __slots__ = (
@@ -69,6 +73,7 @@ class Task:
         "extra",
         "payload_json",
         "options_json",
+        "traceparent",
     )
 
     def __init__(
@@ -86,6 +91,7 @@ class Task:
         extra: Mapping[str, Any] | None = None,
         payload_json: str | None = None,
         options_json: str | None = None,
+        traceparent: str | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -100,6 +106,7 @@ class Task:
         self.extra = extra if extra is not None else {}
         self.payload_json = payload_json
         self.options_json = options_json
+        self.traceparent = traceparent
 
     @property
     def payload(self) -> Any:
@@ -319,6 +326,19 @@ class StagedTarget(Target, Protocol):
     async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
         """Enqueue a prepared batch at ``now``: the same contract as ``enqueue``. A prepared
         batch may be sent again (a retry); the claims make that safe."""
+        ...
+
+
+class SlotTracer(Protocol):
+    """Traces what the scheduler sends (``PM_OTEL``: :mod:`periodic_manager.tracing`)."""
+
+    def wrap(self, target: StagedTarget, clock: Clock) -> StagedTarget:
+        """``target`` as the scheduler is to send through it: each batch given a trace (the
+        tasks' ``traceparent``) when prepared, and its spans recorded when sent."""
+        ...
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Export the spans recorded so far (blocking, at most ``timeout_s`` seconds)."""
         ...
 
 

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from periodic_manager.clock import SystemClock, later, sleep_unless
-from periodic_manager.contracts import Clock, StateReader, Target
+from periodic_manager.contracts import Clock, SlotTracer, StateReader, Target
 from periodic_manager.engine.decisions import Decisions
 from periodic_manager.engine.dispatch import Dispatcher, Hooks
 from periodic_manager.engine.entries import Counted, Entries, window_of
@@ -61,7 +61,8 @@ class Scheduler:
 
     ``on_runs`` receives the outcome of every slot in batches (the runtime store), ``observe``
     sees them at once (the metrics); ``hooks`` are called around every sub-batch sent;
-    ``view_changed(entry)`` when what is published of an entry's overlap state changed.
+    ``view_changed(entry)`` when what is published of an entry's overlap state changed;
+    ``tracing`` (``PM_OTEL``) gives every batch sent a trace and records its spans.
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class Scheduler:
         hold_tick: float = HOLD_TICK_S,
         view_changed: Callable[[ScheduledEntry], None] | None = None,
         read_state: StateReader | None = None,
+        tracing: SlotTracer | None = None,
     ) -> None:
         self.target = target
         self.clock: Clock = clock or SystemClock()
@@ -107,8 +109,11 @@ class Scheduler:
         self.writer = RunWriter(
             on_runs, observe=observe, retry_base=retry_base, changed=self._notify
         )
+        sending = staged(target)
+        if tracing is not None:  # PM_OTEL: batches stamped and traced (nothing when off)
+            sending = tracing.wrap(sending, self.clock)
         self.dispatcher = Dispatcher(
-            staged(target),
+            sending,
             clock=self.clock,
             writer=self.writer,
             backoff=self._retry_backoff,

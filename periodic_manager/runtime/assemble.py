@@ -9,7 +9,7 @@ from functools import partial
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from periodic_manager.clock import SystemClock
-from periodic_manager.contracts import ChangeSignal, Clock, Leadership, Target
+from periodic_manager.contracts import ChangeSignal, Clock, Leadership, SlotTracer, Target
 from periodic_manager.db.changes import peek
 from periodic_manager.db.dialects import database_of
 from periodic_manager.db.engine import normalize_url
@@ -53,8 +53,12 @@ def build_manager(
     *,
     clock: Clock | None = None,
     target: Target | None = None,
+    tracing: SlotTracer | None = None,
 ) -> PeriodicTaskManager:
     """A manager reading ``periodic_jobs`` through ``engine``; it closes the target it built on stop.
+
+    With ``settings.otel`` its batches are traced through ``tracing`` (default: one started from
+    the ``OTEL_*`` variables, shut down when the process exits).
 
     On PostgreSQL it also LISTENs for the change trigger's notifications (unless ``listen`` is off);
     on MariaDB/MySQL it polls the change revision every ``poll_interval`` instead.
@@ -62,6 +66,10 @@ def build_manager(
     manager_id = new_manager_id()
     clock = clock or SystemClock()
     targets = settings.configured_targets()
+    if settings.otel and tracing is None:
+        from periodic_manager.tracing import start_tracing
+
+        tracing = start_tracing()
     return PeriodicTaskManager(
         DatabaseProvider(
             engine,
@@ -86,6 +94,7 @@ def build_manager(
         close_target=target is None,
         pauser=ManagerPauser(engine, clock.now),
         metrics_schedules=settings.metrics_schedules,
+        tracing=tracing if settings.otel else None,
     )
 
 

@@ -17,6 +17,7 @@ A manager is built whole from its parts (built and wired by
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -55,6 +56,7 @@ class PeriodicTaskManager(ManagerParts):
     ``db.schedule_writer.ManagerPauser``; without one, or without a store that counts failures,
     nothing is counted). ``measure_clock``: measure the clock against the database's
     (``runtime.clock_offset``; default: when ``clock`` is the system's, the wall clock).
+    ``tracing``: trace every batch sent (``PM_OTEL``; its spans are flushed on :meth:`stop`).
     """
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -121,6 +123,8 @@ class PeriodicTaskManager(ManagerParts):
             await self.announcer.withdraw()
         if self._close_target:
             await self.target.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.flush)
         log.info("manager %s stopped", self.manager_id)
 
     @property

@@ -36,6 +36,7 @@ from periodic_manager.contracts import (
     RunRecord,
     RuntimeStore,
     ServerClock,
+    SlotTracer,
     Target,
 )
 from periodic_manager.engine.dispatch import Hooks
@@ -86,6 +87,7 @@ class ManagerParts:
         pauser: Pauser | None = None,
         measure_clock: bool | None = None,
         metrics_schedules: int = 100,
+        tracing: SlotTracer | None = None,
     ) -> None:
         self.provider: ConfigProvider = provider or StaticProvider()
         self.target = target
@@ -95,6 +97,7 @@ class ManagerParts:
         self.signals = list(signals)
         self.timing = timing
         self.metrics_schedules = metrics_schedules
+        self.tracing = tracing
         self.manager_id = manager_id or new_manager_id()
         self._close_target = close_target
         self.signals_ignored = 0  # change signals naming only partitions not held (no sync)
@@ -148,6 +151,7 @@ class ManagerParts:
             observe=self._observe_runs,
             view_changed=self.publisher.upsert,
             read_state=self.store.get_state,
+            tracing=self.tracing,
         )
         # Nothing is sent until leadership is decided (at once for AlwaysLeader).
         self.scheduler.set_active(False)

@@ -11,7 +11,8 @@ only when a target is built, so the core runs without it.
 - the message id (``message_id``) = the task id, the uuid5 of the idempotency key (the same on
   every manager); ``message_timestamp``: when it was enqueued;
 - ``options.queue`` -> the Dramatiq queue (``default`` without it);
-- the message's options: ``scheduled_at`` (UTC ISO text) and ``idempotency_key``.
+- the message's options: ``scheduled_at`` (UTC ISO text), ``idempotency_key`` and, with
+  ``PM_OTEL``, ``traceparent`` (the W3C trace context a worker continues).
 
 The message is dramatiq's own :class:`dramatiq.Message`, encoded by its encoder (the JSON one a
 plain ``dramatiq`` worker reads; a worker with another global encoder cannot read it).
@@ -64,6 +65,7 @@ from periodic_manager.targets.redis.jobs import JobBatch
 from periodic_manager.targets.redis.pending import PendingWay
 from periodic_manager.targets.redis.previous import Decided
 from periodic_manager.targets.redis.sentinel import Sentinel
+from periodic_manager.tracing import trace_headers
 
 # Claims each message's slot and enqueues it (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "dramatiq_claim_and_enqueue.lua")
@@ -104,6 +106,7 @@ def dramatiq_message(task: Task, now: datetime, **options: Any) -> Any:
         options={
             "scheduled_at": slot_text(task.scheduled_at),
             "idempotency_key": task.idempotency_key,
+            **trace_headers(task),
             **options,
         },
         message_id=task.id,

@@ -13,7 +13,8 @@ target is built, so the core runs without it.
   after the slot) -> the job's ``ttl`` (RQ discards a job still queued by then);
   ``options.timeout`` -> the job's ``timeout`` (whole seconds, rounded up: RQ stops the job after
   it; RQ's default, 180 s, without it);
-- the job's ``meta``: ``scheduled_at`` (ISO 8601, UTC) and ``idempotency_key``.
+- the job's ``meta``: ``scheduled_at`` (ISO 8601, UTC), ``idempotency_key`` and, with
+  ``PM_OTEL``, ``traceparent`` (the W3C trace context a worker continues).
 
 The job is built by rq itself (``Job.create``, serialized with rq's default serializer, the one a
 plain ``rq worker`` reads) with what ``Queue.enqueue_job`` sets (status ``queued``, origin,
@@ -55,6 +56,7 @@ from periodic_manager.targets.redis import lua
 from periodic_manager.targets.redis.errors import redis_errors
 from periodic_manager.targets.redis.job_target import RedisJobTarget
 from periodic_manager.targets.redis.previous import Decided
+from periodic_manager.tracing import trace_headers
 
 # Claims each job's slot and enqueues the job (its arguments and flags are written at its top).
 CLAIM_AND_ENQUEUE = lua.script("periodic_manager.targets", "rq_claim_and_enqueue.lua")
@@ -81,9 +83,13 @@ def _import_rq() -> Any:
 
 
 def rq_meta(task: Task) -> dict[str, str]:
-    """The job's ``meta``: when the slot is, and its idempotency key."""
+    """The job's ``meta``: when the slot is, its idempotency key (and its traceparent)."""
     scheduled = task.scheduled_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    return {"scheduled_at": scheduled, "idempotency_key": task.idempotency_key}
+    return {
+        "scheduled_at": scheduled,
+        "idempotency_key": task.idempotency_key,
+        **trace_headers(task),
+    }
 
 
 def rq_ttl(task: Task, now: datetime) -> int | None:

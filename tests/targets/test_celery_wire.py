@@ -32,6 +32,7 @@ from periodic_manager.targets.celery.wire import Layout, Routes, fast_saferepr
 TAG = re.compile(r'"delivery_tag": "[0-9a-f-]{36}"')
 REPLY = re.compile(r'"reply_to": "[0-9a-f-]{36}"')
 EXPIRES = re.compile(r'"expires": "([0-9T:.+-]+)"')
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def task(prefix: str, slot: datetime, name: str, **fields: Any) -> Task:
@@ -76,6 +77,8 @@ def cases(prefix: str, slot: datetime) -> list[Task]:
             "exchange",
             options={"queue": q, "extra": {"exchange": q, "routing_key": q}},
         ),
+        # PM_OTEL: the W3C trace context as one more header, where send_task merges it.
+        task(prefix, slot, "traced", traceparent=TRACEPARENT),
     ]
 
 
@@ -152,6 +155,8 @@ async def test_written_messages_are_byte_for_byte_what_send_task_writes(
         f"_kombu.binding.{redis_prefix}.q",
     }
     assert sum(len(v) for k, v in written.items() if not k.startswith("_kombu")) == len(tasks)
+    traced = [m for v in written.values() for m in v if TRACEPARENT in str(m)]
+    assert len(traced) == 1 and f'"traceparent": "{TRACEPARENT}"' in str(traced[0])
     for key in written:
         if key.startswith("_kombu.binding."):
             assert written[key] == published[key]

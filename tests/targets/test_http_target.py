@@ -391,3 +391,29 @@ async def test_an_attempt_whose_outcome_is_not_written_before_its_lease_ends_is_
     assert refused_writes > 0
     assert receiver.answered_ok == {t.idempotency_key: 1}  # one request: not sent again
     assert len(receiver.requests) == 1
+
+
+async def test_a_traced_slot_carries_its_traceparent_on_every_attempt(
+    engine: AsyncEngine, receiver: Receiver
+) -> None:
+    """With tracing on a task has a W3C traceparent: the request carries it as a header, the
+    retry too (it is stored with the delivery, whichever manager sends it)."""
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    calls = 0
+
+    def once_down(r: Received) -> Answer:
+        nonlocal calls
+        calls += 1
+        return (503, {}, b"") if calls == 1 else (200, {}, b"ok")
+
+    receiver.answer = once_down
+    clock = VirtualClock(START)
+    d = Delivering(engine, clock, "m1")
+    try:
+        t = task("t.s1", START, receiver.url, retry=FAST)
+        t.traceparent = parent  # as the tracer stamps it (periodic_manager/tracing)
+        await d.target.enqueue([t], clock.now())
+        await until(clock, lambda: all_in(engine, "done", 1), step=1.0)
+    finally:
+        await d.stop()
+    assert [r.headers.get("traceparent") for r in receiver.requests] == [parent, parent]

@@ -14,7 +14,9 @@ the uniqueness lock it would take (asynq v0.24 to v0.26: ``client.go`` ``Enqueue
   completed task;
 - ``options.unique_ttl`` -> ``unique_key`` and the lock: the key asynq computes from queue, type
   and payload (``asynq:{<queue>}:unique:<type>:<md5 of the payload>``), held by the task id for
-  that many whole seconds (rounded up; asynq's minimum is 1 s).
+  that many whole seconds (rounded up; asynq's minimum is 1 s);
+- with ``PM_OTEL``, ``headers`` (field 15, asynq >= v0.25) ``{"traceparent": ...}``: the W3C
+  trace context a handler continues (``task.Headers()``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from periodic_manager.contracts import Task
 from periodic_manager.schedules.rules import MAX_DURATION_S
+from periodic_manager.tracing import trace_headers
 
 DEFAULT_MAX_RETRY = 25  # asynq's client: defaultMaxRetry
 DEFAULT_TIMEOUT_S = 30 * 60  # asynq's client: defaultTimeout, when neither timeout nor deadline
@@ -130,6 +133,8 @@ def asynq_fields(task: Task) -> dict[str, Any]:
     }
     if options.get("unique_ttl") is not None:
         fields["unique_key"] = unique_key(task.queue, task.task_type, payload)
+    if task.traceparent is not None:  # PM_OTEL: asynq >= v0.25 hands headers to the handler
+        fields["headers"] = trace_headers(task)
     return fields
 
 

@@ -4,8 +4,8 @@ scheduler publishes of each registered entry) and :data:`SchedulerEnqueueEvent` 
 entry's history).
 
 The field names, numbers and types are asynq's (``internal/proto/asynq.proto``, the same in
-v0.24 to v0.26 but for ``headers``, field 15, added in v0.25: we never write it, and a v0.24
-server skips it as an unknown field). The messages live in a descriptor pool of their own, so
+v0.24 to v0.26 but for ``headers``, field 15, added in v0.25: written only with ``PM_OTEL``
+(the ``traceparent``), and a v0.24 server skips it as an unknown field). The messages live in a descriptor pool of their own, so
 they never meet another ``asynq`` package a program may have loaded into the default pool.
 
 Needs the ``asynq`` extra (``protobuf``); imported by the target when it is built, never by the

@@ -112,6 +112,7 @@ def _as_asynq(task: Task) -> Task:
         task.extra,
         task.payload_json,
         task.options_json,
+        task.traceparent,
     )
 
 

@@ -4,8 +4,9 @@ goes to the broker.
 - payload -> arguments: a JSON object becomes keyword arguments, an array positional arguments,
   ``null`` no arguments, any other value one positional argument;
 - ``task_id`` = the task id (uuid5 of the idempotency key: the same on every manager);
-- headers ``idempotency_key``, ``scheduled_at`` (UTC ISO-8601 with ``Z``) and ``periodic_name``
-  (the schedule's name); a Celery task reads them as ``self.request.idempotency_key`` etc.;
+- headers ``idempotency_key``, ``scheduled_at`` (UTC ISO-8601 with ``Z``), ``periodic_name``
+  (the schedule's name) and, with ``PM_OTEL``, ``traceparent``; a Celery task reads them as
+  ``self.request.idempotency_key`` etc.;
 - ``options.queue`` -> ``queue`` (without it the app routes as usual: its ``task_routes``, then
   its ``task_default_queue``); ``options.timeout`` -> ``time_limit``; ``options.extra``:
   ``routing_key``, ``exchange``, ``priority`` (0-255), ``soft_time_limit`` (seconds) and
@@ -23,6 +24,7 @@ from typing import Any
 from periodic_manager.contracts import Task
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets.base import split_payload
+from periodic_manager.tracing import trace_headers
 
 
 def celery_message(task: Task, now: datetime, scheduled_text: str | None = None) -> dict[str, Any]:
@@ -43,6 +45,7 @@ def celery_message(task: Task, now: datetime, scheduled_text: str | None = None)
             "idempotency_key": task.idempotency_key,
             "scheduled_at": scheduled_text or slot_text(task.scheduled_at),
             "periodic_name": task.name,
+            **trace_headers(task),
         },
         "add_to_parent": False,
     }

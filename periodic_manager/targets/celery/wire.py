@@ -52,6 +52,7 @@ _FIELDS = (
     "idempotency_key",
     "scheduled_at",
     "periodic_name",
+    "trace",
     "delivery_mode",
     "expiration",
     "exchange",
@@ -280,6 +281,12 @@ class Routes:
         )
 
 
+def _trace(headers: Mapping[str, Any]) -> str:
+    """The ``traceparent`` header after the manager's own (``PM_OTEL``), as send_task merges it."""
+    tp = headers.get("traceparent")
+    return "" if tp is None else f', "traceparent": {encode_basestring_ascii(tp)}'
+
+
 class WireFormat:
     """Writes the JSON text of one task message, as kombu would LPUSH it for ``app.send_task``
     (JSON serializer, protocol 2, base64 body). Raises UnsupportedApp if the app's Celery builds
@@ -305,7 +312,8 @@ class WireFormat:
         reply_to = _j(app.thread_oid).replace("%", "%%")
         named = (
             '{"body": "%(body)s", "content-encoding": "utf-8", "content-type": "application/json", '
-            '"headers": {' + ", ".join(parts) + '}, "properties": {"correlation_id": %(id)s, '
+            '"headers": {' + ", ".join(parts) + "%(trace)s"
+            '}, "properties": {"correlation_id": %(id)s, '
             '"reply_to": ' + reply_to + ', "delivery_mode": %(delivery_mode)d%(expiration)s, '
             '"delivery_info": {"exchange": %(exchange)s, "routing_key": %(routing_key)s}, '
             '"priority": %(priority)d, "body_encoding": "base64", '
@@ -359,6 +367,7 @@ class WireFormat:
                 encode_basestring_ascii(headers["idempotency_key"]),
                 self._last_slot[1],
                 encode_basestring_ascii(headers["periodic_name"]),
+                _trace(headers),
                 delivery.delivery_mode,
                 expiration,
                 encode_basestring_ascii(delivery.exchange),

@@ -41,6 +41,7 @@ from periodic_manager.targets.base import overlap_of, overlap_timeout_ms
 from periodic_manager.targets.database import batch_results
 from periodic_manager.targets.http.config import HttpConfig
 from periodic_manager.targets.http.options import request_of
+from periodic_manager.tracing import trace_headers
 
 HTTP_NO_COMPLETION = (
     "the http target does not hold a schedule's slot while its previous delivery is pending "
@@ -86,6 +87,7 @@ class HttpTarget:
                 request = request_of(
                     task.options, self.config.url, private_ok=self.config.allow_private
                 )
+                request["headers"].update(trace_headers(task))  # every attempt carries it
                 body = body_of(task)
             except (TypeError, ValueError) as exc:
                 refusals[index] = f"http: {exc}"

@@ -8,7 +8,8 @@ Redis Cluster slot and one script can touch them together::
 
 Message fields (all strings): ``id``, ``type``, ``payload`` (canonical JSON text), ``queue``,
 ``name``, ``idempotency_key``, ``scheduled_at``, ``enqueued_at`` (UTC ISO-8601 with ``Z``,
-microseconds only when non-zero) and ``options`` (canonical JSON text).
+microseconds only when non-zero), ``options`` (canonical JSON text) and, with ``PM_OTEL``,
+``traceparent`` (the W3C trace context a worker continues).
 
 ``options.overlap`` skip and hold: the previous message of a schedule is checked and replaced in
 the same script that claims the slot and adds its message. Each such schedule has one key beside
@@ -375,6 +376,8 @@ class RedisStreamsTarget:
                 task.options_text(),
             )
             items.append(item + overlap_fields(task) if kind == AFTER else item)
+        if tasks[0].traceparent is not None:  # PM_OTEL (every task of a batch, or none)
+            items = [item + (task.traceparent,) for item, task in zip(items, tasks, strict=True)]
         keys = [self.stream_key(queue)]
         if self._cluster:
             # Every key the script touches, declared (the script reads KEYS[1] only): while the

@@ -3,6 +3,7 @@
 -- KEYS[1] = the queue's stream; ARGV = MAXLEN (0: no trimming), the claim-key prefix, the
 -- enqueue instant, and the queue's tasks as ONE argument: a JSON array decoded here (cjson).
 --   task: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options
+--         and, with PM_OTEL, the traceparent (added to the message as its last field)
 -- Claim keys are built here from the queue's hash-tagged prefix, so they always share the
 -- stream's cluster slot.
 -- Returns a flat array: per task NEW + the new entry id, or SENT + the entry id already claimed

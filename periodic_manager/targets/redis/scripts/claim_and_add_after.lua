@@ -4,7 +4,7 @@
 -- KEYS[1] = the queue's stream. ARGV: MAXLEN (0: none), claim-key prefix, enqueue instant (text),
 -- the tasks (one JSON array), the consumer group, the prev-key prefix, now in Unix ms.
 --   task: ttl_ms, id, type, payload, queue, name, idempotency_key, scheduled_at, options,
---         overlap timeout in ms (0: none), prev-key TTL in ms
+--         overlap timeout in ms (0: none), prev-key TTL in ms, and with PM_OTEL the traceparent
 -- Returns 4 values per task: flag, entry id, previous task id, previous state, where flag
 -- (redis/flags.py) is NEW (enqueued), SENT (duplicate: the claim's entry id) or BUSY (nothing
 -- added, nothing claimed); the state is queued, running, finished or none, prefixed with
@@ -14,6 +14,7 @@
 local group = ARGV[5]
 local prev_prefix = ARGV[6]
 local now_ms = tonumber(ARGV[7])
+traceparent_at = 12  -- after the two overlap items
 
 -- Stream ids are '<ms>-<seq>' without leading zeros: compare by length, then as text.
 local function less(x, y)

@@ -8,3 +8,4 @@ local maxlen = tonumber(ARGV[1])
 local claim_prefix = ARGV[2]
 local enqueued_at = ARGV[3]
 local tasks = cjson.decode(ARGV[4])
+local traceparent_at = 10  -- where a task's traceparent is, when it has one
