@@ -103,10 +103,7 @@ def create_app(
                 stack.push_async_callback(eng.dispose)
             state.engine = eng
             # Beyond loopback with no token, an active admin key in the database is enough.
-            admin_key = exposure(settings) is not None and await admin_key_in(
-                eng, state.clock.now()
-            )
-            warn_if_exposed(settings, admin_key=admin_key)
+            warn_if_exposed(settings, admin_key=await _admin_key(settings, eng, state.clock))
             state.manager = None
             state.trigger_target = None
             state.target_lock = asyncio.Lock()
@@ -150,6 +147,12 @@ def create_app(
 
         (tracing or start_tracing()).instrument_app(app)
     return app
+
+
+async def _admin_key(settings: Settings, engine: Engine, clock: Clock) -> bool:
+    """Whether the database holds an active admin key, asked only when the settings alone
+    would leave the API open (:func:`~api.auth.exposure`)."""
+    return exposure(settings) is not None and await admin_key_in(engine, clock.now())
 
 
 async def _start_probe(stack: AsyncExitStack, settings: Settings, manager: ManagerHandle) -> None:

@@ -109,9 +109,8 @@ class Scheduler:
         self.writer = RunWriter(
             on_runs, observe=observe, retry_base=retry_base, changed=self._notify
         )
-        sending = staged(target)
-        if tracing is not None:  # PM_OTEL: batches stamped and traced (nothing when off)
-            sending = tracing.wrap(sending, self.clock)
+        # PM_OTEL: batches stamped and traced (nothing when off).
+        sending = staged(target) if tracing is None else tracing.wrap(staged(target), self.clock)
         self.dispatcher = Dispatcher(
             sending,
             clock=self.clock,

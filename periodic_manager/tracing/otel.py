@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from random import getrandbits
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
 from periodic_manager.version import __version__
 
 if TYPE_CHECKING:
-    from periodic_manager.contracts import Clock, EnqueueResult, StagedTarget, Task
+    from periodic_manager.contracts import Clock, EnqueueResult, Prepared, StagedTarget, Task
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,6 @@ class SlotTracing:
 
     def wrap(self, target: StagedTarget, clock: Clock) -> StagedTarget:
         """``target`` with its batches traced (the scheduler's, when tracing is on)."""
-        from periodic_manager.tracing.target import TracedTarget
-
         return TracedTarget(target, self, clock)
 
     # -- after the send -----------------------------------------------------------------
@@ -367,3 +365,51 @@ class SlotTracing:
     def shutdown(self) -> None:
         """Export what is queued and stop the exporters."""
         self.provider.shutdown()
+
+
+# The scheduler's target when tracing is on: every batch it prepares is stamped with its trace
+# (the tasks' ``traceparent``) before the target encodes it, and every call that sends is recorded
+# as spans once the target answered. Only the scheduler's own sending goes through it; the
+# manager keeps the target itself for everything else (its capabilities, health, close).
+class TracedTarget:
+    """A :class:`~periodic_manager.contracts.StagedTarget` around another one, traced."""
+
+    def __init__(self, target: StagedTarget, tracing: SlotTracing, clock: Clock) -> None:
+        self.target = target
+        self.tracing = tracing
+        self.clock = clock
+        self.name = target.name
+
+    def _stamp(self, tasks: Sequence[Task]) -> None:
+        # Stamped once: a batch prepared again (a part of it fenced off) keeps its trace.
+        if tasks and tasks[0].traceparent is None:
+            self.tracing.stamp(tasks)
+
+    def prepare(self, tasks: Sequence[Task]) -> Prepared:
+        self._stamp(tasks)
+        return self.target.prepare(tasks)
+
+    async def send(self, prepared: Prepared, now: datetime) -> list[EnqueueResult]:
+        return await self._traced(self.target.send(prepared, now), prepared.tasks, now)
+
+    async def enqueue(self, tasks: Sequence[Task], now: datetime) -> list[EnqueueResult]:
+        self._stamp(tasks)
+        return await self._traced(self.target.enqueue(tasks, now), tasks, now)
+
+    async def _traced(
+        self, call: Awaitable[list[EnqueueResult]], tasks: Sequence[Task], now: datetime
+    ) -> list[EnqueueResult]:
+        self.tracing.enter(tasks)
+        try:
+            results = await call
+        except Exception as exc:
+            self.tracing.sent(self.name, tasks, now, self.clock.now(), None, exc)
+            raise
+        self.tracing.sent(self.name, tasks, now, self.clock.now(), results)
+        return results
+
+    def completion_off(self, options: Mapping[str, Any]) -> str | None:
+        return self.target.completion_off(options)
+
+    async def close(self) -> None:
+        await self.target.close()
