@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from periodic_manager.errors import ConfigError
+from periodic_manager.schedules.bounds import parse_instant
 
 PREFIX = "pmk_"
 ID_HEX = 12  # hex digits of a key's id (48 bits: never the secret part, only its name)
@@ -76,6 +77,21 @@ def check_expiry(value: datetime | None, now: datetime, field: str = "expires_at
     """An expiry must be in the future (None: the key never expires)."""
     if value is not None and value <= now:
         raise ConfigError(field, f"must be after now ({now.isoformat()})")
+
+
+def key_request(
+    name: Any, scope: Any, expires_at: str | None, now: datetime
+) -> tuple[str, Scope, datetime | None]:
+    """A new key's name, scope and expiry (ISO 8601 with an offset, or None: never), judged
+    alike for the API and the CLI; ConfigError naming the field at fault."""
+    expiry = None
+    if expires_at is not None:
+        try:
+            expiry = parse_instant(expires_at)
+        except ValueError as exc:
+            raise ConfigError("expires_at", str(exc)) from None
+        check_expiry(expiry, now)
+    return check_name(name), check_scope(scope), expiry
 
 
 def digest(secret: str) -> str:

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from periodic_manager import access
 from periodic_manager.db import api_keys
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.bounds import parse_instant
 
 from ..deps import Conn, Now, get_state
 from ..errors import ApiProblem
@@ -87,15 +86,7 @@ async def list_keys(conn: Conn, now: Now) -> KeyList:
     summary="Create an API key; the answer is the only place its secret is ever shown",
 )
 async def create_key(body: KeyIn, request: Request, conn: Conn, now: Now) -> KeyCreated:
-    name = access.check_name(body.name)
-    scope = access.check_scope(body.scope)
-    expires_at = None
-    if body.expires_at is not None:
-        try:
-            expires_at = parse_instant(body.expires_at)
-        except ValueError as exc:
-            raise ConfigError("expires_at", str(exc)) from None
-        access.check_expiry(expires_at, now)
+    name, scope, expires_at = access.key_request(body.name, body.scope, body.expires_at, now)
     try:
         key, text = await api_keys.create(conn, name, scope, now, expires_at)
     except ConfigError as exc:

@@ -18,7 +18,6 @@ from periodic_manager.clock import SystemClock
 from periodic_manager.contracts import Clock
 from periodic_manager.db import api_keys
 from periodic_manager.errors import ConfigError
-from periodic_manager.schedules.bounds import parse_instant
 from periodic_manager.settings import Settings
 
 FLAG_OF = {"name": "--name", "scope": "--scope", "expires_at": "--expires-at"}
@@ -29,15 +28,9 @@ def run_keys(args: argparse.Namespace, settings: Settings, clock: Clock | None =
     now = clock.now()
     try:
         if args.keys_command == "create":
-            name = access.check_name(args.name)
-            scope = access.check_scope(args.scope)
-            expires_at = None
-            if args.expires_at is not None:
-                try:
-                    expires_at = parse_instant(args.expires_at)
-                except ValueError as exc:
-                    raise ConfigError("expires_at", str(exc)) from None
-                access.check_expiry(expires_at, now)
+            name, scope, expires_at = access.key_request(
+                args.name, args.scope, args.expires_at, now
+            )
             return _on_database(settings, lambda: _create(settings, name, scope, expires_at, now))
         if args.keys_command == "revoke":
             return _on_database(settings, lambda: _revoke(settings, args.name, now))
