@@ -646,7 +646,20 @@ def big_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[browser.Ser
 def test_ten_thousand_schedules_page_and_filter(driver: Any, big_server: browser.Server) -> None:
     d = driver
     s = big_server
-    open_page(d, f"{s.base}/ui/schedules")
+    try:
+        open_page(d, f"{s.base}/ui/schedules")
+    except AssertionError as first:
+        # Once in four full runs on a loaded machine the first load stayed "Loading…" for 20 s
+        # (cause not found yet): load it once more, and if that fails too, say what the API
+        # itself answers for the page's two reads.
+        try:
+            open_page(d, f"{s.base}/ui/schedules")
+        except AssertionError:
+            answers = {
+                path: httpx.get(f"{s.base}{path}", timeout=30).status_code
+                for path in ("/views/whoami", "/views/schedules")
+            }
+            raise AssertionError(f"{first}\nthe API answers {answers}") from None
     assert "10,000 schedules, by next slot" in text_of(d, "#schedules caption")
     assert len(d.find_elements("css selector", "#schedules tbody tr")) == 50
     assert "1–50 of 10,000 (page 1 of 200)" in text_of(d, ".pager")
