@@ -12,10 +12,12 @@ of them (the first registered), in order of name.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from periodic_manager.contracts import AnnouncedEntry, Clock, EntryAnnouncer
+from periodic_manager.errors import cause
 from periodic_manager.runtime.tasks import reraise_if_cancelled
 
 if TYPE_CHECKING:
@@ -39,14 +41,15 @@ def announced(entry: ScheduledEntry) -> AnnouncedEntry:
 
 
 class Announcer:
-    """Announces the entries ``entries()`` returns to ``target`` while ``sending()``."""
+    """Announces the entries of ``entries()`` (the scheduler's own map, read, never copied
+    whole) to ``target`` while ``sending()``."""
 
     def __init__(
         self,
         target: EntryAnnouncer,
         manager_id: str,
         clock: Clock,
-        entries: Callable[[], list[ScheduledEntry]],
+        entries: Callable[[], Mapping[int | str, ScheduledEntry]],
         sending: Callable[[], bool],
     ) -> None:
         self.target = target
@@ -62,16 +65,16 @@ class Announcer:
 
     async def once(self) -> None:
         """One announcement (the entries, or none while this manager does not send)."""
-        chosen = self.entries() if self.sending() else []
-        # The first registered (no sort of a million entries every round), in order of name.
-        chosen = sorted(chosen[: self.target.announce_max], key=lambda e: e.name)
+        # The first registered (no copy nor sort of a million entries every round), by name.
+        held = self.entries().values() if self.sending() else ()
+        chosen = sorted(islice(held, self.target.announce_max), key=lambda e: e.name)
         try:
             await self.target.announce(
                 self.manager_id, [announced(e) for e in chosen], self.clock.now()
             )
         except Exception as exc:  # for visibility only: scheduling goes on without it
             reraise_if_cancelled(exc)
-            log.warning("announcing entries failed (again in the next round): %r", exc)
+            log.warning("announcing entries failed (again in the next round): %s", cause(exc))
 
     async def withdraw(self) -> None:
         """Remove this manager's announcement (a stop); a failure is logged, and the
@@ -80,4 +83,4 @@ class Announcer:
             await self.target.withdraw(self.manager_id)
         except Exception as exc:
             reraise_if_cancelled(exc)
-            log.warning("withdrawing announced entries failed (they expire): %r", exc)
+            log.warning("withdrawing announced entries failed (they expire): %s", cause(exc))

@@ -269,7 +269,7 @@ class ManagerParts:
         self.announcer: Announcer | None = None
         if isinstance(target, EntryAnnouncer):
             self.announcer = Announcer(
-                target, self.manager_id, self.clock, self.scheduler.entries, self._sending
+                target, self.manager_id, self.clock, self.scheduler.held, self._sending
             )
 
     def _sending(self) -> bool:

@@ -224,7 +224,10 @@ async def test_the_announcer_caps_the_entries_and_survives_a_broker_failure(
         PeriodicTaskConfig.create(name=n, spec="@hourly", task_type="t", schedule_id=i)
         for i, n in enumerate(["c", "a", "b"])
     ]
-    entries = [ScheduledEntry.of(c, T0, T0 + timedelta(hours=1), synced=True) for c in configs]
+    entries = {  # the scheduler's map, in registration order
+        c.schedule_id: ScheduledEntry.of(c, T0, T0 + timedelta(hours=1), synced=True)
+        for c in configs
+    }
     target = AsynqTarget.from_url(server.url, prefix="pm")
     target.announce_max = 2
     sending = [True]

@@ -32,6 +32,7 @@ from periodic_manager.db.http_deliveries import (
     DeliveryStore,
     Outcome,
 )
+from periodic_manager.errors import cause
 from periodic_manager.targets.http.addresses import refusal_of_resolved
 from periodic_manager.targets.http.attempt import Answer, Refused, Request, attempt, decide
 from periodic_manager.targets.http.config import HttpConfig
@@ -104,7 +105,7 @@ class Deliverer:
                 self._owner, self._clock.now(), room, self._lease, busy
             )
         except Exception as exc:  # the database is down: try again next turn
-            log.warning("http deliveries: cannot claim (will retry): %s", exc)
+            log.warning("http deliveries: cannot claim (will retry): %s", cause(exc))
             return False
         # Attempts whose outcome is not written yet (the database failed the write, or the lease
         # ran out first): their row is claimed again, but sent again only by what is written.
@@ -128,7 +129,7 @@ class Deliverer:
         try:
             gone = await self._store.prune(now - timedelta(seconds=self._config.done_retention))
         except Exception as exc:  # next time
-            log.warning("http deliveries: cannot prune: %s", exc)
+            log.warning("http deliveries: cannot prune: %s", cause(exc))
             return
         if gone:
             log.info("http deliveries: %d done deliveries pruned", gone)
@@ -182,7 +183,7 @@ class Deliverer:
             self._outcomes = outcomes + self._outcomes
             if not isinstance(exc, Exception):
                 raise
-            log.warning("http deliveries: cannot record %d outcomes: %s", len(outcomes), exc)
+            log.warning("http deliveries: cannot record %d outcomes: %s", len(outcomes), cause(exc))
             await self._clock.sleep(min(1.0, self._config.poll_interval))
             return
         self._counts.update(_COUNTED[o.state] for o in outcomes)
