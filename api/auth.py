@@ -85,7 +85,7 @@ class Guesses:
         if now - start >= GUESS_WINDOW_S:
             start, count = now, 0
         if len(self._seen) >= MAX_CLIENTS and client not in self._seen:
-            self._seen.clear()  # a flood of addresses: forget them all rather than grow
+            self._forget_one(now)
         self._seen[client] = (start, count + 1)
         if count + 1 == GUESSES:
             log.warning(
@@ -95,6 +95,15 @@ class Guesses:
                 client,
                 GUESS_WINDOW_S,
             )
+
+    def _forget_one(self, now: float) -> None:
+        """Room for one more client: the ones whose window ended go, else the oldest one (a
+        flood of addresses must not wipe every client held back, nor grow the table)."""
+        ended = [c for c, (start, _) in self._seen.items() if now - start >= GUESS_WINDOW_S]
+        for c in ended:
+            del self._seen[c]
+        if not ended:
+            del self._seen[next(iter(self._seen))]
 
 
 def _client(scope: Scope) -> str:
@@ -161,15 +170,16 @@ class BearerAuth(HttpMiddleware):
         now = self.state.clock.monotonic()
         if self._looked_at is not None and now - self._looked_at < KEYS_RECHECK_S:
             return False
+        self._looked_at = now  # one look a window, however many requests arrive at once
         try:
             async with self.state.database.connect() as conn:
                 self.state.keys_seen = await api_keys.any_key(conn)
         except (SQLAlchemyError, OSError) as exc:
+            self._looked_at = None  # asked again by the next request
             log.warning("cannot tell whether API keys exist: %s", type(exc).__name__)
             raise ApiProblem(
                 503, "unavailable", "cannot check API keys: database unavailable"
             ) from None
-        self._looked_at = now
         return self.state.keys_seen
 
     async def _grant(self, scope: Scope) -> Grant:
@@ -213,7 +223,9 @@ class BearerAuth(HttpMiddleware):
                 if key is None:
                     return None
                 if not hmac.compare_digest(digest(secret).encode(), key.secret_sha256.encode()):
-                    log.info("wrong secret for API key %s (%s)", key.name, key_id)
+                    # Debug only: key ids are not secret, so a line per try could flood the log
+                    # (the guesses of a client are said once, by Guesses.wrong).
+                    log.debug("wrong secret for API key %s (%s)", key.name, key_id)
                     return None
                 why = "no known scope" if key.scope is None else key.state(now)
                 if key.scope is None or why != "active":

@@ -6,6 +6,7 @@ once the policy's attempts or age are spent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 
 from periodic_manager.db.http_deliveries import DEAD, DONE, PENDING, Claimed, Outcome
+from periodic_manager.errors import cause
 from periodic_manager.schedules.instants import slot_text
 from periodic_manager.targets.http.options import Retry
 from periodic_manager.targets.http.signing import SIGNATURE_HEADER, secret_of, secret_variable, sign
@@ -100,14 +102,19 @@ async def attempt(
     except LookupError as exc:  # the secret may be set on another manager, or later
         return Answer(error=str(exc))
     try:
-        async with client.stream(
-            request.method,
-            request.url,
-            content=claimed.body.encode(),
-            headers=headers,
-            timeout=request.timeout,
-            follow_redirects=request.follow_redirects,
-        ) as response:
+        # The whole request within its timeout (httpx's bounds each read: a receiver trickling
+        # a byte at a time would hold a per-host slot for days, past the row's lease).
+        async with (
+            asyncio.timeout(request.timeout),
+            client.stream(
+                request.method,
+                request.url,
+                content=claimed.body.encode(),
+                headers=headers,
+                timeout=request.timeout,
+                follow_redirects=request.follow_redirects,
+            ) as response,
+        ):
             data = bytearray()
             async for chunk in response.aiter_raw():  # raw: no decompression of a bomb
                 data += chunk
@@ -117,11 +124,11 @@ async def attempt(
     except Refused as exc:
         return Answer(error=str(exc), permanent=True)
     except (httpx.TooManyRedirects, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        return Answer(error=f"{type(exc).__name__}: {exc}", permanent=True)
-    except (httpx.HTTPError, OSError) as exc:
-        return Answer(error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return Answer(error=cause(exc), permanent=True)
+    except (httpx.HTTPError, OSError) as exc:  # TimeoutError too: tried again
+        return Answer(error=cause(exc))
     except Exception as exc:  # anything else the client raises: recorded, and tried again
-        return Answer(error=f"unexpected {type(exc).__name__}: {exc}")
+        return Answer(error=f"unexpected {cause(exc)}")
 
 
 def _answer(response: httpx.Response, data: bytes) -> Answer:
@@ -138,23 +145,33 @@ def _answer(response: httpx.Response, data: bytes) -> Answer:
     return Answer(status, f"HTTP {status}: a permanent answer", excerpt, permanent=True)
 
 
+MAX_RETRY_AFTER_S = 366 * 86_400.0
+
+
 def _retry_after(response: httpx.Response) -> float | None:
+    """The receiver's ``Retry-After`` in seconds (a number, or a date read against its
+    ``Date``), at most 366 days; None when absent or unreadable (the header is the receiver's:
+    5,000 digits, a date without a zone or a bad ``Date`` must not fail the delivery)."""
     value = response.headers.get("retry-after")
     if value is None:
         return None
-    value = value.strip()
-    if value.isdigit():
-        return float(min(int(value), 366 * 86_400))
     try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        return min(_seconds_after(value.strip(), response.headers.get("date")), MAX_RETRY_AFTER_S)
+    except (TypeError, ValueError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    date = response.headers.get("date")
+
+
+def _seconds_after(value: str, date: str | None) -> float:
+    if value.isascii() and value.isdigit():
+        return float(int(value[:12]) if len(value) <= 12 else MAX_RETRY_AFTER_S)
+    when = parsedate_to_datetime(value)
     base = parsedate_to_datetime(date) if date else None
     if base is None:
-        return None  # no clock of the receiver's to compare with; ours is not read here
+        raise ValueError("no clock of the receiver's to compare with; ours is not read here")
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    if base.tzinfo is None:
+        base = base.replace(tzinfo=UTC)
     return max(0.0, (when - base).total_seconds())
 
 
